@@ -1,0 +1,19 @@
+"""shmproxy's rank-side API.
+
+    import proxy
+    with proxy.init() as comm:              # under mpiexec, torchrun or srun
+        buf = comm.alloc(1 << 20, "float32")  # registered shared memory: the zero-copy path
+        if comm.rank == 0:
+            comm.Send(buf, dest=1, tag=7)
+        elif comm.rank == 1:
+            comm.Recv(buf, source=0, tag=7)
+"""
+from proxy.comm import Comm, init
+from proxy.errors import (Aborted, Closed, InternalError, InvalidArgument, InvalidUsage, PeerDiedError,
+                          ProxyError, RemoteError, Timeout, TruncationError)
+from proxy.request import Request, Status
+
+__all__ = ["init", "Comm", "Request", "Status", "ProxyError", "InvalidArgument", "InvalidUsage",
+           "RemoteError", "PeerDiedError", "Timeout", "Closed", "Aborted", "InternalError",
+           "TruncationError"]
+__version__ = "0.1.0"

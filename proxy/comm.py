@@ -1,0 +1,574 @@
+"""The rank-side API: ``proxy.init()`` and ``proxy.Comm``.
+
+A Comm is attached to the progress process of its node (started by local rank 0) through two
+channels: the service socket for control (init, buffer registration, close) and the ops pool for the
+data path. Posting an operation never talks to the socket:
+
+    validate (raise before anything is posted) -> find or stage the buffer -> take a record from the
+    private free list -> pack it -> splice it onto the posted chain under the pool mutex, in one call
+    into shm._native, signalling the progress process only if the chain was empty.
+
+Inside ``with comm.group():`` records are linked privately and spliced once at the end (one lock for
+the whole group, and one opCount, so the progress process batches them into one args).
+
+Waiting spins for SHMPROXY_WAIT_SPIN_US, then sleeps on the rank's futex word in slices of
+SHMPROXY_WAIT_SLICE_MS; between slices it checks the communicator's error, the abort flag and that
+the progress process is alive. So every wait is bounded and sees failures: never a silent hang.
+
+A Comm is meant to be used by one thread at a time (like MPI_THREAD_SERIALIZED).
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import subprocess
+import sys
+import time
+import weakref
+from typing import Any, Iterator
+
+import numpy as np
+
+from proxy import bootstrap, errors, log, params as params_mod
+from proxy.buffers import Registry, StagingCache
+from proxy.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, pack
+from proxy.protocol import MsgType
+from proxy.request import Request
+from proxy.service_client import ServiceClient
+from shm import _native, pool as P
+from shm.counters import u32_view
+from shm.segment import Segment
+
+_log = log.get("INIT")
+_perf = time.perf_counter
+_monotonic_ns = time.monotonic_ns
+
+
+def init(timeout: float | None = None, **overrides: Any) -> "Comm":
+    """Join the job: read the launcher's environment, start or find the node's progress process.
+
+    ``overrides`` may set rank, size, local_rank, local_size (they win over the launcher) and any
+    parameter by name (e.g. ``chunk_size='1M'``). ``timeout`` bounds every step (SHMPROXY_TIMEOUT).
+    Raises InvalidArgument for bad parameters, Timeout when the rendezvous does not complete,
+    PeerDiedError when the progress process dies while starting.
+    """
+    launch = {k: overrides.pop(k) for k in ("rank", "size", "local_rank", "local_size") if k in overrides}
+    if timeout is not None:
+        overrides["TIMEOUT"] = timeout
+    params = params_mod.Params(overrides=overrides) if overrides else params_mod.get()
+    log.configure(params)
+    info = bootstrap.detect(**launch)
+    log.set_rank(info.rank)
+    if bootstrap.requires_store(info):
+        raise errors.InvalidUsage(bootstrap.store_required_message(info))
+    return Comm._create(info, params, comm_id=0)
+
+
+class Comm:
+    """A communicator. Attributes: rank, size, local_rank, local_size."""
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    def _create(cls, info: bootstrap.LaunchInfo, params: params_mod.Params, comm_id: int) -> "Comm":
+        self = cls.__new__(cls)
+        self._closed = False
+        self._failure: errors.ProxyError | None = None
+        self.rank, self.size = info.rank, info.size
+        self.local_rank, self.local_size = info.local_rank, info.local_size
+        self.params = params
+        self._timeout = params.TIMEOUT
+        self._proc: subprocess.Popen | None = None
+        self._client: ServiceClient | None = None
+        self._seg: Segment | None = None
+        self._view: P.PoolView | None = None
+        self._pidfd = -1
+        key = bootstrap.job_key(info, params)
+        self._path = bootstrap.service_path(bootstrap.run_dir(params), key, comm_id)
+        try:
+            self._start(info, params, key, comm_id)
+        except BaseException:
+            self._teardown(wait_proxy=False)
+            raise
+        atexit.register(_close_at_exit, weakref.ref(self))
+        return self
+
+    def _start(self, info: bootstrap.LaunchInfo, params: params_mod.Params, key: str, comm_id: int) -> None:
+        deadline = self._deadline(None)
+        if info.local_rank == 0:
+            if os.path.exists(self._path):
+                # The job key is unique per job; a leftover socket is from a crashed run of it.
+                _log.warning("removing stale service socket %s", self._path)
+                os.unlink(self._path)
+            env = dict(os.environ)
+            env.update(params.to_env())
+            cmd = [sys.executable, "-m", "proxy.progress", "--path", self._path,
+                   "--nlocal", str(info.local_size), "--size", str(info.size), "--job-key", key,
+                   "--comm-id", str(comm_id), "--parent", str(os.getpid())]
+            self._proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+            _log.info("started progress process pid %d", self._proc.pid)
+        proc = self._proc
+        self._client = ServiceClient.connect(
+            self._path, max(deadline - self._now(), 0.001),
+            should_abort=(lambda: proc.poll() is not None) if proc is not None else None)
+        c = self._client
+        resp, _ = c.call(MsgType.INIT, {
+            "token": key, "rank": info.rank, "local_rank": info.local_rank, "size": info.size,
+            "local_size": info.local_size, "host": bootstrap.host_identity(),
+            "affinity": sorted(os.sched_getaffinity(0))}, timeout=self._left(deadline))
+        self._proxy_pid = int(resp["proxy_pid"])
+        try:
+            self._pidfd = os.pidfd_open(self._proxy_pid)
+        except ProcessLookupError as exc:
+            raise errors.PeerDiedError("the progress process exited during init", rank=-1,
+                                       pid=self._proxy_pid) from exc
+        resp, _ = c.call(MsgType.SHARED_INIT, {}, timeout=self._left(deadline))
+        self._pool_name = resp["pool"]
+        self._seg = Segment.attach(resp["pool"], int(resp["bytes"]))
+        c.call(MsgType.SETUP, {}, timeout=self._left(deadline))
+        c.call(MsgType.CONNECT, {"peers": list(range(self.size))}, timeout=self._left(deadline))
+        self._attach_pool()
+
+    def _attach_pool(self) -> None:
+        seg = self._seg
+        assert seg is not None
+        view = P.PoolView(seg.mm, seg.addr)
+        layout = view.layout
+        if layout.nlocal != self.local_size:
+            raise errors.InternalError(f"pool built for {layout.nlocal} local ranks, we have {self.local_size}")
+        self._view, self._layout, self._q, self._i32 = view, layout, view.q, view.i32
+        self._u32 = u32_view(seg.mm)
+        lr, max_ops = self.local_rank, layout.max_ops
+        self._rec_base = lr * max_ops
+        self._free_records: list[int] = []
+        self._free_slots = list(range(self._rec_base + max_ops - 1, self._rec_base - 1, -1))
+        self._pending: dict[int, Request] = {}
+        self._seq = 0
+        self._opcount = 0
+        self._group_depth = 0
+        self._chain: list[int] = []
+        self._buf = view.buf
+        self._abort_q = P.CTRL_OFF // 8 + P.CTRL_ABORT
+        self._err_q = P.CTRL_OFF // 8 + P.CTRL_ERR_SEQ
+        self._waiting_q = layout.rank_q(lr, P.RANK_WAITING)
+        self._posted_q = layout.rank_q(lr, P.RANK_POSTED)
+        self._wake_addr = seg.addr + layout.wake_word_offset(lr)
+        self._wake_u32 = layout.wake_word_offset(lr) // 4
+        self._post_args = (seg.addr + P.MUTEX_OFF, seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF,
+                           seg.addr + P.NEXT_OPS_END_OFF, seg.addr + layout.records_off, P.RECORD_BYTES)
+        self._spin_s = self.params.WAIT_SPIN_US * 1e-6
+        self._slice_s = self.params.WAIT_SLICE_MS * 1e-3
+        self._registry = Registry(self._register)
+        self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
+
+    # ------------------------------------------------------------------ small helpers
+    @staticmethod
+    def _now() -> float:
+        return time.monotonic()
+
+    def _deadline(self, timeout: float | None) -> float:
+        return time.monotonic() + (self._timeout if timeout is None else timeout)
+
+    def _left(self, deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise errors.Timeout(f"rank {self.rank}: init did not complete within {self._timeout} s")
+        return left
+
+    def _register(self, buf_id: int, fd: int, nbytes: int) -> None:
+        self._control(MsgType.REGISTER, {"buf_id": buf_id, "bytes": nbytes}, fds=(fd,))
+
+    def _control(self, msg: MsgType, payload: dict, fds: tuple = ()) -> dict:
+        assert self._client is not None
+        if self._registry.dead_ids and msg != MsgType.DEREGISTER:
+            ids, self._registry.dead_ids = self._registry.dead_ids, []
+            self._client.call(MsgType.DEREGISTER, {"buf_ids": ids}, timeout=self._timeout)
+        resp, _ = self._client.call(msg, payload, fds=fds, timeout=self._timeout)
+        return resp
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise errors.Closed(f"rank {self.rank}: the communicator is closed")
+        if self._failure is not None:
+            raise self._failure
+        if self._q[self._err_q] or self._q[self._abort_q]:
+            raise self._record_failure()
+
+    def _record_failure(self) -> errors.ProxyError:
+        """Turn the pool's asyncResult (or a dead progress process) into the error every call raises."""
+        if self._failure is not None:
+            return self._failure
+        view = self._view
+        assert view is not None
+        if view.ctrl(P.CTRL_ERR_SEQ):
+            rank = view.ctrl(P.CTRL_ERR_RANK)
+            exc = errors.from_code(view.ctrl(P.CTRL_ERR_CODE), view.error_message(),
+                                   rank=None if rank == P.NO_RANK else rank, pid=view.ctrl(P.CTRL_ERR_PID))
+        elif view.ctrl(P.CTRL_ABORT):
+            exc = errors.Aborted(f"rank {self.rank}: the communicator was aborted")
+        else:
+            exc = errors.PeerDiedError(f"the progress process (pid {self._proxy_pid}) died", rank=-1,
+                                       pid=self._proxy_pid)
+        self._failure = exc
+        return exc
+
+    def _proxy_dead(self) -> bool:
+        return bool(select.select([self._pidfd], [], [], 0)[0])
+
+    # ------------------------------------------------------------------ buffers
+    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A zeroed numpy array in registered shared memory: the zero-copy path for Send/Recv."""
+        self._check_usable()
+        dt = np.dtype(dtype)
+        if dt.char not in DTYPE_CODE:
+            raise errors.InvalidArgument(f"unsupported dtype {dt}; supported: {SUPPORTED_DTYPES}")
+        shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if any(int(s) < 0 for s in shp):
+            raise errors.InvalidArgument(f"negative dimension in shape {shp}")
+        return self._registry.alloc(tuple(int(s) for s in shp), dt)
+
+    # ------------------------------------------------------------------ posting
+    def _check_peer(self, peer: Any, what: str) -> int:
+        if type(peer) is not int:
+            if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
+                raise errors.InvalidArgument(f"{what} must be an int, got {type(peer).__name__}")
+            peer = int(peer)
+        if not 0 <= peer < self.size:
+            raise errors.InvalidArgument(f"{what} {peer} out of range: the communicator has {self.size} ranks")
+        return peer
+
+    def _check_tag(self, tag: Any) -> int:
+        if type(tag) is not int:
+            if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
+                raise errors.InvalidArgument(f"tag must be an int, got {type(tag).__name__}")
+            tag = int(tag)
+        if not TAG_MIN <= tag <= TAG_MAX:
+            raise errors.InvalidArgument(f"tag {tag} does not fit in 64 bits")
+        return tag
+
+    def _post(self, kind: int, buf: Any, peer: int, tag: int) -> Request:
+        self._check_usable()
+        if type(buf) is not np.ndarray:
+            raise errors.InvalidArgument(
+                f"buffer must be a numpy array, got {type(buf).__name__}")
+        code = DTYPE_CODE.get(buf.dtype.char)
+        if code is None or buf.dtype.fields is not None:
+            raise errors.InvalidArgument(f"unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
+        peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source")
+        tag = self._check_tag(tag)
+        nbytes = buf.nbytes
+        stage = None
+        user_addr = 0
+        if kind == KIND_RECV:
+            try:
+                addr, _n = _native.buffer_info(buf, True)
+            except (BufferError, ValueError):
+                why = "read-only" if not buf.flags.writeable else "not C-contiguous"
+                raise errors.InvalidArgument(f"receive buffer is {why}") from None
+            found = self._registry.find(addr, nbytes)
+            if found is None:
+                stage = self._staging.get(nbytes)
+                found = (stage[0], 0)
+                user_addr = addr
+        else:
+            try:
+                addr, _n = _native.buffer_info(buf, False)
+                found = self._registry.find(addr, nbytes)
+            except (BufferError, ValueError):
+                addr, found = 0, None
+            if found is None:
+                stage = self._staging.get(nbytes)
+                found = (stage[0], 0)
+                if addr:
+                    _native.memcopy(stage[1].addr, addr, nbytes)
+                else:
+                    view = np.frombuffer(stage[1].mm, dtype=buf.dtype, count=buf.size).reshape(buf.shape)
+                    np.copyto(view, buf)
+                    del view
+        slot = self._take_slot()
+        index = self._take_record()
+        self._seq += 1
+        seq = self._seq
+        if self._group_depth == 0:
+            self._opcount += 1
+        pack(self._buf, self._layout, index, kind, code, self.local_rank, peer, tag, self._opcount, seq,
+             slot, found[0], found[1], nbytes, buf.size, _monotonic_ns())
+        req = Request(self, slot, seq, kind, peer, tag, nbytes, buf, stage, user_addr)
+        self._pending[slot] = req
+        if self._group_depth:
+            chain = self._chain
+            if chain:
+                self._i32[self._layout.record_off(chain[-1]) // 4] = index
+            chain.append(index)
+        else:
+            self._splice(index, index)
+        return req
+
+    def _splice(self, first: int, last: int) -> None:
+        m, c, h, t, recs, size = self._post_args
+        rc = _native.post_chain(m, c, h, t, recs, size, first - 0, last, self._timeout)
+        self._q[self._posted_q] += 1
+        if rc == _native.OWNERDEAD:
+            self._q[self._abort_q] = 1
+            self._failure = errors.PeerDiedError(
+                f"rank {self.rank}: a process died holding the ops pool mutex")
+            raise self._failure
+        if rc == _native.TIMEDOUT:
+            raise errors.Timeout(f"rank {self.rank}: the ops pool mutex was not released within "
+                                 f"{self._timeout} s (a wedged process holds it)")
+
+    def _take_record(self) -> int:
+        free = self._free_records
+        if free:
+            return free.pop()
+        deadline = self._deadline(None)
+        while True:
+            self._refill_records()
+            if free:
+                return free.pop()
+            if self._group_depth and self._chain:
+                self._flush_group()   # our own unposted group holds the records: post what we have
+                continue
+            self._sleep_slice(deadline, f"a free op record (all {self._layout.max_ops} are in flight)")
+
+    def _refill_records(self) -> None:
+        view, i32 = self._view, self._i32
+        assert view is not None
+        free_i = P.FREE_OPS_OFF // 4 + self.local_rank
+        if i32[free_i] == -1:
+            return
+        view.mutex.lock(self._timeout)
+        try:
+            head = i32[free_i]
+            i32[free_i] = -1
+        finally:
+            view.mutex.unlock()
+        lo, hi = self._rec_base, self._rec_base + self._layout.max_ops
+        idx, n = head, 0
+        while idx != -1:
+            if not lo <= idx < hi or n >= hi - lo:
+                raise errors.InternalError(f"rank {self.rank}: free list corrupt at record {idx}")
+            self._free_records.append(idx)
+            idx = i32[self._layout.record_off(idx) // 4]
+            n += 1
+
+    def _take_slot(self) -> int:
+        slots = self._free_slots
+        if slots:
+            return slots.pop()
+        deadline = self._deadline(None)
+        while True:
+            self._reap()
+            if slots:
+                return slots.pop()
+            if self._group_depth and self._chain:
+                self._flush_group()   # requests of our own unposted group can only finish once posted
+                continue
+            self._sleep_slice(deadline, f"a free request slot ({self._layout.max_ops} requests pending)")
+
+    def _reap(self) -> None:
+        """Collect every completed request (their slots and staging buffers come back)."""
+        q, layout = self._q, self._layout
+        for slot, req in list(self._pending.items()):
+            if q[layout.slot_q(slot)] == req._seq:
+                self._collect(req)
+
+    def _collect(self, req: Request) -> None:
+        q = self._q
+        base = self._layout.slot_q(req._slot)
+        nbytes, status, tag = q[base + P.SLOT_NBYTES], q[base + P.SLOT_STATUS], q[base + P.SLOT_TAG]
+        del self._pending[req._slot]
+        self._free_slots.append(req._slot)
+        req._finish(nbytes, status, tag)
+
+    def _flush_group(self) -> None:
+        chain = self._chain
+        if chain:
+            self._chain = []
+            self._splice(chain[0], chain[-1])
+
+    # ------------------------------------------------------------------ waiting
+    def _test(self, req: Request) -> None:
+        if self._q[self._layout.slot_q(req._slot)] == req._seq:
+            self._collect(req)
+        elif self._failure is None and (self._q[self._err_q] or self._q[self._abort_q]):
+            raise self._record_failure()
+
+    def _wait(self, req: Request, timeout: float | None) -> None:
+        if self._group_depth:
+            raise errors.InvalidUsage("Wait() inside comm.group(): the group's ops are posted at its end")
+        q, sq, seq = self._q, self._layout.slot_q(req._slot), req._seq
+        if q[sq] != seq:
+            end = _perf() + self._spin_s
+            while q[sq] != seq and _perf() < end:
+                pass
+        if q[sq] != seq:
+            deadline = self._deadline(timeout)
+            while q[sq] != seq:
+                self._sleep_slice(deadline, req.describe(), sq, seq)
+        self._collect(req)
+
+    def _sleep_slice(self, deadline: float, what: str, sq: int = -1, seq: int = 0) -> None:
+        """One bounded sleep on our futex word; raises on failure, abort, dead proxy or timeout."""
+        q = self._q
+        if q[self._err_q] or q[self._abort_q] or self._failure is not None:
+            raise self._record_failure()
+        if self._proxy_dead():
+            raise self._record_failure()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise errors.Timeout(f"rank {self.rank}: timed out waiting for {what}")
+        q[self._waiting_q] = 1
+        word = self._u32[self._wake_u32]
+        if sq < 0 or q[sq] != seq:
+            _native.futex_wait(self._wake_addr, word, min(self._slice_s, left))
+        q[self._waiting_q] = 0
+
+    # ------------------------------------------------------------------ point-to-point API
+    def Isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Request:
+        """Post a send of ``buf`` to ``dest``; returns a Request. ``buf`` must stay unchanged until
+        the request completes (arrays outside comm.alloc memory are copied at post time)."""
+        return self._post(KIND_SEND, buf, dest, tag)
+
+    def Irecv(self, buf: np.ndarray, source: int, tag: int = 0) -> Request:
+        """Post a receive into ``buf`` (writable, C-contiguous) from ``source``; returns a Request."""
+        return self._post(KIND_RECV, buf, source, tag)
+
+    def Send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+        """Blocking send: returns when the message has been delivered."""
+        self._post(KIND_SEND, buf, dest, tag).Wait()
+
+    def Recv(self, buf: np.ndarray, source: int, tag: int = 0) -> Any:
+        """Blocking receive; returns the Status (source, tag, nbytes)."""
+        return self._post(KIND_RECV, buf, source, tag).Wait()
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator["Comm"]:
+        """Everything posted inside is spliced onto the pool under one lock, as one opCount."""
+        self._check_usable()
+        if self._group_depth == 0:
+            self._opcount += 1
+        self._group_depth += 1
+        try:
+            yield self
+        finally:
+            self._group_depth -= 1
+            if self._group_depth == 0 and not self._closed:
+                self._flush_group()
+
+    # ------------------------------------------------------------------ errors, abort, close
+    def get_async_error(self) -> errors.ProxyError | None:
+        """The communicator's error if it failed (a peer died, abort, progress crash), else None."""
+        if self._failure is not None:
+            return self._failure
+        if self._view is None or self._closed:
+            return None
+        if self._q[self._err_q] or self._q[self._abort_q] or self._proxy_dead():
+            return self._record_failure()
+        return None
+
+    def Abort(self, reason: str = "") -> None:
+        """Fail the communicator on every rank now, then release this rank's resources. Idempotent."""
+        if self._closed:
+            return
+        # Ask the progress process first, so that peers see the reason (asyncResult) with the flag;
+        # if it cannot be asked, raise the flag ourselves.
+        delivered = False
+        if self._client is not None and self._failure is None:
+            try:
+                self._client.call(MsgType.ABORT, {"reason": reason}, timeout=5.0)
+                delivered = True
+            except errors.ProxyError as exc:
+                _log.info("ABORT message not delivered (%s); raising the abort flag directly", exc)
+        if self._view is not None and not delivered:
+            self._q[self._abort_q] = 1
+            for lr in range(self.local_size):
+                addr = self._seg.addr + self._layout.wake_word_offset(lr)  # type: ignore[union-attr]
+                _native.fetch_add_u32(addr, 1)
+                _native.futex_wake(addr, 0x7FFFFFFF)
+            self._view.cond.broadcast()
+        self._failure = self._failure or errors.Aborted(f"rank {self.rank} called Abort()")
+        self._closed = True
+        self._teardown(wait_proxy=True)
+
+    def close(self) -> None:
+        """Finish: wait for this rank's pending requests, detach, and (local rank 0) wait for the
+        progress process to exit once every local rank closed. Idempotent; after a failure it only
+        releases local resources."""
+        if self._closed:
+            return
+        first: BaseException | None = None
+        if self._failure is None and self._client is not None:
+            try:
+                for req in list(self._pending.values()):
+                    req.Wait()
+                self._control(MsgType.CLOSE, {})
+            except errors.ProxyError as exc:
+                first = exc
+        self._closed = True
+        self._teardown(wait_proxy=True)
+        if first is not None and not isinstance(first, (errors.PeerDiedError, errors.Aborted)):
+            raise first
+
+    def _teardown(self, wait_proxy: bool) -> None:
+        """Release everything this process holds; safe to call in any state."""
+        if getattr(self, "_staging", None) is not None:
+            self._staging.close()
+        for name in ("_q", "_i32", "_u32", "_buf"):
+            mv = self.__dict__.pop(name, None)
+            if mv is not None:
+                mv.release()
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        if self._seg is not None:
+            self._seg.close()
+            self._seg = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+        proc = self._proc
+        if proc is not None:
+            self._proc = None
+            if wait_proxy:
+                try:
+                    proc.wait(timeout=self._timeout)
+                except subprocess.TimeoutExpired:
+                    _log.warning("progress process %d did not exit within %.0f s; killing it",
+                                 proc.pid, self._timeout)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            # If it died hard, what it would have removed is ours to remove.
+            if os.path.exists(self._path):
+                os.unlink(self._path)
+        pool = getattr(self, "_pool_name", None)
+        if pool is not None:
+            Segment.unlink_name(pool)
+
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and not isinstance(exc, errors.ProxyError):
+            self.Abort(f"{exc_type.__name__} raised in the with block")
+        else:
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("failed" if self._failure else "open")
+        return f"<proxy.Comm rank {self.rank}/{self.size} local {self.local_rank}/{self.local_size} {state}>"
+
+
+def _close_at_exit(ref: "weakref.ref[Comm]") -> None:
+    comm = ref()
+    if comm is None or comm._closed:
+        return
+    try:
+        comm.close()
+    except errors.ProxyError as exc:
+        _log.warning("close at exit failed: %s", exc)

@@ -1,0 +1,624 @@
+"""The progress process: one per communicator per node, started by local rank 0.
+
+    python -m proxy.progress --path SOCK --nlocal N --size S --job-key K --comm-id C --parent PID
+
+It creates the ops pool, serves the control socket (proxy.control, on a thread), and runs the loop
+that moves every byte (DESIGN.md section 5):
+
+    while not abort and not (stop and nothing active):
+        idle = progress_once()            # advance every active args through its transport
+        mode = fetch_mode(idle, len(active), passes, PROGRESS_APPENDOP_FREQ)
+        fetch(mode)                       # NONE | TRY (trylock) | BLOCK (spin, then condvar sleep)
+        sched_yield() when idle and nothing was added
+
+Fetching copies posted records out of the pool under the mutex (at most APPEND_BATCH_SIZE opCount
+groups), returns each record to its owner's free list in the same critical section, then matches
+sends with receives per (source, destination, tag) in FIFO order, which is what keeps messages of
+one pair and tag from overtaking each other. A matched message becomes subs of an args keyed by
+(connection, opCount); the transport advances the subs' step counters; a finished message writes
+both requests' completion slots and wakes their ranks.
+
+The loop never raises into a void: the first error is stored with its context in the pool's
+asyncResult fields and the communicator is aborted, so every rank raises it at its next call.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import enum
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+from proxy import affinity, errors, log, params as params_mod
+from proxy.args import PROGRESS, READY, Args, ArgsPool, Sub, Transfer
+from proxy.copyengine import CopyEngine
+from proxy.ops import CODE_DTYPE, KIND_RECV, KIND_SEND, Op
+from proxy.profiler import Profiler
+from shm import _native, pool as P
+from shm.segment import MemfdBuffer, Segment
+import transports
+from transports.base import PeerInfo
+
+_log = log.get("PROXY")
+MASK64 = (1 << 64) - 1
+
+
+class FetchMode(enum.IntEnum):
+    NONE = 0    # keep progressing, do not look at the posted chain this pass
+    TRY = 1     # look, with trylock: never block the loop while it has work in hand
+    BLOCK = 2   # nothing active: spin briefly, then a bounded sleep on the pool condvar
+
+
+def fetch_mode(idle: bool, nactive: int, passes: int, appendop_freq: int) -> FetchMode:
+    """DESIGN.md section 5: fetch only when idle, when nothing is active, or every FREQ passes."""
+    if nactive == 0:
+        return FetchMode.BLOCK
+    if idle or passes % appendop_freq == 0:
+        return FetchMode.TRY
+    return FetchMode.NONE
+
+
+class RankInfo:
+    __slots__ = ("rank", "local_rank", "pid", "host", "affinity", "closed", "dead", "mapped")
+
+    def __init__(self, rank: int, local_rank: int, pid: int, host: str, affinity_: list[int]):
+        self.rank, self.local_rank, self.pid, self.host = rank, local_rank, pid, host
+        self.affinity = affinity_
+        self.closed = self.dead = self.mapped = False
+
+
+class ProgressEngine:
+    def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
+                 comm_id: int, parent: int):
+        self.params = params
+        self.path, self.nlocal, self.size = path, nlocal, size
+        self.job_key, self.comm_id, self.parent = job_key, comm_id, parent
+        layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS)
+        self.seg = Segment.create(f"{job_key[:8]}-c{comm_id}", layout.total_bytes, params.SHM_DIR)
+        self.view = P.PoolView.initialize(self.seg.mm, self.seg.addr, layout)
+        self.layout = layout
+        self.view.mutex.on_owner_dead = self._mutex_owner_died
+        self.view.set_ctrl(P.CTRL_PROXY_PID, os.getpid())
+        self.view.set_ctrl(P.CTRL_STATE, P.PROXY_STARTING)
+        self.q = self.view.q
+        self.steps = params.STEPS
+        self.chunk = params.CHUNK_SIZE
+        self.argspool = ArgsPool(self.view)
+        self.copy = CopyEngine(0, None)
+        self.profiler = Profiler(params.PROFILE)
+        self.active: list[Args] = []
+        self.ready: dict[tuple, Args] = {}
+        self.sends: dict[tuple, collections.deque] = {}
+        self.recvs: dict[tuple, collections.deque] = {}
+        self.ranks: dict[int, RankInfo] = {}          # by local rank
+        self.local_of: dict[int, int] = {}            # global rank -> local rank
+        self.conns: dict[tuple[int, int], Any] = {}   # (src, dst) global ranks -> transport
+        self.buffers: dict[tuple[int, int], MemfdBuffer] = {}
+        self.retired: collections.deque = collections.deque()
+        self.cpus: list[int] | None = None
+        self.affinity_reason = "not decided yet (waiting for every local rank to connect)"
+        self.pending_affinity: tuple[list[int] | None, str] | None = None
+        self.stopping = False
+        self.dump_requested = False
+        self.progressed = False
+        self.failed = False
+        self.passes = 0
+        self.t_start = time.monotonic()
+        self._write_info()
+        # Imported here: the control module needs ProgressEngine's names only at run time.
+        from proxy.control import ControlHandler
+        from proxy.service import ServiceServer
+        self.server = ServiceServer(path, ControlHandler(self), token=job_key)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.server.start()
+        self.view.set_ctrl(P.CTRL_STATE, P.PROXY_RUNNING)
+        _log.info("progress process up: pool %s (%d bytes), %d local ranks, socket %s",
+                  self.seg.name, self.layout.total_bytes, self.nlocal, self.path)
+
+    def shutdown(self) -> None:
+        """Tear everything down; safe after any failure, and nothing of ours is left behind."""
+        self.view.set_ctrl(P.CTRL_STATE, P.PROXY_STOPPING)
+        self.server.stop(timeout=5.0)
+        self.copy.stop()
+        self.view.set_ctrl(P.CTRL_STATE, P.PROXY_EXITED)
+        if self.profiler.enabled and self.params.PROFILE_FILE:
+            self.profiler.write(self.params.PROFILE_FILE)
+        self.seg.unlink()
+        for buf in list(self.buffers.values()) + list(self.retired):
+            buf.close()
+        self.buffers.clear()
+        self.view.release()
+        self.seg.close()
+        _log.info("progress process exiting")
+
+    def _write_info(self) -> None:
+        self.view.write_info({
+            "pid": os.getpid(), "job_key": self.job_key, "comm_id": self.comm_id, "nlocal": self.nlocal,
+            "size": self.size, "socket": self.path, "pool": self.seg.name, "cpus": self.cpus,
+            "affinity_reason": self.affinity_reason, "copy_threads": self.copy.nworkers,
+            "params": {p.env_name(): {"value": p.value, "origin": p.origin} for p in self.params.items()},
+            "ranks": {r.local_rank: {"rank": r.rank, "pid": r.pid, "host": r.host}
+                      for r in self.ranks.values()},
+        })
+
+    # ------------------------------------------------------------------ called by the control thread
+    def wake_loop(self) -> None:
+        """Wake the loop if it sleeps on the condvar (after stop/abort/state changes)."""
+        self.view.mutex.lock(self.params.TIMEOUT)
+        try:
+            self.view.cond.broadcast()
+        finally:
+            self.view.mutex.unlock()
+
+    def decide_affinity(self) -> None:
+        rank_sets = [set(r.affinity) for r in self.ranks.values()]
+        try:
+            self.pending_affinity = affinity.choose_proxy_cpus(self.params, rank_sets)
+        except errors.ProxyError as exc:
+            self.fail(exc.code, f"cannot choose progress cores: {exc}")
+
+    def rank_closed(self, info: RankInfo) -> None:
+        info.closed = True
+        for key, q in list(self.recvs.items()):
+            if key[0] == info.rank:
+                self._fail_unmatched(q, key, errors.InvalidUsage.code)
+                del self.recvs[key]
+        if len(self.ranks) == self.nlocal and all(r.closed or r.dead for r in self.ranks.values()):
+            self.stopping = True
+            self.view.set_ctrl(P.CTRL_STOP, 1)
+            self.wake_loop()
+
+    def rank_died(self, info: RankInfo) -> None:
+        if info.closed or info.dead:
+            return
+        info.dead = True
+        inflight = self._inflight_with(info.rank)
+        self.fail(errors.PeerDiedError.code,
+                  f"rank {info.rank} (local rank {info.local_rank}, pid {info.pid}) died"
+                  + (f"; in flight with it: {inflight}" if inflight else ""),
+                  rank=info.rank, pid=info.pid)
+
+    # ------------------------------------------------------------------ failure
+    def fail(self, code: int, message: str, rank: int | None = None, pid: int | None = None) -> None:
+        """Keep the first error (asyncResult), abort the communicator, wake everybody."""
+        q, base = self.q, P.CTRL_OFF // 8
+        if not self.failed:
+            self.failed = True
+            data = message.encode("utf-8", "replace")[: P.ERR_MSG_BYTES - 1] + b"\0"
+            self.view.buf[P.ERR_MSG_OFF:P.ERR_MSG_OFF + len(data)] = data
+            q[base + P.CTRL_ERR_CODE] = code
+            q[base + P.CTRL_ERR_RANK] = P.NO_RANK if rank is None else rank & MASK64
+            q[base + P.CTRL_ERR_PID] = pid or 0
+            q[base + P.CTRL_ERR_SEQ] = 1
+            _log.warning("communicator failed: %s", message)
+        q[base + P.CTRL_ABORT] = 1
+        self._wake_all_ranks()
+
+    def _wake_all_ranks(self) -> None:
+        for lr in range(self.nlocal):
+            wake_rank(self.view, self.layout, lr)
+
+    def _mutex_owner_died(self) -> None:
+        dead = [r for r in self.ranks.values() if not _alive(r.pid)]
+        if dead:
+            r = dead[0]
+            r.dead = True
+            self.fail(errors.PeerDiedError.code,
+                      f"rank {r.rank} (pid {r.pid}) died holding the ops pool mutex", rank=r.rank, pid=r.pid)
+        else:
+            self.fail(errors.PeerDiedError.code, "a process died holding the ops pool mutex")
+
+    def _inflight_with(self, rank: int) -> str:
+        items = []
+        for key, q in list(self.sends.items()) + list(self.recvs.items()):
+            if rank in key[:2]:
+                items.extend(op.describe() for op in q)
+        for a in self.active:
+            if rank in a.conn:
+                items.append(f"args {a.id} {a.conn[0]}->{a.conn[1]} opCount {a.opcount} ({len(a.subs)} subs)")
+        return "; ".join(items[:8]) + (f" (+{len(items) - 8} more)" if len(items) > 8 else "")
+
+    # ------------------------------------------------------------------ fetch
+    def fetch(self, mode: FetchMode) -> int:
+        view, i32 = self.view, self.view.i32
+        head_i = P.NEXT_OPS_OFF // 4
+        if mode == FetchMode.TRY:
+            if i32[head_i] == -1 or not view.mutex.trylock():
+                return 0
+        else:
+            self._spin_for_work()
+            view.mutex.lock(self.params.TIMEOUT)
+            if i32[head_i] == -1 and not self._should_exit():
+                self._sleep_locked()
+        try:
+            ops = self._take_locked() if not self.failed else []
+        finally:
+            view.mutex.unlock()
+        for op in ops:
+            self.append(op)
+        if ops:
+            self.q[P.CTRL_OFF // 8 + P.CTRL_N_FETCH] += 1
+            self.q[P.CTRL_OFF // 8 + P.CTRL_N_OPS] += len(ops)
+        return len(ops)
+
+    def _spin_for_work(self) -> None:
+        spin_ns = int(self.params.PROXY_SPIN_US * 1000)
+        if spin_ns <= 0:
+            return
+        i32, head_i = self.view.i32, P.NEXT_OPS_OFF // 4
+        deadline = time.monotonic_ns() + spin_ns
+        while i32[head_i] == -1 and time.monotonic_ns() < deadline and not self._should_exit():
+            os.sched_yield()
+
+    def _sleep_locked(self) -> None:
+        base = P.CTRL_OFF // 8
+        self.q[base + P.CTRL_SLEEPING] = 1
+        self.q[base + P.CTRL_N_SLEEP] += 1
+        t0 = time.monotonic_ns()
+        self.view.cond.wait(self.params.PROXY_SLEEP_MS / 1000.0)
+        self.q[base + P.CTRL_SLEEPING] = 0
+        if self.profiler.enabled:
+            self.profiler.span("sleep", t0, time.monotonic_ns())
+
+    def _take_locked(self) -> list[Op]:
+        """Copy out at most APPEND_BATCH_SIZE opCount groups from the posted chain (mutex held)."""
+        view, layout, i32, buf = self.view, self.layout, self.view.i32, self.view.buf
+        head_i, tail_i, free_i = P.NEXT_OPS_OFF // 4, P.NEXT_OPS_END_OFF // 4, P.FREE_OPS_OFF // 4
+        unpack, rec_off = P.RECORD.unpack_from, layout.record_off
+        max_ops, nrec, batch = layout.max_ops, layout.nrecords, self.params.APPEND_BATCH_SIZE
+        groups: set[tuple[int, int]] = set()
+        ops: list[Op] = []
+        now = time.monotonic_ns()
+        idx = i32[head_i]
+        while idx != -1:
+            if not 0 <= idx < nrec:
+                self.fail(errors.InternalError.code, f"ops pool corrupt: posted chain links to record {idx}")
+                return []
+            fields = unpack(buf, rec_off(idx))
+            owner = fields[5]
+            if owner != idx // max_ops:
+                self.fail(errors.InternalError.code,
+                          f"ops pool corrupt: record {idx} claims owner {owner}, region of {idx // max_ops}")
+                return []
+            g = (owner, fields[8])
+            if g not in groups:
+                if len(groups) >= batch:
+                    break
+                groups.add(g)
+            info = self.ranks.get(owner)
+            ops.append(Op(idx, fields, info.rank if info else -1, now))
+            nxt = fields[0]
+            # Return the record to its owner's shared free list (NCCL freeOps).
+            i32[rec_off(idx) // 4] = i32[free_i + owner]
+            i32[free_i + owner] = idx
+            idx = nxt
+        i32[head_i] = idx
+        if idx == -1:
+            i32[tail_i] = -1
+        return ops
+
+    # ------------------------------------------------------------------ append (match + batch)
+    def append(self, op: Op) -> None:
+        if op.rank < 0:
+            self.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
+            return
+        if not 0 <= op.peer < self.size:
+            self.complete(op, errors.InvalidArgument.code, 0)
+            return
+        if op.kind == KIND_SEND:
+            key = (op.rank, op.peer, op.tag)
+            mine, theirs = self.sends, self.recvs
+        elif op.kind == KIND_RECV:
+            key = (op.peer, op.rank, op.tag)
+            mine, theirs = self.recvs, self.sends
+        else:
+            self.complete(op, errors.InternalError.code, 0)
+            return
+        q = theirs.get(key)
+        if q:
+            other = q.popleft()
+            if not q:
+                del theirs[key]
+            if op.kind == KIND_SEND:
+                self.match(op, other)
+            else:
+                self.match(other, op)
+            return
+        peer_local = self.local_of.get(op.peer)
+        if peer_local is not None and self.ranks[peer_local].closed and op.peer != op.rank:
+            self.complete(op, errors.InvalidUsage.code, 0)
+            return
+        mine.setdefault(key, collections.deque()).append(op)
+
+    def _fail_unmatched(self, q: collections.deque, key: tuple, code: int) -> None:
+        for op in q:
+            self.complete(op, code, 0)
+
+    def resolve(self, op: Op, nbytes: int) -> int:
+        """Address of an op's bytes in this process; bounds-checked against the registered size."""
+        buf = self.buffers.get((op.owner, op.buf_id))
+        if buf is None or op.offset + nbytes > buf.size or nbytes > op.nbytes:
+            raise errors.InvalidArgument(
+                f"{op.describe()}: buffer {op.buf_id} offset {op.offset} + {nbytes} B is outside "
+                f"the registered buffer ({'unknown' if buf is None else buf.size} B)")
+        return buf.addr + op.offset
+
+    def match(self, send: Op, recv: Op) -> None:
+        n = send.nbytes
+        if n > recv.nbytes:
+            self.complete(recv, errors.TruncationError.code, n, source=send.rank, tag=send.tag)
+            self.complete(send, 0, n)
+            return
+        if send.dtype != recv.dtype:
+            self.complete(recv, errors.InvalidUsage.code, n, source=send.rank, tag=send.tag,
+                          peer_dtype=send.dtype)
+            self.complete(send, errors.InvalidUsage.code, n, source=recv.rank, tag=send.tag,
+                          peer_dtype=recv.dtype)
+            return
+        try:
+            src = self.resolve(send, n)
+            dst = self.resolve(recv, n)
+        except errors.InvalidArgument as exc:
+            _log.warning("%s", exc)
+            self.complete(recv, exc.code, n, source=send.rank, tag=send.tag)
+            self.complete(send, exc.code, n)
+            return
+        t = Transfer(send, recv, n, time.monotonic_ns())
+        if n == 0:
+            self.finish_transfer(t)
+            return
+        conn = (send.rank, recv.rank)
+        transport = self.conns.get(conn)
+        if transport is None:
+            transport = self.connect(send.rank, recv.rank)
+        key = (conn, send.opcount)
+        args = self.ready.get(key)
+        if args is None:
+            args = self.argspool.get_args(conn, send.opcount, transport)
+            self.ready[key] = args
+            self.active.append(args)
+            self.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
+        nworkers = self.copy.nworkers
+        parts = nworkers if nworkers > 1 and n >= self.params.PARALLEL_THRESHOLD else 1
+        chunk = self.chunk
+        per = -(-n // parts)
+        per = -(-per // chunk) * chunk  # whole chunks per part
+        off = 0
+        while off < n:
+            m = min(per, n - off)
+            self.argspool.add_sub(args, t, src + off, dst + off, m, chunk)
+            off += m
+
+    def connect(self, src: int, dst: int) -> Any:
+        """Select the transport of a connection (first in the registry that can connect)."""
+        a = self.ranks[self.local_of[src]]
+        b = self.ranks[self.local_of[dst]]
+        me = PeerInfo(a.rank, a.local_rank, a.host, a.pid)
+        peer = PeerInfo(b.rank, b.local_rank, b.host, b.pid)
+        t = transports.select(me, peer)
+        t.send_setup(self, me, peer)
+        t.recv_setup(self, peer, me)
+        self.conns[(src, dst)] = t
+        return t
+
+    # ------------------------------------------------------------------ progress and completion
+    def progress_once(self) -> bool:
+        """Advance every active args once. Returns True when nothing moved (idle)."""
+        self.progressed = False
+        if self.copy.nworkers:
+            for s in self.copy.drain():
+                s.transmitted += 1
+                self.progressed = True
+        if self.active:
+            if self.ready:
+                self.ready.clear()
+            still: list[Args] = []
+            for a in self.active:
+                if a.state == READY:
+                    self.argspool.set_state(a, PROGRESS)
+                if a.transport.proxy_progress(self, a):
+                    self.argspool.release(a)
+                    self.progressed = True
+                else:
+                    still.append(a)
+            self.active = still
+        return not self.progressed
+
+    def sub_finished(self, s: Sub) -> None:
+        t = s.transfer
+        t.parts_left -= 1
+        if t.parts_left == 0:
+            self.finish_transfer(t)
+
+    def finish_transfer(self, t: Transfer) -> None:
+        self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag)
+        self.complete(t.send, 0, t.nbytes, source=t.recv.rank, tag=t.send.tag)
+        if self.profiler.enabled:
+            s, r = t.send, t.recv
+            self.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
+                               bytes=t.nbytes, tag=s.tag, fetch_ns=max(s.t_fetch, r.t_fetch),
+                               match_ns=t.t_match)
+
+    def complete(self, op: Op, status: int, nbytes: int, source: int = -1, tag: int = 0,
+                 peer_dtype: int = 0) -> None:
+        """Publish a request's result in its completion slot, then wake its rank if it sleeps."""
+        layout, q = self.layout, self.q
+        slot = op.req_slot
+        if slot // layout.max_ops != op.owner:
+            self.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
+            return
+        base = layout.slot_q(slot)
+        q[base + P.SLOT_NBYTES] = nbytes
+        q[base + P.SLOT_STATUS] = (status & 0xFFFF) | (peer_dtype << 16) | ((source & 0xFFFFFFFF) << 32)
+        q[base + P.SLOT_TAG] = tag & MASK64
+        q[base + P.SLOT_DONE_SEQ] = op.req_seq  # publishes the fields above (shm/counters.py)
+        q[layout.rank_q(op.owner, P.RANK_COMPLETED)] += 1
+        wake_rank(self.view, layout, op.owner)
+
+    # ------------------------------------------------------------------ driver
+    def _should_exit(self) -> bool:
+        return bool(self.q[P.CTRL_OFF // 8 + P.CTRL_ABORT]) or (self.stopping and not self.active)
+
+    def run(self) -> None:
+        freq = self.params.PROGRESS_APPENDOP_FREQ
+        hb_ns = int(self.params.HEARTBEAT_MS * 1e6)
+        next_tick = 0
+        while not self._should_exit():
+            idle = self.progress_once()
+            self.passes += 1
+            mode = fetch_mode(idle, len(self.active), self.passes, freq)
+            added = self.fetch(mode) if mode else 0
+            if idle and not added and mode != FetchMode.BLOCK:
+                os.sched_yield()
+            now = time.monotonic_ns()
+            if now >= next_tick:
+                next_tick = now + hb_ns
+                self.tick(now)
+
+    def tick(self, now: int) -> None:
+        """Housekeeping every HEARTBEAT_MS: heartbeat, affinity, retired buffers, dumps, orphaning."""
+        base = P.CTRL_OFF // 8
+        self.q[base + P.CTRL_HEARTBEAT] = now
+        self.q[base + P.CTRL_N_PASSES] = self.passes
+        self.q[base + P.CTRL_ACTIVE_SUBS] = sum(len(a.subs) for a in self.active)
+        if self.pending_affinity is not None:
+            self.apply_affinity(*self.pending_affinity)
+            self.pending_affinity = None
+        if self.retired and not self.active:
+            while self.retired:
+                self.retired.popleft().close()
+        if self.dump_requested:
+            self.dump_requested = False
+            self.write_dump()
+        if not self.ranks and time.monotonic() - self.t_start > self.params.TIMEOUT:
+            self.fail(errors.Timeout.code, f"no rank connected within {self.params.TIMEOUT} s")
+        if not self.ranks and os.getppid() != self.parent:
+            self.fail(errors.PeerDiedError.code, f"local rank 0 (pid {self.parent}) exited before connecting",
+                      rank=None, pid=self.parent)
+
+    def apply_affinity(self, cpus: list[int] | None, reason: str) -> None:
+        self.cpus, self.affinity_reason = cpus, reason
+        if cpus:
+            for tid in os.listdir("/proc/self/task"):
+                os.sched_setaffinity(int(tid), cpus)
+        n = self.params.COPY_THREADS or (len(cpus) if cpus else min(os.cpu_count() or 1, 8))
+        if n > self.copy.nworkers:
+            self.copy.stop()
+            self.copy = CopyEngine(n, cpus)
+        _log.info("progress affinity: %s (%s); %d copy threads", cpus if cpus else "unpinned", reason, n)
+        self._write_info()
+
+    # ------------------------------------------------------------------ dump
+    def dump_state(self) -> dict:
+        """Everything a person debugging a hang needs, from inside the process."""
+        from proxy import dump
+        state = dump.read_pool(self.view)
+        state["in_process"] = {
+            "passes": self.passes,
+            "stopping": self.stopping,
+            "failed": self.failed,
+            "active_args": [
+                {"id": a.id, "conn": list(a.conn), "opcount": a.opcount,
+                 "state": P.SUB_STATE_LETTER.get(a.state, "?"), "transport": a.transport.name,
+                 "subs": [{"slot": s.slot, "nbytes": s.nbytes, "nsteps": s.nsteps, "posted": s.posted,
+                           "transmitted": s.transmitted, "received": s.received, "done": s.done}
+                          for s in a.subs]}
+                for a in self.active],
+            "unmatched_sends": [op.describe() for q in self.sends.values() for op in q],
+            "unmatched_recvs": [op.describe() for q in self.recvs.values() for op in q],
+            "connections": {f"{s}->{d}": t.name for (s, d), t in self.conns.items()},
+            "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name} for c in self.server.connections()],
+            "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},
+            "copy_threads": self.copy.nworkers,
+            "profile_events": len(self.profiler.events),
+        }
+        return state
+
+    def dump_path(self) -> str:
+        return self.path.removesuffix(".sock") + f"-{os.getpid()}.dump.json"
+
+    def write_dump(self) -> None:
+        path = self.dump_path()
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.dump_state(), f, indent=1, default=str)
+        os.replace(tmp, path)
+        _log.warning("state dumped to %s", path)
+        print(f"shmproxy: progress process {os.getpid()} dumped its state to {path}", file=sys.stderr,
+              flush=True)
+
+
+def wake_rank(view: P.PoolView, layout: P.Layout, local_rank: int) -> None:
+    """Bump a rank's futex word; issue the wake syscall only if the rank said it may sleep.
+
+    Lost wake-ups are impossible: the rank stores WAITING=1, reads the word, re-checks its slot and
+    sleeps only while the word is unchanged; we publish the slot, bump the word atomically (a full
+    barrier), then read WAITING. Either the rank sees the new slot or the bump, or we see WAITING=1.
+    """
+    addr = view.addr + layout.wake_word_offset(local_rank)
+    _native.fetch_add_u32(addr, 1)
+    if view.q[layout.rank_q(local_rank, P.RANK_WAITING)]:
+        _native.futex_wake(addr, 0x7FFFFFFF)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m proxy.progress", description=__doc__.split("\n")[0])
+    ap.add_argument("--path", required=True)
+    ap.add_argument("--nlocal", type=int, required=True)
+    ap.add_argument("--size", type=int, required=True)
+    ap.add_argument("--job-key", required=True)
+    ap.add_argument("--comm-id", type=int, default=0)
+    ap.add_argument("--parent", type=int, default=0)
+    ns = ap.parse_args(argv)
+    params = params_mod.get()
+    log.set_rank("proxy")
+    log.configure(params)
+    engine = ProgressEngine(params, ns.path, ns.nlocal, ns.size, ns.job_key, ns.comm_id, ns.parent)
+
+    def on_term(signum: int, frame: Any) -> None:  # only sets flags; the loop acts
+        engine.q[P.CTRL_OFF // 8 + P.CTRL_ABORT] = 1
+
+    def on_dump(signum: int, frame: Any) -> None:
+        engine.dump_requested = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    if params.DUMP_SIGNAL:
+        signal.signal(params.DUMP_SIGNAL, on_dump)
+    rc = 0
+    try:
+        engine.start()
+        engine.run()
+    except BaseException as exc:  # the loop never raises into a void: record, abort, exit non-zero
+        rc = 1
+        engine.fail(getattr(exc, "code", errors.InternalError.code),
+                    f"progress loop crashed: {type(exc).__name__}: {exc}")
+        traceback.print_exc()
+    finally:
+        engine.shutdown()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

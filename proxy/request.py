@@ -1,0 +1,135 @@
+"""Requests: the rank's handle on a posted operation.
+
+A request owns one completion slot of the pool until it is *reaped*: the progress process writes the
+slot (bytes, status, source, tag) and then ``done_seq = seq``; the rank sees ``done_seq == seq``, reads
+the result, copies a staged receive out to the user's array, and returns the slot and the staging
+buffer. Reaping happens in Wait/Test, or in bulk when the rank runs out of slots, so a request the
+user never waits on does not leak anything.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from proxy import errors
+from proxy.ops import CODE_DTYPE, KIND_NAMES, KIND_RECV
+
+if TYPE_CHECKING:  # pragma: no cover
+    from proxy.comm import Comm
+
+
+class Status:
+    """What a completed receive got: like MPI_Status (source, tag, count in bytes)."""
+
+    __slots__ = ("source", "tag", "nbytes")
+
+    def __init__(self, source: int, tag: int, nbytes: int):
+        self.source, self.tag, self.nbytes = source, tag, nbytes
+
+    def __repr__(self) -> str:
+        return f"Status(source={self.source}, tag={self.tag}, nbytes={self.nbytes})"
+
+
+class Request:
+    __slots__ = ("_comm", "_slot", "_seq", "_kind", "_peer", "_tag", "_nbytes", "_keep", "_stage",
+                 "_user_addr", "_done", "_error", "status", "__weakref__")
+
+    def __init__(self, comm: "Comm", slot: int, seq: int, kind: int, peer: int, tag: int, nbytes: int,
+                 keep: Any, stage: Any, user_addr: int):
+        self._comm = comm
+        self._slot, self._seq, self._kind = slot, seq, kind
+        self._peer, self._tag, self._nbytes = peer, tag, nbytes
+        self._keep = keep            # the user's array: alive until completion, as MPI requires
+        self._stage = stage          # (buf_id, MemfdBuffer) when staged, else None
+        self._user_addr = user_addr  # where a staged receive is copied to
+        self._done = False
+        self._error: errors.ProxyError | None = None
+        self.status: Status | None = None
+
+    def describe(self) -> str:
+        what = KIND_NAMES.get(self._kind, "op")
+        arrow = "from" if self._kind == KIND_RECV else "to"
+        return f"{what} of {self._nbytes} B {arrow} rank {self._peer} tag {self._tag}"
+
+    def _finish(self, nbytes: int, status_word: int, tag: int) -> None:
+        """Called by the comm once the slot says complete (slot already returned)."""
+        code = status_word & 0xFFFF
+        peer_dtype = (status_word >> 16) & 0xFFFF
+        source = (status_word >> 32) & 0xFFFFFFFF
+        if source >= 2**31:
+            source -= 2**32
+        if tag >= 2**63:
+            tag -= 2**64
+        self._done = True
+        self.status = Status(source, tag, nbytes)
+        stage, self._stage = self._stage, None
+        if code == 0:
+            if stage is not None and self._kind == KIND_RECV and nbytes:
+                from shm import _native
+                _native.memcopy(self._user_addr, stage[1].addr, nbytes)
+        else:
+            self._error = self._make_error(code, nbytes, source, tag, peer_dtype)
+        if stage is not None:
+            self._comm._staging.put(*stage)
+        self._keep = None
+
+    def _make_error(self, code: int, nbytes: int, source: int, tag: int, peer_dtype: int) -> errors.ProxyError:
+        if code == errors.TruncationError.code:
+            return errors.TruncationError(
+                f"message of {nbytes} B from rank {source} tag {tag} does not fit the receive buffer of "
+                f"{self._nbytes} B; nothing was written to the buffer")
+        if code == errors.InvalidUsage.code and peer_dtype:
+            return errors.InvalidUsage(
+                f"{self.describe()} was matched by a message with dtype {CODE_DTYPE[peer_dtype].name} "
+                f"from rank {source}: the two sides disagree on the dtype")
+        if code == errors.InvalidUsage.code:
+            return errors.InvalidUsage(f"{self.describe()}: the peer closed the communicator first")
+        return errors.from_code(code, f"{self.describe()} failed")
+
+    # ---- public API ----------------------------------------------------------------------------
+    def Test(self) -> bool:
+        """True once complete (raises the operation's error then). Never blocks."""
+        if not self._done:
+            self._comm._test(self)
+        if self._done and self._error is not None:
+            raise self._error
+        return self._done
+
+    def Wait(self, timeout: float | None = None) -> Status | None:
+        """Block until complete; returns the Status (source, tag, nbytes).
+
+        Raises Timeout after ``timeout`` seconds (default SHMPROXY_TIMEOUT) naming what is pending,
+        PeerDiedError if a peer or the progress process died, or the operation's own error.
+        """
+        if not self._done:
+            self._comm._wait(self, timeout)
+        if self._error is not None:
+            raise self._error
+        return self.status
+
+    @staticmethod
+    def Waitall(requests: Sequence["Request"] | Iterable["Request"], timeout: float | None = None) -> list:
+        """Wait for every request (one shared deadline); raises the first error after all finished."""
+        reqs = list(requests)
+        if not reqs:
+            return []
+        comm = reqs[0]._comm
+        deadline = comm._deadline(timeout)
+        first: BaseException | None = None
+        out = []
+        for r in reqs:
+            try:
+                out.append(r.Wait(max(deadline - comm._now(), 0.0)))
+            except errors.Timeout:
+                raise
+            except errors.ProxyError as exc:
+                if isinstance(exc, (errors.PeerDiedError, errors.Aborted, errors.Closed)):
+                    raise
+                first = first or exc
+                out.append(None)
+        if first is not None:
+            raise first
+        return out
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "pending"
+        return f"<proxy.Request {self.describe()} {state}>"

@@ -1,0 +1,270 @@
+"""The ops pool: the one shared-memory segment of a communicator on a node, and its layout.
+
+All offsets are computed here, once, from (nlocal, max_ops, max_subs); both sides derive the same
+layout from the numbers in the header, and a magic + version mismatch fails fast. Records link by
+int32 index, never by address or pickle. Everything is little-endian, 8-byte aligned.
+
+    offset  field                         writer (protection)
+    ------  ----------------------------  ---------------------------------------------------
+    0       magic u64, version u32,       progress process, before anyone attaches
+            header_bytes u32, nlocal u32,
+            max_ops u32, max_subs u32,
+            total_bytes u64
+    64      pthread_mutex_t (64 B)        -
+    128     pthread_cond_t  (64 B)        -
+    192     next_ops i32, next_ops_end i32   ranks and progress, under the mutex (posted chain)
+    256     control counters (u64 each)   see CTRL_* below, one writer each
+    512     error message (512 B, utf-8)  progress, before ERR_SEQ is stored
+    1024    free_ops[nlocal] i32          progress pushes, owner rank takes all; under the mutex
+    A       rank areas [nlocal] x 64 B    see RANK_* below
+    I       info blob (INFO_BYTES)        progress, at start: u64 length + JSON (params, affinity)
+    S       request slots [nlocal][max_ops] x 32 B   progress (completion of one request)
+    T       sub table [max_subs] x 96 B   progress (per-sub counters, for the dump tool)
+    R       op records [nlocal][max_ops] x 128 B     owner rank while private, read by progress
+                                          after it was posted; `next` under the mutex once posted
+
+Each local rank owns the contiguous records [r*max_ops, (r+1)*max_ops) and request slots of the same
+indices. A record is private to its owner while it is in the owner's process-local free list or
+being filled; posting hands it to the progress process, which copies it out and returns it to
+free_ops[owner] in the same critical section (NCCL's freeOps).
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+from shm import counters, sync
+
+MAGIC = 0x5958_4F52_5048_4D53  # b"SHMPROXY" little-endian
+VERSION = 1
+
+HEADER_FMT = struct.Struct("<QIIIIIQ")  # magic, version, header_bytes, nlocal, max_ops, max_subs, total
+MUTEX_OFF = 64
+COND_OFF = 128
+NEXT_OPS_OFF = 192
+NEXT_OPS_END_OFF = 196
+CTRL_OFF = 256
+ERR_MSG_OFF = 512
+ERR_MSG_BYTES = 512
+FREE_OPS_OFF = 1024
+assert sync.MUTEX_SIZE <= COND_OFF - MUTEX_OFF and sync.COND_SIZE <= NEXT_OPS_OFF - COND_OFF
+
+# Control counters: u64 index relative to CTRL_OFF // 8.
+CTRL_STOP = 0          # progress: 1 once it stops fetching (close)
+CTRL_ABORT = 1         # anyone, 0 -> 1 only (idempotent): every loop and wait exits
+CTRL_PROXY_PID = 2     # progress
+CTRL_HEARTBEAT = 3     # progress: time.monotonic_ns() every HEARTBEAT_MS while alive
+CTRL_STATE = 4         # progress: PROXY_STARTING / RUNNING / STOPPING / EXITED
+CTRL_ERR_SEQ = 5       # progress: 0 = no error; set to 1 after the ERR_* fields below
+CTRL_ERR_CODE = 6      # progress: proxy.errors code of the first error
+CTRL_ERR_RANK = 7      # progress: rank involved (2**64-1 = none; -1 stored as that)
+CTRL_ERR_PID = 8       # progress
+CTRL_SLEEPING = 9      # progress: 1 while blocked on the condvar
+CTRL_N_FETCH = 10      # progress: statistics shown by the dump
+CTRL_N_OPS = 11
+CTRL_N_ARGS = 12
+CTRL_N_SLEEP = 13
+CTRL_N_PASSES = 14
+CTRL_ACTIVE_SUBS = 15
+CTRL_COUNT = 32
+
+PROXY_STARTING, PROXY_RUNNING, PROXY_STOPPING, PROXY_EXITED = 0, 1, 2, 3
+NO_RANK = 2**64 - 1
+
+# Per-rank area (64 bytes): u64 index relative to the rank's area start // 8.
+RANK_AREA_BYTES = 64
+RANK_PID = 0           # progress (from the service's SO_PEERCRED)
+RANK_WAKE = 1          # low 32 bits: futex word, bumped by progress on completions and by abort
+RANK_WAITING = 2       # the rank: 1 while it may sleep on its futex (progress wakes only then)
+RANK_POSTED = 3        # the rank: ops posted (statistics)
+RANK_CONN_STATE = 4    # progress: proxy.protocol.ConnState of the rank's service connection
+RANK_COMPLETED = 5     # progress: requests of this rank completed (statistics)
+
+INFO_BYTES = 16384
+
+# Request completion slot (32 bytes), u64 index relative to slot start // 8.
+SLOT_BYTES = 32
+SLOT_DONE_SEQ = 0      # stored last: equals the request's seq once complete
+SLOT_NBYTES = 1        # bytes received (receives) or sent
+SLOT_STATUS = 2        # low 32 bits: 0 or an error code; high 32 bits: source rank
+SLOT_TAG = 3           # tag of the matched message (two's complement)
+
+# Op record (128 bytes). `next` must stay at offset 0 (shm._native.post_chain relies on it).
+RECORD = struct.Struct(
+    "<i"      # next
+    "BBBB"    # kind, dtype, redop, flags
+    "ii"      # owner (local rank), peer (global rank; root for collectives)
+    "q"       # tag
+    "QQ"      # opcount (group number of the owner), req_seq
+    "Ii"      # req_slot, buf_id
+    "QQQ"     # offset, nbytes, count (elements)
+    "ii"      # buf2_id, reserved
+    "QQ"      # offset2, nbytes2
+    "QQ"      # coll_seq, t_post_ns
+    "QQ"      # reserved for the collective layer
+)
+RECORD_BYTES = 128
+assert RECORD.size == RECORD_BYTES
+
+# Sub table entry (96 bytes): progress counters of one sub, mirrored for the dump tool.
+SUB = struct.Struct("<IIiiQQQQQQQQq")  # state, kind, src, dst, opcount, nbytes, nsteps,
+SUB_BYTES = 96                           # posted, transmitted, received, done, args_id, tag
+assert SUB.size <= SUB_BYTES
+SUB_POSTED, SUB_TRANSMITTED, SUB_RECEIVED, SUB_DONE = 5, 6, 7, 8  # u64 indices in an entry
+SUB_FREE, SUB_READY, SUB_PROGRESS, SUB_NONE = 0, 1, 2, 3
+SUB_STATE_LETTER = {SUB_FREE: "-", SUB_READY: "R", SUB_PROGRESS: "P", SUB_NONE: "N"}
+
+
+def _align(x: int, a: int = 64) -> int:
+    return (x + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class Layout:
+    nlocal: int
+    max_ops: int
+    max_subs: int
+
+    @property
+    def rank_area_off(self) -> int:
+        return _align(FREE_OPS_OFF + 4 * self.nlocal)
+
+    @property
+    def info_off(self) -> int:
+        return _align(self.rank_area_off + RANK_AREA_BYTES * self.nlocal)
+
+    @property
+    def slots_off(self) -> int:
+        return _align(self.info_off + INFO_BYTES)
+
+    @property
+    def subs_off(self) -> int:
+        return _align(self.slots_off + SLOT_BYTES * self.nlocal * self.max_ops)
+
+    @property
+    def records_off(self) -> int:
+        return _align(self.subs_off + SUB_BYTES * self.max_subs)
+
+    @property
+    def total_bytes(self) -> int:
+        return _align(self.records_off + RECORD_BYTES * self.nlocal * self.max_ops, 4096)
+
+    @property
+    def nrecords(self) -> int:
+        return self.nlocal * self.max_ops
+
+    def rank_q(self, local_rank: int, field: int) -> int:
+        """u64 index of a per-rank field."""
+        return (self.rank_area_off + RANK_AREA_BYTES * local_rank) // 8 + field
+
+    def wake_word_offset(self, local_rank: int) -> int:
+        return self.rank_area_off + RANK_AREA_BYTES * local_rank + 8 * RANK_WAKE
+
+    def slot_q(self, record_index: int) -> int:
+        """u64 index of the completion slot paired with a record index (same numbering)."""
+        return (self.slots_off + SLOT_BYTES * record_index) // 8
+
+    def record_off(self, index: int) -> int:
+        return self.records_off + RECORD_BYTES * index
+
+    def sub_off(self, index: int) -> int:
+        return self.subs_off + SUB_BYTES * index
+
+
+class PoolView:
+    """Typed access to a mapped pool. Works on a read-write mapping or a read-only one (dump tool)."""
+
+    def __init__(self, mm, addr: int = 0):
+        magic, version, hdr, nlocal, max_ops, max_subs, total = HEADER_FMT.unpack_from(mm, 0)
+        if magic != MAGIC:
+            raise ValueError(f"not a shmproxy ops pool (magic {magic:#x})")
+        if version != VERSION:
+            raise ValueError(f"ops pool layout version {version}, this shmproxy speaks {VERSION}")
+        self.layout = Layout(nlocal, max_ops, max_subs)
+        if total != self.layout.total_bytes or len(mm) < total:
+            raise ValueError(f"ops pool size mismatch: header says {total}, layout {self.layout.total_bytes}")
+        self.mm = mm
+        self.buf = memoryview(mm)
+        self.q = counters.u64_view(mm)
+        self.i32 = counters.i32_view(mm)
+        self.addr = addr
+        if addr:
+            self.mutex = sync.SharedMutex(addr + MUTEX_OFF)
+            self.cond = sync.SharedCond(addr + COND_OFF, self.mutex)
+
+    @staticmethod
+    def initialize(mm, addr: int, layout: Layout) -> "PoolView":
+        """Write a fresh header, sync objects and free lists (the creator, before anyone attaches)."""
+        HEADER_FMT.pack_into(mm, 0, MAGIC, VERSION, FREE_OPS_OFF, layout.nlocal, layout.max_ops,
+                             layout.max_subs, layout.total_bytes)
+        view = PoolView(mm, addr)
+        view.mutex.initialize()
+        view.cond.initialize()
+        view.i32[NEXT_OPS_OFF // 4] = -1
+        view.i32[NEXT_OPS_END_OFF // 4] = -1
+        for r in range(layout.nlocal):
+            first = r * layout.max_ops
+            for k in range(layout.max_ops):
+                idx = first + k
+                nxt = idx + 1 if k + 1 < layout.max_ops else -1
+                view.i32[layout.record_off(idx) // 4] = nxt
+            view.i32[FREE_OPS_OFF // 4 + r] = first
+        return view
+
+    def release(self) -> None:
+        """Drop the views so that the mapping can be closed."""
+        self.q.release()
+        self.i32.release()
+        self.buf.release()
+
+    # --- control counters ---
+    def ctrl(self, field: int) -> int:
+        return self.q[CTRL_OFF // 8 + field]
+
+    def set_ctrl(self, field: int, value: int) -> None:
+        self.q[CTRL_OFF // 8 + field] = value
+
+    def error_message(self) -> str:
+        raw = bytes(self.buf[ERR_MSG_OFF:ERR_MSG_OFF + ERR_MSG_BYTES])
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    # --- info blob ---
+    def write_info(self, info: dict) -> None:
+        data = json.dumps(info, default=str).encode()[: INFO_BYTES - 8]
+        off = self.layout.info_off
+        self.buf[off + 8: off + 8 + len(data)] = data
+        self.q[off // 8] = len(data)
+
+    def read_info(self) -> dict:
+        off = self.layout.info_off
+        n = self.q[off // 8]
+        if not 0 < n <= INFO_BYTES - 8:
+            return {}
+        try:
+            return json.loads(bytes(self.buf[off + 8: off + 8 + n]))
+        except ValueError:
+            return {"error": "info blob is not valid JSON"}
+
+    # --- records and lists (the dump tool and tests read these) ---
+    def record_next(self, index: int) -> int:
+        return self.i32[self.layout.record_off(index) // 4]
+
+    def read_record(self, index: int) -> tuple:
+        return RECORD.unpack_from(self.buf, self.layout.record_off(index))
+
+    def walk(self, head: int, limit: int) -> tuple[list[int], bool]:
+        """Follow a chain from head. Returns (indices, loop_or_corrupt). Bounds-checks every link."""
+        seen: set[int] = set()
+        out: list[int] = []
+        idx = head
+        while idx != -1:
+            if not 0 <= idx < self.layout.nrecords or idx in seen or len(out) >= limit:
+                return out, True
+            seen.add(idx)
+            out.append(idx)
+            idx = self.record_next(idx)
+        return out, False
+
+    def read_sub(self, index: int) -> tuple:
+        return SUB.unpack_from(self.buf, self.layout.sub_off(index))

@@ -1,0 +1,183 @@
+"""Shared-memory segments: named POSIX shm for the ops pool, memfd for rank buffers.
+
+Lifecycle rules (DESIGN.md section 4):
+- A named segment is created exclusively (O_CREAT|O_EXCL), mode 0600, with a random suffix, and sized
+  up front with posix_fallocate: a full /dev/shm is an error here, at init, naming the directory and
+  its free space, instead of a SIGBUS on first touch later.
+- The creator unlinks it as soon as every local process has mapped it (or on any failed init).
+  ``close()`` (unmap) and ``unlink()`` (remove the name) are separate and both idempotent.
+- Rank buffers are memfds: they never have a name, so nothing can leak in /dev/shm; their fds travel
+  over the service socket (SCM_RIGHTS).
+- We never use ``multiprocessing.shared_memory``: before Python 3.13 every attacher registers the
+  segment with the resource tracker, which unlinks it when *that* process exits, under live peers.
+
+The file descriptor of a mapped segment stays open in the progress process: the dump tool reads an
+unlinked pool through ``/proc/<pid>/fd/<n>`` when the process itself is wedged.
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import secrets
+import shutil
+
+import posix_ipc
+
+from proxy import errors, log
+from shm import _native
+
+_log = log.get("SHM")
+
+NAME_PREFIX = "shmproxy-"
+
+
+def _address(mm: mmap.mmap) -> int:
+    return _native.buffer_info(mm, True)[0]
+
+
+def _fallocate(fd: int, size: int, where: str) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            try:
+                free = shutil.disk_usage(where).free
+                detail = f"{free / 2**20:.0f} MiB free in {where}"
+            except OSError:
+                detail = f"free space of {where} unknown"
+            raise errors.SystemError_(
+                f"cannot reserve {size / 2**20:.1f} MiB of shared memory ({detail}): enlarge {where} "
+                f"(e.g. `mount -o remount,size=8G {where}`, or docker --shm-size) or lower "
+                f"SHMPROXY_MAX_OPS_PER_RANK / the buffer sizes", errno=exc.errno) from exc
+        raise errors.from_oserror(f"posix_fallocate({size}) in {where}", exc) from exc
+
+
+class Segment:
+    """A named POSIX shared-memory segment, mapped read-write (or read-only for the dump tool)."""
+
+    def __init__(self, name: str, fd: int, size: int, owner: bool, readonly: bool = False):
+        self.name = name
+        self.fd = fd
+        self.size = size
+        self.owner = owner
+        self._unlinked = False
+        prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
+        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        self.addr = 0 if readonly else _address(self.mm)
+
+    @classmethod
+    def create(cls, tag: str, size: int, shm_dir: str = "/dev/shm") -> "Segment":
+        name = f"/{NAME_PREFIX}{tag}-{secrets.token_hex(4)}"
+        try:
+            seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
+        except posix_ipc.Error as exc:
+            raise errors.SystemError_(f"cannot create shared memory {name}: {exc}") from exc
+        fd = seg.fd
+        try:
+            _fallocate(fd, size, shm_dir)
+            self = cls(name, fd, size, owner=True)
+        except BaseException:
+            os.close(fd)
+            posix_ipc.unlink_shared_memory(name)
+            raise
+        _log.info("created %s (%d bytes)", name, size)
+        return self
+
+    @classmethod
+    def attach(cls, name: str, size: int) -> "Segment":
+        try:
+            seg = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError as exc:
+            raise errors.RemoteError(f"shared memory {name} is gone (its creator exited?)") from exc
+        try:
+            actual = os.fstat(seg.fd).st_size
+            if actual < size:
+                raise errors.RemoteError(f"shared memory {name} has {actual} bytes, expected {size}")
+            return cls(name, seg.fd, size, owner=False)
+        except BaseException:
+            os.close(seg.fd)
+            raise
+
+    @classmethod
+    def open_fd_readonly(cls, path: str) -> "Segment":
+        """Map a segment read-only from a path such as /proc/<pid>/fd/<n> (dump tool)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return cls(path, fd, os.fstat(fd).st_size, owner=False, readonly=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def unlink(self) -> None:
+        """Remove the name (mappings stay valid). Idempotent; a name already gone is fine."""
+        if self._unlinked:
+            return
+        self._unlinked = True
+        try:
+            posix_ipc.unlink_shared_memory(self.name)
+            _log.info("unlinked %s", self.name)
+        except posix_ipc.ExistentialError:
+            pass  # already unlinked by a peer that saw us die: the goal is reached
+
+    @staticmethod
+    def unlink_name(name: str) -> None:
+        """Remove a segment name if it still exists (cleanup after a peer died). Idempotent."""
+        try:
+            posix_ipc.unlink_shared_memory(name)
+            _log.info("unlinked %s left by a dead process", name)
+        except posix_ipc.ExistentialError:
+            pass  # the normal case: its creator unlinked it once everybody had mapped it
+
+    def close(self) -> None:
+        """Unmap and close the fd. Idempotent. Views into the mapping must be released first."""
+        if self.mm is not None and not self.mm.closed:
+            self.mm.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class MemfdBuffer:
+    """An anonymous shared buffer (memfd) mapped in this process; share it by passing ``fd``."""
+
+    def __init__(self, fd: int, size: int):
+        self.fd = fd
+        self.size = size
+        # mmap refuses length 0; a 0-byte buffer still gets one page so it has an address.
+        self.mm = mmap.mmap(fd, max(size, 1), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.addr = _address(self.mm)
+
+    @classmethod
+    def create(cls, size: int, label: str = "shmproxy-buf") -> "MemfdBuffer":
+        try:
+            fd = os.memfd_create(label, os.MFD_CLOEXEC)
+        except OSError as exc:
+            raise errors.from_oserror("memfd_create", exc) from exc
+        try:
+            _fallocate(fd, max(size, 1), "memory (memfd)")
+            return cls(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def from_fd(cls, fd: int, size: int) -> "MemfdBuffer":
+        """Adopt an fd received over the service socket (this object then owns it)."""
+        actual = os.fstat(fd).st_size
+        if actual < max(size, 1):
+            os.close(fd)
+            raise errors.InvalidArgument(f"buffer fd has {actual} bytes, {size} announced")
+        try:
+            return cls(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self) -> None:
+        """Idempotent. Raises BufferError if numpy views of the mapping are still alive."""
+        if self.mm is not None and not self.mm.closed:
+            self.mm.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

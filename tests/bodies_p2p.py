@@ -1,0 +1,314 @@
+"""Rank bodies for the point-to-point tests: each function runs in every rank of a real job
+(tests/rankmain.py), calls proxy.init() itself, and raises on any mismatch. Return values travel back
+to the test as JSON."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import proxy
+from proxy import errors
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+def _pattern(n: int, dtype: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, n).astype(dt)
+    if dt.kind == "c":
+        return (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(dt)
+    if dt.kind == "f":
+        return rng.standard_normal(n).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
+
+
+def ring_all_dtypes() -> dict:
+    """Every dtype, sizes from 0 to > 1 chunk, both the staged and the alloc path, around a ring."""
+    with proxy.init() as comm:
+        r, n = comm.rank, comm.size
+        right, left = (r + 1) % n, (r - 1) % n
+        checked = 0
+        for dtype in DTYPES:
+            for count in (0, 1, 7, 4099, (1 << 20) // np.dtype(dtype).itemsize + 3):
+                for use_alloc in (False, True):
+                    send = _pattern(count, dtype, seed=r * 1000 + count)
+                    if use_alloc:
+                        s = comm.alloc(count, dtype)
+                        s[...] = send
+                        out = comm.alloc(count, dtype)
+                    else:
+                        s = send
+                        out = np.zeros(count, dtype)
+                    rq = comm.Irecv(out, left, tag=count)
+                    sq = comm.Isend(s, right, tag=count)
+                    st = rq.Wait()
+                    sq.Wait()
+                    expect = _pattern(count, dtype, seed=left * 1000 + count)
+                    if not np.array_equal(out, expect):
+                        raise AssertionError(f"{dtype} x {count} alloc={use_alloc}: wrong data from {left}")
+                    assert st.source == left and st.tag == count and st.nbytes == expect.nbytes, st
+                    checked += 1
+        return {"checked": checked}
+
+
+def tags_and_order() -> None:
+    """Tags select among messages; one pair and tag never overtake each other."""
+    with proxy.init() as comm:
+        assert comm.size >= 2
+        if comm.rank == 0:
+            with comm.group():
+                reqs = [comm.Isend(np.full(4, 100 + i, np.int32), 1, tag=i % 3) for i in range(30)]
+            proxy.Request.Waitall(reqs)
+        elif comm.rank == 1:
+            got = {t: [] for t in range(3)}
+            for t in (2, 0, 1):  # the reverse of the posting order of the first messages
+                for _ in range(10):
+                    buf = np.zeros(4, np.int32)
+                    comm.Recv(buf, 0, tag=t)
+                    got[t].append(int(buf[0]))
+            for t in range(3):
+                assert got[t] == [100 + i for i in range(30) if i % 3 == t], (t, got[t])
+
+
+def self_send() -> None:
+    """A rank may send to itself, as in MPI."""
+    with proxy.init() as comm:
+        out = np.zeros(1000, np.float64)
+        rq = comm.Irecv(out, comm.rank, tag=5)
+        comm.Send(np.arange(1000, dtype=np.float64), comm.rank, tag=5)
+        rq.Wait()
+        assert np.array_equal(out, np.arange(1000, dtype=np.float64))
+
+
+def group_many() -> dict:
+    """A group longer than the rank's record pool and request slots (64 each here): the partial
+    group is posted when records run out, and nothing is lost or reordered."""
+    with proxy.init(max_ops_per_rank=64) as comm:
+        k = 300
+        if comm.rank == 0:
+            with comm.group():
+                reqs = [comm.Isend(np.array([i, -i], np.int64), 1, tag=i % 5) for i in range(k)]
+            proxy.Request.Waitall(reqs)
+        elif comm.rank == 1:
+            buf = np.zeros(2, np.int64)
+            for i in range(k):
+                comm.Recv(buf, 0, tag=i % 5)
+                assert list(buf) == [i, -i], (i, buf)
+        return {"k": k}
+
+
+def test_and_waitall() -> None:
+    """Test() polls without blocking; Waitall waits for all."""
+    with proxy.init() as comm:
+        if comm.rank == 0:
+            buf = np.zeros(16, np.uint8)
+            req = comm.Irecv(buf, 1, tag=1)
+            assert req.Test() is False  # rank 1 sends only after our go
+            comm.Send(np.ones(1, np.uint8), 1, tag=0)
+            deadline = time.monotonic() + 30
+            while not req.Test():
+                assert time.monotonic() < deadline
+            assert np.all(buf == 7)
+        elif comm.rank == 1:
+            comm.Recv(np.zeros(1, np.uint8), 0, tag=0)
+            comm.Send(np.full(16, 7, np.uint8), 0, tag=1)
+
+
+def bad_input() -> None:
+    """Each bad call raises before anything is posted and leaves the communicator usable."""
+    with proxy.init() as comm:
+        r, n = comm.rank, comm.size
+        ok = np.zeros(8, np.float32)
+        cases = [
+            (lambda: comm.Send(ok, n), proxy.InvalidArgument, "out of range"),
+            (lambda: comm.Send(ok, -1), proxy.InvalidArgument, "out of range"),
+            (lambda: comm.Recv(ok, n + 5), proxy.InvalidArgument, "out of range"),
+            (lambda: comm.Recv(np.zeros((8, 8), np.float32)[:, ::2], 0), proxy.InvalidArgument, "contiguous"),
+            (lambda: comm.Recv(np.frombuffer(b"x" * 32, np.float32), 0), proxy.InvalidArgument, "read-only"),
+            (lambda: comm.Send(np.array(["a", "b"]), 0), proxy.InvalidArgument, "unsupported dtype"),
+            (lambda: comm.Send(np.array([object()]), 0), proxy.InvalidArgument, "unsupported dtype"),
+            (lambda: comm.Send([1, 2, 3], 0), proxy.InvalidArgument, "numpy array"),
+            (lambda: comm.Send(ok, 0, tag=2**70), proxy.InvalidArgument, "64 bits"),
+            (lambda: comm.Send(ok, "1"), proxy.InvalidArgument, "must be an int"),
+            (lambda: comm.alloc(4, "U3"), proxy.InvalidArgument, "unsupported dtype"),
+        ]
+        for fn, exc, text in cases:
+            try:
+                fn()
+            except exc as e:
+                assert text in str(e), (text, str(e))
+                assert isinstance(e, ValueError)
+            else:
+                raise AssertionError(f"no {exc.__name__} for case {text!r}")
+        # Still usable: a ring exchange works.
+        right, left = (r + 1) % n, (r - 1) % n
+        out = np.zeros(8, np.float32)
+        rq = comm.Irecv(out, left)
+        comm.Send(np.full(8, r, np.float32), right)
+        rq.Wait()
+        assert np.all(out == left)
+    try:
+        comm.Send(ok, 0)
+    except proxy.Closed:
+        pass
+    else:
+        raise AssertionError("Send on a closed communicator did not raise Closed")
+    comm.close()  # idempotent
+
+
+def truncation() -> None:
+    """A message larger than the receive buffer: error at the receiver, nothing written past it."""
+    with proxy.init() as comm:
+        if comm.rank == 0:
+            comm.Send(np.arange(100, dtype=np.int32), 1, tag=3)
+            comm.Send(np.arange(10, dtype=np.int32), 1, tag=4)
+        elif comm.rank == 1:
+            big = comm.alloc(20, np.int32)
+            big[:] = -1
+            small = big[:10]
+            try:
+                comm.Recv(small, 0, tag=3)
+            except proxy.TruncationError as e:
+                assert "400 B" in str(e) and "40 B" in str(e), str(e)
+            else:
+                raise AssertionError("no TruncationError")
+            assert np.all(big == -1), big  # nothing written, not even inside the buffer
+            comm.Recv(small, 0, tag=4)
+            assert np.array_equal(small, np.arange(10)) and np.all(big[10:] == -1)
+
+
+def dtype_mismatch() -> None:
+    with proxy.init() as comm:
+        if comm.rank == 0:
+            try:
+                comm.Send(np.zeros(2, np.float32), 1)
+            except proxy.InvalidUsage:
+                pass
+            else:
+                raise AssertionError("sender not told of the dtype mismatch")
+        elif comm.rank == 1:
+            try:
+                comm.Recv(np.zeros(1, np.int64), 0)
+            except proxy.InvalidUsage as e:
+                assert "float32" in str(e), str(e)
+            else:
+                raise AssertionError("receiver not told of the dtype mismatch")
+
+
+def big_message(nbytes: int) -> dict:
+    """One message of ``nbytes`` (64-bit counts), from registered memory to registered memory."""
+    with proxy.init() as comm:
+        t = 0.0
+        if comm.rank == 0:
+            buf = comm.alloc(nbytes, np.uint8)
+            buf[::4096] = np.arange(len(buf[::4096])) % 251
+            buf[-1] = 77
+            comm.Send(buf, 1)
+        elif comm.rank == 1:
+            buf = comm.alloc(nbytes, np.uint8)
+            t0 = time.perf_counter()
+            st = comm.Recv(buf, 0)
+            t = time.perf_counter() - t0
+            assert st.nbytes == nbytes
+            assert np.array_equal(buf[::4096], np.arange(len(buf[::4096])) % 251) and buf[-1] == 77
+        return {"seconds": t}
+
+
+def timeout_names_pending() -> None:
+    with proxy.init() as comm:
+        if comm.rank == 0:
+            try:
+                comm.Irecv(np.zeros(1), 1, tag=9).Wait(timeout=0.5)
+            except proxy.Timeout as e:
+                assert isinstance(e, TimeoutError)
+                assert "from rank 1 tag 9" in str(e), str(e)
+            else:
+                raise AssertionError("no Timeout")
+            comm.Abort("test over")
+        else:
+            try:
+                comm.Recv(np.zeros(1), 0, tag=1)
+            except proxy.Aborted as e:
+                assert "rank 0" in str(e) and "test over" in str(e), str(e)
+            else:
+                raise AssertionError("no Aborted")
+
+
+# ---------------------------------------------------------------------------------- faults
+def _ring(comm) -> None:
+    r, n = comm.rank, comm.size
+    rq = comm.Irecv(np.zeros(1), (r - 1) % n, tag=12345)
+    comm.Send(np.zeros(1), (r + 1) % n, tag=12345)
+    rq.Wait()
+
+
+def _report(path: str, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text + "\n")
+
+
+def victim_rank_dies(victim: int) -> dict:
+    """The victim SIGKILLs itself while its peers wait for its messages; survivors must raise
+    PeerDiedError naming it (the test measures how long that took)."""
+    with proxy.init() as comm:
+        if comm.rank == victim:
+            comm.Send(np.zeros(1), (victim + 1) % comm.size, tag=99)  # peers know we are in
+            os.kill(os.getpid(), signal.SIGKILL)
+        src = (comm.rank - 1) % comm.size
+        if src == victim:
+            comm.Recv(np.zeros(1), victim, tag=99)
+        t0 = time.monotonic()
+        try:
+            comm.Recv(np.zeros(8), victim, tag=1)
+        except proxy.PeerDiedError as e:
+            assert e.rank == victim and f"rank {victim}" in str(e), str(e)
+            return {"seconds": time.monotonic() - t0, "message": str(e)}
+        raise AssertionError("Recv from a dead rank returned")
+
+
+def proxy_dies() -> dict:
+    """Rank 0 SIGKILLs the progress process while everybody waits: every rank must raise."""
+    with proxy.init() as comm:
+        _ring(comm)  # every rank is initialised before the kill
+        if comm.rank == 0:
+            os.kill(comm._proxy_pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            comm.Recv(np.zeros(8), (comm.rank + 1) % comm.size, tag=1)
+        except proxy.PeerDiedError as e:
+            assert e.rank == -1 and "progress process" in str(e), str(e)
+            return {"seconds": time.monotonic() - t0}
+        raise AssertionError("Recv after the progress process died returned")
+
+
+def dies_holding_mutex(victim: int) -> dict:
+    """The victim takes the pool mutex and SIGKILLs itself while holding it; the next locker
+    repairs the mutex (EOWNERDEAD) and every survivor is told who died."""
+    with proxy.init() as comm:
+        if comm.rank == victim:
+            comm.Send(np.zeros(1), (victim + 1) % comm.size, tag=99)
+            comm._view.mutex.lock(5.0)
+            os.kill(os.getpid(), signal.SIGKILL)
+        src = (comm.rank - 1) % comm.size
+        if src == victim:
+            comm.Recv(np.zeros(1), victim, tag=99)
+        t0 = time.monotonic()
+        try:
+            # Posting needs the mutex the victim died holding.
+            comm.Recv(np.zeros(8), victim, tag=1)
+        except proxy.PeerDiedError as e:
+            assert f"rank {victim}" in str(e) or "mutex" in str(e), str(e)
+            return {"seconds": time.monotonic() - t0, "message": str(e)}
+        raise AssertionError("Recv from a dead rank returned")
+
+
+if __name__ == "__main__":  # pragma: no cover - manual runs
+    globals()[sys.argv[1]]()
