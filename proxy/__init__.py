@@ -8,7 +8,6 @@
         elif comm.rank == 1:
             comm.Recv(buf, source=0, tag=7)
 """
-from proxy.comm import Comm, init
 from proxy.errors import (Aborted, Closed, InternalError, InvalidArgument, InvalidUsage, PeerDiedError,
                           ProxyError, RemoteError, Timeout, TruncationError)
 from proxy.request import Request, Status
@@ -17,3 +16,12 @@ __all__ = ["init", "Comm", "Request", "Status", "ProxyError", "InvalidArgument",
            "RemoteError", "PeerDiedError", "Timeout", "Closed", "Aborted", "InternalError",
            "TruncationError"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Lazy: shm/ imports proxy.errors and proxy.log, and proxy.comm imports shm/; importing comm
+    # eagerly here would make `import shm.segment` circular.
+    if name in ("init", "Comm"):
+        from proxy import comm
+        return getattr(comm, name)
+    raise AttributeError(f"module 'proxy' has no attribute {name!r}")

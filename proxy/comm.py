@@ -43,6 +43,7 @@ from shm.segment import Segment
 
 _log = log.get("INIT")
 _perf = time.perf_counter
+_yield = os.sched_yield
 _monotonic_ns = time.monotonic_ns
 
 
@@ -400,9 +401,11 @@ class Comm:
             raise errors.InvalidUsage("Wait() inside comm.group(): the group's ops are posted at its end")
         q, sq, seq = self._q, self._layout.slot_q(req._slot), req._seq
         if q[sq] != seq:
+            # Spin politely: with more processes than cores, a busy spin would take the core the
+            # progress process needs to complete this very request (measured: BENCHMARKS.md).
             end = _perf() + self._spin_s
             while q[sq] != seq and _perf() < end:
-                pass
+                _yield()
         if q[sq] != seq:
             deadline = self._deadline(timeout)
             while q[sq] != seq:

@@ -139,6 +139,8 @@ _DECLARED: tuple[Param, ...] = (
     _p("MAX_SUBS", int, 4096, "Sub slots in the pool's progress table (visible to the dump tool).", 64),
     _p("PARALLEL_THRESHOLD", _parse_size, 1 << 20,
        "Messages at least this large are split into one sub per copy worker.", 0),
+    _p("EAGER_BYTES", _parse_size, 64 << 10,
+       "Messages up to this size are copied and completed as soon as they match, without an args.", 0),
     _p("COPY_THREADS", int, 0,
        "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
     _p("PROXY_SPIN_US", float, 200.0,

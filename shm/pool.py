@@ -9,7 +9,7 @@ int32 index, never by address or pickle. Everything is little-endian, 8-byte ali
     0       magic u64, version u32,       progress process, before anyone attaches
             header_bytes u32, nlocal u32,
             max_ops u32, max_subs u32,
-            total_bytes u64
+            reserved u32, total_bytes u64
     64      pthread_mutex_t (64 B)        -
     128     pthread_cond_t  (64 B)        -
     192     next_ops i32, next_ops_end i32   ranks and progress, under the mutex (posted chain)
@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
 
 from shm import counters, sync
 
 MAGIC = 0x5958_4F52_5048_4D53  # b"SHMPROXY" little-endian
 VERSION = 1
 
-HEADER_FMT = struct.Struct("<QIIIIIQ")  # magic, version, header_bytes, nlocal, max_ops, max_subs, total
+HEADER_FMT = struct.Struct("<QIIIIIIQ")  # magic, version, header_bytes, nlocal, max_ops, max_subs, 0, total
+assert HEADER_FMT.size == 40
 MUTEX_OFF = 64
 COND_OFF = 128
 NEXT_OPS_OFF = 192
@@ -120,39 +120,31 @@ def _align(x: int, a: int = 64) -> int:
     return (x + a - 1) // a * a
 
 
-@dataclass(frozen=True)
 class Layout:
-    nlocal: int
-    max_ops: int
-    max_subs: int
+    """Offsets of every region, computed once (they sit on the posting hot path)."""
 
-    @property
-    def rank_area_off(self) -> int:
-        return _align(FREE_OPS_OFF + 4 * self.nlocal)
+    __slots__ = ("nlocal", "max_ops", "max_subs", "rank_area_off", "info_off", "slots_off", "subs_off",
+                 "records_off", "total_bytes", "nrecords")
 
-    @property
-    def info_off(self) -> int:
-        return _align(self.rank_area_off + RANK_AREA_BYTES * self.nlocal)
+    def __init__(self, nlocal: int, max_ops: int, max_subs: int):
+        self.nlocal, self.max_ops, self.max_subs = nlocal, max_ops, max_subs
+        self.rank_area_off = _align(FREE_OPS_OFF + 4 * nlocal)
+        self.info_off = _align(self.rank_area_off + RANK_AREA_BYTES * nlocal)
+        self.slots_off = _align(self.info_off + INFO_BYTES)
+        self.subs_off = _align(self.slots_off + SLOT_BYTES * nlocal * max_ops)
+        self.records_off = _align(self.subs_off + SUB_BYTES * max_subs)
+        self.total_bytes = _align(self.records_off + RECORD_BYTES * nlocal * max_ops, 4096)
+        self.nrecords = nlocal * max_ops
 
-    @property
-    def slots_off(self) -> int:
-        return _align(self.info_off + INFO_BYTES)
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and (self.nlocal, self.max_ops, self.max_subs) == (
+            other.nlocal, other.max_ops, other.max_subs)
 
-    @property
-    def subs_off(self) -> int:
-        return _align(self.slots_off + SLOT_BYTES * self.nlocal * self.max_ops)
+    def __hash__(self) -> int:
+        return hash((self.nlocal, self.max_ops, self.max_subs))
 
-    @property
-    def records_off(self) -> int:
-        return _align(self.subs_off + SUB_BYTES * self.max_subs)
-
-    @property
-    def total_bytes(self) -> int:
-        return _align(self.records_off + RECORD_BYTES * self.nlocal * self.max_ops, 4096)
-
-    @property
-    def nrecords(self) -> int:
-        return self.nlocal * self.max_ops
+    def __repr__(self) -> str:
+        return f"Layout(nlocal={self.nlocal}, max_ops={self.max_ops}, max_subs={self.max_subs})"
 
     def rank_q(self, local_rank: int, field: int) -> int:
         """u64 index of a per-rank field."""
@@ -162,7 +154,7 @@ class Layout:
         return self.rank_area_off + RANK_AREA_BYTES * local_rank + 8 * RANK_WAKE
 
     def slot_q(self, record_index: int) -> int:
-        """u64 index of the completion slot paired with a record index (same numbering)."""
+        """u64 index of completion slot ``record_index`` (slots are numbered like records)."""
         return (self.slots_off + SLOT_BYTES * record_index) // 8
 
     def record_off(self, index: int) -> int:
@@ -176,11 +168,13 @@ class PoolView:
     """Typed access to a mapped pool. Works on a read-write mapping or a read-only one (dump tool)."""
 
     def __init__(self, mm, addr: int = 0):
-        magic, version, hdr, nlocal, max_ops, max_subs, total = HEADER_FMT.unpack_from(mm, 0)
+        magic, version, hdr, nlocal, max_ops, max_subs, _r, total = HEADER_FMT.unpack_from(mm, 0)
         if magic != MAGIC:
             raise ValueError(f"not a shmproxy ops pool (magic {magic:#x})")
         if version != VERSION:
             raise ValueError(f"ops pool layout version {version}, this shmproxy speaks {VERSION}")
+        if hdr != FREE_OPS_OFF or not (0 < nlocal <= 4096 and 0 < max_ops <= 1 << 20 and 0 < max_subs <= 1 << 24):
+            raise ValueError(f"ops pool header is corrupt (nlocal {nlocal}, max_ops {max_ops}, max_subs {max_subs})")
         self.layout = Layout(nlocal, max_ops, max_subs)
         if total != self.layout.total_bytes or len(mm) < total:
             raise ValueError(f"ops pool size mismatch: header says {total}, layout {self.layout.total_bytes}")
@@ -197,7 +191,7 @@ class PoolView:
     def initialize(mm, addr: int, layout: Layout) -> "PoolView":
         """Write a fresh header, sync objects and free lists (the creator, before anyone attaches)."""
         HEADER_FMT.pack_into(mm, 0, MAGIC, VERSION, FREE_OPS_OFF, layout.nlocal, layout.max_ops,
-                             layout.max_subs, layout.total_bytes)
+                             layout.max_subs, 0, layout.total_bytes)
         view = PoolView(mm, addr)
         view.mutex.initialize()
         view.cond.initialize()
@@ -231,7 +225,9 @@ class PoolView:
 
     # --- info blob ---
     def write_info(self, info: dict) -> None:
-        data = json.dumps(info, default=str).encode()[: INFO_BYTES - 8]
+        data = json.dumps(info, default=str).encode()
+        if len(data) > INFO_BYTES - 8:  # never store a cut (invalid) document
+            data = json.dumps({"truncated": True, "pid": info.get("pid"), "cpus": info.get("cpus")}).encode()
         off = self.layout.info_off
         self.buf[off + 8: off + 8 + len(data)] = data
         self.q[off // 8] = len(data)
@@ -243,14 +239,20 @@ class PoolView:
             return {}
         try:
             return json.loads(bytes(self.buf[off + 8: off + 8 + n]))
-        except ValueError:
-            return {"error": "info blob is not valid JSON"}
+        except (ValueError, RecursionError):
+            return {"error": "info blob is not valid JSON (being rewritten, or corrupt)"}
 
     # --- records and lists (the dump tool and tests read these) ---
+    def _check_record(self, index: int) -> None:
+        if not 0 <= index < self.layout.nrecords:
+            raise IndexError(f"record index {index} out of range [0, {self.layout.nrecords})")
+
     def record_next(self, index: int) -> int:
+        self._check_record(index)
         return self.i32[self.layout.record_off(index) // 4]
 
     def read_record(self, index: int) -> tuple:
+        self._check_record(index)
         return RECORD.unpack_from(self.buf, self.layout.record_off(index))
 
     def walk(self, head: int, limit: int) -> tuple[list[int], bool]:
@@ -267,4 +269,6 @@ class PoolView:
         return out, False
 
     def read_sub(self, index: int) -> tuple:
+        if not 0 <= index < self.layout.max_subs:
+            raise IndexError(f"sub index {index} out of range [0, {self.layout.max_subs})")
         return SUB.unpack_from(self.buf, self.layout.sub_off(index))
