@@ -33,7 +33,7 @@ import numpy as np
 
 from proxy import bootstrap, errors, log, params as params_mod
 from proxy.buffers import Registry, StagingCache
-from proxy.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, pack
+from proxy.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN
 from proxy.protocol import MsgType
 from proxy.request import Request
 from proxy.service_client import ServiceClient
@@ -43,6 +43,11 @@ from shm.segment import Segment
 
 _log = log.get("INIT")
 _perf = time.perf_counter
+_buffer_info = _native.buffer_info
+_post_chain = _native.post_chain
+_RECORD_pack_into = P.RECORD.pack_into
+_RECORD_BYTES = P.RECORD_BYTES
+_DTYPE_CODE = DTYPE_CODE
 _yield = os.sched_yield
 _monotonic_ns = time.monotonic_ns
 
@@ -150,6 +155,7 @@ class Comm:
         self._group_depth = 0
         self._chain: list[int] = []
         self._buf = view.buf
+        self._records_off = layout.records_off
         self._abort_q = P.CTRL_OFF // 8 + P.CTRL_ABORT
         self._err_q = P.CTRL_OFF // 8 + P.CTRL_ERR_SEQ
         self._waiting_q = layout.rank_q(lr, P.RANK_WAITING)
@@ -249,21 +255,28 @@ class Comm:
         return tag
 
     def _post(self, kind: int, buf: Any, peer: int, tag: int) -> Request:
-        self._check_usable()
+        # The hot path (a post must cost a few microseconds): checks are inlined, helpers are only
+        # called on the uncommon branches, and nothing talks to the socket.
+        if self._closed or self._failure is not None:
+            self._check_usable()
+        q = self._q
+        if q[self._err_q] or q[self._abort_q]:
+            self._check_usable()
         if type(buf) is not np.ndarray:
-            raise errors.InvalidArgument(
-                f"buffer must be a numpy array, got {type(buf).__name__}")
-        code = DTYPE_CODE.get(buf.dtype.char)
-        if code is None or buf.dtype.fields is not None:
+            raise errors.InvalidArgument(f"buffer must be a numpy array, got {type(buf).__name__}")
+        code = _DTYPE_CODE.get(buf.dtype.char)
+        if code is None:
             raise errors.InvalidArgument(f"unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
-        peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source")
-        tag = self._check_tag(tag)
+        if type(peer) is not int or not 0 <= peer < self.size:
+            peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source")
+        if type(tag) is not int or not TAG_MIN <= tag <= TAG_MAX:
+            tag = self._check_tag(tag)
         nbytes = buf.nbytes
         stage = None
         user_addr = 0
         if kind == KIND_RECV:
             try:
-                addr, _n = _native.buffer_info(buf, True)
+                addr = _buffer_info(buf, True)[0]
             except (BufferError, ValueError):
                 why = "read-only" if not buf.flags.writeable else "not C-contiguous"
                 raise errors.InvalidArgument(f"receive buffer is {why}") from None
@@ -274,42 +287,47 @@ class Comm:
                 user_addr = addr
         else:
             try:
-                addr, _n = _native.buffer_info(buf, False)
+                addr = _buffer_info(buf, False)[0]
                 found = self._registry.find(addr, nbytes)
             except (BufferError, ValueError):
                 addr, found = 0, None
             if found is None:
-                stage = self._staging.get(nbytes)
-                found = (stage[0], 0)
-                if addr:
-                    _native.memcopy(stage[1].addr, addr, nbytes)
-                else:
-                    view = np.frombuffer(stage[1].mm, dtype=buf.dtype, count=buf.size).reshape(buf.shape)
-                    np.copyto(view, buf)
-                    del view
-        slot = self._take_slot()
-        index = self._take_record()
-        self._seq += 1
-        seq = self._seq
-        if self._group_depth == 0:
+                found, stage = self._stage_send(buf, addr, nbytes)
+        slot = self._free_slots.pop() if self._free_slots else self._take_slot()
+        index = self._free_records.pop() if self._free_records else self._take_record()
+        self._seq = seq = self._seq + 1
+        if not self._group_depth:
             self._opcount += 1
-        pack(self._buf, self._layout, index, kind, code, self.local_rank, peer, tag, self._opcount, seq,
-             slot, found[0], found[1], nbytes, buf.size, _monotonic_ns())
+        _RECORD_pack_into(self._buf, self._records_off + index * _RECORD_BYTES, -1, kind, code, 0, 0,
+                          self.local_rank, peer, tag, self._opcount, seq, slot, found[0], found[1], nbytes,
+                          buf.size, -1, 0, 0, 0, 0, _monotonic_ns(), 0, 0)
         req = Request(self, slot, seq, kind, peer, tag, nbytes, buf, stage, user_addr)
         self._pending[slot] = req
         if self._group_depth:
             chain = self._chain
             if chain:
-                self._i32[self._layout.record_off(chain[-1]) // 4] = index
+                self._i32[(self._records_off + chain[-1] * _RECORD_BYTES) // 4] = index
             chain.append(index)
         else:
             self._splice(index, index)
         return req
 
+    def _stage_send(self, buf: np.ndarray, addr: int, nbytes: int) -> tuple[tuple[int, int], Any]:
+        """Copy a send buffer that is not in registered memory into a staging buffer."""
+        stage = self._staging.get(nbytes)
+        if addr:
+            _native.memcopy(stage[1].addr, addr, nbytes)
+        else:  # not contiguous: numpy gathers it
+            view = np.frombuffer(stage[1].mm, dtype=buf.dtype, count=buf.size).reshape(buf.shape)
+            np.copyto(view, buf)
+            del view
+        return (stage[0], 0), stage
+
     def _splice(self, first: int, last: int) -> None:
-        m, c, h, t, recs, size = self._post_args
-        rc = _native.post_chain(m, c, h, t, recs, size, first - 0, last, self._timeout)
+        rc = _post_chain(*self._post_args, first, last, self._timeout)
         self._q[self._posted_q] += 1
+        if rc == 0:
+            return
         if rc == _native.OWNERDEAD:
             self._q[self._abort_q] = 1
             self._failure = errors.PeerDiedError(

@@ -239,8 +239,8 @@ static PyObject *py_fetch_add_u32(PyObject *self, PyObject *args) {
 
 /*
  * buffer_info(obj, writable) -> (address, nbytes)
- * One C-contiguous buffer request: raises BufferError for non-contiguous objects and for
- * read-only ones when writable is true. Far cheaper than ndarray.__array_interface__.
+ * One C-contiguous buffer request: raises BufferError or ValueError (numpy) for non-contiguous objects
+ * and for read-only ones when writable is true. Far cheaper than ndarray.__array_interface__.
  */
 static PyObject *py_buffer_info(PyObject *self, PyObject *args) {
     PyObject *obj; int writable;

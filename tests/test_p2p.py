@@ -1,0 +1,82 @@
+"""Point-to-point end to end: real rank processes, a real progress process, real shared memory.
+
+Bodies live in tests/bodies_p2p.py; the same bodies run at 1, 2 and 4 ranks where they make sense.
+The conftest fixture checks after every test that no segment, socket or process of ours is left.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import run_ranks
+
+BODY = "tests.bodies_p2p:"
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_ring_every_dtype_and_size(n):
+    res = run_ranks(BODY + "ring_all_dtypes", n, timeout=240)
+    assert all(r["checked"] == 14 * 5 * 2 for r in res.results)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_send_to_self(n):
+    run_ranks(BODY + "self_send", n, timeout=60)
+
+
+def test_tags_select_and_messages_do_not_overtake():
+    run_ranks(BODY + "tags_and_order", 2, timeout=60)
+
+
+def test_group_longer_than_the_record_pool():
+    res = run_ranks(BODY + "group_many", 2, timeout=120)
+    assert res.results[1]["k"] == 300
+
+
+def test_test_and_waitall():
+    run_ranks(BODY + "test_and_waitall", 2, timeout=60)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_bad_input_raises_before_posting_and_comm_stays_usable(n):
+    run_ranks(BODY + "bad_input", n, timeout=60)
+
+
+def test_truncation_writes_nothing():
+    run_ranks(BODY + "truncation", 2, timeout=60)
+
+
+def test_dtype_mismatch_is_reported_to_both_sides():
+    run_ranks(BODY + "dtype_mismatch", 2, timeout=60)
+
+
+def test_timeout_names_what_is_pending_and_abort_reaches_peers():
+    run_ranks(BODY + "timeout_names_pending", 2, timeout=60)
+
+
+@pytest.mark.slow
+def test_message_larger_than_4_gib():
+    """64-bit counts end to end: one 4.5 GiB message between registered buffers."""
+    res = run_ranks(BODY + "big_message", 2, timeout=280, args=(9 << 29,))
+    assert res.results[1]["seconds"] > 0
+
+
+# ------------------------------------------------------------------------------------ faults
+@pytest.mark.parametrize("victim", [0, 1])
+def test_kill9_rank_every_survivor_raises_peer_died(victim):
+    res = run_ranks(BODY + "victim_rank_dies", 3, timeout=90, args=(victim,), expect_fail={victim})
+    survivors = [r for i, r in enumerate(res.results) if i != victim]
+    for r in survivors:
+        assert r["seconds"] < 30, r
+        assert f"rank {victim}" in r["message"]
+
+
+def test_kill9_progress_process_every_rank_raises():
+    res = run_ranks(BODY + "proxy_dies", 3, timeout=90)
+    assert all(r["seconds"] < 30 for r in res.results), res.results
+
+
+def test_kill9_rank_holding_the_pool_mutex():
+    res = run_ranks(BODY + "dies_holding_mutex", 3, timeout=90, args=(1,), expect_fail={1})
+    for i in (0, 2):
+        assert res.results[i]["seconds"] < 30
+        assert "rank 1" in res.results[i]["message"], res.results[i]

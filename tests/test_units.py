@@ -1,0 +1,266 @@
+"""Single-process unit tests: pool layout, params, the fetch policy, transports, args recycling,
+the native sync primitives, and the op record round trip."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from proxy import errors, ops, params as params_mod
+from proxy.args import ArgsPool, Transfer
+from proxy.progress import FetchMode, fetch_mode
+from shm import _native, pool as P, sync
+from shm.segment import MemfdBuffer, Segment
+import transports
+from transports.base import PeerInfo, Transport, check_transport
+
+
+# ------------------------------------------------------------------------------------ layout
+@pytest.mark.parametrize("nlocal,max_ops,max_subs", [(1, 16, 64), (2, 1024, 4096), (7, 33, 65), (64, 1024, 4096)])
+def test_layout_regions_are_aligned_and_disjoint(nlocal, max_ops, max_subs):
+    lay = P.Layout(nlocal, max_ops, max_subs)
+    regions = [
+        (0, P.CTRL_OFF), (P.CTRL_OFF, P.CTRL_OFF + 8 * P.CTRL_COUNT), (P.ERR_MSG_OFF, P.ERR_MSG_OFF + P.ERR_MSG_BYTES),
+        (P.FREE_OPS_OFF, P.FREE_OPS_OFF + 4 * nlocal),
+        (lay.rank_area_off, lay.rank_area_off + P.RANK_AREA_BYTES * nlocal),
+        (lay.info_off, lay.info_off + P.INFO_BYTES),
+        (lay.slots_off, lay.slots_off + P.SLOT_BYTES * nlocal * max_ops),
+        (lay.subs_off, lay.subs_off + P.SUB_BYTES * max_subs),
+        (lay.records_off, lay.records_off + P.RECORD_BYTES * nlocal * max_ops),
+    ]
+    for (a0, a1), (b0, b1) in zip(regions, regions[1:]):
+        assert a1 <= b0, (a0, a1, b0, b1)
+    assert regions[-1][1] <= lay.total_bytes and lay.total_bytes % 4096 == 0
+    for off in (lay.rank_area_off, lay.info_off, lay.slots_off, lay.subs_off, lay.records_off):
+        assert off % 64 == 0
+    assert lay.wake_word_offset(nlocal - 1) % 8 == 0
+    assert P.CTRL_OFF + 8 * P.CTRL_COUNT <= P.ERR_MSG_OFF
+
+
+def test_record_and_sub_formats_are_fixed_size():
+    assert P.RECORD.size == P.RECORD_BYTES == 128
+    assert P.SUB.size <= P.SUB_BYTES
+    assert P.HEADER_FMT.size <= P.MUTEX_OFF
+    assert sync.MUTEX_SIZE <= 64 and sync.COND_SIZE <= 64
+
+
+@pytest.fixture
+def pool():
+    lay = P.Layout(2, 8, 16)
+    seg = Segment.create("unittest", lay.total_bytes)
+    view = P.PoolView.initialize(seg.mm, seg.addr, lay)
+    try:
+        yield seg, view
+    finally:
+        view.release()
+        seg.close()
+        seg.unlink()
+
+
+def test_pool_initialises_free_lists_and_rejects_foreign_headers(pool):
+    seg, view = pool
+    lay = view.layout
+    for r in range(lay.nlocal):
+        chain, bad = view.walk(view.i32[P.FREE_OPS_OFF // 4 + r], lay.nrecords)
+        assert not bad and chain == list(range(r * lay.max_ops, (r + 1) * lay.max_ops))
+    assert view.i32[P.NEXT_OPS_OFF // 4] == -1
+    other = P.PoolView(seg.mm)
+    assert other.layout == lay
+    seg.mm[0:8] = b"notapool"
+    with pytest.raises(ValueError, match="not a shmproxy ops pool"):
+        P.PoolView(seg.mm)
+
+
+def test_record_round_trip_through_op(pool):
+    _seg, view = pool
+    ops.pack(view.buf, view.layout, 3, ops.KIND_SEND, ops.DTYPE_CODE["d"], 0, 5, -7, 11, 12, 3, 4, 64,
+             2**40, 2**37, 999)
+    op = ops.Op(3, view.read_record(3), rank=9, t_fetch=1)
+    assert (op.kind, op.peer, op.tag, op.opcount, op.req_seq, op.req_slot) == (ops.KIND_SEND, 5, -7, 11, 12, 3)
+    assert (op.buf_id, op.offset, op.nbytes, op.count, op.t_post) == (4, 64, 2**40, 2**37, 999)
+    assert "send rank 9 peer 5 tag -7" in op.describe()
+    with pytest.raises(IndexError):
+        view.read_record(view.layout.nrecords)
+
+
+def test_segment_create_reports_no_space(monkeypatch):
+    def enospc(fd, off, size):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", enospc)
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(errors.SystemError_, match="/dev/shm") as ei:
+        Segment.create("nospace", 1 << 20)
+    assert "free" in str(ei.value) and ei.value.errno == 28
+    assert set(os.listdir("/dev/shm")) == before  # unlinked on the failed init
+
+
+def test_memfd_buffer_round_trip():
+    a = MemfdBuffer.create(4096)
+    b = MemfdBuffer.from_fd(os.dup(a.fd), 4096)
+    a.mm[:5] = b"hello"
+    assert bytes(b.mm[:5]) == b"hello"
+    a.close(); b.close(); a.close()  # idempotent
+
+
+# ------------------------------------------------------------------------------------ native sync
+def test_robust_mutex_owner_death_is_repaired(pool):
+    _seg, view = pool
+    dead = []
+    view.mutex.on_owner_dead = lambda: dead.append(True)
+    pid = os.fork()
+    if pid == 0:  # the child locks and dies holding the lock (no Python cleanup)
+        _native.lock(view.mutex.addr, 5.0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    view.mutex.lock(5.0)
+    view.mutex.unlock()
+    assert dead == [True]
+    assert view.mutex.trylock()
+    view.mutex.unlock()
+
+
+def test_lock_and_condvar_waits_are_bounded(pool):
+    _seg, view = pool
+    view.mutex.lock(1.0)
+    got = []
+    t = threading.Thread(target=lambda: got.append(_native.lock(view.mutex.addr, 0.2)))
+    t.start(); t.join(5)
+    assert got == [_native.TIMEDOUT]
+    t0 = time.monotonic()
+    assert view.cond.wait(0.05) is False
+    assert time.monotonic() - t0 < 2
+    view.mutex.unlock()
+
+
+def test_futex_wait_times_out_and_wakes(pool):
+    seg, view = pool
+    addr = seg.addr + view.layout.wake_word_offset(0)
+    assert sync.futex_wait(addr, 12345, 0.01) is True  # word differs: returns at once
+    word = view.q[view.layout.rank_q(0, P.RANK_WAKE)] & 0xFFFFFFFF
+    assert sync.futex_wait(addr, word, 0.05) is False
+    threading.Timer(0.05, sync.futex_bump_and_wake, (addr,)).start()
+    assert sync.futex_wait(addr, word, 10.0) is True
+
+
+def test_post_chain_splices_and_signals_only_when_empty(pool):
+    seg, view = pool
+    lay = view.layout
+    args = (seg.addr + P.MUTEX_OFF, seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF,
+            seg.addr + P.NEXT_OPS_END_OFF, seg.addr + lay.records_off, P.RECORD_BYTES)
+    for idx in (0, 1, 2):
+        view.i32[lay.record_off(idx) // 4] = -1
+    assert _native.post_chain(*args, 0, 0, 1.0) == _native.OK
+    view.i32[lay.record_off(1) // 4] = 2
+    assert _native.post_chain(*args, 1, 2, 1.0) == _native.OK
+    assert view.walk(view.i32[P.NEXT_OPS_OFF // 4], 10) == ([0, 1, 2], False)
+    assert view.i32[P.NEXT_OPS_END_OFF // 4] == 2
+
+
+def test_buffer_info_rejects_what_cannot_be_received_into():
+    a = np.zeros(10)
+    addr, n = _native.buffer_info(a, True)
+    assert n == 80 and addr == a.__array_interface__["data"][0]
+    with pytest.raises((BufferError, ValueError)):
+        _native.buffer_info(a[::2], True)
+    ro = np.frombuffer(b"x" * 16, np.uint8)
+    with pytest.raises((BufferError, ValueError)):
+        _native.buffer_info(ro, True)
+
+
+# ------------------------------------------------------------------------------------ params
+def test_params_defaults_env_and_overrides():
+    p = params_mod.Params(env={})
+    assert p.PROGRESS_APPENDOP_FREQ == 8 and p.APPEND_BATCH_SIZE == 16 and p.STEPS == 8
+    assert p.TIMEOUT == 600.0 and p.DUMP_SIGNAL == 0
+    p = params_mod.Params(env={"SHMPROXY_CHUNK_SIZE": "1M", "SHMPROXY_DUMP_SIGNAL": "USR1"},
+                          overrides={"steps": 4})
+    assert p.CHUNK_SIZE == 1 << 20 and p.DUMP_SIGNAL == 10 and p.STEPS == 4
+    origins = {x.name: x.origin for x in p.items()}
+    assert origins["CHUNK_SIZE"] == "environment" and origins["STEPS"] == "override"
+    assert params_mod.Params(env=p.to_env()).CHUNK_SIZE == 1 << 20
+    assert "SHMPROXY_STEPS" in p.dump()
+
+
+@pytest.mark.parametrize("env", [{"SHMPROXY_STEPS": "eight"}, {"SHMPROXY_STEPS": "0"},
+                                 {"SHMPROXY_DEBUG": "LOUD"}, {"SHMPROXY_PROXY_CPUS": "3-1"},
+                                 {"SHMPROXY_NO_SUCH_THING": "1"}, {"SHMPROXY_DUMP_SIGNAL": "SIGNOPE"},
+                                 {"SHMPROXY_DEBUG_SUBSYS": "INIT,BOGUS"}])
+def test_bad_param_values_raise(env):
+    with pytest.raises(errors.InvalidArgument, match="SHMPROXY_"):
+        params_mod.Params(env=env)
+
+
+def test_unknown_override_raises():
+    with pytest.raises(errors.InvalidArgument):
+        params_mod.Params(env={}, overrides={"stepz": 3})
+
+
+# ------------------------------------------------------------------------------------ fetch policy
+def test_fetch_policy():
+    # Nothing active: block (spin, then a bounded condvar sleep).
+    assert fetch_mode(idle=True, nactive=0, passes=3, appendop_freq=8) == FetchMode.BLOCK
+    assert fetch_mode(idle=False, nactive=0, passes=3, appendop_freq=8) == FetchMode.BLOCK
+    # Work in hand: only trylock, and only when idle or every FREQ passes.
+    assert fetch_mode(idle=True, nactive=2, passes=3, appendop_freq=8) == FetchMode.TRY
+    assert fetch_mode(idle=False, nactive=2, passes=3, appendop_freq=8) == FetchMode.NONE
+    assert fetch_mode(idle=False, nactive=2, passes=16, appendop_freq=8) == FetchMode.TRY
+    modes = [fetch_mode(False, 1, p, 8) for p in range(1, 65)]
+    assert modes.count(FetchMode.TRY) == 8
+
+
+# ------------------------------------------------------------------------------------ transports
+def test_registry_selects_shm_on_one_host_and_names_both_peers_otherwise():
+    a = PeerInfo(0, 0, "hostA", 100)
+    b = PeerInfo(1, 1, "hostA", 101)
+    c = PeerInfo(2, 0, "hostB", 200)
+    assert transports.select(a, b).name == "shm"
+    with pytest.raises(errors.InvalidUsage, match=r"rank 0 \(host hostA.*rank 2 \(host hostB"):
+        transports.select(a, c)
+
+
+def test_contract_check_rejects_incomplete_transports():
+    class NoProgress(Transport):
+        name = "broken"
+
+        def can_connect(self, me, peer):
+            return True
+
+    class Named(Transport):
+        def can_connect(self, me, peer):
+            return True
+
+        def proxy_progress(self, engine, args):
+            return True
+
+    with pytest.raises(TypeError):
+        check_transport(NoProgress())  # abstract method missing: cannot even be instantiated
+    with pytest.raises(TypeError, match="no name"):
+        check_transport(Named())
+
+
+# ------------------------------------------------------------------------------------ args pool
+def test_args_pool_recycles_and_mirrors_counters(pool):
+    _seg, view = pool
+
+    class FakeOp:
+        kind, rank, peer, tag = ops.KIND_SEND, 0, 1, 5
+
+    ap = ArgsPool(view)
+    seen_args = set()
+    for round_ in range(5):
+        a = ap.get_args((0, 1), round_, None)
+        t = Transfer(FakeOp(), FakeOp(), 3000, 0)
+        s = ap.add_sub(a, t, 1000, 2000, 3000, 1024)
+        assert s.nsteps == 3 and t.parts_left == 1
+        s.posted, s.transmitted, s.received, s.done = 3, 3, 3, 2
+        ap.mirror(s)
+        entry = view.read_sub(s.slot)
+        assert entry[0] == P.SUB_READY and entry[7:11] == (3, 3, 3, 2)
+        ap.release(a)
+        assert view.read_sub(s.slot)[0] == P.SUB_FREE
+        seen_args.add(id(a))
+    assert len(seen_args) == 1 and ap.allocated_args == 64  # one block, recycled
+    assert len(ap.free_slots) == view.layout.max_subs
