@@ -312,3 +312,48 @@ def dies_holding_mutex(victim: int) -> dict:
 
 if __name__ == "__main__":  # pragma: no cover - manual runs
     globals()[sys.argv[1]]()
+
+
+def dump_live() -> dict:
+    """Rank 1 waits on a message nobody has sent yet; rank 0 dumps the real progress process from
+    outside (read-only pool) and through DUMP_SIGNAL, then releases rank 1."""
+    import json
+    import subprocess
+    with proxy.init() as comm:
+        big = comm.alloc(3 << 20, np.uint8)
+        out = {}
+        if comm.rank == 1:
+            comm.Recv(np.zeros(4), 0, tag=42)
+            comm.Recv(big, 0, tag=43)
+        elif comm.rank == 0:
+            pid = comm._proxy_pid
+            cmd = [sys.executable, "-m", "proxy.dump_tool", "--pid", str(pid), "--json"]
+            deadline = time.monotonic() + 30
+            while True:  # until rank 1's receive has been fetched by the progress process
+                doc = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                                                check=True).stdout)
+                state = doc["processes"][0]["pools"][0]["state"]
+                if state["ranks"][1]["posted"] >= 1 and not state["posted_chain"]["records"]:
+                    break
+                assert time.monotonic() < deadline, state
+            out["outside_pid"] = state["control"]["proxy_pid"]
+            sig = subprocess.run(cmd + ["--signal"], capture_output=True, text=True, timeout=60, check=True)
+            inside = json.loads(sig.stdout)["processes"][0]["state"]
+            out["unmatched"] = inside["in_process"]["unmatched_recvs"]
+            text = subprocess.run([sys.executable, "-m", "proxy.dump_tool", "--pid", str(pid)],
+                                  capture_output=True, text=True, timeout=60, check=True).stdout
+            out["text_has_ranks"] = "rank" in text
+            comm.Send(np.ones(4), 1, tag=42)
+            comm.Send(big, 1, tag=43)
+        return out
+
+
+def profile_trace(path: str) -> None:
+    """With SHMPROXY_PROFILE=1 the progress process writes a Chrome trace at exit."""
+    with proxy.init() as comm:
+        r, n = comm.rank, comm.size
+        for i in range(20):
+            out = np.zeros(1 << 18, np.uint8)
+            rq = comm.Irecv(out, (r - 1) % n, tag=i)
+            comm.Send(np.full(1 << 18, i, np.uint8), (r + 1) % n, tag=i)
+            rq.Wait()

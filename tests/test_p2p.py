@@ -80,3 +80,23 @@ def test_kill9_rank_holding_the_pool_mutex():
     for i in (0, 2):
         assert res.results[i]["seconds"] < 30
         assert "rank 1" in res.results[i]["message"], res.results[i]
+
+
+# ------------------------------------------------------------------------------------ observability
+def test_dump_of_a_live_job_outside_and_by_signal():
+    res = run_ranks(BODY + "dump_live", 2, timeout=120, env={"SHMPROXY_DUMP_SIGNAL": "SIGUSR1"})
+    r0 = res.results[0]
+    assert r0["outside_pid"] > 0 and r0["text_has_ranks"]
+    assert any("recv rank 1 peer 0 tag 42" in u for u in r0["unmatched"]), r0["unmatched"]
+
+
+def test_profile_writes_a_chrome_trace(tmp_path):
+    import json
+    path = tmp_path / "trace-%p.json"
+    run_ranks(BODY + "profile_trace", 2, timeout=60, args=(str(path),),
+              env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(path)})
+    files = list(tmp_path.glob("trace-*.json"))
+    assert len(files) == 1
+    events = json.loads(files[0].read_text())["traceEvents"]
+    names = {e["name"] for e in events}
+    assert {"msg 0->1", "msg 1->0", "sleep"} <= names, names
