@@ -143,7 +143,7 @@ _DECLARED: tuple[Param, ...] = (
        "Messages up to this size are copied and completed as soon as they match, without an args.", 0),
     _p("COPY_THREADS", int, 0,
        "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
-    _p("PROXY_SPIN_US", float, 200.0,
+    _p("PROXY_SPIN_US", float, 500.0,
        "An idle progress process polls this long before it sleeps on the pool condvar.", 0),
     _p("PROXY_SLEEP_MS", float, 100.0,
        "Bound of one condvar sleep of the idle progress process (it rechecks abort and its ranks).", 1),
@@ -154,7 +154,7 @@ _DECLARED: tuple[Param, ...] = (
     _p("PROXY_NCORES", int, 0,
        "How many cores the automatic policy gives the progress process; 0 = all spare cores, at most 8.", 0),
     # --- rank side ---
-    _p("WAIT_SPIN_US", float, 50.0,
+    _p("WAIT_SPIN_US", float, 500.0,
        "A rank in Wait() polls its completion this long before it sleeps on its futex.", 0),
     _p("WAIT_SLICE_MS", float, 200.0,
        "Bound of one sleep in Wait(); between sleeps the rank checks abort and the progress process.", 1),

@@ -46,6 +46,8 @@ from transports.base import PeerInfo
 
 _log = log.get("PROXY")
 MASK64 = (1 << 64) - 1
+WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
+SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
 
 class FetchMode(enum.IntEnum):
@@ -482,7 +484,10 @@ class ProgressEngine:
             mode = fetch_mode(idle, len(self.active), self.passes, freq)
             added = self.fetch(mode) if mode else 0
             if idle and not added and mode != FetchMode.BLOCK:
-                os.sched_yield()
+                if self.copy.in_flight:
+                    self.copy.wait(WORKER_WAIT_S)  # GIL released: see proxy/copyengine.py
+                else:
+                    os.sched_yield()
             now = time.monotonic_ns()
             if now >= next_tick:
                 next_tick = now + hb_ns
@@ -600,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     params = params_mod.get()
     log.set_rank("proxy")
     log.configure(params)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     engine = ProgressEngine(params, ns.path, ns.nlocal, ns.size, ns.job_key, ns.comm_id, ns.parent)
 
     def on_term(signum: int, frame: Any) -> None:  # only sets flags; the loop acts

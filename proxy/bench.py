@@ -1,0 +1,1015 @@
+"""shmproxy-bench: shmproxy and its Python peers measured side by side, in one run (nccl-tests style).
+
+    mpiexec -n 2 shmproxy-bench pingpong -b 8 -e 64M -f 4 --peers mpi4py
+    mpiexec -n 2 python -m proxy.bench sendrecv --json sendrecv.json --plot sendrecv.png
+    mpiexec -n 2 shmproxy-bench post --peers mpi4py
+    mpiexec -n 2 shmproxy-bench idle --idle-seconds 10
+
+Every rank runs this program under a launcher. Each calls ``proxy.init()`` and, for the peers asked
+for (``--peers``, default per operation), opens them in the same process: mpi4py's COMM_WORLD, and
+torch.distributed's gloo backend (its TCPStore is hosted by rank 0 on 127.0.0.1 at a free port that
+rank 0 sends to the others through shmproxy; under torchrun, MASTER_ADDR/MASTER_PORT are used). A peer
+that cannot be opened on every rank is skipped with a printed note; shmproxy itself never is.
+
+The operation table
+-------------------
+``OPERATIONS`` maps a name to an :class:`Operation`: one builder per library (the call to time), the
+bus-bandwidth factor, a correctness check, and how it is measured (a timed loop, posting cost, or idle
+CPU). Point-to-point is what exists today; a collective plugs in as one more entry whose builders call
+``comm.Allreduce`` / ``MPI.COMM_WORLD.Allreduce`` / ``dist.all_reduce`` and whose bus factor is
+``2(n-1)/n``; the sweep, timing, gathering, checking, table, JSON and plot need nothing new.
+
+How a figure is made
+--------------------
+- Sizes go from ``-b`` to ``-e``, multiplying by ``-f``, and always end at ``-e`` (nccl-tests stops
+  at the last power below it: ``-b 8 -e 64M -f 8`` would never measure 64 MiB). A size becomes
+  ``max(1, size // itemsize)`` elements; the table shows the bytes actually moved.
+- For each size, shmproxy runs first and then each peer, so drift of the machine (another job, thermal,
+  page cache) hits every library alike.
+- Each library gets its buffers once, at the largest size (shmproxy: ``comm.alloc``, the zero-copy
+  path, unless ``--no-alloc``; the peers: numpy arrays), and each size uses a prefix of them.
+- A measurement is: a barrier, ``-w`` warm-up iterations, the receive buffer filled with a sentinel, a
+  barrier, then ``-n`` iterations each timed alone with ``time.perf_counter``. A rank's figure is the
+  median over its iterations (and the 99th percentile: with few iterations that is nearly the maximum);
+  the reported figure is the maximum over the ranks of these medians. The ranks' figures travel to rank
+  0 through shmproxy itself (Send/Recv of a float64 array), as does every barrier.
+- Defaults adapt to the size (``default_iters``): many iterations for small messages, few for large
+  ones, so that a sweep to 64 MiB takes well under a minute on 2 cores.
+- pingpong: one iteration is a round trip between ranks 0 and 1 (other ranks idle); time = half of it
+  (one-way latency); bandwidth = bytes / one-way time. sendrecv: each rank Isends to its right and
+  Irecvs from its left, then Waitall; algbw = bytes / time, busbw = algbw.
+- ratio = peer time / shmproxy time, which is also shmproxy bandwidth / peer bandwidth: above 1,
+  shmproxy is faster.
+- After the timed loop, every received buffer is compared with the pattern its sender wrote (unless
+  ``--no-check``); the exit status is 1 on every rank if any check failed anywhere, 2 for a usage
+  error.
+
+``--inject-error`` (hidden) is a test hook: it corrupts shmproxy's first received buffer on every rank
+before the check, so that the failure path (FAIL in the table, exit status 1) can be tested.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import functools
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+SCHEMA = "shmproxy-bench/1"
+PEERS = ("mpi4py", "gloo")
+SENTINEL = 113
+"""Written into receive buffers before the timed loop; never a value of ``pattern`` (0..100)."""
+PATTERN_MOD = 101
+GROUP_SIZE = 64
+IDLE_SETTLE_S = 0.5
+"""Before the idle window, let the receivers post and the progress process finish its spin phase."""
+RENDEZVOUS_TIMEOUT_S = 60.0
+
+# Tags of our own traffic; the measured operations use TAG_OP. Distinct tags keep a barrier or a
+# gather from ever matching a measured message.
+TAG_OP, TAG_BARRIER, TAG_GATHER, TAG_BCAST = 17, 0x5B0001, 0x5B0002, 0x5B0003
+
+_perf = time.perf_counter
+
+
+# =================================================================================================
+# Pure helpers: sizes, iterations, patterns, statistics (unit-tested without processes)
+
+def parse_size(text: str) -> int:
+    """Bytes with an optional K/M/G suffix (binary units), as the SHMPROXY_* sizes: '8', '4K', '64M'."""
+    from proxy.params import _parse_size
+    try:
+        return _parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: {exc}") from None
+
+
+def size_sweep(lo: int, hi: int, factor: int) -> list[int]:
+    """lo, lo*factor, lo*factor**2, ... while below hi, then hi: the sweep always ends at hi."""
+    if lo < 1:
+        raise ValueError(f"minimum size must be at least 1 byte, got {lo}")
+    if hi < lo:
+        raise ValueError(f"maximum size {hi} is below the minimum {lo}")
+    if factor < 2:
+        raise ValueError(f"step factor must be at least 2, got {factor}")
+    out, s = [], lo
+    while s < hi:
+        out.append(s)
+        s *= factor
+    return out + [hi]
+
+
+def element_count(nbytes: int, itemsize: int) -> int:
+    """Elements for a size: at least one, never more bytes than asked."""
+    return max(1, nbytes // itemsize)
+
+
+def default_iters(nbytes: int) -> int:
+    """Timed iterations for a message: 1000 up to 64 KiB, then ~64 MiB of traffic, at least 10."""
+    return int(min(1000, max(10, (64 << 20) // max(nbytes, 1))))
+
+
+def default_warmup(iters: int) -> int:
+    return int(min(100, max(2, iters // 10)))
+
+
+def pattern(rank: int, count: int, dtype: Any) -> np.ndarray:
+    """What ``rank`` sends: small integers (0..100), exact in every supported dtype."""
+    return _pattern(rank, count, np.dtype(dtype).str)
+
+
+@functools.lru_cache(maxsize=4)
+def _pattern(rank: int, count: int, dtype_str: str) -> np.ndarray:
+    a = ((np.arange(count, dtype=np.int64) * 7 + rank * 13 + 1) % PATTERN_MOD).astype(dtype_str)
+    a.flags.writeable = False
+    return a
+
+
+def summarize(times_s: Sequence[float], divisor: float = 1.0) -> tuple[float, float]:
+    """(median, p99) in microseconds of per-iteration times in seconds, each divided by ``divisor``."""
+    t = np.asarray(times_s, dtype=np.float64) * (1e6 / divisor)
+    if t.size == 0:
+        return math.nan, math.nan
+    return float(np.median(t)), float(np.percentile(t, 99))
+
+
+def gbps(nbytes: int, time_us: float) -> float:
+    """GB/s (10**9 bytes per second) for ``nbytes`` in ``time_us`` microseconds."""
+    if not time_us > 0:
+        return math.nan
+    return nbytes / time_us / 1e3
+
+
+def max_over_ranks(values: Sequence[float]) -> float:
+    """The largest non-NaN value (NaN marks a rank that did not take part); NaN if none took part."""
+    v = [x for x in values if not math.isnan(x)]
+    return max(v) if v else math.nan
+
+
+def check_word(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """'ok', '-' (nothing checked), or 'FAIL:<libraries>' for one row."""
+    failed = [lib for lib, r in results.items() if r.get("check") == "FAIL"]
+    if failed:
+        return "FAIL:" + ",".join(failed)
+    if all(r.get("check") == "skipped" for r in results.values()):
+        return "-"
+    return "ok"
+
+
+# =================================================================================================
+# Libraries: what each one offers the operations (buffers and point-to-point calls)
+
+class Library:
+    """One library under test. Subclasses bind send/recv/isend/irecv (positional arguments: buffer,
+    peer, tag), waitall and group to the library's own calls, so that the timed loop calls the library
+    directly, with no layer of ours in between."""
+
+    name = ""
+    version = ""
+    send: Callable[[Any, int, int], Any]
+    recv: Callable[[Any, int, int], Any]
+    isend: Callable[[Any, int, int], Any]
+    irecv: Callable[[Any, int, int], Any]
+    waitall: Callable[[list[Any]], Any]
+    group: Callable[[], contextlib.AbstractContextManager[Any]]
+    """Posts inside are batched (shmproxy's comm.group); a no-op context for the peers."""
+
+    def __init__(self) -> None:
+        self.waitall = self._wait_each
+        self.group = contextlib.nullcontext
+
+    def array(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    def wrap(self, a: np.ndarray) -> Any:
+        """What this library's calls take for the numpy array ``a`` (sharing its memory)."""
+        return a
+
+    @staticmethod
+    def wait(req: Any) -> None:
+        req.Wait()
+
+    def _wait_each(self, reqs: list[Any]) -> None:
+        for r in reqs:
+            self.wait(r)
+
+    def close(self) -> None:
+        pass
+
+
+class ShmproxyLib(Library):
+    name = "shmproxy"
+
+    def __init__(self, comm: Any, zero_copy: bool):
+        import proxy
+        super().__init__()
+        self.comm, self.zero_copy = comm, zero_copy
+        self.version = proxy.__version__
+        self.send, self.recv, self.isend, self.irecv = comm.Send, comm.Recv, comm.Isend, comm.Irecv
+        self.waitall, self.group = proxy.Request.Waitall, comm.group
+
+    def array(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+        return self.comm.alloc(shape, dtype) if self.zero_copy else np.zeros(shape, dtype)
+
+
+class MpiLib(Library):
+    name = "mpi4py"
+
+    def __init__(self, MPI: Any):
+        import mpi4py
+        super().__init__()
+        world = MPI.COMM_WORLD
+        self.world = world
+        lib = MPI.Get_library_version().strip().splitlines()
+        self.version = f"{mpi4py.__version__} ({' '.join(lib[0].split()) if lib else 'unknown MPI'})"
+        self.send, self.recv, self.isend, self.irecv = world.Send, world.Recv, world.Isend, world.Irecv
+        self.waitall = MPI.Request.Waitall
+
+
+class GlooLib(Library):
+    name = "gloo"
+
+    def __init__(self, torch: Any, dist: Any):
+        super().__init__()
+        self.torch, self.dist = torch, dist
+        self.version = torch.__version__
+        self.send = lambda t, peer, tag: dist.send(t, peer, tag=tag)
+        self.recv = lambda t, peer, tag: dist.recv(t, peer, tag=tag)
+        self.isend = lambda t, peer, tag: dist.isend(t, peer, tag=tag)
+        self.irecv = lambda t, peer, tag: dist.irecv(t, peer, tag=tag)
+
+    def wrap(self, a: np.ndarray) -> Any:
+        return self.torch.from_numpy(a)
+
+    @staticmethod
+    def wait(req: Any) -> None:
+        req.wait()
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+# =================================================================================================
+# Our own traffic through shmproxy: barrier, gather to rank 0, broadcast from rank 0
+
+def barrier(comm: Any) -> None:
+    """Dissemination barrier over shmproxy point-to-point (log2(n) rounds)."""
+    n, r = comm.size, comm.rank
+    token, got = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
+    k = 1
+    while k < n:
+        req = comm.Isend(token, (r + k) % n, TAG_BARRIER)
+        comm.Recv(got, (r - k) % n, TAG_BARRIER)
+        req.Wait()
+        k *= 2
+
+
+def gather(comm: Any, values: Sequence[float]) -> np.ndarray | None:
+    """Every rank's ``values`` (same length everywhere) as rows of a float64 matrix on rank 0."""
+    row = np.asarray(values, dtype=np.float64).reshape(-1)
+    if comm.rank != 0:
+        comm.Send(row, 0, TAG_GATHER)
+        return None
+    out = np.empty((comm.size, row.size), np.float64)
+    out[0] = row
+    for src in range(1, comm.size):
+        comm.Recv(out[src], src, TAG_GATHER)
+    return out
+
+
+def bcast(comm: Any, values: Sequence[float] | None, length: int) -> np.ndarray:
+    """Rank 0's ``values`` (``length`` float64) on every rank."""
+    if comm.rank == 0:
+        buf = np.asarray(values, dtype=np.float64).reshape(length)
+        for dst in range(1, comm.size):
+            comm.Send(buf, dst, TAG_BCAST)
+        return buf
+    buf = np.empty(length, np.float64)
+    comm.Recv(buf, 0, TAG_BCAST)
+    return buf
+
+
+def agree(comm: Any, ok: bool) -> bool:
+    """True on every rank when ``ok`` is true on every rank."""
+    rows = gather(comm, [1.0 if ok else 0.0])
+    return bool(bcast(comm, None if rows is None else [float(rows.min())], 1)[0])
+
+
+# =================================================================================================
+# The operation table
+
+@dataclasses.dataclass
+class Ctx:
+    """What the operations see: this rank, its communicator, the options."""
+
+    comm: Any
+    rank: int
+    size: int
+    args: argparse.Namespace
+    inject_pending: bool = False
+    pids: list[int] = dataclasses.field(default_factory=list)
+
+
+Builder = Callable[[Ctx, Library, Any, Any], "Callable[[], Any] | None"]
+"""(ctx, library, send, recv) -> one iteration of the operation (None: this rank takes no part).
+``send``/``recv`` are the library's own view of the buffers (a torch tensor for gloo)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    title: str
+    unit: str
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    name: str
+    summary: str
+    measure: Callable[..., list[float]]
+    """measure(ctx, op, lib, send, recv, iters, warmup) -> this rank's figures (``fields``)."""
+    fields: tuple[str, ...]
+    """The per-rank figures ``measure`` returns (reduced with max over the ranks that took part)."""
+    columns: tuple[Column, ...]
+    source: Callable[[int, int], int | None]
+    """(rank, size) -> the rank whose data this rank receives, None if it receives nothing."""
+    calls: Mapping[str, Builder] = dataclasses.field(default_factory=dict)
+    bus_factor: Callable[[int], float] = lambda n: 1.0
+    time_divisor: float = 1.0
+    ratio_key: str | None = "time_us"
+    """Result key whose peer/shmproxy quotient is the ratio column (None: no ratio)."""
+    default_dtype: str = "float32"
+    default_sizes: tuple[str, str, int] = ("8", "64M", 4)
+    default_peers: tuple[str, ...] = PEERS
+    group_recv: bool = False
+    """The receiver gets --group-size messages at once, each into its own row of the receive buffer."""
+    check: Callable[[int, int, np.ndarray], bool] | None = None
+    """(rank, size, received) -> data correct; default: equals ``pattern(source(rank, size))``."""
+
+    def check_received(self, rank: int, size: int, recv: np.ndarray) -> bool:
+        if self.check is not None:
+            return self.check(rank, size, recv)
+        src = self.source(rank, size)
+        if src is None:
+            return True
+        return bool((recv == pattern(src, recv.shape[-1], recv.dtype)).all())
+
+
+def _pingpong(ctx: Ctx, lib: Library, send: Any, recv: Any) -> Callable[[], None] | None:
+    s, r = lib.send, lib.recv
+    if ctx.rank == 0:
+        def it() -> None:
+            s(send, 1, TAG_OP)
+            r(recv, 1, TAG_OP)
+    elif ctx.rank == 1:
+        def it() -> None:
+            r(recv, 0, TAG_OP)
+            s(send, 0, TAG_OP)
+    else:
+        return None
+    return it
+
+
+def _sendrecv(ctx: Ctx, lib: Library, send: Any, recv: Any) -> Callable[[], None]:
+    right, left = (ctx.rank + 1) % ctx.size, (ctx.rank - 1) % ctx.size
+    isend, irecv, waitall = lib.isend, lib.irecv, lib.waitall
+
+    def it() -> None:
+        waitall([isend(send, right, TAG_OP), irecv(recv, left, TAG_OP)])
+    return it
+
+
+def _timed_loop(it: Callable[[], Any], iters: int) -> list[float]:
+    times = [0.0] * iters
+    for i in range(iters):
+        t0 = _perf()
+        it()
+        times[i] = _perf() - t0
+    return times
+
+
+def _finish_check(ctx: Ctx, op: Operation, lib: Library, recv: np.ndarray) -> float:
+    """1.0 when the received data is right (or unchecked), 0.0 when wrong; applies --inject-error."""
+    if ctx.inject_pending and lib.name == "shmproxy" and op.source(ctx.rank, ctx.size) is not None:
+        ctx.inject_pending = False
+        recv[(0,) * recv.ndim] = SENTINEL
+    if not ctx.args.check:
+        return 1.0
+    return 1.0 if op.check_received(ctx.rank, ctx.size, recv) else 0.0
+
+
+def measure_loop(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
+                 warmup: int) -> list[float]:
+    """[time_us, p99_us] of one library at one size: warm up, reset the receive buffer, time."""
+    it = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
+    barrier(ctx.comm)
+    if it is not None:
+        for _ in range(warmup):
+            it()
+    recv.fill(SENTINEL)
+    barrier(ctx.comm)
+    if it is None:
+        return [math.nan, math.nan]
+    times = _timed_loop(it, iters)
+    return list(summarize(times, op.time_divisor))
+
+
+def measure_post(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
+                 warmup: int) -> list[float]:
+    """[single_us, single_p99_us, group_us_per_op] on rank 0, posting to rank 1.
+
+    single: each Isend post timed alone (the wait for its completion is outside the timed region).
+    group: ``--group-size`` Isends posted back to back inside ``lib.group()`` (shmproxy: one splice
+    for all of them; the peers have no such call, so the posts simply follow each other), the time
+    from before the first post to after the group is closed, divided by the number of posts.
+    Rank 1 receives every message (the group ones into distinct rows, posted as a group of Irecvs)."""
+    gsize = recv.shape[0]
+    reps = max(10, iters // gsize)
+    wreps = max(1, warmup // gsize)
+    isend, irecv, wait, waitall, group = lib.isend, lib.irecv, lib.wait, lib.waitall, lib.group
+    barrier(ctx.comm)
+    out = [math.nan, math.nan, math.nan]
+    if ctx.rank == 0:
+        s = lib.wrap(send)
+        single = []
+        for i in range(warmup + iters):
+            t0 = _perf()
+            req = isend(s, 1, TAG_OP)
+            t1 = _perf()
+            wait(req)
+            if i >= warmup:
+                single.append(t1 - t0)
+        grouped = []
+        for i in range(wreps + reps):
+            t0 = _perf()
+            with group():
+                reqs = [isend(s, 1, TAG_OP) for _ in range(gsize)]
+            t1 = _perf()
+            waitall(reqs)
+            if i >= wreps:
+                grouped.append((t1 - t0) / gsize)
+        out = [*summarize(single), summarize(grouped)[0]]
+    elif ctx.rank == 1:
+        rows = [lib.wrap(recv[j]) for j in range(gsize)]
+        recv_one = lib.recv
+        for _ in range(warmup + iters):
+            recv_one(rows[0], 0, TAG_OP)
+        for i in range(wreps + reps):
+            if i == wreps:
+                recv.fill(SENTINEL)
+            with group():
+                reqs = [irecv(rows[j], 0, TAG_OP) for j in range(gsize)]
+            waitall(reqs)
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    import psutil
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+def _voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of every thread of ``pid`` (each is a sleep, i.e. a wake-up)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            pass                                      # a thread that ended meanwhile
+    return total
+
+
+def measure_idle(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
+                 warmup: int) -> list[float]:
+    """[proxy %core, proxy wake-ups/s, waiting ranks' %core (max)] over --idle-seconds.
+
+    Every rank but 0 blocks in a receive (as an application waiting for work does); rank 0 samples
+    the CPU time of the progress process and of the waiting ranks, then sends them their message."""
+    barrier(ctx.comm)
+    if ctx.rank != 0:
+        recv.fill(SENTINEL)
+        lib.recv(lib.wrap(recv), 0, TAG_OP)
+        return [math.nan, math.nan, math.nan]
+    proxy_pid = ctx.comm._proxy_pid
+    waiting = ctx.pids[1:]
+    time.sleep(IDLE_SETTLE_S)
+    c0 = [_cpu_seconds(p) for p in [proxy_pid, *waiting]]
+    v0 = _voluntary_switches(proxy_pid)
+    t0 = _perf()
+    time.sleep(ctx.args.idle_seconds)
+    wall = _perf() - t0
+    c1 = [_cpu_seconds(p) for p in [proxy_pid, *waiting]]
+    v1 = _voluntary_switches(proxy_pid)
+    s = lib.wrap(send)
+    for dst in range(1, ctx.size):
+        lib.send(s, dst, TAG_OP)
+    pct = [100.0 * (b - a) / wall for a, b in zip(c0, c1)]
+    return [pct[0], (v1 - v0) / wall, max(pct[1:], default=math.nan)]
+
+
+SWEEP_COLUMNS = (Column("time", "us", "time_us"), Column("p99", "us", "p99_us"),
+                 Column("algbw", "GB/s", "algbw_GBps"), Column("busbw", "GB/s", "busbw_GBps"))
+
+OPERATIONS: dict[str, Operation] = {op.name: op for op in (
+    Operation(
+        "pingpong", "rank 0 <-> rank 1 round trips; time = one way (half a round trip)",
+        measure_loop, ("time_us", "p99_us"), SWEEP_COLUMNS,
+        source=lambda r, n: {0: 1, 1: 0}.get(r),
+        calls=dict.fromkeys(("shmproxy", *PEERS), _pingpong),
+        time_divisor=2.0, default_dtype="uint8"),
+    Operation(
+        "sendrecv", "ring exchange: Isend to the right, Irecv from the left, Waitall",
+        measure_loop, ("time_us", "p99_us"), SWEEP_COLUMNS,
+        source=lambda r, n: (r - 1) % n,
+        calls=dict.fromkeys(("shmproxy", *PEERS), _sendrecv)),
+    Operation(
+        "post", "cost of posting an Isend on rank 0 (rank 1 receives): alone, and amortised in a group",
+        measure_post, ("single_us", "single_p99_us", "group_us_per_op"),
+        (Column("post", "us", "single_us"), Column("p99", "us", "single_p99_us"),
+         Column("group", "us/op", "group_us_per_op")),
+        source=lambda r, n: 0 if r == 1 else None,
+        ratio_key="single_us", default_dtype="uint8", default_sizes=("8", "8", 2), group_recv=True),
+    Operation(
+        "idle", "CPU use while the job is idle: ranks 1.. block in a receive, rank 0 watches",
+        measure_idle, ("proxy_cpu_percent", "proxy_wakeups_per_s", "waiting_cpu_percent"),
+        (Column("proxy", "%core", "proxy_cpu_percent"), Column("wakeups", "1/s", "proxy_wakeups_per_s"),
+         Column("waiting", "%core", "waiting_cpu_percent")),
+        source=lambda r, n: 0 if r != 0 else None,
+        ratio_key=None, default_dtype="uint8", default_sizes=("8", "8", 2), default_peers=()),
+)}
+
+
+# =================================================================================================
+# Reduction on rank 0, rows, table
+
+def reduce_result(op: Operation, per_rank: np.ndarray, nbytes: int, nranks: int,
+                  checked: bool) -> dict[str, Any]:
+    """One library's figures at one size from the gathered per-rank matrix.
+
+    ``per_rank`` has one row per rank: ``op.fields`` then check (1/0)."""
+    nf = len(op.fields)
+    res: dict[str, Any] = {k: max_over_ranks(per_rank[:, i].tolist()) for i, k in enumerate(op.fields)}
+    res["ranks"] = {k: [None if math.isnan(v) else v for v in per_rank[:, i].tolist()]
+                    for i, k in enumerate(op.fields)}
+    if "time_us" in res:
+        res["algbw_GBps"] = gbps(nbytes, res["time_us"])
+        res["busbw_GBps"] = res["algbw_GBps"] * op.bus_factor(nranks)
+    res["check"] = ("ok" if per_rank[:, nf].min() == 1.0 else "FAIL") if checked else "skipped"
+    return res
+
+
+def ratios(op: Operation, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
+    """peer figure / shmproxy figure of ``op.ratio_key`` for each peer (time: > 1 = shmproxy faster)."""
+    if op.ratio_key is None:
+        return {}
+    base = results["shmproxy"].get(op.ratio_key, math.nan)
+    out: dict[str, float | None] = {}
+    for lib, r in results.items():
+        if lib == "shmproxy":
+            continue
+        v = r.get(op.ratio_key, math.nan)
+        out[lib] = v / base if base > 0 and v > 0 else None
+    return out
+
+
+LEAD = (("size", "(B)", 12), ("count", "(elems)", 11), ("type", "", 8))
+COL_W = 9
+RATIO_W = 11
+
+
+def format_value(v: Any) -> str:
+    """Numbers for the table: '-' for missing, fewer decimals as they grow."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, (str, int, np.integer)):
+        return str(v)
+    a = abs(v)
+    if a >= 1e5:
+        return f"{v:.0f}"
+    if a >= 1e3:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def format_header(op: Operation, libs: Sequence[str]) -> list[str]:
+    """The table's header (three '#' lines, nccl-tests style)."""
+    lead_w = sum(w for _, _, w in LEAD)
+    group_w = COL_W * len(op.columns)
+    peers = [lib for lib in libs if lib != "shmproxy"] if op.ratio_key else []
+    l1 = "#" + " " * (lead_w - 1) + "".join(f"{lib:>{group_w}}" for lib in libs)
+    l2 = "".join(f"{t:>{w}}" for t, _, w in LEAD)
+    l3 = "".join(f"{u:>{w}}" for _, u, w in LEAD)
+    for _ in libs:
+        l2 += "".join(f"{c.title:>{COL_W}}" for c in op.columns)
+        l3 += "".join(f"{'(' + c.unit + ')':>{COL_W}}" for c in op.columns)
+    for p in peers:
+        l2 += f"{'vs ' + p:>{RATIO_W}}"
+        l3 += f"{'(ratio)':>{RATIO_W}}"
+    l2 += "  check"
+    return [l1, "#" + l2[1:], "#" + l3[1:]]
+
+
+def format_row(op: Operation, row: Mapping[str, Any], libs: Sequence[str]) -> str:
+    cells = [row["bytes"], row["count"], row["dtype"]]
+    line = "".join(f"{format_value(v):>{w}}" for v, (_, _, w) in zip(cells, LEAD))
+    for lib in libs:
+        r = row["results"][lib]
+        line += "".join(f"{format_value(r.get(c.key)):>{COL_W}}" for c in op.columns)
+    if op.ratio_key:
+        for lib in libs:
+            if lib != "shmproxy":
+                line += f"{format_value(row['ratio'].get(lib)):>{RATIO_W}}"
+    return line + "  " + check_word(row["results"])
+
+
+def ratio_note(op: Operation) -> str:
+    if op.ratio_key is None:
+        return ""
+    if op.ratio_key == "time_us":
+        return ("# ratio = peer time / shmproxy time (= shmproxy bandwidth / peer bandwidth);"
+                " > 1: shmproxy is faster")
+    title = next(c.title for c in op.columns if c.key == op.ratio_key)
+    return f"# ratio = peer {title} time / shmproxy {title} time; > 1: shmproxy is cheaper"
+
+
+# =================================================================================================
+# Report (JSON) and plot
+
+REPORT_KEYS: dict[str, type | tuple[type, ...]] = {
+    "schema": str, "op": str, "summary": str, "ok": bool, "libraries": list, "skipped": dict,
+    "config": dict, "environment": dict, "columns": list, "results": list,
+}
+ROW_KEYS: dict[str, type | tuple[type, ...]] = {
+    "bytes": int, "count": int, "dtype": str, "iters": int, "warmup": int, "results": dict, "ratio": dict,
+}
+ENV_KEYS = ("host", "nproc", "ranks", "python", "numpy", "shmproxy", "mpi4py", "torch", "params", "date",
+            "command")
+
+
+def build_report(op: Operation, rows: list[dict[str, Any]], libs: Sequence[str], skipped: Mapping[str, str],
+                 config: Mapping[str, Any], environment: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA, "op": op.name, "summary": op.summary,
+        "ok": all(r.get("check") != "FAIL" for row in rows for r in row["results"].values()),
+        "libraries": list(libs), "skipped": dict(skipped), "config": dict(config),
+        "environment": dict(environment),
+        "columns": [dataclasses.asdict(c) for c in op.columns],
+        "ratio": ratio_note(op).lstrip("# "),
+        "results": rows,
+    }
+
+
+def validate_report(report: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a report (empty when it follows the schema)."""
+    problems = []
+    for key, typ in REPORT_KEYS.items():
+        if not isinstance(report.get(key), typ):
+            problems.append(f"{key}: expected {typ}, got {type(report.get(key)).__name__}")
+    if problems:
+        return problems
+    if report["schema"] != SCHEMA:
+        problems.append(f"schema {report['schema']!r} is not {SCHEMA!r}")
+    if "shmproxy" not in report["libraries"]:
+        problems.append("libraries lacks shmproxy")
+    for key in ENV_KEYS:
+        if key not in report["environment"]:
+            problems.append(f"environment lacks {key}")
+    fields = [c["key"] for c in report["columns"]]
+    for i, row in enumerate(report["results"]):
+        for key, typ in ROW_KEYS.items():
+            if not isinstance(row.get(key), typ):
+                problems.append(f"results[{i}].{key}: expected {typ}, got {type(row.get(key)).__name__}")
+        for lib in report["libraries"]:
+            r = row.get("results", {}).get(lib)
+            if not isinstance(r, dict):
+                problems.append(f"results[{i}] lacks {lib}")
+                continue
+            if r.get("check") not in ("ok", "FAIL", "skipped"):
+                problems.append(f"results[{i}].{lib}.check is {r.get('check')!r}")
+            for f in fields:
+                if f not in r:
+                    problems.append(f"results[{i}].{lib} lacks {f}")
+    return problems
+
+
+def _json_safe(obj: Any) -> Any:
+    """NaN/inf -> None (strict JSON), numpy scalars -> Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+def dumps_report(report: Mapping[str, Any]) -> str:
+    return json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n"
+
+
+def plot_report(report: Mapping[str, Any], path: str) -> str:
+    """Latency and bandwidth against size, one line per library; returns a line saying what happened."""
+    if "time_us" not in [c["key"] for c in report["columns"]]:
+        return f"--plot: nothing to plot for {report['op']} (only size sweeps such as pingpong, sendrecv)"
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "--plot: matplotlib is not installed (pip install 'shmproxy[bench]'); no plot written"
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    sizes = [row["bytes"] for row in report["results"]]
+    for lib in report["libraries"]:
+        t = [row["results"][lib].get("time_us") for row in report["results"]]
+        b = [row["results"][lib].get("busbw_GBps") for row in report["results"]]
+        ax_t.plot(sizes, [math.nan if v is None else v for v in t], marker="o", label=lib)
+        ax_b.plot(sizes, [math.nan if v is None else v for v in b], marker="o", label=lib)
+    for ax, what in ((ax_t, "time (us)"), (ax_b, "bus bandwidth (GB/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (B)")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    env = report["environment"]
+    fig.suptitle(f"shmproxy-bench {report['op']}: {env.get('ranks')} ranks on {env.get('host')} "
+                 f"({env.get('nproc')} CPUs), {env.get('date', '')[:19]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"# plot written to {path}"
+
+
+# =================================================================================================
+# Opening the peers, the environment, the run
+
+def open_mpi(ctx: Ctx) -> tuple[Library | None, str]:
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        return None, f"mpi4py cannot be imported ({exc})"
+    world = MPI.COMM_WORLD
+    if (world.Get_rank(), world.Get_size()) != (ctx.rank, ctx.size):
+        return None, (f"MPI.COMM_WORLD is rank {world.Get_rank()} of {world.Get_size()} but shmproxy is "
+                      f"rank {ctx.rank} of {ctx.size} (not started by an MPI launcher?)")
+    return MpiLib(MPI), ""
+
+
+def open_gloo(ctx: Ctx) -> tuple[Library | None, str]:
+    try:
+        import torch
+        import torch.distributed as dist
+        have = dist.is_available() and dist.is_gloo_available()
+        why = "" if have else "this torch has no gloo backend"
+    except ImportError as exc:
+        have, why = False, f"torch cannot be imported ({exc})"
+    if not agree(ctx.comm, have):
+        return None, why or "torch.distributed gloo is missing on another rank"
+    timeout = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):    # torchrun and friends
+        dist.init_process_group("gloo", init_method="env://", rank=ctx.rank, world_size=ctx.size,
+                                timeout=timeout)
+        return GlooLib(torch, dist), ""
+    # No rendezvous given: rank 0 hosts a TCPStore on a free port and tells the others through shmproxy.
+    store = None
+    if ctx.rank == 0:
+        try:
+            store = dist.TCPStore("127.0.0.1", 0, ctx.size, True, timeout=timeout, wait_for_workers=False)
+            port = store.port
+        except (RuntimeError, OSError) as exc:
+            port, why = 0, f"rank 0 could not open a TCPStore on 127.0.0.1 ({exc})"
+    port = int(bcast(ctx.comm, [port] if ctx.rank == 0 else None, 1)[0])
+    if port == 0:
+        return None, why or "rank 0 could not open a TCPStore on 127.0.0.1"
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", port, ctx.size, False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=ctx.rank, world_size=ctx.size, timeout=timeout)
+    return GlooLib(torch, dist), ""
+
+
+def _module_version(name: str) -> str | None:
+    mod = sys.modules.get(name)
+    if mod is None:
+        try:
+            from importlib.metadata import version
+            return version(name)
+        except Exception:                              # not installed: say so in the report
+            return None
+    return getattr(mod, "__version__", None)
+
+
+def collect_environment(ctx: Ctx, libs: Sequence[Library]) -> dict[str, Any]:
+    """Where and how the figures were taken (rank 0; reads the other ranks' affinity by pid)."""
+    import proxy
+    from proxy.affinity import format_cpu_list
+    from proxy.bootstrap import detect
+
+    def affinity(pid: int) -> str | None:
+        try:
+            return format_cpu_list(os.sched_getaffinity(pid))
+        except OSError:
+            return None
+    return {
+        "host": socket.gethostname(), "nproc": os.cpu_count(), "ranks": ctx.size,
+        "launcher": detect().launcher,
+        "rank_pids": ctx.pids, "rank_affinity": [affinity(p) for p in ctx.pids],
+        "proxy_pid": ctx.comm._proxy_pid, "proxy_affinity": affinity(ctx.comm._proxy_pid),
+        "python": sys.version, "platform": platform.platform(), "numpy": np.__version__,
+        "shmproxy": proxy.__version__, "mpi4py": _module_version("mpi4py"), "torch": _module_version("torch"),
+        "libraries": {lib.name: lib.version for lib in libs},
+        "params": ctx.comm.params.as_dict(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": list(getattr(sys, "orig_argv", sys.argv)),
+    }
+
+
+def _peers_arg(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    if names in ((), ("none",)):
+        return ()
+    bad = [p for p in names if p not in PEERS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown peer(s) {', '.join(bad)}; known: {', '.join(PEERS)}, none")
+    return tuple(dict.fromkeys(names))
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="shmproxy-bench",
+        description="Benchmark shmproxy against mpi4py and torch gloo in the same run. Run it under a "
+                    "launcher, e.g. `mpiexec -n 2 shmproxy-bench pingpong -b 8 -e 64M -f 4`.",
+        epilog="Operations: " + "; ".join(f"{o.name}: {o.summary}" for o in OPERATIONS.values()))
+    p.add_argument("op", choices=list(OPERATIONS), help="what to measure")
+    p.add_argument("-b", "--minbytes", type=parse_size, help="smallest message (default per operation)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, help="largest message (K/M/G suffixes)")
+    p.add_argument("-f", "--stepfactor", type=int, help="size multiplier between steps")
+    p.add_argument("-n", "--iters", type=int, help="timed iterations (default: adapts to the size)")
+    p.add_argument("-w", "--warmup-iters", type=int, help="warm-up iterations (default: adapts)")
+    p.add_argument("--dtype", help="element type (default: uint8 for pingpong/post, float32 otherwise)")
+    p.add_argument("--peers", type=_peers_arg,
+                   help="comma-separated peers to compare with: mpi4py, gloo, or none "
+                        "(default: both for pingpong/sendrecv/post, none for idle)")
+    p.add_argument("--alloc", action=argparse.BooleanOptionalAction, default=True,
+                   help="shmproxy buffers from comm.alloc (zero-copy) or plain numpy arrays (staged)")
+    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="compare every received buffer with what was sent")
+    p.add_argument("--group-size", type=int, default=GROUP_SIZE, help="posts per group for `post`")
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="measurement window for `idle`")
+    p.add_argument("--json", metavar="FILE", help="write every figure and the environment here")
+    p.add_argument("--plot", metavar="FILE.png", help="plot time and bandwidth against size (matplotlib)")
+    p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)  # test hook, see top
+    return p
+
+
+def resolve(args: argparse.Namespace,
+            parser: argparse.ArgumentParser) -> tuple[Operation, list[int], np.dtype]:
+    """Fill the per-operation defaults in; parser.error (exit 2) on a bad combination."""
+    op = OPERATIONS[args.op]
+    lo_d, hi_d, f_d = op.default_sizes
+    lo = args.minbytes if args.minbytes is not None else parse_size(lo_d)
+    hi = args.maxbytes if args.maxbytes is not None else max(parse_size(hi_d), lo)
+    try:
+        sizes = size_sweep(lo, hi, args.stepfactor if args.stepfactor is not None else f_d)
+        dtype = np.dtype(args.dtype or op.default_dtype)
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    from proxy.ops import DTYPE_CODE, SUPPORTED_DTYPES
+    if dtype.char not in DTYPE_CODE or dtype.kind == "b":
+        parser.error(f"--dtype {dtype} is not supported; use one of {SUPPORTED_DTYPES} (bool excepted)")
+    if args.iters is not None and args.iters < 1 or args.warmup_iters is not None and args.warmup_iters < 0:
+        parser.error("-n must be at least 1 and -w at least 0")
+    if args.group_size < 1 or not args.idle_seconds > 0:
+        parser.error("--group-size must be at least 1 and --idle-seconds positive")
+    if args.peers is None:
+        args.peers = op.default_peers
+    return op, sizes, dtype
+
+
+def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
+    """The whole benchmark on one rank; returns the exit status (the same on every rank)."""
+    comm, args, is_root = ctx.comm, ctx.args, ctx.rank == 0
+    say = (lambda *a: print(*a, flush=True)) if is_root else (lambda *a: None)
+    pids = gather(comm, [os.getpid()])
+    ctx.pids = [] if pids is None else [int(p) for p in pids[:, 0]]
+
+    libs: list[Library] = [ShmproxyLib(comm, args.alloc)]
+    skipped: dict[str, str] = {}
+    for name in args.peers:
+        lib, why = (open_mpi if name == "mpi4py" else open_gloo)(ctx)
+        if not agree(comm, lib is not None):
+            if lib is not None:
+                lib.close()
+            lib, why = None, why or "not available on every rank"
+        if lib is None:
+            skipped[name] = why
+            say(f"# {name} skipped: {why}")
+        else:
+            libs.append(lib)
+    names = [lib.name for lib in libs]
+
+    env = collect_environment(ctx, libs) if is_root else {}
+    say(f"# shmproxy-bench {op.name}: {op.summary}")
+    say(f"# {ctx.size} ranks on {env.get('host')} ({env.get('nproc')} CPUs; rank CPUs "
+        f"{' | '.join(map(str, env.get('rank_affinity', [])))}, progress process CPUs "
+        f"{env.get('proxy_affinity')}); "
+        + ", ".join(f"{lib.name} {lib.version}" for lib in libs))
+    if op.measure is measure_idle:
+        say(f"# window {args.idle_seconds:g} s after {IDLE_SETTLE_S:g} s to settle; proxy = the progress"
+            f" process (% of one core, voluntary wake-ups/s), waiting = the busiest rank blocked in recv")
+    else:
+        say(f"# shmproxy buffers: {'comm.alloc (zero-copy)' if args.alloc else 'numpy arrays (staged)'};"
+            f" time = median over iterations, max over ranks; p99 likewise"
+            + (f"; group = {args.group_size} posts" if op.measure is measure_post else ""))
+    if ratio_note(op):
+        say(ratio_note(op))
+    for line in format_header(op, names):
+        say(line)
+
+    max_count = element_count(max(sizes), dtype.itemsize)
+    recv_shape = (args.group_size, max_count) if op.group_recv else max_count
+    bufs = {lib.name: (lib.array(max_count, dtype), lib.array(recv_shape, dtype)) for lib in libs}
+    rows: list[dict[str, Any]] = []
+    nf = len(op.fields)
+    for nbytes in sizes:
+        count = element_count(nbytes, dtype.itemsize)
+        iters = args.iters if args.iters is not None else default_iters(count * dtype.itemsize)
+        warmup = args.warmup_iters if args.warmup_iters is not None else default_warmup(iters)
+        mine: list[float] = []
+        for lib in libs:
+            send_full, recv_full = bufs[lib.name]
+            send, recv = send_full[:count], recv_full[..., :count]
+            np.copyto(send, pattern(ctx.rank, count, dtype))
+            figures = op.measure(ctx, op, lib, send, recv, iters, warmup)
+            mine += [*figures, _finish_check(ctx, op, lib, recv)]
+        table = gather(comm, mine)
+        if table is None:
+            continue
+        results = {lib: reduce_result(op, table[:, i * (nf + 1):(i + 1) * (nf + 1)], count * dtype.itemsize,
+                                      ctx.size, args.check)
+                   for i, lib in enumerate(names)}
+        row = {"bytes": count * dtype.itemsize, "count": count, "dtype": dtype.name, "iters": iters,
+               "warmup": warmup, "results": results, "ratio": ratios(op, results)}
+        rows.append(row)
+        say(format_row(op, row, names))
+
+    status = 0.0
+    if is_root:
+        config = {"sizes": sizes, "dtype": dtype.name, "iters": args.iters, "warmup": args.warmup_iters,
+                  "zero_copy": args.alloc, "check": args.check, "peers": list(args.peers),
+                  "group_size": args.group_size, "idle_seconds": args.idle_seconds,
+                  "inject_error": args.inject_error}
+        report = build_report(op, rows, names, skipped, config, env)
+        failed = sum(1 for row in rows for r in row["results"].values() if r["check"] == "FAIL")
+        say("# checks: " + ("not run (--no-check)" if not args.check else
+                            f"{failed} FAILED" if failed else "all passed"))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(dumps_report(report))
+            say(f"# JSON written to {args.json}")
+        if args.plot:
+            say(plot_report(report, args.plot))
+        status = 1.0 if failed else 0.0
+    status = bcast(comm, [status] if is_root else None, 1)[0]
+    for lib in libs[1:]:
+        lib.close()
+    return int(status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    op, sizes, dtype = resolve(args, parser)
+
+    import proxy
+    from proxy.bootstrap import detect
+    info = detect()
+    if info.size < 2:
+        print(f"shmproxy-bench: {op.name} needs at least 2 ranks (found {info.size}, launcher "
+              f"{info.launcher}); run it under a launcher, e.g.\n"
+              f"    mpiexec -n 2 shmproxy-bench {op.name}", file=sys.stderr)
+        return 2
+    with proxy.init() as comm:
+        ctx = Ctx(comm, comm.rank, comm.size, args, inject_pending=args.inject_error)
+        return run(ctx, op, sizes, dtype)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
