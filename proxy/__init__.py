@@ -10,11 +10,15 @@
 """
 from proxy.errors import (Aborted, Closed, InternalError, InvalidArgument, InvalidUsage, PeerDiedError,
                           ProxyError, RemoteError, Timeout, TruncationError)
+from proxy.ops import IN_PLACE, UNDEFINED
 from proxy.request import Request, Status
+from proxy.sched import ReduceOp
+
+SUM, PROD, MIN, MAX, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG
 
 __all__ = ["init", "Comm", "Request", "Status", "ProxyError", "InvalidArgument", "InvalidUsage",
            "RemoteError", "PeerDiedError", "Timeout", "Closed", "Aborted", "InternalError",
-           "TruncationError"]
+           "TruncationError", "ReduceOp", "SUM", "PROD", "MIN", "MAX", "AVG", "IN_PLACE", "UNDEFINED"]
 __version__ = "0.1.0"
 
 

@@ -31,21 +31,48 @@ class Transfer:
         self.status = 0
         self.t_match = t_match
 
+    def finish(self, engine: Any) -> None:
+        engine.finish_transfer(self)
+
+
+class CollWork:
+    """One collective (every local rank's op): completes all their requests when its last sub is
+    done. ``views`` keeps the numpy views over registered memory alive while schedules use them."""
+
+    __slots__ = ("ops", "nbytes", "parts_left", "views", "t_match", "send", "recv")
+
+    def __init__(self, ops: list, nbytes: int, views: list, t_match: int):
+        self.ops, self.nbytes, self.views, self.t_match = ops, nbytes, views, t_match
+        self.parts_left = 0
+        self.send = self.recv = ops[0]  # what the sub table shows (kind, rank, peer=root, tag)
+
+    def finish(self, engine: Any) -> None:
+        engine.finish_coll(self)
+
 
 class Sub:
-    __slots__ = ("slot", "transfer", "src", "dst", "nbytes", "chunk", "nsteps",
-                 "posted", "transmitted", "received", "done", "in_flight")
+    """One channel of an args. For a message: a contiguous byte range moved in chunks. For a
+    collective: chunk schedules k0 .. k0+nsteps-1 built by ``make`` (``inflight`` in order)."""
 
-    def reset(self, slot: int, transfer: Transfer, src: int, dst: int, nbytes: int, chunk: int) -> None:
+    __slots__ = ("slot", "transfer", "src", "dst", "nbytes", "chunk", "nsteps",
+                 "posted", "transmitted", "received", "done", "make", "k0", "inflight")
+
+    def reset(self, slot: int, transfer: Any, src: int, dst: int, nbytes: int, chunk: int) -> None:
         self.slot, self.transfer, self.src, self.dst = slot, transfer, src, dst
         self.nbytes, self.chunk = nbytes, chunk
         self.nsteps = (nbytes + chunk - 1) // chunk
         self.posted = self.transmitted = self.received = self.done = 0
-        self.in_flight = 0
+        self.make = None
+        self.k0 = 0
+        self.inflight = None
+
+    def chunk_done(self) -> None:
+        """A copy worker finished one of this sub's chunks (called by the loop, single writer)."""
+        self.transmitted += 1
 
 
 class Args:
-    __slots__ = ("id", "state", "conn", "opcount", "subs", "transport")
+    __slots__ = ("id", "state", "conn", "opcount", "subs", "transport", "coll")
 
     def __init__(self) -> None:
         self.subs: list[Sub] = []
@@ -54,6 +81,7 @@ class Args:
         self.conn: tuple[int, int] = (-1, -1)
         self.opcount = 0
         self.transport: Any = None
+        self.coll: CollWork | None = None
 
 
 class ArgsPool:
@@ -73,10 +101,11 @@ class ArgsPool:
             self.allocated_args += BLOCK
         a = self.free_args.pop()
         a.id, a.state, a.conn, a.opcount, a.transport = self.next_id, READY, conn, opcount, transport
+        a.coll = None
         self.next_id += 1
         return a
 
-    def add_sub(self, args: Args, transfer: Transfer, src: int, dst: int, nbytes: int, chunk: int) -> Sub:
+    def add_sub(self, args: Args, transfer: Any, src: int, dst: int, nbytes: int, chunk: int) -> Sub:
         if not self.free_slots:
             raise InternalError(f"sub table full ({self.view.layout.max_subs} subs in flight); "
                                 f"raise SHMPROXY_MAX_SUBS")
@@ -113,7 +142,9 @@ class ArgsPool:
             buf[layout.sub_off(s.slot):layout.sub_off(s.slot) + 4] = P.SUB_FREE.to_bytes(4, "little")
             self.free_slots.append(s.slot)
             s.transfer = None  # type: ignore[assignment]
+            s.make = s.inflight = None
             self.free_subs.append(s)
         args.subs.clear()
         args.state = NONE
+        args.coll = None
         self.free_args.append(args)

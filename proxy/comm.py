@@ -33,7 +33,9 @@ import numpy as np
 
 from proxy import bootstrap, errors, log, params as params_mod
 from proxy.buffers import Registry, StagingCache
-from proxy.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN
+from proxy import sched
+from proxy.ops import (DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND,
+                       SUPPORTED_DTYPES, TAG_MAX, TAG_MIN)
 from proxy.protocol import MsgType
 from proxy.request import Request
 from proxy.service_client import ServiceClient
@@ -152,6 +154,7 @@ class Comm:
         self._pending: dict[int, Request] = {}
         self._seq = 0
         self._opcount = 0
+        self._coll_seq = 0
         self._group_depth = 0
         self._chain: list[int] = []
         self._buf = view.buf
@@ -488,6 +491,202 @@ class Comm:
             self._group_depth -= 1
             if self._group_depth == 0 and not self._closed:
                 self._flush_group()
+
+    # ------------------------------------------------------------------ collectives
+    def _locate(self, arr: np.ndarray, writable: bool, copy_in: bool, what: str) -> tuple:
+        """(buf_id, offset, stage, user_addr) of an array: registered, or staged (copied in when
+        ``copy_in``; a writable staged array is copied out by its request at completion)."""
+        nbytes = arr.nbytes
+        try:
+            addr = _buffer_info(arr, writable)[0]
+        except (BufferError, ValueError):
+            if writable:
+                why = "read-only" if not arr.flags.writeable else "not C-contiguous"
+                raise errors.InvalidArgument(f"{what} is {why}") from None
+            addr = 0
+        found = self._registry.find(addr, nbytes) if addr else None
+        if found is not None:
+            return found[0], found[1], None, addr
+        if not writable:
+            loc, stage = self._stage_send(arr, addr, nbytes)
+            return loc[0], 0, stage, 0
+        stage = self._staging.get(nbytes)
+        if copy_in and nbytes:
+            _native.memcopy(stage[1].addr, addr, nbytes)
+        return stage[0], 0, stage, addr
+
+    def _check_buf(self, buf: Any, what: str) -> int:
+        if type(buf) is not np.ndarray:
+            raise errors.InvalidArgument(f"{what} must be a numpy array, got {type(buf).__name__}")
+        code = _DTYPE_CODE.get(buf.dtype.char)
+        if code is None:
+            raise errors.InvalidArgument(f"{what}: unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
+        return code
+
+    def _check_root(self, root: Any) -> int:
+        return self._check_peer(root, "root")
+
+    def _coll(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any = 0, root: int = 0) -> Request:
+        """Validate one collective call (before anything is posted), locate its buffers, post it."""
+        self._check_usable()
+        C = sched.Coll
+        size, me = self.size, self.rank
+        in_place = sendbuf is IN_PLACE
+        redop = 0
+        if coll in (C.BCAST, C.REDUCE):
+            root = self._check_root(root)
+        name = sched.COLL_NAMES[coll]
+        send_loc = recv_loc = (0, 0, None, 0)
+        flags = FLAG_IN_PLACE if in_place else 0
+        keep: tuple = (sendbuf, recvbuf)
+        if coll == C.BARRIER:
+            code, count, snb, rnb = 1, 0, 0, 0
+        elif coll == C.BCAST:
+            code = self._check_buf(sendbuf, f"{name} buffer")
+            count, snb, rnb = sendbuf.size, sendbuf.nbytes, sendbuf.nbytes
+            recv_loc = self._locate(sendbuf, me != root, copy_in=(me == root), what=f"{name} buffer")
+            if me == root:
+                recv_loc = recv_loc[:3] + (0,)  # the root's buffer is only read: no copy-out
+            flags = FLAG_IN_PLACE
+        else:
+            rcode = None
+            if coll != C.REDUCE or me == root:  # a non-root's Reduce recvbuf is not significant
+                rcode = self._check_buf(recvbuf, f"{name} recvbuf")
+            if in_place:
+                if coll in (C.ALLTOALL,) or (coll == C.REDUCE and me != root):
+                    raise errors.InvalidArgument(f"{name}: IN_PLACE is not allowed here"
+                                                 + (" (only on the root)" if coll == C.REDUCE else ""))
+                code = rcode
+            else:
+                code = self._check_buf(sendbuf, f"{name} sendbuf")
+                if rcode is not None and rcode != code:
+                    raise errors.InvalidArgument(f"{name}: sendbuf is {sendbuf.dtype}, recvbuf {recvbuf.dtype}")
+            if in_place and rcode is None:
+                raise errors.InvalidArgument(f"{name}: IN_PLACE needs a recvbuf")
+            dtype = (recvbuf if in_place else sendbuf).dtype
+            if coll in (C.REDUCE, C.ALLREDUCE, C.REDUCE_SCATTER_BLOCK):
+                redop = int(op) if isinstance(op, (int, np.integer)) and not isinstance(op, bool) else -1
+                sched.check_op(redop, dtype)
+            # element counts: count = one rank's contribution
+            if coll in (C.ALLREDUCE, C.REDUCE):
+                count = recvbuf.size if in_place else sendbuf.size
+                if rcode is not None and recvbuf.size != count:
+                    raise errors.InvalidArgument(f"{name}: sendbuf has {count} elements, recvbuf {recvbuf.size}")
+            elif coll == C.ALLGATHER:
+                if in_place:
+                    if recvbuf.size % size:
+                        raise errors.InvalidArgument(f"{name}: recvbuf of {recvbuf.size} elements is not "
+                                                     f"{size} equal blocks")
+                    count = recvbuf.size // size
+                else:
+                    count = sendbuf.size
+                    if recvbuf.size != count * size:
+                        raise errors.InvalidArgument(f"{name}: recvbuf needs {size} x {count} elements, "
+                                                     f"has {recvbuf.size}")
+            elif coll == C.REDUCE_SCATTER_BLOCK:
+                if in_place:
+                    if recvbuf.size % size:
+                        raise errors.InvalidArgument(f"{name}: recvbuf of {recvbuf.size} elements is not "
+                                                     f"{size} equal blocks")
+                    count = recvbuf.size // size
+                else:
+                    count = recvbuf.size
+                    if sendbuf.size != count * size:
+                        raise errors.InvalidArgument(f"{name}: sendbuf needs {size} x {count} elements, "
+                                                     f"has {sendbuf.size}")
+            else:  # ALLTOALL
+                if sendbuf.size != recvbuf.size or sendbuf.size % size:
+                    raise errors.InvalidArgument(f"{name}: sendbuf and recvbuf need the same number of "
+                                                 f"elements, a multiple of {size}")
+                count = sendbuf.size // size
+            snb = 0 if in_place else sendbuf.nbytes
+            rnb = 0 if rcode is None else recvbuf.nbytes
+            if not in_place:
+                send_loc = self._locate(sendbuf, False, False, f"{name} sendbuf")
+            if rcode is not None:
+                recv_loc = self._locate(recvbuf, True, copy_in=in_place, what=f"{name} recvbuf")
+            else:
+                flags |= FLAG_NO_RECV
+        self._coll_seq += 1
+        req = self._emit(KIND_COLL, code, redop, flags, root, coll, send_loc[0], send_loc[1], snb, count,
+                         recv_loc[0], recv_loc[1], rnb, self._coll_seq, keep, recv_loc[2], recv_loc[3])
+        if send_loc[2] is not None or recv_loc[2] is not None:
+            req._extra = (send_loc[2], rnb)
+        return req
+
+    def _emit(self, kind: int, code: int, redop: int, flags: int, peer: int, tag: int, bid: int, off: int,
+              nbytes: int, count: int, bid2: int, off2: int, nbytes2: int, coll_seq: int, keep: Any,
+              stage: Any, user_addr: int) -> Request:
+        """Fill a record and its request and post it (or link it into the open group)."""
+        slot = self._free_slots.pop() if self._free_slots else self._take_slot()
+        index = self._free_records.pop() if self._free_records else self._take_record()
+        self._seq = seq = self._seq + 1
+        if not self._group_depth:
+            self._opcount += 1
+        _RECORD_pack_into(self._buf, self._records_off + index * _RECORD_BYTES, -1, kind, code, redop, flags,
+                          self.local_rank, peer, 0 if kind == KIND_COLL else tag, self._opcount, seq, slot,
+                          bid, off, nbytes, count, bid2, 0, off2, nbytes2, coll_seq, _monotonic_ns(),
+                          tag if kind == KIND_COLL else 0, 0)
+        req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr)
+        self._pending[slot] = req
+        if self._group_depth:
+            chain = self._chain
+            if chain:
+                self._i32[(self._records_off + chain[-1] * _RECORD_BYTES) // 4] = index
+            chain.append(index)
+        else:
+            self._splice(index, index)
+        return req
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> Request:
+        """Nonblocking Allreduce; ``sendbuf`` may be proxy.IN_PLACE."""
+        return self._coll(sched.Coll.ALLREDUCE, sendbuf, recvbuf, op)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> None:
+        """recvbuf = op over every rank's sendbuf (or recvbuf, with IN_PLACE), on every rank."""
+        self._coll(sched.Coll.ALLREDUCE, sendbuf, recvbuf, op).Wait()
+
+    def Ireduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = sched.ReduceOp.SUM, root: int = 0) -> Request:
+        return self._coll(sched.Coll.REDUCE, sendbuf, recvbuf, op, root)
+
+    def Reduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = sched.ReduceOp.SUM, root: int = 0) -> None:
+        """The root's recvbuf = op over every rank's sendbuf; recvbuf may be None elsewhere."""
+        self._coll(sched.Coll.REDUCE, sendbuf, recvbuf, op, root).Wait()
+
+    def Ibcast(self, buf: np.ndarray, root: int = 0) -> Request:
+        return self._coll(sched.Coll.BCAST, buf, None, 0, root)
+
+    def Bcast(self, buf: np.ndarray, root: int = 0) -> None:
+        """Every rank's buf = the root's buf."""
+        self._coll(sched.Coll.BCAST, buf, None, 0, root).Wait()
+
+    def Iallgather(self, sendbuf: Any, recvbuf: np.ndarray) -> Request:
+        return self._coll(sched.Coll.ALLGATHER, sendbuf, recvbuf)
+
+    def Allgather(self, sendbuf: Any, recvbuf: np.ndarray) -> None:
+        """Block r of every rank's recvbuf = rank r's sendbuf (IN_PLACE: already in block r)."""
+        self._coll(sched.Coll.ALLGATHER, sendbuf, recvbuf).Wait()
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> Request:
+        return self._coll(sched.Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> None:
+        """Rank r's recvbuf = op over every rank's block r of sendbuf."""
+        self._coll(sched.Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op).Wait()
+
+    def Ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> Request:
+        return self._coll(sched.Coll.ALLTOALL, sendbuf, recvbuf)
+
+    def Alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+        """Block r of rank q's recvbuf = block q of rank r's sendbuf."""
+        self._coll(sched.Coll.ALLTOALL, sendbuf, recvbuf).Wait()
+
+    def Ibarrier(self) -> Request:
+        return self._coll(sched.Coll.BARRIER, None, None)
+
+    def Barrier(self) -> None:
+        """Return once every rank has entered the barrier."""
+        self._coll(sched.Coll.BARRIER, None, None).Wait()
 
     # ------------------------------------------------------------------ errors, abort, close
     def get_async_error(self) -> errors.ProxyError | None:

@@ -53,24 +53,32 @@ class CopyEngine:
             task = self.tasks.get()
             if task is None:
                 return
-            sub, dst, src, n = task
+            token, fn, arg = task
             try:
-                memcopy(dst, src, n)
+                if fn is None:
+                    memcopy(*arg)
+                else:
+                    fn(arg)
             except BaseException as exc:  # kept and re-raised in the loop by drain()
                 self.error = exc
-            self.finished.put(sub)
+            self.finished.put(token)
 
     def copy(self, sub: Any, dst: int, src: int, n: int) -> bool:
         """Copy one chunk: inline when small (returns True: done now), else on a worker (False)."""
         if n < INLINE_BYTES or not self.threads:
             _native.memcopy(dst, src, n)
             return True
-        self.tasks.put((sub, dst, src, n))
+        self.tasks.put((sub, None, (dst, src, n)))
         self.in_flight += 1
         return False
 
+    def submit(self, token: Any, fn: Any, arg: Any) -> None:
+        """Run ``fn(arg)`` on a worker; ``token`` comes back from ``drain`` when it is done."""
+        self.tasks.put((token, fn, arg))
+        self.in_flight += 1
+
     def drain(self) -> list[Any]:
-        """Subs whose worker copies finished since the last call (one entry per chunk)."""
+        """Tokens of the tasks finished since the last call (a sub per chunk copy)."""
         if self.error is not None:
             raise self.error
         out = []

@@ -12,7 +12,12 @@ from shm import pool as P
 
 KIND_SEND = 1
 KIND_RECV = 2
-KIND_NAMES = {KIND_SEND: "send", KIND_RECV: "recv"}
+KIND_COLL = 3
+KIND_NAMES = {KIND_SEND: "send", KIND_RECV: "recv", KIND_COLL: "collective"}
+
+# Record flags of collective ops.
+FLAG_IN_PLACE = 1     # the send side is the receive buffer (proxy.IN_PLACE)
+FLAG_NO_RECV = 2      # no receive buffer on this rank (Reduce on a non-root rank)
 
 # dtype <-> 1-byte code carried in records. Only numeric types (and bool) travel.
 _DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
@@ -33,22 +38,44 @@ SUPPORTED_DTYPES = ", ".join(np.dtype(t).name for t in _DTYPES)
 TAG_MIN, TAG_MAX = -(2**63), 2**63 - 1
 
 
+class _InPlace:
+    """proxy.IN_PLACE: the send buffer is the receive buffer (as MPI_IN_PLACE)."""
+
+    _instance = None
+
+    def __new__(cls) -> "_InPlace":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "proxy.IN_PLACE"
+
+
+IN_PLACE = _InPlace()
+UNDEFINED = -32766  # Split color for "not in any new communicator" (MPI_UNDEFINED)
+
+
 class Op:
     """A posted operation as the progress process sees it (a copy of the record)."""
 
     __slots__ = ("index", "kind", "dtype", "redop", "flags", "owner", "peer", "tag", "opcount",
                  "req_seq", "req_slot", "buf_id", "offset", "nbytes", "count", "buf2_id",
-                 "offset2", "nbytes2", "coll_seq", "t_post", "rank", "t_fetch")
+                 "offset2", "nbytes2", "coll_seq", "t_post", "coll", "rank", "t_fetch")
 
     def __init__(self, index: int, fields: tuple, rank: int, t_fetch: int):
         (_next, self.kind, self.dtype, self.redop, self.flags, self.owner, self.peer, self.tag,
          self.opcount, self.req_seq, self.req_slot, self.buf_id, self.offset, self.nbytes, self.count,
-         self.buf2_id, _r, self.offset2, self.nbytes2, self.coll_seq, self.t_post, _x1, _x2) = fields
+         self.buf2_id, _r, self.offset2, self.nbytes2, self.coll_seq, self.t_post, self.coll, _x2) = fields
         self.index = index
         self.rank = rank
         self.t_fetch = t_fetch
 
     def describe(self) -> str:
+        if self.kind == KIND_COLL:
+            from proxy.sched import COLL_NAMES
+            return (f"{COLL_NAMES.get(self.coll, self.coll)} #{self.coll_seq} rank {self.rank} "
+                    f"{self.nbytes} B opCount {self.opcount}")
         return (f"{KIND_NAMES.get(self.kind, self.kind)} rank {self.rank} peer {self.peer} tag {self.tag} "
                 f"{self.nbytes} B opCount {self.opcount}")
 

@@ -35,9 +35,10 @@ import traceback
 from typing import Any
 
 from proxy import affinity, errors, log, params as params_mod
-from proxy.args import PROGRESS, READY, Args, ArgsPool, Sub, Transfer
+from proxy import sched
+from proxy.args import PROGRESS, READY, Args, ArgsPool, CollWork, Sub, Transfer
 from proxy.copyengine import CopyEngine
-from proxy.ops import CODE_DTYPE, KIND_RECV, KIND_SEND, Op
+from proxy.ops import CODE_DTYPE, FLAG_IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND, Op
 from proxy.profiler import Profiler
 from shm import _native, pool as P
 from shm.segment import MemfdBuffer, Segment
@@ -46,6 +47,7 @@ from transports.base import PeerInfo
 
 _log = log.get("PROXY")
 MASK64 = (1 << 64) - 1
+INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the loop, not on a worker
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
@@ -91,11 +93,14 @@ class ProgressEngine:
         self.steps = params.STEPS
         self.chunk = params.CHUNK_SIZE
         self.eager = min(params.EAGER_BYTES, params.CHUNK_SIZE)
+        self.coll_transport = transports.REGISTRY[0]  # shm: every local buffer is mapped here
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
         self.profiler = Profiler(params.PROFILE)
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
+        self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
+        self.rendezvous = sched.Rendezvous()
         self.sends: dict[tuple, collections.deque] = {}
         self.recvs: dict[tuple, collections.deque] = {}
         self.ranks: dict[int, RankInfo] = {}          # by local rank
@@ -134,6 +139,9 @@ class ProgressEngine:
         if self.profiler.enabled and self.params.PROFILE_FILE:
             self.profiler.write(self.params.PROFILE_FILE)
         self.seg.unlink()
+        self.active.clear()  # schedules hold numpy views of the buffers closed below
+        self.colls.clear()
+        self.rendezvous.waiting.clear()
         for buf in list(self.buffers.values()) + list(self.retired):
             buf.close()
         self.buffers.clear()
@@ -312,6 +320,9 @@ class ProgressEngine:
         if op.rank < 0:
             self.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
             return
+        if op.kind == KIND_COLL:
+            self.coll_arrive(op)
+            return
         if not 0 <= op.peer < self.size:
             self.complete(op, errors.InvalidArgument.code, 0)
             return
@@ -416,13 +427,187 @@ class ProgressEngine:
         self.conns[(src, dst)] = t
         return t
 
+    # ------------------------------------------------------------------ collectives
+    def coll_arrive(self, op: Op) -> None:
+        """Collect every local rank's op of one collective (by sequence number), then start it."""
+        ops = self.colls.get(op.coll_seq)
+        if ops is None:
+            ops = self.colls[op.coll_seq] = [None] * self.nlocal
+        if ops[op.owner] is not None:
+            self.fail(errors.InternalError.code, f"{op.describe()}: local rank {op.owner} posted collective "
+                      f"#{op.coll_seq} twice")
+            return
+        ops[op.owner] = op
+        if all(o is not None for o in ops):
+            del self.colls[op.coll_seq]
+            self.start_coll(ops)  # type: ignore[arg-type]
+
+    @staticmethod
+    def fingerprint(op: Op) -> tuple:
+        c = op.coll
+        redop = op.redop if c in (sched.Coll.REDUCE, sched.Coll.ALLREDUCE, sched.Coll.REDUCE_SCATTER_BLOCK) else 0
+        root = op.peer if c in (sched.Coll.BCAST, sched.Coll.REDUCE) else -1
+        count = op.count if c != sched.Coll.BARRIER else 0
+        dtype = op.dtype if c != sched.Coll.BARRIER else 0
+        return (c, dtype, count, redop, root)
+
+    @staticmethod
+    def describe_fingerprint(fp: tuple) -> str:
+        c, dtype, count, redop, root = fp
+        parts = [CODE_DTYPE[dtype].name if dtype in CODE_DTYPE else f"dtype {dtype}", f"count {count}"]
+        if redop:
+            parts.append(sched.ReduceOp(redop).name if redop in sched.ReduceOp._value2member_map_ else str(redop))
+        if root >= 0:
+            parts.append(f"root {root}")
+        return f"{sched.COLL_NAMES.get(c, c)}({', '.join(parts)})"
+
+    def start_coll(self, ops: list[Op]) -> None:
+        fps = [self.fingerprint(op) for op in ops]
+        if len(set(fps)) > 1:
+            first = fps[0]
+            other = next(i for i, f in enumerate(fps) if f != first)
+            self.fail(errors.InvalidUsage.code,
+                      f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
+                      f"{self.describe_fingerprint(first)} but rank {ops[other].rank} called "
+                      f"{self.describe_fingerprint(fps[other])}")
+            return
+        try:
+            work, builder, nchunks, chunk_bytes = self.build_coll(ops)
+        except errors.ProxyError as exc:
+            for op in ops:
+                self.complete(op, exc.code, 0)
+            _log.warning("collective #%d refused: %s", ops[0].coll_seq, exc)
+            return
+        if nchunks == 0:
+            self.finish_coll(work)
+            return
+        if work.nbytes <= self.eager:
+            # Small: run every chunk schedule now, inline (the latency path).
+            for k in range(nchunks):
+                sch = builder(k)
+                while not sch.advance(self.start_entry_inline):
+                    pass
+            self.finish_coll(work)
+            return
+        conn = (-1, -1)
+        args = self.argspool.get_args(conn, ops[0].opcount, self.coll_transport)
+        args.coll = work
+        self.active.append(args)
+        self.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
+        channels = max(1, min(self.copy.nworkers or 1, nchunks))
+        per = -(-nchunks // channels)
+        k0 = 0
+        while k0 < nchunks:
+            n = min(per, nchunks - k0)
+            s = self.argspool.add_sub(args, work, 0, 0, n * chunk_bytes, chunk_bytes)
+            s.nsteps, s.make, s.k0, s.inflight = n, builder, k0, collections.deque()
+            k0 += n
+
+    def buffer_view(self, op: Op, second: bool, count: int) -> Any:
+        """A numpy view of an op's send (second=False) or receive buffer, bounds-checked."""
+        import numpy as np
+        key = (op.owner, op.buf2_id if second else op.buf_id)
+        off = op.offset2 if second else op.offset
+        dt = CODE_DTYPE.get(op.dtype)
+        buf = self.buffers.get(key)
+        if dt is None:
+            raise errors.InvalidArgument(f"{op.describe()}: unknown dtype code {op.dtype}")
+        nbytes = count * dt.itemsize
+        if buf is None or off + nbytes > buf.size:
+            raise errors.InvalidArgument(f"{op.describe()}: buffer {key[1]} offset {off} + {nbytes} B is "
+                                         f"outside the registered buffer")
+        return np.frombuffer(buf.mm, dtype=dt, count=count, offset=off)
+
+    def build_coll(self, ops: list[Op]) -> tuple:
+        """Views of every rank's buffers and the chunk-schedule builder of one collective."""
+        op0 = ops[0]
+        c, n, size = op0.coll, op0.count, len(ops)
+        dt = CODE_DTYPE.get(op0.dtype)
+        itemsize = dt.itemsize if dt is not None else 1
+        chunk_bytes = self.chunk
+        per = max(1, chunk_bytes // itemsize)
+        now = time.monotonic_ns()
+        in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
+        if c == sched.Coll.BARRIER:
+            return CollWork(ops, 0, [], now), None, 0, chunk_bytes
+        if c == sched.Coll.BCAST:
+            bufs = [self.buffer_view(op, True, n) for op in ops]
+            nchunks, make = sched.bcast(bufs, op0.peer, chunk_bytes)
+            return CollWork(ops, n * itemsize, bufs, now), make, nchunks, chunk_bytes
+        if c == sched.Coll.ALLREDUCE:
+            outs = [self.buffer_view(op, True, n) for op in ops]
+            ins = [outs[i] if in_place[i] else self.buffer_view(op, False, n) for i, op in enumerate(ops)]
+            nchunks, make = sched.allreduce(ins, outs, op0.redop, per)
+            return CollWork(ops, n * itemsize, ins + outs, now), make, nchunks, per * itemsize
+        if c == sched.Coll.REDUCE:
+            root = op0.peer
+            out = self.buffer_view(ops[root], True, n)
+            ins = [out if in_place[i] else self.buffer_view(op, False, n) for i, op in enumerate(ops)]
+            nchunks, make = sched.reduce_to_root(ins, out, op0.redop, root, per)
+            return CollWork(ops, n * itemsize, ins + [out], now), make, nchunks, per * itemsize
+        if c == sched.Coll.ALLGATHER:
+            outs = [self.buffer_view(op, True, n * size) for op in ops]
+            ins = [outs[i][i * n:(i + 1) * n] if in_place[i] else self.buffer_view(op, False, n)
+                   for i, op in enumerate(ops)]
+            nchunks, make = sched.allgather(ins, outs, n * itemsize, chunk_bytes)
+            return CollWork(ops, n * itemsize * size, ins + outs, now), make, nchunks, chunk_bytes
+        if c == sched.Coll.ALLTOALL:
+            outs = [self.buffer_view(op, True, n * size) for op in ops]
+            ins = [self.buffer_view(op, False, n * size) for op in ops]
+            nchunks, make = sched.alltoall(ins, outs, n * itemsize, chunk_bytes)
+            return CollWork(ops, n * itemsize * size, ins + outs, now), make, nchunks, chunk_bytes
+        if c == sched.Coll.REDUCE_SCATTER_BLOCK:
+            if any(in_place) and not all(in_place):
+                raise errors.InvalidUsage("Reduce_scatter_block: IN_PLACE must be used by every rank or none")
+            if in_place[0]:
+                full = [self.buffer_view(op, True, n * size) for op in ops]
+                ins, outs = full, [f[:n] for f in full]
+            else:
+                ins = [self.buffer_view(op, False, n * size) for op in ops]
+                outs = [self.buffer_view(op, True, n) for op in ops]
+            nchunks, make = sched.reduce_scatter_block(ins, outs, op0.redop, per, in_place[0])
+            return CollWork(ops, n * itemsize * size, ins + outs, now), make, nchunks, per * itemsize
+        raise errors.InvalidArgument(f"unknown collective {c}")
+
+    def start_entry(self, sch: sched.Schedule, e: sched.Entry) -> bool:
+        """Start one schedule entry: True when it completed inline."""
+        if e.kind == sched.SEND or e.kind == sched.RECV:
+            matched = self.rendezvous.offer(sch, e)
+            for other_sch, other in matched:
+                if other is not e:
+                    other_sch.entry_done(other)
+            return bool(matched)
+        if e.nbytes >= INLINE_ENTRY_BYTES and self.copy.nworkers:
+            self.copy.submit((sch, e), sched.execute, e)
+            return False
+        sched.execute(e)
+        return True
+
+    def start_entry_inline(self, sch: sched.Schedule, e: sched.Entry) -> bool:
+        if e.kind == sched.SEND or e.kind == sched.RECV:
+            return self.start_entry(sch, e)
+        sched.execute(e)
+        return True
+
+    def finish_coll(self, work: CollWork) -> None:
+        for op in work.ops:
+            self.complete(op, 0, work.nbytes, source=op.peer)
+        work.views = []
+        if self.profiler.enabled:
+            op0 = work.ops[0]
+            self.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
+                               min(op.t_post for op in work.ops), time.monotonic_ns(), bytes=work.nbytes)
+
     # ------------------------------------------------------------------ progress and completion
     def progress_once(self) -> bool:
         """Advance every active args once. Returns True when nothing moved (idle)."""
         self.progressed = False
         if self.copy.nworkers:
-            for s in self.copy.drain():
-                s.transmitted += 1
+            for tok in self.copy.drain():
+                if type(tok) is tuple:   # (schedule, entry) of a collective
+                    tok[0].entry_done(tok[1])
+                else:
+                    tok.chunk_done()
                 self.progressed = True
         if self.active:
             if self.ready:
@@ -431,7 +616,9 @@ class ProgressEngine:
             for a in self.active:
                 if a.state == READY:
                     self.argspool.set_state(a, PROGRESS)
-                if a.transport.proxy_progress(self, a):
+                done = (a.transport.proxy_progress_coll(self, a) if a.coll is not None
+                        else a.transport.proxy_progress(self, a))
+                if done:
                     self.argspool.release(a)
                     self.progressed = True
                 else:
@@ -443,7 +630,7 @@ class ProgressEngine:
         t = s.transfer
         t.parts_left -= 1
         if t.parts_left == 0:
-            self.finish_transfer(t)
+            t.finish(self)
 
     def finish_transfer(self, t: Transfer) -> None:
         self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag)

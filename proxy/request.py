@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from proxy import errors
-from proxy.ops import CODE_DTYPE, KIND_NAMES, KIND_RECV
+from proxy.ops import CODE_DTYPE, KIND_COLL, KIND_NAMES, KIND_RECV
 
 if TYPE_CHECKING:  # pragma: no cover
     from proxy.comm import Comm
@@ -31,7 +31,7 @@ class Status:
 
 class Request:
     __slots__ = ("_comm", "_slot", "_seq", "_kind", "_peer", "_tag", "_nbytes", "_keep", "_stage",
-                 "_user_addr", "_done", "_error", "status", "__weakref__")
+                 "_user_addr", "_done", "_error", "status", "_extra", "__weakref__")
 
     def __init__(self, comm: "Comm", slot: int, seq: int, kind: int, peer: int, tag: int, nbytes: int,
                  keep: Any, stage: Any, user_addr: int):
@@ -44,8 +44,12 @@ class Request:
         self._done = False
         self._error: errors.ProxyError | None = None
         self.status: Status | None = None
+        self._extra: Any = None      # collectives: (send staging buffer or None, bytes to copy out)
 
     def describe(self) -> str:
+        if self._kind == KIND_COLL:
+            from proxy.sched import COLL_NAMES
+            return f"{COLL_NAMES.get(self._tag, 'collective')} of {self._nbytes} B"
         what = KIND_NAMES.get(self._kind, "op")
         arrow = "from" if self._kind == KIND_RECV else "to"
         return f"{what} of {self._nbytes} B {arrow} rank {self._peer} tag {self._tag}"
@@ -62,14 +66,19 @@ class Request:
         self._done = True
         self.status = Status(source, tag, nbytes)
         stage, self._stage = self._stage, None
+        extra, self._extra = self._extra, None
         if code == 0:
-            if stage is not None and self._kind == KIND_RECV and nbytes:
-                from shm import _native
-                _native.memcopy(self._user_addr, stage[1].addr, nbytes)
+            if stage is not None and self._user_addr:
+                n = nbytes if extra is None else extra[1]
+                if n:
+                    from shm import _native
+                    _native.memcopy(self._user_addr, stage[1].addr, n)
         else:
             self._error = self._make_error(code, nbytes, source, tag, peer_dtype)
         if stage is not None:
             self._comm._staging.put(*stage)
+        if extra is not None and extra[0] is not None:
+            self._comm._staging.put(*extra[0])
         self._keep = None
 
     def _make_error(self, code: int, nbytes: int, source: int, tag: int, peer_dtype: int) -> errors.ProxyError:

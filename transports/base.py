@@ -8,6 +8,8 @@ method runs in the progress process; names say which side of a connection they s
 - ``send_setup`` / ``recv_setup``: prepare the sending / receiving end when a rank connects.
 - ``proxy_progress(engine, args)``: advance every sub of one args; returns True when all subs of the
   args are done. The progress loop calls it once per pass for each active args; it must never block.
+- ``proxy_progress_coll(engine, args)``: the same for a collective, whose subs run chunk schedules
+  (proxy/sched.py) instead of plain copies. Optional: the base raises NotImplementedError.
 - ``proxy_free(engine)``: release what the transport holds when the progress process exits.
 
 A sub moves ``nbytes`` in ``nsteps`` chunks of at most ``CHUNK_SIZE`` through ``STEPS`` slots with the
@@ -55,6 +57,11 @@ class Transport(ABC):
     @abstractmethod
     def proxy_progress(self, engine: Any, args: "Args") -> bool:
         """Advance the subs of ``args`` without blocking; True once every sub is done."""
+
+    def proxy_progress_coll(self, engine: Any, args: "Args") -> bool:
+        """Advance the chunk schedules of a collective args; True when done. Transports that cannot
+        run collectives between the ranks they connect leave this unimplemented."""
+        raise NotImplementedError(f"transport {self.name} does not run collective schedules")
 
     def proxy_free(self, engine: Any) -> None:
         """Release transport resources at progress-process exit. Default: none held."""

@@ -6,6 +6,10 @@ no intermediate FIFO, no second copy. Steps follow DESIGN.md section 5: a step i
 chunk is handed to the copy engine (inline for small chunks, a worker thread for large ones),
 transmitted when the copy finished, received at the same moment (the bytes are in the receiver's
 buffer), done when retired; at most STEPS steps of a sub are in flight (posted < done + STEPS).
+
+Collectives within the node are the shm transport's too: every rank's buffers are mapped here, so a
+collective's sub runs chunk schedules (proxy/sched.py) with the same counters: a step is posted when
+its schedule starts, transmitted/received when it completed, done when retired in order.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ class ShmTransport(Transport):
         for s in args.subs:
             if s.done == s.nsteps:
                 continue
-            before = s.done
+            before = (s.posted, s.done)
             limit = min(s.nsteps, s.done + steps)
             while s.posted < limit:
                 off = s.posted * s.chunk
@@ -39,8 +43,40 @@ class ShmTransport(Transport):
             # A direct copy lands in the destination as it is transmitted.
             s.received = s.transmitted
             s.done = s.received
-            if s.done != before or s.posted != s.done:
-                engine.progressed = True
+            if (s.posted, s.done) != before:   # waiting on workers is idle: the loop then blocks
+                engine.progressed = True         # on their queue, GIL released (copyengine.py)
+            mirror(s)
+            if s.done < s.nsteps:
+                all_done = False
+            else:
+                engine.sub_finished(s)
+        return all_done
+
+    def proxy_progress_coll(self, engine: Any, args: Any) -> bool:
+        steps = engine.steps
+        start = engine.start_entry
+        mirror = engine.argspool.mirror
+        all_done = True
+        for s in args.subs:
+            if s.done == s.nsteps:
+                continue
+            before = (s.posted, s.done)
+            inflight = s.inflight
+            for sch in inflight:
+                if not sch.complete:
+                    sch.advance(start)
+            limit = min(s.nsteps, s.done + steps)
+            while s.posted < limit:
+                sch = s.make(s.k0 + s.posted)
+                s.posted += 1
+                inflight.append(sch)
+                sch.advance(start)
+            while inflight and inflight[0].complete:
+                inflight.popleft()
+                s.done += 1
+            s.transmitted = s.received = s.done + sum(1 for sch in inflight if sch.complete)
+            if (s.posted, s.done) != before:   # waiting on workers is idle: the loop then blocks
+                engine.progressed = True         # on their queue, GIL released (copyengine.py)
             mirror(s)
             if s.done < s.nsteps:
                 all_done = False
