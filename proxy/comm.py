@@ -44,6 +44,7 @@ from shm.counters import u32_view
 from shm.segment import Segment
 
 _log = log.get("INIT")
+OWNER_DEAD_REPORT_S = 5.0  # how long a rank that repaired the pool mutex waits to learn who died
 _perf = time.perf_counter
 _buffer_info = _native.buffer_info
 _post_chain = _native.post_chain
@@ -192,11 +193,18 @@ class Comm:
         self._control(MsgType.REGISTER, {"buf_id": buf_id, "bytes": nbytes}, fds=(fd,))
 
     def _control(self, msg: MsgType, payload: dict, fds: tuple = ()) -> dict:
+        """A blocking service call. If the service is gone because the communicator failed, the
+        error raised is the communicator's (it names who died), not the broken socket."""
         assert self._client is not None
-        if self._registry.dead_ids and msg != MsgType.DEREGISTER:
-            ids, self._registry.dead_ids = self._registry.dead_ids, []
-            self._client.call(MsgType.DEREGISTER, {"buf_ids": ids}, timeout=self._timeout)
-        resp, _ = self._client.call(msg, payload, fds=fds, timeout=self._timeout)
+        try:
+            if self._registry.dead_ids and msg != MsgType.DEREGISTER:
+                ids, self._registry.dead_ids = self._registry.dead_ids, []
+                self._client.call(MsgType.DEREGISTER, {"buf_ids": ids}, timeout=self._timeout)
+            resp, _ = self._client.call(msg, payload, fds=fds, timeout=self._timeout)
+        except errors.RemoteError as exc:
+            if self._view is not None and (self._q[self._err_q] or self._q[self._abort_q]):
+                raise self._record_failure() from exc
+            raise
         return resp
 
     def _check_usable(self) -> None:
@@ -343,10 +351,18 @@ class Comm:
         if rc == 0:
             return
         if rc == _native.OWNERDEAD:
-            self._q[self._abort_q] = 1
-            self._failure = errors.PeerDiedError(
-                f"rank {self.rank}: a process died holding the ops pool mutex")
-            raise self._failure
+            # We repaired the mutex, but cannot tell who died holding it; the progress process
+            # learns that from the dead process's pidfd within milliseconds and records it. Wait
+            # (bounded) for that report, so that this rank raises the same named error as the others.
+            deadline = time.monotonic() + OWNER_DEAD_REPORT_S
+            try:
+                while True:
+                    self._sleep_slice(deadline, "the report of who died holding the pool mutex")
+            except errors.Timeout:
+                self._q[self._abort_q] = 1
+                self._failure = errors.PeerDiedError(
+                    f"rank {self.rank}: a process died holding the ops pool mutex")
+                raise self._failure from None
         if rc == _native.TIMEDOUT:
             raise errors.Timeout(f"rank {self.rank}: the ops pool mutex was not released within "
                                  f"{self._timeout} s (a wedged process holds it)")

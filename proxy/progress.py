@@ -48,6 +48,7 @@ from transports.base import PeerInfo
 _log = log.get("PROXY")
 MASK64 = (1 << 64) - 1
 INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the loop, not on a worker
+OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
@@ -115,6 +116,7 @@ class ProgressEngine:
         self.dump_requested = False
         self.progressed = False
         self.failed = False
+        self.owner_died_at = 0.0
         self.passes = 0
         self.t_start = time.monotonic()
         self._write_info()
@@ -186,13 +188,16 @@ class ProgressEngine:
             self.view.set_ctrl(P.CTRL_STOP, 1)
             self.wake_loop()
 
-    def rank_died(self, info: RankInfo) -> None:
+    def rank_died(self, info: RankInfo, how: str = "") -> None:
         if info.closed or info.dead:
             return
         info.dead = True
         inflight = self._inflight_with(info.rank)
+        if self.owner_died_at and not how:
+            how = "holding the ops pool mutex"
         self.fail(errors.PeerDiedError.code,
                   f"rank {info.rank} (local rank {info.local_rank}, pid {info.pid}) died"
+                  + (f" {how}" if how else "")
                   + (f"; in flight with it: {inflight}" if inflight else ""),
                   rank=info.rank, pid=info.pid)
 
@@ -217,14 +222,15 @@ class ProgressEngine:
             wake_rank(self.view, self.layout, lr)
 
     def _mutex_owner_died(self) -> None:
+        """We got the pool mutex with EOWNERDEAD. The kernel releases a robust mutex early in the
+        owner's exit, before the process is a zombie, so asking now "who is dead?" can find nobody:
+        stop trusting the posted chain, and let the pidfd watcher (rank_died) name the dead rank;
+        tick() falls back to an anonymous report after OWNER_DEAD_GRACE_S."""
         dead = [r for r in self.ranks.values() if not _alive(r.pid)]
         if dead:
-            r = dead[0]
-            r.dead = True
-            self.fail(errors.PeerDiedError.code,
-                      f"rank {r.rank} (pid {r.pid}) died holding the ops pool mutex", rank=r.rank, pid=r.pid)
-        else:
-            self.fail(errors.PeerDiedError.code, "a process died holding the ops pool mutex")
+            self.rank_died(dead[0], "holding the ops pool mutex")
+        elif not self.owner_died_at:
+            self.owner_died_at = time.monotonic()
 
     def _inflight_with(self, rank: int) -> str:
         items = []
@@ -249,7 +255,7 @@ class ProgressEngine:
             if i32[head_i] == -1 and not self._should_exit():
                 self._sleep_locked()
         try:
-            ops = self._take_locked() if not self.failed else []
+            ops = self._take_locked() if not (self.failed or self.owner_died_at) else []
         finally:
             view.mutex.unlock()
         for op in ops:
@@ -695,6 +701,8 @@ class ProgressEngine:
         if self.dump_requested:
             self.dump_requested = False
             self.write_dump()
+        if self.owner_died_at and not self.failed and time.monotonic() - self.owner_died_at > OWNER_DEAD_GRACE_S:
+            self.fail(errors.PeerDiedError.code, "a process died holding the ops pool mutex")
         if not self.ranks and time.monotonic() - self.t_start > self.params.TIMEOUT:
             self.fail(errors.Timeout.code, f"no rank connected within {self.params.TIMEOUT} s")
         if not self.ranks and os.getppid() != self.parent:

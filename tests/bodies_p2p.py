@@ -277,11 +277,12 @@ def victim_rank_dies(victim: int) -> dict:
 def proxy_dies() -> dict:
     """Rank 0 SIGKILLs the progress process while everybody waits: every rank must raise."""
     with proxy.init() as comm:
-        _ring(comm)  # every rank is initialised before the kill
-        if comm.rank == 0:
-            os.kill(comm._proxy_pid, signal.SIGKILL)
         t0 = time.monotonic()
         try:
+            comm.Barrier()  # every rank is initialised before the kill
+            if comm.rank == 0:
+                os.kill(comm._proxy_pid, signal.SIGKILL)
+                t0 = time.monotonic()
             comm.Recv(np.zeros(8), (comm.rank + 1) % comm.size, tag=1)
         except proxy.PeerDiedError as e:
             assert e.rank == -1 and "progress process" in str(e), str(e)
