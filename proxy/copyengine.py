@@ -62,6 +62,9 @@ class CopyEngine:
             except BaseException as exc:  # kept and re-raised in the loop by drain()
                 self.error = exc
             self.finished.put(token)
+            # Drop our references now: an entry holds numpy views of a rank's buffer, which could
+            # not be unmapped while this idle worker still held it.
+            del task, token, fn, arg
 
     def copy(self, sub: Any, dst: int, src: int, n: int) -> bool:
         """Copy one chunk: inline when small (returns True: done now), else on a worker (False)."""

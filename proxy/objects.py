@@ -48,6 +48,19 @@ the root, which posts all header receives at once; allgather = gather to rank 0 
 allreduce = gather to rank 0, reduce in rank order there, bcast of the result (so every rank gets the
 identical result, and the reducer runs once); barrier = gather + bcast of empty headers.
 
+Sends are buffered where the runtime allows it: an array outside comm.alloc memory is copied into
+staging memory when its message is posted, so once every message of an object is posted the caller's
+memory is free and send (and the sending side of a collective) returns without waiting for the
+receiver, like an eager MPI_Send; only messages sent zero-copy from comm.alloc memory are waited
+for. So receives may pick tags in any order (within the rank's SHMPROXY_MAX_OPS_PER_RANK requests in
+flight: a sender out of request slots waits for its receiver). The error of a buffered send that fails
+later (the receiver closed first) is raised by the next object call on the communicator. An object a
+rank sends to itself never enters the runtime: it waits, pickled, in a FIFO per tag on the Comm
+(MPI's self channel), so sending to oneself cannot wait for request slots only its own receive frees.
+
+One object is at most OOB_MAX_BUFFERS + 3 messages: when more buffers qualify, the largest
+OOB_MAX_BUFFERS go out-of-band and the rest in-band.
+
 Semantics, as in mpi4py: every rank gets a copy, the root included (bcast at the root returns a
 pickle round trip of ``obj``, gather's list holds a copy of the root's own object), so results never
 alias the caller's objects, and an unpicklable object fails the same way at any size and root.
@@ -57,6 +70,7 @@ a collective the other ranks raise RemoteError naming that rank. Errors of the c
 """
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import operator
@@ -70,7 +84,7 @@ from proxy.ops import TAG_MAX
 from proxy.request import Request
 
 __all__ = ["send", "recv", "bcast", "gather", "allgather", "allreduce", "barrier", "OBJ_TAG_BASE",
-           "OBJ_COLL_TAG", "OOB_MIN_BYTES", "HDR_WORDS"]
+           "OBJ_COLL_TAG", "OOB_MIN_BYTES", "OOB_MAX_BUFFERS", "HDR_WORDS"]
 
 # Tags below this are reserved for shmproxy's own traffic (user tags are int64: [-2**63, 2**63)).
 OBJ_TAG_BASE = -(2**62)
@@ -78,6 +92,9 @@ OBJ_COLL_TAG = OBJ_TAG_BASE - 1
 
 # Buffers smaller than this are pickled in-band: one more message costs more than copying them.
 OOB_MIN_BYTES = 16 << 10
+# At most this many buffers of one object go out-of-band (the largest): each is a message, and so a
+# request slot of the sender and of the receiver while in flight (SHMPROXY_MAX_OPS_PER_RANK).
+OOB_MAX_BUFFERS = 128
 
 HDR_WORDS = 128                     # header capacity (1 KiB): the receiver's first buffer
 MAGIC = 0x53504F424A310001          # "SPOBJ1" + format version 1
@@ -117,19 +134,28 @@ class _Out:
         return _loads(self.data, [np.frombuffer(m, np.uint8).copy() for m in self.bufs], what)
 
 
-def _dumps(obj: Any, what: str) -> _Out:
+def _pickle(obj: Any, what: str, min_bytes: int, limit: int, at_limit: int) -> tuple[bytes, list[memoryview], int]:
+    """Pickle ``obj``; contiguous buffers of more than ``limit`` bytes, and the first ``at_limit``
+    of exactly ``limit`` bytes, go out-of-band (if at least ``min_bytes``). Also returns how many
+    buffers could have gone out-of-band."""
     bufs: list[memoryview] = []
+    candidates = 0
 
     def out_of_band(pb: pickle.PickleBuffer) -> bool:
+        nonlocal candidates, at_limit
         try:
             raw = pb.raw()
         except BufferError:     # not contiguous: in-band (pickle refuses it if it cannot copy it)
             return True
-        if raw.nbytes < OOB_MIN_BYTES:
-            raw.release()
-            return True
-        bufs.append(raw)
-        return False
+        n = raw.nbytes
+        if n >= min_bytes:
+            candidates += 1
+            if n > limit or (n == limit and at_limit > 0):
+                at_limit -= n == limit
+                bufs.append(raw)
+                return False
+        raw.release()
+        return True
 
     try:
         data = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
@@ -137,6 +163,21 @@ def _dumps(obj: Any, what: str) -> _Out:
         raise errors.InvalidArgument(
             f"{what}: cannot pickle the object (a {type(obj).__name__}): {type(exc).__name__}: {exc}; "
             f"nothing was sent") from exc
+    return data, bufs, candidates
+
+
+def _dumps(obj: Any, what: str) -> _Out:
+    """Pickle ``obj`` with out-of-band buffers: every contiguous buffer of at least OOB_MIN_BYTES,
+    but at most OOB_MAX_BUFFERS of them (the largest; the others in-band), so that one object never
+    takes more than a few of the rank's request slots."""
+    data, bufs, _ = _pickle(obj, what, OOB_MIN_BYTES, -1, 0)
+    if len(bufs) > OOB_MAX_BUFFERS:
+        sizes = sorted((m.nbytes for m in bufs), reverse=True)
+        limit = sizes[OOB_MAX_BUFFERS - 1]
+        at_limit = OOB_MAX_BUFFERS - sum(1 for n in sizes if n > limit)
+        for m in bufs:
+            m.release()
+        data, bufs, _ = _pickle(obj, what, OOB_MIN_BYTES, limit, at_limit)
     return _Out(data, bufs)
 
 
@@ -286,8 +327,47 @@ def _user_tag(value: Any) -> int:
     return t
 
 
+_UNWAITED_ATTR = "_objects_unwaited"  # per-communicator buffered sends not yet known complete
+
+
 def _enter(comm: Any) -> None:
     comm._check_usable()    # closed / failed communicators raise even where nothing is sent (size 1)
+    if getattr(comm, _UNWAITED_ATTR, None):
+        _check_buffered(comm)
+
+
+def _check_buffered(comm: Any) -> None:
+    """Forget the buffered sends that completed; raise the error of one that failed."""
+    pending: list[Request] = getattr(comm, _UNWAITED_ATTR)
+    left = []
+    first: errors.ProxyError | None = None
+    for req in pending:
+        try:
+            if not req.Test():
+                left.append(req)
+        except errors.ProxyError as exc:
+            first = first or exc
+    setattr(comm, _UNWAITED_ATTR, left)
+    if first is not None:
+        raise first
+
+
+def _complete_sends(comm: Any, reqs: list[Request]) -> None:
+    """Return once no request still needs the caller's memory: those whose buffer the runtime copied
+    into staging memory at post time (every array outside comm.alloc memory) are left to complete
+    on their own, like MPI's buffered eager sends; the others (zero-copy from registered memory) are
+    waited for. Errors of the former surface at the next object call on this communicator."""
+    wait = [r for r in reqs if getattr(r, "_stage", None) is None]
+    if len(wait) < len(reqs):
+        buffered = [r for r in reqs if getattr(r, "_stage", None) is not None]
+        pending = getattr(comm, _UNWAITED_ATTR, None)
+        if pending is None:
+            pending = []
+            setattr(comm, _UNWAITED_ATTR, pending)
+        pending.extend(buffered)
+        if len(pending) > 256:
+            _check_buffered(comm)
+    Request.Waitall(wait)
 
 
 def _next_seq(comm: Any) -> int:
@@ -297,16 +377,34 @@ def _next_seq(comm: Any) -> int:
 
 
 # ------------------------------------------------------------------------------ point-to-point
+_SELF_ATTR = "_objects_to_self"      # per-communicator {tag: deque of objects a rank sent itself}
+
+
 def send(comm: Any, obj: Any, dest: int, tag: int = 0) -> None:
-    """Send a picklable object to ``dest``; returns once it has been delivered. Raises
-    InvalidArgument (nothing sent) if ``obj`` cannot be pickled or an argument is bad."""
+    """Send a picklable object to ``dest`` (``comm.rank`` itself included).
+
+    Returns once the object no longer needs the caller's memory: at once when the runtime copied
+    every message into its staging memory when posting (all arrays outside comm.alloc memory), else
+    once delivered. So a send does not wait for its receive, unless the object holds arrays in
+    comm.alloc memory (then it behaves like a rendezvous MPI_Send). Raises InvalidArgument, with
+    nothing sent, if ``obj`` cannot be pickled or an argument is bad."""
     _enter(comm)
     dest = _peer(comm, dest, "destination")
     tag = _user_tag(tag)
     out = _dumps(obj, f"send to rank {dest} tag {tag}")
+    if dest == comm.rank:
+        # To itself: a local FIFO per tag, as MPI's self channel. Through the runtime a blocking
+        # send to self could wait for request slots that only its own later receive frees.
+        queues = getattr(comm, _SELF_ATTR, None)
+        if queues is None:
+            queues = {}
+            setattr(comm, _SELF_ATTR, queues)
+        bufs = [np.frombuffer(m, np.uint8).copy() for m in out.bufs]  # the caller may reuse its arrays
+        queues.setdefault(tag, collections.deque()).append((out.data, bufs))
+        return
     with comm.group():
         reqs = _post_send(comm, out, dest, tag, OP_P2P, 0)
-    Request.Waitall(reqs)
+    _complete_sends(comm, reqs)
 
 
 def recv(comm: Any, source: int, tag: int = 0) -> Any:
@@ -315,6 +413,13 @@ def recv(comm: Any, source: int, tag: int = 0) -> Any:
     source = _peer(comm, source, "source")
     tag = _user_tag(tag)
     what = f"recv from rank {source} tag {tag}"
+    if source == comm.rank:
+        queue = getattr(comm, _SELF_ATTR, {}).get(tag)
+        if queue:
+            data, bufs = queue.popleft()
+            return _loads(data, bufs, what)
+        # Nothing sent to ourselves on this tag: the runtime's receive says why (a buffer message
+        # sent with Isend is not an object; none at all times out).
     inc = _In(comm, source, tag)
     inc.post_body(comm, tag, OP_P2P, 0, what)
     inc.wait(what)
@@ -329,7 +434,7 @@ def _bcast_out(comm: Any, out: _Out, root: int, op: int, seq: int) -> None:
     with comm.group():
         reqs = [r for peer in range(comm.size) if peer != root
                 for r in _post_send(comm, out, peer, OBJ_COLL_TAG, op, seq)]
-    Request.Waitall(reqs)
+    _complete_sends(comm, reqs)
 
 
 def _bcast_in(comm: Any, root: int, op: int, seq: int, what: str) -> _In:
@@ -344,7 +449,7 @@ def _gather(comm: Any, out: _Out, root: int, op: int, seq: int, what: str) -> li
     if comm.rank != root:
         with comm.group():
             reqs = _post_send(comm, out, root, OBJ_COLL_TAG, op, seq)
-        Request.Waitall(reqs)
+        _complete_sends(comm, reqs)
         return None
     incs: dict[int, _In] = {}
     with comm.group():

@@ -144,12 +144,25 @@ class ProgressEngine:
         self.active.clear()  # schedules hold numpy views of the buffers closed below
         self.colls.clear()
         self.rendezvous.waiting.clear()
-        for buf in list(self.buffers.values()) + list(self.retired):
-            buf.close()
+        self.retired.extend(self.buffers.values())
         self.buffers.clear()
+        self._close_retired()
         self.view.release()
         self.seg.close()
         _log.info("progress process exiting")
+
+    def _close_retired(self) -> None:
+        """Unmap deregistered buffers; one still viewed by a numpy array is retried later."""
+        keep = []
+        while self.retired:
+            buf = self.retired.popleft()
+            try:
+                buf.close()
+            except BufferError:
+                keep.append(buf)
+        if keep:
+            _log.info("%d deregistered buffer(s) still referenced; unmapping later", len(keep))
+            self.retired.extend(keep)
 
     def _write_info(self) -> None:
         self.view.write_info({
@@ -589,6 +602,15 @@ class ProgressEngine:
         sched.execute(e)
         return True
 
+    def start_schedule(self, sch: sched.Schedule) -> bool:
+        """Hand a whole chunk schedule to one worker when it can run there alone; False otherwise
+        (the caller then starts it entry by entry)."""
+        if not self.copy.nworkers or not sch.local_only:
+            return False
+        sch.claim()
+        self.copy.submit(sch, sched.Schedule.run_all, sch)
+        return True
+
     def start_entry_inline(self, sch: sched.Schedule, e: sched.Entry) -> bool:
         if e.kind == sched.SEND or e.kind == sched.RECV:
             return self.start_entry(sch, e)
@@ -612,6 +634,8 @@ class ProgressEngine:
             for tok in self.copy.drain():
                 if type(tok) is tuple:   # (schedule, entry) of a collective
                     tok[0].entry_done(tok[1])
+                elif type(tok) is sched.Schedule:  # a whole chunk schedule
+                    tok.all_done()
                 else:
                     tok.chunk_done()
                 self.progressed = True
@@ -696,8 +720,7 @@ class ProgressEngine:
             self.apply_affinity(*self.pending_affinity)
             self.pending_affinity = None
         if self.retired and not self.active:
-            while self.retired:
-                self.retired.popleft().close()
+            self._close_retired()
         if self.dump_requested:
             self.dump_requested = False
             self.write_dump()

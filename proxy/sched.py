@@ -167,6 +167,30 @@ class Schedule:
         e.status = COMPLETE
         self.pending -= 1
 
+    @property
+    def local_only(self) -> bool:
+        """True when no entry needs another schedule (no SEND/RECV): it can run start to end on
+        one worker, which keeps a chunk's result in that core's cache for the copies out."""
+        return all(e.kind != SEND and e.kind != RECV for e in self.entries)
+
+    def claim(self) -> None:
+        """Mark every entry started: the schedule is handed whole to one worker (run_all)."""
+        for e in self.entries:
+            e.status = STARTED
+        self.next = len(self.entries)
+        self.pending = 1
+
+    def run_all(self) -> None:
+        """Execute every entry in order (each barrier is trivially respected). Worker side."""
+        for e in self.entries:
+            execute(e)
+
+    def all_done(self) -> None:
+        """The worker finished ``run_all`` (loop side)."""
+        for e in self.entries:
+            e.status = COMPLETE
+        self.pending = 0
+
 
 class Rendezvous:
     """Where a SEND meets the RECV of the same key (one progress process: the loopback form)."""

@@ -70,7 +70,8 @@ class ShmTransport(Transport):
                 sch = s.make(s.k0 + s.posted)
                 s.posted += 1
                 inflight.append(sch)
-                sch.advance(start)
+                if not engine.start_schedule(sch):
+                    sch.advance(start)
             while inflight and inflight[0].complete:
                 inflight.popleft()
                 s.done += 1
