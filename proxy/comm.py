@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import select
 import subprocess
@@ -35,7 +36,7 @@ from proxy import bootstrap, errors, log, params as params_mod
 from proxy.buffers import Registry, StagingCache
 from proxy import sched
 from proxy.ops import (DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND,
-                       SUPPORTED_DTYPES, TAG_MAX, TAG_MIN)
+                       SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, UNDEFINED)
 from proxy.protocol import MsgType
 from proxy.request import Request
 from proxy.service_client import ServiceClient
@@ -80,7 +81,8 @@ class Comm:
 
     # ------------------------------------------------------------------ creation
     @classmethod
-    def _create(cls, info: bootstrap.LaunchInfo, params: params_mod.Params, comm_id: int) -> "Comm":
+    def _create(cls, info: bootstrap.LaunchInfo, params: params_mod.Params, comm_id: int,
+                key: str | None = None) -> "Comm":
         self = cls.__new__(cls)
         self._closed = False
         self._failure: errors.ProxyError | None = None
@@ -93,7 +95,8 @@ class Comm:
         self._seg: Segment | None = None
         self._view: P.PoolView | None = None
         self._pidfd = -1
-        key = bootstrap.job_key(info, params)
+        key = key or bootstrap.job_key(info, params)
+        self._job_key, self._comm_id, self._nchildren = key, comm_id, 0
         self._path = bootstrap.service_path(bootstrap.run_dir(params), key, comm_id)
         try:
             self._start(info, params, key, comm_id)
@@ -703,6 +706,38 @@ class Comm:
     def Barrier(self) -> None:
         """Return once every rank has entered the barrier."""
         self._coll(sched.Coll.BARRIER, None, None).Wait()
+
+    # ------------------------------------------------------------------ sub-communicators
+    def Split(self, color: int, key: int = 0) -> "Comm | None":
+        """A new communicator of the ranks that pass the same ``color``, ordered by (key, rank);
+        ``proxy.UNDEFINED`` gives None. Collective over this communicator. The new communicator has
+        its own progress process and ops pool, and progresses independently of this one."""
+        for name, v in (("color", color), ("key", key)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise errors.InvalidArgument(f"Split: {name} must be an int, got {type(v).__name__}")
+        if color < 0 and color != UNDEFINED:
+            raise errors.InvalidArgument(f"Split: color must be >= 0 or proxy.UNDEFINED, got {color}")
+        table = np.zeros((self.size, 2), np.int64)
+        self.Allgather(np.array([color, key], np.int64), table)
+        self._nchildren += 1
+        if color == UNDEFINED:
+            return None
+        members = sorted((int(table[r, 1]), r) for r in range(self.size) if table[r, 0] == color)
+        ranks = [r for _k, r in members]
+        me = ranks.index(self.rank)
+        digest = hashlib.blake2b(f"{self._comm_id}/{self._nchildren}/{color}".encode(), digest_size=4).digest()
+        child_id = int.from_bytes(digest, "little") & 0x7FFFFFFF or 1
+        info = bootstrap.LaunchInfo(rank=me, size=len(ranks), local_rank=me, local_size=len(ranks),
+                                    launcher="split")
+        child = Comm._create(info, self.params, child_id, key=self._job_key)
+        child.parent_ranks = ranks
+        return child
+
+    def Dup(self) -> "Comm":
+        """A new communicator with the same ranks (its own progress process and ops pool)."""
+        child = self.Split(0, self.rank)
+        assert child is not None
+        return child
 
     # ------------------------------------------------------------------ errors, abort, close
     def get_async_error(self) -> errors.ProxyError | None:
