@@ -795,6 +795,7 @@ class Comm:
 
     def _teardown(self, wait_proxy: bool) -> None:
         """Release everything this process holds; safe to call in any state."""
+        proxy_dead = self._pidfd >= 0 and self._proxy_dead()
         self._last_send = self._last_recv = (None, 0, None)
         if getattr(self, "_staging", None) is not None:
             self._staging.close()
@@ -826,11 +827,15 @@ class Comm:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
+            if proc.returncode is not None and proc.returncode < 0:
+                proxy_dead = True  # killed by a signal: it unlinked nothing
             # If it died hard, what it would have removed is ours to remove.
             if os.path.exists(self._path):
                 os.unlink(self._path)
+        # The pool's name is the progress process's to remove (once every rank mapped it). Only
+        # if it died before doing so does the job have to: then any survivor may, idempotently.
         pool = getattr(self, "_pool_name", None)
-        if pool is not None:
+        if pool is not None and proxy_dead:
             Segment.unlink_name(pool)
 
     def __enter__(self) -> "Comm":
