@@ -563,7 +563,9 @@ class Comm:
         elif coll == C.BCAST:
             code = self._check_buf(sendbuf, f"{name} buffer")
             count, snb, rnb = sendbuf.size, sendbuf.nbytes, sendbuf.nbytes
-            recv_loc = self._locate(sendbuf, me != root, copy_in=(me == root), what=f"{name} buffer")
+            # Writable and contiguous on every rank, the root included: a check that passed on some
+            # ranks and failed on others would put their sequences of collectives out of step.
+            recv_loc = self._locate(sendbuf, True, copy_in=(me == root), what=f"{name} buffer")
             if me == root:
                 recv_loc = recv_loc[:3] + (0,)  # the root's buffer is only read: no copy-out
             flags = FLAG_IN_PLACE
@@ -571,6 +573,15 @@ class Comm:
             rcode = None
             if coll != C.REDUCE or me == root:  # a non-root's Reduce recvbuf is not significant
                 rcode = self._check_buf(recvbuf, f"{name} recvbuf")
+            elif recvbuf is not None:
+                # ... but it is checked like the root's, so that the same call passes or fails on
+                # every rank alike (see Bcast above).
+                self._check_buf(recvbuf, f"{name} recvbuf")
+                try:
+                    _buffer_info(recvbuf, True)
+                except (BufferError, ValueError):
+                    why = "read-only" if not recvbuf.flags.writeable else "not C-contiguous"
+                    raise errors.InvalidArgument(f"{name} recvbuf is {why}") from None
             if in_place:
                 if coll in (C.ALLTOALL,) or (coll == C.REDUCE and me != root):
                     raise errors.InvalidArgument(f"{name}: IN_PLACE is not allowed here"
