@@ -34,7 +34,7 @@ import numpy as np
 
 from proxy import bootstrap, errors, log, params as params_mod
 from proxy.buffers import Registry, StagingCache
-from proxy import sched
+from proxy import objects, sched
 from proxy.ops import (DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND,
                        SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, UNDEFINED)
 from proxy.protocol import MsgType
@@ -717,6 +717,32 @@ class Comm:
     def Barrier(self) -> None:
         """Return once every rank has entered the barrier."""
         self._coll(sched.Coll.BARRIER, None, None).Wait()
+
+    # ------------------------------------------------------------------ objects (mpi4py lower case)
+    # Pickle protocol 5 with out-of-band buffers; the wire format is in proxy/objects.py.
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Send any picklable object (large arrays inside travel without a pickle copy)."""
+        objects.send(self, obj, dest, tag)
+
+    def recv(self, source: int, tag: int = 0) -> Any:
+        """Receive an object sent with ``send`` (no size needs to be known in advance)."""
+        return objects.recv(self, source, tag)
+
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
+        return objects.bcast(self, obj, root)
+
+    def gather(self, obj: Any, root: int = 0) -> list | None:
+        return objects.gather(self, obj, root)
+
+    def allgather(self, obj: Any) -> list:
+        return objects.allgather(self, obj)
+
+    def allreduce(self, obj: Any, op: Any = sched.ReduceOp.SUM) -> Any:
+        """Reduce objects in rank order (op: proxy.SUM/PROD/MIN/MAX or a callable); same result everywhere."""
+        return objects.allreduce(self, obj, op)
+
+    def barrier(self) -> None:
+        objects.barrier(self)
 
     # ------------------------------------------------------------------ sub-communicators
     def Split(self, color: int, key: int = 0) -> "Comm | None":
