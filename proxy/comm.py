@@ -542,6 +542,21 @@ class Comm:
             raise errors.InvalidArgument(f"{what}: unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
         return code
 
+    def _block_count(self, name: str, full: np.ndarray, part: np.ndarray | None, full_name: str,
+                     part_name: str) -> int:
+        """Elements per block of a buffer holding one block per rank (``full``), checked against the
+        one-block buffer ``part`` (None with IN_PLACE)."""
+        size = self.size
+        if part is None:
+            if full.size % size:
+                raise errors.InvalidArgument(f"{name}: {full_name} of {full.size} elements is not "
+                                             f"{size} equal blocks")
+            return full.size // size
+        if full.size != part.size * size:
+            raise errors.InvalidArgument(f"{name}: {full_name} needs {size} x {part.size} elements "
+                                         f"(the {part_name} of every rank), has {full.size}")
+        return part.size
+
     def _check_root(self, root: Any) -> int:
         return self._check_peer(root, "root")
 
@@ -603,27 +618,10 @@ class Comm:
                 if rcode is not None and recvbuf.size != count:
                     raise errors.InvalidArgument(f"{name}: sendbuf has {count} elements, recvbuf {recvbuf.size}")
             elif coll == C.ALLGATHER:
-                if in_place:
-                    if recvbuf.size % size:
-                        raise errors.InvalidArgument(f"{name}: recvbuf of {recvbuf.size} elements is not "
-                                                     f"{size} equal blocks")
-                    count = recvbuf.size // size
-                else:
-                    count = sendbuf.size
-                    if recvbuf.size != count * size:
-                        raise errors.InvalidArgument(f"{name}: recvbuf needs {size} x {count} elements, "
-                                                     f"has {recvbuf.size}")
+                count = self._block_count(name, recvbuf, None if in_place else sendbuf, "recvbuf", "sendbuf")
             elif coll == C.REDUCE_SCATTER_BLOCK:
-                if in_place:
-                    if recvbuf.size % size:
-                        raise errors.InvalidArgument(f"{name}: recvbuf of {recvbuf.size} elements is not "
-                                                     f"{size} equal blocks")
-                    count = recvbuf.size // size
-                else:
-                    count = recvbuf.size
-                    if sendbuf.size != count * size:
-                        raise errors.InvalidArgument(f"{name}: sendbuf needs {size} x {count} elements, "
-                                                     f"has {sendbuf.size}")
+                count = (self._block_count(name, recvbuf, None, "recvbuf", "") if in_place
+                         else self._block_count(name, sendbuf, recvbuf, "sendbuf", "recvbuf"))
             else:  # ALLTOALL
                 if sendbuf.size != recvbuf.size or sendbuf.size % size:
                     raise errors.InvalidArgument(f"{name}: sendbuf and recvbuf need the same number of "

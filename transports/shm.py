@@ -27,7 +27,6 @@ class ShmTransport(Transport):
     def proxy_progress(self, engine: Any, args: Any) -> bool:
         steps = engine.steps
         copy = engine.copy.copy
-        mirror = engine.argspool.mirror
         all_done = True
         for s in args.subs:
             if s.done == s.nsteps:
@@ -43,19 +42,12 @@ class ShmTransport(Transport):
             # A direct copy lands in the destination as it is transmitted.
             s.received = s.transmitted
             s.done = s.received
-            if (s.posted, s.done) != before:   # waiting on workers is idle: the loop then blocks
-                engine.progressed = True         # on their queue, GIL released (copyengine.py)
-            mirror(s)
-            if s.done < s.nsteps:
-                all_done = False
-            else:
-                engine.sub_finished(s)
+            all_done &= _settle(engine, s, before)
         return all_done
 
     def proxy_progress_coll(self, engine: Any, args: Any) -> bool:
         steps = engine.steps
         start = engine.start_entry
-        mirror = engine.argspool.mirror
         all_done = True
         for s in args.subs:
             if s.done == s.nsteps:
@@ -76,11 +68,16 @@ class ShmTransport(Transport):
                 inflight.popleft()
                 s.done += 1
             s.transmitted = s.received = s.done + sum(1 for sch in inflight if sch.complete)
-            if (s.posted, s.done) != before:   # waiting on workers is idle: the loop then blocks
-                engine.progressed = True         # on their queue, GIL released (copyengine.py)
-            mirror(s)
-            if s.done < s.nsteps:
-                all_done = False
-            else:
-                engine.sub_finished(s)
+            all_done &= _settle(engine, s, before)
         return all_done
+
+
+def _settle(engine: Any, s: Any, before: tuple[int, int]) -> bool:
+    """After a sub was advanced: note progress, publish its counters, retire it when done."""
+    if (s.posted, s.done) != before:   # waiting on workers is idle: the loop then blocks on
+        engine.progressed = True         # their queue, with the GIL released (copyengine.py)
+    engine.argspool.mirror(s)
+    if s.done < s.nsteps:
+        return False
+    engine.sub_finished(s)
+    return True
