@@ -145,7 +145,7 @@ _DECLARED: tuple[Param, ...] = (
        "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
     _p("PROXY_SPIN_US", float, 500.0,
        "An idle progress process polls this long before it sleeps on the pool condvar.", 0),
-    _p("PROXY_SLEEP_MS", float, 100.0,
+    _p("PROXY_SLEEP_MS", float, 250.0,
        "Bound of one condvar sleep of the idle progress process (it rechecks abort and its ranks).", 1),
     _p("HEARTBEAT_MS", float, 100.0, "The progress process refreshes its heartbeat this often.", 1),
     _p("PROXY_CPUS", _parse_cpus, "",
