@@ -2,6 +2,9 @@
 
     mpiexec -n 2 shmproxy-bench pingpong -b 8 -e 64M -f 4 --peers mpi4py
     mpiexec -n 2 python -m proxy.bench sendrecv --json sendrecv.json --plot sendrecv.png
+    mpiexec -n 4 shmproxy-bench allreduce -b 8 -e 64M -f 8 --op sum --dtype float32
+    mpiexec -n 4 shmproxy-bench allgather --in-place --no-alloc
+    mpiexec -n 2 shmproxy-bench overlap -b 64K -e 16M -f 4
     mpiexec -n 2 shmproxy-bench post --peers mpi4py
     mpiexec -n 2 shmproxy-bench idle --idle-seconds 10
 
@@ -14,10 +17,72 @@ that cannot be opened on every rank is skipped with a printed note; shmproxy its
 The operation table
 -------------------
 ``OPERATIONS`` maps a name to an :class:`Operation`: one builder per library (the call to time), the
-bus-bandwidth factor, a correctness check, and how it is measured (a timed loop, posting cost, or idle
-CPU). Point-to-point is what exists today; a collective plugs in as one more entry whose builders call
-``comm.Allreduce`` / ``MPI.COMM_WORLD.Allreduce`` / ``dist.all_reduce`` and whose bus factor is
-``2(n-1)/n``; the sweep, timing, gathering, checking, table, JSON and plot need nothing new.
+bus-bandwidth factor, a correctness check, and how it is measured (a timed loop, posting cost, overlap
+or idle CPU). The sweep, timing, gathering, checking, table, JSON and plot are shared.
+
+- point to point: pingpong, sendrecv, post, idle.
+- collectives (``measure_coll``): allreduce, reduce (root 0), bcast (root 0), allgather, reduce_scatter
+  (``Reduce_scatter_block``), alltoall, barrier. shmproxy: ``comm.Allreduce`` ...; mpi4py: the
+  upper-case buffer calls of ``MPI.COMM_WORLD``; gloo: ``dist.all_reduce``, ``dist.reduce``,
+  ``dist.broadcast``, ``dist.all_gather_single`` (or ``all_gather_into_tensor``),
+  ``dist.reduce_scatter_single`` (or ``reduce_scatter_tensor``), ``dist.all_to_all_single``,
+  ``dist.barrier`` on tensors made by ``torch.from_numpy`` over the same numpy buffers.
+  ``dist.all_reduce`` and ``dist.reduce`` work in place on their one tensor: gloo is timed on the
+  receive buffer with no copy (its natural use), for out-of-place runs too.
+- overlap (``measure_overlap``, the OSU osu_iallreduce method): see below.
+
+A peer that cannot do an operation as asked (mpi4py has no AVG; torch has no in-place
+reduce_scatter; a dtype or call its build does not support) is skipped for the run with a note that
+says why: first from what is known statically, then by one probing call at the smallest size on
+every rank (an error there, e.g. gloo's "Invalid scalar type" for int16, skips the peer everywhere).
+
+Sizes of collectives (nccl-tests' convention)
+---------------------------------------------
+``size`` (the table's first column, ``bytes`` in the JSON) is the larger of one rank's send and
+receive buffers, as nccl-tests prints ``max(sendBytes, expectedBytes)``; ``count`` is the count
+argument of the call, as nccl-tests prints it:
+
+==============  ========================  ======================  ===================  ==============
+operation       send buffer (per rank)    receive buffer          size                 busbw/algbw
+==============  ========================  ======================  ===================  ==============
+allreduce       count                     count                   count                2(n-1)/n
+reduce, bcast   count                     count                   count                1
+allgather       count (one block)         n x count               n x count            (n-1)/n
+reduce_scatter  n x count                 count (in place: n x)   n x count            (n-1)/n
+alltoall        n x count (n blocks)      n x count               n x count            (n-1)/n
+==============  ========================  ======================  ===================  ==============
+
+(in elements; a requested size of S bytes gives ``count = max(1, S // itemsize)`` for the first
+three and ``count = max(1, S // itemsize // n)`` for the last three, so the size shown is what was
+really moved.) algbw = size / time and busbw = algbw x the factor above, as in nccl-tests'
+PERFORMANCE.md. barrier has no size: one row, time only.
+
+In place (``--in-place``, allreduce / allgather / reduce_scatter) follows MPI: allreduce reduces the
+receive buffer; allgather finds each rank's block already at its place in the receive buffer;
+reduce_scatter takes its input (n blocks) from the receive buffer and leaves the result in the first
+block (MPI_IN_PLACE; nccl puts it at block ``rank``).
+
+Inputs and checks of collectives: rank r's input is ``pattern(r, ...)`` (small integers 0..100, exact
+in every dtype); for ``--op prod`` it is ``1 + (pattern // 7) % 2`` (products are powers of two).
+After the timed loop, the receive buffer is reset (the sentinel, or the input where the call works
+in place) and ONE more call is made and checked against the expected result: exactly for
+integers (wrapping like the libraries), within ``4 n eps`` for floats (reduction order differs
+between libraries). The checks compare against one period (101 elements) of the expected values, so
+they cost a pass over the buffer and no more memory.
+
+Overlap (OSU method)
+--------------------
+For each size and library: ``t_comm`` = median of (Iallreduce; Wait) alone (max over ranks, which is
+also the target of the work); ``t_compute`` = median time of pure-Python integer arithmetic (it holds
+the GIL, as an application's Python does) calibrated once per size to take about ``t_comm``, run
+alone; ``t_total`` = median of (post Iallreduce; the same work; Wait). Each is a median over ``-n``
+iterations per rank, then the maximum over the ranks.
+``overlap % = 100 * max(0, 1 - (t_total - t_compute) / t_comm)`` (clipped to 100): the fraction of the
+communication hidden behind the work. 100 means communicating cost nothing; 0 that it was all added.
+The JSON also holds ``compute_during_us``, the work's time measured inside the overlapped iteration
+(OSU's own t_compute): when it exceeds ``t_compute``, communication slowed the work down (it competes
+for the cores). mpi4py: ``Iallreduce`` + ``Wait``; gloo: ``dist.all_reduce(async_op=True)`` +
+``work.wait()``.
 
 How a figure is made
 --------------------
@@ -130,9 +195,183 @@ def pattern(rank: int, count: int, dtype: Any) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4)
 def _pattern(rank: int, count: int, dtype_str: str) -> np.ndarray:
-    a = ((np.arange(count, dtype=np.int64) * 7 + rank * 13 + 1) % PATTERN_MOD).astype(dtype_str)
+    a = tiled(input_period(rank), 0, count, dtype_str)
     a.flags.writeable = False
     return a
+
+
+# ---- collectives: inputs, expected results, sizes, bus factors (every value has period PATTERN_MOD)
+
+REDOPS = ("sum", "prod", "min", "max", "avg")
+_UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
+
+
+def input_period(rank: int, redop: str = "sum") -> np.ndarray:
+    """One period (PATTERN_MOD elements, int64) of rank ``rank``'s input: element i of any buffer is
+    element ``i % PATTERN_MOD`` of this (7 and 101 are coprime). For ``prod`` the values are
+    ``1 + (pattern // 7) % 2`` (1 or 2): products are powers of two, exact in every dtype whatever
+    the order, no zero hides the other ranks' values, and over 16 ranks they stay below 2**11."""
+    a = (np.arange(PATTERN_MOD, dtype=np.int64) * 7 + rank * 13 + 1) % PATTERN_MOD
+    return 1 + (a // 7) % 2 if redop == "prod" else a
+
+
+def tiled(period: np.ndarray, start: int, count: int, dtype: Any) -> np.ndarray:
+    """Elements ``start .. start+count-1`` of the infinite repetition of ``period``, as ``dtype``."""
+    p = period.size
+    base = np.roll(np.asarray(period), -(start % p)).astype(dtype)
+    return np.tile(base, -(-count // p))[:count] if count else base[:0]
+
+
+def reduction_input(rank: int, count: int, dtype: Any, redop: str) -> np.ndarray:
+    """Rank ``rank``'s input of a reduction (``pattern`` itself except for ``prod``)."""
+    if redop != "prod":
+        return pattern(rank, count, dtype)
+    return tiled(input_period(rank, redop), 0, count, dtype)
+
+
+def reduction_period(nranks: int, dtype: Any, redop: str) -> np.ndarray:
+    """One period of the reduction over ranks 0..n-1 of their inputs, in ``dtype``. Integers are
+    reduced in their own type (wrapping, as the libraries do); floats in float64/complex128, then
+    rounded once to ``dtype``."""
+    dt = np.dtype(dtype)
+    ins = np.stack([input_period(r, redop) for r in range(nranks)])
+    ufunc = _UFUNCS[redop]
+    if dt.kind in "fc":
+        wide = ins.astype(np.complex128 if dt.kind == "c" else np.float64)
+        out = ufunc.reduce(wide, axis=0)
+        if redop == "avg":
+            out = out / nranks
+        with np.errstate(over="ignore"):               # float16 products may overflow to inf
+            return out.astype(dt)
+    return ufunc.reduce(ins.astype(dt), axis=0, dtype=dt)
+
+
+def tolerance(dtype: Any, nranks: int) -> float:
+    """Relative tolerance of a reduced float (each library adds in its own order); 0 for integers."""
+    dt = np.dtype(dtype)
+    return 4.0 * max(nranks, 2) * float(np.finfo(dt).eps) if dt.kind in "fc" else 0.0
+
+
+_CHECK_CHUNK = PATTERN_MOD * 8192
+
+
+def matches_periodic(got: np.ndarray, period: np.ndarray, start: int = 0, rtol: float = 0.0) -> bool:
+    """``got[i] == period[(start + i) % len(period)]`` for every i (within ``rtol`` when non-zero),
+    compared chunk by chunk against one period (no full-size expected array)."""
+    flat = got.reshape(-1)
+    p = period.size
+    exp = np.roll(np.asarray(period), -(start % p)).astype(flat.dtype)
+    whole = flat.size // p * p
+    for lo in range(0, whole, _CHECK_CHUNK):
+        if not _close(flat[lo:min(lo + _CHECK_CHUNK, whole)].reshape(-1, p), exp, rtol):
+            return False
+    tail = flat[whole:]
+    return _close(tail, exp[:tail.size], rtol)
+
+
+def _close(got: np.ndarray, exp: np.ndarray, rtol: float) -> bool:
+    with np.errstate(invalid="ignore", over="ignore"):
+        if bool((got == exp).all()):
+            return True
+        return rtol > 0 and bool(np.isclose(got, exp, rtol=rtol, atol=0.0, equal_nan=True).all())
+
+
+def bus_factor_allreduce(n: int) -> float:
+    """nccl-tests PERFORMANCE.md: allreduce busbw = algbw * 2(n-1)/n."""
+    return 2.0 * (n - 1) / n
+
+
+def bus_factor_one(n: int) -> float:
+    """reduce, broadcast (and point to point): busbw = algbw."""
+    return 1.0
+
+
+def bus_factor_gather(n: int) -> float:
+    """allgather, reduce_scatter, alltoall: busbw = algbw * (n-1)/n."""
+    return (n - 1) / n
+
+
+def block_count(count: int, nranks: int) -> int:
+    """Elements per rank block of allgather / reduce_scatter / alltoall for a size of ``count``."""
+    return max(1, count // nranks)
+
+
+def row_size(op: "Operation", nbytes: int, nranks: int, in_place: bool,
+             itemsize: int) -> tuple[int, int, int, int]:
+    """(send elements, receive elements, count argument, size in bytes) of one rank for a requested
+    size of ``nbytes``: size = max(send, receive) bytes (nccl-tests), 0 for an operation without data."""
+    n_send, n_recv, count = op.shape(element_count(nbytes, itemsize), nranks, in_place)
+    return n_send, n_recv, count, (max(n_send, n_recv) * itemsize if op.sized else 0)
+
+
+def shape_same(count: int, n: int, in_place: bool) -> tuple[int, int, int]:
+    """(send elements, receive elements, count argument): point to point, allreduce, reduce, bcast."""
+    return count, count, count
+
+
+def shape_allgather(count: int, n: int, in_place: bool) -> tuple[int, int, int]:
+    b = block_count(count, n)
+    return b, b * n, b
+
+
+def shape_reduce_scatter(count: int, n: int, in_place: bool) -> tuple[int, int, int]:
+    b = block_count(count, n)
+    return b * n, (b * n if in_place else b), b
+
+
+def shape_alltoall(count: int, n: int, in_place: bool) -> tuple[int, int, int]:
+    b = block_count(count, n)
+    return b * n, b * n, b
+
+
+def shape_none(count: int, n: int, in_place: bool) -> tuple[int, int, int]:
+    """barrier: no data (one-element buffers keep the machinery uniform)."""
+    return 1, 1, 0
+
+
+def overlap_percent(t_comm: float, t_compute: float, t_total: float) -> float:
+    """OSU: 100 * max(0, 1 - (t_total - t_compute) / t_comm), at most 100; NaN without a t_comm."""
+    if not (t_comm > 0) or math.isnan(t_compute) or math.isnan(t_total):
+        return math.nan
+    return 100.0 * min(1.0, max(0.0, 1.0 - (t_total - t_compute) / t_comm))
+
+
+def spin(units: int) -> int:
+    """The overlap benchmark's work: pure-Python integer arithmetic (holds the GIL throughout)."""
+    x = 1
+    for i in range(units):
+        x = (x * 1103515245 + i) & 0xFFFFFFFF
+    return x
+
+
+def rescale_units(units: int, measured_s: float, target_s: float) -> int:
+    """Work units that should take ``target_s``, given that ``units`` took ``measured_s``."""
+    if not measured_s > 0:
+        return max(1, units * 2)
+    return max(1, int(round(units * target_s / measured_s)))
+
+
+def calibrate(target_s: float, work: Callable[[int], Any] = spin, rounds: int = 3) -> int:
+    """Units of ``work`` taking about ``target_s`` on this core: a first rate from a ~2 ms run, then
+    ``rounds`` corrections from the fastest of three runs at the current guess (the fastest: a run
+    that was preempted says nothing about the work's cost)."""
+    units, took = 256, 0.0
+    while True:
+        t0 = _perf()
+        work(units)
+        took = _perf() - t0
+        if took >= 2e-3 or units >= 1 << 26:
+            break
+        units *= 4
+    units = rescale_units(units, took, target_s)
+    for _ in range(rounds):
+        runs = []
+        for _ in range(3):
+            t0 = _perf()
+            work(units)
+            runs.append(_perf() - t0)
+        units = rescale_units(units, min(runs), target_s)
+    return units
 
 
 def summarize(times_s: Sequence[float], divisor: float = 1.0) -> tuple[float, float]:
@@ -195,6 +434,10 @@ class Library:
         """What this library's calls take for the numpy array ``a`` (sharing its memory)."""
         return a
 
+    def redop(self, name: str) -> Any:
+        """This library's reduction op for ``name`` (one of REDOPS); None if it has none."""
+        return None
+
     @staticmethod
     def wait(req: Any) -> None:
         req.Wait()
@@ -218,6 +461,10 @@ class ShmproxyLib(Library):
         self.send, self.recv, self.isend, self.irecv = comm.Send, comm.Recv, comm.Isend, comm.Irecv
         self.waitall, self.group = proxy.Request.Waitall, comm.group
 
+    def redop(self, name: str) -> Any:
+        import proxy
+        return getattr(proxy, name.upper())
+
     def array(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
         return self.comm.alloc(shape, dtype) if self.zero_copy else np.zeros(shape, dtype)
 
@@ -230,10 +477,15 @@ class MpiLib(Library):
         super().__init__()
         world = MPI.COMM_WORLD
         self.world = world
-        lib = MPI.Get_library_version().strip().splitlines()
+        lib = MPI.Get_library_version().replace("\x00", "").strip().splitlines()   # Open MPI ends in NUL
         self.version = f"{mpi4py.__version__} ({' '.join(lib[0].split()) if lib else 'unknown MPI'})"
         self.send, self.recv, self.isend, self.irecv = world.Send, world.Recv, world.Isend, world.Irecv
         self.waitall = MPI.Request.Waitall
+        self.MPI = MPI
+
+    def redop(self, name: str) -> Any:
+        MPI = self.MPI
+        return {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}.get(name)  # no AVG
 
 
 class GlooLib(Library):
@@ -250,6 +502,19 @@ class GlooLib(Library):
 
     def wrap(self, a: np.ndarray) -> Any:
         return self.torch.from_numpy(a)
+
+    def redop(self, name: str) -> Any:
+        R = self.dist.ReduceOp
+        return {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX,
+                "avg": getattr(R, "AVG", None)}.get(name)
+
+    def fn(self, *names: str) -> Any:
+        """The first of ``names`` that this torch.distributed has (newer names first), or None."""
+        for name in names:
+            f = getattr(self.dist, name, None)
+            if f is not None:
+                return f
+        return None
 
     @staticmethod
     def wait(req: Any) -> None:
@@ -305,6 +570,12 @@ def agree(comm: Any, ok: bool) -> bool:
     return bool(bcast(comm, None if rows is None else [float(rows.min())], 1)[0])
 
 
+def max_all(comm: Any, value: float) -> float:
+    """The largest of every rank's ``value``, on every rank."""
+    rows = gather(comm, [value])
+    return float(bcast(comm, None if rows is None else [float(np.nanmax(rows))], 1)[0])
+
+
 # =================================================================================================
 # The operation table
 
@@ -320,9 +591,10 @@ class Ctx:
     pids: list[int] = dataclasses.field(default_factory=list)
 
 
-Builder = Callable[[Ctx, Library, Any, Any], "Callable[[], Any] | None"]
-"""(ctx, library, send, recv) -> one iteration of the operation (None: this rank takes no part).
-``send``/``recv`` are the library's own view of the buffers (a torch tensor for gloo)."""
+Builder = Callable[[Ctx, Any, Any, Any], Any]
+"""(ctx, library, send, recv) -> one iteration of the operation (None: this rank takes no part); for
+``overlap``, a (post, wait) pair. ``send``/``recv`` are the library's own view of the buffers (a torch
+tensor for gloo). The library is typed Any here: each builder takes its own Library subclass."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,6 +602,19 @@ class Column:
     title: str
     unit: str
     key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckSpec:
+    """What a collective's check needs besides the buffer: the reduction, in place, the count."""
+
+    redop: str = "sum"
+    in_place: bool = False
+    count: int = 0
+
+
+def _no_source(rank: int, size: int) -> int | None:
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,7 +629,7 @@ class Operation:
     source: Callable[[int, int], int | None]
     """(rank, size) -> the rank whose data this rank receives, None if it receives nothing."""
     calls: Mapping[str, Builder] = dataclasses.field(default_factory=dict)
-    bus_factor: Callable[[int], float] = lambda n: 1.0
+    bus_factor: Callable[[int], float] = bus_factor_one
     time_divisor: float = 1.0
     ratio_key: str | None = "time_us"
     """Result key whose peer/shmproxy quotient is the ratio column (None: no ratio)."""
@@ -355,6 +640,32 @@ class Operation:
     """The receiver gets --group-size messages at once, each into its own row of the receive buffer."""
     check: Callable[[int, int, np.ndarray], bool] | None = None
     """(rank, size, received) -> data correct; default: equals ``pattern(source(rank, size))``."""
+    # ---- collectives
+    shape: Callable[[int, int, bool], tuple[int, int, int]] = shape_same
+    """(elements of the requested size, ranks, in place) -> (send elements, receive elements, count
+    argument); the row's size is max(send, receive) bytes (nccl-tests)."""
+    verify: Callable[[int, int, np.ndarray, CheckSpec], bool] | None = None
+    """(rank, size, receive buffer, spec) -> correct; replaces ``check``/``source`` when set."""
+    receives: Callable[[int, int], bool] | None = None
+    """(rank, size) -> this rank's receive buffer is checked (with ``verify``)."""
+    reduces: bool = False
+    """Takes --op; the inputs are ``reduction_input`` (else ``pattern``)."""
+    in_place_ok: bool = False
+    """--in-place applies."""
+    native_in_place: frozenset[str] = frozenset()
+    """Libraries whose call works in place on the receive buffer whatever --in-place says (gloo's
+    all_reduce/reduce): their checked call gets the input copied into the receive buffer first."""
+    place_input: Callable[[int, int, np.ndarray, np.ndarray], None] | None = None
+    """(rank, size, send, recv): put the input where the in-place call reads it (default: recv = send)."""
+    sized: bool = True
+    """False: no data (barrier): one row of size 0, no bandwidth."""
+    probe: bool = False
+    """Try each peer once at the smallest size before the sweep; skip it (with the error) if it fails."""
+    root: int | None = None
+    bus_note: str = "1"
+    derive: Callable[[dict[str, Any], np.ndarray], None] | None = None
+    """(result, per-rank matrix) -> adds derived keys to a library's result (overlap's percentage)."""
+    derived: tuple[str, ...] = ()
 
     def check_received(self, rank: int, size: int, recv: np.ndarray) -> bool:
         if self.check is not None:
@@ -363,6 +674,18 @@ class Operation:
         if src is None:
             return True
         return bool((recv == pattern(src, recv.shape[-1], recv.dtype)).all())
+
+    def takes_data(self, rank: int, size: int) -> bool:
+        """This rank's receive buffer is checked."""
+        if self.receives is not None:
+            return self.receives(rank, size)
+        return self.source(rank, size) is not None
+
+    def fill(self, rank: int, count: int, dtype: np.dtype, redop: str) -> np.ndarray:
+        """This rank's input (send buffer) of ``count`` elements."""
+        if self.reduces:
+            return reduction_input(rank, count, dtype, redop)
+        return pattern(rank, count, dtype)
 
 
 def _pingpong(ctx: Ctx, lib: Library, send: Any, recv: Any) -> Callable[[], None] | None:
@@ -389,6 +712,192 @@ def _sendrecv(ctx: Ctx, lib: Library, send: Any, recv: Any) -> Callable[[], None
     return it
 
 
+# ---- collectives: one builder per library. ``send``/``recv`` are the library's views (torch tensors
+# for gloo); the reduction and in place come from ctx.args; the root of reduce/bcast is 0.
+
+def _in_place(ctx: Ctx) -> bool:
+    return bool(getattr(ctx.args, "in_place", False))
+
+
+def _allreduce_shm(ctx: Ctx, lib: ShmproxyLib, send: Any, recv: Any) -> Callable[[], Any]:
+    import proxy
+    f, op, s = lib.comm.Allreduce, lib.redop(ctx.args.redop), proxy.IN_PLACE if _in_place(ctx) else send
+    return lambda: f(s, recv, op)
+
+
+def _allreduce_mpi(ctx: Ctx, lib: MpiLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, op, s = lib.world.Allreduce, lib.redop(ctx.args.redop), lib.MPI.IN_PLACE if _in_place(ctx) else send
+    return lambda: f(s, recv, op)
+
+
+def _allreduce_gloo(ctx: Ctx, lib: GlooLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, op = lib.dist.all_reduce, lib.redop(ctx.args.redop)     # in place on recv (native_in_place)
+    return lambda: f(recv, op=op)
+
+
+def _reduce_shm(ctx: Ctx, lib: ShmproxyLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, op = lib.comm.Reduce, lib.redop(ctx.args.redop)
+    return lambda: f(send, recv, op, 0)
+
+
+def _reduce_mpi(ctx: Ctx, lib: MpiLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, op = lib.world.Reduce, lib.redop(ctx.args.redop)
+    return lambda: f(send, recv, op, root=0)
+
+
+def _reduce_gloo(ctx: Ctx, lib: GlooLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, op = lib.dist.reduce, lib.redop(ctx.args.redop)         # in place on recv (native_in_place)
+    return lambda: f(recv, 0, op=op)
+
+
+def _bcast_shm(ctx: Ctx, lib: ShmproxyLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, buf = lib.comm.Bcast, send if ctx.rank == 0 else recv
+    return lambda: f(buf, 0)
+
+
+def _bcast_mpi(ctx: Ctx, lib: MpiLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, buf = lib.world.Bcast, send if ctx.rank == 0 else recv
+    return lambda: f(buf, root=0)
+
+
+def _bcast_gloo(ctx: Ctx, lib: GlooLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, buf = lib.dist.broadcast, send if ctx.rank == 0 else recv
+    return lambda: f(buf, 0)
+
+
+def _my_block(ctx: Ctx, recv: Any) -> Any:
+    b = recv.shape[0] // ctx.size
+    return recv[ctx.rank * b:(ctx.rank + 1) * b]
+
+
+def _allgather_shm(ctx: Ctx, lib: ShmproxyLib, send: Any, recv: Any) -> Callable[[], Any]:
+    import proxy
+    f, s = lib.comm.Allgather, proxy.IN_PLACE if _in_place(ctx) else send
+    return lambda: f(s, recv)
+
+
+def _allgather_mpi(ctx: Ctx, lib: MpiLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, s = lib.world.Allgather, lib.MPI.IN_PLACE if _in_place(ctx) else send
+    return lambda: f(s, recv)
+
+
+def _allgather_gloo(ctx: Ctx, lib: GlooLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f = lib.fn("all_gather_single", "all_gather_into_tensor", "_all_gather_base")
+    s = _my_block(ctx, recv) if _in_place(ctx) else send       # in place: our block of the output
+    return lambda: f(recv, s)
+
+
+def _reduce_scatter_shm(ctx: Ctx, lib: ShmproxyLib, send: Any, recv: Any) -> Callable[[], Any]:
+    import proxy
+    f, op = lib.comm.Reduce_scatter_block, lib.redop(ctx.args.redop)
+    s = proxy.IN_PLACE if _in_place(ctx) else send
+    return lambda: f(s, recv, op)
+
+
+def _reduce_scatter_mpi(ctx: Ctx, lib: MpiLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f, op = lib.world.Reduce_scatter_block, lib.redop(ctx.args.redop)
+    s = lib.MPI.IN_PLACE if _in_place(ctx) else send
+    return lambda: f(s, recv, op)
+
+
+def _reduce_scatter_gloo(ctx: Ctx, lib: GlooLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f = lib.fn("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
+    op = lib.redop(ctx.args.redop)
+    return lambda: f(recv, send, op=op)
+
+
+def _alltoall_shm(ctx: Ctx, lib: ShmproxyLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f = lib.comm.Alltoall
+    return lambda: f(send, recv)
+
+
+def _alltoall_mpi(ctx: Ctx, lib: MpiLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f = lib.world.Alltoall
+    return lambda: f(send, recv)
+
+
+def _alltoall_gloo(ctx: Ctx, lib: GlooLib, send: Any, recv: Any) -> Callable[[], Any]:
+    f = lib.dist.all_to_all_single
+    return lambda: f(recv, send)
+
+
+def _barrier_shm(ctx: Ctx, lib: ShmproxyLib, send: Any, recv: Any) -> Callable[[], Any]:
+    return lib.comm.Barrier
+
+
+def _barrier_mpi(ctx: Ctx, lib: MpiLib, send: Any, recv: Any) -> Callable[[], Any]:
+    return lib.world.Barrier
+
+
+def _barrier_gloo(ctx: Ctx, lib: GlooLib, send: Any, recv: Any) -> Callable[[], Any]:
+    return lib.dist.barrier
+
+
+# overlap: (post, wait) pairs of the nonblocking allreduce
+
+
+PostWait = tuple[Callable[[], Any], Callable[[Any], Any]]
+
+
+def _iallreduce_shm(ctx: Ctx, lib: ShmproxyLib, send: Any, recv: Any) -> PostWait:
+    f, op = lib.comm.Iallreduce, lib.redop(ctx.args.redop)
+    return (lambda: f(send, recv, op)), (lambda req: req.Wait())
+
+
+def _iallreduce_mpi(ctx: Ctx, lib: MpiLib, send: Any, recv: Any) -> PostWait:
+    f, op = lib.world.Iallreduce, lib.redop(ctx.args.redop)
+    return (lambda: f(send, recv, op)), (lambda req: req.Wait())
+
+
+def _iallreduce_gloo(ctx: Ctx, lib: GlooLib, send: Any, recv: Any) -> PostWait:
+    f, op = lib.dist.all_reduce, lib.redop(ctx.args.redop)     # in place on recv (native_in_place)
+    return (lambda: f(recv, op=op, async_op=True)), (lambda work: work.wait())
+
+
+def _place_block(rank: int, size: int, send: np.ndarray, recv: np.ndarray) -> None:
+    """In-place allgather: our block of the receive buffer holds our input, the rest the sentinel."""
+    recv.fill(SENTINEL)
+    b = send.shape[0]
+    recv[rank * b:(rank + 1) * b] = send
+
+
+# ---- checks of collectives (pure: every expected value comes from one period)
+
+def verify_allreduce(rank: int, size: int, recv: np.ndarray, spec: CheckSpec) -> bool:
+    return matches_periodic(recv[:spec.count], reduction_period(size, recv.dtype, spec.redop), 0,
+                            tolerance(recv.dtype, size))
+
+
+def verify_reduce(rank: int, size: int, recv: np.ndarray, spec: CheckSpec) -> bool:
+    return rank != 0 or verify_allreduce(rank, size, recv, spec)
+
+
+def verify_bcast(rank: int, size: int, recv: np.ndarray, spec: CheckSpec) -> bool:
+    return rank == 0 or matches_periodic(recv[:spec.count], input_period(0))
+
+
+def verify_allgather(rank: int, size: int, recv: np.ndarray, spec: CheckSpec) -> bool:
+    c = spec.count
+    return all(matches_periodic(recv[r * c:(r + 1) * c], input_period(r)) for r in range(size))
+
+
+def verify_reduce_scatter(rank: int, size: int, recv: np.ndarray, spec: CheckSpec) -> bool:
+    """Our block ``rank`` of the reduction, at the start of recv (in place too: MPI's convention)."""
+    c = spec.count
+    return matches_periodic(recv[:c], reduction_period(size, recv.dtype, spec.redop), rank * c,
+                            tolerance(recv.dtype, size))
+
+
+def verify_alltoall(rank: int, size: int, recv: np.ndarray, spec: CheckSpec) -> bool:
+    """Block r of ours = block ``rank`` of rank r's input."""
+    c = spec.count
+    return all(matches_periodic(recv[r * c:(r + 1) * c], input_period(r), rank * c) for r in range(size))
+
+
+def verify_nothing(rank: int, size: int, recv: np.ndarray, spec: CheckSpec) -> bool:
+    return True
+
+
 def _timed_loop(it: Callable[[], Any], iters: int) -> list[float]:
     times = [0.0] * iters
     for i in range(iters):
@@ -398,14 +907,30 @@ def _timed_loop(it: Callable[[], Any], iters: int) -> list[float]:
     return times
 
 
-def _finish_check(ctx: Ctx, op: Operation, lib: Library, recv: np.ndarray) -> float:
+def _finish_check(ctx: Ctx, op: Operation, lib: Library, recv: np.ndarray, count: int = 0) -> float:
     """1.0 when the received data is right (or unchecked), 0.0 when wrong; applies --inject-error."""
-    if ctx.inject_pending and lib.name == "shmproxy" and op.source(ctx.rank, ctx.size) is not None:
+    if ctx.inject_pending and lib.name == "shmproxy" and op.takes_data(ctx.rank, ctx.size):
         ctx.inject_pending = False
         recv[(0,) * recv.ndim] = SENTINEL
     if not ctx.args.check:
         return 1.0
+    if op.verify is not None:
+        spec = CheckSpec(getattr(ctx.args, "redop", None) or "sum", _in_place(ctx), count)
+        return 1.0 if op.verify(ctx.rank, ctx.size, recv, spec) else 0.0
     return 1.0 if op.check_received(ctx.rank, ctx.size, recv) else 0.0
+
+
+def _prepare(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray) -> None:
+    """Before a checked collective call: the receive buffer holds the sentinel, or, where the call
+    works in place (--in-place, or a library whose call is in place by nature), the input."""
+    if _in_place(ctx) or lib.name in op.native_in_place:
+        (op.place_input or _copy_input)(ctx.rank, ctx.size, send, recv)
+    else:
+        recv.fill(SENTINEL)
+
+
+def _copy_input(rank: int, size: int, send: np.ndarray, recv: np.ndarray) -> None:
+    np.copyto(recv, send)
 
 
 def measure_loop(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
@@ -521,8 +1046,95 @@ def measure_idle(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: 
     return [pct[0], (v1 - v0) / wall, max(pct[1:], default=math.nan)]
 
 
+def measure_coll(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
+                 warmup: int) -> list[float]:
+    """[time_us, p99_us] of one collective at one size; then one more call, the checked one.
+
+    Warm up, barrier, ``iters`` calls each timed alone; then the receive buffer is reset (``_prepare``:
+    the sentinel, or the input for a call that works in place, whose timed calls overwrote it),
+    a barrier, and one call whose result ``_finish_check`` compares with the expected one."""
+    it = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
+    _prepare(ctx, op, lib, send, recv)
+    barrier(ctx.comm)
+    for _ in range(warmup):
+        it()
+    barrier(ctx.comm)
+    times = _timed_loop(it, iters)
+    _prepare(ctx, op, lib, send, recv)
+    barrier(ctx.comm)
+    it()
+    return list(summarize(times, op.time_divisor))
+
+
+def measure_overlap(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
+                    warmup: int) -> list[float]:
+    """[t_comm_us, t_compute_us, t_total_us, compute_during_us] at one size (the OSU method).
+
+    1. (post; wait) alone: ``warmup`` + ``iters`` times -> t_comm = this rank's median; the target of
+       the work is the maximum of t_comm over the ranks.
+    2. ``calibrate`` the pure-Python work to that target (once per size), then time it alone
+       ``iters`` times -> t_compute.
+    3. (post; work; wait): a warm-up of min(warmup, 3), then ``iters`` times -> t_total, and the
+       work's own time inside it (compute_during).
+    4. The checked call (as measure_coll)."""
+    post, wait = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
+
+    def comm_only() -> None:
+        wait(post())
+    _prepare(ctx, op, lib, send, recv)
+    barrier(ctx.comm)
+    for _ in range(warmup):
+        comm_only()
+    barrier(ctx.comm)
+    t_comm = _timed_loop(comm_only, iters)
+    target = max_all(ctx.comm, float(np.median(t_comm)))
+    units = calibrate(target)
+    work = spin
+    t_comp = _timed_loop(lambda: work(units), iters)
+    barrier(ctx.comm)
+    for _ in range(min(warmup, 3)):
+        req = post()
+        work(units)
+        wait(req)
+    barrier(ctx.comm)
+    total, during = [0.0] * iters, [0.0] * iters
+    for i in range(iters):
+        t0 = _perf()
+        req = post()
+        t1 = _perf()
+        work(units)
+        t2 = _perf()
+        wait(req)
+        t3 = _perf()
+        total[i], during[i] = t3 - t0, t2 - t1
+    _prepare(ctx, op, lib, send, recv)
+    barrier(ctx.comm)
+    comm_only()
+    return [summarize(x)[0] for x in (t_comm, t_comp, total, during)]
+
+
+def _derive_overlap(res: dict[str, Any], per_rank: np.ndarray) -> None:
+    """overlap_pct from the reduced (max over ranks) figures; per rank from each rank's own."""
+    res["overlap_pct"] = overlap_percent(res["t_comm_us"], res["t_compute_us"], res["t_total_us"])
+    res["ranks"]["overlap_pct"] = [
+        None if math.isnan(v := overlap_percent(row[0], row[1], row[2])) else v for row in per_rank.tolist()]
+
+
 SWEEP_COLUMNS = (Column("time", "us", "time_us"), Column("p99", "us", "p99_us"),
                  Column("algbw", "GB/s", "algbw_GBps"), Column("busbw", "GB/s", "busbw_GBps"))
+
+
+def _collective(name: str, summary: str, calls: tuple[Builder, Builder, Builder],
+                bus_factor: Callable[[int], float], bus_note: str,
+                verify: Callable[[int, int, np.ndarray, CheckSpec], bool], **extra: Any) -> Operation:
+    """A collective entry: timed by measure_coll, probed, checked by ``verify`` on every rank unless
+    ``receives`` says otherwise."""
+    extra.setdefault("receives", lambda r, n: True)
+    columns = extra.pop("columns", SWEEP_COLUMNS)
+    return Operation(name, summary, measure_coll, ("time_us", "p99_us"), columns, source=_no_source,
+                     calls=dict(zip(("shmproxy", *PEERS), calls)), bus_factor=bus_factor, bus_note=bus_note,
+                     verify=verify, probe=True, **extra)
+
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation(
@@ -550,6 +1162,41 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
          Column("waiting", "%core", "waiting_cpu_percent")),
         source=lambda r, n: 0 if r != 0 else None,
         ratio_key=None, default_dtype="uint8", default_sizes=("8", "8", 2), default_peers=()),
+    _collective("allreduce", "Allreduce: every rank gets the reduction of every rank's buffer",
+                (_allreduce_shm, _allreduce_mpi, _allreduce_gloo), bus_factor_allreduce, "2(n-1)/n",
+                verify_allreduce, reduces=True, in_place_ok=True, native_in_place=frozenset({"gloo"})),
+    _collective("reduce", "Reduce to root 0",
+                (_reduce_shm, _reduce_mpi, _reduce_gloo), bus_factor_one, "1",
+                verify_reduce, receives=lambda r, n: r == 0, reduces=True,
+                native_in_place=frozenset({"gloo"}), root=0),
+    _collective("bcast", "Bcast from root 0",
+                (_bcast_shm, _bcast_mpi, _bcast_gloo), bus_factor_one, "1",
+                verify_bcast, receives=lambda r, n: r != 0, root=0),
+    _collective("allgather", "Allgather: every rank gets every rank's block (size = n blocks)",
+                (_allgather_shm, _allgather_mpi, _allgather_gloo), bus_factor_gather, "(n-1)/n",
+                verify_allgather, shape=shape_allgather, in_place_ok=True, place_input=_place_block),
+    _collective("reduce_scatter",
+                "Reduce_scatter_block: rank r gets block r of the reduction (size = n blocks)",
+                (_reduce_scatter_shm, _reduce_scatter_mpi, _reduce_scatter_gloo), bus_factor_gather,
+                "(n-1)/n",
+                verify_reduce_scatter, shape=shape_reduce_scatter, reduces=True, in_place_ok=True),
+    _collective("alltoall", "Alltoall: block r of rank q goes to block q of rank r (size = n blocks)",
+                (_alltoall_shm, _alltoall_mpi, _alltoall_gloo), bus_factor_gather, "(n-1)/n",
+                verify_alltoall, shape=shape_alltoall),
+    _collective("barrier", "Barrier (no data: one row, time only)",
+                (_barrier_shm, _barrier_mpi, _barrier_gloo), bus_factor_one, "-",
+                verify_nothing, receives=lambda r, n: False, shape=shape_none, sized=False,
+                columns=SWEEP_COLUMNS[:2], default_sizes=("8", "8", 2)),
+    Operation(
+        "overlap", "Iallreduce overlapped with pure-Python work (OSU method); overlap % per library",
+        measure_overlap, ("t_comm_us", "t_compute_us", "t_total_us", "compute_during_us"),
+        (Column("t_comm", "us", "t_comm_us"), Column("t_comp", "us", "t_compute_us"),
+         Column("t_total", "us", "t_total_us"), Column("overlap", "%", "overlap_pct")),
+        source=_no_source, calls={"shmproxy": _iallreduce_shm, "mpi4py": _iallreduce_mpi,
+                                  "gloo": _iallreduce_gloo},
+        ratio_key=None, default_sizes=("64K", "16M", 4), bus_note="2(n-1)/n", verify=verify_allreduce,
+        receives=lambda r, n: True, reduces=True, native_in_place=frozenset({"gloo"}), probe=True,
+        derive=_derive_overlap, derived=("overlap_pct",)),
 )}
 
 
@@ -565,9 +1212,11 @@ def reduce_result(op: Operation, per_rank: np.ndarray, nbytes: int, nranks: int,
     res: dict[str, Any] = {k: max_over_ranks(per_rank[:, i].tolist()) for i, k in enumerate(op.fields)}
     res["ranks"] = {k: [None if math.isnan(v) else v for v in per_rank[:, i].tolist()]
                     for i, k in enumerate(op.fields)}
-    if "time_us" in res:
+    if "time_us" in res and op.sized:
         res["algbw_GBps"] = gbps(nbytes, res["time_us"])
         res["busbw_GBps"] = res["algbw_GBps"] * op.bus_factor(nranks)
+    if op.derive is not None:
+        op.derive(res, per_rank[:, :nf])
     res["check"] = ("ok" if per_rank[:, nf].min() == 1.0 else "FAIL") if checked else "skipped"
     return res
 
@@ -661,14 +1310,19 @@ ENV_KEYS = ("host", "nproc", "ranks", "python", "numpy", "shmproxy", "mpi4py", "
 
 
 def build_report(op: Operation, rows: list[dict[str, Any]], libs: Sequence[str], skipped: Mapping[str, str],
-                 config: Mapping[str, Any], environment: Mapping[str, Any]) -> dict[str, Any]:
+                 config: Mapping[str, Any], environment: Mapping[str, Any],
+                 complete: bool = True) -> dict[str, Any]:
+    """``complete`` is False in the copies written after each row (a run that was cut short)."""
     return {
-        "schema": SCHEMA, "op": op.name, "summary": op.summary,
+        "schema": SCHEMA, "op": op.name, "summary": op.summary, "complete": complete,
         "ok": all(r.get("check") != "FAIL" for row in rows for r in row["results"].values()),
         "libraries": list(libs), "skipped": dict(skipped), "config": dict(config),
         "environment": dict(environment),
         "columns": [dataclasses.asdict(c) for c in op.columns],
         "ratio": ratio_note(op).lstrip("# "),
+        "bus_factor": op.bus_note,
+        "size": ("max(send, recv) bytes of one rank; count = the call's count argument (nccl-tests)"
+                 if op.probe and op.sized else "bytes of one message" if op.sized else "none"),
         "results": rows,
     }
 
@@ -727,8 +1381,10 @@ def dumps_report(report: Mapping[str, Any]) -> str:
 
 def plot_report(report: Mapping[str, Any], path: str) -> str:
     """Latency and bandwidth against size, one line per library; returns a line saying what happened."""
-    if "time_us" not in [c["key"] for c in report["columns"]]:
-        return f"--plot: nothing to plot for {report['op']} (only size sweeps such as pingpong, sendrecv)"
+    sized = any(row["bytes"] for row in report["results"])
+    if "time_us" not in [c["key"] for c in report["columns"]] or not sized:
+        return (f"--plot: nothing to plot for {report['op']} (only size sweeps such as pingpong, sendrecv, "
+                f"allreduce)")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -863,12 +1519,18 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--stepfactor", type=int, help="size multiplier between steps")
     p.add_argument("-n", "--iters", type=int, help="timed iterations (default: adapts to the size)")
     p.add_argument("-w", "--warmup-iters", type=int, help="warm-up iterations (default: adapts)")
-    p.add_argument("--dtype", help="element type (default: uint8 for pingpong/post, float32 otherwise)")
+    p.add_argument("--dtype", help="element type (default: uint8 for pingpong/post/idle, float32 otherwise)")
+    p.add_argument("--op", dest="redop", choices=REDOPS,
+                   help="reduction of allreduce, reduce, reduce_scatter, overlap (default: sum; avg needs a "
+                        "float dtype)")
+    p.add_argument("--in-place", action="store_true",
+                   help="allreduce, allgather, reduce_scatter: in place (MPI_IN_PLACE semantics)")
     p.add_argument("--peers", type=_peers_arg,
                    help="comma-separated peers to compare with: mpi4py, gloo, or none "
                         "(default: both for pingpong/sendrecv/post, none for idle)")
     p.add_argument("--alloc", action=argparse.BooleanOptionalAction, default=True,
-                   help="shmproxy buffers from comm.alloc (zero-copy) or plain numpy arrays (staged)")
+                   help="shmproxy buffers from comm.alloc (zero-copy) or plain numpy arrays (--no-alloc: "
+                        "the staged path)")
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="compare every received buffer with what was sent")
     p.add_argument("--group-size", type=int, default=GROUP_SIZE, help="posts per group for `post`")
@@ -898,9 +1560,100 @@ def resolve(args: argparse.Namespace,
         parser.error("-n must be at least 1 and -w at least 0")
     if args.group_size < 1 or not args.idle_seconds > 0:
         parser.error("--group-size must be at least 1 and --idle-seconds positive")
+    reductions = ", ".join(o.name for o in OPERATIONS.values() if o.reduces)
+    if args.redop is not None and not op.reduces:
+        parser.error(f"--op is the reduction of {reductions}; {op.name} has none")
+    args.redop = args.redop or "sum"
+    if args.redop == "avg" and dtype.kind not in "fc":
+        parser.error(f"--op avg needs a floating or complex --dtype, not {dtype}")
+    if args.in_place and not op.in_place_ok:
+        parser.error("--in-place applies to "
+                     + ", ".join(o.name for o in OPERATIONS.values() if o.in_place_ok))
+    if not op.sized:
+        sizes = [0]                                   # barrier: one row, no data
     if args.peers is None:
         args.peers = op.default_peers
     return op, sizes, dtype
+
+
+def peer_unsupported(op: Operation, lib: Library, args: argparse.Namespace) -> str:
+    """Why ``lib`` cannot run ``op`` as asked, known without trying ('' when it may)."""
+    if op.reduces and lib.redop(args.redop) is None:
+        what = "MPI defines no such op" if lib.name == "mpi4py" else "this torch.distributed has none"
+        return f"{lib.name} has no {args.redop.upper()} reduction ({what})"
+    if isinstance(lib, GlooLib) and op.name == "reduce_scatter":
+        if args.in_place:
+            return "torch.distributed has no in-place reduce_scatter (MPI_IN_PLACE: input in the output)"
+        if lib.fn("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base") is None:
+            return "this torch.distributed has no reduce_scatter_single / reduce_scatter_tensor"
+    if isinstance(lib, GlooLib) and op.name == "allgather":
+        if lib.fn("all_gather_single", "all_gather_into_tensor", "_all_gather_base") is None:
+            return "this torch.distributed has no all_gather_single / all_gather_into_tensor"
+    return ""
+
+
+def probe(ctx: Ctx, op: Operation, lib: Library, dtype: np.dtype) -> str:
+    """One call of ``op`` with ``lib`` at the smallest size (one element per block), on every rank;
+    '' when it worked, else the error. Libraries refuse what they do not support (a dtype, an op)
+    before they communicate, on every rank alike, so a refusal cannot leave a peer waiting."""
+    n_send, n_recv, _count = op.shape(ctx.size, ctx.size, bool(ctx.args.in_place))
+    send = np.array(op.fill(ctx.rank, n_send, dtype, ctx.args.redop))
+    recv = np.zeros(n_recv, dtype)
+    _prepare(ctx, op, lib, send, recv)
+    try:
+        made = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
+        if op.measure is measure_overlap:
+            post, wait = made
+            wait(post())
+        else:
+            made()
+    except Exception as exc:                          # whatever the library raises: report it
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"{type(exc).__name__}: {first}"
+    return ""
+
+
+def op_notes(op: Operation, args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """The '#' lines that say how a collective or the overlap is measured."""
+    if not op.probe:
+        return []
+    out = []
+    what = [f"reduction {args.redop}"] if op.reduces else []
+    what += [f"root {op.root}"] if op.root is not None else []
+    what += ["in place" if args.in_place else "out of place"] if op.in_place_ok else []
+    if op.sized:
+        out.append(f"# {op.name}: {', '.join(what + [''])}size = max(send, recv) bytes of one rank, "
+                   f"count = the call's count argument (nccl-tests); busbw = algbw x {op.bus_note}")
+    else:
+        out.append(f"# {op.name}: no data; time only")
+    native = [lib for lib in names if lib in op.native_in_place]
+    if native:
+        out.append(f"# {', '.join(native)}: the call works in place on the receive tensor (no copy timed);"
+                   f" its checked call gets the input copied in first")
+    if op.measure is measure_overlap:
+        out.append("# overlap (OSU): t_comm = Iallreduce+Wait alone; t_comp = pure-Python work calibrated"
+                   " to t_comm, alone; t_total = post, work, Wait;"
+                   " overlap = 100*max(0, 1-(t_total-t_comp)/t_comm)")
+    out.append("# checked: one more call after the timed ones, against the expected result"
+               + (" (off: --no-check)" if not args.check else ""))
+    return out
+
+
+def run_config(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> dict[str, Any]:
+    args = ctx.args
+    return {"sizes": sizes, "dtype": dtype.name, "iters": args.iters, "warmup": args.warmup_iters,
+            "zero_copy": args.alloc, "check": args.check, "peers": list(args.peers),
+            "group_size": args.group_size, "idle_seconds": args.idle_seconds,
+            "redop": args.redop if op.reduces else None, "in_place": bool(args.in_place), "root": op.root,
+            "inject_error": args.inject_error}
+
+
+def _write_json(path: str, report: Mapping[str, Any]) -> None:
+    """Write whole or not at all: a reader (or a kill) never sees half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(dumps_report(report))
+    os.replace(tmp, path)
 
 
 def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
@@ -918,6 +1671,15 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
             if lib is not None:
                 lib.close()
             lib, why = None, why or "not available on every rank"
+        if lib is not None and op.probe:             # can it do this operation as asked?
+            why = peer_unsupported(op, lib, args)
+            if not agree(comm, not why):
+                why = why or "unsupported on another rank"
+            elif not agree(comm, not (why := probe(ctx, op, lib, dtype))):
+                why = f"a first {op.name} call failed: {why or 'on another rank'}"
+            if why:
+                lib.close()
+                lib = None
         if lib is None:
             skipped[name] = why
             say(f"# {name} skipped: {why}")
@@ -938,51 +1700,52 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
         say(f"# shmproxy buffers: {'comm.alloc (zero-copy)' if args.alloc else 'numpy arrays (staged)'};"
             f" time = median over iterations, max over ranks; p99 likewise"
             + (f"; group = {args.group_size} posts" if op.measure is measure_post else ""))
+    for line in op_notes(op, args, names):
+        say(line)
     if ratio_note(op):
         say(ratio_note(op))
     for line in format_header(op, names):
         say(line)
 
-    max_count = element_count(max(sizes), dtype.itemsize)
-    recv_shape = (args.group_size, max_count) if op.group_recv else max_count
-    bufs = {lib.name: (lib.array(max_count, dtype), lib.array(recv_shape, dtype)) for lib in libs}
+    in_place = bool(args.in_place)
+    shapes = [row_size(op, nbytes, ctx.size, in_place, dtype.itemsize) for nbytes in sizes]
+    max_send, max_recv = max(sh[0] for sh in shapes), max(sh[1] for sh in shapes)
+    recv_shape = (args.group_size, max_recv) if op.group_recv else max_recv
+    bufs = {lib.name: (lib.array(max_send, dtype), lib.array(recv_shape, dtype)) for lib in libs}
     rows: list[dict[str, Any]] = []
     nf = len(op.fields)
-    for nbytes in sizes:
-        count = element_count(nbytes, dtype.itemsize)
-        iters = args.iters if args.iters is not None else default_iters(count * dtype.itemsize)
+    for n_send, n_recv, count, nbytes in shapes:
+        iters = args.iters if args.iters is not None else default_iters(nbytes)
         warmup = args.warmup_iters if args.warmup_iters is not None else default_warmup(iters)
         mine: list[float] = []
         for lib in libs:
             send_full, recv_full = bufs[lib.name]
-            send, recv = send_full[:count], recv_full[..., :count]
-            np.copyto(send, pattern(ctx.rank, count, dtype))
+            send, recv = send_full[:n_send], recv_full[..., :n_recv]
+            np.copyto(send, op.fill(ctx.rank, n_send, dtype, args.redop))
             figures = op.measure(ctx, op, lib, send, recv, iters, warmup)
-            mine += [*figures, _finish_check(ctx, op, lib, recv)]
+            mine += [*figures, _finish_check(ctx, op, lib, recv, count)]
         table = gather(comm, mine)
         if table is None:
             continue
-        results = {lib: reduce_result(op, table[:, i * (nf + 1):(i + 1) * (nf + 1)], count * dtype.itemsize,
-                                      ctx.size, args.check)
+        results = {lib: reduce_result(op, table[:, i * (nf + 1):(i + 1) * (nf + 1)], nbytes, ctx.size,
+                                      args.check)
                    for i, lib in enumerate(names)}
-        row = {"bytes": count * dtype.itemsize, "count": count, "dtype": dtype.name, "iters": iters,
+        row = {"bytes": nbytes, "count": count, "dtype": dtype.name, "iters": iters,
                "warmup": warmup, "results": results, "ratio": ratios(op, results)}
         rows.append(row)
         say(format_row(op, row, names))
+        if args.json:                                 # after every row: a run cut short keeps its rows
+            _write_json(args.json, build_report(op, rows, names, skipped, run_config(ctx, op, sizes, dtype),
+                                                env, complete=False))
 
     status = 0.0
     if is_root:
-        config = {"sizes": sizes, "dtype": dtype.name, "iters": args.iters, "warmup": args.warmup_iters,
-                  "zero_copy": args.alloc, "check": args.check, "peers": list(args.peers),
-                  "group_size": args.group_size, "idle_seconds": args.idle_seconds,
-                  "inject_error": args.inject_error}
-        report = build_report(op, rows, names, skipped, config, env)
+        report = build_report(op, rows, names, skipped, run_config(ctx, op, sizes, dtype), env)
         failed = sum(1 for row in rows for r in row["results"].values() if r["check"] == "FAIL")
         say("# checks: " + ("not run (--no-check)" if not args.check else
                             f"{failed} FAILED" if failed else "all passed"))
         if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(dumps_report(report))
+            _write_json(args.json, report)
             say(f"# JSON written to {args.json}")
         if args.plot:
             say(plot_report(report, args.plot))

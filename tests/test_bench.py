@@ -1,11 +1,13 @@
 """Tests of shmproxy-bench (proxy/bench.py).
 
 The pure parts (size sweep, iteration defaults, bus factors, patterns and checks, reduction over ranks,
-the table, the JSON report) are tested in-process. Two tests run the real thing under mpiexec (skipped
-without mpiexec or mpi4py): a small pingpong against mpi4py whose JSON must hold both libraries, and
-the --inject-error test hook, which must turn into FAIL and a non-zero exit. Each launched job gets
-its own SHMPROXY_JOB_ID, so it never meets another job's progress process, and afterwards no process
-carrying that id may be left.
+the table, the JSON report; for the collectives the nccl-tests size convention, the expected results
+and their checks, the overlap formula and the work calibration) are tested in-process. The rest runs
+the real thing under mpiexec (skipped without mpiexec or mpi4py): a small pingpong against mpi4py
+whose JSON must hold both libraries, the --inject-error test hook, which must turn into FAIL and a
+non-zero exit, an allreduce sweep and an overlap run against mpi4py, and one small run of every
+collective against every peer that can be opened. Each launched job gets its own SHMPROXY_JOB_ID, so
+it never meets another job's progress process, and afterwards no process carrying that id may be left.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -100,14 +103,72 @@ def test_bus_factors() -> None:
     assert OPERATIONS["sendrecv"].time_divisor == 1.0
 
 
+# nccl-tests PERFORMANCE.md: allreduce 2(n-1)/n; reduce, broadcast 1; allgather, reduce_scatter,
+# alltoall (n-1)/n.
+@pytest.mark.parametrize("name,factor", [
+    ("allreduce", lambda n: 2 * (n - 1) / n), ("reduce", lambda n: 1.0), ("bcast", lambda n: 1.0),
+    ("allgather", lambda n: (n - 1) / n), ("reduce_scatter", lambda n: (n - 1) / n),
+    ("alltoall", lambda n: (n - 1) / n),
+])
+def test_collective_bus_factors(name: str, factor: Any) -> None:
+    op = OPERATIONS[name]
+    for n in (1, 2, 3, 4, 8, 16, 64):
+        assert op.bus_factor(n) == pytest.approx(factor(n))
+    assert op.time_divisor == 1.0
+    assert OPERATIONS["allreduce"].bus_factor(2) == 1.0 and OPERATIONS["allreduce"].bus_factor(8) == 1.75
+    assert OPERATIONS["allgather"].bus_factor(2) == 0.5 and OPERATIONS["alltoall"].bus_factor(16) == 0.9375
+
+
+def test_busbw_is_algbw_of_the_nccl_size_times_the_factor() -> None:
+    op = OPERATIONS["allgather"]
+    per_rank = np.array([[100.0, 120.0, 1.0]] * 4)       # 100 us on every rank
+    _s, _r, count, nbytes = bench.row_size(op, 1 << 20, 4, False, 4)
+    r = bench.reduce_result(op, per_rank, nbytes, 4, checked=True)
+    assert r["algbw_GBps"] == pytest.approx((1 << 20) / 100e-6 / 1e9)   # the whole gathered buffer
+    assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 3 / 4)
+    barrier = OPERATIONS["barrier"]
+    r = bench.reduce_result(barrier, np.array([[5.0, 9.0, 1.0]] * 2), 0, 2, checked=True)
+    assert r["time_us"] == 5.0 and "algbw_GBps" not in r and "busbw_GBps" not in r
+
+
+# (operation, requested bytes, ranks, in place) -> (send elements, receive elements, count, size bytes)
+# for float32: size = max(send, receive) bytes of one rank, count = the call's count (nccl-tests).
+@pytest.mark.parametrize("name,nbytes,n,in_place,expected", [
+    ("allreduce", 1 << 20, 4, False, (262144, 262144, 262144, 1 << 20)),
+    ("allreduce", 1 << 20, 4, True, (262144, 262144, 262144, 1 << 20)),
+    ("reduce", 4096, 3, False, (1024, 1024, 1024, 4096)),
+    ("bcast", 6, 2, False, (1, 1, 1, 4)),                   # at least one element
+    ("allgather", 1 << 20, 4, False, (65536, 262144, 65536, 1 << 20)),
+    ("allgather", 1 << 20, 3, False, (87381, 262143, 87381, 1048572)),   # what is really moved
+    ("allgather", 8, 4, False, (1, 4, 1, 16)),              # one element per block at least
+    ("reduce_scatter", 1 << 20, 4, False, (262144, 65536, 65536, 1 << 20)),
+    ("reduce_scatter", 1 << 20, 4, True, (262144, 262144, 65536, 1 << 20)),  # input in the recvbuf
+    ("alltoall", 1 << 20, 4, False, (262144, 262144, 65536, 1 << 20)),
+    ("alltoall", 1 << 20, 16, False, (262144, 262144, 16384, 1 << 20)),
+    ("barrier", 0, 4, False, (1, 1, 0, 0)),
+    ("overlap", 65536, 2, False, (16384, 16384, 16384, 65536)),
+    ("pingpong", 100, 2, False, (25, 25, 25, 100)),
+])
+def test_size_convention(name: str, nbytes: int, n: int, in_place: bool,
+                         expected: tuple[int, int, int, int]) -> None:
+    assert bench.row_size(OPERATIONS[name], nbytes, n, in_place, 4) == expected
+
+
+def test_block_count() -> None:
+    assert bench.block_count(100, 4) == 25 and bench.block_count(3, 4) == 1 and bench.block_count(10, 3) == 3
+
+
 @pytest.mark.parametrize("name", list(OPERATIONS))
 def test_operation_contract(name: str) -> None:
     op = OPERATIONS[name]
-    if op.measure is bench.measure_loop:                   # timed-loop operations call each library
-        assert set(op.calls) >= {"shmproxy", *PEERS}
+    if op.measure in (bench.measure_loop, bench.measure_coll, bench.measure_overlap):
+        assert set(op.calls) >= {"shmproxy", *PEERS}       # one builder per library
     assert set(op.default_peers) <= set(PEERS)
-    derived = {"algbw_GBps", "busbw_GBps"} if "time_us" in op.fields else set()
-    assert {c.key for c in op.columns} <= set(op.fields) | derived
+    derived = {"algbw_GBps", "busbw_GBps"} if "time_us" in op.fields and op.sized else set()
+    assert {c.key for c in op.columns} <= set(op.fields) | derived | set(op.derived)
+    if op.in_place_ok or op.native_in_place:
+        assert op.verify is not None
+    assert op.verify is None or op.receives is not None
     assert op.ratio_key is None or op.ratio_key in op.fields
     for size in (2, 3, 5):
         for rank in range(size):
@@ -150,6 +211,214 @@ def test_check_received() -> None:
     assert post.check_received(1, 2, rows)
     rows[3, 0] = SENTINEL
     assert not post.check_received(1, 2, rows)
+
+
+# ---------------------------------------------------------------- collectives: inputs, results, checks
+
+_REF_UFUNC = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
+
+
+def _reference(name: str, n: int, count: int, dtype: str, redop: str, in_place: bool) -> list[np.ndarray]:
+    """Every rank's receive buffer after a correct call, computed naively from full-size inputs (an
+    independent reference: no periods, reduction in the dtype itself, rank order)."""
+    op = OPERATIONS[name]
+    n_send, n_recv, c = op.shape(count, n, in_place)
+    ins = [np.array(op.fill(r, n_send, np.dtype(dtype), redop)) for r in range(n)]
+
+    def reduced() -> np.ndarray:
+        acc = ins[0].copy()
+        for x in ins[1:]:
+            acc = _REF_UFUNC[redop](acc, x, dtype=acc.dtype)
+        return acc / n if redop == "avg" else acc
+    outs = []
+    for q in range(n):
+        recv = np.full(n_recv, SENTINEL, dtype)
+        if name in ("allreduce", "overlap") or (name == "reduce" and q == 0):
+            recv[:] = reduced()
+        elif name == "bcast" and q != 0:
+            recv[:] = ins[0]
+        elif name == "allgather":
+            recv[:] = np.concatenate(ins)
+        elif name == "reduce_scatter":
+            recv[:c] = reduced()[q * c:(q + 1) * c]
+        elif name == "alltoall":
+            recv[:] = np.concatenate([ins[r][q * c:(q + 1) * c] for r in range(n)])
+        outs.append(recv)
+    return outs
+
+
+COLLECTIVES = ["allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "overlap"]
+
+
+@pytest.mark.parametrize("name", COLLECTIVES)
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("count", [1, 7, 101, 250, 1000])
+def test_verify_accepts_the_right_result_and_catches_one_wrong_element(name: str, n: int, count: int) -> None:
+    op = OPERATIONS[name]
+    for dtype, redop in (("float32", "sum"), ("int8", "sum"), ("int32", "max"), ("float64", "avg"),
+                         ("float16", "prod"), ("uint8", "min")):
+        if not op.reduces and redop != "sum":
+            continue
+        for in_place in ([False, True] if op.in_place_ok else [False]):
+            spec = bench.CheckSpec(redop, in_place, op.shape(count, n, in_place)[2])
+            outs = _reference(name, n, count, dtype, redop if op.reduces else "sum", in_place)
+            for q, recv in enumerate(outs):
+                assert op.verify(q, n, recv, spec), (name, dtype, redop, in_place, q)
+                if not op.takes_data(q, n):
+                    continue
+                bad = recv.copy()
+                spread = name in ("allgather", "alltoall")        # the whole buffer is data
+                k = (5 * q + 2) % bad.size if spread else (7 * q + 3) % spec.count
+                bad[k] = SENTINEL
+                assert not op.verify(q, n, bad, spec), (name, dtype, redop, in_place, q, k)
+
+
+def test_verify_of_the_ranks_that_receive_nothing() -> None:
+    never = np.full(8, SENTINEL, np.float32)
+    assert OPERATIONS["reduce"].verify(1, 3, never, bench.CheckSpec("sum", False, 8))
+    assert OPERATIONS["bcast"].verify(0, 3, never, bench.CheckSpec("sum", False, 8))
+    assert not OPERATIONS["reduce"].takes_data(1, 3) and OPERATIONS["reduce"].takes_data(0, 3)
+    assert not OPERATIONS["bcast"].takes_data(0, 3) and OPERATIONS["bcast"].takes_data(2, 3)
+    assert not any(OPERATIONS["barrier"].takes_data(r, 4) for r in range(4))
+
+
+def test_reduce_scatter_in_place_result_is_in_the_first_block() -> None:
+    op, n, c = OPERATIONS["reduce_scatter"], 3, 10
+    spec = bench.CheckSpec("sum", True, c)
+    recv = _reference("reduce_scatter", n, n * c, "int32", "sum", True)[1]
+    assert op.verify(1, n, recv, spec)
+    moved = np.full_like(recv, SENTINEL)
+    moved[c:2 * c] = recv[:c]                               # nccl's place (block rank), not MPI's
+    assert not op.verify(1, n, moved, spec)
+
+
+def test_reduction_period_matches_a_direct_reduction() -> None:
+    for dtype in ("int8", "uint8", "int16", "int64", "float16", "float32", "complex64"):
+        for redop in ("sum", "prod", "min", "max"):
+            for n in (2, 3, 16):
+                direct = np.array(bench.reduction_input(0, 303, dtype, redop))
+                for r in range(1, n):
+                    direct = bench._UFUNCS[redop](direct, bench.reduction_input(r, 303, dtype, redop),
+                                                  dtype=direct.dtype)
+                assert bench.matches_periodic(direct, bench.reduction_period(n, dtype, redop),
+                                              rtol=bench.tolerance(dtype, n)), (dtype, redop, n)
+
+
+def test_integer_sums_wrap_like_the_libraries() -> None:
+    per = bench.reduction_period(16, "int8", "sum")
+    wide = sum(bench.input_period(r) for r in range(16))
+    assert np.array_equal(per, wide.astype(np.int8)) and per.dtype == np.int8
+    assert (wide > 127).any()                               # the test means something
+
+
+def test_prod_inputs_are_powers_of_two_and_stay_finite() -> None:
+    for r in range(16):
+        assert set(np.unique(bench.input_period(r, "prod")).tolist()) <= {1, 2}
+    p16 = bench.reduction_period(16, "float16", "prod")
+    assert np.isfinite(p16).all() and len(set(p16.tolist())) > 3   # varied, not all zero or one value
+    assert len(set(bench.reduction_period(2, "float32", "prod").tolist())) == 3
+
+
+def test_avg_and_tolerance() -> None:
+    assert np.allclose(bench.reduction_period(4, "float64", "avg"),
+                       sum(bench.input_period(r) for r in range(4)) / 4)
+    assert bench.tolerance("int32", 8) == 0.0
+    assert bench.tolerance("float32", 8) == pytest.approx(32 * np.finfo(np.float32).eps)
+    per = bench.reduction_period(3, "float32", "avg")
+    got = bench.tiled(per, 0, 500, "float32") * np.float32(1 + 2e-7)     # reduction-order rounding
+    assert bench.matches_periodic(got, per, 0, bench.tolerance("float32", 3))
+    assert not bench.matches_periodic(got * np.float32(1.001), per, 0, bench.tolerance("float32", 3))
+
+
+def test_matches_periodic_start_tail_and_chunks() -> None:
+    per = bench.input_period(5)
+    for start in (0, 1, 100, 101, 12345):
+        for count in (0, 1, 100, 101, 102, 1000, bench._CHECK_CHUNK + 77):
+            got = bench.tiled(per, start, count, "float32")
+            assert bench.matches_periodic(got, per, start)
+            if count:
+                assert not bench.matches_periodic(got, per, start + 1) or count == 0
+                got[count - 1] = SENTINEL                   # the very last element (tail or chunk)
+                assert not bench.matches_periodic(got, per, start)
+    assert np.array_equal(bench.tiled(per, 3, 5, "int64"), per[3:8])
+    assert np.array_equal(bench.pattern(5, 300, "int64"), bench.tiled(per, 0, 300, "int64"))
+
+
+def test_fill_is_the_pattern_except_for_prod() -> None:
+    ar, bc = OPERATIONS["allreduce"], OPERATIONS["bcast"]
+    assert np.array_equal(ar.fill(2, 50, np.dtype("float32"), "sum"), bench.pattern(2, 50, "float32"))
+    assert np.array_equal(bc.fill(2, 50, np.dtype("float32"), "prod"), bench.pattern(2, 50, "float32"))
+    assert set(ar.fill(2, 50, np.dtype("float32"), "prod").tolist()) <= {1.0, 2.0}
+
+
+# ---------------------------------------------------------------- overlap: formula and the work
+
+@pytest.mark.parametrize("t_comm,t_compute,t_total,expected", [
+    (100.0, 100.0, 100.0, 100.0),       # communication fully hidden
+    (100.0, 100.0, 200.0, 0.0),         # nothing hidden: comm + compute
+    (100.0, 100.0, 150.0, 50.0),
+    (100.0, 120.0, 145.0, 75.0),
+    (100.0, 100.0, 260.0, 0.0),         # worse than sequential: clipped at 0
+    (100.0, 100.0, 90.0, 100.0),        # noise below the compute alone: clipped at 100
+    (50.0, 10.0, 40.0, 40.0),
+])
+def test_overlap_percent(t_comm: float, t_compute: float, t_total: float, expected: float) -> None:
+    assert bench.overlap_percent(t_comm, t_compute, t_total) == pytest.approx(expected)
+
+
+def test_overlap_percent_without_figures() -> None:
+    assert math.isnan(bench.overlap_percent(0.0, 10.0, 10.0))
+    assert math.isnan(bench.overlap_percent(math.nan, 10.0, 10.0))
+    assert math.isnan(bench.overlap_percent(10.0, math.nan, 10.0))
+
+
+def test_overlap_is_derived_from_the_slowest_rank() -> None:
+    op = OPERATIONS["overlap"]
+    per_rank = np.array([[100.0, 100.0, 150.0, 101.0, 1.0],
+                         [110.0, 90.0, 180.0, 95.0, 1.0]])
+    r = bench.reduce_result(op, per_rank, 4096, 2, checked=True)
+    assert (r["t_comm_us"], r["t_compute_us"], r["t_total_us"]) == (110.0, 100.0, 180.0)
+    assert r["overlap_pct"] == pytest.approx(100 * (1 - 80 / 110))
+    assert r["ranks"]["overlap_pct"] == [pytest.approx(50.0), pytest.approx(100 * (1 - 90 / 110))]
+    assert "busbw_GBps" not in r and r["check"] == "ok"
+
+
+def test_rescale_units() -> None:
+    assert bench.rescale_units(1000, 2e-3, 1e-3) == 500
+    assert bench.rescale_units(1000, 1e-3, 3e-3) == 3000
+    assert bench.rescale_units(1, 1.0, 1e-9) == 1           # never zero
+    assert bench.rescale_units(100, 0.0, 1e-3) == 200       # no measurement: grow
+
+
+def test_spin_is_pure_python_work() -> None:
+    assert bench.spin(0) == 1 and bench.spin(10) == bench.spin(10)
+    import dis
+    loads = ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD")
+    names = {i.argval for i in dis.get_instructions(bench.spin) if i.opname in loads}
+    assert names == {"range"}                               # integer arithmetic only: nothing frees the GIL
+
+
+def _busy(units: int) -> None:
+    """1 us of wall time per unit (the calibration then must find units = target in us)."""
+    end = time.perf_counter() + units * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.parametrize("target_s", [200e-6, 3e-3])
+def test_calibrate_finds_the_work_for_a_target(target_s: float) -> None:
+    units = bench.calibrate(target_s, work=_busy)
+    assert units == pytest.approx(target_s * 1e6, rel=0.25)
+
+
+def test_calibrate_the_real_work() -> None:
+    units = bench.calibrate(2e-3)
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        bench.spin(units)
+        runs.append(time.perf_counter() - t0)
+    assert 0.5e-3 < min(runs) < 4e-3                        # loose: this runs on busy CI machines
 
 
 def test_summarize_and_bandwidth() -> None:
@@ -338,10 +607,31 @@ def test_per_operation_defaults() -> None:
     assert _resolve("pingpong", "-b", "128K")[1][0] == 128 << 10   # a larger -b alone still sweeps
 
 
+def test_collective_defaults_and_options() -> None:
+    op, sizes, dtype, args = _resolve("allreduce")
+    assert dtype == np.float32 and sizes[0] == 8 and sizes[-1] == 64 << 20 and args.peers == PEERS
+    assert args.redop == "sum" and args.in_place is False and args.alloc is True
+    _op, sizes, dtype, args = _resolve("allreduce", "--op", "avg", "--dtype", "float64", "--in-place",
+                                       "--no-alloc")
+    assert args.redop == "avg" and args.in_place and not args.alloc and dtype == np.float64
+    for name in ("allgather", "reduce_scatter"):
+        assert _resolve(name, "--in-place")[3].in_place
+    assert _resolve("reduce_scatter", "--op", "min", "--dtype", "int16")[3].redop == "min"
+    _op, sizes, _dtype, args = _resolve("barrier", "-b", "1K", "-e", "1M")
+    assert sizes == [0]                                     # no data: one row
+    _op, sizes, _dtype, args = _resolve("overlap")
+    assert sizes == [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20] and args.peers == PEERS
+    assert _resolve("pingpong")[3].redop == "sum"           # unused, but always set
+
+
 @pytest.mark.parametrize("argv", [
     ["pingpong", "--peers", "openmpi"], ["pingpong", "-f", "1"], ["pingpong", "-b", "1M", "-e", "1K"],
     ["pingpong", "--dtype", "bool"], ["pingpong", "--dtype", "nonsense"], ["pingpong", "-n", "0"],
-    ["allreduce"], ["idle", "--idle-seconds", "0"],
+    ["allgemeinreduce"], ["idle", "--idle-seconds", "0"],
+    ["allreduce", "--op", "xor"], ["allreduce", "--op", "avg", "--dtype", "int32"],
+    ["bcast", "--op", "max"], ["pingpong", "--op", "sum"], ["bcast", "--in-place"],
+    ["alltoall", "--in-place"],
+    ["overlap", "--in-place"],
 ])
 def test_bad_command_lines_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -371,10 +661,10 @@ needs_mpi = pytest.mark.skipif(shutil.which("mpiexec") is None or importlib.util
                                reason="needs mpiexec and mpi4py")
 
 
-def _launch(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], str]:
+def _launch(tmp_path: Path, *argv: str, nranks: int = 2) -> tuple[subprocess.CompletedProcess[str], str]:
     job = str(uuid.uuid4())
     env = dict(os.environ, SHMPROXY_JOB_ID=job)
-    cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "proxy.bench", *argv]
+    cmd = ["mpiexec", "-n", str(nranks), sys.executable, "-m", "proxy.bench", *argv]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
     return proc, job
 
@@ -438,3 +728,81 @@ def test_failed_check_exits_non_zero(tmp_path: Path) -> None:
     first, *rest = report["results"]
     assert first["results"]["shmproxy"]["check"] == "FAIL" and first["results"]["mpi4py"]["check"] == "ok"
     assert all(r["check"] == "ok" for row in rest for r in row["results"].values())
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+@needs_mpi
+def test_allreduce_against_mpi4py(tmp_path: Path) -> None:
+    out = tmp_path / "allreduce.json"
+    proc, job = _launch(tmp_path, "allreduce", "-b", "8", "-e", "1M", "-f", "32", "-n", "10", "-w", "2",
+                        "--peers", "mpi4py", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _processes_of_job(job) == []
+    report = json.loads(out.read_text())
+    assert bench.validate_report(report) == []
+    assert report["ok"] is True and report["libraries"] == ["shmproxy", "mpi4py"]
+    assert report["bus_factor"] == "2(n-1)/n" and report["config"]["redop"] == "sum"
+    assert [row["bytes"] for row in report["results"]] == [8, 256, 8192, 262144, 1 << 20]
+    for row in report["results"]:
+        assert row["iters"] == 10 and row["warmup"] == 2 and row["count"] == row["bytes"] // 4
+        for lib in ("shmproxy", "mpi4py"):
+            r = row["results"][lib]
+            assert r["time_us"] > 0 and r["busbw_GBps"] > 0 and r["check"] == "ok"
+            assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])      # 2(n-1)/n = 1 at 2 ranks
+    assert "# checks: all passed" in proc.stdout.splitlines()
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+@needs_mpi
+def test_overlap_against_mpi4py(tmp_path: Path) -> None:
+    out = tmp_path / "overlap.json"
+    proc, job = _launch(tmp_path, "overlap", "-b", "64K", "-e", "256K", "-f", "4", "-n", "5", "-w", "1",
+                        "--peers", "mpi4py", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _processes_of_job(job) == []
+    report = json.loads(out.read_text())
+    assert bench.validate_report(report) == []
+    assert report["ok"] is True and report["libraries"] == ["shmproxy", "mpi4py"]
+    assert [c["key"] for c in report["columns"]] == ["t_comm_us", "t_compute_us", "t_total_us", "overlap_pct"]
+    assert [row["bytes"] for row in report["results"]] == [64 << 10, 256 << 10]
+    for row in report["results"]:
+        for lib in ("shmproxy", "mpi4py"):
+            r = row["results"][lib]
+            assert r["t_comm_us"] > 0 and r["t_compute_us"] > 0 and r["t_total_us"] > 0
+            assert r["compute_during_us"] > 0
+            assert 0.0 <= r["overlap_pct"] <= 100.0
+            assert r["overlap_pct"] == pytest.approx(bench.overlap_percent(
+                r["t_comm_us"], r["t_compute_us"], r["t_total_us"]))
+            assert len(r["ranks"]["overlap_pct"]) == 2 and r["check"] == "ok"
+    assert "overlap (OSU)" in proc.stdout
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+@needs_mpi
+@pytest.mark.parametrize("argv", [
+    ["allreduce"], ["allreduce", "--in-place", "--no-alloc"], ["reduce", "--op", "max", "--dtype", "int32"],
+    ["bcast"], ["allgather", "--in-place"], ["reduce_scatter", "--op", "prod"],
+    ["reduce_scatter", "--in-place"],
+    ["alltoall", "--no-alloc"], ["barrier"],
+])
+def test_every_collective_at_three_ranks(tmp_path: Path, argv: list[str]) -> None:
+    """Uneven blocks (3 ranks), every peer that can be opened; every check must pass."""
+    out = tmp_path / "coll.json"
+    proc, job = _launch(tmp_path, *argv, "-b", "8", "-e", "4K", "-f", "16", "-n", "3", "-w", "1",
+                        "--peers", "mpi4py,gloo", "--json", str(out), nranks=3)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _processes_of_job(job) == []
+    report = json.loads(out.read_text())
+    assert bench.validate_report(report) == [] and report["ok"] is True
+    assert "mpi4py" in report["libraries"]
+    if argv == ["reduce_scatter", "--in-place"] and importlib.util.find_spec("torch") is not None:
+        assert "gloo" not in report["libraries"] and "in-place" in report["skipped"]["gloo"]
+    for row in report["results"]:
+        assert all(r["check"] == "ok" and r["time_us"] > 0 for r in row["results"].values())
+    if argv == ["barrier"]:
+        assert [row["bytes"] for row in report["results"]] == [0]
+    else:
+        assert all(row["bytes"] > 0 for row in report["results"])
