@@ -178,9 +178,29 @@ def _take(spare: set[int], n: int, nodes: Mapping[int, set[int]], order: list[in
     return sorted(taken)
 
 
+def smt_siblings() -> dict[int, set[int]]:
+    """CPU -> the hardware threads of its physical core (itself included), from /sys; {} if unknown."""
+    out: dict[int, set[int]] = {}
+    base = "/sys/devices/system/cpu"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return out
+    for name in names:
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        try:
+            with open(f"{base}/{name}/topology/thread_siblings_list") as f:
+                out[int(name[3:])] = set(parse_cpu_list(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def choose_proxy_cpus(params: Any, rank_affinities: list[set[int]], allowed: set[int] | None = None, *,
                       numa: Mapping[int, set[int]] | None = None,
-                      prefer_node: int | None = None) -> tuple[list[int] | None, str]:
+                      prefer_node: int | None = None,
+                      siblings: Mapping[int, set[int]] | None = None) -> tuple[list[int] | None, str]:
     """The CPUs the progress process should pin to (None: do not pin) and a one-line reason.
 
     ``rank_affinities``: the current affinity of each local rank. ``allowed``: the CPUs the progress
@@ -223,6 +243,14 @@ def choose_proxy_cpus(params: Any, rank_affinities: list[set[int]], allowed: set
         how = f"ranks unpinned, {format_cpu_list(used) or 'none'} left to them"
     if not spare:
         return None, f"no spare cores: {len(allowed)} cores, {nlocal} local ranks; not pinned"
+    # A CPU whose SMT sibling runs a rank shares that rank's core: work there slows the rank's own
+    # computation, which is what the progress process exists to overlap with. Avoid such CPUs when
+    # there are others (``siblings``: CPU -> its hardware threads, default from /sys).
+    sib = smt_siblings() if siblings is None else siblings
+    clean = {c for c in spare if not (set(sib.get(c, {c})) - {c}) & used}
+    if clean and clean != spare:
+        how += f"; {format_cpu_list(spare - clean)} avoided (SMT siblings of rank CPUs)"
+        spare = clean
 
     ncores = int(params.PROXY_NCORES)
     n = min(len(spare), MAX_AUTO_CORES) if ncores <= 0 else min(ncores, len(spare))

@@ -234,3 +234,16 @@ def test_current_affinity_of_a_missing_pid() -> None:
                           text=True, timeout=60, check=True)
     with pytest.raises(SystemError_):
         affinity.current_affinity(int(proc.stdout))
+
+
+def test_auto_policy_avoids_smt_siblings_of_rank_cpus():
+    """Spare CPUs that share a physical core with a rank are left out while others remain."""
+    p = params()
+    sib = {i: {i % 16, i % 16 + 16} for i in range(32)}  # CPU i and i+16 are one core
+    cpus, why = affinity.choose_proxy_cpus(p, [{i} for i in range(8)], set(range(32)), numa={}, siblings=sib)
+    assert cpus is not None and not set(cpus) & set(range(16, 24)), cpus
+    assert "SMT siblings" in why
+    # When every spare CPU is a sibling of a rank CPU, they are still used (better than nothing).
+    sib4 = {0: {0, 2}, 2: {0, 2}, 1: {1, 3}, 3: {1, 3}}
+    cpus, _ = affinity.choose_proxy_cpus(p, [{0}, {1}], {0, 1, 2, 3}, numa={}, siblings=sib4)
+    assert cpus == [2, 3]
