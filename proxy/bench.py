@@ -1537,6 +1537,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-seconds", type=float, default=10.0, help="measurement window for `idle`")
     p.add_argument("--json", metavar="FILE", help="write every figure and the environment here")
     p.add_argument("--plot", metavar="FILE.png", help="plot time and bandwidth against size (matplotlib)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on rank 0's stderr (tqdm if installed; default: when stderr is a terminal)")
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)  # test hook, see top
     return p
 
@@ -1714,7 +1716,10 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
     bufs = {lib.name: (lib.array(max_send, dtype), lib.array(recv_shape, dtype)) for lib in libs}
     rows: list[dict[str, Any]] = []
     nf = len(op.fields)
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    bar = Progress(len(shapes), op.name, enabled=bool(is_root and show))
     for n_send, n_recv, count, nbytes in shapes:
+        bar.step(f"{nbytes} B")
         iters = args.iters if args.iters is not None else default_iters(nbytes)
         warmup = args.warmup_iters if args.warmup_iters is not None else default_warmup(iters)
         mine: list[float] = []
@@ -1738,6 +1743,7 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
             _write_json(args.json, build_report(op, rows, names, skipped, run_config(ctx, op, sizes, dtype),
                                                 env, complete=False))
 
+    bar.close()
     status = 0.0
     if is_root:
         report = build_report(op, rows, names, skipped, run_config(ctx, op, sizes, dtype), env)
@@ -1754,6 +1760,48 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
     for lib in libs[1:]:
         lib.close()
     return int(status)
+
+
+class Progress:
+    """A progress bar for long sweeps on rank 0's stderr: tqdm when installed (an optional extra),
+    else one rewritten text line. Disabled, it does nothing."""
+
+    def __init__(self, total: int, label: str, enabled: bool, stream: Any = None):
+        self.total, self.label, self.enabled = total, label, enabled
+        self.stream = stream or sys.stderr
+        self.done = 0
+        self._tqdm = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                self._tqdm = tqdm(total=total, desc=label, file=self.stream, leave=False, unit="size")
+
+    def step(self, what: str) -> None:
+        """Called before each size: shows the size about to run and how many are done."""
+        if not self.enabled:
+            return
+        if self._tqdm is not None:
+            if self.done:
+                self._tqdm.update(1)
+            self._tqdm.set_postfix_str(what)
+        else:
+            # Cursor back to column 0 afterwards: the next table row overwrites the line.
+            self.stream.write(f"\r# {self.label}: {self.done}/{self.total} sizes done, now {what}   \r")
+            self.stream.flush()
+        self.done += 1
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._tqdm is not None:
+            self._tqdm.update(1)
+            self._tqdm.close()
+        else:
+            self.stream.write(f"\r# {self.label}: {self.total}/{self.total} sizes done{' ' * 30}\n")
+            self.stream.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

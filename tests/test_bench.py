@@ -806,3 +806,28 @@ def test_every_collective_at_three_ranks(tmp_path: Path, argv: list[str]) -> Non
         assert [row["bytes"] for row in report["results"]] == [0]
     else:
         assert all(row["bytes"] > 0 for row in report["results"])
+
+
+def test_progress_bar_text_fallback_counts_sizes(monkeypatch):
+    import io
+    import builtins
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *a, **k):
+        if name == "tqdm":
+            raise ImportError("no tqdm here")
+        return real_import(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    out = io.StringIO()
+    bar = bench.Progress(3, "allreduce", enabled=True, stream=out)
+    for what in ("8 B", "64 B", "512 B"):
+        bar.step(what)
+    bar.close()
+    text = out.getvalue()
+    assert "0/3 sizes done, now 8 B" in text and "2/3 sizes done, now 512 B" in text
+    assert text.endswith("3/3 sizes done" + " " * 30 + "\n")
+    quiet = io.StringIO()
+    off = bench.Progress(3, "x", enabled=False, stream=quiet)
+    off.step("8 B")
+    off.close()
+    assert quiet.getvalue() == ""
