@@ -681,7 +681,7 @@ def _processes_of_job(job: str) -> list[int]:
                 if needle in f.read().split(b"\0"):
                     found.append(int(pid))
         except OSError:
-            pass                                           # gone, or not ours to read
+            continue                                       # gone, or not ours to read
     return found
 
 
@@ -831,3 +831,26 @@ def test_progress_bar_text_fallback_counts_sizes(monkeypatch):
     off.step("8 B")
     off.close()
     assert quiet.getvalue() == ""
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (torchrun)")
+def test_allreduce_under_torchrun_against_gloo(tmp_path: Path) -> None:
+    """The tool runs under torchrun like any rank program; gloo rendezvouses through torchrun's env."""
+    import socket
+    out = tmp_path / "bench.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = str(uuid.uuid4())
+    env = dict(os.environ, SHMPROXY_JOB_ID=job)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+           "-m", "proxy.bench", "allreduce", "-b", "8", "-e", "4096", "-f", "64", "-n", "10", "-w", "2",
+           "--peers", "gloo", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _processes_of_job(job) == []
+    report = json.loads(out.read_text())
+    assert report["ok"] is True and report["libraries"] == ["shmproxy", "gloo"]
+    assert all(row["results"]["gloo"]["check"] == "ok" for row in report["results"])
