@@ -141,6 +141,9 @@ _DECLARED: tuple[Param, ...] = (
        "Messages at least this large are split into one sub per copy worker.", 0),
     _p("EAGER_BYTES", _parse_size, 64 << 10,
        "Messages up to this size are copied and completed as soon as they match, without an args.", 0),
+    _p("COPY_STREAMING", _parse_bool, True,
+       "Collective copy-outs use non-temporal stores (no write-allocate): less memory traffic on "
+       "memory-bound hosts."),
     _p("COPY_THREADS", int, 0,
        "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
     _p("PROXY_SPIN_US", float, 500.0,

@@ -95,6 +95,7 @@ class ProgressEngine:
         self.chunk = params.CHUNK_SIZE
         self.eager = min(params.EAGER_BYTES, params.CHUNK_SIZE)
         self.coll_transport = transports.REGISTRY[0]  # shm: every local buffer is mapped here
+        sched.set_streaming(params.COPY_STREAMING)
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
         self.profiler = Profiler(params.PROFILE)

@@ -119,11 +119,20 @@ def recv(key: Any, dst: int, nbytes: int, barrier: bool = False) -> Entry:
     return e
 
 
+_copy = _native.memcopy
+
+
+def set_streaming(on: bool) -> None:
+    """COPY entries with streaming stores (SHMPROXY_COPY_STREAMING): set once by the progress process."""
+    global _copy
+    _copy = _native.memcopy_nt if on else _native.memcopy
+
+
 def execute(e: Entry) -> None:
     """Run one data entry (in a copy worker or inline). SEND/RECV never get here."""
     k = e.kind
     if k == COPY:
-        _native.memcopy(e.dst, e.src, e.nbytes)
+        _copy(e.dst, e.src, e.nbytes)
     elif k == REDUCE:
         e.ufunc(e.a, e.b, out=e.out)
     elif k == CB:

@@ -264,3 +264,15 @@ def test_args_pool_recycles_and_mirrors_counters(pool):
         seen_args.add(id(a))
     assert len(seen_args) == 1 and ap.allocated_args == 64  # one block, recycled
     assert len(ap.free_slots) == view.layout.max_subs
+
+
+@pytest.mark.parametrize("n", [0, 5, 4095, 4096, 100_003, (1 << 20) + 7])
+@pytest.mark.parametrize("src_off,dst_off", [(0, 0), (3, 8), (8, 5)])
+def test_streaming_copy_is_exact_and_stays_in_bounds(n, src_off, dst_off):
+    src = np.random.default_rng(n).integers(0, 255, n + 64, dtype=np.uint8)
+    dst = np.zeros(n + 64, np.uint8)
+    s = _native.buffer_info(src, False)[0] + src_off
+    d = _native.buffer_info(dst, True)[0] + dst_off
+    _native.memcopy_nt(d, s, n)
+    assert np.array_equal(dst[dst_off:dst_off + n], src[src_off:src_off + n])
+    assert not dst[:dst_off].any() and not dst[dst_off + n:].any()
