@@ -323,6 +323,7 @@ class Comm:
         self._seq = seq = self._seq + 1
         if not self._group_depth:
             self._opcount += 1
+        # The same steps as _emit, inlined: one call less on the path every message takes.
         _RECORD_pack_into(self._buf, self._records_off + index * _RECORD_BYTES, -1, kind, code, 0, 0,
                           self.local_rank, peer, tag, self._opcount, seq, slot, found[0], found[1], nbytes,
                           buf.size, -1, 0, 0, 0, 0, _monotonic_ns(), 0, 0)

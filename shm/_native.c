@@ -256,21 +256,6 @@ static PyObject *py_buffer_info(PyObject *self, PyObject *args) {
     return res;
 }
 
-/* memcopy(dst, src, n): memmove between raw addresses, without the GIL for large sizes. */
-static PyObject *py_memcopy(PyObject *self, PyObject *args) {
-    PyObject *daddr, *saddr; unsigned long long n;
-    if (!PyArg_ParseTuple(args, "OOK", &daddr, &saddr, &n)) return NULL;
-    void *d = as_ptr(daddr), *s = as_ptr(saddr);
-    if (PyErr_Occurred()) return NULL;
-    if (n >= GIL_FREE_COPY_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        memmove(d, s, (size_t)n);
-        Py_END_ALLOW_THREADS
-    } else if (n) {
-        memmove(d, s, (size_t)n);
-    }
-    Py_RETURN_NONE;
-}
 
 /*
  * Copy with non-temporal (streaming) stores: the destination lines are written without being read
@@ -306,21 +291,30 @@ static void copy_streaming(char *d, const char *s, size_t n) {
 #endif
 }
 
-/* memcopy_nt(dst, src, n): like memcopy, with streaming stores (GIL released when large). */
-static PyObject *py_memcopy_nt(PyObject *self, PyObject *args) {
+static void copy_plain(char *d, const char *s, size_t n) { memmove(d, s, n); }
+
+/* Parse (dst, src, n) and copy with ``fn``, without the GIL for large sizes. */
+static PyObject *copy_call(PyObject *args, void (*fn)(char *, const char *, size_t)) {
     PyObject *daddr, *saddr; unsigned long long n;
     if (!PyArg_ParseTuple(args, "OOK", &daddr, &saddr, &n)) return NULL;
-    void *d = as_ptr(daddr), *s = as_ptr(saddr);
+    char *d = as_ptr(daddr);
+    const char *s = as_ptr(saddr);
     if (PyErr_Occurred()) return NULL;
     if (n >= GIL_FREE_COPY_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        copy_streaming(d, s, (size_t)n);
+        fn(d, s, (size_t)n);
         Py_END_ALLOW_THREADS
     } else if (n) {
         memmove(d, s, (size_t)n);
     }
     Py_RETURN_NONE;
 }
+
+/* memcopy(dst, src, n): memmove between raw addresses. */
+static PyObject *py_memcopy(PyObject *self, PyObject *args) { return copy_call(args, copy_plain); }
+
+/* memcopy_nt(dst, src, n): the same with streaming stores. */
+static PyObject *py_memcopy_nt(PyObject *self, PyObject *args) { return copy_call(args, copy_streaming); }
 
 static PyMethodDef methods[] = {
     {"mutex_init", py_mutex_init, METH_O, "Initialise a process-shared robust mutex at addr."},
