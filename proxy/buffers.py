@@ -43,6 +43,17 @@ class Registry:
         self._next_id += 1
         return bid
 
+    def register_new(self, nbytes: int, label: str) -> tuple[int, MemfdBuffer]:
+        """A fresh memfd of ``nbytes``, registered with the progress process: (buf_id, buffer)."""
+        buf = MemfdBuffer.create(nbytes, label)
+        bid = self.new_id()
+        try:
+            self._register(bid, buf.fd, nbytes)
+        except BaseException:
+            buf.close()
+            raise
+        return bid, buf
+
     def add(self, start: int, nbytes: int, buf_id: int) -> None:
         bisect.insort(self._starts, start)
         self._ranges[start] = (start + nbytes, buf_id)
@@ -67,13 +78,7 @@ class Registry:
     def alloc(self, shape, dtype: np.dtype) -> np.ndarray:
         count = int(np.prod(shape, dtype=np.int64)) if shape != () else 1
         nbytes = count * dtype.itemsize
-        buf = MemfdBuffer.create(nbytes, "shmproxy-alloc")
-        bid = self.new_id()
-        try:
-            self._register(bid, buf.fd, nbytes)
-        except BaseException:
-            buf.close()
-            raise
+        bid, buf = self.register_new(nbytes, "shmproxy-alloc")
         # The progress process has its own reference to the memory now; the mapping lives as long
         # as the array does, so our fd is no longer needed.
         os.close(buf.fd)
@@ -105,13 +110,7 @@ class StagingCache:
             item = lst.pop()
             self.cached_bytes -= cls
             return item
-        buf = MemfdBuffer.create(cls, "shmproxy-staging")
-        bid = self.registry.new_id()
-        try:
-            self.registry._register(bid, buf.fd, cls)
-        except BaseException:
-            buf.close()
-            raise
+        bid, buf = self.registry.register_new(cls, "shmproxy-staging")
         self.owned[bid] = buf
         return bid, buf
 

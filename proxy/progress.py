@@ -34,8 +34,9 @@ import time
 import traceback
 from typing import Any
 
-from proxy import affinity, errors, log, params as params_mod
-from proxy import sched
+import numpy as np
+
+from proxy import affinity, errors, log, params as params_mod, sched
 from proxy.args import PROGRESS, READY, Args, ArgsPool, CollWork, Sub, Transfer
 from proxy.copyengine import CopyEngine
 from proxy.ops import CODE_DTYPE, FLAG_IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND, Op
@@ -195,7 +196,8 @@ class ProgressEngine:
         info.closed = True
         for key, q in list(self.recvs.items()):
             if key[0] == info.rank:
-                self._fail_unmatched(q, key, errors.InvalidUsage.code)
+                for op in q:
+                    self.complete(op, errors.InvalidUsage.code, 0)
                 del self.recvs[key]
         if len(self.ranks) == self.nlocal and all(r.closed or r.dead for r in self.ranks.values()):
             self.stopping = True
@@ -371,10 +373,6 @@ class ProgressEngine:
             return
         mine.setdefault(key, collections.deque()).append(op)
 
-    def _fail_unmatched(self, q: collections.deque, key: tuple, code: int) -> None:
-        for op in q:
-            self.complete(op, code, 0)
-
     def resolve(self, op: Op, nbytes: int) -> int:
         """Address of an op's bytes in this process; bounds-checked against the registered size."""
         buf = self.buffers.get((op.owner, op.buf_id))
@@ -476,7 +474,7 @@ class ProgressEngine:
         c, dtype, count, redop, root = fp
         parts = [CODE_DTYPE[dtype].name if dtype in CODE_DTYPE else f"dtype {dtype}", f"count {count}"]
         if redop:
-            parts.append(sched.ReduceOp(redop).name if redop in sched.ReduceOp._value2member_map_ else str(redop))
+            parts.append(sched.REDUCE_OP_NAMES.get(redop, str(redop)))
         if root >= 0:
             parts.append(f"root {root}")
         return f"{sched.COLL_NAMES.get(c, c)}({', '.join(parts)})"
@@ -525,7 +523,6 @@ class ProgressEngine:
 
     def buffer_view(self, op: Op, second: bool, count: int) -> Any:
         """A numpy view of an op's send (second=False) or receive buffer, bounds-checked."""
-        import numpy as np
         key = (op.owner, op.buf2_id if second else op.buf_id)
         off = op.offset2 if second else op.offset
         dt = CODE_DTYPE.get(op.dtype)

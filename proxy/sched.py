@@ -62,6 +62,7 @@ class ReduceOp(IntEnum):
     AVG = 5
 
 
+REDUCE_OP_NAMES = {int(op): op.name for op in ReduceOp}
 UFUNCS: dict[int, Any] = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
                           ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}
 
@@ -231,7 +232,7 @@ def _chunks(n: int, per: int) -> list[tuple[int, int]]:
 
 
 def _addr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
+    return _native.buffer_info(a, False)[0]
 
 
 def _reduce_into(ufunc: Any, out: np.ndarray, inputs: list[np.ndarray]) -> list[Entry]:
