@@ -12,7 +12,7 @@ Policy (``choose_proxy_cpus``), from SHMPROXY_PROXY_CPUS:
   ranks float over everything and only their count matters: the lowest-numbered ``nlocal`` CPUs are
   left as the ranks' share and the rest is spare (the highest-numbered CPUs, away from CPU 0 where
   the OS and many interrupts live). From the spare CPUs take SHMPROXY_PROXY_NCORES of them (0 = all,
-  at most 8), all from one NUMA node when one has enough: the node named by ``prefer_node`` (the
+  at most 16), all from one NUMA node when one has enough: the node named by ``prefer_node`` (the
   GPU's or NIC's, when the caller knows it), else the node holding most of the pinned ranks' CPUs,
   else the node with most spare CPUs; within a node the highest-numbered CPUs first.
 - nothing spare: no pinning, and the reason says so.
@@ -40,8 +40,9 @@ from typing import Any, Iterable, Mapping
 from proxy.errors import InvalidArgument, from_oserror
 from proxy.params import parse_cpu_list
 
-MAX_AUTO_CORES = 8
-"""PROXY_NCORES=0 takes all spare CPUs, but at most this many."""
+MAX_AUTO_CORES = 16
+"""PROXY_NCORES=0 takes all spare CPUs, but at most this many (8 ranks on the 32-core GPU host: 16
+progress cores gave 1.2-1.5x the Allreduce bandwidth of 8 at >= 4 MiB, BENCHMARKS.md)."""
 
 
 def format_cpu_list(cpus: Iterable[int]) -> str:

@@ -10,7 +10,8 @@ service (REGISTER passes the fd with SCM_RIGHTS). Two kinds:
   registered on first use and cached (up to SHMPROXY_STAGING_CACHE bytes); a send copies into one
   before posting, a receive copies out of one when it completes.
 
-Lookup of "is this address registered?" is a bisect over the sorted registered ranges.
+Lookup of "is this address registered?" is a bisect over the sorted registered ranges; the ranges are
+also pushed to the rank's C post path (shm/_poster.c) on every change, which does the same lookup.
 """
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ MIN_STAGING = 64 << 10
 class Registry:
     """Registered address ranges of this rank: start -> (end, buf_id)."""
 
-    def __init__(self, register: Callable[[int, int, int], None]):
+    def __init__(self, register: Callable[[int, int, int], None],
+                 on_change: Callable[[list[tuple[int, int, int]]], None]):
         self._register = register      # (buf_id, fd, nbytes) -> service REGISTER
+        self._on_change = on_change    # [(start, end, buf_id)] sorted by start, after every change
         self._starts: list[int] = []
         self._ranges: dict[int, tuple[int, int]] = {}
         self.dead_ids: list[int] = []  # filled by finalizers, flushed as DEREGISTER
@@ -57,12 +60,17 @@ class Registry:
     def add(self, start: int, nbytes: int, buf_id: int) -> None:
         bisect.insort(self._starts, start)
         self._ranges[start] = (start + nbytes, buf_id)
+        self._changed()
 
     def remove(self, start: int) -> None:
         if start in self._ranges:
             _end, bid = self._ranges.pop(start)
             self._starts.remove(start)
             self.dead_ids.append(bid)
+            self._changed()
+
+    def _changed(self) -> None:
+        self._on_change([(s, *self._ranges[s]) for s in self._starts])
 
     def find(self, addr: int, nbytes: int) -> tuple[int, int] | None:
         """(buf_id, offset) when [addr, addr+nbytes) lies inside one registered buffer."""

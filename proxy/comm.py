@@ -11,7 +11,9 @@ data path. Posting an operation never talks to the socket:
 Inside ``with comm.group():`` records are linked privately and spliced once at the end (one lock for
 the whole group, and one opCount, so the progress process batches them into one args).
 
-Waiting spins for SHMPROXY_WAIT_SPIN_US, then sleeps on the rank's futex word in slices of
+Waiting spins for SHMPROXY_WAIT_SPIN_US (only for requests up to SHMPROXY_WAIT_SPIN_MAX_BYTES:
+larger ones are copied by the progress process's workers, which a spinning rank would slow down on
+a machine with few cores), then sleeps on the rank's futex word in slices of
 SHMPROXY_WAIT_SLICE_MS; between slices it checks the communicator's error, the abort flag and that
 the progress process is alive. So every wait is bounded and sees failures: never a silent hang.
 
@@ -40,7 +42,7 @@ from proxy.ops import (DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_C
 from proxy.protocol import MsgType
 from proxy.request import Request
 from proxy.service_client import ServiceClient
-from shm import _native, pool as P
+from shm import _native, _poster, pool as P
 from shm.counters import u32_view
 from shm.segment import Segment
 
@@ -48,12 +50,23 @@ _log = log.get("INIT")
 OWNER_DEAD_REPORT_S = 5.0  # how long a rank that repaired the pool mutex waits to learn who died
 _perf = time.perf_counter
 _buffer_info = _native.buffer_info
-_post_chain = _native.post_chain
-_RECORD_pack_into = P.RECORD.pack_into
 _RECORD_BYTES = P.RECORD_BYTES
 _DTYPE_CODE = DTYPE_CODE
 _yield = os.sched_yield
-_monotonic_ns = time.monotonic_ns
+# What shm._poster needs to read arrays itself: dtype char -> (code, itemsize), and probe arrays
+# whose facts it checks its reading against (shm/_poster.c, verify_layout).
+_DTYPES = {ch: (code, np.dtype(ch).itemsize) for ch, code in DTYPE_CODE.items()}
+
+
+def _probes() -> list[tuple]:
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    b = np.zeros(5, np.complex128)
+    b.flags.writeable = False
+    return [(x, x.ctypes.data, x.nbytes, x.dtype.char, x.flags.writeable, x.flags.c_contiguous)
+            for x in (a, a[:, :2], b, np.zeros((0, 4), np.float16))]
+
+
+assert _poster.KIND_RECV == KIND_RECV and _poster.RECORD_BYTES == P.RECORD_BYTES
 
 
 def init(timeout: float | None = None, **overrides: Any) -> "Comm":
@@ -156,11 +169,7 @@ class Comm:
         self._free_records: list[int] = []
         self._free_slots = list(range(self._rec_base + max_ops - 1, self._rec_base - 1, -1))
         self._pending: dict[int, Request] = {}
-        self._seq = 0
-        self._opcount = 0
         self._coll_seq = 0
-        self._group_depth = 0
-        self._chain: list[int] = []
         self._buf = view.buf
         self._records_off = layout.records_off
         self._abort_q = P.CTRL_OFF // 8 + P.CTRL_ABORT
@@ -169,13 +178,22 @@ class Comm:
         self._posted_q = layout.rank_q(lr, P.RANK_POSTED)
         self._wake_addr = seg.addr + layout.wake_word_offset(lr)
         self._wake_u32 = layout.wake_word_offset(lr) // 4
-        self._post_args = (seg.addr + P.MUTEX_OFF, seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF,
-                           seg.addr + P.NEXT_OPS_END_OFF, seg.addr + layout.records_off, P.RECORD_BYTES)
+        # The post path (shm/_poster.c): sequence numbers, opCount, groups, and the fast post.
+        self._pp = _poster.Poster(
+            self, Request, np.ndarray, seg.addr + layout.records_off, seg.addr + P.MUTEX_OFF,
+            seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF, seg.addr + P.NEXT_OPS_END_OFF,
+            seg.addr + 8 * self._err_q, seg.addr + 8 * self._abort_q, seg.addr + 8 * self._posted_q, lr,
+            self.size, self._timeout, self._free_slots, self._free_records, self._pending, _DTYPES,
+            _probes(), self._splice_failed)
+        if not self._pp.fast:
+            _log.warning("numpy's array layout is not the one shm/_poster.c reads: every post takes "
+                         "the slower Python path")
+        self._fast_post = self._pp.post
         self._spin_s = self.params.WAIT_SPIN_US * 1e-6
+        self._spin_max = self.params.WAIT_SPIN_MAX_BYTES or (
+            64 << 10 if (os.cpu_count() or 1) < self.local_size + 2 else 1 << 62)
         self._slice_s = self.params.WAIT_SLICE_MS * 1e-3
-        self._registry = Registry(self._register)
-        self._last_send: tuple = (None, 0, None)
-        self._last_recv: tuple = (None, 0, None)
+        self._registry = Registry(self._register, self._pp.set_ranges)
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
 
     # ------------------------------------------------------------------ small helpers
@@ -233,7 +251,7 @@ class Comm:
         else:
             exc = errors.PeerDiedError(f"the progress process (pid {self._proxy_pid}) died", rank=-1,
                                        pid=self._proxy_pid)
-        self._failure = exc
+        self._set_failure(exc)
         return exc
 
     def _proxy_dead(self) -> bool:
@@ -271,13 +289,9 @@ class Comm:
         return tag
 
     def _post(self, kind: int, buf: Any, peer: int, tag: int) -> Request:
-        # The hot path (a post must cost a few microseconds): checks are inlined, helpers are only
-        # called on the uncommon branches, and nothing talks to the socket.
-        if self._closed or self._failure is not None:
-            self._check_usable()
-        q = self._q
-        if q[self._err_q] or q[self._abort_q]:
-            self._check_usable()
+        """The full post path: every check with its message, and staging. Isend/Irecv come here only
+        when shm._poster's fast path declined (the uncommon cases: see shm/_poster.c)."""
+        self._check_usable()
         if type(buf) is not np.ndarray:
             raise errors.InvalidArgument(f"buffer must be a numpy array, got {type(buf).__name__}")
         code = _DTYPE_CODE.get(buf.dtype.char)
@@ -290,12 +304,7 @@ class Comm:
         nbytes = buf.nbytes
         stage = None
         user_addr = 0
-        # One-entry cache per direction: applications post the same arrays again and again. Holding
-        # the array keeps its address valid (numpy cannot reallocate a referenced array).
-        cached = self._last_recv if kind == KIND_RECV else self._last_send
-        if cached[0] is buf and cached[2] is not None:
-            found = cached[2]
-        elif kind == KIND_RECV:
+        if kind == KIND_RECV:
             try:
                 addr = _buffer_info(buf, True)[0]
             except (BufferError, ValueError):
@@ -306,8 +315,6 @@ class Comm:
                 stage = self._staging.get(nbytes)
                 found = (stage[0], 0)
                 user_addr = addr
-            else:
-                self._last_recv = (buf, addr, found)
         else:
             try:
                 addr = _buffer_info(buf, False)[0]
@@ -316,27 +323,8 @@ class Comm:
                 addr, found = 0, None
             if found is None:
                 found, stage = self._stage_send(buf, addr, nbytes)
-            else:
-                self._last_send = (buf, addr, found)
-        slot = self._free_slots.pop() if self._free_slots else self._take_slot()
-        index = self._free_records.pop() if self._free_records else self._take_record()
-        self._seq = seq = self._seq + 1
-        if not self._group_depth:
-            self._opcount += 1
-        # The same steps as _emit, inlined: one call less on the path every message takes.
-        _RECORD_pack_into(self._buf, self._records_off + index * _RECORD_BYTES, -1, kind, code, 0, 0,
-                          self.local_rank, peer, tag, self._opcount, seq, slot, found[0], found[1], nbytes,
-                          buf.size, -1, 0, 0, 0, 0, _monotonic_ns(), 0, 0)
-        req = Request(self, slot, seq, kind, peer, tag, nbytes, buf, stage, user_addr)
-        self._pending[slot] = req
-        if self._group_depth:
-            chain = self._chain
-            if chain:
-                self._i32[(self._records_off + chain[-1] * _RECORD_BYTES) // 4] = index
-            chain.append(index)
-        else:
-            self._splice(index, index)
-        return req
+        return self._emit(kind, code, 0, 0, peer, tag, found[0], found[1], nbytes, buf.size, -1, 0, 0, 0,
+                          buf, stage, user_addr)
 
     def _stage_send(self, buf: np.ndarray, addr: int, nbytes: int) -> tuple[tuple[int, int], Any]:
         """Copy a send buffer that is not in registered memory into a staging buffer."""
@@ -349,11 +337,9 @@ class Comm:
             del view
         return (stage[0], 0), stage
 
-    def _splice(self, first: int, last: int) -> None:
-        rc = _post_chain(*self._post_args, first, last, self._timeout)
-        self._q[self._posted_q] += 1
-        if rc == 0:
-            return
+    def _splice_failed(self, rc: int) -> None:
+        """Called by the poster when a splice did not return OK (the op is posted or lost; either way
+        the communicator cannot go on)."""
         if rc == _native.OWNERDEAD:
             # We repaired the mutex, but cannot tell who died holding it; the progress process
             # learns that from the dead process's pidfd within milliseconds and records it. Wait
@@ -364,12 +350,19 @@ class Comm:
                     self._sleep_slice(deadline, "the report of who died holding the pool mutex")
             except errors.Timeout:
                 self._q[self._abort_q] = 1
-                self._failure = errors.PeerDiedError(
-                    f"rank {self.rank}: a process died holding the ops pool mutex")
+                self._set_failure(errors.PeerDiedError(
+                    f"rank {self.rank}: a process died holding the ops pool mutex"))
                 raise self._failure from None
         if rc == _native.TIMEDOUT:
             raise errors.Timeout(f"rank {self.rank}: the ops pool mutex was not released within "
                                  f"{self._timeout} s (a wedged process holds it)")
+        raise errors.InternalError(f"rank {self.rank}: splice returned {rc}")
+
+    def _set_failure(self, exc: errors.ProxyError) -> None:
+        self._failure = exc
+        pp = self.__dict__.get("_pp")
+        if pp is not None:
+            pp.usable = 0   # the fast path declines, so the full path raises this
 
     def _take_record(self) -> int:
         free = self._free_records
@@ -380,8 +373,8 @@ class Comm:
             self._refill_records()
             if free:
                 return free.pop()
-            if self._group_depth and self._chain:
-                self._flush_group()   # our own unposted group holds the records: post what we have
+            if self._pp.group_depth and self._pp.chain_first >= 0:
+                self._pp.flush()   # our own unposted group holds the records: post what we have
                 continue
             self._sleep_slice(deadline, f"a free op record (all {self._layout.max_ops} are in flight)")
 
@@ -415,8 +408,8 @@ class Comm:
             self._reap()
             if slots:
                 return slots.pop()
-            if self._group_depth and self._chain:
-                self._flush_group()   # requests of our own unposted group can only finish once posted
+            if self._pp.group_depth and self._pp.chain_first >= 0:
+                self._pp.flush()   # requests of our own unposted group can only finish once posted
                 continue
             self._sleep_slice(deadline, f"a free request slot ({self._layout.max_ops} requests pending)")
 
@@ -435,12 +428,6 @@ class Comm:
         self._free_slots.append(req._slot)
         req._finish(nbytes, status, tag)
 
-    def _flush_group(self) -> None:
-        chain = self._chain
-        if chain:
-            self._chain = []
-            self._splice(chain[0], chain[-1])
-
     # ------------------------------------------------------------------ waiting
     def _test(self, req: Request) -> None:
         if self._q[self._layout.slot_q(req._slot)] == req._seq:
@@ -449,12 +436,13 @@ class Comm:
             raise self._record_failure()
 
     def _wait(self, req: Request, timeout: float | None) -> None:
-        if self._group_depth:
+        if self._pp.group_depth:
             raise errors.InvalidUsage("Wait() inside comm.group(): the group's ops are posted at its end")
         q, sq, seq = self._q, self._layout.slot_q(req._slot), req._seq
-        if q[sq] != seq:
+        if q[sq] != seq and req._nbytes <= self._spin_max:
             # Spin politely: with more processes than cores, a busy spin would take the core the
-            # progress process needs to complete this very request (measured: BENCHMARKS.md).
+            # progress process needs to complete this very request; and not at all for large ones,
+            # whose copy workers need the cores (measured: docs/decisions.md).
             end = _perf() + self._spin_s
             while q[sq] != seq and _perf() < end:
                 _yield()
@@ -484,33 +472,34 @@ class Comm:
     def Isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Request:
         """Post a send of ``buf`` to ``dest``; returns a Request. ``buf`` must stay unchanged until
         the request completes (arrays outside comm.alloc memory are copied at post time)."""
-        return self._post(KIND_SEND, buf, dest, tag)
+        return self._fast_post(KIND_SEND, buf, dest, tag) or self._post(KIND_SEND, buf, dest, tag)
 
     def Irecv(self, buf: np.ndarray, source: int, tag: int = 0) -> Request:
         """Post a receive into ``buf`` (writable, C-contiguous) from ``source``; returns a Request."""
-        return self._post(KIND_RECV, buf, source, tag)
+        return self._fast_post(KIND_RECV, buf, source, tag) or self._post(KIND_RECV, buf, source, tag)
 
     def Send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
         """Blocking send: returns when the message has been delivered."""
-        self._post(KIND_SEND, buf, dest, tag).Wait()
+        self.Isend(buf, dest, tag).Wait()
 
     def Recv(self, buf: np.ndarray, source: int, tag: int = 0) -> Any:
         """Blocking receive; returns the Status (source, tag, nbytes)."""
-        return self._post(KIND_RECV, buf, source, tag).Wait()
+        return self.Irecv(buf, source, tag).Wait()
 
     @contextlib.contextmanager
     def group(self) -> Iterator["Comm"]:
         """Everything posted inside is spliced onto the pool under one lock, as one opCount."""
         self._check_usable()
-        if self._group_depth == 0:
-            self._opcount += 1
-        self._group_depth += 1
+        pp = self._pp
+        if pp.group_depth == 0:
+            pp.opcount += 1
+        pp.group_depth += 1
         try:
             yield self
         finally:
-            self._group_depth -= 1
-            if self._group_depth == 0 and not self._closed:
-                self._flush_group()
+            pp.group_depth -= 1
+            if pp.group_depth == 0 and not self._closed:
+                pp.flush()
 
     # ------------------------------------------------------------------ collectives
     def _locate(self, arr: np.ndarray, writable: bool, copy_in: bool, what: str) -> tuple:
@@ -649,22 +638,13 @@ class Comm:
         """Fill a record and its request and post it (or link it into the open group)."""
         slot = self._free_slots.pop() if self._free_slots else self._take_slot()
         index = self._free_records.pop() if self._free_records else self._take_record()
-        self._seq = seq = self._seq + 1
-        if not self._group_depth:
-            self._opcount += 1
-        _RECORD_pack_into(self._buf, self._records_off + index * _RECORD_BYTES, -1, kind, code, redop, flags,
-                          self.local_rank, peer, 0 if kind == KIND_COLL else tag, self._opcount, seq, slot,
-                          bid, off, nbytes, count, bid2, 0, off2, nbytes2, coll_seq, _monotonic_ns(),
-                          tag if kind == KIND_COLL else 0, 0)
+        coll = kind == KIND_COLL
+        pp = self._pp
+        seq = pp.write(index, slot, kind, code, redop, flags, peer, 0 if coll else tag, bid, off, nbytes, count,
+                       bid2, off2, nbytes2, coll_seq, tag if coll else 0)
         req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr)
         self._pending[slot] = req
-        if self._group_depth:
-            chain = self._chain
-            if chain:
-                self._i32[(self._records_off + chain[-1] * _RECORD_BYTES) // 4] = index
-            chain.append(index)
-        else:
-            self._splice(index, index)
+        pp.enqueue(index)
         return req
 
     def Iallreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> Request:
@@ -806,7 +786,7 @@ class Comm:
                 _native.fetch_add_u32(addr, 1)
                 _native.futex_wake(addr, 0x7FFFFFFF)
             self._view.cond.broadcast()
-        self._failure = self._failure or errors.Aborted(f"rank {self.rank} called Abort()")
+        self._set_failure(self._failure or errors.Aborted(f"rank {self.rank} called Abort()"))
         self._closed = True
         self._teardown(wait_proxy=True)
 
@@ -832,7 +812,9 @@ class Comm:
     def _teardown(self, wait_proxy: bool) -> None:
         """Release everything this process holds; safe to call in any state."""
         proxy_dead = self._pidfd >= 0 and self._proxy_dead()
-        self._last_send = self._last_recv = (None, 0, None)
+        pp = self.__dict__.get("_pp")
+        if pp is not None:
+            pp.usable = 0   # it holds raw pool addresses: never again after this
         if getattr(self, "_staging", None) is not None:
             self._staging.close()
         for name in ("_q", "_i32", "_u32", "_buf"):

@@ -155,10 +155,14 @@ _DECLARED: tuple[Param, ...] = (
        "Cores for the progress process: '' = automatic (cores the ranks do not use), 'none' = do not"
        " pin, or a CPU list such as '4-7'."),
     _p("PROXY_NCORES", int, 0,
-       "How many cores the automatic policy gives the progress process; 0 = all spare cores, at most 8.", 0),
+       "How many cores the automatic policy gives the progress process; 0 = all spare cores, at most 16.", 0),
     # --- rank side ---
     _p("WAIT_SPIN_US", float, 500.0,
        "A rank in Wait() polls its completion this long before it sleeps on its futex.", 0),
+    _p("WAIT_SPIN_MAX_BYTES", _parse_size, 0,
+       "Wait() spins only for requests up to this size; larger ones (done by copy workers) sleep at "
+       "once, leaving the cores to the workers. 0 = automatic: 64 KiB when the node has fewer cores "
+       "than local ranks + 2 (the ranks and the progress process share cores), else no limit.", 0),
     _p("WAIT_SLICE_MS", float, 200.0,
        "Bound of one sleep in Wait(); between sleeps the rank checks abort and the progress process.", 1),
     _p("STAGING_CACHE", _parse_size, 256 << 20,

@@ -49,6 +49,7 @@ from transports.base import PeerInfo
 _log = log.get("PROXY")
 MASK64 = (1 << 64) - 1
 INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the loop, not on a worker
+MIN_COLL_CHUNK = 256 << 10     # a collective is never cut finer than this to feed more workers
 OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
@@ -541,7 +542,10 @@ class ProgressEngine:
         c, n, size = op0.coll, op0.count, len(ops)
         dt = CODE_DTYPE.get(op0.dtype)
         itemsize = dt.itemsize if dt is not None else 1
-        chunk_bytes = self.chunk
+        # SHMPROXY_CHUNK_SIZE, or less when that would leave copy workers idle (a 2 MiB Allreduce in
+        # 512 KiB chunks would keep 4 of 8 busy); chunks of a reduction are per rank's buffer.
+        workers = max(1, self.copy.nworkers)
+        chunk_bytes = max(MIN_COLL_CHUNK, min(self.chunk, -(-n * itemsize // workers)))
         per = max(1, chunk_bytes // itemsize)
         now = time.monotonic_ns()
         in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]

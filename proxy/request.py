@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from proxy import errors
 from proxy.ops import CODE_DTYPE, KIND_COLL, KIND_NAMES, KIND_RECV
+from shm._poster import RequestBase
 
 if TYPE_CHECKING:  # pragma: no cover
     from proxy.comm import Comm
@@ -29,22 +30,15 @@ class Status:
         return f"Status(source={self.source}, tag={self.tag}, nbytes={self.nbytes})"
 
 
-class Request:
-    __slots__ = ("_comm", "_slot", "_seq", "_kind", "_peer", "_tag", "_nbytes", "_keep", "_stage",
-                 "_user_addr", "_done", "_error", "status", "_extra", "__weakref__")
+class Request(RequestBase):
+    # The fields live in the C base (shm/_poster.c), so that the C post path can build a request
+    # without running this __init__; this class adds the behaviour.
+    __slots__ = ()
 
-    def __init__(self, comm: "Comm", slot: int, seq: int, kind: int, peer: int, tag: int, nbytes: int,
-                 keep: Any, stage: Any, user_addr: int):
-        self._comm = comm
-        self._slot, self._seq, self._kind = slot, seq, kind
-        self._peer, self._tag, self._nbytes = peer, tag, nbytes
-        self._keep = keep            # the user's array: alive until completion, as MPI requires
-        self._stage = stage          # (buf_id, MemfdBuffer) when staged, else None
-        self._user_addr = user_addr  # where a staged receive is copied to
-        self._done = False
-        self._error: errors.ProxyError | None = None
-        self.status: Status | None = None
-        self._extra: Any = None      # collectives: (send staging buffer or None, bytes to copy out)
+    # Request(comm, slot, seq, kind, peer, tag, nbytes, keep, stage, user_addr): ``keep`` is the
+    # user's array (alive until completion, as MPI requires), ``stage`` the (buf_id, MemfdBuffer)
+    # staging buffer or None, ``user_addr`` where a staged receive is copied to. ``_extra`` is set by
+    # collectives: (send staging buffer or None, bytes to copy out).
 
     def describe(self) -> str:
         if self._kind == KIND_COLL:

@@ -3,7 +3,8 @@
 A collective becomes, for each chunk of its data, a small *schedule*: a list of entries
 
     SEND / RECV   move a chunk to / from another progress process's schedule (matched by key)
-    REDUCE        out = ufunc(a, b) on numpy views of registered memory (numpy releases the GIL)
+    REDUCE        outs = op(ins): one call of the C kernel shm._reduce over every rank's chunk (no GIL);
+                  for float16 and complex MIN/MAX, out = ufunc(a, b) on numpy views instead
     COPY          memcpy between registered buffers (GIL released)
     NOP           nothing (a place to hang a barrier)
     CB            a Python callback (e.g. the division of AVG)
@@ -30,7 +31,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from proxy import errors
-from shm import _native
+from proxy.ops import DTYPE_CODE
+from shm import _native, _reduce
 
 SEND, RECV, REDUCE, COPY, NOP, CB = range(6)
 KIND_NAMES = {SEND: "SEND", RECV: "RECV", REDUCE: "REDUCE", COPY: "COPY", NOP: "NOP", CB: "CB"}
@@ -78,12 +80,13 @@ def check_op(op: int, dtype: np.dtype) -> None:
 
 
 class Entry:
-    __slots__ = ("kind", "is_barrier", "status", "dst", "src", "nbytes", "ufunc", "a", "b", "out", "fn", "key")
+    __slots__ = ("kind", "is_barrier", "status", "dst", "src", "nbytes", "ufunc", "a", "b", "out", "fn", "key",
+                 "args")
 
     def __init__(self, kind: int, is_barrier: bool = False):
         self.kind, self.is_barrier, self.status = kind, is_barrier, NOT_STARTED
         self.dst = self.src = self.nbytes = 0
-        self.ufunc = self.a = self.b = self.out = self.fn = self.key = None
+        self.ufunc = self.a = self.b = self.out = self.fn = self.key = self.args = None
 
     def __repr__(self) -> str:
         return f"<{KIND_NAMES[self.kind]}{' barrier' if self.is_barrier else ''} status={self.status}>"
@@ -96,9 +99,19 @@ def copy(dst: int, src: int, nbytes: int, barrier: bool = False) -> Entry:
 
 
 def reduce(ufunc: Any, a: np.ndarray, b: np.ndarray, out: np.ndarray, barrier: bool = False) -> Entry:
+    """out = ufunc(a, b) with numpy (the dtypes and ops the C kernel does not take)."""
     e = Entry(REDUCE, barrier)
     e.ufunc, e.a, e.b, e.out = ufunc, a, b, out
     e.nbytes = out.nbytes
+    return e
+
+
+def reduce_all(op: int, code: int, count: int, itemsize: int, srcs: list[int], dsts: list[int],
+               barrier: bool = False) -> Entry:
+    """dsts[j] = op over srcs, ``count`` elements at each address, in one C call (shm/_reduce.c)."""
+    e = Entry(REDUCE, barrier)
+    e.args = (op, code, count, srcs, dsts)
+    e.nbytes = count * itemsize * len(srcs)
     return e
 
 
@@ -121,12 +134,22 @@ def recv(key: Any, dst: int, nbytes: int, barrier: bool = False) -> Entry:
 
 
 _copy = _native.memcopy
+_streaming = False
+_reduce_all = _reduce.reduce
 
 
 def set_streaming(on: bool) -> None:
-    """COPY entries with streaming stores (SHMPROXY_COPY_STREAMING): set once by the progress process."""
-    global _copy
+    """COPY entries and reduction outputs with streaming stores (SHMPROXY_COPY_STREAMING): set once by
+    the progress process."""
+    global _copy, _streaming
     _copy = _native.memcopy_nt if on else _native.memcopy
+    _streaming = bool(on)
+
+
+def native_code(op: int, dtype: np.dtype) -> int:
+    """The dtype code when the C kernel reduces ``dtype`` with ``op``, else 0 (numpy does)."""
+    code = DTYPE_CODE.get(dtype.char, 0)
+    return code if code and _reduce.supported(op, code) else 0
 
 
 def execute(e: Entry) -> None:
@@ -135,7 +158,10 @@ def execute(e: Entry) -> None:
     if k == COPY:
         _copy(e.dst, e.src, e.nbytes)
     elif k == REDUCE:
-        e.ufunc(e.a, e.b, out=e.out)
+        if e.args is not None:
+            _reduce_all(*e.args, _streaming)
+        else:
+            e.ufunc(e.a, e.b, out=e.out)
     elif k == CB:
         e.fn()
     elif k != NOP:
@@ -252,8 +278,26 @@ def _finish_avg(out: np.ndarray, n: int, op: int) -> list[Entry]:
     return [callback(divide, barrier=True)]
 
 
+def _native_reductions(groups: list[tuple[list[np.ndarray], list[np.ndarray]]], op: int, per: int):
+    """Chunk schedules of one C-kernel REDUCE per (inputs, outputs) group: chunk k of every output of
+    a group = op over chunk k of its inputs. Addresses are taken once; a chunk only offsets them."""
+    out0 = groups[0][1][0]
+    n, itemsize, code = out0.size, out0.itemsize, native_code(op, out0.dtype)
+    chunks = _chunks(n, per)
+    addrs = [([_addr(x) for x in xs], [_addr(o) for o in os_]) for xs, os_ in groups] if n else []
+
+    def make(k: int) -> Schedule:
+        lo, hi = chunks[k]
+        off = lo * itemsize
+        return Schedule([reduce_all(op, code, hi - lo, itemsize, [a + off for a in srcs], [a + off for a in dsts])
+                         for srcs, dsts in addrs])
+    return len(chunks), make
+
+
 def allreduce(ins: list[np.ndarray], outs: list[np.ndarray], op: int, per: int):
     n, ufunc, size = outs[0].size, UFUNCS[op], len(outs)
+    if size > 1 and native_code(op, outs[0].dtype):
+        return _native_reductions([(ins, outs)], op, per)
     chunks = _chunks(n, per)
 
     def make(k: int) -> Schedule:
@@ -271,8 +315,10 @@ def allreduce(ins: list[np.ndarray], outs: list[np.ndarray], op: int, per: int):
 
 def reduce_to_root(ins: list[np.ndarray], out: np.ndarray, op: int, root: int, per: int):
     n, ufunc, size = out.size, UFUNCS[op], len(ins)
-    chunks = _chunks(n, per)
     order = [root] + [r for r in range(size) if r != root]
+    if size > 1 and native_code(op, out.dtype):
+        return _native_reductions([([ins[r] for r in order], [out])], op, per)
+    chunks = _chunks(n, per)
 
     def make(k: int) -> Schedule:
         lo, hi = chunks[k]
@@ -338,6 +384,9 @@ def reduce_scatter_block(ins: list[np.ndarray], outs: list[np.ndarray], op: int,
     after a barrier."""
     size, ufunc = len(outs), UFUNCS[op]
     count = outs[0].size
+    if size > 1 and not in_place and native_code(op, outs[0].dtype):
+        return _native_reductions([([x[r * count:(r + 1) * count] for x in ins], [outs[r]]) for r in range(size)],
+                                  op, per)
     chunks = _chunks(count, per)
 
     def make(k: int) -> Schedule:

@@ -1,9 +1,10 @@
 /*
  * shm._native: the few operations that Python cannot do fast enough or at all.
  *
- * Why compiled: a post through ctypes (lock, splice, maybe signal, unlock) costs ~3.6 us on the
- * 2-core development VM, one call into this module ~0.8 us (DESIGN.md section 12). ctypes also
- * holds the GIL while it blocks unless told otherwise, and cannot do futex(2) or a GIL-free copy.
+ * Why compiled: a lock through ctypes costs several microseconds on the 2-core development VM, one
+ * call into this module well under one (DESIGN.md section 12). ctypes also holds the GIL while it
+ * blocks unless told otherwise, and cannot do futex(2) or a GIL-free copy. The rank's post path is
+ * in shm/_poster.c; the lock protocol both share is in shm/_pool_lock.h.
  *
  * Everything takes raw addresses (Python ints) inside mappings that the caller keeps alive; the
  * Python side (shm/sync.py, shm/pool.py) owns lifetimes and layout. Nothing here allocates.
@@ -24,29 +25,14 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
-enum { RC_OK = 0, RC_OWNERDEAD = 1, RC_TIMEDOUT = 2, RC_BUSY = 3 };
+#include "_copy.h"
+#include "_pool_lock.h"
 
 /* Below this size a copy is faster than dropping and retaking the GIL. */
 #define GIL_FREE_COPY_BYTES (64 * 1024)
 
 static void *as_ptr(PyObject *o) { return PyLong_AsVoidPtr(o); }
-
-static struct timespec deadline_after(double seconds) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    if (seconds < 0) seconds = 0;
-    if (seconds > 1e9) seconds = 1e9;
-    time_t whole = (time_t)seconds;
-    long frac = (long)((seconds - (double)whole) * 1e9);
-    ts.tv_sec += whole;
-    ts.tv_nsec += frac;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec += 1; ts.tv_nsec -= 1000000000L; }
-    return ts;
-}
 
 static PyObject *errno_error(int err, const char *what) {
     errno = err;
@@ -88,17 +74,6 @@ static PyObject *py_cond_init(PyObject *self, PyObject *arg) {
     pthread_condattr_destroy(&a);
     if (r) return errno_error(r, "pthread_cond_init");
     Py_RETURN_NONE;
-}
-
-/* Fast path first (trylock with the GIL held), then a bounded blocking lock without the GIL. */
-static int lock_bounded(pthread_mutex_t *m, double timeout) {
-    int r = pthread_mutex_trylock(m);
-    if (r != EBUSY) return r;
-    struct timespec ts = deadline_after(timeout);
-    Py_BEGIN_ALLOW_THREADS
-    r = pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
-    Py_END_ALLOW_THREADS
-    return r;
 }
 
 static PyObject *py_lock(PyObject *self, PyObject *args) {
@@ -161,46 +136,6 @@ static PyObject *py_cond_broadcast(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/*
- * post_chain(mutex, cond, head_addr, tail_addr, recs_addr, rec_size, first, last, timeout)
- * Splice the private chain first..last (already linked through each record's int32 `next` at
- * offset 0, last->next == -1) onto the pool's posted chain under the mutex, signalling the
- * condvar only when the chain was empty (the progress process sleeps only then).
- * Returns OK, OWNERDEAD (spliced anyway; the caller must report the dead owner) or TIMEDOUT.
- */
-static PyObject *py_post_chain(PyObject *self, PyObject *args) {
-    PyObject *maddr, *caddr, *haddr, *taddr, *raddr;
-    Py_ssize_t rec_size; int first, last; double timeout;
-    if (!PyArg_ParseTuple(args, "OOOOOniid", &maddr, &caddr, &haddr, &taddr, &raddr, &rec_size,
-                          &first, &last, &timeout))
-        return NULL;
-    pthread_mutex_t *m = as_ptr(maddr);
-    pthread_cond_t *c = as_ptr(caddr);
-    volatile int32_t *head = as_ptr(haddr), *tail = as_ptr(taddr);
-    char *recs = as_ptr(raddr);
-    if (PyErr_Occurred()) return NULL;
-    int r = lock_bounded(m, timeout);
-    if (r == ETIMEDOUT) return PyLong_FromLong(RC_TIMEDOUT);
-    if (r != 0 && r != EOWNERDEAD) return errno_error(r, "pthread_mutex_clocklock");
-    int rc = RC_OK;
-    if (r == EOWNERDEAD) {
-        /* The chain may be half spliced by the dead owner; the caller reports it and the
-         * communicator is failed, so only make the mutex usable again. */
-        pthread_mutex_consistent(m);
-        rc = RC_OWNERDEAD;
-    }
-    int32_t t = *tail;
-    if (t < 0) {
-        *head = first;
-    } else {
-        *(volatile int32_t *)(recs + (Py_ssize_t)t * rec_size) = first;
-    }
-    *tail = last;
-    if (t < 0) pthread_cond_signal(c);
-    pthread_mutex_unlock(m);
-    return PyLong_FromLong(rc);
-}
-
 /* futex_wait(addr, expected, timeout) -> 0 when woken or the word changed, 2 on timeout. */
 static PyObject *py_futex_wait(PyObject *self, PyObject *args) {
     PyObject *addr; unsigned int expected; double timeout;
@@ -257,40 +192,6 @@ static PyObject *py_buffer_info(PyObject *self, PyObject *args) {
 }
 
 
-/*
- * Copy with non-temporal (streaming) stores: the destination lines are written without being read
- * into the cache first (no write-allocate), so a large copy moves n bytes out instead of 2n. Worth it
- * for destinations nobody reads soon (the copies out of a collective's chunk, large messages).
- * Falls back to memmove for small, overlapping or unaligned-by-more-than-a-head cases.
- */
-static void copy_streaming(char *d, const char *s, size_t n) {
-#if defined(__x86_64__)
-    if (n < 4096 || (d < s + n && s < d + n)) {
-        memmove(d, s, n);
-        return;
-    }
-    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-    memcpy(d, s, head);
-    d += head; s += head; n -= head;
-    size_t blocks = n / 64;
-    for (size_t i = 0; i < blocks; i++) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(s + 0));
-        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-        _mm_stream_si128((__m128i *)(d + 0), a);
-        _mm_stream_si128((__m128i *)(d + 16), b);
-        _mm_stream_si128((__m128i *)(d + 32), c);
-        _mm_stream_si128((__m128i *)(d + 48), e);
-        s += 64; d += 64;
-    }
-    _mm_sfence();  /* streaming stores are weakly ordered: publish them before anyone is told */
-    memcpy(d, s, n - blocks * 64);
-#else
-    memmove(d, s, n);
-#endif
-}
-
 static void copy_plain(char *d, const char *s, size_t n) { memmove(d, s, n); }
 
 /* Parse (dst, src, n) and copy with ``fn``, without the GIL for large sizes. */
@@ -326,7 +227,6 @@ static PyMethodDef methods[] = {
     {"cond_wait", py_cond_wait, METH_VARARGS, "cond_wait(cond, mutex, timeout) -> OK | OWNERDEAD | TIMEDOUT"},
     {"cond_signal", py_cond_signal, METH_O, "cond_signal(cond)"},
     {"cond_broadcast", py_cond_broadcast, METH_O, "cond_broadcast(cond)"},
-    {"post_chain", py_post_chain, METH_VARARGS, "Splice a record chain onto the posted chain (one lock)."},
     {"futex_wait", py_futex_wait, METH_VARARGS, "futex_wait(addr, expected, timeout) -> OK | TIMEDOUT"},
     {"futex_wake", py_futex_wake, METH_VARARGS, "futex_wake(addr, n) -> number woken"},
     {"fetch_add_u32", py_fetch_add_u32, METH_VARARGS, "fetch_add_u32(addr, v) -> old value"},

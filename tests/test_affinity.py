@@ -43,16 +43,18 @@ def test_format_cpu_list(given: list[int], expected: str) -> None:
 
 POLICY_CASES = [
     # (id, PROXY_CPUS, PROXY_NCORES, rank affinities, allowed, numa, prefer_node, expected cpus)
-    ("ranks pinned: spare = the rest, one node preferred",
-     "", 0, ["0", "1", "2", "3"], "0-15", TWO_NODES, None, "8-15"),
+    ("ranks pinned: spare = the rest",
+     "", 0, ["0", "1", "2", "3"], "0-15", TWO_NODES, None, "4-15"),
+    ("ranks pinned: one node preferred when it has enough",
+     "", 8, ["0", "1", "2", "3"], "0-15", TWO_NODES, None, "8-15"),
     ("ranks pinned on node 0 with room there: stay near them",
      "", 2, ["0", "1"], "0-15", TWO_NODES, None, "6-7"),
     ("ranks unpinned: the lowest nlocal CPUs are theirs",
      "", 0, ["0-3", "0-3"], "0-3", {}, None, "2-3"),
     ("ranks unpinned, 'auto' is the same as ''",
      "auto", 0, ["0-3", "0-3"], "0-3", {}, None, "2-3"),
-    ("ranks unpinned: highest-numbered spare, capped at 8",
-     "", 0, ["0-31"] * 2, "0-31", {}, None, "24-31"),
+    ("ranks unpinned: highest-numbered spare, capped at 16",
+     "", 0, ["0-31"] * 2, "0-31", {}, None, "16-31"),
     ("PROXY_NCORES takes that many",
      "", 2, ["0"], "0-7", {}, None, "6-7"),
     ("PROXY_NCORES above the spare count takes all spare",
@@ -93,7 +95,7 @@ def test_choose_proxy_cpus(spec: str, ncores: int, ranks: list[str], allowed: st
 
 
 def test_choose_reason_says_why() -> None:
-    _, reason = choose_proxy_cpus(params(), [{0}, {1}], cpus("0-15"), numa=TWO_NODES)
+    _, reason = choose_proxy_cpus(params("", 8), [{0}, {1}], cpus("0-15"), numa=TWO_NODES)
     assert reason == "CPUs 8-15 on NUMA node 1: 8 of 14 spare of 16 allowed, ranks pinned to 0-1"
     _, reason = choose_proxy_cpus(params("2-9"), [{0}], cpus("0-5"), numa={})
     assert reason == "CPUs 2-5 from SHMPROXY_PROXY_CPUS=2-9 (6-9 not allowed, dropped)"

@@ -12,7 +12,7 @@ import pytest
 from proxy import errors, ops, params as params_mod
 from proxy.args import ArgsPool, Transfer
 from proxy.progress import FetchMode, fetch_mode
-from shm import _native, pool as P, sync
+from shm import _native, _poster, pool as P, sync
 from shm.segment import MemfdBuffer, Segment
 import transports
 from transports.base import PeerInfo, Transport, check_transport
@@ -145,18 +145,108 @@ def test_futex_wait_times_out_and_wakes(pool):
     assert sync.futex_wait(addr, word, 10.0) is True
 
 
-def test_post_chain_splices_and_signals_only_when_empty(pool):
+def _make_poster(seg, view, size=2, on_splice_error=None):
+    """A Poster for local rank 0 of the unit pool, as proxy/comm.py builds one (comm: a stand-in
+    object the requests point back to)."""
+    from proxy import comm as comm_mod
+    from proxy.request import Request
+    lay = view.layout
+    q0 = seg.addr + P.CTRL_OFF
+    slots, records, pending = list(range(lay.max_ops - 1, -1, -1)), list(range(lay.max_ops - 1, -1, -1)), {}
+    pp = _poster.Poster(
+        "the comm", Request, np.ndarray, seg.addr + lay.records_off, seg.addr + P.MUTEX_OFF,
+        seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF, seg.addr + P.NEXT_OPS_END_OFF,
+        q0 + 8 * P.CTRL_ERR_SEQ, q0 + 8 * P.CTRL_ABORT, seg.addr + 8 * lay.rank_q(0, P.RANK_POSTED), 0, size,
+        1.0, slots, records, pending, comm_mod._DTYPES, comm_mod._probes(), on_splice_error or (lambda rc: None))
+    return pp, slots, records, pending
+
+
+def test_poster_splices_alone_and_chains_in_a_group(pool):
     seg, view = pool
     lay = view.layout
-    args = (seg.addr + P.MUTEX_OFF, seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF,
-            seg.addr + P.NEXT_OPS_END_OFF, seg.addr + lay.records_off, P.RECORD_BYTES)
-    for idx in (0, 1, 2):
-        view.i32[lay.record_off(idx) // 4] = -1
-    assert _native.post_chain(*args, 0, 0, 1.0) == _native.OK
-    view.i32[lay.record_off(1) // 4] = 2
-    assert _native.post_chain(*args, 1, 2, 1.0) == _native.OK
+    pp, *_ = _make_poster(seg, view)
+    assert pp.write(0, 0, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0) == 1
+    pp.enqueue(0)
+    pp.group_depth = 1
+    for idx in (1, 2):
+        pp.write(idx, idx, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
+        pp.enqueue(idx)
+    assert view.walk(view.i32[P.NEXT_OPS_OFF // 4], 10) == ([0], False) and pp.chain_first == 1
+    pp.group_depth = 0
+    pp.flush()
     assert view.walk(view.i32[P.NEXT_OPS_OFF // 4], 10) == ([0, 1, 2], False)
-    assert view.i32[P.NEXT_OPS_END_OFF // 4] == 2
+    assert view.i32[P.NEXT_OPS_END_OFF // 4] == 2 and pp.chain_first == -1
+    assert pp.seq == 3 and pp.opcount == 1   # the group's records share the opCount they were given
+    assert view.q[lay.rank_q(0, P.RANK_POSTED)] == 2
+
+
+def test_poster_fast_post_writes_the_record_python_reads(pool):
+    seg, view = pool
+    lay = view.layout
+    pp, slots, records, pending = _make_poster(seg, view)
+    assert pp.fast, "numpy's array header is not what shm/_poster.c reads"
+    buf = MemfdBuffer.create(4096, "unittest")
+    try:
+        pp.set_ranges([(buf.addr, buf.addr + 4096, 5)])
+        arr = np.frombuffer(buf.mm, np.float32, count=6, offset=64).reshape(2, 3)
+        idx = records[-1]   # the top of the stack
+        req = pp.post(ops.KIND_RECV, arr, 1, -(2**63))
+        assert req is not None and pending[req._slot] is req and req._keep is arr and req._comm == "the comm"
+        assert records[-1] != idx and len(records) == lay.max_ops - 1
+        rec = view.read_record(idx)
+        assert rec[:8] == (-1, ops.KIND_RECV, ops.DTYPE_CODE["f"], 0, 0, 0, 1, -(2**63))
+        assert rec[8:16] == (1, 1, req._slot, 5, 64, 24, 6, -1)
+        assert rec[19] == 0 and rec[20] > 0   # coll_seq, t_post
+        assert view.walk(view.i32[P.NEXT_OPS_OFF // 4], 10) == ([idx], False)
+        assert (req._seq, req._nbytes, req._tag, req._peer, req._done) == (1, 24, -(2**63), 1, False)
+        del arr, req
+    finally:
+        pending.clear()
+        buf.close()
+
+
+@pytest.mark.parametrize("case", ["unregistered", "strided", "readonly", "longdouble", "big-endian", "empty",
+                                  "peer", "np-peer", "bool-peer", "big-tag", "no-slot", "aborted", "unusable"])
+def test_poster_declines_what_python_must_handle(pool, case):
+    seg, view = pool
+    pp, slots, records, pending = _make_poster(seg, view)
+    buf = MemfdBuffer.create(4096, "unittest")
+    try:
+        pp.set_ranges([(buf.addr, buf.addr + 4096, 5)])
+        arr = np.frombuffer(buf.mm, np.float64, count=16)
+        kind, peer, tag = ops.KIND_RECV, 1, 0
+        if case == "unregistered":
+            arr = np.zeros(16)
+        elif case == "strided":
+            arr = arr[::2]
+        elif case == "readonly":
+            arr.flags.writeable = False
+        elif case == "longdouble":
+            arr = np.frombuffer(buf.mm, np.longdouble, count=4)
+        elif case == "big-endian":
+            arr = np.frombuffer(buf.mm, ">f8", count=4)
+        elif case == "empty":
+            arr = arr[:0]
+        elif case == "peer":
+            peer = 2
+        elif case == "np-peer":
+            peer = np.int64(1)
+        elif case == "bool-peer":
+            peer = True
+        elif case == "big-tag":
+            tag = 2**63
+        elif case == "no-slot":
+            slots.clear()
+        elif case == "aborted":
+            view.q[P.CTRL_OFF // 8 + P.CTRL_ABORT] = 1
+        elif case == "unusable":
+            pp.usable = 0
+        assert pp.post(kind, arr, peer, tag) is None
+        assert pp.seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        assert len(records) == view.layout.max_ops and len(slots) == (0 if case == "no-slot" else view.layout.max_ops)
+        del arr
+    finally:
+        buf.close()
 
 
 def test_buffer_info_rejects_what_cannot_be_received_into():
@@ -168,6 +258,74 @@ def test_buffer_info_rejects_what_cannot_be_received_into():
     ro = np.frombuffer(b"x" * 16, np.uint8)
     with pytest.raises((BufferError, ValueError)):
         _native.buffer_info(ro, True)
+
+
+# ------------------------------------------------------------------------------------ reduce kernel
+_KERNEL_CASES = [(op, dt) for op in ("SUM", "PROD", "MIN", "MAX", "AVG")
+                 for dt in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                            "float16", "float32", "float64", "complex64", "complex128")]
+
+
+def _kernel_inputs(dt: np.dtype, nsrc: int, count: int, rng) -> list[np.ndarray]:
+    if dt.kind == "b":
+        return [rng.integers(0, 2, count).astype(bool) for _ in range(nsrc)]
+    if dt.kind in "iu":   # full range: sums and products overflow and must wrap like numpy's
+        info = np.iinfo(dt)
+        return [rng.integers(info.min, info.max, count, dtype=dt, endpoint=True) for _ in range(nsrc)]
+    xs = [(rng.standard_normal(count) * 100).astype(dt) for _ in range(nsrc)]
+    if dt.kind == "c":
+        xs = [(x + 1j * rng.standard_normal(count)).astype(dt) for x in xs]
+    else:
+        xs[0][::97] = np.nan    # MIN/MAX must return the NaN, from either side
+        xs[-1][5::89] = np.nan
+    return xs
+
+
+@pytest.mark.parametrize("op,dtype", _KERNEL_CASES)
+@pytest.mark.parametrize("streaming", [False, True])
+def test_reduce_kernel_matches_numpy(op, dtype, streaming):
+    """shm._reduce gives numpy's results bit for bit (AVG: numpy's sum divided by n), for the pairs it
+    takes; it takes every pair the collectives allow except float16 and complex PROD/MIN/MAX."""
+    from proxy import sched
+    from shm import _reduce
+    dt, code, rop = np.dtype(dtype), ops.DTYPE_CODE[np.dtype(dtype).char], int(sched.ReduceOp[op])
+    allowed = not ((dt.kind == "b" and op not in ("MIN", "MAX")) or (op == "AVG" and dt.kind not in "fc"))
+    takes = allowed and dt != np.float16 and not (dt.kind == "c" and op in ("MIN", "MAX", "PROD"))
+    assert _reduce.supported(rop, code) is takes
+    if not takes:
+        with pytest.raises(ValueError, match="not supported"):
+            _reduce.reduce(rop, code, 1, [0], [0], streaming)
+        return
+    rng = np.random.default_rng(7)
+    count = 5000 + 3   # several kernel blocks and a ragged tail
+    xs = _kernel_inputs(dt, 5, count, rng)
+    want = xs[0].copy()
+    with np.errstate(all="ignore"):
+        for x in xs[1:]:
+            sched.UFUNCS[rop](want, x, out=want)
+        if op == "AVG":
+            np.divide(want, len(xs), out=want, casting="unsafe")
+    fill = np.array(7).astype(dt)
+    outs = [np.full(count + 2, fill, dt) for _ in range(3)]
+    dsts = [o[1:-1].ctypes.data for o in outs]
+    _reduce.reduce(rop, code, count, [x.ctypes.data for x in xs], dsts, streaming)
+    for o in outs:
+        assert o[0] == fill and o[-1] == fill, "wrote outside the destination"
+        if op == "AVG":
+            np.testing.assert_allclose(o[1:-1], want, rtol=1e-6 if dt in (np.float32, np.complex64) else 1e-14)
+        else:
+            np.testing.assert_array_equal(o[1:-1], want)   # NaNs in the same places
+
+
+def test_reduce_kernel_output_may_alias_an_input():
+    from shm import _reduce
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(100_003).astype(np.float32) for _ in range(4)]
+    want = xs[0] + xs[1] + xs[2] + xs[3]
+    _reduce.reduce(1, ops.DTYPE_CODE["f"], xs[0].size, [x.ctypes.data for x in xs], [xs[2].ctypes.data,
+                   xs[0].ctypes.data], True)   # in-place Allreduce: rank 0's and 2's buffers are also outputs
+    np.testing.assert_array_equal(xs[0], want)
+    np.testing.assert_array_equal(xs[2], want)
 
 
 # ------------------------------------------------------------------------------------ params

@@ -7,8 +7,8 @@
 # Meant for a GPU host with many cores (32 cores, Open MPI's mpirun, mpi4py and torch with gloo
 # preinstalled, no internet), with this repository copied there as the working tree. It:
 #   1. makes shmproxy importable: posix_ipc (installed, or built from a carried sdist/wheel in
-#      build/deps/ or .whl/, else a labelled pure-Python stand-in, see below), then the C helper
-#      shm._native (pip install -e . --no-build-isolation --no-deps, else an in-place build_ext, else
+#      build/deps/ or .whl/, else a labelled pure-Python stand-in, see below), then the C helpers
+#      shm._native, shm._poster and shm._reduce (pip install -e . --no-build-isolation --no-deps, else an in-place build_ext, else
 #      gcc directly);
 #   2. finds the launcher: Open MPI's mpirun (run as root allowed, --oversubscribe, --bind-to $BIND)
 #      or MPICH's mpiexec, and checks that mpi4py under it sees the right world;
@@ -159,22 +159,26 @@ EOF
 fi
 say "--- posix_ipc: $POSIX_IPC"
 
-if ! "$PY" -c "import shm._native, proxy" >/dev/null 2>&1; then
-    say "--- building shm._native: pip install -e . --no-build-isolation --no-deps"
-    if ! "$PY" -m pip install -q --no-index --no-build-isolation --no-deps -e . >>"$LOG" 2>&1 \
-            || ! "$PY" -c "import shm._native" >/dev/null 2>&1; then
+EXTS="shm._native shm._poster shm._reduce"
+built() { "$PY" -c "import shm._native, shm._poster, shm._reduce" >/dev/null 2>&1; }
+if ! built; then
+    say "--- building $EXTS: pip install -e . --no-build-isolation --no-deps"
+    if ! "$PY" -m pip install -q --no-index --no-build-isolation --no-deps -e . >>"$LOG" 2>&1 || ! built; then
         say "    pip failed (setuptools < 74 reads no ext-modules from pyproject.toml?): building in place"
         "$PY" - >>"$LOG" 2>&1 <<'EOF' || true
 from setuptools import Extension, setup
 setup(name="shmproxy-native", script_args=["build_ext", "--inplace"],
-      ext_modules=[Extension("shm._native", ["shm/_native.c"], extra_compile_args=["-O2", "-std=gnu11"])])
+      ext_modules=[Extension(f"shm.{m}", [f"shm/{m}.c"], extra_compile_args=["-O2", "-std=gnu11", "-ffp-contract=off"])
+                   for m in ("_native", "_poster", "_reduce")])
 EOF
     fi
-    if ! "$PY" -c "import shm._native" >/dev/null 2>&1; then
+    if ! built; then
         say "    build_ext failed: gcc directly"
         INC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
         SUF=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-        gcc -O2 -std=gnu11 -shared -fPIC -I"$INC" shm/_native.c -o "shm/_native$SUF" -lpthread >>"$LOG" 2>&1
+        for m in _native _poster _reduce; do
+            gcc -O2 -std=gnu11 -ffp-contract=off -shared -fPIC -I"$INC" "shm/$m.c" -o "shm/$m$SUF" -lpthread >>"$LOG" 2>&1
+        done
     fi
 fi
 if ! "$PY" -c "import shm._native, proxy, numpy, psutil" >>"$LOG" 2>&1; then

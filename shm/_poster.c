@@ -1,0 +1,578 @@
+/*
+ * shm._poster: the rank's post path in C.
+ *
+ * Why compiled: a point-to-point post written in Python costs 4-6 us on the 2-core development VM
+ * (argument checks, buffer lookup, struct packing, the Request object, the splice), against a
+ * budget of 3 us for a single post and 1 us per op inside comm.group() (BENCHMARKS.md). Here it
+ * is one call.
+ *
+ * Division of labour with proxy/comm.py:
+ *   - Poster.post() takes the common case only: an exact numpy array of a supported dtype in native
+ *     byte order, C-contiguous (writable for a receive), non-empty and inside memory the rank
+ *     registered (comm.alloc); an exact int peer in range and tag in int64; a free completion slot
+ *     and a free record at hand; a usable communicator. Anything else returns None and the caller
+ *     takes the Python path, which owns every error message, staging and the waits for resources.
+ *     So the fast path never raises for bad input and never changes anything before it declines.
+ *   - Both paths share the state kept here: the request sequence number, the opCount, the group
+ *     depth and the group's private chain; write() and enqueue() are the Python path's way in.
+ *
+ * Record layout: shm/pool.py RECORD (little-endian, packed, 128 bytes); tests/test_units.py checks
+ * that a record written here unpacks there. Lock protocol: shm/_pool_lock.h.
+ *
+ * Arrays: the Python buffer protocol costs ~300 ns per numpy array here (numpy builds a format
+ * string), a third of the budget, so the post reads the array's header directly: the leading fields
+ * of numpy's PyArrayObject_fields and PyArray_Descr, unchanged from numpy 1.7 through 2.x. The
+ * Poster checks that reading against probe arrays whose facts Python supplies; if it ever disagrees
+ * (a future numpy), the fast path stays off (Poster.fast is False) and every post takes Python's.
+ *
+ * Requests: RequestBase is the C part of proxy.request.Request (which subclasses it with
+ * __slots__ = () and adds the methods), so a post allocates it and fills its fields directly.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "_pool_lock.h"
+
+#define RECORD_BYTES 128
+#define KIND_RECV 2  /* proxy/ops.py; checked at import by proxy/comm.py */
+
+/* ------------------------------------------------------------------ RequestBase */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *comm, *keep, *stage, *error, *status, *extra;
+    PyObject *weaklist;
+    long long seq, tag, nbytes, user_addr;
+    int slot, kind, peer;
+    char done;
+} RequestObject;
+
+static int Request_traverse(RequestObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->comm);
+    Py_VISIT(self->keep);
+    Py_VISIT(self->stage);
+    Py_VISIT(self->error);
+    Py_VISIT(self->status);
+    Py_VISIT(self->extra);
+    return 0;
+}
+
+static int Request_clear(RequestObject *self) {
+    Py_CLEAR(self->comm);
+    Py_CLEAR(self->keep);
+    Py_CLEAR(self->stage);
+    Py_CLEAR(self->error);
+    Py_CLEAR(self->status);
+    Py_CLEAR(self->extra);
+    return 0;
+}
+
+static void Request_dealloc(RequestObject *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->weaklist) PyObject_ClearWeakRefs((PyObject *)self);
+    Request_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* RequestBase(comm, slot, seq, kind, peer, tag, nbytes, keep, stage, user_addr) */
+static int Request_init(RequestObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *comm, *keep, *stage;
+    int slot, kind, peer;
+    long long seq, tag, nbytes, user_addr;
+    if (!PyArg_ParseTuple(args, "OiLiiLLOOL", &comm, &slot, &seq, &kind, &peer, &tag, &nbytes, &keep,
+                          &stage, &user_addr))
+        return -1;
+    Py_INCREF(comm); Py_XSETREF(self->comm, comm);
+    Py_INCREF(keep); Py_XSETREF(self->keep, keep);    /* the user's array: alive until completion */
+    Py_INCREF(stage); Py_XSETREF(self->stage, stage); /* (buf_id, MemfdBuffer) when staged, else None */
+    Py_INCREF(Py_None); Py_XSETREF(self->error, Py_None);
+    Py_INCREF(Py_None); Py_XSETREF(self->status, Py_None);
+    Py_INCREF(Py_None); Py_XSETREF(self->extra, Py_None); /* collectives: (send stage, bytes out) */
+    self->slot = slot; self->seq = seq; self->kind = kind; self->peer = peer;
+    self->tag = tag; self->nbytes = nbytes; self->user_addr = user_addr; /* where a staged receive goes */
+    self->done = 0;
+    return 0;
+}
+
+#define RQ(name, type, field) {name, type, offsetof(RequestObject, field), 0, NULL}
+static PyMemberDef Request_members[] = {
+    RQ("_comm", T_OBJECT, comm), RQ("_keep", T_OBJECT, keep), RQ("_stage", T_OBJECT, stage),
+    RQ("_error", T_OBJECT, error), RQ("status", T_OBJECT, status), RQ("_extra", T_OBJECT, extra),
+    RQ("_seq", T_LONGLONG, seq), RQ("_tag", T_LONGLONG, tag), RQ("_nbytes", T_LONGLONG, nbytes),
+    RQ("_user_addr", T_LONGLONG, user_addr), RQ("_slot", T_INT, slot), RQ("_kind", T_INT, kind),
+    RQ("_peer", T_INT, peer), RQ("_done", T_BOOL, done),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject RequestType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shm._poster.RequestBase",
+    .tp_basicsize = sizeof(RequestObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Fields of a request; proxy.request.Request adds the behaviour.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Request_init,
+    .tp_dealloc = (destructor)Request_dealloc,
+    .tp_traverse = (traverseproc)Request_traverse,
+    .tp_clear = (inquiry)Request_clear,
+    .tp_weaklistoffset = offsetof(RequestObject, weaklist),
+    .tp_members = Request_members,
+};
+
+/* ------------------------------------------------------------------ Poster */
+
+typedef struct { uintptr_t start, end; int32_t bid; } Range;
+
+/* The stable leading fields of numpy's PyArrayObject_fields and PyArray_Descr (see the header). */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} ArrayHead;
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *typeobj;
+    char kind, type, byteorder, flags;
+    int type_num;
+} DescrHead;
+#define NPY_C_CONTIGUOUS 0x0001
+#define NPY_WRITEABLE 0x0400
+
+typedef struct {
+    PyObject_HEAD
+    /* pool addresses (the Comm keeps the mapping alive for the Poster's lifetime) */
+    char *records;
+    pthread_mutex_t *mutex;
+    pthread_cond_t *cond;
+    volatile int32_t *head, *tail;
+    volatile uint64_t *err, *abort, *posted;
+    int local_rank, size;
+    double timeout;
+    /* post state shared with the Python path */
+    long long seq, opcount;
+    int group_depth, usable;
+    int32_t chain_first, chain_last;
+    /* Python objects owned by the Comm */
+    PyTypeObject *ndarray, *request_type;
+    PyObject *comm, *free_slots, *free_records, *pending, *on_splice_error;
+    /* registered ranges (sorted by start); dtype char -> code and itemsize (0: unsupported) */
+    Range *ranges;
+    Py_ssize_t nranges;
+    uint8_t dtype_code[256];
+    uint8_t dtype_size[256];
+    char fast;  /* the array header reading was verified against the probes */
+} PosterObject;
+
+static int Poster_traverse(PosterObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->ndarray);
+    Py_VISIT(self->request_type);
+    Py_VISIT(self->comm);
+    Py_VISIT(self->free_slots);
+    Py_VISIT(self->free_records);
+    Py_VISIT(self->pending);
+    Py_VISIT(self->on_splice_error);
+    return 0;
+}
+
+static int Poster_clear(PosterObject *self) {
+    self->usable = 0;
+    Py_CLEAR(self->ndarray);
+    Py_CLEAR(self->request_type);
+    Py_CLEAR(self->comm);
+    Py_CLEAR(self->free_slots);
+    Py_CLEAR(self->free_records);
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->on_splice_error);
+    return 0;
+}
+
+static void Poster_dealloc(PosterObject *self) {
+    PyObject_GC_UnTrack(self);
+    Poster_clear(self);
+    PyMem_Free(self->ranges);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Read an array's address, dtype code, bytes and element count; 0 when the fast path cannot take it. */
+static int read_array(PosterObject *self, PyObject *obj, int writable, uintptr_t *addr, int *code,
+                      long long *nbytes, long long *count) {
+    ArrayHead *a = (ArrayHead *)obj;
+    if (!(a->flags & NPY_C_CONTIGUOUS) || (writable && !(a->flags & NPY_WRITEABLE))) return 0;
+    DescrHead *d = (DescrHead *)a->descr;
+    if (d->byteorder == '>' || (d->byteorder == '<' && !PY_LITTLE_ENDIAN)) return 0;
+    unsigned char t = (unsigned char)d->type;
+    if (!self->dtype_code[t]) return 0;
+    long long n = 1;
+    for (int i = 0; i < a->nd; i++) n *= a->dimensions[i];
+    *addr = (uintptr_t)a->data;
+    *code = self->dtype_code[t];
+    *count = n;
+    *nbytes = n * self->dtype_size[t];
+    return 1;
+}
+
+/* The probes: (array, address, nbytes, dtype char, writable, C-contiguous) as Python sees them. */
+static int verify_layout(PosterObject *self, PyObject *probes) {
+    if (!PyList_Check(probes)) return 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes); i++) {
+        PyObject *arr; unsigned long long want_addr; long long want_nbytes; int want_char, want_w, want_c;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(probes, i), "OKLCpp", &arr, &want_addr, &want_nbytes,
+                              &want_char, &want_w, &want_c)) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (Py_TYPE(arr) != self->ndarray) return 0;
+        ArrayHead *a = (ArrayHead *)arr;
+        DescrHead *d = (DescrHead *)a->descr;
+        if ((unsigned char)d->type != (unsigned)want_char || !!(a->flags & NPY_WRITEABLE) != want_w ||
+            !!(a->flags & NPY_C_CONTIGUOUS) != want_c)
+            return 0;
+        uintptr_t addr; int code; long long nbytes, count;
+        if (want_c && (!read_array(self, arr, 0, &addr, &code, &nbytes, &count) ||
+                       addr != (uintptr_t)want_addr || nbytes != want_nbytes))
+            return 0;
+    }
+    return 1;
+}
+
+/*
+ * Poster(comm, request_type, ndarray_type, records, mutex, cond, head, tail, err, abort, posted,
+ *        local_rank, size, timeout, free_slots, free_records, pending, dtypes, probes, on_splice_error)
+ * Addresses are ints; free_slots/free_records are lists of ints used as stacks (pop from the end),
+ * pending a dict slot -> request, dtypes a dict dtype char -> (code, itemsize), probes a list for
+ * verify_layout, on_splice_error a callable(rc) run when a splice did not return OK (it raises, or
+ * returns to accept the post).
+ */
+static int Poster_init(PosterObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *comm, *rtype, *ntype, *slots, *records, *pending, *dtypes, *probes, *on_err;
+    unsigned long long recs, m, c, h, t, e, a, p;
+    int local_rank, size; double timeout;
+    if (!PyArg_ParseTuple(args, "OOOKKKKKKKKiidO!O!O!O!OO", &comm, &rtype, &ntype, &recs, &m, &c, &h,
+                          &t, &e, &a, &p, &local_rank, &size, &timeout, &PyList_Type, &slots,
+                          &PyList_Type, &records, &PyDict_Type, &pending, &PyDict_Type, &dtypes,
+                          &probes, &on_err))
+        return -1;
+    if (!PyType_Check(rtype) || !PyType_IsSubtype((PyTypeObject *)rtype, &RequestType)) {
+        PyErr_SetString(PyExc_TypeError, "request_type must subclass RequestBase");
+        return -1;
+    }
+    if (!PyType_Check(ntype) || !PyCallable_Check(on_err)) {
+        PyErr_SetString(PyExc_TypeError, "ndarray_type must be a type, on_splice_error a callable");
+        return -1;
+    }
+    memset(self->dtype_code, 0, sizeof(self->dtype_code));
+    memset(self->dtype_size, 0, sizeof(self->dtype_size));
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(dtypes, &pos, &key, &value)) {
+        int ch, code, itemsize;
+        if (!PyUnicode_Check(key) || PyUnicode_GetLength(key) != 1 ||
+            !PyArg_ParseTuple(value, "ii", &code, &itemsize) || code < 1 || code > 255 ||
+            itemsize < 1 || itemsize > 255) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "dtypes: one-char str -> (code 1-255, itemsize 1-255)");
+            return -1;
+        }
+        ch = (int)PyUnicode_READ_CHAR(key, 0);
+        if (ch > 255) continue;
+        self->dtype_code[ch] = (uint8_t)code;
+        self->dtype_size[ch] = (uint8_t)itemsize;
+    }
+    self->records = (char *)(uintptr_t)recs;
+    self->mutex = (pthread_mutex_t *)(uintptr_t)m;
+    self->cond = (pthread_cond_t *)(uintptr_t)c;
+    self->head = (volatile int32_t *)(uintptr_t)h;
+    self->tail = (volatile int32_t *)(uintptr_t)t;
+    self->err = (volatile uint64_t *)(uintptr_t)e;
+    self->abort = (volatile uint64_t *)(uintptr_t)a;
+    self->posted = (volatile uint64_t *)(uintptr_t)p;
+    self->local_rank = local_rank;
+    self->size = size;
+    self->timeout = timeout;
+    self->seq = self->opcount = 0;
+    self->group_depth = 0;
+    self->chain_first = self->chain_last = -1;
+    self->usable = 1;
+    Py_INCREF(ntype); Py_XSETREF(self->ndarray, (PyTypeObject *)ntype);
+    Py_INCREF(rtype); Py_XSETREF(self->request_type, (PyTypeObject *)rtype);
+    Py_INCREF(comm); Py_XSETREF(self->comm, comm);
+    Py_INCREF(slots); Py_XSETREF(self->free_slots, slots);
+    Py_INCREF(records); Py_XSETREF(self->free_records, records);
+    Py_INCREF(pending); Py_XSETREF(self->pending, pending);
+    Py_INCREF(on_err); Py_XSETREF(self->on_splice_error, on_err);
+    self->fast = verify_layout(self, probes);
+    return 0;
+}
+
+static void write_record(char *r, int kind, int code, int redop, int flags, int owner, int peer,
+                         int64_t tag, uint64_t opcount, uint64_t seq, uint32_t slot, int32_t bid,
+                         uint64_t off, uint64_t nbytes, uint64_t count, int32_t bid2, uint64_t off2,
+                         uint64_t nbytes2, uint64_t coll_seq, uint64_t x1) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t t_post = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    int32_t next = -1, zero32 = 0;
+    uint64_t zero64 = 0;
+    uint8_t b[4] = {(uint8_t)kind, (uint8_t)code, (uint8_t)redop, (uint8_t)flags};
+    memcpy(r + 0, &next, 4);
+    memcpy(r + 4, b, 4);
+    memcpy(r + 8, &owner, 4);
+    memcpy(r + 12, &peer, 4);
+    memcpy(r + 16, &tag, 8);
+    memcpy(r + 24, &opcount, 8);
+    memcpy(r + 32, &seq, 8);
+    memcpy(r + 40, &slot, 4);
+    memcpy(r + 44, &bid, 4);
+    memcpy(r + 48, &off, 8);
+    memcpy(r + 56, &nbytes, 8);
+    memcpy(r + 64, &count, 8);
+    memcpy(r + 72, &bid2, 4);
+    memcpy(r + 76, &zero32, 4);
+    memcpy(r + 80, &off2, 8);
+    memcpy(r + 88, &nbytes2, 8);
+    memcpy(r + 96, &coll_seq, 8);
+    memcpy(r + 104, &t_post, 8);
+    memcpy(r + 112, &x1, 8);
+    memcpy(r + 120, &zero64, 8);
+}
+
+/* Link a written record into the open group, or splice it now. NULL when on_splice_error raised. */
+static PyObject *enqueue(PosterObject *self, int32_t index) {
+    if (self->group_depth) {
+        if (self->chain_last >= 0)
+            *(volatile int32_t *)(self->records + (Py_ssize_t)self->chain_last * RECORD_BYTES) = index;
+        else
+            self->chain_first = index;
+        self->chain_last = index;
+        Py_RETURN_NONE;
+    }
+    int rc = splice_chain(self->mutex, self->cond, self->head, self->tail, self->records, RECORD_BYTES,
+                          index, index, self->timeout);
+    *self->posted += 1;  /* statistics; this rank is its only writer */
+    if (rc == RC_OK) Py_RETURN_NONE;
+    return PyObject_CallFunction(self->on_splice_error, "i", rc);
+}
+
+/* Pop the last int of a list used as a stack (a new reference to it in *item); -1 when empty. The
+ * capacity is kept, as list.pop() of the last item does until the list shrinks a lot. */
+static long pop_int(PyObject *list, PyObject **item) {
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n == 0) return -1;
+    PyObject *o = PyList_GET_ITEM(list, n - 1);
+    long v = PyLong_AsLong(o);
+    if (v < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_SET_SIZE(list, n - 1);  /* the list's reference moves to the caller */
+    *item = o;
+    return v;
+}
+
+/* Registered range holding [addr, addr + n): its index, or -1. */
+static Py_ssize_t find_range(PosterObject *self, uintptr_t addr, size_t n) {
+    Py_ssize_t lo = 0, hi = self->nranges;
+    while (lo < hi) {  /* first range with start > addr */
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (self->ranges[mid].start <= addr) lo = mid + 1; else hi = mid;
+    }
+    if (lo == 0) return -1;
+    Range *r = &self->ranges[lo - 1];
+    return addr + n <= r->end ? lo - 1 : -1;
+}
+
+/* post(kind, buf, peer, tag) -> Request, or None: take the Python path (see the header). */
+static PyObject *Poster_post(PosterObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "post(kind, buf, peer, tag)");
+        return NULL;
+    }
+    PyObject *buf = args[1];
+    if (!self->fast || !self->usable || *self->err || *self->abort || Py_TYPE(buf) != self->ndarray ||
+        !PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[2]) || !PyLong_CheckExact(args[3]) ||
+        PyList_GET_SIZE(self->free_slots) == 0 || PyList_GET_SIZE(self->free_records) == 0)
+        Py_RETURN_NONE;
+    int overflow = 0;
+    long kind = PyLong_AsLong(args[0]);
+    long peer = PyLong_AsLongAndOverflow(args[2], &overflow);
+    if (overflow || peer < 0 || peer >= self->size) Py_RETURN_NONE;
+    long long tag = PyLong_AsLongLongAndOverflow(args[3], &overflow);
+    if (overflow || PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    uintptr_t addr; int code; long long nbytes, count;
+    if (!read_array(self, buf, kind == KIND_RECV, &addr, &code, &nbytes, &count) || nbytes <= 0)
+        Py_RETURN_NONE;
+    Py_ssize_t ri = find_range(self, addr, (size_t)nbytes);
+    if (ri < 0) Py_RETURN_NONE;
+    int32_t bid = self->ranges[ri].bid;
+    uint64_t off = addr - self->ranges[ri].start;
+
+    PyObject *slot_obj, *index_obj;
+    long slot = pop_int(self->free_slots, &slot_obj);
+    if (slot < 0) Py_RETURN_NONE;
+    long index = pop_int(self->free_records, &index_obj);
+    if (index < 0) {
+        int r = PyList_Append(self->free_slots, slot_obj);
+        Py_DECREF(slot_obj);
+        if (r < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_DECREF(index_obj);
+    long long seq = ++self->seq;
+    if (!self->group_depth) self->opcount++;
+    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, (int)kind, code, 0, 0,
+                 self->local_rank, (int)peer, tag, (uint64_t)self->opcount, (uint64_t)seq,
+                 (uint32_t)slot, bid, off, (uint64_t)nbytes, (uint64_t)count, -1, 0, 0,
+                 0, 0);
+
+    RequestObject *req = (RequestObject *)self->request_type->tp_alloc(self->request_type, 0);
+    if (!req) return NULL;
+    Py_INCREF(self->comm); req->comm = self->comm;
+    Py_INCREF(buf); req->keep = buf;
+    Py_INCREF(Py_None); req->stage = Py_None;
+    Py_INCREF(Py_None); req->error = Py_None;
+    Py_INCREF(Py_None); req->status = Py_None;
+    Py_INCREF(Py_None); req->extra = Py_None;
+    req->seq = seq; req->tag = tag; req->nbytes = nbytes; req->user_addr = 0;
+    req->slot = (int)slot; req->kind = (int)kind; req->peer = (int)peer; req->done = 0;
+    int set = PyDict_SetItem(self->pending, slot_obj, (PyObject *)req);
+    Py_DECREF(slot_obj);
+    if (set < 0) {
+        Py_DECREF(req);
+        return NULL;
+    }
+    PyObject *r = enqueue(self, (int32_t)index);
+    if (!r) {
+        Py_DECREF(req);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return (PyObject *)req;
+}
+
+/*
+ * write(index, slot, kind, code, redop, flags, peer, tag, bid, off, nbytes, count, bid2, off2, nbytes2,
+ *       coll_seq, x1) -> seq
+ * Fill a record for the Python path (numbers already checked) and take the next sequence number.
+ */
+static PyObject *Poster_write(PosterObject *self, PyObject *args) {
+    int index, slot, kind, code, redop, flags, peer, bid, bid2;
+    long long tag, x1;
+    unsigned long long off, nbytes, count, off2, nbytes2, coll_seq;
+    if (!PyArg_ParseTuple(args, "iiiiiiiLiKKKiKKKL", &index, &slot, &kind, &code, &redop, &flags, &peer,
+                          &tag, &bid, &off, &nbytes, &count, &bid2, &off2, &nbytes2, &coll_seq, &x1))
+        return NULL;
+    long long seq = ++self->seq;
+    if (!self->group_depth) self->opcount++;
+    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, kind, code, redop, flags,
+                 self->local_rank, peer, tag, (uint64_t)self->opcount, (uint64_t)seq, (uint32_t)slot,
+                 bid, off, nbytes, count, bid2, off2, nbytes2, coll_seq, (uint64_t)x1);
+    return PyLong_FromLongLong(seq);
+}
+
+/* enqueue(index): link the written record into the open group, or splice it. */
+static PyObject *Poster_enqueue(PosterObject *self, PyObject *arg) {
+    long index = PyLong_AsLong(arg);
+    if (index == -1 && PyErr_Occurred()) return NULL;
+    return enqueue(self, (int32_t)index);
+}
+
+/* flush(): splice the group's private chain, if any, under one lock. */
+static PyObject *Poster_flush(PosterObject *self, PyObject *unused) {
+    if (self->chain_first < 0) Py_RETURN_NONE;
+    int32_t first = self->chain_first, last = self->chain_last;
+    self->chain_first = self->chain_last = -1;
+    int rc = splice_chain(self->mutex, self->cond, self->head, self->tail, self->records, RECORD_BYTES,
+                          first, last, self->timeout);
+    *self->posted += 1;
+    if (rc == RC_OK) Py_RETURN_NONE;
+    return PyObject_CallFunction(self->on_splice_error, "i", rc);
+}
+
+/* set_ranges([(start, end, buf_id), ...] sorted by start): the rank's registered memory. */
+static PyObject *Poster_set_ranges(PosterObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "set_ranges takes a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Range *rs = PyMem_Malloc(sizeof(Range) * (n ? n : 1));
+    if (!rs) { Py_DECREF(seq); return PyErr_NoMemory(); }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long start, end; int bid;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KKi", &start, &end, &bid) ||
+            (i && start < rs[i - 1].start)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "ranges must be sorted by start");
+            PyMem_Free(rs);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        rs[i].start = (uintptr_t)start; rs[i].end = (uintptr_t)end; rs[i].bid = bid;
+    }
+    Py_DECREF(seq);
+    PyMem_Free(self->ranges);
+    self->ranges = rs;
+    self->nranges = n;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Poster_methods[] = {
+    {"post", (PyCFunction)(void (*)(void))Poster_post, METH_FASTCALL,
+     "post(kind, buf, peer, tag) -> Request, or None for the Python path"},
+    {"write", (PyCFunction)Poster_write, METH_VARARGS, "Fill a record; returns the request's seq."},
+    {"enqueue", (PyCFunction)Poster_enqueue, METH_O, "Link a record into the group, or splice it."},
+    {"flush", (PyCFunction)Poster_flush, METH_NOARGS, "Splice the group's chain."},
+    {"set_ranges", (PyCFunction)Poster_set_ranges, METH_O, "Replace the registered ranges."},
+    {NULL, NULL, 0, NULL},
+};
+
+#define PM(name, type, field, flags) {name, type, offsetof(PosterObject, field), flags, NULL}
+static PyMemberDef Poster_members[] = {
+    PM("seq", T_LONGLONG, seq, 0), PM("opcount", T_LONGLONG, opcount, 0),
+    PM("group_depth", T_INT, group_depth, 0), PM("usable", T_INT, usable, 0),
+    PM("chain_first", T_INT, chain_first, READONLY), PM("nranges", T_PYSSIZET, nranges, READONLY),
+    PM("fast", T_BOOL, fast, READONLY),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PosterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shm._poster.Poster",
+    .tp_basicsize = sizeof(PosterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A rank's post path over one ops pool (see the module header).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Poster_init,
+    .tp_dealloc = (destructor)Poster_dealloc,
+    .tp_traverse = (traverseproc)Poster_traverse,
+    .tp_clear = (inquiry)Poster_clear,
+    .tp_methods = Poster_methods,
+    .tp_members = Poster_members,
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._poster", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__poster(void) {
+    if (PyType_Ready(&RequestType) < 0 || PyType_Ready(&PosterType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    Py_INCREF(&RequestType);
+    Py_INCREF(&PosterType);
+    if (PyModule_AddObject(m, "RequestBase", (PyObject *)&RequestType) < 0 ||
+        PyModule_AddObject(m, "Poster", (PyObject *)&PosterType) < 0 ||
+        PyModule_AddIntConstant(m, "RECORD_BYTES", RECORD_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_RECV", KIND_RECV) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
