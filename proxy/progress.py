@@ -41,7 +41,7 @@ from proxy.args import PROGRESS, READY, Args, ArgsPool, CollWork, Sub, Transfer
 from proxy.copyengine import CopyEngine
 from proxy.ops import CODE_DTYPE, FLAG_IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND, Op
 from proxy.profiler import Profiler
-from shm import _native, pool as P
+from shm import _native, _reduce, pool as P
 from shm.segment import MemfdBuffer, Segment
 import transports
 from transports.base import PeerInfo
@@ -49,7 +49,6 @@ from transports.base import PeerInfo
 _log = log.get("PROXY")
 MASK64 = (1 << 64) - 1
 INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the loop, not on a worker
-MIN_COLL_CHUNK = 256 << 10     # a collective is never cut finer than this to feed more workers
 OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
@@ -95,6 +94,7 @@ class ProgressEngine:
         self.q = self.view.q
         self.steps = params.STEPS
         self.chunk = params.CHUNK_SIZE
+        self.coll_min_chunk = params.COLL_MIN_CHUNK
         self.eager = min(params.EAGER_BYTES, params.CHUNK_SIZE)
         self.coll_transport = transports.REGISTRY[0]  # shm: every local buffer is mapped here
         sched.set_streaming(params.COPY_STREAMING)
@@ -491,6 +491,8 @@ class ProgressEngine:
                       f"{self.describe_fingerprint(fps[other])}")
             return
         try:
+            if self.small_coll(ops):
+                return
             work, builder, nchunks, chunk_bytes = self.build_coll(ops)
         except errors.ProxyError as exc:
             for op in ops:
@@ -522,6 +524,42 @@ class ProgressEngine:
             s.nsteps, s.make, s.k0, s.inflight = n, builder, k0, collections.deque()
             k0 += n
 
+    def small_coll(self, ops: list[Op]) -> bool:
+        """The latency path: a Barrier, or an Allreduce of at most EAGER_BYTES that the C kernel takes,
+        done here and now in one call, without numpy views or schedules. False when it does not apply
+        (the general path then runs)."""
+        op0 = ops[0]
+        c = op0.coll
+        if c == sched.Coll.ALLREDUCE:
+            dt = CODE_DTYPE.get(op0.dtype)
+            nbytes = op0.count * dt.itemsize if dt is not None else 0
+            if not 0 < nbytes <= self.eager or len(ops) < 2 or not sched.native_code(op0.redop, dt):
+                return False
+            dsts = [self.buffer_addr(op, True, nbytes) for op in ops]
+            srcs = [d if op.flags & FLAG_IN_PLACE else self.buffer_addr(op, False, nbytes)
+                    for op, d in zip(ops, dsts)]
+            _reduce.reduce(op0.redop, op0.dtype, op0.count, srcs, dsts, False)
+        elif c == sched.Coll.BARRIER:
+            nbytes = 0
+        else:
+            return False
+        for op in ops:
+            self.complete(op, 0, nbytes, source=op.peer)
+        if self.profiler.enabled:
+            self.profiler.span(f"{sched.COLL_NAMES.get(c, c)} #{op0.coll_seq}", min(op.t_post for op in ops),
+                               time.monotonic_ns(), bytes=nbytes)
+        return True
+
+    def buffer_addr(self, op: Op, second: bool, nbytes: int) -> int:
+        """The address of ``nbytes`` of an op's send (second=False) or receive buffer, bounds-checked."""
+        key = (op.owner, op.buf2_id if second else op.buf_id)
+        off = op.offset2 if second else op.offset
+        buf = self.buffers.get(key)
+        if buf is None or off + nbytes > buf.size:
+            raise errors.InvalidArgument(f"{op.describe()}: buffer {key[1]} offset {off} + {nbytes} B is "
+                                         f"outside the registered buffer")
+        return buf.addr + off
+
     def buffer_view(self, op: Op, second: bool, count: int) -> Any:
         """A numpy view of an op's send (second=False) or receive buffer, bounds-checked."""
         key = (op.owner, op.buf2_id if second else op.buf_id)
@@ -545,7 +583,7 @@ class ProgressEngine:
         # SHMPROXY_CHUNK_SIZE, or less when that would leave copy workers idle (a 2 MiB Allreduce in
         # 512 KiB chunks would keep 4 of 8 busy); chunks of a reduction are per rank's buffer.
         workers = max(1, self.copy.nworkers)
-        chunk_bytes = max(MIN_COLL_CHUNK, min(self.chunk, -(-n * itemsize // workers)))
+        chunk_bytes = max(self.coll_min_chunk, min(self.chunk, -(-n * itemsize // workers)))
         per = max(1, chunk_bytes // itemsize)
         now = time.monotonic_ns()
         in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
