@@ -7,7 +7,8 @@
  * is one call.
  *
  * Division of labour with proxy/comm.py:
- *   - Poster.post() takes the common case only: an exact numpy array of a supported dtype in native
+ *   - Poster.post() (and isend()/irecv(), which a Comm installs as its Isend/Irecv) takes the
+ *     common case only: an exact numpy array of a supported dtype in native
  *     byte order, C-contiguous (writable for a receive), non-empty and inside memory the rank
  *     registered (comm.alloc); an exact int peer in range and tag in int64; a free completion slot
  *     and a free record at hand; a usable communicator. Anything else returns None and the caller
@@ -38,7 +39,8 @@
 #include "_pool_lock.h"
 
 #define RECORD_BYTES 128
-#define KIND_RECV 2  /* proxy/ops.py; checked at import by proxy/comm.py */
+#define KIND_SEND 1  /* proxy/ops.py; checked at import by proxy/comm.py */
+#define KIND_RECV 2
 
 /* ------------------------------------------------------------------ RequestBase */
 
@@ -164,6 +166,7 @@ typedef struct {
     /* Python objects owned by the Comm */
     PyTypeObject *ndarray, *request_type;
     PyObject *comm, *free_slots, *free_records, *pending, *on_splice_error;
+    PyObject *send_fallback, *recv_fallback;  /* isend()/irecv() hand everything else to these */
     /* registered ranges (sorted by start); dtype char -> code and itemsize (0: unsupported) */
     Range *ranges;
     Py_ssize_t nranges;
@@ -180,6 +183,8 @@ static int Poster_traverse(PosterObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->free_records);
     Py_VISIT(self->pending);
     Py_VISIT(self->on_splice_error);
+    Py_VISIT(self->send_fallback);
+    Py_VISIT(self->recv_fallback);
     return 0;
 }
 
@@ -192,6 +197,8 @@ static int Poster_clear(PosterObject *self) {
     Py_CLEAR(self->free_records);
     Py_CLEAR(self->pending);
     Py_CLEAR(self->on_splice_error);
+    Py_CLEAR(self->send_fallback);
+    Py_CLEAR(self->recv_fallback);
     return 0;
 }
 
@@ -390,22 +397,16 @@ static Py_ssize_t find_range(PosterObject *self, uintptr_t addr, size_t n) {
     return addr + n <= r->end ? lo - 1 : -1;
 }
 
-/* post(kind, buf, peer, tag) -> Request, or None: take the Python path (see the header). */
-static PyObject *Poster_post(PosterObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "post(kind, buf, peer, tag)");
-        return NULL;
-    }
-    PyObject *buf = args[1];
+/* The fast post: a new Request, or None (a new reference) when Python must take it, or NULL. */
+static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject *peer_obj, PyObject *tag_obj) {
     if (!self->fast || !self->usable || *self->err || *self->abort || Py_TYPE(buf) != self->ndarray ||
-        !PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[2]) || !PyLong_CheckExact(args[3]) ||
+        !PyLong_CheckExact(peer_obj) || !PyLong_CheckExact(tag_obj) ||
         PyList_GET_SIZE(self->free_slots) == 0 || PyList_GET_SIZE(self->free_records) == 0)
         Py_RETURN_NONE;
     int overflow = 0;
-    long kind = PyLong_AsLong(args[0]);
-    long peer = PyLong_AsLongAndOverflow(args[2], &overflow);
+    long peer = PyLong_AsLongAndOverflow(peer_obj, &overflow);
     if (overflow || peer < 0 || peer >= self->size) Py_RETURN_NONE;
-    long long tag = PyLong_AsLongLongAndOverflow(args[3], &overflow);
+    long long tag = PyLong_AsLongLongAndOverflow(tag_obj, &overflow);
     if (overflow || PyErr_Occurred()) {
         PyErr_Clear();
         Py_RETURN_NONE;
@@ -459,6 +460,45 @@ static PyObject *Poster_post(PosterObject *self, PyObject *const *args, Py_ssize
     }
     Py_DECREF(r);
     return (PyObject *)req;
+}
+
+/* post(kind, buf, peer, tag) -> Request, or None: take the Python path (see the header). */
+static PyObject *Poster_post(PosterObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyLong_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "post(kind: int, buf, peer, tag)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    return do_post(self, kind, args[1], args[2], args[3]);
+}
+
+/* isend(buf, dest, tag=0) / irecv(buf, source, tag=0): Comm.Isend/Irecv of a communicator (bound
+ * per instance, so that a post costs no Python frame); keywords and every declined case go to the
+ * fallback, the Python method itself. */
+static PyObject *post_or_fallback(PosterObject *self, long kind, PyObject *fallback, PyObject *const *args,
+                                  size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (!kwnames && (nargs == 2 || nargs == 3)) {
+        PyObject *zero = NULL;
+        if (nargs == 2 && !(zero = PyLong_FromLong(0))) return NULL;
+        PyObject *r = do_post(self, kind, args[0], args[1], nargs == 3 ? args[2] : zero);
+        Py_XDECREF(zero);
+        if (r != Py_None) return r;
+        Py_DECREF(r);
+    }
+    if (!fallback) {
+        PyErr_SetString(PyExc_RuntimeError, "Poster has no fallback for this call");
+        return NULL;
+    }
+    return PyObject_Vectorcall(fallback, args, nargsf, kwnames);
+}
+
+static PyObject *Poster_isend(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return post_or_fallback(self, KIND_SEND, self->send_fallback, args, nargsf, kwnames);
+}
+
+static PyObject *Poster_irecv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return post_or_fallback(self, KIND_RECV, self->recv_fallback, args, nargsf, kwnames);
 }
 
 /*
@@ -528,6 +568,10 @@ static PyObject *Poster_set_ranges(PosterObject *self, PyObject *arg) {
 static PyMethodDef Poster_methods[] = {
     {"post", (PyCFunction)(void (*)(void))Poster_post, METH_FASTCALL,
      "post(kind, buf, peer, tag) -> Request, or None for the Python path"},
+    {"isend", (PyCFunction)(void (*)(void))Poster_isend, METH_FASTCALL | METH_KEYWORDS,
+     "isend(buf, dest, tag=0) -> Request (see Comm.Isend)"},
+    {"irecv", (PyCFunction)(void (*)(void))Poster_irecv, METH_FASTCALL | METH_KEYWORDS,
+     "irecv(buf, source, tag=0) -> Request (see Comm.Irecv)"},
     {"write", (PyCFunction)Poster_write, METH_VARARGS, "Fill a record; returns the request's seq."},
     {"enqueue", (PyCFunction)Poster_enqueue, METH_O, "Link a record into the group, or splice it."},
     {"flush", (PyCFunction)Poster_flush, METH_NOARGS, "Splice the group's chain."},
@@ -541,6 +585,7 @@ static PyMemberDef Poster_members[] = {
     PM("group_depth", T_INT, group_depth, 0), PM("usable", T_INT, usable, 0),
     PM("chain_first", T_INT, chain_first, READONLY), PM("nranges", T_PYSSIZET, nranges, READONLY),
     PM("fast", T_BOOL, fast, READONLY),
+    PM("send_fallback", T_OBJECT, send_fallback, 0), PM("recv_fallback", T_OBJECT, recv_fallback, 0),
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -570,7 +615,8 @@ PyMODINIT_FUNC PyInit__poster(void) {
     if (PyModule_AddObject(m, "RequestBase", (PyObject *)&RequestType) < 0 ||
         PyModule_AddObject(m, "Poster", (PyObject *)&PosterType) < 0 ||
         PyModule_AddIntConstant(m, "RECORD_BYTES", RECORD_BYTES) < 0 ||
-        PyModule_AddIntConstant(m, "KIND_RECV", KIND_RECV) < 0) {
+        PyModule_AddIntConstant(m, "KIND_RECV", KIND_RECV) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_SEND", KIND_SEND) < 0) {
         Py_DECREF(m);
         return NULL;
     }

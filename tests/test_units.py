@@ -205,6 +205,35 @@ def test_poster_fast_post_writes_the_record_python_reads(pool):
         buf.close()
 
 
+def test_poster_isend_irecv_post_or_fall_back(pool):
+    """isend/irecv (what a Comm installs as Isend/Irecv) post in C when they can; keywords, a missing
+    tag's default, and everything declined reach the Python fallbacks with the call unchanged."""
+    seg, view = pool
+    pp, slots, records, pending = _make_poster(seg, view)
+    calls = []
+    pp.send_fallback = lambda *a, **k: calls.append(("send", a, k)) or "python send"
+    pp.recv_fallback = lambda *a, **k: calls.append(("recv", a, k)) or "python recv"
+    buf = MemfdBuffer.create(4096, "unittest")
+    try:
+        pp.set_ranges([(buf.addr, buf.addr + 4096, 5)])
+        arr = np.frombuffer(buf.mm, np.int64, count=8)
+        req = pp.isend(arr, 1)
+        assert req._kind == ops.KIND_SEND and req._tag == 0 and req._peer == 1 and not calls
+        req = pp.irecv(arr, 0, 9)
+        assert req._kind == ops.KIND_RECV and req._tag == 9 and not calls
+        assert pp.isend(arr, 1, tag=3) == "python send"
+        assert pp.irecv(arr, source=1) == "python recv"
+        assert pp.isend(np.zeros(3), 1, 2) == "python send"   # not registered: declined
+        assert [c[0] for c in calls] == ["send", "recv", "send"]
+        assert calls[0][2] == {"tag": 3} and calls[1][2] == {"source": 1} and calls[2][1][1:] == (1, 2)
+        assert pp.seq == 2 and len(pending) == 2
+        del arr, req
+    finally:
+        pending.clear()
+        calls.clear()
+        buf.close()
+
+
 @pytest.mark.parametrize("case", ["unregistered", "strided", "readonly", "longdouble", "big-endian", "empty",
                                   "peer", "np-peer", "bool-peer", "big-tag", "no-slot", "aborted", "unusable"])
 def test_poster_declines_what_python_must_handle(pool, case):
