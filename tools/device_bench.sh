@@ -16,6 +16,7 @@
 #        pingpong   8B..64M, 2 ranks                      (latency and bandwidth, shmproxy/mpi4py/gloo)
 #        latency8   pingpong 8B..64K at 8 ranks            (ranks 0 and 1 talk, six ranks idle)
 #        allreduce  8B..256M at 2, 4, 8 ranks              (--peers mpi4py,gloo)
+#        allreduce8mid  1M..16M in steps of 2x at 8 ranks  (the mid sizes the sweep above skips)
 #        overlap    Iallreduce vs pure-Python work, 8 ranks, 64K..64M
 #        post       the cost of posting an Isend, 2 ranks
 #        idle       CPU of the progress process while 7 ranks block, 8 ranks
@@ -247,9 +248,9 @@ EOF
 
 # ------------------------------------------------------------------------------------------ 3. runs
 if [ "$QUICK" = 1 ]; then      # a smoke test of this script: tiny sizes, few iterations
-    PP_E=64K; LAT_E=4K; AR_E=64K; OV_B=64K; OV_E=256K; IDLE_S=2; ITERS=(-n 10 -w 2)
+    PP_E=64K; LAT_E=4K; AR_E=64K; MID_B=64K; MID_E=256K; OV_B=64K; OV_E=256K; IDLE_S=2; ITERS=(-n 10 -w 2)
 else                          # iterations: the bench's defaults (1000 up to 64K, then ~64 MiB a size, >= 10)
-    PP_E=64M; LAT_E=64K; AR_E=256M; OV_B=64K; OV_E=64M; IDLE_S=5; ITERS=()
+    PP_E=64M; LAT_E=64K; AR_E=256M; MID_B=1M; MID_E=16M; OV_B=64K; OV_E=64M; IDLE_S=5; ITERS=()
 fi
 DEADLINE=$((START + TOTAL_S))
 STEPS=()
@@ -290,6 +291,7 @@ for n in $RANKS; do
     cap=$((n <= 2 ? 60 : n <= 4 ? 80 : 120))
     step "allreduce$n" "$cap" "$n" allreduce -b 8 -e "$AR_E" -f 8 --peers mpi4py,gloo
 done
+step allreduce8mid 90 8 allreduce -b "$MID_B" -e "$MID_E" -f 2 --peers mpi4py,gloo
 step overlap8 150 8 overlap -b "$OV_B" -e "$OV_E" -f 4 --peers mpi4py,gloo
 step post 30 2 post --peers mpi4py,gloo
 step idle8 30 8 idle --idle-seconds "$IDLE_S"
