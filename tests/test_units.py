@@ -463,3 +463,16 @@ def test_streaming_copy_is_exact_and_stays_in_bounds(n, src_off, dst_off):
     _native.memcopy_nt(d, s, n)
     assert np.array_equal(dst[dst_off:dst_off + n], src[src_off:src_off + n])
     assert not dst[:dst_off].any() and not dst[dst_off + n:].any()
+
+
+# ------------------------------------------------------------------------------------ host probe
+def test_host_probe_measures_and_cleans_up():
+    """tools/host_probe: bandwidth is a positive rate; interference times the work against every other
+    CPU and leaves no streamer process behind (the leak guard checks)."""
+    from proxy import hostprobe
+    assert hostprobe.bandwidth(1, "add", reps=1) > 0
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("interference needs two CPUs")
+    res = hostprobe.interference(cpus[0], cpus[1:2])
+    assert len(res) == 1 and res[0][1] == cpus[1] and res[0][0] > 0
