@@ -195,8 +195,10 @@ class Comm:
         self._pp.send_fallback, self._pp.recv_fallback = cls.Isend.__get__(self), cls.Irecv.__get__(self)
         self.Isend, self.Irecv = self._pp.isend, self._pp.irecv
         self._spin_s = self.params.WAIT_SPIN_US * 1e-6
-        self._spin_max = self.params.WAIT_SPIN_MAX_BYTES or (
-            64 << 10 if (os.cpu_count() or 1) < self.local_size + 2 else 1 << 62)
+        crowded = (os.cpu_count() or 1) < self.local_size + 2
+        p = self.params
+        self._spin_max = p.WAIT_SPIN_MAX_BYTES or (min(p.EAGER_BYTES, p.CHUNK_SIZE) if crowded else 1 << 62)
+        self._spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.COLL_INLINE_BYTES if crowded else 1 << 62)
         self._slice_s = self.params.WAIT_SLICE_MS * 1e-3
         self._registry = Registry(self._register, self._pp.set_ranges)
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
@@ -444,7 +446,7 @@ class Comm:
         if self._pp.group_depth:
             raise errors.InvalidUsage("Wait() inside comm.group(): the group's ops are posted at its end")
         q, sq, seq = self._q, self._layout.slot_q(req._slot), req._seq
-        if q[sq] != seq and req._nbytes <= self._spin_max:
+        if q[sq] != seq and req._nbytes <= (self._spin_max_coll if req._kind == KIND_COLL else self._spin_max):
             # Spin politely: with more processes than cores, a busy spin would take the core the
             # progress process needs to complete this very request; and not at all for large ones,
             # whose copy workers need the cores (measured: docs/decisions.md).

@@ -96,6 +96,7 @@ class ProgressEngine:
         self.chunk = params.CHUNK_SIZE
         self.coll_min_chunk = params.COLL_MIN_CHUNK
         self.eager = min(params.EAGER_BYTES, params.CHUNK_SIZE)
+        self.coll_inline = params.COLL_INLINE_BYTES
         self.coll_transport = transports.REGISTRY[0]  # shm: every local buffer is mapped here
         sched.set_streaming(params.COPY_STREAMING)
         self.argspool = ArgsPool(self.view)
@@ -502,7 +503,7 @@ class ProgressEngine:
         if nchunks == 0:
             self.finish_coll(work)
             return
-        if work.nbytes <= self.eager:
+        if work.nbytes <= self.coll_inline:
             # Small: run every chunk schedule now, inline (the latency path).
             for k in range(nchunks):
                 sch = builder(k)
@@ -525,7 +526,7 @@ class ProgressEngine:
             k0 += n
 
     def small_coll(self, ops: list[Op]) -> bool:
-        """The latency path: a Barrier, or an Allreduce of at most EAGER_BYTES that the C kernel takes,
+        """The latency path: a Barrier, or an Allreduce of at most COLL_INLINE_BYTES that the C kernel takes,
         done here and now in one call, without numpy views or schedules. False when it does not apply
         (the general path then runs)."""
         op0 = ops[0]
@@ -533,7 +534,7 @@ class ProgressEngine:
         if c == sched.Coll.ALLREDUCE:
             dt = CODE_DTYPE.get(op0.dtype)
             nbytes = op0.count * dt.itemsize if dt is not None else 0
-            if not 0 < nbytes <= self.eager or len(ops) < 2 or not sched.native_code(op0.redop, dt):
+            if not 0 < nbytes <= self.coll_inline or len(ops) < 2 or not sched.native_code(op0.redop, dt):
                 return False
             dsts = [self.buffer_addr(op, True, nbytes) for op in ops]
             srcs = [d if op.flags & FLAG_IN_PLACE else self.buffer_addr(op, False, nbytes)

@@ -117,7 +117,8 @@ def test_property_random_collectives_small_chunks(n):
     """The same, with everything chunked and queued: 4 KiB chunks, 2 slots, no eager path, parallel
     split from 8 KiB, few records per rank."""
     _run_property(n, 30, env={"SHMPROXY_CHUNK_SIZE": "4096", "SHMPROXY_STEPS": "2",
-                              "SHMPROXY_EAGER_BYTES": "0", "SHMPROXY_PARALLEL_THRESHOLD": "8192",
+                              "SHMPROXY_EAGER_BYTES": "0", "SHMPROXY_COLL_INLINE_BYTES": "0",
+                              "SHMPROXY_PARALLEL_THRESHOLD": "8192",
                               "SHMPROXY_MAX_OPS_PER_RANK": "64"})
 
 
@@ -130,6 +131,7 @@ def test_property_many_outstanding_with_few_records():
             c["wait"] = "later"
     res = run_ranks(BODY + "run_cases", 3, timeout=200, args=(cases, 40),
                     env={"SHMPROXY_CHUNK_SIZE": "4096", "SHMPROXY_STEPS": "1", "SHMPROXY_EAGER_BYTES": "0",
+                         "SHMPROXY_COLL_INLINE_BYTES": "0",
                          "SHMPROXY_MAX_OPS_PER_RANK": "16", "SHMPROXY_MAX_SUBS": "64"})
     fails = _failures(res)
     assert not fails, f"{len(fails)} wrong results:\n" + "\n".join(fails[:30])
