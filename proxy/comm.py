@@ -821,7 +821,7 @@ class Comm:
         proxy_dead = self._pidfd >= 0 and self._proxy_dead()
         pp = self.__dict__.get("_pp")
         if pp is not None:
-            pp.usable = 0   # it holds raw pool addresses: never again after this
+            pp.detach()   # it holds raw pool addresses: never again after this
         if getattr(self, "_staging", None) is not None:
             self._staging.close()
         for name in ("_q", "_i32", "_u32", "_buf"):

@@ -173,6 +173,7 @@ typedef struct {
     uint8_t dtype_code[256];
     uint8_t dtype_size[256];
     char fast;  /* the array header reading was verified against the probes */
+    char mapped;  /* the pool addresses are valid: cleared by detach() before the pool is unmapped */
 } PosterObject;
 
 static int Poster_traverse(PosterObject *self, visitproc visit, void *arg) {
@@ -317,6 +318,14 @@ static int Poster_init(PosterObject *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(pending); Py_XSETREF(self->pending, pending);
     Py_INCREF(on_err); Py_XSETREF(self->on_splice_error, on_err);
     self->fast = verify_layout(self, probes);
+    self->mapped = 1;
+    return 0;
+}
+
+/* Every entry point that touches the pool checks this first: after detach() they raise instead. */
+static int check_mapped(PosterObject *self) {
+    if (self->mapped) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "the communicator's ops pool is no longer mapped (closed)");
     return 0;
 }
 
@@ -399,7 +408,7 @@ static Py_ssize_t find_range(PosterObject *self, uintptr_t addr, size_t n) {
 
 /* The fast post: a new Request, or None (a new reference) when Python must take it, or NULL. */
 static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject *peer_obj, PyObject *tag_obj) {
-    if (!self->fast || !self->usable || *self->err || *self->abort || Py_TYPE(buf) != self->ndarray ||
+    if (!self->mapped || !self->fast || !self->usable || *self->err || *self->abort || Py_TYPE(buf) != self->ndarray ||
         !PyLong_CheckExact(peer_obj) || !PyLong_CheckExact(tag_obj) ||
         PyList_GET_SIZE(self->free_slots) == 0 || PyList_GET_SIZE(self->free_records) == 0)
         Py_RETURN_NONE;
@@ -513,6 +522,7 @@ static PyObject *Poster_write(PosterObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iiiiiiiLiKKKiKKKL", &index, &slot, &kind, &code, &redop, &flags, &peer,
                           &tag, &bid, &off, &nbytes, &count, &bid2, &off2, &nbytes2, &coll_seq, &x1))
         return NULL;
+    if (!check_mapped(self)) return NULL;
     long long seq = ++self->seq;
     if (!self->group_depth) self->opcount++;
     write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, kind, code, redop, flags,
@@ -524,13 +534,14 @@ static PyObject *Poster_write(PosterObject *self, PyObject *args) {
 /* enqueue(index): link the written record into the open group, or splice it. */
 static PyObject *Poster_enqueue(PosterObject *self, PyObject *arg) {
     long index = PyLong_AsLong(arg);
-    if (index == -1 && PyErr_Occurred()) return NULL;
+    if ((index == -1 && PyErr_Occurred()) || !check_mapped(self)) return NULL;
     return enqueue(self, (int32_t)index);
 }
 
 /* flush(): splice the group's private chain, if any, under one lock. */
 static PyObject *Poster_flush(PosterObject *self, PyObject *unused) {
     if (self->chain_first < 0) Py_RETURN_NONE;
+    if (!check_mapped(self)) return NULL;
     int32_t first = self->chain_first, last = self->chain_last;
     self->chain_first = self->chain_last = -1;
     int rc = splice_chain(self->mutex, self->cond, self->head, self->tail, self->records, RECORD_BYTES,
@@ -538,6 +549,14 @@ static PyObject *Poster_flush(PosterObject *self, PyObject *unused) {
     *self->posted += 1;
     if (rc == RC_OK) Py_RETURN_NONE;
     return PyObject_CallFunction(self->on_splice_error, "i", rc);
+}
+
+/* detach(): the pool is about to be unmapped; nothing here touches it again. */
+static PyObject *Poster_detach(PosterObject *self, PyObject *unused) {
+    self->mapped = 0;
+    self->usable = 0;
+    self->chain_first = self->chain_last = -1;
+    Py_RETURN_NONE;
 }
 
 /* set_ranges([(start, end, buf_id), ...] sorted by start): the rank's registered memory. */
@@ -576,6 +595,7 @@ static PyMethodDef Poster_methods[] = {
     {"enqueue", (PyCFunction)Poster_enqueue, METH_O, "Link a record into the group, or splice it."},
     {"flush", (PyCFunction)Poster_flush, METH_NOARGS, "Splice the group's chain."},
     {"set_ranges", (PyCFunction)Poster_set_ranges, METH_O, "Replace the registered ranges."},
+    {"detach", (PyCFunction)Poster_detach, METH_NOARGS, "The pool is being unmapped: stop touching it."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -234,6 +234,21 @@ def test_poster_isend_irecv_post_or_fall_back(pool):
         buf.close()
 
 
+def test_poster_never_touches_a_detached_pool(pool):
+    seg, view = pool
+    pp, slots, records, pending = _make_poster(seg, view)
+    pp.group_depth = 1
+    pp.write(0, 0, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
+    pp.enqueue(0)
+    pp.detach()
+    assert pp.chain_first == -1 and pp.post(ops.KIND_SEND, np.zeros(2), 1, 0) is None
+    for call in (lambda: pp.write(1, 1, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0),
+                 lambda: pp.enqueue(1)):
+        with pytest.raises(RuntimeError, match="no longer mapped"):
+            call()
+    pp.flush()   # nothing chained any more: a no-op
+
+
 @pytest.mark.parametrize("case", ["unregistered", "strided", "readonly", "longdouble", "big-endian", "empty",
                                   "peer", "np-peer", "bool-peer", "big-tag", "no-slot", "aborted", "unusable"])
 def test_poster_declines_what_python_must_handle(pool, case):
