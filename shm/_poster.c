@@ -428,26 +428,26 @@ static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject 
     int32_t bid = self->ranges[ri].bid;
     uint64_t off = addr - self->ranges[ri].start;
 
+    /* Allocate first: past this point nothing can fail before the record is handed over, except
+     * the pending-dict insert, which puts the slot and the record back. */
+    RequestObject *req = (RequestObject *)self->request_type->tp_alloc(self->request_type, 0);
+    if (!req) return NULL;
     PyObject *slot_obj, *index_obj;
     long slot = pop_int(self->free_slots, &slot_obj);
-    if (slot < 0) Py_RETURN_NONE;
+    if (slot < 0) {
+        Py_DECREF(req);
+        Py_RETURN_NONE;
+    }
     long index = pop_int(self->free_records, &index_obj);
     if (index < 0) {
         int r = PyList_Append(self->free_slots, slot_obj);
         Py_DECREF(slot_obj);
+        Py_DECREF(req);
         if (r < 0) return NULL;
         Py_RETURN_NONE;
     }
-    Py_DECREF(index_obj);
-    long long seq = ++self->seq;
-    if (!self->group_depth) self->opcount++;
-    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, (int)kind, code, 0, 0,
-                 self->local_rank, (int)peer, tag, (uint64_t)self->opcount, (uint64_t)seq,
-                 (uint32_t)slot, bid, off, (uint64_t)nbytes, (uint64_t)count, -1, 0, 0,
-                 0, 0);
-
-    RequestObject *req = (RequestObject *)self->request_type->tp_alloc(self->request_type, 0);
-    if (!req) return NULL;
+    long long seq = self->seq + 1;
+    long long opcount = self->group_depth ? self->opcount : self->opcount + 1;
     Py_INCREF(self->comm); req->comm = self->comm;
     Py_INCREF(buf); req->keep = buf;
     Py_INCREF(Py_None); req->stage = Py_None;
@@ -456,12 +456,27 @@ static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject 
     Py_INCREF(Py_None); req->extra = Py_None;
     req->seq = seq; req->tag = tag; req->nbytes = nbytes; req->user_addr = 0;
     req->slot = (int)slot; req->kind = (int)kind; req->peer = (int)peer; req->done = 0;
-    int set = PyDict_SetItem(self->pending, slot_obj, (PyObject *)req);
-    Py_DECREF(slot_obj);
-    if (set < 0) {
+    if (PyDict_SetItem(self->pending, slot_obj, (PyObject *)req) < 0) {
+        /* out of memory: give the slot and the record back (appending to a list that just had
+         * them popped needs no new memory), nothing was posted */
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyList_Append(self->free_records, index_obj);
+        PyList_Append(self->free_slots, slot_obj);
+        Py_DECREF(index_obj);
+        Py_DECREF(slot_obj);
         Py_DECREF(req);
+        PyErr_Restore(et, ev, etb);
         return NULL;
     }
+    Py_DECREF(index_obj);
+    Py_DECREF(slot_obj);
+    self->seq = seq;
+    self->opcount = opcount;
+    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, (int)kind, code, 0, 0,
+                 self->local_rank, (int)peer, tag, (uint64_t)opcount, (uint64_t)seq,
+                 (uint32_t)slot, bid, off, (uint64_t)nbytes, (uint64_t)count, -1, 0, 0,
+                 0, 0);
     PyObject *r = enqueue(self, (int32_t)index);
     if (!r) {
         Py_DECREF(req);
