@@ -79,8 +79,9 @@ def body_spawn_child(pid_dir: str, new_session: bool, fail_rank: int) -> None:
     """Start a child (a progress process stand-in), record its pid, then fail or hang."""
     child = subprocess.Popen(STANDIN, start_new_session=new_session, stdin=subprocess.DEVNULL)
     path = Path(pid_dir) / f"child.{_rank()}"
-    path.with_suffix(".tmp").write_text(str(child.pid))
-    os.replace(path.with_suffix(".tmp"), path)
+    tmp = path.with_name(path.name + ".tmp")  # per rank: with_suffix would give both "child.tmp"
+    tmp.write_text(str(child.pid))
+    os.replace(tmp, path)
     if _rank() == fail_rank:
         raise RuntimeError("rank failed while its child runs")
     _hang()
