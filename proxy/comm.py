@@ -188,7 +188,6 @@ class Comm:
         if not self._pp.fast:
             _log.warning("numpy's array layout is not the one shm/_poster.c reads: every post takes "
                          "the slower Python path")
-        self._fast_post = self._pp.post
         # Isend/Irecv of this instance are the poster's C entry points (a post then costs no Python
         # frame: ~250 ns of ~700 on the VM); what they decline goes to the methods below.
         cls = type(self)
@@ -478,12 +477,16 @@ class Comm:
     # ------------------------------------------------------------------ point-to-point API
     def Isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Request:
         """Post a send of ``buf`` to ``dest``; returns a Request. ``buf`` must stay unchanged until
-        the request completes (arrays outside comm.alloc memory are copied at post time)."""
-        return self._fast_post(KIND_SEND, buf, dest, tag) or self._post(KIND_SEND, buf, dest, tag)
+        the request completes (arrays outside comm.alloc memory are copied at post time).
+
+        Each communicator binds its own ``Isend``/``Irecv`` to the C post path (shm/_poster.c); these
+        methods are what that path falls back to, so they go straight to the full Python path."""
+        return self._post(KIND_SEND, buf, dest, tag)
 
     def Irecv(self, buf: np.ndarray, source: int, tag: int = 0) -> Request:
-        """Post a receive into ``buf`` (writable, C-contiguous) from ``source``; returns a Request."""
-        return self._fast_post(KIND_RECV, buf, source, tag) or self._post(KIND_RECV, buf, source, tag)
+        """Post a receive into ``buf`` (writable, C-contiguous) from ``source``; returns a Request.
+        (The C path bound per communicator falls back to this method, as for Isend.)"""
+        return self._post(KIND_RECV, buf, source, tag)
 
     def Send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
         """Blocking send: returns when the message has been delivered."""

@@ -551,28 +551,27 @@ class ProgressEngine:
                                time.monotonic_ns(), bytes=nbytes)
         return True
 
-    def buffer_addr(self, op: Op, second: bool, nbytes: int) -> int:
-        """The address of ``nbytes`` of an op's send (second=False) or receive buffer, bounds-checked."""
+    def buffer_of(self, op: Op, second: bool, nbytes: int) -> tuple[MemfdBuffer, int]:
+        """(registered buffer, offset) of ``nbytes`` of an op's send (second=False) or receive
+        buffer, bounds-checked."""
         key = (op.owner, op.buf2_id if second else op.buf_id)
         off = op.offset2 if second else op.offset
         buf = self.buffers.get(key)
         if buf is None or off + nbytes > buf.size:
             raise errors.InvalidArgument(f"{op.describe()}: buffer {key[1]} offset {off} + {nbytes} B is "
                                          f"outside the registered buffer")
+        return buf, off
+
+    def buffer_addr(self, op: Op, second: bool, nbytes: int) -> int:
+        buf, off = self.buffer_of(op, second, nbytes)
         return buf.addr + off
 
     def buffer_view(self, op: Op, second: bool, count: int) -> Any:
         """A numpy view of an op's send (second=False) or receive buffer, bounds-checked."""
-        key = (op.owner, op.buf2_id if second else op.buf_id)
-        off = op.offset2 if second else op.offset
         dt = CODE_DTYPE.get(op.dtype)
-        buf = self.buffers.get(key)
         if dt is None:
             raise errors.InvalidArgument(f"{op.describe()}: unknown dtype code {op.dtype}")
-        nbytes = count * dt.itemsize
-        if buf is None or off + nbytes > buf.size:
-            raise errors.InvalidArgument(f"{op.describe()}: buffer {key[1]} offset {off} + {nbytes} B is "
-                                         f"outside the registered buffer")
+        buf, off = self.buffer_of(op, second, count * dt.itemsize)
         return np.frombuffer(buf.mm, dtype=dt, count=count, offset=off)
 
     def build_coll(self, ops: list[Op]) -> tuple:

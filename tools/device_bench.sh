@@ -160,24 +160,25 @@ EOF
 fi
 say "--- posix_ipc: $POSIX_IPC"
 
-EXTS="shm._native shm._poster shm._reduce"
-built() { "$PY" -c "import shm._native, shm._poster, shm._reduce" >/dev/null 2>&1; }
+CMODS="_native _poster _reduce"   # shm/<name>.c, as pyproject.toml lists them
+built() { for m in $CMODS; do "$PY" -c "import shm.$m" >/dev/null 2>&1 || return 1; done; }
 if ! built; then
-    say "--- building $EXTS: pip install -e . --no-build-isolation --no-deps"
+    say "--- building shm/{${CMODS// /,}}.c: pip install -e . --no-build-isolation --no-deps"
     if ! "$PY" -m pip install -q --no-index --no-build-isolation --no-deps -e . >>"$LOG" 2>&1 || ! built; then
         say "    pip failed (setuptools < 74 reads no ext-modules from pyproject.toml?): building in place"
-        "$PY" - >>"$LOG" 2>&1 <<'EOF' || true
+        "$PY" - $CMODS >>"$LOG" 2>&1 <<'EOF' || true
+import sys
 from setuptools import Extension, setup
 setup(name="shmproxy-native", script_args=["build_ext", "--inplace"],
       ext_modules=[Extension(f"shm.{m}", [f"shm/{m}.c"], extra_compile_args=["-O2", "-std=gnu11", "-ffp-contract=off"])
-                   for m in ("_native", "_poster", "_reduce")])
+                   for m in sys.argv[1:]])
 EOF
     fi
     if ! built; then
         say "    build_ext failed: gcc directly"
         INC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
         SUF=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-        for m in _native _poster _reduce; do
+        for m in $CMODS; do
             gcc -O2 -std=gnu11 -ffp-contract=off -shared -fPIC -I"$INC" "shm/$m.c" -o "shm/$m$SUF" -lpthread >>"$LOG" 2>&1
         done
     fi
