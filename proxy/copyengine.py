@@ -1,20 +1,23 @@
 """Copy workers of the progress process.
 
-Large chunks are copied by worker threads pinned to the progress process's cores: the copy itself
-(shm._native.memcopy) runs without the GIL, so N workers move bytes on N cores while the progress loop
-keeps fetching and matching. Small chunks are copied inline by the loop: handing them to a thread
-would cost more than the copy.
+Large chunks are copied and reduced by worker threads pinned to the progress process's cores, so
+that N workers move bytes on N cores while the progress loop keeps fetching and matching. Small
+chunks are copied inline by the loop: handing them over would cost more than the copy.
 
-Handoff: the loop submits (sub, dst, src, n); a worker copies and puts the sub on ``finished``; the
-loop ``drain``s it and advances the sub's counters itself, so the counters keep a single writer. A
-worker never raises into a void: an exception is kept and re-raised by ``drain`` in the loop, which
+The workers are C threads (shm/_workers.c) that never take the GIL: the loop hands them a job (one
+copy, or the steps of a collective's chunk: copies and C-kernel reductions) and later ``drain``s the
+tokens of finished jobs, advancing the counters itself so that they keep a single writer. Handing a
+job to a Python thread used to cost a queue wake-up and two GIL acquisitions (~100 us on a 32-core
+host, ~300 us on a 2-core VM); through the C pool a job's round trip is ~20 us on the VM.
+
+What the C kernel cannot do (float16 and complex reductions with numpy, AVG's division, in-place
+scratch buffers: ``submit(token, fn, arg)``) runs on Python threads, started on first use. They
+report through the same finished list (``Workers.done``), so the loop waits in one place. A Python
+task never raises into a void: its exception is kept and re-raised by ``drain`` in the loop, which
 fails the communicator with it.
 
-The GIL matters here. A worker leaving the GIL-free copy must take the GIL back; if the loop spins
-in Python meanwhile, the worker waits for the interpreter's switch interval (5 ms by default: a
-256 KiB message took 5.7 ms instead of 0.17). So when the loop has nothing else to do while chunks
-are in flight, it blocks in ``wait`` (on the queue, GIL released) instead of spinning, and the
-progress process also shortens the switch interval.
+When the loop has nothing else to do while jobs are in flight, it blocks in ``wait`` (GIL
+released) instead of spinning.
 """
 from __future__ import annotations
 
@@ -23,85 +26,94 @@ import threading
 from typing import Any
 
 from proxy import affinity, log
-from shm import _native
+from shm import _native, _workers
 
 _log = log.get("PROXY")
 INLINE_BYTES = 64 << 10
 
 
 class CopyEngine:
-    def __init__(self, nthreads: int, cpus: list[int] | None):
-        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.finished: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, nthreads: int, cpus: list[int] | None, streaming: bool = False):
+        self.pool = _workers.Workers(nthreads, cpus, streaming) if nthreads else None
+        self.cpus = cpus
+        self.nthreads = nthreads
         self.in_flight = 0
         self.error: BaseException | None = None
-        self.threads = [threading.Thread(target=self._worker, args=(cpus,), daemon=True,
-                                         name=f"shmproxy-copy-{i}") for i in range(nthreads)]
-        for t in self.threads:
-            t.start()
-        _log.info("copy engine: %d worker thread(s) on cpus %s", nthreads, cpus if cpus else "any")
+        self.py_tasks: queue.SimpleQueue | None = None   # Python callables, on threads started lazily
+        self.py_threads: list[threading.Thread] = []
+        if nthreads:
+            _log.info("copy engine: %d worker thread(s) on cpus %s", nthreads, cpus if cpus else "any")
 
     @property
     def nworkers(self) -> int:
-        return len(self.threads)
+        return self.nthreads
 
-    def _worker(self, cpus: list[int] | None) -> None:
-        if cpus:
-            affinity.pin_thread(cpus)
-        memcopy = _native.memcopy
+    def copy(self, sub: Any, dst: int, src: int, n: int) -> bool:
+        """Copy one chunk: inline when small (returns True: done now), else on a worker (False)."""
+        if n < INLINE_BYTES or self.pool is None:
+            _native.memcopy(dst, src, n)
+            return True
+        self.pool.copy(sub, dst, src, n)
+        self.in_flight += 1
+        return False
+
+    def run(self, token: Any, steps: list[tuple]) -> None:
+        """Run native steps (shm/_workers.c: COPY and REDUCE tuples) in order on one worker."""
+        self.pool.run(token, steps)  # type: ignore[union-attr]
+        self.in_flight += 1
+
+    def submit(self, token: Any, fn: Any, arg: Any) -> None:
+        """Run ``fn(arg)`` on a Python worker thread; ``token`` comes back from ``drain`` when done."""
+        if self.pool is None:
+            raise RuntimeError("copy engine without workers")
+        if self.py_tasks is None:
+            self.py_tasks = queue.SimpleQueue()
+            self.py_threads = [threading.Thread(target=self._py_worker, daemon=True, name=f"shmproxy-py-{i}")
+                               for i in range(self.nthreads)]
+            for t in self.py_threads:
+                t.start()
+        self.py_tasks.put((token, fn, arg))
+        self.in_flight += 1
+
+    def _py_worker(self) -> None:
+        if self.cpus:
+            affinity.pin_thread(self.cpus)
+        tasks, pool = self.py_tasks, self.pool
         while True:
-            task = self.tasks.get()
+            task = tasks.get()  # type: ignore[union-attr]
             if task is None:
                 return
             token, fn, arg = task
             try:
-                if fn is None:
-                    memcopy(*arg)
-                else:
-                    fn(arg)
+                fn(arg)
             except BaseException as exc:  # kept and re-raised in the loop by drain()
                 self.error = exc
-            self.finished.put(token)
-            # Drop our references now: an entry holds numpy views of a rank's buffer, which could
-            # not be unmapped while this idle worker still held it.
+            pool.done(token)  # type: ignore[union-attr]
+            # Drop our references now: a task holds numpy views of a rank's buffer, which could not
+            # be unmapped while this idle worker still held it.
             del task, token, fn, arg
 
-    def copy(self, sub: Any, dst: int, src: int, n: int) -> bool:
-        """Copy one chunk: inline when small (returns True: done now), else on a worker (False)."""
-        if n < INLINE_BYTES or not self.threads:
-            _native.memcopy(dst, src, n)
-            return True
-        self.tasks.put((sub, None, (dst, src, n)))
-        self.in_flight += 1
-        return False
-
-    def submit(self, token: Any, fn: Any, arg: Any) -> None:
-        """Run ``fn(arg)`` on a worker; ``token`` comes back from ``drain`` when it is done."""
-        self.tasks.put((token, fn, arg))
-        self.in_flight += 1
-
     def drain(self) -> list[Any]:
-        """Tokens of the tasks finished since the last call (a sub per chunk copy)."""
+        """Tokens of the jobs finished since the last call (a sub per chunk copy)."""
         if self.error is not None:
             raise self.error
-        out = []
-        finished = self.finished
-        while not finished.empty():
-            out.append(finished.get_nowait())
+        if self.pool is None:
+            return []
+        out = self.pool.drain()
         self.in_flight -= len(out)
         return out
 
     def wait(self, timeout: float) -> None:
-        """Block (GIL released) until a worker finishes a chunk or ``timeout`` s pass; the finished
-        chunk stays queued for the next ``drain``."""
-        try:
-            sub = self.finished.get(timeout=timeout)
-        except queue.Empty:
-            return
-        self.finished.put(sub)
+        """Block (GIL released) until a job has finished or ``timeout`` s pass; the finished job stays
+        for the next ``drain``."""
+        if self.pool is not None:
+            self.pool.wait(timeout)
 
     def stop(self) -> None:
-        for _ in self.threads:
-            self.tasks.put(None)
-        for t in self.threads:
-            t.join(timeout=5.0)
+        if self.py_tasks is not None:
+            for _ in self.py_threads:
+                self.py_tasks.put(None)
+            for t in self.py_threads:
+                t.join(timeout=5.0)
+        if self.pool is not None:
+            self.pool.stop()

@@ -637,7 +637,11 @@ class ProgressEngine:
                     other_sch.entry_done(other)
             return bool(matched)
         if e.nbytes >= INLINE_ENTRY_BYTES and self.copy.nworkers:
-            self.copy.submit((sch, e), sched.execute, e)
+            step = sched.native_step(e)
+            if step is not None:
+                self.copy.run((sch, e), [step])
+            else:
+                self.copy.submit((sch, e), sched.execute, e)
             return False
         sched.execute(e)
         return True
@@ -647,8 +651,12 @@ class ProgressEngine:
         (the caller then starts it entry by entry)."""
         if not self.copy.nworkers or not sch.local_only:
             return False
+        steps = sch.native_steps()
         sch.claim()
-        self.copy.submit(sch, sched.Schedule.run_all, sch)
+        if steps is not None:
+            self.copy.run(sch, steps)
+        else:
+            self.copy.submit(sch, sched.Schedule.run_all, sch)
         return True
 
     def start_entry_inline(self, sch: sched.Schedule, e: sched.Entry) -> bool:
@@ -780,7 +788,7 @@ class ProgressEngine:
         n = self.params.COPY_THREADS or (len(cpus) if cpus else min(os.cpu_count() or 1, 8))
         if n > self.copy.nworkers:
             self.copy.stop()
-            self.copy = CopyEngine(n, cpus)
+            self.copy = CopyEngine(n, cpus, self.params.COPY_STREAMING)
         _log.info("progress affinity: %s (%s); %d copy threads", cpus if cpus else "unpinned", reason, n)
         self._write_info()
 

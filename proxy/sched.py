@@ -32,7 +32,7 @@ import numpy as np
 
 from proxy import errors
 from proxy.ops import DTYPE_CODE
-from shm import _native, _reduce
+from shm import _native, _reduce, _workers
 
 SEND, RECV, REDUCE, COPY, NOP, CB = range(6)
 KIND_NAMES = {SEND: "SEND", RECV: "RECV", REDUCE: "REDUCE", COPY: "COPY", NOP: "NOP", CB: "CB"}
@@ -168,6 +168,15 @@ def execute(e: Entry) -> None:
         raise errors.InternalError(f"entry {e!r} cannot be executed directly")
 
 
+def native_step(e: Entry) -> tuple | None:
+    """The entry as a step of the C workers (shm/_workers.c), or None when it needs Python."""
+    if e.kind == COPY:
+        return (_workers.COPY, e.dst, e.src, e.nbytes)
+    if e.kind == REDUCE and e.args is not None:
+        return (_workers.REDUCE, *e.args)
+    return None
+
+
 class Schedule:
     """The entries of one chunk, started in order up to each barrier."""
 
@@ -209,8 +218,20 @@ class Schedule:
         one worker, which keeps a chunk's result in that core's cache for the copies out."""
         return all(e.kind != SEND and e.kind != RECV for e in self.entries)
 
+    def native_steps(self) -> list[tuple] | None:
+        """Every data entry as a C worker step, in order (NOPs dropped), or None when one needs Python."""
+        steps = []
+        for e in self.entries:
+            if e.kind == NOP:
+                continue
+            step = native_step(e)
+            if step is None:
+                return None
+            steps.append(step)
+        return steps
+
     def claim(self) -> None:
-        """Mark every entry started: the schedule is handed whole to one worker (run_all)."""
+        """Mark every entry started: the schedule is handed whole to one worker."""
         for e in self.entries:
             e.status = STARTED
         self.next = len(self.entries)

@@ -372,6 +372,70 @@ def test_reduce_kernel_output_may_alias_an_input():
     np.testing.assert_array_equal(xs[2], want)
 
 
+def test_worker_pool_runs_steps_in_order_and_returns_every_token_once():
+    """shm._workers: a job's steps run in order on one thread (the REDUCE reads what the COPY wrote),
+    jobs spread over the threads, and each token comes back exactly once."""
+    from shm import _workers
+    rng = np.random.default_rng(11)
+    pool = _workers.Workers(3, None, False)
+    try:
+        n, njobs = 70_001, 24
+        xs = [rng.standard_normal(n).astype(np.float64) for _ in range(njobs)]
+        scratch = [np.zeros(n) for _ in range(njobs)]
+        outs = [np.zeros((2, n)) for _ in range(njobs)]
+        code = ops.DTYPE_CODE["d"]
+        for j in range(njobs):
+            pool.run(("job", j), [
+                (_workers.COPY, scratch[j].ctypes.data, xs[j].ctypes.data, xs[j].nbytes),
+                (_workers.REDUCE, 1, code, n, [scratch[j].ctypes.data, xs[j].ctypes.data],
+                 [outs[j][0].ctypes.data, outs[j][1].ctypes.data]),
+            ])
+        a, b = np.arange(1000, dtype=np.uint8), np.zeros(1000, np.uint8)
+        pool.copy("copy", b.ctypes.data, a.ctypes.data, a.nbytes)
+        got: list = []
+        deadline = time.monotonic() + 30
+        while len(got) < njobs + 1 and time.monotonic() < deadline:
+            pool.wait(1.0)
+            got += pool.drain()
+        assert sorted(got, key=str) == sorted([("job", j) for j in range(njobs)] + ["copy"], key=str)
+        assert pool.pending == 0 and pool.drain() == []
+        for j in range(njobs):
+            np.testing.assert_array_equal(outs[j][0], xs[j] + xs[j])
+            np.testing.assert_array_equal(outs[j][1], xs[j] + xs[j])
+        np.testing.assert_array_equal(a, b)
+    finally:
+        pool.stop()
+
+
+def test_worker_pool_rejects_bad_jobs_before_queueing_and_stops_cleanly():
+    from shm import _workers
+    pool = _workers.Workers(1, [0], True)
+    x = np.ones(8, np.float16)
+    bad = [
+        [(_workers.REDUCE, 1, ops.DTYPE_CODE["e"], 8, [x.ctypes.data], [x.ctypes.data])],  # float16: numpy's
+        [(_workers.REDUCE, 1, ops.DTYPE_CODE["f"], 8, [], [x.ctypes.data])],                 # no source
+        [(_workers.COPY, x.ctypes.data, x.ctypes.data)],                                     # short tuple
+        [(_workers.COPY, 0, x.ctypes.data, 8)],                                              # null address
+        [(9, 1, 2, 3)],                                                                      # unknown kind
+        [[_workers.COPY, x.ctypes.data, x.ctypes.data, 8]],                                  # not a tuple
+    ]
+    for steps in bad:
+        with pytest.raises((ValueError, TypeError)):
+            pool.run("bad", steps)
+    assert pool.pending == 0
+    t0 = time.monotonic()
+    assert pool.wait(0.05) is False            # bounded: nothing in flight
+    assert time.monotonic() - t0 < 5
+    pool.done("py")                            # a Python worker's report joins the same list
+    assert pool.wait(0.0) is True and pool.drain() == ["py"]
+    pool.stop()
+    pool.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        pool.copy("late", x.ctypes.data, x.ctypes.data, 2)
+    with pytest.raises(ValueError, match="nthreads"):
+        _workers.Workers(0)
+
+
 # ------------------------------------------------------------------------------------ params
 def test_params_defaults_env_and_overrides():
     p = params_mod.Params(env={})

@@ -8,7 +8,7 @@
 # preinstalled, no internet), with this repository copied there as the working tree. It:
 #   1. makes shmproxy importable: posix_ipc (installed, or built from a carried sdist/wheel in
 #      build/deps/ or .whl/, else a labelled pure-Python stand-in, see below), then the C helpers
-#      shm._native, shm._poster and shm._reduce (pip install -e . --no-build-isolation --no-deps, else an in-place build_ext, else
+#      shm._native, shm._poster, shm._reduce and shm._workers (pip install -e . --no-build-isolation --no-deps, else an in-place build_ext, else
 #      gcc directly);
 #   2. finds the launcher: Open MPI's mpirun (run as root allowed, --oversubscribe, --bind-to $BIND)
 #      or MPICH's mpiexec, and checks that mpi4py under it sees the right world;
@@ -160,7 +160,7 @@ EOF
 fi
 say "--- posix_ipc: $POSIX_IPC"
 
-CMODS="_native _poster _reduce"   # shm/<name>.c, as pyproject.toml lists them
+CMODS="_native _poster _reduce _workers"   # shm/<name>.c, as pyproject.toml lists them
 built() { for m in $CMODS; do "$PY" -c "import shm.$m" >/dev/null 2>&1 || return 1; done; }
 if ! built; then
     say "--- building shm/{${CMODS// /,}}.c: pip install -e . --no-build-isolation --no-deps"
@@ -170,7 +170,7 @@ if ! built; then
 import sys
 from setuptools import Extension, setup
 setup(name="shmproxy-native", script_args=["build_ext", "--inplace"],
-      ext_modules=[Extension(f"shm.{m}", [f"shm/{m}.c"], extra_compile_args=["-O2", "-std=gnu11", "-ffp-contract=off"])
+      ext_modules=[Extension(f"shm.{m}", [f"shm/{m}.c"], extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off"])
                    for m in sys.argv[1:]])
 EOF
     fi
@@ -179,7 +179,7 @@ EOF
         INC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
         SUF=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
         for m in $CMODS; do
-            gcc -O2 -std=gnu11 -ffp-contract=off -shared -fPIC -I"$INC" "shm/$m.c" -o "shm/$m$SUF" -lpthread >>"$LOG" 2>&1
+            gcc -O3 -std=gnu11 -ffp-contract=off -shared -fPIC -I"$INC" "shm/$m.c" -o "shm/$m$SUF" -lpthread >>"$LOG" 2>&1
         done
     fi
 fi

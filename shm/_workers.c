@@ -1,0 +1,467 @@
+/*
+ * shm._workers: the copy and reduction workers of the progress process, as threads that never take
+ * the GIL.
+ *
+ *   pool = Workers(nthreads, cpus, streaming)
+ *   pool.copy(token, dst, src, n)        one memmove of n bytes (a chunk of a message)
+ *   pool.run(token, steps)               the steps in order, on one thread (a chunk of a collective):
+ *                                          (COPY, dst, src, n)
+ *                                          (REDUCE, op, code, count, srcs, dsts)   see shm/_reduce.c
+ *   pool.done(token)                     report a job finished elsewhere (a Python worker thread)
+ *   pool.drain() -> [token, ...]         jobs finished since the last call
+ *   pool.wait(timeout) -> bool           block, GIL released, until a job has finished or timeout
+ *   pool.stop()                          workers exit after their current job; idempotent
+ *
+ * Why compiled: a Python worker thread costs a queue wake-up and two GIL acquisitions per job (one to
+ * pick it up, one to report it), while the progress loop holds the GIL most of the time. That hand-off
+ * was ~100 us on the 32-core GPU host and ~300 us on the 2-core VM, and with 16 workers they queued
+ * for the GIL behind each other: it was the main cost of 1-16 MiB collectives (BENCHMARKS.md).
+ *
+ * Lock protocol: one mutex guards the job queue, the finished list, the counters and the stop flag.
+ * Workers sleep on `work`, the progress loop on `finished`, both with bounded or signalled waits.
+ * Memory ordering: a worker writes a job's bytes (fencing streaming stores first), then takes the mutex
+ * to put the job on the finished list; the loop takes the same mutex in drain() before it tells any
+ * rank, so the data is visible before the completion is published (mutex acquire/release).
+ *
+ * Tokens are Python objects owned by their job: referenced at submission and handed back by drain(),
+ * both with the GIL held. Workers only ever touch C data, and every address they use was bounds-checked
+ * by the progress process against a mapped buffer before submission.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "_kernel.h"
+
+enum { STEP_COPY = 0, STEP_REDUCE = 1 };
+#define MAX_THREADS 1024
+
+typedef struct {
+    int kind, op, code;
+    combine_fn fn;
+    size_t n;             /* COPY: bytes; REDUCE: elements */
+    char *dst, *src;      /* COPY */
+    size_t nsrc, ndst;
+    char **addrs;         /* REDUCE: nsrc sources, then ndst destinations */
+} Step;
+
+typedef struct Job {
+    struct Job *next;
+    PyObject *token;
+    int streaming;
+    size_t nsteps;
+    Step *steps;
+    Step one;             /* the storage of a single-step job */
+} Job;
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_cond_t work, finished;
+    Job *head, *tail;     /* queued jobs, FIFO */
+    Job *done_head, *done_tail;
+    int stopping, streaming;
+    int nthreads, started;
+    pthread_t *threads;
+    int *cpus;
+    int ncpus;
+    unsigned long long submitted, completed;
+} Pool;
+
+static void job_free(Job *j) {
+    if (j->steps) {
+        for (size_t i = 0; i < j->nsteps; i++) free(j->steps[i].addrs);
+        if (j->steps != &j->one) free(j->steps);
+    }
+    Py_XDECREF(j->token);
+    free(j);
+}
+
+static void free_jobs(Job *j) {
+    for (Job *nx; j; j = nx) {
+        nx = j->next;
+        job_free(j);
+    }
+}
+
+static void job_execute(const Job *j) {
+    for (size_t i = 0; i < j->nsteps; i++) {
+        const Step *s = &j->steps[i];
+        if (s->kind == STEP_COPY) {
+            if (j->streaming)
+                copy_streaming_unfenced(s->dst, s->src, s->n, 4096);
+            else
+                memmove(s->dst, s->src, s->n);
+        } else {
+            reduce_run(s->fn, s->op, s->code, s->n, s->addrs, s->nsrc, s->addrs + s->nsrc, s->ndst, j->streaming);
+        }
+    }
+    if (j->streaming) streaming_fence();
+}
+
+static void finish_locked(Pool *p, Job *j) {
+    j->next = NULL;
+    if (p->done_tail) p->done_tail->next = j; else p->done_head = j;
+    p->done_tail = j;
+    p->completed++;
+    pthread_cond_signal(&p->finished);
+}
+
+static void *worker_main(void *arg) {
+    Pool *p = arg;
+    if (p->ncpus > 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int i = 0; i < p->ncpus; i++)
+            if (p->cpus[i] >= 0 && p->cpus[i] < CPU_SETSIZE) CPU_SET(p->cpus[i], &set);
+        pthread_setaffinity_np(pthread_self(), sizeof(set), &set); /* best effort, as affinity.pin_thread */
+    }
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->head && !p->stopping) pthread_cond_wait(&p->work, &p->mu);
+        if (p->stopping) break;
+        Job *j = p->head;
+        p->head = j->next;
+        if (!p->head) p->tail = NULL;
+        pthread_mutex_unlock(&p->mu);
+        job_execute(j);
+        pthread_mutex_lock(&p->mu);
+        finish_locked(p, j);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void enqueue(Pool *p, Job *j) {
+    j->next = NULL;
+    pthread_mutex_lock(&p->mu);
+    if (p->tail) p->tail->next = j; else p->head = j;
+    p->tail = j;
+    p->submitted++;
+    pthread_cond_signal(&p->work);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static int check_running(Pool *p) {
+    if (p->stopping || !p->started) {
+        PyErr_SetString(PyExc_RuntimeError, "the worker pool is stopped");
+        return -1;
+    }
+    return 0;
+}
+
+static Job *job_new(PyObject *token, size_t nsteps, int streaming) {
+    Job *j = calloc(1, sizeof(Job));
+    if (!j) return NULL;
+    if (nsteps <= 1) {
+        j->steps = &j->one;
+    } else if (!(j->steps = calloc(nsteps, sizeof(Step)))) {
+        free(j);
+        return NULL;
+    }
+    j->nsteps = nsteps;
+    j->streaming = streaming;
+    Py_INCREF(token);
+    j->token = token;
+    return j;
+}
+
+static void *as_addr(PyObject *o) {
+    void *p = PyLong_AsVoidPtr(o);
+    if (!p && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a null address");
+    return p;
+}
+
+/* ---------------------------------------------------------------------------------- Python API */
+
+static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"nthreads", "cpus", "streaming", NULL};
+    int nthreads, streaming = 0;
+    PyObject *cpus_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|Op", kwlist, &nthreads, &cpus_obj, &streaming)) return -1;
+    if (p->started || p->threads) {
+        PyErr_SetString(PyExc_RuntimeError, "Workers is already initialised");
+        return -1;
+    }
+    if (nthreads < 1 || nthreads > MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "nthreads must be in 1..%d, not %d", MAX_THREADS, nthreads);
+        return -1;
+    }
+    if (cpus_obj != Py_None) {
+        PyObject *seq = PySequence_Fast(cpus_obj, "cpus must be a sequence of ints or None");
+        if (!seq) return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        p->cpus = calloc(n ? n : 1, sizeof(int));
+        if (!p->cpus) { Py_DECREF(seq); PyErr_NoMemory(); return -1; }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long c = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (c == -1 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
+            p->cpus[i] = (int)c;
+        }
+        p->ncpus = (int)n;
+        Py_DECREF(seq);
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work, &ca);
+    pthread_cond_init(&p->finished, &ca);
+    pthread_condattr_destroy(&ca);
+    p->streaming = streaming;
+    p->threads = calloc(nthreads, sizeof(pthread_t));
+    if (!p->threads) { PyErr_NoMemory(); return -1; }
+    p->started = 1;
+    for (int i = 0; i < nthreads; i++) {
+        int rc = pthread_create(&p->threads[i], NULL, worker_main, p);
+        if (rc) {
+            errno = rc;
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;  /* the threads already started are stopped by dealloc */
+        }
+        p->nthreads = i + 1;
+    }
+    return 0;
+}
+
+static void pool_stop(Pool *p) {
+    if (!p->threads || p->stopping) return;
+    pthread_mutex_lock(&p->mu);
+    p->stopping = 1;
+    pthread_cond_broadcast(&p->work);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);  /* a job always ends */
+}
+
+static PyObject *Pool_stop(Pool *p, PyObject *unused) {
+    Py_BEGIN_ALLOW_THREADS
+    pool_stop(p);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static void Pool_dealloc(Pool *p) {
+    if (p->threads) {
+        Py_BEGIN_ALLOW_THREADS
+        pool_stop(p);
+        Py_END_ALLOW_THREADS
+        free_jobs(p->head);
+        free_jobs(p->done_head);
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->work);
+        pthread_cond_destroy(&p->finished);
+        free(p->threads);
+    }
+    free(p->cpus);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyObject *Pool_copy(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "copy(token, dst, src, n)");
+        return NULL;
+    }
+    if (check_running(p) < 0) return NULL;
+    char *dst = as_addr(args[1]);
+    if (!dst) return NULL;
+    char *src = as_addr(args[2]);
+    if (!src) return NULL;
+    unsigned long long n = PyLong_AsUnsignedLongLong(args[3]);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Job *j = job_new(args[0], 1, 0);
+    if (!j) return PyErr_NoMemory();
+    j->one.kind = STEP_COPY;
+    j->one.dst = dst;
+    j->one.src = src;
+    j->one.n = (size_t)n;
+    enqueue(p, j);
+    Py_RETURN_NONE;
+}
+
+/* Addresses of a sequence into out[0..n), or -1 with an exception. */
+static int parse_addrs(PyObject *seq_obj, char **out, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = as_addr(PySequence_Fast_GET_ITEM(seq_obj, i));
+        if (!out[i]) return -1;
+    }
+    return 0;
+}
+
+static int parse_step(PyObject *t, Step *s) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) {
+        PyErr_SetString(PyExc_TypeError, "a step is a tuple (COPY, dst, src, n) or (REDUCE, op, code, count, srcs, dsts)");
+        return -1;
+    }
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+    if (kind == STEP_COPY && PyTuple_GET_SIZE(t) == 4) {
+        s->kind = STEP_COPY;
+        if (!(s->dst = as_addr(PyTuple_GET_ITEM(t, 1))) || !(s->src = as_addr(PyTuple_GET_ITEM(t, 2)))) return -1;
+        unsigned long long n = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 3));
+        if (n == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        s->n = (size_t)n;
+        return 0;
+    }
+    if (kind == STEP_REDUCE && PyTuple_GET_SIZE(t) == 6) {
+        s->kind = STEP_REDUCE;
+        s->op = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
+        s->code = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 2));
+        unsigned long long count = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 3));
+        if (PyErr_Occurred()) return -1;
+        if (!(s->fn = kernel_for(s->op, s->code))) {
+            PyErr_Format(PyExc_ValueError, "REDUCE step: op %d on dtype code %d is not supported here", s->op, s->code);
+            return -1;
+        }
+        s->n = (size_t)count;
+        PyObject *srcs = PySequence_Fast(PyTuple_GET_ITEM(t, 4), "srcs must be a sequence of addresses");
+        if (!srcs) return -1;
+        PyObject *dsts = PySequence_Fast(PyTuple_GET_ITEM(t, 5), "dsts must be a sequence of addresses");
+        if (!dsts) { Py_DECREF(srcs); return -1; }
+        s->nsrc = (size_t)PySequence_Fast_GET_SIZE(srcs);
+        s->ndst = (size_t)PySequence_Fast_GET_SIZE(dsts);
+        int rc = -1;
+        if (s->nsrc < 1) {
+            PyErr_SetString(PyExc_ValueError, "REDUCE step needs at least one source");
+        } else if (!(s->addrs = malloc(sizeof(char *) * (s->nsrc + s->ndst)))) {
+            PyErr_NoMemory();
+        } else if (parse_addrs(srcs, s->addrs, (Py_ssize_t)s->nsrc) == 0 &&
+                   parse_addrs(dsts, s->addrs + s->nsrc, (Py_ssize_t)s->ndst) == 0) {
+            rc = 0;
+        }
+        Py_DECREF(srcs);
+        Py_DECREF(dsts);
+        return rc;
+    }
+    if (!PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "unknown step kind %ld or wrong length %zd", kind, PyTuple_GET_SIZE(t));
+    return -1;
+}
+
+static PyObject *Pool_run(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "run(token, steps)");
+        return NULL;
+    }
+    if (check_running(p) < 0) return NULL;
+    PyObject *steps = PySequence_Fast(args[1], "steps must be a sequence of tuples");
+    if (!steps) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(steps);
+    Job *j = job_new(args[0], (size_t)n, p->streaming);
+    if (!j) { Py_DECREF(steps); return PyErr_NoMemory(); }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (parse_step(PySequence_Fast_GET_ITEM(steps, i), &j->steps[i]) < 0) {
+            Py_DECREF(steps);
+            job_free(j);
+            return NULL;
+        }
+    }
+    Py_DECREF(steps);
+    enqueue(p, j);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pool_done(Pool *p, PyObject *token) {
+    if (!p->threads) return PyErr_Format(PyExc_RuntimeError, "the worker pool is not initialised");
+    Job *j = job_new(token, 0, 0);
+    if (!j) return PyErr_NoMemory();
+    pthread_mutex_lock(&p->mu);
+    p->submitted++;
+    finish_locked(p, j);
+    pthread_mutex_unlock(&p->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pool_drain(Pool *p, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    if (!out || !p->threads) return out;
+    pthread_mutex_lock(&p->mu);
+    Job *j = p->done_head;
+    p->done_head = p->done_tail = NULL;
+    pthread_mutex_unlock(&p->mu);
+    int failed = 0;
+    for (Job *nx; j; j = nx) {
+        nx = j->next;
+        if (!failed && PyList_Append(out, j->token) < 0) failed = 1;  /* jobs are freed either way */
+        job_free(j);
+    }
+    if (failed) { Py_DECREF(out); return NULL; }
+    return out;
+}
+
+static PyObject *Pool_wait(Pool *p, PyObject *arg) {
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred()) return NULL;
+    if (!p->threads) Py_RETURN_FALSE;
+    int ready;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    if (timeout < 0) timeout = 0;
+    long long ns = ts.tv_nsec + (long long)(timeout * 1e9);
+    ts.tv_sec += ns / 1000000000LL;
+    ts.tv_nsec = ns % 1000000000LL;
+    pthread_mutex_lock(&p->mu);
+    while (!p->done_head && pthread_cond_timedwait(&p->finished, &p->mu, &ts) != ETIMEDOUT) {}
+    ready = p->done_head != NULL;
+    pthread_mutex_unlock(&p->mu);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(ready);
+}
+
+static PyObject *Pool_get_pending(Pool *p, void *unused) {
+    if (!p->threads) return PyLong_FromLong(0);
+    pthread_mutex_lock(&p->mu);
+    unsigned long long n = p->submitted - p->completed;
+    pthread_mutex_unlock(&p->mu);
+    return PyLong_FromUnsignedLongLong(n);
+}
+
+static PyObject *Pool_get_nthreads(Pool *p, void *unused) { return PyLong_FromLong(p->nthreads); }
+
+static PyMethodDef Pool_methods[] = {
+    {"copy", (PyCFunction)(void (*)(void))Pool_copy, METH_FASTCALL, "copy(token, dst, src, n): one memmove"},
+    {"run", (PyCFunction)(void (*)(void))Pool_run, METH_FASTCALL, "run(token, steps): steps in order, one thread"},
+    {"done", (PyCFunction)Pool_done, METH_O, "done(token): report a job finished outside the pool"},
+    {"drain", (PyCFunction)Pool_drain, METH_NOARGS, "drain() -> tokens of the jobs finished since the last call"},
+    {"wait", (PyCFunction)Pool_wait, METH_O, "wait(timeout) -> True once a job has finished (GIL released)"},
+    {"stop", (PyCFunction)Pool_stop, METH_NOARGS, "stop(): workers exit after their current job"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Pool_getset[] = {
+    {"pending", (getter)Pool_get_pending, NULL, "jobs submitted and not yet finished", NULL},
+    {"nthreads", (getter)Pool_get_nthreads, NULL, "worker threads started", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shm._workers.Workers",
+    .tp_basicsize = sizeof(Pool),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Copy and reduction worker threads that run without the GIL (see the module).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Pool_init,
+    .tp_dealloc = (destructor)Pool_dealloc,
+    .tp_methods = Pool_methods,
+    .tp_getset = Pool_getset,
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._workers", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__workers(void) {
+    init_tables();
+    if (PyType_Ready(&PoolType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    Py_INCREF(&PoolType);
+    if (PyModule_AddObject(m, "Workers", (PyObject *)&PoolType) < 0) { Py_DECREF(&PoolType); Py_DECREF(m); return NULL; }
+    PyModule_AddIntConstant(m, "COPY", STEP_COPY);
+    PyModule_AddIntConstant(m, "REDUCE", STEP_REDUCE);
+    return m;
+}
