@@ -135,7 +135,7 @@ _DECLARED: tuple[Param, ...] = (
     _p("APPEND_BATCH_SIZE", int, 16, "At most this many opCount groups are taken per fetch.", 1),
     _p("STEPS", int, 8, "Buffer slots per connection: a sub may have this many chunks in flight.", 1),
     _p("CHUNK_SIZE", _parse_size, 512 << 10, "Bytes moved per step by the shm transport.", 4096),
-    _p("COLL_MIN_CHUNK", _parse_size, 256 << 10,
+    _p("COLL_MIN_CHUNK", _parse_size, 64 << 10,
        "A collective's chunks shrink below CHUNK_SIZE to give every copy worker one, but not below this.",
        4096),
     _p("MAX_OPS_PER_RANK", int, 1024, "Op records (and request slots) each local rank owns in the pool.", 16),
