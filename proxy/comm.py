@@ -37,7 +37,7 @@ import numpy as np
 from proxy import bootstrap, errors, log, params as params_mod
 from proxy.buffers import Registry, StagingCache
 from proxy import objects, sched
-from proxy.ops import (DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND,
+from proxy.ops import (CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND,
                        SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, UNDEFINED)
 from proxy.protocol import MsgType
 from proxy.request import Request
@@ -67,6 +67,9 @@ def _probes() -> list[tuple]:
 
 
 assert (_poster.KIND_SEND, _poster.KIND_RECV, _poster.RECORD_BYTES) == (KIND_SEND, KIND_RECV, P.RECORD_BYTES)
+assert (_poster.KIND_COLL, _poster.FLAG_IN_PLACE, _poster.COLL_ALLREDUCE) == (KIND_COLL, FLAG_IN_PLACE, sched.Coll.ALLREDUCE)
+assert _poster.CODE_BOOL == DTYPE_CODE["?"] and _poster.CODE_FIRST_FLOAT == DTYPE_CODE["e"] == max(
+    c for c, t in CODE_DTYPE.items() if t.kind not in "fc") + 1
 
 
 def init(timeout: float | None = None, **overrides: Any) -> "Comm":
@@ -169,7 +172,6 @@ class Comm:
         self._free_records: list[int] = []
         self._free_slots = list(range(self._rec_base + max_ops - 1, self._rec_base - 1, -1))
         self._pending: dict[int, Request] = {}
-        self._coll_seq = 0
         self._buf = view.buf
         self._records_off = layout.records_off
         self._abort_q = P.CTRL_OFF // 8 + P.CTRL_ABORT
@@ -193,6 +195,9 @@ class Comm:
         cls = type(self)
         self._pp.send_fallback, self._pp.recv_fallback = cls.Isend.__get__(self), cls.Irecv.__get__(self)
         self.Isend, self.Irecv = self._pp.isend, self._pp.irecv
+        # ... and so is Iallreduce, for buffers in registered memory.
+        self._pp.allreduce_fallback, self._pp.in_place = cls.Iallreduce.__get__(self), IN_PLACE
+        self.Iallreduce = self._pp.iallreduce
         self._spin_s = self.params.WAIT_SPIN_US * 1e-6
         crowded = (os.cpu_count() or 1) < self.local_size + 2
         p = self.params
@@ -635,9 +640,10 @@ class Comm:
                 recv_loc = self._locate(recvbuf, True, copy_in=in_place, what=f"{name} recvbuf")
             else:
                 flags |= FLAG_NO_RECV
-        self._coll_seq += 1
+        pp = self._pp
+        pp.coll_seq += 1
         req = self._emit(KIND_COLL, code, redop, flags, root, coll, send_loc[0], send_loc[1], snb, count,
-                         recv_loc[0], recv_loc[1], rnb, self._coll_seq, keep, recv_loc[2], recv_loc[3])
+                         recv_loc[0], recv_loc[1], rnb, pp.coll_seq, keep, recv_loc[2], recv_loc[3])
         if send_loc[2] is not None or recv_loc[2] is not None:
             req._extra = (send_loc[2], rnb)
         return req
@@ -658,12 +664,13 @@ class Comm:
         return req
 
     def Iallreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> Request:
-        """Nonblocking Allreduce; ``sendbuf`` may be proxy.IN_PLACE."""
+        """Nonblocking Allreduce; ``sendbuf`` may be proxy.IN_PLACE. (Each communicator binds its own
+        Iallreduce to the C post path, which falls back to this method for everything uncommon.)"""
         return self._coll(sched.Coll.ALLREDUCE, sendbuf, recvbuf, op)
 
     def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> None:
         """recvbuf = op over every rank's sendbuf (or recvbuf, with IN_PLACE), on every rank."""
-        self._coll(sched.Coll.ALLREDUCE, sendbuf, recvbuf, op).Wait()
+        self.Iallreduce(sendbuf, recvbuf, op).Wait()
 
     def Ireduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = sched.ReduceOp.SUM, root: int = 0) -> Request:
         return self._coll(sched.Coll.REDUCE, sendbuf, recvbuf, op, root)

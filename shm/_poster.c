@@ -41,6 +41,12 @@
 #define RECORD_BYTES 128
 #define KIND_SEND 1  /* proxy/ops.py; checked at import by proxy/comm.py */
 #define KIND_RECV 2
+#define KIND_COLL 3
+#define FLAG_IN_PLACE 1      /* proxy/ops.py */
+#define COLL_ALLREDUCE 4     /* proxy/sched.py Coll */
+enum { REDOP_SUM = 1, REDOP_PROD, REDOP_MIN, REDOP_MAX, REDOP_AVG };  /* proxy/sched.py ReduceOp */
+#define CODE_BOOL 1          /* proxy/ops.py dtype codes: bool, then integers, then float16.. */
+#define CODE_FIRST_FLOAT 10
 
 /* ------------------------------------------------------------------ RequestBase */
 
@@ -160,13 +166,15 @@ typedef struct {
     int local_rank, size;
     double timeout;
     /* post state shared with the Python path */
-    long long seq, opcount;
+    long long seq, opcount, coll_seq;
     int group_depth, usable;
     int32_t chain_first, chain_last;
     /* Python objects owned by the Comm */
     PyTypeObject *ndarray, *request_type;
     PyObject *comm, *free_slots, *free_records, *pending, *on_splice_error;
     PyObject *send_fallback, *recv_fallback;  /* isend()/irecv() hand everything else to these */
+    PyObject *allreduce_fallback;             /* and iallreduce() to this */
+    PyObject *in_place;                       /* proxy.IN_PLACE */
     /* registered ranges (sorted by start); dtype char -> code and itemsize (0: unsupported) */
     Range *ranges;
     Py_ssize_t nranges;
@@ -186,6 +194,8 @@ static int Poster_traverse(PosterObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->on_splice_error);
     Py_VISIT(self->send_fallback);
     Py_VISIT(self->recv_fallback);
+    Py_VISIT(self->allreduce_fallback);
+    Py_VISIT(self->in_place);
     return 0;
 }
 
@@ -200,6 +210,8 @@ static int Poster_clear(PosterObject *self) {
     Py_CLEAR(self->on_splice_error);
     Py_CLEAR(self->send_fallback);
     Py_CLEAR(self->recv_fallback);
+    Py_CLEAR(self->allreduce_fallback);
+    Py_CLEAR(self->in_place);
     return 0;
 }
 
@@ -306,7 +318,7 @@ static int Poster_init(PosterObject *self, PyObject *args, PyObject *kwds) {
     self->local_rank = local_rank;
     self->size = size;
     self->timeout = timeout;
-    self->seq = self->opcount = 0;
+    self->seq = self->opcount = self->coll_seq = 0;
     self->group_depth = 0;
     self->chain_first = self->chain_last = -1;
     self->usable = 1;
@@ -329,35 +341,40 @@ static int check_mapped(PosterObject *self) {
     return 0;
 }
 
-static void write_record(char *r, int kind, int code, int redop, int flags, int owner, int peer,
-                         int64_t tag, uint64_t opcount, uint64_t seq, uint32_t slot, int32_t bid,
-                         uint64_t off, uint64_t nbytes, uint64_t count, int32_t bid2, uint64_t off2,
-                         uint64_t nbytes2, uint64_t coll_seq, uint64_t x1) {
+/* The fields of a record that a post chooses; the owner, opCount, seq and slot come with the post. */
+typedef struct {
+    int kind, code, redop, flags, peer;
+    int64_t tag;
+    int32_t bid, bid2;
+    uint64_t off, nbytes, count, off2, nbytes2, coll_seq, x1;
+} Rec;
+
+static void write_record(char *r, const Rec *f, int owner, uint64_t opcount, uint64_t seq, uint32_t slot) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t t_post = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     int32_t next = -1, zero32 = 0;
     uint64_t zero64 = 0;
-    uint8_t b[4] = {(uint8_t)kind, (uint8_t)code, (uint8_t)redop, (uint8_t)flags};
+    uint8_t b[4] = {(uint8_t)f->kind, (uint8_t)f->code, (uint8_t)f->redop, (uint8_t)f->flags};
     memcpy(r + 0, &next, 4);
     memcpy(r + 4, b, 4);
     memcpy(r + 8, &owner, 4);
-    memcpy(r + 12, &peer, 4);
-    memcpy(r + 16, &tag, 8);
+    memcpy(r + 12, &f->peer, 4);
+    memcpy(r + 16, &f->tag, 8);
     memcpy(r + 24, &opcount, 8);
     memcpy(r + 32, &seq, 8);
     memcpy(r + 40, &slot, 4);
-    memcpy(r + 44, &bid, 4);
-    memcpy(r + 48, &off, 8);
-    memcpy(r + 56, &nbytes, 8);
-    memcpy(r + 64, &count, 8);
-    memcpy(r + 72, &bid2, 4);
+    memcpy(r + 44, &f->bid, 4);
+    memcpy(r + 48, &f->off, 8);
+    memcpy(r + 56, &f->nbytes, 8);
+    memcpy(r + 64, &f->count, 8);
+    memcpy(r + 72, &f->bid2, 4);
     memcpy(r + 76, &zero32, 4);
-    memcpy(r + 80, &off2, 8);
-    memcpy(r + 88, &nbytes2, 8);
-    memcpy(r + 96, &coll_seq, 8);
+    memcpy(r + 80, &f->off2, 8);
+    memcpy(r + 88, &f->nbytes2, 8);
+    memcpy(r + 96, &f->coll_seq, 8);
     memcpy(r + 104, &t_post, 8);
-    memcpy(r + 112, &x1, 8);
+    memcpy(r + 112, &f->x1, 8);
     memcpy(r + 120, &zero64, 8);
 }
 
@@ -406,28 +423,18 @@ static Py_ssize_t find_range(PosterObject *self, uintptr_t addr, size_t n) {
     return addr + n <= r->end ? lo - 1 : -1;
 }
 
-/* The fast post: a new Request, or None (a new reference) when Python must take it, or NULL. */
-static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject *peer_obj, PyObject *tag_obj) {
-    if (!self->mapped || !self->fast || !self->usable || *self->err || *self->abort || Py_TYPE(buf) != self->ndarray ||
-        !PyLong_CheckExact(peer_obj) || !PyLong_CheckExact(tag_obj) ||
-        PyList_GET_SIZE(self->free_slots) == 0 || PyList_GET_SIZE(self->free_records) == 0)
-        Py_RETURN_NONE;
-    int overflow = 0;
-    long peer = PyLong_AsLongAndOverflow(peer_obj, &overflow);
-    if (overflow || peer < 0 || peer >= self->size) Py_RETURN_NONE;
-    long long tag = PyLong_AsLongLongAndOverflow(tag_obj, &overflow);
-    if (overflow || PyErr_Occurred()) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    uintptr_t addr; int code; long long nbytes, count;
-    if (!read_array(self, buf, kind == KIND_RECV, &addr, &code, &nbytes, &count) || nbytes <= 0)
-        Py_RETURN_NONE;
-    Py_ssize_t ri = find_range(self, addr, (size_t)nbytes);
-    if (ri < 0) Py_RETURN_NONE;
-    int32_t bid = self->ranges[ri].bid;
-    uint64_t off = addr - self->ranges[ri].start;
+/* Everything a fast post needs before it looks at its arguments. */
+static int can_post(PosterObject *self) {
+    return self->mapped && self->fast && self->usable && !*self->err && !*self->abort &&
+           PyList_GET_SIZE(self->free_slots) > 0 && PyList_GET_SIZE(self->free_records) > 0;
+}
 
+/* Post one record for a new Request (kind, peer, tag, nbytes as the Request reports them; ``keep``
+ * alive until completion): allocate the Request, take a completion slot and a record, register the
+ * Request as pending, write and enqueue the record. Returns the Request; None when no slot or record
+ * is free after all (nothing changed); NULL with an exception. */
+static PyObject *post_record(PosterObject *self, const Rec *rec, PyObject *keep, int req_peer, long long req_tag,
+                             long long req_nbytes) {
     /* Allocate first: past this point nothing can fail before the record is handed over, except
      * the pending-dict insert, which puts the slot and the record back. */
     RequestObject *req = (RequestObject *)self->request_type->tp_alloc(self->request_type, 0);
@@ -449,13 +456,13 @@ static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject 
     long long seq = self->seq + 1;
     long long opcount = self->group_depth ? self->opcount : self->opcount + 1;
     Py_INCREF(self->comm); req->comm = self->comm;
-    Py_INCREF(buf); req->keep = buf;
+    Py_INCREF(keep); req->keep = keep;
     Py_INCREF(Py_None); req->stage = Py_None;
     Py_INCREF(Py_None); req->error = Py_None;
     Py_INCREF(Py_None); req->status = Py_None;
     Py_INCREF(Py_None); req->extra = Py_None;
-    req->seq = seq; req->tag = tag; req->nbytes = nbytes; req->user_addr = 0;
-    req->slot = (int)slot; req->kind = (int)kind; req->peer = (int)peer; req->done = 0;
+    req->seq = seq; req->tag = req_tag; req->nbytes = req_nbytes; req->user_addr = 0;
+    req->slot = (int)slot; req->kind = rec->kind; req->peer = req_peer; req->done = 0;
     if (PyDict_SetItem(self->pending, slot_obj, (PyObject *)req) < 0) {
         /* out of memory: give the slot and the record back (appending to a list that just had
          * them popped needs no new memory), nothing was posted */
@@ -473,10 +480,8 @@ static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject 
     Py_DECREF(slot_obj);
     self->seq = seq;
     self->opcount = opcount;
-    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, (int)kind, code, 0, 0,
-                 self->local_rank, (int)peer, tag, (uint64_t)opcount, (uint64_t)seq,
-                 (uint32_t)slot, bid, off, (uint64_t)nbytes, (uint64_t)count, -1, 0, 0,
-                 0, 0);
+    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, rec, self->local_rank, (uint64_t)opcount,
+                 (uint64_t)seq, (uint32_t)slot);
     PyObject *r = enqueue(self, (int32_t)index);
     if (!r) {
         Py_DECREF(req);
@@ -484,6 +489,94 @@ static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject 
     }
     Py_DECREF(r);
     return (PyObject *)req;
+}
+
+/* The fast point-to-point post: a new Request, or None (a new reference) when Python must take it,
+ * or NULL. */
+static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject *peer_obj, PyObject *tag_obj) {
+    if (!can_post(self) || Py_TYPE(buf) != self->ndarray || !PyLong_CheckExact(peer_obj) ||
+        !PyLong_CheckExact(tag_obj))
+        Py_RETURN_NONE;
+    int overflow = 0;
+    long peer = PyLong_AsLongAndOverflow(peer_obj, &overflow);
+    if (overflow || peer < 0 || peer >= self->size) Py_RETURN_NONE;
+    long long tag = PyLong_AsLongLongAndOverflow(tag_obj, &overflow);
+    if (overflow || PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    uintptr_t addr; int code; long long nbytes, count;
+    if (!read_array(self, buf, kind == KIND_RECV, &addr, &code, &nbytes, &count) || nbytes <= 0)
+        Py_RETURN_NONE;
+    Py_ssize_t ri = find_range(self, addr, (size_t)nbytes);
+    if (ri < 0) Py_RETURN_NONE;
+    Rec rec = {.kind = (int)kind, .code = code, .peer = (int)peer, .tag = tag, .bid = self->ranges[ri].bid,
+               .off = addr - self->ranges[ri].start, .nbytes = (uint64_t)nbytes, .count = (uint64_t)count,
+               .bid2 = -1};
+    return post_record(self, &rec, buf, (int)peer, tag, nbytes);
+}
+
+/* The fast Allreduce post (Comm.Iallreduce's common case): recvbuf, and sendbuf unless it is
+ * IN_PLACE, in registered memory, of one supported dtype and element count, and an op the
+ * collective allows for that dtype. Same contract as do_post: a Request, None, or NULL. The record
+ * is the one Comm._coll writes: root 0 in peer, the collective's kind in x1, the send side in
+ * (bid, off, nbytes) (nothing when in place), the receive side in (bid2, off2, nbytes2). */
+static PyObject *do_allreduce(PosterObject *self, PyObject *sendbuf, PyObject *recvbuf, PyObject *op_obj) {
+    if (!can_post(self) || Py_TYPE(recvbuf) != self->ndarray || !PyLong_Check(op_obj) || PyBool_Check(op_obj))
+        Py_RETURN_NONE;
+    int overflow = 0;
+    long op = PyLong_AsLongAndOverflow(op_obj, &overflow);
+    if (overflow || op < REDOP_SUM || op > REDOP_AVG) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    uintptr_t raddr; int code; long long rnb, count;
+    if (!read_array(self, recvbuf, 1, &raddr, &code, &rnb, &count) || rnb <= 0) Py_RETURN_NONE;
+    if ((code == CODE_BOOL && op != REDOP_MIN && op != REDOP_MAX) || (op == REDOP_AVG && code < CODE_FIRST_FLOAT))
+        Py_RETURN_NONE;
+    Py_ssize_t rri = find_range(self, raddr, (size_t)rnb);
+    if (rri < 0) Py_RETURN_NONE;
+    Rec rec = {.kind = KIND_COLL, .code = code, .redop = (int)op, .peer = 0, .bid2 = self->ranges[rri].bid,
+               .off2 = raddr - self->ranges[rri].start, .nbytes2 = (uint64_t)rnb, .count = (uint64_t)count,
+               .coll_seq = (uint64_t)(self->coll_seq + 1), .x1 = COLL_ALLREDUCE};
+    if (self->in_place && sendbuf == self->in_place) {
+        rec.flags = FLAG_IN_PLACE;
+    } else {
+        uintptr_t saddr; int scode; long long snb, scount;
+        if (Py_TYPE(sendbuf) != self->ndarray || !read_array(self, sendbuf, 0, &saddr, &scode, &snb, &scount) ||
+            scode != code || scount != count)
+            Py_RETURN_NONE;
+        Py_ssize_t sri = find_range(self, saddr, (size_t)snb);
+        if (sri < 0) Py_RETURN_NONE;
+        rec.bid = self->ranges[sri].bid;
+        rec.off = saddr - self->ranges[sri].start;
+        rec.nbytes = (uint64_t)snb;
+    }
+    PyObject *keep = PyTuple_Pack(2, sendbuf, recvbuf);
+    if (!keep) return NULL;
+    PyObject *r = post_record(self, &rec, keep, 0, COLL_ALLREDUCE, rnb);
+    Py_DECREF(keep);
+    if (r && r != Py_None) self->coll_seq++;
+    return r;
+}
+
+/* iallreduce(sendbuf, recvbuf, op=SUM): a communicator's Iallreduce (bound per instance); keywords
+ * and every declined case go to the Python method. */
+static PyObject *Poster_iallreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (!kwnames && (nargs == 2 || nargs == 3)) {
+        PyObject *sum = NULL;
+        if (nargs == 2 && !(sum = PyLong_FromLong(REDOP_SUM))) return NULL;
+        PyObject *r = do_allreduce(self, args[0], args[1], nargs == 3 ? args[2] : sum);
+        Py_XDECREF(sum);
+        if (r != Py_None) return r;
+        Py_DECREF(r);
+    }
+    if (!self->allreduce_fallback) {
+        PyErr_SetString(PyExc_RuntimeError, "Poster has no fallback for this call");
+        return NULL;
+    }
+    return PyObject_Vectorcall(self->allreduce_fallback, args, nargsf, kwnames);
 }
 
 /* post(kind, buf, peer, tag) -> Request, or None: take the Python path (see the header). */
@@ -531,18 +624,20 @@ static PyObject *Poster_irecv(PosterObject *self, PyObject *const *args, size_t 
  * Fill a record for the Python path (numbers already checked) and take the next sequence number.
  */
 static PyObject *Poster_write(PosterObject *self, PyObject *args) {
-    int index, slot, kind, code, redop, flags, peer, bid, bid2;
+    int index, slot;
     long long tag, x1;
     unsigned long long off, nbytes, count, off2, nbytes2, coll_seq;
-    if (!PyArg_ParseTuple(args, "iiiiiiiLiKKKiKKKL", &index, &slot, &kind, &code, &redop, &flags, &peer,
-                          &tag, &bid, &off, &nbytes, &count, &bid2, &off2, &nbytes2, &coll_seq, &x1))
+    Rec f;
+    if (!PyArg_ParseTuple(args, "iiiiiiiLiKKKiKKKL", &index, &slot, &f.kind, &f.code, &f.redop, &f.flags, &f.peer,
+                          &tag, &f.bid, &off, &nbytes, &count, &f.bid2, &off2, &nbytes2, &coll_seq, &x1))
         return NULL;
     if (!check_mapped(self)) return NULL;
+    f.tag = tag; f.off = off; f.nbytes = nbytes; f.count = count; f.off2 = off2; f.nbytes2 = nbytes2;
+    f.coll_seq = coll_seq; f.x1 = (uint64_t)x1;
     long long seq = ++self->seq;
     if (!self->group_depth) self->opcount++;
-    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, kind, code, redop, flags,
-                 self->local_rank, peer, tag, (uint64_t)self->opcount, (uint64_t)seq, (uint32_t)slot,
-                 bid, off, nbytes, count, bid2, off2, nbytes2, coll_seq, (uint64_t)x1);
+    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, &f, self->local_rank, (uint64_t)self->opcount,
+                 (uint64_t)seq, (uint32_t)slot);
     return PyLong_FromLongLong(seq);
 }
 
@@ -606,6 +701,8 @@ static PyMethodDef Poster_methods[] = {
      "isend(buf, dest, tag=0) -> Request (see Comm.Isend)"},
     {"irecv", (PyCFunction)(void (*)(void))Poster_irecv, METH_FASTCALL | METH_KEYWORDS,
      "irecv(buf, source, tag=0) -> Request (see Comm.Irecv)"},
+    {"iallreduce", (PyCFunction)(void (*)(void))Poster_iallreduce, METH_FASTCALL | METH_KEYWORDS,
+     "iallreduce(sendbuf, recvbuf, op=SUM) -> Request (see Comm.Iallreduce)"},
     {"write", (PyCFunction)Poster_write, METH_VARARGS, "Fill a record; returns the request's seq."},
     {"enqueue", (PyCFunction)Poster_enqueue, METH_O, "Link a record into the group, or splice it."},
     {"flush", (PyCFunction)Poster_flush, METH_NOARGS, "Splice the group's chain."},
@@ -616,11 +713,12 @@ static PyMethodDef Poster_methods[] = {
 
 #define PM(name, type, field, flags) {name, type, offsetof(PosterObject, field), flags, NULL}
 static PyMemberDef Poster_members[] = {
-    PM("seq", T_LONGLONG, seq, 0), PM("opcount", T_LONGLONG, opcount, 0),
+    PM("seq", T_LONGLONG, seq, 0), PM("opcount", T_LONGLONG, opcount, 0), PM("coll_seq", T_LONGLONG, coll_seq, 0),
     PM("group_depth", T_INT, group_depth, 0), PM("usable", T_INT, usable, 0),
     PM("chain_first", T_INT, chain_first, READONLY), PM("nranges", T_PYSSIZET, nranges, READONLY),
     PM("fast", T_BOOL, fast, READONLY),
     PM("send_fallback", T_OBJECT, send_fallback, 0), PM("recv_fallback", T_OBJECT, recv_fallback, 0),
+    PM("allreduce_fallback", T_OBJECT, allreduce_fallback, 0), PM("in_place", T_OBJECT, in_place, 0),
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -651,7 +749,12 @@ PyMODINIT_FUNC PyInit__poster(void) {
         PyModule_AddObject(m, "Poster", (PyObject *)&PosterType) < 0 ||
         PyModule_AddIntConstant(m, "RECORD_BYTES", RECORD_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "KIND_RECV", KIND_RECV) < 0 ||
-        PyModule_AddIntConstant(m, "KIND_SEND", KIND_SEND) < 0) {
+        PyModule_AddIntConstant(m, "KIND_SEND", KIND_SEND) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_COLL", KIND_COLL) < 0 ||
+        PyModule_AddIntConstant(m, "FLAG_IN_PLACE", FLAG_IN_PLACE) < 0 ||
+        PyModule_AddIntConstant(m, "COLL_ALLREDUCE", COLL_ALLREDUCE) < 0 ||
+        PyModule_AddIntConstant(m, "CODE_BOOL", CODE_BOOL) < 0 ||
+        PyModule_AddIntConstant(m, "CODE_FIRST_FLOAT", CODE_FIRST_FLOAT) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -293,6 +293,77 @@ def test_poster_declines_what_python_must_handle(pool, case):
         buf.close()
 
 
+def test_poster_iallreduce_writes_the_record_comm_coll_writes(pool):
+    """The C Allreduce post (a Comm's Iallreduce) writes what Comm._coll writes through write():
+    root 0 in peer, Coll.ALLREDUCE in x1, the send side in (bid, off, nbytes), nothing there in place."""
+    from proxy import sched
+    seg, view = pool
+    pp, slots, records, pending = _make_poster(seg, view)
+    pp.in_place = ops.IN_PLACE
+    buf = MemfdBuffer.create(4096, "unittest")
+    try:
+        pp.set_ranges([(buf.addr, buf.addr + 4096, 5)])
+        s = np.frombuffer(buf.mm, np.float32, count=6, offset=128)
+        r = np.frombuffer(buf.mm, np.float32, count=6, offset=1024).reshape(3, 2)
+        for n, (send, op, flags, bid, off, nb) in enumerate([(s, sched.ReduceOp.MAX, 0, 5, 128, 24),
+                                                             (ops.IN_PLACE, 1, ops.FLAG_IN_PLACE, 0, 0, 0)], 1):
+            idx = records[-1]
+            req = pp.iallreduce(send, r, op)
+            assert req is not None and pending[req._slot] is req and req._keep == (send, r)
+            assert (req._kind, req._tag, req._peer, req._nbytes) == (ops.KIND_COLL, sched.Coll.ALLREDUCE, 0, 24)
+            rec = view.read_record(idx)
+            assert rec[:8] == (-1, ops.KIND_COLL, ops.DTYPE_CODE["f"], int(op), flags, 0, 0, 0)
+            assert rec[9:16] == (n, req._slot, bid, off, nb, 6, 5)
+            assert rec[17:20] == (1024, 24, n) and rec[21] == sched.Coll.ALLREDUCE
+            assert pp.coll_seq == n and pp.seq == n
+        idx = records[-1]
+        req = pp.iallreduce(s, r)   # op defaults to SUM
+        assert req is not None and view.read_record(idx)[3] == sched.ReduceOp.SUM
+        del s, r, req, send
+    finally:
+        pending.clear()
+        buf.close()
+
+
+@pytest.mark.parametrize("case", ["bool-sum", "int-avg", "bool-op", "big-op", "zero-op", "count", "dtype",
+                                  "unregistered-send", "readonly-recv", "plain-in-place", "keyword", "no-record"])
+def test_poster_iallreduce_declines_what_comm_coll_must_check(pool, case):
+    seg, view = pool
+    pp, slots, records, pending = _make_poster(seg, view)
+    calls = []
+    pp.allreduce_fallback = lambda *a, **k: calls.append((a, k)) or "python"
+    pp.in_place = ops.IN_PLACE
+    buf = MemfdBuffer.create(4096, "unittest")
+    try:
+        pp.set_ranges([(buf.addr, buf.addr + 4096, 5)])
+        dt = {"bool-sum": np.bool_, "int-avg": np.int32}.get(case, np.float64)
+        s = np.frombuffer(buf.mm, dt, count=8)
+        r = np.frombuffer(buf.mm, dt, count=8, offset=2048)
+        args, kw = [s, r, {"int-avg": 5, "bool-op": True, "big-op": 6, "zero-op": 0}.get(case, 1)], {}
+        if case == "count":
+            args[0] = s[:7]
+        elif case == "dtype":
+            args[0] = np.frombuffer(buf.mm, np.int64, count=8)
+        elif case == "unregistered-send":
+            args[0] = np.zeros(8)
+        elif case == "readonly-recv":
+            r.flags.writeable = False
+        elif case == "plain-in-place":
+            pp.in_place = None
+            args[0] = ops.IN_PLACE
+        elif case == "keyword":
+            kw = {"op": args.pop()}
+        elif case == "no-record":
+            records.clear()
+        assert pp.iallreduce(*args, **kw) == "python" and len(calls) == 1
+        assert calls[0][1] == kw and calls[0][0][0] is args[0]
+        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        del s, r, args
+    finally:
+        calls.clear()
+        buf.close()
+
+
 def test_buffer_info_rejects_what_cannot_be_received_into():
     a = np.zeros(10)
     addr, n = _native.buffer_info(a, True)
