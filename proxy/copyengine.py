@@ -10,7 +10,7 @@ tokens of finished jobs, advancing the counters itself so that they keep a singl
 job to a Python thread used to cost a queue wake-up and two GIL acquisitions (~100 us on a 32-core
 host, ~300 us on a 2-core VM); through the C pool a job's round trip is ~20 us on the VM.
 
-What the C kernel cannot do (float16 and complex reductions with numpy, AVG's division, in-place
+What only numpy does (float16 reductions, complex PROD/MIN/MAX, an in-place Reduce_scatter_block's
 scratch buffers: ``submit(token, fn, arg)``) runs on Python threads, started on first use. They
 report through the same finished list (``Workers.done``), so the loop waits in one place. A Python
 task never raises into a void: its exception is kept and re-raised by ``drain`` in the loop, which

@@ -521,7 +521,8 @@ static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject 
  * collective allows for that dtype. Same contract as do_post: a Request, None, or NULL. The record
  * is the one Comm._coll writes: root 0 in peer, the collective's kind in x1, the send side in
  * (bid, off, nbytes) (nothing when in place), the receive side in (bid2, off2, nbytes2). */
-static PyObject *do_allreduce(PosterObject *self, PyObject *sendbuf, PyObject *recvbuf, PyObject *op_obj) {
+static PyObject *do_allreduce(PosterObject *self, long kind, PyObject *sendbuf, PyObject *recvbuf,
+                                PyObject *op_obj) {
     if (!can_post(self) || Py_TYPE(recvbuf) != self->ndarray || !PyLong_Check(op_obj) || PyBool_Check(op_obj))
         Py_RETURN_NONE;
     int overflow = 0;
@@ -536,7 +537,7 @@ static PyObject *do_allreduce(PosterObject *self, PyObject *sendbuf, PyObject *r
         Py_RETURN_NONE;
     Py_ssize_t rri = find_range(self, raddr, (size_t)rnb);
     if (rri < 0) Py_RETURN_NONE;
-    Rec rec = {.kind = KIND_COLL, .code = code, .redop = (int)op, .peer = 0, .bid2 = self->ranges[rri].bid,
+    Rec rec = {.kind = (int)kind, .code = code, .redop = (int)op, .peer = 0, .bid2 = self->ranges[rri].bid,
                .off2 = raddr - self->ranges[rri].start, .nbytes2 = (uint64_t)rnb, .count = (uint64_t)count,
                .coll_seq = (uint64_t)(self->coll_seq + 1), .x1 = COLL_ALLREDUCE};
     if (self->in_place && sendbuf == self->in_place) {
@@ -560,25 +561,6 @@ static PyObject *do_allreduce(PosterObject *self, PyObject *sendbuf, PyObject *r
     return r;
 }
 
-/* iallreduce(sendbuf, recvbuf, op=SUM): a communicator's Iallreduce (bound per instance); keywords
- * and every declined case go to the Python method. */
-static PyObject *Poster_iallreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (!kwnames && (nargs == 2 || nargs == 3)) {
-        PyObject *sum = NULL;
-        if (nargs == 2 && !(sum = PyLong_FromLong(REDOP_SUM))) return NULL;
-        PyObject *r = do_allreduce(self, args[0], args[1], nargs == 3 ? args[2] : sum);
-        Py_XDECREF(sum);
-        if (r != Py_None) return r;
-        Py_DECREF(r);
-    }
-    if (!self->allreduce_fallback) {
-        PyErr_SetString(PyExc_RuntimeError, "Poster has no fallback for this call");
-        return NULL;
-    }
-    return PyObject_Vectorcall(self->allreduce_fallback, args, nargsf, kwnames);
-}
-
 /* post(kind, buf, peer, tag) -> Request, or None: take the Python path (see the header). */
 static PyObject *Poster_post(PosterObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyLong_CheckExact(args[0])) {
@@ -589,17 +571,20 @@ static PyObject *Poster_post(PosterObject *self, PyObject *const *args, Py_ssize
     return do_post(self, kind, args[1], args[2], args[3]);
 }
 
-/* isend(buf, dest, tag=0) / irecv(buf, source, tag=0): Comm.Isend/Irecv of a communicator (bound
- * per instance, so that a post costs no Python frame); keywords and every declined case go to the
- * fallback, the Python method itself. */
-static PyObject *post_or_fallback(PosterObject *self, long kind, PyObject *fallback, PyObject *const *args,
-                                  size_t nargsf, PyObject *kwnames) {
+/* A fast post of three arguments, the last of them optional: do_post or do_allreduce. */
+typedef PyObject *(*fast_post_fn)(PosterObject *self, long kind, PyObject *a, PyObject *b, PyObject *c);
+
+/* isend(buf, dest, tag=0) / irecv(buf, source, tag=0) / iallreduce(sendbuf, recvbuf, op=SUM): the
+ * Isend/Irecv/Iallreduce of a communicator (bound per instance, so that a post costs no Python frame);
+ * keywords and every declined case go to the fallback, the Python method itself. */
+static PyObject *post_or_fallback(PosterObject *self, fast_post_fn fn, long kind, long third_default,
+                                  PyObject *fallback, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (!kwnames && (nargs == 2 || nargs == 3)) {
-        PyObject *zero = NULL;
-        if (nargs == 2 && !(zero = PyLong_FromLong(0))) return NULL;
-        PyObject *r = do_post(self, kind, args[0], args[1], nargs == 3 ? args[2] : zero);
-        Py_XDECREF(zero);
+        PyObject *dflt = NULL;
+        if (nargs == 2 && !(dflt = PyLong_FromLong(third_default))) return NULL;
+        PyObject *r = fn(self, kind, args[0], args[1], nargs == 3 ? args[2] : dflt);
+        Py_XDECREF(dflt);
         if (r != Py_None) return r;
         Py_DECREF(r);
     }
@@ -611,11 +596,16 @@ static PyObject *post_or_fallback(PosterObject *self, long kind, PyObject *fallb
 }
 
 static PyObject *Poster_isend(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    return post_or_fallback(self, KIND_SEND, self->send_fallback, args, nargsf, kwnames);
+    return post_or_fallback(self, do_post, KIND_SEND, 0, self->send_fallback, args, nargsf, kwnames);
 }
 
 static PyObject *Poster_irecv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    return post_or_fallback(self, KIND_RECV, self->recv_fallback, args, nargsf, kwnames);
+    return post_or_fallback(self, do_post, KIND_RECV, 0, self->recv_fallback, args, nargsf, kwnames);
+}
+
+static PyObject *Poster_iallreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return post_or_fallback(self, do_allreduce, KIND_COLL, REDOP_SUM, self->allreduce_fallback, args, nargsf,
+                            kwnames);
 }
 
 /*

@@ -67,8 +67,8 @@ typedef struct {
     Job *head, *tail;     /* queued jobs, FIFO */
     Job *done_head, *done_tail;
     int stopping, streaming;
-    int nthreads, started;
-    pthread_t *threads;
+    int nthreads;
+    pthread_t *threads;   /* NULL until initialised */
     int *cpus;
     int ncpus;
     unsigned long long submitted, completed;
@@ -149,7 +149,7 @@ static void enqueue(Pool *p, Job *j) {
 }
 
 static int check_running(Pool *p) {
-    if (p->stopping || !p->started) {
+    if (p->stopping || !p->threads) {
         PyErr_SetString(PyExc_RuntimeError, "the worker pool is stopped");
         return -1;
     }
@@ -185,7 +185,7 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
     int nthreads, streaming = 0;
     PyObject *cpus_obj = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "i|Op", kwlist, &nthreads, &cpus_obj, &streaming)) return -1;
-    if (p->started || p->threads) {
+    if (p->threads) {
         PyErr_SetString(PyExc_RuntimeError, "Workers is already initialised");
         return -1;
     }
@@ -217,7 +217,6 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
     p->streaming = streaming;
     p->threads = calloc(nthreads, sizeof(pthread_t));
     if (!p->threads) { PyErr_NoMemory(); return -1; }
-    p->started = 1;
     for (int i = 0; i < nthreads; i++) {
         int rc = pthread_create(&p->threads[i], NULL, worker_main, p);
         if (rc) {
