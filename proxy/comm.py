@@ -16,6 +16,8 @@ larger ones are copied by the progress process's workers, which a spinning rank 
 a machine with few cores), then sleeps on the rank's futex word in slices of
 SHMPROXY_WAIT_SLICE_MS; between slices it checks the communicator's error, the abort flag and that
 the progress process is alive. So every wait is bounded and sees failures: never a silent hang.
+The spin and the reaping of a request that completed cleanly in registered memory are in C
+(Request.Wait/Test in shm/_poster.c); the sleep and everything else is _wait/_test here.
 
 A Comm is meant to be used by one thread at a time (like MPI_THREAD_SERIALIZED).
 """
@@ -204,6 +206,8 @@ class Comm:
         self._spin_max = p.WAIT_SPIN_MAX_BYTES or (min(p.EAGER_BYTES, p.CHUNK_SIZE) if crowded else 1 << 62)
         self._spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.COLL_INLINE_BYTES if crowded else 1 << 62)
         self._slice_s = self.params.WAIT_SLICE_MS * 1e-3
+        self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, self._spin_s, self._spin_max,
+                          self._spin_max_coll)
         self._registry = Registry(self._register, self._pp.set_ranges)
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
 
@@ -446,11 +450,11 @@ class Comm:
         elif self._failure is None and (self._q[self._err_q] or self._q[self._abort_q]):
             raise self._record_failure()
 
-    def _wait(self, req: Request, timeout: float | None) -> None:
+    def _wait(self, req: Request, timeout: float | None, spin: bool = True) -> None:
         if self._pp.group_depth:
             raise errors.InvalidUsage("Wait() inside comm.group(): the group's ops are posted at its end")
         q, sq, seq = self._q, self._layout.slot_q(req._slot), req._seq
-        if q[sq] != seq and req._nbytes <= (self._spin_max_coll if req._kind == KIND_COLL else self._spin_max):
+        if spin and q[sq] != seq and req._nbytes <= (self._spin_max_coll if req._kind == KIND_COLL else self._spin_max):
             # Spin politely: with more processes than cores, a busy spin would take the core the
             # progress process needs to complete this very request; and not at all for large ones,
             # whose copy workers need the cores (measured: docs/decisions.md).
@@ -658,7 +662,7 @@ class Comm:
         pp = self._pp
         seq = pp.write(index, slot, kind, code, redop, flags, peer, 0 if coll else tag, bid, off, nbytes, count,
                        bid2, off2, nbytes2, coll_seq, tag if coll else 0)
-        req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr)
+        req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr, pp)
         self._pending[slot] = req
         pp.enqueue(index)
         return req

@@ -12,30 +12,22 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from proxy import errors
 from proxy.ops import CODE_DTYPE, KIND_COLL, KIND_NAMES, KIND_RECV
-from shm._poster import RequestBase
+from shm._poster import RequestBase, Status
 
 if TYPE_CHECKING:  # pragma: no cover
     from proxy.comm import Comm
 
-
-class Status:
-    """What a completed receive got: like MPI_Status (source, tag, count in bytes)."""
-
-    __slots__ = ("source", "tag", "nbytes")
-
-    def __init__(self, source: int, tag: int, nbytes: int):
-        self.source, self.tag, self.nbytes = source, tag, nbytes
-
-    def __repr__(self) -> str:
-        return f"Status(source={self.source}, tag={self.tag}, nbytes={self.nbytes})"
+__all__ = ["Request", "Status"]
 
 
 class Request(RequestBase):
     # The fields live in the C base (shm/_poster.c), so that the C post path can build a request
-    # without running this __init__; this class adds the behaviour.
+    # without running this __init__; this class adds the behaviour. Wait() and Test() are the base's:
+    # they finish the common case (complete, no error, nothing staged) in C and call _wait_slow /
+    # _test_slow below for everything else.
     __slots__ = ()
 
-    # Request(comm, slot, seq, kind, peer, tag, nbytes, keep, stage, user_addr): ``keep`` is the
+    # Request(comm, slot, seq, kind, peer, tag, nbytes, keep, stage, user_addr, poster): ``keep`` is the
     # user's array (alive until completion, as MPI requires), ``stage`` the (buf_id, MemfdBuffer)
     # staging buffer or None, ``user_addr`` where a staged receive is copied to. ``_extra`` is set by
     # collectives: (send staging buffer or None, bytes to copy out).
@@ -88,23 +80,18 @@ class Request(RequestBase):
             return errors.InvalidUsage(f"{self.describe()}: the peer closed the communicator first")
         return errors.from_code(code, f"{self.describe()} failed")
 
-    # ---- public API ----------------------------------------------------------------------------
-    def Test(self) -> bool:
-        """True once complete (raises the operation's error then). Never blocks."""
+    # ---- the Python halves of Wait() and Test() (shm/_poster.c) -----------------------------------
+    def _test_slow(self) -> bool:
         if not self._done:
             self._comm._test(self)
         if self._done and self._error is not None:
             raise self._error
         return self._done
 
-    def Wait(self, timeout: float | None = None) -> Status | None:
-        """Block until complete; returns the Status (source, tag, nbytes).
-
-        Raises Timeout after ``timeout`` seconds (default SHMPROXY_TIMEOUT) naming what is pending,
-        PeerDiedError if a peer or the progress process died, or the operation's own error.
-        """
+    def _wait_slow(self, timeout: float | None, spun: bool) -> Status | None:
+        """``spun``: the C half already spun on the slot, so go straight to the sleep."""
         if not self._done:
-            self._comm._wait(self, timeout)
+            self._comm._wait(self, timeout, spin=not spun)
         if self._error is not None:
             raise self._error
         return self.status

@@ -27,7 +27,8 @@
  * (a future numpy), the fast path stays off (Poster.fast is False) and every post takes Python's.
  *
  * Requests: RequestBase is the C part of proxy.request.Request (which subclasses it with
- * __slots__ = () and adds the methods), so a post allocates it and fills its fields directly.
+ * __slots__ = () and adds the methods), so a post allocates it and fills its fields directly. Its
+ * Wait() and Test() are here too (see "Wait and Test" below), and so is proxy.Status.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,6 +36,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sched.h>
+#include <time.h>
 
 #include "_pool_lock.h"
 
@@ -53,6 +56,7 @@ enum { REDOP_SUM = 1, REDOP_PROD, REDOP_MIN, REDOP_MAX, REDOP_AVG };  /* proxy/s
 typedef struct {
     PyObject_HEAD
     PyObject *comm, *keep, *stage, *error, *status, *extra;
+    PyObject *poster;  /* the Poster that owns the slot (Wait/Test read it), or NULL */
     PyObject *weaklist;
     long long seq, tag, nbytes, user_addr;
     int slot, kind, peer;
@@ -66,6 +70,7 @@ static int Request_traverse(RequestObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->error);
     Py_VISIT(self->status);
     Py_VISIT(self->extra);
+    Py_VISIT(self->poster);
     return 0;
 }
 
@@ -76,6 +81,7 @@ static int Request_clear(RequestObject *self) {
     Py_CLEAR(self->error);
     Py_CLEAR(self->status);
     Py_CLEAR(self->extra);
+    Py_CLEAR(self->poster);
     return 0;
 }
 
@@ -86,14 +92,16 @@ static void Request_dealloc(RequestObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* RequestBase(comm, slot, seq, kind, peer, tag, nbytes, keep, stage, user_addr) */
+/* RequestBase(comm, slot, seq, kind, peer, tag, nbytes, keep, stage, user_addr, poster=None) */
 static int Request_init(RequestObject *self, PyObject *args, PyObject *kwds) {
-    PyObject *comm, *keep, *stage;
+    PyObject *comm, *keep, *stage, *poster = NULL;
     int slot, kind, peer;
     long long seq, tag, nbytes, user_addr;
-    if (!PyArg_ParseTuple(args, "OiLiiLLOOL", &comm, &slot, &seq, &kind, &peer, &tag, &nbytes, &keep,
-                          &stage, &user_addr))
+    if (!PyArg_ParseTuple(args, "OiLiiLLOOL|O", &comm, &slot, &seq, &kind, &peer, &tag, &nbytes, &keep,
+                          &stage, &user_addr, &poster))
         return -1;
+    if (poster == Py_None) poster = NULL;
+    Py_XINCREF(poster); Py_XSETREF(self->poster, poster);
     Py_INCREF(comm); Py_XSETREF(self->comm, comm);
     Py_INCREF(keep); Py_XSETREF(self->keep, keep);    /* the user's array: alive until completion */
     Py_INCREF(stage); Py_XSETREF(self->stage, stage); /* (buf_id, MemfdBuffer) when staged, else None */
@@ -129,6 +137,48 @@ static PyTypeObject RequestType = {
     .tp_clear = (inquiry)Request_clear,
     .tp_weaklistoffset = offsetof(RequestObject, weaklist),
     .tp_members = Request_members,
+};
+
+/* ------------------------------------------------------------------ Status */
+
+/* What a completed request got, like MPI_Status: exported as proxy.Status. In C so that a Wait
+ * that completes in C builds it without a Python frame. */
+typedef struct {
+    PyObject_HEAD
+    long long tag, nbytes;
+    int source;
+} StatusObject;
+
+static PyObject *Status_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"source", "tag", "nbytes", NULL};
+    int source; long long tag, nbytes;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iLL", kw, &source, &tag, &nbytes)) return NULL;
+    StatusObject *st = (StatusObject *)type->tp_alloc(type, 0);
+    if (!st) return NULL;
+    st->source = source; st->tag = tag; st->nbytes = nbytes;
+    return (PyObject *)st;
+}
+
+static PyObject *Status_repr(StatusObject *st) {
+    return PyUnicode_FromFormat("Status(source=%d, tag=%lld, nbytes=%lld)", st->source, st->tag, st->nbytes);
+}
+
+static PyMemberDef Status_members[] = {
+    {"source", T_INT, offsetof(StatusObject, source), 0, "rank the message came from"},
+    {"tag", T_LONGLONG, offsetof(StatusObject, tag), 0, "tag of the message"},
+    {"nbytes", T_LONGLONG, offsetof(StatusObject, nbytes), 0, "bytes received (receives) or sent"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StatusType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "proxy.Status",
+    .tp_basicsize = sizeof(StatusObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Status(source, tag, nbytes): what a completed request got (like MPI_Status; nbytes in bytes).",
+    .tp_new = Status_new,
+    .tp_repr = (reprfunc)Status_repr,
+    .tp_members = Status_members,
 };
 
 /* ------------------------------------------------------------------ Poster */
@@ -180,6 +230,11 @@ typedef struct {
     Py_ssize_t nranges;
     uint8_t dtype_code[256];
     uint8_t dtype_size[256];
+    /* completion slots (shm/pool.py SLOT_*), and how a Wait spins before Python sleeps (set_wait) */
+    volatile uint64_t *slots;
+    long nslots;
+    double spin_s;
+    long long spin_max, spin_max_coll;
     char fast;  /* the array header reading was verified against the probes */
     char mapped;  /* the pool addresses are valid: cleared by detach() before the pool is unmapped */
 } PosterObject;
@@ -461,6 +516,7 @@ static PyObject *post_record(PosterObject *self, const Rec *rec, PyObject *keep,
     Py_INCREF(Py_None); req->error = Py_None;
     Py_INCREF(Py_None); req->status = Py_None;
     Py_INCREF(Py_None); req->extra = Py_None;
+    Py_INCREF(self); req->poster = (PyObject *)self;
     req->seq = seq; req->tag = req_tag; req->nbytes = req_nbytes; req->user_addr = 0;
     req->slot = (int)slot; req->kind = rec->kind; req->peer = req_peer; req->done = 0;
     if (PyDict_SetItem(self->pending, slot_obj, (PyObject *)req) < 0) {
@@ -576,11 +632,18 @@ typedef PyObject *(*fast_post_fn)(PosterObject *self, long kind, PyObject *a, Py
 
 /* isend(buf, dest, tag=0) / irecv(buf, source, tag=0) / iallreduce(sendbuf, recvbuf, op=SUM): the
  * Isend/Irecv/Iallreduce of a communicator (bound per instance, so that a post costs no Python frame);
- * keywords and every declined case go to the fallback, the Python method itself. */
-static PyObject *post_or_fallback(PosterObject *self, fast_post_fn fn, long kind, long third_default,
-                                  PyObject *fallback, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+ * other keywords and every declined case go to the fallback, the Python method itself. */
+static PyObject *post_or_fallback(PosterObject *self, fast_post_fn fn, long kind, const char *third,
+                                  long third_default, PyObject *fallback, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (!kwnames && (nargs == 2 || nargs == 3)) {
+    /* the third argument by keyword (Isend(buf, dest, tag=5), mpi4py's spelling) is positional here */
+    if (kwnames && nargs == 2 && PyTuple_GET_SIZE(kwnames) == 1 &&
+        PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), third) == 0) {
+        PyObject *r = fn(self, kind, args[0], args[1], args[2]);
+        if (r != Py_None) return r;
+        Py_DECREF(r);
+    } else if (!kwnames && (nargs == 2 || nargs == 3)) {
         PyObject *dflt = NULL;
         if (nargs == 2 && !(dflt = PyLong_FromLong(third_default))) return NULL;
         PyObject *r = fn(self, kind, args[0], args[1], nargs == 3 ? args[2] : dflt);
@@ -596,17 +659,146 @@ static PyObject *post_or_fallback(PosterObject *self, fast_post_fn fn, long kind
 }
 
 static PyObject *Poster_isend(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    return post_or_fallback(self, do_post, KIND_SEND, 0, self->send_fallback, args, nargsf, kwnames);
+    return post_or_fallback(self, do_post, KIND_SEND, "tag", 0, self->send_fallback, args, nargsf, kwnames);
 }
 
 static PyObject *Poster_irecv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    return post_or_fallback(self, do_post, KIND_RECV, 0, self->recv_fallback, args, nargsf, kwnames);
+    return post_or_fallback(self, do_post, KIND_RECV, "tag", 0, self->recv_fallback, args, nargsf, kwnames);
 }
 
 static PyObject *Poster_iallreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    return post_or_fallback(self, do_allreduce, KIND_COLL, REDOP_SUM, self->allreduce_fallback, args, nargsf,
+    return post_or_fallback(self, do_allreduce, KIND_COLL, "op", REDOP_SUM, self->allreduce_fallback, args, nargsf,
                             kwnames);
 }
+
+
+/* ------------------------------------------------------------------ Wait and Test
+ *
+ * The common end of a request in C: its slot says complete with no error, and nothing was staged
+ * (comm.alloc memory), so reaping it is reading the slot, returning the slot, and a Status. A
+ * blocking Send or Recv thereby costs no Python frame between the post and the return (on the VM
+ * the Python reap was ~4 us of a ~45 us one-way message). Everything else (an error, a staged
+ * buffer to copy out, a timeout, the sleep on the futex, a Wait inside a group) is Python's:
+ * Request._wait_slow and Request._test_slow, which own every message.
+ *
+ * Ordering: the progress process writes the slot's fields, then done_seq (shm/counters.py); the
+ * acquire load of done_seq orders the reads of the fields after it.
+ */
+enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };  /* shm/pool.py */
+
+static PyTypeObject PosterType;  /* defined below */
+
+/* The request's poster when the C path may look at its slot; NULL sends the caller to Python. */
+static PosterObject *wait_poster(RequestObject *r) {
+    PosterObject *p = (PosterObject *)r->poster;
+    if (!p || Py_TYPE(p) != &PosterType || !p->mapped || !p->slots || p->group_depth || r->slot < 0 ||
+        r->slot >= p->nslots)
+        return NULL;
+    return p;
+}
+
+static int slot_done(PosterObject *p, RequestObject *r) {
+    return __atomic_load_n(&p->slots[(size_t)r->slot * SLOT_WORDS + SLOT_DONE_SEQ], __ATOMIC_ACQUIRE) ==
+           (uint64_t)r->seq;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Yield until the slot completes, for at most spin_s, or until an error or abort is flagged. The GIL
+ * is released around each yield only (other threads run, as they did around Python's
+ * os.sched_yield); a close from another thread detaches the poster, which ends the spin. Returns the
+ * poster if still usable, else NULL. */
+static PosterObject *spin(PosterObject *p, RequestObject *r) {
+    double end = now_s() + p->spin_s;
+    while (!slot_done(p, r) && !*p->err && !*p->abort) {
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+        if (!(p = wait_poster(r)) || now_s() >= end) break;
+    }
+    return p;
+}
+
+/* 1: reaped here; 0: Python must reap it (an error code, a staging buffer, a collective's copy-out);
+ * -1: an exception (nothing changed). The slot must say complete. */
+static int reap(PosterObject *p, RequestObject *r) {
+    volatile uint64_t *w = &p->slots[(size_t)r->slot * SLOT_WORDS];
+    uint64_t status = w[SLOT_STATUS];
+    if ((status & 0xFFFF) || r->stage != Py_None || r->extra != Py_None) return 0;
+    StatusObject *st = (StatusObject *)StatusType.tp_alloc(&StatusType, 0);
+    if (!st) return -1;
+    st->source = (int32_t)(uint32_t)(status >> 32);
+    st->tag = (long long)w[SLOT_TAG];
+    st->nbytes = (long long)w[SLOT_NBYTES];
+    PyObject *key = PyLong_FromLong(r->slot);
+    if (!key) { Py_DECREF(st); return -1; }
+    /* the caller holds a reference to r, so dropping the pending dict's one cannot free it */
+    if (PyDict_DelItem(p->pending, key) < 0 || PyList_Append(p->free_slots, key) < 0) {
+        Py_DECREF(key); Py_DECREF(st);
+        return -1;
+    }
+    Py_DECREF(key);
+    r->done = 1;
+    Py_SETREF(r->status, (PyObject *)st);
+    Py_INCREF(Py_None); Py_SETREF(r->keep, Py_None);
+    return 1;
+}
+
+static PyObject *Request_Wait(RequestObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *timeout = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw > 1 || (nkw && !PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0))) ||
+        (nkw && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "timeout"))) {
+        PyErr_SetString(PyExc_TypeError, "Wait(timeout=None)");
+        return NULL;
+    }
+    if (nargs + nkw == 1) timeout = args[0];
+    int spun = 0;
+    if (!self->done) {
+        PosterObject *p = wait_poster(self);
+        int r = 0;
+        if (p && !slot_done(p, self) &&
+            self->nbytes <= (self->kind == KIND_COLL ? p->spin_max_coll : p->spin_max)) {
+            p = spin(p, self);
+            spun = 1;
+        }
+        if (p && slot_done(p, self) && (r = reap(p, self)) < 0) return NULL;
+        if (!r) return PyObject_CallMethod((PyObject *)self, "_wait_slow", "OO", timeout, spun ? Py_True : Py_False);
+    }
+    if (self->error != Py_None) return PyObject_CallMethod((PyObject *)self, "_wait_slow", "OO", timeout, Py_True);
+    Py_INCREF(self->status);
+    return self->status;
+}
+
+static PyObject *Request_Test(RequestObject *self, PyObject *unused) {
+    if (!self->done) {
+        PosterObject *p = wait_poster(self);
+        if (!p) return PyObject_CallMethod((PyObject *)self, "_test_slow", NULL);
+        if (!slot_done(p, self)) {
+            if (*p->err || *p->abort) return PyObject_CallMethod((PyObject *)self, "_test_slow", NULL);
+            Py_RETURN_FALSE;
+        }
+        int r = reap(p, self);
+        if (r < 0) return NULL;
+        if (!r) return PyObject_CallMethod((PyObject *)self, "_test_slow", NULL);
+    }
+    if (self->error != Py_None) return PyObject_CallMethod((PyObject *)self, "_test_slow", NULL);
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef Request_methods[] = {
+    {"Wait", (PyCFunction)(void (*)(void))Request_Wait, METH_FASTCALL | METH_KEYWORDS,
+     "Wait(timeout=None) -> Status\n\nBlock until complete; returns the Status (source, tag, nbytes).\n"
+     "Raises Timeout after ``timeout`` seconds (default SHMPROXY_TIMEOUT) naming what is pending,\n"
+     "PeerDiedError if a peer or the progress process died, or the operation's own error."},
+    {"Test", (PyCFunction)Request_Test, METH_NOARGS,
+     "Test() -> bool\n\nTrue once complete (raises the operation's error then). Never blocks."},
+    {NULL, NULL, 0, NULL},
+};
 
 /*
  * write(index, slot, kind, code, redop, flags, peer, tag, bid, off, nbytes, count, bid2, off2, nbytes2,
@@ -684,6 +876,19 @@ static PyObject *Poster_set_ranges(PosterObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* set_wait(slots_addr, nslots, spin_s, spin_max, spin_max_coll): where the completion slots are and
+ * how Request.Wait spins (proxy/comm.py decides both). Until called, Wait and Test go to Python. */
+static PyObject *Poster_set_wait(PosterObject *self, PyObject *args) {
+    unsigned long long addr; long n; double spin_s; long long m, mc;
+    if (!PyArg_ParseTuple(args, "KldLL", &addr, &n, &spin_s, &m, &mc)) return NULL;
+    self->slots = (volatile uint64_t *)(uintptr_t)addr;
+    self->nslots = n;
+    self->spin_s = spin_s;
+    self->spin_max = m;
+    self->spin_max_coll = mc;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Poster_methods[] = {
     {"post", (PyCFunction)(void (*)(void))Poster_post, METH_FASTCALL,
      "post(kind, buf, peer, tag) -> Request, or None for the Python path"},
@@ -698,6 +903,7 @@ static PyMethodDef Poster_methods[] = {
     {"flush", (PyCFunction)Poster_flush, METH_NOARGS, "Splice the group's chain."},
     {"set_ranges", (PyCFunction)Poster_set_ranges, METH_O, "Replace the registered ranges."},
     {"detach", (PyCFunction)Poster_detach, METH_NOARGS, "The pool is being unmapped: stop touching it."},
+    {"set_wait", (PyCFunction)Poster_set_wait, METH_VARARGS, "Where the slots are and how Wait spins."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -730,12 +936,16 @@ static PyTypeObject PosterType = {
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._poster", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit__poster(void) {
-    if (PyType_Ready(&RequestType) < 0 || PyType_Ready(&PosterType) < 0) return NULL;
+    RequestType.tp_methods = Request_methods;  /* defined after the Poster, whose slots they read */
+    if (PyType_Ready(&StatusType) < 0 || PyType_Ready(&RequestType) < 0 || PyType_Ready(&PosterType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     Py_INCREF(&RequestType);
     Py_INCREF(&PosterType);
+    Py_INCREF(&StatusType);
     if (PyModule_AddObject(m, "RequestBase", (PyObject *)&RequestType) < 0 ||
+        PyModule_AddObject(m, "Status", (PyObject *)&StatusType) < 0 ||
         PyModule_AddObject(m, "Poster", (PyObject *)&PosterType) < 0 ||
         PyModule_AddIntConstant(m, "RECORD_BYTES", RECORD_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "KIND_RECV", KIND_RECV) < 0 ||

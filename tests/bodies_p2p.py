@@ -122,6 +122,55 @@ def test_and_waitall() -> None:
             comm.Send(np.full(16, 7, np.uint8), 0, tag=1)
 
 
+def wait_and_test_in_c() -> dict:
+    """Requests on comm.alloc memory end in C (Request.Wait/Test in shm/_poster.c): the Status is
+    right, every completion slot comes back (16 slots, 300 round trips), and what C does not own
+    (errors, a Wait inside a group, bad arguments) still behaves."""
+    with proxy.init(max_ops_per_rank=16) as comm:
+        me, peer = comm.rank, 1 - comm.rank
+        slots0 = len(comm._free_slots)
+        send, recv = comm.alloc(3, np.int64), comm.alloc(3, np.int64)
+        for i in range(300):
+            send[:] = (me, i, -i)
+            rq = comm.Irecv(recv, peer, tag=i)
+            if me == 0:
+                assert rq.Test() is False  # rank 1 sends only after receiving ours
+            st = comm.Isend(send, peer, tag=i).Wait(timeout=30)
+            assert (st.source, st.tag, st.nbytes) == (peer, i, 24), st
+            st = rq.Wait(30) if i % 2 else rq.Wait()
+            assert (st.source, st.tag, st.nbytes) == (peer, i, 24), st
+            assert rq.Wait() is st and rq.Test() is True and rq.status is st
+            assert recv.tolist() == [peer, i, -i], recv
+        assert len(comm._free_slots) == slots0 and not comm._pending, (len(comm._free_slots), comm._pending)
+        for args, kwargs in (((1, 2), {}), ((), {"bogus": 1}), ((1,), {"timeout": 1})):
+            try:
+                rq.Wait(*args, **kwargs)
+            except TypeError:
+                pass
+            else:
+                raise AssertionError(f"Wait{args}{kwargs} accepted")
+        # Test() polls a pending alloc request in C and reaps it there once complete.
+        rq = comm.Irecv(recv, peer, tag=1000)
+        comm.Send(send, peer, tag=1000)
+        deadline = time.monotonic() + 30
+        while not rq.Test():
+            assert time.monotonic() < deadline
+        assert (rq.status.source, rq.status.tag, rq.status.nbytes) == (peer, 1000, 24)
+        # Inside a group the ops are not posted yet: Wait must refuse, not spin.
+        with comm.group():
+            rq = comm.Irecv(recv, peer, tag=2000)
+            try:
+                rq.Wait(timeout=5)
+            except proxy.InvalidUsage as e:
+                assert "group" in str(e), str(e)
+            else:
+                raise AssertionError("Wait inside comm.group() did not raise")
+            sq = comm.Isend(send, peer, tag=2000)
+        proxy.Request.Waitall([rq, sq])
+        assert len(comm._free_slots) == slots0 and not comm._pending
+        return {"status": repr(st)}
+
+
 def bad_input() -> None:
     """Each bad call raises before anything is posted and leaves the communicator usable."""
     with proxy.init() as comm:

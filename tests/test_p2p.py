@@ -36,6 +36,11 @@ def test_test_and_waitall():
     run_ranks(BODY + "test_and_waitall", 2, timeout=60)
 
 
+def test_wait_and_test_finish_in_c_and_return_every_slot():
+    res = run_ranks(BODY + "wait_and_test_in_c", 2, timeout=120)
+    assert res.results[0]["status"] == "Status(source=1, tag=299, nbytes=24)"
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_bad_input_raises_before_posting_and_comm_stays_usable(n):
     run_ranks(BODY + "bad_input", n, timeout=60)

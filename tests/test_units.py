@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+import proxy
 from proxy import errors, ops, params as params_mod
 from proxy.args import ArgsPool, Transfer
 from proxy.progress import FetchMode, fetch_mode
@@ -206,8 +207,9 @@ def test_poster_fast_post_writes_the_record_python_reads(pool):
 
 
 def test_poster_isend_irecv_post_or_fall_back(pool):
-    """isend/irecv (what a Comm installs as Isend/Irecv) post in C when they can; keywords, a missing
-    tag's default, and everything declined reach the Python fallbacks with the call unchanged."""
+    """isend/irecv (what a Comm installs as Isend/Irecv) post in C when they can, the tag given by
+    position, by keyword or by default; other keywords and everything declined reach the Python
+    fallbacks with the call unchanged."""
     seg, view = pool
     pp, slots, records, pending = _make_poster(seg, view)
     calls = []
@@ -221,12 +223,15 @@ def test_poster_isend_irecv_post_or_fall_back(pool):
         assert req._kind == ops.KIND_SEND and req._tag == 0 and req._peer == 1 and not calls
         req = pp.irecv(arr, 0, 9)
         assert req._kind == ops.KIND_RECV and req._tag == 9 and not calls
-        assert pp.isend(arr, 1, tag=3) == "python send"
+        req = pp.isend(arr, 1, tag=3)   # the tag by keyword is still the fast path
+        assert req._kind == ops.KIND_SEND and req._tag == 3 and not calls
         assert pp.irecv(arr, source=1) == "python recv"
         assert pp.isend(np.zeros(3), 1, 2) == "python send"   # not registered: declined
-        assert [c[0] for c in calls] == ["send", "recv", "send"]
-        assert calls[0][2] == {"tag": 3} and calls[1][2] == {"source": 1} and calls[2][1][1:] == (1, 2)
-        assert pp.seq == 2 and len(pending) == 2
+        assert pp.isend(np.zeros(3), 1, tag=4) == "python send"
+        assert [c[0] for c in calls] == ["recv", "send", "send"]
+        assert calls[0][2] == {"source": 1} and calls[1][1][1:] == (1, 2)
+        assert calls[2][1][1:] == (1,) and calls[2][2] == {"tag": 4}
+        assert pp.seq == 3 and len(pending) == 3
         del arr, req
     finally:
         pending.clear()
@@ -319,6 +324,9 @@ def test_poster_iallreduce_writes_the_record_comm_coll_writes(pool):
         idx = records[-1]
         req = pp.iallreduce(s, r)   # op defaults to SUM
         assert req is not None and view.read_record(idx)[3] == sched.ReduceOp.SUM
+        idx = records[-1]
+        req = pp.iallreduce(s, r, op=sched.ReduceOp.MIN)   # and may be given by keyword
+        assert req is not None and view.read_record(idx)[3] == sched.ReduceOp.MIN
         del s, r, req, send
     finally:
         pending.clear()
@@ -351,17 +359,26 @@ def test_poster_iallreduce_declines_what_comm_coll_must_check(pool, case):
         elif case == "plain-in-place":
             pp.in_place = None
             args[0] = ops.IN_PLACE
-        elif case == "keyword":
-            kw = {"op": args.pop()}
+        elif case == "keyword":   # op= alone is the fast path; any other keyword is not
+            kw = {"recvbuf": args.pop(1)}
         elif case == "no-record":
             records.clear()
         assert pp.iallreduce(*args, **kw) == "python" and len(calls) == 1
         assert calls[0][1] == kw and calls[0][0][0] is args[0]
         assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
-        del s, r, args
+        del s, r, args, kw
     finally:
         calls.clear()
         buf.close()
+
+
+def test_status_is_built_in_c_and_reads_like_mpi_status():
+    st = proxy.Status(3, -(2**63), 1 << 40)
+    assert (st.source, st.tag, st.nbytes) == (3, -(2**63), 1 << 40)
+    assert repr(st) == f"Status(source=3, tag={-(2**63)}, nbytes={1 << 40})"
+    assert proxy.Status(source=1, tag=2, nbytes=3).tag == 2
+    with pytest.raises(TypeError):
+        proxy.Status(1, 2)
 
 
 def test_buffer_info_rejects_what_cannot_be_received_into():
