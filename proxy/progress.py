@@ -53,6 +53,15 @@ OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who d
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
+# Collective kinds as plain ints for the per-op path: looking up an IntEnum member costs ~150 ns
+# on the development VM, and a small Allreduce's whole budget in this process is ~10 us.
+_BARRIER, _BCAST, _REDUCE, _ALLREDUCE = (int(sched.Coll.BARRIER), int(sched.Coll.BCAST), int(sched.Coll.REDUCE),
+                                         int(sched.Coll.ALLREDUCE))
+_WITH_REDOP = frozenset(map(int, (sched.Coll.REDUCE, sched.Coll.ALLREDUCE, sched.Coll.REDUCE_SCATTER_BLOCK)))
+_WITH_ROOT = frozenset(map(int, (sched.Coll.BCAST, sched.Coll.REDUCE)))
+_ITEMSIZE = {code: dt.itemsize for code, dt in CODE_DTYPE.items()}
+_SLOT_WORDS = P.SLOT_BYTES // 8
+
 
 class FetchMode(enum.IntEnum):
     NONE = 0    # keep progressing, do not look at the posted chain this pass
@@ -60,13 +69,16 @@ class FetchMode(enum.IntEnum):
     BLOCK = 2   # nothing active: spin briefly, then a bounded sleep on the pool condvar
 
 
+_F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # globals: no enum lookup per pass
+
+
 def fetch_mode(idle: bool, nactive: int, passes: int, appendop_freq: int) -> FetchMode:
     """DESIGN.md section 5: fetch only when idle, when nothing is active, or every FREQ passes."""
     if nactive == 0:
-        return FetchMode.BLOCK
+        return _F_BLOCK
     if idle or passes % appendop_freq == 0:
-        return FetchMode.TRY
-    return FetchMode.NONE
+        return _F_TRY
+    return _F_NONE
 
 
 class RankInfo:
@@ -97,6 +109,14 @@ class ProgressEngine:
         self.coll_min_chunk = params.COLL_MIN_CHUNK
         self.eager = min(params.EAGER_BYTES, params.CHUNK_SIZE)
         self.coll_inline = params.COLL_INLINE_BYTES
+        self.spin_ns = int(params.PROXY_SPIN_US * 1000)
+        self.timeout = params.TIMEOUT
+        self.batch = params.APPEND_BATCH_SIZE
+        # Per local rank: (u64 index of its COMPLETED counter, address of its futex word, u64 index of
+        # its WAITING flag), and where the completion slots start: complete() runs for every op.
+        self.rank_words = [(layout.rank_q(lr, P.RANK_COMPLETED), self.seg.addr + layout.wake_word_offset(lr),
+                            layout.rank_q(lr, P.RANK_WAITING)) for lr in range(nlocal)]
+        self.slots_q = layout.slot_q(0)
         self.coll_transport = transports.REGISTRY[0]  # shm: every local buffer is mapped here
         sched.set_streaming(params.COPY_STREAMING)
         self.argspool = ArgsPool(self.view)
@@ -264,12 +284,12 @@ class ProgressEngine:
     def fetch(self, mode: FetchMode) -> int:
         view, i32 = self.view, self.view.i32
         head_i = P.NEXT_OPS_OFF // 4
-        if mode == FetchMode.TRY:
+        if mode == _F_TRY:
             if i32[head_i] == -1 or not view.mutex.trylock():
                 return 0
         else:
             self._spin_for_work()
-            view.mutex.lock(self.params.TIMEOUT)
+            view.mutex.lock(self.timeout)
             if i32[head_i] == -1 and not self._should_exit():
                 self._sleep_locked()
         try:
@@ -284,7 +304,7 @@ class ProgressEngine:
         return len(ops)
 
     def _spin_for_work(self) -> None:
-        spin_ns = int(self.params.PROXY_SPIN_US * 1000)
+        spin_ns = self.spin_ns
         if spin_ns <= 0:
             return
         i32, head_i = self.view.i32, P.NEXT_OPS_OFF // 4
@@ -307,7 +327,7 @@ class ProgressEngine:
         view, layout, i32, buf = self.view, self.layout, self.view.i32, self.view.buf
         head_i, tail_i, free_i = P.NEXT_OPS_OFF // 4, P.NEXT_OPS_END_OFF // 4, P.FREE_OPS_OFF // 4
         unpack, rec_off = P.RECORD.unpack_from, layout.record_off
-        max_ops, nrec, batch = layout.max_ops, layout.nrecords, self.params.APPEND_BATCH_SIZE
+        max_ops, nrec, batch = layout.max_ops, layout.nrecords, self.batch
         groups: set[tuple[int, int]] = set()
         ops: list[Op] = []
         now = time.monotonic_ns()
@@ -458,18 +478,16 @@ class ProgressEngine:
                       f"#{op.coll_seq} twice")
             return
         ops[op.owner] = op
-        if all(o is not None for o in ops):
+        if None not in ops:
             del self.colls[op.coll_seq]
             self.start_coll(ops)  # type: ignore[arg-type]
 
     @staticmethod
     def fingerprint(op: Op) -> tuple:
         c = op.coll
-        redop = op.redop if c in (sched.Coll.REDUCE, sched.Coll.ALLREDUCE, sched.Coll.REDUCE_SCATTER_BLOCK) else 0
-        root = op.peer if c in (sched.Coll.BCAST, sched.Coll.REDUCE) else -1
-        count = op.count if c != sched.Coll.BARRIER else 0
-        dtype = op.dtype if c != sched.Coll.BARRIER else 0
-        return (c, dtype, count, redop, root)
+        if c == _BARRIER:
+            return (c, 0, 0, 0, -1)
+        return (c, op.dtype, op.count, op.redop if c in _WITH_REDOP else 0, op.peer if c in _WITH_ROOT else -1)
 
     @staticmethod
     def describe_fingerprint(fp: tuple) -> str:
@@ -482,15 +500,16 @@ class ProgressEngine:
         return f"{sched.COLL_NAMES.get(c, c)}({', '.join(parts)})"
 
     def start_coll(self, ops: list[Op]) -> None:
-        fps = [self.fingerprint(op) for op in ops]
-        if len(set(fps)) > 1:
-            first = fps[0]
-            other = next(i for i, f in enumerate(fps) if f != first)
-            self.fail(errors.InvalidUsage.code,
-                      f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
-                      f"{self.describe_fingerprint(first)} but rank {ops[other].rank} called "
-                      f"{self.describe_fingerprint(fps[other])}")
-            return
+        fingerprint = self.fingerprint
+        first = fingerprint(ops[0])
+        for other in ops[1:]:
+            fp = fingerprint(other)
+            if fp != first:
+                self.fail(errors.InvalidUsage.code,
+                          f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
+                          f"{self.describe_fingerprint(first)} but rank {other.rank} called "
+                          f"{self.describe_fingerprint(fp)}")
+                return
         try:
             if self.small_coll(ops):
                 return
@@ -531,16 +550,15 @@ class ProgressEngine:
         (the general path then runs)."""
         op0 = ops[0]
         c = op0.coll
-        if c == sched.Coll.ALLREDUCE:
-            dt = CODE_DTYPE.get(op0.dtype)
-            nbytes = op0.count * dt.itemsize if dt is not None else 0
-            if not 0 < nbytes <= self.coll_inline or len(ops) < 2 or not sched.native_code(op0.redop, dt):
+        if c == _ALLREDUCE:
+            nbytes = op0.count * _ITEMSIZE.get(op0.dtype, 0)
+            if not 0 < nbytes <= self.coll_inline or len(ops) < 2 or not _reduce.supported(op0.redop, op0.dtype):
                 return False
-            dsts = [self.buffer_addr(op, True, nbytes) for op in ops]
-            srcs = [d if op.flags & FLAG_IN_PLACE else self.buffer_addr(op, False, nbytes)
-                    for op, d in zip(ops, dsts)]
+            addr = self.buffer_addr
+            dsts = [addr(op, True, nbytes) for op in ops]
+            srcs = [d if op.flags & FLAG_IN_PLACE else addr(op, False, nbytes) for op, d in zip(ops, dsts)]
             _reduce.reduce(op0.redop, op0.dtype, op0.count, srcs, dsts, False)
-        elif c == sched.Coll.BARRIER:
+        elif c == _BARRIER:
             nbytes = 0
         else:
             return False
@@ -563,7 +581,12 @@ class ProgressEngine:
         return buf, off
 
     def buffer_addr(self, op: Op, second: bool, nbytes: int) -> int:
-        buf, off = self.buffer_of(op, second, nbytes)
+        if second:
+            buf, off = self.buffers.get((op.owner, op.buf2_id)), op.offset2
+        else:
+            buf, off = self.buffers.get((op.owner, op.buf_id)), op.offset
+        if buf is None or off + nbytes > buf.size:
+            buf, off = self.buffer_of(op, second, nbytes)  # raises the error
         return buf.addr + off
 
     def buffer_view(self, op: Op, second: bool, count: int) -> Any:
@@ -722,18 +745,22 @@ class ProgressEngine:
     def complete(self, op: Op, status: int, nbytes: int, source: int = -1, tag: int = 0,
                  peer_dtype: int = 0) -> None:
         """Publish a request's result in its completion slot, then wake its rank if it sleeps."""
-        layout, q = self.layout, self.q
-        slot = op.req_slot
-        if slot // layout.max_ops != op.owner:
+        q = self.q
+        slot, owner = op.req_slot, op.owner
+        if slot // self.layout.max_ops != owner:
             self.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
             return
-        base = layout.slot_q(slot)
+        base = self.slots_q + _SLOT_WORDS * slot
         q[base + P.SLOT_NBYTES] = nbytes
         q[base + P.SLOT_STATUS] = (status & 0xFFFF) | (peer_dtype << 16) | ((source & 0xFFFFFFFF) << 32)
         q[base + P.SLOT_TAG] = tag & MASK64
         q[base + P.SLOT_DONE_SEQ] = op.req_seq  # publishes the fields above (shm/counters.py)
-        q[layout.rank_q(op.owner, P.RANK_COMPLETED)] += 1
-        wake_rank(self.view, layout, op.owner)
+        completed, wake_addr, waiting = self.rank_words[owner]
+        q[completed] += 1
+        # wake_rank() inlined: bump the futex word, then syscall only if the rank may sleep
+        _native.fetch_add_u32(wake_addr, 1)
+        if q[waiting]:
+            _native.futex_wake(wake_addr, 0x7FFFFFFF)
 
     # ------------------------------------------------------------------ driver
     def _should_exit(self) -> bool:
@@ -748,7 +775,7 @@ class ProgressEngine:
             self.passes += 1
             mode = fetch_mode(idle, len(self.active), self.passes, freq)
             added = self.fetch(mode) if mode else 0
-            if idle and not added and mode != FetchMode.BLOCK:
+            if idle and not added and mode != _F_BLOCK:
                 if self.copy.in_flight:
                     self.copy.wait(WORKER_WAIT_S)  # GIL released: see proxy/copyengine.py
                 else:
