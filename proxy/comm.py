@@ -24,7 +24,6 @@ A Comm is meant to be used by one thread at a time (like MPI_THREAD_SERIALIZED).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import hashlib
 import os
 import select
@@ -32,7 +31,7 @@ import subprocess
 import sys
 import time
 import weakref
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -505,20 +504,11 @@ class Comm:
         """Blocking receive; returns the Status (source, tag, nbytes)."""
         return self.Irecv(buf, source, tag).Wait()
 
-    @contextlib.contextmanager
-    def group(self) -> Iterator["Comm"]:
-        """Everything posted inside is spliced onto the pool under one lock, as one opCount."""
-        self._check_usable()
-        pp = self._pp
-        if pp.group_depth == 0:
-            pp.opcount += 1
-        pp.group_depth += 1
-        try:
-            yield self
-        finally:
-            pp.group_depth -= 1
-            if pp.group_depth == 0 and not self._closed:
-                pp.flush()
+    def group(self) -> Any:
+        """``with comm.group():`` everything posted inside is spliced onto the pool under one lock, as
+        one opCount, when the outermost group ends (also if the block raises). Groups nest. The
+        context manager is the poster's (shm/_poster.c)."""
+        return self._pp
 
     # ------------------------------------------------------------------ collectives
     def _locate(self, arr: np.ndarray, writable: bool, copy_in: bool, what: str) -> tuple:

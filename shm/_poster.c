@@ -843,6 +843,32 @@ static PyObject *Poster_flush(PosterObject *self, PyObject *unused) {
     return PyObject_CallFunction(self->on_splice_error, "i", rc);
 }
 
+/* The context manager comm.group() returns: __enter__ opens a group (one opCount for everything
+ * posted inside, records linked privately), __exit__ closes it and splices the chain once the
+ * outermost group ends, also when the block raised. In C because the generator-based context
+ * manager cost 3.7 us per empty group on the VM, this 0.5 us (a group of 8 posts pays it per op). */
+static PyObject *Poster_enter(PosterObject *self, PyObject *unused) {
+    if (!self->usable || !self->mapped || *self->err || *self->abort) {
+        PyObject *r = PyObject_CallMethod(self->comm, "_check_usable", NULL);  /* raises what applies */
+        if (!r) return NULL;
+        Py_DECREF(r);
+    }
+    if (self->group_depth == 0) self->opcount++;
+    self->group_depth++;
+    Py_INCREF(self->comm);
+    return self->comm;
+}
+
+static PyObject *Poster_exit(PosterObject *self, PyObject *args) {
+    if (self->group_depth > 0) self->group_depth--;
+    if (self->group_depth == 0 && self->mapped) {
+        PyObject *r = Poster_flush(self, NULL);
+        if (!r) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_FALSE;  /* an exception from the block propagates */
+}
+
 /* detach(): the pool is about to be unmapped; nothing here touches it again. */
 static PyObject *Poster_detach(PosterObject *self, PyObject *unused) {
     self->mapped = 0;
@@ -904,6 +930,8 @@ static PyMethodDef Poster_methods[] = {
     {"set_ranges", (PyCFunction)Poster_set_ranges, METH_O, "Replace the registered ranges."},
     {"detach", (PyCFunction)Poster_detach, METH_NOARGS, "The pool is being unmapped: stop touching it."},
     {"set_wait", (PyCFunction)Poster_set_wait, METH_VARARGS, "Where the slots are and how Wait spins."},
+    {"__enter__", (PyCFunction)Poster_enter, METH_NOARGS, "Open a group (comm.group())."},
+    {"__exit__", (PyCFunction)Poster_exit, METH_VARARGS, "Close the group; splice it if outermost."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -105,6 +105,46 @@ def group_many() -> dict:
         return {"k": k}
 
 
+def group_semantics() -> None:
+    """comm.group() nests (one splice, when the outermost ends), posts what it holds even when the
+    block raises, hands back the comm, and refuses a closed communicator."""
+    comm = proxy.init()
+    with comm:
+        peer = 1 - comm.rank
+        send, recv = comm.alloc(4, np.int32), comm.alloc((3, 4), np.int32)
+        send[:] = comm.rank
+        pp = comm._pp
+        with comm.group() as g:
+            assert g is comm and pp.group_depth == 1
+            rq = [comm.Irecv(recv[0], peer, tag=1)]
+            with comm.group():
+                rq.append(comm.Irecv(recv[1], peer, tag=2))
+                assert pp.group_depth == 2
+            assert pp.chain_first >= 0, "the inner group's end spliced the outer group's records"
+            sq = [comm.Isend(send, peer, tag=1), comm.Isend(send, peer, tag=2)]
+        assert pp.group_depth == 0 and pp.chain_first == -1
+        proxy.Request.Waitall(rq + sq)
+        try:
+            with comm.group():
+                rq = comm.Irecv(recv[2], peer, tag=3)
+                sq = comm.Isend(send, peer, tag=3)
+                raise KeyError("user error inside the group")
+        except KeyError:
+            pass
+        else:
+            raise AssertionError("the block's exception was swallowed")
+        assert pp.group_depth == 0
+        proxy.Request.Waitall([rq, sq], timeout=30)   # posted despite the exception
+        assert np.all(recv == peer), recv
+    try:
+        with comm.group():
+            pass
+    except proxy.Closed:
+        pass
+    else:
+        raise AssertionError("group() on a closed communicator did not raise Closed")
+
+
 def test_and_waitall() -> None:
     """Test() polls without blocking; Waitall waits for all."""
     with proxy.init() as comm:

@@ -32,6 +32,10 @@ def test_group_longer_than_the_record_pool():
     assert res.results[1]["k"] == 300
 
 
+def test_group_nests_posts_on_exceptions_and_refuses_a_closed_comm():
+    run_ranks(BODY + "group_semantics", 2, timeout=60)
+
+
 def test_test_and_waitall():
     run_ranks(BODY + "test_and_waitall", 2, timeout=60)
 
