@@ -49,11 +49,8 @@ from shm.segment import Segment
 
 _log = log.get("INIT")
 OWNER_DEAD_REPORT_S = 5.0  # how long a rank that repaired the pool mutex waits to learn who died
-_perf = time.perf_counter
 _buffer_info = _native.buffer_info
-_RECORD_BYTES = P.RECORD_BYTES
 _DTYPE_CODE = DTYPE_CODE
-_yield = os.sched_yield
 # What shm._poster needs to read arrays itself: dtype char -> (code, itemsize), and probe arrays
 # whose facts it checks its reading against (shm/_poster.c, verify_layout).
 _DTYPES = {ch: (code, np.dtype(ch).itemsize) for ch, code in DTYPE_CODE.items()}
@@ -173,8 +170,6 @@ class Comm:
         self._free_records: list[int] = []
         self._free_slots = list(range(self._rec_base + max_ops - 1, self._rec_base - 1, -1))
         self._pending: dict[int, Request] = {}
-        self._buf = view.buf
-        self._records_off = layout.records_off
         self._abort_q = P.CTRL_OFF // 8 + P.CTRL_ABORT
         self._err_q = P.CTRL_OFF // 8 + P.CTRL_ERR_SEQ
         self._waiting_q = layout.rank_q(lr, P.RANK_WAITING)
@@ -199,14 +194,16 @@ class Comm:
         # ... and so is Iallreduce, for buffers in registered memory.
         self._pp.allreduce_fallback, self._pp.in_place = cls.Iallreduce.__get__(self), IN_PLACE
         self.Iallreduce = self._pp.iallreduce
-        self._spin_s = self.params.WAIT_SPIN_US * 1e-6
-        crowded = (os.cpu_count() or 1) < self.local_size + 2
+        # How Request.Wait spins before it sleeps (the spin is in C): up to WAIT_SPIN_US, and on a
+        # crowded node only for requests the progress loop completes itself, since larger ones are
+        # copied by workers that need the cores (measured: docs/decisions.md).
         p = self.params
-        self._spin_max = p.WAIT_SPIN_MAX_BYTES or (min(p.EAGER_BYTES, p.CHUNK_SIZE) if crowded else 1 << 62)
-        self._spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.COLL_INLINE_BYTES if crowded else 1 << 62)
-        self._slice_s = self.params.WAIT_SLICE_MS * 1e-3
-        self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, self._spin_s, self._spin_max,
-                          self._spin_max_coll)
+        crowded = (os.cpu_count() or 1) < self.local_size + 2
+        spin_max = p.WAIT_SPIN_MAX_BYTES or (min(p.EAGER_BYTES, p.CHUNK_SIZE) if crowded else 1 << 62)
+        spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.COLL_INLINE_BYTES if crowded else 1 << 62)
+        self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, p.WAIT_SPIN_US * 1e-6, spin_max,
+                          spin_max_coll)
+        self._slice_s = p.WAIT_SLICE_MS * 1e-3
         self._registry = Registry(self._register, self._pp.set_ranges)
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
 
@@ -449,17 +446,11 @@ class Comm:
         elif self._failure is None and (self._q[self._err_q] or self._q[self._abort_q]):
             raise self._record_failure()
 
-    def _wait(self, req: Request, timeout: float | None, spin: bool = True) -> None:
+    def _wait(self, req: Request, timeout: float | None) -> None:
+        """The sleeping half of Request.Wait (the C half already spun on the slot)."""
         if self._pp.group_depth:
             raise errors.InvalidUsage("Wait() inside comm.group(): the group's ops are posted at its end")
         q, sq, seq = self._q, self._layout.slot_q(req._slot), req._seq
-        if spin and q[sq] != seq and req._nbytes <= (self._spin_max_coll if req._kind == KIND_COLL else self._spin_max):
-            # Spin politely: with more processes than cores, a busy spin would take the core the
-            # progress process needs to complete this very request; and not at all for large ones,
-            # whose copy workers need the cores (measured: docs/decisions.md).
-            end = _perf() + self._spin_s
-            while q[sq] != seq and _perf() < end:
-                _yield()
         if q[sq] != seq:
             deadline = self._deadline(timeout)
             while q[sq] != seq:
@@ -828,7 +819,7 @@ class Comm:
             pp.detach()   # it holds raw pool addresses: never again after this
         if getattr(self, "_staging", None) is not None:
             self._staging.close()
-        for name in ("_q", "_i32", "_u32", "_buf"):
+        for name in ("_q", "_i32", "_u32"):
             mv = self.__dict__.pop(name, None)
             if mv is not None:
                 mv.release()

@@ -257,7 +257,7 @@ class ProgressEngine:
 
     def _wake_all_ranks(self) -> None:
         for lr in range(self.nlocal):
-            wake_rank(self.view, self.layout, lr)
+            self.wake_rank(lr)
 
     def _mutex_owner_died(self) -> None:
         """We got the pool mutex with EOWNERDEAD. The kernel releases a robust mutex early in the
@@ -755,11 +755,19 @@ class ProgressEngine:
         q[base + P.SLOT_STATUS] = (status & 0xFFFF) | (peer_dtype << 16) | ((source & 0xFFFFFFFF) << 32)
         q[base + P.SLOT_TAG] = tag & MASK64
         q[base + P.SLOT_DONE_SEQ] = op.req_seq  # publishes the fields above (shm/counters.py)
-        completed, wake_addr, waiting = self.rank_words[owner]
-        q[completed] += 1
-        # wake_rank() inlined: bump the futex word, then syscall only if the rank may sleep
+        q[self.rank_words[owner][0]] += 1
+        self.wake_rank(owner)
+
+    def wake_rank(self, local_rank: int) -> None:
+        """Bump a rank's futex word; issue the wake syscall only if the rank said it may sleep.
+
+        Lost wake-ups are impossible: the rank stores WAITING=1, reads the word, re-checks its slot and
+        sleeps only while the word is unchanged; we publish the slot, bump the word atomically (a full
+        barrier), then read WAITING. Either the rank sees the new slot or the bump, or we see WAITING=1.
+        """
+        _completed, wake_addr, waiting = self.rank_words[local_rank]
         _native.fetch_add_u32(wake_addr, 1)
-        if q[waiting]:
+        if self.q[waiting]:
             _native.futex_wake(wake_addr, 0x7FFFFFFF)
 
     # ------------------------------------------------------------------ driver
@@ -857,19 +865,6 @@ class ProgressEngine:
         _log.warning("state dumped to %s", path)
         print(f"shmproxy: progress process {os.getpid()} dumped its state to {path}", file=sys.stderr,
               flush=True)
-
-
-def wake_rank(view: P.PoolView, layout: P.Layout, local_rank: int) -> None:
-    """Bump a rank's futex word; issue the wake syscall only if the rank said it may sleep.
-
-    Lost wake-ups are impossible: the rank stores WAITING=1, reads the word, re-checks its slot and
-    sleeps only while the word is unchanged; we publish the slot, bump the word atomically (a full
-    barrier), then read WAITING. Either the rank sees the new slot or the bump, or we see WAITING=1.
-    """
-    addr = view.addr + layout.wake_word_offset(local_rank)
-    _native.fetch_add_u32(addr, 1)
-    if view.q[layout.rank_q(local_rank, P.RANK_WAITING)]:
-        _native.futex_wake(addr, 0x7FFFFFFF)
 
 
 def _alive(pid: int) -> bool:

@@ -8,14 +8,11 @@ user never waits on does not leak anything.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from proxy import errors
 from proxy.ops import CODE_DTYPE, KIND_COLL, KIND_NAMES, KIND_RECV
 from shm._poster import RequestBase, Status
-
-if TYPE_CHECKING:  # pragma: no cover
-    from proxy.comm import Comm
 
 __all__ = ["Request", "Status"]
 
@@ -88,10 +85,9 @@ class Request(RequestBase):
             raise self._error
         return self._done
 
-    def _wait_slow(self, timeout: float | None, spun: bool) -> Status | None:
-        """``spun``: the C half already spun on the slot, so go straight to the sleep."""
+    def _wait_slow(self, timeout: float | None) -> Status | None:
         if not self._done:
-            self._comm._wait(self, timeout, spin=not spun)
+            self._comm._wait(self, timeout)
         if self._error is not None:
             raise self._error
         return self.status

@@ -677,9 +677,9 @@ static PyObject *Poster_iallreduce(PosterObject *self, PyObject *const *args, si
  * The common end of a request in C: its slot says complete with no error, and nothing was staged
  * (comm.alloc memory), so reaping it is reading the slot, returning the slot, and a Status. A
  * blocking Send or Recv thereby costs no Python frame between the post and the return (on the VM
- * the Python reap was ~4 us of a ~45 us one-way message). Everything else (an error, a staged
- * buffer to copy out, a timeout, the sleep on the futex, a Wait inside a group) is Python's:
- * Request._wait_slow and Request._test_slow, which own every message.
+ * the Python reap was ~4 us of a ~45 us one-way message). The spin is only here. Everything else
+ * (an error, a staged buffer to copy out, a timeout, the sleep on the futex, a Wait inside a group)
+ * is Python's: Request._wait_slow and Request._test_slow, which own every message.
  *
  * Ordering: the progress process writes the slot's fields, then done_seq (shm/counters.py); the
  * acquire load of done_seq orders the reads of the fields after it.
@@ -751,25 +751,21 @@ static int reap(PosterObject *p, RequestObject *r) {
 static PyObject *Request_Wait(RequestObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     PyObject *timeout = Py_None;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs + nkw > 1 || (nkw && !PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0))) ||
-        (nkw && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "timeout"))) {
+    if (nargs + nkw > 1 || (nkw && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "timeout"))) {
         PyErr_SetString(PyExc_TypeError, "Wait(timeout=None)");
         return NULL;
     }
     if (nargs + nkw == 1) timeout = args[0];
-    int spun = 0;
     if (!self->done) {
         PosterObject *p = wait_poster(self);
         int r = 0;
         if (p && !slot_done(p, self) &&
-            self->nbytes <= (self->kind == KIND_COLL ? p->spin_max_coll : p->spin_max)) {
+            self->nbytes <= (self->kind == KIND_COLL ? p->spin_max_coll : p->spin_max))
             p = spin(p, self);
-            spun = 1;
-        }
         if (p && slot_done(p, self) && (r = reap(p, self)) < 0) return NULL;
-        if (!r) return PyObject_CallMethod((PyObject *)self, "_wait_slow", "OO", timeout, spun ? Py_True : Py_False);
+        if (!r) return PyObject_CallMethod((PyObject *)self, "_wait_slow", "O", timeout);
     }
-    if (self->error != Py_None) return PyObject_CallMethod((PyObject *)self, "_wait_slow", "OO", timeout, Py_True);
+    if (self->error != Py_None) return PyObject_CallMethod((PyObject *)self, "_wait_slow", "O", timeout);
     Py_INCREF(self->status);
     return self->status;
 }
