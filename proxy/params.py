@@ -116,6 +116,7 @@ class Param:
     default: Any
     description: str
     minimum: float | None = None
+    maximum: float | None = None
     value: Any = None
     origin: str = "default"
 
@@ -124,15 +125,15 @@ class Param:
 
 
 def _p(name: str, parse: Callable[[str], Any], default: Any, description: str,
-       minimum: float | None = None) -> Param:
-    return Param(name, parse, default, description, minimum)
+       minimum: float | None = None, maximum: float | None = None) -> Param:
+    return Param(name, parse, default, description, minimum, maximum)
 
 
 _DECLARED: tuple[Param, ...] = (
     # --- progress engine (DESIGN.md section 5) ---
     _p("PROGRESS_APPENDOP_FREQ", int, 8,
        "With ops in flight, fetch newly posted ops every this many progress passes.", 1),
-    _p("APPEND_BATCH_SIZE", int, 16, "At most this many opCount groups are taken per fetch.", 1),
+    _p("APPEND_BATCH_SIZE", int, 16, "At most this many opCount groups are taken per fetch.", 1, 1024),
     _p("STEPS", int, 8, "Buffer slots per connection: a sub may have this many chunks in flight.", 1),
     _p("CHUNK_SIZE", _parse_size, 512 << 10, "Bytes moved per step by the shm transport.", 4096),
     _p("COLL_MIN_CHUNK", _parse_size, 64 << 10,
@@ -226,6 +227,8 @@ class Params:
             raise InvalidArgument(f"{p.env_name()}={raw!r} ({origin}) is invalid: {exc}") from exc
         if p.minimum is not None and value < p.minimum:
             raise InvalidArgument(f"{p.env_name()}={raw!r} ({origin}) is below the minimum {p.minimum}")
+        if p.maximum is not None and value > p.maximum:
+            raise InvalidArgument(f"{p.env_name()}={raw!r} ({origin}) is above the maximum {p.maximum}")
         return value
 
     def __getattr__(self, name: str) -> Any:

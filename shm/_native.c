@@ -176,6 +176,160 @@ static PyObject *py_fetch_add_u32(PyObject *self, PyObject *args) {
 }
 
 /*
+ * take_posted(pool, records_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)
+ * The progress process's fetch, with the pool mutex held by the caller: detach records from the
+ * head of the posted chain (at most `batch` distinct (owner, opCount) groups), copy each one's 128
+ * bytes to out[k] and its index to idx[k], and push the record back on its owner's free list (NCCL's
+ * freeOps), all in C so that the mutex is held for nanoseconds per record, not the microsecond that
+ * unpacking into Python objects costs (ranks posting meanwhile would block on the mutex). The caller
+ * builds its Op objects from `out` after unlocking. `out` holds nrecords * 128 bytes, `idx` nrecords
+ * int32s. err: 0 = ok; 1 = the chain links to index `at`, out of range; 2 = record `at` names an owner
+ * outside its region. On an error nothing after the records already taken is touched.
+ * Offsets (shm/pool.py): head and tail of the posted chain at 192 and 196, free lists at 1024; in a
+ * record: next at 0, owner at 8, opcount at 24.
+ */
+#define POOL_NEXT_OPS 192
+#define POOL_NEXT_OPS_END 196
+#define POOL_FREE_OPS 1024
+#define REC_BYTES 128
+#define REC_OWNER 8
+#define REC_OPCOUNT 24
+#define MAX_BATCH 1024   /* APPEND_BATCH_SIZE's maximum (proxy/params.py) */
+
+static PyObject *py_take_posted(PyObject *self, PyObject *args) {
+    PyObject *pool_o, *out_o, *idx_o;
+    Py_ssize_t records_off, nrec, max_ops, batch;
+    if (!PyArg_ParseTuple(args, "OnnnnOO", &pool_o, &records_off, &nrec, &max_ops, &batch, &out_o, &idx_o))
+        return NULL;
+    char *pool = as_ptr(pool_o), *out = as_ptr(out_o);
+    int32_t *idxs = as_ptr(idx_o);
+    if (PyErr_Occurred()) return NULL;
+    if (!pool || !out || !idxs || max_ops <= 0 || batch <= 0 || batch > MAX_BATCH) {
+        PyErr_SetString(PyExc_ValueError, "take_posted: bad arguments");
+        return NULL;
+    }
+    int32_t *head = (int32_t *)(pool + POOL_NEXT_OPS), *tail = (int32_t *)(pool + POOL_NEXT_OPS_END);
+    int32_t *freel = (int32_t *)(pool + POOL_FREE_OPS);
+    int32_t g_owner[MAX_BATCH];
+    uint64_t g_count[MAX_BATCH];
+    Py_ssize_t ngroups = 0, n = 0;
+    int err = 0;
+    int32_t i = *head, at = -1;
+    while (i != -1) {
+        if (i < 0 || i >= nrec) { err = 1; at = i; break; }
+        char *rec = pool + records_off + (Py_ssize_t)i * REC_BYTES;
+        int32_t owner;
+        uint64_t opcount;
+        memcpy(&owner, rec + REC_OWNER, 4);
+        memcpy(&opcount, rec + REC_OPCOUNT, 8);
+        if (owner != i / max_ops) { err = 2; at = i; break; }
+        Py_ssize_t g = 0;
+        while (g < ngroups && !(g_owner[g] == owner && g_count[g] == opcount)) g++;
+        if (g == ngroups) {
+            if (ngroups >= batch) break;
+            g_owner[ngroups] = owner;
+            g_count[ngroups++] = opcount;
+        }
+        memcpy(out + n * REC_BYTES, rec, REC_BYTES);
+        idxs[n++] = i;
+        int32_t next;
+        memcpy(&next, rec, 4);
+        memcpy(rec, &freel[owner], 4);
+        freel[owner] = i;
+        i = next;
+    }
+    if (!err) {
+        *head = i;
+        if (i == -1) *tail = -1;
+    } else {
+        *head = i;   /* the records already taken are gone from the chain; the bad link stays for the dump */
+    }
+    return Py_BuildValue("(nii)", n, err, at);
+}
+
+/*
+ * complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes) -> -1 | index of a bad op
+ * Finish every rank's op of one collective (proxy/progress.py, ProgressEngine.complete_coll): first
+ * publish each op's completion slot (nbytes, status 0 with the op's peer as source, tag 0, then the
+ * request's seq with a release store: shm/counters.py's protocol), then bump each owner's COMPLETED
+ * counter and futex word and wake it if it said it may sleep. Publishing all before waking any lets
+ * spinning ranks leave together. Checks every op's slot lies in its owner's region before writing
+ * anything: on a bad one nothing is written and its position in `ops` is returned.
+ * Layout (shm/pool.py): slots of 32 bytes (DONE_SEQ, NBYTES, STATUS, TAG as u64), rank areas of 64
+ * bytes (WAKE futex word at 8, WAITING at 16, COMPLETED at 40).
+ */
+#define SLOT_BYTES_ 32
+#define RANK_AREA_BYTES_ 64
+#define RANK_WAKE_OFF 8
+#define RANK_WAITING_OFF 16
+#define RANK_COMPLETED_OFF 40
+
+static PyObject *s_req_slot, *s_owner, *s_req_seq, *s_peer;
+
+static int op_field(PyObject *op, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(op, name);
+    if (!v) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *py_complete_coll(PyObject *self, PyObject *args) {
+    PyObject *pool_o, *ops;
+    Py_ssize_t slots_off, area_off, max_ops;
+    unsigned long long nbytes;
+    if (!PyArg_ParseTuple(args, "OnnnOK", &pool_o, &slots_off, &area_off, &max_ops, &ops, &nbytes)) return NULL;
+    char *pool = as_ptr(pool_o);
+    if (!pool && PyErr_Occurred()) return NULL;
+    PyObject *seq = PySequence_Fast(ops, "complete_coll: ops must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (max_ops <= 0) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "complete_coll: bad arguments");
+        return NULL;
+    }
+    long long (*f)[4] = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *f);   /* slot, owner, seq, peer */
+    if (!f) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (op_field(items[i], s_req_slot, &f[i][0]) || op_field(items[i], s_owner, &f[i][1]) ||
+            op_field(items[i], s_req_seq, &f[i][2]) || op_field(items[i], s_peer, &f[i][3])) {
+            Py_DECREF(seq);
+            PyMem_Free(f);
+            return NULL;
+        }
+        if (f[i][0] < 0 || f[i][1] < 0 || f[i][0] / max_ops != f[i][1]) {
+            Py_DECREF(seq);
+            PyMem_Free(f);
+            return PyLong_FromSsize_t(i);
+        }
+    }
+    Py_DECREF(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t *slot = (uint64_t *)(pool + slots_off + f[i][0] * SLOT_BYTES_);
+        slot[1] = nbytes;
+        slot[2] = (uint64_t)(uint32_t)f[i][3] << 32;
+        slot[3] = 0;
+        __atomic_store_n(&slot[0], (uint64_t)f[i][2], __ATOMIC_RELEASE);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *area = pool + area_off + f[i][1] * RANK_AREA_BYTES_;
+        uint64_t *completed = (uint64_t *)(area + RANK_COMPLETED_OFF);
+        *completed += 1;   /* statistics; the progress process is its only writer */
+        uint32_t *word = (uint32_t *)(area + RANK_WAKE_OFF);
+        __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n((uint64_t *)(area + RANK_WAITING_OFF), __ATOMIC_SEQ_CST))
+            syscall(SYS_futex, word, FUTEX_WAKE, 0x7FFFFFFF, NULL, NULL, 0);
+    }
+    PyMem_Free(f);
+    return PyLong_FromLong(-1);
+}
+
+/*
  * buffer_info(obj, writable) -> (address, nbytes)
  * One C-contiguous buffer request: raises BufferError or ValueError (numpy) for non-contiguous objects
  * and for read-only ones when writable is true. Far cheaper than ndarray.__array_interface__.
@@ -230,6 +384,10 @@ static PyMethodDef methods[] = {
     {"futex_wait", py_futex_wait, METH_VARARGS, "futex_wait(addr, expected, timeout) -> OK | TIMEDOUT"},
     {"futex_wake", py_futex_wake, METH_VARARGS, "futex_wake(addr, n) -> number woken"},
     {"fetch_add_u32", py_fetch_add_u32, METH_VARARGS, "fetch_add_u32(addr, v) -> old value"},
+    {"complete_coll", py_complete_coll, METH_VARARGS,
+     "complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes) -> -1 | index of a bad op"},
+    {"take_posted", py_take_posted, METH_VARARGS,
+     "take_posted(pool, records_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)"},
     {"buffer_info", py_buffer_info, METH_VARARGS, "buffer_info(obj, writable) -> (address, nbytes)"},
     {"memcopy", py_memcopy, METH_VARARGS, "memcopy(dst, src, n): memmove, GIL released when large"},
     {"memcopy_nt", py_memcopy_nt, METH_VARARGS, "memcopy_nt(dst, src, n): copy with streaming stores"},
@@ -239,6 +397,9 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._native", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
+    if (!(s_req_slot = PyUnicode_InternFromString("req_slot")) || !(s_owner = PyUnicode_InternFromString("owner")) ||
+        !(s_req_seq = PyUnicode_InternFromString("req_seq")) || !(s_peer = PyUnicode_InternFromString("peer")))
+        return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     PyModule_AddIntConstant(m, "MUTEX_SIZE", (long)sizeof(pthread_mutex_t));
@@ -247,5 +408,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "OWNERDEAD", RC_OWNERDEAD);
     PyModule_AddIntConstant(m, "TIMEDOUT", RC_TIMEDOUT);
     PyModule_AddIntConstant(m, "BUSY", RC_BUSY);
+    /* The pool layout the two pool helpers assume; shm/pool.py checks it against its own. */
+    PyModule_AddObject(m, "TAKE_LAYOUT", Py_BuildValue("(iiiiii)", POOL_NEXT_OPS, POOL_NEXT_OPS_END,
+                                                       POOL_FREE_OPS, REC_BYTES, REC_OWNER, REC_OPCOUNT));
+    PyModule_AddObject(m, "COMPLETE_LAYOUT", Py_BuildValue("(iiiii)", SLOT_BYTES_, RANK_AREA_BYTES_,
+                                                           RANK_WAKE_OFF, RANK_WAITING_OFF, RANK_COMPLETED_OFF));
     return m;
 }

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import struct
 
-from shm import counters, sync
+from shm import _native, counters, sync
 
 MAGIC = 0x5958_4F52_5048_4D53  # b"SHMPROXY" little-endian
 VERSION = 1
@@ -90,7 +90,7 @@ SLOT_NBYTES = 1        # bytes received (receives) or sent
 SLOT_STATUS = 2        # low 32 bits: 0 or an error code; high 32 bits: source rank
 SLOT_TAG = 3           # tag of the matched message (two's complement)
 
-# Op record (128 bytes). `next` must stay at offset 0 (shm._native.post_chain relies on it).
+# Op record (128 bytes). `next` must stay at offset 0 (shm/_poster.c and shm._native.take_posted rely on it).
 RECORD = struct.Struct(
     "<i"      # next
     "BBBB"    # kind, dtype, redop, flags
@@ -106,6 +106,12 @@ RECORD = struct.Struct(
 )
 RECORD_BYTES = 128
 assert RECORD.size == RECORD_BYTES
+
+# The C helpers of the progress process (shm/_native.c: take_posted, complete_coll) hard-code these.
+if _native.TAKE_LAYOUT != (NEXT_OPS_OFF, NEXT_OPS_END_OFF, FREE_OPS_OFF, RECORD_BYTES,
+                           struct.calcsize("<iBBBB"), struct.calcsize("<iBBBBiiq")) or \
+        _native.COMPLETE_LAYOUT != (SLOT_BYTES, RANK_AREA_BYTES, 8 * RANK_WAKE, 8 * RANK_WAITING, 8 * RANK_COMPLETED):
+    raise ImportError("shm._native was built for another ops pool layout: rebuild it (pip install -e .)")
 
 # Sub table entry (96 bytes): progress counters of one sub, mirrored for the dump tool.
 SUB = struct.Struct("<IIiiQQQQQQQQq")  # state, kind, src, dst, opcount, nbytes, nsteps,

@@ -87,6 +87,95 @@ def test_record_round_trip_through_op(pool):
         view.read_record(view.layout.nrecords)
 
 
+def _post_chain(view, chain):
+    """Records (index, opcount) linked as the posted chain, taken off their owners' free lists first."""
+    lay, i32 = view.layout, view.i32
+    for r in range(lay.nlocal):
+        used = {i for i, _ in chain if i // lay.max_ops == r}
+        free = [i for i in range(r * lay.max_ops, (r + 1) * lay.max_ops) if i not in used]
+        i32[P.FREE_OPS_OFF // 4 + r] = free[0] if free else -1
+        for a, b in zip(free, free[1:] + [-1]):
+            i32[lay.record_off(a) // 4] = b
+    for k, (i, opcount) in enumerate(chain):
+        ops.pack(view.buf, lay, i, ops.KIND_SEND, ops.DTYPE_CODE["b"], i // lay.max_ops, 1, i, opcount, i, i,
+                 0, 0, 8, 8, 100 + i)
+        i32[lay.record_off(i) // 4] = chain[k + 1][0] if k + 1 < len(chain) else -1
+    i32[P.NEXT_OPS_OFF // 4], i32[P.NEXT_OPS_END_OFF // 4] = chain[0][0], chain[-1][0]
+
+
+def _taker(seg, lay):
+    """(take(batch) -> take_posted's result, the record copies, their indices)."""
+    out, idx = bytearray(P.RECORD_BYTES * lay.nrecords), np.zeros(lay.nrecords, np.int32)
+
+    def take(batch=16):
+        return _native.take_posted(seg.addr, lay.records_off, lay.nrecords, lay.max_ops, batch,
+                                   _native.buffer_info(out, True)[0], idx.ctypes.data)
+    return take, out, idx
+
+
+def test_take_posted_takes_whole_groups_and_frees_the_records(pool):
+    seg, view = pool
+    lay, i32 = view.layout, view.i32
+    take, out, idx = _taker(seg, lay)
+    _post_chain(view, [(0, 1), (8, 1), (1, 1), (9, 2), (2, 2)])   # groups (0,1) (1,1) (1,2) (0,2)
+    free0 = i32[P.FREE_OPS_OFF // 4]
+    assert take(2) == (3, 0, -1)                     # the third group (1, 2) waits for the next fetch
+    assert idx[:3].tolist() == [0, 8, 1]
+    got = [ops.Op(int(idx[k]), f, 0, 0) for k, f in enumerate(P.RECORD.iter_unpack(bytes(out[:3 * 128])))]
+    assert [(o.index, o.owner, o.opcount, o.tag, o.t_post) for o in got] == [
+        (0, 0, 1, 0, 100), (8, 1, 1, 8, 108), (1, 0, 1, 1, 101)]
+    assert (i32[P.NEXT_OPS_OFF // 4], i32[P.NEXT_OPS_END_OFF // 4]) == (9, 2)
+    chain0, bad = view.walk(i32[P.FREE_OPS_OFF // 4], lay.nrecords)
+    assert not bad and chain0[:3] == [1, 0, free0]   # pushed on the owner's free list, last taken first
+    assert take(16) == (2, 0, -1) and idx[:2].tolist() == [9, 2]
+    assert (i32[P.NEXT_OPS_OFF // 4], i32[P.NEXT_OPS_END_OFF // 4]) == (-1, -1)
+    assert take(16) == (0, 0, -1)
+    for r in range(lay.nlocal):                      # every record is back on its owner's list
+        chain, bad = view.walk(i32[P.FREE_OPS_OFF // 4 + r], lay.nrecords)
+        assert not bad and sorted(chain) == list(range(r * lay.max_ops, (r + 1) * lay.max_ops))
+
+
+def test_take_posted_stops_at_corruption(pool):
+    seg, view = pool
+    lay, i32 = view.layout, view.i32
+    take, _out, _idx = _taker(seg, lay)
+    _post_chain(view, [(0, 1), (1, 1)])
+    i32[lay.record_off(1) // 4] = lay.nrecords + 5   # a link out of range
+    assert take() == (2, 1, lay.nrecords + 5)
+    assert i32[P.NEXT_OPS_OFF // 4] == lay.nrecords + 5  # the bad link stays visible to the dump
+    _post_chain(view, [(2, 1), (3, 1)])
+    view.buf[lay.record_off(3) + 8:lay.record_off(3) + 12] = (1).to_bytes(4, "little")  # owner 1 in 0's region
+    assert take() == (1, 2, 3) and i32[P.NEXT_OPS_OFF // 4] == 3
+    with pytest.raises(ValueError, match="bad arguments"):
+        take(1025)
+
+
+def test_complete_coll_publishes_every_slot_then_bumps_every_rank(pool):
+    seg, view = pool
+    lay, q = view.layout, view.q
+
+    def op(slot, seq, peer):
+        ops.pack(view.buf, lay, slot, ops.KIND_COLL, 0, slot // lay.max_ops, peer, 0, 1, seq, slot, 0, 0, 8, 2, 0)
+        return ops.Op(slot, view.read_record(slot), slot // lay.max_ops, 0)
+
+    words = [view.i32[lay.wake_word_offset(r) // 4] for r in range(lay.nlocal)]
+    coll = [op(3, 41, 0), op(lay.max_ops + 5, 42, 1)]
+    args = (seg.addr, lay.slots_off, lay.rank_area_off, lay.max_ops)
+    assert _native.complete_coll(*args, coll, 4096) == -1
+    for o in coll:
+        base = lay.slot_q(o.req_slot)
+        assert q[base + P.SLOT_DONE_SEQ] == o.req_seq and q[base + P.SLOT_NBYTES] == 4096
+        assert q[base + P.SLOT_STATUS] == o.peer << 32 and q[base + P.SLOT_TAG] == 0
+    for r in range(lay.nlocal):
+        assert view.i32[lay.wake_word_offset(r) // 4] == words[r] + 1
+        assert q[lay.rank_q(r, P.RANK_COMPLETED)] == 1
+    bad = op(6, 43, 0)
+    bad.owner = 1                                    # its slot lies in rank 0's region
+    before = bytes(view.buf[lay.slots_off:lay.subs_off])
+    assert _native.complete_coll(*args, [op(7, 44, 0), bad], 8) == 1
+    assert bytes(view.buf[lay.slots_off:lay.subs_off]) == before   # checked before anything is written
+
+
 def test_segment_create_reports_no_space(monkeypatch):
     def enospc(fd, off, size):
         raise OSError(28, "No space left on device")
@@ -541,7 +630,7 @@ def test_params_defaults_env_and_overrides():
 @pytest.mark.parametrize("env", [{"SHMPROXY_STEPS": "eight"}, {"SHMPROXY_STEPS": "0"},
                                  {"SHMPROXY_DEBUG": "LOUD"}, {"SHMPROXY_PROXY_CPUS": "3-1"},
                                  {"SHMPROXY_NO_SUCH_THING": "1"}, {"SHMPROXY_DUMP_SIGNAL": "SIGNOPE"},
-                                 {"SHMPROXY_DEBUG_SUBSYS": "INIT,BOGUS"}])
+                                 {"SHMPROXY_DEBUG_SUBSYS": "INIT,BOGUS"}, {"SHMPROXY_APPEND_BATCH_SIZE": "1025"}])
 def test_bad_param_values_raise(env):
     with pytest.raises(errors.InvalidArgument, match="SHMPROXY_"):
         params_mod.Params(env=env)
