@@ -30,7 +30,8 @@
 #
 # Knobs (environment): OUT, TOTAL_S (global deadline, s), BIND (Open MPI --bind-to: core (default),
 # none, ...), RANKS (allreduce rank counts, default "2 4 8 16"), QUICK=1 (tiny sizes: a smoke test of
-# the script itself in about a minute), PYTHON (default python3), PACK.
+# the script itself in about a minute), PYTHON (default python3), PACK, ONLY (step names to run, e.g.
+# ONLY="overlap8 post"; default all).
 #
 # Binding: --bind-to core (one core per rank) is how MPI is benchmarked, and shmproxy's progress process
 # then takes cores no rank uses. gloo's helper threads share their rank's core under it: on the 32-core
@@ -259,6 +260,9 @@ STEPS=()
 step() {  # step NAME CAP_S NRANKS BENCH-ARGS...: one bounded run, its table and JSON under runs/
     local name=$1 cap=$2 n=$3
     shift 3
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+        return
+    fi
     local left=$((DEADLINE - $(date +%s)))
     local t=$((cap < left ? cap : left))
     if [ "$t" -lt 15 ]; then
