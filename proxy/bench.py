@@ -72,17 +72,28 @@ they cost a pass over the buffer and no more memory.
 
 Overlap (OSU method)
 --------------------
-For each size and library: ``t_comm`` = median of (Iallreduce; Wait) alone (max over ranks, which is
-also the target of the work); ``t_compute`` = median time of pure-Python integer arithmetic (it holds
-the GIL, as an application's Python does) calibrated once per size to take about ``t_comm``, run
-alone; ``t_total`` = median of (post Iallreduce; the same work; Wait). Each is a median over ``-n``
-iterations per rank, then the maximum over the ranks.
-``overlap % = 100 * max(0, 1 - (t_total - t_compute) / t_comm)`` (clipped to 100): the fraction of the
-communication hidden behind the work. 100 means communicating cost nothing; 0 that it was all added.
-The JSON also holds ``compute_during_us``, the work's time measured inside the overlapped iteration
-(OSU's own t_compute): when it exceeds ``t_compute``, communication slowed the work down (it competes
-for the cores). mpi4py: ``Iallreduce`` + ``Wait``; gloo: ``dist.all_reduce(async_op=True)`` +
-``work.wait()``.
+As OSU's osu_iallreduce (``osu_util.c``: ``do_compute_cpu``, ``calculate_and_print_stats``), for each
+size and library:
+
+1. ``t_comm``: (Iallreduce; Wait) alone, each iteration followed by the library's own barrier
+   (untimed), as OSU does; this rank's mean over ``-n`` iterations.
+2. The work: pure-Python integer arithmetic (it holds the GIL, as an application's Python does) in
+   chunks of ~2 us, repeated until this rank's ``t_comm`` of wall time has passed (OSU computes for
+   a time, not an amount: ``do_compute_cpu`` loops until ``latency_in_secs`` have elapsed).
+3. ``t_total``: (post Iallreduce; the work; Wait), each iteration followed by the barrier (untimed);
+   ``t_compute`` = the work's time inside those iterations (OSU's "Compute" column). Means over the
+   iterations.
+
+Each figure is then averaged over the ranks (OSU reduces with MPI_SUM and divides by the number of
+processes), and ``overlap % = 100 * max(0, 1 - (t_total - t_compute) / t_comm)`` (clipped to 100): the
+fraction of the communication hidden behind the work. 100 means communicating cost nothing; 0 that it
+was all added. mpi4py: ``Iallreduce`` + ``Wait`` and ``Barrier``; gloo: ``dist.all_reduce(async_op=True)``
++ ``work.wait()`` and ``dist.barrier``.
+
+``work_slowdown`` (in the JSON) says what OSU's method does not: how much less work a rank got done
+per second while the collective was in flight than alone (the same chunks, timed alone ``-n`` times).
+Above 1, communicating slowed the rank's own computation (shared cores, memory bandwidth, or a host
+whose vCPUs share physical cores: ``tools/host_probe interference``).
 
 How a figure is made
 --------------------
@@ -1066,56 +1077,81 @@ def measure_coll(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: 
     return list(summarize(times, op.time_divisor))
 
 
+WORK_CHUNK_S = 2e-6     # one chunk of the overlap benchmark's work (OSU's compute_on_host: ~1 us)
+
+
+def work_for(seconds: float, chunk: int) -> int:
+    """The overlap benchmark's work: ``spin(chunk)`` until ``seconds`` of wall time have passed (at
+    least once), as OSU's do_compute_cpu. Returns the chunks done."""
+    t0, n = _perf(), 0
+    while True:
+        spin(chunk)
+        n += 1
+        if _perf() - t0 >= seconds:
+            return n
+
+
+def _overlap_barrier(ctx: Ctx, lib: Library) -> Callable[[], Any]:
+    """The library's own barrier, run (untimed) after every iteration, as OSU runs MPI_Barrier."""
+    return {"shmproxy": _barrier_shm, "mpi4py": _barrier_mpi, "gloo": _barrier_gloo}[lib.name](
+        ctx, lib, None, None)
+
+
 def measure_overlap(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
                     warmup: int) -> list[float]:
-    """[t_comm_us, t_compute_us, t_total_us, compute_during_us] at one size (the OSU method).
-
-    1. (post; wait) alone: ``warmup`` + ``iters`` times -> t_comm = this rank's median; the target of
-       the work is the maximum of t_comm over the ranks.
-    2. ``calibrate`` the pure-Python work to that target (once per size), then time it alone
-       ``iters`` times -> t_compute.
-    3. (post; work; wait): a warm-up of min(warmup, 3), then ``iters`` times -> t_total, and the
-       work's own time inside it (compute_during).
-    4. The checked call (as measure_coll)."""
+    """[t_comm_us, t_compute_us, t_total_us, work_slowdown] at one size, as OSU's osu_iallreduce
+    (see the module's "Overlap" section): means over ``iters`` iterations, each followed by the
+    library's barrier; the work runs for this rank's t_comm of wall time."""
     post, wait = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
-
-    def comm_only() -> None:
-        wait(post())
+    lib_barrier = _overlap_barrier(ctx, lib)
     _prepare(ctx, op, lib, send, recv)
     barrier(ctx.comm)
     for _ in range(warmup):
-        comm_only()
-    barrier(ctx.comm)
-    t_comm = _timed_loop(comm_only, iters)
-    target = max_all(ctx.comm, float(np.median(t_comm)))
-    units = calibrate(target)
-    work = spin
-    t_comp = _timed_loop(lambda: work(units), iters)
+        wait(post())
+        lib_barrier()
+    t_comm = [0.0] * iters
+    for i in range(iters):
+        t0 = _perf()
+        wait(post())
+        t_comm[i] = _perf() - t0
+        lib_barrier()
+    target = float(np.mean(t_comm))
+    chunk = calibrate(WORK_CHUNK_S)
+    rate_alone = []
+    for _ in range(iters):
+        t0 = _perf()
+        n = work_for(target, chunk)
+        rate_alone.append(n / (_perf() - t0))
     barrier(ctx.comm)
     for _ in range(min(warmup, 3)):
         req = post()
-        work(units)
+        work_for(target, chunk)
         wait(req)
-    barrier(ctx.comm)
-    total, during = [0.0] * iters, [0.0] * iters
+        lib_barrier()
+    total, during, rate = [0.0] * iters, [0.0] * iters, [0.0] * iters
     for i in range(iters):
         t0 = _perf()
         req = post()
         t1 = _perf()
-        work(units)
+        n = work_for(target, chunk)
         t2 = _perf()
         wait(req)
         t3 = _perf()
-        total[i], during[i] = t3 - t0, t2 - t1
+        total[i], during[i], rate[i] = t3 - t0, t2 - t1, n / (t2 - t1)
+        lib_barrier()
     _prepare(ctx, op, lib, send, recv)
     barrier(ctx.comm)
-    comm_only()
-    return [summarize(x)[0] for x in (t_comm, t_comp, total, during)]
+    wait(post())
+    slowdown = float(np.median(rate_alone) / np.median(rate)) if min(rate) > 0 else math.nan
+    return [float(np.mean(x)) * 1e6 for x in (t_comm, during, total)] + [slowdown]
 
 
 def _derive_overlap(res: dict[str, Any], per_rank: np.ndarray) -> None:
-    """overlap_pct from the reduced (max over ranks) figures; per rank from each rank's own."""
-    res["overlap_pct"] = overlap_percent(res["t_comm_us"], res["t_compute_us"], res["t_total_us"])
+    """OSU: each figure averaged over the ranks, then the overlap of those means; per rank from each
+    rank's own figures."""
+    means = [float(np.nanmean(per_rank[:, i])) for i in range(per_rank.shape[1])]
+    res["t_comm_us"], res["t_compute_us"], res["t_total_us"], res["work_slowdown"] = means
+    res["overlap_pct"] = overlap_percent(*means[:3])
     res["ranks"]["overlap_pct"] = [
         None if math.isnan(v := overlap_percent(row[0], row[1], row[2])) else v for row in per_rank.tolist()]
 
@@ -1189,9 +1225,10 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
                 columns=SWEEP_COLUMNS[:2], default_sizes=("8", "8", 2)),
     Operation(
         "overlap", "Iallreduce overlapped with pure-Python work (OSU method); overlap % per library",
-        measure_overlap, ("t_comm_us", "t_compute_us", "t_total_us", "compute_during_us"),
+        measure_overlap, ("t_comm_us", "t_compute_us", "t_total_us", "work_slowdown"),
         (Column("t_comm", "us", "t_comm_us"), Column("t_comp", "us", "t_compute_us"),
-         Column("t_total", "us", "t_total_us"), Column("overlap", "%", "overlap_pct")),
+         Column("t_total", "us", "t_total_us"), Column("slowdown", "x", "work_slowdown"),
+         Column("overlap", "%", "overlap_pct")),
         source=_no_source, calls={"shmproxy": _iallreduce_shm, "mpi4py": _iallreduce_mpi,
                                   "gloo": _iallreduce_gloo},
         ratio_key=None, default_sizes=("64K", "16M", 4), bus_note="2(n-1)/n", verify=verify_allreduce,
@@ -1633,9 +1670,9 @@ def op_notes(op: Operation, args: argparse.Namespace, names: Sequence[str]) -> l
         out.append(f"# {', '.join(native)}: the call works in place on the receive tensor (no copy timed);"
                    f" its checked call gets the input copied in first")
     if op.measure is measure_overlap:
-        out.append("# overlap (OSU): t_comm = Iallreduce+Wait alone; t_comp = pure-Python work calibrated"
-                   " to t_comm, alone; t_total = post, work, Wait;"
-                   " overlap = 100*max(0, 1-(t_total-t_comp)/t_comm)")
+        out.append("# overlap (OSU osu_iallreduce): t_comm = Iallreduce+Wait alone; t_total = post, pure-Python"
+                   " work for t_comm of wall time, Wait; t_comp = that work's time; a barrier after every"
+                   " iteration; means over iterations and ranks; overlap = 100*max(0, 1-(t_total-t_comp)/t_comm)")
     out.append("# checked: one more call after the timed ones, against the expected result"
                + (" (off: --no-check)" if not args.check else ""))
     return out

@@ -372,15 +372,26 @@ def test_overlap_percent_without_figures() -> None:
     assert math.isnan(bench.overlap_percent(10.0, math.nan, 10.0))
 
 
-def test_overlap_is_derived_from_the_slowest_rank() -> None:
+def test_overlap_is_derived_from_the_means_over_ranks() -> None:
+    # OSU's calculate_and_print_stats: every figure summed over the ranks and divided by their number
     op = OPERATIONS["overlap"]
-    per_rank = np.array([[100.0, 100.0, 150.0, 101.0, 1.0],
-                         [110.0, 90.0, 180.0, 95.0, 1.0]])
+    per_rank = np.array([[100.0, 100.0, 150.0, 1.0, 1.0],
+                         [110.0, 90.0, 180.0, 1.5, 1.0]])
     r = bench.reduce_result(op, per_rank, 4096, 2, checked=True)
-    assert (r["t_comm_us"], r["t_compute_us"], r["t_total_us"]) == (110.0, 100.0, 180.0)
-    assert r["overlap_pct"] == pytest.approx(100 * (1 - 80 / 110))
+    assert (r["t_comm_us"], r["t_compute_us"], r["t_total_us"]) == (105.0, 95.0, 165.0)
+    assert r["work_slowdown"] == pytest.approx(1.25)
+    assert r["overlap_pct"] == pytest.approx(100 * (1 - 70 / 105))
     assert r["ranks"]["overlap_pct"] == [pytest.approx(50.0), pytest.approx(100 * (1 - 90 / 110))]
     assert "busbw_GBps" not in r and r["check"] == "ok"
+
+
+def test_work_for_runs_for_a_time_not_an_amount() -> None:
+    chunk = bench.calibrate(bench.WORK_CHUNK_S)
+    t0 = time.perf_counter()
+    n = bench.work_for(5e-3, chunk)
+    took = time.perf_counter() - t0
+    assert took >= 5e-3 and n > 1
+    assert bench.work_for(0.0, chunk) == 1                  # at least one chunk, as OSU
 
 
 def test_rescale_units() -> None:
@@ -765,18 +776,21 @@ def test_overlap_against_mpi4py(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert bench.validate_report(report) == []
     assert report["ok"] is True and report["libraries"] == ["shmproxy", "mpi4py"]
-    assert [c["key"] for c in report["columns"]] == ["t_comm_us", "t_compute_us", "t_total_us", "overlap_pct"]
+    assert [c["key"] for c in report["columns"]] == ["t_comm_us", "t_compute_us", "t_total_us", "work_slowdown",
+                                                     "overlap_pct"]
     assert [row["bytes"] for row in report["results"]] == [64 << 10, 256 << 10]
     for row in report["results"]:
         for lib in ("shmproxy", "mpi4py"):
             r = row["results"][lib]
             assert r["t_comm_us"] > 0 and r["t_compute_us"] > 0 and r["t_total_us"] > 0
-            assert r["compute_during_us"] > 0
+            assert r["work_slowdown"] > 0
+            # the work ran for t_comm of wall time (OSU), at least; means over iterations and ranks
+            assert r["t_compute_us"] >= 0.999 * r["t_comm_us"]
             assert 0.0 <= r["overlap_pct"] <= 100.0
             assert r["overlap_pct"] == pytest.approx(bench.overlap_percent(
                 r["t_comm_us"], r["t_compute_us"], r["t_total_us"]))
             assert len(r["ranks"]["overlap_pct"]) == 2 and r["check"] == "ok"
-    assert "overlap (OSU)" in proc.stdout
+    assert "overlap (OSU osu_iallreduce)" in proc.stdout
 
 
 @pytest.mark.launcher
