@@ -209,8 +209,10 @@ launch() {  # launch NRANKS CMD...: under the launcher, with this job's environm
     local n=$1
     shift
     if [ "$LAUNCHER" = openmpi ]; then
+        local fwd=() v    # every exported SHMPROXY_* tunable reaches the ranks (A/B runs of a knob)
+        for v in $(compgen -e | grep '^SHMPROXY_'); do fwd+=(-x "$v"); done
         mpirun -n "$n" --allow-run-as-root --oversubscribe --bind-to "$BIND" \
-            -x PYTHONPATH -x PYTHONUNBUFFERED -x SHMPROXY_JOB_ID "$@"
+            -x PYTHONPATH -x PYTHONUNBUFFERED "${fwd[@]}" "$@"
     else
         mpiexec -n "$n" "$@"
     fi
