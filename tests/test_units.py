@@ -422,6 +422,29 @@ def test_poster_iallreduce_writes_the_record_comm_coll_writes(pool):
         buf.close()
 
 
+def test_poster_ibarrier_writes_the_record_comm_coll_writes(pool):
+    from proxy import sched
+    seg, view = pool
+    pp, slots, records, pending = _make_poster(seg, view)
+    calls = []
+    pp.barrier_fallback = lambda *a, **k: calls.append((a, k)) or "python"
+    idx = records[-1]
+    req = pp.ibarrier()
+    assert pending[req._slot] is req and pp.coll_seq == 1 and calls == []
+    assert (req._kind, req._tag, req._peer, req._nbytes) == (ops.KIND_COLL, sched.Coll.BARRIER, 0, 0)
+    fast = view.read_record(idx)
+    idx2, slot2 = records.pop(), slots.pop()   # what Comm._coll writes for a Barrier, through write()
+    pp.write(idx2, slot2, ops.KIND_COLL, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, pp.coll_seq, sched.Coll.BARRIER)
+    slow = view.read_record(idx2)
+    same = [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 17, 18, 19, 21]   # all but next, opCount, seq, slot, time
+    assert [fast[i] for i in same] == [slow[i] for i in same]
+    assert fast[10] == req._slot and fast[21] == sched.Coll.BARRIER
+    assert pp.ibarrier(1) == "python" and calls == [((1,), {})]   # anything unusual: Comm.Ibarrier
+    del records[:]
+    assert pp.ibarrier() == "python" and pp.coll_seq == 1            # no free record: Python takes it
+    pending.clear()
+
+
 @pytest.mark.parametrize("case", ["bool-sum", "int-avg", "bool-op", "big-op", "zero-op", "count", "dtype",
                                   "unregistered-send", "readonly-recv", "plain-in-place", "keyword", "no-record"])
 def test_poster_iallreduce_declines_what_comm_coll_must_check(pool, case):
