@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -447,13 +448,17 @@ def test_requires_store() -> None:
 # ------------------------------------------------------------------------------------------------
 # Under a real launcher
 
+# Each rank writes its row to a file of its own: lines printed by two ranks at once can reach
+# mpiexec's merged stdout interleaved.
 RANK_SCRIPT = """
 import dataclasses, json, os
 from proxy import bootstrap, params
 info = bootstrap.detect()
-print(json.dumps({"info": dataclasses.asdict(info), "ppid": os.getppid(),
+row = json.dumps({"info": dataclasses.asdict(info), "ppid": os.getppid(),
                   "key": bootstrap.job_key(info, params.Params()),
-                  "host": bootstrap.host_identity()}), flush=True)
+                  "host": bootstrap.host_identity()})
+with open(os.path.join(os.environ["ROWS_DIR"], f"{os.getpid()}.json"), "w") as f:
+    f.write(row)
 """
 
 
@@ -465,10 +470,11 @@ def clean_env() -> dict[str, str]:
 
 
 def run_mpiexec(mpiexec: str, argv: list[str], env: dict[str, str], cwd: Path) -> list[dict]:
+    rows_dir = Path(tempfile.mkdtemp(prefix="rows-", dir=cwd))
     proc = subprocess.run([mpiexec, "-n", "2", *argv], capture_output=True, text=True, timeout=60,
-                          env=env, cwd=cwd)
+                          env={**env, "ROWS_DIR": str(rows_dir)}, cwd=cwd)
     assert proc.returncode == 0, f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(f.read_text()) for f in sorted(rows_dir.iterdir())]
     assert len(rows) == 2, proc.stdout + proc.stderr
     return sorted(rows, key=lambda row: row["info"]["rank"])
 
