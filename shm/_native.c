@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "_copy.h"
+#include "_pool_layout.h"
 #include "_pool_lock.h"
 
 /* Below this size a copy is faster than dropping and retaking the GIL. */
@@ -185,15 +186,7 @@ static PyObject *py_fetch_add_u32(PyObject *self, PyObject *args) {
  * builds its Op objects from `out` after unlocking. `out` holds nrecords * 128 bytes, `idx` nrecords
  * int32s. err: 0 = ok; 1 = the chain links to index `at`, out of range; 2 = record `at` names an owner
  * outside its region. On an error nothing after the records already taken is touched.
- * Offsets (shm/pool.py): head and tail of the posted chain at 192 and 196, free lists at 1024; in a
- * record: next at 0, owner at 8, opcount at 24.
  */
-#define POOL_NEXT_OPS 192
-#define POOL_NEXT_OPS_END 196
-#define POOL_FREE_OPS 1024
-#define REC_BYTES 128
-#define REC_OWNER 8
-#define REC_OPCOUNT 24
 #define MAX_BATCH 1024   /* APPEND_BATCH_SIZE's maximum (proxy/params.py) */
 
 static PyObject *py_take_posted(PyObject *self, PyObject *args) {
@@ -208,8 +201,8 @@ static PyObject *py_take_posted(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "take_posted: bad arguments");
         return NULL;
     }
-    int32_t *head = (int32_t *)(pool + POOL_NEXT_OPS), *tail = (int32_t *)(pool + POOL_NEXT_OPS_END);
-    int32_t *freel = (int32_t *)(pool + POOL_FREE_OPS);
+    int32_t *head = (int32_t *)(pool + POOL_NEXT_OPS_OFF), *tail = (int32_t *)(pool + POOL_NEXT_OPS_END_OFF);
+    int32_t *freel = (int32_t *)(pool + POOL_FREE_OPS_OFF);
     int32_t g_owner[MAX_BATCH];
     uint64_t g_count[MAX_BATCH];
     Py_ssize_t ngroups = 0, n = 0;
@@ -217,11 +210,11 @@ static PyObject *py_take_posted(PyObject *self, PyObject *args) {
     int32_t i = *head, at = -1;
     while (i != -1) {
         if (i < 0 || i >= nrec) { err = 1; at = i; break; }
-        char *rec = pool + records_off + (Py_ssize_t)i * REC_BYTES;
+        char *rec = pool + records_off + (Py_ssize_t)i * RECORD_BYTES;
         int32_t owner;
         uint64_t opcount;
-        memcpy(&owner, rec + REC_OWNER, 4);
-        memcpy(&opcount, rec + REC_OPCOUNT, 8);
+        memcpy(&owner, rec + REC_OWNER_OFF, 4);
+        memcpy(&opcount, rec + REC_OPCOUNT_OFF, 8);
         if (owner != i / max_ops) { err = 2; at = i; break; }
         Py_ssize_t g = 0;
         while (g < ngroups && !(g_owner[g] == owner && g_count[g] == opcount)) g++;
@@ -230,7 +223,7 @@ static PyObject *py_take_posted(PyObject *self, PyObject *args) {
             g_owner[ngroups] = owner;
             g_count[ngroups++] = opcount;
         }
-        memcpy(out + n * REC_BYTES, rec, REC_BYTES);
+        memcpy(out + n * RECORD_BYTES, rec, RECORD_BYTES);
         idxs[n++] = i;
         int32_t next;
         memcpy(&next, rec, 4);
@@ -238,12 +231,8 @@ static PyObject *py_take_posted(PyObject *self, PyObject *args) {
         freel[owner] = i;
         i = next;
     }
-    if (!err) {
-        *head = i;
-        if (i == -1) *tail = -1;
-    } else {
-        *head = i;   /* the records already taken are gone from the chain; the bad link stays for the dump */
-    }
+    *head = i;   /* on an error: the records taken are gone from the chain, the bad link stays for the dump */
+    if (i == -1) *tail = -1;
     return Py_BuildValue("(nii)", n, err, at);
 }
 
@@ -255,14 +244,7 @@ static PyObject *py_take_posted(PyObject *self, PyObject *args) {
  * counter and futex word and wake it if it said it may sleep. Publishing all before waking any lets
  * spinning ranks leave together. Checks every op's slot lies in its owner's region before writing
  * anything: on a bad one nothing is written and its position in `ops` is returned.
- * Layout (shm/pool.py): slots of 32 bytes (DONE_SEQ, NBYTES, STATUS, TAG as u64), rank areas of 64
- * bytes (WAKE futex word at 8, WAITING at 16, COMPLETED at 40).
  */
-#define SLOT_BYTES_ 32
-#define RANK_AREA_BYTES_ 64
-#define RANK_WAKE_OFF 8
-#define RANK_WAITING_OFF 16
-#define RANK_COMPLETED_OFF 40
 
 static PyObject *s_req_slot, *s_owner, *s_req_seq, *s_peer;
 
@@ -310,14 +292,14 @@ static PyObject *py_complete_coll(PyObject *self, PyObject *args) {
     }
     Py_DECREF(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t *slot = (uint64_t *)(pool + slots_off + f[i][0] * SLOT_BYTES_);
-        slot[1] = nbytes;
-        slot[2] = (uint64_t)(uint32_t)f[i][3] << 32;
-        slot[3] = 0;
-        __atomic_store_n(&slot[0], (uint64_t)f[i][2], __ATOMIC_RELEASE);
+        uint64_t *slot = (uint64_t *)(pool + slots_off) + f[i][0] * SLOT_WORDS;
+        slot[SLOT_NBYTES] = nbytes;
+        slot[SLOT_STATUS] = (uint64_t)(uint32_t)f[i][3] << 32;   /* status 0, the source above it */
+        slot[SLOT_TAG] = 0;
+        __atomic_store_n(&slot[SLOT_DONE_SEQ], (uint64_t)f[i][2], __ATOMIC_RELEASE);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        char *area = pool + area_off + f[i][1] * RANK_AREA_BYTES_;
+        char *area = pool + area_off + f[i][1] * RANK_AREA_BYTES;
         uint64_t *completed = (uint64_t *)(area + RANK_COMPLETED_OFF);
         *completed += 1;   /* statistics; the progress process is its only writer */
         uint32_t *word = (uint32_t *)(area + RANK_WAKE_OFF);
@@ -408,10 +390,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "OWNERDEAD", RC_OWNERDEAD);
     PyModule_AddIntConstant(m, "TIMEDOUT", RC_TIMEDOUT);
     PyModule_AddIntConstant(m, "BUSY", RC_BUSY);
-    /* The pool layout the two pool helpers assume; shm/pool.py checks it against its own. */
-    PyModule_AddObject(m, "TAKE_LAYOUT", Py_BuildValue("(iiiiii)", POOL_NEXT_OPS, POOL_NEXT_OPS_END,
-                                                       POOL_FREE_OPS, REC_BYTES, REC_OWNER, REC_OPCOUNT));
-    PyModule_AddObject(m, "COMPLETE_LAYOUT", Py_BuildValue("(iiiii)", SLOT_BYTES_, RANK_AREA_BYTES_,
-                                                           RANK_WAKE_OFF, RANK_WAITING_OFF, RANK_COMPLETED_OFF));
+    /* shm/_pool_layout.h, which shm/pool.py checks against its own layout */
+    PyModule_AddObject(m, "POOL_LAYOUT", Py_BuildValue(
+        "(iiiiiiiiiii)", POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_FREE_OPS_OFF, RECORD_BYTES, REC_OWNER_OFF,
+        REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF, RANK_WAITING_OFF, RANK_COMPLETED_OFF));
     return m;
 }

@@ -39,9 +39,9 @@
 #include <sched.h>
 #include <time.h>
 
+#include "_pool_layout.h"
 #include "_pool_lock.h"
 
-#define RECORD_BYTES 128
 #define KIND_SEND 1  /* proxy/ops.py; checked at import by proxy/comm.py */
 #define KIND_RECV 2
 #define KIND_COLL 3
@@ -709,7 +709,6 @@ static PyObject *Poster_iallreduce(PosterObject *self, PyObject *const *args, si
  * Ordering: the progress process writes the slot's fields, then done_seq (shm/counters.py); the
  * acquire load of done_seq orders the reads of the fields after it.
  */
-enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };  /* shm/pool.py */
 
 static PyTypeObject PosterType;  /* defined below */
 

@@ -107,11 +107,12 @@ RECORD = struct.Struct(
 RECORD_BYTES = 128
 assert RECORD.size == RECORD_BYTES
 
-# The C helpers of the progress process (shm/_native.c: take_posted, complete_coll) hard-code these.
-if _native.TAKE_LAYOUT != (NEXT_OPS_OFF, NEXT_OPS_END_OFF, FREE_OPS_OFF, RECORD_BYTES,
-                           struct.calcsize("<iBBBB"), struct.calcsize("<iBBBBiiq")) or \
-        _native.COMPLETE_LAYOUT != (SLOT_BYTES, RANK_AREA_BYTES, 8 * RANK_WAKE, 8 * RANK_WAITING, 8 * RANK_COMPLETED):
-    raise ImportError("shm._native was built for another ops pool layout: rebuild it (pip install -e .)")
+# shm/_pool_layout.h hard-codes these for the C helpers (shm._native, shm._poster): it must agree.
+if _native.POOL_LAYOUT != (NEXT_OPS_OFF, NEXT_OPS_END_OFF, FREE_OPS_OFF, RECORD_BYTES, struct.calcsize("<iBBBB"),
+                           struct.calcsize("<iBBBBiiq"), SLOT_BYTES, RANK_AREA_BYTES, 8 * RANK_WAKE,
+                           8 * RANK_WAITING, 8 * RANK_COMPLETED):
+    raise ImportError("shm/_pool_layout.h and shm/pool.py disagree on the ops pool layout (or shm._native "
+                      "is stale: pip install -e .)")
 
 # Sub table entry (96 bytes): progress counters of one sub, mirrored for the dump tool.
 SUB = struct.Struct("<IIiiQQQQQQQQq")  # state, kind, src, dst, opcount, nbytes, nsteps,

@@ -1,0 +1,29 @@
+/*
+ * The ops pool layout the C helpers read and write directly (shm/pool.py owns it and documents every
+ * field). shm._poster (the rank's post and Wait) and shm._native (the progress process's fetch and
+ * collective completion) both include this, and shm/pool.py checks shm._native.POOL_LAYOUT against
+ * its own layout at import, so a change on one side cannot go unnoticed.
+ */
+#ifndef SHM_POOL_LAYOUT_H
+#define SHM_POOL_LAYOUT_H
+
+/* header: the posted chain's head and tail (int32 record indices), per-rank free lists */
+#define POOL_NEXT_OPS_OFF 192
+#define POOL_NEXT_OPS_END_OFF 196
+#define POOL_FREE_OPS_OFF 1024
+
+/* op records: `next` (int32) at 0 */
+#define RECORD_BYTES 128
+#define REC_OWNER_OFF 8      /* int32 local rank */
+#define REC_OPCOUNT_OFF 24   /* uint64 */
+
+/* completion slots: u64 words */
+enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
+
+/* per-rank areas */
+#define RANK_AREA_BYTES 64
+#define RANK_WAKE_OFF 8        /* uint32 futex word */
+#define RANK_WAITING_OFF 16    /* u64: the rank may sleep */
+#define RANK_COMPLETED_OFF 40  /* u64 statistics */
+
+#endif
