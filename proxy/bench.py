@@ -581,12 +581,6 @@ def agree(comm: Any, ok: bool) -> bool:
     return bool(bcast(comm, None if rows is None else [float(rows.min())], 1)[0])
 
 
-def max_all(comm: Any, value: float) -> float:
-    """The largest of every rank's ``value``, on every rank."""
-    rows = gather(comm, [value])
-    return float(bcast(comm, None if rows is None else [float(np.nanmax(rows))], 1)[0])
-
-
 # =================================================================================================
 # The operation table
 
@@ -1091,19 +1085,13 @@ def work_for(seconds: float, chunk: int) -> int:
             return n
 
 
-def _overlap_barrier(ctx: Ctx, lib: Library) -> Callable[[], Any]:
-    """The library's own barrier, run (untimed) after every iteration, as OSU runs MPI_Barrier."""
-    return {"shmproxy": _barrier_shm, "mpi4py": _barrier_mpi, "gloo": _barrier_gloo}[lib.name](
-        ctx, lib, None, None)
-
-
 def measure_overlap(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
                     warmup: int) -> list[float]:
     """[t_comm_us, t_compute_us, t_total_us, work_slowdown] at one size, as OSU's osu_iallreduce
     (see the module's "Overlap" section): means over ``iters`` iterations, each followed by the
     library's barrier; the work runs for this rank's t_comm of wall time."""
     post, wait = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
-    lib_barrier = _overlap_barrier(ctx, lib)
+    lib_barrier = OPERATIONS["barrier"].calls[lib.name](ctx, lib, None, None)   # OSU's MPI_Barrier, untimed
     _prepare(ctx, op, lib, send, recv)
     barrier(ctx.comm)
     for _ in range(warmup):
