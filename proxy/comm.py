@@ -184,6 +184,9 @@ class Comm:
             seg.addr + 8 * self._err_q, seg.addr + 8 * self._abort_q, seg.addr + 8 * self._posted_q, lr,
             self.size, self._timeout, self._free_slots, self._free_records, self._pending, _DTYPES,
             _probes(), self._splice_failed)
+        # Contended pool locks retry briefly before sleeping (shm/_pool_lock.h); per process.
+        _native.set_lock_spin(int(self.params.LOCK_SPIN_US * 1000))
+        _poster.set_lock_spin(int(self.params.LOCK_SPIN_US * 1000))
         if not self._pp.fast:
             _log.warning("numpy's array layout is not the one shm/_poster.c reads: every post takes "
                          "the slower Python path")

@@ -164,6 +164,9 @@ _DECLARED: tuple[Param, ...] = (
     _p("PROXY_NCORES", int, 0,
        "How many cores the automatic policy gives the progress process; 0 = all spare cores, at most 16.", 0),
     # --- rank side ---
+    _p("LOCK_SPIN_US", float, 5.0,
+       "A process that finds the ops pool mutex held retries this long before it sleeps in the kernel "
+       "(the holder only splices or takes a few records; 0 = sleep at once).", 0, 100.0),
     _p("WAIT_SPIN_US", float, 500.0,
        "A rank in Wait() polls its completion this long before it sleeps on its futex.", 0),
     _p("WAIT_SPIN_MAX_BYTES", _parse_size, 0,

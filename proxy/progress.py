@@ -156,6 +156,7 @@ class ProgressEngine:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        _native.set_lock_spin(int(self.params.LOCK_SPIN_US * 1000))  # shm/_pool_lock.h
         self.server.start()
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_RUNNING)
         _log.info("progress process up: pool %s (%d bytes), %d local ranks, socket %s",
@@ -561,7 +562,8 @@ class ProgressEngine:
         self.complete_coll(ops, nbytes)
         if self.profiler.enabled:
             self.profiler.span(f"{sched.COLL_NAMES.get(c, c)} #{op0.coll_seq}", min(op.t_post for op in ops),
-                               time.monotonic_ns(), bytes=nbytes)
+                               time.monotonic_ns(), bytes=nbytes, last_post_ns=max(op.t_post for op in ops),
+                               fetch_ns=max(op.t_fetch for op in ops))
         return True
 
     def buffer_of(self, op: Op, second: bool, nbytes: int) -> tuple[MemfdBuffer, int]:
@@ -689,7 +691,9 @@ class ProgressEngine:
         if self.profiler.enabled:
             op0 = work.ops[0]
             self.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
-                               min(op.t_post for op in work.ops), time.monotonic_ns(), bytes=work.nbytes)
+                               min(op.t_post for op in work.ops), time.monotonic_ns(), bytes=work.nbytes,
+                               last_post_ns=max(op.t_post for op in work.ops),
+                               fetch_ns=max(op.t_fetch for op in work.ops), match_ns=work.t_match)
 
     # ------------------------------------------------------------------ progress and completion
     def progress_once(self) -> bool:
@@ -734,7 +738,7 @@ class ProgressEngine:
             s, r = t.send, t.recv
             self.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
                                bytes=t.nbytes, tag=s.tag, fetch_ns=max(s.t_fetch, r.t_fetch),
-                               match_ns=t.t_match)
+                               match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post))
 
     def complete(self, op: Op, status: int, nbytes: int, source: int = -1, tag: int = 0,
                  peer_dtype: int = 0) -> None:

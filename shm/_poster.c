@@ -984,7 +984,12 @@ static PyTypeObject PosterType = {
     .tp_members = Poster_members,
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._poster", NULL, -1, NULL};
+static PyMethodDef module_methods[] = {
+    {"set_lock_spin", py_set_lock_spin, METH_O, "set_lock_spin(ns): contended pool locks retry this long first"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._poster", NULL, -1, module_methods};
 
 PyMODINIT_FUNC PyInit__poster(void) {
     RequestType.tp_methods = Request_methods;  /* defined after the Poster, whose slots they read */

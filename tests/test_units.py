@@ -225,6 +225,57 @@ def test_lock_and_condvar_waits_are_bounded(pool):
     view.mutex.unlock()
 
 
+@pytest.mark.parametrize("spin_ns", [0, 5_000, 100_000])
+def test_contended_lock_excludes_across_processes(spin_ns):
+    """Four processes increment one shared counter under the robust mutex, through the C lock that the
+    posts use (trylock, the bounded spin of SHMPROXY_LOCK_SPIN_US, then the sleeping lock): no
+    increment may be lost, whichever way each lock was won."""
+    import mmap
+    shared = mmap.mmap(-1, 4096)   # MAP_SHARED | MAP_ANONYMOUS: shared with the forked children
+    base = np.frombuffer(shared, np.uint8).ctypes.data
+    mutex, counter = base, np.frombuffer(shared, np.uint64, 1, 2048)
+    _native.mutex_init(mutex)
+    nproc, per = 4, 3000
+    pids = []
+    for _ in range(nproc):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _native.set_lock_spin(spin_ns)
+                for _ in range(per):
+                    assert _native.lock(mutex, 10.0) == _native.OK
+                    v = int(counter[0])
+                    os.sched_yield() if v % 64 == 0 else None   # let holders lose their core now and then
+                    counter[0] = v + 1
+                    _native.unlock(mutex)
+            finally:
+                os._exit(0 if int(counter[0]) > 0 else 1)
+        pids.append(pid)
+    for pid in pids:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert int(counter[0]) == nproc * per
+
+
+def test_lock_spin_is_bounded_and_validated(pool):
+    """A spinning locker still times out on a wedged holder, and bad spin values are refused."""
+    _seg, view = pool
+    view.mutex.lock(1.0)
+    got = []
+    _native.set_lock_spin(100_000)
+    try:
+        t = threading.Thread(target=lambda: got.append(_native.lock(view.mutex.addr, 0.2)))
+        t.start(); t.join(5)
+    finally:
+        _native.set_lock_spin(0)
+        view.mutex.unlock()
+    assert got == [_native.TIMEDOUT]
+    for mod in (_native, _poster):
+        with pytest.raises(ValueError):
+            mod.set_lock_spin(-1)
+    with pytest.raises(errors.InvalidArgument):
+        params_mod.Params(env={"SHMPROXY_LOCK_SPIN_US": "1000"})
+
+
 def test_futex_wait_times_out_and_wakes(pool):
     seg, view = pool
     addr = seg.addr + view.layout.wake_word_offset(0)
