@@ -65,8 +65,9 @@ def _probes() -> list[tuple]:
 
 
 assert (_poster.KIND_SEND, _poster.KIND_RECV, _poster.RECORD_BYTES) == (KIND_SEND, KIND_RECV, P.RECORD_BYTES)
-assert (_poster.KIND_COLL, _poster.FLAG_IN_PLACE, _poster.COLL_ALLREDUCE, _poster.COLL_BARRIER) == (
-    KIND_COLL, FLAG_IN_PLACE, sched.Coll.ALLREDUCE, sched.Coll.BARRIER)
+assert (_poster.KIND_COLL, _poster.FLAG_IN_PLACE, _poster.FLAG_NO_RECV, _poster.COLL_ALLREDUCE, _poster.COLL_BARRIER,
+        _poster.COLL_ALLTOALL) == (KIND_COLL, FLAG_IN_PLACE, FLAG_NO_RECV, sched.Coll.ALLREDUCE, sched.Coll.BARRIER,
+                                   max(sched.Coll))
 assert _poster.CODE_BOOL == DTYPE_CODE["?"] and _poster.CODE_FIRST_FLOAT == DTYPE_CODE["e"] == max(
     c for c, t in CODE_DTYPE.items() if t.kind not in "fc") + 1
 
@@ -201,6 +202,14 @@ class Comm:
         # ... and Ibarrier (5.7 -> ~1 us on the VM; Barrier() goes through it).
         self._pp.barrier_fallback = cls.Ibarrier.__get__(self)
         self.Ibarrier = self._pp.ibarrier
+        # ... and the other buffer collectives (Ibcast's Python post: 10-12 us on the VM). The blocking
+        # forms go through these instance attributes too.
+        self._pp.rank = self.rank
+        C = sched.Coll
+        for coll, name in ((C.BCAST, "Ibcast"), (C.REDUCE, "Ireduce"), (C.ALLGATHER, "Iallgather"),
+                           (C.REDUCE_SCATTER_BLOCK, "Ireduce_scatter_block"), (C.ALLTOALL, "Ialltoall")):
+            self._pp.set_coll_fallback(coll, getattr(cls, name).__get__(self))
+            setattr(self, name, getattr(self._pp, name.lower()))
         # How Request.Wait spins before it sleeps (the spin is in C): up to WAIT_SPIN_US, and on a
         # crowded node only for requests the progress loop completes itself, since larger ones are
         # copied by workers that need the cores (measured: docs/decisions.md).
@@ -669,35 +678,35 @@ class Comm:
 
     def Reduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = sched.ReduceOp.SUM, root: int = 0) -> None:
         """The root's recvbuf = op over every rank's sendbuf; recvbuf may be None elsewhere."""
-        self._coll(sched.Coll.REDUCE, sendbuf, recvbuf, op, root).Wait()
+        self.Ireduce(sendbuf, recvbuf, op, root).Wait()
 
     def Ibcast(self, buf: np.ndarray, root: int = 0) -> Request:
         return self._coll(sched.Coll.BCAST, buf, None, 0, root)
 
     def Bcast(self, buf: np.ndarray, root: int = 0) -> None:
         """Every rank's buf = the root's buf."""
-        self._coll(sched.Coll.BCAST, buf, None, 0, root).Wait()
+        self.Ibcast(buf, root).Wait()
 
     def Iallgather(self, sendbuf: Any, recvbuf: np.ndarray) -> Request:
         return self._coll(sched.Coll.ALLGATHER, sendbuf, recvbuf)
 
     def Allgather(self, sendbuf: Any, recvbuf: np.ndarray) -> None:
         """Block r of every rank's recvbuf = rank r's sendbuf (IN_PLACE: already in block r)."""
-        self._coll(sched.Coll.ALLGATHER, sendbuf, recvbuf).Wait()
+        self.Iallgather(sendbuf, recvbuf).Wait()
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> Request:
         return self._coll(sched.Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> None:
         """Rank r's recvbuf = op over every rank's block r of sendbuf."""
-        self._coll(sched.Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op).Wait()
+        self.Ireduce_scatter_block(sendbuf, recvbuf, op).Wait()
 
     def Ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> Request:
         return self._coll(sched.Coll.ALLTOALL, sendbuf, recvbuf)
 
     def Alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         """Block r of rank q's recvbuf = block q of rank r's sendbuf."""
-        self._coll(sched.Coll.ALLTOALL, sendbuf, recvbuf).Wait()
+        self.Ialltoall(sendbuf, recvbuf).Wait()
 
     def Ibarrier(self) -> Request:
         return self._coll(sched.Coll.BARRIER, None, None)

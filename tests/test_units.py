@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import proxy
-from proxy import errors, ops, params as params_mod
+from proxy import errors, ops, params as params_mod, sched as sched_mod
 from proxy.args import ArgsPool, Transfer
 from proxy.progress import FetchMode, fetch_mode
 from shm import _native, _poster, pool as P, sync
@@ -530,6 +530,129 @@ def test_poster_iallreduce_declines_what_comm_coll_must_check(pool, case):
         assert calls[0][1] == kw and calls[0][0][0] is args[0]
         assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
         del s, r, args, kw
+    finally:
+        calls.clear()
+        buf.close()
+
+
+# The C posts of the other buffer collectives, against the fields Comm._coll gives write() for the
+# same call (2 ranks, this rank 0): (method, args, kwargs) -> (code char, redop, flags, root, send
+# (bid, off, nbytes), count, recv (bid2, off2, nbytes2)). s6/s12: float32 sendbufs of 6/12 elements at
+# offset 128, r6/r12 recvbufs at 1024, all in registered buffer 5.
+_SUM, _MAX, _PROD, _MIN = (int(getattr(sched_mod.ReduceOp, n)) for n in ("SUM", "MAX", "PROD", "MIN"))
+_C_COLL_CASES = {
+    "bcast": ("ibcast", ("s6", 1), {}, (0, 0, ops.FLAG_IN_PLACE, 1, (0, 0, 24), 6, (5, 128, 24))),
+    "bcast-kw": ("ibcast", ("s6",), {"root": 1}, (0, 0, ops.FLAG_IN_PLACE, 1, (0, 0, 24), 6, (5, 128, 24))),
+    "reduce-root": ("ireduce", ("s6", "r6", _MAX, 0), {}, (0, _MAX, 0, 0, (5, 128, 24), 6, (5, 1024, 24))),
+    "reduce-kw": ("ireduce", ("s6", "r6"), {"root": 0, "op": _MIN}, (0, _MIN, 0, 0, (5, 128, 24), 6, (5, 1024, 24))),
+    "reduce-nonroot": ("ireduce", ("s6", None, _SUM, 1), {},
+                       (0, _SUM, ops.FLAG_NO_RECV, 1, (5, 128, 24), 6, (0, 0, 0))),
+    "reduce-in-place": ("ireduce", ("IN_PLACE", "r6"), {},
+                        (0, _SUM, ops.FLAG_IN_PLACE, 0, (0, 0, 0), 6, (5, 1024, 24))),
+    "allgather": ("iallgather", ("s6", "r12"), {}, (0, 0, 0, 0, (5, 128, 24), 6, (5, 1024, 48))),
+    "allgather-in-place": ("iallgather", ("IN_PLACE", "r12"), {},
+                           (0, 0, ops.FLAG_IN_PLACE, 0, (0, 0, 0), 6, (5, 1024, 48))),
+    "rsb": ("ireduce_scatter_block", ("s12", "r6", _PROD), {}, (0, _PROD, 0, 0, (5, 128, 48), 6, (5, 1024, 24))),
+    "rsb-in-place": ("ireduce_scatter_block", ("IN_PLACE", "r12"), {},
+                     (0, _SUM, ops.FLAG_IN_PLACE, 0, (0, 0, 0), 6, (5, 1024, 48))),
+    "alltoall": ("ialltoall", ("s12", "r12"), {}, (0, 0, 0, 0, (5, 128, 48), 6, (5, 1024, 48))),
+}
+_COLL_OF = {"ibcast": "BCAST", "ireduce": "REDUCE", "iallgather": "ALLGATHER",
+            "ireduce_scatter_block": "REDUCE_SCATTER_BLOCK", "ialltoall": "ALLTOALL"}
+
+
+def _coll_arrays(buf) -> dict:
+    f = np.float32
+    return {"s6": np.frombuffer(buf.mm, f, count=6, offset=128), "s12": np.frombuffer(buf.mm, f, count=12, offset=128),
+            "r6": np.frombuffer(buf.mm, f, count=6, offset=1024).reshape(2, 3),
+            "r12": np.frombuffer(buf.mm, f, count=12, offset=1024), "IN_PLACE": ops.IN_PLACE, None: None}
+
+
+@pytest.mark.parametrize("case", sorted(_C_COLL_CASES))
+def test_poster_collectives_write_the_record_comm_coll_writes(pool, case):
+    method, names, kw, (_c, redop, flags, root, send, count, recv) = _C_COLL_CASES[case]
+    seg, view = pool
+    pp, slots, records, pending = _make_poster(seg, view)
+    pp.in_place, pp.rank = ops.IN_PLACE, 0
+    calls = []
+    for c in _COLL_OF.values():
+        pp.set_coll_fallback(int(getattr(sched_mod.Coll, c)), lambda *a, **k: calls.append((a, k)) or "python")
+    buf = MemfdBuffer.create(4096, "unittest")
+    try:
+        pp.set_ranges([(buf.addr, buf.addr + 4096, 5)])
+        arrays = _coll_arrays(buf)
+        args = [arrays[n] if isinstance(n, str) or n is None else n for n in names]
+        idx = records[-1]
+        req = getattr(pp, method)(*args, **kw)
+        assert calls == [] and req is not None and pending[req._slot] is req
+        coll = int(getattr(sched_mod.Coll, _COLL_OF[method]))
+        nbytes = max(send[2], recv[2])
+        assert (req._kind, req._tag, req._peer, req._nbytes) == (ops.KIND_COLL, coll, root, nbytes)
+        rec = view.read_record(idx)
+        assert rec[1:8] == (ops.KIND_COLL, ops.DTYPE_CODE["f"], redop, flags, 0, root, 0)
+        assert rec[9:16] == (1, req._slot, *send, count, recv[0])
+        assert rec[17:20] == (recv[1], recv[2], 1) and rec[21] == coll
+        # ... which is what Comm._coll has write() put in a record for the same call:
+        idx2, slot2 = records.pop(), slots.pop()
+        pp.write(idx2, slot2, ops.KIND_COLL, ops.DTYPE_CODE["f"], redop, flags, root, 0, *send, count, *recv,
+                 pp.coll_seq, coll)
+        slow = view.read_record(idx2)
+        same = [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 17, 18, 19, 21]   # all but next, opCount, seq, slot, time
+        assert [rec[i] for i in same] == [slow[i] for i in same]
+        del arrays, args, req
+    finally:
+        pending.clear()
+        buf.close()
+
+
+@pytest.mark.parametrize("case", ["bcast-root-range", "bcast-bool-root", "bcast-unregistered", "bcast-readonly",
+                                  "bcast-extra-arg", "bcast-unknown-kw", "reduce-nonroot-recvbuf",
+                                  "reduce-nonroot-in-place", "reduce-bool-sum", "reduce-count", "allgather-count",
+                                  "allgather-in-place-odd", "allgather-dtype", "rsb-count", "rsb-int-avg",
+                                  "alltoall-in-place", "alltoall-count", "no-slot"])
+def test_poster_collectives_decline_what_comm_coll_must_check(pool, case):
+    """What Comm._coll must validate, raise for or stage reaches it with the call unchanged."""
+    seg, view = pool
+    pp, slots, records, pending = _make_poster(seg, view)
+    pp.in_place, pp.rank = ops.IN_PLACE, 0
+    calls = []
+    for c in _COLL_OF.values():
+        pp.set_coll_fallback(int(getattr(sched_mod.Coll, c)), lambda *a, **k: calls.append((a, k)) or "python")
+    buf = MemfdBuffer.create(4096, "unittest")
+    try:
+        pp.set_ranges([(buf.addr, buf.addr + 4096, 5)])
+        a = _coll_arrays(buf)
+        s6, r6, r12 = a["s6"], a["r6"], a["r12"]
+        kw: dict = {}
+        method, args = {
+            "bcast-root-range": ("ibcast", [s6, 2]), "bcast-bool-root": ("ibcast", [s6, True]),
+            "bcast-unregistered": ("ibcast", [np.zeros(4, np.float32)]),
+            "bcast-readonly": ("ibcast", [s6]), "bcast-extra-arg": ("ibcast", [s6, 0, 1]),
+            "bcast-unknown-kw": ("ibcast", [s6]),
+            "reduce-nonroot-recvbuf": ("ireduce", [s6, r6, _SUM, 1]),
+            "reduce-nonroot-in-place": ("ireduce", [ops.IN_PLACE, r6, _SUM, 1]),
+            "reduce-bool-sum": ("ireduce", [np.frombuffer(buf.mm, np.bool_, 6, 128),
+                                            np.frombuffer(buf.mm, np.bool_, 6, 1024), _SUM, 0]),
+            "reduce-count": ("ireduce", [s6, r12, _SUM, 0]), "allgather-count": ("iallgather", [s6, r6]),
+            "allgather-in-place-odd": ("iallgather", [ops.IN_PLACE, r12[:5]]),
+            "allgather-dtype": ("iallgather", [s6, np.frombuffer(buf.mm, np.float64, 12, 1024)]),
+            "rsb-count": ("ireduce_scatter_block", [s6, r6]),
+            "rsb-int-avg": ("ireduce_scatter_block", [np.frombuffer(buf.mm, np.int32, 12, 128),
+                                                      np.frombuffer(buf.mm, np.int32, 6, 1024), 5]),
+            "alltoall-in-place": ("ialltoall", [ops.IN_PLACE, r12]),
+            "alltoall-count": ("ialltoall", [a["s12"], r12[:11]]), "no-slot": ("ibcast", [s6]),
+        }[case]
+        if case == "bcast-readonly":
+            s6.flags.writeable = False
+        elif case == "bcast-unknown-kw":
+            kw = {"rooot": 1}
+        elif case == "no-slot":
+            slots.clear()
+        assert getattr(pp, method)(*args, **kw) == "python" and len(calls) == 1
+        got_args, got_kw = calls[0]
+        assert got_kw == kw and len(got_args) == len(args) and all(x is y for x, y in zip(got_args, args))
+        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        del a, s6, r6, r12, args, got_args
     finally:
         calls.clear()
         buf.close()
