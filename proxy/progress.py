@@ -57,6 +57,9 @@ SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (defa
 # on the development VM, and a small Allreduce's whole budget in this process is ~10 us.
 _BARRIER, _BCAST, _REDUCE, _ALLREDUCE = (int(sched.Coll.BARRIER), int(sched.Coll.BCAST), int(sched.Coll.REDUCE),
                                          int(sched.Coll.ALLREDUCE))
+_ALLGATHER, _RSB, _ALLTOALL = (int(sched.Coll.ALLGATHER), int(sched.Coll.REDUCE_SCATTER_BLOCK),
+                               int(sched.Coll.ALLTOALL))
+_BLOCK_PER_RANK = frozenset((_ALLGATHER, _RSB, _ALLTOALL))  # a rank's buffer holds one block per rank
 _WITH_REDOP = frozenset(map(int, (sched.Coll.REDUCE, sched.Coll.ALLREDUCE, sched.Coll.REDUCE_SCATTER_BLOCK)))
 _WITH_ROOT = frozenset(map(int, (sched.Coll.BCAST, sched.Coll.REDUCE)))
 _ITEMSIZE = {code: dt.itemsize for code, dt in CODE_DTYPE.items()}
@@ -542,29 +545,72 @@ class ProgressEngine:
             k0 += n
 
     def small_coll(self, ops: list[Op]) -> bool:
-        """The latency path: a Barrier, or an Allreduce of at most COLL_INLINE_BYTES that the C kernel takes,
-        done here and now in one call, without numpy views or schedules. False when it does not apply
-        (the general path then runs)."""
+        """The latency path: a Barrier, or a collective of at most COLL_INLINE_BYTES per rank, done here
+        and now with one C call per copy or reduction, without numpy views or schedules (those cost
+        20-40 us of this process's Python per small collective on the VM). Every address is resolved
+        (and bounds-checked) before any byte moves. False when it does not apply: one rank, empty, a
+        reduction the C kernel does not do, an in-place Reduce_scatter_block (whose blocks alias
+        across the steps); the general path then runs."""
         op0 = ops[0]
         c = op0.coll
+        if c == _BARRIER:
+            self.complete_coll(ops, 0)
+            self._profile_coll(ops, 0)
+            return True
+        size, n, itemsize = len(ops), op0.count, _ITEMSIZE.get(op0.dtype, 0)
+        blk = n * itemsize
+        nbytes = blk * size if c in _BLOCK_PER_RANK else blk
+        if size < 2 or not 0 < nbytes <= self.coll_inline:
+            return False
+        if c in _WITH_REDOP and not _reduce.supported(op0.redop, op0.dtype):
+            return False
+        addr, copy, reduce = self.buffer_addr, _native.memcopy, _reduce.reduce
         if c == _ALLREDUCE:
-            nbytes = op0.count * _ITEMSIZE.get(op0.dtype, 0)
-            if not 0 < nbytes <= self.coll_inline or len(ops) < 2 or not _reduce.supported(op0.redop, op0.dtype):
+            dsts = [addr(op, True, blk) for op in ops]
+            srcs = [d if op.flags & FLAG_IN_PLACE else addr(op, False, blk) for op, d in zip(ops, dsts)]
+            reduce(op0.redop, op0.dtype, n, srcs, dsts, False)
+        elif c == _BCAST:
+            root = op0.peer
+            bufs = [addr(op, True, blk) for op in ops]
+            for i, dst in enumerate(bufs):
+                if i != root:
+                    copy(dst, bufs[root], blk)
+        elif c == _REDUCE:
+            dst = addr(ops[op0.peer], True, blk)
+            srcs = [dst if op.flags & FLAG_IN_PLACE else addr(op, False, blk) for op in ops]
+            reduce(op0.redop, op0.dtype, n, srcs, [dst], False)
+        elif c == _ALLGATHER:
+            outs = [addr(op, True, nbytes) for op in ops]
+            ins = [outs[r] + r * blk if op.flags & FLAG_IN_PLACE else addr(op, False, blk) for r, op in enumerate(ops)]
+            for r, src in enumerate(ins):
+                for d, out in enumerate(outs):
+                    if out + r * blk != src:   # a rank's own block, in place, is already there
+                        copy(out + r * blk, src, blk)
+        elif c == _ALLTOALL:
+            ins = [addr(op, False, nbytes) for op in ops]
+            outs = [addr(op, True, nbytes) for op in ops]
+            for q, out in enumerate(outs):
+                for r, src in enumerate(ins):
+                    copy(out + r * blk, src + q * blk, blk)
+        elif c == _RSB:
+            if any(op.flags & FLAG_IN_PLACE for op in ops):
                 return False
-            addr = self.buffer_addr
-            dsts = [addr(op, True, nbytes) for op in ops]
-            srcs = [d if op.flags & FLAG_IN_PLACE else addr(op, False, nbytes) for op, d in zip(ops, dsts)]
-            _reduce.reduce(op0.redop, op0.dtype, op0.count, srcs, dsts, False)
-        elif c == _BARRIER:
-            nbytes = 0
+            ins = [addr(op, False, nbytes) for op in ops]
+            outs = [addr(op, True, blk) for op in ops]
+            for d, out in enumerate(outs):
+                reduce(op0.redop, op0.dtype, n, [src + d * blk for src in ins], [out], False)
         else:
             return False
         self.complete_coll(ops, nbytes)
-        if self.profiler.enabled:
-            self.profiler.span(f"{sched.COLL_NAMES.get(c, c)} #{op0.coll_seq}", min(op.t_post for op in ops),
-                               time.monotonic_ns(), bytes=nbytes, last_post_ns=max(op.t_post for op in ops),
-                               fetch_ns=max(op.t_fetch for op in ops))
+        self._profile_coll(ops, nbytes)
         return True
+
+    def _profile_coll(self, ops: list[Op], nbytes: int) -> None:
+        if self.profiler.enabled:
+            op0 = ops[0]
+            self.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
+                               min(op.t_post for op in ops), time.monotonic_ns(), bytes=nbytes,
+                               last_post_ns=max(op.t_post for op in ops), fetch_ns=max(op.t_fetch for op in ops))
 
     def buffer_of(self, op: Op, second: bool, nbytes: int) -> tuple[MemfdBuffer, int]:
         """(registered buffer, offset) of ``nbytes`` of an op's send (second=False) or receive
