@@ -568,15 +568,22 @@ def _coll_arrays(buf) -> dict:
             "r12": np.frombuffer(buf.mm, f, count=12, offset=1024), "IN_PLACE": ops.IN_PLACE, None: None}
 
 
+def _coll_poster(seg, view):
+    """A poster as a Comm sets it up for the collective posts (rank 0 of 2), each fallback recording
+    its call into the returned list."""
+    pp, slots, records, pending = _make_poster(seg, view)
+    pp.in_place, pp.rank = ops.IN_PLACE, 0
+    calls: list = []
+    for c in _COLL_OF.values():
+        pp.set_coll_fallback(int(getattr(sched_mod.Coll, c)), lambda *a, **k: calls.append((a, k)) or "python")
+    return pp, slots, records, pending, calls
+
+
 @pytest.mark.parametrize("case", sorted(_C_COLL_CASES))
 def test_poster_collectives_write_the_record_comm_coll_writes(pool, case):
     method, names, kw, (_c, redop, flags, root, send, count, recv) = _C_COLL_CASES[case]
     seg, view = pool
-    pp, slots, records, pending = _make_poster(seg, view)
-    pp.in_place, pp.rank = ops.IN_PLACE, 0
-    calls = []
-    for c in _COLL_OF.values():
-        pp.set_coll_fallback(int(getattr(sched_mod.Coll, c)), lambda *a, **k: calls.append((a, k)) or "python")
+    pp, slots, records, pending, calls = _coll_poster(seg, view)
     buf = MemfdBuffer.create(4096, "unittest")
     try:
         pp.set_ranges([(buf.addr, buf.addr + 4096, 5)])
@@ -613,11 +620,7 @@ def test_poster_collectives_write_the_record_comm_coll_writes(pool, case):
 def test_poster_collectives_decline_what_comm_coll_must_check(pool, case):
     """What Comm._coll must validate, raise for or stage reaches it with the call unchanged."""
     seg, view = pool
-    pp, slots, records, pending = _make_poster(seg, view)
-    pp.in_place, pp.rank = ops.IN_PLACE, 0
-    calls = []
-    for c in _COLL_OF.values():
-        pp.set_coll_fallback(int(getattr(sched_mod.Coll, c)), lambda *a, **k: calls.append((a, k)) or "python")
+    pp, slots, records, pending, calls = _coll_poster(seg, view)
     buf = MemfdBuffer.create(4096, "unittest")
     try:
         pp.set_ranges([(buf.addr, buf.addr + 4096, 5)])
