@@ -215,7 +215,7 @@ class Comm:
         # copied by workers that need the cores (measured: docs/decisions.md).
         p = self.params
         crowded = (os.cpu_count() or 1) < self.local_size + 2
-        spin_max = p.WAIT_SPIN_MAX_BYTES or (min(p.EAGER_BYTES, p.CHUNK_SIZE) if crowded else 1 << 62)
+        spin_max = p.WAIT_SPIN_MAX_BYTES or (p.eager_limit if crowded else 1 << 62)
         spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.COLL_INLINE_BYTES if crowded else 1 << 62)
         self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, p.WAIT_SPIN_US * 1e-6, spin_max,
                           spin_max_coll)

@@ -240,6 +240,13 @@ class Params:
         except KeyError:
             raise AttributeError(name) from None
 
+    @property
+    def eager_limit(self) -> int:
+        """The largest message the progress loop copies itself at match time: EAGER_BYTES, but never
+        more than one chunk. The loop (proxy/progress.py) and Wait's spin limit (proxy/comm.py) must
+        agree on it, so it is derived here once."""
+        return min(self.EAGER_BYTES, self.CHUNK_SIZE)
+
     def items(self) -> list[Param]:
         return list(self._params.values())
 

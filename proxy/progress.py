@@ -110,7 +110,7 @@ class ProgressEngine:
         self.steps = params.STEPS
         self.chunk = params.CHUNK_SIZE
         self.coll_min_chunk = params.COLL_MIN_CHUNK
-        self.eager = min(params.EAGER_BYTES, params.CHUNK_SIZE)
+        self.eager = params.eager_limit
         self.coll_inline = params.COLL_INLINE_BYTES
         self.spin_ns = int(params.PROXY_SPIN_US * 1000)
         self.timeout = params.TIMEOUT

@@ -825,6 +825,9 @@ def test_params_defaults_env_and_overrides():
     assert origins["CHUNK_SIZE"] == "environment" and origins["STEPS"] == "override"
     assert params_mod.Params(env=p.to_env()).CHUNK_SIZE == 1 << 20
     assert "SHMPROXY_STEPS" in p.dump()
+    # the eager limit is EAGER_BYTES capped at one chunk, for the loop and Wait's spin alike
+    assert p.eager_limit == 512 << 10
+    assert params_mod.Params(env={"SHMPROXY_CHUNK_SIZE": "64K"}).eager_limit == 64 << 10
 
 
 @pytest.mark.parametrize("env", [{"SHMPROXY_STEPS": "eight"}, {"SHMPROXY_STEPS": "0"},
