@@ -14,6 +14,8 @@
  *     and a free record at hand; a usable communicator. Anything else returns None and the caller
  *     takes the Python path, which owns every error message, staging and the waits for resources.
  *     So the fast path never raises for bad input and never changes anything before it declines.
+ *     The collectives' entries (iallreduce(), ibarrier(), and ibcast() .. ialltoall() through
+ *     do_coll()) follow the same rule, declining to the Comm's Python methods.
  *   - Both paths share the state kept here: the request sequence number, the opCount, the group
  *     depth and the group's private chain; write() and enqueue() are the Python path's way in.
  *
