@@ -37,9 +37,8 @@ static inline struct timespec deadline_after(double seconds) {
  * batch), but after a barrier all local ranks post at the same instant. A robust mutex has no
  * adaptive type, so glibc puts each loser to sleep in the kernel and wakes them one by one: on the
  * 32-core GPU host 8 ranks posting at once paid a mean of 5-6 us per Iallreduce post, against 0.4 us
- * alone. So a loser first retries for up to lock_spin_ns (SHMPROXY_LOCK_SPIN_US, set through
- * set_lock_spin by each process at start; per module, since each C module has its own copy) and
- * only then sleeps. The spin is bounded, so a holder that lost its core (a crowded host) costs at
+ * alone. So a loser first retries for up to lock_spin_ns (SHMPROXY_LOCK_SPIN_US, set at start by
+ * shm.sync.set_lock_spin in each C module, since each has its own copy) and only then sleeps. The spin is bounded, so a holder that lost its core (a crowded host) costs at
  * most that much before the sleep.
  */
 static long long lock_spin_ns = 0;

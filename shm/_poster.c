@@ -582,49 +582,13 @@ static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject 
     return post_record(self, &rec, buf, (int)peer, tag, nbytes);
 }
 
-/* The fast Allreduce post (Comm.Iallreduce's common case): recvbuf, and sendbuf unless it is
- * IN_PLACE, in registered memory, of one supported dtype and element count, and an op the
- * collective allows for that dtype. Same contract as do_post: a Request, None, or NULL. The record
- * is the one Comm._coll writes: root 0 in peer, the collective's kind in x1, the send side in
- * (bid, off, nbytes) (nothing when in place), the receive side in (bid2, off2, nbytes2). */
-static PyObject *do_allreduce(PosterObject *self, long kind, PyObject *sendbuf, PyObject *recvbuf,
-                                PyObject *op_obj) {
-    if (!can_post(self) || Py_TYPE(recvbuf) != self->ndarray || !PyLong_Check(op_obj) || PyBool_Check(op_obj))
-        Py_RETURN_NONE;
-    int overflow = 0;
-    long op = PyLong_AsLongAndOverflow(op_obj, &overflow);
-    if (overflow || op < REDOP_SUM || op > REDOP_AVG) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
+/* Hand a declined call to its Python method (the Comm installs one for every C entry point). */
+static PyObject *call_fallback(PyObject *fallback, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (!fallback) {
+        PyErr_SetString(PyExc_RuntimeError, "Poster has no fallback for this call");
+        return NULL;
     }
-    uintptr_t raddr; int code; long long rnb, count;
-    if (!read_array(self, recvbuf, 1, &raddr, &code, &rnb, &count) || rnb <= 0) Py_RETURN_NONE;
-    if ((code == CODE_BOOL && op != REDOP_MIN && op != REDOP_MAX) || (op == REDOP_AVG && code < CODE_FIRST_FLOAT))
-        Py_RETURN_NONE;
-    Py_ssize_t rri = find_range(self, raddr, (size_t)rnb);
-    if (rri < 0) Py_RETURN_NONE;
-    Rec rec = {.kind = (int)kind, .code = code, .redop = (int)op, .peer = 0, .bid2 = self->ranges[rri].bid,
-               .off2 = raddr - self->ranges[rri].start, .nbytes2 = (uint64_t)rnb, .count = (uint64_t)count,
-               .coll_seq = (uint64_t)(self->coll_seq + 1), .x1 = COLL_ALLREDUCE};
-    if (self->in_place && sendbuf == self->in_place) {
-        rec.flags = FLAG_IN_PLACE;
-    } else {
-        uintptr_t saddr; int scode; long long snb, scount;
-        if (Py_TYPE(sendbuf) != self->ndarray || !read_array(self, sendbuf, 0, &saddr, &scode, &snb, &scount) ||
-            scode != code || scount != count)
-            Py_RETURN_NONE;
-        Py_ssize_t sri = find_range(self, saddr, (size_t)snb);
-        if (sri < 0) Py_RETURN_NONE;
-        rec.bid = self->ranges[sri].bid;
-        rec.off = saddr - self->ranges[sri].start;
-        rec.nbytes = (uint64_t)snb;
-    }
-    PyObject *keep = PyTuple_Pack(2, sendbuf, recvbuf);
-    if (!keep) return NULL;
-    PyObject *r = post_record(self, &rec, keep, 0, COLL_ALLREDUCE, rnb);
-    Py_DECREF(keep);
-    if (r && r != Py_None) self->coll_seq++;
-    return r;
+    return PyObject_Vectorcall(fallback, args, nargsf, kwnames);
 }
 
 /* ibarrier(): the record Comm._coll writes for a Barrier (dtype code 1, no buffers, root 0, the
@@ -641,16 +605,12 @@ static PyObject *Poster_ibarrier(PosterObject *self, PyObject *const *args, size
         }
         Py_DECREF(r);
     }
-    if (!self->barrier_fallback) {
-        PyErr_SetString(PyExc_RuntimeError, "Poster has no fallback for this call");
-        return NULL;
-    }
-    return PyObject_Vectorcall(self->barrier_fallback, args, nargsf, kwnames);
+    return call_fallback(self->barrier_fallback, args, nargsf, kwnames);
 }
 
 /*
- * The other buffer collectives: Ibcast, Ireduce, Iallgather, Ireduce_scatter_block, Ialltoall. The
- * record is the one Comm._coll writes (a unit test compares them field by field): the send side in
+ * The buffer collectives: Iallreduce, Ibcast, Ireduce, Iallgather, Ireduce_scatter_block, Ialltoall.
+ * The record is the one Comm._coll writes (unit tests compare them field by field): the send side in
  * (bid, off, nbytes), the receive side in (bid2, off2, nbytes2), one rank's element count, the root in
  * peer, the collective in x1. Only the common case is taken here: arrays in registered memory (so
  * nothing is staged), the dtypes and ops the Python path accepts, counts that fit. Anything else, an
@@ -708,9 +668,10 @@ static PyObject *do_coll(PosterObject *self, int coll, PyObject *sendbuf, PyObje
         rec.flags = FLAG_IN_PLACE;
         rec.count = (uint64_t)rcv.count;
         rec.code = rcv.code;
-    } else if (coll == COLL_REDUCE) {
-        if (!root_ok(self, root_obj, &root)) Py_RETURN_NONE;
-        if (root == self->rank) {
+    } else if (coll == COLL_ALLREDUCE || coll == COLL_REDUCE) {
+        /* every rank of an Allreduce is the root of a Reduce (root 0 in the record) */
+        if (coll == COLL_REDUCE && !root_ok(self, root_obj, &root)) Py_RETURN_NONE;
+        if (coll == COLL_ALLREDUCE || root == self->rank) {
             if (!locate(self, recvbuf, 1, &rcv)) Py_RETURN_NONE;
             if (in_place) {
                 rec.flags = FLAG_IN_PLACE;
@@ -759,6 +720,13 @@ static PyObject *do_coll(PosterObject *self, int coll, PyObject *sendbuf, PyObje
     return r;
 }
 
+/* iallreduce()'s fast path, in post_or_fallback's form: an Allreduce has no root. */
+static PyObject *do_allreduce(PosterObject *self, long kind, PyObject *sendbuf, PyObject *recvbuf,
+                              PyObject *op_obj) {
+    (void)kind;
+    return do_coll(self, COLL_ALLREDUCE, sendbuf, recvbuf, op_obj, NULL);
+}
+
 /* Bind positional and keyword arguments to ``names`` (the first ``nreq`` required, the others
  * defaulting to ``dflt``). 0: the call does not fit (a missing or unknown argument): the fallback
  * takes it, and raises what Python would. */
@@ -801,12 +769,7 @@ static PyObject *coll_entry(PosterObject *self, int coll, const char *const *nam
     Py_DECREF(sum); Py_DECREF(zero);
     if (r != Py_None) return r;
     Py_DECREF(r);
-    PyObject *fallback = self->coll_fallback[coll];
-    if (!fallback) {
-        PyErr_SetString(PyExc_RuntimeError, "Poster has no fallback for this call");
-        return NULL;
-    }
-    return PyObject_Vectorcall(fallback, args, nargsf, kwnames);
+    return call_fallback(self->coll_fallback[coll], args, nargsf, kwnames);
 }
 
 static PyObject *Poster_ibcast(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -882,11 +845,7 @@ static PyObject *post_or_fallback(PosterObject *self, fast_post_fn fn, long kind
         if (r != Py_None) return r;
         Py_DECREF(r);
     }
-    if (!fallback) {
-        PyErr_SetString(PyExc_RuntimeError, "Poster has no fallback for this call");
-        return NULL;
-    }
-    return PyObject_Vectorcall(fallback, args, nargsf, kwnames);
+    return call_fallback(fallback, args, nargsf, kwnames);
 }
 
 static PyObject *Poster_isend(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -932,23 +891,17 @@ static int slot_done(PosterObject *p, RequestObject *r) {
            (uint64_t)r->seq;
 }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Yield until the slot completes, for at most spin_s, or until an error or abort is flagged. The GIL
  * is released around each yield only (other threads run, as they did around Python's
  * os.sched_yield); a close from another thread detaches the poster, which ends the spin. Returns the
  * poster if still usable, else NULL. */
 static PosterObject *spin(PosterObject *p, RequestObject *r) {
-    double end = now_s() + p->spin_s;
+    long long end = mono_ns() + (long long)(p->spin_s * 1e9);   /* mono_ns: shm/_pool_lock.h */
     while (!slot_done(p, r) && !*p->err && !*p->abort) {
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
         Py_END_ALLOW_THREADS
-        if (!(p = wait_poster(r)) || now_s() >= end) break;
+        if (!(p = wait_poster(r)) || mono_ns() >= end) break;
     }
     return p;
 }
