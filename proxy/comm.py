@@ -43,7 +43,7 @@ from proxy.ops import (CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_P
 from proxy.protocol import MsgType
 from proxy.request import Request
 from proxy.service_client import ServiceClient
-from shm import _native, _poster, pool as P
+from shm import _native, _poster, pool as P, sync
 from shm.counters import u32_view
 from shm.segment import Segment
 
@@ -185,9 +185,7 @@ class Comm:
             seg.addr + 8 * self._err_q, seg.addr + 8 * self._abort_q, seg.addr + 8 * self._posted_q, lr,
             self.size, self._timeout, self._free_slots, self._free_records, self._pending, _DTYPES,
             _probes(), self._splice_failed)
-        # Contended pool locks retry briefly before sleeping (shm/_pool_lock.h); per process.
-        _native.set_lock_spin(int(self.params.LOCK_SPIN_US * 1000))
-        _poster.set_lock_spin(int(self.params.LOCK_SPIN_US * 1000))
+        sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
         if not self._pp.fast:
             _log.warning("numpy's array layout is not the one shm/_poster.c reads: every post takes "
                          "the slower Python path")

@@ -41,7 +41,7 @@ from proxy.args import PROGRESS, READY, Args, ArgsPool, CollWork, Sub, Transfer
 from proxy.copyengine import CopyEngine
 from proxy.ops import CODE_DTYPE, FLAG_IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND, Op
 from proxy.profiler import Profiler
-from shm import _native, _reduce, pool as P
+from shm import _native, _reduce, pool as P, sync
 from shm.segment import MemfdBuffer, Segment
 import transports
 from transports.base import PeerInfo
@@ -159,7 +159,7 @@ class ProgressEngine:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        _native.set_lock_spin(int(self.params.LOCK_SPIN_US * 1000))  # shm/_pool_lock.h
+        sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
         self.server.start()
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_RUNNING)
         _log.info("progress process up: pool %s (%d bytes), %d local ranks, socket %s",
@@ -605,12 +605,14 @@ class ProgressEngine:
         self._profile_coll(ops, nbytes)
         return True
 
-    def _profile_coll(self, ops: list[Op], nbytes: int) -> None:
+    def _profile_coll(self, ops: list[Op], nbytes: int, **extra: int) -> None:
+        """A finished collective's span: first post to now, with the last post and fetch times."""
         if self.profiler.enabled:
             op0 = ops[0]
             self.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
                                min(op.t_post for op in ops), time.monotonic_ns(), bytes=nbytes,
-                               last_post_ns=max(op.t_post for op in ops), fetch_ns=max(op.t_fetch for op in ops))
+                               last_post_ns=max(op.t_post for op in ops), fetch_ns=max(op.t_fetch for op in ops),
+                               **extra)
 
     def buffer_of(self, op: Op, second: bool, nbytes: int) -> tuple[MemfdBuffer, int]:
         """(registered buffer, offset) of ``nbytes`` of an op's send (second=False) or receive
@@ -734,12 +736,7 @@ class ProgressEngine:
     def finish_coll(self, work: CollWork) -> None:
         self.complete_coll(work.ops, work.nbytes)
         work.views = []
-        if self.profiler.enabled:
-            op0 = work.ops[0]
-            self.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
-                               min(op.t_post for op in work.ops), time.monotonic_ns(), bytes=work.nbytes,
-                               last_post_ns=max(op.t_post for op in work.ops),
-                               fetch_ns=max(op.t_fetch for op in work.ops), match_ns=work.t_match)
+        self._profile_coll(work.ops, work.nbytes, match_ns=work.t_match)
 
     # ------------------------------------------------------------------ progress and completion
     def progress_once(self) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable
 
 from proxy import errors
-from shm import _native
+from shm import _native, _poster
 
 OK, OWNERDEAD, TIMEDOUT, BUSY = _native.OK, _native.OWNERDEAD, _native.TIMEDOUT, _native.BUSY
 MUTEX_SIZE = _native.MUTEX_SIZE
@@ -84,6 +84,14 @@ class SharedCond:
 def futex_wait(addr: int, expected: int, timeout: float) -> bool:
     """Sleep while the uint32 at ``addr`` equals ``expected``, at most ``timeout`` s. False on timeout."""
     return _native.futex_wait(addr, expected & 0xFFFFFFFF, timeout) != TIMEDOUT
+
+
+def set_lock_spin(us: float) -> None:
+    """How long this process's contended pool locks retry before they sleep (SHMPROXY_LOCK_SPIN_US;
+    shm/_pool_lock.h). Each C module that locks the pool keeps its own copy: set both."""
+    ns = int(us * 1000)
+    _native.set_lock_spin(ns)
+    _poster.set_lock_spin(ns)
 
 
 def futex_bump_and_wake(addr: int) -> None:
