@@ -30,6 +30,7 @@ import select
 import subprocess
 import sys
 import time
+import traceback
 import weakref
 from typing import Any
 
@@ -54,6 +55,8 @@ _DTYPE_CODE = DTYPE_CODE
 # What shm._poster needs to read arrays itself: dtype char -> (code, itemsize), and probe arrays
 # whose facts it checks its reading against (shm/_poster.c, verify_layout).
 _DTYPES = {ch: (code, np.dtype(ch).itemsize) for ch, code in DTYPE_CODE.items()}
+
+_ABORT_TEXT_MAX = 240   # characters of an exception's message that a with block's Abort passes on
 
 
 def _probes() -> list[tuple]:
@@ -877,7 +880,7 @@ class Comm:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None and not isinstance(exc, errors.ProxyError):
-            self.Abort(f"{exc_type.__name__} raised in the with block")
+            self.Abort(_abort_reason(exc_type, exc, tb))
         else:
             self.close()
 
@@ -894,3 +897,15 @@ def _close_at_exit(ref: "weakref.ref[Comm]") -> None:
         comm.close()
     except errors.ProxyError as exc:
         _log.warning("close at exit failed: %s", exc)
+
+
+def _abort_reason(exc_type: Any, exc: BaseException, tb: Any) -> str:
+    """What the peers are told when a ``with`` block raised: the exception, where, and its message
+    (shortened: it travels in the pool's 512-byte error field). A survivor's error then names the
+    root cause, even if the failing rank is killed before it prints its own traceback."""
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    text = str(exc)
+    if len(text) > _ABORT_TEXT_MAX:
+        text = text[:_ABORT_TEXT_MAX - 3] + "..."
+    return f"{exc_type.__name__} raised in the with block{where}" + (f": {text}" if text else "")

@@ -174,10 +174,13 @@ def wait_and_test_in_c() -> dict:
             send[:] = (me, i, -i)
             rq = comm.Irecv(recv, peer, tag=i)
             if me == 0:
-                assert rq.Test() is False  # rank 1 sends only after receiving ours
-            st = comm.Isend(send, peer, tag=i).Wait(timeout=30)
-            assert (st.source, st.tag, st.nbytes) == (peer, i, 24), st
-            st = rq.Wait(30) if i % 2 else rq.Wait()
+                assert rq.Test() is False  # rank 1 sends message i only after it received ours
+                sent = comm.Isend(send, peer, tag=i).Wait(timeout=30)
+                st = rq.Wait(30) if i % 2 else rq.Wait()
+            else:
+                st = rq.Wait(30) if i % 2 else rq.Wait()
+                sent = comm.Isend(send, peer, tag=i).Wait(timeout=30)
+            assert (sent.source, sent.tag, sent.nbytes) == (peer, i, 24), sent
             assert (st.source, st.tag, st.nbytes) == (peer, i, 24), st
             assert rq.Wait() is st and rq.Test() is True and rq.status is st
             assert recv.tolist() == [peer, i, -i], recv
@@ -329,6 +332,29 @@ def timeout_names_pending() -> None:
                 assert "rank 0" in str(e) and "test over" in str(e), str(e)
             else:
                 raise AssertionError("no Aborted")
+
+
+def with_block_error_names_root_cause() -> dict:
+    """An exception in rank 0's ``with`` block aborts the job; the survivor's error says what was
+    raised, where and with what message, even if rank 0 never gets to print it."""
+    comm = proxy.init()
+    if comm.rank == 0:
+        try:
+            with comm:
+                raise KeyError("the root cause")
+        except KeyError:
+            return {}
+        raise AssertionError("the with block swallowed the KeyError")
+    with comm:
+        try:
+            comm.Recv(np.zeros(1), 0, tag=1)
+        except proxy.Aborted as e:
+            text = str(e)
+        else:
+            raise AssertionError("no Aborted")
+    assert "rank 0" in text and "KeyError raised in the with block at bodies_p2p.py:" in text, text
+    assert "the root cause" in text, text
+    return {"error": text}
 
 
 # ---------------------------------------------------------------------------------- faults

@@ -62,6 +62,11 @@ def test_timeout_names_what_is_pending_and_abort_reaches_peers():
     run_ranks(BODY + "timeout_names_pending", 2, timeout=60)
 
 
+def test_an_exception_in_the_with_block_reaches_peers_with_its_origin():
+    res = run_ranks(BODY + "with_block_error_names_root_cause", 2, timeout=60)
+    assert "the root cause" in res.results[1]["error"]
+
+
 @pytest.mark.slow
 def test_message_larger_than_4_gib():
     """64-bit counts end to end: one 4.5 GiB message between registered buffers."""
