@@ -100,8 +100,15 @@ How a figure is made
 - Sizes go from ``-b`` to ``-e``, multiplying by ``-f``, and always end at ``-e`` (nccl-tests stops
   at the last power below it: ``-b 8 -e 64M -f 8`` would never measure 64 MiB). A size becomes
   ``max(1, size // itemsize)`` elements; the table shows the bytes actually moved.
-- For each size, shmproxy runs first and then each peer, so drift of the machine (another job, thermal,
-  page cache) hits every library alike.
+- For each size, shmproxy runs first and then each peer, so that slow drift of the machine (another
+  job, thermal, page cache) hits every library alike. On a noisy virtual machine the drift is faster
+  than one library's measurement: ``--rounds R`` (timed sweeps: pingpong, sendrecv, the collectives)
+  splits each library's ``-n`` iterations into R slices run in turn (shmproxy, peers, shmproxy, ...;
+  each slice after its own warm-up and barrier) and pools their times before the median is taken.
+- Where /proc/stat reports it, the steal time during each library's measurement (the share of CPU time
+  the hypervisor gave to other guests while our vCPUs were ready to run) is kept in the JSON
+  (``steal_pct``, per size and library) and summarized under the table: figures taken under steal
+  are about the neighbours as much as about the libraries.
 - Each library gets its buffers once, at the largest size (shmproxy: ``comm.alloc``, the zero-copy
   path, unless ``--no-alloc``; the peers: numpy arrays), and each size uses a prefix of them.
 - A measurement is: a barrier, ``-w`` warm-up iterations, the receive buffer filled with a sentinel, a
@@ -391,6 +398,60 @@ def summarize(times_s: Sequence[float], divisor: float = 1.0) -> tuple[float, fl
     if t.size == 0:
         return math.nan, math.nan
     return float(np.median(t)), float(np.percentile(t, 99))
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, all) clock ticks of this host's CPUs since boot, from /proc/stat; None where unknown.
+    Steal is the time a virtual CPU was ready to run but the hypervisor ran something else."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal (guest is in user)
+    return ticks[7], sum(ticks)
+
+
+class StealMeter:
+    """Steal time during the spans it wraps (``with meter:``), as a percentage of all CPU time in
+    them: on a virtual machine, how much of the host the other guests took while we measured."""
+
+    def __init__(self) -> None:
+        self.steal = self.total = 0
+        self.known = True
+        self._start: tuple[int, int] | None = None
+
+    def __enter__(self) -> "StealMeter":
+        self._start = cpu_ticks()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = cpu_ticks()
+        if self._start is None or end is None:
+            self.known = False
+            return
+        self.steal += end[0] - self._start[0]
+        self.total += end[1] - self._start[1]
+
+    @property
+    def pct(self) -> float | None:
+        return 100.0 * self.steal / self.total if self.known and self.total > 0 else None
+
+
+def steal_note(rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> str:
+    """The '#' line on steal time during each library's measurements ('' when the host reports none)."""
+    parts = []
+    for name in names:
+        pcts = [r["results"][name].get("steal_pct") for r in rows]
+        pcts = [p for p in pcts if p is not None]
+        if pcts:
+            parts.append(f"{name} {min(pcts):.1f}-{max(pcts):.1f} %")
+    if not parts:
+        return ""
+    return ("# steal (the hypervisor ran other guests on our CPUs) while each library was measured, over the sizes: "
+            + ", ".join(parts))
 
 
 def gbps(nbytes: int, time_us: float) -> float:
@@ -938,9 +999,9 @@ def _copy_input(rank: int, size: int, send: np.ndarray, recv: np.ndarray) -> Non
     np.copyto(recv, send)
 
 
-def measure_loop(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
-                 warmup: int) -> list[float]:
-    """[time_us, p99_us] of one library at one size: warm up, reset the receive buffer, time."""
+def loop_times(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
+               warmup: int) -> list[float]:
+    """Per-iteration seconds of one library at one size: warm up, reset the receive buffer, time."""
     it = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
     barrier(ctx.comm)
     if it is not None:
@@ -949,9 +1010,14 @@ def measure_loop(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: 
     recv.fill(SENTINEL)
     barrier(ctx.comm)
     if it is None:
-        return [math.nan, math.nan]
-    times = _timed_loop(it, iters)
-    return list(summarize(times, op.time_divisor))
+        return []
+    return _timed_loop(it, iters)
+
+
+def measure_loop(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
+                 warmup: int) -> list[float]:
+    """[time_us, p99_us] of one library at one size (``loop_times``)."""
+    return list(summarize(loop_times(ctx, op, lib, send, recv, iters, warmup), op.time_divisor))
 
 
 def measure_post(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
@@ -1051,9 +1117,9 @@ def measure_idle(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: 
     return [pct[0], (v1 - v0) / wall, max(pct[1:], default=math.nan)]
 
 
-def measure_coll(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
-                 warmup: int) -> list[float]:
-    """[time_us, p99_us] of one collective at one size; then one more call, the checked one.
+def coll_times(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
+               warmup: int) -> list[float]:
+    """Per-call seconds of one collective at one size; then one more call, the checked one.
 
     Warm up, barrier, ``iters`` calls each timed alone; then the receive buffer is reset (``_prepare``:
     the sentinel, or the input for a call that works in place, whose timed calls overwrote it),
@@ -1068,7 +1134,18 @@ def measure_coll(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: 
     _prepare(ctx, op, lib, send, recv)
     barrier(ctx.comm)
     it()
-    return list(summarize(times, op.time_divisor))
+    return times
+
+
+def measure_coll(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
+                 warmup: int) -> list[float]:
+    """[time_us, p99_us] of one collective at one size (``coll_times``)."""
+    return list(summarize(coll_times(ctx, op, lib, send, recv, iters, warmup), op.time_divisor))
+
+
+# The measures whose figures are the median and p99 of per-iteration times: with --rounds, the times
+# of every round are pooled before they are summarized.
+RAW_TIMES = {measure_loop: loop_times, measure_coll: coll_times}
 
 
 WORK_CHUNK_S = 2e-6     # one chunk of the overlap benchmark's work (OSU's compute_on_host: ~1 us)
@@ -1544,6 +1621,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--stepfactor", type=int, help="size multiplier between steps")
     p.add_argument("-n", "--iters", type=int, help="timed iterations (default: adapts to the size)")
     p.add_argument("-w", "--warmup-iters", type=int, help="warm-up iterations (default: adapts)")
+    p.add_argument("-r", "--rounds", type=int, default=1,
+                   help="split the iterations into this many slices, alternating between the libraries, "
+                        "so that drift of a noisy host hits every library alike (timed sweeps only)")
     p.add_argument("--dtype", help="element type (default: uint8 for pingpong/post/idle, float32 otherwise)")
     p.add_argument("--op", dest="redop", choices=REDOPS,
                    help="reduction of allreduce, reduce, reduce_scatter, overlap (default: sum; avg needs a "
@@ -1585,6 +1665,10 @@ def resolve(args: argparse.Namespace,
         parser.error(f"--dtype {dtype} is not supported; use one of {SUPPORTED_DTYPES} (bool excepted)")
     if args.iters is not None and args.iters < 1 or args.warmup_iters is not None and args.warmup_iters < 0:
         parser.error("-n must be at least 1 and -w at least 0")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.rounds > 1 and op.measure not in RAW_TIMES:
+        parser.error(f"--rounds applies to the timed sweeps ({', '.join(o.name for o in OPERATIONS.values() if o.measure in RAW_TIMES)}), not to {op.name}")
     if args.group_size < 1 or not args.idle_seconds > 0:
         parser.error("--group-size must be at least 1 and --idle-seconds positive")
     reductions = ", ".join(o.name for o in OPERATIONS.values() if o.reduces)
@@ -1669,6 +1753,7 @@ def op_notes(op: Operation, args: argparse.Namespace, names: Sequence[str]) -> l
 def run_config(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> dict[str, Any]:
     args = ctx.args
     return {"sizes": sizes, "dtype": dtype.name, "iters": args.iters, "warmup": args.warmup_iters,
+            "rounds": args.rounds,
             "zero_copy": args.alloc, "check": args.check, "peers": list(args.peers),
             "group_size": args.group_size, "idle_seconds": args.idle_seconds,
             "redop": args.redop if op.reduces else None, "in_place": bool(args.in_place), "root": op.root,
@@ -1729,6 +1814,9 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
             + (f"; group = {args.group_size} posts" if op.measure is measure_post else ""))
     for line in op_notes(op, args, names):
         say(line)
+    if args.rounds > 1:
+        say(f"# rounds: each library's iterations ran as {args.rounds} interleaved slices ({' -> '.join(names)},"
+            f" then again), each after its warm-up; the times of all slices are pooled")
     if ratio_note(op):
         say(ratio_note(op))
     for line in format_header(op, names):
@@ -1743,23 +1831,40 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
     nf = len(op.fields)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     bar = Progress(len(shapes), op.name, enabled=bool(is_root and show))
+    raw = RAW_TIMES.get(op.measure)
     for n_send, n_recv, count, nbytes in shapes:
         bar.step(f"{nbytes} B")
         iters = args.iters if args.iters is not None else default_iters(nbytes)
         warmup = args.warmup_iters if args.warmup_iters is not None else default_warmup(iters)
+        if raw is not None:
+            per_round = -(-iters // args.rounds)
+            iters = per_round * args.rounds
+        figures: dict[str, list[float]] = {}
+        times: dict[str, list[float]] = {name: [] for name in names}
+        checks = dict.fromkeys(names, 1.0)
+        steal = {name: StealMeter() for name in names}
+        for _ in range(args.rounds):
+            for lib in libs:
+                send_full, recv_full = bufs[lib.name]
+                send, recv = send_full[:n_send], recv_full[..., :n_recv]
+                np.copyto(send, op.fill(ctx.rank, n_send, dtype, args.redop))
+                with steal[lib.name]:
+                    if raw is None:
+                        figures[lib.name] = op.measure(ctx, op, lib, send, recv, iters, warmup)
+                    else:
+                        times[lib.name] += raw(ctx, op, lib, send, recv, per_round, warmup)
+                checks[lib.name] = min(checks[lib.name], _finish_check(ctx, op, lib, recv, count))
         mine: list[float] = []
-        for lib in libs:
-            send_full, recv_full = bufs[lib.name]
-            send, recv = send_full[:n_send], recv_full[..., :n_recv]
-            np.copyto(send, op.fill(ctx.rank, n_send, dtype, args.redop))
-            figures = op.measure(ctx, op, lib, send, recv, iters, warmup)
-            mine += [*figures, _finish_check(ctx, op, lib, recv, count)]
+        for name in names:
+            mine += [*(figures[name] if raw is None else summarize(times[name], op.time_divisor)), checks[name]]
         table = gather(comm, mine)
         if table is None:
             continue
         results = {lib: reduce_result(op, table[:, i * (nf + 1):(i + 1) * (nf + 1)], nbytes, ctx.size,
                                       args.check)
                    for i, lib in enumerate(names)}
+        for name in names:
+            results[name]["steal_pct"] = steal[name].pct
         row = {"bytes": nbytes, "count": count, "dtype": dtype.name, "iters": iters,
                "warmup": warmup, "results": results, "ratio": ratios(op, results)}
         rows.append(row)
@@ -1771,6 +1876,8 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
     bar.close()
     status = 0.0
     if is_root:
+        if steal_note(rows, names):
+            say(steal_note(rows, names))
         report = build_report(op, rows, names, skipped, run_config(ctx, op, sizes, dtype), env)
         failed = sum(1 for row in rows for r in row["results"].values() if r["check"] == "FAIL")
         say("# checks: " + ("not run (--no-check)" if not args.check else

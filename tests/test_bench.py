@@ -642,12 +642,44 @@ def test_collective_defaults_and_options() -> None:
     ["allreduce", "--op", "xor"], ["allreduce", "--op", "avg", "--dtype", "int32"],
     ["bcast", "--op", "max"], ["pingpong", "--op", "sum"], ["bcast", "--in-place"],
     ["alltoall", "--in-place"],
-    ["overlap", "--in-place"],
+    ["overlap", "--in-place"], ["pingpong", "--rounds", "0"], ["post", "--rounds", "2"],
+    ["overlap", "--rounds", "3"],
 ])
 def test_bad_command_lines_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         _resolve(*argv)
     assert exc.value.code == 2
+
+
+def test_steal_meter_sums_its_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter([(10, 100), (15, 200), (15, 300), (35, 500)])
+    monkeypatch.setattr(bench, "cpu_ticks", lambda: next(ticks))
+    meter = bench.StealMeter()
+    for _ in range(2):
+        with meter:
+            pass
+    assert (meter.steal, meter.total) == (25, 300) and meter.pct == pytest.approx(100 * 25 / 300)
+    monkeypatch.setattr(bench, "cpu_ticks", lambda: None)
+    with meter:
+        pass
+    assert meter.pct is None                      # one span unknown: the whole figure is
+
+
+def test_cpu_ticks_on_this_host() -> None:
+    ticks = bench.cpu_ticks()
+    if not os.path.exists("/proc/stat"):
+        assert ticks is None
+        return
+    assert ticks is not None and 0 <= ticks[0] <= ticks[1] and ticks[1] > 0
+
+
+def test_steal_note() -> None:
+    rows = [{"results": {"shmproxy": {"steal_pct": 0.5}, "mpi4py": {"steal_pct": 30.0}}},
+            {"results": {"shmproxy": {"steal_pct": 12.25}, "mpi4py": {"steal_pct": None}}}]
+    note = bench.steal_note(rows, ["shmproxy", "mpi4py"])
+    assert note.startswith("# steal") and "shmproxy 0.5-12.2 %" in note and "mpi4py 30.0-30.0 %" in note
+    none = [{"results": {"shmproxy": {"steal_pct": None}}}]
+    assert bench.steal_note(none, ["shmproxy"]) == ""
 
 
 def test_inject_error_is_hidden(capsys: pytest.CaptureFixture[str]) -> None:
@@ -747,7 +779,7 @@ def test_failed_check_exits_non_zero(tmp_path: Path) -> None:
 def test_allreduce_against_mpi4py(tmp_path: Path) -> None:
     out = tmp_path / "allreduce.json"
     proc, job = _launch(tmp_path, "allreduce", "-b", "8", "-e", "1M", "-f", "32", "-n", "10", "-w", "2",
-                        "--peers", "mpi4py", "--json", str(out))
+                        "--rounds", "3", "--peers", "mpi4py", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _processes_of_job(job) == []
     report = json.loads(out.read_text())
@@ -755,13 +787,19 @@ def test_allreduce_against_mpi4py(tmp_path: Path) -> None:
     assert report["ok"] is True and report["libraries"] == ["shmproxy", "mpi4py"]
     assert report["bus_factor"] == "2(n-1)/n" and report["config"]["redop"] == "sum"
     assert [row["bytes"] for row in report["results"]] == [8, 256, 8192, 262144, 1 << 20]
+    assert report["config"]["rounds"] == 3
     for row in report["results"]:
-        assert row["iters"] == 10 and row["warmup"] == 2 and row["count"] == row["bytes"] // 4
+        # -n 10 in 3 rounds: 4 iterations per round, 12 in all
+        assert row["iters"] == 12 and row["warmup"] == 2 and row["count"] == row["bytes"] // 4
         for lib in ("shmproxy", "mpi4py"):
             r = row["results"][lib]
             assert r["time_us"] > 0 and r["busbw_GBps"] > 0 and r["check"] == "ok"
             assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])      # 2(n-1)/n = 1 at 2 ranks
-    assert "# checks: all passed" in proc.stdout.splitlines()
+            assert r["steal_pct"] is None or 0 <= r["steal_pct"] <= 100
+    lines = proc.stdout.splitlines()
+    assert "# checks: all passed" in lines
+    assert any(line.startswith("# rounds: each library's iterations ran as 3 interleaved slices") for line in lines)
+    assert any(line.startswith("# steal") for line in lines) == (bench.cpu_ticks() is not None)
 
 
 @pytest.mark.launcher
