@@ -15,7 +15,9 @@ Policy (``choose_proxy_cpus``), from SHMPROXY_PROXY_CPUS:
   at most 16), all from one NUMA node when one has enough: the node named by ``prefer_node`` (the
   GPU's or NIC's, when the caller knows it), else the node holding most of the pinned ranks' CPUs,
   else the node with most spare CPUs; within a node the highest-numbered CPUs first.
-- nothing spare: no pinning, and the reason says so.
+- nothing spare: no cores of its own, and the reason says so. It then floats over every CPU a local
+  rank may use (``float_cpus``), not over the affinity it inherited (below); under ``none`` its
+  affinity is left alone.
 
 Where the CPUs come from. ``allowed`` defaults to ``allowed_cpus()``: what the kernel lets this
 process use (its cpuset), *not* its current affinity. The progress process is started by local
@@ -179,6 +181,20 @@ def _take(spare: set[int], n: int, nodes: Mapping[int, set[int]], order: list[in
     return sorted(taken)
 
 
+def float_cpus(params: Any, rank_affinities: list[set[int]], allowed: set[int] | None = None) -> list[int] | None:
+    """Where the progress process runs when ``choose_proxy_cpus`` gave it no CPUs of its own: every CPU
+    a local rank may use (within ``allowed``), or None under SHMPROXY_PROXY_CPUS=none (left as it is).
+
+    Not the affinity it inherited: under ``mpirun --bind-to core`` (Open MPI's default for 2 ranks)
+    that is local rank 0's one core, where the loop and every copy worker would queue behind each
+    other while rank 1's core idles between its calls."""
+    if str(params.PROXY_CPUS).strip().lower() == "none":
+        return None
+    allowed = set(allowed_cpus() if allowed is None else allowed)
+    cpus = set().union(*rank_affinities) & allowed if rank_affinities else set()
+    return sorted(cpus or allowed) or None
+
+
 def smt_siblings() -> dict[int, set[int]]:
     """CPU -> the hardware threads of its physical core (itself included), from /sys; {} if unknown."""
     out: dict[int, set[int]] = {}
@@ -243,7 +259,8 @@ def choose_proxy_cpus(params: Any, rank_affinities: list[set[int]], allowed: set
         spare = allowed - used
         how = f"ranks unpinned, {format_cpu_list(used) or 'none'} left to them"
     if not spare:
-        return None, f"no spare cores: {len(allowed)} cores, {nlocal} local ranks; not pinned"
+        return None, (f"no spare cores: {len(allowed)} cores, {nlocal} local ranks; not pinned, shares the"
+                      f" ranks' CPUs")
     # A CPU whose SMT sibling runs a rank shares that rank's core: work there slows the rank's own
     # computation, which is what the progress process exists to overlap with. Avoid such CPUs when
     # there are others (``siblings``: CPU -> its hardware threads, default from /sys).

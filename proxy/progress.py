@@ -143,7 +143,7 @@ class ProgressEngine:
         self.retired: collections.deque = collections.deque()
         self.cpus: list[int] | None = None
         self.affinity_reason = "not decided yet (waiting for every local rank to connect)"
-        self.pending_affinity: tuple[list[int] | None, str] | None = None
+        self.pending_affinity: tuple[list[int] | None, str, list[int] | None] | None = None
         self.stopping = False
         self.dump_requested = False
         self.progressed = False
@@ -219,7 +219,9 @@ class ProgressEngine:
     def decide_affinity(self) -> None:
         rank_sets = [set(r.affinity) for r in self.ranks.values()]
         try:
-            self.pending_affinity = affinity.choose_proxy_cpus(self.params, rank_sets)
+            cpus, reason = affinity.choose_proxy_cpus(self.params, rank_sets)
+            floating = None if cpus else affinity.float_cpus(self.params, rank_sets)
+            self.pending_affinity = (cpus, reason, floating)
         except errors.ProxyError as exc:
             self.fail(exc.code, f"cannot choose progress cores: {exc}")
 
@@ -867,16 +869,20 @@ class ProgressEngine:
             self.fail(errors.PeerDiedError.code, f"local rank 0 (pid {self.parent}) exited before connecting",
                       rank=None, pid=self.parent)
 
-    def apply_affinity(self, cpus: list[int] | None, reason: str) -> None:
+    def apply_affinity(self, cpus: list[int] | None, reason: str, floating: list[int] | None = None) -> None:
+        """Pin every thread to ``cpus`` (CPUs of its own), or let them float over ``floating`` (the
+        ranks' CPUs, when none are spare), or leave the affinity as it is (both None)."""
         self.cpus, self.affinity_reason = cpus, reason
-        if cpus:
+        mask = cpus or floating
+        if mask:
             for tid in os.listdir("/proc/self/task"):
-                os.sched_setaffinity(int(tid), cpus)
-        n = self.params.COPY_THREADS or (len(cpus) if cpus else min(os.cpu_count() or 1, 8))
+                os.sched_setaffinity(int(tid), mask)
+        n = self.params.COPY_THREADS or (len(cpus) if cpus else min(len(floating or os.sched_getaffinity(0)), 8))
         if n > self.copy.nworkers:
             self.copy.stop()
             self.copy = CopyEngine(n, cpus, self.params.COPY_STREAMING)
-        _log.info("progress affinity: %s (%s); %d copy threads", cpus if cpus else "unpinned", reason, n)
+        where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(os.sched_getaffinity(0))}"
+        _log.info("progress affinity: %s (%s); %d copy threads", where, reason, n)
         self._write_info()
 
     # ------------------------------------------------------------------ dump

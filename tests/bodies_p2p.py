@@ -357,6 +357,28 @@ def with_block_error_names_root_cause() -> dict:
     return {"error": text}
 
 
+def progress_floats_over_bound_ranks_cpus() -> dict:
+    """Ranks bound like ``mpirun --bind-to core`` and covering every CPU: nothing is spare, so the
+    progress process (started by local rank 0, inheriting its binding) must widen to all the ranks'
+    CPUs, every thread of it, instead of queueing its loop and copy workers on rank 0's CPUs."""
+    allowed = sorted(os.sched_getaffinity(0))
+    r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    mine = {c for i, c in enumerate(allowed) if i % n == r}
+    os.sched_setaffinity(0, mine)
+    with proxy.init() as comm:
+        comm.Barrier()
+        pid = comm._proxy_pid
+        deadline = time.monotonic() + 20
+        while True:   # the decision is applied by the loop's next housekeeping tick
+            masks = {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
+            if all(m == allowed for m in masks.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        comm.Barrier()
+    assert all(m == allowed for m in masks.values()), (allowed, masks)
+    return {"threads": len(masks)}
+
+
 # ---------------------------------------------------------------------------------- faults
 def _ring(comm) -> None:
     r, n = comm.rank, comm.size

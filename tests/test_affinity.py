@@ -14,6 +14,7 @@ from proxy import affinity
 from proxy.affinity import choose_proxy_cpus, format_cpu_list
 from proxy.errors import InvalidArgument, SystemError_
 from proxy.params import Params
+from tests.harness import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,13 +109,24 @@ def test_choose_none_disables_pinning() -> None:
 
 
 @pytest.mark.parametrize("ranks,allowed,message", [
-    (["0", "1"], "0-1", "no spare cores: 2 cores, 2 local ranks; not pinned"),
-    (["0-3"] * 4, "0-3", "no spare cores: 4 cores, 4 local ranks; not pinned"),
-    (["0-1", "2-3"], "0-3", "no spare cores: 4 cores, 2 local ranks; not pinned"),
-    (["0-7"] * 12, "0-7", "no spare cores: 8 cores, 12 local ranks; not pinned"),
+    (["0", "1"], "0-1", "no spare cores: 2 cores, 2 local ranks; not pinned, shares the ranks' CPUs"),
+    (["0-3"] * 4, "0-3", "no spare cores: 4 cores, 4 local ranks; not pinned, shares the ranks' CPUs"),
+    (["0-1", "2-3"], "0-3", "no spare cores: 4 cores, 2 local ranks; not pinned, shares the ranks' CPUs"),
+    (["0-7"] * 12, "0-7", "no spare cores: 8 cores, 12 local ranks; not pinned, shares the ranks' CPUs"),
 ])
 def test_choose_no_spare(ranks: list[str], allowed: str, message: str) -> None:
     assert choose_proxy_cpus(params(), [cpus(r) for r in ranks], cpus(allowed), numa={}) == (None, message)
+
+
+@pytest.mark.parametrize("spec,ranks,allowed,expected", [
+    ("", ["0", "1"], "0-1", [0, 1]),              # --bind-to core: not rank 0's CPU alone
+    ("", ["0-1", "2-3"], "0-7", [0, 1, 2, 3]),    # within the ranks' CPUs, not the whole cpuset
+    ("", ["0", "9"], "0-3", [0]),                 # a rank pinned outside the allowed CPUs
+    ("", ["8"], "0-3", [0, 1, 2, 3]),             # nothing usable: the allowed CPUs
+    ("none", ["0", "1"], "0-1", None),            # opted out: left as inherited
+])
+def test_float_cpus(spec: str, ranks: list[str], allowed: str, expected: list[int] | None) -> None:
+    assert affinity.float_cpus(params(spec), [cpus(r) for r in ranks], cpus(allowed)) == expected
 
 
 def test_choose_errors() -> None:
@@ -249,3 +261,8 @@ def test_auto_policy_avoids_smt_siblings_of_rank_cpus():
     sib4 = {0: {0, 2}, 2: {0, 2}, 1: {1, 3}, 3: {1, 3}}
     cpus, _ = affinity.choose_proxy_cpus(p, [{0}, {1}], {0, 1, 2, 3}, numa={}, siblings=sib4)
     assert cpus == [2, 3]
+
+
+@needs_two_cpus
+def test_progress_process_floats_over_the_cpus_of_bound_ranks() -> None:
+    run_ranks("tests.bodies_p2p:progress_floats_over_bound_ranks_cpus", 2, timeout=90)
