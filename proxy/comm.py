@@ -866,11 +866,14 @@ class Comm:
                 proc.wait(timeout=10)
             if proc.returncode is not None and proc.returncode < 0:
                 proxy_dead = True  # killed by a signal: it unlinked nothing
-            # If it died hard, what it would have removed is ours to remove.
-            if os.path.exists(self._path):
+        # The socket file and the pool's name are the progress process's to remove. Only if it died
+        # before doing so does the job have to: then any survivor may, idempotently (local rank 0,
+        # its parent, may be dead too).
+        if proxy_dead or proc is not None:
+            try:
                 os.unlink(self._path)
-        # The pool's name is the progress process's to remove (once every rank mapped it). Only
-        # if it died before doing so does the job have to: then any survivor may, idempotently.
+            except FileNotFoundError:
+                pass  # it, or another survivor, got there first
         pool = getattr(self, "_pool_name", None)
         if pool is not None and proxy_dead:
             Segment.unlink_name(pool)

@@ -427,6 +427,21 @@ def proxy_dies() -> dict:
         raise AssertionError("Recv after the progress process died returned")
 
 
+def proxy_and_local_rank0_die() -> dict:
+    """Local rank 0, which started the progress process, SIGKILLs it and then itself: the survivors
+    raise, and between them remove what neither dead process could (socket file, pool name)."""
+    with proxy.init() as comm:
+        comm.Barrier()
+        if comm.rank == 0:
+            os.kill(comm._proxy_pid, signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            comm.Recv(np.zeros(8), 0, tag=1)
+        except proxy.PeerDiedError as e:
+            return {"message": str(e)}
+        raise AssertionError("Recv after local rank 0 and the progress process died returned")
+
+
 def dies_holding_mutex(victim: int) -> dict:
     """The victim takes the pool mutex and SIGKILLs itself while holding it; the next locker
     repairs the mutex (EOWNERDEAD) and every survivor is told who died."""

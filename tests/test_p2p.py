@@ -89,6 +89,12 @@ def test_kill9_progress_process_every_rank_raises():
     assert all(r["seconds"] < 30 for r in res.results), res.results
 
 
+def test_kill9_progress_process_and_local_rank0_leave_nothing_behind():
+    """The leak fixture fails the test if the socket file or the pool outlives the job."""
+    res = run_ranks(BODY + "proxy_and_local_rank0_die", 3, timeout=90, expect_fail={0})
+    assert all("died" in r["message"] for r in res.results[1:]), res.results
+
+
 def test_kill9_rank_holding_the_pool_mutex():
     res = run_ranks(BODY + "dies_holding_mutex", 3, timeout=90, args=(1,), expect_fail={1})
     for i in (0, 2):
