@@ -196,14 +196,19 @@ def test_pin_self_pins_every_thread() -> None:
         "import json, os, threading; from proxy import affinity\n"
         "target = [max(os.sched_getaffinity(0))]\n"
         "started, stop = threading.Event(), threading.Event()\n"
-        "t = threading.Thread(target=lambda: (started.set(), stop.wait()))\n"
+        "t = threading.Thread(target=lambda: (started.set(), stop.wait()), daemon=True)\n"
         "t.start(); started.wait()\n"
         "affinity.pin_self(target)\n"
         "late = {}\n"
         "t2 = threading.Thread(target=lambda: late.update(c=sorted(affinity.current_affinity())))\n"
         "t2.start(); t2.join()\n"
-        "res = {'target': target, 'late': late['c'], 'tasks': {tid: sorted(os.sched_getaffinity(int(tid)))"
-        " for tid in os.listdir('/proc/self/task')}}\n"
+        "def mask(tid):\n"
+        "    try:\n"
+        "        return sorted(os.sched_getaffinity(int(tid)))\n"
+        "    except ProcessLookupError:\n"   # t2, joined, can linger in /proc/self/task for a moment
+        "        return None\n"
+        "tasks = {tid: mask(tid) for tid in os.listdir('/proc/self/task')}\n"
+        "res = {'target': target, 'late': late['c'], 'tasks': {k: v for k, v in tasks.items() if v is not None}}\n"
         "stop.set(); t.join()\n"
         "print(json.dumps(res))")
     assert len(out["tasks"]) >= 2
