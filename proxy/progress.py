@@ -113,6 +113,11 @@ class ProgressEngine:
         self.eager = params.eager_limit
         self.coll_inline = params.COLL_INLINE_BYTES
         self.spin_ns = int(params.PROXY_SPIN_US * 1000)
+        # On a crowded node (fewer cores than ranks + 2, the ranks' own test for sleeping at once on
+        # large requests) the loop does not spin right after it completed work of the copy workers:
+        # the ranks it just woke need the CPUs to come back and post (see complete_large).
+        self.crowded = (os.cpu_count() or 1) < nlocal + 2
+        self.spin_skip = False
         self.timeout = params.TIMEOUT
         self.batch = params.APPEND_BATCH_SIZE
         # fetch() copies records here under the mutex (shm._native.take_posted) and unpacks them after
@@ -317,6 +322,9 @@ class ProgressEngine:
 
     def _spin_for_work(self) -> None:
         spin_ns = self.spin_ns
+        if self.spin_skip:
+            self.spin_skip = False
+            return
         if spin_ns <= 0:
             return
         i32, head_i = self.view.i32, P.NEXT_OPS_OFF // 4
@@ -737,6 +745,8 @@ class ProgressEngine:
 
     def finish_coll(self, work: CollWork) -> None:
         self.complete_coll(work.ops, work.nbytes)
+        if work.nbytes > self.coll_inline:
+            self.complete_large()
         work.views = []
         self._profile_coll(work.ops, work.nbytes, match_ns=work.t_match)
 
@@ -784,6 +794,8 @@ class ProgressEngine:
         self.wake_rank(t.recv.owner)
         if t.send.owner != t.recv.owner:
             self.wake_rank(t.send.owner)
+        if t.nbytes > self.eager:
+            self.complete_large()
         if self.profiler.enabled:
             s, r = t.send, t.recv
             self.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
@@ -818,6 +830,15 @@ class ProgressEngine:
         if bad >= 0:
             self.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot {ops[bad].req_slot} "
                                                  f"out of range")
+
+    def complete_large(self) -> None:
+        """After completing work the copy workers did: on a crowded node, sleep at once the next time
+        the loop runs out of work instead of spinning. Its ranks slept on such requests and were just
+        woken; a spinning loop holds a CPU, so the kernel queues both of them on the other one and
+        they come back one after the other (perf sched on the 2-vCPU VM: ~90 us apart). Their posts
+        then wake the loop through the condvar."""
+        if self.crowded:
+            self.spin_skip = True
 
     def wake_rank(self, local_rank: int) -> None:
         """Bump a rank's futex word; issue the wake syscall only if the rank said it may sleep.

@@ -857,6 +857,27 @@ def test_fetch_policy():
     assert modes.count(FetchMode.TRY) == 8
 
 
+
+@pytest.mark.parametrize("crowded", [False, True])
+def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
+    """After completing what the copy workers moved, a crowded node's loop sleeps at once (leaves
+    the CPUs to the ranks it woke); otherwise, and the time after, it polls its spin window."""
+    import types
+    from proxy.progress import ProgressEngine
+    i32 = np.full(P.NEXT_OPS_OFF // 4 + 1, -1, np.int32)           # an empty posted chain
+    eng = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, crowded=crowded,
+                                view=types.SimpleNamespace(i32=i32), _should_exit=lambda: False)
+
+    def spin() -> float:
+        t0 = time.monotonic()
+        ProgressEngine._spin_for_work(eng)
+        return time.monotonic() - t0
+    ProgressEngine.complete_large(eng)
+    assert eng.spin_skip is crowded
+    first, second = spin(), spin()
+    assert (first < 0.015) is crowded and second >= 0.03 and not eng.spin_skip
+
+
 # ------------------------------------------------------------------------------------ transports
 def test_registry_selects_shm_on_one_host_and_names_both_peers_otherwise():
     a = PeerInfo(0, 0, "hostA", 100)
