@@ -181,6 +181,17 @@ def _take(spare: set[int], n: int, nodes: Mapping[int, set[int]], order: list[in
     return sorted(taken)
 
 
+def crowded(nlocal: int) -> bool:
+    """Fewer cores than local ranks + 2: the ranks, the progress loop and its copy workers share
+    cores. Then a rank sleeps at once on requests the copy workers move (comm.py), and the loop does
+    not spin right after completing such work (ProgressEngine.complete_large)."""
+    return (os.cpu_count() or 1) < nlocal + 2
+
+
+def _cpus_spec(params: Any) -> str:
+    return str(params.PROXY_CPUS).strip().lower()
+
+
 def float_cpus(params: Any, rank_affinities: list[set[int]], allowed: set[int] | None = None) -> list[int] | None:
     """Where the progress process runs when ``choose_proxy_cpus`` gave it no CPUs of its own: every CPU
     a local rank may use (within ``allowed``), or None under SHMPROXY_PROXY_CPUS=none (left as it is).
@@ -188,7 +199,7 @@ def float_cpus(params: Any, rank_affinities: list[set[int]], allowed: set[int] |
     Not the affinity it inherited: under ``mpirun --bind-to core`` (Open MPI's default for 2 ranks)
     that is local rank 0's one core, where the loop and every copy worker would queue behind each
     other while rank 1's core idles between its calls."""
-    if str(params.PROXY_CPUS).strip().lower() == "none":
+    if _cpus_spec(params) == "none":
         return None
     allowed = set(allowed_cpus() if allowed is None else allowed)
     cpus = set().union(*rank_affinities) & allowed if rank_affinities else set()
@@ -226,7 +237,7 @@ def choose_proxy_cpus(params: Any, rank_affinities: list[set[int]], allowed: set
     the defaults' reads of /sys. Raises InvalidArgument for an explicit SHMPROXY_PROXY_CPUS list with
     no allowed CPU in it, no local ranks, or an empty ``allowed``.
     """
-    spec = str(params.PROXY_CPUS).strip().lower()
+    spec = _cpus_spec(params)
     if spec == "none":
         return None, "pinning disabled by SHMPROXY_PROXY_CPUS=none"
     allowed = set(allowed_cpus() if allowed is None else allowed)

@@ -1876,8 +1876,9 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
     bar.close()
     status = 0.0
     if is_root:
-        if steal_note(rows, names):
-            say(steal_note(rows, names))
+        note = steal_note(rows, names)
+        if note:
+            say(note)
         report = build_report(op, rows, names, skipped, run_config(ctx, op, sizes, dtype), env)
         failed = sum(1 for row in rows for r in row["results"].values() if r["check"] == "FAIL")
         say("# checks: " + ("not run (--no-check)" if not args.check else

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from proxy import bootstrap, errors, log, params as params_mod
+from proxy import affinity, bootstrap, errors, log, params as params_mod
 from proxy.buffers import Registry, StagingCache
 from proxy import objects, sched
 from proxy.ops import (CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND,
@@ -215,7 +215,7 @@ class Comm:
         # crowded node only for requests the progress loop completes itself, since larger ones are
         # copied by workers that need the cores (measured: docs/decisions.md).
         p = self.params
-        crowded = (os.cpu_count() or 1) < self.local_size + 2
+        crowded = affinity.crowded(self.local_size)
         spin_max = p.WAIT_SPIN_MAX_BYTES or (p.eager_limit if crowded else 1 << 62)
         spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.COLL_INLINE_BYTES if crowded else 1 << 62)
         self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, p.WAIT_SPIN_US * 1e-6, spin_max,

@@ -113,10 +113,9 @@ class ProgressEngine:
         self.eager = params.eager_limit
         self.coll_inline = params.COLL_INLINE_BYTES
         self.spin_ns = int(params.PROXY_SPIN_US * 1000)
-        # On a crowded node (fewer cores than ranks + 2, the ranks' own test for sleeping at once on
-        # large requests) the loop does not spin right after it completed work of the copy workers:
-        # the ranks it just woke need the CPUs to come back and post (see complete_large).
-        self.crowded = (os.cpu_count() or 1) < nlocal + 2
+        # On a crowded node the loop does not spin right after it completed work of the copy
+        # workers: the ranks it just woke need the CPUs to come back and post (see complete_large).
+        self.crowded = affinity.crowded(nlocal)
         self.spin_skip = False
         self.timeout = params.TIMEOUT
         self.batch = params.APPEND_BATCH_SIZE
@@ -224,8 +223,9 @@ class ProgressEngine:
     def decide_affinity(self) -> None:
         rank_sets = [set(r.affinity) for r in self.ranks.values()]
         try:
-            cpus, reason = affinity.choose_proxy_cpus(self.params, rank_sets)
-            floating = None if cpus else affinity.float_cpus(self.params, rank_sets)
+            allowed = affinity.allowed_cpus()
+            cpus, reason = affinity.choose_proxy_cpus(self.params, rank_sets, allowed)
+            floating = None if cpus else affinity.float_cpus(self.params, rank_sets, allowed)
             self.pending_affinity = (cpus, reason, floating)
         except errors.ProxyError as exc:
             self.fail(exc.code, f"cannot choose progress cores: {exc}")
@@ -903,8 +903,7 @@ class ProgressEngine:
         self.cpus, self.affinity_reason = cpus, reason
         mask = cpus or floating
         if mask:
-            for tid in os.listdir("/proc/self/task"):
-                os.sched_setaffinity(int(tid), mask)
+            affinity.pin_self(mask)
         n = self.params.COPY_THREADS or (len(cpus) if cpus else min(len(floating or os.sched_getaffinity(0)), 8))
         if n > self.copy.nworkers:
             self.copy.stop()
