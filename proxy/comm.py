@@ -27,6 +27,7 @@ import atexit
 import hashlib
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -282,8 +283,24 @@ class Comm:
         self._set_failure(exc)
         return exc
 
-    def _proxy_dead(self) -> bool:
-        return bool(select.select([self._pidfd], [], [], 0)[0])
+    def _proxy_dead(self, wait_s: float = 0.0) -> bool:
+        return bool(select.select([self._pidfd], [], [], wait_s)[0])
+
+    def _proxy_doomed(self) -> bool:
+        """At teardown: the progress process exited, or is exiting from a SIGKILL. Its exit completes
+        only once every thread has run, and its idle-priority keep-awake guards may wait a scheduler
+        tick for a CPU; a survivor that judged by the pidfd alone could leave the socket file behind.
+        A failed communicator also gives the pidfd a short bounded wait."""
+        if self._proxy_dead(0.2 if self._failure is not None else 0.0):
+            return True
+        try:
+            with open(f"/proc/{self._proxy_pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except (OSError, ValueError):
+            return False
+        sigkill = 1 << (signal.SIGKILL - 1)
+        return fields.get("State", "").strip()[:1] in ("Z", "X") or bool(
+            int(fields.get("ShdPnd", "0"), 16) & sigkill or int(fields.get("SigPnd", "0"), 16) & sigkill)
 
     # ------------------------------------------------------------------ buffers
     def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
@@ -830,7 +847,7 @@ class Comm:
 
     def _teardown(self, wait_proxy: bool) -> None:
         """Release everything this process holds; safe to call in any state."""
-        proxy_dead = self._pidfd >= 0 and self._proxy_dead()
+        proxy_dead = self._pidfd >= 0 and self._proxy_doomed()
         pp = self.__dict__.get("_pp")
         if pp is not None:
             pp.detach()   # it holds raw pool addresses: never again after this

@@ -155,6 +155,11 @@ _DECLARED: tuple[Param, ...] = (
        "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
     _p("PROXY_SPIN_US", float, 500.0,
        "An idle progress process polls this long before it sleeps on the pool condvar.", 0),
+    _p("KEEP_AWAKE_US", float, -1.0,
+       "While the job is busy and for this long after, idle-priority threads of the progress process keep "
+       "its CPUs from going idle (a halted vCPU wakes late when other guests load the host); they yield "
+       "to any other thread at once. -1 = automatic: 2000 when the ranks and the progress process share "
+       "cores (no spare core), else 0 (off).", -1, 1e6),
     _p("PROXY_SLEEP_MS", float, 250.0,
        "Bound of one condvar sleep of the idle progress process (it rechecks abort and its ranks).", 1),
     _p("HEARTBEAT_MS", float, 100.0, "The progress process refreshes its heartbeat this often.", 1),

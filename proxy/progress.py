@@ -41,7 +41,7 @@ from proxy.args import PROGRESS, READY, Args, ArgsPool, CollWork, Sub, Transfer
 from proxy.copyengine import CopyEngine
 from proxy.ops import CODE_DTYPE, FLAG_IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND, Op
 from proxy.profiler import Profiler
-from shm import _native, _reduce, pool as P, sync
+from shm import _native, _reduce, _workers, pool as P, sync
 from shm.segment import MemfdBuffer, Segment
 import transports
 from transports.base import PeerInfo
@@ -50,6 +50,7 @@ _log = log.get("PROXY")
 MASK64 = (1 << 64) - 1
 INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the loop, not on a worker
 OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
+AUTO_KEEP_AWAKE_US = 2000.0  # KEEP_AWAKE_US=-1 on a crowded node: covers a message's hand-offs
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
@@ -133,6 +134,7 @@ class ProgressEngine:
         sched.set_streaming(params.COPY_STREAMING)
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
+        self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
         self.profiler = Profiler(params.PROFILE)
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
@@ -174,6 +176,8 @@ class ProgressEngine:
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_STOPPING)
         self.server.stop(timeout=5.0)
         self.copy.stop()
+        if self.awake is not None:
+            self.awake.stop()
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_EXITED)
         if self.profiler.enabled and self.params.PROFILE_FILE:
             self.profiler.write(self.params.PROFILE_FILE)
@@ -839,6 +843,8 @@ class ProgressEngine:
         then wake the loop through the condvar."""
         if self.crowded:
             self.spin_skip = True
+        if self.awake is not None:
+            self.awake.touch()
 
     def wake_rank(self, local_rank: int) -> None:
         """Bump a rank's futex word; issue the wake syscall only if the rank said it may sleep.
@@ -865,6 +871,8 @@ class ProgressEngine:
             self.passes += 1
             mode = fetch_mode(idle, len(self.active), self.passes, freq)
             added = self.fetch(mode) if mode else 0
+            if self.copy.in_flight and self.awake is not None:
+                self.awake.touch()
             if idle and not added and mode != _F_BLOCK:
                 if self.copy.in_flight:
                     self.copy.wait(WORKER_WAIT_S)  # GIL released: see proxy/copyengine.py
@@ -908,9 +916,24 @@ class ProgressEngine:
         if n > self.copy.nworkers:
             self.copy.stop()
             self.copy = CopyEngine(n, cpus, self.params.COPY_STREAMING)
+        self.start_keep_awake(sorted(mask) if mask else sorted(os.sched_getaffinity(0)))
         where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(os.sched_getaffinity(0))}"
         _log.info("progress affinity: %s (%s); %d copy threads", where, reason, n)
         self._write_info()
+
+    def start_keep_awake(self, cpus: list[int]) -> None:
+        """One idle-priority guard per CPU we run on (shm/_workers.c, KeepAwake), when KEEP_AWAKE_US
+        asks for them: on a crowded node by default."""
+        us = self.params.KEEP_AWAKE_US
+        if us < 0:
+            us = AUTO_KEEP_AWAKE_US if self.crowded else 0.0
+        if self.awake is not None:
+            self.awake.stop()
+            self.awake = None
+        if us > 0:
+            self.awake = _workers.KeepAwake(cpus, us / 1e6)
+            _log.info("keep-awake: %d idle-priority guard(s) on cpus %s, %g us after the last work",
+                      len(cpus), affinity.format_cpu_list(cpus), us)
 
     # ------------------------------------------------------------------ dump
     def dump_state(self) -> dict:

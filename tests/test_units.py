@@ -3,6 +3,7 @@ the native sync primitives, and the op record round trip."""
 from __future__ import annotations
 
 import os
+import pathlib
 import threading
 import time
 
@@ -813,11 +814,52 @@ def test_worker_pool_rejects_bad_jobs_before_queueing_and_stops_cleanly():
         _workers.Workers(0)
 
 
+def test_keep_awake_guards_are_idle_priority_one_per_cpu_and_sleep_after_their_window():
+    """shm._workers.KeepAwake: a SCHED_IDLE guard pinned to each CPU given; touch() opens a window
+    in which they spin, after which they sleep (an idle job costs no CPU); stop() is idempotent."""
+    import psutil
+    from shm import _workers
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    before = {t.id for t in psutil.Process().threads()}
+    k = _workers.KeepAwake(cpus, 0.02)
+    try:
+        assert k.nthreads == len(cpus) and not k.spinning
+        deadline = time.monotonic() + 10
+        while True:   # the guards name, pin and demote themselves as they start
+            guards = [t.id for t in psutil.Process().threads() if t.id not in before]
+            names = [pathlib.Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in guards]
+            masks = sorted(c for t in guards for c in os.sched_getaffinity(t))
+            pols = [os.sched_getscheduler(t) for t in guards]
+            if (masks == cpus and pols == [os.SCHED_IDLE] * len(cpus)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert names == ["shmproxy-awake"] * len(cpus) and masks == cpus, (names, masks)
+        assert pols == [os.SCHED_IDLE] * len(cpus), pols
+        k.touch()
+        assert k.spinning
+        time.sleep(0.1)
+        assert not k.spinning
+        cpu0 = psutil.Process().cpu_times()
+        time.sleep(0.3)
+        cpu1 = psutil.Process().cpu_times()
+        assert (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system) < 0.1   # asleep, not spinning
+    finally:
+        k.stop()
+        k.stop()
+    assert k.nthreads == 0
+    k.touch()                                   # harmless once stopped
+    with pytest.raises(ValueError, match="window"):
+        _workers.KeepAwake(cpus, 0)
+    with pytest.raises(ValueError, match="cpus"):
+        _workers.KeepAwake([], 0.01)
+
+
 # ------------------------------------------------------------------------------------ params
 def test_params_defaults_env_and_overrides():
     p = params_mod.Params(env={})
     assert p.PROGRESS_APPENDOP_FREQ == 8 and p.APPEND_BATCH_SIZE == 16 and p.STEPS == 8
     assert p.TIMEOUT == 600.0 and p.DUMP_SIGNAL == 0
+    assert p.KEEP_AWAKE_US == -1.0   # automatic: on only when the ranks and the progress process share cores
     p = params_mod.Params(env={"SHMPROXY_CHUNK_SIZE": "1M", "SHMPROXY_DUMP_SIGNAL": "USR1"},
                           overrides={"steps": 4})
     assert p.CHUNK_SIZE == 1 << 20 and p.DUMP_SIGNAL == 10 and p.STEPS == 4
@@ -865,7 +907,9 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
     import types
     from proxy.progress import ProgressEngine
     i32 = np.full(P.NEXT_OPS_OFF // 4 + 1, -1, np.int32)           # an empty posted chain
-    eng = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, crowded=crowded,
+    from shm import _workers
+    awake = _workers.KeepAwake(sorted(os.sched_getaffinity(0))[:1], 1.0) if crowded else None
+    eng = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, crowded=crowded, awake=awake,
                                 view=types.SimpleNamespace(i32=i32), _should_exit=lambda: False)
 
     def spin() -> float:
@@ -874,6 +918,9 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
         return time.monotonic() - t0
     ProgressEngine.complete_large(eng)
     assert eng.spin_skip is crowded
+    if awake is not None:           # and the keep-awake guards spin through the hand-off
+        assert awake.spinning
+        awake.stop()
     first, second = spin(), spin()
     assert (first < 0.015) is crowded and second >= 0.03 and not eng.spin_skip
 
