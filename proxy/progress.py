@@ -912,12 +912,13 @@ class ProgressEngine:
         mask = cpus or floating
         if mask:
             affinity.pin_self(mask)
-        n = self.params.COPY_THREADS or (len(cpus) if cpus else min(len(floating or os.sched_getaffinity(0)), 8))
+        running_on = sorted(mask or os.sched_getaffinity(0))
+        n = self.params.COPY_THREADS or (len(cpus) if cpus else min(len(running_on), 8))
         if n > self.copy.nworkers:
             self.copy.stop()
             self.copy = CopyEngine(n, cpus, self.params.COPY_STREAMING)
-        self.start_keep_awake(sorted(mask) if mask else sorted(os.sched_getaffinity(0)))
-        where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(os.sched_getaffinity(0))}"
+        self.start_keep_awake(running_on)
+        where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(running_on)}"
         _log.info("progress affinity: %s (%s); %d copy threads", where, reason, n)
         self._write_info()
 

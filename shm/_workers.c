@@ -117,15 +117,39 @@ static void finish_locked(Pool *p, Job *j) {
     pthread_cond_signal(&p->finished);
 }
 
+/* Pin the calling thread to cpus[0..n) (nothing when n is 0); best effort, as affinity.pin_thread. */
+static void pin_current_thread(const int *cpus, int n) {
+    if (n <= 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < n; i++)
+        if (cpus[i] >= 0 && cpus[i] < CPU_SETSIZE) CPU_SET(cpus[i], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+/* A sequence of CPU numbers as a calloc'ed array in *out (freed by the caller, also on error):
+ * its length, or -1 with an exception (`what` is the TypeError's message). */
+static Py_ssize_t parse_cpus(PyObject *obj, const char *what, int **out) {
+    PyObject *seq = PySequence_Fast(obj, what);
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (!(*out = calloc(n ? (size_t)n : 1, sizeof(int)))) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long c = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (c == -1 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
+        (*out)[i] = (int)c;
+    }
+    Py_DECREF(seq);
+    return n;
+}
+
 static void *worker_main(void *arg) {
     Pool *p = arg;
-    if (p->ncpus > 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (int i = 0; i < p->ncpus; i++)
-            if (p->cpus[i] >= 0 && p->cpus[i] < CPU_SETSIZE) CPU_SET(p->cpus[i], &set);
-        pthread_setaffinity_np(pthread_self(), sizeof(set), &set); /* best effort, as affinity.pin_thread */
-    }
+    pin_current_thread(p->cpus, p->ncpus);
     pthread_mutex_lock(&p->mu);
     for (;;) {
         while (!p->head && !p->stopping) pthread_cond_wait(&p->work, &p->mu);
@@ -226,12 +250,7 @@ static void *guard_main(void *arg) {
     struct sched_param sp = {0};
     pthread_setname_np(pthread_self(), "shmproxy-awake");    /* what tests and ps show */
     pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);   /* best effort: unprivileged is allowed */
-    if (a.cpu >= 0 && a.cpu < CPU_SETSIZE) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(a.cpu, &set);
-        pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-    }
+    pin_current_thread(&a.cpu, 1);
     for (;;) {
         while (!__atomic_load_n(&k->stopping, __ATOMIC_RELAXED) &&
                mono_ns() < __atomic_load_n(&k->deadline_ns, __ATOMIC_RELAXED)) {
@@ -264,23 +283,13 @@ static int KeepAwake_init(KeepAwake *k, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "KeepAwake: window must be in (0, 1] s");
         return -1;
     }
-    PyObject *seq = PySequence_Fast(cpus_obj, "KeepAwake: cpus must be a sequence of ints");
-    if (!seq) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = parse_cpus(cpus_obj, "KeepAwake: cpus must be a sequence of ints", &k->cpus);
+    if (n < 0) return -1;
     if (n < 1 || n > MAX_THREADS) {
-        Py_DECREF(seq);
         PyErr_Format(PyExc_ValueError, "KeepAwake: 1..%d cpus, not %zd", MAX_THREADS, n);
         return -1;
     }
-    k->cpus = calloc((size_t)n, sizeof(int));
-    k->threads = calloc((size_t)n, sizeof(pthread_t));
-    if (!k->cpus || !k->threads) { Py_DECREF(seq); PyErr_NoMemory(); return -1; }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long c = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (c == -1 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
-        k->cpus[i] = (int)c;
-    }
-    Py_DECREF(seq);
+    if (!(k->threads = calloc((size_t)n, sizeof(pthread_t)))) { PyErr_NoMemory(); return -1; }
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -393,18 +402,9 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
         return -1;
     }
     if (cpus_obj != Py_None) {
-        PyObject *seq = PySequence_Fast(cpus_obj, "cpus must be a sequence of ints or None");
-        if (!seq) return -1;
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-        p->cpus = calloc(n ? n : 1, sizeof(int));
-        if (!p->cpus) { Py_DECREF(seq); PyErr_NoMemory(); return -1; }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            long c = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-            if (c == -1 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
-            p->cpus[i] = (int)c;
-        }
+        Py_ssize_t n = parse_cpus(cpus_obj, "cpus must be a sequence of ints or None", &p->cpus);
+        if (n < 0) return -1;
         p->ncpus = (int)n;
-        Py_DECREF(seq);
     }
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
