@@ -1,8 +1,7 @@
 """Tests of the multi-rank harness (tests/harness.py, tests/rankmain.py) and of the leak guard.
 
-The rank bodies are defined here, at module level: each rank imports this module
-(``tests.test_harness:body_ok``) and calls the function. They do not need proxy.init(), so the
-harness is tested by itself. Importing this module in a rank needs no fixture.
+The rank bodies are in tests/bodies_harness.py (``tests.bodies_harness:body_ok``): they do not need
+proxy.init(), so the harness is tested by itself.
 """
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -23,87 +21,9 @@ import pytest
 
 from tests.harness import (LeakGuard, RunResult, default_proxy_timeout, launch_mpiexec, launch_torchrun,
                            kill_marked, run_ranks)
-from tests.rankmain import rank_from_env
+from tests.bodies_harness import STANDIN
 
-HERE = "tests.test_harness"
-# A stand-in for the progress process: its command line says proxy.progress (LeakGuard looks for it).
-STANDIN = [sys.executable, "-c", "import signal; signal.pause()", "proxy.progress-standin"]
-
-
-# ------------------------------------------------------------------------------------------------
-# Rank bodies
-
-
-def _rank() -> int:
-    return int(rank_from_env())
-
-
-def _hang() -> None:
-    """Block forever (until killed): what a rank stuck in a wait looks like."""
-    threading.Event().wait()
-
-
-def body_ok(*extra: object) -> dict:
-    return {"rank": _rank(), "pid": os.getpid(), "args": list(extra),
-            "job": os.environ.get("SHMPROXY_JOB_ID"), "timeout": os.environ.get("SHMPROXY_TIMEOUT"),
-            "cwd": os.getcwd(), "my_var": os.environ.get("MY_VAR")}
-
-
-def body_none() -> None:
-    print(f"stdout of rank {_rank()}")
-    print(f"stderr of rank {_rank()}", file=sys.stderr)
-
-
-def body_kwargs(a: int, b: str = "x") -> list:
-    return [a, b]
-
-
-def body_raise_on(bad_rank: int) -> None:
-    if _rank() == bad_rank:
-        raise RuntimeError(f"boom from rank {bad_rank}")
-    _hang()
-
-
-def body_exit(codes: dict) -> str:
-    code = codes.get(str(_rank()), 0)
-    if code:
-        sys.exit(code)
-    return "done"
-
-
-def body_hang() -> None:
-    _hang()
-
-
-def body_spawn_child(pid_dir: str, new_session: bool, fail_rank: int) -> None:
-    """Start a child (a progress process stand-in), record its pid, then fail or hang."""
-    child = subprocess.Popen(STANDIN, start_new_session=new_session, stdin=subprocess.DEVNULL)
-    path = Path(pid_dir) / f"child.{_rank()}"
-    tmp = path.with_name(path.name + ".tmp")  # per rank: with_suffix would give both "child.tmp"
-    tmp.write_text(str(child.pid))
-    os.replace(tmp, path)
-    if _rank() == fail_rank:
-        raise RuntimeError("rank failed while its child runs")
-    _hang()
-
-
-def body_big_output(nbytes: int) -> int:
-    sys.stdout.write("x" * nbytes)
-    sys.stdout.flush()
-    return nbytes
-
-
-def body_params() -> list:
-    """Every variable the harness sets must pass proxy.params' validation (unknown SHMPROXY_* fail)."""
-    from proxy import params
-    p = params.Params()
-    return [p.TIMEOUT, p.JOB_ID]
-
-
-def body_detect() -> list:
-    from proxy import bootstrap
-    i = bootstrap.detect()
-    return [i.rank, i.size, i.local_rank, i.local_size, i.launcher]
+HERE = "tests.bodies_harness"
 
 
 # ------------------------------------------------------------------------------------------------
