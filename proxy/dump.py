@@ -335,6 +335,7 @@ def _read_ranks(view: P.PoolView, chain: Any, problems: list[str]) -> list[dict]
         nposted = sum(1 for i in region if i in in_chain)
         nfree = sum(1 for i in region if i in listed_where)
         conn = q[layout.rank_q(r, P.RANK_CONN_STATE)]
+        pend = q[layout.rank_q(r, P.RANK_PENDING)]   # a chain left for the mutex holder (_pool_lock.h)
         ranks.append({
             "local_rank": r,
             "pid": q[layout.rank_q(r, P.RANK_PID)],
@@ -346,6 +347,7 @@ def _read_ranks(view: P.PoolView, chain: Any, problems: list[str]) -> list[dict]
             "conn_state_name": _conn_state_name(conn),
             "records": [region.start, region.stop - 1],
             "in_posted_chain": nposted,
+            "pending_chain": [(pend >> 32) - 1, (pend & 0xFFFFFFFF) - 1] if pend else None,
             "free_list": free_lists[r],
             "in_shared_free_lists": nfree,
             "not_in_shared_list": {
@@ -530,7 +532,9 @@ def _format_into(state: dict, out: list[str]) -> None:
             f"waiting {r.get('waiting')}  posted {r.get('posted')}  completed {r.get('completed')}  | "
             f"records {r['records'][0]}-{r['records'][1]}: {r.get('in_posted_chain')} posted, "
             f"{r.get('in_shared_free_lists')} in the shared free list, "
-            f"{nl.get('count')} not in a shared list")
+            f"{nl.get('count')} not in a shared list"
+            + (f", chain {r['pending_chain'][0]}..{r['pending_chain'][1]} pending for the mutex holder"
+               if r.get("pending_chain") else ""))
 
     add("")
     if _corrupt(chain):

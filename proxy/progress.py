@@ -351,8 +351,9 @@ class ProgressEngine:
         copies the records to ``take_out`` and returns each to its owner's free list (NCCL's freeOps),
         so that ranks posting meanwhile wait nanoseconds per record, not the microsecond of unpacking."""
         layout = self.layout
-        n, err, at = _native.take_posted(self.seg.addr, layout.records_off, layout.nrecords, layout.max_ops,
-                                         self.batch, self.take_out_addr, self.take_idx_addr)
+        n, err, at = _native.take_posted(self.seg.addr, layout.records_off, layout.rank_area_off,
+                                         layout.nrecords, layout.max_ops, self.batch, self.take_out_addr,
+                                         self.take_idx_addr)
         if err == 1:
             self.fail(errors.InternalError.code, f"ops pool corrupt: posted chain links to record {at}")
             return 0

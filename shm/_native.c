@@ -177,8 +177,9 @@ static PyObject *py_fetch_add_u32(PyObject *self, PyObject *args) {
 }
 
 /*
- * take_posted(pool, records_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)
- * The progress process's fetch, with the pool mutex held by the caller: detach records from the
+ * take_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)
+ * The progress process's fetch, with the pool mutex held by the caller: splice the chains ranks left
+ * pending (shm/_pool_lock.h, flat combining), then detach records from the
  * head of the posted chain (at most `batch` distinct (owner, opCount) groups), copy each one's 128
  * bytes to out[k] and its index to idx[k], and push the record back on its owner's free list (NCCL's
  * freeOps), all in C so that the mutex is held for nanoseconds per record, not the microsecond that
@@ -191,8 +192,9 @@ static PyObject *py_fetch_add_u32(PyObject *self, PyObject *args) {
 
 static PyObject *py_take_posted(PyObject *self, PyObject *args) {
     PyObject *pool_o, *out_o, *idx_o;
-    Py_ssize_t records_off, nrec, max_ops, batch;
-    if (!PyArg_ParseTuple(args, "OnnnnOO", &pool_o, &records_off, &nrec, &max_ops, &batch, &out_o, &idx_o))
+    Py_ssize_t records_off, rank_area_off, nrec, max_ops, batch;
+    if (!PyArg_ParseTuple(args, "OnnnnnOO", &pool_o, &records_off, &rank_area_off, &nrec, &max_ops, &batch,
+                          &out_o, &idx_o))
         return NULL;
     char *pool = as_ptr(pool_o), *out = as_ptr(out_o);
     int32_t *idxs = as_ptr(idx_o);
@@ -202,6 +204,10 @@ static PyObject *py_take_posted(PyObject *self, PyObject *args) {
         return NULL;
     }
     int32_t *head = (int32_t *)(pool + POOL_NEXT_OPS_OFF), *tail = (int32_t *)(pool + POOL_NEXT_OPS_END_OFF);
+    /* ranks waiting on the mutex we hold left their chains pending: splice them first (_pool_lock.h) */
+    PostedChain chain = {NULL, NULL, head, tail, pool + records_off, (uint64_t *)(pool + POOL_PENDING_MASK_OFF),
+                         pool + rank_area_off};
+    drain_pending_locked(&chain);
     int32_t *freel = (int32_t *)(pool + POOL_FREE_OPS_OFF);
     int32_t g_owner[MAX_BATCH];
     uint64_t g_count[MAX_BATCH];
@@ -369,7 +375,7 @@ static PyMethodDef methods[] = {
     {"complete_coll", py_complete_coll, METH_VARARGS,
      "complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes) -> -1 | index of a bad op"},
     {"take_posted", py_take_posted, METH_VARARGS,
-     "take_posted(pool, records_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)"},
+     "take_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)"},
     {"buffer_info", py_buffer_info, METH_VARARGS, "buffer_info(obj, writable) -> (address, nbytes)"},
     {"memcopy", py_memcopy, METH_VARARGS, "memcopy(dst, src, n): memmove, GIL released when large"},
     {"memcopy_nt", py_memcopy_nt, METH_VARARGS, "memcopy_nt(dst, src, n): copy with streaming stores"},
@@ -393,7 +399,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "BUSY", RC_BUSY);
     /* shm/_pool_layout.h, which shm/pool.py checks against its own layout */
     PyModule_AddObject(m, "POOL_LAYOUT", Py_BuildValue(
-        "(iiiiiiiiiii)", POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_FREE_OPS_OFF, RECORD_BYTES, REC_OWNER_OFF,
-        REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF, RANK_WAITING_OFF, RANK_COMPLETED_OFF));
+        "(iiiiiiiiiiiii)", POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_PENDING_MASK_OFF, POOL_FREE_OPS_OFF,
+        RECORD_BYTES, REC_OWNER_OFF, REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
+        RANK_WAITING_OFF, RANK_COMPLETED_OFF, RANK_PENDING_OFF));
     return m;
 }

@@ -213,9 +213,7 @@ typedef struct {
     PyObject_HEAD
     /* pool addresses (the Comm keeps the mapping alive for the Poster's lifetime) */
     char *records;
-    pthread_mutex_t *mutex;
-    pthread_cond_t *cond;
-    volatile int32_t *head, *tail;
+    PostedChain chain;   /* the posted chain, its mutex and the combining slots (shm/_pool_lock.h) */
     volatile uint64_t *err, *abort, *posted;
     int local_rank, size, rank;  /* rank: the communicator's, set by proxy/comm.py (a Reduce's root) */
     double timeout;
@@ -330,8 +328,9 @@ static int verify_layout(PosterObject *self, PyObject *probes) {
 }
 
 /*
- * Poster(comm, request_type, ndarray_type, records, mutex, cond, head, tail, err, abort, posted,
- *        local_rank, size, timeout, free_slots, free_records, pending, dtypes, probes, on_splice_error)
+ * Poster(comm, request_type, ndarray_type, records, mutex, cond, head, tail, pend_mask, rank_areas,
+ *        err, abort, posted, local_rank, size, timeout, free_slots, free_records, pending, dtypes, probes,
+ *        on_splice_error)
  * Addresses are ints; free_slots/free_records are lists of ints used as stacks (pop from the end),
  * pending a dict slot -> request, dtypes a dict dtype char -> (code, itemsize), probes a list for
  * verify_layout, on_splice_error a callable(rc) run when a splice did not return OK (it raises, or
@@ -339,10 +338,10 @@ static int verify_layout(PosterObject *self, PyObject *probes) {
  */
 static int Poster_init(PosterObject *self, PyObject *args, PyObject *kwds) {
     PyObject *comm, *rtype, *ntype, *slots, *records, *pending, *dtypes, *probes, *on_err;
-    unsigned long long recs, m, c, h, t, e, a, p;
+    unsigned long long recs, m, c, h, t, pm, ra, e, a, p;
     int local_rank, size; double timeout;
-    if (!PyArg_ParseTuple(args, "OOOKKKKKKKKiidO!O!O!O!OO", &comm, &rtype, &ntype, &recs, &m, &c, &h,
-                          &t, &e, &a, &p, &local_rank, &size, &timeout, &PyList_Type, &slots,
+    if (!PyArg_ParseTuple(args, "OOOKKKKKKKKKKiidO!O!O!O!OO", &comm, &rtype, &ntype, &recs, &m, &c, &h,
+                          &t, &pm, &ra, &e, &a, &p, &local_rank, &size, &timeout, &PyList_Type, &slots,
                           &PyList_Type, &records, &PyDict_Type, &pending, &PyDict_Type, &dtypes,
                           &probes, &on_err))
         return -1;
@@ -373,10 +372,9 @@ static int Poster_init(PosterObject *self, PyObject *args, PyObject *kwds) {
         self->dtype_size[ch] = (uint8_t)itemsize;
     }
     self->records = (char *)(uintptr_t)recs;
-    self->mutex = (pthread_mutex_t *)(uintptr_t)m;
-    self->cond = (pthread_cond_t *)(uintptr_t)c;
-    self->head = (volatile int32_t *)(uintptr_t)h;
-    self->tail = (volatile int32_t *)(uintptr_t)t;
+    self->chain = (PostedChain){(pthread_mutex_t *)(uintptr_t)m, (pthread_cond_t *)(uintptr_t)c,
+                                (volatile int32_t *)(uintptr_t)h, (volatile int32_t *)(uintptr_t)t,
+                                self->records, (uint64_t *)(uintptr_t)pm, (char *)(uintptr_t)ra};
     self->err = (volatile uint64_t *)(uintptr_t)e;
     self->abort = (volatile uint64_t *)(uintptr_t)a;
     self->posted = (volatile uint64_t *)(uintptr_t)p;
@@ -453,8 +451,7 @@ static PyObject *enqueue(PosterObject *self, int32_t index) {
         self->chain_last = index;
         Py_RETURN_NONE;
     }
-    int rc = splice_chain(self->mutex, self->cond, self->head, self->tail, self->records, RECORD_BYTES,
-                          index, index, self->timeout);
+    int rc = splice_chain(&self->chain, self->local_rank, index, index, self->timeout);
     *self->posted += 1;  /* statistics; this rank is its only writer */
     if (rc == RC_OK) Py_RETURN_NONE;
     return PyObject_CallFunction(self->on_splice_error, "i", rc);
@@ -1015,8 +1012,7 @@ static PyObject *Poster_flush(PosterObject *self, PyObject *unused) {
     if (!check_mapped(self)) return NULL;
     int32_t first = self->chain_first, last = self->chain_last;
     self->chain_first = self->chain_last = -1;
-    int rc = splice_chain(self->mutex, self->cond, self->head, self->tail, self->records, RECORD_BYTES,
-                          first, last, self->timeout);
+    int rc = splice_chain(&self->chain, self->local_rank, first, last, self->timeout);
     *self->posted += 1;
     if (rc == RC_OK) Py_RETURN_NONE;
     return PyObject_CallFunction(self->on_splice_error, "i", rc);

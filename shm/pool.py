@@ -10,9 +10,12 @@ int32 index, never by address or pickle. Everything is little-endian, 8-byte ali
             header_bytes u32, nlocal u32,
             max_ops u32, max_subs u32,
             reserved u32, total_bytes u64
-    64      pthread_mutex_t (64 B)        -
+    64      pthread_mutex_t (40 B)        -
+    104     next_ops i32, next_ops_end i32   ranks and progress, under the mutex (posted chain); in the
+                                          mutex's cache line, so a critical section moves one line less
     128     pthread_cond_t  (64 B)        -
-    192     next_ops i32, next_ops_end i32   ranks and progress, under the mutex (posted chain)
+    192     pending_mask u64              bit r: local rank r's chain waits in its RANK_PENDING slot
+                                          (atomics; shm/_pool_lock.h "Flat combining")
     256     control counters (u64 each)   see CTRL_* below, one writer each
     512     error message (512 B, utf-8)  progress, before ERR_SEQ is stored
     1024    free_ops[nlocal] i32          progress pushes, owner rank takes all; under the mutex
@@ -36,19 +39,20 @@ import struct
 from shm import _native, counters, sync
 
 MAGIC = 0x5958_4F52_5048_4D53  # b"SHMPROXY" little-endian
-VERSION = 1
+VERSION = 2
 
 HEADER_FMT = struct.Struct("<QIIIIIIQ")  # magic, version, header_bytes, nlocal, max_ops, max_subs, 0, total
 assert HEADER_FMT.size == 40
 MUTEX_OFF = 64
 COND_OFF = 128
-NEXT_OPS_OFF = 192
-NEXT_OPS_END_OFF = 196
+NEXT_OPS_OFF = 104
+NEXT_OPS_END_OFF = 108
+PENDING_MASK_OFF = 192
 CTRL_OFF = 256
 ERR_MSG_OFF = 512
 ERR_MSG_BYTES = 512
 FREE_OPS_OFF = 1024
-assert sync.MUTEX_SIZE <= COND_OFF - MUTEX_OFF and sync.COND_SIZE <= NEXT_OPS_OFF - COND_OFF
+assert sync.MUTEX_SIZE <= NEXT_OPS_OFF - MUTEX_OFF and sync.COND_SIZE <= PENDING_MASK_OFF - COND_OFF
 
 # Control counters: u64 index relative to CTRL_OFF // 8.
 CTRL_STOP = 0          # progress: 1 once it stops fetching (close)
@@ -80,6 +84,8 @@ RANK_WAITING = 2       # the rank: 1 while it may sleep on its futex (progress w
 RANK_POSTED = 3        # the rank: ops posted (statistics)
 RANK_CONN_STATE = 4    # progress: proxy.protocol.ConnState of the rank's service connection
 RANK_COMPLETED = 5     # progress: requests of this rank completed (statistics)
+RANK_PENDING = 6       # the rank sets, a mutex holder clears: (first + 1) << 32 | (last + 1) of a chain
+                       # it left for the holder to splice (shm/_pool_lock.h); 0 = none
 
 INFO_BYTES = 16384
 
@@ -108,9 +114,9 @@ RECORD_BYTES = 128
 assert RECORD.size == RECORD_BYTES
 
 # shm/_pool_layout.h hard-codes these for the C helpers (shm._native, shm._poster): it must agree.
-if _native.POOL_LAYOUT != (NEXT_OPS_OFF, NEXT_OPS_END_OFF, FREE_OPS_OFF, RECORD_BYTES, struct.calcsize("<iBBBB"),
-                           struct.calcsize("<iBBBBiiq"), SLOT_BYTES, RANK_AREA_BYTES, 8 * RANK_WAKE,
-                           8 * RANK_WAITING, 8 * RANK_COMPLETED):
+if _native.POOL_LAYOUT != (NEXT_OPS_OFF, NEXT_OPS_END_OFF, PENDING_MASK_OFF, FREE_OPS_OFF, RECORD_BYTES,
+                           struct.calcsize("<iBBBB"), struct.calcsize("<iBBBBiiq"), SLOT_BYTES, RANK_AREA_BYTES,
+                           8 * RANK_WAKE, 8 * RANK_WAITING, 8 * RANK_COMPLETED, 8 * RANK_PENDING):
     raise ImportError("shm/_pool_layout.h and shm/pool.py disagree on the ops pool layout (or shm._native "
                       "is stale: pip install -e .)")
 

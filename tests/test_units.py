@@ -109,7 +109,7 @@ def _taker(seg, lay):
     out, idx = bytearray(P.RECORD_BYTES * lay.nrecords), np.zeros(lay.nrecords, np.int32)
 
     def take(batch=16):
-        return _native.take_posted(seg.addr, lay.records_off, lay.nrecords, lay.max_ops, batch,
+        return _native.take_posted(seg.addr, lay.records_off, lay.rank_area_off, lay.nrecords, lay.max_ops, batch,
                                    _native.buffer_info(out, True)[0], idx.ctypes.data)
     return take, out, idx
 
@@ -298,7 +298,7 @@ def _make_poster(seg, view, size=2, on_splice_error=None):
     pp = _poster.Poster(
         "the comm", Request, np.ndarray, seg.addr + lay.records_off, seg.addr + P.MUTEX_OFF,
         seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF, seg.addr + P.NEXT_OPS_END_OFF,
-        q0 + 8 * P.CTRL_ERR_SEQ, q0 + 8 * P.CTRL_ABORT, seg.addr + 8 * lay.rank_q(0, P.RANK_POSTED), 0, size,
+        seg.addr + P.PENDING_MASK_OFF, seg.addr + lay.rank_area_off, q0 + 8 * P.CTRL_ERR_SEQ, q0 + 8 * P.CTRL_ABORT, seg.addr + 8 * lay.rank_q(0, P.RANK_POSTED), 0, size,
         1.0, slots, records, pending, comm_mod._DTYPES, comm_mod._probes(), on_splice_error or (lambda rc: None))
     return pp, slots, records, pending
 
@@ -320,6 +320,67 @@ def test_poster_splices_alone_and_chains_in_a_group(pool):
     assert view.i32[P.NEXT_OPS_END_OFF // 4] == 2 and pp.chain_first == -1
     assert pp.seq == 3 and pp.opcount == 1   # the group's records share the opCount they were given
     assert view.q[lay.rank_q(0, P.RANK_POSTED)] == 2
+
+
+def _post_while_held(view, pp, idx, errors_seen):
+    """Post record ``idx`` from a thread while this thread holds the pool mutex; return the thread once
+    the post left its chain pending (its bit in the pending mask is set)."""
+    pp.write(idx, idx, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
+    t = threading.Thread(target=pp.enqueue, args=(idx,), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not view.q[P.PENDING_MASK_OFF // 8] & 1:
+        assert t.is_alive() and time.monotonic() < deadline, f"the post did not go pending: {errors_seen}"
+        time.sleep(0.001)
+    return t
+
+
+def test_busy_mutex_leaves_the_post_pending_and_the_holder_splices_it(pool):
+    """Flat combining (shm/_pool_lock.h): a rank that finds the mutex held leaves its chain in its
+    pending slot; the holder's take splices it; the rank's post then succeeds without ever linking
+    the chain itself (so nothing is posted twice)."""
+    seg, view = pool
+    lay = view.layout
+    seen = []
+    pp, *_ = _make_poster(seg, view, on_splice_error=seen.append)
+    take, _out, idx = _taker(seg, lay)
+    slot_q = lay.rank_q(0, P.RANK_PENDING)
+    view.mutex.lock(5.0)
+    try:
+        t = _post_while_held(view, pp, 4, seen)
+        assert view.q[slot_q] == (5 << 32) | 5          # (first + 1, last + 1)
+        assert view.i32[P.NEXT_OPS_OFF // 4] == -1      # not on the chain yet
+        from proxy import dump
+        assert dump.read_pool(view)["ranks"][0]["pending_chain"] == [4, 4]   # what a dump shows
+        assert "chain 4..4 pending for the mutex holder" in dump.format_text(dump.read_pool(view))
+        assert take() == (1, 0, -1) and idx[0] == 4     # the holder splices it, then takes it
+        assert view.q[slot_q] == 0 and view.q[P.PENDING_MASK_OFF // 8] == 0
+    finally:
+        view.mutex.unlock()
+    t.join(10)
+    assert not t.is_alive() and seen == []
+    assert (view.i32[P.NEXT_OPS_OFF // 4], view.i32[P.NEXT_OPS_END_OFF // 4]) == (-1, -1)
+    assert take() == (0, 0, -1)
+
+
+def test_pending_post_is_taken_back_when_the_mutex_stays_held(pool):
+    """A post whose bounded lock times out takes its chain back: TIMEDOUT, and nothing is posted
+    later by a holder that finds the stale mask bit."""
+    seg, view = pool
+    lay = view.layout
+    seen = []
+    pp, *_ = _make_poster(seg, view, on_splice_error=seen.append)   # its timeout: 1 s
+    take, _out, _idx = _taker(seg, lay)
+    view.mutex.lock(5.0)
+    try:
+        t = _post_while_held(view, pp, 2, seen)
+        t.join(10)
+        assert not t.is_alive() and seen == [_native.TIMEDOUT]
+        assert view.q[lay.rank_q(0, P.RANK_PENDING)] == 0
+        assert take() == (0, 0, -1)
+        assert view.i32[P.NEXT_OPS_OFF // 4] == -1
+    finally:
+        view.mutex.unlock()
 
 
 def test_poster_fast_post_writes_the_record_python_reads(pool):
