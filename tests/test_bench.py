@@ -1,4 +1,4 @@
-"""Tests of shmproxy-bench (proxy/bench.py).
+"""Tests of shmproxy-bench (the package proxy/bench/).
 
 The pure parts (size sweep, iteration defaults, bus factors, patterns and checks, reduction over ranks,
 the table, the JSON report; for the collectives the nccl-tests size convention, the expected results
@@ -653,13 +653,13 @@ def test_bad_command_lines_exit_2(argv: list[str], capsys: pytest.CaptureFixture
 
 def test_steal_meter_sums_its_spans(monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = iter([(10, 100), (15, 200), (15, 300), (35, 500)])
-    monkeypatch.setattr(bench, "cpu_ticks", lambda: next(ticks))
+    monkeypatch.setattr(bench.stats, "cpu_ticks", lambda: next(ticks))     # where StealMeter looks it up
     meter = bench.StealMeter()
     for _ in range(2):
         with meter:
             pass
     assert (meter.steal, meter.total) == (25, 300) and meter.pct == pytest.approx(100 * 25 / 300)
-    monkeypatch.setattr(bench, "cpu_ticks", lambda: None)
+    monkeypatch.setattr(bench.stats, "cpu_ticks", lambda: None)
     with meter:
         pass
     assert meter.pct is None                      # one span unknown: the whole figure is
