@@ -41,8 +41,9 @@ static inline struct timespec deadline_after(double seconds) {
  * adaptive type, so glibc puts each loser to sleep in the kernel and wakes them one by one: on the
  * 32-core GPU host 8 ranks posting at once paid a mean of 5-6 us per Iallreduce post, against 0.4 us
  * alone. So a loser first retries for up to lock_spin_ns (SHMPROXY_LOCK_SPIN_US, set at start by
- * shm.sync.set_lock_spin in each C module, since each has its own copy) and only then sleeps. The spin is bounded, so a holder that lost its core (a crowded host) costs at
- * most that much before the sleep.
+ * shm.sync.set_lock_spin in each C module, since each has its own copy) and only then sleeps. The
+ * spin is bounded, so a holder that lost its core (a crowded host) costs at most that much before the
+ * sleep.
  */
 static long long lock_spin_ns = 0;
 
@@ -82,17 +83,27 @@ static PyObject *py_set_lock_spin(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* Fast path first (trylock, then the bounded spin, with the GIL held: both are short), then a
- * bounded blocking lock without the GIL. */
-static inline int lock_bounded(pthread_mutex_t *m, double timeout) {
-    int r = pthread_mutex_trylock(m);
-    if (r != EBUSY) return r;
-    if (lock_spin_ns > 0 && (r = lock_spin(m)) != EBUSY) return r;
+/* The bounded blocking lock, without the GIL. */
+static inline int lock_blocking(pthread_mutex_t *m, double timeout) {
     struct timespec ts = deadline_after(timeout);
+    int r;
     Py_BEGIN_ALLOW_THREADS
     r = pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
     Py_END_ALLOW_THREADS
     return r;
+}
+
+/* A trylock found the mutex held: the bounded spin (GIL held: it is short), then the blocking lock. */
+static inline int lock_contended(pthread_mutex_t *m, double timeout) {
+    int r;
+    if (lock_spin_ns > 0 && (r = lock_spin(m)) != EBUSY) return r;
+    return lock_blocking(m, timeout);
+}
+
+/* Fast path first (trylock, then the bounded spin), then a bounded blocking lock without the GIL. */
+static inline int lock_bounded(pthread_mutex_t *m, double timeout) {
+    int r = pthread_mutex_trylock(m);
+    return r != EBUSY ? r : lock_contended(m, timeout);
 }
 
 /*
@@ -109,14 +120,14 @@ static inline int lock_bounded(pthread_mutex_t *m, double timeout) {
  * exchanges the mask, then each flagged slot (acquire), so it sees the records. A rank has at most
  * one chain pending (it waits for it). When the bounded lock fails, the poster takes its chain back
  * with an exchange: a 0 there means a holder spliced it after all, and the post succeeded.
- *   Local ranks >= 64 (beyond the mask) and posts with no mask always queue for the mutex.
+ *   Local ranks >= 64 (beyond the mask) always queue for the mutex.
  */
 typedef struct {
     pthread_mutex_t *mutex;
     pthread_cond_t *cond;
     volatile int32_t *head, *tail;  /* the posted chain */
     char *records;                  /* record i at records + i * RECORD_BYTES, `next` at offset 0 */
-    uint64_t *pend_mask;            /* NULL: no combining */
+    uint64_t *pend_mask;            /* POOL_PENDING_MASK_OFF */
     char *rank_areas;               /* rank r's area at rank_areas + r * RANK_AREA_BYTES */
 } PostedChain;
 
@@ -136,7 +147,7 @@ static inline void link_locked(const PostedChain *c, int32_t first, int32_t last
 
 /* Mutex held: append every chain left in a pending slot. */
 static inline void drain_pending_locked(const PostedChain *c) {
-    if (!c->pend_mask || !__atomic_load_n(c->pend_mask, __ATOMIC_RELAXED)) return;
+    if (!__atomic_load_n(c->pend_mask, __ATOMIC_RELAXED)) return;
     uint64_t m = __atomic_exchange_n(c->pend_mask, 0, __ATOMIC_ACQUIRE);
     while (m) {
         int r = __builtin_ctzll(m);
@@ -167,10 +178,7 @@ static inline int post_pending(const PostedChain *c, int me, int32_t first, int3
         if (__atomic_load_n(slot, __ATOMIC_ACQUIRE) == 0) return 1;
         if (!mutex_looks_held(c->mutex) && (r = pthread_mutex_trylock(c->mutex)) != EBUSY) break;
         if (mono_ns() >= end) {
-            struct timespec ts = deadline_after(timeout);
-            Py_BEGIN_ALLOW_THREADS
-            r = pthread_mutex_clocklock(c->mutex, CLOCK_MONOTONIC, &ts);
-            Py_END_ALLOW_THREADS
+            r = lock_blocking(c->mutex, timeout);
             break;
         }
         cpu_relax();
@@ -189,11 +197,11 @@ static inline int post_pending(const PostedChain *c, int me, int32_t first, int3
 static inline int splice_chain(const PostedChain *c, int me, int32_t first, int32_t last, double timeout) {
     int r = pthread_mutex_trylock(c->mutex);
     if (r == EBUSY) {
-        if (c->pend_mask && me >= 0 && me < 64) {
+        if (me >= 0 && me < 64) {
             if (post_pending(c, me, first, last, timeout, &r)) return RC_OK;
             first = -1;   /* ours is pending, or taken back on an error: drained below, or not posted */
         } else {
-            r = lock_bounded(c->mutex, timeout);
+            r = lock_contended(c->mutex, timeout);
         }
     }
     if (r == ETIMEDOUT) return RC_TIMEDOUT;

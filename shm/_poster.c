@@ -212,8 +212,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     /* pool addresses (the Comm keeps the mapping alive for the Poster's lifetime) */
-    char *records;
-    PostedChain chain;   /* the posted chain, its mutex and the combining slots (shm/_pool_lock.h) */
+    PostedChain chain;   /* the records, the posted chain, its mutex, the combining slots (_pool_lock.h) */
     volatile uint64_t *err, *abort, *posted;
     int local_rank, size, rank;  /* rank: the communicator's, set by proxy/comm.py (a Reduce's root) */
     double timeout;
@@ -371,10 +370,9 @@ static int Poster_init(PosterObject *self, PyObject *args, PyObject *kwds) {
         self->dtype_code[ch] = (uint8_t)code;
         self->dtype_size[ch] = (uint8_t)itemsize;
     }
-    self->records = (char *)(uintptr_t)recs;
     self->chain = (PostedChain){(pthread_mutex_t *)(uintptr_t)m, (pthread_cond_t *)(uintptr_t)c,
                                 (volatile int32_t *)(uintptr_t)h, (volatile int32_t *)(uintptr_t)t,
-                                self->records, (uint64_t *)(uintptr_t)pm, (char *)(uintptr_t)ra};
+                                (char *)(uintptr_t)recs, (uint64_t *)(uintptr_t)pm, (char *)(uintptr_t)ra};
     self->err = (volatile uint64_t *)(uintptr_t)e;
     self->abort = (volatile uint64_t *)(uintptr_t)a;
     self->posted = (volatile uint64_t *)(uintptr_t)p;
@@ -445,7 +443,7 @@ static void write_record(char *r, const Rec *f, int owner, uint64_t opcount, uin
 static PyObject *enqueue(PosterObject *self, int32_t index) {
     if (self->group_depth) {
         if (self->chain_last >= 0)
-            *(volatile int32_t *)(self->records + (Py_ssize_t)self->chain_last * RECORD_BYTES) = index;
+            *(volatile int32_t *)(self->chain.records + (Py_ssize_t)self->chain_last * RECORD_BYTES) = index;
         else
             self->chain_first = index;
         self->chain_last = index;
@@ -543,8 +541,8 @@ static PyObject *post_record(PosterObject *self, const Rec *rec, PyObject *keep,
     Py_DECREF(slot_obj);
     self->seq = seq;
     self->opcount = opcount;
-    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, rec, self->local_rank, (uint64_t)opcount,
-                 (uint64_t)seq, (uint32_t)slot);
+    write_record(self->chain.records + (Py_ssize_t)index * RECORD_BYTES, rec, self->local_rank,
+                 (uint64_t)opcount, (uint64_t)seq, (uint32_t)slot);
     PyObject *r = enqueue(self, (int32_t)index);
     if (!r) {
         Py_DECREF(req);
@@ -994,8 +992,8 @@ static PyObject *Poster_write(PosterObject *self, PyObject *args) {
     f.coll_seq = coll_seq; f.x1 = (uint64_t)x1;
     long long seq = ++self->seq;
     if (!self->group_depth) self->opcount++;
-    write_record(self->records + (Py_ssize_t)index * RECORD_BYTES, &f, self->local_rank, (uint64_t)self->opcount,
-                 (uint64_t)seq, (uint32_t)slot);
+    write_record(self->chain.records + (Py_ssize_t)index * RECORD_BYTES, &f, self->local_rank,
+                 (uint64_t)self->opcount, (uint64_t)seq, (uint32_t)slot);
     return PyLong_FromLongLong(seq);
 }
 
