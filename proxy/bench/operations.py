@@ -24,11 +24,10 @@ from typing import Any, Callable
 import numpy as np
 
 from proxy.bench.calls import (
-    _allgather_gloo, _allgather_mpi, _allgather_shm, _allreduce_gloo, _allreduce_mpi, _allreduce_shm,
-    _alltoall_gloo, _alltoall_mpi, _alltoall_shm, _barrier_gloo, _barrier_mpi, _barrier_shm, _bcast_gloo,
-    _bcast_mpi, _bcast_shm, _iallreduce_gloo, _iallreduce_mpi, _iallreduce_shm, _pingpong, _place_block,
-    _reduce_gloo, _reduce_mpi, _reduce_scatter_gloo, _reduce_scatter_mpi, _reduce_scatter_shm, _reduce_shm,
-    _sendrecv)
+    BARRIERS, _allgather_gloo, _allgather_mpi, _allgather_shm, _allreduce_gloo, _allreduce_mpi,
+    _allreduce_shm, _alltoall_gloo, _alltoall_mpi, _alltoall_shm, _bcast_gloo, _bcast_mpi, _bcast_shm,
+    _iallreduce_gloo, _iallreduce_mpi, _iallreduce_shm, _pingpong, _place_block, _reduce_gloo, _reduce_mpi,
+    _reduce_scatter_gloo, _reduce_scatter_mpi, _reduce_scatter_shm, _reduce_shm, _sendrecv)
 from proxy.bench.libraries import PEERS
 from proxy.bench.measure import measure_coll, measure_idle, measure_loop, measure_post
 from proxy.bench.operation import Builder, Column, Operation, _no_source
@@ -102,7 +101,7 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
                 (_alltoall_shm, _alltoall_mpi, _alltoall_gloo), bus_factor_gather, "(n-1)/n",
                 verify_alltoall, shape=shape_alltoall),
     _collective("barrier", "Barrier (no data: one row, time only)",
-                (_barrier_shm, _barrier_mpi, _barrier_gloo), bus_factor_one, "-",
+                tuple(BARRIERS[name] for name in ("shmproxy", *PEERS)), bus_factor_one, "-",
                 verify_nothing, receives=lambda r, n: False, shape=shape_none, sized=False,
                 columns=SWEEP_COLUMNS[:2], default_sizes=("8", "8", 2)),
     Operation(
