@@ -915,6 +915,44 @@ def test_keep_awake_guards_are_idle_priority_one_per_cpu_and_sleep_after_their_w
         _workers.KeepAwake([], 0.01)
 
 
+def test_keep_awake_guard_hands_the_cpu_back_to_a_thread_that_yields():
+    """A thread that sched_yield()s on a CPU where a guard was just woken gets the CPU back at once.
+    A yield is no wake-up, so nothing preempts the idle-priority guard it handed the CPU to: on the
+    VM's kernel (6.18, EEVDF) a freshly woken guard kept it for its whole window, which made 1 % of
+    the 4 MiB round trips take 1.2-2 ms (the progress loop touches the guards, then yields). The
+    guards yield between their pause bursts. Unfixed, every yield here took the window (20 ms)."""
+    import psutil
+    from shm import _workers
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    before = {t.id for t in psutil.Process().threads()}
+    k = _workers.KeepAwake([cpu], 0.02)
+    mine = os.sched_getaffinity(0)
+
+    def guard_state() -> str:
+        tids = [t.id for t in psutil.Process().threads() if t.id not in before]
+        if len(tids) != 1 or os.sched_getaffinity(tids[0]) != {cpu} or \
+                os.sched_getscheduler(tids[0]) != os.SCHED_IDLE:
+            return "starting"                # it pins and demotes itself as it starts
+        return pathlib.Path(f"/proc/self/task/{tids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    gaps = []
+    try:
+        os.sched_setaffinity(0, {cpu})       # this thread only, beside the guard
+        for _ in range(12):
+            deadline = time.monotonic() + 10
+            while guard_state() != "S" and time.monotonic() < deadline:
+                time.sleep(0.002)            # until its window ran out and it sleeps on its condvar
+            k.touch()                        # wakes it (idle priority: it does not preempt us)
+            t0 = time.perf_counter_ns()
+            os.sched_yield()
+            gaps.append(time.perf_counter_ns() - t0)
+    finally:
+        os.sched_setaffinity(0, mine)
+        k.stop()
+    gaps.sort()
+    assert gaps[len(gaps) // 2] < 2_000_000, f"median yield {gaps[len(gaps) // 2] / 1e3:.0f} us: {gaps}"
+
+
 # ------------------------------------------------------------------------------------ params
 def test_params_defaults_env_and_overrides():
     p = params_mod.Params(env={})
