@@ -17,7 +17,8 @@ task never raises into a void: its exception is kept and re-raised by ``drain`` 
 fails the communicator with it.
 
 When the loop has nothing else to do while jobs are in flight, it blocks in ``wait`` (GIL
-released) instead of spinning.
+released) instead of spinning, or, on a node with no spare core (``LOOP_COPIES``), first runs queued
+jobs itself (``help``).
 """
 from __future__ import annotations
 
@@ -108,6 +109,12 @@ class CopyEngine:
         for the next ``drain``."""
         if self.pool is not None:
             self.pool.wait(timeout)
+
+    def help(self) -> bool:
+        """Run one queued job on this thread, GIL released, as a worker would (its token comes back
+        from ``drain``); False when none is queued. For a loop with no core of its own (_workers.c,
+        "Caller-runs")."""
+        return self.pool is not None and self.pool.help(1) > 0
 
     def stop(self) -> None:
         if self.py_tasks is not None:

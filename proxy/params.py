@@ -153,6 +153,10 @@ _DECLARED: tuple[Param, ...] = (
        "memory-bound hosts."),
     _p("COPY_THREADS", int, 0,
        "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
+    _p("LOOP_COPIES", int, -1,
+       "While copy jobs are queued and it has nothing else to do, the progress loop runs them itself "
+       "instead of waiting for a worker. -1 = automatic: on when the ranks and the progress process "
+       "share cores (no spare core: the loop's CPU is one the workers need), else 0 (off).", -1, 1),
     _p("PROXY_SPIN_US", float, 500.0,
        "An idle progress process polls this long before it sleeps on the pool condvar.", 0),
     _p("KEEP_AWAKE_US", float, -1.0,

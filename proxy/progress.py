@@ -118,6 +118,7 @@ class ProgressEngine:
         # workers: the ranks it just woke need the CPUs to come back and post (see complete_large).
         self.crowded = affinity.crowded(nlocal)
         self.spin_skip = False
+        self.loop_copies = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else self.crowded
         self.timeout = params.TIMEOUT
         self.batch = params.APPEND_BATCH_SIZE
         # fetch() copies records here under the mutex (shm._native.take_posted) and unpacks them after
@@ -876,7 +877,10 @@ class ProgressEngine:
                 self.awake.touch()
             if idle and not added and mode != _F_BLOCK:
                 if self.copy.in_flight:
-                    self.copy.wait(WORKER_WAIT_S)  # GIL released: see proxy/copyengine.py
+                    # With no core of its own the loop runs queued jobs itself rather than leave its
+                    # CPU to workers that would take turns on the other one (shm/_workers.c help()).
+                    if not (self.loop_copies and self.copy.help()):
+                        self.copy.wait(WORKER_WAIT_S)  # GIL released: see proxy/copyengine.py
                 else:
                     os.sched_yield()
             now = time.monotonic_ns()

@@ -2,7 +2,7 @@
  * shm._workers: the copy and reduction workers of the progress process, as threads that never take
  * the GIL.
  *
- *   pool = Workers(nthreads, cpus, streaming)
+ *   pool = Workers(nthreads, cpus, streaming)   nthreads 0: jobs run only where a caller help()s
  *   pool.copy(token, dst, src, n)        one memmove of n bytes (a chunk of a message)
  *   pool.run(token, steps)               the steps in order, on one thread (a chunk of a collective):
  *                                          (COPY, dst, src, n)
@@ -10,6 +10,7 @@
  *   pool.done(token)                     report a job finished elsewhere (a Python worker thread)
  *   pool.drain() -> [token, ...]         jobs finished since the last call
  *   pool.wait(timeout) -> bool           block, GIL released, until a job has finished or timeout
+ *   pool.help(max_jobs) -> int           the caller runs up to max_jobs queued jobs itself (see below)
  *   pool.stop()                          workers exit after their current job; idempotent
  *
  *   awake = KeepAwake(cpus, window_s)    one SCHED_IDLE guard thread pinned to each CPU (see below)
@@ -26,6 +27,15 @@
  * Memory ordering: a worker writes a job's bytes (fencing streaming stores first), then takes the mutex
  * to put the job on the finished list; the loop takes the same mutex in drain() before it tells any
  * rank, so the data is visible before the completion is published (mutex acquire/release).
+ *
+ * Caller-runs (help): on a crowded node the progress loop has no core of its own; its CPU is one the
+ * workers need. Waiting for them there is the worst of both: the loop's CPU idles (or the loop spins
+ * on it) while two workers woken onto the other CPU take turns (perf sched on the 2-vCPU VM: a 4 MiB
+ * message moved by one worker at a time, ~16 cross-CPU wake-ups per message). help() lets the loop
+ * take jobs off the same queue and run them itself, GIL released, exactly as a worker would (same
+ * execute, same finished list, so drain() and the memory-ordering argument above are unchanged).
+ * Whichever thread is on a CPU first takes the next job: a late worker costs nothing, a quick one
+ * shares the work.
  *
  * Tokens are Python objects owned by their job: referenced at submission and handed back by drain(),
  * both with the GIL held. Workers only ever touch C data, and every address they use was bounds-checked
@@ -147,6 +157,14 @@ static Py_ssize_t parse_cpus(PyObject *obj, const char *what, int **out) {
     return n;
 }
 
+/* The oldest queued job, taken off the queue (mutex held, queue not empty). */
+static Job *pop_locked(Pool *p) {
+    Job *j = p->head;
+    p->head = j->next;
+    if (!p->head) p->tail = NULL;
+    return j;
+}
+
 static void *worker_main(void *arg) {
     Pool *p = arg;
     pin_current_thread(p->cpus, p->ncpus);
@@ -154,9 +172,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         while (!p->head && !p->stopping) pthread_cond_wait(&p->work, &p->mu);
         if (p->stopping) break;
-        Job *j = p->head;
-        p->head = j->next;
-        if (!p->head) p->tail = NULL;
+        Job *j = pop_locked(p);
         pthread_mutex_unlock(&p->mu);
         job_execute(j);
         pthread_mutex_lock(&p->mu);
@@ -404,8 +420,8 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "Workers is already initialised");
         return -1;
     }
-    if (nthreads < 1 || nthreads > MAX_THREADS) {
-        PyErr_Format(PyExc_ValueError, "nthreads must be in 1..%d, not %d", MAX_THREADS, nthreads);
+    if (nthreads < 0 || nthreads > MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "nthreads must be in 0..%d, not %d", MAX_THREADS, nthreads);
         return -1;
     }
     if (cpus_obj != Py_None) {
@@ -421,7 +437,7 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
     pthread_cond_init(&p->finished, &ca);
     pthread_condattr_destroy(&ca);
     p->streaming = streaming;
-    p->threads = calloc(nthreads, sizeof(pthread_t));
+    p->threads = calloc(nthreads ? (size_t)nthreads : 1, sizeof(pthread_t));   /* non-NULL: initialised */
     if (!p->threads) { PyErr_NoMemory(); return -1; }
     for (int i = 0; i < nthreads; i++) {
         int rc = pthread_create(&p->threads[i], NULL, worker_main, p);
@@ -618,6 +634,28 @@ static PyObject *Pool_wait(Pool *p, PyObject *arg) {
     return PyBool_FromLong(ready);
 }
 
+/* help(max_jobs): run up to max_jobs queued jobs on the calling thread, GIL released; returns how many
+ * ran (0: the queue was empty, every job is with a worker or finished). See "Caller-runs" above. */
+static PyObject *Pool_help(Pool *p, PyObject *arg) {
+    long max_jobs = PyLong_AsLong(arg);
+    if (max_jobs == -1 && PyErr_Occurred()) return NULL;
+    if (!p->threads) return PyLong_FromLong(0);
+    long ran = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&p->mu);
+    while (ran < max_jobs && p->head && !p->stopping) {
+        Job *j = pop_locked(p);
+        pthread_mutex_unlock(&p->mu);
+        job_execute(j);
+        pthread_mutex_lock(&p->mu);
+        finish_locked(p, j);
+        ran++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(ran);
+}
+
 static PyObject *Pool_get_pending(Pool *p, void *unused) {
     if (!p->threads) return PyLong_FromLong(0);
     pthread_mutex_lock(&p->mu);
@@ -634,6 +672,7 @@ static PyMethodDef Pool_methods[] = {
     {"done", (PyCFunction)Pool_done, METH_O, "done(token): report a job finished outside the pool"},
     {"drain", (PyCFunction)Pool_drain, METH_NOARGS, "drain() -> tokens of the jobs finished since the last call"},
     {"wait", (PyCFunction)Pool_wait, METH_O, "wait(timeout) -> True once a job has finished (GIL released)"},
+    {"help", (PyCFunction)Pool_help, METH_O, "help(max_jobs) -> how many queued jobs the caller ran itself"},
     {"stop", (PyCFunction)Pool_stop, METH_NOARGS, "stop(): workers exit after their current job"},
     {NULL, NULL, 0, NULL},
 };

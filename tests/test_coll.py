@@ -112,14 +112,14 @@ def test_property_random_collectives(n):
     _run_property(n, 40)
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_property_random_collectives_small_chunks(n):
+@pytest.mark.parametrize("n,loop_copies", [(2, "1"), (3, "0")])
+def test_property_random_collectives_small_chunks(n, loop_copies):
     """The same, with everything chunked and queued: 4 KiB chunks, 2 slots, no eager path, parallel
-    split from 8 KiB, few records per rank."""
+    split from 8 KiB, few records per rank; the loop running queued copy jobs itself or not."""
     _run_property(n, 30, env={"SHMPROXY_CHUNK_SIZE": "4096", "SHMPROXY_STEPS": "2",
                               "SHMPROXY_EAGER_BYTES": "0", "SHMPROXY_COLL_INLINE_BYTES": "0",
                               "SHMPROXY_PARALLEL_THRESHOLD": "8192",
-                              "SHMPROXY_MAX_OPS_PER_RANK": "64"})
+                              "SHMPROXY_MAX_OPS_PER_RANK": "64", "SHMPROXY_LOOP_COPIES": loop_copies})
 
 
 def test_property_many_outstanding_with_few_records():

@@ -872,7 +872,59 @@ def test_worker_pool_rejects_bad_jobs_before_queueing_and_stops_cleanly():
     with pytest.raises(RuntimeError, match="stopped"):
         pool.copy("late", x.ctypes.data, x.ctypes.data, 2)
     with pytest.raises(ValueError, match="nthreads"):
-        _workers.Workers(0)
+        _workers.Workers(-1)
+
+
+def test_worker_pool_help_runs_queued_jobs_on_the_caller():
+    """Caller-runs: help(k) takes up to k queued jobs off the queue and runs them on the calling thread
+    (GIL released), in order, reporting through the same finished list; with no threads of its own
+    the pool runs jobs only there, so what help() did is exact."""
+    from shm import _workers
+    pool = _workers.Workers(0, None, True)
+    try:
+        srcs = [np.arange(100_000, dtype=np.float32) * (j + 1) for j in range(3)]
+        dsts = [np.zeros(100_000, np.float32) for _ in range(3)]
+        for j in range(3):
+            pool.run(("job", j), [(_workers.COPY, dsts[j].ctypes.data, srcs[j].ctypes.data, srcs[j].nbytes)])
+        pool.copy("last", dsts[0][:10].ctypes.data, srcs[1][:10].ctypes.data, 40)
+        assert pool.pending == 4 and pool.wait(0.0) is False    # queued; no thread will take them
+        assert pool.help(2) == 2
+        assert pool.drain() == [("job", 0), ("job", 1)] and pool.pending == 2
+        np.testing.assert_array_equal(dsts[0], srcs[0])
+        np.testing.assert_array_equal(dsts[1], srcs[1])
+        assert not dsts[2].any()                                 # still queued: not run
+        assert pool.help(10) == 2 and pool.help(1) == 0           # the queue ran dry
+        assert pool.drain() == [("job", 2), "last"] and pool.pending == 0
+        np.testing.assert_array_equal(dsts[2], srcs[2])
+        np.testing.assert_array_equal(dsts[0][:10], srcs[1][:10])
+    finally:
+        pool.stop()
+    assert pool.help(1) == 0                                     # stopped: nothing runs
+
+
+def test_worker_pool_help_races_the_workers_and_every_job_runs_once():
+    """The loop's help() and the workers take jobs off one queue: each job runs exactly once
+    (a job run twice would come back twice; one lost never comes back)."""
+    from shm import _workers
+    pool = _workers.Workers(2, None, False)
+    try:
+        njobs, n = 600, 4096
+        src = np.random.default_rng(5).integers(0, 255, n * njobs, dtype=np.uint8)
+        dst = np.zeros_like(src)
+        for j in range(njobs):
+            pool.copy(j, dst[j * n:].ctypes.data, src[j * n:].ctypes.data, n)
+        got: list = []
+        helped = 0
+        deadline = time.monotonic() + 60
+        while len(got) < njobs and time.monotonic() < deadline:
+            helped += pool.help(1)
+            got += pool.drain()
+        got += pool.drain()
+        assert sorted(got) == list(range(njobs)), (len(got), len(set(got)))
+        assert pool.pending == 0 and 0 <= helped <= njobs
+        np.testing.assert_array_equal(dst, src)
+    finally:
+        pool.stop()
 
 
 def test_keep_awake_guards_are_idle_priority_one_per_cpu_and_sleep_after_their_window():
@@ -959,6 +1011,7 @@ def test_params_defaults_env_and_overrides():
     assert p.PROGRESS_APPENDOP_FREQ == 8 and p.APPEND_BATCH_SIZE == 16 and p.STEPS == 8
     assert p.TIMEOUT == 600.0 and p.DUMP_SIGNAL == 0
     assert p.KEEP_AWAKE_US == -1.0   # automatic: on only when the ranks and the progress process share cores
+    assert p.LOOP_COPIES == -1       # automatic likewise
     p = params_mod.Params(env={"SHMPROXY_CHUNK_SIZE": "1M", "SHMPROXY_DUMP_SIGNAL": "USR1"},
                           overrides={"steps": 4})
     assert p.CHUNK_SIZE == 1 << 20 and p.DUMP_SIGNAL == 10 and p.STEPS == 4
@@ -974,7 +1027,8 @@ def test_params_defaults_env_and_overrides():
 @pytest.mark.parametrize("env", [{"SHMPROXY_STEPS": "eight"}, {"SHMPROXY_STEPS": "0"},
                                  {"SHMPROXY_DEBUG": "LOUD"}, {"SHMPROXY_PROXY_CPUS": "3-1"},
                                  {"SHMPROXY_NO_SUCH_THING": "1"}, {"SHMPROXY_DUMP_SIGNAL": "SIGNOPE"},
-                                 {"SHMPROXY_DEBUG_SUBSYS": "INIT,BOGUS"}, {"SHMPROXY_APPEND_BATCH_SIZE": "1025"}])
+                                 {"SHMPROXY_DEBUG_SUBSYS": "INIT,BOGUS"}, {"SHMPROXY_APPEND_BATCH_SIZE": "1025"},
+                                 {"SHMPROXY_LOOP_COPIES": "2"}])
 def test_bad_param_values_raise(env):
     with pytest.raises(errors.InvalidArgument, match="SHMPROXY_"):
         params_mod.Params(env=env)
