@@ -58,6 +58,10 @@ _DTYPE_CODE = DTYPE_CODE
 _DTYPES = {ch: (code, np.dtype(ch).itemsize) for ch, code in DTYPE_CODE.items()}
 
 _ABORT_TEXT_MAX = 240   # characters of an exception's message that a with block's Abort passes on
+# Where this process imported shmproxy from. The progress process starts there: `python -m` puts its
+# working directory first on sys.path, so started from the rank's directory it would import any
+# other `proxy` package found there (another checkout, a decoy) instead of the code this rank runs.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _probes() -> list[tuple]:
@@ -94,6 +98,15 @@ def init(timeout: float | None = None, **overrides: Any) -> "Comm":
     if bootstrap.requires_store(info):
         raise errors.InvalidUsage(bootstrap.store_required_message(info))
     return Comm._create(info, params, comm_id=0)
+
+
+def _cwd_args() -> list[str]:
+    """The progress process goes back to this directory once it has imported our code, so that
+    relative paths (DEBUG_FILE, PROFILE_FILE, ...) mean there what they mean here."""
+    try:
+        return ["--cwd", os.getcwd()]
+    except FileNotFoundError:   # our directory was removed: a relative path means nothing anyway
+        return []
 
 
 class Comm:
@@ -137,8 +150,9 @@ class Comm:
             env.update(params.to_env())
             cmd = [sys.executable, "-m", "proxy.progress", "--path", self._path,
                    "--nlocal", str(info.local_size), "--size", str(info.size), "--job-key", key,
-                   "--comm-id", str(comm_id), "--parent", str(os.getpid())]
-            self._proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, close_fds=True)
+                   "--comm-id", str(comm_id), "--parent", str(os.getpid()), *_cwd_args()]
+            self._proc = subprocess.Popen(cmd, env=env, cwd=_PACKAGE_ROOT, stdin=subprocess.DEVNULL,
+                                          close_fds=True)
             _log.info("started progress process pid %d", self._proc.pid)
         proc = self._proc
         self._client = ServiceClient.connect(

@@ -1003,10 +1003,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-key", required=True)
     ap.add_argument("--comm-id", type=int, default=0)
     ap.add_argument("--parent", type=int, default=0)
+    ap.add_argument("--cwd", default="", help="the starting rank's working directory (we start in "
+                    "the package root, so that `-m` imports the rank's own code; proxy/comm.py)")
     ns = ap.parse_args(argv)
+    cwd_error = None
+    if ns.cwd:      # before logging opens DEBUG_FILE, which may be relative
+        try:
+            os.chdir(ns.cwd)
+        except OSError as exc:   # removed since: stay where we are, relative paths resolve there
+            cwd_error = exc
     params = params_mod.get()
     log.set_rank("proxy")
     log.configure(params)
+    if cwd_error is not None:
+        _log.warning("cannot return to the rank's directory %s (%s)", ns.cwd, cwd_error)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     engine = ProgressEngine(params, ns.path, ns.nlocal, ns.size, ns.job_key, ns.comm_id, ns.parent)
 

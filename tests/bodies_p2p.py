@@ -519,3 +519,20 @@ def profile_trace(path: str) -> None:
             rq = comm.Irecv(out, (r - 1) % n, tag=i)
             comm.Send(np.full(1 << 18, i, np.uint8), (r + 1) % n, tag=i)
             rq.Wait()
+
+
+def started_beside_another_proxy_package(decoy_root: str) -> dict:
+    """Ranks whose working directory holds another `proxy` package (another checkout, a decoy): the
+    progress process must run this rank's code, not the one `python -m` would find there first, and
+    must still resolve relative paths in the rank's directory."""
+    import psutil
+    os.chdir(decoy_root)
+    with proxy.init() as comm:
+        r, n = comm.rank, comm.size
+        out = np.zeros(1000)
+        rq = comm.Irecv(out, (r - 1) % n, tag=5)
+        comm.Send(np.full(1000, float(r)), (r + 1) % n, tag=5)
+        rq.Wait()
+        assert (out == (r - 1) % n).all()
+        proxy_cwd = psutil.Process(comm._proxy_pid).cwd()
+    return {"proxy_cwd": proxy_cwd}
