@@ -34,8 +34,11 @@ INLINE_BYTES = 64 << 10
 
 
 class CopyEngine:
-    def __init__(self, nthreads: int, cpus: list[int] | None, streaming: bool = False):
-        self.pool = _workers.Workers(nthreads, cpus, streaming) if nthreads else None
+    def __init__(self, nthreads: int, cpus: list[int] | None, streaming: bool = False, spread: bool = False):
+        """``spread``: the loop runs jobs too (caller-runs); pin worker i to ``cpus[i % len(cpus)]`` alone,
+        and a job the loop queues wakes none on the loop's CPU (shm/_workers.c, "Wake-ups")."""
+        self.pool = _workers.Workers(nthreads, cpus, streaming, spread) if nthreads else None
+        self.spread = spread
         self.cpus = cpus
         self.nthreads = nthreads
         self.in_flight = 0
@@ -43,7 +46,8 @@ class CopyEngine:
         self.py_tasks: queue.SimpleQueue | None = None   # Python callables, on threads started lazily
         self.py_threads: list[threading.Thread] = []
         if nthreads:
-            _log.info("copy engine: %d worker thread(s) on cpus %s", nthreads, cpus if cpus else "any")
+            _log.info("copy engine: %d worker thread(s) on cpus %s%s", nthreads, cpus if cpus else "any",
+                      ", one CPU each" if spread else "")
 
     @property
     def nworkers(self) -> int:
@@ -104,11 +108,11 @@ class CopyEngine:
         self.in_flight -= len(out)
         return out
 
-    def wait(self, timeout: float) -> None:
-        """Block (GIL released) until a job has finished or ``timeout`` s pass; the finished job stays
-        for the next ``drain``."""
+    def wait(self, timeout: float, poll: float = 0.0) -> None:
+        """Block (GIL released) until a job has finished or ``timeout`` s pass, polling the first
+        ``poll`` s; the finished job stays for the next ``drain``."""
         if self.pool is not None:
-            self.pool.wait(timeout)
+            self.pool.wait(timeout, poll)
 
     def help(self) -> bool:
         """Run one queued job on this thread, GIL released, as a worker would (its token comes back

@@ -157,6 +157,11 @@ _DECLARED: tuple[Param, ...] = (
        "While copy jobs are queued and it has nothing else to do, the progress loop runs them itself "
        "instead of waiting for a worker. -1 = automatic: on when the ranks and the progress process "
        "share cores (no spare core: the loop's CPU is one the workers need), else 0 (off).", -1, 1),
+    _p("LOOP_POLL_US", float, -1.0,
+       "When the progress loop has run out of queued copy jobs and waits for workers to finish theirs, "
+       "it polls this long before it sleeps (waking a sleeping thread from another vCPU took ~20 us on "
+       "the 2-vCPU VM). -1 = automatic: 100 where the loop runs copy jobs itself (LOOP_COPIES), else 0.",
+       -1),
     _p("PROXY_SPIN_US", float, 500.0,
        "An idle progress process polls this long before it sleeps on the pool condvar.", 0),
     _p("KEEP_AWAKE_US", float, -1.0,

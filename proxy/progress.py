@@ -51,6 +51,7 @@ MASK64 = (1 << 64) - 1
 INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the loop, not on a worker
 OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
 AUTO_KEEP_AWAKE_US = 2000.0  # KEEP_AWAKE_US=-1 on a crowded node: covers a message's hand-offs
+AUTO_LOOP_POLL_US = 100.0    # LOOP_POLL_US=-1 where the loop runs copy jobs itself: a few 512 KiB jobs
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
@@ -119,6 +120,8 @@ class ProgressEngine:
         self.crowded = affinity.crowded(nlocal)
         self.spin_skip = False
         self.loop_copies = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else self.crowded
+        poll_us = params.LOOP_POLL_US if params.LOOP_POLL_US >= 0 else (AUTO_LOOP_POLL_US if self.loop_copies else 0.0)
+        self.loop_poll_s = poll_us / 1e6
         self.timeout = params.TIMEOUT
         self.batch = params.APPEND_BATCH_SIZE
         # fetch() copies records here under the mutex (shm._native.take_posted) and unpacks them after
@@ -880,7 +883,7 @@ class ProgressEngine:
                     # With no core of its own the loop runs queued jobs itself rather than leave its
                     # CPU to workers that would take turns on the other one (shm/_workers.c help()).
                     if not (self.loop_copies and self.copy.help()):
-                        self.copy.wait(WORKER_WAIT_S)  # GIL released: see proxy/copyengine.py
+                        self.copy.wait(WORKER_WAIT_S, self.loop_poll_s)  # GIL released: copyengine.py
                 else:
                     os.sched_yield()
             now = time.monotonic_ns()
@@ -921,7 +924,10 @@ class ProgressEngine:
         n = self.params.COPY_THREADS or (len(cpus) if cpus else min(len(running_on), 8))
         if n > self.copy.nworkers:
             self.copy.stop()
-            self.copy = CopyEngine(n, cpus, self.params.COPY_STREAMING)
+            if self.loop_copies and not cpus:   # crowded: one worker per CPU, the loop beside them
+                self.copy = CopyEngine(n, running_on, self.params.COPY_STREAMING, spread=True)
+            else:
+                self.copy = CopyEngine(n, cpus, self.params.COPY_STREAMING)
         self.start_keep_awake(running_on)
         where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(running_on)}"
         _log.info("progress affinity: %s (%s); %d copy threads", where, reason, n)

@@ -2,14 +2,17 @@
  * shm._workers: the copy and reduction workers of the progress process, as threads that never take
  * the GIL.
  *
- *   pool = Workers(nthreads, cpus, streaming)   nthreads 0: jobs run only where a caller help()s
+ *   pool = Workers(nthreads, cpus, streaming, spread)
+ *                                        nthreads 0: jobs run only where a caller help()s; spread: worker
+ *                                        i is pinned to cpus[i % len(cpus)] alone (else all to cpus)
  *   pool.copy(token, dst, src, n)        one memmove of n bytes (a chunk of a message)
  *   pool.run(token, steps)               the steps in order, on one thread (a chunk of a collective):
  *                                          (COPY, dst, src, n)
  *                                          (REDUCE, op, code, count, srcs, dsts)   see shm/_reduce.c
  *   pool.done(token)                     report a job finished elsewhere (a Python worker thread)
  *   pool.drain() -> [token, ...]         jobs finished since the last call
- *   pool.wait(timeout) -> bool           block, GIL released, until a job has finished or timeout
+ *   pool.wait(timeout, poll=0) -> bool   block, GIL released, until a job has finished or timeout;
+ *                                        poll: seconds of polling before it sleeps (see Wake-ups)
  *   pool.help(max_jobs) -> int           the caller runs up to max_jobs queued jobs itself (see below)
  *   pool.stop()                          workers exit after their current job; idempotent
  *
@@ -27,6 +30,22 @@
  * Memory ordering: a worker writes a job's bytes (fencing streaming stores first), then takes the mutex
  * to put the job on the finished list; the loop takes the same mutex in drain() before it tells any
  * rank, so the data is visible before the completion is published (mutex acquire/release).
+ *
+ * Wake-ups: a queued job wakes one idle worker, if any, with the mutex released, and each worker
+ * sleeps on a condvar of its own so that the waker chooses whom it wakes. Signalling under the mutex,
+ * any worker, made the loop's submission of a message trickle on a crowded node (perf sched on the
+ * 2-vCPU VM): the worker woken on the loop's CPU preempted it at once, found the mutex held and slept,
+ * was woken by the unlock, preempted the loop again, ran its job and slept on an empty queue; the loop
+ * queued the next job only then, so a 4 MiB message went to the workers two chunks at a time (~40 us
+ * a round) with the other CPU idle in between. On a crowded node (caller-runs, below) the workers are
+ * spread one per CPU and the loop wakes none on the CPU it runs on, where it runs jobs itself (the
+ * kernel places a wakee beside its waker, and the keep-awake guards make an idle CPU look busy to its
+ * search). wait() and help() first wake idle workers for jobs still queued (wait(): any worker). The finished condvar
+ * is signalled only when the loop waits on it, also with the mutex released. On a crowded node the loop
+ * polls a while before it sleeps there (wait's `poll`): once it has run out of queued jobs the others
+ * finish within a job's length, and a sleeping loop woken from the other vCPU came back ~20 us later
+ * (4 MiB one-way 150-176 -> 129-183 us in five interleaved pairs; the CPU would otherwise run a
+ * keep-awake guard).
  *
  * Caller-runs (help): on a crowded node the progress loop has no core of its own; its CPU is one the
  * workers need. Waiting for them there is the worst of both: the loop's CPU idles (or the loop spins
@@ -74,15 +93,27 @@ typedef struct Job {
     Step one;             /* the storage of a single-step job */
 } Job;
 
+struct Pool;
+
 typedef struct {
+    struct Pool *pool;
+    pthread_t thread;
+    pthread_cond_t wake;  /* this worker sleeps here */
+    int idle;             /* asleep on `wake` and not yet signalled (mutex) */
+    int cpu;              /* the one CPU it is pinned to, or -1 */
+} Worker;
+
+typedef struct Pool {
     PyObject_HEAD
     pthread_mutex_t mu;
-    pthread_cond_t work, finished;
+    pthread_cond_t finished;
     Job *head, *tail;     /* queued jobs, FIFO */
+    long queued;          /* jobs on that queue */
+    int loop_waiting;     /* threads waiting on `finished` (the loop, in wait()) */
     Job *done_head, *done_tail;
-    int stopping, streaming;
+    int stopping, streaming, spread;
     int nthreads;
-    pthread_t *threads;   /* NULL until initialised */
+    Worker *workers;      /* NULL until initialised */
     int *cpus;
     int ncpus;
     unsigned long long submitted, completed;
@@ -119,12 +150,14 @@ static void job_execute(const Job *j) {
     if (j->streaming) streaming_fence();
 }
 
-static void finish_locked(Pool *p, Job *j) {
+/* Put a job on the finished list (mutex held). Returns whether the loop waits for it: the caller then
+ * signals `finished` once it has released the mutex. */
+static int finish_locked(Pool *p, Job *j) {
     j->next = NULL;
     if (p->done_tail) p->done_tail->next = j; else p->done_head = j;
     p->done_tail = j;
     p->completed++;
-    pthread_cond_signal(&p->finished);
+    return p->loop_waiting > 0;
 }
 
 /* Pin the calling thread to cpus[0..n) (nothing when n is 0); best effort, as affinity.pin_thread. */
@@ -162,38 +195,85 @@ static Job *pop_locked(Pool *p) {
     Job *j = p->head;
     p->head = j->next;
     if (!p->head) p->tail = NULL;
+    p->queued--;
     return j;
 }
 
+/* Choose idle workers to wake, one per queued job at most, none pinned to CPU `skip` (-1: any), and
+ * mark them woken (mutex held); their indices go to woken[], their number is returned. The caller
+ * signals them once it has released the mutex: a worker woken under it would only block on it, after
+ * preempting the caller on its CPU. */
+static int pick_locked(Pool *p, int skip, int *woken) {
+    int n = 0;
+    for (int i = 0; i < p->nthreads && n < p->queued; i++) {
+        Worker *w = &p->workers[i];
+        if (w->idle && (skip < 0 || w->cpu != skip)) {
+            w->idle = 0;
+            woken[n++] = i;
+        }
+    }
+    return n;
+}
+
+static void signal_workers(Pool *p, const int *woken, int n) {
+    for (int i = 0; i < n; i++) pthread_cond_signal(&p->workers[woken[i]].wake);
+}
+
+/* Wake idle workers for the queued jobs; when `here`, none pinned to the caller's CPU. */
+static void kick(Pool *p, int here) {
+    int skip = here && p->spread ? sched_getcpu() : -1;
+    int woken[MAX_THREADS];
+    pthread_mutex_lock(&p->mu);
+    int n = pick_locked(p, skip, woken);
+    pthread_mutex_unlock(&p->mu);
+    signal_workers(p, woken, n);
+}
+
 static void *worker_main(void *arg) {
-    Pool *p = arg;
-    pin_current_thread(p->cpus, p->ncpus);
+    Worker *w = arg;
+    Pool *p = w->pool;
+    pthread_setname_np(pthread_self(), "shmproxy-copy");    /* what tests and ps show */
+    if (w->cpu >= 0) pin_current_thread(&w->cpu, 1);
+    else pin_current_thread(p->cpus, p->ncpus);
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->head && !p->stopping) pthread_cond_wait(&p->work, &p->mu);
+        while (!p->head && !p->stopping) {
+            w->idle = 1;
+            pthread_cond_wait(&w->wake, &p->mu);
+        }
+        w->idle = 0;
         if (p->stopping) break;
         Job *j = pop_locked(p);
         pthread_mutex_unlock(&p->mu);
         job_execute(j);
         pthread_mutex_lock(&p->mu);
-        finish_locked(p, j);
+        if (finish_locked(p, j)) {
+            pthread_mutex_unlock(&p->mu);
+            pthread_cond_signal(&p->finished);
+            pthread_mutex_lock(&p->mu);
+        }
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
+/* Queue a job and wake a worker for it (spread: not the one on the caller's CPU; see "Wake-ups"). */
 static void enqueue(Pool *p, Job *j) {
+    int skip = p->spread ? sched_getcpu() : -1;
+    int woken[MAX_THREADS];
     j->next = NULL;
     pthread_mutex_lock(&p->mu);
     if (p->tail) p->tail->next = j; else p->head = j;
     p->tail = j;
+    p->queued++;
     p->submitted++;
-    pthread_cond_signal(&p->work);
+    int n = pick_locked(p, skip, woken);
     pthread_mutex_unlock(&p->mu);
+    signal_workers(p, woken, n);
 }
 
 static int check_running(Pool *p) {
-    if (p->stopping || !p->threads) {
+    if (p->stopping || !p->workers) {
         PyErr_SetString(PyExc_RuntimeError, "the worker pool is stopped");
         return -1;
     }
@@ -412,11 +492,12 @@ static PyTypeObject KeepAwakeType = {
 /* ---------------------------------------------------------------------------------- Python API */
 
 static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"nthreads", "cpus", "streaming", NULL};
-    int nthreads, streaming = 0;
+    static char *kwlist[] = {"nthreads", "cpus", "streaming", "spread", NULL};
+    int nthreads, streaming = 0, spread = 0;
     PyObject *cpus_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|Op", kwlist, &nthreads, &cpus_obj, &streaming)) return -1;
-    if (p->threads) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|Opp", kwlist, &nthreads, &cpus_obj, &streaming, &spread))
+        return -1;
+    if (p->workers) {
         PyErr_SetString(PyExc_RuntimeError, "Workers is already initialised");
         return -1;
     }
@@ -429,18 +510,28 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
         if (n < 0) return -1;
         p->ncpus = (int)n;
     }
+    if (spread && p->ncpus == 0) {
+        PyErr_SetString(PyExc_ValueError, "spread needs the cpus to spread the workers over");
+        return -1;
+    }
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->work, &ca);
-    pthread_cond_init(&p->finished, &ca);
-    pthread_condattr_destroy(&ca);
     p->streaming = streaming;
-    p->threads = calloc(nthreads ? (size_t)nthreads : 1, sizeof(pthread_t));   /* non-NULL: initialised */
-    if (!p->threads) { PyErr_NoMemory(); return -1; }
+    p->spread = spread;
+    p->workers = calloc(nthreads ? (size_t)nthreads : 1, sizeof(Worker));   /* non-NULL: initialised */
+    if (!p->workers) { pthread_condattr_destroy(&ca); PyErr_NoMemory(); return -1; }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->finished, &ca);
     for (int i = 0; i < nthreads; i++) {
-        int rc = pthread_create(&p->threads[i], NULL, worker_main, p);
+        Worker *w = &p->workers[i];
+        w->pool = p;
+        w->cpu = spread ? p->cpus[i % p->ncpus] : -1;
+        pthread_cond_init(&w->wake, &ca);
+    }
+    pthread_condattr_destroy(&ca);
+    for (int i = 0; i < nthreads; i++) {
+        int rc = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
         if (rc) {
             errno = rc;
             PyErr_SetFromErrno(PyExc_OSError);
@@ -452,12 +543,12 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
 }
 
 static void pool_stop(Pool *p) {
-    if (!p->threads || p->stopping) return;
+    if (!p->workers || p->stopping) return;
     pthread_mutex_lock(&p->mu);
     p->stopping = 1;
-    pthread_cond_broadcast(&p->work);
+    for (int i = 0; i < p->nthreads; i++) pthread_cond_signal(&p->workers[i].wake);
     pthread_mutex_unlock(&p->mu);
-    for (int i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);  /* a job always ends */
+    for (int i = 0; i < p->nthreads; i++) pthread_join(p->workers[i].thread, NULL);  /* a job always ends */
 }
 
 static PyObject *Pool_stop(Pool *p, PyObject *unused) {
@@ -468,16 +559,16 @@ static PyObject *Pool_stop(Pool *p, PyObject *unused) {
 }
 
 static void Pool_dealloc(Pool *p) {
-    if (p->threads) {
+    if (p->workers) {
         Py_BEGIN_ALLOW_THREADS
         pool_stop(p);
         Py_END_ALLOW_THREADS
         free_jobs(p->head);
         free_jobs(p->done_head);
+        for (int i = 0; i < p->nthreads; i++) pthread_cond_destroy(&p->workers[i].wake);
         pthread_mutex_destroy(&p->mu);
-        pthread_cond_destroy(&p->work);
         pthread_cond_destroy(&p->finished);
-        free(p->threads);
+        free(p->workers);
     }
     free(p->cpus);
     Py_TYPE(p)->tp_free((PyObject *)p);
@@ -587,19 +678,20 @@ static PyObject *Pool_run(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 static PyObject *Pool_done(Pool *p, PyObject *token) {
-    if (!p->threads) return PyErr_Format(PyExc_RuntimeError, "the worker pool is not initialised");
+    if (!p->workers) return PyErr_Format(PyExc_RuntimeError, "the worker pool is not initialised");
     Job *j = job_new(token, 0, 0);
     if (!j) return PyErr_NoMemory();
     pthread_mutex_lock(&p->mu);
     p->submitted++;
-    finish_locked(p, j);
+    int signal = finish_locked(p, j);
     pthread_mutex_unlock(&p->mu);
+    if (signal) pthread_cond_signal(&p->finished);
     Py_RETURN_NONE;
 }
 
 static PyObject *Pool_drain(Pool *p, PyObject *unused) {
     PyObject *out = PyList_New(0);
-    if (!out || !p->threads) return out;
+    if (!out || !p->workers) return out;
     pthread_mutex_lock(&p->mu);
     Job *j = p->done_head;
     p->done_head = p->done_tail = NULL;
@@ -614,10 +706,16 @@ static PyObject *Pool_drain(Pool *p, PyObject *unused) {
     return out;
 }
 
-static PyObject *Pool_wait(Pool *p, PyObject *arg) {
-    double timeout = PyFloat_AsDouble(arg);
+static PyObject *Pool_wait(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "wait(timeout, poll=0)");
+        return NULL;
+    }
+    double timeout = PyFloat_AsDouble(args[0]);
     if (timeout == -1.0 && PyErr_Occurred()) return NULL;
-    if (!p->threads) Py_RETURN_FALSE;
+    double poll = nargs > 1 ? PyFloat_AsDouble(args[1]) : 0.0;
+    if (poll == -1.0 && PyErr_Occurred()) return NULL;
+    if (!p->workers) Py_RETURN_FALSE;
     int ready;
     Py_BEGIN_ALLOW_THREADS
     struct timespec ts;
@@ -626,8 +724,16 @@ static PyObject *Pool_wait(Pool *p, PyObject *arg) {
     long long ns = ts.tv_nsec + (long long)(timeout * 1e9);
     ts.tv_sec += ns / 1000000000LL;
     ts.tv_nsec = ns % 1000000000LL;
+    kick(p, 0);
+    if (poll > 0) {   /* a hint read without the mutex; the mutex below decides */
+        uint64_t t0 = mono_ns(), limit = (uint64_t)(poll * 1e9);
+        while (!__atomic_load_n(&p->done_head, __ATOMIC_ACQUIRE) && mono_ns() - t0 < limit)
+            for (int i = 0; i < 16; i++) __builtin_ia32_pause();
+    }
     pthread_mutex_lock(&p->mu);
+    p->loop_waiting++;
     while (!p->done_head && pthread_cond_timedwait(&p->finished, &p->mu, &ts) != ETIMEDOUT) {}
+    p->loop_waiting--;
     ready = p->done_head != NULL;
     pthread_mutex_unlock(&p->mu);
     Py_END_ALLOW_THREADS
@@ -639,16 +745,17 @@ static PyObject *Pool_wait(Pool *p, PyObject *arg) {
 static PyObject *Pool_help(Pool *p, PyObject *arg) {
     long max_jobs = PyLong_AsLong(arg);
     if (max_jobs == -1 && PyErr_Occurred()) return NULL;
-    if (!p->threads) return PyLong_FromLong(0);
+    if (!p->workers) return PyLong_FromLong(0);
     long ran = 0;
     Py_BEGIN_ALLOW_THREADS
+    kick(p, 1);
     pthread_mutex_lock(&p->mu);
     while (ran < max_jobs && p->head && !p->stopping) {
         Job *j = pop_locked(p);
         pthread_mutex_unlock(&p->mu);
         job_execute(j);
         pthread_mutex_lock(&p->mu);
-        finish_locked(p, j);
+        finish_locked(p, j);  /* the loop itself is the only thread that waits on `finished` */
         ran++;
     }
     pthread_mutex_unlock(&p->mu);
@@ -657,7 +764,7 @@ static PyObject *Pool_help(Pool *p, PyObject *arg) {
 }
 
 static PyObject *Pool_get_pending(Pool *p, void *unused) {
-    if (!p->threads) return PyLong_FromLong(0);
+    if (!p->workers) return PyLong_FromLong(0);
     pthread_mutex_lock(&p->mu);
     unsigned long long n = p->submitted - p->completed;
     pthread_mutex_unlock(&p->mu);
@@ -671,7 +778,8 @@ static PyMethodDef Pool_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Pool_run, METH_FASTCALL, "run(token, steps): steps in order, one thread"},
     {"done", (PyCFunction)Pool_done, METH_O, "done(token): report a job finished outside the pool"},
     {"drain", (PyCFunction)Pool_drain, METH_NOARGS, "drain() -> tokens of the jobs finished since the last call"},
-    {"wait", (PyCFunction)Pool_wait, METH_O, "wait(timeout) -> True once a job has finished (GIL released)"},
+    {"wait", (PyCFunction)(void (*)(void))Pool_wait, METH_FASTCALL,
+     "wait(timeout, poll=0) -> True once a job has finished (GIL released; polls `poll` s first)"},
     {"help", (PyCFunction)Pool_help, METH_O, "help(max_jobs) -> how many queued jobs the caller ran itself"},
     {"stop", (PyCFunction)Pool_stop, METH_NOARGS, "stop(): workers exit after their current job"},
     {NULL, NULL, 0, NULL},

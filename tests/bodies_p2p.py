@@ -360,7 +360,8 @@ def with_block_error_names_root_cause() -> dict:
 def progress_floats_over_bound_ranks_cpus() -> dict:
     """Ranks bound like ``mpirun --bind-to core`` and covering every CPU: nothing is spare, so the
     progress process (started by local rank 0, inheriting its binding) must widen to all the ranks'
-    CPUs, every thread of it, instead of queueing its loop and copy workers on rank 0's CPUs. The
+    CPUs instead of queueing its loop and copy workers on rank 0's CPUs: the loop floats over all of
+    them, and the copy workers are spread one per CPU (the loop runs copy jobs beside them). The
     node is crowded, so there is also one idle-priority keep-awake guard on each of those CPUs."""
     allowed = sorted(os.sched_getaffinity(0))
     r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -371,12 +372,15 @@ def progress_floats_over_bound_ranks_cpus() -> dict:
         pid = comm._proxy_pid
         deadline = time.monotonic() + 20
         while True:   # the decision is applied by the loop's next housekeeping tick
-            masks, guards = {}, {}
+            masks, guards, copiers = {}, {}, {}
             for t in map(int, os.listdir(f"/proc/{pid}/task")):
                 with open(f"/proc/{pid}/task/{t}/comm") as f:
                     name = f.read().strip()
-                (guards if name == "shmproxy-awake" else masks)[t] = sorted(os.sched_getaffinity(t))
-            done = all(m == allowed for m in masks.values()) and sorted(c for m in guards.values() for c in m) == allowed
+                kind = {"shmproxy-awake": guards, "shmproxy-copy": copiers}.get(name, masks)
+                kind[t] = sorted(os.sched_getaffinity(t))
+            done = (all(m == allowed for m in masks.values())
+                    and sorted(c for m in guards.values() for c in m) == allowed
+                    and sorted(c for m in copiers.values() for c in m) == allowed)
             if done or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
@@ -384,8 +388,9 @@ def progress_floats_over_bound_ranks_cpus() -> dict:
         comm.Barrier()
     assert all(m == allowed for m in masks.values()), (allowed, masks)
     assert sorted(c for m in guards.values() for c in m) == allowed, (allowed, guards)   # one per CPU
+    assert sorted(c for m in copiers.values() for c in m) == allowed, (allowed, copiers)  # one per CPU
     assert policies == [os.SCHED_IDLE] * len(guards), policies
-    return {"threads": len(masks), "guards": len(guards)}
+    return {"threads": len(masks), "guards": len(guards), "copiers": len(copiers)}
 
 
 # ---------------------------------------------------------------------------------- faults

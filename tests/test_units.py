@@ -927,6 +927,48 @@ def test_worker_pool_help_races_the_workers_and_every_job_runs_once():
         pool.stop()
 
 
+def test_spread_workers_are_pinned_one_per_cpu_and_a_job_leaves_the_one_on_the_callers_cpu_asleep():
+    """Workers(spread=True), the crowded node's pool: worker i is pinned to cpus[i] alone, and a job
+    queued from a CPU does not wake that CPU's worker (the progress loop runs jobs there itself; a
+    worker woken beside it preempted it and left the other CPU idle). wait() wakes any worker, and
+    polls first when asked."""
+    import psutil
+    from shm import _workers
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    mine = os.sched_getaffinity(0)
+    before = {t.id for t in psutil.Process().threads()}
+    pool = _workers.Workers(1, [cpu], False, True)
+
+    def worker_state() -> str:
+        tids = [t.id for t in psutil.Process().threads() if t.id not in before]
+        if len(tids) != 1 or os.sched_getaffinity(tids[0]) != {cpu}:
+            return "starting"                # it pins itself as it starts
+        return pathlib.Path(f"/proc/self/task/{tids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    a, b = np.arange(1 << 16, dtype=np.uint8), np.zeros(1 << 16, np.uint8)
+    try:
+        os.sched_setaffinity(0, {cpu})       # this thread only: the worker's CPU
+        deadline = time.monotonic() + 10
+        while worker_state() != "S" and time.monotonic() < deadline:
+            time.sleep(0.002)                # started, pinned, asleep on its condvar
+        assert worker_state() == "S"
+        pool.copy("here", b.ctypes.data, a.ctypes.data, a.nbytes)
+        t_end = time.monotonic() + 0.05
+        while time.monotonic() < t_end:      # not woken: the job stays queued, the worker asleep
+            assert pool.pending == 1 and worker_state() == "S" and not b.any()
+            time.sleep(0.005)
+        assert pool.wait(10.0, 0.001) is True          # wait() wakes it; poll first, then sleep
+        assert pool.drain() == ["here"] and pool.pending == 0
+        np.testing.assert_array_equal(a, b)
+        with pytest.raises(TypeError):
+            pool.wait()
+    finally:
+        os.sched_setaffinity(0, mine)
+        pool.stop()
+    with pytest.raises(ValueError, match="spread"):
+        _workers.Workers(1, None, False, True)
+
+
 def test_keep_awake_guards_are_idle_priority_one_per_cpu_and_sleep_after_their_window():
     """shm._workers.KeepAwake: a SCHED_IDLE guard pinned to each CPU given; touch() opens a window
     in which they spin, after which they sleep (an idle job costs no CPU); stop() is idempotent."""
@@ -1012,6 +1054,7 @@ def test_params_defaults_env_and_overrides():
     assert p.TIMEOUT == 600.0 and p.DUMP_SIGNAL == 0
     assert p.KEEP_AWAKE_US == -1.0   # automatic: on only when the ranks and the progress process share cores
     assert p.LOOP_COPIES == -1       # automatic likewise
+    assert p.LOOP_POLL_US == -1.0    # automatic: polls only where the loop runs copy jobs itself
     p = params_mod.Params(env={"SHMPROXY_CHUNK_SIZE": "1M", "SHMPROXY_DUMP_SIGNAL": "USR1"},
                           overrides={"steps": 4})
     assert p.CHUNK_SIZE == 1 << 20 and p.DUMP_SIGNAL == 10 and p.STEPS == 4
@@ -1028,7 +1071,7 @@ def test_params_defaults_env_and_overrides():
                                  {"SHMPROXY_DEBUG": "LOUD"}, {"SHMPROXY_PROXY_CPUS": "3-1"},
                                  {"SHMPROXY_NO_SUCH_THING": "1"}, {"SHMPROXY_DUMP_SIGNAL": "SIGNOPE"},
                                  {"SHMPROXY_DEBUG_SUBSYS": "INIT,BOGUS"}, {"SHMPROXY_APPEND_BATCH_SIZE": "1025"},
-                                 {"SHMPROXY_LOOP_COPIES": "2"}])
+                                 {"SHMPROXY_LOOP_COPIES": "2"}, {"SHMPROXY_LOOP_POLL_US": "-2"}])
 def test_bad_param_values_raise(env):
     with pytest.raises(errors.InvalidArgument, match="SHMPROXY_"):
         params_mod.Params(env=env)
