@@ -1,11 +1,11 @@
 #!/bin/bash
-# A/B on the GPU host (tenth session): tree A (the previous commit, built in scratch/treeA) against
+# A/B on a GPU host (tenth session; run on the 1x H100, 16-core kind: the 2x H200 kind was withheld): tree A (the previous commit, built in scratch/treeA) against
 # tree B (the working tree), interleaved: Allreduce 1-16 MiB at 8 ranks, the Iallreduce overlap at
 # 64 KiB-4 MiB (OSU's method), and the 2-rank ping-pong 1-16 MiB. The change under test touches only
 # how copy workers are woken (shm/_workers.c, "Wake-ups"); on this host the loop does not run copy jobs
 # itself and does not poll, so B should match A. Make tree A first, from the repository root:
 #   mkdir -p scratch/treeA && git archive 803bc72 proxy shm transports pyproject.toml setup.cfg README.md | tar -x -C scratch/treeA
-# then: REPS=2 OUT=$OUT bash docs/bench/h200x2-32core/session10/ab.sh
+# then: REPS=2 OUT=$OUT bash docs/bench/h100-16core/session10/ab.sh
 set -u
 ROOT=$PWD
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
