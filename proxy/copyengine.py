@@ -38,7 +38,6 @@ class CopyEngine:
         """``spread``: the loop runs jobs too (caller-runs); pin worker i to ``cpus[i % len(cpus)]`` alone,
         and a job the loop queues wakes none on the loop's CPU (shm/_workers.c, "Wake-ups")."""
         self.pool = _workers.Workers(nthreads, cpus, streaming, spread) if nthreads else None
-        self.spread = spread
         self.cpus = cpus
         self.nthreads = nthreads
         self.in_flight = 0

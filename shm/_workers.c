@@ -40,12 +40,12 @@
  * a round) with the other CPU idle in between. On a crowded node (caller-runs, below) the workers are
  * spread one per CPU and the loop wakes none on the CPU it runs on, where it runs jobs itself (the
  * kernel places a wakee beside its waker, and the keep-awake guards make an idle CPU look busy to its
- * search). wait() and help() first wake idle workers for jobs still queued (wait(): any worker). The finished condvar
- * is signalled only when the loop waits on it, also with the mutex released. On a crowded node the loop
- * polls a while before it sleeps there (wait's `poll`): once it has run out of queued jobs the others
- * finish within a job's length, and a sleeping loop woken from the other vCPU came back ~20 us later
- * (4 MiB one-way 150-176 -> 129-183 us in five interleaved pairs; the CPU would otherwise run a
- * keep-awake guard).
+ * search). wait() and help() first wake idle workers for jobs still queued (wait(): any worker).
+ * The finished condvar is signalled only when the loop waits on it, also with the mutex released.
+ * On a crowded node the loop polls a while before it sleeps there (wait's `poll`): once it has run out
+ * of queued jobs the others finish within a job's length, and a sleeping loop woken from the other
+ * vCPU came back ~20 us later (4 MiB one-way 150-176 -> 129-183 us in five interleaved pairs; the CPU
+ * would otherwise run a keep-awake guard).
  *
  * Caller-runs (help): on a crowded node the progress loop has no core of its own; its CPU is one the
  * workers need. Waiting for them there is the worst of both: the loop's CPU idles (or the loop spins

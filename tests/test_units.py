@@ -927,6 +927,18 @@ def test_worker_pool_help_races_the_workers_and_every_job_runs_once():
         pool.stop()
 
 
+def _new_thread_state(before: set[int], cpu: int, policy: int | None = None) -> str:
+    """The scheduler state (/proc stat: "R", "S", ...) of the one thread this process started since
+    ``before`` (thread ids), or "starting" until it has pinned itself to ``cpu`` alone (and taken
+    scheduling ``policy``, when given), as the C threads of shm._workers do as they start."""
+    import psutil
+    tids = [t.id for t in psutil.Process().threads() if t.id not in before]
+    if len(tids) != 1 or os.sched_getaffinity(tids[0]) != {cpu} or \
+            (policy is not None and os.sched_getscheduler(tids[0]) != policy):
+        return "starting"
+    return pathlib.Path(f"/proc/self/task/{tids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def test_spread_workers_are_pinned_one_per_cpu_and_a_job_leaves_the_one_on_the_callers_cpu_asleep():
     """Workers(spread=True), the crowded node's pool: worker i is pinned to cpus[i] alone, and a job
     queued from a CPU does not wake that CPU's worker (the progress loop runs jobs there itself; a
@@ -940,10 +952,7 @@ def test_spread_workers_are_pinned_one_per_cpu_and_a_job_leaves_the_one_on_the_c
     pool = _workers.Workers(1, [cpu], False, True)
 
     def worker_state() -> str:
-        tids = [t.id for t in psutil.Process().threads() if t.id not in before]
-        if len(tids) != 1 or os.sched_getaffinity(tids[0]) != {cpu}:
-            return "starting"                # it pins itself as it starts
-        return pathlib.Path(f"/proc/self/task/{tids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return _new_thread_state(before, cpu)
 
     a, b = np.arange(1 << 16, dtype=np.uint8), np.zeros(1 << 16, np.uint8)
     try:
@@ -1023,11 +1032,7 @@ def test_keep_awake_guard_hands_the_cpu_back_to_a_thread_that_yields():
     mine = os.sched_getaffinity(0)
 
     def guard_state() -> str:
-        tids = [t.id for t in psutil.Process().threads() if t.id not in before]
-        if len(tids) != 1 or os.sched_getaffinity(tids[0]) != {cpu} or \
-                os.sched_getscheduler(tids[0]) != os.SCHED_IDLE:
-            return "starting"                # it pins and demotes itself as it starts
-        return pathlib.Path(f"/proc/self/task/{tids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return _new_thread_state(before, cpu, os.SCHED_IDLE)   # it pins and demotes itself as it starts
 
     gaps = []
     try:
