@@ -75,17 +75,21 @@ _STREAMER = ("import os, sys, numpy as np\nfrom shm import _native\nos.sched_set
 
 def interference(cpu: int, others: list[int]) -> list[tuple[float, int]]:
     """(slowdown, other CPU) of pure-Python work on ``cpu`` while a process streams memory on each
-    other CPU in turn, worst first."""
-    alone = _timed_work(cpu)
+    other CPU in turn, worst first. The caller's CPU affinity is restored afterwards."""
+    saved = os.sched_getaffinity(0)
     out = []
-    for other in others:
-        streamer = subprocess.Popen([sys.executable, "-c", _STREAMER, str(other)])
-        try:
-            time.sleep(0.3)   # let it start streaming; this is a measurement, not synchronisation
-            out.append((_timed_work(cpu) / alone, other))
-        finally:
-            streamer.kill()
-            streamer.wait()
+    try:
+        alone = _timed_work(cpu)
+        for other in others:
+            streamer = subprocess.Popen([sys.executable, "-c", _STREAMER, str(other)])
+            try:
+                time.sleep(0.3)   # let it start streaming; this is a measurement, not synchronisation
+                out.append((_timed_work(cpu) / alone, other))
+            finally:
+                streamer.kill()
+                streamer.wait()
+    finally:
+        os.sched_setaffinity(0, saved)
     return sorted(out, reverse=True)
 
 

@@ -1204,3 +1204,4 @@ def test_host_probe_measures_and_cleans_up():
         pytest.skip("interference needs two CPUs")
     res = hostprobe.interference(cpus[0], cpus[1:2])
     assert len(res) == 1 and res[0][1] == cpus[1] and res[0][0] > 0
+    assert sorted(os.sched_getaffinity(0)) == cpus     # the caller is not left pinned to cpus[0]
