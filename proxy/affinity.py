@@ -121,6 +121,28 @@ def numa_nodes() -> dict[int, set[int]]:
     return nodes
 
 
+def last_level_cache_bytes(cpu: int, base: str = "/sys/devices/system/cpu") -> int:
+    """Size of the outermost data or unified cache of ``cpu``, from /sys; 0 if unknown."""
+    best_level, size = 0, 0
+    for path in glob.glob(f"{base}/cpu{cpu}/cache/index*"):
+        try:
+            with open(f"{path}/level") as f:
+                level = int(f.read())
+            with open(f"{path}/type") as f:
+                kind = f.read().strip()
+            with open(f"{path}/size") as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or level <= best_level:
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if m:
+            best_level = level
+            size = int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+    return size
+
+
 def _check_cpus(cpus: Iterable[int]) -> list[int]:
     out = sorted(set(cpus))
     if not out or any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in out):

@@ -38,11 +38,12 @@ class CollWork:
     """One collective (every local rank's op): completes all their requests when its last sub is
     done. ``views`` keeps the numpy views over registered memory alive while schedules use them."""
 
-    __slots__ = ("ops", "nbytes", "parts_left", "views", "t_match", "send", "recv")
+    __slots__ = ("ops", "nbytes", "parts_left", "views", "t_match", "send", "recv", "streaming")
 
     def __init__(self, ops: list, nbytes: int, views: list, t_match: int):
         self.ops, self.nbytes, self.views, self.t_match = ops, nbytes, views, t_match
         self.parts_left = 0
+        self.streaming = False   # written with non-temporal stores (progress.streaming_threshold)
         self.send = self.recv = ops[0]  # what the sub table shows (kind, rank, peer=root, tag)
 
     def finish(self, engine: Any) -> None:

@@ -34,10 +34,10 @@ INLINE_BYTES = 64 << 10
 
 
 class CopyEngine:
-    def __init__(self, nthreads: int, cpus: list[int] | None, streaming: bool = False, spread: bool = False):
+    def __init__(self, nthreads: int, cpus: list[int] | None, spread: bool = False):
         """``spread``: the loop runs jobs too (caller-runs); pin worker i to ``cpus[i % len(cpus)]`` alone,
         and a job the loop queues wakes none on the loop's CPU (shm/_workers.c, "Wake-ups")."""
-        self.pool = _workers.Workers(nthreads, cpus, streaming, spread) if nthreads else None
+        self.pool = _workers.Workers(nthreads, cpus, spread) if nthreads else None
         self.cpus = cpus
         self.nthreads = nthreads
         self.in_flight = 0
@@ -61,9 +61,10 @@ class CopyEngine:
         self.in_flight += 1
         return False
 
-    def run(self, token: Any, steps: list[tuple]) -> None:
-        """Run native steps (shm/_workers.c: COPY and REDUCE tuples) in order on one worker."""
-        self.pool.run(token, steps)  # type: ignore[union-attr]
+    def run(self, token: Any, steps: list[tuple], streaming: bool = False) -> None:
+        """Run native steps (shm/_workers.c: COPY and REDUCE tuples) in order on one worker, writing
+        with non-temporal stores if ``streaming``."""
+        self.pool.run(token, steps, streaming)  # type: ignore[union-attr]
         self.in_flight += 1
 
     def submit(self, token: Any, fn: Any, arg: Any) -> None:

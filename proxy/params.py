@@ -49,6 +49,11 @@ def _parse_size(text: str) -> int:
     return value
 
 
+def _parse_size_or_auto(text: str) -> int:
+    """A size as _parse_size, or 'auto' / '-1' for -1 (the value is then derived at run time)."""
+    return -1 if text.strip().lower() in ("auto", "-1") else _parse_size(text)
+
+
 def _parse_signal(text: str) -> int:
     """A signal by name ('SIGUSR1', 'USR1') or number; '' / 'none' / '0' disables."""
     t = text.strip().upper()
@@ -149,8 +154,11 @@ _DECLARED: tuple[Param, ...] = (
     _p("COLL_INLINE_BYTES", _parse_size, 64 << 10,
        "Collectives of at most this many bytes per rank run in the progress loop itself, not on workers.", 0),
     _p("COPY_STREAMING", _parse_bool, True,
-       "Collective copy-outs use non-temporal stores (no write-allocate): less memory traffic on "
-       "memory-bound hosts."),
+       "Collectives that write more than STREAMING_MIN_BYTES use non-temporal stores (no read for "
+       "ownership, less memory traffic once their outputs outgrow the cache); 0 = never."),
+    _p("STREAMING_MIN_BYTES", _parse_size_or_auto, -1,
+       "A collective streams (COPY_STREAMING) when every local rank's output together exceeds this many "
+       "bytes. -1 = automatic: the smaller of the last-level cache and 32 MiB.", -1),
     _p("COPY_THREADS", int, 0,
        "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
     _p("LOOP_COPIES", int, -1,

@@ -52,6 +52,7 @@ INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the l
 OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
 AUTO_KEEP_AWAKE_US = 2000.0  # KEEP_AWAKE_US=-1 on a crowded node: covers a message's hand-offs
 AUTO_LOOP_POLL_US = 100.0    # LOOP_POLL_US=-1 where the loop runs copy jobs itself: a few 512 KiB jobs
+AUTO_STREAMING_MIN_BYTES = 32 << 20  # STREAMING_MIN_BYTES=-1 caps the LLC here: where both hosts broke even
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
@@ -84,6 +85,23 @@ def fetch_mode(idle: bool, nactive: int, passes: int, appendop_freq: int) -> Fet
     if idle or passes % appendop_freq == 0:
         return _F_TRY
     return _F_NONE
+
+
+def streaming_threshold(params: params_mod.Params, cpus: list[int]) -> int:
+    """How many bytes a collective must write (every output together, sched.written_bytes) for its
+    copies and reductions to use non-temporal stores, on a progress process running on ``cpus``.
+
+    Streaming stores skip the read-for-ownership of every output line but leave the data in DRAM: a
+    loss while the outputs fit in the cache (the 2-vCPU VM, 32 MiB L3: 2-rank 4 MiB Allreduce ~400 ->
+    ~250 us without them) and a gain once they do not (a 16-core Xeon host, 8 ranks, 16 MiB: ~6 ->
+    ~3.2 ms with them, although its L3 is 300 MiB: other tenants share it). Automatic: the smaller of
+    the last-level cache and AUTO_STREAMING_MIN_BYTES (BENCHMARKS.md, eleventh session)."""
+    if not params.COPY_STREAMING:
+        return 1 << 62
+    if params.STREAMING_MIN_BYTES >= 0:
+        return params.STREAMING_MIN_BYTES
+    llc = affinity.last_level_cache_bytes(cpus[0] if cpus else 0)
+    return min(llc, AUTO_STREAMING_MIN_BYTES) if llc else AUTO_STREAMING_MIN_BYTES
 
 
 class RankInfo:
@@ -135,7 +153,7 @@ class ProgressEngine:
                             layout.rank_q(lr, P.RANK_WAITING)) for lr in range(nlocal)]
         self.slots_q = layout.slot_q(0)
         self.coll_transport = transports.REGISTRY[0]  # shm: every local buffer is mapped here
-        sched.set_streaming(params.COPY_STREAMING)
+        self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)))
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
         self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
@@ -549,8 +567,12 @@ class ProgressEngine:
                     pass
             self.finish_coll(work)
             return
+        op0 = ops[0]
+        if sched.written_bytes(op0.coll, op0.count, _ITEMSIZE.get(op0.dtype, 1), len(ops)) > self.streaming_min:
+            builder = sched.streaming_schedules(builder)
+            work.streaming = True
         conn = (-1, -1)
-        args = self.argspool.get_args(conn, ops[0].opcount, self.coll_transport)
+        args = self.argspool.get_args(conn, op0.opcount, self.coll_transport)
         args.coll = work
         self.active.append(args)
         self.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
@@ -726,11 +748,11 @@ class ProgressEngine:
         if e.nbytes >= INLINE_ENTRY_BYTES and self.copy.nworkers:
             step = sched.native_step(e)
             if step is not None:
-                self.copy.run((sch, e), [step])
+                self.copy.run((sch, e), [step], sch.streaming)
             else:
-                self.copy.submit((sch, e), sched.execute, e)
+                self.copy.submit((sch, e), sched.execute, e)   # numpy or a callback: no stores to choose
             return False
-        sched.execute(e)
+        sched.execute(e, sch.streaming)
         return True
 
     def start_schedule(self, sch: sched.Schedule) -> bool:
@@ -741,7 +763,7 @@ class ProgressEngine:
         steps = sch.native_steps()
         sch.claim()
         if steps is not None:
-            self.copy.run(sch, steps)
+            self.copy.run(sch, steps, sch.streaming)
         else:
             self.copy.submit(sch, sched.Schedule.run_all, sch)
         return True
@@ -757,7 +779,7 @@ class ProgressEngine:
         if work.nbytes > self.coll_inline:
             self.complete_large()
         work.views = []
-        self._profile_coll(work.ops, work.nbytes, match_ns=work.t_match)
+        self._profile_coll(work.ops, work.nbytes, match_ns=work.t_match, streaming=int(work.streaming))
 
     # ------------------------------------------------------------------ progress and completion
     def progress_once(self) -> bool:
@@ -925,9 +947,10 @@ class ProgressEngine:
         if n > self.copy.nworkers:
             self.copy.stop()
             if self.loop_copies and not cpus:   # crowded: one worker per CPU, the loop beside them
-                self.copy = CopyEngine(n, running_on, self.params.COPY_STREAMING, spread=True)
+                self.copy = CopyEngine(n, running_on, spread=True)
             else:
-                self.copy = CopyEngine(n, cpus, self.params.COPY_STREAMING)
+                self.copy = CopyEngine(n, cpus)
+        self.streaming_min = streaming_threshold(self.params, running_on)
         self.start_keep_awake(running_on)
         where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(running_on)}"
         _log.info("progress affinity: %s (%s); %d copy threads", where, reason, n)

@@ -133,17 +133,28 @@ def recv(key: Any, dst: int, nbytes: int, barrier: bool = False) -> Entry:
     return e
 
 
-_copy = _native.memcopy
-_streaming = False
 _reduce_all = _reduce.reduce
+# How many blocks of ``count`` elements a collective of ``p`` ranks writes, all outputs together
+_BLOCKS_WRITTEN: dict[int, Callable[[int], int]] = {
+    Coll.BARRIER: lambda p: 0, Coll.BCAST: lambda p: p - 1, Coll.REDUCE: lambda p: 1,
+    Coll.ALLREDUCE: lambda p: p, Coll.ALLGATHER: lambda p: p * p, Coll.REDUCE_SCATTER_BLOCK: lambda p: p,
+    Coll.ALLTOALL: lambda p: p * p}
 
 
-def set_streaming(on: bool) -> None:
-    """COPY entries and reduction outputs with streaming stores (SHMPROXY_COPY_STREAMING): set once by
-    the progress process."""
-    global _copy, _streaming
-    _copy = _native.memcopy_nt if on else _native.memcopy
-    _streaming = bool(on)
+def written_bytes(coll: int, count: int, itemsize: int, size: int) -> int:
+    """Bytes a collective of ``count`` elements (the op records' count) writes into all ``size`` ranks'
+    outputs together: what decides whether it streams (streaming_schedules)."""
+    return count * itemsize * _BLOCKS_WRITTEN[coll](size)
+
+
+def streaming_schedules(make: Callable[[int], "Schedule"]) -> Callable[[int], "Schedule"]:
+    """The builder ``make``, with every schedule it builds writing through non-temporal stores: for
+    collectives whose outputs outgrow the cache (the progress process decides, progress.py)."""
+    def make_streaming(k: int) -> Schedule:
+        sch = make(k)
+        sch.streaming = True
+        return sch
+    return make_streaming
 
 
 def native_code(op: int, dtype: np.dtype) -> int:
@@ -152,14 +163,15 @@ def native_code(op: int, dtype: np.dtype) -> int:
     return code if code and _reduce.supported(op, code) else 0
 
 
-def execute(e: Entry) -> None:
-    """Run one data entry (in a copy worker or inline). SEND/RECV never get here."""
+def execute(e: Entry, streaming: bool = False) -> None:
+    """Run one data entry (in a copy worker or inline), writing with non-temporal stores if
+    ``streaming`` (COPY and C-kernel REDUCE). SEND/RECV never get here."""
     k = e.kind
     if k == COPY:
-        _copy(e.dst, e.src, e.nbytes)
+        (_native.memcopy_nt if streaming else _native.memcopy)(e.dst, e.src, e.nbytes)
     elif k == REDUCE:
         if e.args is not None:
-            _reduce_all(*e.args, _streaming)
+            _reduce_all(*e.args, streaming)
         else:
             e.ufunc(e.a, e.b, out=e.out)
     elif k == CB:
@@ -180,13 +192,14 @@ def native_step(e: Entry) -> tuple | None:
 class Schedule:
     """The entries of one chunk, started in order up to each barrier."""
 
-    __slots__ = ("entries", "next", "pending", "token")
+    __slots__ = ("entries", "next", "pending", "token", "streaming")
 
     def __init__(self, entries: Sequence[Entry]):
         self.entries = list(entries)
         self.next = 0
         self.pending = 0
         self.token: Any = None
+        self.streaming = False   # write with non-temporal stores (streaming_schedules)
 
     @property
     def complete(self) -> bool:
@@ -240,7 +253,7 @@ class Schedule:
     def run_all(self) -> None:
         """Execute every entry in order (each barrier is trivially respected). Worker side."""
         for e in self.entries:
-            execute(e)
+            execute(e, self.streaming)
 
     def all_done(self) -> None:
         """The worker finished ``run_all`` (loop side)."""

@@ -2,11 +2,13 @@
  * shm._workers: the copy and reduction workers of the progress process, as threads that never take
  * the GIL.
  *
- *   pool = Workers(nthreads, cpus, streaming, spread)
+ *   pool = Workers(nthreads, cpus, spread)
  *                                        nthreads 0: jobs run only where a caller help()s; spread: worker
  *                                        i is pinned to cpus[i % len(cpus)] alone (else all to cpus)
  *   pool.copy(token, dst, src, n)        one memmove of n bytes (a chunk of a message)
- *   pool.run(token, steps)               the steps in order, on one thread (a chunk of a collective):
+ *   pool.run(token, steps, streaming=False)
+ *                                        the steps in order, on one thread (a chunk of a collective),
+ *                                        writing with non-temporal stores if streaming:
  *                                          (COPY, dst, src, n)
  *                                          (REDUCE, op, code, count, srcs, dsts)   see shm/_reduce.c
  *   pool.done(token)                     report a job finished elsewhere (a Python worker thread)
@@ -111,7 +113,7 @@ typedef struct Pool {
     long queued;          /* jobs on that queue */
     int loop_waiting;     /* threads waiting on `finished` (the loop, in wait()) */
     Job *done_head, *done_tail;
-    int stopping, streaming, spread;
+    int stopping, spread;
     int nthreads;
     Worker *workers;      /* NULL until initialised */
     int *cpus;
@@ -492,10 +494,10 @@ static PyTypeObject KeepAwakeType = {
 /* ---------------------------------------------------------------------------------- Python API */
 
 static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"nthreads", "cpus", "streaming", "spread", NULL};
-    int nthreads, streaming = 0, spread = 0;
+    static char *kwlist[] = {"nthreads", "cpus", "spread", NULL};
+    int nthreads, spread = 0;
     PyObject *cpus_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|Opp", kwlist, &nthreads, &cpus_obj, &streaming, &spread))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|Op", kwlist, &nthreads, &cpus_obj, &spread))
         return -1;
     if (p->workers) {
         PyErr_SetString(PyExc_RuntimeError, "Workers is already initialised");
@@ -517,7 +519,6 @@ static int Pool_init(Pool *p, PyObject *args, PyObject *kw) {
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    p->streaming = streaming;
     p->spread = spread;
     p->workers = calloc(nthreads ? (size_t)nthreads : 1, sizeof(Worker));   /* non-NULL: initialised */
     if (!p->workers) { pthread_condattr_destroy(&ca); PyErr_NoMemory(); return -1; }
@@ -655,15 +656,17 @@ static int parse_step(PyObject *t, Step *s) {
 }
 
 static PyObject *Pool_run(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "run(token, steps)");
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "run(token, steps, streaming=False)");
         return NULL;
     }
+    int streaming = nargs > 2 ? PyObject_IsTrue(args[2]) : 0;
+    if (streaming < 0) return NULL;
     if (check_running(p) < 0) return NULL;
     PyObject *steps = PySequence_Fast(args[1], "steps must be a sequence of tuples");
     if (!steps) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(steps);
-    Job *j = job_new(args[0], (size_t)n, p->streaming);
+    Job *j = job_new(args[0], (size_t)n, streaming);
     if (!j) { Py_DECREF(steps); return PyErr_NoMemory(); }
     for (Py_ssize_t i = 0; i < n; i++) {
         if (parse_step(PySequence_Fast_GET_ITEM(steps, i), &j->steps[i]) < 0) {
@@ -775,7 +778,8 @@ static PyObject *Pool_get_nthreads(Pool *p, void *unused) { return PyLong_FromLo
 
 static PyMethodDef Pool_methods[] = {
     {"copy", (PyCFunction)(void (*)(void))Pool_copy, METH_FASTCALL, "copy(token, dst, src, n): one memmove"},
-    {"run", (PyCFunction)(void (*)(void))Pool_run, METH_FASTCALL, "run(token, steps): steps in order, one thread"},
+    {"run", (PyCFunction)(void (*)(void))Pool_run, METH_FASTCALL,
+     "run(token, steps, streaming=False): steps in order, one thread"},
     {"done", (PyCFunction)Pool_done, METH_O, "done(token): report a job finished outside the pool"},
     {"drain", (PyCFunction)Pool_drain, METH_NOARGS, "drain() -> tokens of the jobs finished since the last call"},
     {"wait", (PyCFunction)(void (*)(void))Pool_wait, METH_FASTCALL,

@@ -524,6 +524,12 @@ def profile_trace(path: str) -> None:
             rq = comm.Irecv(out, (r - 1) % n, tag=i)
             comm.Send(np.full(1 << 18, i, np.uint8), (r + 1) % n, tag=i)
             rq.Wait()
+        # Allreduce #1 writes 2 x 128 KiB, #2 2 x 1 MiB: one on each side of STREAMING_MIN_BYTES=1M
+        for count in (1 << 15, 1 << 18):
+            x = np.full(count, 1.5, np.float32)
+            y = np.zeros_like(x)
+            comm.Allreduce(x, y)
+            assert (y == 1.5 * n).all()
 
 
 def started_beside_another_proxy_package(decoy_root: str) -> dict:

@@ -162,6 +162,30 @@ def test_numa_nodes_are_online_cpus() -> None:
         assert online <= set().union(*nodes.values())
 
 
+def test_last_level_cache_is_the_outermost_data_or_unified_cache(tmp_path: Path) -> None:
+    """From a sysfs-shaped tree: the highest level that is not an instruction cache, in K/M units;
+    0 for a CPU with no cache directory or unreadable entries. The real machine's, if any, is sane."""
+    def cache(cpu: int, index: int, level: str, kind: str, size: str) -> None:
+        d = tmp_path / f"cpu{cpu}" / "cache" / f"index{index}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(level + "\n")
+        (d / "type").write_text(kind + "\n")
+        (d / "size").write_text(size + "\n")
+    cache(0, 0, "1", "Data", "48K")
+    cache(0, 1, "1", "Instruction", "32K")
+    cache(0, 2, "2", "Unified", "2048K")
+    cache(0, 3, "3", "Unified", "307200K")
+    cache(1, 0, "1", "Data", "32K")
+    cache(1, 1, "2", "Instruction", "1M")     # never an instruction cache, however outer
+    cache(2, 0, "x", "Data", "32K")           # unreadable level
+    assert affinity.last_level_cache_bytes(0, str(tmp_path)) == 300 << 20
+    assert affinity.last_level_cache_bytes(1, str(tmp_path)) == 32 << 10
+    assert affinity.last_level_cache_bytes(2, str(tmp_path)) == 0
+    assert affinity.last_level_cache_bytes(7, str(tmp_path)) == 0
+    real = affinity.last_level_cache_bytes(sorted(affinity.current_affinity())[0])
+    assert real == 0 or 16 << 10 <= real <= 16 << 30
+
+
 def test_allowed_cpus_covers_current_affinity_and_leaves_it_alone() -> None:
     before = affinity.current_affinity()
     assert before <= affinity.allowed_cpus()

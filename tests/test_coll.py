@@ -115,9 +115,11 @@ def test_property_random_collectives(n):
 @pytest.mark.parametrize("n,loop_copies", [(2, "1"), (3, "0")])
 def test_property_random_collectives_small_chunks(n, loop_copies):
     """The same, with everything chunked and queued: 4 KiB chunks, 2 slots, no eager path, parallel
-    split from 8 KiB, few records per rank; the loop running queued copy jobs itself or not."""
+    split from 8 KiB, few records per rank; the loop running queued copy jobs itself or not; every
+    collective written with streaming stores (by default only those that outgrow the cache are)."""
     _run_property(n, 30, env={"SHMPROXY_CHUNK_SIZE": "4096", "SHMPROXY_STEPS": "2",
                               "SHMPROXY_EAGER_BYTES": "0", "SHMPROXY_COLL_INLINE_BYTES": "0",
+                              "SHMPROXY_STREAMING_MIN_BYTES": "0",
                               "SHMPROXY_PARALLEL_THRESHOLD": "8192",
                               "SHMPROXY_MAX_OPS_PER_RANK": "64", "SHMPROXY_LOOP_COPIES": loop_copies})
 

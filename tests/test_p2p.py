@@ -128,9 +128,13 @@ def test_profile_writes_a_chrome_trace(tmp_path):
     import json
     path = tmp_path / "trace-%p.json"
     run_ranks(BODY + "profile_trace", 2, timeout=60, args=(str(path),),
-              env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(path)})
+              env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(path),
+                   "SHMPROXY_STREAMING_MIN_BYTES": "1M"})
     files = list(tmp_path.glob("trace-*.json"))
     assert len(files) == 1
     events = json.loads(files[0].read_text())["traceEvents"]
     names = {e["name"] for e in events}
     assert {"msg 0->1", "msg 1->0", "sleep"} <= names, names
+    # a collective's span says whether it was written with streaming stores (above the threshold)
+    streamed = {e["name"]: e["args"]["streaming"] for e in events if e["name"].startswith("Allreduce")}
+    assert streamed == {"Allreduce #1": 0, "Allreduce #2": 1}, streamed

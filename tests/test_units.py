@@ -813,10 +813,11 @@ def test_reduce_kernel_output_may_alias_an_input():
 
 def test_worker_pool_runs_steps_in_order_and_returns_every_token_once():
     """shm._workers: a job's steps run in order on one thread (the REDUCE reads what the COPY wrote),
-    jobs spread over the threads, and each token comes back exactly once."""
+    with plain or (every other job) streaming stores, jobs spread over the threads, and each token
+    comes back exactly once."""
     from shm import _workers
     rng = np.random.default_rng(11)
-    pool = _workers.Workers(3, None, False)
+    pool = _workers.Workers(3, None)
     try:
         n, njobs = 70_001, 24
         xs = [rng.standard_normal(n).astype(np.float64) for _ in range(njobs)]
@@ -828,7 +829,7 @@ def test_worker_pool_runs_steps_in_order_and_returns_every_token_once():
                 (_workers.COPY, scratch[j].ctypes.data, xs[j].ctypes.data, xs[j].nbytes),
                 (_workers.REDUCE, 1, code, n, [scratch[j].ctypes.data, xs[j].ctypes.data],
                  [outs[j][0].ctypes.data, outs[j][1].ctypes.data]),
-            ])
+            ], j % 2 == 1)
         a, b = np.arange(1000, dtype=np.uint8), np.zeros(1000, np.uint8)
         pool.copy("copy", b.ctypes.data, a.ctypes.data, a.nbytes)
         got: list = []
@@ -848,7 +849,7 @@ def test_worker_pool_runs_steps_in_order_and_returns_every_token_once():
 
 def test_worker_pool_rejects_bad_jobs_before_queueing_and_stops_cleanly():
     from shm import _workers
-    pool = _workers.Workers(1, [0], True)
+    pool = _workers.Workers(1, [0])
     x = np.ones(8, np.float16)
     bad = [
         [(_workers.REDUCE, 1, ops.DTYPE_CODE["e"], 8, [x.ctypes.data], [x.ctypes.data])],  # float16: numpy's
@@ -861,6 +862,8 @@ def test_worker_pool_rejects_bad_jobs_before_queueing_and_stops_cleanly():
     for steps in bad:
         with pytest.raises((ValueError, TypeError)):
             pool.run("bad", steps)
+    with pytest.raises(TypeError, match="streaming"):
+        pool.run("bad", [], False, "extra")
     assert pool.pending == 0
     t0 = time.monotonic()
     assert pool.wait(0.05) is False            # bounded: nothing in flight
@@ -880,12 +883,12 @@ def test_worker_pool_help_runs_queued_jobs_on_the_caller():
     (GIL released), in order, reporting through the same finished list; with no threads of its own
     the pool runs jobs only there, so what help() did is exact."""
     from shm import _workers
-    pool = _workers.Workers(0, None, True)
+    pool = _workers.Workers(0, None)
     try:
         srcs = [np.arange(100_000, dtype=np.float32) * (j + 1) for j in range(3)]
         dsts = [np.zeros(100_000, np.float32) for _ in range(3)]
         for j in range(3):
-            pool.run(("job", j), [(_workers.COPY, dsts[j].ctypes.data, srcs[j].ctypes.data, srcs[j].nbytes)])
+            pool.run(("job", j), [(_workers.COPY, dsts[j].ctypes.data, srcs[j].ctypes.data, srcs[j].nbytes)], True)
         pool.copy("last", dsts[0][:10].ctypes.data, srcs[1][:10].ctypes.data, 40)
         assert pool.pending == 4 and pool.wait(0.0) is False    # queued; no thread will take them
         assert pool.help(2) == 2
@@ -906,7 +909,7 @@ def test_worker_pool_help_races_the_workers_and_every_job_runs_once():
     """The loop's help() and the workers take jobs off one queue: each job runs exactly once
     (a job run twice would come back twice; one lost never comes back)."""
     from shm import _workers
-    pool = _workers.Workers(2, None, False)
+    pool = _workers.Workers(2, None)
     try:
         njobs, n = 600, 4096
         src = np.random.default_rng(5).integers(0, 255, n * njobs, dtype=np.uint8)
@@ -949,7 +952,7 @@ def test_spread_workers_are_pinned_one_per_cpu_and_a_job_leaves_the_one_on_the_c
     cpu = sorted(os.sched_getaffinity(0))[0]
     mine = os.sched_getaffinity(0)
     before = {t.id for t in psutil.Process().threads()}
-    pool = _workers.Workers(1, [cpu], False, True)
+    pool = _workers.Workers(1, [cpu], True)
 
     def worker_state() -> str:
         return _new_thread_state(before, cpu)
@@ -975,7 +978,7 @@ def test_spread_workers_are_pinned_one_per_cpu_and_a_job_leaves_the_one_on_the_c
         os.sched_setaffinity(0, mine)
         pool.stop()
     with pytest.raises(ValueError, match="spread"):
-        _workers.Workers(1, None, False, True)
+        _workers.Workers(1, None, True)
 
 
 def test_keep_awake_guards_are_idle_priority_one_per_cpu_and_sleep_after_their_window():
@@ -1060,6 +1063,9 @@ def test_params_defaults_env_and_overrides():
     assert p.KEEP_AWAKE_US == -1.0   # automatic: on only when the ranks and the progress process share cores
     assert p.LOOP_COPIES == -1       # automatic likewise
     assert p.LOOP_POLL_US == -1.0    # automatic: polls only where the loop runs copy jobs itself
+    assert p.COPY_STREAMING is True and p.STREAMING_MIN_BYTES == -1   # automatic: by the cache
+    assert params_mod.Params(env={"SHMPROXY_STREAMING_MIN_BYTES": "auto"}).STREAMING_MIN_BYTES == -1
+    assert params_mod.Params(env={"SHMPROXY_STREAMING_MIN_BYTES": "8M"}).STREAMING_MIN_BYTES == 8 << 20
     p = params_mod.Params(env={"SHMPROXY_CHUNK_SIZE": "1M", "SHMPROXY_DUMP_SIGNAL": "USR1"},
                           overrides={"steps": 4})
     assert p.CHUNK_SIZE == 1 << 20 and p.DUMP_SIGNAL == 10 and p.STEPS == 4
@@ -1076,7 +1082,8 @@ def test_params_defaults_env_and_overrides():
                                  {"SHMPROXY_DEBUG": "LOUD"}, {"SHMPROXY_PROXY_CPUS": "3-1"},
                                  {"SHMPROXY_NO_SUCH_THING": "1"}, {"SHMPROXY_DUMP_SIGNAL": "SIGNOPE"},
                                  {"SHMPROXY_DEBUG_SUBSYS": "INIT,BOGUS"}, {"SHMPROXY_APPEND_BATCH_SIZE": "1025"},
-                                 {"SHMPROXY_LOOP_COPIES": "2"}, {"SHMPROXY_LOOP_POLL_US": "-2"}])
+                                 {"SHMPROXY_LOOP_COPIES": "2"}, {"SHMPROXY_LOOP_POLL_US": "-2"},
+                                 {"SHMPROXY_STREAMING_MIN_BYTES": "-2"}, {"SHMPROXY_STREAMING_MIN_BYTES": "big"}])
 def test_bad_param_values_raise(env):
     with pytest.raises(errors.InvalidArgument, match="SHMPROXY_"):
         params_mod.Params(env=env)
@@ -1085,6 +1092,36 @@ def test_bad_param_values_raise(env):
 def test_unknown_override_raises():
     with pytest.raises(errors.InvalidArgument):
         params_mod.Params(env={}, overrides={"stepz": 3})
+
+
+def test_streaming_threshold_follows_the_params_and_the_cache(monkeypatch):
+    """A collective streams once it writes more than the threshold: never with COPY_STREAMING=0, an
+    explicit STREAMING_MIN_BYTES as given, else the smaller of the last-level cache and 32 MiB
+    (32 MiB when the cache is unknown)."""
+    from proxy import affinity, progress
+    def threshold(env, llc):
+        monkeypatch.setattr(affinity, "last_level_cache_bytes", lambda cpu: llc)
+        return progress.streaming_threshold(params_mod.Params(env=env), [0, 1])
+    assert threshold({}, 8 << 20) == 8 << 20
+    assert threshold({}, 300 << 20) == 32 << 20 == progress.AUTO_STREAMING_MIN_BYTES
+    assert threshold({}, 0) == 32 << 20
+    assert threshold({"SHMPROXY_STREAMING_MIN_BYTES": "0"}, 300 << 20) == 0
+    assert threshold({"SHMPROXY_STREAMING_MIN_BYTES": "1M"}, 8 << 20) == 1 << 20
+    assert threshold({"SHMPROXY_COPY_STREAMING": "0", "SHMPROXY_STREAMING_MIN_BYTES": "0"}, 8 << 20) >= 1 << 62
+
+
+def test_written_bytes_counts_every_output_and_streaming_schedules_mark_theirs():
+    C, wb = sched_mod.Coll, sched_mod.written_bytes
+    assert wb(C.ALLREDUCE, 1000, 4, 3) == 12_000            # every rank's recvbuf
+    assert wb(C.REDUCE, 1000, 4, 3) == 4_000                 # the root's alone
+    assert wb(C.BCAST, 1000, 8, 4) == 24_000                 # all but the root
+    assert wb(C.ALLGATHER, 10, 2, 3) == 180                  # count per rank's block, size blocks each
+    assert wb(C.ALLTOALL, 10, 2, 3) == 180
+    assert wb(C.REDUCE_SCATTER_BLOCK, 10, 4, 3) == 120       # count per rank's result
+    assert wb(C.BARRIER, 0, 1, 5) == 0
+    make = sched_mod.streaming_schedules(lambda k: sched_mod.Schedule([sched_mod.Entry(sched_mod.NOP)]))
+    assert make(0).streaming is True
+    assert sched_mod.Schedule([]).streaming is False
 
 
 # ------------------------------------------------------------------------------------ fetch policy
