@@ -141,9 +141,13 @@ _DECLARED: tuple[Param, ...] = (
     _p("APPEND_BATCH_SIZE", int, 16, "At most this many opCount groups are taken per fetch.", 1, 1024),
     _p("STEPS", int, 8, "Buffer slots per connection: a sub may have this many chunks in flight.", 1),
     _p("CHUNK_SIZE", _parse_size, 512 << 10, "Bytes moved per step by the shm transport.", 4096),
+    _p("COLL_CHUNK_SIZE", _parse_size_or_auto, -1,
+       "Largest chunk of a collective (per rank's buffer). -1 = automatic: CHUNK_SIZE, or 4 MiB where the "
+       "progress loop runs copy jobs itself (LOOP_COPIES), so that a collective is cut in one chunk per "
+       "CPU there.", -1),
     _p("COLL_MIN_CHUNK", _parse_size, 64 << 10,
-       "A collective's chunks shrink below CHUNK_SIZE to give every copy worker one, but not below this.",
-       4096),
+       "A collective's chunks shrink below COLL_CHUNK_SIZE to give every copy worker one, but not below "
+       "this.", 4096),
     _p("MAX_OPS_PER_RANK", int, 1024, "Op records (and request slots) each local rank owns in the pool.", 16),
     _p("MAX_SUBS", int, 4096, "Sub slots in the pool's progress table (visible to the dump tool).", 64),
     _p("PARALLEL_THRESHOLD", _parse_size, 1 << 20,
@@ -158,7 +162,7 @@ _DECLARED: tuple[Param, ...] = (
        "ownership, less memory traffic once their outputs outgrow the cache); 0 = never."),
     _p("STREAMING_MIN_BYTES", _parse_size_or_auto, -1,
        "A collective streams (COPY_STREAMING) when every local rank's output together exceeds this many "
-       "bytes. -1 = automatic: the smaller of the last-level cache and 32 MiB.", -1),
+       "bytes. -1 = automatic: half the last-level cache, at most 16 MiB.", -1),
     _p("COPY_THREADS", int, 0,
        "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
     _p("LOOP_COPIES", int, -1,

@@ -52,7 +52,8 @@ INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the l
 OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
 AUTO_KEEP_AWAKE_US = 2000.0  # KEEP_AWAKE_US=-1 on a crowded node: covers a message's hand-offs
 AUTO_LOOP_POLL_US = 100.0    # LOOP_POLL_US=-1 where the loop runs copy jobs itself: a few 512 KiB jobs
-AUTO_STREAMING_MIN_BYTES = 32 << 20  # STREAMING_MIN_BYTES=-1 caps the LLC here: where both hosts broke even
+AUTO_CROWDED_COLL_CHUNK = 4 << 20  # COLL_CHUNK_SIZE=-1 where the loop runs copy jobs: ~0.3 ms of work
+AUTO_STREAMING_MIN_BYTES = 16 << 20  # STREAMING_MIN_BYTES=-1: at most this (a shared 300 MiB L3 did not hold more)
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
@@ -87,6 +88,19 @@ def fetch_mode(idle: bool, nactive: int, passes: int, appendop_freq: int) -> Fet
     return _F_NONE
 
 
+def coll_chunk_limit(params: params_mod.Params, loop_copies: bool) -> int:
+    """The largest chunk of a collective (per rank's buffer): COLL_CHUNK_SIZE, automatically CHUNK_SIZE.
+
+    Where the loop runs copy jobs beside one worker per CPU (``loop_copies``), every job it hands over
+    costs cross-CPU wake-ups and a pass of its Python, so a collective is cut in one chunk per CPU
+    (2-rank Allreduce on the VM, 512 KiB chunks against one per CPU: 4 MiB ~255 -> ~215 us, 8 MiB
+    ~650 -> ~545), up to AUTO_CROWDED_COLL_CHUNK, so that the loop, running one itself, still looks
+    for new work every few hundred us."""
+    if params.COLL_CHUNK_SIZE >= 0:
+        return params.COLL_CHUNK_SIZE
+    return AUTO_CROWDED_COLL_CHUNK if loop_copies else params.CHUNK_SIZE
+
+
 def streaming_threshold(params: params_mod.Params, cpus: list[int]) -> int:
     """How many bytes a collective must write (every output together, sched.written_bytes) for its
     copies and reductions to use non-temporal stores, on a progress process running on ``cpus``.
@@ -94,14 +108,15 @@ def streaming_threshold(params: params_mod.Params, cpus: list[int]) -> int:
     Streaming stores skip the read-for-ownership of every output line but leave the data in DRAM: a
     loss while the outputs fit in the cache (the 2-vCPU VM, 32 MiB L3: 2-rank 4 MiB Allreduce ~400 ->
     ~250 us without them) and a gain once they do not (a 16-core Xeon host, 8 ranks, 16 MiB: ~6 ->
-    ~3.2 ms with them, although its L3 is 300 MiB: other tenants share it). Automatic: the smaller of
-    the last-level cache and AUTO_STREAMING_MIN_BYTES (BENCHMARKS.md, eleventh session)."""
+    ~3.2 ms with them, although its L3 is 300 MiB: other tenants share it). Automatic: half the
+    last-level cache (a collective also reads about as much as it writes), at most
+    AUTO_STREAMING_MIN_BYTES (BENCHMARKS.md, eleventh session)."""
     if not params.COPY_STREAMING:
         return 1 << 62
     if params.STREAMING_MIN_BYTES >= 0:
         return params.STREAMING_MIN_BYTES
     llc = affinity.last_level_cache_bytes(cpus[0] if cpus else 0)
-    return min(llc, AUTO_STREAMING_MIN_BYTES) if llc else AUTO_STREAMING_MIN_BYTES
+    return min(llc // 2, AUTO_STREAMING_MIN_BYTES) if llc else AUTO_STREAMING_MIN_BYTES
 
 
 class RankInfo:
@@ -140,6 +155,7 @@ class ProgressEngine:
         self.loop_copies = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else self.crowded
         poll_us = params.LOOP_POLL_US if params.LOOP_POLL_US >= 0 else (AUTO_LOOP_POLL_US if self.loop_copies else 0.0)
         self.loop_poll_s = poll_us / 1e6
+        self.coll_chunk = coll_chunk_limit(params, self.loop_copies)
         self.timeout = params.TIMEOUT
         self.batch = params.APPEND_BATCH_SIZE
         # fetch() copies records here under the mutex (shm._native.take_posted) and unpacks them after
@@ -689,10 +705,10 @@ class ProgressEngine:
         c, n, size = op0.coll, op0.count, len(ops)
         dt = CODE_DTYPE.get(op0.dtype)
         itemsize = dt.itemsize if dt is not None else 1
-        # SHMPROXY_CHUNK_SIZE, or less when that would leave copy workers idle (a 2 MiB Allreduce in
+        # COLL_CHUNK_SIZE, or less when that would leave copy workers idle (a 2 MiB Allreduce in
         # 512 KiB chunks would keep 4 of 8 busy); chunks of a reduction are per rank's buffer.
         workers = max(1, self.copy.nworkers)
-        chunk_bytes = max(self.coll_min_chunk, min(self.chunk, -(-n * itemsize // workers)))
+        chunk_bytes = max(self.coll_min_chunk, min(self.coll_chunk, -(-n * itemsize // workers)))
         per = max(1, chunk_bytes // itemsize)
         now = time.monotonic_ns()
         in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]

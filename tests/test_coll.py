@@ -117,7 +117,8 @@ def test_property_random_collectives_small_chunks(n, loop_copies):
     """The same, with everything chunked and queued: 4 KiB chunks, 2 slots, no eager path, parallel
     split from 8 KiB, few records per rank; the loop running queued copy jobs itself or not; every
     collective written with streaming stores (by default only those that outgrow the cache are)."""
-    _run_property(n, 30, env={"SHMPROXY_CHUNK_SIZE": "4096", "SHMPROXY_STEPS": "2",
+    _run_property(n, 30, env={"SHMPROXY_CHUNK_SIZE": "4096", "SHMPROXY_COLL_CHUNK_SIZE": "4096",
+                              "SHMPROXY_STEPS": "2",
                               "SHMPROXY_EAGER_BYTES": "0", "SHMPROXY_COLL_INLINE_BYTES": "0",
                               "SHMPROXY_STREAMING_MIN_BYTES": "0",
                               "SHMPROXY_PARALLEL_THRESHOLD": "8192",
@@ -132,7 +133,8 @@ def test_property_many_outstanding_with_few_records():
         if c["nb"]:
             c["wait"] = "later"
     res = run_ranks(BODY + "run_cases", 3, timeout=200, args=(cases, 40),
-                    env={"SHMPROXY_CHUNK_SIZE": "4096", "SHMPROXY_STEPS": "1", "SHMPROXY_EAGER_BYTES": "0",
+                    env={"SHMPROXY_CHUNK_SIZE": "4096", "SHMPROXY_COLL_CHUNK_SIZE": "4096",
+                         "SHMPROXY_STEPS": "1", "SHMPROXY_EAGER_BYTES": "0",
                          "SHMPROXY_COLL_INLINE_BYTES": "0",
                          "SHMPROXY_MAX_OPS_PER_RANK": "16", "SHMPROXY_MAX_SUBS": "64"})
     fails = _failures(res)

@@ -1083,7 +1083,8 @@ def test_params_defaults_env_and_overrides():
                                  {"SHMPROXY_NO_SUCH_THING": "1"}, {"SHMPROXY_DUMP_SIGNAL": "SIGNOPE"},
                                  {"SHMPROXY_DEBUG_SUBSYS": "INIT,BOGUS"}, {"SHMPROXY_APPEND_BATCH_SIZE": "1025"},
                                  {"SHMPROXY_LOOP_COPIES": "2"}, {"SHMPROXY_LOOP_POLL_US": "-2"},
-                                 {"SHMPROXY_STREAMING_MIN_BYTES": "-2"}, {"SHMPROXY_STREAMING_MIN_BYTES": "big"}])
+                                 {"SHMPROXY_STREAMING_MIN_BYTES": "-2"}, {"SHMPROXY_STREAMING_MIN_BYTES": "big"},
+                                 {"SHMPROXY_COLL_CHUNK_SIZE": "-3"}])
 def test_bad_param_values_raise(env):
     with pytest.raises(errors.InvalidArgument, match="SHMPROXY_"):
         params_mod.Params(env=env)
@@ -1096,18 +1097,27 @@ def test_unknown_override_raises():
 
 def test_streaming_threshold_follows_the_params_and_the_cache(monkeypatch):
     """A collective streams once it writes more than the threshold: never with COPY_STREAMING=0, an
-    explicit STREAMING_MIN_BYTES as given, else the smaller of the last-level cache and 32 MiB
-    (32 MiB when the cache is unknown)."""
+    explicit STREAMING_MIN_BYTES as given, else half the last-level cache, at most 16 MiB (16 MiB
+    when the cache is unknown)."""
     from proxy import affinity, progress
     def threshold(env, llc):
         monkeypatch.setattr(affinity, "last_level_cache_bytes", lambda cpu: llc)
         return progress.streaming_threshold(params_mod.Params(env=env), [0, 1])
-    assert threshold({}, 8 << 20) == 8 << 20
-    assert threshold({}, 300 << 20) == 32 << 20 == progress.AUTO_STREAMING_MIN_BYTES
-    assert threshold({}, 0) == 32 << 20
+    assert threshold({}, 8 << 20) == 4 << 20
+    assert threshold({}, 300 << 20) == 16 << 20 == progress.AUTO_STREAMING_MIN_BYTES
+    assert threshold({}, 0) == 16 << 20
     assert threshold({"SHMPROXY_STREAMING_MIN_BYTES": "0"}, 300 << 20) == 0
     assert threshold({"SHMPROXY_STREAMING_MIN_BYTES": "1M"}, 8 << 20) == 1 << 20
     assert threshold({"SHMPROXY_COPY_STREAMING": "0", "SHMPROXY_STREAMING_MIN_BYTES": "0"}, 8 << 20) >= 1 << 62
+
+
+def test_coll_chunk_limit_is_one_chunk_per_cpu_where_the_loop_runs_jobs():
+    from proxy import progress
+    p = params_mod.Params(env={})
+    assert progress.coll_chunk_limit(p, loop_copies=False) == p.CHUNK_SIZE == 512 << 10
+    assert progress.coll_chunk_limit(p, loop_copies=True) == progress.AUTO_CROWDED_COLL_CHUNK == 4 << 20
+    p = params_mod.Params(env={"SHMPROXY_COLL_CHUNK_SIZE": "64K"})
+    assert progress.coll_chunk_limit(p, True) == progress.coll_chunk_limit(p, False) == 64 << 10
 
 
 def test_written_bytes_counts_every_output_and_streaming_schedules_mark_theirs():
