@@ -162,7 +162,8 @@ _DECLARED: tuple[Param, ...] = (
        "ownership, less memory traffic once their outputs outgrow the cache); 0 = never."),
     _p("STREAMING_MIN_BYTES", _parse_size_or_auto, -1,
        "A collective streams (COPY_STREAMING) when every local rank's output together exceeds this many "
-       "bytes. -1 = automatic: half the last-level cache, at most 16 MiB.", -1),
+       "bytes. -1 = automatic: 0 (always) where the progress process has cores of its own; where it "
+       "shares the ranks' (LOOP_COPIES) half the last-level cache, at most 16 MiB.", -1),
     _p("COPY_THREADS", int, 0,
        "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
     _p("LOOP_COPIES", int, -1,

@@ -101,20 +101,24 @@ def coll_chunk_limit(params: params_mod.Params, loop_copies: bool) -> int:
     return AUTO_CROWDED_COLL_CHUNK if loop_copies else params.CHUNK_SIZE
 
 
-def streaming_threshold(params: params_mod.Params, cpus: list[int]) -> int:
+def streaming_threshold(params: params_mod.Params, cpus: list[int], loop_copies: bool) -> int:
     """How many bytes a collective must write (every output together, sched.written_bytes) for its
     copies and reductions to use non-temporal stores, on a progress process running on ``cpus``.
 
-    Streaming stores skip the read-for-ownership of every output line but leave the data in DRAM: a
-    loss while the outputs fit in the cache (the 2-vCPU VM, 32 MiB L3: 2-rank 4 MiB Allreduce ~400 ->
-    ~250 us without them) and a gain once they do not (a 16-core Xeon host, 8 ranks, 16 MiB: ~6 ->
-    ~3.2 ms with them, although its L3 is 300 MiB: other tenants share it). Automatic: half the
-    last-level cache (a collective also reads about as much as it writes), at most
-    AUTO_STREAMING_MIN_BYTES (BENCHMARKS.md, eleventh session)."""
+    Streaming stores skip the read-for-ownership of every output line but leave the data in DRAM.
+    Where the progress process has cores of its own they paid at every size measured (a 16-core Xeon
+    host, 2 and 8 ranks, 1-64 MiB: equal or better, 2 ranks at 1 MiB ~160 against ~240 us), so
+    there they are always used. On a crowded node (``loop_copies``: the loop and one worker per CPU)
+    they lost while the data fit in the cache (the 2-vCPU VM, 32 MiB L3: 2-rank 4 MiB Allreduce ~400
+    -> ~250 us without them) and won beyond: there the threshold is half the last-level cache (a
+    collective reads about as much as it writes), at most AUTO_STREAMING_MIN_BYTES. BENCHMARKS.md,
+    eleventh session."""
     if not params.COPY_STREAMING:
         return 1 << 62
     if params.STREAMING_MIN_BYTES >= 0:
         return params.STREAMING_MIN_BYTES
+    if not loop_copies:
+        return 0
     llc = affinity.last_level_cache_bytes(cpus[0] if cpus else 0)
     return min(llc // 2, AUTO_STREAMING_MIN_BYTES) if llc else AUTO_STREAMING_MIN_BYTES
 
@@ -169,7 +173,7 @@ class ProgressEngine:
                             layout.rank_q(lr, P.RANK_WAITING)) for lr in range(nlocal)]
         self.slots_q = layout.slot_q(0)
         self.coll_transport = transports.REGISTRY[0]  # shm: every local buffer is mapped here
-        self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)))
+        self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
         self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
@@ -966,7 +970,7 @@ class ProgressEngine:
                 self.copy = CopyEngine(n, running_on, spread=True)
             else:
                 self.copy = CopyEngine(n, cpus)
-        self.streaming_min = streaming_threshold(self.params, running_on)
+        self.streaming_min = streaming_threshold(self.params, running_on, self.loop_copies)
         self.start_keep_awake(running_on)
         where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(running_on)}"
         _log.info("progress affinity: %s (%s); %d copy threads", where, reason, n)

@@ -1097,17 +1097,19 @@ def test_unknown_override_raises():
 
 def test_streaming_threshold_follows_the_params_and_the_cache(monkeypatch):
     """A collective streams once it writes more than the threshold: never with COPY_STREAMING=0, an
-    explicit STREAMING_MIN_BYTES as given, else half the last-level cache, at most 16 MiB (16 MiB
-    when the cache is unknown)."""
+    explicit STREAMING_MIN_BYTES as given; automatically always where the progress process has cores
+    of its own, and on a crowded node (the loop runs copy jobs) above half the last-level cache, at
+    most 16 MiB (16 MiB when the cache is unknown)."""
     from proxy import affinity, progress
-    def threshold(env, llc):
+    def threshold(env, llc, crowded=True):
         monkeypatch.setattr(affinity, "last_level_cache_bytes", lambda cpu: llc)
-        return progress.streaming_threshold(params_mod.Params(env=env), [0, 1])
+        return progress.streaming_threshold(params_mod.Params(env=env), [0, 1], crowded)
     assert threshold({}, 8 << 20) == 4 << 20
     assert threshold({}, 300 << 20) == 16 << 20 == progress.AUTO_STREAMING_MIN_BYTES
     assert threshold({}, 0) == 16 << 20
+    assert threshold({}, 8 << 20, crowded=False) == 0
     assert threshold({"SHMPROXY_STREAMING_MIN_BYTES": "0"}, 300 << 20) == 0
-    assert threshold({"SHMPROXY_STREAMING_MIN_BYTES": "1M"}, 8 << 20) == 1 << 20
+    assert threshold({"SHMPROXY_STREAMING_MIN_BYTES": "1M"}, 8 << 20, crowded=False) == 1 << 20
     assert threshold({"SHMPROXY_COPY_STREAMING": "0", "SHMPROXY_STREAMING_MIN_BYTES": "0"}, 8 << 20) >= 1 << 62
 
 
