@@ -40,7 +40,7 @@ import threading
 from typing import Any, Iterable, Mapping
 
 from proxy.errors import InvalidArgument, from_oserror
-from proxy.params import parse_cpu_list
+from proxy.params import parse_cpu_list, parse_size
 
 MAX_AUTO_CORES = 16
 """PROXY_NCORES=0 takes all spare CPUs, but at most this many (8 ranks on the 32-core GPU host: 16
@@ -131,15 +131,11 @@ def last_level_cache_bytes(cpu: int, base: str = "/sys/devices/system/cpu") -> i
             with open(f"{path}/type") as f:
                 kind = f.read().strip()
             with open(f"{path}/size") as f:
-                text = f.read().strip()
+                nbytes = parse_size(f.read())   # '32768K'
         except (OSError, ValueError):
             continue
-        if kind == "Instruction" or level <= best_level:
-            continue
-        m = re.fullmatch(r"(\d+)([KMG]?)", text)
-        if m:
-            best_level = level
-            size = int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+        if kind != "Instruction" and level > best_level:
+            best_level, size = level, nbytes
     return size
 
 

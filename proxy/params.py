@@ -35,7 +35,7 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected 0/1/true/false, got {text!r}")
 
 
-def _parse_size(text: str) -> int:
+def parse_size(text: str) -> int:
     """Bytes with an optional K/M/G suffix (binary units): '512K', '4M', '1G'."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     mult = 1
@@ -50,8 +50,8 @@ def _parse_size(text: str) -> int:
 
 
 def _parse_size_or_auto(text: str) -> int:
-    """A size as _parse_size, or 'auto' / '-1' for -1 (the value is then derived at run time)."""
-    return -1 if text.strip().lower() in ("auto", "-1") else _parse_size(text)
+    """A size as parse_size, or 'auto' / '-1' for -1 (the value is then derived at run time)."""
+    return -1 if text.strip().lower() in ("auto", "-1") else parse_size(text)
 
 
 def _parse_signal(text: str) -> int:
@@ -140,22 +140,22 @@ _DECLARED: tuple[Param, ...] = (
        "With ops in flight, fetch newly posted ops every this many progress passes.", 1),
     _p("APPEND_BATCH_SIZE", int, 16, "At most this many opCount groups are taken per fetch.", 1, 1024),
     _p("STEPS", int, 8, "Buffer slots per connection: a sub may have this many chunks in flight.", 1),
-    _p("CHUNK_SIZE", _parse_size, 512 << 10, "Bytes moved per step by the shm transport.", 4096),
+    _p("CHUNK_SIZE", parse_size, 512 << 10, "Bytes moved per step by the shm transport.", 4096),
     _p("COLL_CHUNK_SIZE", _parse_size_or_auto, -1,
        "Largest chunk of a collective (per rank's buffer). -1 = automatic: CHUNK_SIZE, or 4 MiB where the "
        "progress loop runs copy jobs itself (LOOP_COPIES), so that a collective is cut in one chunk per "
        "CPU there.", -1),
-    _p("COLL_MIN_CHUNK", _parse_size, 64 << 10,
+    _p("COLL_MIN_CHUNK", parse_size, 64 << 10,
        "A collective's chunks shrink below COLL_CHUNK_SIZE to give every copy worker one, but not below "
        "this.", 4096),
     _p("MAX_OPS_PER_RANK", int, 1024, "Op records (and request slots) each local rank owns in the pool.", 16),
     _p("MAX_SUBS", int, 4096, "Sub slots in the pool's progress table (visible to the dump tool).", 64),
-    _p("PARALLEL_THRESHOLD", _parse_size, 1 << 20,
+    _p("PARALLEL_THRESHOLD", parse_size, 1 << 20,
        "Messages at least this large are split into one sub per copy worker.", 0),
-    _p("EAGER_BYTES", _parse_size, 512 << 10,
+    _p("EAGER_BYTES", parse_size, 512 << 10,
        "Messages up to this size are copied by the progress loop itself as soon as they match, without "
        "an args or a copy worker (handing a copy to a worker thread costs ~100 us of wake-ups).", 0),
-    _p("COLL_INLINE_BYTES", _parse_size, 64 << 10,
+    _p("COLL_INLINE_BYTES", parse_size, 64 << 10,
        "Collectives of at most this many bytes per rank run in the progress loop itself, not on workers.", 0),
     _p("COPY_STREAMING", _parse_bool, True,
        "Collectives that write more than STREAMING_MIN_BYTES use non-temporal stores (no read for "
@@ -197,14 +197,14 @@ _DECLARED: tuple[Param, ...] = (
        "holder to splice; 0 = sleep at once).", 0, 100.0),
     _p("WAIT_SPIN_US", float, 500.0,
        "A rank in Wait() polls its completion this long before it sleeps on its futex.", 0),
-    _p("WAIT_SPIN_MAX_BYTES", _parse_size, 0,
+    _p("WAIT_SPIN_MAX_BYTES", parse_size, 0,
        "Wait() spins only for requests up to this size; larger ones (done by copy workers) sleep at "
        "once, leaving the cores to the workers. 0 = automatic: when the node has fewer cores than "
        "local ranks + 2 (the ranks and the progress process share cores), EAGER_BYTES for messages and "
        "COLL_INLINE_BYTES for collectives (what the progress loop completes itself), else no limit.", 0),
     _p("WAIT_SLICE_MS", float, 200.0,
        "Bound of one sleep in Wait(); between sleeps the rank checks abort and the progress process.", 1),
-    _p("STAGING_CACHE", _parse_size, 256 << 20,
+    _p("STAGING_CACHE", parse_size, 256 << 20,
        "Bytes of staging buffers (for arrays not from comm.alloc) a rank keeps registered.", 0),
     _p("TIMEOUT", float, 600.0,
        "Seconds any rendezvous, init step or operation may take before Timeout is raised.", 0.001),

@@ -30,9 +30,9 @@ import argparse
 
 def parse_size(text: str) -> int:
     """Bytes with an optional K/M/G suffix (binary units), as the SHMPROXY_* sizes: '8', '4K', '64M'."""
-    from proxy.params import _parse_size
+    from proxy.params import parse_size as parse_param_size
     try:
-        return _parse_size(text)
+        return parse_param_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"bad size {text!r}: {exc}") from None
 
