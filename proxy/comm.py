@@ -516,8 +516,10 @@ class Comm:
         left = deadline - time.monotonic()
         if left <= 0:
             raise errors.Timeout(f"rank {self.rank}: timed out waiting for {what}")
-        q[self._waiting_q] = 1
+        # WAITING says where we sleep and on which word: the progress process, or the keep-awake guard
+        # of this CPU (shm/_workers.c, "Relayed wake-ups"), wakes us once the word moved.
         word = self._u32[self._wake_u32]
+        q[self._waiting_q] = (_native.getcpu() + 1) | (word << 32)
         if sq < 0 or q[sq] != seq:
             _native.futex_wait(self._wake_addr, word, min(self._slice_s, left))
         q[self._waiting_q] = 0

@@ -40,6 +40,7 @@ class CopyEngine:
         self.pool = _workers.Workers(nthreads, cpus, spread) if nthreads else None
         self.cpus = cpus
         self.nthreads = nthreads
+        self.spread = spread
         self.in_flight = 0
         self.error: BaseException | None = None
         self.py_tasks: queue.SimpleQueue | None = None   # Python callables, on threads started lazily

@@ -336,10 +336,12 @@ def _read_ranks(view: P.PoolView, chain: Any, problems: list[str]) -> list[dict]
         nfree = sum(1 for i in region if i in listed_where)
         conn = q[layout.rank_q(r, P.RANK_CONN_STATE)]
         pend = q[layout.rank_q(r, P.RANK_PENDING)]   # a chain left for the mutex holder (_pool_lock.h)
+        waiting = q[layout.rank_q(r, P.RANK_WAITING)]
         ranks.append({
             "local_rank": r,
             "pid": q[layout.rank_q(r, P.RANK_PID)],
-            "waiting": q[layout.rank_q(r, P.RANK_WAITING)],
+            "waiting": int(bool(waiting)),
+            "waiting_cpu": (waiting & 0xFFFFFFFF) - 1 if waiting else None,
             "wake_word": q[layout.rank_q(r, P.RANK_WAKE)] & 0xFFFFFFFF,
             "posted": q[layout.rank_q(r, P.RANK_POSTED)],
             "completed": q[layout.rank_q(r, P.RANK_COMPLETED)],

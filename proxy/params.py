@@ -180,7 +180,8 @@ _DECLARED: tuple[Param, ...] = (
     _p("KEEP_AWAKE_US", float, -1.0,
        "While the job is busy and for this long after, idle-priority threads of the progress process keep "
        "its CPUs from going idle (a halted vCPU wakes late when other guests load the host); they yield "
-       "to any other thread at once. -1 = automatic: 2000 when the ranks and the progress process share "
+       "to any other thread at once, and wake the copy workers and ranks that sleep on their CPUs (no "
+       "cross-CPU interrupt). -1 = automatic: 2000 when the ranks and the progress process share "
        "cores (no spare core), else 0 (off).", -1, 1e6),
     _p("PROXY_SLEEP_MS", float, 250.0,
        "Bound of one condvar sleep of the idle progress process (it rechecks abort and its ranks).", 1),

@@ -55,6 +55,7 @@ AUTO_LOOP_POLL_US = 100.0    # LOOP_POLL_US=-1 where the loop runs copy jobs its
 AUTO_CROWDED_COLL_CHUNK = 4 << 20  # COLL_CHUNK_SIZE=-1 where the loop runs copy jobs: ~0.3 ms of work
 AUTO_STREAMING_MIN_BYTES = 16 << 20  # STREAMING_MIN_BYTES=-1: at most this (a shared 300 MiB L3 did not hold more)
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
+RELAY_GRACE_NS = 200_000     # a rank left to a keep-awake guard to wake and still asleep after this: wake it
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
 # Collective kinds as plain ints for the per-op path: looking up an IntEnum member costs ~150 ns
@@ -177,6 +178,8 @@ class ProgressEngine:
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
         self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
+        # Wake-ups left to a guard (wake_ranks): (deadline ns, WAITING index, its value, futex address)
+        self.relayed: list[tuple[int, int, int, int]] = []
         self.profiler = Profiler(params.PROFILE)
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
@@ -383,7 +386,8 @@ class ProgressEngine:
         self.q[base + P.CTRL_SLEEPING] = 1
         self.q[base + P.CTRL_N_SLEEP] += 1
         t0 = time.monotonic_ns()
-        self.view.cond.wait(self.params.PROXY_SLEEP_MS / 1000.0)
+        # While a guard has a wake-up to deliver, wake in time to deliver it ourselves (check_relayed).
+        self.view.cond.wait(RELAY_GRACE_NS / 1e9 if self.relayed else self.params.PROXY_SLEEP_MS / 1000.0)
         self.q[base + P.CTRL_SLEEPING] = 0
         if self.profiler.enabled:
             self.profiler.span("sleep", t0, time.monotonic_ns())
@@ -842,9 +846,10 @@ class ProgressEngine:
         # its CPU at once, and the other side would wait behind it (~90 us on the 2-vCPU VM).
         self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag, wake=False)
         self.complete(t.send, 0, t.nbytes, source=t.recv.rank, tag=t.send.tag, wake=False)
-        self.wake_rank(t.recv.owner)
         if t.send.owner != t.recv.owner:
-            self.wake_rank(t.send.owner)
+            self.wake_ranks((t.recv.owner, t.send.owner))
+        else:
+            self.wake_rank(t.recv.owner)
         if t.nbytes > self.eager:
             self.complete_large()
         if self.profiler.enabled:
@@ -876,11 +881,15 @@ class ProgressEngine:
         rank is woken, so ranks leave together (the barrier-exit skew of a Python loop was ~1.5 us per
         rank). Same protocol as complete() and wake_rank()."""
         layout = self.layout
+        relayed = self.awake.live_mask() if self.awake is not None else 0
         bad = _native.complete_coll(self.seg.addr, layout.slots_off, layout.rank_area_off, layout.max_ops,
-                                    ops, nbytes)
+                                    ops, nbytes, relayed)
         if bad >= 0:
             self.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot {ops[bad].req_slot} "
                                                  f"out of range")
+        elif relayed:
+            for op in ops:
+                self._note_relayed(op.owner, relayed)
 
     def complete_large(self) -> None:
         """After completing work the copy workers did: on a crowded node, sleep at once the next time
@@ -894,16 +903,70 @@ class ProgressEngine:
             self.awake.touch()
 
     def wake_rank(self, local_rank: int) -> None:
-        """Bump a rank's futex word; issue the wake syscall only if the rank said it may sleep.
+        """Bump a rank's futex word; issue the wake syscall only if the rank said it may sleep, and not
+        when the keep-awake guard of the CPU it sleeps on does it (shm/_workers.c, "Relayed wake-ups").
 
-        Lost wake-ups are impossible: the rank stores WAITING=1, reads the word, re-checks its slot and
-        sleeps only while the word is unchanged; we publish the slot, bump the word atomically (a full
-        barrier), then read WAITING. Either the rank sees the new slot or the bump, or we see WAITING=1.
+        Lost wake-ups are impossible: the rank reads the word, stores WAITING (its CPU and that word),
+        re-checks its slot and sleeps only while the word is unchanged (the futex compares it); we
+        publish the slot, bump the word atomically (a full barrier), then read WAITING. Either the rank
+        sees the new slot, or its futex_wait sees the bump, or we (or the guard) see WAITING set.
         """
         _completed, wake_addr, waiting = self.rank_words[local_rank]
         _native.fetch_add_u32(wake_addr, 1)
-        if self.q[waiting]:
+        w = self.q[waiting]
+        if w:
+            relayed = self.awake.live_mask() if self.awake is not None else 0
+            if not self._note_relayed(local_rank, relayed):
+                _native.futex_wake(wake_addr, 0x7FFFFFFF)
+
+    def wake_ranks(self, local_ranks: tuple[int, ...]) -> None:
+        """wake_rank for several ranks: every word bumped first, then the wake-ups, those of ranks asleep
+        on this CPU last. Such a wakee preempts the loop at once, and a wake-up after it waited that long
+        (~15 us on the VM)."""
+        words, q = self.rank_words, self.q
+        for lr in local_ranks:
+            _native.fetch_add_u32(words[lr][1], 1)
+        if not any(q[words[lr][2]] for lr in local_ranks):
+            return
+        relayed = self.awake.live_mask() if self.awake is not None else 0
+        here, last = _native.getcpu(), []
+        for lr in local_ranks:
+            _completed, wake_addr, waiting = words[lr]
+            w = q[waiting]
+            if not w or self._note_relayed(lr, relayed):
+                continue
+            if (w & 0xFFFFFFFF) - 1 == here:
+                last.append(wake_addr)
+            else:
+                _native.futex_wake(wake_addr, 0x7FFFFFFF)
+        for wake_addr in last:
             _native.futex_wake(wake_addr, 0x7FFFFFFF)
+
+    def _note_relayed(self, local_rank: int, relayed: int) -> bool:
+        """Whether rank ``local_rank`` sleeps on a CPU whose keep-awake guard wakes it (bit set in
+        ``relayed``: KeepAwake.live_mask); if so, remember it, so that check_relayed wakes it should the
+        guard not run in time (a guard preempted just after it proved live)."""
+        waiting = self.rank_words[local_rank][2]
+        w = self.q[waiting]
+        cpu = (w & 0xFFFFFFFF) - 1
+        if not w or not 0 <= cpu < 64 or not (relayed >> cpu) & 1:
+            return False
+        self.relayed.append((time.monotonic_ns() + RELAY_GRACE_NS, waiting, w, self.rank_words[local_rank][1]))
+        return True
+
+    def check_relayed(self) -> None:
+        """Forget the relayed wake-ups whose rank woke; wake those still asleep after RELAY_GRACE_NS."""
+        now, q, keep = time.monotonic_ns(), self.q, []
+        for item in self.relayed:
+            deadline, waiting, w, wake_addr = item
+            if q[waiting] != w:
+                continue
+            if now >= deadline:
+                _log.debug("a relayed wake-up was late; waking the rank directly")
+                _native.futex_wake(wake_addr, 0x7FFFFFFF)
+            else:
+                keep.append(item)
+        self.relayed = keep
 
     # ------------------------------------------------------------------ driver
     def _should_exit(self) -> bool:
@@ -915,6 +978,8 @@ class ProgressEngine:
         next_tick = 0
         while not self._should_exit():
             idle = self.progress_once()
+            if self.relayed:
+                self.check_relayed()
             self.passes += 1
             mode = fetch_mode(idle, len(self.active), self.passes, freq)
             added = self.fetch(mode) if mode else 0
@@ -929,7 +994,9 @@ class ProgressEngine:
                 else:
                     os.sched_yield()
             now = time.monotonic_ns()
-            if now >= next_tick:
+            # An affinity decided (the last rank connected) is applied at once, not a heartbeat later:
+            # until then there are no copy workers, and a job's first ~100 ms ran on the loop alone.
+            if now >= next_tick or self.pending_affinity is not None:
                 next_tick = now + hb_ns
                 self.tick(now)
 
@@ -986,9 +1053,13 @@ class ProgressEngine:
             self.awake.stop()
             self.awake = None
         if us > 0:
-            self.awake = _workers.KeepAwake(cpus, us / 1e6)
-            _log.info("keep-awake: %d idle-priority guard(s) on cpus %s, %g us after the last work",
-                      len(cpus), affinity.format_cpu_list(cpus), us)
+            # Guards wake spread workers on their own CPUs: no IPI (shm/_workers.c, "Relayed wake-ups").
+            relay = self.copy.pool if self.copy.spread else None
+            self.awake = _workers.KeepAwake(cpus, us / 1e6, relay, self.seg.addr + self.layout.rank_area_off,
+                                            self.nlocal)
+            _log.info("keep-awake: %d idle-priority guard(s) on cpus %s, %g us after the last work%s",
+                      len(cpus), affinity.format_cpu_list(cpus), us,
+                      ", waking the copy workers there" if relay is not None else "")
 
     # ------------------------------------------------------------------ dump
     def dump_state(self) -> dict:

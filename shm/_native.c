@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -167,6 +168,9 @@ static PyObject *py_futex_wake(PyObject *self, PyObject *args) {
     return PyLong_FromLong(r);
 }
 
+/* getcpu() -> the CPU the caller runs on (sched_getcpu; a rank publishes it before it sleeps). */
+static PyObject *py_getcpu(PyObject *self, PyObject *unused) { return PyLong_FromLong(sched_getcpu()); }
+
 /* Atomically add to a uint32 word (the futex words have several writers). */
 static PyObject *py_fetch_add_u32(PyObject *self, PyObject *args) {
     PyObject *addr; unsigned int v;
@@ -243,12 +247,14 @@ static PyObject *py_take_posted(PyObject *self, PyObject *args) {
 }
 
 /*
- * complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes) -> -1 | index of a bad op
+ * complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes, relayed=0) -> -1 | index of a bad op
  * Finish every rank's op of one collective (proxy/progress.py, ProgressEngine.complete_coll): first
  * publish each op's completion slot (nbytes, status 0 with the op's peer as source, tag 0, then the
  * request's seq with a release store: shm/counters.py's protocol), then bump each owner's COMPLETED
- * counter and futex word and wake it if it said it may sleep. Publishing all before waking any lets
- * spinning ranks leave together. Checks every op's slot lies in its owner's region before writing
+ * counter and futex word, then wake each owner that said it may sleep, except those asleep on a CPU
+ * whose bit is set in `relayed` (that CPU's keep-awake guard wakes them: shm/_workers.c) and those on
+ * the caller's CPU last (a wakee there preempts the caller before it wakes the others). Publishing
+ * all before waking any lets spinning ranks leave together. Checks every op's slot lies in its owner's region before writing
  * anything: on a bad one nothing is written and its position in `ops` is returned.
  */
 
@@ -265,8 +271,9 @@ static int op_field(PyObject *op, PyObject *name, long long *out) {
 static PyObject *py_complete_coll(PyObject *self, PyObject *args) {
     PyObject *pool_o, *ops;
     Py_ssize_t slots_off, area_off, max_ops;
-    unsigned long long nbytes;
-    if (!PyArg_ParseTuple(args, "OnnnOK", &pool_o, &slots_off, &area_off, &max_ops, &ops, &nbytes)) return NULL;
+    unsigned long long nbytes, relayed = 0;
+    if (!PyArg_ParseTuple(args, "OnnnOK|K", &pool_o, &slots_off, &area_off, &max_ops, &ops, &nbytes, &relayed))
+        return NULL;
     char *pool = as_ptr(pool_o);
     if (!pool && PyErr_Occurred()) return NULL;
     PyObject *seq = PySequence_Fast(ops, "complete_coll: ops must be a sequence");
@@ -308,10 +315,18 @@ static PyObject *py_complete_coll(PyObject *self, PyObject *args) {
         char *area = pool + area_off + f[i][1] * RANK_AREA_BYTES;
         uint64_t *completed = (uint64_t *)(area + RANK_COMPLETED_OFF);
         *completed += 1;   /* statistics; the progress process is its only writer */
-        uint32_t *word = (uint32_t *)(area + RANK_WAKE_OFF);
-        __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n((uint64_t *)(area + RANK_WAITING_OFF), __ATOMIC_SEQ_CST))
-            syscall(SYS_futex, word, FUTEX_WAKE, 0x7FFFFFFF, NULL, NULL, 0);
+        __atomic_fetch_add((uint32_t *)(area + RANK_WAKE_OFF), 1, __ATOMIC_SEQ_CST);
+    }
+    int here = sched_getcpu();
+    for (int local = 0; local < 2; local++) {   /* other CPUs first, then the caller's */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            char *area = pool + area_off + f[i][1] * RANK_AREA_BYTES;
+            uint64_t w = __atomic_load_n((uint64_t *)(area + RANK_WAITING_OFF), __ATOMIC_SEQ_CST);
+            if (!w) continue;
+            int cpu = (int)(uint32_t)w - 1;
+            if ((cpu == here) != local || (cpu >= 0 && cpu < 64 && (relayed >> cpu) & 1)) continue;
+            syscall(SYS_futex, (uint32_t *)(area + RANK_WAKE_OFF), FUTEX_WAKE, 0x7FFFFFFF, NULL, NULL, 0);
+        }
     }
     PyMem_Free(f);
     return PyLong_FromLong(-1);
@@ -372,8 +387,9 @@ static PyMethodDef methods[] = {
     {"futex_wait", py_futex_wait, METH_VARARGS, "futex_wait(addr, expected, timeout) -> OK | TIMEDOUT"},
     {"futex_wake", py_futex_wake, METH_VARARGS, "futex_wake(addr, n) -> number woken"},
     {"fetch_add_u32", py_fetch_add_u32, METH_VARARGS, "fetch_add_u32(addr, v) -> old value"},
+    {"getcpu", py_getcpu, METH_NOARGS, "getcpu() -> the CPU the caller runs on"},
     {"complete_coll", py_complete_coll, METH_VARARGS,
-     "complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes) -> -1 | index of a bad op"},
+     "complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes, relayed=0) -> -1 | index of a bad op"},
     {"take_posted", py_take_posted, METH_VARARGS,
      "take_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)"},
     {"buffer_info", py_buffer_info, METH_VARARGS, "buffer_info(obj, writable) -> (address, nbytes)"},

@@ -26,7 +26,7 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
 /* per-rank areas */
 #define RANK_AREA_BYTES 64
 #define RANK_WAKE_OFF 8        /* uint32 futex word */
-#define RANK_WAITING_OFF 16    /* u64: the rank may sleep */
+#define RANK_WAITING_OFF 16    /* u64: the rank may sleep: (its CPU + 1) | the word it sleeps on << 32 */
 #define RANK_COMPLETED_OFF 40  /* u64 statistics */
 #define RANK_PENDING_OFF 48    /* u64: (first + 1) << 32 | (last + 1) of a chain left to the holder; 0 = none */
 

@@ -18,7 +18,9 @@
  *   pool.help(max_jobs) -> int           the caller runs up to max_jobs queued jobs itself (see below)
  *   pool.stop()                          workers exit after their current job; idempotent
  *
- *   awake = KeepAwake(cpus, window_s)    one SCHED_IDLE guard thread pinned to each CPU (see below)
+ *   awake = KeepAwake(cpus, window_s, workers=None)
+ *                                        one SCHED_IDLE guard thread pinned to each CPU (see below); with
+ *                                        a spread pool, the guards wake its workers on their CPUs
  *   awake.touch()                        large work in flight: the guards spin for window_s more
  *   awake.stop()                         the guards exit; idempotent
  *
@@ -72,7 +74,12 @@
 #include <string.h>
 #include <time.h>
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "_kernel.h"
+#include "_pool_layout.h"
 
 enum { STEP_COPY = 0, STEP_REDUCE = 1 };
 #define MAX_THREADS 1024
@@ -96,6 +103,7 @@ typedef struct Job {
 } Job;
 
 struct Pool;
+struct KeepAwake;
 
 typedef struct {
     struct Pool *pool;
@@ -119,6 +127,7 @@ typedef struct Pool {
     int *cpus;
     int ncpus;
     unsigned long long submitted, completed;
+    struct KeepAwake *relay;  /* guards that wake this pool's pinned workers from their own CPU, or NULL */
 } Pool;
 
 static void job_free(Job *j) {
@@ -197,19 +206,22 @@ static Job *pop_locked(Pool *p) {
     Job *j = p->head;
     p->head = j->next;
     if (!p->head) p->tail = NULL;
-    p->queued--;
+    __atomic_store_n(&p->queued, p->queued - 1, __ATOMIC_SEQ_CST);   /* guards read it unlocked */
     return j;
 }
 
-/* Choose idle workers to wake, one per queued job at most, none pinned to CPU `skip` (-1: any), and
+/* Choose idle workers to wake, one per queued job at most, none pinned to CPU `skip` (-1: any) nor to
+ * a CPU whose spinning guard wakes them (relay_covers, "Relayed wake-ups" below), and
  * mark them woken (mutex held); their indices go to woken[], their number is returned. The caller
  * signals them once it has released the mutex: a worker woken under it would only block on it, after
  * preempting the caller on its CPU. */
+static int relay_covers(Pool *p, int cpu);
+
 static int pick_locked(Pool *p, int skip, int *woken) {
     int n = 0;
     for (int i = 0; i < p->nthreads && n < p->queued; i++) {
         Worker *w = &p->workers[i];
-        if (w->idle && (skip < 0 || w->cpu != skip)) {
+        if (w->idle && (skip < 0 || w->cpu != skip) && !relay_covers(p, w->cpu)) {
             w->idle = 0;
             woken[n++] = i;
         }
@@ -267,7 +279,7 @@ static void enqueue(Pool *p, Job *j) {
     pthread_mutex_lock(&p->mu);
     if (p->tail) p->tail->next = j; else p->head = j;
     p->tail = j;
-    p->queued++;
+    __atomic_store_n(&p->queued, p->queued + 1, __ATOMIC_SEQ_CST);
     p->submitted++;
     int n = pick_locked(p, skip, woken);
     pthread_mutex_unlock(&p->mu);
@@ -326,8 +338,28 @@ static void *as_addr(PyObject *o) {
  * Protocol: touch() stores the deadline, then reads `sleepers`; a guard increments `sleepers`, then
  * reads the deadline, under the mutex, before it waits (both seq_cst): either the guard sees the new
  * deadline or touch() sees it asleep and signals under the mutex, so no touch is lost.
+ *
+ * Relayed wake-ups (KeepAwake(cpus, window, workers, rank_areas, nranks)): waking a thread on another
+ * vCPU is an IPI, and on the VM each one cost the waker ~12 us inside the syscall (the exit to the
+ * hypervisor) and the wakee ~12 us more before it ran (perf with ipi:ipi_send_cpu, 4 MiB ping-pong:
+ * 641 of 643 worker wake-ups took that path, ~23 us from sched_waking to running; a wake-up on the
+ * wakee's own CPU took ~5). A guard in its window is running on its CPU anyway, so it wakes what
+ * sleeps there itself: the wake-up is local, no IPI, and the wakee preempts the guard at once.
+ *  - workers: the pool signals none of a live guard's workers when it queues a job (relay_covers); the
+ *    guard sees `queued` between its pause bursts, takes the mutex and signals its CPU's idle workers,
+ *    one per queued job. Nothing waits on a guard that is not there: a job no worker took stays
+ *    queued, and the loop, which runs queued jobs itself on a crowded node (help()), takes it.
+ *  - ranks: a rank about to sleep stores WAITING = (its CPU + 1) | the futex word it sleeps on << 32
+ *    (shm/_pool_layout.h); the guard of that CPU wakes it once the word moved. The progress loop asks
+ *    live_mask() which CPUs those are and then only bumps the word; it remembers each wake-up so
+ *    left, and makes it itself should the rank still sleep on that word after a grace period
+ *    (progress.py, check_relayed): a guard preempted just after it proved live delays, never loses.
+ * A guard is live while its heartbeat (one per pass, ~2 us apart) is under RELAY_FRESH_NS old; it
+ * clears it before it sleeps, then makes one last pass. Against a waker that read the heartbeat
+ * before it was cleared, both sides are seq_cst: the waker publishes (queue, futex word), then reads
+ * the heartbeat; the guard clears it, then reads what was published.
  */
-typedef struct {
+typedef struct KeepAwake {
     PyObject_HEAD
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -337,7 +369,14 @@ typedef struct {
     int n;
     pthread_t *threads;
     int *cpus;
+    uint64_t *beats;       /* guard i's last pass (CLOCK_MONOTONIC ns) at beats[i * BEAT_STRIDE]; 0 asleep */
+    Pool *pool;            /* whose pinned workers the guards wake (a reference), or NULL */
+    char *rank_areas;      /* an ops pool's rank areas, whose sleeping ranks the guards wake, or NULL */
+    int nranks;
 } KeepAwake;
+
+#define BEAT_STRIDE 8          /* one cache line per guard's heartbeat */
+#define RELAY_FRESH_NS 10000   /* a guard is live if it passed this recently (a pass is ~2 us) */
 
 static uint64_t mono_ns(void) {
     struct timespec ts;
@@ -345,7 +384,55 @@ static uint64_t mono_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-typedef struct { KeepAwake *k; int cpu; } GuardArg;
+typedef struct { KeepAwake *k; int cpu, index; } GuardArg;
+
+static PyTypeObject PoolType;
+
+/* Whether guard i ran within RELAY_FRESH_NS of `now`. */
+static int guard_live(KeepAwake *k, int i, uint64_t now) {
+    uint64_t beat = __atomic_load_n(&k->beats[i * BEAT_STRIDE], __ATOMIC_SEQ_CST);
+    return beat && now - beat < RELAY_FRESH_NS;
+}
+
+/* Whether a live guard wakes the workers pinned to `cpu` (pool mutex held; see "Relayed wake-ups"). */
+static int relay_covers(Pool *p, int cpu) {
+    KeepAwake *k = p->relay;
+    if (!k || cpu < 0) return 0;
+    uint64_t now = mono_ns();
+    for (int i = 0; i < k->n; i++)
+        if (k->cpus[i] == cpu) return guard_live(k, i, now);
+    return 0;
+}
+
+/* A guard on `cpu`: wake the ranks that sleep on this CPU and whose futex word moved since they went
+ * to sleep (a rank stores WAITING = (its CPU + 1) | the word it sleeps on << 32; see comm.py). */
+static void relay_ranks(KeepAwake *k, int cpu) {
+    for (int r = 0; r < k->nranks; r++) {
+        char *area = k->rank_areas + (size_t)r * RANK_AREA_BYTES;
+        uint64_t w = __atomic_load_n((uint64_t *)(area + RANK_WAITING_OFF), __ATOMIC_SEQ_CST);
+        if ((uint32_t)w != (uint32_t)cpu + 1) continue;
+        uint32_t *word = (uint32_t *)(area + RANK_WAKE_OFF);
+        if (__atomic_load_n(word, __ATOMIC_SEQ_CST) != (uint32_t)(w >> 32))
+            syscall(SYS_futex, word, FUTEX_WAKE, 0x7FFFFFFF, NULL, NULL, 0);
+    }
+}
+
+/* A guard on `cpu`: wake this CPU's idle workers for the queued jobs, one per job, from here. */
+static void relay_wake(Pool *p, int cpu) {
+    if (__atomic_load_n(&p->queued, __ATOMIC_SEQ_CST) <= 0) return;
+    int woken[MAX_THREADS];
+    int n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->nthreads && n < p->queued && !p->stopping; i++) {
+        Worker *w = &p->workers[i];
+        if (w->idle && w->cpu == cpu) {
+            w->idle = 0;
+            woken[n++] = i;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    signal_workers(p, woken, n);
+}
 
 static void *guard_main(void *arg) {
     GuardArg a = *(GuardArg *)arg;
@@ -356,11 +443,18 @@ static void *guard_main(void *arg) {
     pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);   /* best effort: unprivileged is allowed */
     pin_current_thread(&a.cpu, 1);
     for (;;) {
+        uint64_t *beat = &k->beats[a.index * BEAT_STRIDE], now;
         while (!__atomic_load_n(&k->stopping, __ATOMIC_RELAXED) &&
-               mono_ns() < __atomic_load_n(&k->deadline_ns, __ATOMIC_RELAXED)) {
+               (now = mono_ns()) < __atomic_load_n(&k->deadline_ns, __ATOMIC_RELAXED)) {
+            __atomic_store_n(beat, now, __ATOMIC_SEQ_CST);
+            if (k->pool) relay_wake(k->pool, a.cpu);
+            if (k->rank_areas) relay_ranks(k, a.cpu);
             for (int i = 0; i < 64; i++) __builtin_ia32_pause();
             sched_yield();   /* hand the CPU back to a thread that yielded to us (above) */
         }
+        __atomic_store_n(beat, 0, __ATOMIC_SEQ_CST);   /* from now on wakers do it themselves */
+        if (k->pool) relay_wake(k->pool, a.cpu);       /* what arrived since the last pass */
+        if (k->rank_areas) relay_ranks(k, a.cpu);
         pthread_mutex_lock(&k->mu);
         __atomic_fetch_add(&k->sleepers, 1, __ATOMIC_SEQ_CST);
         while (!k->stopping && mono_ns() >= __atomic_load_n(&k->deadline_ns, __ATOMIC_SEQ_CST)) {
@@ -377,12 +471,38 @@ static void *guard_main(void *arg) {
 }
 
 static int KeepAwake_init(KeepAwake *k, PyObject *args, PyObject *kw) {
-    PyObject *cpus_obj;
+    static char *kwlist[] = {"cpus", "window_s", "workers", "rank_areas", "nranks", NULL};
+    PyObject *cpus_obj, *pool_obj = Py_None, *areas_obj = Py_None;
+    int nranks = 0;
     double window_s;
-    if (!PyArg_ParseTuple(args, "Od", &cpus_obj, &window_s)) return -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Od|OOi", kwlist, &cpus_obj, &window_s, &pool_obj, &areas_obj,
+                                     &nranks))
+        return -1;
+    if (areas_obj != Py_None) {
+        if (!(k->rank_areas = as_addr(areas_obj))) return -1;
+        if (nranks < 1 || nranks > MAX_THREADS) {
+            PyErr_Format(PyExc_ValueError, "KeepAwake: nranks must be in 1..%d with rank_areas", MAX_THREADS);
+            return -1;
+        }
+        k->nranks = nranks;
+    }
     if (k->threads) {
         PyErr_SetString(PyExc_RuntimeError, "KeepAwake is already initialised");
         return -1;
+    }
+    if (pool_obj != Py_None) {
+        if (!PyObject_TypeCheck(pool_obj, &PoolType) || !((Pool *)pool_obj)->workers) {
+            PyErr_SetString(PyExc_TypeError, "KeepAwake: workers must be an initialised Workers pool or None");
+            return -1;
+        }
+        Pool *p = (Pool *)pool_obj;
+        pthread_mutex_lock(&p->mu);
+        int taken = p->relay != NULL;
+        pthread_mutex_unlock(&p->mu);
+        if (taken) {
+            PyErr_SetString(PyExc_RuntimeError, "KeepAwake: that Workers pool already has guards relaying for it");
+            return -1;
+        }
     }
     if (window_s <= 0 || window_s > 1.0) {
         PyErr_SetString(PyExc_ValueError, "KeepAwake: window must be in (0, 1] s");
@@ -395,6 +515,7 @@ static int KeepAwake_init(KeepAwake *k, PyObject *args, PyObject *kw) {
         return -1;
     }
     if (!(k->threads = calloc((size_t)n, sizeof(pthread_t)))) { PyErr_NoMemory(); return -1; }
+    if (!(k->beats = calloc((size_t)n * BEAT_STRIDE, sizeof(uint64_t)))) { PyErr_NoMemory(); return -1; }
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -407,6 +528,7 @@ static int KeepAwake_init(KeepAwake *k, PyObject *args, PyObject *kw) {
         if (!a) { PyErr_NoMemory(); return -1; }
         a->k = k;
         a->cpu = k->cpus[i];
+        a->index = (int)i;
         int rc = pthread_create(&k->threads[i], NULL, guard_main, a);
         if (rc) {
             free(a);
@@ -416,10 +538,23 @@ static int KeepAwake_init(KeepAwake *k, PyObject *args, PyObject *kw) {
         }
         k->n = (int)i + 1;
     }
+    if (pool_obj != Py_None) {   /* after the guards exist: a live relay needs them running */
+        Pool *p = (Pool *)pool_obj;
+        Py_INCREF(pool_obj);
+        k->pool = p;
+        pthread_mutex_lock(&p->mu);
+        p->relay = k;
+        pthread_mutex_unlock(&p->mu);
+    }
     return 0;
 }
 
 static void keepawake_stop(KeepAwake *k) {
+    if (k->pool) {   /* first: from now on the pool wakes its workers itself */
+        pthread_mutex_lock(&k->pool->mu);
+        k->pool->relay = NULL;
+        pthread_mutex_unlock(&k->pool->mu);
+    }
     if (!k->n) return;
     pthread_mutex_lock(&k->mu);
     k->stopping = 1;
@@ -457,10 +592,26 @@ static void KeepAwake_dealloc(KeepAwake *k) {
     }
     free(k->threads);
     free(k->cpus);
+    free(k->beats);
+    Py_XDECREF((PyObject *)k->pool);
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
 
 static PyObject *KeepAwake_get_nthreads(KeepAwake *k, void *unused) { return PyLong_FromLong(k->n); }
+
+/* live_mask() -> bit c set: the guard on CPU c (< 64) is live and wakes the ranks sleeping there, so a
+ * waker on another CPU leaves them to it. Never the caller's own CPU: that guard is not running. */
+static PyObject *KeepAwake_live_mask(KeepAwake *k, PyObject *unused) {
+    unsigned long long mask = 0;
+    if (k->n && k->rank_areas) {
+        uint64_t now = mono_ns();
+        int here = sched_getcpu();
+        for (int i = 0; i < k->n; i++)
+            if (k->cpus[i] >= 0 && k->cpus[i] < 64 && k->cpus[i] != here && guard_live(k, i, now))
+                mask |= 1ULL << k->cpus[i];
+    }
+    return PyLong_FromUnsignedLongLong(mask);
+}
 
 static PyObject *KeepAwake_get_spinning(KeepAwake *k, void *unused) {
     return PyBool_FromLong(k->n && mono_ns() < __atomic_load_n(&k->deadline_ns, __ATOMIC_SEQ_CST));
@@ -469,6 +620,8 @@ static PyObject *KeepAwake_get_spinning(KeepAwake *k, void *unused) {
 static PyMethodDef KeepAwake_methods[] = {
     {"touch", (PyCFunction)KeepAwake_touch, METH_NOARGS, "touch(): the job is busy; spin for another window"},
     {"stop", (PyCFunction)KeepAwake_stop, METH_NOARGS, "stop(): the guards exit; idempotent"},
+    {"live_mask", (PyCFunction)KeepAwake_live_mask, METH_NOARGS,
+     "live_mask() -> bitmask of the other CPUs (< 64) whose live guard wakes the ranks sleeping there"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -483,7 +636,8 @@ static PyTypeObject KeepAwakeType = {
     .tp_name = "shm._workers.KeepAwake",
     .tp_basicsize = sizeof(KeepAwake),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "KeepAwake(cpus, window_s): one SCHED_IDLE guard per CPU, spinning for window_s after each touch().",
+    .tp_doc = "KeepAwake(cpus, window_s, workers=None): one SCHED_IDLE guard per CPU, spinning for window_s "
+               "after each touch(); they wake the pool's workers pinned to their CPUs.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)KeepAwake_init,
     .tp_dealloc = (destructor)KeepAwake_dealloc,

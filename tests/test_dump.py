@@ -154,7 +154,7 @@ def test_control_counters_and_rank_areas(pool):
     pool.set_ctrl(P.CTRL_SLEEPING, 1)
     lay = pool.layout
     pool.q[lay.rank_q(1, P.RANK_PID)] = 555
-    pool.q[lay.rank_q(1, P.RANK_WAITING)] = 1
+    pool.q[lay.rank_q(1, P.RANK_WAITING)] = 2 | (7 << 32)   # asleep on CPU 1, on futex word 7
     pool.q[lay.rank_q(1, P.RANK_POSTED)] = 9
     pool.q[lay.rank_q(1, P.RANK_COMPLETED)] = 8
     pool.q[lay.rank_q(1, P.RANK_CONN_STATE)] = 4
@@ -166,6 +166,7 @@ def test_control_counters_and_rank_areas(pool):
     assert 50 <= ctl["heartbeat_age_ms"] < 50_000
     r1 = state["ranks"][1]
     assert (r1["pid"], r1["waiting"], r1["posted"], r1["completed"]) == (555, 1, 9, 8)
+    assert r1["waiting_cpu"] == 1 and state["ranks"][0]["waiting_cpu"] is None
     assert r1["conn_state_name"] == "CONNECTED"
     assert state["ranks"][0]["conn_state_name"] == "77"  # unknown value: the number, no exception
     pool.set_ctrl(P.CTRL_STATE, 42)

@@ -1055,6 +1055,121 @@ def test_keep_awake_guard_hands_the_cpu_back_to_a_thread_that_yields():
     assert gaps[len(gaps) // 2] < 2_000_000, f"median yield {gaps[len(gaps) // 2] / 1e3:.0f} us: {gaps}"
 
 
+def _two_cpus() -> tuple[int, int]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: the guard's and the waker's")
+    return cpus[0], cpus[1]
+
+
+def _sleeper_on(cpu: int, area: np.ndarray, results: list) -> threading.Thread:
+    """A thread pinned to ``cpu`` that sleeps on a rank area's futex word as a rank does (comm.py,
+    _sleep_slice: WAITING = (CPU + 1) | word << 32), for at most 10 s; appends how long it slept."""
+    wake_addr = area.ctypes.data + 8 * P.RANK_WAKE
+
+    def sleep() -> None:
+        os.sched_setaffinity(0, {cpu})
+        word = int(area.view(np.uint32)[2 * P.RANK_WAKE])
+        area[P.RANK_WAITING] = (_native.getcpu() + 1) | (word << 32)
+        t0 = time.monotonic()
+        _native.futex_wait(wake_addr, word, 10.0)
+        area[P.RANK_WAITING] = 0
+        results.append(time.monotonic() - t0)
+    t = threading.Thread(target=sleep, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not area[P.RANK_WAITING] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)   # into the futex
+    return t
+
+
+def test_keep_awake_guard_wakes_a_rank_asleep_on_its_cpu_so_the_waker_needs_no_ipi():
+    """"Relayed wake-ups" (shm/_workers.c): a live guard wakes the ranks that sleep on its CPU once
+    their futex word moved, so a waker on another CPU only bumps the word (live_mask tells it which
+    CPUs those are; never its own). A wake-up sent from another vCPU cost the waker ~12 us and the
+    wakee ~23 us on the VM. Broken, the sleeper here would sleep its whole 10 s."""
+    from shm import _workers
+    guard_cpu, my_cpu = _two_cpus()
+    mine = os.sched_getaffinity(0)
+    area = np.zeros(P.RANK_AREA_BYTES // 8, np.uint64)
+    k = _workers.KeepAwake([guard_cpu], 1.0, None, area.ctypes.data, 1)
+    slept: list = []
+    try:
+        os.sched_setaffinity(0, {my_cpu})
+        sleeper = _sleeper_on(guard_cpu, area, slept)
+        k.touch()
+        deadline = time.monotonic() + 10
+        while not k.live_mask() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert k.live_mask() == 1 << guard_cpu
+        _native.fetch_add_u32(area.ctypes.data + 8 * P.RANK_WAKE, 1)   # a completion, no wake-up
+        sleeper.join(10)
+        assert slept and slept[0] < 5, slept
+    finally:
+        os.sched_setaffinity(0, mine)
+        k.stop()
+    assert k.live_mask() == 0      # stopped guards wake nobody: the waker does it again
+
+
+def test_keep_awake_guard_wakes_the_spread_workers_pinned_to_its_cpu():
+    """A job queued while a live guard runs on its worker's CPU wakes no worker from the queueing
+    thread: the guard does, locally. Broken, the worker would never be woken (wait() leaves it to
+    the guard too) and the job would not finish."""
+    from shm import _workers
+    guard_cpu, my_cpu = _two_cpus()
+    mine = os.sched_getaffinity(0)
+    pool = _workers.Workers(1, [guard_cpu], True)
+    area = np.zeros(P.RANK_AREA_BYTES // 8, np.uint64)
+    k = _workers.KeepAwake([guard_cpu], 1.0, pool, area.ctypes.data, 1)
+    src = np.arange(1 << 20, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    try:
+        os.sched_setaffinity(0, {my_cpu})
+        k.touch()
+        deadline = time.monotonic() + 10
+        while not k.live_mask() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        for i in range(20):
+            dst[:] = 0
+            pool.copy(i, dst.ctypes.data, src.ctypes.data, src.nbytes)
+            assert pool.wait(5.0), f"job {i} did not finish"
+            assert pool.drain() == [i] and np.array_equal(dst, src)
+        with pytest.raises(RuntimeError, match="already has guards"):
+            _workers.KeepAwake([guard_cpu], 1.0, pool)
+    finally:
+        os.sched_setaffinity(0, mine)
+        k.stop()
+        pool.stop()
+    with pytest.raises(TypeError, match="Workers pool"):
+        _workers.KeepAwake([guard_cpu], 1.0, object())
+
+
+def test_a_relayed_wake_up_the_guard_did_not_deliver_is_delivered_by_the_loop():
+    """ProgressEngine.check_relayed: a rank left to a guard to wake and still asleep on the same word
+    after RELAY_GRACE_NS is woken by the loop (a guard preempted just after it proved live); one that
+    woke is forgotten."""
+    import types
+    from proxy.progress import ProgressEngine
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    area = np.zeros(P.RANK_AREA_BYTES // 8, np.uint64)
+    slept: list = []
+    sleeper = _sleeper_on(cpu, area, slept)
+    wake_addr = area.ctypes.data + 8 * P.RANK_WAKE
+    _native.fetch_add_u32(wake_addr, 1)        # completed; nobody woke it
+    eng = types.SimpleNamespace(q=area, relayed=[])
+    eng.relayed.append((time.monotonic_ns() + 10**9, P.RANK_WAITING, int(area[P.RANK_WAITING]), wake_addr))
+    ProgressEngine.check_relayed(eng)          # within its grace: kept, not woken
+    assert len(eng.relayed) == 1 and sleeper.is_alive()
+    eng.relayed[0] = (0,) + eng.relayed[0][1:]
+    ProgressEngine.check_relayed(eng)          # late: the loop wakes it itself
+    sleeper.join(10)
+    assert slept and slept[0] < 5 and eng.relayed == []
+    eng.relayed.append((0, P.RANK_WAITING, 12345, wake_addr))
+    ProgressEngine.check_relayed(eng)          # it woke (WAITING changed): forgotten
+    assert eng.relayed == []
+
+
 # ------------------------------------------------------------------------------------ params
 def test_params_defaults_env_and_overrides():
     p = params_mod.Params(env={})
