@@ -216,6 +216,7 @@ static Job *pop_locked(Pool *p) {
  * signals them once it has released the mutex: a worker woken under it would only block on it, after
  * preempting the caller on its CPU. */
 static int relay_covers(Pool *p, int cpu);
+static void relay_vouch(Pool *p, int cpu);
 
 static int pick_locked(Pool *p, int skip, int *woken) {
     int n = 0;
@@ -253,6 +254,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         while (!p->head && !p->stopping) {
             w->idle = 1;
+            relay_vouch(p, w->cpu);
             pthread_cond_wait(&w->wake, &p->mu);
         }
         w->idle = 0;
@@ -402,6 +404,19 @@ static int relay_covers(Pool *p, int cpu) {
     for (int i = 0; i < k->n; i++)
         if (k->cpus[i] == cpu) return guard_live(k, i, now);
     return 0;
+}
+
+/* A worker pinned to `cpu` is about to sleep (pool mutex held): in its window, that CPU's guard runs
+ * next, so it counts as live from now. Its heartbeat had gone stale while the worker ran, and the loop,
+ * completing that worker's job a few us later, sent the ranks' wake-ups across (IPI) in half the
+ * 4 MiB round trips before the guard's next pass. */
+static void relay_vouch(Pool *p, int cpu) {
+    KeepAwake *k = p->relay;
+    if (!k || cpu < 0 || __atomic_load_n(&k->sleepers, __ATOMIC_SEQ_CST)) return;
+    uint64_t now = mono_ns();
+    if (now >= __atomic_load_n(&k->deadline_ns, __ATOMIC_SEQ_CST)) return;
+    for (int i = 0; i < k->n; i++)
+        if (k->cpus[i] == cpu) __atomic_store_n(&k->beats[i * BEAT_STRIDE], now, __ATOMIC_SEQ_CST);
 }
 
 /* A guard on `cpu`: wake the ranks that sleep on this CPU and whose futex word moved since they went
