@@ -519,7 +519,7 @@ class Comm:
         # WAITING says where we sleep and on which word: the progress process, or the keep-awake guard
         # of this CPU (shm/_workers.c, "Relayed wake-ups"), wakes us once the word moved.
         word = self._u32[self._wake_u32]
-        q[self._waiting_q] = (_native.getcpu() + 1) | (word << 32)
+        q[self._waiting_q] = P.waiting_value(_native.getcpu(), word)
         if sq < 0 or q[sq] != seq:
             _native.futex_wait(self._wake_addr, word, min(self._slice_s, left))
         q[self._waiting_q] = 0

@@ -341,7 +341,7 @@ def _read_ranks(view: P.PoolView, chain: Any, problems: list[str]) -> list[dict]
             "local_rank": r,
             "pid": q[layout.rank_q(r, P.RANK_PID)],
             "waiting": int(bool(waiting)),
-            "waiting_cpu": (waiting & 0xFFFFFFFF) - 1 if waiting else None,
+            "waiting_cpu": P.waiting_cpu(waiting) if waiting else None,
             "wake_word": q[layout.rank_q(r, P.RANK_WAKE)] & 0xFFFFFFFF,
             "posted": q[layout.rank_q(r, P.RANK_POSTED)],
             "completed": q[layout.rank_q(r, P.RANK_COMPLETED)],

@@ -889,7 +889,7 @@ class ProgressEngine:
                                                  f"out of range")
         elif relayed:
             for op in ops:
-                self._note_relayed(op.owner, relayed)
+                self._note_relayed(op.owner, self.q[self.rank_words[op.owner][2]], relayed)
 
     def complete_large(self) -> None:
         """After completing work the copy workers did: on a crowded node, sleep at once the next time
@@ -916,7 +916,7 @@ class ProgressEngine:
         w = self.q[waiting]
         if w:
             relayed = self.awake.live_mask() if self.awake is not None else 0
-            if not self._note_relayed(local_rank, relayed):
+            if not self._note_relayed(local_rank, w, relayed):
                 _native.futex_wake(wake_addr, 0x7FFFFFFF)
 
     def wake_ranks(self, local_ranks: tuple[int, ...]) -> None:
@@ -933,25 +933,24 @@ class ProgressEngine:
         for lr in local_ranks:
             _completed, wake_addr, waiting = words[lr]
             w = q[waiting]
-            if not w or self._note_relayed(lr, relayed):
+            if not w or self._note_relayed(lr, w, relayed):
                 continue
-            if (w & 0xFFFFFFFF) - 1 == here:
+            if P.waiting_cpu(w) == here:
                 last.append(wake_addr)
             else:
                 _native.futex_wake(wake_addr, 0x7FFFFFFF)
         for wake_addr in last:
             _native.futex_wake(wake_addr, 0x7FFFFFFF)
 
-    def _note_relayed(self, local_rank: int, relayed: int) -> bool:
-        """Whether rank ``local_rank`` sleeps on a CPU whose keep-awake guard wakes it (bit set in
-        ``relayed``: KeepAwake.live_mask); if so, remember it, so that check_relayed wakes it should the
-        guard not run in time (a guard preempted just after it proved live)."""
-        waiting = self.rank_words[local_rank][2]
-        w = self.q[waiting]
-        cpu = (w & 0xFFFFFFFF) - 1
+    def _note_relayed(self, local_rank: int, w: int, relayed: int) -> bool:
+        """Whether rank ``local_rank``, whose WAITING reads ``w``, sleeps on a CPU whose keep-awake guard
+        wakes it (bit set in ``relayed``: KeepAwake.live_mask); if so, remember it, so that check_relayed
+        wakes it should the guard not run in time (a guard preempted just after it proved live)."""
+        cpu = P.waiting_cpu(w)
         if not w or not 0 <= cpu < 64 or not (relayed >> cpu) & 1:
             return False
-        self.relayed.append((time.monotonic_ns() + RELAY_GRACE_NS, waiting, w, self.rank_words[local_rank][1]))
+        _completed, wake_addr, waiting = self.rank_words[local_rank]
+        self.relayed.append((time.monotonic_ns() + RELAY_GRACE_NS, waiting, w, wake_addr))
         return True
 
     def check_relayed(self) -> None:

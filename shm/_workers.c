@@ -211,18 +211,20 @@ static Job *pop_locked(Pool *p) {
 }
 
 /* Choose idle workers to wake, one per queued job at most, none pinned to CPU `skip` (-1: any) nor to
- * a CPU whose spinning guard wakes them (relay_covers, "Relayed wake-ups" below), and
- * mark them woken (mutex held); their indices go to woken[], their number is returned. The caller
+ * a CPU whose spinning guard wakes them (relay_covers, "Relayed wake-ups" below); or, with `only` >= 0,
+ * those pinned to CPU `only` alone (that CPU's guard, relay_wake). Mark them woken (mutex held); their indices go to woken[], their number is returned. The caller
  * signals them once it has released the mutex: a worker woken under it would only block on it, after
  * preempting the caller on its CPU. */
 static int relay_covers(Pool *p, int cpu);
 static void relay_vouch(Pool *p, int cpu);
 
-static int pick_locked(Pool *p, int skip, int *woken) {
+static int pick_locked(Pool *p, int skip, int only, int *woken) {
     int n = 0;
     for (int i = 0; i < p->nthreads && n < p->queued; i++) {
         Worker *w = &p->workers[i];
-        if (w->idle && (skip < 0 || w->cpu != skip) && !relay_covers(p, w->cpu)) {
+        int eligible = only >= 0 ? w->cpu == only
+                                 : (skip < 0 || w->cpu != skip) && !relay_covers(p, w->cpu);
+        if (w->idle && eligible) {
             w->idle = 0;
             woken[n++] = i;
         }
@@ -239,7 +241,7 @@ static void kick(Pool *p, int here) {
     int skip = here && p->spread ? sched_getcpu() : -1;
     int woken[MAX_THREADS];
     pthread_mutex_lock(&p->mu);
-    int n = pick_locked(p, skip, woken);
+    int n = pick_locked(p, skip, -1, woken);
     pthread_mutex_unlock(&p->mu);
     signal_workers(p, woken, n);
 }
@@ -283,7 +285,7 @@ static void enqueue(Pool *p, Job *j) {
     p->tail = j;
     __atomic_store_n(&p->queued, p->queued + 1, __ATOMIC_SEQ_CST);
     p->submitted++;
-    int n = pick_locked(p, skip, woken);
+    int n = pick_locked(p, skip, -1, woken);
     pthread_mutex_unlock(&p->mu);
     signal_workers(p, woken, n);
 }
@@ -396,14 +398,18 @@ static int guard_live(KeepAwake *k, int i, uint64_t now) {
     return beat && now - beat < RELAY_FRESH_NS;
 }
 
+/* The index of the guard pinned to `cpu`, or -1. */
+static int guard_on(KeepAwake *k, int cpu) {
+    for (int i = 0; cpu >= 0 && i < k->n; i++)
+        if (k->cpus[i] == cpu) return i;
+    return -1;
+}
+
 /* Whether a live guard wakes the workers pinned to `cpu` (pool mutex held; see "Relayed wake-ups"). */
 static int relay_covers(Pool *p, int cpu) {
     KeepAwake *k = p->relay;
-    if (!k || cpu < 0) return 0;
-    uint64_t now = mono_ns();
-    for (int i = 0; i < k->n; i++)
-        if (k->cpus[i] == cpu) return guard_live(k, i, now);
-    return 0;
+    int i = k ? guard_on(k, cpu) : -1;
+    return i >= 0 && guard_live(k, i, mono_ns());
 }
 
 /* A worker pinned to `cpu` is about to sleep (pool mutex held): in its window, that CPU's guard runs
@@ -412,11 +418,11 @@ static int relay_covers(Pool *p, int cpu) {
  * 4 MiB round trips before the guard's next pass. */
 static void relay_vouch(Pool *p, int cpu) {
     KeepAwake *k = p->relay;
-    if (!k || cpu < 0 || __atomic_load_n(&k->sleepers, __ATOMIC_SEQ_CST)) return;
+    int i = k ? guard_on(k, cpu) : -1;
+    if (i < 0 || __atomic_load_n(&k->sleepers, __ATOMIC_SEQ_CST)) return;
     uint64_t now = mono_ns();
-    if (now >= __atomic_load_n(&k->deadline_ns, __ATOMIC_SEQ_CST)) return;
-    for (int i = 0; i < k->n; i++)
-        if (k->cpus[i] == cpu) __atomic_store_n(&k->beats[i * BEAT_STRIDE], now, __ATOMIC_SEQ_CST);
+    if (now < __atomic_load_n(&k->deadline_ns, __ATOMIC_SEQ_CST))
+        __atomic_store_n(&k->beats[i * BEAT_STRIDE], now, __ATOMIC_SEQ_CST);
 }
 
 /* A guard on `cpu`: wake the ranks that sleep on this CPU and whose futex word moved since they went
@@ -436,17 +442,16 @@ static void relay_ranks(KeepAwake *k, int cpu) {
 static void relay_wake(Pool *p, int cpu) {
     if (__atomic_load_n(&p->queued, __ATOMIC_SEQ_CST) <= 0) return;
     int woken[MAX_THREADS];
-    int n = 0;
     pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < p->nthreads && n < p->queued && !p->stopping; i++) {
-        Worker *w = &p->workers[i];
-        if (w->idle && w->cpu == cpu) {
-            w->idle = 0;
-            woken[n++] = i;
-        }
-    }
+    int n = p->stopping ? 0 : pick_locked(p, -1, cpu, woken);
     pthread_mutex_unlock(&p->mu);
     signal_workers(p, woken, n);
+}
+
+/* One relay pass of the guard on `cpu`: its workers, then its ranks. */
+static void relay_pass(KeepAwake *k, int cpu) {
+    if (k->pool) relay_wake(k->pool, cpu);
+    if (k->rank_areas) relay_ranks(k, cpu);
 }
 
 static void *guard_main(void *arg) {
@@ -462,14 +467,12 @@ static void *guard_main(void *arg) {
         while (!__atomic_load_n(&k->stopping, __ATOMIC_RELAXED) &&
                (now = mono_ns()) < __atomic_load_n(&k->deadline_ns, __ATOMIC_RELAXED)) {
             __atomic_store_n(beat, now, __ATOMIC_SEQ_CST);
-            if (k->pool) relay_wake(k->pool, a.cpu);
-            if (k->rank_areas) relay_ranks(k, a.cpu);
+            relay_pass(k, a.cpu);
             for (int i = 0; i < 64; i++) __builtin_ia32_pause();
             sched_yield();   /* hand the CPU back to a thread that yielded to us (above) */
         }
         __atomic_store_n(beat, 0, __ATOMIC_SEQ_CST);   /* from now on wakers do it themselves */
-        if (k->pool) relay_wake(k->pool, a.cpu);       /* what arrived since the last pass */
-        if (k->rank_areas) relay_ranks(k, a.cpu);
+        relay_pass(k, a.cpu);                           /* what arrived since the last pass */
         pthread_mutex_lock(&k->mu);
         __atomic_fetch_add(&k->sleepers, 1, __ATOMIC_SEQ_CST);
         while (!k->stopping && mono_ns() >= __atomic_load_n(&k->deadline_ns, __ATOMIC_SEQ_CST)) {

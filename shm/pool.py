@@ -87,6 +87,18 @@ RANK_COMPLETED = 5     # progress: requests of this rank completed (statistics)
 RANK_PENDING = 6       # the rank sets, a mutex holder clears: (first + 1) << 32 | (last + 1) of a chain
                        # it left for the holder to splice (shm/_pool_lock.h); 0 = none
 
+
+
+def waiting_value(cpu: int, word: int) -> int:
+    """RANK_WAITING of a rank about to sleep on CPU ``cpu`` on futex word value ``word``."""
+    return (cpu + 1) | (word << 32)
+
+
+def waiting_cpu(waiting: int) -> int:
+    """The CPU a RANK_WAITING value says its rank sleeps on; -1 when it is 0 (not sleeping)."""
+    return (waiting & 0xFFFFFFFF) - 1
+
+
 INFO_BYTES = 16384
 
 # Request completion slot (32 bytes), u64 index relative to slot start // 8.

@@ -1070,7 +1070,7 @@ def _sleeper_on(cpu: int, area: np.ndarray, results: list) -> threading.Thread:
     def sleep() -> None:
         os.sched_setaffinity(0, {cpu})
         word = int(area.view(np.uint32)[2 * P.RANK_WAKE])
-        area[P.RANK_WAITING] = (_native.getcpu() + 1) | (word << 32)
+        area[P.RANK_WAITING] = P.waiting_value(_native.getcpu(), word)
         t0 = time.monotonic()
         _native.futex_wait(wake_addr, word, 10.0)
         area[P.RANK_WAITING] = 0

@@ -3,7 +3,7 @@
 here), (wakeup -> run) the wait until the wakee ran. p10 / p50 / p90 in us. Twelfth session:
 
   perf record -k CLOCK_MONOTONIC -e sched:sched_waking,sched:sched_wakeup,sched:sched_switch,ipi:ipi_send_cpu \
-      -a -o pp.data -- mpiexec -n 2 python pp.py 4194304 300 perf 1000
+      -a -o pp.data -- mpiexec -n 2 python ../session8/pp.py 4194304 300 perf 1000
   perf script -i pp.data > pp.txt; python3 wakeups.py pp.txt
 """
 import re, sys, collections
