@@ -200,7 +200,8 @@ class Comm:
         self._pp = _poster.Poster(
             self, Request, np.ndarray, seg.addr + layout.records_off, seg.addr + P.MUTEX_OFF,
             seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF, seg.addr + P.NEXT_OPS_END_OFF,
-            seg.addr + P.PENDING_MASK_OFF, seg.addr + layout.rank_area_off, seg.addr + 8 * self._err_q,
+            seg.addr + P.PENDING_MASK_OFF, seg.addr + layout.rank_area_off,
+            seg.addr + P.CTRL_OFF + 8 * P.CTRL_SLEEPING, seg.addr + 8 * self._err_q,
             seg.addr + 8 * self._abort_q, seg.addr + 8 * self._posted_q, lr,
             self.size, self._timeout, self._free_slots, self._free_records, self._pending, _DTYPES,
             _probes(), self._splice_failed)

@@ -335,7 +335,7 @@ def _read_ranks(view: P.PoolView, chain: Any, problems: list[str]) -> list[dict]
         nposted = sum(1 for i in region if i in in_chain)
         nfree = sum(1 for i in region if i in listed_where)
         conn = q[layout.rank_q(r, P.RANK_CONN_STATE)]
-        pend = q[layout.rank_q(r, P.RANK_PENDING)]   # a chain left for the mutex holder (_pool_lock.h)
+        pend = q[layout.rank_q(r, P.RANK_PENDING)]   # a chain handed off, not yet spliced (_pool_lock.h)
         waiting = q[layout.rank_q(r, P.RANK_WAITING)]
         ranks.append({
             "local_rank": r,
@@ -535,7 +535,7 @@ def _format_into(state: dict, out: list[str]) -> None:
             f"records {r['records'][0]}-{r['records'][1]}: {r.get('in_posted_chain')} posted, "
             f"{r.get('in_shared_free_lists')} in the shared free list, "
             f"{nl.get('count')} not in a shared list"
-            + (f", chain {r['pending_chain'][0]}..{r['pending_chain'][1]} pending for the mutex holder"
+            + (f", chain {r['pending_chain'][0]}..{r['pending_chain'][1]} handed off, not yet spliced"
                if r.get("pending_chain") else ""))
 
     add("")

@@ -194,8 +194,8 @@ _DECLARED: tuple[Param, ...] = (
     # --- rank side ---
     _p("LOCK_SPIN_US", float, 5.0,
        "A process that finds the ops pool mutex held retries this long before it sleeps in the kernel "
-       "(the holder only splices or takes a few records; a poster meanwhile leaves its chain for the "
-       "holder to splice; 0 = sleep at once).", 0, 100.0),
+       "(the holder only splices or takes a few records; a rank posting to an awake progress process "
+       "does not lock at all; 0 = sleep at once).", 0, 100.0),
     _p("WAIT_SPIN_US", float, 500.0,
        "A rank in Wait() polls its completion this long before it sleeps on its futex.", 0),
     _p("WAIT_SPIN_MAX_BYTES", parse_size, 0,

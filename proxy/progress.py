@@ -69,6 +69,7 @@ _WITH_REDOP = frozenset(map(int, (sched.Coll.REDUCE, sched.Coll.ALLREDUCE, sched
 _WITH_ROOT = frozenset(map(int, (sched.Coll.BCAST, sched.Coll.REDUCE)))
 _ITEMSIZE = {code: dt.itemsize for code, dt in CODE_DTYPE.items()}
 _SLOT_WORDS = P.SLOT_BYTES // 8
+_MASK_Q = P.PENDING_MASK_OFF // 8   # the pending mask: ranks handed chains off (shm/_pool_lock.h)
 
 
 class FetchMode(enum.IntEnum):
@@ -349,18 +350,20 @@ class ProgressEngine:
     def fetch(self, mode: FetchMode) -> int:
         view, i32 = self.view, self.view.i32
         head_i = P.NEXT_OPS_OFF // 4
-        if mode == _F_TRY:
-            if i32[head_i] == -1 or not view.mutex.trylock():
-                return 0
-        else:
+        if mode != _F_TRY:
             self._spin_for_work()
+        if (i32[head_i] != -1 or self.q[_MASK_Q]) and not (self.failed or self.owner_died_at):
+            n = self._fetch_posted(mode != _F_TRY)   # lock, take, unlock: one C call
+        elif mode == _F_TRY:
+            return 0
+        else:
             view.mutex.lock(self.timeout)
-            if i32[head_i] == -1 and not self._should_exit():
-                self._sleep_locked()
-        try:
-            n = self._take_locked() if not (self.failed or self.owner_died_at) else 0
-        finally:
-            view.mutex.unlock()
+            try:
+                if i32[head_i] == -1 and not self.q[_MASK_Q] and not self._should_exit():
+                    self._sleep_locked()
+                n = self._take_locked() if not (self.failed or self.owner_died_at) else 0
+            finally:
+                view.mutex.unlock()
         ops = self._unpack_taken(n)
         for op in ops:
             self.append(op)
@@ -376,21 +379,35 @@ class ProgressEngine:
             return
         if spin_ns <= 0:
             return
-        i32, head_i = self.view.i32, P.NEXT_OPS_OFF // 4
+        i32, head_i, q = self.view.i32, P.NEXT_OPS_OFF // 4, self.q
         deadline = time.monotonic_ns() + spin_ns
-        while i32[head_i] == -1 and time.monotonic_ns() < deadline and not self._should_exit():
+        while i32[head_i] == -1 and not q[_MASK_Q] and time.monotonic_ns() < deadline and not self._should_exit():
             os.sched_yield()
 
     def _sleep_locked(self) -> None:
-        base = P.CTRL_OFF // 8
-        self.q[base + P.CTRL_SLEEPING] = 1
-        self.q[base + P.CTRL_N_SLEEP] += 1
+        self.q[P.CTRL_OFF // 8 + P.CTRL_N_SLEEP] += 1
         t0 = time.monotonic_ns()
         # While a guard has a wake-up to deliver, wake in time to deliver it ourselves (check_relayed).
-        self.view.cond.wait(RELAY_GRACE_NS / 1e9 if self.relayed else self.params.PROXY_SLEEP_MS / 1000.0)
-        self.q[base + P.CTRL_SLEEPING] = 0
+        # Not at all if a rank handed a chain off meanwhile (shm/_pool_lock.h, "Hand-off").
+        rc = _native.sleep_unless_posted(self.seg.addr, RELAY_GRACE_NS / 1e9 if self.relayed
+                                         else self.params.PROXY_SLEEP_MS / 1000.0)
+        self.view.mutex._handle(rc)
         if self.profiler.enabled:
             self.profiler.span("sleep", t0, time.monotonic_ns())
+
+    def _fetch_posted(self, blocking: bool) -> int:
+        """_take_locked with the lock and unlock in the same C call (_native.fetch_posted), so that
+        ranks posting meanwhile wait for C, not for this interpreter. 0 when a trylock lost."""
+        layout = self.layout
+        n, err, at, rc = _native.fetch_posted(self.seg.addr, layout.records_off, layout.rank_area_off,
+                                              layout.nrecords, layout.max_ops, self.batch, self.take_out_addr,
+                                              self.take_idx_addr, blocking, self.timeout)
+        if rc == sync.TIMEDOUT:
+            raise errors.Timeout(f"pool mutex not acquired within {self.timeout:.1f} s (held by a wedged process?)")
+        if rc == sync.OWNERDEAD:
+            self._mutex_owner_died()
+            return 0
+        return self._check_taken(n, err, at)
 
     def _take_locked(self) -> int:
         """Take at most APPEND_BATCH_SIZE opCount groups off the posted chain (mutex held): in C, which
@@ -400,12 +417,15 @@ class ProgressEngine:
         n, err, at = _native.take_posted(self.seg.addr, layout.records_off, layout.rank_area_off,
                                          layout.nrecords, layout.max_ops, self.batch, self.take_out_addr,
                                          self.take_idx_addr)
+        return self._check_taken(n, err, at)
+
+    def _check_taken(self, n: int, err: int, at: int) -> int:
         if err == 1:
             self.fail(errors.InternalError.code, f"ops pool corrupt: posted chain links to record {at}")
             return 0
         if err == 2:
             self.fail(errors.InternalError.code, f"ops pool corrupt: record {at} claims owner "
-                                                 f"{self.view.read_record(at)[5]}, region of {at // layout.max_ops}")
+                                                 f"{self.view.read_record(at)[5]}, region of {at // self.layout.max_ops}")
             return 0
         return n
 

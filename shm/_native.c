@@ -182,8 +182,8 @@ static PyObject *py_fetch_add_u32(PyObject *self, PyObject *args) {
 
 /*
  * take_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)
- * The progress process's fetch, with the pool mutex held by the caller: splice the chains ranks left
- * pending (shm/_pool_lock.h, flat combining), then detach records from the
+ * The progress process's fetch, with the pool mutex held by the caller: splice the chains ranks handed
+ * off (shm/_pool_lock.h, "Hand-off"), then detach records from the
  * head of the posted chain (at most `batch` distinct (owner, opCount) groups), copy each one's 128
  * bytes to out[k] and its index to idx[k], and push the record back on its owner's free list (NCCL's
  * freeOps), all in C so that the mutex is held for nanoseconds per record, not the microsecond that
@@ -194,23 +194,33 @@ static PyObject *py_fetch_add_u32(PyObject *self, PyObject *args) {
  */
 #define MAX_BATCH 1024   /* APPEND_BATCH_SIZE's maximum (proxy/params.py) */
 
-static PyObject *py_take_posted(PyObject *self, PyObject *args) {
-    PyObject *pool_o, *out_o, *idx_o;
+/* The arguments of a take: the pool, the record copies' buffer and index array, the layout numbers. */
+typedef struct {
+    char *pool, *out;
+    int32_t *idxs;
     Py_ssize_t records_off, rank_area_off, nrec, max_ops, batch;
-    if (!PyArg_ParseTuple(args, "OnnnnnOO", &pool_o, &records_off, &rank_area_off, &nrec, &max_ops, &batch,
-                          &out_o, &idx_o))
-        return NULL;
-    char *pool = as_ptr(pool_o), *out = as_ptr(out_o);
-    int32_t *idxs = as_ptr(idx_o);
-    if (PyErr_Occurred()) return NULL;
-    if (!pool || !out || !idxs || max_ops <= 0 || batch <= 0 || batch > MAX_BATCH) {
-        PyErr_SetString(PyExc_ValueError, "take_posted: bad arguments");
-        return NULL;
+} Take;
+
+/* Resolve and check a take's buffers (the numbers were parsed into t); 0 with an exception if bad. */
+static int take_resolve(Take *t, PyObject *pool_o, PyObject *out_o, PyObject *idx_o, const char *who) {
+    t->pool = as_ptr(pool_o);
+    t->out = as_ptr(out_o);
+    t->idxs = as_ptr(idx_o);
+    if (PyErr_Occurred()) return 0;
+    if (!t->pool || !t->out || !t->idxs || t->max_ops <= 0 || t->batch <= 0 || t->batch > MAX_BATCH) {
+        PyErr_Format(PyExc_ValueError, "%s: bad arguments", who);
+        return 0;
     }
+    return 1;
+}
+
+/* The take itself (mutex held): returns n; *err_out and *at_out as above. */
+static Py_ssize_t take_locked(const Take *t, int *err_out, int32_t *at_out) {
+    char *pool = t->pool;
     int32_t *head = (int32_t *)(pool + POOL_NEXT_OPS_OFF), *tail = (int32_t *)(pool + POOL_NEXT_OPS_END_OFF);
-    /* ranks waiting on the mutex we hold left their chains pending: splice them first (_pool_lock.h) */
-    PostedChain chain = {NULL, NULL, head, tail, pool + records_off, (uint64_t *)(pool + POOL_PENDING_MASK_OFF),
-                         pool + rank_area_off};
+    /* chains handed off by ranks: splice them first (_pool_lock.h, "Hand-off") */
+    PostedChain chain = {NULL, NULL, head, tail, pool + t->records_off, (uint64_t *)(pool + POOL_PENDING_MASK_OFF),
+                         pool + t->rank_area_off, (uint64_t *)(pool + POOL_SLEEPING_OFF)};
     drain_pending_locked(&chain);
     int32_t *freel = (int32_t *)(pool + POOL_FREE_OPS_OFF);
     int32_t g_owner[MAX_BATCH];
@@ -219,22 +229,22 @@ static PyObject *py_take_posted(PyObject *self, PyObject *args) {
     int err = 0;
     int32_t i = *head, at = -1;
     while (i != -1) {
-        if (i < 0 || i >= nrec) { err = 1; at = i; break; }
-        char *rec = pool + records_off + (Py_ssize_t)i * RECORD_BYTES;
+        if (i < 0 || i >= t->nrec) { err = 1; at = i; break; }
+        char *rec = pool + t->records_off + (Py_ssize_t)i * RECORD_BYTES;
         int32_t owner;
         uint64_t opcount;
         memcpy(&owner, rec + REC_OWNER_OFF, 4);
         memcpy(&opcount, rec + REC_OPCOUNT_OFF, 8);
-        if (owner != i / max_ops) { err = 2; at = i; break; }
+        if (owner != i / t->max_ops) { err = 2; at = i; break; }
         Py_ssize_t g = 0;
         while (g < ngroups && !(g_owner[g] == owner && g_count[g] == opcount)) g++;
         if (g == ngroups) {
-            if (ngroups >= batch) break;
+            if (ngroups >= t->batch) break;
             g_owner[ngroups] = owner;
             g_count[ngroups++] = opcount;
         }
-        memcpy(out + n * RECORD_BYTES, rec, RECORD_BYTES);
-        idxs[n++] = i;
+        memcpy(t->out + n * RECORD_BYTES, rec, RECORD_BYTES);
+        t->idxs[n++] = i;
         int32_t next;
         memcpy(&next, rec, 4);
         memcpy(rec, &freel[owner], 4);
@@ -243,7 +253,95 @@ static PyObject *py_take_posted(PyObject *self, PyObject *args) {
     }
     *head = i;   /* on an error: the records taken are gone from the chain, the bad link stays for the dump */
     if (i == -1) *tail = -1;
+    *err_out = err;
+    *at_out = at;
+    return n;
+}
+
+static PyObject *py_take_posted(PyObject *self, PyObject *args) {
+    PyObject *pool_o, *out_o, *idx_o;
+    Take t;
+    if (!PyArg_ParseTuple(args, "OnnnnnOO", &pool_o, &t.records_off, &t.rank_area_off, &t.nrec, &t.max_ops,
+                          &t.batch, &out_o, &idx_o) ||
+        !take_resolve(&t, pool_o, out_o, idx_o, "take_posted"))
+        return NULL;
+    int err;
+    int32_t at;
+    Py_ssize_t n = take_locked(&t, &err, &at);
     return Py_BuildValue("(nii)", n, err, at);
+}
+
+/*
+ * fetch_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx, blocking, timeout)
+ *   -> (n, err, at, rc)
+ * The progress process's fetch when the posted chain or a pending slot is not empty: lock (trylock
+ * only, unless `blocking`: then the bounded lock of _pool_lock.h), take_posted, unlock, in one call
+ * rather than three with the interpreter between them holding the mutex. rc: OK; BUSY (trylock
+ * lost; nothing taken); TIMEDOUT (nothing taken); OWNERDEAD (the mutex is made consistent and
+ * released, nothing taken: the caller reports the death and stops trusting the chain, as
+ * sync.SharedMutex does).
+ */
+static PyObject *py_fetch_posted(PyObject *self, PyObject *args) {
+    PyObject *pool_o, *out_o, *idx_o;
+    Take t;
+    int blocking;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "OnnnnnOOpd", &pool_o, &t.records_off, &t.rank_area_off, &t.nrec, &t.max_ops,
+                          &t.batch, &out_o, &idx_o, &blocking, &timeout) ||
+        !take_resolve(&t, pool_o, out_o, idx_o, "fetch_posted"))
+        return NULL;
+    char *pool = t.pool;
+    pthread_mutex_t *m = (pthread_mutex_t *)(pool + POOL_MUTEX_OFF);
+    int r = blocking ? lock_bounded(m, timeout) : pthread_mutex_trylock(m);
+    int rc;
+    if (r == EBUSY) rc = RC_BUSY;
+    else if (r == ETIMEDOUT) rc = RC_TIMEDOUT;
+    else if (r == EOWNERDEAD) {
+        pthread_mutex_consistent(m);
+        pthread_mutex_unlock(m);
+        rc = RC_OWNERDEAD;
+    } else if (r) return errno_error(r, blocking ? "pthread_mutex_clocklock" : "pthread_mutex_trylock");
+    else rc = RC_OK;
+    int err = 0;
+    int32_t at = -1;
+    Py_ssize_t n = 0;
+    if (rc == RC_OK) {
+        n = take_locked(&t, &err, &at);
+        pthread_mutex_unlock(m);
+    }
+    return Py_BuildValue("(niii)", n, err, at, rc);
+}
+
+/*
+ * sleep_unless_posted(pool, timeout) -> OK | TIMEDOUT | OWNERDEAD
+ * The progress process's condvar sleep, pool mutex held, the posted chain found empty: store
+ * SLEEPING = 1, then sleep only if no rank handed a chain off meanwhile (the pending mask is empty),
+ * both sequentially consistent, against a poster's mask bit then SLEEPING load (shm/_pool_lock.h,
+ * "Hand-off"): either we see its bit or it sees SLEEPING and signals under the mutex. Bounded by
+ * `timeout` s; SLEEPING is 0 again on return, and the mutex held (made consistent by the caller on
+ * OWNERDEAD, as sync.SharedCond.wait).
+ */
+static PyObject *py_sleep_unless_posted(PyObject *self, PyObject *args) {
+    PyObject *pool_o;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Od", &pool_o, &timeout)) return NULL;
+    char *pool = as_ptr(pool_o);
+    if (!pool) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "sleep_unless_posted: no pool");
+        return NULL;
+    }
+    uint64_t *sleeping = (uint64_t *)(pool + POOL_SLEEPING_OFF), *mask = (uint64_t *)(pool + POOL_PENDING_MASK_OFF);
+    int r = 0;
+    __atomic_store_n(sleeping, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(mask, __ATOMIC_SEQ_CST) == 0) {
+        struct timespec ts = deadline_after(timeout);
+        Py_BEGIN_ALLOW_THREADS
+        r = pthread_cond_timedwait((pthread_cond_t *)(pool + POOL_COND_OFF), (pthread_mutex_t *)(pool + POOL_MUTEX_OFF),
+                                   &ts);
+        Py_END_ALLOW_THREADS
+    }
+    __atomic_store_n(sleeping, 0, __ATOMIC_RELEASE);
+    return lock_result(r, "pthread_cond_timedwait");
 }
 
 /*
@@ -390,6 +488,11 @@ static PyMethodDef methods[] = {
     {"getcpu", py_getcpu, METH_NOARGS, "getcpu() -> the CPU the caller runs on"},
     {"complete_coll", py_complete_coll, METH_VARARGS,
      "complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes, relayed=0) -> -1 | index of a bad op"},
+    {"fetch_posted", py_fetch_posted, METH_VARARGS,
+     "fetch_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx, blocking, timeout) "
+     "-> (n, err, at, rc): lock, take_posted, unlock in one call"},
+    {"sleep_unless_posted", py_sleep_unless_posted, METH_VARARGS,
+     "sleep_unless_posted(pool, timeout) -> OK | TIMEDOUT | OWNERDEAD: the progress process's condvar sleep"},
     {"take_posted", py_take_posted, METH_VARARGS,
      "take_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)"},
     {"buffer_info", py_buffer_info, METH_VARARGS, "buffer_info(obj, writable) -> (address, nbytes)"},
@@ -415,7 +518,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "BUSY", RC_BUSY);
     /* shm/_pool_layout.h, which shm/pool.py checks against its own layout */
     PyModule_AddObject(m, "POOL_LAYOUT", Py_BuildValue(
-        "(iiiiiiiiiiiii)", POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_PENDING_MASK_OFF, POOL_FREE_OPS_OFF,
+        "(iiiiiiiiiiiiiiii)", POOL_MUTEX_OFF, POOL_NEXT_OPS_OFF, POOL_COND_OFF, POOL_SLEEPING_OFF, POOL_NEXT_OPS_END_OFF, POOL_PENDING_MASK_OFF, POOL_FREE_OPS_OFF,
         RECORD_BYTES, REC_OWNER_OFF, REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
         RANK_WAITING_OFF, RANK_COMPLETED_OFF, RANK_PENDING_OFF));
     return m;

@@ -7,12 +7,15 @@
 #ifndef SHM_POOL_LAYOUT_H
 #define SHM_POOL_LAYOUT_H
 
-/* header: the posted chain's head and tail (int32 record indices, in the mutex's cache line), the
+/* header: the pool mutex and condvar, the posted chain's head and tail (int32 record indices, in the mutex's cache line), the
  * pending mask (u64, bit r: local rank r left a chain in its pending slot; shm/_pool_lock.h), per-rank
  * free lists */
+#define POOL_MUTEX_OFF 64
 #define POOL_NEXT_OPS_OFF 104
 #define POOL_NEXT_OPS_END_OFF 108
+#define POOL_COND_OFF 128
 #define POOL_PENDING_MASK_OFF 192
+#define POOL_SLEEPING_OFF 328   /* CTRL_SLEEPING (shm/pool.py): u64, 1 while the progress process may sleep */
 #define POOL_FREE_OPS_OFF 1024
 
 /* op records: `next` (int32) at 0 */

@@ -3,11 +3,11 @@
  * process-shared mutex, and the splice of a private record chain onto the posted chain.
  *
  * Lock protocol (DESIGN.md section 3): the posted chain's head/tail and the `next` link of its last
- * record are only written under the pool mutex (by the poster, or for it by the holder: "Flat
- * combining" below). The progress process sleeps on the condvar only when
- * the chain is empty, so a poster signals only when it makes the chain non-empty. A record's fields
- * are written before it is spliced; the unlock publishes them (release), the progress process's lock
- * acquires them.
+ * record are only written under the pool mutex (by a poster that locks, or for a rank that handed its
+ * chain off by the progress process: "Hand-off" below). The progress process sleeps on the condvar
+ * only when the chain is empty and nothing is handed off, so a poster signals only when it makes the
+ * chain non-empty. A record's fields are written before it is spliced or handed off; the unlock (or
+ * the slot's release store) publishes them, the progress process's lock (or exchange) acquires them.
  */
 #ifndef SHM_POOL_LOCK_H
 #define SHM_POOL_LOCK_H
@@ -107,20 +107,27 @@ static inline int lock_bounded(pthread_mutex_t *m, double timeout) {
 }
 
 /*
- * Flat combining (ninth session): after a barrier every local rank posts at the same instant, and
- * with one mutex the last of 8 ranks waited for 7 critical sections (a post cost 2-2.6 us on the
- * 32-core GPU host against 0.5 us alone). So a poster that finds the mutex held does not queue for it:
- * it leaves its chain in its pending slot (rank area, RANK_PENDING_OFF), sets its bit in the pending
- * mask, and spins until either a holder spliced the chain for it (the slot reads 0: done) or the
- * mutex is free and it splices everything pending itself. Every holder (rank or progress process)
- * splices all pending chains before it unlocks. The posted chain is still only written under the
- * mutex; a rank returns only once its chain is on it, so a sleeping progress process is signalled by
- * whoever spliced onto an empty chain, as before.
- *   Ordering: the poster writes its records, then the slot (release), then the mask bit; a holder
- * exchanges the mask, then each flagged slot (acquire), so it sees the records. A rank has at most
- * one chain pending (it waits for it). When the bounded lock fails, the poster takes its chain back
- * with an exchange: a 0 there means a holder spliced it after all, and the post succeeded.
- *   Local ranks >= 64 (beyond the mask) always queue for the mutex.
+ * Hand-off (thirteenth session; it replaced the ninth session's flat combining). After a barrier every
+ * local rank posts at the same instant, and with one mutex the last of 8 ranks waited for the others'
+ * critical sections and the progress process's take: a post inside the 64 KiB overlap loop cost
+ * 2.3-3 us on the 16-core GPU host against ~0.5 us alone, most of OSU's lost overlap there. So a rank
+ * (local rank < 64) does not lock to post while the progress process is awake: it appends its chain to
+ * its pending slot (rank area, RANK_PENDING_OFF), sets its bit in the pending mask and returns. The
+ * progress process, which polls the chain head and the mask, splices every pending chain onto the
+ * posted chain under the mutex before it takes (drain_pending_locked; every other holder does too).
+ * The posted chain is still written only under the mutex.
+ *   The slot: a rank exchanges it with 0 first; a chain still there is its own earlier post, not yet
+ * spliced, and the new chain is linked behind it (per-rank order holds). A splicer exchanges the mask,
+ * then each flagged slot, with 0: whichever exchange gets the chain owns it. The records are written
+ * before the slot (release); the splicer's exchanges acquire them.
+ *   Sleep: the progress process sleeps on the condvar only after storing SLEEPING = 1 and then finding
+ * the mask empty (sleep_unless_posted, _native.c); a poster sets its mask bit and then loads
+ * SLEEPING, all sequentially consistent. So either the progress process sees the bit and stays awake,
+ * or the poster sees SLEEPING and locks, splices and signals as the design card's post does. Its lock
+ * waits until the sleeper is inside the condvar wait (which released the mutex), so the signal is not
+ * lost. Should that lock fail, the chain stays handed off: the sleep is bounded (PROXY_SLEEP_MS) and
+ * the progress process drains the slots when it wakes.
+ *   Local ranks >= 64 (beyond the mask) lock and splice every time.
  */
 typedef struct {
     pthread_mutex_t *mutex;
@@ -129,10 +136,15 @@ typedef struct {
     char *records;                  /* record i at records + i * RECORD_BYTES, `next` at offset 0 */
     uint64_t *pend_mask;            /* POOL_PENDING_MASK_OFF */
     char *rank_areas;               /* rank r's area at rank_areas + r * RANK_AREA_BYTES */
+    uint64_t *sleeping;             /* POOL_SLEEPING_OFF: the progress process may be in the condvar wait */
 } PostedChain;
 
 static inline uint64_t *pending_slot(const PostedChain *c, int r) {
     return (uint64_t *)(c->rank_areas + (Py_ssize_t)r * RANK_AREA_BYTES + RANK_PENDING_OFF);
+}
+
+static inline void set_next(const PostedChain *c, int32_t rec, int32_t next) {
+    *(volatile int32_t *)(c->records + (Py_ssize_t)rec * RECORD_BYTES) = next;
 }
 
 /* Mutex held: append first..last (linked, last->next == -1) to the posted chain. */
@@ -141,7 +153,7 @@ static inline void link_locked(const PostedChain *c, int32_t first, int32_t last
     if (t < 0)
         *c->head = first;
     else
-        *(volatile int32_t *)(c->records + (Py_ssize_t)t * RECORD_BYTES) = first;
+        set_next(c, t, first);
     *c->tail = last;
 }
 
@@ -157,55 +169,32 @@ static inline void drain_pending_locked(const PostedChain *c) {
     }
 }
 
-/* A hint only (trylock decides): glibc's mutex word is nonzero while the mutex is held. Reading it
- * instead of retrying trylock keeps the holder's cache line (the mutex, head and tail) in its core. */
-static inline int mutex_looks_held(pthread_mutex_t *m) {
-    return __atomic_load_n((int *)m, __ATOMIC_RELAXED) != 0;
-}
-
-/* The mutex was busy: leave first..last in our pending slot and wait. Returns 1 when a holder
- * spliced it; 0 with *lockr = 0 or EOWNERDEAD when we hold the mutex (our chain may still be pending:
- * the caller drains it); 0 with *lockr = an error when the bounded lock failed and the chain was
- * taken back (not posted). */
-static inline int post_pending(const PostedChain *c, int me, int32_t first, int32_t last, double timeout,
-                               int *lockr) {
+/* Leave first..last in our pending slot, behind any earlier chain of ours still there. Returns 1 when
+ * the progress process is awake (it will splice the chain), 0 when it may be asleep. */
+static inline int hand_off(const PostedChain *c, int me, int32_t first, int32_t last) {
     uint64_t *slot = pending_slot(c, me);
-    __atomic_store_n(slot, ((uint64_t)(uint32_t)(first + 1) << 32) | (uint32_t)(last + 1), __ATOMIC_RELEASE);
-    __atomic_fetch_or(c->pend_mask, 1ull << me, __ATOMIC_RELEASE);
-    long long end = mono_ns() + lock_spin_ns;
-    int r = EBUSY;
-    for (;;) {
-        if (__atomic_load_n(slot, __ATOMIC_ACQUIRE) == 0) return 1;
-        if (!mutex_looks_held(c->mutex) && (r = pthread_mutex_trylock(c->mutex)) != EBUSY) break;
-        if (mono_ns() >= end) {
-            r = lock_blocking(c->mutex, timeout);
-            break;
-        }
-        cpu_relax();
+    uint64_t old = __atomic_exchange_n(slot, 0, __ATOMIC_ACQUIRE);
+    if (old) {
+        set_next(c, (int32_t)(uint32_t)old - 1, first);
+        first = (int32_t)(old >> 32) - 1;
     }
-    if (r != 0 && r != EOWNERDEAD && __atomic_exchange_n(slot, 0, __ATOMIC_ACQ_REL) == 0)
-        return 1;   /* spliced by a holder while our lock failed */
-    *lockr = r;
-    return 0;
+    __atomic_store_n(slot, ((uint64_t)(uint32_t)(first + 1) << 32) | (uint32_t)(last + 1), __ATOMIC_RELEASE);
+    __atomic_fetch_or(c->pend_mask, 1ull << me, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(c->sleeping, __ATOMIC_SEQ_CST) == 0;
 }
 
 /*
  * Post first..last (linked through each record's int32 `next`, last->next == -1) as local rank `me`.
  * Returns RC_OK, RC_OWNERDEAD (spliced anyway: the caller reports the dead owner), RC_TIMEDOUT (not
- * posted), or -errno for an unexpected pthread error (not posted).
+ * posted), or -errno for an unexpected pthread error (not posted). A handed-off chain is posted: its
+ * wake-up's lock failing leaves it for the progress process's bounded sleep, and returns RC_OK.
  */
 static inline int splice_chain(const PostedChain *c, int me, int32_t first, int32_t last, double timeout) {
+    int handed = me >= 0 && me < 64;
+    if (handed && hand_off(c, me, first, last)) return RC_OK;
     int r = pthread_mutex_trylock(c->mutex);
-    if (r == EBUSY) {
-        if (me >= 0 && me < 64) {
-            if (post_pending(c, me, first, last, timeout, &r)) return RC_OK;
-            first = -1;   /* ours is pending, or taken back on an error: drained below, or not posted */
-        } else {
-            r = lock_contended(c->mutex, timeout);
-        }
-    }
-    if (r == ETIMEDOUT) return RC_TIMEDOUT;
-    if (r != 0 && r != EOWNERDEAD) return -r;
+    if (r == EBUSY) r = lock_contended(c->mutex, timeout);
+    if (r != 0 && r != EOWNERDEAD) return handed ? RC_OK : (r == ETIMEDOUT ? RC_TIMEDOUT : -r);
     int rc = RC_OK;
     if (r == EOWNERDEAD) {
         /* The chain may be half spliced by the dead owner; the communicator is failed, so only
@@ -215,7 +204,7 @@ static inline int splice_chain(const PostedChain *c, int me, int32_t first, int3
     }
     int was_empty = *c->tail < 0;
     drain_pending_locked(c);
-    if (first >= 0) link_locked(c, first, last);
+    if (!handed) link_locked(c, first, last);
     if (was_empty && *c->tail >= 0) pthread_cond_signal(c->cond);
     pthread_mutex_unlock(c->mutex);
     return rc;

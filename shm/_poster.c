@@ -212,7 +212,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     /* pool addresses (the Comm keeps the mapping alive for the Poster's lifetime) */
-    PostedChain chain;   /* the records, the posted chain, its mutex, the combining slots (_pool_lock.h) */
+    PostedChain chain;   /* the records, the posted chain, its mutex, the hand-off slots (_pool_lock.h) */
     volatile uint64_t *err, *abort, *posted;
     int local_rank, size, rank;  /* rank: the communicator's, set by proxy/comm.py (a Reduce's root) */
     double timeout;
@@ -328,7 +328,7 @@ static int verify_layout(PosterObject *self, PyObject *probes) {
 
 /*
  * Poster(comm, request_type, ndarray_type, records, mutex, cond, head, tail, pend_mask, rank_areas,
- *        err, abort, posted, local_rank, size, timeout, free_slots, free_records, pending, dtypes, probes,
+ *        sleeping, err, abort, posted, local_rank, size, timeout, free_slots, free_records, pending, dtypes, probes,
  *        on_splice_error)
  * Addresses are ints; free_slots/free_records are lists of ints used as stacks (pop from the end),
  * pending a dict slot -> request, dtypes a dict dtype char -> (code, itemsize), probes a list for
@@ -337,10 +337,10 @@ static int verify_layout(PosterObject *self, PyObject *probes) {
  */
 static int Poster_init(PosterObject *self, PyObject *args, PyObject *kwds) {
     PyObject *comm, *rtype, *ntype, *slots, *records, *pending, *dtypes, *probes, *on_err;
-    unsigned long long recs, m, c, h, t, pm, ra, e, a, p;
+    unsigned long long recs, m, c, h, t, pm, ra, sl, e, a, p;
     int local_rank, size; double timeout;
-    if (!PyArg_ParseTuple(args, "OOOKKKKKKKKKKiidO!O!O!O!OO", &comm, &rtype, &ntype, &recs, &m, &c, &h,
-                          &t, &pm, &ra, &e, &a, &p, &local_rank, &size, &timeout, &PyList_Type, &slots,
+    if (!PyArg_ParseTuple(args, "OOOKKKKKKKKKKKiidO!O!O!O!OO", &comm, &rtype, &ntype, &recs, &m, &c, &h,
+                          &t, &pm, &ra, &sl, &e, &a, &p, &local_rank, &size, &timeout, &PyList_Type, &slots,
                           &PyList_Type, &records, &PyDict_Type, &pending, &PyDict_Type, &dtypes,
                           &probes, &on_err))
         return -1;
@@ -372,7 +372,8 @@ static int Poster_init(PosterObject *self, PyObject *args, PyObject *kwds) {
     }
     self->chain = (PostedChain){(pthread_mutex_t *)(uintptr_t)m, (pthread_cond_t *)(uintptr_t)c,
                                 (volatile int32_t *)(uintptr_t)h, (volatile int32_t *)(uintptr_t)t,
-                                (char *)(uintptr_t)recs, (uint64_t *)(uintptr_t)pm, (char *)(uintptr_t)ra};
+                                (char *)(uintptr_t)recs, (uint64_t *)(uintptr_t)pm, (char *)(uintptr_t)ra,
+                                (uint64_t *)(uintptr_t)sl};
     self->err = (volatile uint64_t *)(uintptr_t)e;
     self->abort = (volatile uint64_t *)(uintptr_t)a;
     self->posted = (volatile uint64_t *)(uintptr_t)p;

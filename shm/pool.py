@@ -14,8 +14,8 @@ int32 index, never by address or pickle. Everything is little-endian, 8-byte ali
     104     next_ops i32, next_ops_end i32   ranks and progress, under the mutex (posted chain); in the
                                           mutex's cache line, so a critical section moves one line less
     128     pthread_cond_t  (64 B)        -
-    192     pending_mask u64              bit r: local rank r's chain waits in its RANK_PENDING slot
-                                          (atomics; shm/_pool_lock.h "Flat combining")
+    192     pending_mask u64              bit r: local rank r handed a chain off in its RANK_PENDING
+                                          slot (atomics; shm/_pool_lock.h "Hand-off")
     256     control counters (u64 each)   see CTRL_* below, one writer each
     512     error message (512 B, utf-8)  progress, before ERR_SEQ is stored
     1024    free_ops[nlocal] i32          progress pushes, owner rank takes all; under the mutex
@@ -24,11 +24,12 @@ int32 index, never by address or pickle. Everything is little-endian, 8-byte ali
     S       request slots [nlocal][max_ops] x 32 B   progress (completion of one request)
     T       sub table [max_subs] x 96 B   progress (per-sub counters, for the dump tool)
     R       op records [nlocal][max_ops] x 128 B     owner rank while private, read by progress
-                                          after it was posted; `next` under the mutex once posted
+                                          after it was posted; `next` under the mutex once spliced
 
 Each local rank owns the contiguous records [r*max_ops, (r+1)*max_ops) and request slots of the same
 indices. A record is private to its owner while it is in the owner's process-local free list or
-being filled; posting hands it to the progress process, which copies it out and returns it to
+being filled; posting hands it to the progress process (spliced onto the posted chain, or left in the
+rank's pending slot for the progress process to splice), which copies it out and returns it to
 free_ops[owner] in the same critical section (NCCL's freeOps).
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ import struct
 from shm import _native, counters, sync
 
 MAGIC = 0x5958_4F52_5048_4D53  # b"SHMPROXY" little-endian
-VERSION = 2
+VERSION = 3   # 3: posts hand chains off through RANK_PENDING without the mutex (_pool_lock.h)
 
 HEADER_FMT = struct.Struct("<QIIIIIIQ")  # magic, version, header_bytes, nlocal, max_ops, max_subs, 0, total
 assert HEADER_FMT.size == 40
@@ -64,7 +65,7 @@ CTRL_ERR_SEQ = 5       # progress: 0 = no error; set to 1 after the ERR_* fields
 CTRL_ERR_CODE = 6      # progress: proxy.errors code of the first error
 CTRL_ERR_RANK = 7      # progress: rank involved (2**64-1 = none; -1 stored as that)
 CTRL_ERR_PID = 8       # progress
-CTRL_SLEEPING = 9      # progress: 1 while blocked on the condvar
+CTRL_SLEEPING = 9      # progress: 1 while it may be blocked on the condvar (atomics: _pool_lock.h "Hand-off")
 CTRL_N_FETCH = 10      # progress: statistics shown by the dump
 CTRL_N_OPS = 11
 CTRL_N_ARGS = 12
@@ -84,8 +85,8 @@ RANK_WAITING = 2       # the rank, while it may sleep on its futex: (CPU + 1) | 
 RANK_POSTED = 3        # the rank: ops posted (statistics)
 RANK_CONN_STATE = 4    # progress: proxy.protocol.ConnState of the rank's service connection
 RANK_COMPLETED = 5     # progress: requests of this rank completed (statistics)
-RANK_PENDING = 6       # the rank sets, a mutex holder clears: (first + 1) << 32 | (last + 1) of a chain
-                       # it left for the holder to splice (shm/_pool_lock.h); 0 = none
+RANK_PENDING = 6       # the rank sets, a mutex holder clears (atomics): (first + 1) << 32 | (last + 1) of
+                       # a chain it handed off, not yet spliced (shm/_pool_lock.h "Hand-off"); 0 = none
 
 
 
@@ -126,7 +127,7 @@ RECORD_BYTES = 128
 assert RECORD.size == RECORD_BYTES
 
 # shm/_pool_layout.h hard-codes these for the C helpers (shm._native, shm._poster): it must agree.
-if _native.POOL_LAYOUT != (NEXT_OPS_OFF, NEXT_OPS_END_OFF, PENDING_MASK_OFF, FREE_OPS_OFF, RECORD_BYTES,
+if _native.POOL_LAYOUT != (MUTEX_OFF, NEXT_OPS_OFF, COND_OFF, CTRL_OFF + 8 * CTRL_SLEEPING, NEXT_OPS_END_OFF, PENDING_MASK_OFF, FREE_OPS_OFF, RECORD_BYTES,
                            struct.calcsize("<iBBBB"), struct.calcsize("<iBBBBiiq"), SLOT_BYTES, RANK_AREA_BYTES,
                            8 * RANK_WAKE, 8 * RANK_WAITING, 8 * RANK_COMPLETED, 8 * RANK_PENDING):
     raise ImportError("shm/_pool_layout.h and shm/pool.py disagree on the ops pool layout (or shm._native "

@@ -298,89 +298,167 @@ def _make_poster(seg, view, size=2, on_splice_error=None):
     pp = _poster.Poster(
         "the comm", Request, np.ndarray, seg.addr + lay.records_off, seg.addr + P.MUTEX_OFF,
         seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF, seg.addr + P.NEXT_OPS_END_OFF,
-        seg.addr + P.PENDING_MASK_OFF, seg.addr + lay.rank_area_off, q0 + 8 * P.CTRL_ERR_SEQ, q0 + 8 * P.CTRL_ABORT, seg.addr + 8 * lay.rank_q(0, P.RANK_POSTED), 0, size,
+        seg.addr + P.PENDING_MASK_OFF, seg.addr + lay.rank_area_off, q0 + 8 * P.CTRL_SLEEPING, q0 + 8 * P.CTRL_ERR_SEQ, q0 + 8 * P.CTRL_ABORT, seg.addr + 8 * lay.rank_q(0, P.RANK_POSTED), 0, size,
         1.0, slots, records, pending, comm_mod._DTYPES, comm_mod._probes(), on_splice_error or (lambda rc: None))
     return pp, slots, records, pending
 
 
-def test_poster_splices_alone_and_chains_in_a_group(pool):
+def _handed_off(view, r=0):
+    """The records local rank ``r`` handed off and nobody spliced yet (shm/_pool_lock.h, "Hand-off")."""
+    p = view.q[view.layout.rank_q(r, P.RANK_PENDING)]
+    if not p:
+        return []
+    chain, bad = view.walk((p >> 32) - 1, view.layout.nrecords)
+    assert not bad and chain[-1] == (p & 0xFFFFFFFF) - 1 and view.q[P.PENDING_MASK_OFF // 8] >> r & 1
+    return chain
+
+
+def test_poster_hands_off_alone_and_chains_in_a_group(pool):
+    """With the progress process awake, a post leaves its chain in the rank's pending slot without the
+    mutex; a later post goes behind it (order kept); the progress process's take splices them."""
     seg, view = pool
     lay = view.layout
     pp, *_ = _make_poster(seg, view)
+    take, _out, idx = _taker(seg, lay)
     assert pp.write(0, 0, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0) == 1
     pp.enqueue(0)
     pp.group_depth = 1
-    for idx in (1, 2):
-        pp.write(idx, idx, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
-        pp.enqueue(idx)
-    assert view.walk(view.i32[P.NEXT_OPS_OFF // 4], 10) == ([0], False) and pp.chain_first == 1
+    for i in (1, 2):
+        pp.write(i, i, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
+        pp.enqueue(i)
+    assert _handed_off(view) == [0] and pp.chain_first == 1
+    assert view.i32[P.NEXT_OPS_OFF // 4] == -1      # the posted chain is the progress process's to write
     pp.group_depth = 0
     pp.flush()
-    assert view.walk(view.i32[P.NEXT_OPS_OFF // 4], 10) == ([0, 1, 2], False)
-    assert view.i32[P.NEXT_OPS_END_OFF // 4] == 2 and pp.chain_first == -1
+    assert _handed_off(view) == [0, 1, 2] and pp.chain_first == -1
     assert pp.seq == 3 and pp.opcount == 1   # the group's records share the opCount they were given
     assert view.q[lay.rank_q(0, P.RANK_POSTED)] == 2
+    assert take() == (3, 0, -1) and list(idx[:3]) == [0, 1, 2]
+    assert _handed_off(view) == [] and view.q[P.PENDING_MASK_OFF // 8] == 0
+    assert (view.i32[P.NEXT_OPS_OFF // 4], view.i32[P.NEXT_OPS_END_OFF // 4]) == (-1, -1)
 
 
-def _post_while_held(view, pp, idx, errors_seen):
-    """Post record ``idx`` from a thread while this thread holds the pool mutex; return the thread once
-    the post left its chain pending (its bit in the pending mask is set)."""
-    pp.write(idx, idx, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
-    t = threading.Thread(target=pp.enqueue, args=(idx,), daemon=True)
-    t.start()
-    deadline = time.monotonic() + 10
-    while not view.q[P.PENDING_MASK_OFF // 8] & 1:
-        assert t.is_alive() and time.monotonic() < deadline, f"the post did not go pending: {errors_seen}"
-        time.sleep(0.001)
-    return t
-
-
-def test_busy_mutex_leaves_the_post_pending_and_the_holder_splices_it(pool):
-    """Flat combining (shm/_pool_lock.h): a rank that finds the mutex held leaves its chain in its
-    pending slot; the holder's take splices it; the rank's post then succeeds without ever linking
-    the chain itself (so nothing is posted twice)."""
+def test_post_hands_off_while_the_mutex_is_held(pool):
+    """A post does not wait for the mutex while the progress process is awake: posting from the very
+    thread that holds it returns at once; a dump shows the chain handed off; the holder's take splices
+    it, so nothing is posted twice."""
     seg, view = pool
     lay = view.layout
     seen = []
     pp, *_ = _make_poster(seg, view, on_splice_error=seen.append)
     take, _out, idx = _taker(seg, lay)
-    slot_q = lay.rank_q(0, P.RANK_PENDING)
+    pp.write(4, 4, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
     view.mutex.lock(5.0)
     try:
-        t = _post_while_held(view, pp, 4, seen)
-        assert view.q[slot_q] == (5 << 32) | 5          # (first + 1, last + 1)
-        assert view.i32[P.NEXT_OPS_OFF // 4] == -1      # not on the chain yet
+        pp.enqueue(4)
+        assert seen == [] and view.q[lay.rank_q(0, P.RANK_PENDING)] == (5 << 32) | 5   # (first + 1, last + 1)
         from proxy import dump
         assert dump.read_pool(view)["ranks"][0]["pending_chain"] == [4, 4]   # what a dump shows
-        assert "chain 4..4 pending for the mutex holder" in dump.format_text(dump.read_pool(view))
-        assert take() == (1, 0, -1) and idx[0] == 4     # the holder splices it, then takes it
-        assert view.q[slot_q] == 0 and view.q[P.PENDING_MASK_OFF // 8] == 0
+        assert "chain 4..4 handed off" in dump.format_text(dump.read_pool(view))
+        assert take() == (1, 0, -1) and idx[0] == 4
+        assert _handed_off(view) == [] and view.q[P.PENDING_MASK_OFF // 8] == 0
     finally:
         view.mutex.unlock()
-    t.join(10)
-    assert not t.is_alive() and seen == []
-    assert (view.i32[P.NEXT_OPS_OFF // 4], view.i32[P.NEXT_OPS_END_OFF // 4]) == (-1, -1)
     assert take() == (0, 0, -1)
 
 
-def test_pending_post_is_taken_back_when_the_mutex_stays_held(pool):
-    """A post whose bounded lock times out takes its chain back: TIMEDOUT, and nothing is posted
-    later by a holder that finds the stale mask bit."""
+def test_fetch_posted_locks_takes_and_unlocks_in_one_call(pool):
+    """The progress process's fetch (_native.fetch_posted): with trylock it takes nothing while the
+    mutex is held (BUSY); otherwise it splices what ranks handed off, takes it and leaves the mutex free."""
+    seg, view = pool
+    lay = view.layout
+    pp, *_ = _make_poster(seg, view)
+    out, idx = bytearray(P.RECORD_BYTES * lay.nrecords), np.zeros(lay.nrecords, np.int32)
+
+    def fetch(blocking):
+        return _native.fetch_posted(seg.addr, lay.records_off, lay.rank_area_off, lay.nrecords, lay.max_ops, 16,
+                                    _native.buffer_info(out, True)[0], idx.ctypes.data, blocking, 1.0)
+    for i in (6, 7):
+        pp.write(i, i, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
+        pp.enqueue(i)
+    view.mutex.lock(5.0)
+    try:
+        assert fetch(False) == (0, 0, -1, _native.BUSY) and _handed_off(view) == [6, 7]
+    finally:
+        view.mutex.unlock()
+    assert fetch(True) == (2, 0, -1, _native.OK) and list(idx[:2]) == [6, 7]
+    assert _handed_off(view) == [] and view.mutex.trylock()   # taken, and the mutex was released
+    view.mutex.unlock()
+    assert fetch(False) == (0, 0, -1, _native.OK)
+
+
+def test_post_to_a_sleeping_progress_process_splices_and_signals(pool):
+    """The progress process sleeps (sleep_unless_posted: SLEEPING, then the mask): a post sees SLEEPING,
+    locks once the sleeper is inside the condvar wait, splices its chain and signals, so the sleeper
+    wakes long before its bound."""
+    seg, view = pool
+    lay = view.layout
+    seen, slept = [], []
+    pp, *_ = _make_poster(seg, view, on_splice_error=seen.append)
+
+    def sleeper():
+        view.mutex.lock(5.0)
+        t0 = time.monotonic()
+        rc = _native.sleep_unless_posted(seg.addr, 30.0)
+        slept.append((rc, time.monotonic() - t0, view.i32[P.NEXT_OPS_OFF // 4]))
+        view.mutex.unlock()
+
+    t = threading.Thread(target=sleeper, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING]:
+        assert t.is_alive() and time.monotonic() < deadline, "the sleeper did not go to sleep"
+        time.sleep(0.001)
+    pp.write(3, 3, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
+    pp.enqueue(3)
+    t.join(20)
+    assert not t.is_alive() and seen == []
+    rc, took, head = slept[0]
+    assert rc == _native.OK and took < 10 and head == 3   # signalled, with the chain spliced by the poster
+    assert _handed_off(view) == [] and view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING] == 0
+
+
+def test_sleep_unless_posted_does_not_sleep_past_a_handed_off_chain(pool):
+    """The progress process's side of the protocol: with a chain handed off it does not sleep at all;
+    with none it sleeps to its bound; SLEEPING is 0 again either way."""
+    seg, view = pool
+    pp, *_ = _make_poster(seg, view)
+    view.mutex.lock(5.0)
+    try:
+        t0 = time.monotonic()
+        assert _native.sleep_unless_posted(seg.addr, 0.05) == _native.TIMEDOUT
+        assert time.monotonic() - t0 >= 0.04
+        pp.write(5, 5, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
+        pp.enqueue(5)   # this thread holds the mutex: the post must not need it
+        t0 = time.monotonic()
+        assert _native.sleep_unless_posted(seg.addr, 30.0) == _native.OK and time.monotonic() - t0 < 5
+        assert view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING] == 0 and _handed_off(view) == [5]
+    finally:
+        view.mutex.unlock()
+
+
+def test_post_whose_wake_up_cannot_lock_stays_handed_off(pool):
+    """The progress process says it may sleep but the mutex stays held: the post's wake-up gives up at
+    its bound and the post still succeeds, its chain handed off for the sleeper's next look (its sleep
+    is bounded), not lost and not reported as failed."""
     seg, view = pool
     lay = view.layout
     seen = []
     pp, *_ = _make_poster(seg, view, on_splice_error=seen.append)   # its timeout: 1 s
-    take, _out, _idx = _taker(seg, lay)
+    take, _out, idx = _taker(seg, lay)
+    view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING] = 1
     view.mutex.lock(5.0)
     try:
-        t = _post_while_held(view, pp, 2, seen)
+        pp.write(2, 2, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
+        t = threading.Thread(target=pp.enqueue, args=(2,), daemon=True)
+        t.start()
         t.join(10)
-        assert not t.is_alive() and seen == [_native.TIMEDOUT]
-        assert view.q[lay.rank_q(0, P.RANK_PENDING)] == 0
-        assert take() == (0, 0, -1)
-        assert view.i32[P.NEXT_OPS_OFF // 4] == -1
+        assert not t.is_alive() and seen == []
+        assert _handed_off(view) == [2] and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        assert take() == (1, 0, -1) and idx[0] == 2
     finally:
         view.mutex.unlock()
+        view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING] = 0
 
 
 def test_poster_fast_post_writes_the_record_python_reads(pool):
@@ -400,7 +478,7 @@ def test_poster_fast_post_writes_the_record_python_reads(pool):
         assert rec[:8] == (-1, ops.KIND_RECV, ops.DTYPE_CODE["f"], 0, 0, 0, 1, -(2**63))
         assert rec[8:16] == (1, 1, req._slot, 5, 64, 24, 6, -1)
         assert rec[19] == 0 and rec[20] > 0   # coll_seq, t_post
-        assert view.walk(view.i32[P.NEXT_OPS_OFF // 4], 10) == ([idx], False)
+        assert _handed_off(view) == [idx]
         assert (req._seq, req._nbytes, req._tag, req._peer, req._done) == (1, 24, -(2**63), 1, False)
         del arr, req
     finally:
@@ -493,7 +571,7 @@ def test_poster_declines_what_python_must_handle(pool, case):
         elif case == "unusable":
             pp.usable = 0
         assert pp.post(kind, arr, peer, tag) is None
-        assert pp.seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        assert pp.seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1 and _handed_off(view) == []
         assert len(records) == view.layout.max_ops and len(slots) == (0 if case == "no-slot" else view.layout.max_ops)
         del arr
     finally:
@@ -590,7 +668,7 @@ def test_poster_iallreduce_declines_what_comm_coll_must_check(pool, case):
             records.clear()
         assert pp.iallreduce(*args, **kw) == "python" and len(calls) == 1
         assert calls[0][1] == kw and calls[0][0][0] is args[0]
-        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1 and _handed_off(view) == []
         del s, r, args, kw
     finally:
         calls.clear()
@@ -716,7 +794,7 @@ def test_poster_collectives_decline_what_comm_coll_must_check(pool, case):
         assert getattr(pp, method)(*args, **kw) == "python" and len(calls) == 1
         got_args, got_kw = calls[0]
         assert got_kw == kw and len(got_args) == len(args) and all(x is y for x, y in zip(got_args, args))
-        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1 and _handed_off(view) == []
         del a, s6, r6, r12, args, got_args
     finally:
         calls.clear()
@@ -1274,8 +1352,9 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
     i32 = np.full(P.NEXT_OPS_OFF // 4 + 1, -1, np.int32)           # an empty posted chain
     from shm import _workers
     awake = _workers.KeepAwake(sorted(os.sched_getaffinity(0))[:1], 1.0) if crowded else None
+    q = np.zeros(P.PENDING_MASK_OFF // 8 + 1, np.uint64)                # nothing handed off
     eng = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, crowded=crowded, awake=awake,
-                                view=types.SimpleNamespace(i32=i32), _should_exit=lambda: False)
+                                view=types.SimpleNamespace(i32=i32), q=q, _should_exit=lambda: False)
 
     def spin() -> float:
         t0 = time.monotonic()
@@ -1288,6 +1367,8 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
         awake.stop()
     first, second = spin(), spin()
     assert (first < 0.015) is crowded and second >= 0.03 and not eng.spin_skip
+    q[P.PENDING_MASK_OFF // 8] = 1 << 1           # a chain handed off ends the spin
+    assert spin() < 0.015
 
 
 # ------------------------------------------------------------------------------------ transports
