@@ -127,6 +127,8 @@ static inline int lock_bounded(pthread_mutex_t *m, double timeout) {
  * waits until the sleeper is inside the condvar wait (which released the mutex), so the signal is not
  * lost. Should that lock fail, the chain stays handed off: the sleep is bounded (PROXY_SLEEP_MS) and
  * the progress process drains the slots when it wakes.
+ *   A rank killed between its exchange and its store loses its own unspliced chain with it (the
+ * records show in a dump as in no list); its death fails the communicator either way.
  *   Local ranks >= 64 (beyond the mask) lock and splice every time.
  */
 typedef struct {
