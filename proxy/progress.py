@@ -396,8 +396,8 @@ class ProgressEngine:
             self.profiler.span("sleep", t0, time.monotonic_ns())
 
     def _fetch_posted(self, blocking: bool) -> int:
-        """_take_locked with the lock and unlock in the same C call (_native.fetch_posted), so that
-        ranks posting meanwhile wait for C, not for this interpreter. 0 when a trylock lost."""
+        """_take_locked with the lock and unlock in the same C call (_native.fetch_posted): no interpreter
+        inside the critical section. 0 when a trylock lost."""
         layout = self.layout
         n, err, at, rc = _native.fetch_posted(self.seg.addr, layout.records_off, layout.rank_area_off,
                                               layout.nrecords, layout.max_ops, self.batch, self.take_out_addr,

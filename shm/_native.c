@@ -219,8 +219,9 @@ static Py_ssize_t take_locked(const Take *t, int *err_out, int32_t *at_out) {
     char *pool = t->pool;
     int32_t *head = (int32_t *)(pool + POOL_NEXT_OPS_OFF), *tail = (int32_t *)(pool + POOL_NEXT_OPS_END_OFF);
     /* chains handed off by ranks: splice them first (_pool_lock.h, "Hand-off") */
-    PostedChain chain = {NULL, NULL, head, tail, pool + t->records_off, (uint64_t *)(pool + POOL_PENDING_MASK_OFF),
-                         pool + t->rank_area_off, (uint64_t *)(pool + POOL_SLEEPING_OFF)};
+    PostedChain chain = {NULL, NULL, head, tail, pool + t->records_off,
+                         (uint64_t *)(pool + POOL_PENDING_MASK_OFF), pool + t->rank_area_off,
+                         (uint64_t *)(pool + POOL_SLEEPING_OFF)};
     drain_pending_locked(&chain);
     int32_t *freel = (int32_t *)(pool + POOL_FREE_OPS_OFF);
     int32_t g_owner[MAX_BATCH];
@@ -330,14 +331,15 @@ static PyObject *py_sleep_unless_posted(PyObject *self, PyObject *args) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "sleep_unless_posted: no pool");
         return NULL;
     }
-    uint64_t *sleeping = (uint64_t *)(pool + POOL_SLEEPING_OFF), *mask = (uint64_t *)(pool + POOL_PENDING_MASK_OFF);
+    uint64_t *sleeping = (uint64_t *)(pool + POOL_SLEEPING_OFF);
+    uint64_t *mask = (uint64_t *)(pool + POOL_PENDING_MASK_OFF);
     int r = 0;
     __atomic_store_n(sleeping, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(mask, __ATOMIC_SEQ_CST) == 0) {
         struct timespec ts = deadline_after(timeout);
         Py_BEGIN_ALLOW_THREADS
-        r = pthread_cond_timedwait((pthread_cond_t *)(pool + POOL_COND_OFF), (pthread_mutex_t *)(pool + POOL_MUTEX_OFF),
-                                   &ts);
+        r = pthread_cond_timedwait((pthread_cond_t *)(pool + POOL_COND_OFF),
+                                   (pthread_mutex_t *)(pool + POOL_MUTEX_OFF), &ts);
         Py_END_ALLOW_THREADS
     }
     __atomic_store_n(sleeping, 0, __ATOMIC_RELEASE);
@@ -352,8 +354,9 @@ static PyObject *py_sleep_unless_posted(PyObject *self, PyObject *args) {
  * counter and futex word, then wake each owner that said it may sleep, except those asleep on a CPU
  * whose bit is set in `relayed` (that CPU's keep-awake guard wakes them: shm/_workers.c) and those on
  * the caller's CPU last (a wakee there preempts the caller before it wakes the others). Publishing
- * all before waking any lets spinning ranks leave together. Checks every op's slot lies in its owner's region before writing
- * anything: on a bad one nothing is written and its position in `ops` is returned.
+ * all before waking any lets spinning ranks leave together. Checks every op's slot lies in its owner's
+ * region before writing anything: on a bad one nothing is written and its position in `ops` is
+ * returned.
  */
 
 static PyObject *s_req_slot, *s_owner, *s_req_seq, *s_peer;
@@ -518,8 +521,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "BUSY", RC_BUSY);
     /* shm/_pool_layout.h, which shm/pool.py checks against its own layout */
     PyModule_AddObject(m, "POOL_LAYOUT", Py_BuildValue(
-        "(iiiiiiiiiiiiiiii)", POOL_MUTEX_OFF, POOL_NEXT_OPS_OFF, POOL_COND_OFF, POOL_SLEEPING_OFF, POOL_NEXT_OPS_END_OFF, POOL_PENDING_MASK_OFF, POOL_FREE_OPS_OFF,
-        RECORD_BYTES, REC_OWNER_OFF, REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
+        "(iiiiiiiiiiiiiiii)", POOL_MUTEX_OFF, POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_COND_OFF,
+        POOL_PENDING_MASK_OFF, POOL_SLEEPING_OFF, POOL_FREE_OPS_OFF, RECORD_BYTES, REC_OWNER_OFF, REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
         RANK_WAITING_OFF, RANK_COMPLETED_OFF, RANK_PENDING_OFF));
     return m;
 }

@@ -7,9 +7,9 @@
 #ifndef SHM_POOL_LAYOUT_H
 #define SHM_POOL_LAYOUT_H
 
-/* header: the pool mutex and condvar, the posted chain's head and tail (int32 record indices, in the mutex's cache line), the
- * pending mask (u64, bit r: local rank r left a chain in its pending slot; shm/_pool_lock.h), per-rank
- * free lists */
+/* header: the pool mutex and condvar, the posted chain's head and tail (int32 record indices, in the
+ * mutex's cache line), the pending mask (u64, bit r: local rank r handed a chain off in its pending
+ * slot; shm/_pool_lock.h, "Hand-off"), SLEEPING, per-rank free lists */
 #define POOL_MUTEX_OFF 64
 #define POOL_NEXT_OPS_OFF 104
 #define POOL_NEXT_OPS_END_OFF 108
@@ -31,6 +31,6 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
 #define RANK_WAKE_OFF 8        /* uint32 futex word */
 #define RANK_WAITING_OFF 16    /* u64: the rank may sleep: (its CPU + 1) | the word it sleeps on << 32 */
 #define RANK_COMPLETED_OFF 40  /* u64 statistics */
-#define RANK_PENDING_OFF 48    /* u64: (first + 1) << 32 | (last + 1) of a chain left to the holder; 0 = none */
+#define RANK_PENDING_OFF 48    /* u64: (first + 1) << 32 | (last + 1) of a chain handed off; 0 = none */
 
 #endif

@@ -298,7 +298,8 @@ def _make_poster(seg, view, size=2, on_splice_error=None):
     pp = _poster.Poster(
         "the comm", Request, np.ndarray, seg.addr + lay.records_off, seg.addr + P.MUTEX_OFF,
         seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF, seg.addr + P.NEXT_OPS_END_OFF,
-        seg.addr + P.PENDING_MASK_OFF, seg.addr + lay.rank_area_off, q0 + 8 * P.CTRL_SLEEPING, q0 + 8 * P.CTRL_ERR_SEQ, q0 + 8 * P.CTRL_ABORT, seg.addr + 8 * lay.rank_q(0, P.RANK_POSTED), 0, size,
+        seg.addr + P.PENDING_MASK_OFF, seg.addr + lay.rank_area_off, q0 + 8 * P.CTRL_SLEEPING,
+        q0 + 8 * P.CTRL_ERR_SEQ, q0 + 8 * P.CTRL_ABORT, seg.addr + 8 * lay.rank_q(0, P.RANK_POSTED), 0, size,
         1.0, slots, records, pending, comm_mod._DTYPES, comm_mod._probes(), on_splice_error or (lambda rc: None))
     return pp, slots, records, pending
 
@@ -571,7 +572,8 @@ def test_poster_declines_what_python_must_handle(pool, case):
         elif case == "unusable":
             pp.usable = 0
         assert pp.post(kind, arr, peer, tag) is None
-        assert pp.seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1 and _handed_off(view) == []
+        assert pp.seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        assert _handed_off(view) == []
         assert len(records) == view.layout.max_ops and len(slots) == (0 if case == "no-slot" else view.layout.max_ops)
         del arr
     finally:
@@ -668,7 +670,8 @@ def test_poster_iallreduce_declines_what_comm_coll_must_check(pool, case):
             records.clear()
         assert pp.iallreduce(*args, **kw) == "python" and len(calls) == 1
         assert calls[0][1] == kw and calls[0][0][0] is args[0]
-        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1 and _handed_off(view) == []
+        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        assert _handed_off(view) == []
         del s, r, args, kw
     finally:
         calls.clear()
@@ -794,7 +797,8 @@ def test_poster_collectives_decline_what_comm_coll_must_check(pool, case):
         assert getattr(pp, method)(*args, **kw) == "python" and len(calls) == 1
         got_args, got_kw = calls[0]
         assert got_kw == kw and len(got_args) == len(args) and all(x is y for x, y in zip(got_args, args))
-        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1 and _handed_off(view) == []
+        assert pp.seq == 0 and pp.coll_seq == 0 and not pending and view.i32[P.NEXT_OPS_OFF // 4] == -1
+        assert _handed_off(view) == []
         del a, s6, r6, r12, args, got_args
     finally:
         calls.clear()
