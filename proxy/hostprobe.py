@@ -9,6 +9,11 @@ Two questions that benchmark figures depend on (BENCHMARKS.md):
   (hyperthreads the guest cannot see) or memory bandwidth, some pairs slow the work by far more than
   others: this bounds the overlap any library can show in the OSU test, where the work runs while a
   collective streams memory on other cores.
+- ``speed``: the same pure-Python work timed alone on each CPU in turn, a few rounds. On a host whose
+  physical cores are shared with other guests, a busy sibling hyperthread halves a vCPU's speed
+  without any steal time: the 1x H200 hosts of the fourteenth session showed 23 against 51 ms on
+  different vCPUs, which ones changing from round to round, at 0 % steal. Figures that depend on one
+  core keeping pace with another (OSU's overlap at 64 KiB) move with it.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import time
 
 import numpy as np
 
+from proxy.bench.stats import StealMeter
 from shm import _native
 
 ARRAY_BYTES = 64 << 20
@@ -93,16 +99,40 @@ def interference(cpu: int, others: list[int]) -> list[tuple[float, int]]:
     return sorted(out, reverse=True)
 
 
+def speed(cpus: list[int], rounds: int = 2) -> list[tuple[dict[int, float], float | None]]:
+    """Per round: ({cpu: seconds of the work on it, best of five}, steal % meanwhile or None). The
+    caller's CPU affinity is restored afterwards."""
+    saved = os.sched_getaffinity(0)
+    out = []
+    try:
+        for _ in range(rounds):
+            meter = StealMeter()
+            with meter:
+                times = {cpu: _timed_work(cpu) for cpu in cpus}
+            out.append((times, meter.pct))
+    finally:
+        os.sched_setaffinity(0, saved)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="host_probe", description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["bandwidth", "interference"])
+    ap.add_argument("what", choices=["bandwidth", "interference", "speed"])
     ap.add_argument("--threads", default="1,2,4,8,16", help="bandwidth: thread counts")
     ap.add_argument("--cpus", default="1", help="interference: CPUs whose work is timed")
+    ap.add_argument("--rounds", type=int, default=3, help="speed: how many times every CPU is timed")
     ns = ap.parse_args(argv)
     allowed = sorted(os.sched_getaffinity(0))
     if ns.what == "bandwidth":
         for kind in ("copy", "stream", "add"):
             print(kind, " ".join(f"T={t}: {bandwidth(int(t), kind):.1f} GB/s" for t in ns.threads.split(",")),
+                  flush=True)
+    elif ns.what == "speed":
+        for i, (times, steal) in enumerate(speed(allowed, ns.rounds)):
+            cells = " ".join(f"{c}:{t * 1e3:.1f}" for c, t in times.items())
+            spread = max(times.values()) / min(times.values())
+            where = "unknown" if steal is None else f"{steal:.1f} %"
+            print(f"round {i + 1}: ms per CPU {cells} | slowest/fastest {spread:.2f}x | steal {where}",
                   flush=True)
     else:
         for cpu in (int(c) for c in ns.cpus.split(",")):
