@@ -322,8 +322,7 @@ class ProgressEngine:
         self._wake_all_ranks()
 
     def _wake_all_ranks(self) -> None:
-        for lr in range(self.nlocal):
-            self.wake_rank(lr)
+        self.wake_ranks(tuple(range(self.nlocal)))
 
     def _mutex_owner_died(self) -> None:
         """We got the pool mutex with EOWNERDEAD. The kernel releases a robust mutex early in the
@@ -923,44 +922,30 @@ class ProgressEngine:
             self.awake.touch()
 
     def wake_rank(self, local_rank: int) -> None:
-        """Bump a rank's futex word; issue the wake syscall only if the rank said it may sleep, and not
-        when the keep-awake guard of the CPU it sleeps on does it (shm/_workers.c, "Relayed wake-ups").
+        """Wake one rank whose completion is published: wake_ranks((local_rank,))."""
+        self.wake_ranks((local_rank,))
+
+    def wake_ranks(self, local_ranks: tuple[int, ...]) -> None:
+        """Wake ranks whose completions are published, in one C call (_native.wake_owners, the same
+        ordering complete_coll uses): every futex word bumped first, then the wake syscall for those
+        that said they may sleep, those asleep on this CPU last (such a wakee preempts the loop at
+        once), none asleep on a CPU whose keep-awake guard wakes them (shm/_workers.c, "Relayed
+        wake-ups"); those are remembered, so that check_relayed wakes them should the guard not run.
 
         Lost wake-ups are impossible: the rank reads the word, stores WAITING (its CPU and that word),
         re-checks its slot and sleeps only while the word is unchanged (the futex compares it); we
         publish the slot, bump the word atomically (a full barrier), then read WAITING. Either the rank
         sees the new slot, or its futex_wait sees the bump, or we (or the guard) see WAITING set.
         """
-        _completed, wake_addr, waiting = self.rank_words[local_rank]
-        _native.fetch_add_u32(wake_addr, 1)
-        w = self.q[waiting]
-        if w:
-            relayed = self.awake.live_mask() if self.awake is not None else 0
-            if not self._note_relayed(local_rank, w, relayed):
-                _native.futex_wake(wake_addr, 0x7FFFFFFF)
-
-    def wake_ranks(self, local_ranks: tuple[int, ...]) -> None:
-        """wake_rank for several ranks: every word bumped first, then the wake-ups, those of ranks asleep
-        on this CPU last. Such a wakee preempts the loop at once, and a wake-up after it waited that long
-        (~15 us on the VM)."""
-        words, q = self.rank_words, self.q
-        for lr in local_ranks:
-            _native.fetch_add_u32(words[lr][1], 1)
-        if not any(q[words[lr][2]] for lr in local_ranks):
-            return
-        relayed = self.awake.live_mask() if self.awake is not None else 0
-        here, last = _native.getcpu(), []
-        for lr in local_ranks:
-            _completed, wake_addr, waiting = words[lr]
-            w = q[waiting]
-            if not w or self._note_relayed(lr, w, relayed):
-                continue
-            if P.waiting_cpu(w) == here:
-                last.append(wake_addr)
-            else:
-                _native.futex_wake(wake_addr, 0x7FFFFFFF)
-        for wake_addr in last:
-            _native.futex_wake(wake_addr, 0x7FFFFFFF)
+        q, words, relayed = self.q, self.rank_words, 0
+        if self.awake is not None and any(q[words[lr][2]] for lr in local_ranks):
+            relayed = self.awake.live_mask()       # only where some rank may sleep (it costs a getcpu)
+        _native.wake_owners(self.seg.addr, self.layout.rank_area_off, local_ranks, relayed)
+        if relayed:
+            for lr in local_ranks:
+                w = q[words[lr][2]]
+                if w:
+                    self._note_relayed(lr, w, relayed)
 
     def _note_relayed(self, local_rank: int, w: int, relayed: int) -> bool:
         """Whether rank ``local_rank``, whose WAITING reads ``w``, sleeps on a CPU whose keep-awake guard

@@ -1166,6 +1166,34 @@ def _sleeper_on(cpu: int, area: np.ndarray, results: list) -> threading.Thread:
     return t
 
 
+def test_wake_owners_bumps_every_word_and_wakes_sleepers_but_not_relayed_ones():
+    """_native.wake_owners (the wake-ups of ProgressEngine.wake_ranks and of complete_coll): every
+    owner's futex word moves by one; a rank that said it sleeps is woken, unless its CPU's bit is set
+    in ``relayed`` (its guard's job); a negative rank is refused before anything is touched."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    per = P.RANK_AREA_BYTES // 8
+    areas = np.zeros(3 * per, np.uint64)
+    words = areas.view(np.uint32)[2 * P.RANK_WAKE::2 * per]
+
+    slept: list = []
+    sleeper = _sleeper_on(cpu, areas[per:2 * per], slept)
+    _native.wake_owners(areas.ctypes.data, 0, (1,), 1 << cpu)      # relayed: bumped, left asleep
+    assert list(words) == [0, 1, 0]
+    time.sleep(0.2)                                                  # a wrong wake-up would land here
+    assert sleeper.is_alive() and not slept
+    _native.futex_wake(areas.ctypes.data + 8 * (per + P.RANK_WAKE), 1)   # as the guard would
+    sleeper.join(10)
+    assert slept and slept[0] < 5
+
+    sleeper = _sleeper_on(cpu, areas[per:2 * per], slept)
+    _native.wake_owners(areas.ctypes.data, 0, [0, 1, 2])
+    sleeper.join(10)
+    assert len(slept) == 2 and slept[1] < 5 and list(words) == [1, 2, 1]
+    with pytest.raises(ValueError, match="negative"):
+        _native.wake_owners(areas.ctypes.data, 0, (2, -1))
+    assert list(words) == [1, 2, 1]
+
+
 def test_keep_awake_guard_wakes_a_rank_asleep_on_its_cpu_so_the_waker_needs_no_ipi():
     """"Relayed wake-ups" (shm/_workers.c): a live guard wakes the ranks that sleep on its CPU once
     their futex word moved, so a waker on another CPU only bumps the word (live_mask tells it which
