@@ -39,6 +39,10 @@ def _int(payload: dict, key: str, lo: int, hi: int) -> int:
     return v
 
 
+# Messages of a rank joining the communicator: refused with the failure once it failed.
+_JOINING = frozenset({MsgType.INIT, MsgType.SHARED_INIT, MsgType.SETUP, MsgType.CONNECT})
+
+
 class ControlHandler:
     def __init__(self, engine: "ProgressEngine"):
         self.engine = engine
@@ -53,11 +57,15 @@ class ControlHandler:
     # ServiceHandler protocol -------------------------------------------------------------------
     def handle(self, conn: Any, msg: MsgType, payload: dict, fds: list[int]) -> tuple[dict, list[int]]:
         try:
+            if msg in _JOINING and self.engine.failure is not None:
+                self._refuse_join(conn, payload)
             resp, out_fds = self.dispatch[msg](conn, payload, fds)
         except BaseException:
             for fd in fds:
                 _close_quietly(fd)
             raise
+        finally:
+            self._joined()
         info = conn.data.get("info")
         if info is not None:
             e = self.engine
@@ -68,11 +76,30 @@ class ControlHandler:
         info = conn.data.get("info")
         if info is not None and not clean and not info.closed:
             _log.info("rank %d dropped its service connection without CLOSE", info.rank)
+        self._joined()
 
     def on_process_exit(self, conn: Any) -> None:
         info = conn.data.get("info")
         if info is not None:
             self.engine.rank_died(info)
+        self._joined()
+
+    def _refuse_join(self, conn: Any, payload: dict) -> None:
+        """The communicator failed: a rank still joining gets the failure itself (ProgressEngine.
+        wait_until_told keeps the service up for it), which names who died."""
+        e = self.engine
+        info = conn.data.get("info")
+        lr = info.local_rank if info is not None else payload.get("local_rank")
+        if isinstance(lr, int) and 0 <= lr < e.nlocal:
+            e.told.add(lr)
+        assert e.failure is not None
+        raise errors.from_code(e.failure.code, f"the communicator failed while this rank joined: {e.failure}",
+                               rank=getattr(e.failure, "rank", None), pid=getattr(e.failure, "pid", None))
+
+    def _joined(self) -> None:
+        """Wake ProgressEngine.wait_until_told: what it waits for may have changed."""
+        with self.engine.joins:
+            self.engine.joins.notify_all()
 
     # messages ----------------------------------------------------------------------------------
     def on_init(self, conn: Any, payload: dict, fds: list[int]):

@@ -186,6 +186,10 @@ _DECLARED: tuple[Param, ...] = (
     _p("PROXY_SLEEP_MS", float, 250.0,
        "Bound of one condvar sleep of the idle progress process (it rechecks abort and its ranks).", 1),
     _p("HEARTBEAT_MS", float, 100.0, "The progress process refreshes its heartbeat this often.", 1),
+    _p("FAIL_LINGER_S", float, 5.0,
+       "After the communicator failed, the progress process keeps its service up at most this long, until "
+       "every local rank has mapped the pool (where the failure is recorded), died, closed, or had its "
+       "join refused with the failure, so that a rank still joining learns who failed.", 0),
     _p("PROXY_CPUS", _parse_cpus, "",
        "Cores for the progress process: '' = automatic (cores the ranks do not use), 'none' = do not"
        " pin, or a CPU list such as '4-7'."),

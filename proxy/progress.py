@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -200,6 +201,9 @@ class ProgressEngine:
         self.dump_requested = False
         self.progressed = False
         self.failed = False
+        self.failure: errors.ProxyError | None = None   # the first error, for ranks still joining
+        self.told: set[int] = set()     # local ranks whose join the service refused with it
+        self.joins = threading.Condition()  # notified by the service thread on every message and exit
         self.owner_died_at = 0.0
         self.passes = 0
         self.t_start = time.monotonic()
@@ -220,6 +224,8 @@ class ProgressEngine:
     def shutdown(self) -> None:
         """Tear everything down; safe after any failure, and nothing of ours is left behind."""
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_STOPPING)
+        if self.failed:
+            self.wait_until_told(self.params.FAIL_LINGER_S)
         self.server.stop(timeout=5.0)
         self.copy.stop()
         if self.awake is not None:
@@ -292,6 +298,31 @@ class ProgressEngine:
             self.view.set_ctrl(P.CTRL_STOP, 1)
             self.wake_loop()
 
+    def told_or_mapped(self) -> bool:
+        """Whether every local rank can learn of the failure without the service: it mapped the pool
+        (its error record), died, closed, or had its join refused with the failure."""
+        for lr in range(self.nlocal):
+            info = self.ranks.get(lr)
+            if lr not in self.told and not (info is not None and (info.mapped or info.dead or info.closed)):
+                return False
+        return True
+
+    def wait_until_told(self, bound_s: float) -> None:
+        """After a failure, keep the service answering (ControlHandler refuses every join with the
+        failure) until told_or_mapped, at most ``bound_s``: a rank still joining when another died
+        learns who died, instead of finding the service gone (a reset, or no socket until its
+        TIMEOUT)."""
+        deadline = time.monotonic() + bound_s
+        with self.joins:
+            while not self.told_or_mapped():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _log.info("failed; local ranks %s never learned it from the service",
+                              [lr for lr in range(self.nlocal) if lr not in self.told
+                               and not (lr in self.ranks and self.ranks[lr].mapped)])
+                    return
+                self.joins.wait(left)
+
     def rank_died(self, info: RankInfo, how: str = "") -> None:
         if info.closed or info.dead:
             return
@@ -311,6 +342,7 @@ class ProgressEngine:
         q, base = self.q, P.CTRL_OFF // 8
         if not self.failed:
             self.failed = True
+            self.failure = errors.from_code(code, message, rank=rank, pid=pid)
             data = message.encode("utf-8", "replace")[: P.ERR_MSG_BYTES - 1] + b"\0"
             self.view.buf[P.ERR_MSG_OFF:P.ERR_MSG_OFF + len(data)] = data
             q[base + P.CTRL_ERR_CODE] = code

@@ -316,6 +316,7 @@ def big_message(nbytes: int) -> dict:
 
 def timeout_names_pending() -> None:
     with proxy.init() as comm:
+        comm.Barrier()      # rank 1 has joined before rank 0 aborts
         if comm.rank == 0:
             try:
                 comm.Irecv(np.zeros(1), 1, tag=9).Wait(timeout=0.5)
@@ -336,22 +337,28 @@ def timeout_names_pending() -> None:
 
 def with_block_error_names_root_cause() -> dict:
     """An exception in rank 0's ``with`` block aborts the job; the survivor's error says what was
-    raised, where and with what message, even if rank 0 never gets to print it."""
-    comm = proxy.init()
-    if comm.rank == 0:
-        try:
-            with comm:
-                raise KeyError("the root cause")
-        except KeyError:
-            return {}
-        raise AssertionError("the with block swallowed the KeyError")
-    with comm:
-        try:
-            comm.Recv(np.zeros(1), 0, tag=1)
-        except proxy.Aborted as e:
-            text = str(e)
-        else:
-            raise AssertionError("no Aborted")
+    raised, where and with what message, even if rank 0 never gets to print it (rank 1, if it was
+    still joining when that happened, is told by init)."""
+    try:
+        comm = proxy.init()
+    except proxy.Aborted as e:
+        text = str(e)
+        assert os.environ["RANK"] == "1" and "while this rank joined" in text, text
+    else:
+        if comm.rank == 0:
+            try:
+                with comm:
+                    raise KeyError("the root cause")
+            except KeyError:
+                return {}
+            raise AssertionError("the with block swallowed the KeyError")
+        with comm:
+            try:
+                comm.Recv(np.zeros(1), 0, tag=1)
+            except proxy.Aborted as e:
+                text = str(e)
+            else:
+                raise AssertionError("no Aborted")
     assert "rank 0" in text and "KeyError raised in the with block at bodies_p2p.py:" in text, text
     assert "the root cause" in text, text
     return {"error": text}
@@ -410,6 +417,7 @@ def victim_rank_dies(victim: int) -> dict:
     """The victim SIGKILLs itself while its peers wait for its messages; survivors must raise
     PeerDiedError naming it (the test measures how long that took)."""
     with proxy.init() as comm:
+        comm.Barrier()      # every rank has joined (dies_holding_mutex covers a rank still joining)
         if comm.rank == victim:
             comm.Send(np.zeros(1), (victim + 1) % comm.size, tag=99)  # peers know we are in
             os.kill(os.getpid(), signal.SIGKILL)
@@ -458,8 +466,14 @@ def proxy_and_local_rank0_die() -> dict:
 
 def dies_holding_mutex(victim: int) -> dict:
     """The victim takes the pool mutex and SIGKILLs itself while holding it; the next locker
-    repairs the mutex (EOWNERDEAD) and every survivor is told who died."""
-    with proxy.init() as comm:
+    repairs the mutex (EOWNERDEAD) and every survivor is told who died: a survivor still joining
+    when it happened, by init itself."""
+    t_start = time.monotonic()
+    try:
+        comm = proxy.init()
+    except proxy.PeerDiedError as e:
+        return {"seconds": time.monotonic() - t_start, "message": str(e), "at": "init"}
+    with comm:
         if comm.rank == victim:
             comm.Send(np.zeros(1), (victim + 1) % comm.size, tag=99)
             comm._view.mutex.lock(5.0)
@@ -475,6 +489,47 @@ def dies_holding_mutex(victim: int) -> dict:
             assert f"rank {victim}" in str(e) or "mutex" in str(e), str(e)
             return {"seconds": time.monotonic() - t0, "message": str(e)}
         raise AssertionError("Recv from a dead rank returned")
+
+
+def joins_after_a_death(fifo: str) -> dict:
+    """Ranks 0 and 1 join; rank 1 SIGKILLs itself; rank 0, told by its Recv, waits for the progress
+    process to begin shutting down and writes to ``fifo``; only then does rank 2 join, and its init
+    must raise the failure, naming rank 1, not find the service gone."""
+    import select
+    rank = int(os.environ["RANK"])
+    if rank == 2:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            ready, _, _ = select.select([fd], [], [], 60)
+            assert ready and os.read(fd, 1) == b"x", "rank 0 never said the communicator failed"
+        finally:
+            os.close(fd)
+        t0 = time.monotonic()
+        try:
+            proxy.init()
+        except proxy.PeerDiedError as e:
+            return {"seconds": time.monotonic() - t0, "message": str(e)}
+        raise AssertionError("init of a failed communicator returned")
+    with proxy.init() as comm:
+        if rank == 1:
+            comm.Recv(np.zeros(1), 0, tag=4)     # rank 0 has joined
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.Send(np.zeros(1), 1, tag=4)
+        try:
+            comm.Recv(np.zeros(1), 1, tag=5)
+            raise AssertionError("Recv from a dead rank returned")
+        except proxy.PeerDiedError as e:
+            message = str(e)
+        # Rank 2 joins once the progress process is shutting down: without the linger its service
+        # would be gone by then.
+        from shm import pool as P
+        deadline = time.monotonic() + 30
+        while comm._view.ctrl(P.CTRL_STATE) == P.PROXY_RUNNING and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert comm._view.ctrl(P.CTRL_STATE) != P.PROXY_RUNNING
+        with open(fifo, "wb") as f:   # blocks until rank 2 has it open for reading
+            f.write(b"x")
+        return {"message": message}
 
 
 if __name__ == "__main__":  # pragma: no cover - manual runs

@@ -5,6 +5,8 @@ The conftest fixture checks after every test that no segment, socket or process 
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.harness import run_ranks
@@ -114,6 +116,18 @@ def test_kill9_rank_holding_the_pool_mutex():
     for i in (0, 2):
         assert res.results[i]["seconds"] < 30
         assert "rank 1" in res.results[i]["message"], res.results[i]
+
+
+def test_a_rank_joining_a_failed_communicator_is_told_who_died(tmp_path):
+    """The progress process keeps its service up after a failure until every local rank can learn of
+    it (FAIL_LINGER_S): a rank that joins after another died gets that death from init, at once."""
+    fifo = tmp_path / "failed"
+    os.mkfifo(fifo)
+    res = run_ranks(BODY + "joins_after_a_death", 3, timeout=90, args=(str(fifo),), expect_fail={1})
+    assert "rank 1" in res.results[0]["message"], res.results[0]
+    late = res.results[2]
+    assert "rank 1" in late["message"] and "joined" in late["message"], late
+    assert late["seconds"] < 10, late
 
 
 # ------------------------------------------------------------------------------------ observability
