@@ -1,6 +1,6 @@
 """What the host itself allows, measured without shmproxy in the way (`tools/host_probe`).
 
-Two questions that benchmark figures depend on (BENCHMARKS.md):
+Three questions that benchmark figures depend on (BENCHMARKS.md):
 
 - ``bandwidth``: how many GB/s of copies and additions T threads get, each on its own 64 MiB arrays,
   the GIL released for every whole call. The ceiling of what the progress process's workers can move.
@@ -11,9 +11,9 @@ Two questions that benchmark figures depend on (BENCHMARKS.md):
   collective streams memory on other cores.
 - ``speed``: the same pure-Python work timed alone on each CPU in turn, a few rounds. On a host whose
   physical cores are shared with other guests, a busy sibling hyperthread halves a vCPU's speed
-  without any steal time: the 1x H200 hosts of the fourteenth session showed 23 against 51 ms on
-  different vCPUs, which ones changing from round to round, at 0 % steal. Figures that depend on one
-  core keeping pace with another (OSU's overlap at 64 KiB) move with it.
+  without any steal time: on the 1x H200 hosts of the fourteenth session the slowest vCPU took
+  1.6-2.3x as long as the fastest, which ones changing from round to round, at 0 % steal. Figures
+  that depend on one core keeping its pace (OSU's overlap at 64 KiB) move with it.
 """
 from __future__ import annotations
 
