@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -298,28 +298,27 @@ class ProgressEngine:
             self.view.set_ctrl(P.CTRL_STOP, 1)
             self.wake_loop()
 
-    def told_or_mapped(self) -> bool:
-        """Whether every local rank can learn of the failure without the service: it mapped the pool
-        (its error record), died, closed, or had its join refused with the failure."""
+    def not_told(self) -> list[int]:
+        """The local ranks that cannot yet learn of the failure without the service: none of mapping the
+        pool (its error record), dying, closing, or having its join refused with the failure happened."""
+        out = []
         for lr in range(self.nlocal):
             info = self.ranks.get(lr)
             if lr not in self.told and not (info is not None and (info.mapped or info.dead or info.closed)):
-                return False
-        return True
+                out.append(lr)
+        return out
 
     def wait_until_told(self, bound_s: float) -> None:
         """After a failure, keep the service answering (ControlHandler refuses every join with the
-        failure) until told_or_mapped, at most ``bound_s``: a rank still joining when another died
+        failure) until not_told is empty, at most ``bound_s``: a rank still joining when another died
         learns who died, instead of finding the service gone (a reset, or no socket until its
         TIMEOUT)."""
         deadline = time.monotonic() + bound_s
         with self.joins:
-            while not self.told_or_mapped():
+            while left_out := self.not_told():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    _log.info("failed; local ranks %s never learned it from the service",
-                              [lr for lr in range(self.nlocal) if lr not in self.told
-                               and not (lr in self.ranks and self.ranks[lr].mapped)])
+                    _log.info("failed; local ranks %s never learned it from the service", left_out)
                     return
                 self.joins.wait(left)
 
@@ -412,7 +411,8 @@ class ProgressEngine:
             return
         i32, head_i, q = self.view.i32, P.NEXT_OPS_OFF // 4, self.q
         deadline = time.monotonic_ns() + spin_ns
-        while i32[head_i] == -1 and not q[_MASK_Q] and time.monotonic_ns() < deadline and not self._should_exit():
+        while (i32[head_i] == -1 and not q[_MASK_Q] and time.monotonic_ns() < deadline
+               and not self._should_exit()):
             os.sched_yield()
 
     def _sleep_locked(self) -> None:
@@ -434,7 +434,8 @@ class ProgressEngine:
                                               layout.nrecords, layout.max_ops, self.batch, self.take_out_addr,
                                               self.take_idx_addr, blocking, self.timeout)
         if rc == sync.TIMEDOUT:
-            raise errors.Timeout(f"pool mutex not acquired within {self.timeout:.1f} s (held by a wedged process?)")
+            raise errors.Timeout(f"pool mutex not acquired within {self.timeout:.1f} s "
+                                 f"(held by a wedged process?)")
         if rc == sync.OWNERDEAD:
             self._mutex_owner_died()
             return 0
@@ -456,7 +457,8 @@ class ProgressEngine:
             return 0
         if err == 2:
             self.fail(errors.InternalError.code, f"ops pool corrupt: record {at} claims owner "
-                                                 f"{self.view.read_record(at)[5]}, region of {at // self.layout.max_ops}")
+                                                 f"{self.view.read_record(at)[5]}, region of "
+                                                 f"{at // self.layout.max_ops}")
             return 0
         return n
 
@@ -939,8 +941,7 @@ class ProgressEngine:
             self.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot {ops[bad].req_slot} "
                                                  f"out of range")
         elif relayed:
-            for op in ops:
-                self._note_relayed(op.owner, self.q[self.rank_words[op.owner][2]], relayed)
+            self._note_relayed([op.owner for op in ops], relayed)
 
     def complete_large(self) -> None:
         """After completing work the copy workers did: on a crowded node, sleep at once the next time
@@ -974,21 +975,20 @@ class ProgressEngine:
             relayed = self.awake.live_mask()       # only where some rank may sleep (it costs a getcpu)
         _native.wake_owners(self.seg.addr, self.layout.rank_area_off, local_ranks, relayed)
         if relayed:
-            for lr in local_ranks:
-                w = q[words[lr][2]]
-                if w:
-                    self._note_relayed(lr, w, relayed)
+            self._note_relayed(local_ranks, relayed)
 
-    def _note_relayed(self, local_rank: int, w: int, relayed: int) -> bool:
-        """Whether rank ``local_rank``, whose WAITING reads ``w``, sleeps on a CPU whose keep-awake guard
-        wakes it (bit set in ``relayed``: KeepAwake.live_mask); if so, remember it, so that check_relayed
-        wakes it should the guard not run in time (a guard preempted just after it proved live)."""
-        cpu = P.waiting_cpu(w)
-        if not w or not 0 <= cpu < 64 or not (relayed >> cpu) & 1:
-            return False
-        _completed, wake_addr, waiting = self.rank_words[local_rank]
-        self.relayed.append((time.monotonic_ns() + RELAY_GRACE_NS, waiting, w, wake_addr))
-        return True
+    def _note_relayed(self, local_ranks: Sequence[int], relayed: int) -> None:
+        """Of ``local_ranks``, just woken with ``relayed`` (KeepAwake.live_mask), remember those asleep on
+        a CPU whose keep-awake guard wakes them, so that check_relayed wakes them should the guard not
+        run in time (a guard preempted just after it proved live)."""
+        for lr in local_ranks:
+            _completed, wake_addr, waiting = self.rank_words[lr]
+            w = self.q[waiting]
+            if not w:
+                continue
+            cpu = P.waiting_cpu(w)
+            if 0 <= cpu < 64 and (relayed >> cpu) & 1:
+                self.relayed.append((time.monotonic_ns() + RELAY_GRACE_NS, waiting, w, wake_addr))
 
     def check_relayed(self) -> None:
         """Forget the relayed wake-ups whose rank woke; wake those still asleep after RELAY_GRACE_NS."""

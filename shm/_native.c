@@ -348,7 +348,7 @@ static PyObject *py_sleep_unless_posted(PyObject *self, PyObject *args) {
 
 /*
  * The wake-up half of a completion, for ranks whose slots are published: bump every owner's futex word
- * (seq_cst: the full barrier of the lost-wake-up argument in proxy/progress.py, wake_rank), then wake
+ * (seq_cst: the full barrier of the lost-wake-up argument in proxy/progress.py, wake_ranks), then wake
  * each owner that said it may sleep (RANK_WAITING = CPU + 1 | word << 32), those asleep on the caller's
  * CPU last (such a wakee preempts the caller before it wakes the others), none asleep on a CPU whose
  * bit is set in `relayed` (that CPU's keep-awake guard wakes them: shm/_workers.c). Owners are read
@@ -356,9 +356,10 @@ static PyObject *py_sleep_unless_posted(PyObject *self, PyObject *args) {
  */
 static void wake_owners(char *pool, Py_ssize_t area_off, const long long *owner, Py_ssize_t stride,
                         Py_ssize_t n, uint64_t relayed) {
-    for (Py_ssize_t i = 0; i < n; i++)
-        __atomic_fetch_add((uint32_t *)(pool + area_off + owner[i * stride] * RANK_AREA_BYTES + RANK_WAKE_OFF), 1,
-                           __ATOMIC_SEQ_CST);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *area = pool + area_off + owner[i * stride] * RANK_AREA_BYTES;
+        __atomic_fetch_add((uint32_t *)(area + RANK_WAKE_OFF), 1, __ATOMIC_SEQ_CST);
+    }
     int here = -2;
     for (int local = 0; local < 2; local++) {   /* other CPUs first, then the caller's */
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -445,8 +446,8 @@ static PyObject *py_complete_coll(PyObject *self, PyObject *args) {
 
 /*
  * wake_owners(pool, rank_area_off, owners, relayed=0) -> None
- * The same wake-ups for ranks whose completion slots the caller has already published (proxy/progress.py,
- * wake_ranks: the two sides of a message, or one rank).
+ * The same wake-ups for ranks whose completion slots the caller has already published
+ * (proxy/progress.py, wake_ranks: the two sides of a message, or one rank).
  */
 static PyObject *py_wake_owners(PyObject *self, PyObject *args) {
     PyObject *pool_o, *owners;
@@ -538,7 +539,8 @@ static PyMethodDef methods[] = {
     {"futex_wake", py_futex_wake, METH_VARARGS, "futex_wake(addr, n) -> number woken"},
     {"fetch_add_u32", py_fetch_add_u32, METH_VARARGS, "fetch_add_u32(addr, v) -> old value"},
     {"getcpu", py_getcpu, METH_NOARGS, "getcpu() -> the CPU the caller runs on"},
-    {"wake_owners", py_wake_owners, METH_VARARGS, "wake_owners(pool, rank_area_off, owners, relayed=0) -> None"},
+    {"wake_owners", py_wake_owners, METH_VARARGS,
+     "wake_owners(pool, rank_area_off, owners, relayed=0) -> None"},
     {"complete_coll", py_complete_coll, METH_VARARGS,
      "complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes, relayed=0) -> -1 | index of a bad op"},
     {"fetch_posted", py_fetch_posted, METH_VARARGS,
@@ -572,7 +574,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     /* shm/_pool_layout.h, which shm/pool.py checks against its own layout */
     PyModule_AddObject(m, "POOL_LAYOUT", Py_BuildValue(
         "(iiiiiiiiiiiiiiii)", POOL_MUTEX_OFF, POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_COND_OFF,
-        POOL_PENDING_MASK_OFF, POOL_SLEEPING_OFF, POOL_FREE_OPS_OFF, RECORD_BYTES, REC_OWNER_OFF, REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
+        POOL_PENDING_MASK_OFF, POOL_SLEEPING_OFF, POOL_FREE_OPS_OFF, RECORD_BYTES, REC_OWNER_OFF,
+        REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
         RANK_WAITING_OFF, RANK_COMPLETED_OFF, RANK_PENDING_OFF));
     return m;
 }

@@ -328,8 +328,8 @@ static int verify_layout(PosterObject *self, PyObject *probes) {
 
 /*
  * Poster(comm, request_type, ndarray_type, records, mutex, cond, head, tail, pend_mask, rank_areas,
- *        sleeping, err, abort, posted, local_rank, size, timeout, free_slots, free_records, pending, dtypes, probes,
- *        on_splice_error)
+ *        sleeping, err, abort, posted, local_rank, size, timeout, free_slots, free_records, pending,
+ *        dtypes, probes, on_splice_error)
  * Addresses are ints; free_slots/free_records are lists of ints used as stacks (pop from the end),
  * pending a dict slot -> request, dtypes a dict dtype char -> (code, itemsize), probes a list for
  * verify_layout, on_splice_error a callable(rc) run when a splice did not return OK (it raises, or

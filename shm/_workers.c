@@ -212,9 +212,9 @@ static Job *pop_locked(Pool *p) {
 
 /* Choose idle workers to wake, one per queued job at most, none pinned to CPU `skip` (-1: any) nor to
  * a CPU whose spinning guard wakes them (relay_covers, "Relayed wake-ups" below); or, with `only` >= 0,
- * those pinned to CPU `only` alone (that CPU's guard, relay_wake). Mark them woken (mutex held); their indices go to woken[], their number is returned. The caller
- * signals them once it has released the mutex: a worker woken under it would only block on it, after
- * preempting the caller on its CPU. */
+ * those pinned to CPU `only` alone (that CPU's guard, relay_wake). Mark them woken (mutex held); their
+ * indices go to woken[], their number is returned. The caller signals them once it has released the
+ * mutex: a worker woken under it would only block on it, after preempting the caller on its CPU. */
 static int relay_covers(Pool *p, int cpu);
 static void relay_vouch(Pool *p, int cpu);
 

@@ -89,7 +89,6 @@ RANK_PENDING = 6       # the rank sets, a mutex holder clears (atomics): (first 
                        # a chain it handed off, not yet spliced (shm/_pool_lock.h "Hand-off"); 0 = none
 
 
-
 def waiting_value(cpu: int, word: int) -> int:
     """RANK_WAITING of a rank about to sleep on CPU ``cpu`` on futex word value ``word``."""
     return (cpu + 1) | (word << 32)

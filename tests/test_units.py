@@ -1280,6 +1280,24 @@ def test_a_relayed_wake_up_the_guard_did_not_deliver_is_delivered_by_the_loop():
     assert eng.relayed == []
 
 
+def test_the_loop_remembers_only_the_ranks_a_guard_is_to_wake():
+    """ProgressEngine._note_relayed: after a wake-up left to keep-awake guards (bits of ``relayed``),
+    the ranks asleep on such a CPU are remembered for check_relayed; one asleep elsewhere (woken
+    directly) or awake is not."""
+    import types
+    from proxy.progress import ProgressEngine
+    per = P.RANK_AREA_BYTES // 8
+    area = np.zeros(3 * per, np.uint64)
+    words = [(0, area.ctypes.data + 8 * (r * per + P.RANK_WAKE), r * per + P.RANK_WAITING) for r in range(3)]
+    area[P.RANK_WAITING] = P.waiting_value(5, 7)            # rank 0 asleep on CPU 5: a guard's
+    area[per + P.RANK_WAITING] = P.waiting_value(6, 7)      # rank 1 asleep on CPU 6: woken directly
+    eng = types.SimpleNamespace(q=area, relayed=[], rank_words=words)  # rank 2 awake
+    ProgressEngine._note_relayed(eng, (0, 1, 2), 1 << 5)
+    assert [(w, v, a) for _d, w, v, a in eng.relayed] == [(P.RANK_WAITING, P.waiting_value(5, 7), words[0][1])]
+    ProgressEngine._note_relayed(eng, (1, 2), 1 << 5)
+    assert len(eng.relayed) == 1
+
+
 # ------------------------------------------------------------------------------------ params
 def test_params_defaults_env_and_overrides():
     p = params_mod.Params(env={})
