@@ -106,7 +106,7 @@ static void init_tables(void) {
         table[OP_PROD][t] = prod[t];
         table[OP_MIN][t] = mn[t];
         table[OP_MAX][t] = mx[t];
-        /* AVG: the sum, then a division; floating types only (proxy/sched.py check_op) */
+        /* AVG: the sum, then a division; floating types only (proxy/coll/sched.py check_op) */
         table[OP_AVG][t] = (t >= T_F32) ? sum[t] : NULL;
     }
 }

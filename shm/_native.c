@@ -192,7 +192,7 @@ static PyObject *py_fetch_add_u32(PyObject *self, PyObject *args) {
  * int32s. err: 0 = ok; 1 = the chain links to index `at`, out of range; 2 = record `at` names an owner
  * outside its region. On an error nothing after the records already taken is touched.
  */
-#define MAX_BATCH 1024   /* APPEND_BATCH_SIZE's maximum (proxy/params.py) */
+#define MAX_BATCH 1024   /* APPEND_BATCH_SIZE's maximum (proxy/core/params.py) */
 
 /* The arguments of a take: the pool, the record copies' buffer and index array, the layout numbers. */
 typedef struct {
@@ -348,7 +348,7 @@ static PyObject *py_sleep_unless_posted(PyObject *self, PyObject *args) {
 
 /*
  * The wake-up half of a completion, for ranks whose slots are published: bump every owner's futex word
- * (seq_cst: the full barrier of the lost-wake-up argument in proxy/progress.py, wake_ranks), then wake
+ * (seq_cst: the full barrier of the lost-wake-up argument in proxy/engine/progress.py, wake_ranks), then wake
  * each owner that said it may sleep (RANK_WAITING = CPU + 1 | word << 32), those asleep on the caller's
  * CPU last (such a wakee preempts the caller before it wakes the others), none asleep on a CPU whose
  * bit is set in `relayed` (that CPU's keep-awake guard wakes them: shm/_workers.c). Owners are read
@@ -376,7 +376,7 @@ static void wake_owners(char *pool, Py_ssize_t area_off, const long long *owner,
 
 /*
  * complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes, relayed=0) -> -1 | index of a bad op
- * Finish every rank's op of one collective (proxy/progress.py, ProgressEngine.complete_coll): first
+ * Finish every rank's op of one collective (proxy/engine/progress.py, ProgressEngine.complete_coll): first
  * publish each op's completion slot (nbytes, status 0 with the op's peer as source, tag 0, then the
  * request's seq with a release store: shm/counters.py's protocol), then bump each owner's COMPLETED
  * counter, then wake_owners (above). Publishing all before waking any lets spinning ranks leave
@@ -447,7 +447,7 @@ static PyObject *py_complete_coll(PyObject *self, PyObject *args) {
 /*
  * wake_owners(pool, rank_area_off, owners, relayed=0) -> None
  * The same wake-ups for ranks whose completion slots the caller has already published
- * (proxy/progress.py, wake_ranks: the two sides of a message, or one rank).
+ * (proxy/engine/progress.py, wake_ranks: the two sides of a message, or one rank).
  */
 static PyObject *py_wake_owners(PyObject *self, PyObject *args) {
     PyObject *pool_o, *owners;
@@ -557,7 +557,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._native", NULL, -1, methods};
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shmproxy.shm._native", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (!(s_req_slot = PyUnicode_InternFromString("req_slot")) || !(s_owner = PyUnicode_InternFromString("owner")) ||

@@ -6,7 +6,7 @@
  * budget of 3 us for a single post and 1 us per op inside comm.group() (BENCHMARKS.md). Here it
  * is one call.
  *
- * Division of labour with proxy/comm.py:
+ * Division of labour with proxy/rank/comm.py:
  *   - Poster.post() (and isend()/irecv(), which a Comm installs as its Isend/Irecv) takes the
  *     common case only: an exact numpy array of a supported dtype in native
  *     byte order, C-contiguous (writable for a receive), non-empty and inside memory the rank
@@ -28,9 +28,9 @@
  * Poster checks that reading against probe arrays whose facts Python supplies; if it ever disagrees
  * (a future numpy), the fast path stays off (Poster.fast is False) and every post takes Python's.
  *
- * Requests: RequestBase is the C part of proxy.request.Request (which subclasses it with
+ * Requests: RequestBase is the C part of shmproxy.rank.request.Request (which subclasses it with
  * __slots__ = () and adds the methods), so a post allocates it and fills its fields directly. Its
- * Wait() and Test() are here too (see "Wait and Test" below), and so is proxy.Status.
+ * Wait() and Test() are here too (see "Wait and Test" below), and so is shmproxy.Status.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -44,15 +44,15 @@
 #include "_pool_layout.h"
 #include "_pool_lock.h"
 
-#define KIND_SEND 1  /* proxy/ops.py; checked at import by proxy/comm.py */
+#define KIND_SEND 1  /* proxy/core/ops.py; checked at import by proxy/rank/comm.py */
 #define KIND_RECV 2
 #define KIND_COLL 3
-#define FLAG_IN_PLACE 1      /* proxy/ops.py */
+#define FLAG_IN_PLACE 1      /* proxy/core/ops.py */
 #define FLAG_NO_RECV 2
 enum { COLL_BARRIER = 1, COLL_BCAST, COLL_REDUCE, COLL_ALLREDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER_BLOCK,
-       COLL_ALLTOALL };  /* proxy/sched.py Coll */
-enum { REDOP_SUM = 1, REDOP_PROD, REDOP_MIN, REDOP_MAX, REDOP_AVG };  /* proxy/sched.py ReduceOp */
-#define CODE_BOOL 1          /* proxy/ops.py dtype codes: bool, then integers, then float16.. */
+       COLL_ALLTOALL };  /* proxy/coll/sched.py Coll */
+enum { REDOP_SUM = 1, REDOP_PROD, REDOP_MIN, REDOP_MAX, REDOP_AVG };  /* proxy/coll/sched.py ReduceOp */
+#define CODE_BOOL 1          /* proxy/core/ops.py dtype codes: bool, then integers, then float16.. */
 #define CODE_FIRST_FLOAT 10
 
 /* ------------------------------------------------------------------ RequestBase */
@@ -130,10 +130,10 @@ static PyMemberDef Request_members[] = {
 
 static PyTypeObject RequestType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shm._poster.RequestBase",
+    .tp_name = "shmproxy.shm._poster.RequestBase",
     .tp_basicsize = sizeof(RequestObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Fields of a request; proxy.request.Request adds the behaviour.",
+    .tp_doc = "Fields of a request; shmproxy.rank.request.Request adds the behaviour.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Request_init,
     .tp_dealloc = (destructor)Request_dealloc,
@@ -145,7 +145,7 @@ static PyTypeObject RequestType = {
 
 /* ------------------------------------------------------------------ Status */
 
-/* What a completed request got, like MPI_Status: exported as proxy.Status. In C so that a Wait
+/* What a completed request got, like MPI_Status: exported as shmproxy.Status. In C so that a Wait
  * that completes in C builds it without a Python frame. */
 typedef struct {
     PyObject_HEAD
@@ -176,7 +176,7 @@ static PyMemberDef Status_members[] = {
 
 static PyTypeObject StatusType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "proxy.Status",
+    .tp_name = "shmproxy.Status",
     .tp_basicsize = sizeof(StatusObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Status(source, tag, nbytes): what a completed request got (like MPI_Status; nbytes in bytes).",
@@ -214,7 +214,7 @@ typedef struct {
     /* pool addresses (the Comm keeps the mapping alive for the Poster's lifetime) */
     PostedChain chain;   /* the records, the posted chain, its mutex, the hand-off slots (_pool_lock.h) */
     volatile uint64_t *err, *abort, *posted;
-    int local_rank, size, rank;  /* rank: the communicator's, set by proxy/comm.py (a Reduce's root) */
+    int local_rank, size, rank;  /* rank: the communicator's, set by proxy/rank/comm.py (a Reduce's root) */
     double timeout;
     /* post state shared with the Python path */
     long long seq, opcount, coll_seq;
@@ -227,7 +227,7 @@ typedef struct {
     PyObject *allreduce_fallback;             /* and iallreduce() to this */
     PyObject *barrier_fallback;               /* and ibarrier() to this */
     PyObject *coll_fallback[COLL_ALLTOALL + 1]; /* ibcast() .. ialltoall() to these, by Coll */
-    PyObject *in_place;                       /* proxy.IN_PLACE */
+    PyObject *in_place;                       /* shmproxy.IN_PLACE */
     /* registered ranges (sorted by start); dtype char -> code and itemsize (0: unsupported) */
     Range *ranges;
     Py_ssize_t nranges;
@@ -1077,7 +1077,7 @@ static PyObject *Poster_set_ranges(PosterObject *self, PyObject *arg) {
 }
 
 /* set_wait(slots_addr, nslots, spin_s, spin_max, spin_max_coll): where the completion slots are and
- * how Request.Wait spins (proxy/comm.py decides both). Until called, Wait and Test go to Python. */
+ * how Request.Wait spins (proxy/rank/comm.py decides both). Until called, Wait and Test go to Python. */
 static PyObject *Poster_set_wait(PosterObject *self, PyObject *args) {
     unsigned long long addr; long n; double spin_s; long long m, mc;
     if (!PyArg_ParseTuple(args, "KldLL", &addr, &n, &spin_s, &m, &mc)) return NULL;
@@ -1137,7 +1137,7 @@ static PyMemberDef Poster_members[] = {
 
 static PyTypeObject PosterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shm._poster.Poster",
+    .tp_name = "shmproxy.shm._poster.Poster",
     .tp_basicsize = sizeof(PosterObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "A rank's post path over one ops pool (see the module header).",
@@ -1155,7 +1155,7 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._poster", NULL, -1, module_methods};
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shmproxy.shm._poster", NULL, -1, module_methods};
 
 PyMODINIT_FUNC PyInit__poster(void) {
     RequestType.tp_methods = Request_methods;  /* defined after the Poster, whose slots they read */

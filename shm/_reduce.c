@@ -1,5 +1,5 @@
 /*
- * shm._reduce: the reduction kernel of collective schedules (REDUCE entries of proxy/sched.py).
+ * shm._reduce: the reduction kernel of collective schedules (REDUCE entries of proxy/coll/sched.py).
  *
  *   reduce(op, code, count, srcs, dsts, streaming)
  *     for every element i: acc = srcs[0][i] op srcs[1][i] op ... (in that order), divided by
@@ -21,7 +21,7 @@
  * float16, complex products (numpy fuses them with FMA where the CPU has it, so only numpy itself
  * matches numpy there) and complex MIN/MAX stay with numpy: supported() says which.
  *
- * dtype and op codes are proxy/ops.py's and proxy/sched.py's (ReduceOp); tests/test_units.py checks
+ * dtype and op codes are proxy/core/ops.py's and proxy/coll/sched.py's (ReduceOp); tests/test_units.py checks
  * every supported pair against numpy.
  */
 #define PY_SSIZE_T_CLEAN
@@ -93,7 +93,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._reduce", NULL, -1, methods};
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shmproxy.shm._reduce", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__reduce(void) {
     init_tables();

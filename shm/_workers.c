@@ -651,7 +651,7 @@ static PyGetSetDef KeepAwake_getset[] = {
 
 static PyTypeObject KeepAwakeType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shm._workers.KeepAwake",
+    .tp_name = "shmproxy.shm._workers.KeepAwake",
     .tp_basicsize = sizeof(KeepAwake),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "KeepAwake(cpus, window_s, workers=None): one SCHED_IDLE guard per CPU, spinning for window_s "
@@ -969,7 +969,7 @@ static PyGetSetDef Pool_getset[] = {
 
 static PyTypeObject PoolType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shm._workers.Workers",
+    .tp_name = "shmproxy.shm._workers.Workers",
     .tp_basicsize = sizeof(Pool),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Copy and reduction worker threads that run without the GIL (see the module).",
@@ -980,7 +980,7 @@ static PyTypeObject PoolType = {
     .tp_getset = Pool_getset,
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shm._workers", NULL, -1, NULL};
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shmproxy.shm._workers", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit__workers(void) {
     init_tables();

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import struct
 
-from shm import _native, counters, sync
+from shmproxy.shm import _native, counters, sync
 
 MAGIC = 0x5958_4F52_5048_4D53  # b"SHMPROXY" little-endian
 VERSION = 3   # 3: posts hand chains off through RANK_PENDING without the mutex (_pool_lock.h)
@@ -62,7 +62,7 @@ CTRL_PROXY_PID = 2     # progress
 CTRL_HEARTBEAT = 3     # progress: time.monotonic_ns() every HEARTBEAT_MS while alive
 CTRL_STATE = 4         # progress: PROXY_STARTING / RUNNING / STOPPING / EXITED
 CTRL_ERR_SEQ = 5       # progress: 0 = no error; set to 1 after the ERR_* fields below
-CTRL_ERR_CODE = 6      # progress: proxy.errors code of the first error
+CTRL_ERR_CODE = 6      # progress: shmproxy.core.errors code of the first error
 CTRL_ERR_RANK = 7      # progress: rank involved (2**64-1 = none; -1 stored as that)
 CTRL_ERR_PID = 8       # progress
 CTRL_SLEEPING = 9      # progress: 1 while it may be blocked on the condvar (atomics: _pool_lock.h "Hand-off")
@@ -83,7 +83,7 @@ RANK_PID = 0           # progress (from the service's SO_PEERCRED)
 RANK_WAKE = 1          # low 32 bits: futex word, bumped by progress on completions and by abort
 RANK_WAITING = 2       # the rank, while it may sleep on its futex: (CPU + 1) | word it sleeps on << 32; else 0
 RANK_POSTED = 3        # the rank: ops posted (statistics)
-RANK_CONN_STATE = 4    # progress: proxy.protocol.ConnState of the rank's service connection
+RANK_CONN_STATE = 4    # progress: shmproxy.control.protocol.ConnState of the rank's service connection
 RANK_COMPLETED = 5     # progress: requests of this rank completed (statistics)
 RANK_PENDING = 6       # the rank sets, a mutex holder clears (atomics): (first + 1) << 32 | (last + 1) of
                        # a chain it handed off, not yet spliced (shm/_pool_lock.h "Hand-off"); 0 = none

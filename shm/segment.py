@@ -24,8 +24,8 @@ import shutil
 
 import posix_ipc
 
-from proxy import errors, log
-from shm import _native
+from shmproxy.core import errors, log
+from shmproxy.shm import _native
 
 _log = log.get("SHM")
 

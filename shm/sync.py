@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from proxy import errors
-from shm import _native, _poster
+from shmproxy.core import errors
+from shmproxy.shm import _native, _poster
 
 OK, OWNERDEAD, TIMEDOUT, BUSY = _native.OK, _native.OWNERDEAD, _native.TIMEDOUT, _native.BUSY
 MUTEX_SIZE = _native.MUTEX_SIZE

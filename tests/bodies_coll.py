@@ -1,6 +1,6 @@
 """Rank bodies for tests/test_coll.py: buffer collectives end to end.
 
-Each function runs in every rank (started by tests/rankmain.py), calls proxy.init() itself and
+Each function runs in every rank (started by tests/rankmain.py), calls shmproxy.init() itself and
 returns JSON-able results. Inputs are deterministic functions of (case seed, rank, salt), so every
 rank can compute every other rank's contribution and check its own output against a numpy reference
 computed locally; references use the buffer's own dtype arithmetic, so integer overflow wraps the
@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-import proxy
-
+import shmproxy
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128"]
 OPS = ["SUM", "PROD", "MIN", "MAX", "AVG"]
@@ -56,7 +55,7 @@ def invalid_ops(dtype: str) -> list[str]:
 
 
 def op_obj(name: str, via: str = "const") -> Any:
-    return getattr(proxy.ReduceOp, name) if via == "enum" else getattr(proxy, name)
+    return getattr(shmproxy.ReduceOp, name) if via == "enum" else getattr(shmproxy, name)
 
 
 # ------------------------------------------------------------------------------- inputs, references
@@ -190,7 +189,7 @@ class _Case:
             x = self.inp(r, cnt)
             if c["inplace"]:
                 recv = self.buf(shape, dt, alloc, x)
-                send = proxy.IN_PLACE
+                send = shmproxy.IN_PLACE
             else:
                 send = self.buf(shape, dt, alloc, x)
                 recv = self.buf(shape, dt, alloc, sentinel(cnt, dt, 1))
@@ -205,7 +204,7 @@ class _Case:
             if r == self.root:
                 if c["inplace"]:
                     recv = self.buf(shape, dt, alloc, x)
-                    send = proxy.IN_PLACE
+                    send = shmproxy.IN_PLACE
                 else:
                     send = self.buf(shape, dt, alloc, x)
                     recv = self.buf(shape, dt, alloc, sentinel(cnt, dt, 2))
@@ -229,7 +228,7 @@ class _Case:
             recv = self.buf(rshape, dt, alloc, sentinel(n * cnt, dt, 5))
             if c["inplace"]:
                 recv.reshape(n, cnt)[r] = x
-                send = proxy.IN_PLACE
+                send = shmproxy.IN_PLACE
             else:
                 send = self.buf(shape, dt, alloc, x)
                 self.send_copy = (send, x)
@@ -282,7 +281,7 @@ def run_cases(cases: list[dict], max_outstanding: int = 4) -> dict:
     Nonblocking cases with wait == "later" stay outstanding (up to ``max_outstanding``) and are
     completed together with Request.Waitall before the next blocking case.
     """
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         failures: list[str] = []
         outstanding: list[tuple[_Case, Any]] = []
         counts = {"blocking": 0, "nonblocking": 0, "invalid": 0}
@@ -291,7 +290,7 @@ def run_cases(cases: list[dict], max_outstanding: int = 4) -> dict:
             if not outstanding:
                 return
             try:
-                proxy.Request.Waitall([req for _, req in outstanding])
+                shmproxy.Request.Waitall([req for _, req in outstanding])
             except Exception as exc:
                 raise AssertionError(f"rank {comm.rank}: Waitall of cases "
                                      f"{[k.c['i'] for k, _ in outstanding]} raised "
@@ -308,7 +307,7 @@ def run_cases(cases: list[dict], max_outstanding: int = 4) -> dict:
                 fn = getattr(comm, ("I" + name[0].lower() + name[1:]) if c["nb"] else name)
                 try:
                     fn(*args, **kw)
-                except proxy.InvalidArgument as exc:
+                except shmproxy.InvalidArgument as exc:
                     if not isinstance(exc, ValueError):
                         failures.append(f"rank {comm.rank}: {case.describe()}: "
                                         "InvalidArgument is no ValueError")
@@ -322,8 +321,8 @@ def run_cases(cases: list[dict], max_outstanding: int = 4) -> dict:
                 if c["nb"]:
                     counts["nonblocking"] += 1
                     req = getattr(comm, "I" + name[0].lower() + name[1:])(*args, **kw)
-                    if not isinstance(req, proxy.Request):
-                        raise AssertionError(f"I{name} returned {type(req).__name__}, not a proxy.Request")
+                    if not isinstance(req, shmproxy.Request):
+                        raise AssertionError(f"I{name} returned {type(req).__name__}, not a shmproxy.Request")
                     if c["wait"] == "later":
                         outstanding.append((case, req))
                         if len(outstanding) >= max_outstanding:
@@ -372,7 +371,7 @@ def _pat(count: int, rank: int, salt: int = 0) -> np.ndarray:
 def sizes_every_root(counts: list[int]) -> dict:
     """Every collective at each count (float32, SUM), every root, in place and not, alloc and plain.
     Counts are per block (Allgather's send, Reduce_scatter_block's recv, Alltoall's block)."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         done = []
 
@@ -395,20 +394,20 @@ def sizes_every_root(counts: list[int]) -> dict:
                 check(f"Allreduce {tag}", recv, total)
                 check(f"Allreduce {tag} send unchanged", send, _pat(count, r))
                 buf = _fill(comm, count, np.float32, alloc, _pat(count, r))
-                comm.Allreduce(proxy.IN_PLACE, buf, op=proxy.SUM)
+                comm.Allreduce(shmproxy.IN_PLACE, buf, op=shmproxy.SUM)
                 check(f"Allreduce IN_PLACE {tag}", buf, total)
                 for root in range(n):
                     # Reduce, in place on the root and not; recvbuf None on the others
                     send = _fill(comm, count, np.float32, alloc, _pat(count, r, root))
                     recv = _fill(comm, count, np.float32, alloc, np.full(count, 99, np.float32)) \
                         if r == root else None
-                    comm.Reduce(send, recv, op=proxy.SUM, root=root)
+                    comm.Reduce(send, recv, op=shmproxy.SUM, root=root)
                     want = sum(_pat(count, q, root) for q in range(n)) if n > 1 else _pat(count, 0, root)
                     if r == root:
                         check(f"Reduce root {root} {tag}", recv, want)
                     if r == root:
                         buf = _fill(comm, count, np.float32, alloc, _pat(count, r, root))
-                        comm.Reduce(proxy.IN_PLACE, buf, root=root)
+                        comm.Reduce(shmproxy.IN_PLACE, buf, root=root)
                         check(f"Reduce IN_PLACE root {root} {tag}", buf, want)
                     else:
                         mine = _fill(comm, count, np.float32, alloc, _pat(count, r, root))
@@ -425,7 +424,7 @@ def sizes_every_root(counts: list[int]) -> dict:
                 check(f"Allgather {tag}", recv, want)
                 recv = _fill(comm, n * count, np.float32, alloc, np.full(n * count, 99, np.float32))
                 recv[r * count:(r + 1) * count] = _pat(count, r, 1)
-                comm.Allgather(proxy.IN_PLACE, recv)
+                comm.Allgather(shmproxy.IN_PLACE, recv)
                 check(f"Allgather IN_PLACE {tag}", recv, want)
                 # Reduce_scatter_block
                 recv = _fill(comm, count, np.float32, alloc, np.full(count, 99, np.float32))
@@ -444,7 +443,7 @@ def sizes_every_root(counts: list[int]) -> dict:
 
 def big_allreduce(nbytes: int, in_place: bool) -> dict:
     """One Allreduce of ``nbytes`` float32 between registered buffers; returns the time it took."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         count = nbytes // 4
         base = (np.arange(count, dtype=np.int64) % 251).astype(np.float32)
@@ -454,7 +453,7 @@ def big_allreduce(nbytes: int, in_place: bool) -> dict:
         comm.Barrier()
         t0 = time.perf_counter()
         if in_place:
-            comm.Allreduce(proxy.IN_PLACE, recv)
+            comm.Allreduce(shmproxy.IN_PLACE, recv)
         else:
             comm.Allreduce(send, recv)
         dt = time.perf_counter() - t0
@@ -469,7 +468,7 @@ def big_allreduce(nbytes: int, in_place: bool) -> dict:
 def _pool_clean(comm) -> dict:
     """What the pool says about leftovers; polled until clean (bounded) because the progress process
     frees subs and returns records a moment after the ranks see their completions."""
-    from proxy import dump
+    from shmproxy.tools import dump
     deadline = time.monotonic() + 15
     while True:
         st = dump.read_pool(comm._view)
@@ -501,7 +500,7 @@ def _pool_clean(comm) -> dict:
 def many_small_allreduces(k: int, window: int) -> dict:
     """k blocking Allreduces, then k Iallreduces in windows of ``window`` (Waitall), then the pool
     must hold no posted record, no active sub, and every record of ours must be back."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         send = np.zeros(8, np.int64)
         recv = np.zeros(8, np.int64)
@@ -521,8 +520,8 @@ def many_small_allreduces(k: int, window: int) -> dict:
             reqs = []
             for j in range(min(window, k - start)):
                 sends[j][:] = start + j + r
-                reqs.append(comm.Iallreduce(sends[j], recvs[j], op=proxy.MAX))
-            proxy.Request.Waitall(reqs)
+                reqs.append(comm.Iallreduce(sends[j], recvs[j], op=shmproxy.MAX))
+            shmproxy.Request.Waitall(reqs)
             for j in range(len(reqs)):
                 if not np.all(recvs[j] == start + j + n - 1):
                     raise AssertionError(f"rank {r}: Iallreduce {start + j}: got {recvs[j].tolist()}")
@@ -537,7 +536,7 @@ def many_small_allreduces(k: int, window: int) -> dict:
 def overlap_with_p2p(rounds: int) -> dict:
     """Iallreduce (large) and Ibcast in flight while ring exchanges with tags that a collective might
     use internally (0, -1, the 64-bit extremes) run; everything completes in one Waitall."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         right, left = (r + 1) % n, (r - 1) % n
         count = 1 << 20
@@ -560,8 +559,8 @@ def overlap_with_p2p(rounds: int) -> dict:
                     p2p.append(comm.Isend(payload, right, tag=t))
             # a second wave of collectives posted behind the point-to-point traffic
             out16 = np.zeros(16, np.int32)
-            coll.append(comm.Iallreduce(np.full(16, r, np.int32), out16, op=proxy.MAX))
-            proxy.Request.Waitall(p2p + coll)
+            coll.append(comm.Iallreduce(np.full(16, r, np.int32), out16, op=shmproxy.MAX))
+            shmproxy.Request.Waitall(p2p + coll)
             for o, t, nbytes in outs:
                 if not np.all(o == (left * 31 + t + nbytes + rnd) % 251):
                     raise AssertionError(f"rank {r} round {rnd}: p2p tag {t} {nbytes} B from {left}: "
@@ -580,7 +579,7 @@ def overlap_with_p2p(rounds: int) -> dict:
 def outstanding_then_blocking() -> dict:
     """Several nonblocking collectives outstanding, then blocking ones on the same communicator
     (MPI ordering: all complete in posting order), then Waitall in reverse order."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         outs = [np.zeros(1000, np.int64) for _ in range(5)]
         reqs = [comm.Iallreduce(np.full(1000, r + i, np.int64), outs[i]) for i in range(5)]
@@ -601,7 +600,7 @@ def multi_comm() -> dict:
     """Dup and Split: collectives interleaved on two communicators (nonblocking, posted in opposite
     orders on even and odd ranks), sub-communicators of different colors at the same time, and one
     communicator progressing while another has an unmatched operation."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         out: dict[str, Any] = {}
         dup = comm.Dup()
@@ -611,9 +610,9 @@ def multi_comm() -> dict:
             sa, sb = np.full(5000, r + it, np.int32), np.full(5000, 100 * r, np.int32)
             if r % 2 == 0:
                 ra = comm.Iallreduce(sa, a)
-                rb = dup.Iallreduce(sb, b, op=proxy.MAX)
+                rb = dup.Iallreduce(sb, b, op=shmproxy.MAX)
             else:
-                rb = dup.Iallreduce(sb, b, op=proxy.MAX)
+                rb = dup.Iallreduce(sb, b, op=shmproxy.MAX)
                 ra = comm.Iallreduce(sa, a)
             if it % 2:
                 rb.Wait()
@@ -651,7 +650,7 @@ def multi_comm() -> dict:
         out["split"] = {"color": color, "rank": sub.rank, "size": sub.size}
 
         # UNDEFINED: rank 0 gets no communicator; the others get one of n-1 ranks
-        sub2 = comm.Split(proxy.UNDEFINED if r == 0 else 7, key=0)
+        sub2 = comm.Split(shmproxy.UNDEFINED if r == 0 else 7, key=0)
         if r == 0:
             assert sub2 is None, sub2
         else:
@@ -698,7 +697,7 @@ MISMATCH_KINDS = ("coll", "count", "dtype", "root", "op", "nonblocking", "dtype_
 def mismatch(kind: str) -> dict:
     """Rank 0 calls one collective, the others another at the same position of the sequence.
     Every rank must raise InvalidUsage naming both fingerprints; later calls must raise too."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         comm.Barrier()  # everybody is in, and the sequences are aligned
         odd = r == 0
@@ -720,7 +719,7 @@ def mismatch(kind: str) -> dict:
                 comm.Bcast(np.zeros(100, np.float32), root=0 if odd else n - 1)
             elif kind == "op":
                 comm.Allreduce(np.ones(100, np.float32), np.zeros(100, np.float32),
-                               op=proxy.SUM if odd else proxy.MAX)
+                               op=shmproxy.SUM if odd else shmproxy.MAX)
             elif kind == "dtype_bcast":   # data movement only, same bytes: the dtype still counts
                 comm.Bcast(np.zeros(100, np.float32 if odd else np.int32), root=0)
             elif kind == "count_alltoall":
@@ -748,7 +747,7 @@ def mismatch(kind: str) -> dict:
         except Exception as exc:
             later = type(exc).__name__
         return {"error": None if err is None else type(err).__name__,
-                "is_invalid_usage": isinstance(err, proxy.InvalidUsage),
+                "is_invalid_usage": isinstance(err, shmproxy.InvalidUsage),
                 "message": "" if err is None else str(err), "seconds": elapsed, "later": later}
 
 
@@ -758,7 +757,7 @@ def victim_dies_in_allreduce(victim: int, when: str, nbytes: int) -> dict:
     The progress process moves every rank's bytes, so the collective may legitimately complete when
     the victim dies after posting: then the next collective (a Barrier) must raise. Either way every
     survivor gets PeerDiedError; the test checks which rank it names and how long it took."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r = comm.rank
         count = nbytes // 4
         send = comm.alloc(count, np.float32)
@@ -785,7 +784,7 @@ def _expect_peer_died(first, comm, one: float) -> dict:
         first()
         phase = "Barrier after the Allreduce completed"
         comm.Barrier()
-    except proxy.PeerDiedError as exc:
+    except shmproxy.PeerDiedError as exc:
         return {"seconds": time.monotonic() - t0, "message": str(exc), "rank": exc.rank,
                 "error": type(exc).__name__, "phase": phase, "one_allreduce_s": one}
     except Exception as exc:
@@ -798,19 +797,19 @@ def _expect_peer_died(first, comm, one: float) -> dict:
 def bad_arguments() -> dict:
     """Bad buffers and arguments raise InvalidArgument before anything is posted, on every rank alike;
     the communicator stays usable (a collective afterwards works)."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         f4 = np.zeros(10, np.float32)
         cases = {
             "Allreduce recv too small": lambda: comm.Allreduce(f4, np.zeros(9, np.float32)),
             "Allreduce dtypes differ": lambda: comm.Allreduce(f4, np.zeros(10, np.float64)),
             "Allreduce AVG on int": lambda: comm.Allreduce(np.ones(10, np.int32), np.zeros(10, np.int32),
-                                                           op=proxy.AVG),
+                                                           op=shmproxy.AVG),
             "Allreduce SUM on bool": lambda: comm.Allreduce(np.ones(10, bool), np.zeros(10, bool)),
             "Iallreduce PROD on bool": lambda: comm.Iallreduce(np.ones(10, bool), np.zeros(10, bool),
-                                                               op=proxy.PROD),
+                                                               op=shmproxy.PROD),
             "Allreduce AVG on bool": lambda: comm.Allreduce(np.ones(10, bool), np.zeros(10, bool),
-                                                            op=proxy.AVG),
+                                                            op=shmproxy.AVG),
             "Reduce root out of range": lambda: comm.Reduce(f4, np.zeros(10, np.float32), root=n),
             "Bcast root negative": lambda: comm.Bcast(f4, root=-1),
             "Bcast not an array": lambda: comm.Bcast([1, 2, 3], root=0),
@@ -830,7 +829,7 @@ def bad_arguments() -> dict:
         for name, fn in cases.items():
             try:
                 fn()
-            except proxy.InvalidArgument:
+            except shmproxy.InvalidArgument:
                 continue
             except Exception as exc:
                 wrong[name] = f"{type(exc).__name__}: {exc}"
@@ -847,22 +846,22 @@ def bad_arguments() -> dict:
 
 def empty_and_single() -> dict:
     """0-element buffers for every collective and dtype, on alloc and plain buffers."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         n = comm.size
         k = 0
         for dtype in DTYPES:
-            op = proxy.MAX if dtype == "bool" else proxy.SUM
+            op = shmproxy.MAX if dtype == "bool" else shmproxy.SUM
             for alloc in (False, True):
                 def z(c):
                     return comm.alloc(c, dtype) if alloc else np.zeros(c, dtype)
                 comm.Allreduce(z(0), z(0), op=op)
-                comm.Allreduce(proxy.IN_PLACE, z(0), op=op)
+                comm.Allreduce(shmproxy.IN_PLACE, z(0), op=op)
                 comm.Reduce(z(0), z(0), op=op, root=n - 1)
                 comm.Bcast(z(0), root=0)
                 comm.Allgather(z(0), z(0))
                 comm.Reduce_scatter_block(z(0), z(0), op=op)
                 comm.Alltoall(z(0), z(0))
-                proxy.Request.Waitall([comm.Iallreduce(z(0), z(0), op=op), comm.Ibcast(z(0), root=0),
+                shmproxy.Request.Waitall([comm.Iallreduce(z(0), z(0), op=op), comm.Ibcast(z(0), root=0),
                                        comm.Iallgather(z(0), z(0)), comm.Ialltoall(z(0), z(0)),
                                        comm.Ireduce(z(0), z(0), op=op, root=0),
                                        comm.Ireduce_scatter_block(z(0), z(0), op=op), comm.Ibarrier()])
@@ -873,7 +872,7 @@ def empty_and_single() -> dict:
 def proxy_dies_in_allreduce(nbytes: int) -> dict:
     """Rank 0 SIGKILLs the progress process a quarter of the way through a large Allreduce every rank is
     in; if that Allreduce completed first, the next collective must raise."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         count = nbytes // 4
         send = comm.alloc(count, np.float32)
         recv = comm.alloc(count, np.float32)
@@ -893,7 +892,7 @@ def alloc_free_churn(count: int, iters: int) -> dict:
     deregistered while the progress process is idle between collectives): every collective, above
     the eager size, with pauses long enough for the progress process's housekeeping to run."""
     import gc
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         for i in range(iters):
             a = comm.alloc(count, np.float32)
@@ -928,7 +927,7 @@ def nonblocking_is_nonblocking() -> dict:
     """Posting a nonblocking collective returns at once: rank 0's Iallreduce and Ibarrier stay
     incomplete (Test() is False, repeatedly) while the other ranks are held back by a point-to-point
     handshake that rank 0 only sends afterwards."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         out = np.zeros(100_000, np.float64)
         if r == 0:
@@ -957,7 +956,7 @@ def nonblocking_is_nonblocking() -> dict:
 def many_outstanding_large(count: int) -> dict:
     """Six different large nonblocking collectives outstanding at once (every root, registered and
     plain buffers mixed), completed in reverse order."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         al = comm.alloc
         a_send = al(count, np.float32)
@@ -973,12 +972,12 @@ def many_outstanding_large(count: int) -> dict:
         t_send[:] = np.arange(n * count, dtype=np.uint32) + r * 1_000_000
         t_out = np.zeros(n * count, np.uint32)
         red_out = np.zeros(count, np.float32) if r == 0 else None
-        reqs = [comm.Iallreduce(a_send, a_out, op=proxy.SUM),
+        reqs = [comm.Iallreduce(a_send, a_out, op=shmproxy.SUM),
                 comm.Ibcast(b_buf, root=n - 1),
                 comm.Iallgather(np.full(count, r, np.int16), g_out),
-                comm.Ireduce_scatter_block(rs_send, rs_out, op=proxy.MAX),
+                comm.Ireduce_scatter_block(rs_send, rs_out, op=shmproxy.MAX),
                 comm.Ialltoall(t_send, t_out),
-                comm.Ireduce(a_send, red_out, op=proxy.MIN, root=0)]
+                comm.Ireduce(a_send, red_out, op=shmproxy.MIN, root=0)]
         for q in reversed(reqs):
             q.Wait()
         pats = [_pat(count, q) for q in range(n)]
@@ -1000,7 +999,7 @@ def many_outstanding_large(count: int) -> dict:
 def many_comms(k: int) -> dict:
     """k Dups at once, each with its own progress process; nonblocking collectives posted on all of
     them in a rank-dependent order, then closed in a rank-independent order."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         dups = [comm.Dup() for _ in range(k)]
         pids = {d._proxy_pid for d in dups if hasattr(d, "_proxy_pid")}
@@ -1028,7 +1027,7 @@ def many_comms(k: int) -> dict:
 
 def split_orders() -> dict:
     """Split orders ranks by (key, parent rank); nested splits; a sub-communicator of one rank."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         keys = [(q * 7) % 3 for q in range(n)]            # ties broken by parent rank
         sub = comm.Split(0, key=keys[r])
@@ -1056,7 +1055,7 @@ def split_orders() -> dict:
 def sub_mismatch(n_colors: int = 2) -> dict:
     """A mismatch on one sub-communicator: its members raise InvalidUsage; the sibling
     sub-communicator and the parent keep working (separate pools and progress processes)."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         color = r % n_colors
         sub = comm.Split(color)
@@ -1067,7 +1066,7 @@ def sub_mismatch(n_colors: int = 2) -> dict:
                     sub.Allreduce(np.ones(10), np.zeros(10))
                 else:
                     sub.Bcast(np.zeros(10), root=0)
-            except proxy.InvalidUsage as exc:
+            except shmproxy.InvalidUsage as exc:
                 err = str(exc)
         else:
             x = np.zeros(10)
@@ -1084,7 +1083,7 @@ def sub_mismatch(n_colors: int = 2) -> dict:
 def huge_count(count: int) -> dict:
     """64-bit element counts: a Bcast of ``count`` int8 and an in-place MAX Allreduce of ``count``
     uint8 (count > 2**31), registered buffers."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         buf = comm.alloc(count, np.uint8)
         stride = 1 << 20
@@ -1097,7 +1096,7 @@ def huge_count(count: int) -> dict:
         buf[marks] = (marks // stride + r) % 251
         buf[-1] = r
         t0 = time.perf_counter()
-        comm.Allreduce(proxy.IN_PLACE, buf, op=proxy.MAX)
+        comm.Allreduce(shmproxy.IN_PLACE, buf, op=shmproxy.MAX)
         dt = time.perf_counter() - t0
         want = np.max([(marks // stride + q) % 251 for q in range(n)], axis=0)
         assert np.array_equal(buf[marks], want) and buf[-1] == n - 1, "Allreduce"
@@ -1107,7 +1106,7 @@ def huge_count(count: int) -> dict:
 def barrier_synchronizes(delay: float) -> dict:
     """The last rank enters Barrier / Ibarrier ``delay`` s late: nobody may leave before it entered.
     Each rank returns how long it spent inside (the late rank about 0)."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         comm.Barrier()
         out = {}
@@ -1128,7 +1127,7 @@ def barrier_synchronizes(delay: float) -> dict:
 def close_with_outstanding() -> dict:
     """Nonblocking collectives never waited on: leaving the with-block (close) completes them and
     leaves nothing behind (the conftest leak check)."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         n = comm.size
         keep = [np.zeros(100_000, np.float32) for _ in range(3)]
         comm.Iallreduce(np.ones(100_000, np.float32), keep[0])
@@ -1141,7 +1140,7 @@ def close_with_outstanding() -> dict:
 def wait_timeout_then_complete() -> dict:
     """Wait(timeout=) on a collective a peer has not posted raises Timeout naming it; the request
     stays pending and completes once the peer posts."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         out = np.zeros(10)
         if r == 0:
@@ -1149,7 +1148,7 @@ def wait_timeout_then_complete() -> dict:
             msg = None
             try:
                 req.Wait(timeout=0.3)
-            except proxy.Timeout as exc:
+            except shmproxy.Timeout as exc:
                 msg = str(exc)
             for q in range(1, n):
                 comm.Send(np.ones(1), q, tag=3)
@@ -1165,7 +1164,7 @@ def wait_timeout_then_complete() -> dict:
 def abort_during_allreduce() -> dict:
     """Rank 0 calls Abort while the others wait in a large Allreduce: they raise Aborted (the
     reason in the message) within the time returned."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r = comm.rank
         comm.Barrier()
         if r == 0:
@@ -1175,7 +1174,7 @@ def abort_during_allreduce() -> dict:
         t0 = time.monotonic()
         try:
             comm.Allreduce(comm.alloc(1 << 22, np.float32), comm.alloc(1 << 22, np.float32))
-        except proxy.ProxyError as exc:
+        except shmproxy.ProxyError as exc:
             return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - t0}
         return {"error": None, "seconds": time.monotonic() - t0}
 
@@ -1184,7 +1183,7 @@ def noncontiguous_consistent(coll: str) -> dict:
     """A non-contiguous buffer where the role decides whether it is read or written (Bcast's buf,
     Reduce's recvbuf on the root): whatever the library decides, every rank must decide the same,
     or the ranks' collective sequences drift apart. Then an Allreduce must still work."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         comm.Barrier()
         base = np.zeros((10, 2), np.float32)
@@ -1200,15 +1199,15 @@ def noncontiguous_consistent(coll: str) -> dict:
         try:
             call()
             outcome = "ok"
-        except proxy.InvalidArgument:
+        except shmproxy.InvalidArgument:
             outcome = "InvalidArgument"
-        except proxy.ProxyError as exc:
+        except shmproxy.ProxyError as exc:
             outcome = f"{type(exc).__name__}: {exc}"
         correct = None if outcome != "ok" or want is None else bool(np.array_equal(buf, want))
         after = None
         try:
             x = np.zeros(2)
             comm.Allreduce(np.ones(2), x)
-        except proxy.ProxyError as exc:
+        except shmproxy.ProxyError as exc:
             after = f"{type(exc).__name__}: {exc}"
         return {"outcome": outcome, "correct": correct, "after": after}

@@ -1,5 +1,5 @@
 """Rank bodies of the harness tests (tests/test_harness.py): each rank imports this module
-(``tests.bodies_harness:body_ok``) and calls the function. They do not need proxy.init(), so the
+(``tests.bodies_harness:body_ok``) and calls the function. They do not need shmproxy.init(), so the
 harness is tested by itself. Kept apart from the tests so that a rank does not import pytest: on the
 loaded 2-vCPU VM that import alone could outlast the 2 s after which the deadline test's ranks dump
 their stacks, and the dump then showed the import instead of the hang.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tests.rankmain import rank_from_env
 
-# A stand-in for the progress process: its command line says proxy.progress (LeakGuard looks for it).
-STANDIN = [sys.executable, "-c", "import signal; signal.pause()", "proxy.progress-standin"]
+# A stand-in for the progress process: its command line says shmproxy.engine.progress (LeakGuard looks for it).
+STANDIN = [sys.executable, "-c", "import signal; signal.pause()", "shmproxy.engine.progress-standin"]
 
 
 def _rank() -> int:
@@ -78,13 +78,13 @@ def body_big_output(nbytes: int) -> int:
 
 
 def body_params() -> list:
-    """Every variable the harness sets must pass proxy.params' validation (unknown SHMPROXY_* fail)."""
-    from proxy import params
+    """Every variable the harness sets must pass shmproxy.core.params' validation (unknown SHMPROXY_* fail)."""
+    from shmproxy.core import params
     p = params.Params()
     return [p.TIMEOUT, p.JOB_ID]
 
 
 def body_detect() -> list:
-    from proxy import bootstrap
+    from shmproxy.control import bootstrap
     i = bootstrap.detect()
     return [i.rank, i.size, i.local_rank, i.local_size, i.launcher]

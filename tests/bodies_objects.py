@@ -1,5 +1,5 @@
-"""Rank bodies for the object-layer tests (proxy/objects.py): each function runs in every rank of a
-real job (tests/rankmain.py), calls proxy.init() itself, checks values and raises on any mismatch.
+"""Rank bodies for the object-layer tests (proxy/rank/objects.py): each function runs in every rank of a
+real job (tests/rankmain.py), calls shmproxy.init() itself, checks values and raises on any mismatch.
 Return values travel back to the test as JSON, so the test can check what was exercised."""
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import threading
 
 import numpy as np
 
-import proxy
-from proxy import errors, objects
+import shmproxy
+from shmproxy.core import errors
+from shmproxy.rank import objects
 
 BIG = 1 << 20  # float64 elements: 8 MiB
 
@@ -79,7 +80,7 @@ def make_objects(seed: int) -> list:
 
 
 def _comm():
-    return proxy.init()
+    return shmproxy.init()
 
 
 def p2p_objects() -> dict:
@@ -112,7 +113,7 @@ def many_buffers(nbufs: int) -> dict:
     """An object with ``nbufs`` buffers that qualify for out-of-band (more than the header holds
     lengths for, more than OOB_MAX_BUFFERS, and more than a rank's request slots with
     max_ops_per_rank=64), then every buffer out-of-band, even the empty ones (OOB_MIN_BYTES = 0)."""
-    with proxy.init(max_ops_per_rank=64) as comm:
+    with shmproxy.init(max_ops_per_rank=64) as comm:
         r, n = comm.rank, comm.size
         objects.HDR_WORDS = 128   # every rank: the lengths of > 122 buffers travel in a message of their own
         right, left = (r + 1) % n, (r - 1) % n
@@ -239,7 +240,7 @@ def collectives() -> dict:
         for name, want in expect.items():
             assert objects.allreduce(comm, mine, name) == want, name
             assert objects.allreduce(comm, mine, Op[name]) == want, name
-            assert objects.allreduce(comm, mine, getattr(proxy, name)) == want, name   # proxy.SUM, ...
+            assert objects.allreduce(comm, mine, getattr(shmproxy, name)) == want, name   # shmproxy.SUM, ...
             assert objects.allreduce(comm, mine, name.lower()) == want, name
         # numpy arrays go through np.add / np.multiply / np.minimum / np.maximum
         arr = np.array([r, n - r, 5, -r], np.float64)

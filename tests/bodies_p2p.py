@@ -1,5 +1,5 @@
 """Rank bodies for the point-to-point tests: each function runs in every rank of a real job
-(tests/rankmain.py), calls proxy.init() itself, and raises on any mismatch. Return values travel back
+(tests/rankmain.py), calls shmproxy.init() itself, and raises on any mismatch. Return values travel back
 to the test as JSON."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-import proxy
-from proxy import errors
+import shmproxy
+from shmproxy.core import errors
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128"]
@@ -32,7 +32,7 @@ def _pattern(n: int, dtype: str, seed: int) -> np.ndarray:
 
 def ring_all_dtypes() -> dict:
     """Every dtype, sizes from 0 to > 1 chunk, both the staged and the alloc path, around a ring."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         right, left = (r + 1) % n, (r - 1) % n
         checked = 0
@@ -61,12 +61,12 @@ def ring_all_dtypes() -> dict:
 
 def tags_and_order() -> None:
     """Tags select among messages; one pair and tag never overtake each other."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         assert comm.size >= 2
         if comm.rank == 0:
             with comm.group():
                 reqs = [comm.Isend(np.full(4, 100 + i, np.int32), 1, tag=i % 3) for i in range(30)]
-            proxy.Request.Waitall(reqs)
+            shmproxy.Request.Waitall(reqs)
         elif comm.rank == 1:
             got = {t: [] for t in range(3)}
             for t in (2, 0, 1):  # the reverse of the posting order of the first messages
@@ -80,7 +80,7 @@ def tags_and_order() -> None:
 
 def self_send() -> None:
     """A rank may send to itself, as in MPI."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         out = np.zeros(1000, np.float64)
         rq = comm.Irecv(out, comm.rank, tag=5)
         comm.Send(np.arange(1000, dtype=np.float64), comm.rank, tag=5)
@@ -91,12 +91,12 @@ def self_send() -> None:
 def group_many() -> dict:
     """A group longer than the rank's record pool and request slots (64 each here): the partial
     group is posted when records run out, and nothing is lost or reordered."""
-    with proxy.init(max_ops_per_rank=64) as comm:
+    with shmproxy.init(max_ops_per_rank=64) as comm:
         k = 300
         if comm.rank == 0:
             with comm.group():
                 reqs = [comm.Isend(np.array([i, -i], np.int64), 1, tag=i % 5) for i in range(k)]
-            proxy.Request.Waitall(reqs)
+            shmproxy.Request.Waitall(reqs)
         elif comm.rank == 1:
             buf = np.zeros(2, np.int64)
             for i in range(k):
@@ -108,7 +108,7 @@ def group_many() -> dict:
 def group_semantics() -> None:
     """comm.group() nests (one splice, when the outermost ends), posts what it holds even when the
     block raises, hands back the comm, and refuses a closed communicator."""
-    comm = proxy.init()
+    comm = shmproxy.init()
     with comm:
         peer = 1 - comm.rank
         send, recv = comm.alloc(4, np.int32), comm.alloc((3, 4), np.int32)
@@ -123,7 +123,7 @@ def group_semantics() -> None:
             assert pp.chain_first >= 0, "the inner group's end spliced the outer group's records"
             sq = [comm.Isend(send, peer, tag=1), comm.Isend(send, peer, tag=2)]
         assert pp.group_depth == 0 and pp.chain_first == -1
-        proxy.Request.Waitall(rq + sq)
+        shmproxy.Request.Waitall(rq + sq)
         try:
             with comm.group():
                 rq = comm.Irecv(recv[2], peer, tag=3)
@@ -134,12 +134,12 @@ def group_semantics() -> None:
         else:
             raise AssertionError("the block's exception was swallowed")
         assert pp.group_depth == 0
-        proxy.Request.Waitall([rq, sq], timeout=30)   # posted despite the exception
+        shmproxy.Request.Waitall([rq, sq], timeout=30)   # posted despite the exception
         assert np.all(recv == peer), recv
     try:
         with comm.group():
             pass
-    except proxy.Closed:
+    except shmproxy.Closed:
         pass
     else:
         raise AssertionError("group() on a closed communicator did not raise Closed")
@@ -147,7 +147,7 @@ def group_semantics() -> None:
 
 def test_and_waitall() -> None:
     """Test() polls without blocking; Waitall waits for all."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         if comm.rank == 0:
             buf = np.zeros(16, np.uint8)
             req = comm.Irecv(buf, 1, tag=1)
@@ -166,7 +166,7 @@ def wait_and_test_in_c() -> dict:
     """Requests on comm.alloc memory end in C (Request.Wait/Test in shm/_poster.c): the Status is
     right, every completion slot comes back (16 slots, 300 round trips), and what C does not own
     (errors, a Wait inside a group, bad arguments) still behaves."""
-    with proxy.init(max_ops_per_rank=16) as comm:
+    with shmproxy.init(max_ops_per_rank=16) as comm:
         me, peer = comm.rank, 1 - comm.rank
         slots0 = len(comm._free_slots)
         send, recv = comm.alloc(3, np.int64), comm.alloc(3, np.int64)
@@ -204,33 +204,33 @@ def wait_and_test_in_c() -> dict:
             rq = comm.Irecv(recv, peer, tag=2000)
             try:
                 rq.Wait(timeout=5)
-            except proxy.InvalidUsage as e:
+            except shmproxy.InvalidUsage as e:
                 assert "group" in str(e), str(e)
             else:
                 raise AssertionError("Wait inside comm.group() did not raise")
             sq = comm.Isend(send, peer, tag=2000)
-        proxy.Request.Waitall([rq, sq])
+        shmproxy.Request.Waitall([rq, sq])
         assert len(comm._free_slots) == slots0 and not comm._pending
         return {"status": repr(st)}
 
 
 def bad_input() -> None:
     """Each bad call raises before anything is posted and leaves the communicator usable."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         ok = np.zeros(8, np.float32)
         cases = [
-            (lambda: comm.Send(ok, n), proxy.InvalidArgument, "out of range"),
-            (lambda: comm.Send(ok, -1), proxy.InvalidArgument, "out of range"),
-            (lambda: comm.Recv(ok, n + 5), proxy.InvalidArgument, "out of range"),
-            (lambda: comm.Recv(np.zeros((8, 8), np.float32)[:, ::2], 0), proxy.InvalidArgument, "contiguous"),
-            (lambda: comm.Recv(np.frombuffer(b"x" * 32, np.float32), 0), proxy.InvalidArgument, "read-only"),
-            (lambda: comm.Send(np.array(["a", "b"]), 0), proxy.InvalidArgument, "unsupported dtype"),
-            (lambda: comm.Send(np.array([object()]), 0), proxy.InvalidArgument, "unsupported dtype"),
-            (lambda: comm.Send([1, 2, 3], 0), proxy.InvalidArgument, "numpy array"),
-            (lambda: comm.Send(ok, 0, tag=2**70), proxy.InvalidArgument, "64 bits"),
-            (lambda: comm.Send(ok, "1"), proxy.InvalidArgument, "must be an int"),
-            (lambda: comm.alloc(4, "U3"), proxy.InvalidArgument, "unsupported dtype"),
+            (lambda: comm.Send(ok, n), shmproxy.InvalidArgument, "out of range"),
+            (lambda: comm.Send(ok, -1), shmproxy.InvalidArgument, "out of range"),
+            (lambda: comm.Recv(ok, n + 5), shmproxy.InvalidArgument, "out of range"),
+            (lambda: comm.Recv(np.zeros((8, 8), np.float32)[:, ::2], 0), shmproxy.InvalidArgument, "contiguous"),
+            (lambda: comm.Recv(np.frombuffer(b"x" * 32, np.float32), 0), shmproxy.InvalidArgument, "read-only"),
+            (lambda: comm.Send(np.array(["a", "b"]), 0), shmproxy.InvalidArgument, "unsupported dtype"),
+            (lambda: comm.Send(np.array([object()]), 0), shmproxy.InvalidArgument, "unsupported dtype"),
+            (lambda: comm.Send([1, 2, 3], 0), shmproxy.InvalidArgument, "numpy array"),
+            (lambda: comm.Send(ok, 0, tag=2**70), shmproxy.InvalidArgument, "64 bits"),
+            (lambda: comm.Send(ok, "1"), shmproxy.InvalidArgument, "must be an int"),
+            (lambda: comm.alloc(4, "U3"), shmproxy.InvalidArgument, "unsupported dtype"),
         ]
         for fn, exc, text in cases:
             try:
@@ -249,7 +249,7 @@ def bad_input() -> None:
         assert np.all(out == left)
     try:
         comm.Send(ok, 0)
-    except proxy.Closed:
+    except shmproxy.Closed:
         pass
     else:
         raise AssertionError("Send on a closed communicator did not raise Closed")
@@ -258,7 +258,7 @@ def bad_input() -> None:
 
 def truncation() -> None:
     """A message larger than the receive buffer: error at the receiver, nothing written past it."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         if comm.rank == 0:
             comm.Send(np.arange(100, dtype=np.int32), 1, tag=3)
             comm.Send(np.arange(10, dtype=np.int32), 1, tag=4)
@@ -268,7 +268,7 @@ def truncation() -> None:
             small = big[:10]
             try:
                 comm.Recv(small, 0, tag=3)
-            except proxy.TruncationError as e:
+            except shmproxy.TruncationError as e:
                 assert "400 B" in str(e) and "40 B" in str(e), str(e)
             else:
                 raise AssertionError("no TruncationError")
@@ -278,18 +278,18 @@ def truncation() -> None:
 
 
 def dtype_mismatch() -> None:
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         if comm.rank == 0:
             try:
                 comm.Send(np.zeros(2, np.float32), 1)
-            except proxy.InvalidUsage:
+            except shmproxy.InvalidUsage:
                 pass
             else:
                 raise AssertionError("sender not told of the dtype mismatch")
         elif comm.rank == 1:
             try:
                 comm.Recv(np.zeros(1, np.int64), 0)
-            except proxy.InvalidUsage as e:
+            except shmproxy.InvalidUsage as e:
                 assert "float32" in str(e), str(e)
             else:
                 raise AssertionError("receiver not told of the dtype mismatch")
@@ -297,7 +297,7 @@ def dtype_mismatch() -> None:
 
 def big_message(nbytes: int) -> dict:
     """One message of ``nbytes`` (64-bit counts), from registered memory to registered memory."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         t = 0.0
         if comm.rank == 0:
             buf = comm.alloc(nbytes, np.uint8)
@@ -315,12 +315,12 @@ def big_message(nbytes: int) -> dict:
 
 
 def timeout_names_pending() -> None:
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         comm.Barrier()      # rank 1 has joined before rank 0 aborts
         if comm.rank == 0:
             try:
                 comm.Irecv(np.zeros(1), 1, tag=9).Wait(timeout=0.5)
-            except proxy.Timeout as e:
+            except shmproxy.Timeout as e:
                 assert isinstance(e, TimeoutError)
                 assert "from rank 1 tag 9" in str(e), str(e)
             else:
@@ -329,7 +329,7 @@ def timeout_names_pending() -> None:
         else:
             try:
                 comm.Recv(np.zeros(1), 0, tag=1)
-            except proxy.Aborted as e:
+            except shmproxy.Aborted as e:
                 assert "rank 0" in str(e) and "test over" in str(e), str(e)
             else:
                 raise AssertionError("no Aborted")
@@ -340,8 +340,8 @@ def with_block_error_names_root_cause() -> dict:
     raised, where and with what message, even if rank 0 never gets to print it (rank 1, if it was
     still joining when that happened, is told by init)."""
     try:
-        comm = proxy.init()
-    except proxy.Aborted as e:
+        comm = shmproxy.init()
+    except shmproxy.Aborted as e:
         text = str(e)
         assert os.environ["RANK"] == "1" and "while this rank joined" in text, text
     else:
@@ -355,7 +355,7 @@ def with_block_error_names_root_cause() -> dict:
         with comm:
             try:
                 comm.Recv(np.zeros(1), 0, tag=1)
-            except proxy.Aborted as e:
+            except shmproxy.Aborted as e:
                 text = str(e)
             else:
                 raise AssertionError("no Aborted")
@@ -374,7 +374,7 @@ def progress_floats_over_bound_ranks_cpus() -> dict:
     r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     mine = {c for i, c in enumerate(allowed) if i % n == r}
     os.sched_setaffinity(0, mine)
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         comm.Barrier()
         pid = comm._proxy_pid
         deadline = time.monotonic() + 20
@@ -416,7 +416,7 @@ def _report(path: str, text: str) -> None:
 def victim_rank_dies(victim: int) -> dict:
     """The victim SIGKILLs itself while its peers wait for its messages; survivors must raise
     PeerDiedError naming it (the test measures how long that took)."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         comm.Barrier()      # every rank has joined (dies_holding_mutex covers a rank still joining)
         if comm.rank == victim:
             comm.Send(np.zeros(1), (victim + 1) % comm.size, tag=99)  # peers know we are in
@@ -427,7 +427,7 @@ def victim_rank_dies(victim: int) -> dict:
         t0 = time.monotonic()
         try:
             comm.Recv(np.zeros(8), victim, tag=1)
-        except proxy.PeerDiedError as e:
+        except shmproxy.PeerDiedError as e:
             assert e.rank == victim and f"rank {victim}" in str(e), str(e)
             return {"seconds": time.monotonic() - t0, "message": str(e)}
         raise AssertionError("Recv from a dead rank returned")
@@ -435,7 +435,7 @@ def victim_rank_dies(victim: int) -> dict:
 
 def proxy_dies() -> dict:
     """Rank 0 SIGKILLs the progress process while everybody waits: every rank must raise."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         t0 = time.monotonic()
         try:
             comm.Barrier()  # every rank is initialised before the kill
@@ -443,7 +443,7 @@ def proxy_dies() -> dict:
                 os.kill(comm._proxy_pid, signal.SIGKILL)
                 t0 = time.monotonic()
             comm.Recv(np.zeros(8), (comm.rank + 1) % comm.size, tag=1)
-        except proxy.PeerDiedError as e:
+        except shmproxy.PeerDiedError as e:
             assert e.rank == -1 and "progress process" in str(e), str(e)
             return {"seconds": time.monotonic() - t0}
         raise AssertionError("Recv after the progress process died returned")
@@ -452,14 +452,14 @@ def proxy_dies() -> dict:
 def proxy_and_local_rank0_die() -> dict:
     """Local rank 0, which started the progress process, SIGKILLs it and then itself: the survivors
     raise, and between them remove what neither dead process could (socket file, pool name)."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         comm.Barrier()
         if comm.rank == 0:
             os.kill(comm._proxy_pid, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             comm.Recv(np.zeros(8), 0, tag=1)
-        except proxy.PeerDiedError as e:
+        except shmproxy.PeerDiedError as e:
             return {"message": str(e)}
         raise AssertionError("Recv after local rank 0 and the progress process died returned")
 
@@ -470,8 +470,8 @@ def dies_holding_mutex(victim: int) -> dict:
     when it happened, by init itself."""
     t_start = time.monotonic()
     try:
-        comm = proxy.init()
-    except proxy.PeerDiedError as e:
+        comm = shmproxy.init()
+    except shmproxy.PeerDiedError as e:
         return {"seconds": time.monotonic() - t_start, "message": str(e), "at": "init"}
     with comm:
         if comm.rank == victim:
@@ -485,7 +485,7 @@ def dies_holding_mutex(victim: int) -> dict:
         try:
             # Posting needs the mutex the victim died holding.
             comm.Recv(np.zeros(8), victim, tag=1)
-        except proxy.PeerDiedError as e:
+        except shmproxy.PeerDiedError as e:
             assert f"rank {victim}" in str(e) or "mutex" in str(e), str(e)
             return {"seconds": time.monotonic() - t0, "message": str(e)}
         raise AssertionError("Recv from a dead rank returned")
@@ -506,11 +506,11 @@ def joins_after_a_death(fifo: str) -> dict:
             os.close(fd)
         t0 = time.monotonic()
         try:
-            proxy.init()
-        except proxy.PeerDiedError as e:
+            shmproxy.init()
+        except shmproxy.PeerDiedError as e:
             return {"seconds": time.monotonic() - t0, "message": str(e)}
         raise AssertionError("init of a failed communicator returned")
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         if rank == 1:
             comm.Recv(np.zeros(1), 0, tag=4)     # rank 0 has joined
             os.kill(os.getpid(), signal.SIGKILL)
@@ -518,11 +518,11 @@ def joins_after_a_death(fifo: str) -> dict:
         try:
             comm.Recv(np.zeros(1), 1, tag=5)
             raise AssertionError("Recv from a dead rank returned")
-        except proxy.PeerDiedError as e:
+        except shmproxy.PeerDiedError as e:
             message = str(e)
         # Rank 2 joins once the progress process is shutting down: without the linger its service
         # would be gone by then.
-        from shm import pool as P
+        from shmproxy.shm import pool as P
         deadline = time.monotonic() + 30
         while comm._view.ctrl(P.CTRL_STATE) == P.PROXY_RUNNING and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -541,7 +541,7 @@ def dump_live() -> dict:
     outside (read-only pool) and through DUMP_SIGNAL, then releases rank 1."""
     import json
     import subprocess
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         big = comm.alloc(3 << 20, np.uint8)
         out = {}
         if comm.rank == 1:
@@ -549,7 +549,7 @@ def dump_live() -> dict:
             comm.Recv(big, 0, tag=43)
         elif comm.rank == 0:
             pid = comm._proxy_pid
-            cmd = [sys.executable, "-m", "proxy.dump_tool", "--pid", str(pid), "--json"]
+            cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(pid), "--json"]
             deadline = time.monotonic() + 30
             while True:  # until rank 1's receive has been fetched by the progress process
                 doc = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60,
@@ -562,7 +562,7 @@ def dump_live() -> dict:
             sig = subprocess.run(cmd + ["--signal"], capture_output=True, text=True, timeout=60, check=True)
             inside = json.loads(sig.stdout)["processes"][0]["state"]
             out["unmatched"] = inside["in_process"]["unmatched_recvs"]
-            text = subprocess.run([sys.executable, "-m", "proxy.dump_tool", "--pid", str(pid)],
+            text = subprocess.run([sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(pid)],
                                   capture_output=True, text=True, timeout=60, check=True).stdout
             out["text_has_ranks"] = "rank" in text
             comm.Send(np.ones(4), 1, tag=42)
@@ -572,7 +572,7 @@ def dump_live() -> dict:
 
 def profile_trace(path: str) -> None:
     """With SHMPROXY_PROFILE=1 the progress process writes a Chrome trace at exit."""
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         for i in range(20):
             out = np.zeros(1 << 18, np.uint8)
@@ -588,12 +588,12 @@ def profile_trace(path: str) -> None:
 
 
 def started_beside_another_proxy_package(decoy_root: str) -> dict:
-    """Ranks whose working directory holds another `proxy` package (another checkout, a decoy): the
+    """Ranks whose working directory holds another `shmproxy` package (another checkout, a decoy): the
     progress process must run this rank's code, not the one `python -m` would find there first, and
     must still resolve relative paths in the rank's directory."""
     import psutil
     os.chdir(decoy_root)
-    with proxy.init() as comm:
+    with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         out = np.zeros(1000)
         rq = comm.Irecv(out, (r - 1) % n, tag=5)

@@ -3,7 +3,7 @@
     from tests.harness import run_ranks
 
     def pingpong(n):            # a module-level function: each rank imports the module and calls it
-        with proxy.init() as comm:
+        with shmproxy.init() as comm:
             ...
             return comm.rank    # optional: JSON-encodable; arrives in RunResult.results[rank]
 
@@ -42,7 +42,7 @@ are removed first, so the ranks see exactly one launcher.
 
 ``env`` entries override the harness's (including SHMPROXY_TIMEOUT and SHMPROXY_JOB_ID); a value of
 None removes the variable. Harness variables use the SPTEST_ prefix: every SHMPROXY_* variable is
-validated by proxy.params and an unknown one is an error.
+validated by shmproxy.core.params and an unknown one is an error.
 
 LeakGuard is the resource check behind the autouse fixture of tests/conftest.py; it lives here so
 that it can be tested (tests/test_harness.py) and reused.
@@ -869,7 +869,7 @@ class LeakGuard:
     """Records what exists before a test and, after it, finds what the test left behind and removes it.
 
     Looked at: POSIX shm segments ``<shm_dir>/shmproxy-*``; processes whose command line contains
-    ``proxy.progress`` or whose environment has SHMPROXY_JOB_ID (the harness's ranks and everything
+    ``shmproxy.engine.progress`` or whose environment has SHMPROXY_JOB_ID (the harness's ranks and everything
     they start); service sockets ``*.sock`` in the run directories. Only what belongs to this test
     process counts: a process that descends from it, or that carries SPTEST_OWNER=<its pid> (set by
     the harness, inherited by the progress process even once it is orphaned); a segment or socket
@@ -936,7 +936,7 @@ class LeakGuard:
                 continue
             cmdline = " ".join(p.info.get("cmdline") or ())
             environ = read_environ(p.pid) or {}
-            if "proxy.progress" not in cmdline and "SHMPROXY_JOB_ID" not in environ:
+            if "shmproxy.engine.progress" not in cmdline and "SHMPROXY_JOB_ID" not in environ:
                 continue
             if descendants is None:
                 descendants = self._descendants()

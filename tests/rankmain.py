@@ -16,7 +16,7 @@ launcher (mpiexec, torchrun). It
 
 It prints nothing else. The rank number comes from whichever launcher variable is set (RANK, PMI_RANK,
 OMPI_COMM_WORLD_RANK, SLURM_PROCID). The variables use the SPTEST_ prefix because every SHMPROXY_*
-variable is validated by proxy.params and an unknown one is an error.
+variable is validated by shmproxy.core.params and an unknown one is an error.
 """
 from __future__ import annotations
 

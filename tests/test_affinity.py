@@ -1,4 +1,4 @@
-"""Tests of proxy.affinity: the pinning policy on fake CPU sets, and real pinning in child processes."""
+"""Tests of shmproxy.engine.affinity: the pinning policy on fake CPU sets, and real pinning in child processes."""
 from __future__ import annotations
 
 import json
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy import affinity
-from proxy.affinity import choose_proxy_cpus, format_cpu_list
-from proxy.errors import InvalidArgument, SystemError_
-from proxy.params import Params
+from shmproxy.engine import affinity
+from shmproxy.engine.affinity import choose_proxy_cpus, format_cpu_list
+from shmproxy.core.errors import InvalidArgument, SystemError_
+from shmproxy.core.params import Params
 from tests.harness import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,7 +205,7 @@ needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="ne
 def test_allowed_cpus_sees_past_an_inherited_pin() -> None:
     """A child of a pinned rank inherits the pin; allowed_cpus() still reports the whole cpuset."""
     out = run_child(
-        "import json, os; from proxy import affinity\n"
+        "import json, os; from shmproxy.engine import affinity\n"
         "whole = affinity.allowed_cpus()\n"
         "os.sched_setaffinity(0, {min(whole)})\n"
         "print(json.dumps({'whole': sorted(whole), 'after': sorted(affinity.allowed_cpus()),"
@@ -217,7 +217,7 @@ def test_allowed_cpus_sees_past_an_inherited_pin() -> None:
 @needs_two_cpus
 def test_pin_self_pins_every_thread() -> None:
     out = run_child(
-        "import json, os, threading; from proxy import affinity\n"
+        "import json, os, threading; from shmproxy.engine import affinity\n"
         "target = [max(os.sched_getaffinity(0))]\n"
         "started, stop = threading.Event(), threading.Event()\n"
         "t = threading.Thread(target=lambda: (started.set(), stop.wait()), daemon=True)\n"

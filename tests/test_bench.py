@@ -1,4 +1,4 @@
-"""Tests of shmproxy-bench (the package proxy/bench/).
+"""Tests of shmproxy-bench (the package proxy/tools/bench/).
 
 The pure parts (size sweep, iteration defaults, bus factors, patterns and checks, reduction over ranks,
 the table, the JSON report; for the collectives the nccl-tests size convention, the expected results
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from proxy import bench
-from proxy.bench import OPERATIONS, PEERS, SENTINEL
+from shmproxy.tools import bench
+from shmproxy.tools.bench import OPERATIONS, PEERS, SENTINEL
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT = 120
@@ -707,7 +707,7 @@ needs_mpi = pytest.mark.skipif(shutil.which("mpiexec") is None or importlib.util
 def _launch(tmp_path: Path, *argv: str, nranks: int = 2) -> tuple[subprocess.CompletedProcess[str], str]:
     job = str(uuid.uuid4())
     env = dict(os.environ, SHMPROXY_JOB_ID=job)
-    cmd = ["mpiexec", "-n", str(nranks), sys.executable, "-m", "proxy.bench", *argv]
+    cmd = ["mpiexec", "-n", str(nranks), sys.executable, "-m", "shmproxy.tools.bench", *argv]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
     return proc, job
 
@@ -750,7 +750,7 @@ def test_pingpong_against_mpi4py(tmp_path: Path) -> None:
         assert row["ratio"]["mpi4py"] > 0
     env = report["environment"]
     assert env["ranks"] == 2 and env["launcher"] == "mpich" and env["params"]["CHUNK_SIZE"]["value"] > 0
-    assert "proxy.bench" in env["command"]
+    assert "shmproxy.tools.bench" in env["command"]
     lines = proc.stdout.splitlines()
     assert sum(1 for line in lines if line.rstrip().endswith(" ok")) == 4
     assert "# checks: all passed" in lines
@@ -898,7 +898,7 @@ def test_allreduce_under_torchrun_against_gloo(tmp_path: Path) -> None:
     job = str(uuid.uuid4())
     env = dict(os.environ, SHMPROXY_JOB_ID=job)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-           "-m", "proxy.bench", "allreduce", "-b", "8", "-e", "4096", "-f", "64", "-n", "10", "-w", "2",
+           "-m", "shmproxy.tools.bench", "allreduce", "-b", "8", "-e", "4096", "-f", "64", "-n", "10", "-w", "2",
            "--peers", "gloo", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr

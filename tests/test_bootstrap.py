@@ -1,4 +1,4 @@
-"""Tests of proxy.bootstrap: launcher detection, job keys, host identity, run dir, socket paths."""
+"""Tests of shmproxy.control.bootstrap: launcher detection, job keys, host identity, run dir, socket paths."""
 from __future__ import annotations
 
 import json
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy import bootstrap
-from proxy.bootstrap import LaunchInfo, detect, job_key, run_dir, service_path
-from proxy.errors import InvalidArgument, InvalidUsage
-from proxy.params import Params
+from shmproxy.control import bootstrap
+from shmproxy.control.bootstrap import LaunchInfo, detect, job_key, run_dir, service_path
+from shmproxy.core.errors import InvalidArgument, InvalidUsage
+from shmproxy.core.params import Params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def info_tuple(i: LaunchInfo) -> tuple:
 
 @pytest.fixture
 def boot_log(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
-    """caplog for shmproxy.BOOTSTRAP, whether or not proxy.log.configure() stopped propagation."""
+    """caplog for shmproxy.BOOTSTRAP, whether or not shmproxy.core.log.configure() stopped propagation."""
     monkeypatch.setattr(logging.getLogger("shmproxy"), "propagate", True)
     caplog.set_level(logging.INFO, logger="shmproxy.BOOTSTRAP")
     return caplog
@@ -281,7 +281,7 @@ def test_job_key_mixes_in_the_uid(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_job_key_singleton_is_per_process() -> None:
     mine = key_of({})
     assert mine == key_of({}) and HEX16.fullmatch(mine)
-    code = ("from proxy import bootstrap, params; "
+    code = ("from shmproxy.control import bootstrap; from shmproxy.core import params; "
             "print(bootstrap.job_key(bootstrap.detect({}), params.Params(env={}), {}))")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                            check=True, cwd=REPO).stdout.strip()
@@ -327,7 +327,7 @@ def test_host_identity_differs_across_network_namespaces() -> None:
     unshare = shutil.which("unshare")
     if unshare is None:
         pytest.skip("unshare(1) is not installed")
-    code = "from proxy.bootstrap import host_identity; print(host_identity())"
+    code = "from shmproxy.control.bootstrap import host_identity; print(host_identity())"
     proc = subprocess.run([unshare, "--net", sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
     if proc.returncode != 0 and "unshare" in proc.stderr:
@@ -452,7 +452,8 @@ def test_requires_store() -> None:
 # mpiexec's merged stdout interleaved.
 RANK_SCRIPT = """
 import dataclasses, json, os
-from proxy import bootstrap, params
+from shmproxy.control import bootstrap
+from shmproxy.core import params
 info = bootstrap.detect()
 row = json.dumps({"info": dataclasses.asdict(info), "ppid": os.getppid(),
                   "key": bootstrap.job_key(info, params.Params()),

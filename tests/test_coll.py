@@ -97,14 +97,14 @@ def _run_property(n: int, k: int, env: dict | None = None, timeout: float = 200)
 # --------------------------------------------------------------------------------- property tests
 def test_api_surface():
     """The names the tests rely on, without starting a job."""
-    import proxy
+    import shmproxy
     for name in ("SUM", "PROD", "MIN", "MAX", "AVG"):
-        assert getattr(proxy, name) == getattr(proxy.ReduceOp, name), name
-    assert proxy.IN_PLACE is not None and proxy.UNDEFINED is not None
+        assert getattr(shmproxy, name) == getattr(shmproxy.ReduceOp, name), name
+    assert shmproxy.IN_PLACE is not None and shmproxy.UNDEFINED is not None
     for m in ("Allreduce", "Reduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall", "Barrier",
               "Iallreduce", "Ireduce", "Ibcast", "Iallgather", "Ireduce_scatter_block", "Ialltoall",
               "Ibarrier", "Split", "Dup"):
-        assert callable(getattr(proxy.Comm, m, None)), m
+        assert callable(getattr(shmproxy.Comm, m, None)), m
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

@@ -1,6 +1,6 @@
-"""The dump: proxy.dump (pool reader and text report) and proxy.dump_tool (shmproxy-dump).
+"""The dump: shmproxy.tools.dump (pool reader and text report) and shmproxy.tools.dump_cli (shmproxy-dump).
 
-Pools are built in-process by hand (records packed with proxy.ops.pack and linked, sub slots packed),
+Pools are built in-process by hand (records packed with shmproxy.core.ops.pack and linked, sub slots packed),
 so every shape the reader must recognise can be made exactly: a posted chain, shared and private free
 lists, a leaked record, loops, out-of-range links, garbage. The end-to-end tests run the tool against
 a child process that holds such a pool with its name already unlinked, like a real progress process.
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy import dump, dump_tool
-from proxy.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, pack
-from shm import pool as P
-from shm.segment import Segment
+from shmproxy.tools import dump, dump_cli as dump_tool
+from shmproxy.core.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, pack
+from shmproxy.shm import pool as P
+from shmproxy.shm.segment import Segment
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = f"dumptest{os.getpid()}"
@@ -128,7 +128,7 @@ def test_posted_chain_free_lists_and_records_in_no_list(pool):
 
 
 def test_error_rank_pid_and_message(pool):
-    from proxy.errors import PeerDiedError
+    from shmproxy.core.errors import PeerDiedError
     msg = b"rank 1 (local rank 1, pid 4321) died\0"
     pool.buf[P.ERR_MSG_OFF:P.ERR_MSG_OFF + len(msg)] = msg
     pool.set_ctrl(P.CTRL_ERR_CODE, PeerDiedError.code)
@@ -393,22 +393,22 @@ def test_format_text_renders_in_process(pool):
 
 
 def test_cmdline_matching():
-    assert dump_tool.is_progress_cmdline(["python", "-m", "proxy.progress", "--path", "x"])
-    assert dump_tool.is_progress_cmdline(["python3", "-mproxy.progress"])
+    assert dump_tool.is_progress_cmdline(["python", "-m", "shmproxy.engine.progress", "--path", "x"])
+    assert dump_tool.is_progress_cmdline(["python3", "-mshmproxy.engine.progress"])
     assert not dump_tool.is_progress_cmdline(["python", "-m", "proxy.progressive"])
-    assert not dump_tool.is_progress_cmdline(["proxy.progress"])
+    assert not dump_tool.is_progress_cmdline(["shmproxy.engine.progress"])
     assert not dump_tool.is_progress_cmdline(None)
 
 
 # ------------------------------------------------------------------------------------ end to end
 # A stand-in progress process: holds a pool whose name it has unlinked, blocks on stdin. Started as
-# `python -c CHILD -m proxy.progress SOCK SIGNUM` so that its cmdline looks like a progress process.
+# `python -c CHILD -m shmproxy.engine.progress SOCK SIGNUM` so that its cmdline looks like a progress process.
 CHILD = r"""
 import json, os, select, signal, sys, time
-from proxy import dump
-from proxy.ops import pack, DTYPE_CODE, KIND_SEND
-from shm import pool as P
-from shm.segment import Segment
+from shmproxy.tools import dump
+from shmproxy.core.ops import pack, DTYPE_CODE, KIND_SEND
+from shmproxy.shm import pool as P
+from shmproxy.shm.segment import Segment
 
 sock, signum, tag = sys.argv[3], int(sys.argv[4]), sys.argv[5]
 layout = P.Layout(2, 16, 64)
@@ -459,7 +459,7 @@ class Child:
     def __init__(self, tmp_path: Path, signum: int = 0):
         self.sock = str(tmp_path / "job-c0.sock")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, "-m", "proxy.progress", self.sock, str(signum), TAG + "e2e"],
+            [sys.executable, "-c", CHILD, "-m", "shmproxy.engine.progress", self.sock, str(signum), TAG + "e2e"],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         ready, _, _ = select.select([self.proc.stdout], [], [], 30)
@@ -504,7 +504,7 @@ def signal_child(tmp_path):
 
 
 def run_tool(*args: str, exe: list[str] | None = None) -> subprocess.CompletedProcess:
-    cmd = (exe or [sys.executable, "-m", "proxy.dump_tool"]) + list(args)
+    cmd = (exe or [sys.executable, "-m", "shmproxy.tools.dump_cli"]) + list(args)
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
@@ -545,7 +545,7 @@ def test_tools_dump_executable_and_listing(child):
     res = run_tool("--pid", str(child.pid), "--json", exe=[str(exe)])
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["processes"][0]["pid"] == child.pid
-    # No option: a listing that finds the stand-in by its `-m proxy.progress` cmdline.
+    # No option: a listing that finds the stand-in by its `-m shmproxy.engine.progress` cmdline.
     res = run_tool()
     assert res.returncode == 0, res.stderr
     assert f"pid {child.pid} (" in res.stdout and "RUNNING" in res.stdout
@@ -612,10 +612,10 @@ def test_format_text_of_a_damaged_dict_never_raises():
 
 
 def test_real_progress_process(tmp_path):
-    """`python -m proxy.progress` itself: outside read, then --signal makes its loop write the dump."""
+    """`python -m shmproxy.engine.progress` itself: outside read, then --signal makes its loop write the dump."""
     sock = tmp_path / "j-c0.sock"
     env = dict(os.environ, SHMPROXY_DUMP_SIGNAL="SIGUSR1", SHMPROXY_TIMEOUT="60")
-    cmd = [sys.executable, "-m", "proxy.progress", "--path", str(sock), "--nlocal", "1", "--size", "1",
+    cmd = [sys.executable, "-m", "shmproxy.engine.progress", "--path", str(sock), "--nlocal", "1", "--size", "1",
            "--job-key", f"{os.getpid():08x}feed", "--comm-id", "0", "--parent", str(os.getpid())]
     with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:

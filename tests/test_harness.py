@@ -1,7 +1,7 @@
 """Tests of the multi-rank harness (tests/harness.py, tests/rankmain.py) and of the leak guard.
 
 The rank bodies are in tests/bodies_harness.py (``tests.bodies_harness:body_ok``): they do not need
-proxy.init(), so the harness is tested by itself.
+shmproxy.init(), so the harness is tested by itself.
 """
 from __future__ import annotations
 
@@ -274,7 +274,7 @@ def test_leakguard_process_is_killed_and_reported(tmp_path: Path) -> None:
 def test_leakguard_grace_lets_exiting_processes_go(tmp_path: Path) -> None:
     guard = LeakGuard(dirs=[str(tmp_path)], grace=10)
     guard.snapshot()
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "proxy.progress-standin"],
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "shmproxy.engine.progress-standin"],
                              stdin=subprocess.PIPE)
     try:
         assert child.stdin is not None

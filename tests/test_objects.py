@@ -1,4 +1,4 @@
-"""The object layer (proxy/objects.py) end to end: real rank processes at 1, 2 and 3 ranks.
+"""The object layer (proxy/rank/objects.py) end to end: real rank processes at 1, 2 and 3 ranks.
 
 Bodies live in tests/bodies_objects.py and check every value themselves; what they return says what
 was exercised, and is checked here too. The wire format and the pickling are also unit-tested here,
@@ -12,7 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-from proxy import errors, objects
+from shmproxy.core import errors
+from shmproxy.rank import objects
 from tests.harness import run_ranks
 
 BODY = "tests.bodies_objects:"

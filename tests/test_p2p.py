@@ -77,14 +77,14 @@ def test_message_larger_than_4_gib():
 
 
 def test_progress_process_runs_the_ranks_code_not_a_proxy_package_in_their_directory(tmp_path):
-    """`python -m proxy.progress` started from the ranks' directory would import a `proxy` package
+    """`python -m shmproxy.engine.progress` started from the ranks' directory would import a `shmproxy` package
     found there first. The decoy records that it was imported and refuses to work."""
-    decoy = tmp_path / "proxy"
+    decoy = tmp_path / "shmproxy"
     decoy.mkdir()
     marker = tmp_path / "decoy-imported"
     (decoy / "__init__.py").write_text(
         f"open({str(marker)!r}, 'a').write('imported\\n')\n"
-        "raise ImportError('the decoy proxy package was imported')\n")
+        "raise ImportError('the decoy shmproxy package was imported')\n")
     res = run_ranks(BODY + "started_beside_another_proxy_package", 2, timeout=60, args=(str(tmp_path),))
     assert not marker.exists(), marker.read_text()
     assert res.results[0]["proxy_cwd"] == str(tmp_path)   # back in the ranks' directory once started

@@ -1,4 +1,4 @@
-"""Tests of the service (proxy/service.py), its client (proxy/service_client.py) and the wire protocol.
+"""Tests of the service (proxy/control/service.py), its client (proxy/control/client.py) and the wire protocol.
 
 A ServiceServer runs in the test process with a small handler; clients run in the test process and,
 for process-exit detection, in a real subprocess. Every test checks that it leaves no fd open.
@@ -19,12 +19,12 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from proxy import errors
-from proxy.protocol import (MAX_FDS, MAX_PAYLOAD, PROTOCOL_VERSION, REQUEST_HEADER, REQUEST_MAGIC,
+from shmproxy.core import errors
+from shmproxy.control.protocol import (MAX_FDS, MAX_PAYLOAD, PROTOCOL_VERSION, REQUEST_HEADER, REQUEST_MAGIC,
                             ConnState, MsgType, ProtocolError, Request, close_fds, encode_request,
                             encode_response, next_state, recv_request, recv_response, send_frame)
-from proxy.service import ConnInfo, ServiceServer
-from proxy.service_client import ServiceClient
+from shmproxy.control.service import ConnInfo, ServiceServer
+from shmproxy.control.client import ServiceClient
 
 TOKEN = "job-token-for-tests"
 T = 5.0                 # bound for anything that should take milliseconds
@@ -602,8 +602,8 @@ def test_existing_path_is_not_clobbered(sockdir: Path, handler: Handler) -> None
 
 CHILD = r"""
 import sys
-from proxy.protocol import MsgType
-from proxy.service_client import ServiceClient
+from shmproxy.control.protocol import MsgType
+from shmproxy.control.client import ServiceClient
 client = ServiceClient.connect(sys.argv[1], 5.0)
 client.call(MsgType.INIT, {"token": sys.argv[2], "rank": 7, "local_rank": 0})
 print("ready", flush=True)

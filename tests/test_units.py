@@ -10,14 +10,15 @@ import time
 import numpy as np
 import pytest
 
-import proxy
-from proxy import errors, ops, params as params_mod, sched as sched_mod
-from proxy.args import ArgsPool, Transfer
-from proxy.progress import FetchMode, fetch_mode
-from shm import _native, _poster, pool as P, sync
-from shm.segment import MemfdBuffer, Segment
-import transports
-from transports.base import PeerInfo, Transport, check_transport
+import shmproxy
+from shmproxy.core import errors, ops, params as params_mod
+from shmproxy.coll import sched as sched_mod
+from shmproxy.engine.args import ArgsPool, Transfer
+from shmproxy.engine.progress import FetchMode, fetch_mode
+from shmproxy.shm import _native, _poster, pool as P, sync
+from shmproxy.shm.segment import MemfdBuffer, Segment
+from shmproxy import transports
+from shmproxy.transports.base import PeerInfo, Transport, check_transport
 
 
 # ------------------------------------------------------------------------------------ layout
@@ -288,10 +289,10 @@ def test_futex_wait_times_out_and_wakes(pool):
 
 
 def _make_poster(seg, view, size=2, on_splice_error=None):
-    """A Poster for local rank 0 of the unit pool, as proxy/comm.py builds one (comm: a stand-in
+    """A Poster for local rank 0 of the unit pool, as proxy/rank/comm.py builds one (comm: a stand-in
     object the requests point back to)."""
-    from proxy import comm as comm_mod
-    from proxy.request import Request
+    from shmproxy.rank import comm as comm_mod
+    from shmproxy.rank.request import Request
     lay = view.layout
     q0 = seg.addr + P.CTRL_OFF
     slots, records, pending = list(range(lay.max_ops - 1, -1, -1)), list(range(lay.max_ops - 1, -1, -1)), {}
@@ -353,7 +354,7 @@ def test_post_hands_off_while_the_mutex_is_held(pool):
     try:
         pp.enqueue(4)
         assert seen == [] and view.q[lay.rank_q(0, P.RANK_PENDING)] == (5 << 32) | 5   # (first + 1, last + 1)
-        from proxy import dump
+        from shmproxy.tools import dump
         assert dump.read_pool(view)["ranks"][0]["pending_chain"] == [4, 4]   # what a dump shows
         assert "chain 4..4 handed off" in dump.format_text(dump.read_pool(view))
         assert take() == (1, 0, -1) and idx[0] == 4
@@ -583,7 +584,7 @@ def test_poster_declines_what_python_must_handle(pool, case):
 def test_poster_iallreduce_writes_the_record_comm_coll_writes(pool):
     """The C Allreduce post (a Comm's Iallreduce) writes what Comm._coll writes through write():
     root 0 in peer, Coll.ALLREDUCE in x1, the send side in (bid, off, nbytes), nothing there in place."""
-    from proxy import sched
+    from shmproxy.coll import sched
     seg, view = pool
     pp, slots, records, pending = _make_poster(seg, view)
     pp.in_place = ops.IN_PLACE
@@ -616,7 +617,7 @@ def test_poster_iallreduce_writes_the_record_comm_coll_writes(pool):
 
 
 def test_poster_ibarrier_writes_the_record_comm_coll_writes(pool):
-    from proxy import sched
+    from shmproxy.coll import sched
     seg, view = pool
     pp, slots, records, pending = _make_poster(seg, view)
     calls = []
@@ -806,12 +807,12 @@ def test_poster_collectives_decline_what_comm_coll_must_check(pool, case):
 
 
 def test_status_is_built_in_c_and_reads_like_mpi_status():
-    st = proxy.Status(3, -(2**63), 1 << 40)
+    st = shmproxy.Status(3, -(2**63), 1 << 40)
     assert (st.source, st.tag, st.nbytes) == (3, -(2**63), 1 << 40)
     assert repr(st) == f"Status(source=3, tag={-(2**63)}, nbytes={1 << 40})"
-    assert proxy.Status(source=1, tag=2, nbytes=3).tag == 2
+    assert shmproxy.Status(source=1, tag=2, nbytes=3).tag == 2
     with pytest.raises(TypeError):
-        proxy.Status(1, 2)
+        shmproxy.Status(1, 2)
 
 
 def test_buffer_info_rejects_what_cannot_be_received_into():
@@ -851,8 +852,8 @@ def _kernel_inputs(dt: np.dtype, nsrc: int, count: int, rng) -> list[np.ndarray]
 def test_reduce_kernel_matches_numpy(op, dtype, streaming):
     """shm._reduce gives numpy's results bit for bit (AVG: numpy's sum divided by n), for the pairs it
     takes; it takes every pair the collectives allow except float16 and complex PROD/MIN/MAX."""
-    from proxy import sched
-    from shm import _reduce
+    from shmproxy.coll import sched
+    from shmproxy.shm import _reduce
     dt, code, rop = np.dtype(dtype), ops.DTYPE_CODE[np.dtype(dtype).char], int(sched.ReduceOp[op])
     allowed = not ((dt.kind == "b" and op not in ("MIN", "MAX")) or (op == "AVG" and dt.kind not in "fc"))
     takes = allowed and dt != np.float16 and not (dt.kind == "c" and op in ("MIN", "MAX", "PROD"))
@@ -883,7 +884,7 @@ def test_reduce_kernel_matches_numpy(op, dtype, streaming):
 
 
 def test_reduce_kernel_output_may_alias_an_input():
-    from shm import _reduce
+    from shmproxy.shm import _reduce
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal(100_003).astype(np.float32) for _ in range(4)]
     want = xs[0] + xs[1] + xs[2] + xs[3]
@@ -897,7 +898,7 @@ def test_worker_pool_runs_steps_in_order_and_returns_every_token_once():
     """shm._workers: a job's steps run in order on one thread (the REDUCE reads what the COPY wrote),
     with plain or (every other job) streaming stores, jobs spread over the threads, and each token
     comes back exactly once."""
-    from shm import _workers
+    from shmproxy.shm import _workers
     rng = np.random.default_rng(11)
     pool = _workers.Workers(3, None)
     try:
@@ -930,7 +931,7 @@ def test_worker_pool_runs_steps_in_order_and_returns_every_token_once():
 
 
 def test_worker_pool_rejects_bad_jobs_before_queueing_and_stops_cleanly():
-    from shm import _workers
+    from shmproxy.shm import _workers
     pool = _workers.Workers(1, [0])
     x = np.ones(8, np.float16)
     bad = [
@@ -964,7 +965,7 @@ def test_worker_pool_help_runs_queued_jobs_on_the_caller():
     """Caller-runs: help(k) takes up to k queued jobs off the queue and runs them on the calling thread
     (GIL released), in order, reporting through the same finished list; with no threads of its own
     the pool runs jobs only there, so what help() did is exact."""
-    from shm import _workers
+    from shmproxy.shm import _workers
     pool = _workers.Workers(0, None)
     try:
         srcs = [np.arange(100_000, dtype=np.float32) * (j + 1) for j in range(3)]
@@ -990,7 +991,7 @@ def test_worker_pool_help_runs_queued_jobs_on_the_caller():
 def test_worker_pool_help_races_the_workers_and_every_job_runs_once():
     """The loop's help() and the workers take jobs off one queue: each job runs exactly once
     (a job run twice would come back twice; one lost never comes back)."""
-    from shm import _workers
+    from shmproxy.shm import _workers
     pool = _workers.Workers(2, None)
     try:
         njobs, n = 600, 4096
@@ -1030,7 +1031,7 @@ def test_spread_workers_are_pinned_one_per_cpu_and_a_job_leaves_the_one_on_the_c
     worker woken beside it preempted it and left the other CPU idle). wait() wakes any worker, and
     polls first when asked."""
     import psutil
-    from shm import _workers
+    from shmproxy.shm import _workers
     cpu = sorted(os.sched_getaffinity(0))[0]
     mine = os.sched_getaffinity(0)
     before = {t.id for t in psutil.Process().threads()}
@@ -1067,7 +1068,7 @@ def test_keep_awake_guards_are_idle_priority_one_per_cpu_and_sleep_after_their_w
     """shm._workers.KeepAwake: a SCHED_IDLE guard pinned to each CPU given; touch() opens a window
     in which they spin, after which they sleep (an idle job costs no CPU); stop() is idempotent."""
     import psutil
-    from shm import _workers
+    from shmproxy.shm import _workers
     cpus = sorted(os.sched_getaffinity(0))[:2]
     before = {t.id for t in psutil.Process().threads()}
     k = _workers.KeepAwake(cpus, 0.02)
@@ -1110,7 +1111,7 @@ def test_keep_awake_guard_hands_the_cpu_back_to_a_thread_that_yields():
     the 4 MiB round trips take 1.2-2 ms (the progress loop touches the guards, then yields). The
     guards yield between their pause bursts. Unfixed, every yield here took the window (20 ms)."""
     import psutil
-    from shm import _workers
+    from shmproxy.shm import _workers
     cpu = sorted(os.sched_getaffinity(0))[0]
     before = {t.id for t in psutil.Process().threads()}
     k = _workers.KeepAwake([cpu], 0.02)
@@ -1199,7 +1200,7 @@ def test_keep_awake_guard_wakes_a_rank_asleep_on_its_cpu_so_the_waker_needs_no_i
     their futex word moved, so a waker on another CPU only bumps the word (live_mask tells it which
     CPUs those are; never its own). A wake-up sent from another vCPU cost the waker ~12 us and the
     wakee ~23 us on the VM. Broken, the sleeper here would sleep its whole 10 s."""
-    from shm import _workers
+    from shmproxy.shm import _workers
     guard_cpu, my_cpu = _two_cpus()
     mine = os.sched_getaffinity(0)
     area = np.zeros(P.RANK_AREA_BYTES // 8, np.uint64)
@@ -1226,7 +1227,7 @@ def test_keep_awake_guard_wakes_the_spread_workers_pinned_to_its_cpu():
     """A job queued while a live guard runs on its worker's CPU wakes no worker from the queueing
     thread: the guard does, locally. Broken, the worker would never be woken (wait() leaves it to
     the guard too) and the job would not finish."""
-    from shm import _workers
+    from shmproxy.shm import _workers
     guard_cpu, my_cpu = _two_cpus()
     mine = os.sched_getaffinity(0)
     pool = _workers.Workers(1, [guard_cpu], True)
@@ -1260,7 +1261,7 @@ def test_a_relayed_wake_up_the_guard_did_not_deliver_is_delivered_by_the_loop():
     after RELAY_GRACE_NS is woken by the loop (a guard preempted just after it proved live); one that
     woke is forgotten."""
     import types
-    from proxy.progress import ProgressEngine
+    from shmproxy.engine.progress import ProgressEngine
     cpu = sorted(os.sched_getaffinity(0))[0]
     area = np.zeros(P.RANK_AREA_BYTES // 8, np.uint64)
     slept: list = []
@@ -1285,7 +1286,7 @@ def test_the_loop_remembers_only_the_ranks_a_guard_is_to_wake():
     the ranks asleep on such a CPU are remembered for check_relayed; one asleep elsewhere (woken
     directly) or awake is not."""
     import types
-    from proxy.progress import ProgressEngine
+    from shmproxy.engine.progress import ProgressEngine
     per = P.RANK_AREA_BYTES // 8
     area = np.zeros(3 * per, np.uint64)
     words = [(0, area.ctypes.data + 8 * (r * per + P.RANK_WAKE), r * per + P.RANK_WAITING) for r in range(3)]
@@ -1343,7 +1344,7 @@ def test_streaming_threshold_follows_the_params_and_the_cache(monkeypatch):
     explicit STREAMING_MIN_BYTES as given; automatically always where the progress process has cores
     of its own, and on a crowded node (the loop runs copy jobs) above half the last-level cache, at
     most 16 MiB (16 MiB when the cache is unknown)."""
-    from proxy import affinity, progress
+    from shmproxy.engine import affinity, progress
     def threshold(env, llc, crowded=True):
         monkeypatch.setattr(affinity, "last_level_cache_bytes", lambda cpu: llc)
         return progress.streaming_threshold(params_mod.Params(env=env), [0, 1], crowded)
@@ -1357,7 +1358,7 @@ def test_streaming_threshold_follows_the_params_and_the_cache(monkeypatch):
 
 
 def test_coll_chunk_limit_is_one_chunk_per_cpu_where_the_loop_runs_jobs():
-    from proxy import progress
+    from shmproxy.engine import progress
     p = params_mod.Params(env={})
     assert progress.coll_chunk_limit(p, loop_copies=False) == p.CHUNK_SIZE == 512 << 10
     assert progress.coll_chunk_limit(p, loop_copies=True) == progress.AUTO_CROWDED_COLL_CHUNK == 4 << 20
@@ -1398,9 +1399,9 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
     """After completing what the copy workers moved, a crowded node's loop sleeps at once (leaves
     the CPUs to the ranks it woke); otherwise, and the time after, it polls its spin window."""
     import types
-    from proxy.progress import ProgressEngine
+    from shmproxy.engine.progress import ProgressEngine
     i32 = np.full(P.NEXT_OPS_OFF // 4 + 1, -1, np.int32)           # an empty posted chain
-    from shm import _workers
+    from shmproxy.shm import _workers
     awake = _workers.KeepAwake(sorted(os.sched_getaffinity(0))[:1], 1.0) if crowded else None
     q = np.zeros(P.PENDING_MASK_OFF // 8 + 1, np.uint64)                # nothing handed off
     eng = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, crowded=crowded, awake=awake,
@@ -1492,7 +1493,7 @@ def test_streaming_copy_is_exact_and_stays_in_bounds(n, src_off, dst_off):
 def test_host_probe_measures_and_cleans_up():
     """tools/host_probe: bandwidth is a positive rate; interference times the work against every other
     CPU and leaves no streamer process behind (the leak guard checks)."""
-    from proxy import hostprobe
+    from shmproxy.tools import hostprobe
     assert hostprobe.bandwidth(1, "add", reps=1) > 0
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -1505,7 +1506,7 @@ def test_host_probe_measures_and_cleans_up():
 def test_host_probe_speed_times_every_cpu(capsys):
     """host_probe speed times the work on every CPU the caller may use, once per round, prints one line
     per round with the slowest/fastest ratio, and leaves the caller's affinity as it was."""
-    from proxy import hostprobe
+    from shmproxy.tools import hostprobe
     cpus = sorted(os.sched_getaffinity(0))
     res = hostprobe.speed(cpus, rounds=2)
     assert len(res) == 2
@@ -1518,3 +1519,14 @@ def test_host_probe_speed_times_every_cpu(capsys):
     assert line.startswith("round 1: ms per CPU ") and "slowest/fastest" in line
     assert [int(c.split(":")[0]) for c in line.split("|")[0].split()[5:]] == cpus
     assert sorted(os.sched_getaffinity(0)) == cpus
+
+
+def test_transports_parameter_restricts_the_registry_and_names_unknown_ones() -> None:
+    from shmproxy import transports
+    from shmproxy.core.params import Params
+    assert transports.allowed(Params(env={}).TRANSPORTS) == transports.REGISTRY
+    assert [t.name for t in transports.allowed(Params(env={"SHMPROXY_TRANSPORTS": " SHM "}).TRANSPORTS)] == ["shm"]
+    with pytest.raises(shmproxy.InvalidArgument, match="nosuch.*registered: shm"):
+        transports.allowed(Params(env={"SHMPROXY_TRANSPORTS": "shm,nosuch"}).TRANSPORTS)
+    with pytest.raises(shmproxy.InvalidArgument):
+        Params(env={"SHMPROXY_TRANSPORTS": "a b"})

@@ -162,11 +162,21 @@ fi
 say "--- posix_ipc: $POSIX_IPC"
 
 CMODS="_native _poster _reduce _workers"   # shm/<name>.c, as pyproject.toml lists them
-built() { for m in $CMODS; do "$PY" -c "import shm.$m" >/dev/null 2>&1 || return 1; done; }
+built() { for m in $CMODS; do "$PY" -c "import shmproxy.shm.$m" >/dev/null 2>&1 || return 1; done; }
+# Without pip, the package `shmproxy` is put together from the checkout's folders as pyproject.toml maps
+# them (proxy/ is shmproxy, shm/ and transports/ its subpackages), with links, for in-place builds.
+link_package() {
+    mkdir -p "$STATE/pkg/shmproxy"
+    for f in "$PWD"/proxy/*; do ln -sfn "$f" "$STATE/pkg/shmproxy/$(basename "$f")"; done
+    ln -sfn "$PWD/shm" "$STATE/pkg/shmproxy/shm"
+    ln -sfn "$PWD/transports" "$STATE/pkg/shmproxy/transports"
+    export PYTHONPATH="$STATE/pkg:$PYTHONPATH"
+}
 if ! built; then
     say "--- building shm/{${CMODS// /,}}.c: pip install -e . --no-build-isolation --no-deps"
     if ! "$PY" -m pip install -q --no-index --no-build-isolation --no-deps -e . >>"$LOG" 2>&1 || ! built; then
         say "    pip failed (setuptools < 74 reads no ext-modules from pyproject.toml?): building in place"
+        link_package
         "$PY" - $CMODS >>"$LOG" 2>&1 <<'EOF' || true
 import sys
 from setuptools import Extension, setup
@@ -184,7 +194,7 @@ EOF
         done
     fi
 fi
-if ! "$PY" -c "import shm._native, proxy, numpy, psutil" >>"$LOG" 2>&1; then
+if ! "$PY" -c "import shmproxy.shm._native, shmproxy, numpy, psutil" >>"$LOG" 2>&1; then
     say "FATAL: shmproxy cannot be imported (see the end of $LOG; Python.h missing? numpy/psutil missing?)"
     tail -20 "$LOG"
     exit 1
@@ -278,7 +288,7 @@ step() {  # step NAME CAP_S NRANKS BENCH-ARGS...: one bounded run, its table and
     local t0 rc
     t0=$(date +%s)
     timeout -k 10 "$t" bash -c "$(declare -f launch); LAUNCHER=$LAUNCHER BIND=$BIND; "'launch "$@"' \
-        _ "$n" "$PY" -m proxy.bench "$@" ${ITERS[@]+"${ITERS[@]}"} --json "$RUNS/$name.json" 2>&1 |
+        _ "$n" "$PY" -m shmproxy.tools.bench "$@" ${ITERS[@]+"${ITERS[@]}"} --json "$RUNS/$name.json" 2>&1 |
         tee "$RUNS/$name.txt" | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
     [ "$rc" = 124 ] || [ "$rc" = 137 ] && say "=== $name: TIMED OUT after ${t}s (rows so far are in its JSON)"

@@ -29,5 +29,5 @@ for v in $ORDER; do
     echo "=== $VAR=$v (run $pass): shmproxy-bench $*"
     export "$VAR=$v"
     timeout -k 5 "$CAP_S" bash -c "$(declare -f launch); N=$N VAR=$VAR; launch \"\$@\"" _ \
-        python3 -m proxy.bench "$@" --json "$OUT/sweep-$VAR-$v-$pass.json" 2>&1 | grep -v "^# JSON"
+        python3 -m shmproxy.tools.bench "$@" --json "$OUT/sweep-$VAR-$v-$pass.json" 2>&1 | grep -v "^# JSON"
 done

@@ -9,7 +9,7 @@ method runs in the progress process; names say which side of a connection they s
 - ``proxy_progress(engine, args)``: advance every sub of one args; returns True when all subs of the
   args are done. The progress loop calls it once per pass for each active args; it must never block.
 - ``proxy_progress_coll(engine, args)``: the same for a collective, whose subs run chunk schedules
-  (proxy/sched.py) instead of plain copies. Optional: the base raises NotImplementedError.
+  (proxy/coll/sched.py) instead of plain copies. Optional: the base raises NotImplementedError.
 - ``proxy_free(engine)``: release what the transport holds when the progress process exits.
 
 A sub moves ``nbytes`` in ``nsteps`` chunks of at most ``CHUNK_SIZE`` through ``STEPS`` slots with the
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from proxy.args import Args
+    from shmproxy.engine.args import Args
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,14 @@ transmitted when the copy finished, received at the same moment (the bytes are i
 buffer), done when retired; at most STEPS steps of a sub are in flight (posted < done + STEPS).
 
 Collectives within the node are the shm transport's too: every rank's buffers are mapped here, so a
-collective's sub runs chunk schedules (proxy/sched.py) with the same counters: a step is posted when
+collective's sub runs chunk schedules (proxy/coll/sched.py) with the same counters: a step is posted when
 its schedule starts, transmitted/received when it completed, done when retired in order.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from transports.base import PeerInfo, Transport
+from shmproxy.transports.base import PeerInfo, Transport
 
 
 class ShmTransport(Transport):

@@ -1,0 +1,1 @@
+"""Collectives: chunk schedules and their execution (run by the progress process)."""

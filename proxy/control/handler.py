@@ -1,0 +1,231 @@
+"""The progress process's side of the control protocol (runs on the service thread).
+
+    INIT        a rank introduces itself: rank, local rank, host identity, affinity. The pid comes
+                from SO_PEERCRED, never from the payload. When every local rank is in, the progress
+                process chooses its cores.
+    SHARED_INIT the pool's name and size, so the rank can map it.
+    SETUP       the rank has mapped the pool. Once every local rank has, the name is unlinked: from
+                then on nothing of ours is visible in /dev/shm, whatever happens to any process.
+    CONNECT     transports for the rank's peers (first in the registry that can connect).
+    REGISTER    a memfd (SCM_RIGHTS) the rank will use as a buffer; the progress process maps it.
+    DEREGISTER  buffers the rank no longer uses; unmapped by the loop once nothing is in flight.
+    GETFD       a registered buffer's fd (for transports that map peers' memory themselves).
+    QUERYFD     whether a buffer is registered and its size.
+    CLOSE       the rank is done; when every local rank is, the loop drains and exits.
+    ABORT       fail the communicator now; STOP stops it as if every rank had closed.
+
+The loop reads the dicts written here (ranks, buffers, conns); each update is a single dict store,
+atomic under the GIL, and a buffer is only ever unmapped by the loop itself.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shmproxy.core import errors, log
+from shmproxy.control.protocol import MsgType, next_state
+from shmproxy.shm import pool as P
+from shmproxy.shm.segment import MemfdBuffer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.engine.progress import ProgressEngine
+
+_log = log.get("SERVICE")
+
+
+def _int(payload: dict, key: str, lo: int, hi: int) -> int:
+    v = payload.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v < hi:
+        raise errors.InvalidArgument(f"field {key!r} must be an int in [{lo}, {hi}), got {v!r}")
+    return v
+
+
+# Messages of a rank joining the communicator: refused with the failure once it failed.
+_JOINING = frozenset({MsgType.INIT, MsgType.SHARED_INIT, MsgType.SETUP, MsgType.CONNECT})
+
+
+class ControlHandler:
+    def __init__(self, engine: "ProgressEngine"):
+        self.engine = engine
+        self.dispatch = {
+            MsgType.INIT: self.on_init, MsgType.SHARED_INIT: self.on_shared_init,
+            MsgType.SETUP: self.on_setup, MsgType.CONNECT: self.on_connect,
+            MsgType.REGISTER: self.on_register, MsgType.DEREGISTER: self.on_deregister,
+            MsgType.GETFD: self.on_getfd, MsgType.QUERYFD: self.on_queryfd,
+            MsgType.CLOSE: self.on_close, MsgType.ABORT: self.on_abort, MsgType.STOP: self.on_stop,
+        }
+
+    # ServiceHandler protocol -------------------------------------------------------------------
+    def handle(self, conn: Any, msg: MsgType, payload: dict, fds: list[int]) -> tuple[dict, list[int]]:
+        try:
+            if msg in _JOINING and self.engine.failure is not None:
+                self._refuse_join(conn, payload)
+            resp, out_fds = self.dispatch[msg](conn, payload, fds)
+        except BaseException:
+            for fd in fds:
+                _close_quietly(fd)
+            raise
+        finally:
+            self._joined()
+        info = conn.data.get("info")
+        if info is not None:
+            e = self.engine
+            e.q[e.layout.rank_q(info.local_rank, P.RANK_CONN_STATE)] = int(next_state(conn.state, msg))
+        return resp, out_fds
+
+    def on_disconnect(self, conn: Any, clean: bool) -> None:
+        info = conn.data.get("info")
+        if info is not None and not clean and not info.closed:
+            _log.info("rank %d dropped its service connection without CLOSE", info.rank)
+        self._joined()
+
+    def on_process_exit(self, conn: Any) -> None:
+        info = conn.data.get("info")
+        if info is not None:
+            self.engine.rank_died(info)
+        self._joined()
+
+    def _refuse_join(self, conn: Any, payload: dict) -> None:
+        """The communicator failed: a rank still joining gets the failure itself (ProgressEngine.
+        wait_until_told keeps the service up for it), which names who died."""
+        e = self.engine
+        info = conn.data.get("info")
+        lr = info.local_rank if info is not None else payload.get("local_rank")
+        if isinstance(lr, int) and 0 <= lr < e.nlocal:
+            e.told.add(lr)
+        assert e.failure is not None
+        raise errors.from_code(e.failure.code, f"the communicator failed while this rank joined: {e.failure}",
+                               rank=getattr(e.failure, "rank", None), pid=getattr(e.failure, "pid", None))
+
+    def _joined(self) -> None:
+        """Wake ProgressEngine.wait_until_told: what it waits for may have changed."""
+        with self.engine.joins:
+            self.engine.joins.notify_all()
+
+    # messages ----------------------------------------------------------------------------------
+    def on_init(self, conn: Any, payload: dict, fds: list[int]):
+        from shmproxy.engine.progress import RankInfo
+        e = self.engine
+        rank = _int(payload, "rank", 0, e.size)
+        local_rank = _int(payload, "local_rank", 0, e.nlocal)
+        host = payload.get("host")
+        affinity = payload.get("affinity") or []
+        if not isinstance(host, str) or not isinstance(affinity, list):
+            raise errors.InvalidArgument("INIT needs 'host' (str) and 'affinity' (list)")
+        if payload.get("size") != e.size or payload.get("local_size") != e.nlocal:
+            raise errors.InvalidUsage(
+                f"rank {rank} thinks the job has {payload.get('size')} ranks, {payload.get('local_size')} "
+                f"on this node; the progress process was started for {e.size} and {e.nlocal}")
+        if local_rank in e.ranks:
+            old = e.ranks[local_rank]
+            raise errors.InvalidUsage(f"local rank {local_rank} is already rank {old.rank} (pid {old.pid})")
+        if rank in e.local_of:
+            raise errors.InvalidUsage(f"rank {rank} already connected as local rank {e.local_of[rank]}")
+        for other in e.ranks.values():
+            if other.host != host:
+                raise errors.InvalidUsage(
+                    f"rank {rank} runs on host {host!r} but rank {other.rank} on {other.host!r}: "
+                    f"ranks of different hosts cannot share a progress process")
+        info = RankInfo(rank, local_rank, conn.pid, host, [int(c) for c in affinity])
+        conn.data["info"] = info
+        e.ranks[local_rank] = info
+        e.local_of[rank] = local_rank
+        e.q[e.layout.rank_q(local_rank, P.RANK_PID)] = conn.pid
+        _log.info("rank %d (local %d, pid %d) connected", rank, local_rank, conn.pid)
+        if len(e.ranks) == e.nlocal:
+            e.decide_affinity()
+        e._write_info()
+        return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal}, []
+
+    def on_shared_init(self, conn: Any, payload: dict, fds: list[int]):
+        e = self.engine
+        return {"pool": e.seg.name, "bytes": e.layout.total_bytes}, []
+
+    def on_setup(self, conn: Any, payload: dict, fds: list[int]):
+        e = self.engine
+        conn.data["info"].mapped = True
+        if len(e.ranks) == e.nlocal and all(r.mapped for r in e.ranks.values()):
+            e.seg.unlink()
+        return {}, []
+
+    def on_connect(self, conn: Any, payload: dict, fds: list[int]):
+        e = self.engine
+        me = conn.data["info"]
+        peers = payload.get("peers")
+        if not isinstance(peers, list):
+            raise errors.InvalidArgument("CONNECT needs 'peers' (list of ranks)")
+        out = {}
+        for p in peers:
+            if not isinstance(p, int) or not 0 <= p < e.size:
+                raise errors.InvalidArgument(f"CONNECT: peer {p!r} out of range [0, {e.size})")
+            if p in e.local_of:
+                for src, dst in ((me.rank, p), (p, me.rank)):
+                    if (src, dst) not in e.conns:
+                        e.connect(src, dst)
+                out[str(p)] = e.conns[(me.rank, p)].name
+            else:
+                out[str(p)] = "pending"  # selected when the peer connects and the first message flows
+        return {"transports": out}, []
+
+    def on_register(self, conn: Any, payload: dict, fds: list[int]):
+        e = self.engine
+        me = conn.data["info"]
+        buf_id = _int(payload, "buf_id", 0, 2**31)
+        size = _int(payload, "bytes", 0, 2**62)
+        if len(fds) != 1:
+            raise errors.InvalidArgument(f"REGISTER needs exactly one fd, got {len(fds)}")
+        if (me.local_rank, buf_id) in e.buffers:
+            raise errors.InvalidUsage(f"buffer {buf_id} of rank {me.rank} is already registered")
+        e.buffers[(me.local_rank, buf_id)] = MemfdBuffer.from_fd(fds[0], size)
+        return {}, []
+
+    def on_deregister(self, conn: Any, payload: dict, fds: list[int]):
+        e = self.engine
+        me = conn.data["info"]
+        ids = payload.get("buf_ids")
+        if not isinstance(ids, list):
+            raise errors.InvalidArgument("DEREGISTER needs 'buf_ids' (list)")
+        for bid in ids:
+            buf = e.buffers.pop((me.local_rank, bid), None)
+            if buf is not None:
+                e.retired.append(buf)
+        return {}, []
+
+    def on_getfd(self, conn: Any, payload: dict, fds: list[int]):
+        e = self.engine
+        key = (_int(payload, "local_rank", 0, e.nlocal), _int(payload, "buf_id", 0, 2**31))
+        buf = e.buffers.get(key)
+        if buf is None:
+            raise errors.InvalidArgument(f"no buffer {key[1]} registered by local rank {key[0]}")
+        return {"bytes": buf.size}, [buf.fd]
+
+    def on_queryfd(self, conn: Any, payload: dict, fds: list[int]):
+        e = self.engine
+        key = (_int(payload, "local_rank", 0, e.nlocal), _int(payload, "buf_id", 0, 2**31))
+        buf = e.buffers.get(key)
+        return {"registered": buf is not None, "bytes": buf.size if buf else 0}, []
+
+    def on_close(self, conn: Any, payload: dict, fds: list[int]):
+        self.engine.rank_closed(conn.data["info"])
+        return {}, []
+
+    def on_abort(self, conn: Any, payload: dict, fds: list[int]):
+        me = conn.data["info"]
+        reason = str(payload.get("reason", ""))[:200]
+        self.engine.fail(errors.Aborted.code, f"rank {me.rank} called Abort()" + (f": {reason}" if reason else ""),
+                         rank=me.rank, pid=me.pid)
+        return {}, []
+
+    def on_stop(self, conn: Any, payload: dict, fds: list[int]):
+        e = self.engine
+        e.stopping = True
+        e.view.set_ctrl(P.CTRL_STOP, 1)
+        e.wake_loop()
+        return {}, []
+
+
+def _close_quietly(fd: int) -> None:
+    import os
+    try:
+        os.close(fd)
+    except OSError as exc:
+        _log.debug("closing fd %d: %s", fd, exc)

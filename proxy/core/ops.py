@@ -1,0 +1,87 @@
+"""What an op record means: kinds, dtype codes, and the progress-side Op built from a record.
+
+The rank packs a record with ``pack`` (shm/pool.py RECORD layout); the progress process unpacks it
+into an ``Op`` while it holds the pool mutex and returns the record to its owner's free list, so an
+Op never points back into shared memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from shmproxy.shm import pool as P
+
+KIND_SEND = 1
+KIND_RECV = 2
+KIND_COLL = 3
+KIND_NAMES = {KIND_SEND: "send", KIND_RECV: "recv", KIND_COLL: "collective"}
+
+# Record flags of collective ops.
+FLAG_IN_PLACE = 1     # the send side is the receive buffer (shmproxy.IN_PLACE)
+FLAG_NO_RECV = 2      # no receive buffer on this rank (Reduce on a non-root rank)
+
+# dtype <-> 1-byte code carried in records. Only numeric types (and bool) travel.
+_DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+           np.float16, np.float32, np.float64, np.complex64, np.complex128]
+DTYPE_CODE: dict[str, int] = {}
+CODE_DTYPE: dict[int, np.dtype] = {}
+for _code, _t in enumerate(_DTYPES, start=1):
+    _dt = np.dtype(_t)
+    DTYPE_CODE[_dt.char] = _code
+    CODE_DTYPE[_code] = _dt
+# 'l'/'L' and 'q'/'Q' may both denote 64-bit integers, 'i'/'l' 32-bit on some ABIs: map by name too.
+for _ch in "bBhHiIlLqQpP":
+    _dt = np.dtype(_ch)
+    if _dt.char not in DTYPE_CODE:
+        DTYPE_CODE[_dt.char] = DTYPE_CODE[np.dtype(_dt.name).char]
+SUPPORTED_DTYPES = ", ".join(np.dtype(t).name for t in _DTYPES)
+
+TAG_MIN, TAG_MAX = -(2**63), 2**63 - 1
+
+
+class _InPlace:
+    """shmproxy.IN_PLACE: the send buffer is the receive buffer (as MPI_IN_PLACE)."""
+
+    _instance = None
+
+    def __new__(cls) -> "_InPlace":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "shmproxy.IN_PLACE"
+
+
+IN_PLACE = _InPlace()
+UNDEFINED = -32766  # Split color for "not in any new communicator" (MPI_UNDEFINED)
+
+
+class Op:
+    """A posted operation as the progress process sees it (a copy of the record)."""
+
+    __slots__ = ("index", "kind", "dtype", "redop", "flags", "owner", "peer", "tag", "opcount",
+                 "req_seq", "req_slot", "buf_id", "offset", "nbytes", "count", "buf2_id",
+                 "offset2", "nbytes2", "coll_seq", "t_post", "coll", "rank", "t_fetch")
+
+    def __init__(self, index: int, fields: tuple, rank: int, t_fetch: int):
+        (_next, self.kind, self.dtype, self.redop, self.flags, self.owner, self.peer, self.tag,
+         self.opcount, self.req_seq, self.req_slot, self.buf_id, self.offset, self.nbytes, self.count,
+         self.buf2_id, _r, self.offset2, self.nbytes2, self.coll_seq, self.t_post, self.coll, _x2) = fields
+        self.index = index
+        self.rank = rank
+        self.t_fetch = t_fetch
+
+    def describe(self) -> str:
+        if self.kind == KIND_COLL:
+            from shmproxy.coll.sched import COLL_NAMES
+            return (f"{COLL_NAMES.get(self.coll, self.coll)} #{self.coll_seq} rank {self.rank} "
+                    f"{self.nbytes} B opCount {self.opcount}")
+        return (f"{KIND_NAMES.get(self.kind, self.kind)} rank {self.rank} peer {self.peer} tag {self.tag} "
+                f"{self.nbytes} B opCount {self.opcount}")
+
+
+def pack(buf, layout: P.Layout, index: int, kind: int, dtype: int, owner: int, peer: int, tag: int,
+         opcount: int, req_seq: int, req_slot: int, buf_id: int, offset: int, nbytes: int, count: int,
+         t_post: int) -> None:
+    P.RECORD.pack_into(buf, layout.record_off(index), -1, kind, dtype, 0, 0, owner, peer, tag, opcount,
+                       req_seq, req_slot, buf_id, offset, nbytes, count, -1, 0, 0, 0, 0, t_post, 0, 0)

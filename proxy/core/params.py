@@ -1,0 +1,346 @@
+"""Every tunable of shmproxy, declared once.
+
+Each parameter has a name, a type, a default, a description and, once read, the place its value came
+from (default, environment, or an explicit override). Values are read from ``SHMPROXY_<NAME>``
+environment variables; nothing else in the code base reads ``os.environ`` for configuration (the
+launcher variables that bootstrap interprets are the one documented exception: they are not ours).
+
+A malformed value is an error (:class:`shmproxy.core.errors.InvalidArgument`), never a silent default.
+An unknown ``SHMPROXY_*`` variable is reported as an error too: a typo would otherwise be a silent
+no-op. ``python -m shmproxy.core.params`` (or ``shmproxy-params``) prints the table.
+
+The progress process receives the resolved values from the rank that starts it (``to_env``), so both
+sides of a communicator always agree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+from typing import Any, Callable, Mapping
+
+from shmproxy.core.errors import InvalidArgument
+
+PREFIX = "SHMPROXY_"
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 0/1/true/false, got {text!r}")
+
+
+def parse_size(text: str) -> int:
+    """Bytes with an optional K/M/G suffix (binary units): '512K', '4M', '1G'."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    value = int(t) * mult
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _parse_size_or_auto(text: str) -> int:
+    """A size as parse_size, or 'auto' / '-1' for -1 (the value is then derived at run time)."""
+    return -1 if text.strip().lower() in ("auto", "-1") else parse_size(text)
+
+
+def _parse_signal(text: str) -> int:
+    """A signal by name ('SIGUSR1', 'USR1') or number; '' / 'none' / '0' disables."""
+    t = text.strip().upper()
+    if t in ("", "0", "NONE", "OFF"):
+        return 0
+    if t.isdigit():
+        return int(signal.Signals(int(t)))
+    name = t if t.startswith("SIG") else "SIG" + t
+    return int(signal.Signals[name])
+
+
+def _parse_level(text: str) -> str:
+    t = text.strip().upper()
+    if t not in ("NONE", "WARN", "INFO", "TRACE"):
+        raise ValueError("expected one of NONE, WARN, INFO, TRACE")
+    return t
+
+
+SUBSYSTEMS = ("INIT", "PROXY", "SHM", "NET", "SERVICE", "BOOTSTRAP", "COLL", "ALL")
+
+
+def _parse_subsys(text: str) -> str:
+    parts = [p.strip().upper() for p in text.split(",") if p.strip()]
+    bad = [p.lstrip("^") for p in parts if p.lstrip("^") not in SUBSYSTEMS]
+    if bad:
+        raise ValueError(f"unknown subsystem(s) {bad}; known: {', '.join(SUBSYSTEMS)}")
+    return ",".join(parts)
+
+
+def _parse_cpus(text: str) -> str:
+    """'' (automatic), 'none' (do not pin), or a CPU list like '4-7,12'."""
+    t = text.strip().lower()
+    if t in ("", "auto", "none"):
+        return t
+    parse_cpu_list(t)
+    return t
+
+
+def _parse_names(text: str) -> str:
+    """A comma-separated list of names ('' = all), normalised to lower case without blanks; which
+    names exist is checked where they are used (the transport registry)."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not n.replace("_", "").isalnum()]
+    if bad:
+        raise ValueError(f"bad name(s) {', '.join(map(repr, bad))}")
+    return ",".join(names)
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            a, b = int(lo), int(hi)
+            if a > b or a < 0:
+                raise ValueError(f"bad CPU range {part!r}")
+            cpus.update(range(a, b + 1))
+        else:
+            c = int(part)
+            if c < 0:
+                raise ValueError(f"bad CPU {part!r}")
+            cpus.add(c)
+    if not cpus:
+        raise ValueError("empty CPU list")
+    return sorted(cpus)
+
+
+@dataclasses.dataclass
+class Param:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    description: str
+    minimum: float | None = None
+    maximum: float | None = None
+    value: Any = None
+    origin: str = "default"
+
+    def env_name(self) -> str:
+        return PREFIX + self.name
+
+
+def _p(name: str, parse: Callable[[str], Any], default: Any, description: str,
+       minimum: float | None = None, maximum: float | None = None) -> Param:
+    return Param(name, parse, default, description, minimum, maximum)
+
+
+_DECLARED: tuple[Param, ...] = (
+    # --- progress engine (DESIGN.md section 5) ---
+    _p("PROGRESS_APPENDOP_FREQ", int, 8,
+       "With ops in flight, fetch newly posted ops every this many progress passes.", 1),
+    _p("APPEND_BATCH_SIZE", int, 16, "At most this many opCount groups are taken per fetch.", 1, 1024),
+    _p("STEPS", int, 8, "Buffer slots per connection: a sub may have this many chunks in flight.", 1),
+    _p("CHUNK_SIZE", parse_size, 512 << 10, "Bytes moved per step by the shm transport.", 4096),
+    _p("COLL_CHUNK_SIZE", _parse_size_or_auto, -1,
+       "Largest chunk of a collective (per rank's buffer). -1 = automatic: CHUNK_SIZE, or 4 MiB where the "
+       "progress loop runs copy jobs itself (LOOP_COPIES), so that a collective is cut in one chunk per "
+       "CPU there.", -1),
+    _p("COLL_MIN_CHUNK", parse_size, 64 << 10,
+       "A collective's chunks shrink below COLL_CHUNK_SIZE to give every copy worker one, but not below "
+       "this.", 4096),
+    _p("MAX_OPS_PER_RANK", int, 1024, "Op records (and request slots) each local rank owns in the pool.", 16),
+    _p("MAX_SUBS", int, 4096, "Sub slots in the pool's progress table (visible to the dump tool).", 64),
+    _p("PARALLEL_THRESHOLD", parse_size, 1 << 20,
+       "Messages at least this large are split into one sub per copy worker.", 0),
+    _p("EAGER_BYTES", parse_size, 512 << 10,
+       "Messages up to this size are copied by the progress loop itself as soon as they match, without "
+       "an args or a copy worker (handing a copy to a worker thread costs ~100 us of wake-ups).", 0),
+    _p("COLL_INLINE_BYTES", parse_size, 64 << 10,
+       "Collectives of at most this many bytes per rank run in the progress loop itself, not on workers.", 0),
+    _p("COPY_STREAMING", _parse_bool, True,
+       "Collectives that write more than STREAMING_MIN_BYTES use non-temporal stores (no read for "
+       "ownership, less memory traffic once their outputs outgrow the cache); 0 = never."),
+    _p("STREAMING_MIN_BYTES", _parse_size_or_auto, -1,
+       "A collective streams (COPY_STREAMING) when every local rank's output together exceeds this many "
+       "bytes. -1 = automatic: 0 (always) where the progress process has cores of its own; where it "
+       "shares the ranks' (LOOP_COPIES) half the last-level cache, at most 16 MiB.", -1),
+    _p("COPY_THREADS", int, 0,
+       "Copy worker threads in the progress process; 0 = one per core it is pinned to.", 0),
+    _p("LOOP_COPIES", int, -1,
+       "While copy jobs are queued and it has nothing else to do, the progress loop runs them itself "
+       "instead of waiting for a worker. -1 = automatic: on when the ranks and the progress process "
+       "share cores (no spare core: the loop's CPU is one the workers need), else 0 (off).", -1, 1),
+    _p("LOOP_POLL_US", float, -1.0,
+       "When the progress loop has run out of queued copy jobs and waits for workers to finish theirs, "
+       "it polls this long before it sleeps (waking a sleeping thread from another vCPU took ~20 us on "
+       "the 2-vCPU VM). -1 = automatic: 100 where the loop runs copy jobs itself (LOOP_COPIES), else 0.",
+       -1),
+    _p("PROXY_SPIN_US", float, 500.0,
+       "An idle progress process polls this long before it sleeps on the pool condvar.", 0),
+    _p("KEEP_AWAKE_US", float, -1.0,
+       "While the job is busy and for this long after, idle-priority threads of the progress process keep "
+       "its CPUs from going idle (a halted vCPU wakes late when other guests load the host); they yield "
+       "to any other thread at once, and wake the copy workers and ranks that sleep on their CPUs (no "
+       "cross-CPU interrupt). -1 = automatic: 2000 when the ranks and the progress process share "
+       "cores (no spare core), else 0 (off).", -1, 1e6),
+    _p("PROXY_SLEEP_MS", float, 250.0,
+       "Bound of one condvar sleep of the idle progress process (it rechecks abort and its ranks).", 1),
+    _p("HEARTBEAT_MS", float, 100.0, "The progress process refreshes its heartbeat this often.", 1),
+    _p("FAIL_LINGER_S", float, 5.0,
+       "After the communicator failed, the progress process keeps its service up at most this long, until "
+       "every local rank has mapped the pool (where the failure is recorded), died, closed, or had its "
+       "join refused with the failure, so that a rank still joining learns who failed.", 0),
+    _p("PROXY_CPUS", _parse_cpus, "",
+       "Cores for the progress process: '' = automatic (cores the ranks do not use), 'none' = do not"
+       " pin, or a CPU list such as '4-7'."),
+    _p("PROXY_NCORES", int, 0,
+       "How many cores the automatic policy gives the progress process; 0 = all spare cores, at most 16.", 0),
+    _p("TRANSPORTS", _parse_names, "",
+       "Transports the progress process may use, by name, in registry order ('' = every registered one); "
+       "a connection no allowed transport can carry is an error naming both ranks. The conformance "
+       "tests run each transport alone with it."),
+    # --- rank side ---
+    _p("LOCK_SPIN_US", float, 5.0,
+       "A process that finds the ops pool mutex held retries this long before it sleeps in the kernel "
+       "(the holder only splices or takes a few records; a rank posting to an awake progress process "
+       "does not lock at all; 0 = sleep at once).", 0, 100.0),
+    _p("WAIT_SPIN_US", float, 500.0,
+       "A rank in Wait() polls its completion this long before it sleeps on its futex.", 0),
+    _p("WAIT_SPIN_MAX_BYTES", parse_size, 0,
+       "Wait() spins only for requests up to this size; larger ones (done by copy workers) sleep at "
+       "once, leaving the cores to the workers. 0 = automatic: when the node has fewer cores than "
+       "local ranks + 2 (the ranks and the progress process share cores), EAGER_BYTES for messages and "
+       "COLL_INLINE_BYTES for collectives (what the progress loop completes itself), else no limit.", 0),
+    _p("WAIT_SLICE_MS", float, 200.0,
+       "Bound of one sleep in Wait(); between sleeps the rank checks abort and the progress process.", 1),
+    _p("STAGING_CACHE", parse_size, 256 << 20,
+       "Bytes of staging buffers (for arrays not from comm.alloc) a rank keeps registered.", 0),
+    _p("TIMEOUT", float, 600.0,
+       "Seconds any rendezvous, init step or operation may take before Timeout is raised.", 0.001),
+    # --- shared memory ---
+    _p("SHM_DIR", str, "/dev/shm", "Where POSIX shared memory lives (checked for free space at init)."),
+    _p("RUN_DIR", str, "",
+       "Directory for service sockets and dumps; '' = $XDG_RUNTIME_DIR or /tmp, under shmproxy-<uid>."),
+    _p("JOB_ID", str, "", "Identity of the job shared by its ranks; '' = derived from the launcher."),
+    # --- observability ---
+    _p("DEBUG", _parse_level, "NONE", "Log level: NONE, WARN, INFO or TRACE."),
+    _p("DEBUG_SUBSYS", _parse_subsys, "ALL",
+       "Subsystems to log: INIT,PROXY,SHM,NET,SERVICE,BOOTSTRAP,COLL or ALL; ^NAME excludes."),
+    _p("DEBUG_FILE", str, "", "Log file instead of stderr; %h = host, %p = pid."),
+    _p("DUMP_SIGNAL", _parse_signal, 0,
+       "Signal that makes the progress process dump its state (e.g. SIGUSR1); 0 = off."),
+    _p("PROFILE", _parse_bool, False, "Record progress events (idle/active, sleep/wake, per-op times)."),
+    _p("PROFILE_FILE", str, "", "Write the recorded events as a Chrome trace here at exit (%p = pid)."),
+)
+
+
+class Params:
+    """The resolved parameter set. ``params.NAME`` gives the value."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None):
+        env = os.environ if env is None else env
+        self._params: dict[str, Param] = {p.name: dataclasses.replace(p) for p in _DECLARED}
+        unknown = sorted(k for k in env if k.startswith(PREFIX) and k[len(PREFIX):] not in self._params)
+        if unknown:
+            raise InvalidArgument(
+                f"unknown shmproxy parameter(s) in the environment: {', '.join(unknown)}; "
+                f"`python -m shmproxy.core.params` lists them all")
+        for p in self._params.values():
+            p.value = p.default
+            raw = env.get(p.env_name())
+            if raw is not None:
+                p.value = self._convert(p, raw, "environment")
+                p.origin = "environment"
+        for name, value in (overrides or {}).items():
+            key = name.upper()
+            if key not in self._params:
+                raise InvalidArgument(f"unknown shmproxy parameter {name!r}")
+            p = self._params[key]
+            p.value = self._convert(p, value if isinstance(value, str) else str(value), "override")
+            p.origin = "override"
+
+    @staticmethod
+    def _convert(p: Param, raw: str, origin: str) -> Any:
+        try:
+            value = p.parse(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidArgument(f"{p.env_name()}={raw!r} ({origin}) is invalid: {exc}") from exc
+        if p.minimum is not None and value < p.minimum:
+            raise InvalidArgument(f"{p.env_name()}={raw!r} ({origin}) is below the minimum {p.minimum}")
+        if p.maximum is not None and value > p.maximum:
+            raise InvalidArgument(f"{p.env_name()}={raw!r} ({origin}) is above the maximum {p.maximum}")
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_params"][name].value
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def eager_limit(self) -> int:
+        """The largest message the progress loop copies itself at match time: EAGER_BYTES, but never
+        more than one chunk. The loop (proxy/engine/progress.py) and Wait's spin limit (proxy/rank/comm.py) must
+        agree on it, so it is derived here once."""
+        return min(self.EAGER_BYTES, self.CHUNK_SIZE)
+
+    def items(self) -> list[Param]:
+        return list(self._params.values())
+
+    def to_env(self) -> dict[str, str]:
+        """Every value not at its default, as environment variables, for a child that must agree."""
+        out = {}
+        for p in self._params.values():
+            if p.origin == "default":
+                continue
+            v = p.value
+            out[p.env_name()] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        return out
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {p.name: {"value": p.value, "default": p.default, "origin": p.origin}
+                for p in self._params.values()}
+
+    def dump(self) -> str:
+        width = max(len(p.env_name()) for p in self._params.values())
+        lines = []
+        for p in self._params.values():
+            lines.append(f"{p.env_name():<{width}}  {p.value!s:<12} [{p.origin}]  {p.description}")
+        return "\n".join(lines)
+
+
+_current: Params | None = None
+
+
+def get(overrides: Mapping[str, Any] | None = None) -> Params:
+    """The process-wide parameters, read from the environment once; overrides make a fresh set."""
+    global _current
+    if overrides:
+        return Params(overrides=overrides)
+    if _current is None:
+        _current = Params()
+    return _current
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    params = Params()
+    if "--json" in args:
+        print(json.dumps(params.as_dict(), indent=2, default=str))
+    else:
+        print(params.dump())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

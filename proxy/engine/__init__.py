@@ -1,0 +1,1 @@
+"""The progress process: its loop, args and subs, copy engine, profiler and CPU affinity."""

@@ -1,0 +1,128 @@
+"""Libraries: what each one offers the operations (buffers and point-to-point calls). ``ShmproxyLib``,
+``MpiLib`` (mpi4py's COMM_WORLD) and ``GlooLib`` (torch.distributed's gloo) bind the calls that the
+timed loops make; ``peers.py`` opens the peers.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import numpy as np
+
+PEERS = ("mpi4py", "gloo")
+
+
+class Library:
+    """One library under test. Subclasses bind send/recv/isend/irecv (positional arguments: buffer,
+    peer, tag), waitall and group to the library's own calls, so that the timed loop calls the library
+    directly, with no layer of ours in between."""
+
+    name = ""
+    version = ""
+    send: Callable[[Any, int, int], Any]
+    recv: Callable[[Any, int, int], Any]
+    isend: Callable[[Any, int, int], Any]
+    irecv: Callable[[Any, int, int], Any]
+    waitall: Callable[[list[Any]], Any]
+    group: Callable[[], contextlib.AbstractContextManager[Any]]
+    """Posts inside are batched (shmproxy's comm.group); a no-op context for the peers."""
+
+    def __init__(self) -> None:
+        self.waitall = self._wait_each
+        self.group = contextlib.nullcontext
+
+    def array(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    def wrap(self, a: np.ndarray) -> Any:
+        """What this library's calls take for the numpy array ``a`` (sharing its memory)."""
+        return a
+
+    def redop(self, name: str) -> Any:
+        """This library's reduction op for ``name`` (one of REDOPS); None if it has none."""
+        return None
+
+    @staticmethod
+    def wait(req: Any) -> None:
+        req.Wait()
+
+    def _wait_each(self, reqs: list[Any]) -> None:
+        for r in reqs:
+            self.wait(r)
+
+    def close(self) -> None:
+        pass
+
+
+class ShmproxyLib(Library):
+    name = "shmproxy"
+
+    def __init__(self, comm: Any, zero_copy: bool):
+        import shmproxy
+        super().__init__()
+        self.comm, self.zero_copy = comm, zero_copy
+        self.version = shmproxy.__version__
+        self.send, self.recv, self.isend, self.irecv = comm.Send, comm.Recv, comm.Isend, comm.Irecv
+        self.waitall, self.group = shmproxy.Request.Waitall, comm.group
+
+    def redop(self, name: str) -> Any:
+        import shmproxy
+        return getattr(shmproxy, name.upper())
+
+    def array(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+        return self.comm.alloc(shape, dtype) if self.zero_copy else np.zeros(shape, dtype)
+
+
+class MpiLib(Library):
+    name = "mpi4py"
+
+    def __init__(self, MPI: Any):
+        import mpi4py
+        super().__init__()
+        world = MPI.COMM_WORLD
+        self.world = world
+        lib = MPI.Get_library_version().replace("\x00", "").strip().splitlines()   # Open MPI ends in NUL
+        self.version = f"{mpi4py.__version__} ({' '.join(lib[0].split()) if lib else 'unknown MPI'})"
+        self.send, self.recv, self.isend, self.irecv = world.Send, world.Recv, world.Isend, world.Irecv
+        self.waitall = MPI.Request.Waitall
+        self.MPI = MPI
+
+    def redop(self, name: str) -> Any:
+        MPI = self.MPI
+        return {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}.get(name)  # no AVG
+
+
+class GlooLib(Library):
+    name = "gloo"
+
+    def __init__(self, torch: Any, dist: Any):
+        super().__init__()
+        self.torch, self.dist = torch, dist
+        self.version = torch.__version__
+        self.send = lambda t, peer, tag: dist.send(t, peer, tag=tag)
+        self.recv = lambda t, peer, tag: dist.recv(t, peer, tag=tag)
+        self.isend = lambda t, peer, tag: dist.isend(t, peer, tag=tag)
+        self.irecv = lambda t, peer, tag: dist.irecv(t, peer, tag=tag)
+
+    def wrap(self, a: np.ndarray) -> Any:
+        return self.torch.from_numpy(a)
+
+    def redop(self, name: str) -> Any:
+        R = self.dist.ReduceOp
+        return {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX,
+                "avg": getattr(R, "AVG", None)}.get(name)
+
+    def fn(self, *names: str) -> Any:
+        """The first of ``names`` that this torch.distributed has (newer names first), or None."""
+        for name in names:
+            f = getattr(self.dist, name, None)
+            if f is not None:
+                return f
+        return None
+
+    @staticmethod
+    def wait(req: Any) -> None:
+        req.wait()
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
