@@ -1,10 +1,11 @@
-"""Transports, in the order they are tried: the first whose ``can_connect`` says yes carries a
-connection. shm (host memory on one node) is the only one so far; p2p (CUDA IPC), net_socket and
-net_ib register here in front of or after it as they land."""
+"""Transports, in the order they are tried: the first that moves the memory kind and whose
+``can_connect`` says yes carries a connection (the contract: shmproxy.transports.base). shm (host
+memory on one node) is the only one so far; the CUDA, TCP and RDMA transports register here as they
+land, and join the conformance suite (tests/test_conformance.py) by being registered."""
 from __future__ import annotations
 
 from shmproxy.core.errors import InvalidArgument, InvalidUsage
-from shmproxy.transports.base import PeerInfo, Transport, check_transport
+from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext, check_transport
 from shmproxy.transports.shm import ShmTransport
 
 REGISTRY: tuple[Transport, ...] = tuple(check_transport(t) for t in (ShmTransport(),))
@@ -24,14 +25,17 @@ def allowed(names: str, registry: tuple[Transport, ...] = REGISTRY) -> tuple[Tra
     return tuple(t for t in registry if t.name in wanted)
 
 
-def select(me: PeerInfo, peer: PeerInfo, registry: tuple[Transport, ...] = REGISTRY) -> Transport:
-    """The first transport that can connect the two ranks; raises naming both when none can."""
+def select(me: PeerInfo, peer: PeerInfo, kind: MemKind = MemKind.HOST,
+           registry: tuple[Transport, ...] = REGISTRY) -> Transport:
+    """The first transport that can carry ``kind`` memory between the two ranks; raises naming both
+    (and the memory kind) when none can."""
     for t in registry:
-        if t.can_connect(me, peer):
+        if kind in t.kinds and t.can_connect(me, peer, kind):
             return t
     raise InvalidUsage(
         f"no transport can connect rank {me.rank} (host {me.host}, pid {me.pid}) with rank {peer.rank} "
-        f"(host {peer.host}, pid {peer.pid}); tried: {', '.join(t.name for t in registry)}")
+        f"(host {peer.host}, pid {peer.pid}) for {kind.name.lower()} memory; tried: "
+        f"{', '.join(t.name for t in registry) or 'none (SHMPROXY_TRANSPORTS)'}")
 
 
-__all__ = ["REGISTRY", "allowed", "select", "PeerInfo", "Transport"]
+__all__ = ["REGISTRY", "allowed", "select", "Connector", "MemKind", "PeerInfo", "Transport", "TransportContext"]

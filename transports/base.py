@@ -1,31 +1,63 @@
-"""The transport interface: what moves bytes for one connection inside the progress process.
+"""The transport contract: what moves the bytes of one connection, and what it may ask of the engine.
 
-One module per transport fills this interface; ``transports.REGISTRY`` orders them and
-``transports.select`` takes the first whose ``can_connect`` says yes (NCCL's transport.cc). Every
-method runs in the progress process; names say which side of a connection they serve:
+The progress engine fetches ops, matches a send with a receive, and hands the matched pair to the
+*connector* of that (sender, receiver, memory kind): the engine never moves a byte of a message
+itself, and a transport never reaches into the engine. They meet in two small types defined here:
 
-- ``can_connect(me, peer)``: may this transport carry bytes between the two ranks' memories?
-- ``send_setup`` / ``recv_setup``: prepare the sending / receiving end when a rank connects.
-- ``proxy_progress(engine, args)``: advance every sub of one args; returns True when all subs of the
-  args are done. The progress loop calls it once per pass for each active args; it must never block.
-- ``proxy_progress_coll(engine, args)``: the same for a collective, whose subs run chunk schedules
-  (proxy/coll/sched.py) instead of plain copies. Optional: the base raises NotImplementedError.
-- ``proxy_free(engine)``: release what the transport holds when the progress process exits.
+- ``Connector``: one direction of one connection (``send`` rank -> ``recv`` rank, memory ``kind``),
+  made once when the pair first talks and cached by the engine. It carries each side's private state
+  (``send_state`` / ``recv_state``, whatever its transport's setup put there) and the connect-info
+  blobs the two sides exchanged. Within a node both sides are set up in one progress process and
+  the blobs are handed over directly; across nodes they travel between progress processes, which is
+  why they are bytes and not objects.
+- ``TransportContext``: the narrow view of the engine a transport gets (policy values, the copy
+  engine, the registered buffers, the args pool, the hooks that settle finished work). The engine's
+  implementation is shmproxy.engine.context.EngineContext.
 
-A sub moves ``nbytes`` in ``nsteps`` chunks of at most ``CHUNK_SIZE`` through ``STEPS`` slots with the
-counters of DESIGN.md section 5: posted (chunks handed to the copy engine), transmitted (copied out
-of the source), received (landed in the destination), done (retired); ``posted < done + STEPS``.
-A contract check (``check_transport``) runs when a transport is registered, so that a broken
-transport fails at import instead of on first use.
+A transport (``Transport``) fills these methods; names say which side and which process runs them:
+
+=======================================  ======================================================
+``can_connect(me, peer, kind)``          may it carry ``kind`` memory between the two ranks?
+``send_setup(ctx, conn) -> bytes``       prepare the sending side; returns its connect-info
+``recv_setup(ctx, conn) -> bytes``       prepare the receiving side; returns its connect-info
+``send_connect(ctx, conn, recv_info)``   the sending side reads the receiver's connect-info
+``recv_connect(ctx, conn, send_info)``   the receiving side reads the sender's connect-info
+``proxy_start(ctx, conn, transfer)``     start a matched message: resolve both buffers, apply
+                                         the eager/chunking policy; True when it finished now
+``proxy_progress(ctx, args)``            advance an args' subs without blocking; True when done
+``proxy_free(ctx)``                      release everything at progress-process exit
+=======================================  ======================================================
+
+Optional hooks are ``None`` on the base class, never silent no-ops: ``proxy_progress_coll(ctx, args)``
+(run a collective's chunk schedules between the ranks the transport connects), and
+``proxy_register(ctx, buf)`` / ``proxy_deregister(ctx, buf)`` (a buffer registered by a rank, for
+transports that map or pin memory ahead of use).
+
+A sub moves ``nbytes`` in ``nsteps`` chunks of at most ``chunk`` bytes through ``ctx.steps`` slots,
+with the counters posted (handed to the copy engine or the wire), transmitted (left the source),
+received (landed in the destination) and done (retired), and ``posted < done + steps``.
+
+``transports.REGISTRY`` orders the transports; ``transports.select`` takes the first that can
+connect a pair for a memory kind and raises naming both ranks when none can. ``check_transport``
+runs at registration, so that a transport missing part of the contract fails at import.
 """
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shmproxy.engine.args import Args
+    from shmproxy.engine.args import Args, Sub, Transfer
+    from shmproxy.shm.segment import MemfdBuffer
+
+
+class MemKind(enum.IntEnum):
+    """Where a buffer's bytes live; carried with every buffer so that a connection is chosen per kind."""
+
+    HOST = 0   # host memory the progress process has mapped (a rank's memfd, passed at registration)
+    CUDA = 1   # device memory of a GPU
 
 
 @dataclass(frozen=True)
@@ -39,45 +71,131 @@ class PeerInfo:
     node: int = 0
 
 
+# Connector states, in order.
+CONN_NEW, CONN_SETUP, CONN_CONNECTED, CONN_CLOSED = range(4)
+CONN_STATE_NAMES = {CONN_NEW: "new", CONN_SETUP: "setup", CONN_CONNECTED: "connected", CONN_CLOSED: "closed"}
+
+
+class Connector:
+    """One direction of one connection: ``send`` -> ``recv`` for memory of ``kind``, over ``transport``."""
+
+    __slots__ = ("transport", "send", "recv", "kind", "state", "send_state", "recv_state",
+                 "send_info", "recv_info", "nmsgs", "nbytes")
+
+    def __init__(self, transport: "Transport", send: PeerInfo, recv: PeerInfo, kind: MemKind):
+        self.transport, self.send, self.recv, self.kind = transport, send, recv, kind
+        self.state = CONN_NEW
+        self.send_state: Any = None   # the sending side's private state (its transport's to set)
+        self.recv_state: Any = None
+        self.send_info = self.recv_info = b""
+        self.nmsgs = self.nbytes = 0  # started messages and their bytes, for the dump
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.send.rank, self.recv.rank)
+
+    def describe(self) -> dict:
+        return {"transport": self.transport.name, "kind": self.kind.name.lower(),
+                "state": CONN_STATE_NAMES[self.state], "messages": self.nmsgs, "bytes": self.nbytes}
+
+
+class TransportContext(Protocol):
+    """The engine as a transport sees it. Nothing else of the engine is a transport's business."""
+
+    steps: int               # STEPS: chunks a sub may have in flight
+    chunk: int               # CHUNK_SIZE: bytes per step of a message
+    eager: int               # messages up to this size are copied at match time
+    parallel_threshold: int  # messages from this size are split over the copy workers
+    buffers: dict[tuple[int, int], "MemfdBuffer"]   # (local rank, buffer id) -> mapped host buffer
+
+    @property
+    def nworkers(self) -> int:
+        """Copy workers of the progress process (0: the loop copies inline)."""
+
+    def copy(self, sub: "Sub", dst: int, src: int, nbytes: int) -> bool:
+        """Copy one chunk of ``sub``, inline or on a worker; True when it is done already."""
+
+    def memcopy(self, dst: int, src: int, nbytes: int) -> None:
+        """Copy now, in this thread (the GIL released)."""
+
+    def args_for(self, conn: Connector, opcount: int) -> "Args":
+        """The args that collects this connection's subs of one opCount (created and made active on
+        first use within a fetch)."""
+
+    def add_sub(self, args: "Args", work: Any, src: int, dst: int, nbytes: int, chunk: int) -> "Sub":
+        """A new sub of ``args`` for ``work`` (a Transfer or a collective), mirrored in the sub table."""
+
+    def settle(self, sub: "Sub", before: tuple[int, int]) -> bool:
+        """After a sub was advanced: note progress, publish its counters, retire it when done;
+        True when it is done."""
+
+    start_entry: Callable[..., bool]     # collectives: start one schedule entry (True: done inline)
+    start_schedule: Callable[..., bool]  # collectives: hand a whole chunk schedule to one worker
+
+
 class Transport(ABC):
-    name: str = "?"
+    name: ClassVar[str] = "?"
+    kinds: ClassVar[frozenset[MemKind]] = frozenset({MemKind.HOST})   # memory kinds it can move
 
     @abstractmethod
-    def can_connect(self, me: PeerInfo, peer: PeerInfo) -> bool:
-        """True when this transport can carry messages between ``me`` and ``peer``."""
-
-    def send_setup(self, engine: Any, me: PeerInfo, peer: PeerInfo) -> None:
-        """Prepare ``me`` as the sending end towards ``peer``. Default: nothing to prepare."""
-        return None
-
-    def recv_setup(self, engine: Any, me: PeerInfo, peer: PeerInfo) -> None:
-        """Prepare ``me`` as the receiving end from ``peer``. Default: nothing to prepare."""
-        return None
+    def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
+        """True when this transport can carry ``kind`` memory between ``me`` and ``peer``."""
 
     @abstractmethod
-    def proxy_progress(self, engine: Any, args: "Args") -> bool:
+    def send_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
+        """Prepare the sending side of ``conn`` (its ``send_state``); returns its connect-info."""
+
+    @abstractmethod
+    def recv_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
+        """Prepare the receiving side of ``conn`` (its ``recv_state``); returns its connect-info."""
+
+    @abstractmethod
+    def send_connect(self, ctx: TransportContext, conn: Connector, recv_info: bytes) -> None:
+        """The sending side reads the receiver's connect-info; ``conn`` can then carry messages."""
+
+    @abstractmethod
+    def recv_connect(self, ctx: TransportContext, conn: Connector, send_info: bytes) -> None:
+        """The receiving side reads the sender's connect-info."""
+
+    @abstractmethod
+    def proxy_start(self, ctx: TransportContext, conn: Connector, transfer: "Transfer") -> bool:
+        """Start moving a matched message; True when every byte has landed already (the engine then
+        completes both requests). Raises InvalidArgument, before moving anything, when a buffer is
+        not what the op says (unknown, or too small)."""
+
+    @abstractmethod
+    def proxy_progress(self, ctx: TransportContext, args: "Args") -> bool:
         """Advance the subs of ``args`` without blocking; True once every sub is done."""
 
-    def proxy_progress_coll(self, engine: Any, args: "Args") -> bool:
-        """Advance the chunk schedules of a collective args; True when done. Transports that cannot
-        run collectives between the ranks they connect leave this unimplemented."""
-        raise NotImplementedError(f"transport {self.name} does not run collective schedules")
+    @abstractmethod
+    def proxy_free(self, ctx: TransportContext) -> None:
+        """Release what the transport holds, at progress-process exit."""
 
-    def proxy_free(self, engine: Any) -> None:
-        """Release transport resources at progress-process exit. Default: none held."""
-        return None
+    # Optional hooks: None where a transport has no such thing to do.
+    proxy_progress_coll: Callable[[TransportContext, "Args"], bool] | None = None
+    proxy_register: Callable[[TransportContext, "MemfdBuffer"], None] | None = None
+    proxy_deregister: Callable[[TransportContext, "MemfdBuffer"], None] | None = None
 
 
-_REQUIRED = ("can_connect", "proxy_progress")
+_REQUIRED = ("can_connect", "send_setup", "recv_setup", "send_connect", "recv_connect", "proxy_start",
+             "proxy_progress", "proxy_free")
+_OPTIONAL = ("proxy_progress_coll", "proxy_register", "proxy_deregister")
 
 
 def check_transport(t: Transport) -> Transport:
     """The contract check run at registration: a broken plug-in fails at import."""
     if not isinstance(t, Transport):
-        raise TypeError(f"{t!r} is not a transports.base.Transport")
+        raise TypeError(f"{t!r} is not a shmproxy.transports.base.Transport")
     if not t.name or t.name == "?":
         raise TypeError(f"transport {type(t).__name__} has no name")
-    for meth in _REQUIRED:
-        if getattr(type(t), meth, None) is getattr(Transport, meth):
-            raise TypeError(f"transport {t.name} does not implement {meth}")
+    missing = [m for m in _REQUIRED if getattr(type(t), m, None) is getattr(Transport, m)
+               or getattr(getattr(type(t), m, None), "__isabstractmethod__", False)]
+    if missing:
+        raise TypeError(f"transport {t.name} does not implement {', '.join(missing)}")
+    for m in _OPTIONAL:
+        hook = getattr(t, m)
+        if hook is not None and not callable(hook):
+            raise TypeError(f"transport {t.name}: {m} must be a method or None")
+    if not t.kinds or not all(isinstance(k, MemKind) for k in t.kinds):
+        raise TypeError(f"transport {t.name}: kinds must name at least one MemKind")
     return t

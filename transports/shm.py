@@ -1,32 +1,76 @@
 """shm transport: host memory of two ranks on the same node.
 
 The progress process has mapped every local rank's registered buffers (memfds passed over the
-service socket), so a message is one copy, source buffer to destination buffer, chunk by chunk:
-no intermediate FIFO, no second copy. Steps follow DESIGN.md section 5: a step is posted when its
-chunk is handed to the copy engine (inline for small chunks, a worker thread for large ones),
-transmitted when the copy finished, received at the same moment (the bytes are in the receiver's
-buffer), done when retired; at most STEPS steps of a sub are in flight (posted < done + STEPS).
+service socket), so a message is one copy, source buffer to destination buffer, chunk by chunk: no
+intermediate FIFO, no second copy. Both sides of a connection live in this one process, so setup
+has nothing to exchange: the connect-info blobs are empty and the connector holds no state.
+
+Policy (``proxy_start``): a message of at most ``ctx.eager`` bytes is copied at once, in the loop (an
+args would be created, progressed and retired in this same pass; skipping it halves the Python work
+of a small message). A larger one becomes subs of the connection's args for its opCount, split
+over the copy workers from ``ctx.parallel_threshold`` bytes on (whole chunks per worker).
+
+Steps: a step is posted when its chunk is handed to the copy engine (inline for small chunks, a
+worker for large ones), transmitted when the copy finished, received at the same moment (the bytes
+are in the receiver's buffer), done when retired; at most ``ctx.steps`` steps of a sub are in
+flight (posted < done + steps).
 
 Collectives within the node are the shm transport's too: every rank's buffers are mapped here, so a
-collective's sub runs chunk schedules (proxy/coll/sched.py) with the same counters: a step is posted when
-its schedule starts, transmitted/received when it completed, done when retired in order.
+collective's sub runs chunk schedules (shmproxy.coll.sched) with the same counters: a step is posted
+when its schedule starts, transmitted/received when it completed, done when retired in order.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from shmproxy.transports.base import PeerInfo, Transport
+from shmproxy.core.errors import InvalidArgument
+from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext
 
 
 class ShmTransport(Transport):
     name = "shm"
+    kinds = frozenset({MemKind.HOST})
 
-    def can_connect(self, me: PeerInfo, peer: PeerInfo) -> bool:
-        return me.host == peer.host
+    def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
+        return kind == MemKind.HOST and me.host == peer.host
 
-    def proxy_progress(self, engine: Any, args: Any) -> bool:
-        steps = engine.steps
-        copy = engine.copy.copy
+    def send_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
+        return b""   # the receiver's buffers are mapped in this process already
+
+    def recv_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
+        return b""
+
+    def send_connect(self, ctx: TransportContext, conn: Connector, recv_info: bytes) -> None:
+        return None
+
+    def recv_connect(self, ctx: TransportContext, conn: Connector, send_info: bytes) -> None:
+        return None
+
+    def proxy_start(self, ctx: TransportContext, conn: Connector, transfer: Any) -> bool:
+        n = transfer.nbytes
+        src = _resolve(ctx, transfer.send, n)
+        dst = _resolve(ctx, transfer.recv, n)
+        if n <= ctx.eager:
+            if n:
+                ctx.memcopy(dst, src, n)
+            return True
+        args = ctx.args_for(conn, transfer.send.opcount)
+        nworkers = ctx.nworkers
+        parts = nworkers if nworkers > 1 and n >= ctx.parallel_threshold else 1
+        chunk = ctx.chunk
+        per = -(-n // parts)
+        per = -(-per // chunk) * chunk  # whole chunks per part
+        off = 0
+        while off < n:
+            m = min(per, n - off)
+            ctx.add_sub(args, transfer, src + off, dst + off, m, chunk)
+            off += m
+        return False
+
+    def proxy_progress(self, ctx: TransportContext, args: Any) -> bool:
+        steps = ctx.steps
+        copy = ctx.copy
+        settle = ctx.settle
         all_done = True
         for s in args.subs:
             if s.done == s.nsteps:
@@ -42,12 +86,13 @@ class ShmTransport(Transport):
             # A direct copy lands in the destination as it is transmitted.
             s.received = s.transmitted
             s.done = s.received
-            all_done &= _settle(engine, s, before)
+            all_done &= settle(s, before)
         return all_done
 
-    def proxy_progress_coll(self, engine: Any, args: Any) -> bool:
-        steps = engine.steps
-        start = engine.start_entry
+    def proxy_progress_coll(self, ctx: TransportContext, args: Any) -> bool:  # type: ignore[override]
+        steps = ctx.steps
+        start = ctx.start_entry
+        settle = ctx.settle
         all_done = True
         for s in args.subs:
             if s.done == s.nsteps:
@@ -62,22 +107,24 @@ class ShmTransport(Transport):
                 sch = s.make(s.k0 + s.posted)
                 s.posted += 1
                 inflight.append(sch)
-                if not engine.start_schedule(sch):
+                if not ctx.start_schedule(sch):
                     sch.advance(start)
             while inflight and inflight[0].complete:
                 inflight.popleft()
                 s.done += 1
             s.transmitted = s.received = s.done + sum(1 for sch in inflight if sch.complete)
-            all_done &= _settle(engine, s, before)
+            all_done &= settle(s, before)
         return all_done
 
+    def proxy_free(self, ctx: TransportContext) -> None:
+        return None   # nothing of its own: the buffers are the engine's registry
 
-def _settle(engine: Any, s: Any, before: tuple[int, int]) -> bool:
-    """After a sub was advanced: note progress, publish its counters, retire it when done."""
-    if (s.posted, s.done) != before:   # waiting on workers is idle: the loop then blocks on
-        engine.progressed = True         # their queue, with the GIL released (copyengine.py)
-    engine.argspool.mirror(s)
-    if s.done < s.nsteps:
-        return False
-    engine.sub_finished(s)
-    return True
+
+def _resolve(ctx: TransportContext, op: Any, nbytes: int) -> int:
+    """Address of an op's bytes in this process; bounds-checked against the registered size."""
+    buf = ctx.buffers.get((op.owner, op.buf_id))
+    if buf is None or op.offset + nbytes > buf.size or nbytes > op.nbytes:
+        raise InvalidArgument(
+            f"{op.describe()}: buffer {op.buf_id} offset {op.offset} + {nbytes} B is outside "
+            f"the registered buffer ({'unknown' if buf is None else buf.size} B)")
+    return buf.addr + op.offset

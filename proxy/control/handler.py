@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from shmproxy.core import errors, log
 from shmproxy.control.protocol import MsgType, next_state
 from shmproxy.shm import pool as P
+from shmproxy.transports.base import MemKind
 from shmproxy.shm.segment import MemfdBuffer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -159,9 +160,9 @@ class ControlHandler:
                 raise errors.InvalidArgument(f"CONNECT: peer {p!r} out of range [0, {e.size})")
             if p in e.local_of:
                 for src, dst in ((me.rank, p), (p, me.rank)):
-                    if (src, dst) not in e.conns:
-                        e.connect(src, dst)
-                out[str(p)] = e.conns[(me.rank, p)].name
+                    if (src, dst, MemKind.HOST) not in e.conns:
+                        e.connect(src, dst, MemKind.HOST)
+                out[str(p)] = e.conns[(me.rank, p, MemKind.HOST)].transport.name
             else:
                 out[str(p)] = "pending"  # selected when the peer connects and the first message flows
         return {"transports": out}, []

@@ -47,7 +47,8 @@ from shmproxy.engine.profiler import Profiler
 from shmproxy.shm import _native, _reduce, _workers, pool as P, sync
 from shmproxy.shm.segment import MemfdBuffer, Segment
 from shmproxy import transports
-from shmproxy.transports.base import PeerInfo
+from shmproxy.engine.context import EngineContext
+from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind, PeerInfo, Transport
 
 _log = log.get("PROXY")
 MASK64 = (1 << 64) - 1
@@ -178,7 +179,6 @@ class ProgressEngine:
                             layout.rank_q(lr, P.RANK_WAITING)) for lr in range(nlocal)]
         self.slots_q = layout.slot_q(0)
         self.transports = transports.allowed(params.TRANSPORTS)
-        self.coll_transport = self.transports[0]  # shm: every local buffer is mapped here
         self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
@@ -194,8 +194,9 @@ class ProgressEngine:
         self.recvs: dict[tuple, collections.deque] = {}
         self.ranks: dict[int, RankInfo] = {}          # by local rank
         self.local_of: dict[int, int] = {}            # global rank -> local rank
-        self.conns: dict[tuple[int, int], Any] = {}   # (src, dst) global ranks -> transport
+        self.conns: dict[tuple[int, int, MemKind], Connector] = {}   # (src, dst global ranks, kind)
         self.buffers: dict[tuple[int, int], MemfdBuffer] = {}
+        self.ctx = EngineContext(self)   # all that transports see of this engine
         self.retired: collections.deque = collections.deque()
         self.cpus: list[int] | None = None
         self.affinity_reason = "not decided yet (waiting for every local rank to connect)"
@@ -512,16 +513,9 @@ class ProgressEngine:
             return
         mine.setdefault(key, collections.deque()).append(op)
 
-    def resolve(self, op: Op, nbytes: int) -> int:
-        """Address of an op's bytes in this process; bounds-checked against the registered size."""
-        buf = self.buffers.get((op.owner, op.buf_id))
-        if buf is None or op.offset + nbytes > buf.size or nbytes > op.nbytes:
-            raise errors.InvalidArgument(
-                f"{op.describe()}: buffer {op.buf_id} offset {op.offset} + {nbytes} B is outside "
-                f"the registered buffer ({'unknown' if buf is None else buf.size} B)")
-        return buf.addr + op.offset
-
     def match(self, send: Op, recv: Op) -> None:
+        """A send met its receive: check what only the pair can tell (truncation, dtype), then hand the
+        message to the connector of (sender, receiver, memory kind), which moves it."""
         n = send.nbytes
         if n > recv.nbytes:
             self.complete(recv, errors.TruncationError.code, n, source=send.rank, tag=send.tag)
@@ -533,56 +527,51 @@ class ProgressEngine:
             self.complete(send, errors.InvalidUsage.code, n, source=recv.rank, tag=send.tag,
                           peer_dtype=recv.dtype)
             return
+        conn = self.conns.get((send.rank, recv.rank, MemKind.HOST))
+        if conn is None:
+            conn = self.connect(send.rank, recv.rank, MemKind.HOST)
+        t = Transfer(send, recv, n, time.monotonic_ns())
         try:
-            src = self.resolve(send, n)
-            dst = self.resolve(recv, n)
+            done = conn.transport.proxy_start(self.ctx, conn, t)
         except errors.InvalidArgument as exc:
             _log.warning("%s", exc)
             self.complete(recv, exc.code, n, source=send.rank, tag=send.tag)
             self.complete(send, exc.code, n)
             return
-        t = Transfer(send, recv, n, time.monotonic_ns())
-        if n <= self.eager:
-            # Eager path: one small copy now. An args would be created, progressed and retired in
-            # this same pass; skipping it halves the Python work per small message. Matching order,
-            # which is what MPI's non-overtaking rule constrains, is unchanged.
-            if n:
-                _native.memcopy(dst, src, n)
+        conn.nmsgs += 1
+        conn.nbytes += n
+        if done:
             self.finish_transfer(t)
-            return
-        conn = (send.rank, recv.rank)
-        transport = self.conns.get(conn)
-        if transport is None:
-            transport = self.connect(send.rank, recv.rank)
-        key = (conn, send.opcount)
-        args = self.ready.get(key)
-        if args is None:
-            args = self.argspool.get_args(conn, send.opcount, transport)
-            self.ready[key] = args
-            self.active.append(args)
-            self.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
-        nworkers = self.copy.nworkers
-        parts = nworkers if nworkers > 1 and n >= self.params.PARALLEL_THRESHOLD else 1
-        chunk = self.chunk
-        per = -(-n // parts)
-        per = -(-per // chunk) * chunk  # whole chunks per part
-        off = 0
-        while off < n:
-            m = min(per, n - off)
-            self.argspool.add_sub(args, t, src + off, dst + off, m, chunk)
-            off += m
 
-    def connect(self, src: int, dst: int) -> Any:
-        """Select the transport of a connection (first in the registry that can connect)."""
+    def connect(self, src: int, dst: int, kind: MemKind) -> Connector:
+        """The connector of (src, dst, kind): the first allowed transport that can carry it, both
+        sides set up and connected. Both sides are ranks of this node, so the connect-info blobs are
+        handed over here; across nodes they travel between progress processes."""
         a = self.ranks[self.local_of[src]]
         b = self.ranks[self.local_of[dst]]
         me = PeerInfo(a.rank, a.local_rank, a.host, a.pid)
         peer = PeerInfo(b.rank, b.local_rank, b.host, b.pid)
-        t = transports.select(me, peer, self.transports)
-        t.send_setup(self, me, peer)
-        t.recv_setup(self, peer, me)
-        self.conns[(src, dst)] = t
-        return t
+        t = transports.select(me, peer, kind, self.transports)
+        conn = Connector(t, me, peer, kind)
+        send_info = t.send_setup(self.ctx, conn)
+        recv_info = t.recv_setup(self.ctx, conn)
+        conn.state = CONN_SETUP
+        t.send_connect(self.ctx, conn, recv_info)
+        t.recv_connect(self.ctx, conn, send_info)
+        conn.send_info, conn.recv_info, conn.state = send_info, recv_info, CONN_CONNECTED
+        self.conns[(src, dst, kind)] = conn
+        _log.info("connection %d->%d (%s memory) over %s", src, dst, kind.name.lower(), t.name)
+        return conn
+
+    def coll_transport(self) -> Transport:
+        """The transport of this node's collectives: the one a local rank's connector to itself (the
+        loopback) uses, for host memory: every local buffer is mapped here."""
+        r = self.ranks[0].rank
+        conn = self.conns.get((r, r, MemKind.HOST)) or self.connect(r, r, MemKind.HOST)
+        if conn.transport.proxy_progress_coll is None:
+            raise errors.InvalidUsage(f"transport {conn.transport.name} runs no collectives between the "
+                                      f"ranks of a node")
+        return conn.transport
 
     # ------------------------------------------------------------------ collectives
     def coll_arrive(self, op: Op) -> None:
@@ -652,7 +641,7 @@ class ProgressEngine:
             builder = sched.streaming_schedules(builder)
             work.streaming = True
         conn = (-1, -1)
-        args = self.argspool.get_args(conn, op0.opcount, self.coll_transport)
+        args = self.argspool.get_args(conn, op0.opcount, self.coll_transport())
         args.coll = work
         self.active.append(args)
         self.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
@@ -878,11 +867,12 @@ class ProgressEngine:
             if self.ready:
                 self.ready.clear()
             still: list[Args] = []
+            ctx = self.ctx
             for a in self.active:
                 if a.state == READY:
                     self.argspool.set_state(a, PROGRESS)
-                done = (a.transport.proxy_progress_coll(self, a) if a.coll is not None
-                        else a.transport.proxy_progress(self, a))
+                done = (a.transport.proxy_progress_coll(ctx, a) if a.coll is not None
+                        else a.transport.proxy_progress(ctx, a))
                 if done:
                     self.argspool.release(a)
                     self.progressed = True
@@ -1118,7 +1108,7 @@ class ProgressEngine:
                 for a in self.active],
             "unmatched_sends": [op.describe() for q in self.sends.values() for op in q],
             "unmatched_recvs": [op.describe() for q in self.recvs.values() for op in q],
-            "connections": {f"{s}->{d}": t.name for (s, d), t in self.conns.items()},
+            "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in self.conns.items()},
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name} for c in self.server.connections()],
             "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},
             "copy_threads": self.copy.nworkers,

@@ -1,0 +1,66 @@
+"""The engine as its transports see it: shmproxy.transports.base.TransportContext, implemented.
+
+A transport gets this object, never the ProgressEngine: what it may use is listed here, so that a
+transport can be read, tested and replaced without knowing the loop. Values are copied at
+construction (they do not change while the process runs); the copy engine is looked up on each use,
+since the engine replaces it once the CPU affinity is decided.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shmproxy.engine.args import Args, Sub
+from shmproxy.shm import _native, pool as P
+from shmproxy.transports.base import Connector
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.engine.progress import ProgressEngine
+
+
+class EngineContext:
+    __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
+                 "start_entry", "start_schedule", "_argspool", "_n_args")
+
+    def __init__(self, engine: "ProgressEngine"):
+        self._engine = engine
+        self.steps: int = engine.steps
+        self.chunk: int = engine.chunk
+        self.eager: int = engine.eager
+        self.parallel_threshold: int = engine.params.PARALLEL_THRESHOLD
+        self.buffers = engine.buffers            # the registry itself: registrations show at once
+        self.memcopy = _native.memcopy
+        self.start_entry = engine.start_entry
+        self.start_schedule = engine.start_schedule
+        self._argspool = engine.argspool
+        self._n_args = P.CTRL_OFF // 8 + P.CTRL_N_ARGS
+
+    @property
+    def nworkers(self) -> int:
+        return self._engine.copy.nworkers
+
+    def copy(self, sub: Sub, dst: int, src: int, nbytes: int) -> bool:
+        return self._engine.copy.copy(sub, dst, src, nbytes)
+
+    def args_for(self, conn: Connector, opcount: int) -> Args:
+        engine = self._engine
+        key = (conn.key, opcount)
+        args = engine.ready.get(key)
+        if args is None:
+            args = self._argspool.get_args(conn.key, opcount, conn.transport)
+            engine.ready[key] = args
+            engine.active.append(args)
+            engine.q[self._n_args] += 1
+        return args
+
+    def add_sub(self, args: Args, work: Any, src: int, dst: int, nbytes: int, chunk: int) -> Sub:
+        return self._argspool.add_sub(args, work, src, dst, nbytes, chunk)
+
+    def settle(self, sub: Sub, before: tuple[int, int]) -> bool:
+        if (sub.posted, sub.done) != before:   # waiting on workers is idle: the loop then blocks on
+            self._engine.progressed = True      # their queue, with the GIL released (copyengine.py)
+        self._argspool.mirror(sub)
+        if sub.done < sub.nsteps:
+            return False
+        self._engine.sub_finished(sub)
+        return True
+
