@@ -2,7 +2,7 @@
  * shm._native: the few operations that Python cannot do fast enough or at all.
  *
  * Why compiled: a lock through ctypes costs several microseconds on the 2-core development VM, one
- * call into this module well under one (DESIGN.md section 12). ctypes also holds the GIL while it
+ * call into this module well under one (docs/architecture.md, "Lock protocol"). ctypes also holds the GIL while it
  * blocks unless told otherwise, and cannot do futex(2) or a GIL-free copy. The rank's post path is
  * in shm/_poster.c; the lock protocol both share is in shm/_pool_lock.h.
  *

@@ -2,7 +2,7 @@
  * The pool mutex protocol shared by shm/_native.c and shm/_poster.c: a bounded lock of the robust
  * process-shared mutex, and the splice of a private record chain onto the posted chain.
  *
- * Lock protocol (DESIGN.md section 3): the posted chain's head/tail and the `next` link of its last
+ * Lock protocol (docs/architecture.md, "Lock protocol"): the posted chain's head/tail and the `next` link of its last
  * record are only written under the pool mutex (by a poster that locks, or for a rank that handed its
  * chain off by the progress process: "Hand-off" below). The progress process sleeps on the condvar
  * only when the chain is empty and nothing is handed off, so a poster signals only when it makes the
@@ -123,7 +123,7 @@ static inline int lock_bounded(pthread_mutex_t *m, double timeout) {
  *   Sleep: the progress process sleeps on the condvar only after storing SLEEPING = 1 and then finding
  * the mask empty (sleep_unless_posted, _native.c); a poster sets its mask bit and then loads
  * SLEEPING, all sequentially consistent. So either the progress process sees the bit and stays awake,
- * or the poster sees SLEEPING and locks, splices and signals as the design card's post does. Its lock
+ * or the poster sees SLEEPING and locks, splices and signals as a plain post does. Its lock
  * waits until the sleeper is inside the condvar wait (which released the mutex), so the signal is not
  * lost. Should that lock fail, the chain stays handed off: the sleep is bounded (PROXY_SLEEP_MS) and
  * the progress process drains the slots when it wakes.

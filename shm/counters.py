@@ -23,7 +23,7 @@ Why this is correct without locks or atomics (the memory-ordering argument):
    with explicit release/acquire ordering.
 
 Measured: ~0.12 us per access through memoryview; the PyPI ``atomics`` package costs ~16 us and is
-not an option (DESIGN.md section 12).
+not an option (docs/architecture.md, "Lock protocol").
 """
 from __future__ import annotations
 

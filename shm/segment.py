@@ -1,6 +1,6 @@
 """Shared-memory segments: named POSIX shm for the ops pool, memfd for rank buffers.
 
-Lifecycle rules (DESIGN.md section 4):
+Lifecycle rules (docs/architecture.md, "The ops pool"):
 - A named segment is created exclusively (O_CREAT|O_EXCL), mode 0600, with a random suffix, and sized
   up front with posix_fallocate: a full /dev/shm is an error here, at init, naming the directory and
   its free space, instead of a SIGBUS on first touch later.

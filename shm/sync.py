@@ -1,6 +1,6 @@
 """Process-shared synchronisation living inside a mapping: robust mutex, condvar, futex words.
 
-Lock protocol of the ops pool (DESIGN.md sections 4-5):
+Lock protocol of the ops pool (docs/architecture.md, "The ops pool" and "Lock protocol"):
 - The mutex protects exactly: the posted chain (head/tail) and the per-rank shared free lists.
   Nothing else in the pool is ever written under it; counters have one writer each and need none.
 - The mutex is robust: if its owner dies holding it, the next locker gets OWNERDEAD. The protected

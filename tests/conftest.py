@@ -1,7 +1,7 @@
 """Fixtures shared by every test.
 
-The autouse fixture ``leak_guard`` asserts that a test leaves nothing of shmproxy's behind (DESIGN.md
-section 13, STYLE.md item 15): no new ``/dev/shm/shmproxy-*`` segment, no new progress process (or
+The autouse fixture ``leak_guard`` asserts that a test leaves nothing of shmproxy's behind (docs/architecture.md,
+"Testing"): no new ``/dev/shm/shmproxy-*`` segment, no new progress process (or
 other process of a shmproxy job) started by this test session, no new ``*.sock`` in the run
 directories. Processes get a short bounded grace period to exit (polled, never a bare sleep). What
 is left is then killed or unlinked, so that one failing test does not cascade into the next, and the

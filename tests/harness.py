@@ -11,7 +11,7 @@
         res = run_ranks("tests.bodies_p2p:pingpong", 2, timeout=60, args=(1000,))
         assert res.results == [0, 1]
 
-What it guarantees (DESIGN.md section 13, STYLE.md item 14; modelled on torch's MultiProcessTestCase):
+What it guarantees (docs/architecture.md, "Testing"; modelled on torch's MultiProcessTestCase):
 
 - Every rank is a fresh interpreter, ``python -m tests.rankmain module:function [json-args]`` in the
   repository root, never a fork of the test process (no inherited locks, threads or mappings).
@@ -752,7 +752,7 @@ def _run_launcher(name: str, cmd: list[str], target: str, nranks: int, timeout: 
 
 
 # ---------------------------------------------------------------------------------------------
-# LeakGuard: nothing of ours may outlive a test (STYLE.md item 15)
+# LeakGuard: nothing of ours may outlive a test (docs/architecture.md, "Testing")
 
 
 def run_dirs(env: Mapping[str, str] | None = None) -> list[str]:

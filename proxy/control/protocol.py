@@ -1,7 +1,7 @@
 """Wire protocol of the service (control plane): message types, connection states, frames.
 
-A rank talks to the progress process of its communicator over a Unix stream socket (DESIGN.md
-section 7). Every message is one *frame*: a fixed binary header followed by a JSON object (the control
+A rank talks to the progress process of its communicator over a Unix stream socket (docs/architecture.md,
+"Joining a communicator"). Every message is one *frame*: a fixed binary header followed by a JSON object (the control
 plane is not the hot path, so readable beats compact). File descriptors (memfds of registered buffers)
 travel as SCM_RIGHTS ancillary data attached to the first byte of the frame, i.e. to the header.
 

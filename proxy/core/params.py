@@ -145,7 +145,7 @@ def _p(name: str, parse: Callable[[str], Any], default: Any, description: str,
 
 
 _DECLARED: tuple[Param, ...] = (
-    # --- progress engine (DESIGN.md section 5) ---
+    # --- progress engine (docs/architecture.md, "The progress loop") ---
     _p("PROGRESS_APPENDOP_FREQ", int, 8,
        "With ops in flight, fetch newly posted ops every this many progress passes.", 1),
     _p("APPEND_BATCH_SIZE", int, 16, "At most this many opCount groups are taken per fetch.", 1, 1024),

@@ -1,4 +1,4 @@
-"""CPU affinity of the progress process (DESIGN.md section 8).
+"""CPU affinity of the progress process (docs/architecture.md, "CPU placement").
 
 The progress process exists so that communication advances while the ranks compute; that only works
 if it does not share a core with a busy rank. So it pins itself to cores the ranks do not use.

@@ -3,7 +3,7 @@
     python -m shmproxy.engine.progress --path SOCK --nlocal N --size S --job-key K --comm-id C --parent PID
 
 It creates the ops pool, serves the control socket (shmproxy.control.handler, on a thread), and runs the loop
-that moves every byte (DESIGN.md section 5):
+that moves every byte (docs/architecture.md, "The progress loop"):
 
     while not abort and not (stop and nothing active):
         idle = progress_once()            # advance every active args through its transport
@@ -86,7 +86,7 @@ _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # gl
 
 
 def fetch_mode(idle: bool, nactive: int, passes: int, appendop_freq: int) -> FetchMode:
-    """DESIGN.md section 5: fetch only when idle, when nothing is active, or every FREQ passes."""
+    """The fetch policy: fetch only when idle, when nothing is active, or every FREQ passes."""
     if nactive == 0:
         return _F_BLOCK
     if idle or passes % appendop_freq == 0:
