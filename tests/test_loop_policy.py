@@ -11,7 +11,7 @@ import pytest
 
 from shmproxy.core import params as params_mod
 from shmproxy.coll import sched as sched_mod
-from shmproxy.engine.progress import FetchMode, fetch_mode
+from shmproxy.engine.policy import FetchMode, fetch_mode
 from shmproxy.shm import pool as P
 
 
@@ -20,12 +20,12 @@ def test_streaming_threshold_follows_the_params_and_the_cache(monkeypatch):
     explicit STREAMING_MIN_BYTES as given; automatically always where the progress process has cores
     of its own, and on a crowded node (the loop runs copy jobs) above half the last-level cache, at
     most 16 MiB (16 MiB when the cache is unknown)."""
-    from shmproxy.engine import affinity, progress
+    from shmproxy.engine import affinity, policy
     def threshold(env, llc, crowded=True):
         monkeypatch.setattr(affinity, "last_level_cache_bytes", lambda cpu: llc)
-        return progress.streaming_threshold(params_mod.Params(env=env), [0, 1], crowded)
+        return policy.streaming_threshold(params_mod.Params(env=env), [0, 1], crowded)
     assert threshold({}, 8 << 20) == 4 << 20
-    assert threshold({}, 300 << 20) == 16 << 20 == progress.AUTO_STREAMING_MIN_BYTES
+    assert threshold({}, 300 << 20) == 16 << 20 == policy.AUTO_STREAMING_MIN_BYTES
     assert threshold({}, 0) == 16 << 20
     assert threshold({}, 8 << 20, crowded=False) == 0
     assert threshold({"SHMPROXY_STREAMING_MIN_BYTES": "0"}, 300 << 20) == 0
@@ -34,12 +34,12 @@ def test_streaming_threshold_follows_the_params_and_the_cache(monkeypatch):
 
 
 def test_coll_chunk_limit_is_one_chunk_per_cpu_where_the_loop_runs_jobs():
-    from shmproxy.engine import progress
+    from shmproxy.engine import policy
     p = params_mod.Params(env={})
-    assert progress.coll_chunk_limit(p, loop_copies=False) == p.CHUNK_SIZE == 512 << 10
-    assert progress.coll_chunk_limit(p, loop_copies=True) == progress.AUTO_CROWDED_COLL_CHUNK == 4 << 20
+    assert policy.coll_chunk_limit(p, loop_copies=False) == p.CHUNK_SIZE == 512 << 10
+    assert policy.coll_chunk_limit(p, loop_copies=True) == policy.AUTO_CROWDED_COLL_CHUNK == 4 << 20
     p = params_mod.Params(env={"SHMPROXY_COLL_CHUNK_SIZE": "64K"})
-    assert progress.coll_chunk_limit(p, True) == progress.coll_chunk_limit(p, False) == 64 << 10
+    assert policy.coll_chunk_limit(p, True) == policy.coll_chunk_limit(p, False) == 64 << 10
 
 
 def test_written_bytes_counts_every_output_and_streaming_schedules_mark_theirs():

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from shmproxy.core import errors, log
 from shmproxy.control.protocol import MsgType, next_state
 from shmproxy.shm import pool as P
+from shmproxy.engine.ranks import RankInfo
 from shmproxy.transports.base import MemKind
 from shmproxy.shm.segment import MemfdBuffer
 
@@ -104,7 +105,6 @@ class ControlHandler:
 
     # messages ----------------------------------------------------------------------------------
     def on_init(self, conn: Any, payload: dict, fds: list[int]):
-        from shmproxy.engine.progress import RankInfo
         e = self.engine
         rank = _int(payload, "rank", 0, e.size)
         local_rank = _int(payload, "local_rank", 0, e.nlocal)

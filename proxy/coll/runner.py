@@ -1,0 +1,324 @@
+"""Collectives of one node's ranks, run by the progress process (a mixin of ProgressEngine).
+
+Every local rank posts its op of a collective with the collective's sequence number; once all have
+arrived (``coll_arrive``) their fingerprints (collective, dtype, count, op, root) must agree, or every
+rank is told who called what (the communicator fails: a mismatched collective would otherwise
+corrupt memory or hang). Then one of two paths runs it:
+
+- the latency path (``small_coll``): a Barrier, or at most COLL_INLINE_BYTES per rank, done at once
+  with one C call per copy or reduction, on addresses resolved and bounds-checked before any byte
+  moves;
+- the schedule path: the collective is cut in chunks, each a small MPICH-style schedule
+  (shmproxy.coll.sched) whose entries run inline, or on the copy workers from INLINE_ENTRY_BYTES;
+  the chunks are subs of one args that the node's loopback transport progresses (a collective is
+  ready for STEPS chunks in flight per sub, like a message).
+
+What it needs of the engine: the registered buffers, the args pool and active list, the copy
+engine, the policy values (coll_inline, coll_chunk, coll_min_chunk, streaming_min), complete_coll,
+fail and the profiler.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import numpy as np
+
+from shmproxy.coll import sched
+from shmproxy.core import errors, log
+from shmproxy.core.ops import CODE_DTYPE, FLAG_IN_PLACE, Op
+from shmproxy.engine.args import CollWork
+from shmproxy.shm import _native, _reduce, pool as P
+from shmproxy.shm.segment import MemfdBuffer
+
+_log = log.get("COLL")
+INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the loop, not on a worker
+# Collective kinds as plain ints for the per-op path: looking up an IntEnum member costs more than a
+# plain int compare, and a small collective's whole budget in this process is a few microseconds.
+_BARRIER, _BCAST, _REDUCE, _ALLREDUCE = (int(sched.Coll.BARRIER), int(sched.Coll.BCAST), int(sched.Coll.REDUCE),
+                                         int(sched.Coll.ALLREDUCE))
+_ALLGATHER, _RSB, _ALLTOALL = (int(sched.Coll.ALLGATHER), int(sched.Coll.REDUCE_SCATTER_BLOCK),
+                               int(sched.Coll.ALLTOALL))
+_BLOCK_PER_RANK = frozenset((_ALLGATHER, _RSB, _ALLTOALL))  # a rank's buffer holds one block per rank
+_WITH_REDOP = frozenset(map(int, (sched.Coll.REDUCE, sched.Coll.ALLREDUCE, sched.Coll.REDUCE_SCATTER_BLOCK)))
+_WITH_ROOT = frozenset(map(int, (sched.Coll.BCAST, sched.Coll.REDUCE)))
+_ITEMSIZE = {code: dt.itemsize for code, dt in CODE_DTYPE.items()}
+
+
+class CollRunner:
+    def coll_arrive(self, op: Op) -> None:
+        """Collect every local rank's op of one collective (by sequence number), then start it."""
+        ops = self.colls.get(op.coll_seq)
+        if ops is None:
+            ops = self.colls[op.coll_seq] = [None] * self.nlocal
+        if ops[op.owner] is not None:
+            self.fail(errors.InternalError.code, f"{op.describe()}: local rank {op.owner} posted collective "
+                      f"#{op.coll_seq} twice")
+            return
+        ops[op.owner] = op
+        if None not in ops:
+            del self.colls[op.coll_seq]
+            self.start_coll(ops)  # type: ignore[arg-type]
+
+    @staticmethod
+    def fingerprint(op: Op) -> tuple:
+        c = op.coll
+        if c == _BARRIER:
+            return (c, 0, 0, 0, -1)
+        return (c, op.dtype, op.count, op.redop if c in _WITH_REDOP else 0, op.peer if c in _WITH_ROOT else -1)
+
+    @staticmethod
+    def describe_fingerprint(fp: tuple) -> str:
+        c, dtype, count, redop, root = fp
+        parts = [CODE_DTYPE[dtype].name if dtype in CODE_DTYPE else f"dtype {dtype}", f"count {count}"]
+        if redop:
+            parts.append(sched.REDUCE_OP_NAMES.get(redop, str(redop)))
+        if root >= 0:
+            parts.append(f"root {root}")
+        return f"{sched.COLL_NAMES.get(c, c)}({', '.join(parts)})"
+
+    def start_coll(self, ops: list[Op]) -> None:
+        fingerprint = self.fingerprint
+        first = fingerprint(ops[0])
+        for other in ops[1:]:
+            fp = fingerprint(other)
+            if fp != first:
+                self.fail(errors.InvalidUsage.code,
+                          f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
+                          f"{self.describe_fingerprint(first)} but rank {other.rank} called "
+                          f"{self.describe_fingerprint(fp)}")
+                return
+        try:
+            if self.small_coll(ops):
+                return
+            work, builder, nchunks, chunk_bytes = self.build_coll(ops)
+        except errors.ProxyError as exc:
+            for op in ops:
+                self.complete(op, exc.code, 0)
+            _log.warning("collective #%d refused: %s", ops[0].coll_seq, exc)
+            return
+        if nchunks == 0:
+            self.finish_coll(work)
+            return
+        if work.nbytes <= self.coll_inline:
+            # Small: run every chunk schedule now, inline (the latency path).
+            for k in range(nchunks):
+                sch = builder(k)
+                while not sch.advance(self.start_entry_inline):
+                    pass
+            self.finish_coll(work)
+            return
+        op0 = ops[0]
+        if sched.written_bytes(op0.coll, op0.count, _ITEMSIZE.get(op0.dtype, 1), len(ops)) > self.streaming_min:
+            builder = sched.streaming_schedules(builder)
+            work.streaming = True
+        conn = (-1, -1)
+        args = self.argspool.get_args(conn, op0.opcount, self.coll_transport())
+        args.coll = work
+        self.active.append(args)
+        self.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
+        channels = max(1, min(self.copy.nworkers or 1, nchunks))
+        per = -(-nchunks // channels)
+        k0 = 0
+        while k0 < nchunks:
+            n = min(per, nchunks - k0)
+            s = self.argspool.add_sub(args, work, 0, 0, n * chunk_bytes, chunk_bytes)
+            s.nsteps, s.make, s.k0, s.inflight = n, builder, k0, collections.deque()
+            k0 += n
+
+    def small_coll(self, ops: list[Op]) -> bool:
+        """The latency path: a Barrier, or a collective of at most COLL_INLINE_BYTES per rank, done here
+        and now with one C call per copy or reduction, without numpy views or schedules (those cost
+        20-40 us of this process's Python per small collective on the VM). Every address is resolved
+        (and bounds-checked) before any byte moves. False when it does not apply: one rank, empty, a
+        reduction the C kernel does not do, an in-place Reduce_scatter_block (whose blocks alias
+        across the steps); the general path then runs."""
+        op0 = ops[0]
+        c = op0.coll
+        if c == _BARRIER:
+            self.complete_coll(ops, 0)
+            self._profile_coll(ops, 0)
+            return True
+        size, n, itemsize = len(ops), op0.count, _ITEMSIZE.get(op0.dtype, 0)
+        blk = n * itemsize
+        nbytes = blk * size if c in _BLOCK_PER_RANK else blk
+        if size < 2 or not 0 < nbytes <= self.coll_inline:
+            return False
+        if c in _WITH_REDOP and not _reduce.supported(op0.redop, op0.dtype):
+            return False
+        addr, copy, reduce = self.buffer_addr, _native.memcopy, _reduce.reduce
+        if c == _ALLREDUCE:
+            dsts = [addr(op, True, blk) for op in ops]
+            srcs = [d if op.flags & FLAG_IN_PLACE else addr(op, False, blk) for op, d in zip(ops, dsts)]
+            reduce(op0.redop, op0.dtype, n, srcs, dsts, False)
+        elif c == _BCAST:
+            root = op0.peer
+            bufs = [addr(op, True, blk) for op in ops]
+            for i, dst in enumerate(bufs):
+                if i != root:
+                    copy(dst, bufs[root], blk)
+        elif c == _REDUCE:
+            dst = addr(ops[op0.peer], True, blk)
+            srcs = [dst if op.flags & FLAG_IN_PLACE else addr(op, False, blk) for op in ops]
+            reduce(op0.redop, op0.dtype, n, srcs, [dst], False)
+        elif c == _ALLGATHER:
+            outs = [addr(op, True, nbytes) for op in ops]
+            ins = [outs[r] + r * blk if op.flags & FLAG_IN_PLACE else addr(op, False, blk) for r, op in enumerate(ops)]
+            for r, src in enumerate(ins):
+                for d, out in enumerate(outs):
+                    if out + r * blk != src:   # a rank's own block, in place, is already there
+                        copy(out + r * blk, src, blk)
+        elif c == _ALLTOALL:
+            ins = [addr(op, False, nbytes) for op in ops]
+            outs = [addr(op, True, nbytes) for op in ops]
+            for q, out in enumerate(outs):
+                for r, src in enumerate(ins):
+                    copy(out + r * blk, src + q * blk, blk)
+        elif c == _RSB:
+            if any(op.flags & FLAG_IN_PLACE for op in ops):
+                return False
+            ins = [addr(op, False, nbytes) for op in ops]
+            outs = [addr(op, True, blk) for op in ops]
+            for d, out in enumerate(outs):
+                reduce(op0.redop, op0.dtype, n, [src + d * blk for src in ins], [out], False)
+        else:
+            return False
+        self.complete_coll(ops, nbytes)
+        self._profile_coll(ops, nbytes)
+        return True
+
+    def _profile_coll(self, ops: list[Op], nbytes: int, **extra: int) -> None:
+        """A finished collective's span: first post to now, with the last post and fetch times."""
+        if self.profiler.enabled:
+            op0 = ops[0]
+            self.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
+                               min(op.t_post for op in ops), time.monotonic_ns(), bytes=nbytes,
+                               last_post_ns=max(op.t_post for op in ops), fetch_ns=max(op.t_fetch for op in ops),
+                               **extra)
+
+    def buffer_of(self, op: Op, second: bool, nbytes: int) -> tuple[MemfdBuffer, int]:
+        """(registered buffer, offset) of ``nbytes`` of an op's send (second=False) or receive
+        buffer, bounds-checked."""
+        key = (op.owner, op.buf2_id if second else op.buf_id)
+        off = op.offset2 if second else op.offset
+        buf = self.buffers.get(key)
+        if buf is None or off + nbytes > buf.size:
+            raise errors.InvalidArgument(f"{op.describe()}: buffer {key[1]} offset {off} + {nbytes} B is "
+                                         f"outside the registered buffer")
+        return buf, off
+
+    def buffer_addr(self, op: Op, second: bool, nbytes: int) -> int:
+        if second:
+            buf, off = self.buffers.get((op.owner, op.buf2_id)), op.offset2
+        else:
+            buf, off = self.buffers.get((op.owner, op.buf_id)), op.offset
+        if buf is None or off + nbytes > buf.size:
+            buf, off = self.buffer_of(op, second, nbytes)  # raises the error
+        return buf.addr + off
+
+    def buffer_view(self, op: Op, second: bool, count: int) -> Any:
+        """A numpy view of an op's send (second=False) or receive buffer, bounds-checked."""
+        dt = CODE_DTYPE.get(op.dtype)
+        if dt is None:
+            raise errors.InvalidArgument(f"{op.describe()}: unknown dtype code {op.dtype}")
+        buf, off = self.buffer_of(op, second, count * dt.itemsize)
+        return np.frombuffer(buf.mm, dtype=dt, count=count, offset=off)
+
+    def build_coll(self, ops: list[Op]) -> tuple:
+        """Views of every rank's buffers and the chunk-schedule builder of one collective."""
+        op0 = ops[0]
+        c, n, size = op0.coll, op0.count, len(ops)
+        dt = CODE_DTYPE.get(op0.dtype)
+        itemsize = dt.itemsize if dt is not None else 1
+        # COLL_CHUNK_SIZE, or less when that would leave copy workers idle (a 2 MiB Allreduce in
+        # 512 KiB chunks would keep 4 of 8 busy); chunks of a reduction are per rank's buffer.
+        workers = max(1, self.copy.nworkers)
+        chunk_bytes = max(self.coll_min_chunk, min(self.coll_chunk, -(-n * itemsize // workers)))
+        per = max(1, chunk_bytes // itemsize)
+        now = time.monotonic_ns()
+        in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
+        if c == sched.Coll.BARRIER:
+            return CollWork(ops, 0, [], now), None, 0, chunk_bytes
+        if c == sched.Coll.BCAST:
+            bufs = [self.buffer_view(op, True, n) for op in ops]
+            nchunks, make = sched.bcast(bufs, op0.peer, chunk_bytes)
+            return CollWork(ops, n * itemsize, bufs, now), make, nchunks, chunk_bytes
+        if c == sched.Coll.ALLREDUCE:
+            outs = [self.buffer_view(op, True, n) for op in ops]
+            ins = [outs[i] if in_place[i] else self.buffer_view(op, False, n) for i, op in enumerate(ops)]
+            nchunks, make = sched.allreduce(ins, outs, op0.redop, per)
+            return CollWork(ops, n * itemsize, ins + outs, now), make, nchunks, per * itemsize
+        if c == sched.Coll.REDUCE:
+            root = op0.peer
+            out = self.buffer_view(ops[root], True, n)
+            ins = [out if in_place[i] else self.buffer_view(op, False, n) for i, op in enumerate(ops)]
+            nchunks, make = sched.reduce_to_root(ins, out, op0.redop, root, per)
+            return CollWork(ops, n * itemsize, ins + [out], now), make, nchunks, per * itemsize
+        if c == sched.Coll.ALLGATHER:
+            outs = [self.buffer_view(op, True, n * size) for op in ops]
+            ins = [outs[i][i * n:(i + 1) * n] if in_place[i] else self.buffer_view(op, False, n)
+                   for i, op in enumerate(ops)]
+            nchunks, make = sched.allgather(ins, outs, n * itemsize, chunk_bytes)
+            return CollWork(ops, n * itemsize * size, ins + outs, now), make, nchunks, chunk_bytes
+        if c == sched.Coll.ALLTOALL:
+            outs = [self.buffer_view(op, True, n * size) for op in ops]
+            ins = [self.buffer_view(op, False, n * size) for op in ops]
+            nchunks, make = sched.alltoall(ins, outs, n * itemsize, chunk_bytes)
+            return CollWork(ops, n * itemsize * size, ins + outs, now), make, nchunks, chunk_bytes
+        if c == sched.Coll.REDUCE_SCATTER_BLOCK:
+            if any(in_place) and not all(in_place):
+                raise errors.InvalidUsage("Reduce_scatter_block: IN_PLACE must be used by every rank or none")
+            if in_place[0]:
+                full = [self.buffer_view(op, True, n * size) for op in ops]
+                ins, outs = full, [f[:n] for f in full]
+            else:
+                ins = [self.buffer_view(op, False, n * size) for op in ops]
+                outs = [self.buffer_view(op, True, n) for op in ops]
+            nchunks, make = sched.reduce_scatter_block(ins, outs, op0.redop, per, in_place[0])
+            return CollWork(ops, n * itemsize * size, ins + outs, now), make, nchunks, per * itemsize
+        raise errors.InvalidArgument(f"unknown collective {c}")
+
+    def start_entry(self, sch: sched.Schedule, e: sched.Entry) -> bool:
+        """Start one schedule entry: True when it completed inline."""
+        if e.kind == sched.SEND or e.kind == sched.RECV:
+            matched = self.rendezvous.offer(sch, e)
+            for other_sch, other in matched:
+                if other is not e:
+                    other_sch.entry_done(other)
+            return bool(matched)
+        if e.nbytes >= INLINE_ENTRY_BYTES and self.copy.nworkers:
+            step = sched.native_step(e)
+            if step is not None:
+                self.copy.run((sch, e), [step], sch.streaming)
+            else:
+                self.copy.submit((sch, e), sched.execute, e)   # numpy or a callback: no stores to choose
+            return False
+        sched.execute(e, sch.streaming)
+        return True
+
+    def start_schedule(self, sch: sched.Schedule) -> bool:
+        """Hand a whole chunk schedule to one worker when it can run there alone; False otherwise
+        (the caller then starts it entry by entry)."""
+        if not self.copy.nworkers or not sch.local_only:
+            return False
+        steps = sch.native_steps()
+        sch.claim()
+        if steps is not None:
+            self.copy.run(sch, steps, sch.streaming)
+        else:
+            self.copy.submit(sch, sched.Schedule.run_all, sch)
+        return True
+
+    def start_entry_inline(self, sch: sched.Schedule, e: sched.Entry) -> bool:
+        if e.kind == sched.SEND or e.kind == sched.RECV:
+            return self.start_entry(sch, e)
+        sched.execute(e)
+        return True
+
+    def finish_coll(self, work: CollWork) -> None:
+        self.complete_coll(work.ops, work.nbytes)
+        if work.nbytes > self.coll_inline:
+            self.complete_large()
+        work.views = []
+        self._profile_coll(work.ops, work.nbytes, match_ns=work.t_match, streaming=int(work.streaming))

@@ -1,0 +1,141 @@
+"""Completing requests and waking ranks (a mixin of ProgressEngine).
+
+A request is complete when its completion slot carries the op's sequence number (written last: it
+publishes the other fields, shmproxy/shm/counters.py); the rank is then woken through its futex
+word. Ranks are woken only after everything the pass completes is published: a woken rank may
+preempt the loop on its CPU at once. Wake-ups of ranks asleep on a CPU whose keep-awake guard wakes
+them are left to the guard and checked after RELAY_GRACE_NS (shm/_workers.c, "Relayed wake-ups").
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+
+from shmproxy.core import errors, log
+from shmproxy.core.ops import Op
+from shmproxy.engine.args import Sub, Transfer
+from shmproxy.shm import _native, pool as P
+
+_log = log.get("PROXY")
+MASK64 = (1 << 64) - 1
+RELAY_GRACE_NS = 200_000     # a rank left to a keep-awake guard to wake and still asleep after this: wake it
+_SLOT_WORDS = P.SLOT_BYTES // 8
+
+
+class Completion:
+    def sub_finished(self, s: Sub) -> None:
+        t = s.transfer
+        t.parts_left -= 1
+        if t.parts_left == 0:
+            t.finish(self)
+
+    def finish_transfer(self, t: Transfer) -> None:
+        # Both sides are published before either is woken: a woken rank may preempt this loop on
+        # its CPU at once, and the other side would wait behind it (~90 us on the 2-vCPU VM).
+        self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag, wake=False)
+        self.complete(t.send, 0, t.nbytes, source=t.recv.rank, tag=t.send.tag, wake=False)
+        if t.send.owner != t.recv.owner:
+            self.wake_ranks((t.recv.owner, t.send.owner))
+        else:
+            self.wake_rank(t.recv.owner)
+        if t.nbytes > self.eager:
+            self.complete_large()
+        if self.profiler.enabled:
+            s, r = t.send, t.recv
+            self.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
+                               bytes=t.nbytes, tag=s.tag, fetch_ns=max(s.t_fetch, r.t_fetch),
+                               match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post))
+
+    def complete(self, op: Op, status: int, nbytes: int, source: int = -1, tag: int = 0,
+                 peer_dtype: int = 0, wake: bool = True) -> None:
+        """Publish a request's result in its completion slot, then wake its rank if it sleeps (unless
+        ``wake`` is False: the caller wakes it once it has published everything it completes)."""
+        q = self.q
+        slot, owner = op.req_slot, op.owner
+        if slot // self.layout.max_ops != owner:
+            self.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
+            return
+        base = self.slots_q + _SLOT_WORDS * slot
+        q[base + P.SLOT_NBYTES] = nbytes
+        q[base + P.SLOT_STATUS] = (status & 0xFFFF) | (peer_dtype << 16) | ((source & 0xFFFFFFFF) << 32)
+        q[base + P.SLOT_TAG] = tag & MASK64
+        q[base + P.SLOT_DONE_SEQ] = op.req_seq  # publishes the fields above (shm/counters.py)
+        q[self.rank_words[owner][0]] += 1
+        if wake:
+            self.wake_rank(owner)
+
+    def complete_coll(self, ops: list[Op], nbytes: int) -> None:
+        """Complete every rank's op of a collective in one C call: all slots are published before any
+        rank is woken, so ranks leave together (the barrier-exit skew of a Python loop was ~1.5 us per
+        rank). Same protocol as complete() and wake_rank()."""
+        layout = self.layout
+        relayed = self.awake.live_mask() if self.awake is not None else 0
+        bad = _native.complete_coll(self.seg.addr, layout.slots_off, layout.rank_area_off, layout.max_ops,
+                                    ops, nbytes, relayed)
+        if bad >= 0:
+            self.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot {ops[bad].req_slot} "
+                                                 f"out of range")
+        elif relayed:
+            self._note_relayed([op.owner for op in ops], relayed)
+
+    def complete_large(self) -> None:
+        """After completing work the copy workers did: on a crowded node, sleep at once the next time
+        the loop runs out of work instead of spinning. Its ranks slept on such requests and were just
+        woken; a spinning loop holds a CPU, so the kernel queues both of them on the other one and
+        they come back one after the other (perf sched on the 2-vCPU VM: ~90 us apart). Their posts
+        then wake the loop through the condvar."""
+        if self.crowded:
+            self.spin_skip = True
+        if self.awake is not None:
+            self.awake.touch()
+
+    def wake_rank(self, local_rank: int) -> None:
+        """Wake one rank whose completion is published: wake_ranks((local_rank,))."""
+        self.wake_ranks((local_rank,))
+
+    def wake_ranks(self, local_ranks: tuple[int, ...]) -> None:
+        """Wake ranks whose completions are published, in one C call (_native.wake_owners, the same
+        ordering complete_coll uses): every futex word bumped first, then the wake syscall for those
+        that said they may sleep, those asleep on this CPU last (such a wakee preempts the loop at
+        once), none asleep on a CPU whose keep-awake guard wakes them (shm/_workers.c, "Relayed
+        wake-ups"); those are remembered, so that check_relayed wakes them should the guard not run.
+
+        Lost wake-ups are impossible: the rank reads the word, stores WAITING (its CPU and that word),
+        re-checks its slot and sleeps only while the word is unchanged (the futex compares it); we
+        publish the slot, bump the word atomically (a full barrier), then read WAITING. Either the rank
+        sees the new slot, or its futex_wait sees the bump, or we (or the guard) see WAITING set.
+        """
+        q, words, relayed = self.q, self.rank_words, 0
+        if self.awake is not None and any(q[words[lr][2]] for lr in local_ranks):
+            relayed = self.awake.live_mask()       # only where some rank may sleep (it costs a getcpu)
+        _native.wake_owners(self.seg.addr, self.layout.rank_area_off, local_ranks, relayed)
+        if relayed:
+            self._note_relayed(local_ranks, relayed)
+
+    def _note_relayed(self, local_ranks: Sequence[int], relayed: int) -> None:
+        """Of ``local_ranks``, just woken with ``relayed`` (KeepAwake.live_mask), remember those asleep on
+        a CPU whose keep-awake guard wakes them, so that check_relayed wakes them should the guard not
+        run in time (a guard preempted just after it proved live)."""
+        for lr in local_ranks:
+            _completed, wake_addr, waiting = self.rank_words[lr]
+            w = self.q[waiting]
+            if not w:
+                continue
+            cpu = P.waiting_cpu(w)
+            if 0 <= cpu < 64 and (relayed >> cpu) & 1:
+                self.relayed.append((time.monotonic_ns() + RELAY_GRACE_NS, waiting, w, wake_addr))
+
+    def check_relayed(self) -> None:
+        """Forget the relayed wake-ups whose rank woke; wake those still asleep after RELAY_GRACE_NS."""
+        now, q, keep = time.monotonic_ns(), self.q, []
+        for item in self.relayed:
+            deadline, waiting, w, wake_addr = item
+            if q[waiting] != w:
+                continue
+            if now >= deadline:
+                _log.debug("a relayed wake-up was late; waking the rank directly")
+                _native.futex_wake(wake_addr, 0x7FFFFFFF)
+            else:
+                keep.append(item)
+        self.relayed = keep

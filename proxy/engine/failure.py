@@ -1,0 +1,126 @@
+"""Failures and departures of ranks, seen by the progress process (a mixin of ProgressEngine).
+
+The loop never raises into a void: the first error is kept in the pool's asyncResult fields with its
+context (who, what was in flight), the abort flag is set and every rank is woken, so that each
+raises it at its next call or wait. A rank that closes cancels the receives posted to it; once every
+local rank closed or died the loop stops. After a failure the service stays up a bounded while
+(FAIL_LINGER_S) so that a rank still joining learns who failed.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+
+from shmproxy.engine.completion import MASK64
+from shmproxy.engine.ranks import RankInfo
+from shmproxy.core import errors, log
+from shmproxy.shm import pool as P
+
+_log = log.get("PROXY")
+OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
+
+
+class Failure:
+    def rank_closed(self, info: RankInfo) -> None:
+        info.closed = True
+        for key, q in list(self.recvs.items()):
+            if key[0] == info.rank:
+                for op in q:
+                    self.complete(op, errors.InvalidUsage.code, 0)
+                del self.recvs[key]
+        if len(self.ranks) == self.nlocal and all(r.closed or r.dead for r in self.ranks.values()):
+            self.stopping = True
+            self.view.set_ctrl(P.CTRL_STOP, 1)
+            self.wake_loop()
+
+    def not_told(self) -> list[int]:
+        """The local ranks that cannot yet learn of the failure without the service: none of mapping the
+        pool (its error record), dying, closing, or having its join refused with the failure happened."""
+        out = []
+        for lr in range(self.nlocal):
+            info = self.ranks.get(lr)
+            if lr not in self.told and not (info is not None and (info.mapped or info.dead or info.closed)):
+                out.append(lr)
+        return out
+
+    def wait_until_told(self, bound_s: float) -> None:
+        """After a failure, keep the service answering (ControlHandler refuses every join with the
+        failure) until not_told is empty, at most ``bound_s``: a rank still joining when another died
+        learns who died, instead of finding the service gone (a reset, or no socket until its
+        TIMEOUT)."""
+        deadline = time.monotonic() + bound_s
+        with self.joins:
+            while left_out := self.not_told():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _log.info("failed; local ranks %s never learned it from the service", left_out)
+                    return
+                self.joins.wait(left)
+
+    def rank_died(self, info: RankInfo, how: str = "") -> None:
+        if info.closed or info.dead:
+            return
+        info.dead = True
+        inflight = self._inflight_with(info.rank)
+        if self.owner_died_at and not how:
+            how = "holding the ops pool mutex"
+        self.fail(errors.PeerDiedError.code,
+                  f"rank {info.rank} (local rank {info.local_rank}, pid {info.pid}) died"
+                  + (f" {how}" if how else "")
+                  + (f"; in flight with it: {inflight}" if inflight else ""),
+                  rank=info.rank, pid=info.pid)
+
+    def fail(self, code: int, message: str, rank: int | None = None, pid: int | None = None) -> None:
+        """Keep the first error (asyncResult), abort the communicator, wake everybody."""
+        q, base = self.q, P.CTRL_OFF // 8
+        if not self.failed:
+            self.failed = True
+            self.failure = errors.from_code(code, message, rank=rank, pid=pid)
+            data = message.encode("utf-8", "replace")[: P.ERR_MSG_BYTES - 1] + b"\0"
+            self.view.buf[P.ERR_MSG_OFF:P.ERR_MSG_OFF + len(data)] = data
+            q[base + P.CTRL_ERR_CODE] = code
+            q[base + P.CTRL_ERR_RANK] = P.NO_RANK if rank is None else rank & MASK64
+            q[base + P.CTRL_ERR_PID] = pid or 0
+            q[base + P.CTRL_ERR_SEQ] = 1
+            _log.warning("communicator failed: %s", message)
+        q[base + P.CTRL_ABORT] = 1
+        self._wake_all_ranks()
+
+    def _wake_all_ranks(self) -> None:
+        self.wake_ranks(tuple(range(self.nlocal)))
+
+    def _mutex_owner_died(self) -> None:
+        """We got the pool mutex with EOWNERDEAD. The kernel releases a robust mutex early in the
+        owner's exit, before the process is a zombie, so asking now "who is dead?" can find nobody:
+        stop trusting the posted chain, and let the pidfd watcher (rank_died) name the dead rank;
+        tick() falls back to an anonymous report after OWNER_DEAD_GRACE_S."""
+        dead = [r for r in self.ranks.values() if not _alive(r.pid)]
+        if dead:
+            self.rank_died(dead[0], "holding the ops pool mutex")
+        elif not self.owner_died_at:
+            self.owner_died_at = time.monotonic()
+
+    def _inflight_with(self, rank: int) -> str:
+        items = []
+        for key, q in list(self.sends.items()) + list(self.recvs.items()):
+            if rank in key[:2]:
+                items.extend(op.describe() for op in q)
+        for a in self.active:
+            if rank in a.conn:
+                items.append(f"args {a.id} {a.conn[0]}->{a.conn[1]} opCount {a.opcount} ({len(a.subs)} subs)")
+        return "; ".join(items[:8]) + (f" (+{len(items) - 8} more)" if len(items) > 8 else "")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
