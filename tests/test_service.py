@@ -6,6 +6,7 @@ Synchronisation is by events and bounded waits, never by sleeping.
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import select
@@ -659,3 +660,90 @@ def test_no_fd_leak_over_a_full_cycle(sockdir: Path, handler: Handler) -> None:
         srv.stop(T)
         handler.close_all()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+# ---------------------------------------------------------------- a failing callback is never swallowed
+
+class RaisingHandler(Handler):
+    """Records the rank's exit, then fails on it, as a progress process with a bug in rank_died would."""
+
+    def on_process_exit(self, conn: ConnInfo) -> None:
+        super().on_process_exit(conn)
+        raise RuntimeError(f"on_process_exit blew up for rank {conn.rank}")
+
+
+def start_child(path: str) -> subprocess.Popen[bytes]:
+    """A rank in a real process (its death is seen through the pidfd), initialized as rank 7."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, path, TOKEN], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, cwd=REPO, env=env)
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], T)
+    assert ready and proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+@pytest.fixture
+def service_log(caplog: pytest.LogCaptureFixture,
+                monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
+    """caplog for shmproxy.SERVICE, whether or not shmproxy.core.log.configure() stopped propagation."""
+    monkeypatch.setattr(logging.getLogger("shmproxy"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="shmproxy.SERVICE")
+    return caplog
+
+
+def test_process_exit_error_reaches_on_handler_error(sockdir: Path, service_log: pytest.LogCaptureFixture,
+                                                     clients: Callable[..., ServiceClient]) -> None:
+    """A rank's death whose handling fails must fail the communicator, not become a logged line."""
+    handler = RaisingHandler()
+    got: list[BaseException] = []
+    cond = threading.Condition()
+
+    def on_handler_error(exc: BaseException) -> None:
+        with cond:
+            got.append(exc)
+            cond.notify_all()
+
+    srv = ServiceServer(str(sockdir / "fail.sock"), handler, TOKEN, on_handler_error=on_handler_error)
+    srv.start()
+    try:
+        with start_child(srv.path) as proc:
+            try:
+                proc.kill()
+                with cond:
+                    assert cond.wait_for(lambda: got, T), "the handler's error never reached on_handler_error"
+            finally:
+                proc.kill()
+        assert len(got) == 1 and isinstance(got[0], RuntimeError) and "rank 7" in str(got[0])
+        assert handler.events.count(("exit", proc.pid, 7)) == 1
+        failed = [r for r in service_log.records if "handler.on_process_exit failed" in r.getMessage()]
+        assert failed and failed[0].exc_info is not None      # still logged, with its traceback
+        # the callback took the error: the service goes on serving the other ranks
+        assert srv.error is None
+        assert clients(srv.path, rank=1).call(MsgType.SHARED_INIT, {"x": 1})[0]["echo"] == {"x": 1}
+    finally:
+        srv.stop(T)
+        handler.close_all()
+
+
+def test_process_exit_error_without_a_callback_ends_the_loop(sockdir: Path) -> None:
+    """With no on_handler_error the error is not swallowed either: it ends the loop, kept in .error."""
+    handler = RaisingHandler()
+    srv = ServiceServer(str(sockdir / "fail.sock"), handler, TOKEN)
+    srv.start()
+    try:
+        watcher = raw_socket(srv.path)          # an uninitialized client: closed when the loop ends
+        try:
+            with start_child(srv.path) as proc:
+                try:
+                    proc.kill()
+                    assert_dropped(watcher)
+                finally:
+                    proc.kill()
+        finally:
+            watcher.close()
+        assert isinstance(srv.error, RuntimeError) and "rank 7" in str(srv.error)
+    finally:
+        srv.stop(T)
+        handler.close_all()
+    assert not [t for t in threading.enumerate() if t.name == "shmproxy-service"]

@@ -32,6 +32,10 @@ only when ``handle`` succeeds. ``on_disconnect`` and ``on_process_exit`` are cal
 connections that reached INITIALIZED, and not during :meth:`ServiceServer.stop` (the handler is being
 torn down then). After an unclean disconnect the pidfd stays watched, so ``on_process_exit`` still
 tells the handler whether the rank died; after a clean one (a CLOSE first) it is closed at once.
+A failing callback is never swallowed: ``on_process_exit`` is how a rank's death becomes an error on
+every survivor, and a death only logged is a hang until TIMEOUT. Its exception (or on_disconnect's) is
+logged and handed to ``on_handler_error`` (the owner fails the communicator with it); without one it
+ends the loop like any bug of the loop (``ServiceServer.error``). ``handle``'s own errors stay per request.
 """
 from __future__ import annotations
 
@@ -49,12 +53,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeGuard
+from typing import Any, Callable, Protocol, TypeGuard
 
 from shmproxy.core import errors
 from shmproxy.core import log as plog
-from shmproxy.control.protocol import (MAX_FDS, MAX_PAYLOAD, ConnState, MsgType, ProtocolError, Request, RequestReader,
-                            close_fds, encode_payload, error_payload, next_state, pack_response, send_some)
+from shmproxy.control.protocol import (MAX_FDS, MAX_PAYLOAD, ConnState, MsgType, ProtocolError, Request,
+                                       RequestReader, close_fds, encode_payload, error_payload, next_state,
+                                       pack_response, send_some)
 
 log = plog.get("SERVICE")
 
@@ -112,6 +117,11 @@ class _Rejected(errors.InvalidArgument):
     """INIT failed authentication or validation: answer, then drop the client."""
 
 
+class _HandlerFailed(BaseException):
+    """A callback's error (its ``__cause__``) on its way to the loop's top level; not an Exception, so
+    that serving INIT (whose pidfd may find the rank dead) cannot turn it into one error response."""
+
+
 class _Kind(enum.Enum):
     LISTENER = 1
     WAKE = 2
@@ -143,13 +153,15 @@ class ServiceServer:
     """The service thread of one progress process. See the module header for the threading model."""
 
     def __init__(self, path: str, handler: ServiceHandler, token: str, uid: int | None = None, *,
-                 frame_timeout: float = 5.0):
+                 frame_timeout: float = 5.0, on_handler_error: Callable[[BaseException], None] | None = None):
+        # on_handler_error runs on the service thread (it must not block); see the module header.
         if not token:
             raise errors.InvalidArgument("the service needs a non-empty job token")
         if frame_timeout <= 0:
             raise errors.InvalidArgument(f"frame_timeout must be > 0, got {frame_timeout}")
         self.path = path
         self._handler = handler
+        self._on_handler_error = on_handler_error
         self._token = token.encode()
         self._uid = os.getuid() if uid is None else uid
         self._frame_timeout = frame_timeout
@@ -233,7 +245,7 @@ class ServiceServer:
 
     @property
     def error(self) -> BaseException | None:
-        """The exception that ended the service loop (a bug), or None."""
+        """The exception that ended the service loop (a bug, or a callback's error nobody took), or None."""
         return self._error
 
     # ---------------------------------------------------------------- the loop
@@ -256,7 +268,7 @@ class ServiceServer:
                         self._drain_wake()
                 self._expire(time.monotonic())
         except BaseException as exc:  # a bug in the loop itself: keep it for the progress process
-            self._error = exc
+            self._error = exc.__cause__ if isinstance(exc, _HandlerFailed) and exc.__cause__ else exc
             log.critical("service loop failed; no more control requests will be served", exc_info=True)
         finally:
             self._teardown()
@@ -513,8 +525,15 @@ class ServiceServer:
     def _notify(self, what: str, conn: _Conn, *args: Any) -> None:
         try:
             getattr(self._handler, what)(conn.info, *args)
-        except Exception:
+        except Exception as exc:
             log.exception("handler.%s failed for %s", what, conn.info.describe())
+            if self._on_handler_error is not None:
+                try:
+                    self._on_handler_error(exc)
+                    return
+                except Exception:
+                    log.exception("on_handler_error failed too on handler.%s's error", what)
+            raise _HandlerFailed(f"handler.{what} failed for {conn.info.describe()}: {exc!r}") from exc
 
     # ---------------------------------------------------------------- wake-up and teardown
 
