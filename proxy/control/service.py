@@ -1,7 +1,7 @@
 """The service: the control plane of a progress process, served on a Unix domain socket.
 
 Ranks connect to it to init, register buffers (memfds passed with SCM_RIGHTS), set up and connect
-transports, close, abort and stop (DESIGN.md section 7; the wire format is in proxy/control/protocol.py).
+transports, close, abort and stop (docs/architecture.md, "Joining a communicator"; the wire format is in proxy/control/protocol.py).
 
 Threading. The service is one daemon thread ("shmproxy-service") of the progress process, so the data
 loop never waits on a socket. It runs a ``selectors`` loop over the listening socket, a wake pipe (how

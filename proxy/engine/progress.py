@@ -144,9 +144,15 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         self.passes = 0
         self.t_start = time.monotonic()
         self._write_info()
-        self.server = ServiceServer(path, ControlHandler(self), token=job_key)
+        # A handler that raises (on_process_exit is how a rank's death reaches us) fails the communicator:
+        # swallowed, the death would be a hang until TIMEOUT on every survivor.
+        self.server = ServiceServer(path, ControlHandler(self), token=job_key, on_handler_error=self._service_failed)
 
     # ------------------------------------------------------------------ lifecycle
+    def _service_failed(self, exc: BaseException) -> None:
+        code = exc.code if isinstance(exc, errors.ProxyError) else errors.InternalError.code
+        self.fail(code, f"the service failed handling a rank: {exc!r}")
+
     def start(self) -> None:
         sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
         self.server.start()

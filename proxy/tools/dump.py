@@ -1,4 +1,4 @@
-"""Render an ops pool's state as a report (DESIGN.md section 11); the reading is shmproxy.tools.pool_reader.
+"""Render an ops pool's state as a report (docs/architecture.md, "Observability"); the reading is shmproxy.tools.pool_reader.
 
 ``read_pool`` (re-exported here, the name the progress process, shmproxy-dump and the tests use)
 turns a pool into a JSON-ready dict; ``format_text`` renders that dict, freshly read or loaded back
@@ -258,7 +258,7 @@ def _format_in_process(ip: dict) -> list[str]:
         if len(items) > TEXT_LISTED:
             add(f"  ... {len(items) - TEXT_LISTED} more")
     conns = ip.get("connections") or {}
-    add("connections: " + (", ".join(f"{k} {v}" for k, v in conns.items()) if conns else "none"))
+    add("connections: " + (", ".join(f"{k} {_conn_text(v)}" for k, v in conns.items()) if conns else "none"))
     svc = ip.get("service") or []
     svc_text = ", ".join(f"rank {c.get('rank')} pid {c.get('pid')} {c.get('state')}" for c in svc)
     add(f"service connections: {svc_text or 'none'}")
@@ -271,3 +271,10 @@ def _format_in_process(ip: dict) -> list[str]:
         if k not in known:
             add(f"{k}: {v}")
     return out
+
+
+def _conn_text(c: object) -> str:
+    """A connector as the in-process dump describes it (transports.base.Connector.describe)."""
+    if not isinstance(c, dict):
+        return str(c)
+    return f"{c.get('transport')} ({c.get('kind')}, {c.get('state')}, {c.get('messages')} msgs, {c.get('bytes')} B)"

@@ -1,4 +1,4 @@
-"""shmproxy-dump: show the state of a job's progress processes (DESIGN.md section 11).
+"""shmproxy-dump: show the state of a job's progress processes (docs/architecture.md, "Observability").
 
     shmproxy-dump                        list the progress processes of this user on this node
     shmproxy-dump --outside [--json]     read each one's ops pool from outside (the default read)
