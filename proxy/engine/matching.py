@@ -1,0 +1,281 @@
+"""Point-to-point message matching with MPI wildcards, for the ranks one progress process serves.
+
+A send reaches the matcher as an *arrival* (its envelope: destination, source, tag); a receive as a
+*post* (destination, source or ANY_SOURCE, tag or ANY_TAG). The matcher pairs them; the items it is
+handed (the engine's Op) are opaque to it and compared by identity only.
+
+MPI's ordering rules, and how this structure gives each of them:
+
+1. An arriving message matches the EARLIEST POSTED pending receive of its destination that accepts
+   it (source equal or ANY_SOURCE, tag equal or ANY_TAG). Receives with no wildcard wait in a FIFO
+   per (source, tag), so the earliest specific one that can accept is that queue's head; receives
+   with a wildcard wait in one list per destination in posting order, so the earliest wildcard one
+   that can accept is the first acceptor in that list. Every post takes a number from one increasing
+   sequence, so the earlier of those two candidates is the one with the smaller number.
+2. A new receive matches the EARLIEST ARRIVED unexpected message it accepts. Unexpected messages
+   wait in a FIFO per (destination, source, tag), numbered from the same sequence on arrival. A
+   specific receive can only accept one queue, so it takes that head; a wildcard receive takes, among
+   the heads of the queues it accepts, the one with the smallest number. A head is the earliest of
+   its queue, so no non-head message can be earlier than the winning head.
+3. Non-overtaking (two messages from one source to one destination that a receive both accepts are
+   matched in the order they were sent; receives are satisfied in the order they were posted)
+   follows from 1 and 2 because arrivals and posts are fed in that order.
+
+Invariant: no pending receive accepts any pending unexpected message (each item is matched on entry
+if it can be, and removals keep this true), so matching only ever looks at the newcomer.
+
+Cost: with no wildcard receive pending for a destination, arrive and post are a few dict lookups and
+deque operations, no scan. The wildcard list is walked only while it holds receives, and only up to
+the specific candidate's sequence number; a wildcard post or a probe looks at the heads of the
+destination's unexpected queues, never deeper. take, cancel and drop search (they are rare).
+`scanned` counts every entry those walks examine, so tests can check the common path does none.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Iterator
+
+from shmproxy.core import errors
+
+ANY_SOURCE = -1
+ANY_TAG = -(1 << 63)   # tags are int64; the most negative one is reserved as the wildcard
+
+Entry = tuple[int, Any]   # (sequence number, item)
+
+
+class _Dest:
+    """What is pending for one destination rank."""
+
+    __slots__ = ("recvs", "wild", "unexp")
+
+    def __init__(self) -> None:
+        self.recvs: dict[tuple[int, int], collections.deque[Entry]] = {}   # specific posted receives
+        self.wild: list[tuple[int, int, int, Any]] = []                    # (seq, src, tag, item)
+        self.unexp: dict[tuple[int, int], collections.deque[Entry]] = {}   # unexpected, by (src, tag)
+
+    def empty(self) -> bool:
+        return not (self.recvs or self.wild or self.unexp)
+
+
+def _accepts(want_src: int, want_tag: int, src: int, tag: int) -> bool:
+    return (want_src == src or want_src == ANY_SOURCE) and (want_tag == tag or want_tag == ANY_TAG)
+
+
+class Matcher:
+    """Posted receives and unexpected messages of some destination ranks, matched by MPI's rules."""
+
+    def __init__(self) -> None:
+        self._dests: dict[int, _Dest] = {}
+        self._seq = 0
+        self.nposted = 0
+        self.nunexpected = 0
+        self.scanned = 0   # entries examined by walks (wildcard list, queue heads, searches); for tests
+
+    # ------------------------------------------------------------------ matching
+    def arrive(self, dst: int, src: int, tag: int, item: Any, enqueue: bool = True) -> Any | None:
+        """A send's envelope: return the receive it matches (removed), else queue it as unexpected.
+        With enqueue=False an unmatched message is not queued (the caller fails it instead)."""
+        if src < 0 or tag == ANY_TAG:
+            raise errors.InvalidArgument(
+                f"a message's envelope cannot hold a wildcard (source {src}, tag {tag})")
+        d = self._dests.get(dst)
+        if d is not None:
+            key = (src, tag)
+            q = d.recvs.get(key)
+            best = q[0][0] if q else None
+            if d.wild:
+                for i, (seq, wsrc, wtag, witem) in enumerate(d.wild):
+                    if best is not None and seq > best:
+                        break   # later than the specific candidate: it cannot win
+                    self.scanned += 1
+                    if _accepts(wsrc, wtag, src, tag):
+                        del d.wild[i]
+                        self._forget(dst, d)
+                        self.nposted -= 1
+                        return witem
+            if q:
+                recv = q.popleft()[1]
+                if not q:
+                    del d.recvs[key]
+                    self._forget(dst, d)
+                self.nposted -= 1
+                return recv
+        if enqueue:
+            self._queue(dst, self._dest(dst).unexp, (src, tag), item)
+            self.nunexpected += 1
+        return None
+
+    def post(self, dst: int, src: int, tag: int, item: Any, enqueue: bool = True) -> Any | None:
+        """A new receive: return the unexpected message it matches (removed), else queue it as posted.
+        With enqueue=False an unmatched receive is not queued (the caller fails it instead)."""
+        if src < ANY_SOURCE:
+            raise errors.InvalidArgument(f"a receive's source must be a rank or ANY_SOURCE, not {src}")
+        d = self._dests.get(dst)
+        if d is not None and d.unexp:
+            key = self._earliest(d, src, tag)
+            if key is not None:
+                q = d.unexp[key]
+                send = q.popleft()[1]
+                if not q:
+                    del d.unexp[key]
+                    self._forget(dst, d)
+                self.nunexpected -= 1
+                return send
+        if enqueue:
+            if src == ANY_SOURCE or tag == ANY_TAG:
+                self._seq += 1
+                self._dest(dst).wild.append((self._seq, src, tag, item))
+            else:
+                self._queue(dst, self._dest(dst).recvs, (src, tag), item)
+            self.nposted += 1
+        return None
+
+    def probe(self, dst: int, src: int, tag: int) -> Any | None:
+        """The unexpected message a receive (src, tag) would match now, left in place (MPI_Iprobe)."""
+        d = self._dests.get(dst)
+        if d is None or not d.unexp:
+            return None
+        key = self._earliest(d, src, tag)
+        return None if key is None else d.unexp[key][0][1]
+
+    def _earliest(self, d: _Dest, src: int, tag: int) -> tuple[int, int] | None:
+        """Key of the unexpected queue whose head a receive (src, tag) matches (rule 2)."""
+        if src != ANY_SOURCE and tag != ANY_TAG:
+            return (src, tag) if (src, tag) in d.unexp else None
+        best_key, best_seq = None, 0
+        for key, q in d.unexp.items():
+            self.scanned += 1
+            if _accepts(src, tag, key[0], key[1]) and (best_key is None or q[0][0] < best_seq):
+                best_key, best_seq = key, q[0][0]
+        return best_key
+
+    # ------------------------------------------------------------------ removal
+    def take(self, dst: int, item: Any) -> bool:
+        """Remove the unexpected message `item` (after a matched probe); False if it is not queued."""
+        d = self._dests.get(dst)
+        if d is None:
+            return False
+        for key, q in d.unexp.items():
+            if self._remove_from(q, item):
+                if not q:
+                    del d.unexp[key]
+                    self._forget(dst, d)
+                self.nunexpected -= 1
+                return True
+        return False
+
+    def cancel(self, dst: int, item: Any) -> bool:
+        """Remove the posted receive `item`; False if it is not pending (already matched, say)."""
+        d = self._dests.get(dst)
+        if d is None:
+            return False
+        for i, w in enumerate(d.wild):
+            self.scanned += 1
+            if w[3] is item:
+                del d.wild[i]
+                self._forget(dst, d)
+                self.nposted -= 1
+                return True
+        for key, q in d.recvs.items():
+            if self._remove_from(q, item):
+                if not q:
+                    del d.recvs[key]
+                    self._forget(dst, d)
+                self.nposted -= 1
+                return True
+        return False
+
+    def drop(self, pred: Callable[[int, int, int, Any], bool], posted: bool = True,
+             unexpected: bool = True) -> list[Any]:
+        """Remove every pending item (posted receives and/or unexpected messages) for which
+        pred(dst, src, tag, item) is true; return them in the order they were posted or arrived."""
+        out: list[Entry] = []
+        for dst, d in list(self._dests.items()):
+            if posted:
+                keep = []
+                for w in d.wild:
+                    if pred(dst, w[1], w[2], w[3]):
+                        out.append((w[0], w[3]))
+                    else:
+                        keep.append(w)
+                self.nposted -= len(d.wild) - len(keep)
+                d.wild = keep
+                self.nposted -= self._drop_queues(dst, d.recvs, pred, out)
+            if unexpected:
+                self.nunexpected -= self._drop_queues(dst, d.unexp, pred, out)
+            self._forget(dst, d)
+        out.sort(key=lambda e: e[0])
+        return [item for _, item in out]
+
+    @staticmethod
+    def _drop_queues(dst: int, queues: dict[tuple[int, int], collections.deque[Entry]],
+                     pred: Callable[[int, int, int, Any], bool], out: list[Entry]) -> int:
+        """Move the entries of `queues` that pred picks to `out`; return how many."""
+        before = len(out)
+        for (src, tag), q in list(queues.items()):
+            keep: collections.deque[Entry] = collections.deque()
+            for e in q:
+                (out if pred(dst, src, tag, e[1]) else keep).append(e)
+            if keep:
+                queues[(src, tag)] = keep
+            else:
+                del queues[(src, tag)]
+        return len(out) - before
+
+    def _remove_from(self, q: collections.deque[Entry], item: Any) -> bool:
+        for i, e in enumerate(q):
+            self.scanned += 1
+            if e[1] is item:
+                del q[i]
+                return True
+        return False
+
+    # ------------------------------------------------------------------ bookkeeping and views
+    def _dest(self, dst: int) -> _Dest:
+        d = self._dests.get(dst)
+        if d is None:
+            d = self._dests[dst] = _Dest()
+        return d
+
+    def _forget(self, dst: int, d: _Dest) -> None:
+        if d.empty():
+            del self._dests[dst]
+
+    def _queue(self, dst: int, queues: dict[tuple[int, int], collections.deque[Entry]],
+               key: tuple[int, int], item: Any) -> None:
+        self._seq += 1
+        q = queues.get(key)
+        if q is None:
+            q = queues[key] = collections.deque()
+        q.append((self._seq, item))
+
+    def __len__(self) -> int:
+        return self.nposted + self.nunexpected
+
+    def dests(self) -> list[int]:
+        """The destinations with anything pending, in increasing order."""
+        return sorted(self._dests)
+
+    def posted(self, dst: int) -> Iterator[tuple[int, int, Any]]:
+        """dst's pending receives as (src, tag, item), in posting order."""
+        d = self._dests.get(dst)
+        if d is None:
+            return iter(())
+        entries = [(seq, src, tag, item) for (src, tag), q in d.recvs.items() for seq, item in q]
+        return ((src, tag, item) for _, src, tag, item in sorted(entries + d.wild, key=lambda e: e[0]))
+
+    def unexpected(self, dst: int) -> Iterator[tuple[int, int, Any]]:
+        """dst's unexpected messages as (src, tag, item), in arrival order."""
+        d = self._dests.get(dst)
+        if d is None:
+            return iter(())
+        entries = sorted(((seq, src, tag, item) for (src, tag), q in d.unexp.items() for seq, item in q),
+                         key=lambda e: e[0])
+        return ((src, tag, item) for _, src, tag, item in entries)
+
+    def counts(self, dst: int) -> tuple[int, int]:
+        """(posted receives, unexpected messages) pending for dst."""
+        d = self._dests.get(dst)
+        if d is None:
+            return 0, 0
+        return (sum(map(len, d.recvs.values())) + len(d.wild), sum(map(len, d.unexp.values())))
