@@ -314,18 +314,20 @@ static PyObject *py_fetch_posted(PyObject *self, PyObject *args) {
 }
 
 /*
- * sleep_unless_posted(pool, timeout) -> OK | TIMEDOUT | OWNERDEAD
+ * sleep_unless_posted(pool, timeout, seen_events) -> OK | TIMEDOUT | OWNERDEAD
  * The progress process's condvar sleep, pool mutex held, the posted chain found empty: store
- * SLEEPING = 1, then sleep only if no rank handed a chain off meanwhile (the pending mask is empty),
- * both sequentially consistent, against a poster's mask bit then SLEEPING load (shm/_pool_lock.h,
- * "Hand-off"): either we see its bit or it sees SLEEPING and signals under the mutex. Bounded by
- * `timeout` s; SLEEPING is 0 again on return, and the mutex held (made consistent by the caller on
- * OWNERDEAD, as sync.SharedCond.wait).
+ * SLEEPING = 1, then sleep only if no rank handed a chain off meanwhile (the pending mask is empty)
+ * and no thread of this process posted an event (EVENTS still equals `seen_events`), all sequentially
+ * consistent, against a poster's mask bit (or an event's increment) then SLEEPING load
+ * (shm/_pool_lock.h, "Hand-off"; post_event below): either we see its bit or increment, or it sees
+ * SLEEPING and signals under the mutex. Bounded by `timeout` s; SLEEPING is 0 again on return, and
+ * the mutex held (made consistent by the caller on OWNERDEAD, as sync.SharedCond.wait).
  */
 static PyObject *py_sleep_unless_posted(PyObject *self, PyObject *args) {
     PyObject *pool_o;
     double timeout;
-    if (!PyArg_ParseTuple(args, "Od", &pool_o, &timeout)) return NULL;
+    unsigned long long seen_events;
+    if (!PyArg_ParseTuple(args, "OdK", &pool_o, &timeout, &seen_events)) return NULL;
     char *pool = as_ptr(pool_o);
     if (!pool) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "sleep_unless_posted: no pool");
@@ -333,9 +335,10 @@ static PyObject *py_sleep_unless_posted(PyObject *self, PyObject *args) {
     }
     uint64_t *sleeping = (uint64_t *)(pool + POOL_SLEEPING_OFF);
     uint64_t *mask = (uint64_t *)(pool + POOL_PENDING_MASK_OFF);
+    uint64_t *events = (uint64_t *)(pool + POOL_EVENTS_OFF);
     int r = 0;
     __atomic_store_n(sleeping, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(mask, __ATOMIC_SEQ_CST) == 0) {
+    if (__atomic_load_n(mask, __ATOMIC_SEQ_CST) == 0 && __atomic_load_n(events, __ATOMIC_SEQ_CST) == seen_events) {
         struct timespec ts = deadline_after(timeout);
         Py_BEGIN_ALLOW_THREADS
         r = pthread_cond_timedwait((pthread_cond_t *)(pool + POOL_COND_OFF),
@@ -344,6 +347,40 @@ static PyObject *py_sleep_unless_posted(PyObject *self, PyObject *args) {
     }
     __atomic_store_n(sleeping, 0, __ATOMIC_RELEASE);
     return lock_result(r, "pthread_cond_timedwait");
+}
+
+/*
+ * post_event(pool, timeout) -> OK | TIMEDOUT | OWNERDEAD
+ * A thread of the progress process other than its loop (the service thread, a transport's helper
+ * thread watching sockets or device events) has news for the loop, already queued where the loop
+ * looks: bump EVENTS, then, if the loop may be asleep (SLEEPING), take the pool mutex and broadcast
+ * the condvar. Both accesses are sequentially consistent against the loop's SLEEPING store and EVENTS
+ * load in sleep_unless_posted, so the news is never left until the loop's bounded sleep ends. The
+ * ranks' post path is untouched: they never read EVENTS.
+ */
+static PyObject *py_post_event(PyObject *self, PyObject *args) {
+    PyObject *pool_o;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Od", &pool_o, &timeout)) return NULL;
+    char *pool = as_ptr(pool_o);
+    if (!pool) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "post_event: no pool");
+        return NULL;
+    }
+    __atomic_add_fetch((uint64_t *)(pool + POOL_EVENTS_OFF), 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n((uint64_t *)(pool + POOL_SLEEPING_OFF), __ATOMIC_SEQ_CST))
+        return PyLong_FromLong(RC_OK);
+    pthread_mutex_t *m = (pthread_mutex_t *)(pool + POOL_MUTEX_OFF);
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = lock_bounded(m, timeout);
+    Py_END_ALLOW_THREADS
+    if (r == EOWNERDEAD) pthread_mutex_consistent(m);   /* the loop learns who died through its watcher */
+    if (r == 0 || r == EOWNERDEAD) {
+        pthread_cond_broadcast((pthread_cond_t *)(pool + POOL_COND_OFF));
+        pthread_mutex_unlock(m);
+    }
+    return lock_result(r, "pthread_mutex_clocklock");
 }
 
 /*
@@ -547,7 +584,9 @@ static PyMethodDef methods[] = {
      "fetch_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx, blocking, timeout) "
      "-> (n, err, at, rc): lock, take_posted, unlock in one call"},
     {"sleep_unless_posted", py_sleep_unless_posted, METH_VARARGS,
-     "sleep_unless_posted(pool, timeout) -> OK | TIMEDOUT | OWNERDEAD: the progress process's condvar sleep"},
+     "sleep_unless_posted(pool, timeout, seen_events) -> OK | TIMEDOUT | OWNERDEAD: the progress process's condvar sleep"},
+    {"post_event", py_post_event, METH_VARARGS,
+     "post_event(pool, timeout) -> OK | TIMEDOUT | OWNERDEAD: news for the progress loop from another thread"},
     {"take_posted", py_take_posted, METH_VARARGS,
      "take_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx) -> (n, err, at)"},
     {"buffer_info", py_buffer_info, METH_VARARGS, "buffer_info(obj, writable) -> (address, nbytes)"},
@@ -573,8 +612,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "BUSY", RC_BUSY);
     /* shm/_pool_layout.h, which shm/pool.py checks against its own layout */
     PyModule_AddObject(m, "POOL_LAYOUT", Py_BuildValue(
-        "(iiiiiiiiiiiiiiii)", POOL_MUTEX_OFF, POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_COND_OFF,
-        POOL_PENDING_MASK_OFF, POOL_SLEEPING_OFF, POOL_FREE_OPS_OFF, RECORD_BYTES, REC_OWNER_OFF,
+        "(iiiiiiiiiiiiiiiii)", POOL_MUTEX_OFF, POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_COND_OFF,
+        POOL_PENDING_MASK_OFF, POOL_SLEEPING_OFF, POOL_EVENTS_OFF, POOL_FREE_OPS_OFF, RECORD_BYTES, REC_OWNER_OFF,
         REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
         RANK_WAITING_OFF, RANK_COMPLETED_OFF, RANK_PENDING_OFF));
     return m;

@@ -16,6 +16,7 @@
 #define POOL_COND_OFF 128
 #define POOL_PENDING_MASK_OFF 192
 #define POOL_SLEEPING_OFF 328   /* CTRL_SLEEPING (shm/pool.py): u64, 1 while the progress process may sleep */
+#define POOL_EVENTS_OFF 384     /* CTRL_EVENTS: u64, bumped by a thread of the progress process with news for its loop */
 #define POOL_FREE_OPS_OFF 1024
 
 /* op records: `next` (int32) at 0 */

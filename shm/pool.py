@@ -40,7 +40,8 @@ import struct
 from shmproxy.shm import _native, counters, sync
 
 MAGIC = 0x5958_4F52_5048_4D53  # b"SHMPROXY" little-endian
-VERSION = 3   # 3: posts hand chains off through RANK_PENDING without the mutex (_pool_lock.h)
+VERSION = 4   # 3: posts hand chains off through RANK_PENDING without the mutex (_pool_lock.h);
+              # 4: CTRL_EVENTS (news for the loop from its own threads), the record's memory kind
 
 HEADER_FMT = struct.Struct("<QIIIIIIQ")  # magic, version, header_bytes, nlocal, max_ops, max_subs, 0, total
 assert HEADER_FMT.size == 40
@@ -72,6 +73,8 @@ CTRL_N_ARGS = 12
 CTRL_N_SLEEP = 13
 CTRL_N_PASSES = 14
 CTRL_ACTIVE_SUBS = 15
+CTRL_EVENTS = 16       # threads of the progress process other than its loop: bumped with news for the loop
+                       # (_native.post_event; the loop does not sleep past a change: sleep_unless_posted)
 CTRL_COUNT = 32
 
 PROXY_STARTING, PROXY_RUNNING, PROXY_STOPPING, PROXY_EXITED = 0, 1, 2, 3
@@ -127,7 +130,7 @@ assert RECORD.size == RECORD_BYTES
 
 # shm/_pool_layout.h hard-codes these for the C helpers (shm._native, shm._poster): it must agree.
 if _native.POOL_LAYOUT != (MUTEX_OFF, NEXT_OPS_OFF, NEXT_OPS_END_OFF, COND_OFF, PENDING_MASK_OFF,
-                           CTRL_OFF + 8 * CTRL_SLEEPING, FREE_OPS_OFF, RECORD_BYTES,
+                           CTRL_OFF + 8 * CTRL_SLEEPING, CTRL_OFF + 8 * CTRL_EVENTS, FREE_OPS_OFF, RECORD_BYTES,
                            struct.calcsize("<iBBBB"), struct.calcsize("<iBBBBiiq"), SLOT_BYTES, RANK_AREA_BYTES,
                            8 * RANK_WAKE, 8 * RANK_WAITING, 8 * RANK_COMPLETED, 8 * RANK_PENDING):
     raise ImportError("shm/_pool_layout.h and shm/pool.py disagree on the ops pool layout (or shm._native "

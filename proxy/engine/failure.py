@@ -23,16 +23,16 @@ OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who d
 
 class Failure:
     def rank_closed(self, info: RankInfo) -> None:
+        """Service thread: ``info``'s rank closed. What waits on it is failed by the loop, which owns
+        the matching (close_half), woken at once through an event."""
         info.closed = True
-        for key, q in list(self.recvs.items()):
-            if key[0] == info.rank:
-                for op in q:
-                    self.complete(op, errors.InvalidUsage.code, 0)
-                del self.recvs[key]
+        self.post_event(lambda: self._after_close(info))
+
+    def _after_close(self, info: RankInfo) -> None:
+        self.close_half(info)
         if len(self.ranks) == self.nlocal and all(r.closed or r.dead for r in self.ranks.values()):
             self.stopping = True
             self.view.set_ctrl(P.CTRL_STOP, 1)
-            self.wake_loop()
 
     def not_told(self) -> list[int]:
         """The local ranks that cannot yet learn of the failure without the service: none of mapping the
@@ -103,9 +103,11 @@ class Failure:
 
     def _inflight_with(self, rank: int) -> str:
         items = []
-        for key, q in list(self.sends.items()) + list(self.recvs.items()):
-            if rank in key[:2]:
-                items.extend(op.describe() for op in q)
+        m = self.matcher
+        for dst in m.dests():
+            for src, _tag, op in list(m.posted(dst)) + list(m.unexpected(dst)):
+                if rank in (dst, src):
+                    items.append(op.describe())
         for a in self.active:
             if rank in a.conn:
                 items.append(f"args {a.id} {a.conn[0]}->{a.conn[1]} opCount {a.opcount} ({len(a.subs)} subs)")

@@ -1,19 +1,36 @@
-"""Point-to-point in the progress process (a mixin of ProgressEngine): matching and connections.
+"""Point-to-point in the progress process (a mixin of ProgressEngine): the two halves of a message.
 
-A send and a receive meet by (source, destination, tag) in FIFO order, which is what keeps messages
-of one pair and tag from overtaking each other; a matched pair is checked for what only the pair can
-tell (truncation, dtype) and handed to the connector of (sender, receiver, memory kind), whose
-transport moves it (shmproxy.transports.base).
+A message has a *send half* and a *receive half*, so that the two can live in different progress
+processes once ranks span nodes:
+
+- the send half takes a fetched send op and delivers its *envelope* (source, tag, communicator,
+  size, dtype: the op itself within a node) to the receive half of the destination's node. For a
+  local destination that is a call; a remote one goes through the connector of the pair (the
+  envelope is the rendezvous's request-to-send, RTS).
+- the receive half keeps, per destination rank, the posted receives and the unexpected messages
+  (engine/matching.py: MPI's matching order, with ANY_SOURCE and ANY_TAG). A receive that finds its
+  envelope, or an envelope that finds its receive, is a match. The receive half then decides what
+  only it can (truncation against the receive buffer, dtype agreement), which status each side gets
+  back, and hands the pair to the connector of (sender, receiver, memory kind): the match is the
+  clear-to-send (CTS), and the transport moves the bytes, eagerly or in chunks (its own policy).
+
+Within a node the shm transport copies source to destination once, so RTS and CTS cost no message:
+the envelope and the match are calls. Across nodes the same steps become messages between progress
+processes (RTS with the envelope, CTS with the receive buffer, a completion with the status).
+
+A rank that closes fails, on this loop's thread, the receives posted for it from that rank and the
+messages waiting for it to receive them ("peer closed first"): nobody is left waiting for a rank
+that is gone. Receives from ANY_SOURCE stay posted, as MPI has it.
 """
 from __future__ import annotations
 
-import collections
 import time
-
 
 from shmproxy.core import errors, log
 from shmproxy.core.ops import KIND_COLL, KIND_RECV, KIND_SEND, Op
 from shmproxy.engine.args import Transfer
+from shmproxy.engine.matching import ANY_SOURCE, Matcher
+from shmproxy.engine.ranks import RankInfo
 from shmproxy import transports
 from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind, PeerInfo, Transport
 
@@ -21,40 +38,77 @@ _log = log.get("PROXY")
 
 
 class PointToPoint:
+    matcher: Matcher
+
     def append(self, op: Op) -> None:
+        """A fetched op: a collective's arrival, or one half of a message."""
         if op.rank < 0:
             self.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
             return
-        if op.kind == KIND_COLL:
-            self.coll_arrive(op)
-            return
-        if not 0 <= op.peer < self.size:
-            self.complete(op, errors.InvalidArgument.code, 0)
-            return
         if op.kind == KIND_SEND:
-            key = (op.rank, op.peer, op.tag)
-            mine, theirs = self.sends, self.recvs
+            self.send_half(op)
         elif op.kind == KIND_RECV:
-            key = (op.peer, op.rank, op.tag)
-            mine, theirs = self.recvs, self.sends
+            self.recv_half_post(op)
+        elif op.kind == KIND_COLL:
+            self.coll_arrive(op)
         else:
             self.complete(op, errors.InternalError.code, 0)
+
+    # ------------------------------------------------------------------ send half
+    def send_half(self, send: Op) -> None:
+        if not 0 <= send.peer < self.size:
+            self.complete(send, errors.InvalidArgument.code, 0)
             return
-        q = theirs.get(key)
-        if q:
-            other = q.popleft()
-            if not q:
-                del theirs[key]
-            if op.kind == KIND_SEND:
-                self.match(op, other)
-            else:
-                self.match(other, op)
+        if self.is_local(send.peer):
+            self.recv_half_arrive(send)
             return
-        peer_local = self.local_of.get(op.peer)
-        if peer_local is not None and self.ranks[peer_local].closed and op.peer != op.rank:
-            self.complete(op, errors.InvalidUsage.code, 0)
+        # The destination's receive half lives in another node's progress process: its envelope
+        # would travel over the pair's connector, and no transport between nodes exists yet.
+        self.complete(send, errors.InvalidUsage.code, 0)
+
+    # ------------------------------------------------------------------ receive half
+    def recv_half_arrive(self, send: Op) -> None:
+        """An envelope for a local rank: match it with a posted receive, or keep it as unexpected."""
+        open_ = not self._closed(send.peer) or send.peer == send.rank
+        recv = self.matcher.arrive(send.peer, send.rank, send.tag, send, enqueue=open_)
+        if recv is not None:
+            self.match(send, recv)
+        elif not open_:
+            self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
+
+    def recv_half_post(self, recv: Op) -> None:
+        """A posted receive: match it with the earliest unexpected envelope it accepts, or keep it."""
+        src = recv.peer
+        if src != ANY_SOURCE and not 0 <= src < self.size:
+            self.complete(recv, errors.InvalidArgument.code, 0)
             return
-        mine.setdefault(key, collections.deque()).append(op)
+        open_ = src == ANY_SOURCE or src == recv.rank or not self._closed(src)
+        send = self.matcher.post(recv.rank, src, recv.tag, recv, enqueue=open_)
+        if send is not None:
+            self.match(send, recv)
+        elif not open_:
+            self.complete(recv, errors.InvalidUsage.code, 0)   # the sender closed first
+
+    def is_local(self, rank: int) -> bool:
+        """Whether ``rank``'s receive half is this process's. Every rank is, while a communicator spans
+        one node (a rank may post to a peer that has not joined yet); across nodes the node map of
+        the bootstrap will say."""
+        return self.nlocal == self.size or rank in self.local_of
+
+    def _closed(self, rank: int) -> bool:
+        lr = self.local_of.get(rank)
+        return lr is not None and self.ranks[lr].closed
+
+    def close_half(self, info: RankInfo) -> None:
+        """Loop thread, once ``info``'s rank closed: fail what waits on it (see the module header)."""
+        gone = info.rank
+
+        def waits_on_gone(dst: int, src: int, tag: int, op: Op) -> bool:
+            return src == gone if op.kind == KIND_RECV else dst == gone
+
+        for op in self.matcher.drop(waits_on_gone):
+            if op.rank != gone:
+                self.complete(op, errors.InvalidUsage.code, 0)
 
     def match(self, send: Op, recv: Op) -> None:
         """A send met its receive: check what only the pair can tell (truncation, dtype), then hand the

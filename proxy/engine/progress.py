@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from shmproxy.control.service import ServiceServer
 from shmproxy.engine.completion import RELAY_GRACE_NS, Completion
 from shmproxy.engine.context import EngineContext
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failure
+from shmproxy.engine.matching import Matcher
 from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode, coll_chunk_limit, fetch_mode, streaming_threshold
 from shmproxy.engine.ranks import RankInfo
@@ -67,6 +68,7 @@ WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers bef
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
 _MASK_Q = P.PENDING_MASK_OFF // 8   # the pending mask: ranks handed chains off (shm/_pool_lock.h)
+_EVENTS_Q = P.CTRL_OFF // 8 + P.CTRL_EVENTS   # news for the loop from this process's other threads
 _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # globals: no enum lookup per pass
 
 
@@ -122,8 +124,11 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         self.ready: dict[tuple, Args] = {}
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
         self.rendezvous = sched.Rendezvous()
-        self.sends: dict[tuple, collections.deque] = {}
-        self.recvs: dict[tuple, collections.deque] = {}
+        self.matcher = Matcher()   # the receive half of point-to-point (engine/p2p.py)
+        # News from the other threads of this process (the service thread, transports' helper threads):
+        # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.
+        self.events: collections.deque = collections.deque()
+        self.events_seen = 0
         self.ranks: dict[int, RankInfo] = {}          # by local rank
         self.local_of: dict[int, int] = {}            # global rank -> local rank
         self.conns: dict[tuple[int, int, MemKind], Connector] = {}   # (src, dst global ranks, kind)
@@ -215,6 +220,24 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         finally:
             self.view.mutex.unlock()
 
+    def post_event(self, fn: Callable[[], None]) -> None:
+        """Any thread of this process: have the loop run ``fn`` soon, on its own thread (which owns the
+        matching, the args and the transports' progress), waking it if it sleeps. The wake-up cannot
+        be lost (_native.post_event against sleep_unless_posted), and ranks never pay for it."""
+        self.events.append(fn)
+        rc = _native.post_event(self.seg.addr, self.timeout)
+        if rc == sync.TIMEDOUT:
+            _log.warning("pool mutex not acquired within %.1f s to wake the loop; it wakes at its bound",
+                         self.timeout)
+
+    def run_events(self) -> None:
+        """Loop thread: run what other threads posted (post_event), oldest first."""
+        self.events_seen = self.q[_EVENTS_Q]   # read before draining: a later post is seen next time
+        events = self.events
+        while events:
+            events.popleft()()
+        self.progressed = True
+
     def decide_affinity(self) -> None:
         rank_sets = [set(r.affinity) for r in self.ranks.values()]
         try:
@@ -260,7 +283,8 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
             return
         i32, head_i, q = self.view.i32, P.NEXT_OPS_OFF // 4, self.q
         deadline = time.monotonic_ns() + spin_ns
-        while (i32[head_i] == -1 and not q[_MASK_Q] and time.monotonic_ns() < deadline
+        seen = self.events_seen
+        while (i32[head_i] == -1 and not q[_MASK_Q] and q[_EVENTS_Q] == seen and time.monotonic_ns() < deadline
                and not self._should_exit()):
             os.sched_yield()
 
@@ -270,7 +294,7 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         # While a guard has a wake-up to deliver, wake in time to deliver it ourselves (check_relayed).
         # Not at all if a rank handed a chain off meanwhile (shm/_pool_lock.h, "Hand-off").
         rc = _native.sleep_unless_posted(self.seg.addr, RELAY_GRACE_NS / 1e9 if self.relayed
-                                         else self.params.PROXY_SLEEP_MS / 1000.0)
+                                         else self.params.PROXY_SLEEP_MS / 1000.0, self.events_seen)
         self.view.mutex._handle(rc)
         if self.profiler.enabled:
             self.profiler.span("sleep", t0, time.monotonic_ns())
@@ -328,6 +352,8 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
     def progress_once(self) -> bool:
         """Advance every active args once. Returns True when nothing moved (idle)."""
         self.progressed = False
+        if self.q[_EVENTS_Q] != self.events_seen:
+            self.run_events()
         if self.copy.nworkers:
             for tok in self.copy.drain():
                 if type(tok) is tuple:   # (schedule, entry) of a collective
@@ -464,8 +490,10 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
                            "transmitted": s.transmitted, "received": s.received, "done": s.done}
                           for s in a.subs]}
                 for a in self.active],
-            "unmatched_sends": [op.describe() for q in self.sends.values() for op in q],
-            "unmatched_recvs": [op.describe() for q in self.recvs.values() for op in q],
+            "unmatched_sends": [op.describe() for d in self.matcher.dests() for _s, _t, op in
+                                self.matcher.unexpected(d)],
+            "unmatched_recvs": [op.describe() for d in self.matcher.dests() for _s, _t, op in
+                                self.matcher.posted(d)],
             "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in self.conns.items()},
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name} for c in self.server.connections()],
             "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},
