@@ -30,8 +30,7 @@ import numpy as np
 from shmproxy.control import bootstrap
 from shmproxy.core import errors, log, params as params_mod
 from shmproxy.rank import objects
-from shmproxy.coll import sched
-from shmproxy.core.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED
+from shmproxy.core.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll, ReduceOp
 # _DTYPES and _probes: what a Poster is built with (tests build one from this module's names).
 from shmproxy.rank.lifecycle import Lifecycle, _DTYPES, _probes  # noqa: F401
 from shmproxy.rank.posting import Posting
@@ -105,52 +104,52 @@ class Comm(Lifecycle, Posting, Waiting):
         return self._pp
 
     # ------------------------------------------------------------------ collectives
-    def Iallreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> Request:
+    def Iallreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> Request:
         """Nonblocking Allreduce; ``sendbuf`` may be shmproxy.IN_PLACE. (Each communicator binds its own
         Iallreduce to the C post path, which falls back to this method for everything uncommon.)"""
-        return self._coll(sched.Coll.ALLREDUCE, sendbuf, recvbuf, op)
+        return self._coll(Coll.ALLREDUCE, sendbuf, recvbuf, op)
 
-    def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> None:
+    def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> None:
         """recvbuf = op over every rank's sendbuf (or recvbuf, with IN_PLACE), on every rank."""
         self.Iallreduce(sendbuf, recvbuf, op).Wait()
 
-    def Ireduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = sched.ReduceOp.SUM, root: int = 0) -> Request:
-        return self._coll(sched.Coll.REDUCE, sendbuf, recvbuf, op, root)
+    def Ireduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = ReduceOp.SUM, root: int = 0) -> Request:
+        return self._coll(Coll.REDUCE, sendbuf, recvbuf, op, root)
 
-    def Reduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = sched.ReduceOp.SUM, root: int = 0) -> None:
+    def Reduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = ReduceOp.SUM, root: int = 0) -> None:
         """The root's recvbuf = op over every rank's sendbuf; recvbuf may be None elsewhere."""
         self.Ireduce(sendbuf, recvbuf, op, root).Wait()
 
     def Ibcast(self, buf: np.ndarray, root: int = 0) -> Request:
-        return self._coll(sched.Coll.BCAST, buf, None, 0, root)
+        return self._coll(Coll.BCAST, buf, None, 0, root)
 
     def Bcast(self, buf: np.ndarray, root: int = 0) -> None:
         """Every rank's buf = the root's buf."""
         self.Ibcast(buf, root).Wait()
 
     def Iallgather(self, sendbuf: Any, recvbuf: np.ndarray) -> Request:
-        return self._coll(sched.Coll.ALLGATHER, sendbuf, recvbuf)
+        return self._coll(Coll.ALLGATHER, sendbuf, recvbuf)
 
     def Allgather(self, sendbuf: Any, recvbuf: np.ndarray) -> None:
         """Block r of every rank's recvbuf = rank r's sendbuf (IN_PLACE: already in block r)."""
         self.Iallgather(sendbuf, recvbuf).Wait()
 
-    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> Request:
-        return self._coll(sched.Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op)
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> Request:
+        return self._coll(Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op)
 
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = sched.ReduceOp.SUM) -> None:
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> None:
         """Rank r's recvbuf = op over every rank's block r of sendbuf."""
         self.Ireduce_scatter_block(sendbuf, recvbuf, op).Wait()
 
     def Ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> Request:
-        return self._coll(sched.Coll.ALLTOALL, sendbuf, recvbuf)
+        return self._coll(Coll.ALLTOALL, sendbuf, recvbuf)
 
     def Alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         """Block r of rank q's recvbuf = block q of rank r's sendbuf."""
         self.Ialltoall(sendbuf, recvbuf).Wait()
 
     def Ibarrier(self) -> Request:
-        return self._coll(sched.Coll.BARRIER, None, None)
+        return self._coll(Coll.BARRIER, None, None)
 
     def Barrier(self) -> None:
         """Return once every rank has entered the barrier."""
@@ -175,7 +174,7 @@ class Comm(Lifecycle, Posting, Waiting):
     def allgather(self, obj: Any) -> list:
         return objects.allgather(self, obj)
 
-    def allreduce(self, obj: Any, op: Any = sched.ReduceOp.SUM) -> Any:
+    def allreduce(self, obj: Any, op: Any = ReduceOp.SUM) -> Any:
         """Reduce objects in rank order (op: shmproxy.SUM/PROD/MIN/MAX or a callable); same result everywhere."""
         return objects.allreduce(self, obj, op)
 

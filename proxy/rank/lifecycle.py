@@ -28,9 +28,8 @@ from shmproxy.engine import affinity
 from shmproxy.control import bootstrap
 from shmproxy.core import errors, log, params as params_mod
 from shmproxy.rank.buffers import Registry, StagingCache
-from shmproxy.coll import sched
 from shmproxy.core.ops import (CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
-                               KIND_RECV, KIND_SEND)
+                               KIND_RECV, KIND_SEND, Coll)
 from shmproxy.control.protocol import MsgType
 from shmproxy.rank.request import Request
 from shmproxy.control.client import ServiceClient
@@ -62,8 +61,8 @@ def _probes() -> list[tuple]:
 
 assert (_poster.KIND_SEND, _poster.KIND_RECV, _poster.RECORD_BYTES) == (KIND_SEND, KIND_RECV, P.RECORD_BYTES)
 assert (_poster.KIND_COLL, _poster.FLAG_IN_PLACE, _poster.FLAG_NO_RECV, _poster.COLL_ALLREDUCE, _poster.COLL_BARRIER,
-        _poster.COLL_ALLTOALL) == (KIND_COLL, FLAG_IN_PLACE, FLAG_NO_RECV, sched.Coll.ALLREDUCE, sched.Coll.BARRIER,
-                                   max(sched.Coll))
+        _poster.COLL_ALLTOALL) == (KIND_COLL, FLAG_IN_PLACE, FLAG_NO_RECV, Coll.ALLREDUCE, Coll.BARRIER,
+                                   max(Coll))
 assert _poster.CODE_BOOL == DTYPE_CODE["?"] and _poster.CODE_FIRST_FLOAT == DTYPE_CODE["e"] == max(
     c for c, t in CODE_DTYPE.items() if t.kind not in "fc") + 1
 
@@ -191,7 +190,7 @@ class Lifecycle:
         # ... and the other buffer collectives (Ibcast's Python post: 10-12 us on the VM). The blocking
         # forms go through these instance attributes too.
         self._pp.rank = self.rank
-        C = sched.Coll
+        C = Coll
         for coll, name in ((C.BCAST, "Ibcast"), (C.REDUCE, "Ireduce"), (C.ALLGATHER, "Iallgather"),
                            (C.REDUCE_SCATTER_BLOCK, "Ireduce_scatter_block"), (C.ALLTOALL, "Ialltoall")):
             self._pp.set_coll_fallback(coll, getattr(cls, name).__get__(self))

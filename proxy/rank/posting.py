@@ -15,8 +15,8 @@ import numpy as np
 
 from shmproxy.core import errors
 from shmproxy.coll import sched
-from shmproxy.core.ops import (DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL, KIND_RECV,
-                               KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN)
+from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
+                               KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll)
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
 
@@ -145,13 +145,13 @@ class Posting:
     def _coll(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any = 0, root: int = 0) -> Request:
         """Validate one collective call (before anything is posted), locate its buffers, post it."""
         self._check_usable()
-        C = sched.Coll
+        C = Coll
         size, me = self.size, self.rank
         in_place = sendbuf is IN_PLACE
         redop = 0
         if coll in (C.BCAST, C.REDUCE):
             root = self._check_root(root)
-        name = sched.COLL_NAMES[coll]
+        name = COLL_NAMES[coll]
         send_loc = recv_loc = (0, 0, None, 0)
         flags = FLAG_IN_PLACE if in_place else 0
         keep: tuple = (sendbuf, recvbuf)
