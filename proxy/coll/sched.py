@@ -25,13 +25,14 @@ gives bit-identical results on every rank and run.
 """
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from shmproxy.core import errors
-from shmproxy.core.ops import DTYPE_CODE
+# The collective vocabulary of op records is core's (shmproxy.core.ops), re-exported here so that
+# sched.Coll, sched.ReduceOp, ... keep working.
+from shmproxy.core.ops import COLL_NAMES, DTYPE_CODE, REDUCE_OP_NAMES, Coll, ReduceOp  # noqa: F401
 from shmproxy.shm import _native, _reduce, _workers
 
 SEND, RECV, REDUCE, COPY, NOP, CB = range(6)
@@ -39,32 +40,6 @@ KIND_NAMES = {SEND: "SEND", RECV: "RECV", REDUCE: "REDUCE", COPY: "COPY", NOP: "
 NOT_STARTED, STARTED, COMPLETE, FAILED = range(4)
 
 
-class Coll(IntEnum):
-    """Collective kinds as carried in op records (ops.KIND_COLL, field x1)."""
-
-    BARRIER = 1
-    BCAST = 2
-    REDUCE = 3
-    ALLREDUCE = 4
-    ALLGATHER = 5
-    REDUCE_SCATTER_BLOCK = 6
-    ALLTOALL = 7
-
-
-COLL_NAMES = {Coll.BARRIER: "Barrier", Coll.BCAST: "Bcast", Coll.REDUCE: "Reduce", Coll.ALLREDUCE: "Allreduce",
-              Coll.ALLGATHER: "Allgather", Coll.REDUCE_SCATTER_BLOCK: "Reduce_scatter_block",
-              Coll.ALLTOALL: "Alltoall"}
-
-
-class ReduceOp(IntEnum):
-    SUM = 1
-    PROD = 2
-    MIN = 3
-    MAX = 4
-    AVG = 5
-
-
-REDUCE_OP_NAMES = {int(op): op.name for op in ReduceOp}
 UFUNCS: dict[int, Any] = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
                           ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}
 

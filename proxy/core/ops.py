@@ -1,10 +1,13 @@
-"""What an op record means: kinds, dtype codes, and the progress-side Op built from a record.
+"""What an op record means: kinds, dtype codes, the collective vocabulary (which collective, which
+reduction) and the progress-side Op built from a record.
 
 The rank packs a record with ``pack`` (shm/pool.py RECORD layout); the progress process unpacks it
 into an ``Op`` while it holds the pool mutex and returns the record to its owner's free list, so an
 Op never points back into shared memory.
 """
 from __future__ import annotations
+
+from enum import IntEnum
 
 import numpy as np
 
@@ -36,6 +39,38 @@ for _ch in "bBhHiIlLqQpP":
 SUPPORTED_DTYPES = ", ".join(np.dtype(t).name for t in _DTYPES)
 
 TAG_MIN, TAG_MAX = -(2**63), 2**63 - 1
+
+
+# The collective vocabulary a record carries. It lives here, not with the schedules that execute it
+# (shmproxy.coll.sched, which re-exports it), so that the record's meaning needs nothing above core.
+class Coll(IntEnum):
+    """Collective kinds as carried in op records (KIND_COLL, field x1)."""
+
+    BARRIER = 1
+    BCAST = 2
+    REDUCE = 3
+    ALLREDUCE = 4
+    ALLGATHER = 5
+    REDUCE_SCATTER_BLOCK = 6
+    ALLTOALL = 7
+
+
+COLL_NAMES = {Coll.BARRIER: "Barrier", Coll.BCAST: "Bcast", Coll.REDUCE: "Reduce", Coll.ALLREDUCE: "Allreduce",
+              Coll.ALLGATHER: "Allgather", Coll.REDUCE_SCATTER_BLOCK: "Reduce_scatter_block",
+              Coll.ALLTOALL: "Alltoall"}
+
+
+class ReduceOp(IntEnum):
+    """Reduction ops as carried in op records (field redop)."""
+
+    SUM = 1
+    PROD = 2
+    MIN = 3
+    MAX = 4
+    AVG = 5
+
+
+REDUCE_OP_NAMES = {int(op): op.name for op in ReduceOp}
 
 
 class _InPlace:
@@ -73,7 +108,6 @@ class Op:
 
     def describe(self) -> str:
         if self.kind == KIND_COLL:
-            from shmproxy.coll.sched import COLL_NAMES
             return (f"{COLL_NAMES.get(self.coll, self.coll)} #{self.coll_seq} rank {self.rank} "
                     f"{self.nbytes} B opCount {self.opcount}")
         return (f"{KIND_NAMES.get(self.kind, self.kind)} rank {self.rank} peer {self.peer} tag {self.tag} "

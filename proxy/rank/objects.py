@@ -72,14 +72,14 @@ a collective the other ranks raise RemoteError naming that rank. Errors of the c
 What this module uses of Comm beyond its public API: ``_check_usable()`` (so that operations that send
 nothing, at size 1, still raise Closed or the communicator's error), ``Request._stage`` (was the send
 staged?), and three attributes it sets on the Comm (``_objects_coll_seq``, ``_objects_unwaited``,
-``_objects_to_self``).
+``_objects_to_self``). Those attributes, the argument checks and the object reducers are in
+objstate.py; the wire format, the operations and their module-level tunables stay here (tests and
+bodies set ``objects.HDR_WORDS`` and friends, which the framing reads at call time).
 """
 from __future__ import annotations
 
 import collections
-import enum
 import functools
-import operator
 import pickle
 import struct
 from typing import Any, Callable
@@ -87,15 +87,12 @@ from typing import Any, Callable
 import numpy as np
 
 from shmproxy.core import errors
-from shmproxy.core.ops import TAG_MAX
+from shmproxy.rank.objstate import (OBJ_COLL_TAG, OBJ_TAG_BASE, _SELF_ATTR, _complete_sends, _enter,
+                                    _next_seq, _peer, _public, _reducer, _user_tag)
 from shmproxy.rank.request import Request
 
 __all__ = ["send", "recv", "bcast", "gather", "allgather", "allreduce", "barrier", "OBJ_TAG_BASE",
            "OBJ_COLL_TAG", "OOB_MIN_BYTES", "OOB_MAX_BUFFERS", "HDR_WORDS"]
-
-# Tags below this are reserved for shmproxy's own traffic (user tags are int64: [-2**63, 2**63)).
-OBJ_TAG_BASE = -(2**62)
-OBJ_COLL_TAG = OBJ_TAG_BASE - 1
 
 # Buffers smaller than this are pickled in-band: one more message costs more than copying them
 # (measured, 2 ranks on a 16-core host: at 32 KiB in-band is ~15% faster, at 64 KiB out-of-band is
@@ -121,8 +118,6 @@ _OP_NAMES = {OP_P2P: "send/recv", OP_BCAST: "bcast", OP_GATHER: "gather", OP_ALL
 _FIXED_FMT = f"={_FIXED}q"
 _pack_into = struct.pack_into
 _unpack_from = struct.unpack_from
-
-_SEQ_ATTR = "_objects_coll_seq"     # per-communicator counter of object collectives
 
 
 # ------------------------------------------------------------------------------ serialization
@@ -312,92 +307,7 @@ class _In:
         return _loads(self.data, self.bufs, f"{what}: the object of rank {self.source}")
 
 
-# ------------------------------------------------------------------------------ argument checks
-def _as_int(value: Any, name: str) -> int:
-    if type(value) is int:
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise errors.InvalidArgument(f"{name} must be an int, got {type(value).__name__}")
-    return int(value)
-
-
-def _peer(comm: Any, value: Any, name: str) -> int:
-    p = _as_int(value, name)
-    if not 0 <= p < comm.size:
-        raise errors.InvalidArgument(f"{name} {p} out of range: the communicator has {comm.size} ranks")
-    return p
-
-
-def _user_tag(value: Any) -> int:
-    t = _as_int(value, "tag")
-    if not OBJ_TAG_BASE <= t <= TAG_MAX:
-        raise errors.InvalidArgument(f"tag {t} is reserved: object tags must lie in "
-                                     f"[OBJ_TAG_BASE = -2**62, 2**63 - 1]")
-    return t
-
-
-_UNWAITED_ATTR = "_objects_unwaited"  # per-communicator buffered sends not yet known complete
-
-
-def _enter(comm: Any) -> None:
-    comm._check_usable()    # closed / failed communicators raise even where nothing is sent (size 1)
-
-
-def _public(fn: Callable) -> Callable:
-    """An operation of the API: once it completed, reap the buffered sends that completed and raise
-    the error of one that failed. At the end, not the start, so that a rank never skips its part of
-    a collective because of an earlier send."""
-    @functools.wraps(fn)
-    def op(comm: Any, *args: Any, **kwargs: Any) -> Any:
-        result = fn(comm, *args, **kwargs)
-        if getattr(comm, _UNWAITED_ATTR, None):
-            _check_buffered(comm)
-        return result
-    return op
-
-
-def _check_buffered(comm: Any) -> None:
-    """Forget the buffered sends that completed; raise the error of one that failed."""
-    pending: list[Request] = getattr(comm, _UNWAITED_ATTR)
-    left = []
-    first: errors.ProxyError | None = None
-    for req in pending:
-        try:
-            if not req.Test():
-                left.append(req)
-        except errors.ProxyError as exc:
-            first = first or exc
-    setattr(comm, _UNWAITED_ATTR, left)
-    if first is not None:
-        raise first
-
-
-def _complete_sends(comm: Any, reqs: list[Request]) -> None:
-    """Return once no request still needs the caller's memory: those whose buffer the runtime copied
-    into staging memory at post time (every array outside comm.alloc memory) are left to complete
-    on their own, like MPI's buffered eager sends; the others (zero-copy from registered memory) are
-    waited for. Errors of the former are raised at the end of a later object call (_public)."""
-    wait = [r for r in reqs if getattr(r, "_stage", None) is None]
-    if len(wait) < len(reqs):
-        buffered = [r for r in reqs if getattr(r, "_stage", None) is not None]
-        pending = getattr(comm, _UNWAITED_ATTR, None)
-        if pending is None:
-            pending = []
-            setattr(comm, _UNWAITED_ATTR, pending)
-        pending.extend(buffered)
-    Request.Waitall(wait)
-
-
-def _next_seq(comm: Any) -> int:
-    seq = getattr(comm, _SEQ_ATTR, 0) + 1
-    setattr(comm, _SEQ_ATTR, seq)
-    return seq
-
-
 # ------------------------------------------------------------------------------ point-to-point
-_SELF_ATTR = "_objects_to_self"      # per-communicator {tag: deque of objects a rank sent itself}
-
-
 @_public
 def send(comm: Any, obj: Any, dest: int, tag: int = 0) -> None:
     """Send a picklable object to ``dest`` (``comm.rank`` itself included).
@@ -586,41 +496,6 @@ def allgather(comm: Any, obj: Any) -> list:
     """Every rank's ``obj`` to every rank, as a list in rank order (copies everywhere)."""
     _enter(comm)
     return _rooted_result(comm, obj, OP_ALLGATHER, "allgather", lambda values: values)
-
-
-def _min(a: Any, b: Any) -> Any:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.minimum(a, b)
-    return min(a, b)
-
-
-def _max(a: Any, b: Any) -> Any:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.maximum(a, b)
-    return max(a, b)
-
-
-# operator.add / mul work elementwise on numpy arrays (np.add / np.multiply) and concatenate lists,
-# tuples and strings, as mpi4py's SUM and PROD do on objects; MIN / MAX switch to np.minimum /
-# np.maximum when an array is involved (the builtins cannot compare arrays).
-_OPS: dict[str, Callable[[Any, Any], Any]] = {"SUM": operator.add, "PROD": operator.mul, "MIN": _min,
-                                              "MAX": _max}
-
-
-def _reducer(op: Any) -> Callable[[Any, Any], Any]:
-    if isinstance(op, enum.Enum):
-        name = op.name
-    elif isinstance(op, str):
-        name = op
-    elif callable(op):
-        return op
-    else:
-        raise errors.InvalidArgument(f"op must be a callable or one of {sorted(_OPS)}, got {op!r}")
-    fn = _OPS.get(name.upper())
-    if fn is None:
-        raise errors.InvalidArgument(f"reduction {name!r} is not supported on objects; "
-                                     f"use one of {sorted(_OPS)} or a callable")
-    return fn
 
 
 @_public

@@ -1,0 +1,427 @@
+"""How a Comm starts, attaches to, watches and leaves its node's progress process.
+
+Local rank 0 starts the progress process (``python -m shmproxy.engine.progress``); every rank then
+joins it over the service socket (INIT, SHARED_INIT, SETUP, CONNECT), maps the ops pool and builds
+its poster (shm/_poster.c). From then on the rank watches the progress process through a pidfd and
+the pool's error and abort words, so that every call raises the communicator's named error once it
+failed. Abort, close and the teardown that releases everything in any state are here too.
+
+A mixin of shmproxy.rank.comm.Comm: it uses the posting and waiting halves (posting.py, waiting.py)
+through ``self``.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import weakref
+from typing import Any
+
+import numpy as np
+
+from shmproxy.engine import affinity
+from shmproxy.control import bootstrap
+from shmproxy.core import errors, log, params as params_mod
+from shmproxy.rank.buffers import Registry, StagingCache
+from shmproxy.core.ops import (CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
+                               KIND_RECV, KIND_SEND, Coll)
+from shmproxy.control.protocol import MsgType
+from shmproxy.rank.request import Request
+from shmproxy.control.client import ServiceClient
+from shmproxy.shm import _native, _poster, pool as P, sync
+from shmproxy.shm.counters import u32_view
+from shmproxy.shm.segment import Segment
+
+_log = log.get("INIT")
+# What shm._poster needs to read arrays itself: dtype char -> (code, itemsize), and probe arrays
+# whose facts it checks its reading against (shm/_poster.c, verify_layout).
+_DTYPES = {ch: (code, np.dtype(ch).itemsize) for ch, code in DTYPE_CODE.items()}
+
+_ABORT_TEXT_MAX = 240   # characters of an exception's message that a with block's Abort passes on
+# Where this process imported shmproxy from. The progress process starts there: `python -m` puts its
+# working directory first on sys.path, so started from the rank's directory it would import any
+# other `shmproxy` package found there (another checkout, a decoy) instead of the code this rank runs.
+# (The folder that holds the `shmproxy` package, or for an editable install the repository, where
+# no folder of that name shadows the installed finder.)
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["shmproxy"].__file__)))
+
+
+def _probes() -> list[tuple]:
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    b = np.zeros(5, np.complex128)
+    b.flags.writeable = False
+    return [(x, x.ctypes.data, x.nbytes, x.dtype.char, x.flags.writeable, x.flags.c_contiguous)
+            for x in (a, a[:, :2], b, np.zeros((0, 4), np.float16))]
+
+
+assert (_poster.KIND_SEND, _poster.KIND_RECV, _poster.RECORD_BYTES) == (KIND_SEND, KIND_RECV, P.RECORD_BYTES)
+assert (_poster.KIND_COLL, _poster.FLAG_IN_PLACE, _poster.FLAG_NO_RECV, _poster.COLL_ALLREDUCE, _poster.COLL_BARRIER,
+        _poster.COLL_ALLTOALL) == (KIND_COLL, FLAG_IN_PLACE, FLAG_NO_RECV, Coll.ALLREDUCE, Coll.BARRIER,
+                                   max(Coll))
+assert _poster.CODE_BOOL == DTYPE_CODE["?"] and _poster.CODE_FIRST_FLOAT == DTYPE_CODE["e"] == max(
+    c for c, t in CODE_DTYPE.items() if t.kind not in "fc") + 1
+
+
+def _cwd_args() -> list[str]:
+    """The progress process goes back to this directory once it has imported our code, so that
+    relative paths (DEBUG_FILE, PROFILE_FILE, ...) mean there what they mean here."""
+    try:
+        return ["--cwd", os.getcwd()]
+    except FileNotFoundError:   # our directory was removed: a relative path means nothing anyway
+        return []
+
+
+class Lifecycle:
+    """Creation, the service calls, failure state, Abort/close and teardown of a Comm."""
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    def _create(cls, info: bootstrap.LaunchInfo, params: params_mod.Params, comm_id: int,
+                key: str | None = None) -> Any:
+        self = cls.__new__(cls)
+        self._closed = False
+        self._failure: errors.ProxyError | None = None
+        self.rank, self.size = info.rank, info.size
+        self.local_rank, self.local_size = info.local_rank, info.local_size
+        self.params = params
+        self._timeout = params.TIMEOUT
+        self._proc: subprocess.Popen | None = None
+        self._client: ServiceClient | None = None
+        self._seg: Segment | None = None
+        self._view: P.PoolView | None = None
+        self._pidfd = -1
+        key = key or bootstrap.job_key(info, params)
+        self._job_key, self._comm_id, self._nchildren = key, comm_id, 0
+        self._path = bootstrap.service_path(bootstrap.run_dir(params), key, comm_id)
+        try:
+            self._start(info, params, key, comm_id)
+        except BaseException:
+            self._teardown(wait_proxy=False)
+            raise
+        atexit.register(_close_at_exit, weakref.ref(self))
+        return self
+
+    def _start(self, info: bootstrap.LaunchInfo, params: params_mod.Params, key: str, comm_id: int) -> None:
+        deadline = self._deadline(None)
+        if info.local_rank == 0:
+            if os.path.exists(self._path):
+                # The job key is unique per job; a leftover socket is from a crashed run of it.
+                _log.warning("removing stale service socket %s", self._path)
+                os.unlink(self._path)
+            env = dict(os.environ)
+            env.update(params.to_env())
+            cmd = [sys.executable, "-m", "shmproxy.engine.progress", "--path", self._path,
+                   "--nlocal", str(info.local_size), "--size", str(info.size), "--job-key", key,
+                   "--comm-id", str(comm_id), "--parent", str(os.getpid()), *_cwd_args()]
+            self._proc = subprocess.Popen(cmd, env=env, cwd=_PACKAGE_ROOT, stdin=subprocess.DEVNULL,
+                                          close_fds=True)
+            _log.info("started progress process pid %d", self._proc.pid)
+        proc = self._proc
+        self._client = ServiceClient.connect(
+            self._path, max(deadline - self._now(), 0.001),
+            should_abort=(lambda: proc.poll() is not None) if proc is not None else None)
+        c = self._client
+        resp, _ = c.call(MsgType.INIT, {
+            "token": key, "rank": info.rank, "local_rank": info.local_rank, "size": info.size,
+            "local_size": info.local_size, "host": bootstrap.host_identity(),
+            "affinity": sorted(os.sched_getaffinity(0))}, timeout=self._left(deadline))
+        self._proxy_pid = int(resp["proxy_pid"])
+        try:
+            self._pidfd = os.pidfd_open(self._proxy_pid)
+        except ProcessLookupError as exc:
+            raise errors.PeerDiedError("the progress process exited during init", rank=-1,
+                                       pid=self._proxy_pid) from exc
+        resp, _ = c.call(MsgType.SHARED_INIT, {}, timeout=self._left(deadline))
+        self._pool_name = resp["pool"]
+        self._seg = Segment.attach(resp["pool"], int(resp["bytes"]))
+        c.call(MsgType.SETUP, {}, timeout=self._left(deadline))
+        c.call(MsgType.CONNECT, {"peers": list(range(self.size))}, timeout=self._left(deadline))
+        self._attach_pool()
+
+    def _attach_pool(self) -> None:
+        seg = self._seg
+        assert seg is not None
+        view = P.PoolView(seg.mm, seg.addr)
+        layout = view.layout
+        if layout.nlocal != self.local_size:
+            raise errors.InternalError(f"pool built for {layout.nlocal} local ranks, we have {self.local_size}")
+        self._view, self._layout, self._q, self._i32 = view, layout, view.q, view.i32
+        self._u32 = u32_view(seg.mm)
+        lr, max_ops = self.local_rank, layout.max_ops
+        self._rec_base = lr * max_ops
+        self._free_records: list[int] = []
+        self._free_slots = list(range(self._rec_base + max_ops - 1, self._rec_base - 1, -1))
+        self._pending: dict[int, Request] = {}
+        self._abort_q = P.CTRL_OFF // 8 + P.CTRL_ABORT
+        self._err_q = P.CTRL_OFF // 8 + P.CTRL_ERR_SEQ
+        self._waiting_q = layout.rank_q(lr, P.RANK_WAITING)
+        self._posted_q = layout.rank_q(lr, P.RANK_POSTED)
+        self._wake_addr = seg.addr + layout.wake_word_offset(lr)
+        self._wake_u32 = layout.wake_word_offset(lr) // 4
+        # The post path (shm/_poster.c): sequence numbers, opCount, groups, and the fast post.
+        self._pp = _poster.Poster(
+            self, Request, np.ndarray, seg.addr + layout.records_off, seg.addr + P.MUTEX_OFF,
+            seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF, seg.addr + P.NEXT_OPS_END_OFF,
+            seg.addr + P.PENDING_MASK_OFF, seg.addr + layout.rank_area_off,
+            seg.addr + P.CTRL_OFF + 8 * P.CTRL_SLEEPING, seg.addr + 8 * self._err_q,
+            seg.addr + 8 * self._abort_q, seg.addr + 8 * self._posted_q, lr,
+            self.size, self._timeout, self._free_slots, self._free_records, self._pending, _DTYPES,
+            _probes(), self._splice_failed)
+        sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
+        if not self._pp.fast:
+            _log.warning("numpy's array layout is not the one shm/_poster.c reads: every post takes "
+                         "the slower Python path")
+        # Isend/Irecv of this instance are the poster's C entry points (a post then costs no Python
+        # frame: ~250 ns of ~700 on the VM); what they decline goes to the methods below.
+        cls = type(self)
+        self._pp.send_fallback, self._pp.recv_fallback = cls.Isend.__get__(self), cls.Irecv.__get__(self)
+        self.Isend, self.Irecv = self._pp.isend, self._pp.irecv
+        # ... and so is Iallreduce, for buffers in registered memory.
+        self._pp.allreduce_fallback, self._pp.in_place = cls.Iallreduce.__get__(self), IN_PLACE
+        self.Iallreduce = self._pp.iallreduce
+        # ... and Ibarrier (5.7 -> ~1 us on the VM; Barrier() goes through it).
+        self._pp.barrier_fallback = cls.Ibarrier.__get__(self)
+        self.Ibarrier = self._pp.ibarrier
+        # ... and the other buffer collectives (Ibcast's Python post: 10-12 us on the VM). The blocking
+        # forms go through these instance attributes too.
+        self._pp.rank = self.rank
+        C = Coll
+        for coll, name in ((C.BCAST, "Ibcast"), (C.REDUCE, "Ireduce"), (C.ALLGATHER, "Iallgather"),
+                           (C.REDUCE_SCATTER_BLOCK, "Ireduce_scatter_block"), (C.ALLTOALL, "Ialltoall")):
+            self._pp.set_coll_fallback(coll, getattr(cls, name).__get__(self))
+            setattr(self, name, getattr(self._pp, name.lower()))
+        # How Request.Wait spins before it sleeps (the spin is in C): up to WAIT_SPIN_US, and on a
+        # crowded node only for requests the progress loop completes itself, since larger ones are
+        # copied by workers that need the cores (measured: docs/decisions.md).
+        p = self.params
+        crowded = affinity.crowded(self.local_size)
+        spin_max = p.WAIT_SPIN_MAX_BYTES or (p.eager_limit if crowded else 1 << 62)
+        spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.COLL_INLINE_BYTES if crowded else 1 << 62)
+        self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, p.WAIT_SPIN_US * 1e-6, spin_max,
+                          spin_max_coll)
+        self._slice_s = p.WAIT_SLICE_MS * 1e-3
+        self._registry = Registry(self._register, self._pp.set_ranges)
+        self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
+
+    # ------------------------------------------------------------------ small helpers
+    @staticmethod
+    def _now() -> float:
+        return time.monotonic()
+
+    def _deadline(self, timeout: float | None) -> float:
+        return time.monotonic() + (self._timeout if timeout is None else timeout)
+
+    def _left(self, deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise errors.Timeout(f"rank {self.rank}: init did not complete within {self._timeout} s")
+        return left
+
+    def _register(self, buf_id: int, fd: int, nbytes: int) -> None:
+        self._control(MsgType.REGISTER, {"buf_id": buf_id, "bytes": nbytes}, fds=(fd,))
+
+    def _control(self, msg: MsgType, payload: dict, fds: tuple = ()) -> dict:
+        """A blocking service call. If the service is gone because the communicator failed, the
+        error raised is the communicator's (it names who died), not the broken socket."""
+        assert self._client is not None
+        try:
+            if self._registry.dead_ids and msg != MsgType.DEREGISTER:
+                ids, self._registry.dead_ids = self._registry.dead_ids, []
+                self._client.call(MsgType.DEREGISTER, {"buf_ids": ids}, timeout=self._timeout)
+            resp, _ = self._client.call(msg, payload, fds=fds, timeout=self._timeout)
+        except errors.RemoteError as exc:
+            if self._view is not None and (self._q[self._err_q] or self._q[self._abort_q]):
+                raise self._record_failure() from exc
+            raise
+        return resp
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise errors.Closed(f"rank {self.rank}: the communicator is closed")
+        if self._failure is not None:
+            raise self._failure
+        if self._q[self._err_q] or self._q[self._abort_q]:
+            raise self._record_failure()
+
+    def _record_failure(self) -> errors.ProxyError:
+        """Turn the pool's asyncResult (or a dead progress process) into the error every call raises."""
+        if self._failure is not None:
+            return self._failure
+        view = self._view
+        assert view is not None
+        if view.ctrl(P.CTRL_ERR_SEQ):
+            rank = view.ctrl(P.CTRL_ERR_RANK)
+            exc = errors.from_code(view.ctrl(P.CTRL_ERR_CODE), view.error_message(),
+                                   rank=None if rank == P.NO_RANK else rank, pid=view.ctrl(P.CTRL_ERR_PID))
+        elif view.ctrl(P.CTRL_ABORT):
+            exc = errors.Aborted(f"rank {self.rank}: the communicator was aborted")
+        else:
+            exc = errors.PeerDiedError(f"the progress process (pid {self._proxy_pid}) died", rank=-1,
+                                       pid=self._proxy_pid)
+        self._set_failure(exc)
+        return exc
+
+    def _proxy_dead(self, wait_s: float = 0.0) -> bool:
+        return bool(select.select([self._pidfd], [], [], wait_s)[0])
+
+    def _proxy_doomed(self) -> bool:
+        """At teardown: the progress process exited, or is exiting from a SIGKILL. Its exit completes
+        only once every thread has run, and its idle-priority keep-awake guards may wait a scheduler
+        tick for a CPU; a survivor that judged by the pidfd alone could leave the socket file behind.
+        A failed communicator also gives the pidfd a short bounded wait."""
+        if self._proxy_dead(0.2 if self._failure is not None else 0.0):
+            return True
+        try:
+            with open(f"/proc/{self._proxy_pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except (OSError, ValueError):
+            return False
+        sigkill = 1 << (signal.SIGKILL - 1)
+        return fields.get("State", "").strip()[:1] in ("Z", "X") or bool(
+            int(fields.get("ShdPnd", "0"), 16) & sigkill or int(fields.get("SigPnd", "0"), 16) & sigkill)
+
+    def _set_failure(self, exc: errors.ProxyError) -> None:
+        self._failure = exc
+        pp = self.__dict__.get("_pp")
+        if pp is not None:
+            pp.usable = 0   # the fast path declines, so the full path raises this
+
+    # ------------------------------------------------------------------ errors, abort, close
+    def get_async_error(self) -> errors.ProxyError | None:
+        """The communicator's error if it failed (a peer died, abort, progress crash), else None."""
+        if self._failure is not None:
+            return self._failure
+        if self._view is None or self._closed:
+            return None
+        if self._q[self._err_q] or self._q[self._abort_q] or self._proxy_dead():
+            return self._record_failure()
+        return None
+
+    def Abort(self, reason: str = "") -> None:
+        """Fail the communicator on every rank now, then release this rank's resources. Idempotent."""
+        if self._closed:
+            return
+        # Ask the progress process first, so that peers see the reason (asyncResult) with the flag;
+        # if it cannot be asked, raise the flag ourselves.
+        delivered = False
+        if self._client is not None and self._failure is None:
+            try:
+                self._client.call(MsgType.ABORT, {"reason": reason}, timeout=5.0)
+                delivered = True
+            except errors.ProxyError as exc:
+                _log.info("ABORT message not delivered (%s); raising the abort flag directly", exc)
+        if self._view is not None and not delivered:
+            self._q[self._abort_q] = 1
+            for lr in range(self.local_size):
+                addr = self._seg.addr + self._layout.wake_word_offset(lr)  # type: ignore[union-attr]
+                _native.fetch_add_u32(addr, 1)
+                _native.futex_wake(addr, 0x7FFFFFFF)
+            self._view.cond.broadcast()
+        self._set_failure(self._failure or errors.Aborted(f"rank {self.rank} called Abort()"))
+        self._closed = True
+        self._teardown(wait_proxy=True)
+
+    def close(self) -> None:
+        """Finish: wait for this rank's pending requests, detach, and (local rank 0) wait for the
+        progress process to exit once every local rank closed. Idempotent; after a failure it only
+        releases local resources."""
+        if self._closed:
+            return
+        first: BaseException | None = None
+        if self._failure is None and self._client is not None:
+            try:
+                for req in list(self._pending.values()):
+                    req.Wait()
+                self._control(MsgType.CLOSE, {})
+            except errors.ProxyError as exc:
+                first = exc
+        self._closed = True
+        self._teardown(wait_proxy=True)
+        if first is not None and not isinstance(first, (errors.PeerDiedError, errors.Aborted)):
+            raise first
+
+    def _teardown(self, wait_proxy: bool) -> None:
+        """Release everything this process holds; safe to call in any state."""
+        proxy_dead = self._pidfd >= 0 and self._proxy_doomed()
+        pp = self.__dict__.get("_pp")
+        if pp is not None:
+            pp.detach()   # it holds raw pool addresses: never again after this
+        if getattr(self, "_staging", None) is not None:
+            self._staging.close()
+        for name in ("_q", "_i32", "_u32"):
+            mv = self.__dict__.pop(name, None)
+            if mv is not None:
+                mv.release()
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        if self._seg is not None:
+            self._seg.close()
+            self._seg = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+        proc = self._proc
+        if proc is not None:
+            self._proc = None
+            if wait_proxy:
+                try:
+                    proc.wait(timeout=self._timeout)
+                except subprocess.TimeoutExpired:
+                    _log.warning("progress process %d did not exit within %.0f s; killing it",
+                                 proc.pid, self._timeout)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            if proc.returncode is not None and proc.returncode < 0:
+                proxy_dead = True  # killed by a signal: it unlinked nothing
+        # The socket file and the pool's name are the progress process's to remove. Only if it died
+        # before doing so does the job have to: then any survivor may, idempotently (local rank 0,
+        # its parent, may be dead too).
+        if proxy_dead or proc is not None:
+            try:
+                os.unlink(self._path)
+            except FileNotFoundError:
+                pass  # it, or another survivor, got there first
+        pool = getattr(self, "_pool_name", None)
+        if pool is not None and proxy_dead:
+            Segment.unlink_name(pool)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and not isinstance(exc, errors.ProxyError):
+            self.Abort(_abort_reason(exc_type, exc, tb))
+        else:
+            self.close()
+
+
+def _close_at_exit(ref: "weakref.ref[Lifecycle]") -> None:
+    comm = ref()
+    if comm is None or comm._closed:
+        return
+    try:
+        comm.close()
+    except errors.ProxyError as exc:
+        _log.warning("close at exit failed: %s", exc)
+
+
+def _abort_reason(exc_type: Any, exc: BaseException, tb: Any) -> str:
+    """What the peers are told when a ``with`` block raised: the exception, where, and its message
+    (shortened: it travels in the pool's 512-byte error field). A survivor's error then names the
+    root cause, even if the failing rank is killed before it prints its own traceback."""
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    text = str(exc)
+    if len(text) > _ABORT_TEXT_MAX:
+        text = text[:_ABORT_TEXT_MAX - 3] + "..."
+    return f"{exc_type.__name__} raised in the with block{where}" + (f": {text}" if text else "")

@@ -1,0 +1,241 @@
+"""Posting: validate (raise before anything is posted), find or stage the buffers, fill the record.
+
+Isend/Irecv and the buffer collectives of each communicator are bound to the C post path
+(shm/_poster.c); the methods here are the full Python path it falls back to for everything
+uncommon, with every check and its message. The collective checks run identically on every rank,
+so that a call passes or fails everywhere alike and the ranks' sequences of collectives stay in step.
+
+A mixin of shmproxy.rank.comm.Comm.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shmproxy.core import errors
+from shmproxy.coll import sched
+from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
+                               KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll)
+from shmproxy.rank.request import Request
+from shmproxy.shm import _native
+
+_buffer_info = _native.buffer_info
+_DTYPE_CODE = DTYPE_CODE
+
+
+class Posting:
+    """Argument checks, buffer location and staging, and the record a post fills."""
+
+    def _check_peer(self, peer: Any, what: str) -> int:
+        if type(peer) is not int:
+            if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
+                raise errors.InvalidArgument(f"{what} must be an int, got {type(peer).__name__}")
+            peer = int(peer)
+        if not 0 <= peer < self.size:
+            raise errors.InvalidArgument(f"{what} {peer} out of range: the communicator has {self.size} ranks")
+        return peer
+
+    def _check_tag(self, tag: Any) -> int:
+        if type(tag) is not int:
+            if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
+                raise errors.InvalidArgument(f"tag must be an int, got {type(tag).__name__}")
+            tag = int(tag)
+        if not TAG_MIN <= tag <= TAG_MAX:
+            raise errors.InvalidArgument(f"tag {tag} does not fit in 64 bits")
+        return tag
+
+    def _post(self, kind: int, buf: Any, peer: int, tag: int) -> Request:
+        """The full post path: every check with its message, and staging. Isend/Irecv come here only
+        when shm._poster's fast path declined (the uncommon cases: see shm/_poster.c)."""
+        self._check_usable()
+        if type(buf) is not np.ndarray:
+            raise errors.InvalidArgument(f"buffer must be a numpy array, got {type(buf).__name__}")
+        code = _DTYPE_CODE.get(buf.dtype.char)
+        if code is None:
+            raise errors.InvalidArgument(f"unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
+        if type(peer) is not int or not 0 <= peer < self.size:
+            peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source")
+        if type(tag) is not int or not TAG_MIN <= tag <= TAG_MAX:
+            tag = self._check_tag(tag)
+        nbytes = buf.nbytes
+        stage = None
+        user_addr = 0
+        if kind == KIND_RECV:
+            try:
+                addr = _buffer_info(buf, True)[0]
+            except (BufferError, ValueError):
+                why = "read-only" if not buf.flags.writeable else "not C-contiguous"
+                raise errors.InvalidArgument(f"receive buffer is {why}") from None
+            found = self._registry.find(addr, nbytes)
+            if found is None:
+                stage = self._staging.get(nbytes)
+                found = (stage[0], 0)
+                user_addr = addr
+        else:
+            try:
+                addr = _buffer_info(buf, False)[0]
+                found = self._registry.find(addr, nbytes)
+            except (BufferError, ValueError):
+                addr, found = 0, None
+            if found is None:
+                found, stage = self._stage_send(buf, addr, nbytes)
+        return self._emit(kind, code, 0, 0, peer, tag, found[0], found[1], nbytes, buf.size, -1, 0, 0, 0,
+                          buf, stage, user_addr)
+
+    def _stage_send(self, buf: np.ndarray, addr: int, nbytes: int) -> tuple[tuple[int, int], Any]:
+        """Copy a send buffer that is not in registered memory into a staging buffer."""
+        stage = self._staging.get(nbytes)
+        if addr:
+            _native.memcopy(stage[1].addr, addr, nbytes)
+        else:  # not contiguous: numpy gathers it
+            view = np.frombuffer(stage[1].mm, dtype=buf.dtype, count=buf.size).reshape(buf.shape)
+            np.copyto(view, buf)
+            del view
+        return (stage[0], 0), stage
+
+    def _locate(self, arr: np.ndarray, writable: bool, copy_in: bool, what: str) -> tuple:
+        """(buf_id, offset, stage, user_addr) of an array: registered, or staged (copied in when
+        ``copy_in``; a writable staged array is copied out by its request at completion)."""
+        nbytes = arr.nbytes
+        try:
+            addr = _buffer_info(arr, writable)[0]
+        except (BufferError, ValueError):
+            if writable:
+                why = "read-only" if not arr.flags.writeable else "not C-contiguous"
+                raise errors.InvalidArgument(f"{what} is {why}") from None
+            addr = 0
+        found = self._registry.find(addr, nbytes) if addr else None
+        if found is not None:
+            return found[0], found[1], None, addr
+        if not writable:
+            loc, stage = self._stage_send(arr, addr, nbytes)
+            return loc[0], 0, stage, 0
+        stage = self._staging.get(nbytes)
+        if copy_in and nbytes:
+            _native.memcopy(stage[1].addr, addr, nbytes)
+        return stage[0], 0, stage, addr
+
+    def _check_buf(self, buf: Any, what: str) -> int:
+        if type(buf) is not np.ndarray:
+            raise errors.InvalidArgument(f"{what} must be a numpy array, got {type(buf).__name__}")
+        code = _DTYPE_CODE.get(buf.dtype.char)
+        if code is None:
+            raise errors.InvalidArgument(f"{what}: unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
+        return code
+
+    def _block_count(self, name: str, full: np.ndarray, part: np.ndarray | None, full_name: str,
+                     part_name: str) -> int:
+        """Elements per block of a buffer holding one block per rank (``full``), checked against the
+        one-block buffer ``part`` (None with IN_PLACE)."""
+        size = self.size
+        if part is None:
+            if full.size % size:
+                raise errors.InvalidArgument(f"{name}: {full_name} of {full.size} elements is not "
+                                             f"{size} equal blocks")
+            return full.size // size
+        if full.size != part.size * size:
+            raise errors.InvalidArgument(f"{name}: {full_name} needs {size} x {part.size} elements "
+                                         f"(the {part_name} of every rank), has {full.size}")
+        return part.size
+
+    def _check_root(self, root: Any) -> int:
+        return self._check_peer(root, "root")
+
+    def _coll(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any = 0, root: int = 0) -> Request:
+        """Validate one collective call (before anything is posted), locate its buffers, post it."""
+        self._check_usable()
+        C = Coll
+        size, me = self.size, self.rank
+        in_place = sendbuf is IN_PLACE
+        redop = 0
+        if coll in (C.BCAST, C.REDUCE):
+            root = self._check_root(root)
+        name = COLL_NAMES[coll]
+        send_loc = recv_loc = (0, 0, None, 0)
+        flags = FLAG_IN_PLACE if in_place else 0
+        keep: tuple = (sendbuf, recvbuf)
+        if coll == C.BARRIER:
+            code, count, snb, rnb = 1, 0, 0, 0
+        elif coll == C.BCAST:
+            code = self._check_buf(sendbuf, f"{name} buffer")
+            count, snb, rnb = sendbuf.size, sendbuf.nbytes, sendbuf.nbytes
+            # Writable and contiguous on every rank, the root included: a check that passed on some
+            # ranks and failed on others would put their sequences of collectives out of step.
+            recv_loc = self._locate(sendbuf, True, copy_in=(me == root), what=f"{name} buffer")
+            if me == root:
+                recv_loc = recv_loc[:3] + (0,)  # the root's buffer is only read: no copy-out
+            flags = FLAG_IN_PLACE
+        else:
+            rcode = None
+            if coll != C.REDUCE or me == root:  # a non-root's Reduce recvbuf is not significant
+                rcode = self._check_buf(recvbuf, f"{name} recvbuf")
+            elif recvbuf is not None:
+                # ... but it is checked like the root's, so that the same call passes or fails on
+                # every rank alike (see Bcast above).
+                self._check_buf(recvbuf, f"{name} recvbuf")
+                try:
+                    _buffer_info(recvbuf, True)
+                except (BufferError, ValueError):
+                    why = "read-only" if not recvbuf.flags.writeable else "not C-contiguous"
+                    raise errors.InvalidArgument(f"{name} recvbuf is {why}") from None
+            if in_place:
+                if coll in (C.ALLTOALL,) or (coll == C.REDUCE and me != root):
+                    raise errors.InvalidArgument(f"{name}: IN_PLACE is not allowed here"
+                                                 + (" (only on the root)" if coll == C.REDUCE else ""))
+                code = rcode
+            else:
+                code = self._check_buf(sendbuf, f"{name} sendbuf")
+                if rcode is not None and rcode != code:
+                    raise errors.InvalidArgument(f"{name}: sendbuf is {sendbuf.dtype}, recvbuf {recvbuf.dtype}")
+            if in_place and rcode is None:
+                raise errors.InvalidArgument(f"{name}: IN_PLACE needs a recvbuf")
+            dtype = (recvbuf if in_place else sendbuf).dtype
+            if coll in (C.REDUCE, C.ALLREDUCE, C.REDUCE_SCATTER_BLOCK):
+                redop = int(op) if isinstance(op, (int, np.integer)) and not isinstance(op, bool) else -1
+                sched.check_op(redop, dtype)
+            # element counts: count = one rank's contribution
+            if coll in (C.ALLREDUCE, C.REDUCE):
+                count = recvbuf.size if in_place else sendbuf.size
+                if rcode is not None and recvbuf.size != count:
+                    raise errors.InvalidArgument(f"{name}: sendbuf has {count} elements, recvbuf {recvbuf.size}")
+            elif coll == C.ALLGATHER:
+                count = self._block_count(name, recvbuf, None if in_place else sendbuf, "recvbuf", "sendbuf")
+            elif coll == C.REDUCE_SCATTER_BLOCK:
+                count = (self._block_count(name, recvbuf, None, "recvbuf", "") if in_place
+                         else self._block_count(name, sendbuf, recvbuf, "sendbuf", "recvbuf"))
+            else:  # ALLTOALL
+                if sendbuf.size != recvbuf.size or sendbuf.size % size:
+                    raise errors.InvalidArgument(f"{name}: sendbuf and recvbuf need the same number of "
+                                                 f"elements, a multiple of {size}")
+                count = sendbuf.size // size
+            snb = 0 if in_place else sendbuf.nbytes
+            rnb = 0 if rcode is None else recvbuf.nbytes
+            if not in_place:
+                send_loc = self._locate(sendbuf, False, False, f"{name} sendbuf")
+            if rcode is not None:
+                recv_loc = self._locate(recvbuf, True, copy_in=in_place, what=f"{name} recvbuf")
+            else:
+                flags |= FLAG_NO_RECV
+        pp = self._pp
+        pp.coll_seq += 1
+        req = self._emit(KIND_COLL, code, redop, flags, root, coll, send_loc[0], send_loc[1], snb, count,
+                         recv_loc[0], recv_loc[1], rnb, pp.coll_seq, keep, recv_loc[2], recv_loc[3])
+        if send_loc[2] is not None or recv_loc[2] is not None:
+            req._extra = (send_loc[2], rnb)
+        return req
+
+    def _emit(self, kind: int, code: int, redop: int, flags: int, peer: int, tag: int, bid: int, off: int,
+              nbytes: int, count: int, bid2: int, off2: int, nbytes2: int, coll_seq: int, keep: Any,
+              stage: Any, user_addr: int) -> Request:
+        """Fill a record and its request and post it (or link it into the open group)."""
+        slot = self._free_slots.pop() if self._free_slots else self._take_slot()
+        index = self._free_records.pop() if self._free_records else self._take_record()
+        coll = kind == KIND_COLL
+        pp = self._pp
+        seq = pp.write(index, slot, kind, code, redop, flags, peer, 0 if coll else tag, bid, off, nbytes, count,
+                       bid2, off2, nbytes2, coll_seq, tag if coll else 0)
+        req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr, pp)
+        self._pending[slot] = req
+        pp.enqueue(index)
+        return req

@@ -1,0 +1,130 @@
+/*
+ * What the translation units of shm._poster share: the op constants, the objects' layouts, and the
+ * functions one file calls in another (prefixed _sp_). The module's design is in shm/_poster.c's header.
+ *
+ * _pool_lock.h keeps the lock spin (lock_spin_ns) in a static variable, so every file that includes it
+ * has its own copy. Only _poster_type.c splices (splice_chain), and the module's set_lock_spin is that
+ * file's _sp_set_lock_spin, so the setting reaches the copy the splice reads. The other files include
+ * the header for PostedChain and mono_ns only; its static set_lock_spin entry is unused there, which is
+ * why that warning is silenced around the include.
+ */
+#ifndef SHM_POSTER_H
+#define SHM_POSTER_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "_pool_layout.h"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "_pool_lock.h"
+#pragma GCC diagnostic pop
+
+#define KIND_SEND 1  /* proxy/core/ops.py; checked at import by proxy/rank/comm.py */
+#define KIND_RECV 2
+#define KIND_COLL 3
+#define FLAG_IN_PLACE 1      /* proxy/core/ops.py */
+#define FLAG_NO_RECV 2
+enum { COLL_BARRIER = 1, COLL_BCAST, COLL_REDUCE, COLL_ALLREDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER_BLOCK,
+       COLL_ALLTOALL };  /* proxy/coll/sched.py Coll */
+enum { REDOP_SUM = 1, REDOP_PROD, REDOP_MIN, REDOP_MAX, REDOP_AVG };  /* proxy/coll/sched.py ReduceOp */
+#define CODE_BOOL 1          /* proxy/core/ops.py dtype codes: bool, then integers, then float16.. */
+#define CODE_FIRST_FLOAT 10
+
+/* ------------------------------------------------------------------ objects */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *comm, *keep, *stage, *error, *status, *extra;
+    PyObject *poster;  /* the Poster that owns the slot (Wait/Test read it), or NULL */
+    PyObject *weaklist;
+    long long seq, tag, nbytes, user_addr;
+    int slot, kind, peer;
+    char done;
+} RequestObject;
+
+typedef struct { uintptr_t start, end; int32_t bid; } Range;
+
+typedef struct {
+    PyObject_HEAD
+    /* pool addresses (the Comm keeps the mapping alive for the Poster's lifetime) */
+    PostedChain chain;   /* the records, the posted chain, its mutex, the hand-off slots (_pool_lock.h) */
+    volatile uint64_t *err, *abort, *posted;
+    int local_rank, size, rank;  /* rank: the communicator's, set by proxy/rank/comm.py (a Reduce's root) */
+    double timeout;
+    /* post state shared with the Python path */
+    long long seq, opcount, coll_seq;
+    int group_depth, usable;
+    int32_t chain_first, chain_last;
+    /* Python objects owned by the Comm */
+    PyTypeObject *ndarray, *request_type;
+    PyObject *comm, *free_slots, *free_records, *pending, *on_splice_error;
+    PyObject *send_fallback, *recv_fallback;  /* isend()/irecv() hand everything else to these */
+    PyObject *allreduce_fallback;             /* and iallreduce() to this */
+    PyObject *barrier_fallback;               /* and ibarrier() to this */
+    PyObject *coll_fallback[COLL_ALLTOALL + 1]; /* ibcast() .. ialltoall() to these, by Coll */
+    PyObject *in_place;                       /* shmproxy.IN_PLACE */
+    /* registered ranges (sorted by start); dtype char -> code and itemsize (0: unsupported) */
+    Range *ranges;
+    Py_ssize_t nranges;
+    uint8_t dtype_code[256];
+    uint8_t dtype_size[256];
+    /* completion slots (shm/pool.py SLOT_*), and how a Wait spins before Python sleeps (set_wait) */
+    volatile uint64_t *slots;
+    long nslots;
+    double spin_s;
+    long long spin_max, spin_max_coll;
+    char fast;  /* the array header reading was verified against the probes */
+    char mapped;  /* the pool addresses are valid: cleared by detach() before the pool is unmapped */
+} PosterObject;
+
+/* The fields of a record that a post chooses; the owner, opCount, seq and slot come with the post. */
+typedef struct {
+    int kind, code, redop, flags, peer;
+    int64_t tag;
+    int32_t bid, bid2;
+    uint64_t off, nbytes, count, off2, nbytes2, coll_seq, x1;
+} Rec;
+
+/* A registered, non-empty array: its code, element count and (bid, off, nbytes) in *where. */
+typedef struct { int32_t bid; uint64_t off, nbytes; int code; long long count; } Located;
+
+/* ------------------------------------------------------------------ _poster_request.c */
+
+extern PyTypeObject _sp_RequestType, _sp_StatusType;
+
+/* ------------------------------------------------------------------ _poster_array.c */
+
+int _sp_read_array(PosterObject *self, PyObject *obj, int writable, uintptr_t *addr, int *code,
+                   long long *nbytes, long long *count);
+int _sp_verify_layout(PosterObject *self, PyObject *probes);
+Py_ssize_t _sp_find_range(PosterObject *self, uintptr_t addr, size_t n);
+int _sp_locate(PosterObject *self, PyObject *arr, int writable, Located *where);
+PyObject *_sp_Poster_set_ranges(PosterObject *self, PyObject *arg);
+
+/* ------------------------------------------------------------------ _poster_type.c */
+
+extern PyTypeObject _sp_PosterType;
+int _sp_check_mapped(PosterObject *self);
+void _sp_write_record(char *r, const Rec *f, int owner, uint64_t opcount, uint64_t seq, uint32_t slot);
+PyObject *_sp_enqueue(PosterObject *self, int32_t index);
+PyObject *_sp_set_lock_spin(PyObject *self, PyObject *arg);
+
+/* ------------------------------------------------------------------ _poster_post.c */
+
+PyObject *_sp_Poster_post(PosterObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *_sp_Poster_isend(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_irecv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_iallreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_ibarrier(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_ibcast(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_ireduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_iallgather(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_ireduce_scatter_block(PosterObject *self, PyObject *const *args, size_t nargsf,
+                                           PyObject *kwnames);
+PyObject *_sp_Poster_ialltoall(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_set_coll_fallback(PosterObject *self, PyObject *args);
+
+#endif
