@@ -16,8 +16,8 @@ over the low layer ``shmproxy.core`` (errors, params, logging, the op vocabulary
 """
 from shmproxy.core.errors import (Aborted, Closed, InternalError, InvalidArgument, InvalidUsage, PeerDiedError,
                                   ProxyError, RemoteError, Timeout, TruncationError)
-from shmproxy.core.ops import IN_PLACE, UNDEFINED
-from shmproxy.coll.sched import ReduceOp
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE, UNDEFINED
+from shmproxy.core.ops import ReduceOp
 from shmproxy.rank.comm import Comm, init
 from shmproxy.rank.request import Request, Status
 
@@ -25,5 +25,6 @@ SUM, PROD, MIN, MAX, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.M
 
 __all__ = ["init", "Comm", "Request", "Status", "ProxyError", "InvalidArgument", "InvalidUsage",
            "RemoteError", "PeerDiedError", "Timeout", "Closed", "Aborted", "InternalError",
-           "TruncationError", "ReduceOp", "SUM", "PROD", "MIN", "MAX", "AVG", "IN_PLACE", "UNDEFINED"]
+           "TruncationError", "ReduceOp", "SUM", "PROD", "MIN", "MAX", "AVG", "IN_PLACE", "UNDEFINED",
+           "ANY_SOURCE", "ANY_TAG"]
 __version__ = "0.2.0"

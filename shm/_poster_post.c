@@ -106,6 +106,7 @@ static PyObject *do_post(PosterObject *self, long kind, PyObject *buf, PyObject 
         PyErr_Clear();
         Py_RETURN_NONE;
     }
+    if (kind == KIND_SEND && tag == LLONG_MIN) Py_RETURN_NONE;   /* ANY_TAG: Python raises, naming it */
     uintptr_t addr; int code; long long nbytes, count;
     if (!_sp_read_array(self, buf, kind == KIND_RECV, &addr, &code, &nbytes, &count) || nbytes <= 0)
         Py_RETURN_NONE;

@@ -546,7 +546,7 @@ def overlap_with_p2p(rounds: int) -> dict:
         small = np.zeros(1000, np.int32)
         if r == n - 1:
             small[:] = np.arange(1000)
-        tags = [0, 1, -1, 2**63 - 1, -(2**63), 12345]
+        tags = [0, 1, -1, 2**63 - 1, -(2**63) + 1, 12345]   # -(2**63) is ANY_TAG
         for rnd in range(rounds):
             coll = [comm.Iallreduce(big, big_out), comm.Ibcast(small, root=n - 1)]
             outs, p2p = [], []

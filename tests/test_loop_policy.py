@@ -77,8 +77,8 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
     i32 = np.full(P.NEXT_OPS_OFF // 4 + 1, -1, np.int32)           # an empty posted chain
     from shmproxy.shm import _workers
     awake = _workers.KeepAwake(sorted(os.sched_getaffinity(0))[:1], 1.0) if crowded else None
-    q = np.zeros(P.PENDING_MASK_OFF // 8 + 1, np.uint64)                # nothing handed off
-    eng = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, crowded=crowded, awake=awake,
+    q = np.zeros(P.CTRL_OFF // 8 + P.CTRL_COUNT, np.uint64)        # nothing handed off, no event
+    eng = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, crowded=crowded, awake=awake, events_seen=0,
                                 view=types.SimpleNamespace(i32=i32), q=q, _should_exit=lambda: False)
 
     def spin() -> float:
@@ -93,4 +93,7 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
     first, second = spin(), spin()
     assert (first < 0.015) is crowded and second >= 0.03 and not eng.spin_skip
     q[P.PENDING_MASK_OFF // 8] = 1 << 1           # a chain handed off ends the spin
+    assert spin() < 0.015
+    q[P.PENDING_MASK_OFF // 8] = 0
+    q[P.CTRL_OFF // 8 + P.CTRL_EVENTS] = 1         # and so does news from another thread (post_event)
     assert spin() < 0.015

@@ -129,7 +129,7 @@ def test_post_to_a_sleeping_progress_process_splices_and_signals(pool):
     def sleeper():
         view.mutex.lock(5.0)
         t0 = time.monotonic()
-        rc = _native.sleep_unless_posted(seg.addr, 30.0)
+        rc = _native.sleep_unless_posted(seg.addr, 30.0, 0)
         slept.append((rc, time.monotonic() - t0, view.i32[P.NEXT_OPS_OFF // 4]))
         view.mutex.unlock()
 
@@ -156,12 +156,12 @@ def test_sleep_unless_posted_does_not_sleep_past_a_handed_off_chain(pool):
     view.mutex.lock(5.0)
     try:
         t0 = time.monotonic()
-        assert _native.sleep_unless_posted(seg.addr, 0.05) == _native.TIMEDOUT
+        assert _native.sleep_unless_posted(seg.addr, 0.05, 0) == _native.TIMEDOUT
         assert time.monotonic() - t0 >= 0.04
         pp.write(5, 5, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
         pp.enqueue(5)   # this thread holds the mutex: the post must not need it
         t0 = time.monotonic()
-        assert _native.sleep_unless_posted(seg.addr, 30.0) == _native.OK and time.monotonic() - t0 < 5
+        assert _native.sleep_unless_posted(seg.addr, 30.0, 0) == _native.OK and time.monotonic() - t0 < 5
         assert view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING] == 0 and _handed_off(view) == [5]
     finally:
         view.mutex.unlock()
@@ -536,3 +536,41 @@ def test_poster_collectives_decline_what_comm_coll_must_check(pool, case):
     finally:
         calls.clear()
         buf.close()
+
+
+def test_post_event_wakes_a_sleeping_loop_and_a_pending_event_keeps_it_awake(pool):
+    """News for the loop from another thread of its process (_native.post_event): it bumps EVENTS
+    and signals a sleeper, which wakes long before its bound; a loop that has not seen the latest
+    EVENTS does not sleep at all; with nothing new it sleeps to its bound; SLEEPING is 0 after."""
+    seg, view = pool
+    events_q = P.CTRL_OFF // 8 + P.CTRL_EVENTS
+    slept = []
+
+    def sleeper(seen: int) -> None:
+        view.mutex.lock(5.0)
+        t0 = time.monotonic()
+        rc = _native.sleep_unless_posted(seg.addr, 30.0, seen)
+        slept.append((rc, time.monotonic() - t0))
+        view.mutex.unlock()
+
+    t = threading.Thread(target=sleeper, args=(int(view.q[events_q]),), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING]:
+        assert t.is_alive() and time.monotonic() < deadline, "the sleeper did not go to sleep"
+        time.sleep(0.001)
+    assert _native.post_event(seg.addr, 5.0) == _native.OK
+    t.join(20)
+    assert not t.is_alive() and slept[0][0] == _native.OK and slept[0][1] < 10
+    assert view.q[events_q] == 1 and view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING] == 0
+
+    view.mutex.lock(5.0)
+    try:
+        t0 = time.monotonic()    # seen 0, EVENTS 1: news not yet handled, no sleep
+        assert _native.sleep_unless_posted(seg.addr, 30.0, 0) == _native.OK and time.monotonic() - t0 < 5
+        t0 = time.monotonic()    # seen 1: nothing new, sleeps to the bound
+        assert _native.sleep_unless_posted(seg.addr, 0.05, 1) == _native.TIMEDOUT
+        assert time.monotonic() - t0 >= 0.04
+    finally:
+        view.mutex.unlock()
+    assert _native.post_event(seg.addr, 5.0) == _native.OK and view.q[events_q] == 2   # nobody asleep: no lock

@@ -38,7 +38,11 @@ for _ch in "bBhHiIlLqQpP":
         DTYPE_CODE[_dt.char] = DTYPE_CODE[np.dtype(_dt.name).char]
 SUPPORTED_DTYPES = ", ".join(np.dtype(t).name for t in _DTYPES)
 
-TAG_MIN, TAG_MAX = -(2**63), 2**63 - 1
+# Wildcards of a receive (MPI's MPI_ANY_SOURCE and MPI_ANY_TAG): tags are int64 and the most negative
+# one is reserved, so a message's tag is in [TAG_MIN, TAG_MAX] and a receive may also take ANY_TAG.
+ANY_SOURCE = -1
+ANY_TAG = -(2**63)
+TAG_MIN, TAG_MAX = ANY_TAG + 1, 2**63 - 1
 
 
 # The collective vocabulary a record carries. It lives here, not with the schedules that execute it

@@ -36,9 +36,7 @@ import collections
 from typing import Any, Callable, Iterator
 
 from shmproxy.core import errors
-
-ANY_SOURCE = -1
-ANY_TAG = -(1 << 63)   # tags are int64; the most negative one is reserved as the wildcard
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 
 Entry = tuple[int, Any]   # (sequence number, item)
 

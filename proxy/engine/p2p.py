@@ -29,7 +29,7 @@ import time
 from shmproxy.core import errors, log
 from shmproxy.core.ops import KIND_COLL, KIND_RECV, KIND_SEND, Op
 from shmproxy.engine.args import Transfer
-from shmproxy.engine.matching import ANY_SOURCE, Matcher
+from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher
 from shmproxy.engine.ranks import RankInfo
 from shmproxy import transports
 from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind, PeerInfo, Transport
@@ -56,7 +56,7 @@ class PointToPoint:
 
     # ------------------------------------------------------------------ send half
     def send_half(self, send: Op) -> None:
-        if not 0 <= send.peer < self.size:
+        if not 0 <= send.peer < self.size or send.tag == ANY_TAG:   # the rank checks both: a bug or a forgery
             self.complete(send, errors.InvalidArgument.code, 0)
             return
         if self.is_local(send.peer):

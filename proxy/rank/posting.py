@@ -16,7 +16,8 @@ import numpy as np
 from shmproxy.core import errors
 from shmproxy.coll import sched
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
-                               KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll)
+                               KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll,
+                               ANY_SOURCE, ANY_TAG)
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
 
@@ -27,22 +28,28 @@ _DTYPE_CODE = DTYPE_CODE
 class Posting:
     """Argument checks, buffer location and staging, and the record a post fills."""
 
-    def _check_peer(self, peer: Any, what: str) -> int:
+    def _check_peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
+        """``peer`` as an int in range; ``wildcard``: ANY_SOURCE too (a receive's source)."""
         if type(peer) is not int:
             if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
                 raise errors.InvalidArgument(f"{what} must be an int, got {type(peer).__name__}")
             peer = int(peer)
-        if not 0 <= peer < self.size:
-            raise errors.InvalidArgument(f"{what} {peer} out of range: the communicator has {self.size} ranks")
+        if not 0 <= peer < self.size and not (wildcard and peer == ANY_SOURCE):
+            raise errors.InvalidArgument(f"{what} {peer} out of range: the communicator has {self.size} ranks"
+                                         + ("" if wildcard else " (ANY_SOURCE is for receives)"))
         return peer
 
-    def _check_tag(self, tag: Any) -> int:
+    def _check_tag(self, tag: Any, wildcard: bool = False) -> int:
+        """``tag`` as an int64 other than ANY_TAG; ``wildcard``: ANY_TAG too (a receive's tag)."""
         if type(tag) is not int:
             if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
                 raise errors.InvalidArgument(f"tag must be an int, got {type(tag).__name__}")
             tag = int(tag)
-        if not TAG_MIN <= tag <= TAG_MAX:
-            raise errors.InvalidArgument(f"tag {tag} does not fit in 64 bits")
+        if tag == ANY_TAG:
+            if not wildcard:
+                raise errors.InvalidArgument("ANY_TAG is for receives: a message needs a tag of its own")
+        elif not TAG_MIN <= tag <= TAG_MAX:
+            raise errors.InvalidArgument(f"tag {tag} out of range [{TAG_MIN}, {TAG_MAX}]")
         return tag
 
     def _post(self, kind: int, buf: Any, peer: int, tag: int) -> Request:
@@ -55,9 +62,9 @@ class Posting:
         if code is None:
             raise errors.InvalidArgument(f"unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
         if type(peer) is not int or not 0 <= peer < self.size:
-            peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source")
+            peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source", kind == KIND_RECV)
         if type(tag) is not int or not TAG_MIN <= tag <= TAG_MAX:
-            tag = self._check_tag(tag)
+            tag = self._check_tag(tag, kind == KIND_RECV)
         nbytes = buf.nbytes
         stage = None
         user_addr = 0
