@@ -38,12 +38,12 @@ static inline struct timespec deadline_after(double seconds) {
 /*
  * Contention: every critical section on the pool mutex is a few stores (a splice, the take of a
  * batch), but after a barrier all local ranks post at the same instant. A robust mutex has no
- * adaptive type, so glibc puts each loser to sleep in the kernel and wakes them one by one: on the
- * 32-core GPU host 8 ranks posting at once paid a mean of 5-6 us per Iallreduce post, against 0.4 us
- * alone. So a loser first retries for up to lock_spin_ns (SHMPROXY_LOCK_SPIN_US, set at start by
- * shm.sync.set_lock_spin in each C module, since each has its own copy) and only then sleeps. The
- * spin is bounded, so a holder that lost its core (a crowded host) costs at most that much before the
- * sleep.
+ * adaptive type, so glibc puts each loser to sleep in the kernel and wakes them one by one: 8 ranks
+ * posting at once paid an order of magnitude more per post than one alone (docs/decisions.md, "A
+ * contended pool lock spins briefly before it sleeps"). So a loser first retries for up to
+ * lock_spin_ns (SHMPROXY_LOCK_SPIN_US, set at start by shm.sync.set_lock_spin in each C module, since
+ * each has its own copy) and only then sleeps. The spin is bounded, so a holder that lost its core (a
+ * crowded host) costs at most that much before the sleep.
  */
 static long long lock_spin_ns = 0;
 
@@ -107,10 +107,10 @@ static inline int lock_bounded(pthread_mutex_t *m, double timeout) {
 }
 
 /*
- * Hand-off (thirteenth session; it replaced the ninth session's flat combining). After a barrier every
- * local rank posts at the same instant, and with one mutex the last of 8 ranks waited for the others'
- * critical sections and the progress process's take: a post inside the 64 KiB overlap loop cost
- * 2.3-3 us on the 16-core GPU host against ~0.5 us alone, most of OSU's lost overlap there. So a rank
+ * Hand-off (it replaced flat combining; both in docs/decisions.md). After a barrier every local rank
+ * posts at the same instant, and with one mutex the last of 8 ranks waited for the others' critical
+ * sections and the progress process's take: a post inside OSU's overlap loop cost several times what
+ * it costs alone, most of the overlap lost at 64 KiB. So a rank
  * (local rank < 64) does not lock to post while the progress process is awake: it appends its chain to
  * its pending slot (rank area, RANK_PENDING_OFF), sets its bit in the pending mask and returns. The
  * progress process, which polls the chain head and the mask, splices every pending chain onto the

@@ -1,12 +1,12 @@
 /*
  * shm._poster: the rank's post path in C.
  *
- * Why compiled: a point-to-point post written in Python costs 4-6 us on the 2-core development VM
- * (argument checks, buffer lookup, struct packing, the Request object, the splice), against a
- * budget of 3 us for a single post and 1 us per op inside comm.group() (BENCHMARKS.md). Here it
- * is one call.
+ * Why compiled: a point-to-point post written in Python costs several microseconds (argument
+ * checks, buffer lookup, struct packing, the Request object, the splice), over the project's targets
+ * of 3 us for a single post and 1 us per op inside comm.group() (docs/bench/HISTORY.md). Here it is
+ * one call.
  *
- * Division of labour with proxy/rank/comm.py:
+ * Division of labour with the Python path (proxy/rank/comm.py and posting.py):
  *   - Poster.post() (and isend()/irecv(), which a Comm installs as its Isend/Irecv) takes the
  *     common case only: an exact numpy array of a supported dtype in native
  *     byte order, C-contiguous (writable for a receive), non-empty and inside memory the rank

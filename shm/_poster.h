@@ -22,7 +22,7 @@
 #include "_pool_lock.h"
 #pragma GCC diagnostic pop
 
-#define KIND_SEND 1  /* proxy/core/ops.py; checked at import by proxy/rank/comm.py */
+#define KIND_SEND 1  /* proxy/core/ops.py; checked at import by proxy/rank/lifecycle.py */
 #define KIND_RECV 2
 #define KIND_COLL 3
 #define FLAG_IN_PLACE 1      /* proxy/core/ops.py */
@@ -52,7 +52,7 @@ typedef struct {
     /* pool addresses (the Comm keeps the mapping alive for the Poster's lifetime) */
     PostedChain chain;   /* the records, the posted chain, its mutex, the hand-off slots (_pool_lock.h) */
     volatile uint64_t *err, *abort, *posted;
-    int local_rank, size, rank;  /* rank: the communicator's, set by proxy/rank/comm.py (a Reduce's root) */
+    int local_rank, size, rank;  /* rank: the communicator's (a Reduce's root), set by rank/lifecycle.py */
     double timeout;
     /* post state shared with the Python path */
     long long seq, opcount, coll_seq;

@@ -1,9 +1,9 @@
 /*
  * shm._poster's view of the rank's memory: which arrays a fast post may take, and where they lie.
  *
- * Arrays: the Python buffer protocol costs ~300 ns per numpy array here (numpy builds a format
- * string), a third of the budget, so the post reads the array's header directly: the leading fields
- * of numpy's PyArrayObject_fields and PyArray_Descr, unchanged from numpy 1.7 through 2.x. The
+ * Arrays: the Python buffer protocol costs hundreds of nanoseconds per numpy array (numpy builds a
+ * format string), a large share of the budget, so the post reads the array's header directly: the
+ * leading fields of numpy's PyArrayObject_fields and PyArray_Descr, unchanged from numpy 1.7 through 2.x. The
  * Poster checks that reading against probe arrays whose facts Python supplies; if it ever disagrees
  * (a future numpy), the fast path stays off (Poster.fast is False) and every post takes Python's.
  *

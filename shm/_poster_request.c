@@ -119,8 +119,8 @@ PyTypeObject _sp_StatusType = {
  *
  * The common end of a request in C: its slot says complete with no error, and nothing was staged
  * (comm.alloc memory), so reaping it is reading the slot, returning the slot, and a Status. A
- * blocking Send or Recv thereby costs no Python frame between the post and the return (on the VM
- * the Python reap was ~4 us of a ~45 us one-way message). The spin is only here. Everything else
+ * blocking Send or Recv thereby costs no Python frame between the post and the return (the Python
+ * reap was a noticeable share of a small message's one-way time). The spin is only here. Everything else
  * (an error, a staged buffer to copy out, a timeout, the sleep on the futex, a Wait inside a group)
  * is Python's: Request._wait_slow and Request._test_slow, which own every message.
  *

@@ -3,7 +3,7 @@
  * records onto the posted chain, the Python path's way in (write(), enqueue(), flush()), comm.group(),
  * and the method table over the fast posts (shm/_poster_post.c) and the ranges (shm/_poster_array.c).
  *
- * Record layout: shm/pool.py RECORD (little-endian, packed, 128 bytes); tests/test_units.py checks
+ * Record layout: shm/pool.py RECORD (little-endian, packed, 128 bytes); tests/test_poster.py checks
  * that a record written here unpacks there. Lock protocol: shm/_pool_lock.h.
  *
  * This is the only file of the module that splices (splice_chain), so the lock spin the module's
@@ -233,7 +233,7 @@ static PyObject *Poster_flush(PosterObject *self, PyObject *unused) {
 /* The context manager comm.group() returns: __enter__ opens a group (one opCount for everything
  * posted inside, records linked privately), __exit__ closes it and splices the chain once the
  * outermost group ends, also when the block raised. In C because the generator-based context
- * manager cost 3.7 us per empty group on the VM, this 0.5 us (a group of 8 posts pays it per op). */
+ * manager cost several times as much per empty group (a group of 8 posts pays it per op). */
 static PyObject *Poster_enter(PosterObject *self, PyObject *unused) {
     if (!self->usable || !self->mapped || *self->err || *self->abort) {
         PyObject *r = PyObject_CallMethod(self->comm, "_check_usable", NULL);  /* raises what applies */
@@ -265,7 +265,7 @@ static PyObject *Poster_detach(PosterObject *self, PyObject *unused) {
 }
 
 /* set_wait(slots_addr, nslots, spin_s, spin_max, spin_max_coll): where the completion slots are and
- * how Request.Wait spins (proxy/rank/comm.py decides both). Until called, Wait and Test go to Python. */
+ * how Request.Wait spins (proxy/rank/lifecycle.py decides both). Until called, Wait and Test go to Python. */
 static PyObject *Poster_set_wait(PosterObject *self, PyObject *args) {
     unsigned long long addr; long n; double spin_s; long long m, mc;
     if (!PyArg_ParseTuple(args, "KldLL", &addr, &n, &spin_s, &m, &mc)) return NULL;

@@ -6,9 +6,9 @@
  *     len(srcs) for AVG, then stored to dsts[0][i], dsts[1][i], ...
  *
  * Why compiled: with numpy a chunk of an 8-rank Allreduce was 14 calls (7 ufuncs, 7 copies), each
- * retaking the GIL, and the progress process's copy workers spent their time queueing for it: on the
- * 32-core GPU host 512 KiB chunks gave 4.0 GB/s bus bandwidth where 2 MiB chunks (4x fewer GIL
- * round trips) gave 7.4 (BENCHMARKS.md). Here a chunk is one call, without the GIL.
+ * retaking the GIL, and the progress process's copy workers spent their time queueing for it: 4x
+ * larger chunks (4x fewer GIL round trips) nearly doubled the bus bandwidth (docs/bench/HISTORY.md).
+ * Here a chunk is one call, without the GIL.
  *
  * Block by block: BLOCK_BYTES of every source are reduced into a small buffer that stays in L1 and
  * written to every destination before the next block is read. Each input is read once and each
@@ -21,8 +21,8 @@
  * float16, complex products (numpy fuses them with FMA where the CPU has it, so only numpy itself
  * matches numpy there) and complex MIN/MAX stay with numpy: supported() says which.
  *
- * dtype and op codes are proxy/core/ops.py's and proxy/coll/sched.py's (ReduceOp); tests/test_units.py checks
- * every supported pair against numpy.
+ * dtype and op codes are proxy/core/ops.py's and proxy/coll/sched.py's (ReduceOp); tests/test_native.py
+ * checks every supported pair against numpy.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

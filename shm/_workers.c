@@ -28,8 +28,8 @@
  *
  * Why compiled: a Python worker thread costs a queue wake-up and two GIL acquisitions per job (one to
  * pick it up, one to report it), while the progress loop holds the GIL most of the time. That hand-off
- * was ~100 us on the 32-core GPU host and ~300 us on the 2-core VM, and with 16 workers they queued
- * for the GIL behind each other: it was the main cost of 1-16 MiB collectives (BENCHMARKS.md).
+ * cost hundreds of microseconds, and with many workers they queued for the GIL behind each other: it
+ * was the main cost of megabyte collectives (docs/bench/HISTORY.md).
  *
  * The module's files: _workers_pool.c (the Workers type), _workers_jobs.c (building and running a
  * job), _workers_awake.c (the KeepAwake type); _workers.h, what they share.

@@ -5,29 +5,31 @@
  *
  * On a virtual machine an idle vCPU halts, and waking a halted vCPU is an interrupt the hypervisor
  * delivers when it next schedules that vCPU: while other guests load the host, that is much later
- * (2-vCPU VM at 30-45 % steal: a 4 MiB ping-pong went from ~2.2 ms to ~1.1 ms one-way with two
- * idle-priority spinners beside it). Every hand-off of a message (rank -> loop -> workers -> loop ->
+ * (under heavy steal, idle-priority spinners beside a large ping-pong made it up to twice as fast:
+ * docs/decisions.md). Every hand-off of a message (rank -> loop -> workers -> loop ->
  * rank) is such a wake-up when the node is crowded. A SCHED_IDLE thread runs only when nothing else
  * wants its CPU and is preempted the moment something does, so it takes no time from ranks or workers;
  * it only keeps the vCPU running. Each spins for `window` after the last touch() and then sleeps on a
  * condvar: an idle job costs nothing.
  *
  * A guard calls sched_yield() between its pause bursts. A thread that yields is not woken, so
- * nothing preempts the guard it hands its CPU to: on the VM's kernel (6.18, EEVDF) a guard freshly
- * woken by touch() is eligible, takes the yield, and kept the CPU for its whole window (2 ms) while
- * the progress loop, which yields between passes, sat runnable beside it: 1 % of 4 MiB round trips
- * took 1.2-2 ms. Yielding back costs a guard nothing, since it runs only when nobody else wants to.
+ * nothing preempts the guard it hands its CPU to: under EEVDF a guard freshly woken by touch() is
+ * eligible, takes the yield, and kept the CPU for its whole window while the progress loop, which
+ * yields between passes, sat runnable beside it, so a tail of round trips lasted a whole window
+ * (docs/decisions.md, "Keep-awake guards yield between pause bursts"). Yielding back costs a guard
+ * nothing, since it runs only when nobody else wants to.
  *
  * Protocol: touch() stores the deadline, then reads `sleepers`; a guard increments `sleepers`, then
  * reads the deadline, under the mutex, before it waits (both seq_cst): either the guard sees the new
  * deadline or touch() sees it asleep and signals under the mutex, so no touch is lost.
  *
  * Relayed wake-ups (KeepAwake(cpus, window, workers, rank_areas, nranks)): waking a thread on another
- * vCPU is an IPI, and on the VM each one cost the waker ~12 us inside the syscall (the exit to the
- * hypervisor) and the wakee ~12 us more before it ran (perf with ipi:ipi_send_cpu, 4 MiB ping-pong:
- * 641 of 643 worker wake-ups took that path, ~23 us from sched_waking to running; a wake-up on the
- * wakee's own CPU took ~5). A guard in its window is running on its CPU anyway, so it wakes what
- * sleeps there itself: the wake-up is local, no IPI, and the wakee preempts the guard at once.
+ * vCPU is an IPI, and on a virtual machine each one costs the waker about ten microseconds inside the
+ * syscall (the exit to the hypervisor) and the wakee as much again before it runs, several times a
+ * wake-up on the wakee's own CPU (perf with ipi:ipi_send_cpu; the figures: docs/decisions.md, "On a
+ * crowded node, what sleeps on a CPU is woken by that CPU's keep-awake guard"). A guard in its window
+ * is running on its CPU anyway, so it wakes what sleeps there itself: the wake-up is local, no IPI,
+ * and the wakee preempts the guard at once.
  *  - workers: the pool signals none of a live guard's workers when it queues a job (relay_covers); the
  *    guard sees `queued` between its pause bursts, takes the mutex and signals its CPU's idle workers,
  *    one per queued job. Nothing waits on a guard that is not there: a job no worker took stays
@@ -36,8 +38,9 @@
  *    (shm/_pool_layout.h); the guard of that CPU wakes it once the word moved. The progress loop asks
  *    live_mask() which CPUs those are and then only bumps the word; it remembers each wake-up so
  *    left, and makes it itself should the rank still sleep on that word after a grace period
- *    (progress.py, check_relayed): a guard preempted just after it proved live delays, never loses.
- * A guard is live while its heartbeat (one per pass, ~2 us apart) is under RELAY_FRESH_NS old; it
+ *    (proxy/engine/completion.py, check_relayed): a guard preempted just after it proved live
+ *    delays, never loses.
+ * A guard is live while its heartbeat (one per pass, a few us apart) is under RELAY_FRESH_NS old; it
  * clears it before it sleeps, then makes one last pass. Against a waker that read the heartbeat
  * before it was cleared, both sides are seq_cst: the waker publishes (queue, futex word), then reads
  * the heartbeat; the guard clears it, then reads what was published.
@@ -72,7 +75,7 @@ typedef struct KeepAwake {
 } KeepAwake;
 
 #define BEAT_STRIDE 8          /* one cache line per guard's heartbeat */
-#define RELAY_FRESH_NS 10000   /* a guard is live if it passed this recently (a pass is ~2 us) */
+#define RELAY_FRESH_NS 10000   /* a guard is live if it passed this recently (a pass takes a few us) */
 
 typedef struct { KeepAwake *k; int cpu, index; } GuardArg;
 
@@ -110,7 +113,8 @@ void _sw_relay_vouch(Pool *p, int cpu) {
 }
 
 /* A guard on `cpu`: wake the ranks that sleep on this CPU and whose futex word moved since they went
- * to sleep (a rank stores WAITING = (its CPU + 1) | the word it sleeps on << 32; see comm.py). */
+ * to sleep (a rank stores WAITING = (its CPU + 1) | the word it sleeps on << 32; see
+ * proxy/rank/waiting.py). */
 static void relay_ranks(KeepAwake *k, int cpu) {
     for (int r = 0; r < k->nranks; r++) {
         char *area = k->rank_areas + (size_t)r * RANK_AREA_BYTES;

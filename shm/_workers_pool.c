@@ -10,26 +10,27 @@
  *
  * Wake-ups: a queued job wakes one idle worker, if any, with the mutex released, and each worker
  * sleeps on a condvar of its own so that the waker chooses whom it wakes. Signalling under the mutex,
- * any worker, made the loop's submission of a message trickle on a crowded node (perf sched on the
- * 2-vCPU VM): the worker woken on the loop's CPU preempted it at once, found the mutex held and slept,
+ * any worker, made the loop's submission of a message trickle on a crowded node (seen with perf
+ * sched): the worker woken on the loop's CPU preempted it at once, found the mutex held and slept,
  * was woken by the unlock, preempted the loop again, ran its job and slept on an empty queue; the loop
- * queued the next job only then, so a 4 MiB message went to the workers two chunks at a time (~40 us
- * a round) with the other CPU idle in between. On a crowded node (caller-runs, below) the workers are
- * spread one per CPU and the loop wakes none on the CPU it runs on, where it runs jobs itself (the
- * kernel places a wakee beside its waker, and the keep-awake guards make an idle CPU look busy to its
- * search). wait() and help() first wake idle workers for jobs still queued (wait(): any worker).
- * The finished condvar is signalled only when the loop waits on it, also with the mutex released.
- * On a crowded node the loop polls a while before it sleeps there (wait's `poll`): once it has run out
- * of queued jobs the others finish within a job's length, and a sleeping loop woken from the other
- * vCPU came back ~20 us later (4 MiB one-way 150-176 -> 129-183 us in five interleaved pairs; the CPU
- * would otherwise run a keep-awake guard).
+ * queued the next job only then, so a large message went to the workers two chunks at a time, a
+ * round of wake-ups each, with the other CPU idle in between. On a crowded node (caller-runs, below)
+ * the workers are spread one per CPU and the loop wakes none on the CPU it runs on, where it runs
+ * jobs itself (the kernel places a wakee beside its waker, and the keep-awake guards make an idle CPU
+ * look busy to its search). wait() and help() first wake idle workers for jobs still queued
+ * (wait(): any worker). The finished condvar is signalled only when the loop waits on it, also with
+ * the mutex released. On a crowded node the loop polls a while before it sleeps there (wait's
+ * `poll`): once it has run out of queued jobs the others finish within a job's length, and a sleeping
+ * loop woken from another CPU comes back tens of microseconds later (the measurement:
+ * docs/decisions.md; the CPU would otherwise run a keep-awake guard).
  *
  * Caller-runs (help): on a crowded node the progress loop has no core of its own; its CPU is one the
  * workers need. Waiting for them there is the worst of both: the loop's CPU idles (or the loop spins
- * on it) while two workers woken onto the other CPU take turns (perf sched on the 2-vCPU VM: a 4 MiB
- * message moved by one worker at a time, ~16 cross-CPU wake-ups per message). help() lets the loop
- * take jobs off the same queue and run them itself, GIL released, exactly as a worker would (same
- * execute, same finished list, so drain() and the memory-ordering argument above are unchanged).
+ * on it) while two workers woken onto the other CPU take turns (a scheduler trace showed a large
+ * message moved by one worker at a time, a cross-CPU wake-up per chunk: docs/decisions.md). help()
+ * lets the loop take jobs off the same queue and run them itself, GIL released, exactly as a worker
+ * would (same execute, same finished list, so drain() and the memory-ordering argument above are
+ * unchanged).
  * Whichever thread is on a CPU first takes the next job: a late worker costs nothing, a quick one
  * shares the work.
  */

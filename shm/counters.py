@@ -22,8 +22,8 @@ Why this is correct without locks or atomics (the memory-ordering argument):
    targets x86-64 hosts; porting means routing the publishing stores and loads through shm._native
    with explicit release/acquire ordering.
 
-Measured: ~0.12 us per access through memoryview; the PyPI ``atomics`` package costs ~16 us and is
-not an option (docs/architecture.md, "Lock protocol").
+A memoryview access costs about a tenth of a microsecond; the PyPI ``atomics`` package costs two
+orders of magnitude more per access and is not an option (docs/architecture.md, "Lock protocol").
 """
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ _DECLARED: tuple[Param, ...] = (
        "Messages at least this large are split into one sub per copy worker.", 0),
     _p("EAGER_BYTES", parse_size, 512 << 10,
        "Messages up to this size are copied by the progress loop itself as soon as they match, without "
-       "an args or a copy worker (handing a copy to a worker thread costs ~100 us of wake-ups).", 0),
+       "an args or a copy worker (handing a copy to a worker thread costs cross-CPU wake-ups).", 0),
     _p("COLL_INLINE_BYTES", parse_size, 64 << 10,
        "Collectives of at most this many bytes per rank run in the progress loop itself, not on workers.", 0),
     _p("COPY_STREAMING", _parse_bool, True,
@@ -182,8 +182,8 @@ _DECLARED: tuple[Param, ...] = (
        "share cores (no spare core: the loop's CPU is one the workers need), else 0 (off).", -1, 1),
     _p("LOOP_POLL_US", float, -1.0,
        "When the progress loop has run out of queued copy jobs and waits for workers to finish theirs, "
-       "it polls this long before it sleeps (waking a sleeping thread from another vCPU took ~20 us on "
-       "the 2-vCPU VM). -1 = automatic: 100 where the loop runs copy jobs itself (LOOP_COPIES), else 0.",
+       "it polls this long before it sleeps (waking a sleeping thread from another CPU costs tens of us). "
+       "-1 = automatic: 100 where the loop runs copy jobs itself (LOOP_COPIES), else 0.",
        -1),
     _p("PROXY_SPIN_US", float, 500.0,
        "An idle progress process polls this long before it sleeps on the pool condvar.", 0),
@@ -290,8 +290,8 @@ class Params:
     @property
     def eager_limit(self) -> int:
         """The largest message the progress loop copies itself at match time: EAGER_BYTES, but never
-        more than one chunk. The loop (proxy/engine/progress.py) and Wait's spin limit (proxy/rank/comm.py) must
-        agree on it, so it is derived here once."""
+        more than one chunk. The loop (proxy/engine/progress.py) and Wait's spin limit
+        (proxy/rank/lifecycle.py) must agree on it, so it is derived here once."""
         return min(self.EAGER_BYTES, self.CHUNK_SIZE)
 
     def items(self) -> list[Param]:

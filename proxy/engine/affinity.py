@@ -43,8 +43,8 @@ from shmproxy.core.errors import InvalidArgument, from_oserror
 from shmproxy.core.params import parse_cpu_list, parse_size
 
 MAX_AUTO_CORES = 16
-"""PROXY_NCORES=0 takes all spare CPUs, but at most this many (8 ranks on the 32-core GPU host: 16
-progress cores gave 1.2-1.5x the Allreduce bandwidth of 8 at >= 4 MiB, BENCHMARKS.md)."""
+"""PROXY_NCORES=0 takes all spare CPUs, but at most this many: the largest count shown to pay for
+large collectives, whose GIL-free copy workers scale with cores (docs/bench/HISTORY.md)."""
 
 
 def format_cpu_list(cpus: Iterable[int]) -> str:
@@ -201,8 +201,9 @@ def _take(spare: set[int], n: int, nodes: Mapping[int, set[int]], order: list[in
 
 def crowded(nlocal: int) -> bool:
     """Fewer cores than local ranks + 2: the ranks, the progress loop and its copy workers share
-    cores. Then a rank sleeps at once on requests the copy workers move (comm.py), and the loop does
-    not spin right after completing such work (ProgressEngine.complete_large)."""
+    cores. Then a rank sleeps at once on requests the copy workers move (proxy/rank/lifecycle.py), and
+    the loop does not spin right after completing such work (proxy/engine/completion.py,
+    complete_large)."""
     return (os.cpu_count() or 1) < nlocal + 2
 
 

@@ -43,7 +43,7 @@ class CollWork:
     def __init__(self, ops: list, nbytes: int, views: list, t_match: int):
         self.ops, self.nbytes, self.views, self.t_match = ops, nbytes, views, t_match
         self.parts_left = 0
-        self.streaming = False   # written with non-temporal stores (progress.streaming_threshold)
+        self.streaming = False   # written with non-temporal stores (policy.streaming_threshold)
         self.send = self.recv = ops[0]  # what the sub table shows (kind, rank, peer=root, tag)
 
     def finish(self, engine: Any) -> None:

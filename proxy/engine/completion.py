@@ -32,7 +32,7 @@ class Completion:
 
     def finish_transfer(self, t: Transfer) -> None:
         # Both sides are published before either is woken: a woken rank may preempt this loop on
-        # its CPU at once, and the other side would wait behind it (~90 us on the 2-vCPU VM).
+        # its CPU at once, and the other side would wait behind it (tens of microseconds).
         self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag, wake=False)
         self.complete(t.send, 0, t.nbytes, source=t.recv.rank, tag=t.send.tag, wake=False)
         if t.send.owner != t.recv.owner:
@@ -67,8 +67,8 @@ class Completion:
 
     def complete_coll(self, ops: list[Op], nbytes: int) -> None:
         """Complete every rank's op of a collective in one C call: all slots are published before any
-        rank is woken, so ranks leave together (the barrier-exit skew of a Python loop was ~1.5 us per
-        rank). Same protocol as complete() and wake_rank()."""
+        rank is woken, so ranks leave together (a Python loop of publish-and-wake let each rank leave
+        a little later than the one before). Same protocol as complete() and wake_rank()."""
         layout = self.layout
         relayed = self.awake.live_mask() if self.awake is not None else 0
         bad = _native.complete_coll(self.seg.addr, layout.slots_off, layout.rank_area_off, layout.max_ops,
@@ -83,8 +83,8 @@ class Completion:
         """After completing work the copy workers did: on a crowded node, sleep at once the next time
         the loop runs out of work instead of spinning. Its ranks slept on such requests and were just
         woken; a spinning loop holds a CPU, so the kernel queues both of them on the other one and
-        they come back one after the other (perf sched on the 2-vCPU VM: ~90 us apart). Their posts
-        then wake the loop through the condvar."""
+        they come back one after the other, tens of microseconds apart (docs/decisions.md). Their
+        posts then wake the loop through the condvar."""
         if self.crowded:
             self.spin_skip = True
         if self.awake is not None:

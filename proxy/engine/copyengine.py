@@ -7,8 +7,9 @@ chunks are copied inline by the loop: handing them over would cost more than the
 The workers are C threads (shm/_workers.c) that never take the GIL: the loop hands them a job (one
 copy, or the steps of a collective's chunk: copies and C-kernel reductions) and later ``drain``s the
 tokens of finished jobs, advancing the counters itself so that they keep a single writer. Handing a
-job to a Python thread used to cost a queue wake-up and two GIL acquisitions (~100 us on a 32-core
-host, ~300 us on a 2-core VM); through the C pool a job's round trip is ~20 us on the VM.
+job to a Python thread used to cost a queue wake-up and two GIL acquisitions, hundreds of
+microseconds on a crowded host; through the C pool a job's round trip is one wake-up (the figures
+are in docs/bench/HISTORY.md).
 
 What only numpy does (float16 reductions, complex PROD/MIN/MAX, an in-place Reduce_scatter_block's
 scratch buffers: ``submit(token, fn, arg)``) runs on Python threads, started on first use. They

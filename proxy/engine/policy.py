@@ -7,7 +7,7 @@ from shmproxy.core import params as params_mod
 from shmproxy.engine import affinity
 
 AUTO_CROWDED_COLL_CHUNK = 4 << 20  # COLL_CHUNK_SIZE=-1 where the loop runs copy jobs: ~0.3 ms of work
-AUTO_STREAMING_MIN_BYTES = 16 << 20  # STREAMING_MIN_BYTES=-1: at most this (a shared 300 MiB L3 did not hold more)
+AUTO_STREAMING_MIN_BYTES = 16 << 20  # STREAMING_MIN_BYTES=-1: at most this (a shared L3 did not hold more)
 
 
 class FetchMode(enum.IntEnum):
@@ -33,9 +33,9 @@ def coll_chunk_limit(params: params_mod.Params, loop_copies: bool) -> int:
 
     Where the loop runs copy jobs beside one worker per CPU (``loop_copies``), every job it hands over
     costs cross-CPU wake-ups and a pass of its Python, so a collective is cut in one chunk per CPU
-    (2-rank Allreduce on the VM, 512 KiB chunks against one per CPU: 4 MiB ~255 -> ~215 us, 8 MiB
-    ~650 -> ~545), up to AUTO_CROWDED_COLL_CHUNK, so that the loop, running one itself, still looks
-    for new work every few hundred us."""
+    (fewer hand-overs gained more than finer chunks' pipelining: docs/decisions.md), up to
+    AUTO_CROWDED_COLL_CHUNK, so that the loop, running one itself, still looks for new work every
+    few hundred us."""
     if params.COLL_CHUNK_SIZE >= 0:
         return params.COLL_CHUNK_SIZE
     return AUTO_CROWDED_COLL_CHUNK if loop_copies else params.CHUNK_SIZE
@@ -46,13 +46,11 @@ def streaming_threshold(params: params_mod.Params, cpus: list[int], loop_copies:
     copies and reductions to use non-temporal stores, on a progress process running on ``cpus``.
 
     Streaming stores skip the read-for-ownership of every output line but leave the data in DRAM.
-    Where the progress process has cores of its own they paid at every size measured (a 16-core Xeon
-    host, 2 and 8 ranks, 1-64 MiB: equal or better, 2 ranks at 1 MiB ~160 against ~240 us), so
-    there they are always used. On a crowded node (``loop_copies``: the loop and one worker per CPU)
-    they lost while the data fit in the cache (the 2-vCPU VM, 32 MiB L3: 2-rank 4 MiB Allreduce ~400
-    -> ~250 us without them) and won beyond: there the threshold is half the last-level cache (a
-    collective reads about as much as it writes), at most AUTO_STREAMING_MIN_BYTES. BENCHMARKS.md,
-    eleventh session."""
+    Where the progress process has cores of its own they paid at every size measured, so there
+    they are always used. On a crowded node (``loop_copies``: the loop and one worker per CPU) they
+    lost while the data fit in the cache and won beyond: there the threshold is half the last-level
+    cache (a collective reads about as much as it writes), at most AUTO_STREAMING_MIN_BYTES. The
+    measurements: docs/decisions.md."""
     if not params.COPY_STREAMING:
         return 1 << 62
     if params.STREAMING_MIN_BYTES >= 0:

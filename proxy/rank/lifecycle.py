@@ -177,18 +177,18 @@ class Lifecycle:
             _log.warning("numpy's array layout is not the one shm/_poster.c reads: every post takes "
                          "the slower Python path")
         # Isend/Irecv of this instance are the poster's C entry points (a post then costs no Python
-        # frame: ~250 ns of ~700 on the VM); what they decline goes to the methods below.
+        # frame, a large share of a sub-microsecond post); what they decline goes to the methods below.
         cls = type(self)
         self._pp.send_fallback, self._pp.recv_fallback = cls.Isend.__get__(self), cls.Irecv.__get__(self)
         self.Isend, self.Irecv = self._pp.isend, self._pp.irecv
         # ... and so is Iallreduce, for buffers in registered memory.
         self._pp.allreduce_fallback, self._pp.in_place = cls.Iallreduce.__get__(self), IN_PLACE
         self.Iallreduce = self._pp.iallreduce
-        # ... and Ibarrier (5.7 -> ~1 us on the VM; Barrier() goes through it).
+        # ... and Ibarrier (several times cheaper in C; Barrier() goes through it).
         self._pp.barrier_fallback = cls.Ibarrier.__get__(self)
         self.Ibarrier = self._pp.ibarrier
-        # ... and the other buffer collectives (Ibcast's Python post: 10-12 us on the VM). The blocking
-        # forms go through these instance attributes too.
+        # ... and the other buffer collectives (their Python posts cost microseconds each). The
+        # blocking forms go through these instance attributes too.
         self._pp.rank = self.rank
         C = Coll
         for coll, name in ((C.BCAST, "Ibcast"), (C.REDUCE, "Ireduce"), (C.ALLGATHER, "Iallgather"),

@@ -94,16 +94,16 @@ from shmproxy.rank.request import Request
 __all__ = ["send", "recv", "bcast", "gather", "allgather", "allreduce", "barrier", "OBJ_TAG_BASE",
            "OBJ_COLL_TAG", "OOB_MIN_BYTES", "OOB_MAX_BUFFERS", "HDR_WORDS"]
 
-# Buffers smaller than this are pickled in-band: one more message costs more than copying them
-# (measured, 2 ranks on a 16-core host: at 32 KiB in-band is ~15% faster, at 64 KiB out-of-band is
-# ~40% faster, since a pickle above SHMPROXY_EAGER_BYTES leaves the eager path).
+# Buffers smaller than this are pickled in-band: one more message costs more than copying them. The
+# crossover lies between 32 and 64 KiB, since a large pickle grows past SHMPROXY_EAGER_BYTES and
+# leaves the eager path.
 OOB_MIN_BYTES = 64 << 10
 # At most this many buffers of one object go out-of-band (the largest): each is a message, and so a
 # request slot of the sender and of the receiver while in flight (SHMPROXY_MAX_OPS_PER_RANK).
 OOB_MAX_BUFFERS = 128
 
 # Header capacity (8 KiB): the receiver's first buffer. A main pickle that fits travels inside the
-# header (one message instead of two: ~45 us instead of ~100 us for a small object, measured), and
+# header (one message instead of two: about half the latency of a small object), and
 # so do up to HDR_WORDS - 6 buffer lengths. Only the words used are sent.
 HDR_WORDS = 1024
 MAGIC = 0x53504F424A310001          # "SPOBJ1" + format version 1

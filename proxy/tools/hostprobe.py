@@ -10,10 +10,10 @@ Three questions that benchmark figures depend on (BENCHMARKS.md):
   others: this bounds the overlap any library can show in the OSU test, where the work runs while a
   collective streams memory on other cores.
 - ``speed``: the same pure-Python work timed alone on each CPU in turn, a few rounds. On a host whose
-  physical cores are shared with other guests, a busy sibling hyperthread halves a vCPU's speed
-  without any steal time: on the 1x H200 hosts of the fourteenth session the slowest vCPU took
-  1.6-2.3x as long as the fastest, which ones changing from round to round, at 0 % steal. Figures
-  that depend on one core keeping its pace (OSU's overlap at 64 KiB) move with it.
+  physical cores are shared with other guests, a busy sibling hyperthread can halve a vCPU's speed
+  without any steal time, and which vCPUs are slow changes from round to round (what lent hosts
+  showed: docs/decisions.md, "What the lent 16-core hosts do to the 64 KiB overlap"). Figures that
+  depend on one core keeping its pace (OSU's overlap at 64 KiB) move with it.
 """
 from __future__ import annotations
 
