@@ -385,7 +385,7 @@ static PyObject *py_post_event(PyObject *self, PyObject *args) {
 
 /*
  * The wake-up half of a completion, for ranks whose slots are published: bump every owner's futex word
- * (seq_cst: the full barrier of the lost-wake-up argument in proxy/engine/progress.py, wake_ranks), then wake
+ * (seq_cst: the full barrier of the lost-wake-up argument in proxy/engine/completion.py, wake_ranks), then wake
  * each owner that said it may sleep (RANK_WAITING = CPU + 1 | word << 32), those asleep on the caller's
  * CPU last (such a wakee preempts the caller before it wakes the others), none asleep on a CPU whose
  * bit is set in `relayed` (that CPU's keep-awake guard wakes them: shm/_workers.c). Owners are read
@@ -413,7 +413,7 @@ static void wake_owners(char *pool, Py_ssize_t area_off, const long long *owner,
 
 /*
  * complete_coll(pool, slots_off, rank_area_off, max_ops, ops, nbytes, relayed=0) -> -1 | index of a bad op
- * Finish every rank's op of one collective (proxy/engine/progress.py, ProgressEngine.complete_coll): first
+ * Finish every rank's op of one collective (proxy/engine/completion.py, ProgressEngine.complete_coll): first
  * publish each op's completion slot (nbytes, status 0 with the op's peer as source, tag 0, then the
  * request's seq with a release store: shm/counters.py's protocol), then bump each owner's COMPLETED
  * counter, then wake_owners (above). Publishing all before waking any lets spinning ranks leave
@@ -484,7 +484,7 @@ static PyObject *py_complete_coll(PyObject *self, PyObject *args) {
 /*
  * wake_owners(pool, rank_area_off, owners, relayed=0) -> None
  * The same wake-ups for ranks whose completion slots the caller has already published
- * (proxy/engine/progress.py, wake_ranks: the two sides of a message, or one rank).
+ * (proxy/engine/completion.py, wake_ranks: the two sides of a message, or one rank).
  */
 static PyObject *py_wake_owners(PyObject *self, PyObject *args) {
     PyObject *pool_o, *owners;

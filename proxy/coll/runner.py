@@ -130,7 +130,7 @@ class CollRunner:
     def small_coll(self, ops: list[Op]) -> bool:
         """The latency path: a Barrier, or a collective of at most COLL_INLINE_BYTES per rank, done here
         and now with one C call per copy or reduction, without numpy views or schedules (those cost
-        20-40 us of this process's Python per small collective on the VM). Every address is resolved
+        tens of microseconds of this process's Python per small collective). Every address is resolved
         (and bounds-checked) before any byte moves. False when it does not apply: one rank, empty, a
         reduction the C kernel does not do, an in-place Reduce_scatter_block (whose blocks alias
         across the steps); the general path then runs."""

@@ -124,7 +124,7 @@ def written_bytes(coll: int, count: int, itemsize: int, size: int) -> int:
 
 def streaming_schedules(make: Callable[[int], "Schedule"]) -> Callable[[int], "Schedule"]:
     """The builder ``make``, with every schedule it builds writing through non-temporal stores: for
-    collectives whose outputs outgrow the cache (the progress process decides, progress.py)."""
+    collectives whose outputs outgrow the cache (the progress process decides: engine/policy.py)."""
     def make_streaming(k: int) -> Schedule:
         sch = make(k)
         sch.streaming = True

@@ -408,7 +408,7 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
                     os.sched_yield()
             now = time.monotonic_ns()
             # An affinity decided (the last rank connected) is applied at once, not a heartbeat later:
-            # until then there are no copy workers, and a job's first ~100 ms ran on the loop alone.
+            # until then there are no copy workers, and the job's first work would run on the loop alone.
             if now >= next_tick or self.pending_affinity is not None:
                 next_tick = now + hb_ns
                 self.tick(now)
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--comm-id", type=int, default=0)
     ap.add_argument("--parent", type=int, default=0)
     ap.add_argument("--cwd", default="", help="the starting rank's working directory (we start in "
-                    "the package root, so that `-m` imports the rank's own code; proxy/rank/comm.py)")
+                    "the package root, so that `-m` imports the rank's own code; proxy/rank/lifecycle.py)")
     ns = ap.parse_args(argv)
     cwd_error = None
     if ns.cwd:      # before logging opens DEBUG_FILE, which may be relative

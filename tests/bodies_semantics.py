@@ -1,0 +1,117 @@
+"""Rank bodies of tests/test_semantics.py: receive wildcards, what a closing receiver does to the
+sends waiting for it, and a send posted before its receiver has joined.
+
+Each function runs in every rank of a real job (tests/rankmain.py) and raises on any deviation.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+import shmproxy
+
+
+def wildcards_in_mpi_order() -> dict:
+    """Rank 0 posts receives with every mix of wildcards before anything is sent; ranks 1 and 2 send
+    in a fixed order, one message at a time (a Barrier after each: collectives never match a
+    receive, and a blocking Send returns once matched), so the arrival order is known. Every receive must get the message MPI's rules give it: a message goes to the earliest
+    posted receive that accepts it, and the Status names the real source and tag."""
+    A, S, T = shmproxy.ANY_SOURCE, shmproxy.ANY_TAG, 0
+    with shmproxy.init() as comm:
+        r = comm.rank
+        # (source, tag) of rank 0's receives, in posting order, and the messages in sending order
+        posts = [(2, 7), (A, 5), (1, S), (A, S), (2, S), (A, 9)]
+        sends = [(1, 5), (2, 5), (1, 7), (2, 7), (2, 9), (1, 9)]   # (sender, tag), message i has value i
+        if r == 0:
+            bufs = [np.full(1, -1, np.int64) for _ in posts]
+            reqs = [comm.Irecv(b, s, t) for b, (s, t) in zip(bufs, posts)]
+            for _ in sends:
+                comm.Barrier()
+            got = []
+            for b, rq in zip(bufs, reqs):
+                st = rq.Wait(timeout=30)
+                got.append((int(b[0]), st.source, st.tag))
+            # the reference: MPI's rule applied by hand to the arrival order
+            pending = list(enumerate(posts))
+            want: dict[int, tuple] = {}
+            for i, (sender, tag) in enumerate(sends):
+                k = next(k for k, (s, t) in pending if s in (A, sender) and t in (S, tag))
+                pending = [(j, p) for j, p in pending if j != k]
+                want[k] = (i, sender, tag)
+            assert got == [want[k] for k in range(len(posts))], (got, want)
+            return {"got": got}
+        for i, (sender, tag) in enumerate(sends):
+            if sender == r:
+                comm.Send(np.array([i], np.int64), 0, tag=tag)
+            comm.Barrier()
+        return {}
+
+
+def wildcard_arguments_are_for_receives() -> None:
+    """ANY_TAG and ANY_SOURCE on a send are refused before anything is posted, by the C fast path's
+    fallback and the full path alike, and the communicator goes on."""
+    with shmproxy.init() as comm:
+        peer = (comm.rank + 1) % comm.size
+        x = comm.alloc(4, np.int32)
+        for buf in (x, np.zeros(4, np.int32)):      # registered (C fast path) and staged (Python)
+            for call in (lambda: comm.Isend(buf, peer, tag=shmproxy.ANY_TAG),
+                         lambda: comm.Send(buf, peer, tag=shmproxy.ANY_TAG),
+                         lambda: comm.Isend(buf, shmproxy.ANY_SOURCE, tag=0)):
+                try:
+                    call()
+                except shmproxy.InvalidArgument as exc:
+                    assert "ANY_" in str(exc), exc
+                else:
+                    raise AssertionError("a wildcard send was accepted")
+        out = np.zeros(4, np.int32)
+        rq = comm.Irecv(out, shmproxy.ANY_SOURCE, shmproxy.ANY_TAG)
+        comm.Send(np.full(4, comm.rank, np.int32), peer, tag=-(2**63) + 1)
+        st = rq.Wait(timeout=30)
+        src = (comm.rank - 1) % comm.size
+        assert (st.source, st.tag) == (src, -(2**63) + 1) and (out == src).all(), (st, out)
+
+
+def sends_fail_when_their_receiver_closes() -> dict:
+    """Ranks 0 and 1 post sends to rank 2 that it never receives; rank 2 closes after a Barrier. Both
+    senders get InvalidUsage (the receiver closed first) within seconds, not a Timeout after
+    SHMPROXY_TIMEOUT: whether their sends reached the progress process before or after the close."""
+    with shmproxy.init() as comm:
+        r = comm.rank
+        if r == 2:
+            comm.Barrier()
+            return {}
+        early = comm.Isend(np.full(5, 7, np.int32), 2, tag=0)   # waiting before the close
+        comm.Barrier()
+        t0 = time.monotonic()
+        late = comm.Isend(np.full(5, 7, np.int32), 2, tag=1)    # before or after it
+        took = []
+        for rq in (early, late):
+            try:
+                rq.Wait(timeout=60)
+            except shmproxy.InvalidUsage:
+                took.append(time.monotonic() - t0)
+            else:
+                raise AssertionError("a send to a rank that closed without receiving it completed")
+        assert max(took) < 5, took
+        return {"took": took}
+
+
+def send_before_the_receiver_joins(marker: str) -> None:
+    """Rank 0 posts a send to rank 1 and only then lets rank 1 call init (a marker file): the progress
+    process must keep the envelope for a rank it does not know yet, not refuse it."""
+    if int(os.environ["RANK"]) == 1:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(marker):
+            assert time.monotonic() < deadline, "rank 0 never posted"
+            time.sleep(0.005)    # waiting for another process's file, not synchronising with shmproxy
+    with shmproxy.init() as comm:
+        if comm.rank == 0:
+            rq = comm.Isend(np.arange(100, dtype=np.float64), 1, tag=3)
+            open(marker, "w").close()
+            rq.Wait(timeout=30)
+        else:
+            out = np.zeros(100)
+            st = comm.Recv(out, 0, tag=3)
+            assert st.source == 0 and (out == np.arange(100)).all()

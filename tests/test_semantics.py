@@ -1,0 +1,30 @@
+"""Point-to-point semantics of the matching engine: receive wildcards in MPI's order, sends waiting for
+a receiver that closes, and a send posted before its receiver joined (real ranks, real progress
+process). The matching rules alone are tested in tests/test_matching.py."""
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import run_ranks
+
+BODY = "tests.bodies_semantics:"
+
+
+def test_wildcard_receives_match_in_mpi_order_and_report_the_real_envelope():
+    res = run_ranks(BODY + "wildcards_in_mpi_order", 3, timeout=90)
+    assert len(res.results[0]["got"]) == 6
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_wildcards_are_refused_on_sends_before_anything_is_posted(nranks):
+    run_ranks(BODY + "wildcard_arguments_are_for_receives", nranks, timeout=60)
+
+
+def test_sends_waiting_for_a_receiver_that_closes_fail_at_once():
+    res = run_ranks(BODY + "sends_fail_when_their_receiver_closes", 3, timeout=90,
+                    env={"SHMPROXY_TIMEOUT": "30"})
+    assert all(max(r["took"]) < 5 for r in res.results[:2])
+
+
+def test_a_send_posted_before_its_receiver_joined_is_delivered(tmp_path):
+    run_ranks(BODY + "send_before_the_receiver_joins", 2, timeout=90, args=(str(tmp_path / "posted"),))
