@@ -371,10 +371,7 @@ static PyObject *py_post_event(PyObject *self, PyObject *args) {
     if (!__atomic_load_n((uint64_t *)(pool + POOL_SLEEPING_OFF), __ATOMIC_SEQ_CST))
         return PyLong_FromLong(RC_OK);
     pthread_mutex_t *m = (pthread_mutex_t *)(pool + POOL_MUTEX_OFF);
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-    r = lock_bounded(m, timeout);
-    Py_END_ALLOW_THREADS
+    int r = lock_bounded(m, timeout);   /* releases the GIL itself before it blocks */
     if (r == EOWNERDEAD) pthread_mutex_consistent(m);   /* the loop learns who died through its watcher */
     if (r == 0 || r == EOWNERDEAD) {
         pthread_cond_broadcast((pthread_cond_t *)(pool + POOL_COND_OFF));

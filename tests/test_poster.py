@@ -574,3 +574,27 @@ def test_post_event_wakes_a_sleeping_loop_and_a_pending_event_keeps_it_awake(poo
     finally:
         view.mutex.unlock()
     assert _native.post_event(seg.addr, 5.0) == _native.OK and view.q[events_q] == 2   # nobody asleep: no lock
+
+
+def test_post_event_waits_for_a_held_mutex_before_it_signals(pool):
+    """post_event finds SLEEPING set and the pool mutex held (the loop between its check and its wait,
+    or a rank splicing): it blocks, GIL released, until the holder lets go, then signals."""
+    seg, view = pool
+    view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING] = 1
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        view.mutex.lock(5.0)
+        held.set()
+        release.wait(10)
+        view.mutex.unlock()
+
+    t = threading.Thread(target=holder, daemon=True)
+    t.start()
+    assert held.wait(10)
+    threading.Timer(0.05, release.set).start()   # other Python threads run while post_event blocks
+    t0 = time.monotonic()
+    assert _native.post_event(seg.addr, 5.0) == _native.OK
+    assert 0.04 <= time.monotonic() - t0 < 5 and release.is_set()
+    t.join(10)
+    view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING] = 0

@@ -49,7 +49,7 @@ class Posting:
             if not wildcard:
                 raise errors.InvalidArgument("ANY_TAG is for receives: a message needs a tag of its own")
         elif not TAG_MIN <= tag <= TAG_MAX:
-            raise errors.InvalidArgument(f"tag {tag} out of range [{TAG_MIN}, {TAG_MAX}]")
+            raise errors.InvalidArgument(f"tag {tag} does not fit in 64 bits")
         return tag
 
     def _post(self, kind: int, buf: Any, peer: int, tag: int) -> Request:
