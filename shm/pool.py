@@ -120,7 +120,7 @@ RECORD = struct.Struct(
     "QQ"      # opcount (group number of the owner), req_seq
     "Ii"      # req_slot, buf_id
     "QQQ"     # offset, nbytes, count (elements)
-    "ii"      # buf2_id, reserved
+    "ii"      # buf2_id, mem (memory kind | device << 8 of the op's buffers: shmproxy.core.memory)
     "QQ"      # offset2, nbytes2
     "QQ"      # coll_seq, t_post_ns
     "QQ"      # reserved for the collective layer

@@ -115,3 +115,39 @@ def send_before_the_receiver_joins(marker: str) -> None:
             out = np.zeros(100)
             st = comm.Recv(out, 0, tag=3)
             assert st.source == 0 and (out == np.arange(100)).all()
+
+
+class _DeviceArray:
+    """Looks like a cupy array to the rank's checks (the CUDA array interface), owns no memory."""
+
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+def memory_kinds_are_checked_end_to_end() -> None:
+    """A device array is refused at the rank, naming its kind, before anything is posted (point-to-
+    point and collectives); a REGISTER of device memory is refused by the progress process, naming
+    the kind, since no allowed transport moves it; an unknown kind is refused; the communicator goes
+    on working after each."""
+    from shmproxy.control.protocol import MsgType
+    with shmproxy.init() as comm:
+        dev, host = _DeviceArray(), np.zeros(4, np.float32)
+        peer = (comm.rank + 1) % comm.size
+        for call in (lambda: comm.Isend(dev, peer), lambda: comm.Irecv(dev, peer),
+                     lambda: comm.Allreduce(dev, host), lambda: comm.Allreduce(host, dev),
+                     lambda: comm.Bcast(dev, 0)):
+            try:
+                call()
+            except shmproxy.InvalidArgument as exc:
+                assert "cuda device memory" in str(exc) and "_DeviceArray" in str(exc), exc
+            else:
+                raise AssertionError("a device array was accepted")
+        for kind, text in (("cuda", "cuda memory (device 0) by rank"), ("tape", "unknown memory kind 'tape'")):
+            try:
+                comm._control(MsgType.REGISTER, {"buf_id": 9999, "bytes": 16, "kind": kind, "device": 0})
+            except shmproxy.InvalidArgument as exc:
+                assert text in str(exc), exc
+            else:
+                raise AssertionError(f"REGISTER of {kind} memory was accepted")
+        out = np.zeros(4, np.float32)
+        comm.Allreduce(np.full(4, comm.rank + 1, np.float32), out)
+        assert (out == comm.size * (comm.size + 1) / 2).all()

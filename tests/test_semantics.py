@@ -28,3 +28,8 @@ def test_sends_waiting_for_a_receiver_that_closes_fail_at_once():
 
 def test_a_send_posted_before_its_receiver_joined_is_delivered(tmp_path):
     run_ranks(BODY + "send_before_the_receiver_joins", 2, timeout=90, args=(str(tmp_path / "posted"),))
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_memory_kinds_are_checked_at_the_rank_and_at_registration(nranks):
+    run_ranks(BODY + "memory_kinds_are_checked_end_to_end", nranks, timeout=60)

@@ -30,8 +30,12 @@ A transport (``Transport``) fills these methods; names say which side and which 
 
 Optional hooks are ``None`` on the base class, never silent no-ops: ``proxy_progress_coll(ctx, args)``
 (run a collective's chunk schedules between the ranks the transport connects), and
-``proxy_register(ctx, buf)`` / ``proxy_deregister(ctx, buf)`` (a buffer registered by a rank, for
-transports that map or pin memory ahead of use).
+``proxy_register(ctx, reg)`` / ``proxy_deregister(ctx, reg)`` (a buffer a rank registered or dropped,
+a ``Registration``, for transports that map or pin memory ahead of use; they run on the service
+thread, before the rank's REGISTER is answered, so that no op can name the buffer first). Host
+memory is offered to every allowed transport with a register hook after the engine mapped it;
+memory of another kind goes to the first allowed transport that moves that kind and has one, and a
+REGISTER that none takes is refused, naming the kind.
 
 A sub moves ``nbytes`` in ``nsteps`` chunks of at most ``chunk`` bytes through ``ctx.steps`` slots,
 with the counters posted (handed to the copy engine or the wire), transmitted (left the source),
@@ -43,21 +47,15 @@ runs at registration, so that a transport missing part of the contract fails at 
 """
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
+from shmproxy.core.memory import MemKind
+
 if TYPE_CHECKING:  # pragma: no cover
     from shmproxy.engine.args import Args, Sub, Transfer
     from shmproxy.shm.segment import MemfdBuffer
-
-
-class MemKind(enum.IntEnum):
-    """Where a buffer's bytes live; carried with every buffer so that a connection is chosen per kind."""
-
-    HOST = 0   # host memory the progress process has mapped (a rank's memfd, passed at registration)
-    CUDA = 1   # device memory of a GPU
 
 
 @dataclass(frozen=True)
@@ -69,6 +67,26 @@ class PeerInfo:
     host: str
     pid: int
     node: int = 0
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A buffer a rank registered (the REGISTER message), as a transport's register hook sees it.
+
+    Host memory is mapped by the engine first (``buffer``: its MemfdBuffer, the one ``ctx.buffers``
+    holds), so a transport that must pin it (RDMA) registers that mapping; memory of another kind
+    is the business of the transport that moves that kind alone (``fds`` and ``info``: whatever the
+    rank sent for it, e.g. an IPC handle), and ``buffer`` is None."""
+
+    rank: int
+    local_rank: int
+    buf_id: int
+    kind: MemKind
+    device: int
+    nbytes: int
+    buffer: Any = None
+    fds: tuple[int, ...] = ()
+    info: Any = None
 
 
 # Connector states, in order.
@@ -173,8 +191,8 @@ class Transport(ABC):
 
     # Optional hooks: None where a transport has no such thing to do.
     proxy_progress_coll: Callable[[TransportContext, "Args"], bool] | None = None
-    proxy_register: Callable[[TransportContext, "MemfdBuffer"], None] | None = None
-    proxy_deregister: Callable[[TransportContext, "MemfdBuffer"], None] | None = None
+    proxy_register: Callable[[TransportContext, Registration], None] | None = None
+    proxy_deregister: Callable[[TransportContext, Registration], None] | None = None
 
 
 _REQUIRED = ("can_connect", "send_setup", "recv_setup", "send_connect", "recv_connect", "proxy_start",
@@ -196,6 +214,8 @@ def check_transport(t: Transport) -> Transport:
         hook = getattr(t, m)
         if hook is not None and not callable(hook):
             raise TypeError(f"transport {t.name}: {m} must be a method or None")
+    if (t.proxy_register is None) != (t.proxy_deregister is None):
+        raise TypeError(f"transport {t.name}: proxy_register and proxy_deregister come together")
     if not t.kinds or not all(isinstance(k, MemKind) for k in t.kinds):
         raise TypeError(f"transport {t.name}: kinds must name at least one MemKind")
     return t

@@ -122,6 +122,8 @@ class ShmTransport(Transport):
 
 def _resolve(ctx: TransportContext, op: Any, nbytes: int) -> int:
     """Address of an op's bytes in this process; bounds-checked against the registered size."""
+    if op.mem & 0xFF != MemKind.HOST:
+        raise InvalidArgument(f"{op.describe()}: not host memory (memory word {op.mem:#x})")
     buf = ctx.buffers.get((op.owner, op.buf_id))
     if buf is None or op.offset + nbytes > buf.size or nbytes > op.nbytes:
         raise InvalidArgument(

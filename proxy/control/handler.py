@@ -25,7 +25,8 @@ from shmproxy.core import errors, log
 from shmproxy.control.protocol import MsgType, next_state
 from shmproxy.shm import pool as P
 from shmproxy.engine.ranks import RankInfo
-from shmproxy.transports.base import MemKind
+from shmproxy.core.memory import MAX_DEVICE, MemKind, parse_kind
+from shmproxy.transports.base import Registration
 from shmproxy.shm.segment import MemfdBuffer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -172,11 +173,29 @@ class ControlHandler:
         me = conn.data["info"]
         buf_id = _int(payload, "buf_id", 0, 2**31)
         size = _int(payload, "bytes", 0, 2**62)
+        kind = parse_kind(payload.get("kind", "host"))
+        device = _int(payload, "device", 0, MAX_DEVICE + 1) if "device" in payload else 0
+        hooked = [t for t in e.transports if kind in t.kinds and t.proxy_register is not None]
+        if kind != MemKind.HOST:
+            if not hooked:
+                raise errors.InvalidArgument(f"REGISTER of {kind.name.lower()} memory (device {device}) by rank "
+                                             f"{me.rank}: no allowed transport moves that memory kind")
+            reg = Registration(me.rank, me.local_rank, buf_id, kind, device, size, None, tuple(fds),
+                               payload.get("info"))
+            hooked[0].proxy_register(e.ctx, reg)   # type: ignore[misc]  # it owns the fds from here
+            e.registrations[(me.local_rank, buf_id)] = ([hooked[0]], reg)
+            return {}, []
         if len(fds) != 1:
             raise errors.InvalidArgument(f"REGISTER needs exactly one fd, got {len(fds)}")
         if (me.local_rank, buf_id) in e.buffers:
             raise errors.InvalidUsage(f"buffer {buf_id} of rank {me.rank} is already registered")
-        e.buffers[(me.local_rank, buf_id)] = MemfdBuffer.from_fd(fds[0], size)
+        buf = MemfdBuffer.from_fd(fds[0], size)
+        e.buffers[(me.local_rank, buf_id)] = buf
+        if hooked:
+            reg = Registration(me.rank, me.local_rank, buf_id, kind, device, size, buf)
+            for t in hooked:
+                t.proxy_register(e.ctx, reg)   # type: ignore[misc]
+            e.registrations[(me.local_rank, buf_id)] = (hooked, reg)
         return {}, []
 
     def on_deregister(self, conn: Any, payload: dict, fds: list[int]):
@@ -186,6 +205,9 @@ class ControlHandler:
         if not isinstance(ids, list):
             raise errors.InvalidArgument("DEREGISTER needs 'buf_ids' (list)")
         for bid in ids:
+            hooked = e.registrations.pop((me.local_rank, bid), None)
+            if hooked is not None:
+                e.deregister(*hooked)
             buf = e.buffers.pop((me.local_rank, bid), None)
             if buf is not None:
                 e.retired.append(buf)

@@ -100,12 +100,12 @@ class Op:
 
     __slots__ = ("index", "kind", "dtype", "redop", "flags", "owner", "peer", "tag", "opcount",
                  "req_seq", "req_slot", "buf_id", "offset", "nbytes", "count", "buf2_id",
-                 "offset2", "nbytes2", "coll_seq", "t_post", "coll", "rank", "t_fetch")
+                 "offset2", "nbytes2", "coll_seq", "t_post", "coll", "rank", "t_fetch", "mem")
 
     def __init__(self, index: int, fields: tuple, rank: int, t_fetch: int):
         (_next, self.kind, self.dtype, self.redop, self.flags, self.owner, self.peer, self.tag,
          self.opcount, self.req_seq, self.req_slot, self.buf_id, self.offset, self.nbytes, self.count,
-         self.buf2_id, _r, self.offset2, self.nbytes2, self.coll_seq, self.t_post, self.coll, _x2) = fields
+         self.buf2_id, self.mem, self.offset2, self.nbytes2, self.coll_seq, self.t_post, self.coll, _x2) = fields
         self.index = index
         self.rank = rank
         self.t_fetch = t_fetch
@@ -120,6 +120,6 @@ class Op:
 
 def pack(buf, layout: P.Layout, index: int, kind: int, dtype: int, owner: int, peer: int, tag: int,
          opcount: int, req_seq: int, req_slot: int, buf_id: int, offset: int, nbytes: int, count: int,
-         t_post: int) -> None:
+         t_post: int, mem: int = 0) -> None:
     P.RECORD.pack_into(buf, layout.record_off(index), -1, kind, dtype, 0, 0, owner, peer, tag, opcount,
-                       req_seq, req_slot, buf_id, offset, nbytes, count, -1, 0, 0, 0, 0, t_post, 0, 0)
+                       req_seq, req_slot, buf_id, offset, nbytes, count, -1, mem, 0, 0, 0, t_post, 0, 0)

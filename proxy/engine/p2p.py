@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 
 from shmproxy.core import errors, log
+from shmproxy.core.memory import mem_kind
 from shmproxy.core.ops import KIND_COLL, KIND_RECV, KIND_SEND, Op
 from shmproxy.engine.args import Transfer
 from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher
@@ -35,6 +36,7 @@ from shmproxy import transports
 from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind, PeerInfo, Transport
 
 _log = log.get("PROXY")
+_KINDS = frozenset(int(k) for k in MemKind)
 
 
 class PointToPoint:
@@ -124,21 +126,35 @@ class PointToPoint:
             self.complete(send, errors.InvalidUsage.code, n, source=recv.rank, tag=send.tag,
                           peer_dtype=recv.dtype)
             return
-        conn = self.conns.get((send.rank, recv.rank, MemKind.HOST))
+        # Device memory on either side makes it a device transfer: the transport that moves device memory
+        # also copies between host and device; shm moves host memory only.
+        kind = max(mem_kind(send.mem), mem_kind(recv.mem))
+        if kind not in _KINDS:
+            self._refuse(send, recv, errors.InvalidArgument(f"unknown memory kind {kind} in a record"))
+            return
+        conn = self.conns.get((send.rank, recv.rank, kind))
         if conn is None:
-            conn = self.connect(send.rank, recv.rank, MemKind.HOST)
+            try:
+                conn = self.connect(send.rank, recv.rank, MemKind(kind))
+            except errors.InvalidUsage as exc:   # no allowed transport: the job cannot work, say so loudly
+                self.fail(exc.code, str(exc))
+                return
         t = Transfer(send, recv, n, time.monotonic_ns())
         try:
             done = conn.transport.proxy_start(self.ctx, conn, t)
         except errors.InvalidArgument as exc:
-            _log.warning("%s", exc)
-            self.complete(recv, exc.code, n, source=send.rank, tag=send.tag)
-            self.complete(send, exc.code, n)
+            self._refuse(send, recv, exc)
             return
         conn.nmsgs += 1
         conn.nbytes += n
         if done:
             self.finish_transfer(t)
+
+    def _refuse(self, send: Op, recv: Op, exc: errors.ProxyError) -> None:
+        """A matched pair that cannot move (a bad buffer or record): both requests fail, nothing moved."""
+        _log.warning("%s -> %s: %s", send.describe(), recv.describe(), exc)
+        self.complete(recv, exc.code, send.nbytes, source=send.rank, tag=send.tag)
+        self.complete(send, exc.code, send.nbytes)
 
     def connect(self, src: int, dst: int, kind: MemKind) -> Connector:
         """The connector of (src, dst, kind): the first allowed transport that can carry it, both

@@ -59,7 +59,7 @@ from shmproxy.engine.matching import Matcher
 from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode, coll_chunk_limit, fetch_mode, streaming_threshold
 from shmproxy.engine.ranks import RankInfo
-from shmproxy.transports.base import Connector, MemKind
+from shmproxy.transports.base import Connector, MemKind, Registration, Transport
 
 _log = log.get("PROXY")
 AUTO_KEEP_AWAKE_US = 2000.0  # KEEP_AWAKE_US=-1 on a crowded node: covers a message's hand-offs
@@ -133,6 +133,8 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         self.local_of: dict[int, int] = {}            # global rank -> local rank
         self.conns: dict[tuple[int, int, MemKind], Connector] = {}   # (src, dst global ranks, kind)
         self.buffers: dict[tuple[int, int], MemfdBuffer] = {}
+        # Buffers a transport's register hook took: (local rank, buffer id) -> (its transport(s), Registration)
+        self.registrations: dict[tuple[int, int], tuple[list[Transport], Registration]] = {}
         self.ctx = EngineContext(self)   # all that transports see of this engine
         self.retired: collections.deque = collections.deque()
         self.cpus: list[int] | None = None
@@ -154,6 +156,11 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         self.server = ServiceServer(path, ControlHandler(self), token=job_key, on_handler_error=self._service_failed)
 
     # ------------------------------------------------------------------ lifecycle
+    def deregister(self, owners: list[Transport], reg: Registration) -> None:
+        """A buffer a transport's register hook took is gone (DEREGISTER, or the process exits)."""
+        for t in owners:
+            t.proxy_deregister(self.ctx, reg)   # type: ignore[misc]  # paired with proxy_register
+
     def _service_failed(self, exc: BaseException) -> None:
         code = exc.code if isinstance(exc, errors.ProxyError) else errors.InternalError.code
         self.fail(code, f"the service failed handling a rank: {exc!r}")
@@ -178,6 +185,11 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         if self.profiler.enabled and self.params.PROFILE_FILE:
             self.profiler.write(self.params.PROFILE_FILE)
         self.seg.unlink()
+        for owners, reg in list(self.registrations.values()):
+            self.deregister(owners, reg)
+        self.registrations.clear()
+        for t in self.transports:
+            t.proxy_free(self.ctx)
         self.active.clear()  # schedules hold numpy views of the buffers closed below
         self.colls.clear()
         self.rendezvous.waiting.clear()

@@ -223,7 +223,7 @@ class Lifecycle:
         return left
 
     def _register(self, buf_id: int, fd: int, nbytes: int) -> None:
-        self._control(MsgType.REGISTER, {"buf_id": buf_id, "bytes": nbytes}, fds=(fd,))
+        self._control(MsgType.REGISTER, {"buf_id": buf_id, "bytes": nbytes, "kind": "host", "device": 0}, fds=(fd,))
 
     def _control(self, msg: MsgType, payload: dict, fds: tuple = ()) -> dict:
         """A blocking service call. If the service is gone because the communicator failed, the

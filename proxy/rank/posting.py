@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from shmproxy.core import errors
+from shmproxy.core.memory import device_array_kind
 from shmproxy.coll import sched
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
                                KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll,
@@ -57,7 +58,7 @@ class Posting:
         when shm._poster's fast path declined (the uncommon cases: see shm/_poster.c)."""
         self._check_usable()
         if type(buf) is not np.ndarray:
-            raise errors.InvalidArgument(f"buffer must be a numpy array, got {type(buf).__name__}")
+            raise _not_host(buf, "buffer")
         code = _DTYPE_CODE.get(buf.dtype.char)
         if code is None:
             raise errors.InvalidArgument(f"unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
@@ -125,7 +126,7 @@ class Posting:
 
     def _check_buf(self, buf: Any, what: str) -> int:
         if type(buf) is not np.ndarray:
-            raise errors.InvalidArgument(f"{what} must be a numpy array, got {type(buf).__name__}")
+            raise _not_host(buf, what)
         code = _DTYPE_CODE.get(buf.dtype.char)
         if code is None:
             raise errors.InvalidArgument(f"{what}: unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
@@ -246,3 +247,14 @@ class Posting:
         self._pending[slot] = req
         pp.enqueue(index)
         return req
+
+
+def _not_host(buf: Any, what: str) -> errors.InvalidArgument:
+    """The error for a buffer the host path cannot take. A device array gets its own message: no
+    transport moves device memory yet (shmproxy.core.memory), and a silent copy to the host would
+    hide the cost and break the stream ordering a GPU user expects."""
+    kind = device_array_kind(buf)
+    if kind is not None:
+        return errors.InvalidArgument(f"{what} is {kind} device memory ({type(buf).__name__}); no transport "
+                                      f"for {kind} memory is available yet: pass a host (numpy) array")
+    return errors.InvalidArgument(f"{what} must be a numpy array, got {type(buf).__name__}")
