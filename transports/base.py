@@ -29,7 +29,10 @@ A transport (``Transport``) fills these methods; names say which side and which 
 =======================================  ======================================================
 
 Optional hooks are ``None`` on the base class, never silent no-ops: ``proxy_progress_coll(ctx, args)``
-(run a collective's chunk schedules between the ranks the transport connects), and
+(run a collective's chunk schedules between the ranks the transport connects),
+``proxy_coll_entry(ctx, conn, schedule, entry)`` (start a SEND or RECV entry of a collective's schedule
+on this connector; returns the (schedule, entry) pairs it completed now: within a node, a SEND and
+the RECV of the same key meet and become one copy; across nodes the chunk travels), and
 ``proxy_register(ctx, reg)`` / ``proxy_deregister(ctx, reg)`` (a buffer a rank registered or dropped,
 a ``Registration``, for transports that map or pin memory ahead of use; they run on the service
 thread, before the rank's REGISTER is answered, so that no op can name the buffer first). Host
@@ -191,13 +194,14 @@ class Transport(ABC):
 
     # Optional hooks: None where a transport has no such thing to do.
     proxy_progress_coll: Callable[[TransportContext, "Args"], bool] | None = None
+    proxy_coll_entry: Callable[[TransportContext, Connector, Any, Any], list] | None = None
     proxy_register: Callable[[TransportContext, Registration], None] | None = None
     proxy_deregister: Callable[[TransportContext, Registration], None] | None = None
 
 
 _REQUIRED = ("can_connect", "send_setup", "recv_setup", "send_connect", "recv_connect", "proxy_start",
              "proxy_progress", "proxy_free")
-_OPTIONAL = ("proxy_progress_coll", "proxy_register", "proxy_deregister")
+_OPTIONAL = ("proxy_progress_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister")
 
 
 def check_transport(t: Transport) -> Transport:

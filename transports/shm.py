@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shmproxy.core.errors import InvalidArgument
+from shmproxy.coll.sched import RECV, SEND
+from shmproxy.core.errors import InternalError, InvalidArgument
 from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext
 
 
@@ -115,6 +116,25 @@ class ShmTransport(Transport):
             s.transmitted = s.received = s.done + sum(1 for sch in inflight if sch.complete)
             all_done &= settle(s, before)
         return all_done
+
+    def proxy_coll_entry(self, ctx: TransportContext, conn: Connector, sch: Any,  # type: ignore[override]
+                         e: Any) -> list:
+        """A collective's SEND or RECV on the node's loopback connector: it waits in the connector's
+        table until its partner of the same key is started, then the two become one copy (both
+        (schedule, entry) pairs are returned, to be marked complete by the caller)."""
+        waiting = conn.send_state
+        if waiting is None:
+            waiting = conn.send_state = {}
+        other = waiting.pop(e.key, None)
+        if other is None:
+            waiting[e.key] = (sch, e)
+            return []
+        osch, oe = other
+        snd, rcv = (e, oe) if e.kind == SEND else (oe, e)
+        if snd.kind != SEND or rcv.kind != RECV or snd.nbytes != rcv.nbytes:
+            raise InternalError(f"schedule rendezvous {e.key!r} pairs {snd!r} with {rcv!r}")
+        ctx.memcopy(rcv.dst, snd.src, snd.nbytes)
+        return [(sch, e), (osch, oe)]
 
     def proxy_free(self, ctx: TransportContext) -> None:
         return None   # nothing of its own: the buffers are the engine's registry

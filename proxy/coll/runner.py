@@ -9,7 +9,8 @@ corrupt memory or hang). Then one of two paths runs it:
   with one C call per copy or reduction, on addresses resolved and bounds-checked before any byte
   moves;
 - the schedule path: the collective is cut in chunks, each a small MPICH-style schedule
-  (shmproxy.coll.sched) whose entries run inline, or on the copy workers from INLINE_ENTRY_BYTES;
+  (shmproxy.coll.algorithms builds them) whose data entries the executor runs (shmproxy.coll.executor:
+  inline, or on the copy workers) and whose SEND/RECV entries go through connectors;
   the chunks are subs of one args that the node's loopback transport progresses (a collective is
   ready for STEPS chunks in flight per sub, like a message).
 
@@ -21,19 +22,19 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any
 
-import numpy as np
 
-from shmproxy.coll import sched
+from shmproxy.coll import algorithms, sched
+from shmproxy.coll.sched import Region
 from shmproxy.core import errors, log
-from shmproxy.core.ops import CODE_DTYPE, FLAG_IN_PLACE, Op
+from shmproxy.core.memory import MemKind
+from shmproxy.core.ops import CODE_DTYPE, FLAG_IN_PLACE, Coll, Op
 from shmproxy.engine.args import CollWork
 from shmproxy.shm import _native, _reduce, pool as P
 from shmproxy.shm.segment import MemfdBuffer
+from shmproxy.transports.base import Connector
 
 _log = log.get("COLL")
-INLINE_ENTRY_BYTES = 64 << 10  # schedule entries smaller than this run in the loop, not on a worker
 # Collective kinds as plain ints for the per-op path: looking up an IntEnum member costs more than a
 # plain int compare, and a small collective's whole budget in this process is a few microseconds.
 _BARRIER, _BCAST, _REDUCE, _ALLREDUCE = (int(sched.Coll.BARRIER), int(sched.Coll.BCAST), int(sched.Coll.REDUCE),
@@ -217,16 +218,20 @@ class CollRunner:
             buf, off = self.buffer_of(op, second, nbytes)  # raises the error
         return buf.addr + off
 
-    def buffer_view(self, op: Op, second: bool, count: int) -> Any:
-        """A numpy view of an op's send (second=False) or receive buffer, bounds-checked."""
+    def region(self, op: Op, second: bool, count: int, pins: dict) -> Region:
+        """An op's send (second=False) or receive buffer as a region, bounds-checked. The buffer is
+        pinned in ``pins`` (an exported view of its mapping) so that a DEREGISTER cannot unmap it
+        while the collective's schedules use it (_close_retired retries until the pins are gone)."""
         dt = CODE_DTYPE.get(op.dtype)
         if dt is None:
             raise errors.InvalidArgument(f"{op.describe()}: unknown dtype code {op.dtype}")
         buf, off = self.buffer_of(op, second, count * dt.itemsize)
-        return np.frombuffer(buf.mm, dtype=dt, count=count, offset=off)
+        if id(buf) not in pins:
+            pins[id(buf)] = memoryview(buf.mm)
+        return Region(buf.addr + off, count, dt)
 
     def build_coll(self, ops: list[Op]) -> tuple:
-        """Views of every rank's buffers and the chunk-schedule builder of one collective."""
+        """The regions of every rank's buffers and the chunk-schedule builder of one collective."""
         op0 = ops[0]
         c, n, size = op0.coll, op0.count, len(ops)
         dt = CODE_DTYPE.get(op0.dtype)
@@ -238,83 +243,80 @@ class CollRunner:
         per = max(1, chunk_bytes // itemsize)
         now = time.monotonic_ns()
         in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
-        if c == sched.Coll.BARRIER:
+        pins: dict = {}
+
+        def reg(op: Op, second: bool, count: int) -> Region:
+            return self.region(op, second, count, pins)
+
+        if c == Coll.BARRIER:
             return CollWork(ops, 0, [], now), None, 0, chunk_bytes
-        if c == sched.Coll.BCAST:
-            bufs = [self.buffer_view(op, True, n) for op in ops]
-            nchunks, make = sched.bcast(bufs, op0.peer, chunk_bytes)
-            return CollWork(ops, n * itemsize, bufs, now), make, nchunks, chunk_bytes
-        if c == sched.Coll.ALLREDUCE:
-            outs = [self.buffer_view(op, True, n) for op in ops]
-            ins = [outs[i] if in_place[i] else self.buffer_view(op, False, n) for i, op in enumerate(ops)]
-            nchunks, make = sched.allreduce(ins, outs, op0.redop, per)
-            return CollWork(ops, n * itemsize, ins + outs, now), make, nchunks, per * itemsize
-        if c == sched.Coll.REDUCE:
+        if c == Coll.BCAST:
+            bufs = [reg(op, True, n) for op in ops]
+            nchunks, make = algorithms.bcast(bufs, op0.peer, chunk_bytes)
+            return CollWork(ops, n * itemsize, list(pins.values()), now), make, nchunks, chunk_bytes
+        if c == Coll.ALLREDUCE:
+            outs = [reg(op, True, n) for op in ops]
+            ins = [outs[i] if in_place[i] else reg(op, False, n) for i, op in enumerate(ops)]
+            nchunks, make = algorithms.allreduce(ins, outs, op0.redop, per)
+            return CollWork(ops, n * itemsize, list(pins.values()), now), make, nchunks, per * itemsize
+        if c == Coll.REDUCE:
             root = op0.peer
-            out = self.buffer_view(ops[root], True, n)
-            ins = [out if in_place[i] else self.buffer_view(op, False, n) for i, op in enumerate(ops)]
-            nchunks, make = sched.reduce_to_root(ins, out, op0.redop, root, per)
-            return CollWork(ops, n * itemsize, ins + [out], now), make, nchunks, per * itemsize
-        if c == sched.Coll.ALLGATHER:
-            outs = [self.buffer_view(op, True, n * size) for op in ops]
-            ins = [outs[i][i * n:(i + 1) * n] if in_place[i] else self.buffer_view(op, False, n)
-                   for i, op in enumerate(ops)]
-            nchunks, make = sched.allgather(ins, outs, n * itemsize, chunk_bytes)
-            return CollWork(ops, n * itemsize * size, ins + outs, now), make, nchunks, chunk_bytes
-        if c == sched.Coll.ALLTOALL:
-            outs = [self.buffer_view(op, True, n * size) for op in ops]
-            ins = [self.buffer_view(op, False, n * size) for op in ops]
-            nchunks, make = sched.alltoall(ins, outs, n * itemsize, chunk_bytes)
-            return CollWork(ops, n * itemsize * size, ins + outs, now), make, nchunks, chunk_bytes
-        if c == sched.Coll.REDUCE_SCATTER_BLOCK:
+            out = reg(ops[root], True, n)
+            ins = [out if in_place[i] else reg(op, False, n) for i, op in enumerate(ops)]
+            nchunks, make = algorithms.reduce_to_root(ins, out, op0.redop, root, per)
+            return CollWork(ops, n * itemsize, list(pins.values()), now), make, nchunks, per * itemsize
+        if c == Coll.ALLGATHER:
+            outs = [reg(op, True, n * size) for op in ops]
+            ins = [outs[i].part(i * n, (i + 1) * n) if in_place[i] else reg(op, False, n) for i, op in enumerate(ops)]
+            nchunks, make = algorithms.allgather(ins, outs, n * itemsize, chunk_bytes)
+            return CollWork(ops, n * itemsize * size, list(pins.values()), now), make, nchunks, chunk_bytes
+        if c == Coll.ALLTOALL:
+            outs = [reg(op, True, n * size) for op in ops]
+            ins = [reg(op, False, n * size) for op in ops]
+            nchunks, make = algorithms.alltoall(ins, outs, n * itemsize, chunk_bytes)
+            return CollWork(ops, n * itemsize * size, list(pins.values()), now), make, nchunks, chunk_bytes
+        if c == Coll.REDUCE_SCATTER_BLOCK:
             if any(in_place) and not all(in_place):
                 raise errors.InvalidUsage("Reduce_scatter_block: IN_PLACE must be used by every rank or none")
             if in_place[0]:
-                full = [self.buffer_view(op, True, n * size) for op in ops]
-                ins, outs = full, [f[:n] for f in full]
+                full = [reg(op, True, n * size) for op in ops]
+                ins, outs = full, [f.part(0, n) for f in full]
             else:
-                ins = [self.buffer_view(op, False, n * size) for op in ops]
-                outs = [self.buffer_view(op, True, n) for op in ops]
-            nchunks, make = sched.reduce_scatter_block(ins, outs, op0.redop, per, in_place[0])
-            return CollWork(ops, n * itemsize * size, ins + outs, now), make, nchunks, per * itemsize
+                ins = [reg(op, False, n * size) for op in ops]
+                outs = [reg(op, True, n) for op in ops]
+            nchunks, make = algorithms.reduce_scatter_block(ins, outs, op0.redop, per, in_place[0])
+            return CollWork(ops, n * itemsize * size, list(pins.values()), now), make, nchunks, per * itemsize
         raise errors.InvalidArgument(f"unknown collective {c}")
 
     def start_entry(self, sch: sched.Schedule, e: sched.Entry) -> bool:
-        """Start one schedule entry: True when it completed inline."""
+        """Start one schedule entry: True when it completed inline. SEND and RECV go through the connector
+        to their peer node (this node's loopback connector within a node); the executor runs the rest."""
         if e.kind == sched.SEND or e.kind == sched.RECV:
-            matched = self.rendezvous.offer(sch, e)
+            conn = self.coll_connector(e.peer)
+            matched = conn.transport.proxy_coll_entry(self.ctx, conn, sch, e)
             for other_sch, other in matched:
                 if other is not e:
                     other_sch.entry_done(other)
-            return bool(matched)
-        if e.nbytes >= INLINE_ENTRY_BYTES and self.copy.nworkers:
-            step = sched.native_step(e)
-            if step is not None:
-                self.copy.run((sch, e), [step], sch.streaming)
-            else:
-                self.copy.submit((sch, e), sched.execute, e)   # numpy or a callback: no stores to choose
-            return False
-        sched.execute(e, sch.streaming)
-        return True
+            return any(other is e for _s, other in matched)
+        return self.executor.start(sch, e)
 
     def start_schedule(self, sch: sched.Schedule) -> bool:
-        """Hand a whole chunk schedule to one worker when it can run there alone; False otherwise
-        (the caller then starts it entry by entry)."""
-        if not self.copy.nworkers or not sch.local_only:
-            return False
-        steps = sch.native_steps()
-        sch.claim()
-        if steps is not None:
-            self.copy.run(sch, steps, sch.streaming)
-        else:
-            self.copy.submit(sch, sched.Schedule.run_all, sch)
-        return True
+        """Hand a whole chunk schedule to the executor when it can run it alone; False otherwise."""
+        return self.executor.start_schedule(sch)
 
     def start_entry_inline(self, sch: sched.Schedule, e: sched.Entry) -> bool:
         if e.kind == sched.SEND or e.kind == sched.RECV:
             return self.start_entry(sch, e)
-        sched.execute(e)
-        return True
+        return self.executor.start_inline(sch, e)
+
+    def coll_connector(self, node: int) -> Connector:
+        """The connector SEND/RECV entries for ``node`` travel on. Only this node's progress process
+        exists in a one-node communicator, so every entry goes through the node's loopback connector
+        (local rank 0 to itself); a communicator across nodes will have one per peer node."""
+        if node not in (-1, self.node):
+            raise errors.InternalError(f"collective entry for node {node}: this communicator has one node")
+        r = self.ranks[0].rank
+        return self.conns.get((r, r, MemKind.HOST)) or self.connect(r, r, MemKind.HOST)
 
     def finish_coll(self, work: CollWork) -> None:
         self.complete_coll(work.ops, work.nbytes)

@@ -49,6 +49,7 @@ from shmproxy.engine.profiler import Profiler
 from shmproxy.shm import _native, _workers, pool as P, sync
 from shmproxy.shm.segment import MemfdBuffer, Segment
 from shmproxy import transports
+from shmproxy.coll.executor import CpuExecutor
 from shmproxy.coll.runner import CollRunner
 from shmproxy.control.handler import ControlHandler
 from shmproxy.control.service import ServiceServer
@@ -116,6 +117,8 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
+        self.executor = CpuExecutor(lambda: self.copy)   # runs collectives' copies and reductions
+        self.node = 0   # this progress process's node in the communicator (one node so far)
         self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
         # Wake-ups left to a guard (wake_ranks): (deadline ns, WAITING index, its value, futex address)
         self.relayed: list[tuple[int, int, int, int]] = []
@@ -123,7 +126,6 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
-        self.rendezvous = sched.Rendezvous()
         self.matcher = Matcher()   # the receive half of point-to-point (engine/p2p.py)
         # News from the other threads of this process (the service thread, transports' helper threads):
         # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.
@@ -192,7 +194,6 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
             t.proxy_free(self.ctx)
         self.active.clear()  # schedules hold numpy views of the buffers closed below
         self.colls.clear()
-        self.rendezvous.waiting.clear()
         self.retired.extend(self.buffers.values())
         self.buffers.clear()
         self._close_retired()

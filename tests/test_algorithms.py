@@ -1,0 +1,162 @@
+"""Collective algorithms on regions, run by the CPU executor in this process: every builder against
+numpy, the ufunc paths the C kernel lacks, and the hierarchical Allreduce with several simulated
+nodes whose SEND/RECV entries meet through the shm transport's loopback connector."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from shmproxy.coll import algorithms, sched
+from shmproxy.coll.executor import CpuExecutor, host_view
+from shmproxy.coll.sched import Region, ReduceOp
+from shmproxy.engine.copyengine import CopyEngine
+from shmproxy.shm import _native
+from shmproxy.transports.base import Connector, MemKind, PeerInfo
+from shmproxy.transports.shm import ShmTransport
+
+EXEC = CpuExecutor(lambda: CopyEngine(0, None))   # no workers: every entry runs inline
+
+
+def region(a: np.ndarray) -> Region:
+    return Region(a.ctypes.data, a.size, a.dtype)
+
+
+def run(nchunks: int, make) -> None:
+    for k in range(nchunks):
+        sch = make(k)
+        while not sch.advance(EXEC.start_inline):
+            pass
+
+
+def ranks_data(n: int, size: int, dtype, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(n) * 10).astype(dtype) if np.dtype(dtype).kind == "f" else
+            rng.integers(-50, 50, n).astype(dtype) for _ in range(size)]
+
+
+@pytest.mark.parametrize("dtype,op", [(np.float32, ReduceOp.SUM), (np.float16, ReduceOp.MIN),
+                                      (np.complex64, ReduceOp.SUM), (np.float64, ReduceOp.AVG),
+                                      (np.int32, ReduceOp.MAX)])
+@pytest.mark.parametrize("size", [1, 3])
+def test_allreduce_and_reduce_on_regions_match_numpy_in_rank_order(dtype, op, size):
+    n = 1000
+    ins = ranks_data(n, size, dtype)
+    ufunc = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}[op]
+    want = ins[0].copy()
+    for x in ins[1:]:
+        want = ufunc(want, x)
+    if op == ReduceOp.AVG:
+        want = want / size
+    outs = [np.zeros(n, dtype) for _ in range(size)]
+    run(*algorithms.allreduce([region(x) for x in ins], [region(o) for o in outs], op, 128))
+    for o in outs:
+        assert np.array_equal(o, want.astype(dtype)), (o[:4], want[:4])
+    root, out = size - 1, np.zeros(n, dtype)
+    run(*algorithms.reduce_to_root([region(x) for x in ins], region(out), op, root, 100))
+    want_root = ins[root].copy()
+    for r in range(size):
+        if r != root:
+            want_root = ufunc(want_root, ins[r])
+    if op == ReduceOp.AVG:
+        want_root = want_root / size
+    assert np.array_equal(out, want_root.astype(dtype))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_copies_and_reduce_scatter_on_regions(in_place):
+    size, n = 3, 50
+    ins = ranks_data(n * size, size, np.float16, seed=1)
+    gathered = [np.zeros(n * size, np.float16) for _ in range(size)]
+    run(*algorithms.allgather([region(x[:n]) for x in ins], [region(g) for g in gathered], n * 2, 64))
+    assert all(np.array_equal(g, np.concatenate([x[:n] for x in ins])) for g in gathered)
+    outs = [np.zeros(n * size, np.float16) for _ in range(size)]
+    run(*algorithms.alltoall([region(x) for x in ins], [region(o) for o in outs], n * 2, 40))
+    for q in range(size):
+        assert np.array_equal(outs[q], np.concatenate([ins[r][q * n:(q + 1) * n] for r in range(size)]))
+    bufs = [x.copy() for x in ins]
+    run(*algorithms.bcast([region(b) for b in bufs], 1, 30))
+    assert all(np.array_equal(b, ins[1]) for b in bufs)
+    # float16 MIN: the ufunc path (the C kernel lacks it); in place, results go through scratch first
+    src = [x.copy() for x in ins]
+    res = [x if in_place else np.zeros(n, np.float16) for x in src]
+    run(*algorithms.reduce_scatter_block([region(x) for x in src], [region(r[:n]) for r in res],
+                                         ReduceOp.MIN, 16, in_place))
+    for r in range(size):
+        want = np.minimum.reduce([ins[x][r * n:(r + 1) * n] for x in range(size)])
+        assert np.array_equal(res[r][:n], want), r
+
+
+def test_host_view_and_the_executor_refuse_what_they_cannot_run():
+    a = np.arange(10, dtype=np.float32)
+    v = host_view(region(a))
+    assert np.shares_memory(v, a) and np.array_equal(v, a) and host_view(Region(0, 0, a.dtype)).size == 0
+    with pytest.raises(Exception, match="cannot be executed"):
+        EXEC.execute(sched.send("k", 0, a.ctypes.data, 4))
+    step = EXEC.native_step(sched.copy(1, 2, 3))
+    assert step is not None and EXEC.native_step(sched.reduce(np.add, region(a), region(a), region(a))) is None
+
+
+def _loopback() -> tuple:
+    me = PeerInfo(0, 0, "h", 1)
+    conn = Connector(ShmTransport(), me, me, MemKind.HOST)
+    ctx = types.SimpleNamespace(memcopy=_native.memcopy)
+    return conn, ctx
+
+
+@pytest.mark.parametrize("nnodes,local,dtype,op", [(2, 2, np.float32, ReduceOp.SUM), (3, 1, np.int64, ReduceOp.MAX),
+                                                  (4, 3, np.float16, ReduceOp.MIN), (1, 2, np.float64, ReduceOp.PROD)])
+def test_hierarchical_allreduce_across_simulated_nodes_through_the_loopback_connector(nnodes, local, dtype, op):
+    """Every node's schedules run in this process, their SEND/RECV entries meeting on one loopback
+    connector (what the transport between nodes will carry): local reduce, exchange, local copy-out.
+    The result is the reduction over all ranks in node order, on every rank of every node."""
+    n, per = 777, 100
+    conn, ctx = _loopback()
+    transport = conn.transport
+    ins = [ranks_data(n, local, dtype, seed=node) for node in range(nnodes)]
+    outs = [[np.zeros(n, dtype) for _ in range(local)] for _ in range(nnodes)]
+    built = [algorithms.hierarchical_allreduce([region(x) for x in ins[node]], [region(o) for o in outs[node]],
+                                               op, per, node, nnodes, key=("allreduce", 7))
+             for node in range(nnodes)]
+    nchunks = built[0][0]
+    assert all(b[0] == nchunks for b in built)
+
+    def start(sch, e):
+        if e.kind in (sched.SEND, sched.RECV):
+            matched = transport.proxy_coll_entry(ctx, conn, sch, e)
+            for osch, oe in matched:
+                if oe is not e:
+                    osch.entry_done(oe)
+            return any(oe is e for _s, oe in matched)
+        return EXEC.start_inline(sch, e)
+
+    schedules = [make(k) for _n, make in built for k in range(nchunks)]
+    for _ in range(100):
+        if all([s.advance(start) for s in schedules]):   # a list: every node's schedules advance each round
+            break
+    else:
+        raise AssertionError("the nodes' schedules did not complete")
+    assert not conn.send_state   # every SEND met its RECV
+    ufunc = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum, ReduceOp.PROD: np.multiply}[op]
+    partial = []
+    for node in range(nnodes):
+        acc = ins[node][0].copy()
+        for x in ins[node][1:]:
+            acc = ufunc(acc, x)
+        partial.append(acc)
+    want = partial[0]
+    for p in partial[1:]:
+        want = ufunc(want, p)
+    for node in range(nnodes):
+        for o in outs[node]:
+            assert np.array_equal(o, want), (node, o[:3], want[:3])
+
+
+def test_loopback_rendezvous_refuses_a_mismatched_pair():
+    conn, ctx = _loopback()
+    a = np.zeros(4, np.uint8)
+    s = sched.Schedule([])
+    assert conn.transport.proxy_coll_entry(ctx, conn, s, sched.send("k", 0, a.ctypes.data, 4)) == []
+    with pytest.raises(Exception, match="pairs"):
+        conn.transport.proxy_coll_entry(ctx, conn, s, sched.recv("k", 0, a.ctypes.data, 3))
