@@ -101,7 +101,7 @@ class Connector:
     """One direction of one connection: ``send`` -> ``recv`` for memory of ``kind``, over ``transport``."""
 
     __slots__ = ("transport", "send", "recv", "kind", "state", "send_state", "recv_state",
-                 "send_info", "recv_info", "nmsgs", "nbytes")
+                 "send_info", "recv_info", "nmsgs")
 
     def __init__(self, transport: "Transport", send: PeerInfo, recv: PeerInfo, kind: MemKind):
         self.transport, self.send, self.recv, self.kind = transport, send, recv, kind
@@ -109,7 +109,7 @@ class Connector:
         self.send_state: Any = None   # the sending side's private state (its transport's to set)
         self.recv_state: Any = None
         self.send_info = self.recv_info = b""
-        self.nmsgs = self.nbytes = 0  # started messages and their bytes, for the dump
+        self.nmsgs = 0  # messages started on it, for the dump
 
     @property
     def key(self) -> tuple[int, int]:
@@ -117,7 +117,7 @@ class Connector:
 
     def describe(self) -> dict:
         return {"transport": self.transport.name, "kind": self.kind.name.lower(),
-                "state": CONN_STATE_NAMES[self.state], "messages": self.nmsgs, "bytes": self.nbytes}
+                "state": CONN_STATE_NAMES[self.state], "messages": self.nmsgs}
 
 
 class TransportContext(Protocol):

@@ -49,8 +49,15 @@ class ShmTransport(Transport):
 
     def proxy_start(self, ctx: TransportContext, conn: Connector, transfer: Any) -> bool:
         n = transfer.nbytes
-        src = _resolve(ctx, transfer.send, n)
-        dst = _resolve(ctx, transfer.recv, n)
+        send, recv = transfer.send, transfer.recv
+        bufs = ctx.buffers
+        sb, rb = bufs.get((send.owner, send.buf_id)), bufs.get((recv.owner, recv.buf_id))
+        if (sb is None or rb is None or send.offset + n > sb.size or recv.offset + n > rb.size
+                or n > send.nbytes or n > recv.nbytes or (send.mem | recv.mem) & 0xFF):
+            _resolve(ctx, send, n)   # raises, naming what is wrong
+            _resolve(ctx, recv, n)
+            raise InvalidArgument(f"{send.describe()} -> {recv.describe()}: cannot be moved by shm")
+        src, dst = sb.addr + send.offset, rb.addr + recv.offset
         if n <= ctx.eager:
             if n:
                 ctx.memcopy(dst, src, n)

@@ -39,6 +39,7 @@ from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 
 Entry = tuple[int, Any]   # (sequence number, item)
+_deque = collections.deque
 
 
 class _Dest:
@@ -62,14 +63,16 @@ def _accepts(want_src: int, want_tag: int, src: int, tag: int) -> bool:
 class Matcher:
     """Posted receives and unexpected messages of some destination ranks, matched by MPI's rules."""
 
+    __slots__ = ("_dests", "_seq", "scanned")
+
     def __init__(self) -> None:
         self._dests: dict[int, _Dest] = {}
         self._seq = 0
-        self.nposted = 0
-        self.nunexpected = 0
         self.scanned = 0   # entries examined by walks (wildcard list, queue heads, searches); for tests
 
     # ------------------------------------------------------------------ matching
+    # arrive and post run for every message: locals instead of repeated attribute loads, and the
+    # specific case first (no wildcard pending: dict lookups and deque operations only).
     def arrive(self, dst: int, src: int, tag: int, item: Any, enqueue: bool = True) -> Any | None:
         """A send's envelope: return the receive it matches (removed), else queue it as unexpected.
         With enqueue=False an unmatched message is not queued (the caller fails it instead)."""
@@ -77,30 +80,33 @@ class Matcher:
             raise errors.InvalidArgument(
                 f"a message's envelope cannot hold a wildcard (source {src}, tag {tag})")
         d = self._dests.get(dst)
-        if d is not None:
-            key = (src, tag)
-            q = d.recvs.get(key)
+        if d is None:
+            d = self._dests[dst] = _Dest()   # kept once made: a destination's _Dest outlives its queues
+        key = (src, tag)
+        recvs, wild = d.recvs, d.wild
+        q = recvs.get(key)
+        if wild:
             best = q[0][0] if q else None
-            if d.wild:
-                for i, (seq, wsrc, wtag, witem) in enumerate(d.wild):
-                    if best is not None and seq > best:
-                        break   # later than the specific candidate: it cannot win
-                    self.scanned += 1
-                    if _accepts(wsrc, wtag, src, tag):
-                        del d.wild[i]
-                        self._forget(dst, d)
-                        self.nposted -= 1
-                        return witem
-            if q:
-                recv = q.popleft()[1]
-                if not q:
-                    del d.recvs[key]
-                    self._forget(dst, d)
-                self.nposted -= 1
-                return recv
+            for i, (seq, wsrc, wtag, witem) in enumerate(wild):
+                if best is not None and seq > best:
+                    break   # later than the specific candidate: it cannot win
+                self.scanned += 1
+                if _accepts(wsrc, wtag, src, tag):
+                    del wild[i]
+                    return witem
+        if q:
+            recv = q.popleft()[1]
+            if not q:
+                del recvs[key]
+            return recv
         if enqueue:
-            self._queue(dst, self._dest(dst).unexp, (src, tag), item)
-            self.nunexpected += 1
+            self._seq = seq = self._seq + 1
+            unexp = d.unexp
+            u = unexp.get(key)
+            if u is None:
+                unexp[key] = _deque(((seq, item),))
+            else:
+                u.append((seq, item))
         return None
 
     def post(self, dst: int, src: int, tag: int, item: Any, enqueue: bool = True) -> Any | None:
@@ -109,23 +115,31 @@ class Matcher:
         if src < ANY_SOURCE:
             raise errors.InvalidArgument(f"a receive's source must be a rank or ANY_SOURCE, not {src}")
         d = self._dests.get(dst)
-        if d is not None and d.unexp:
-            key = self._earliest(d, src, tag)
-            if key is not None:
-                q = d.unexp[key]
+        if d is None:
+            d = self._dests[dst] = _Dest()   # kept once made: a destination's _Dest outlives its queues
+        specific = src != ANY_SOURCE and tag != ANY_TAG
+        key = (src, tag)
+        unexp = d.unexp
+        if unexp:
+            if not specific:
+                key = self._earliest(d, src, tag)
+            q = unexp.get(key) if key is not None else None
+            if q:
                 send = q.popleft()[1]
                 if not q:
-                    del d.unexp[key]
-                    self._forget(dst, d)
-                self.nunexpected -= 1
+                    del unexp[key]
                 return send
         if enqueue:
-            if src == ANY_SOURCE or tag == ANY_TAG:
-                self._seq += 1
-                self._dest(dst).wild.append((self._seq, src, tag, item))
+            self._seq = seq = self._seq + 1
+            if specific:
+                recvs = d.recvs
+                q = recvs.get(key)
+                if q is None:
+                    recvs[key] = _deque(((seq, item),))
+                else:
+                    q.append((seq, item))
             else:
-                self._queue(dst, self._dest(dst).recvs, (src, tag), item)
-            self.nposted += 1
+                d.wild.append((seq, src, tag, item))
         return None
 
     def probe(self, dst: int, src: int, tag: int) -> Any | None:
@@ -157,8 +171,6 @@ class Matcher:
             if self._remove_from(q, item):
                 if not q:
                     del d.unexp[key]
-                    self._forget(dst, d)
-                self.nunexpected -= 1
                 return True
         return False
 
@@ -171,15 +183,11 @@ class Matcher:
             self.scanned += 1
             if w[3] is item:
                 del d.wild[i]
-                self._forget(dst, d)
-                self.nposted -= 1
                 return True
         for key, q in d.recvs.items():
             if self._remove_from(q, item):
                 if not q:
                     del d.recvs[key]
-                    self._forget(dst, d)
-                self.nposted -= 1
                 return True
         return False
 
@@ -196,12 +204,10 @@ class Matcher:
                         out.append((w[0], w[3]))
                     else:
                         keep.append(w)
-                self.nposted -= len(d.wild) - len(keep)
                 d.wild = keep
-                self.nposted -= self._drop_queues(dst, d.recvs, pred, out)
+                self._drop_queues(dst, d.recvs, pred, out)
             if unexpected:
-                self.nunexpected -= self._drop_queues(dst, d.unexp, pred, out)
-            self._forget(dst, d)
+                self._drop_queues(dst, d.unexp, pred, out)
         out.sort(key=lambda e: e[0])
         return [item for _, item in out]
 
@@ -229,30 +235,21 @@ class Matcher:
         return False
 
     # ------------------------------------------------------------------ bookkeeping and views
-    def _dest(self, dst: int) -> _Dest:
-        d = self._dests.get(dst)
-        if d is None:
-            d = self._dests[dst] = _Dest()
-        return d
+    @property
+    def nposted(self) -> int:
+        """Posted receives pending, all destinations (counted when asked: not on the matching path)."""
+        return sum(self.counts(dst)[0] for dst in self._dests)
 
-    def _forget(self, dst: int, d: _Dest) -> None:
-        if d.empty():
-            del self._dests[dst]
-
-    def _queue(self, dst: int, queues: dict[tuple[int, int], collections.deque[Entry]],
-               key: tuple[int, int], item: Any) -> None:
-        self._seq += 1
-        q = queues.get(key)
-        if q is None:
-            q = queues[key] = collections.deque()
-        q.append((self._seq, item))
+    @property
+    def nunexpected(self) -> int:
+        return sum(self.counts(dst)[1] for dst in self._dests)
 
     def __len__(self) -> int:
         return self.nposted + self.nunexpected
 
     def dests(self) -> list[int]:
         """The destinations with anything pending, in increasing order."""
-        return sorted(self._dests)
+        return sorted(dst for dst, d in self._dests.items() if not d.empty())
 
     def posted(self, dst: int) -> Iterator[tuple[int, int, Any]]:
         """dst's pending receives as (src, tag, item), in posting order."""

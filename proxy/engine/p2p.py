@@ -47,63 +47,58 @@ class PointToPoint:
         if op.rank < 0:
             self.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
             return
-        if op.kind == KIND_SEND:
+        kind = op.kind
+        if kind == KIND_SEND:
             self.send_half(op)
-        elif op.kind == KIND_RECV:
+        elif kind == KIND_RECV:
             self.recv_half_post(op)
-        elif op.kind == KIND_COLL:
+        elif kind == KIND_COLL:
             self.coll_arrive(op)
         else:
             self.complete(op, errors.InternalError.code, 0)
 
     # ------------------------------------------------------------------ send half
+    # Every message of every size passes through these few methods: they read attributes once and
+    # call as little as they can (a Python call costs about as much as the rest of a small message).
     def send_half(self, send: Op) -> None:
-        if not 0 <= send.peer < self.size or send.tag == ANY_TAG:   # the rank checks both: a bug or a forgery
+        """A fetched send: its envelope goes to the receive half of its destination's node. For a local
+        destination that receive half is this process's, inline here: the envelope arrives at the
+        matcher, and meets a posted receive or waits as unexpected."""
+        dst = send.peer
+        if not 0 <= dst < self.size or send.tag == ANY_TAG:   # the rank checks both: a bug or a forgery
             self.complete(send, errors.InvalidArgument.code, 0)
-            return
-        if self.is_local(send.peer):
-            self.recv_half_arrive(send)
-            return
-        # The destination's receive half lives in another node's progress process: its envelope
-        # would travel over the pair's connector, and no transport between nodes exists yet.
-        self.complete(send, errors.InvalidUsage.code, 0)
+        elif self.nlocal == self.size or dst in self.local_of:
+            recv = self.matcher.arrive(dst, send.rank, send.tag, send)
+            if recv is not None:
+                self.match(send, recv)
+            elif self.gone and dst in self.gone and dst != send.rank:
+                self.matcher.take(dst, send)
+                self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
+        else:
+            # The destination's receive half lives in another node's progress process: the envelope
+            # would travel over the pair's connector, and no transport between nodes exists yet.
+            self.complete(send, errors.InvalidUsage.code, 0)
 
     # ------------------------------------------------------------------ receive half
-    def recv_half_arrive(self, send: Op) -> None:
-        """An envelope for a local rank: match it with a posted receive, or keep it as unexpected."""
-        open_ = not self._closed(send.peer) or send.peer == send.rank
-        recv = self.matcher.arrive(send.peer, send.rank, send.tag, send, enqueue=open_)
-        if recv is not None:
-            self.match(send, recv)
-        elif not open_:
-            self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
 
     def recv_half_post(self, recv: Op) -> None:
         """A posted receive: match it with the earliest unexpected envelope it accepts, or keep it."""
         src = recv.peer
-        if src != ANY_SOURCE and not 0 <= src < self.size:
+        if not 0 <= src < self.size and src != ANY_SOURCE:
             self.complete(recv, errors.InvalidArgument.code, 0)
             return
-        open_ = src == ANY_SOURCE or src == recv.rank or not self._closed(src)
-        send = self.matcher.post(recv.rank, src, recv.tag, recv, enqueue=open_)
+        send = self.matcher.post(recv.rank, src, recv.tag, recv)
         if send is not None:
             self.match(send, recv)
-        elif not open_:
+        elif self.gone and src in self.gone and src != recv.rank:
+            self.matcher.cancel(recv.rank, recv)
             self.complete(recv, errors.InvalidUsage.code, 0)   # the sender closed first
 
-    def is_local(self, rank: int) -> bool:
-        """Whether ``rank``'s receive half is this process's. Every rank is, while a communicator spans
-        one node (a rank may post to a peer that has not joined yet); across nodes the node map of
-        the bootstrap will say."""
-        return self.nlocal == self.size or rank in self.local_of
-
-    def _closed(self, rank: int) -> bool:
-        lr = self.local_of.get(rank)
-        return lr is not None and self.ranks[lr].closed
-
     def close_half(self, info: RankInfo) -> None:
-        """Loop thread, once ``info``'s rank closed: fail what waits on it (see the module header)."""
+        """Loop thread, once ``info``'s rank closed: fail what waits on it (see the module header), and
+        from now on whatever arrives for it (``gone``: the closed ranks, as this thread learned them)."""
         gone = info.rank
+        self.gone.add(gone)
 
         def waits_on_gone(dst: int, src: int, tag: int, op: Op) -> bool:
             return src == gone if op.kind == KIND_RECV else dst == gone
@@ -128,7 +123,7 @@ class PointToPoint:
             return
         # Device memory on either side makes it a device transfer: the transport that moves device memory
         # also copies between host and device; shm moves host memory only.
-        kind = max(mem_kind(send.mem), mem_kind(recv.mem))
+        kind = max(mem_kind(send.mem), mem_kind(recv.mem)) if send.mem | recv.mem else 0
         if kind not in _KINDS:
             self._refuse(send, recv, errors.InvalidArgument(f"unknown memory kind {kind} in a record"))
             return
@@ -146,7 +141,6 @@ class PointToPoint:
             self._refuse(send, recv, exc)
             return
         conn.nmsgs += 1
-        conn.nbytes += n
         if done:
             self.finish_transfer(t)
 

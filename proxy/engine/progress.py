@@ -127,6 +127,7 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         self.ready: dict[tuple, Args] = {}
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
         self.matcher = Matcher()   # the receive half of point-to-point (engine/p2p.py)
+        self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
         # News from the other threads of this process (the service thread, transports' helper threads):
         # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.
         self.events: collections.deque = collections.deque()

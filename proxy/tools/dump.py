@@ -277,4 +277,4 @@ def _conn_text(c: object) -> str:
     """A connector as the in-process dump describes it (transports.base.Connector.describe)."""
     if not isinstance(c, dict):
         return str(c)
-    return f"{c.get('transport')} ({c.get('kind')}, {c.get('state')}, {c.get('messages')} msgs, {c.get('bytes')} B)"
+    return f"{c.get('transport')} ({c.get('kind')}, {c.get('state')}, {c.get('messages')} msgs)"
