@@ -106,7 +106,7 @@ for ((pair = 1; pair <= PAIRS; pair++)); do
             json="$OUT/$name-$side-$pair.json"
             say "=== pair $pair $side $name ($n ranks): $args"
             # shellcheck disable=SC2086
-            PYTHONPATH="${!path}" SHMPROXY_JOB_ID="ab-$$-$name-$side-$pair" timeout -k 10 "$TIMEOUT_S" \
+            PYTHONPATH="${!path}${PYTHONPATH:+:$PYTHONPATH}" SHMPROXY_JOB_ID="ab-$$-$name-$side-$pair" timeout -k 10 "$TIMEOUT_S" \
                 bash -c "$(declare -f launch); launch \"\$@\"" _ "$n" "$PY" -m "${!mod}" $args --json "$json" \
                 >>"$OUT/ab.log" 2>&1 || say "    exit $? (the rows done are in its JSON)"
         done
