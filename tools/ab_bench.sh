@@ -82,7 +82,7 @@ for side in A B; do
     build "$tree" >>"$OUT/ab.log" 2>&1 || { say "FATAL: building $tree failed (see $OUT/ab.log)"; exit 1; }
     IFS='|' read -r path mod < <(pypath "$tree" $side)
     eval "PATH_$side=\$path MOD_$side=\$mod"
-    say "--- $side: $tree ($(git -C "$tree" rev-parse --short HEAD 2>/dev/null || echo 'no git')), python -m $mod"
+    say "--- $side: $tree ($([ -e "$tree/.git" ] && git -C "$tree" rev-parse --short HEAD || echo 'not a checkout')), python -m $mod"
 done
 
 N=$NRANKS
