@@ -609,9 +609,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "BUSY", RC_BUSY);
     /* shm/_pool_layout.h, which shm/pool.py checks against its own layout */
     PyModule_AddObject(m, "POOL_LAYOUT", Py_BuildValue(
-        "(iiiiiiiiiiiiiiiii)", POOL_MUTEX_OFF, POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_COND_OFF,
+        "(iiiiiiiiiiiiiiiiii)", POOL_MUTEX_OFF, POOL_NEXT_OPS_OFF, POOL_NEXT_OPS_END_OFF, POOL_COND_OFF,
         POOL_PENDING_MASK_OFF, POOL_SLEEPING_OFF, POOL_EVENTS_OFF, POOL_FREE_OPS_OFF, RECORD_BYTES, REC_OWNER_OFF,
-        REC_OPCOUNT_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
+        REC_OPCOUNT_OFF, REC_MEM_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
         RANK_WAITING_OFF, RANK_COMPLETED_OFF, RANK_PENDING_OFF));
     return m;
 }

@@ -23,6 +23,7 @@
 #define RECORD_BYTES 128
 #define REC_OWNER_OFF 8      /* int32 local rank */
 #define REC_OPCOUNT_OFF 24   /* uint64 */
+#define REC_MEM_OFF 76       /* int32: memory kind | device << 8 of the op's buffers */
 
 /* completion slots: u64 words */
 enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };

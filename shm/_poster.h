@@ -85,6 +85,8 @@ typedef struct {
     int kind, code, redop, flags, peer;
     int64_t tag;
     int32_t bid, bid2;
+    int32_t mem;   /* memory kind | device << 8 (shmproxy/core/memory.py): 0, host, for every array this
+                    * C path takes; anything else declines to Python, which refuses device arrays */
     uint64_t off, nbytes, count, off2, nbytes2, coll_seq, x1;
 } Rec;
 

@@ -142,7 +142,7 @@ void _sp_write_record(char *r, const Rec *f, int owner, uint64_t opcount, uint64
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t t_post = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    int32_t next = -1, zero32 = 0;
+    int32_t next = -1;
     uint64_t zero64 = 0;
     uint8_t b[4] = {(uint8_t)f->kind, (uint8_t)f->code, (uint8_t)f->redop, (uint8_t)f->flags};
     memcpy(r + 0, &next, 4);
@@ -158,7 +158,7 @@ void _sp_write_record(char *r, const Rec *f, int owner, uint64_t opcount, uint64
     memcpy(r + 56, &f->nbytes, 8);
     memcpy(r + 64, &f->count, 8);
     memcpy(r + 72, &f->bid2, 4);
-    memcpy(r + 76, &zero32, 4);
+    memcpy(r + REC_MEM_OFF, &f->mem, 4);
     memcpy(r + 80, &f->off2, 8);
     memcpy(r + 88, &f->nbytes2, 8);
     memcpy(r + 96, &f->coll_seq, 8);
@@ -197,9 +197,9 @@ static PyObject *Poster_write(PosterObject *self, PyObject *args) {
     int index, slot;
     long long tag, x1;
     unsigned long long off, nbytes, count, off2, nbytes2, coll_seq;
-    Rec f;
-    if (!PyArg_ParseTuple(args, "iiiiiiiLiKKKiKKKL", &index, &slot, &f.kind, &f.code, &f.redop, &f.flags, &f.peer,
-                          &tag, &f.bid, &off, &nbytes, &count, &f.bid2, &off2, &nbytes2, &coll_seq, &x1))
+    Rec f = {0};   /* mem: host unless the caller names another kind */
+    if (!PyArg_ParseTuple(args, "iiiiiiiLiKKKiKKKL|i", &index, &slot, &f.kind, &f.code, &f.redop, &f.flags, &f.peer,
+                          &tag, &f.bid, &off, &nbytes, &count, &f.bid2, &off2, &nbytes2, &coll_seq, &x1, &f.mem))
         return NULL;
     if (!_sp_check_mapped(self)) return NULL;
     f.tag = tag; f.off = off; f.nbytes = nbytes; f.count = count; f.off2 = off2; f.nbytes2 = nbytes2;

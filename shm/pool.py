@@ -131,7 +131,7 @@ assert RECORD.size == RECORD_BYTES
 # shm/_pool_layout.h hard-codes these for the C helpers (shm._native, shm._poster): it must agree.
 if _native.POOL_LAYOUT != (MUTEX_OFF, NEXT_OPS_OFF, NEXT_OPS_END_OFF, COND_OFF, PENDING_MASK_OFF,
                            CTRL_OFF + 8 * CTRL_SLEEPING, CTRL_OFF + 8 * CTRL_EVENTS, FREE_OPS_OFF, RECORD_BYTES,
-                           struct.calcsize("<iBBBB"), struct.calcsize("<iBBBBiiq"), SLOT_BYTES, RANK_AREA_BYTES,
+                           struct.calcsize("<iBBBB"), struct.calcsize("<iBBBBiiq"), struct.calcsize("<iBBBBiiqQQIiQQQi"), SLOT_BYTES, RANK_AREA_BYTES,
                            8 * RANK_WAKE, 8 * RANK_WAITING, 8 * RANK_COMPLETED, 8 * RANK_PENDING):
     raise ImportError("shm/_pool_layout.h and shm/pool.py disagree on the ops pool layout (or shm._native "
                       "is stale: pip install -e .)")

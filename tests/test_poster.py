@@ -208,6 +208,7 @@ def test_poster_fast_post_writes_the_record_python_reads(pool):
         assert rec[:8] == (-1, ops.KIND_RECV, ops.DTYPE_CODE["f"], 0, 0, 0, 1, -(2**63))
         assert rec[8:16] == (1, 1, req._slot, 5, 64, 24, 6, -1)
         assert rec[19] == 0 and rec[20] > 0   # coll_seq, t_post
+        assert rec[16] == 0                   # the mem word: host memory (shmproxy.core.memory)
         assert _handed_off(view) == [idx]
         assert (req._seq, req._nbytes, req._tag, req._peer, req._done) == (1, 24, -(2**63), 1, False)
         del arr, req
@@ -598,3 +599,16 @@ def test_post_event_waits_for_a_held_mutex_before_it_signals(pool):
     assert 0.04 <= time.monotonic() - t0 < 5 and release.is_set()
     t.join(10)
     view.q[P.CTRL_OFF // 8 + P.CTRL_SLEEPING] = 0
+
+
+def test_the_mem_word_is_written_by_the_python_path_and_is_host_unless_named(pool):
+    """write() takes the record's memory word as an optional last argument (the Python path for a
+    memory kind the C fast path does not take); left out, it is 0 (host), whatever the record held."""
+    from shmproxy.core.memory import MemKind, mem_word
+    seg, view = pool
+    pp, *_ = _make_poster(seg, view)
+    args = (3, 3, ops.KIND_SEND, 3, 0, 0, 1, 7, 1, 0, 8, 8, -1, 0, 0, 0, 0)
+    pp.write(*args, mem_word(MemKind.CUDA, 5))
+    assert view.read_record(3)[16] == mem_word(MemKind.CUDA, 5) == 1 | 5 << 8
+    pp.write(*args)
+    assert view.read_record(3)[16] == 0
