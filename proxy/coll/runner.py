@@ -115,7 +115,15 @@ class CollRunner:
             builder = sched.streaming_schedules(builder)
             work.streaming = True
         conn = (-1, -1)
-        args = self.argspool.get_args(conn, op0.opcount, self.coll_transport())
+        try:   # the node's collectives run on its loopback connector's transport
+            transport = self.coll_connector(self.node).transport
+            if transport.proxy_progress_coll is None:
+                raise errors.InvalidUsage(f"transport {transport.name} runs no collectives between the ranks of "
+                                          f"a node")
+        except errors.InvalidUsage as exc:   # no allowed transport can: the job cannot work, say so loudly
+            self.fail(exc.code, str(exc))
+            return
+        args = self.argspool.get_args(conn, op0.opcount, transport)
         args.coll = work
         self.active.append(args)
         self.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1

@@ -33,7 +33,7 @@ from shmproxy.engine.args import Transfer
 from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher
 from shmproxy.engine.ranks import RankInfo
 from shmproxy import transports
-from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind, PeerInfo, Transport
+from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind, PeerInfo
 
 _log = log.get("PROXY")
 _KINDS = frozenset(int(k) for k in MemKind)
@@ -169,13 +169,3 @@ class PointToPoint:
         self.conns[(src, dst, kind)] = conn
         _log.info("connection %d->%d (%s memory) over %s", src, dst, kind.name.lower(), t.name)
         return conn
-
-    def coll_transport(self) -> Transport:
-        """The transport of this node's collectives: the one a local rank's connector to itself (the
-        loopback) uses, for host memory: every local buffer is mapped here."""
-        r = self.ranks[0].rank
-        conn = self.conns.get((r, r, MemKind.HOST)) or self.connect(r, r, MemKind.HOST)
-        if conn.transport.proxy_progress_coll is None:
-            raise errors.InvalidUsage(f"transport {conn.transport.name} runs no collectives between the "
-                                      f"ranks of a node")
-        return conn.transport

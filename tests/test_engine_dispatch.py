@@ -1,0 +1,89 @@
+"""The progress engine's dispatch, in-process: a ProgressEngine with two fake local ranks (registered
+memfds, no service, no workers) is handed forged records, and must turn each problem into a
+request's error or the communicator's failure, never an exception out of its loop."""
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+from shmproxy.core import errors, ops as O, params as PM
+from shmproxy.core.memory import MemKind, mem_word
+from shmproxy.engine.progress import ProgressEngine
+from shmproxy.engine.ranks import RankInfo
+from shmproxy.shm import pool as P
+from shmproxy.shm.segment import MemfdBuffer
+from shmproxy.transports.base import PeerInfo
+from shmproxy.transports.shm import ShmTransport
+
+SLOT_WORDS = P.SLOT_BYTES // 8
+
+
+@pytest.fixture
+def engine(tmp_path) -> Iterator[ProgressEngine]:
+    params = PM.Params(env={"SHMPROXY_RUN_DIR": str(tmp_path)})
+    eng = ProgressEngine(params, str(tmp_path / "c.sock"), 2, 2, "0123456789abcdef", 0, os.getpid())
+    try:
+        for lr in range(2):
+            eng.ranks[lr] = RankInfo(lr, lr, os.getpid(), "h", [0])
+            eng.local_of[lr] = lr
+            fd = os.memfd_create("dispatch")
+            os.ftruncate(fd, 4096)
+            eng.buffers[(lr, 1)] = MemfdBuffer.from_fd(fd, 4096)
+        yield eng
+    finally:
+        eng.seg.unlink()
+        eng.server.stop(timeout=5.0)
+
+
+def op(eng: ProgressEngine, kind: int, owner: int, peer: int, slot: int, tag: int = 7, mem: int = 0) -> O.Op:
+    lay = eng.layout
+    scratch = bytearray(lay.total_bytes)
+    O.pack(scratch, lay, 0, kind, O.DTYPE_CODE["B"], owner, peer, tag, 1, 1, slot, 1, 0, 8, 8, 0, mem=mem)
+    return O.Op(0, P.RECORD.unpack_from(scratch, lay.record_off(0)), owner, 0)
+
+
+def status(eng: ProgressEngine, slot: int) -> int:
+    return int(eng.q[eng.slots_q + SLOT_WORDS * slot + P.SLOT_STATUS]) & 0xFFFF
+
+
+def pair(eng: ProgressEngine, mem_send: int = 0, mem_recv: int = 0) -> tuple[int, int]:
+    rslot, sslot = eng.layout.max_ops, 0        # local rank 1's first slot, local rank 0's first
+    eng.append(op(eng, O.KIND_RECV, 1, 0, rslot, mem=mem_recv))
+    eng.append(op(eng, O.KIND_SEND, 0, 1, sslot, mem=mem_send))
+    return sslot, rslot
+
+
+def test_a_matched_message_moves_through_its_connector(engine):
+    s, r = pair(engine)
+    assert status(engine, s) == status(engine, r) == 0 and not engine.failed
+    conn = engine.conns[(0, 1, MemKind.HOST)]
+    assert conn.transport.name == "shm" and conn.nmsgs == 1 and conn.describe()["state"] == "connected"
+
+
+def test_no_transport_for_a_pair_fails_the_communicator_naming_both_ranks_and_the_kind(engine):
+    class Refuses(ShmTransport):
+        name = "refuses"
+
+        def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
+            return False
+    engine.transports = (Refuses(),)
+    pair(engine)
+    assert engine.failed and isinstance(engine.failure, errors.InvalidUsage)
+    assert "rank 0" in str(engine.failure) and "rank 1" in str(engine.failure) and "host memory" in str(engine.failure)
+
+
+def test_device_memory_with_no_device_transport_fails_the_communicator_naming_the_kind(engine):
+    pair(engine, mem_send=mem_word(MemKind.CUDA, 0))
+    assert engine.failed and "cuda memory" in str(engine.failure) and "tried: shm" in str(engine.failure)
+
+
+def test_an_unknown_memory_kind_fails_both_requests_not_the_loop(engine):
+    s, r = pair(engine, mem_recv=0x7F)
+    assert status(engine, s) == status(engine, r) == errors.InvalidArgument.code and not engine.failed
+
+
+def test_a_forged_wildcard_send_is_refused(engine):
+    engine.append(op(engine, O.KIND_SEND, 0, 1, 0, tag=O.ANY_TAG))
+    assert status(engine, 0) == errors.InvalidArgument.code and not engine.failed and len(engine.matcher) == 0
