@@ -87,3 +87,16 @@ def test_an_unknown_memory_kind_fails_both_requests_not_the_loop(engine):
 def test_a_forged_wildcard_send_is_refused(engine):
     engine.append(op(engine, O.KIND_SEND, 0, 1, 0, tag=O.ANY_TAG))
     assert status(engine, 0) == errors.InvalidArgument.code and not engine.failed and len(engine.matcher) == 0
+
+
+def test_a_transport_thread_hands_the_loop_work_through_the_context(engine):
+    """What a transport's helper thread (sockets, device events) does: ctx.post_event from its own
+    thread; the loop runs the callable on its next pass, on the loop's thread."""
+    import threading
+    ran = []
+    t = threading.Thread(target=lambda: engine.ctx.post_event(lambda: ran.append(threading.get_ident())))
+    t.start()
+    t.join(10)
+    assert not ran   # queued, not run by the posting thread
+    engine.progress_once()
+    assert ran == [threading.get_ident()] and engine.events_seen == 1

@@ -150,6 +150,10 @@ class TransportContext(Protocol):
         """After a sub was advanced: note progress, publish its counters, retire it when done;
         True when it is done."""
 
+    def post_event(self, fn: Callable[[], None]) -> None:
+        """From any thread of the progress process (a transport's helper thread watching sockets or
+        device events): have the loop run ``fn`` soon, on its own thread, waking it if it sleeps."""
+
     start_entry: Callable[..., bool]     # collectives: start one schedule entry (True: done inline)
     start_schedule: Callable[..., bool]  # collectives: hand a whole chunk schedule to one worker
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
-                 "start_entry", "start_schedule", "_argspool", "_n_args")
+                 "start_entry", "start_schedule", "post_event", "_argspool", "_n_args")
 
     def __init__(self, engine: "ProgressEngine"):
         self._engine = engine
@@ -31,6 +31,7 @@ class EngineContext:
         self.memcopy = _native.memcopy
         self.start_entry = engine.start_entry
         self.start_schedule = engine.start_schedule
+        self.post_event = engine.post_event   # a transport's own threads wake the loop through it
         self._argspool = engine.argspool
         self._n_args = P.CTRL_OFF // 8 + P.CTRL_N_ARGS
 
