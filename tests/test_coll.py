@@ -1,7 +1,8 @@
 """Buffer collectives end to end: real rank processes, real progress processes, real shared memory.
 
-Bodies live in tests/bodies_coll.py. The conftest fixture checks after every test that no segment,
-socket or process of ours is left behind (the kill -9 tests rely on it for the clean /dev/shm).
+Bodies live in tests/bodies_coll.py, tests/bodies_coll_nonblocking.py and tests/bodies_coll_faults.py.
+The conftest fixture checks after every test that no segment, socket or process of ours is left behind
+(the kill -9 tests rely on it for the clean /dev/shm).
 
 Property tests: hypothesis draws a list of cases in the pytest process (collective, dtype, op valid
 or not for the dtype, root, shape of 0..5000 elements in 1-3 dims, in place, alloc or plain
@@ -22,10 +23,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings, strategies as st
 
-from tests import bodies_coll as B
+from tests import bodies_coll as B, bodies_coll_faults as BF
 from tests.harness import run_ranks
 
 BODY = "tests.bodies_coll:"
+BODY_NB = "tests.bodies_coll_nonblocking:"
+BODY_FAULTS = "tests.bodies_coll_faults:"
 
 # --------------------------------------------------------------------------------- case strategy
 _SHAPES = st.one_of(
@@ -229,27 +232,27 @@ def test_small_allreduces_with_few_records():
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_nonblocking_collectives_overlap_point_to_point(n):
-    run_ranks(BODY + "overlap_with_p2p", n, timeout=180, args=(3,))
+    run_ranks(BODY_NB + "overlap_with_p2p", n, timeout=180, args=(3,))
 
 
 def test_blocking_collectives_while_nonblocking_ones_are_outstanding():
-    run_ranks(BODY + "outstanding_then_blocking", 3, timeout=90)
+    run_ranks(BODY_NB + "outstanding_then_blocking", 3, timeout=90)
 
 
 @pytest.mark.parametrize("n", [3, 4])
 def test_dup_and_split_progress_independently(n):
-    res = run_ranks(BODY + "multi_comm", n, timeout=180)
+    res = run_ranks(BODY_NB + "multi_comm", n, timeout=180)
     assert [r["split"]["color"] for r in res.results] == [q % 2 for q in range(n)]
 
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_empty_buffers_every_dtype(n):
-    res = run_ranks(BODY + "empty_and_single", n, timeout=120)
+    res = run_ranks(BODY_FAULTS + "empty_and_single", n, timeout=120)
     assert res.results[0]["calls"] == 14 * 2 * 14
 
 
 def test_bad_arguments_raise_before_posting():
-    res = run_ranks(BODY + "bad_arguments", 2, timeout=90)
+    res = run_ranks(BODY_FAULTS + "bad_arguments", 2, timeout=90)
     wrong = {k: v for r in res.results for k, v in r["wrong"].items()}
     assert not wrong, json.dumps(wrong, indent=1)
 
@@ -268,10 +271,10 @@ _BOTH = {
 }
 
 
-@pytest.mark.parametrize("kind", B.MISMATCH_KINDS)
+@pytest.mark.parametrize("kind", BF.MISMATCH_KINDS)
 def test_mismatch_every_rank_raises_invalid_usage_naming_both_sides(kind):
     """Rank 0 disagrees with ranks 1 and 2 at the same position of the collective sequence."""
-    res = run_ranks(BODY + "mismatch", 3, timeout=120, args=(kind,), env={"SHMPROXY_TIMEOUT": "60"})
+    res = run_ranks(BODY_FAULTS + "mismatch", 3, timeout=120, args=(kind,), env={"SHMPROXY_TIMEOUT": "60"})
     problems = []
     for rank, r in enumerate(res.results):
         if not r["is_invalid_usage"]:
@@ -291,7 +294,7 @@ def test_mismatch_every_rank_raises_invalid_usage_naming_both_sides(kind):
 @pytest.mark.parametrize("victim", [0, 2])
 @pytest.mark.parametrize("when", ["before", "after", "during"])
 def test_kill9_during_32mib_allreduce_every_survivor_raises(victim, when):
-    res = run_ranks(BODY + "victim_dies_in_allreduce", 3, timeout=120, args=(victim, when, 32 << 20),
+    res = run_ranks(BODY_FAULTS + "victim_dies_in_allreduce", 3, timeout=120, args=(victim, when, 32 << 20),
                     expect_fail={victim}, env={"SHMPROXY_TIMEOUT": "60"})
     for rank, r in enumerate(res.results):
         if rank == victim:
@@ -302,7 +305,7 @@ def test_kill9_during_32mib_allreduce_every_survivor_raises(victim, when):
 
 
 def test_kill9_progress_process_during_32mib_allreduce():
-    res = run_ranks(BODY + "proxy_dies_in_allreduce", 3, timeout=120, args=(32 << 20,),
+    res = run_ranks(BODY_FAULTS + "proxy_dies_in_allreduce", 3, timeout=120, args=(32 << 20,),
                     env={"SHMPROXY_TIMEOUT": "60"})
     for rank, r in enumerate(res.results):
         assert r["error"] == "PeerDiedError" and r["rank"] == -1, f"rank {rank}: {r}"
@@ -320,29 +323,29 @@ def test_registered_buffers_freed_between_collectives(n):
 # --------------------------------------------------------------------------------- more semantics
 @pytest.mark.parametrize("n", [2, 3])
 def test_nonblocking_collective_returns_before_peers_post(n):
-    res = run_ranks(BODY + "nonblocking_is_nonblocking", n, timeout=90)
+    res = run_ranks(BODY_NB + "nonblocking_is_nonblocking", n, timeout=90)
     assert res.results[0]["post_s"] < 5, res.results[0]
 
 
 @pytest.mark.parametrize("n", [3, 4])
 def test_six_large_nonblocking_collectives_outstanding(n):
-    run_ranks(BODY + "many_outstanding_large", n, timeout=180, args=(200_000,))
+    run_ranks(BODY_NB + "many_outstanding_large", n, timeout=180, args=(200_000,))
 
 
 def test_five_dups_at_once():
-    res = run_ranks(BODY + "many_comms", 3, timeout=180, args=(5,))
+    res = run_ranks(BODY_NB + "many_comms", 3, timeout=180, args=(5,))
     assert res.results[0]["proxies"] in (0, 5), res.results[0]
 
 
 @pytest.mark.parametrize("n", [3, 4])
 def test_split_orders_by_key_then_rank_nested_and_solo(n):
-    run_ranks(BODY + "split_orders", n, timeout=120)
+    run_ranks(BODY_NB + "split_orders", n, timeout=120)
 
 
 def test_mismatch_on_a_sub_communicator_leaves_sibling_and_parent_working():
     """Beyond the brief's letter: a sub-communicator has its own pool and progress process, so its
     failure should not fail the parent or a sibling."""
-    res = run_ranks(BODY + "sub_mismatch", 4, timeout=120, env={"SHMPROXY_TIMEOUT": "60"})
+    res = run_ranks(BODY_FAULTS + "sub_mismatch", 4, timeout=120, env={"SHMPROXY_TIMEOUT": "60"})
     for rank, r in enumerate(res.results):
         if r["color"] == 0:
             assert r["error"] and "Allreduce" in r["error"] and "Bcast" in r["error"], (rank, r)
@@ -357,25 +360,25 @@ def test_collectives_with_more_than_2_31_elements():
 @pytest.mark.parametrize("n", [2, 3])
 def test_barrier_waits_for_the_last_rank(n):
     delay = 0.5
-    res = run_ranks(BODY + "barrier_synchronizes", n, timeout=90, args=(delay,))
+    res = run_ranks(BODY_NB + "barrier_synchronizes", n, timeout=90, args=(delay,))
     for rank, r in enumerate(res.results[:-1]):
         for name, t in r.items():
             assert t > delay * 0.6, f"rank {rank} left {name} after {t:.3f}s, before the last rank entered"
 
 
 def test_close_with_outstanding_nonblocking_collectives():
-    run_ranks(BODY + "close_with_outstanding", 3, timeout=90)
+    run_ranks(BODY_NB + "close_with_outstanding", 3, timeout=90)
 
 
 def test_wait_timeout_on_a_collective_then_it_completes():
-    res = run_ranks(BODY + "wait_timeout_then_complete", 3, timeout=90)
+    res = run_ranks(BODY_NB + "wait_timeout_then_complete", 3, timeout=90)
     msg = res.results[0]["timeout_message"]
     assert msg is not None, "Wait(timeout=0.3) did not raise Timeout while a peer had not posted"
     assert "llreduce" in msg, msg
 
 
 def test_abort_reaches_ranks_inside_a_collective():
-    res = run_ranks(BODY + "abort_during_allreduce", 3, timeout=90)
+    res = run_ranks(BODY_FAULTS + "abort_during_allreduce", 3, timeout=90)
     for rank, r in enumerate(res.results[1:], 1):
         assert r["error"] == "Aborted" and "coll test over" in r["message"], (rank, r)
         assert r["seconds"] < 30, (rank, r)
@@ -383,7 +386,7 @@ def test_abort_reaches_ranks_inside_a_collective():
 
 @pytest.mark.parametrize("coll", ["Bcast", "Reduce"])
 def test_noncontiguous_buffer_is_accepted_or_rejected_on_every_rank_alike(coll):
-    res = run_ranks(BODY + "noncontiguous_consistent", 3, timeout=90, args=(coll,),
+    res = run_ranks(BODY_FAULTS + "noncontiguous_consistent", 3, timeout=90, args=(coll,),
                     env={"SHMPROXY_TIMEOUT": "30"})
     outcomes = [r["outcome"] for r in res.results]
     assert len(set(outcomes)) == 1, f"ranks disagree on whether the call is valid: {res.results}"
