@@ -30,7 +30,7 @@ Where things are
 - ``table``: the printed table; ``report``: the JSON report, the plot, the environment;
   ``progress_bar``: the progress bar on rank 0's stderr.
 
-This package re-exports what the tests, ``tools/bench`` and the scripts under ``docs/bench/`` use.
+This package re-exports what the tests and ``tools/bench`` use.
 """
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ from shmproxy.tools.bench.sizes import (block_count, default_iters, default_warm
 from shmproxy.tools.bench.stats import StealMeter, cpu_ticks, gbps, steal_note, summarize
 from shmproxy.tools.bench.table import check_word, format_header, format_row, format_value, ratios, reduce_result
 
-# What tests/test_bench.py, tools/bench and docs/bench/**/*.py import from shmproxy.tools.bench (the two private
-# names included: the tests use them).
+# What tests/test_bench*.py and tools/bench import from shmproxy.tools.bench (the two private names
+# included: the tests use them).
 __all__ = [
     "main", "make_parser", "resolve",
     "PEERS",
