@@ -151,3 +151,49 @@ def memory_kinds_are_checked_end_to_end() -> None:
         out = np.zeros(4, np.float32)
         comm.Allreduce(np.full(4, comm.rank + 1, np.float32), out)
         assert (out == comm.size * (comm.size + 1) / 2).all()
+
+
+def timeout_in_a_with_block_ends_in_one_bound() -> dict:
+    """Rank 1 waits for a message nobody sends: its Timeout leaves the with block, whose close must not
+    wait for the same request a second time (one SHMPROXY_TIMEOUT in all, not two). Rank 0 stays (a
+    receive from rank 1, which never sends) until rank 1's close fails it: the peer closed first."""
+    t0 = time.monotonic()
+    try:
+        with shmproxy.init() as comm:
+            if comm.rank == 1:
+                comm.Recv(np.zeros(4, np.int32), 0, tag=41)
+            else:
+                try:
+                    comm.Recv(np.zeros(4, np.int32), 1, tag=99)
+                except shmproxy.InvalidUsage as exc:
+                    assert "closed" in str(exc), exc
+                    return {"elapsed": time.monotonic() - t0, "timed_out": False}
+    except shmproxy.Timeout:
+        return {"elapsed": time.monotonic() - t0, "timed_out": True}
+    return {"elapsed": time.monotonic() - t0, "timed_out": False}
+
+
+def exit_with_an_unmatched_receive_is_prompt_and_says_so() -> dict:
+    """Rank 1 leaves its with block with a receive nobody will match: close abandons it at once and
+    names it on stderr (the progress process drops it), instead of waiting out SHMPROXY_TIMEOUT."""
+    with shmproxy.init() as comm:
+        comm.Barrier()
+        t0 = time.monotonic()
+        if comm.rank == 1:
+            comm.Irecv(np.zeros(4, np.int32), 0, tag=41)
+    return {"close_s": time.monotonic() - t0}
+
+
+def a_bad_op_names_what_was_passed() -> None:
+    """op="sum" (mpi4py users write strings, or MPI.SUM objects) is refused naming what was passed."""
+    with shmproxy.init() as comm:
+        x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
+        for bad, text in (("sum", "got 'sum' (str)"), (None, "got None (NoneType)"), (99, "unknown reduction op 99")):
+            try:
+                comm.Allreduce(x, y, op=bad)
+            except shmproxy.InvalidArgument as exc:
+                assert text in str(exc), (bad, str(exc))
+            else:
+                raise AssertionError(f"op={bad!r} was accepted")
+        comm.Allreduce(x, y, op=shmproxy.SUM)
+        assert (y == comm.size).all()

@@ -100,3 +100,15 @@ def test_a_transport_thread_hands_the_loop_work_through_the_context(engine):
     assert not ran   # queued, not run by the posting thread
     engine.progress_once()
     assert ran == [threading.get_ident()] and engine.events_seen == 1
+
+
+def test_a_closed_ranks_abandoned_receive_does_not_take_a_later_message(engine):
+    """Rank 1 posted a receive and closed without it (close abandons unmatched receives): the progress
+    process drops it, and a message sent to rank 1 afterwards fails (the peer closed first) instead
+    of landing in a receive nobody waits for."""
+    rslot = engine.layout.max_ops
+    engine.append(op(engine, O.KIND_RECV, 1, 0, rslot))
+    engine.close_half(engine.ranks[1])
+    assert len(engine.matcher) == 0 and status(engine, rslot) == 0   # dropped, not completed
+    engine.append(op(engine, O.KIND_SEND, 0, 1, 0))
+    assert status(engine, 0) == errors.InvalidUsage.code and len(engine.matcher) == 0

@@ -33,3 +33,23 @@ def test_a_send_posted_before_its_receiver_joined_is_delivered(tmp_path):
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_memory_kinds_are_checked_at_the_rank_and_at_registration(nranks):
     run_ranks(BODY + "memory_kinds_are_checked_end_to_end", nranks, timeout=60)
+
+
+def test_a_timeout_in_a_with_block_ends_the_rank_in_one_bound():
+    res = run_ranks(BODY + "timeout_in_a_with_block_ends_in_one_bound", 2, timeout=90, env={"SHMPROXY_TIMEOUT": "4"})
+    r0, r1 = res.results
+    assert r1["timed_out"] and 3.5 < r1["elapsed"] < 6.5, r1   # twice the bound was 8 s and more
+    assert not r0["timed_out"] and r0["elapsed"] < r1["elapsed"] + 3, r0   # told when rank 1 closed
+    assert res.stderr[1].count("Timeout") == 0   # raised once, caught by the body: nothing printed again
+
+
+def test_a_rank_exiting_with_an_unmatched_receive_is_prompt_and_names_it():
+    res = run_ranks(BODY + "exit_with_an_unmatched_receive_is_prompt_and_says_so", 2, timeout=90,
+                    env={"SHMPROXY_TIMEOUT": "20"})
+    assert res.results[1]["close_s"] < 5, res.results[1]
+    assert "rank 1 closed with 1 request(s) still pending, abandoned: recv of 16 B from rank 0 tag 41" in res.stderr[1]
+    assert "pending" not in res.stderr[0]
+
+
+def test_a_bad_reduction_op_is_refused_naming_what_was_passed():
+    run_ranks(BODY + "a_bad_op_names_what_was_passed", 2, timeout=60)

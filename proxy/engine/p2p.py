@@ -20,7 +20,8 @@ processes (RTS with the envelope, CTS with the receive buffer, a completion with
 
 A rank that closes fails, on this loop's thread, the receives posted for it from that rank and the
 messages waiting for it to receive them ("peer closed first"): nobody is left waiting for a rank
-that is gone. Receives from ANY_SOURCE stay posted, as MPI has it.
+that is gone. Receives from ANY_SOURCE stay posted, as MPI has it. The closing rank's own receives,
+which its close abandoned, are dropped, so that a later message to it fails instead of landing.
 """
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ class PointToPoint:
         self.gone.add(gone)
 
         def waits_on_gone(dst: int, src: int, tag: int, op: Op) -> bool:
-            return src == gone if op.kind == KIND_RECV else dst == gone
+            # receives from it, its own receives (abandoned by its close), and messages to it
+            return (src == gone or dst == gone) if op.kind == KIND_RECV else dst == gone
 
         for op in self.matcher.drop(waits_on_gone):
             if op.rank != gone:

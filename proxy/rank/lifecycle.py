@@ -43,6 +43,7 @@ _log = log.get("INIT")
 _DTYPES = {ch: (code, np.dtype(ch).itemsize) for ch, code in DTYPE_CODE.items()}
 
 _ABORT_TEXT_MAX = 240   # characters of an exception's message that a with block's Abort passes on
+_PENDING_SHOWN = 8      # requests a close names when it abandons them
 # Where this process imported shmproxy from. The progress process starts there: `python -m` puts its
 # working directory first on sys.path, so started from the rank's directory it would import any
 # other `shmproxy` package found there (another checkout, a decoy) instead of the code this rank runs.
@@ -327,16 +328,21 @@ class Lifecycle:
         self._teardown(wait_proxy=True)
 
     def close(self) -> None:
-        """Finish: wait for this rank's pending requests, detach, and (local rank 0) wait for the
-        progress process to exit once every local rank closed. Idempotent; after a failure it only
-        releases local resources."""
+        """Finish: wait for this rank's pending sends and collectives, abandon its unmatched receives
+        (saying so on stderr, as MPI implementations do at finalize), detach, and (local rank 0) wait
+        for the progress process to exit once every local rank closed. Idempotent; after a failure it
+        only releases local resources."""
+        self._close(wait=True)
+
+    def _close(self, wait: bool) -> None:
+        """close(); with ``wait`` False (a ``with`` block left by an error) nothing pending is waited
+        for: the error already took its bound, and a second wait would double it."""
         if self._closed:
             return
         first: BaseException | None = None
         if self._failure is None and self._client is not None:
             try:
-                for req in list(self._pending.values()):
-                    req.Wait()
+                self._settle_pending(wait)
                 self._control(MsgType.CLOSE, {})
             except errors.ProxyError as exc:
                 first = exc
@@ -344,6 +350,29 @@ class Lifecycle:
         self._teardown(wait_proxy=True)
         if first is not None and not isinstance(first, (errors.PeerDiedError, errors.Aborted)):
             raise first
+
+    def _settle_pending(self, wait: bool) -> None:
+        """Before CLOSE: wait for pending sends and collectives (``wait``), which complete once their
+        peers act, or fail once those close; leave unmatched receives (and, without ``wait``, everything)
+        to the progress process, which drops what the closing rank posted, and name them on stderr."""
+        left = []
+        for req in list(self._pending.values()):
+            if wait and req._kind != KIND_RECV:
+                req.Wait()
+                continue
+            try:
+                if req.Test():
+                    continue
+            except errors.ProxyError:
+                if wait:
+                    raise      # a receive that failed: close reports it, as Wait would have
+                continue
+            left.append(req)
+        if left:
+            shown = "; ".join(r.describe() for r in left[:_PENDING_SHOWN])
+            more = f" and {len(left) - _PENDING_SHOWN} more" if len(left) > _PENDING_SHOWN else ""
+            print(f"shmproxy: rank {self.rank} closed with {len(left)} request(s) still pending, abandoned: "
+                  f"{shown}{more}", file=sys.stderr, flush=True)
 
     def _teardown(self, wait_proxy: bool) -> None:
         """Release everything this process holds; safe to call in any state."""
@@ -402,7 +431,7 @@ class Lifecycle:
         if exc_type is not None and not isinstance(exc, errors.ProxyError):
             self.Abort(_abort_reason(exc_type, exc, tb))
         else:
-            self.close()
+            self._close(wait=exc_type is None)   # after shmproxy's own error: one bound, not two
 
 
 def _close_at_exit(ref: "weakref.ref[Lifecycle]") -> None:
