@@ -200,7 +200,10 @@ class Posting:
                 raise errors.InvalidArgument(f"{name}: IN_PLACE needs a recvbuf")
             dtype = (recvbuf if in_place else sendbuf).dtype
             if coll in (C.REDUCE, C.ALLREDUCE, C.REDUCE_SCATTER_BLOCK):
-                redop = int(op) if isinstance(op, (int, np.integer)) and not isinstance(op, bool) else -1
+                if not isinstance(op, (int, np.integer)) or isinstance(op, bool):
+                    raise errors.InvalidArgument(f"{name}: op must be shmproxy.SUM, PROD, MIN, MAX or AVG, got "
+                                                 f"{op!r} ({type(op).__name__})")
+                redop = int(op)
                 sched.check_op(redop, dtype)
             # element counts: count = one rank's contribution
             if coll in (C.ALLREDUCE, C.REDUCE):
