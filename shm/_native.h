@@ -1,0 +1,14 @@
+/*
+ * What the files of shm._native share: the entry points of shm/_native_wake.c that the module's
+ * method table (shm/_native.c) lists, and its initialisation.
+ */
+#ifndef SHM_NATIVE_H
+#define SHM_NATIVE_H
+
+#include <Python.h>
+
+PyObject *_sn_complete_coll(PyObject *self, PyObject *args);
+PyObject *_sn_wake_owners(PyObject *self, PyObject *args);
+int _sn_wake_init(void);   /* interns the Op attribute names complete_coll reads; -1 with an exception */
+
+#endif
