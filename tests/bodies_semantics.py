@@ -163,8 +163,8 @@ def timeout_in_a_with_block_ends_in_one_bound() -> dict:
             if comm.rank == 1:
                 comm.Recv(np.zeros(4, np.int32), 0, tag=41)
             else:
-                try:
-                    comm.Recv(np.zeros(4, np.int32), 1, tag=99)
+                try:   # waits longer than rank 1's bound (its own explicit deadline), to see its close
+                    comm.Irecv(np.zeros(4, np.int32), 1, tag=99).Wait(timeout=60)
                 except shmproxy.InvalidUsage as exc:
                     assert "closed" in str(exc), exc
                     return {"elapsed": time.monotonic() - t0, "timed_out": False}
