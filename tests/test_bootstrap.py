@@ -499,3 +499,41 @@ def test_under_mpiexec(tmp_path: Path) -> None:
         assert rows[0]["host"] == rows[1]["host"]
     assert wrapped[0]["ppid"] != wrapped[1]["ppid"]
     assert direct[0]["key"] != wrapped[0]["key"]  # two jobs, two keys
+
+
+def test_sweep_removes_only_old_service_sockets_nobody_listens_on(tmp_path: Path) -> None:
+    """What a kill -9 of every process of a job leaves (its socket file) is removed by the next start,
+    once it is old and refuses connections; a live server's socket, a fresh one, and anything that is
+    not a service socket stay."""
+    import socket
+    import time
+
+    def sock(name: str, listen: bool, age_s: float) -> tuple[str, socket.socket]:
+        path = str(tmp_path / name)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(path)
+        if listen:
+            s.listen(1)
+        t = time.time() - age_s
+        os.utime(path, (t, t))
+        return path, s
+
+    dead, d = sock("0123456789abcdef-c0.sock", False, 600)
+    live, l_ = sock("fedcba9876543210-c1.sock", True, 600)
+    fresh, f = sock("00112233445566ff-c0.sock", False, 1)
+    other, o = sock("not-ours.sock", False, 600)
+    plain = tmp_path / "aaaaaaaaaaaaaaaa-c0.sock"   # our name, but a regular file
+    dump = tmp_path / "0123456789abcdef-c0-123.dump.json"
+    plain.write_text("x")
+    dump.write_text("{}")
+    old = time.time() - 600
+    os.utime(plain, (old, old))
+    os.utime(dump, (old, old))
+    try:
+        assert bootstrap.sweep_stale_sockets(str(tmp_path)) == [dead]
+        assert not os.path.exists(dead)
+        assert all(os.path.exists(p) for p in (live, fresh, other, plain, dump))
+        assert bootstrap.sweep_stale_sockets(str(tmp_path / "missing")) == []
+    finally:
+        for s in (d, l_, f, o):
+            s.close()

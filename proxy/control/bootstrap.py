@@ -36,6 +36,7 @@ import re
 import socket
 import stat
 import struct
+import time
 from typing import Any, Mapping
 
 from shmproxy.control.launcher import LAUNCHERS, LaunchInfo, detect, parse_tasks_per_node
@@ -279,6 +280,54 @@ def service_path(rundir: str, job_key: str, comm_id: int) -> str:
                               " a Unix socket allows; set SHMPROXY_RUN_DIR to a shorter directory"
                               " (e.g. /tmp)")
     return path
+
+
+STALE_SOCKET_AGE_S = 60.0   # a service socket this old that refuses connections has no server left
+_SOCKET_NAME = re.compile(r"[0-9a-f]{16}-c\d+\.sock")
+
+
+def sweep_stale_sockets(rundir: str, min_age_s: float = STALE_SOCKET_AGE_S) -> list[str]:
+    """Remove the service sockets that jobs killed outright left in ``rundir`` (a kill -9 of every
+    process of a job leaves its socket file: nobody was left to unlink it); returns their paths.
+
+    A socket is stale when its name is a service socket's, it is ours, at least ``min_age_s`` old, and a
+    connection to it is refused (nobody listens). The age keeps a server that has bound its socket but
+    not yet listened (a matter of microseconds) from ever being taken for dead; a live server answers
+    the probe, accepts it and drops it as a client that never said INIT. Anything unexpected (a file
+    gone meanwhile, a connection that times out) leaves the file alone: this is a tidy-up, never a
+    reason to fail a start. Dumps (``*.dump.json``) are output a person asked for, and are kept."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(rundir)
+    except OSError as exc:
+        _LOG.info("cannot list %s for stale sockets: %s", rundir, exc)
+        return removed
+    now, uid = time.time(), os.getuid()
+    for name in names:
+        if not _SOCKET_NAME.fullmatch(name):
+            continue
+        path = os.path.join(rundir, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid or now - st.st_mtime < min_age_s:
+            continue
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                continue
+        except OSError as exc:
+            _LOG.info("left %s alone: %s", path, exc)
+        finally:
+            probe.close()
+    return removed
 
 
 # --------------------------------------------------------------------------------------------------

@@ -114,6 +114,8 @@ class Lifecycle:
                 # The job key is unique per job; a leftover socket is from a crashed run of it.
                 _log.warning("removing stale service socket %s", self._path)
                 os.unlink(self._path)
+            for stale in bootstrap.sweep_stale_sockets(os.path.dirname(self._path)):
+                _log.info("removed the service socket %s of a job that did not end cleanly", stale)
             env = dict(os.environ)
             env.update(params.to_env())
             cmd = [sys.executable, "-m", "shmproxy.engine.progress", "--path", self._path,
