@@ -121,3 +121,19 @@ def timeout_then_abort_are_prompt(wait_s: float) -> dict:
         except shmproxy.Aborted as e:
             return {"t_raised": time.monotonic(), "message": str(e)}
         raise AssertionError("no Aborted")
+
+
+def progress_process_crashes() -> dict:
+    """Rank 0 sends the progress process SIGSEGV (what a crash in its C code raises) while every rank
+    waits: each rank's error quotes its fault handler's report, and local rank 0, its parent, names
+    the signal that killed it."""
+    with shmproxy.init() as comm:
+        comm.Barrier()
+        if comm.rank == 0:
+            os.kill(comm._proxy_pid, signal.SIGSEGV)
+        t0 = time.monotonic()
+        try:
+            comm.Recv(np.zeros(8), (comm.rank + 1) % comm.size, tag=1)
+        except shmproxy.PeerDiedError as exc:
+            return {"message": str(exc), "seconds": time.monotonic() - t0}
+        raise AssertionError("Recv after the progress process crashed returned")

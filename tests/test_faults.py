@@ -155,3 +155,13 @@ def test_a_wait_deadline_and_an_abort_arrive_promptly() -> None:
         assert "rank 0" in r["message"] and "faults test over" in r["message"], r
         late = r["t_raised"] - r0["t_abort"]
         assert late < PROMPT_S, f"rank {rank} raised Aborted {late:.2f} s after rank 0 aborted"
+
+
+def test_a_crashed_progress_process_leaves_its_reason_in_every_ranks_error():
+    """Its fault handler writes into a memfd each rank holds (no file is left anywhere): every rank's
+    error quotes the fatal error and the stacks, and local rank 0, its parent, names the signal."""
+    res = run_ranks(BODY + "progress_process_crashes", 2, timeout=90)
+    for r in res.results:
+        assert "Fatal Python error: Segmentation fault" in r["message"] and "Thread 0x" in r["message"], r
+        assert r["seconds"] < 5, r
+    assert "killed by SIGSEGV" in res.results[0]["message"], res.results[0]

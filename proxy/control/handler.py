@@ -136,7 +136,8 @@ class ControlHandler:
         if len(e.ranks) == e.nlocal:
             e.decide_affinity()
         e._write_info()
-        return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal}, []
+        return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal}, (
+            [e.fault_fd] if e.fault_fd >= 0 else [])
 
     def on_shared_init(self, conn: Any, payload: dict, fds: list[int]):
         e = self.engine

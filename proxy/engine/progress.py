@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import json
 import os
 import signal
@@ -139,6 +140,7 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         # Buffers a transport's register hook took: (local rank, buffer id) -> (its transport(s), Registration)
         self.registrations: dict[tuple[int, int], tuple[list[Transport], Registration]] = {}
         self.ctx = EngineContext(self)   # all that transports see of this engine
+        self.fault_fd = -1   # the memfd a fatal signal's stacks go to (main), given to every rank at INIT
         self.retired: collections.deque = collections.deque()
         self.cpus: list[int] | None = None
         self.affinity_reason = "not decided yet (waiting for every local rank to connect)"
@@ -553,7 +555,13 @@ def main(argv: list[str] | None = None) -> int:
     if cwd_error is not None:
         _log.warning("cannot return to the rank's directory %s (%s)", ns.cwd, cwd_error)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # A fatal signal (a crash in C, an abort) leaves no Python exception to record: faulthandler writes
+    # every thread's stack into a memfd that each rank holds a copy of (INIT passes it), so that the
+    # ranks can quote it after this process is gone, and no file is ever left behind.
+    fault_fd = os.memfd_create("shmproxy-fault", os.MFD_CLOEXEC)
+    faulthandler.enable(file=fault_fd, all_threads=True)
     engine = ProgressEngine(params, ns.path, ns.nlocal, ns.size, ns.job_key, ns.comm_id, ns.parent)
+    engine.fault_fd = fault_fd
 
     def on_term(signum: int, frame: Any) -> None:  # only sets flags; the loop acts
         engine.q[P.CTRL_OFF // 8 + P.CTRL_ABORT] = 1
@@ -576,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
     finally:
         engine.shutdown()
+        faulthandler.disable()
+        os.close(fault_fd)
     return rc
 
 

@@ -95,7 +95,7 @@ class Lifecycle:
         self._client: ServiceClient | None = None
         self._seg: Segment | None = None
         self._view: P.PoolView | None = None
-        self._pidfd = -1
+        self._pidfd = self._fault_fd = -1
         key = key or bootstrap.job_key(info, params)
         self._job_key, self._comm_id, self._nchildren = key, comm_id, 0
         self._path = bootstrap.service_path(bootstrap.run_dir(params), key, comm_id)
@@ -129,10 +129,13 @@ class Lifecycle:
             self._path, max(deadline - self._now(), 0.001),
             should_abort=(lambda: proc.poll() is not None) if proc is not None else None)
         c = self._client
-        resp, _ = c.call(MsgType.INIT, {
+        resp, fds = c.call(MsgType.INIT, {
             "token": key, "rank": info.rank, "local_rank": info.local_rank, "size": info.size,
             "local_size": info.local_size, "host": bootstrap.host_identity(),
             "affinity": sorted(os.sched_getaffinity(0))}, timeout=self._left(deadline))
+        for fd in fds[1:]:
+            os.close(fd)
+        self._fault_fd = fds[0] if fds else -1   # where the progress process's fatal-signal stacks go
         self._proxy_pid = int(resp["proxy_pid"])
         try:
             self._pidfd = os.pidfd_open(self._proxy_pid)
@@ -238,8 +241,9 @@ class Lifecycle:
                 self._client.call(MsgType.DEREGISTER, {"buf_ids": ids}, timeout=self._timeout)
             resp, _ = self._client.call(msg, payload, fds=fds, timeout=self._timeout)
         except errors.RemoteError as exc:
-            if self._view is not None and (self._q[self._err_q] or self._q[self._abort_q]):
-                raise self._record_failure() from exc
+            if self._view is not None and (self._q[self._err_q] or self._q[self._abort_q]
+                                           or (self._pidfd >= 0 and self._proxy_dead(0.5))):
+                raise self._record_failure() from exc   # names who failed, or how the progress process died
             raise
         return resp
 
@@ -264,10 +268,34 @@ class Lifecycle:
         elif view.ctrl(P.CTRL_ABORT):
             exc = errors.Aborted(f"rank {self.rank}: the communicator was aborted")
         else:
-            exc = errors.PeerDiedError(f"the progress process (pid {self._proxy_pid}) died", rank=-1,
-                                       pid=self._proxy_pid)
+            exc = errors.PeerDiedError(f"the progress process (pid {self._proxy_pid}) died"
+                                       + self._proxy_death(), rank=-1, pid=self._proxy_pid)
         self._set_failure(exc)
         return exc
+
+    def _proxy_death(self) -> str:
+        """What is known of how the progress process died: its exit status (its parent, local rank 0,
+        can reap it) and the fatal error its fault report begins with (any rank can read it)."""
+        out = ""
+        proc = self._proc
+        if proc is not None:
+            try:
+                rc = proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                rc = None
+            if rc is not None and rc < 0:
+                out += f", killed by {signal.Signals(-rc).name}"
+            elif rc is not None:
+                out += f", exit status {rc}"
+        if self._fault_fd < 0:
+            return out
+        try:
+            report = os.pread(self._fault_fd, 4096, 0).decode("utf-8", "replace")
+        except OSError:
+            return out
+        first = report.split("\n", 1)[0].strip()
+        return out + (f": {first} (its stacks, from its fault handler: {report[len(first):].strip()[:800]})"
+                      if first else "")
 
     def _proxy_dead(self, wait_s: float = 0.0) -> bool:
         return bool(select.select([self._pidfd], [], [], wait_s)[0])
@@ -400,6 +428,9 @@ class Lifecycle:
         if self._pidfd >= 0:
             os.close(self._pidfd)
             self._pidfd = -1
+        if self._fault_fd >= 0:
+            os.close(self._fault_fd)
+            self._fault_fd = -1
         proc = self._proc
         if proc is not None:
             self._proc = None
