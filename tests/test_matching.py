@@ -212,16 +212,6 @@ def test_drop_removes_what_pred_picks_in_order():
     assert len(m) == 0 and m.dests() == []
 
 
-def test_enqueue_false_matches_but_does_not_queue():
-    m = Matcher()
-    assert m.post(0, 1, 4, Item("r"), enqueue=False) is None
-    assert m.arrive(0, 1, 4, Item("s"), enqueue=False) is None
-    assert len(m) == 0
-    s = Item("s")
-    m.arrive(0, 1, 4, s)
-    assert m.post(0, ANY_SOURCE, 4, Item("r"), enqueue=False) is s
-
-
 @pytest.mark.parametrize("src,tag", [(ANY_SOURCE, 1), (1, ANY_TAG), (-3, 1)])
 def test_an_arrival_cannot_carry_a_wildcard(src, tag):
     with pytest.raises(errors.InvalidArgument):

@@ -92,9 +92,9 @@ class Registration:
     info: Any = None
 
 
-# Connector states, in order.
-CONN_NEW, CONN_SETUP, CONN_CONNECTED, CONN_CLOSED = range(4)
-CONN_STATE_NAMES = {CONN_NEW: "new", CONN_SETUP: "setup", CONN_CONNECTED: "connected", CONN_CLOSED: "closed"}
+# Connector states, in order. A connector lives as long as its progress process.
+CONN_NEW, CONN_SETUP, CONN_CONNECTED = range(3)
+CONN_STATE_NAMES = {CONN_NEW: "new", CONN_SETUP: "setup", CONN_CONNECTED: "connected"}
 
 
 class Connector:

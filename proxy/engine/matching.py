@@ -73,9 +73,8 @@ class Matcher:
     # ------------------------------------------------------------------ matching
     # arrive and post run for every message: locals instead of repeated attribute loads, and the
     # specific case first (no wildcard pending: dict lookups and deque operations only).
-    def arrive(self, dst: int, src: int, tag: int, item: Any, enqueue: bool = True) -> Any | None:
-        """A send's envelope: return the receive it matches (removed), else queue it as unexpected.
-        With enqueue=False an unmatched message is not queued (the caller fails it instead)."""
+    def arrive(self, dst: int, src: int, tag: int, item: Any) -> Any | None:
+        """A send's envelope: return the receive it matches (removed), else queue it as unexpected."""
         if src < 0 or tag == ANY_TAG:
             raise errors.InvalidArgument(
                 f"a message's envelope cannot hold a wildcard (source {src}, tag {tag})")
@@ -99,19 +98,17 @@ class Matcher:
             if not q:
                 del recvs[key]
             return recv
-        if enqueue:
-            self._seq = seq = self._seq + 1
-            unexp = d.unexp
-            u = unexp.get(key)
-            if u is None:
-                unexp[key] = _deque(((seq, item),))
-            else:
-                u.append((seq, item))
+        self._seq = seq = self._seq + 1
+        unexp = d.unexp
+        u = unexp.get(key)
+        if u is None:
+            unexp[key] = _deque(((seq, item),))
+        else:
+            u.append((seq, item))
         return None
 
-    def post(self, dst: int, src: int, tag: int, item: Any, enqueue: bool = True) -> Any | None:
-        """A new receive: return the unexpected message it matches (removed), else queue it as posted.
-        With enqueue=False an unmatched receive is not queued (the caller fails it instead)."""
+    def post(self, dst: int, src: int, tag: int, item: Any) -> Any | None:
+        """A new receive: return the unexpected message it matches (removed), else queue it as posted."""
         if src < ANY_SOURCE:
             raise errors.InvalidArgument(f"a receive's source must be a rank or ANY_SOURCE, not {src}")
         d = self._dests.get(dst)
@@ -129,17 +126,16 @@ class Matcher:
                 if not q:
                     del unexp[key]
                 return send
-        if enqueue:
-            self._seq = seq = self._seq + 1
-            if specific:
-                recvs = d.recvs
-                q = recvs.get(key)
-                if q is None:
-                    recvs[key] = _deque(((seq, item),))
-                else:
-                    q.append((seq, item))
+        self._seq = seq = self._seq + 1
+        if specific:
+            recvs = d.recvs
+            q = recvs.get(key)
+            if q is None:
+                recvs[key] = _deque(((seq, item),))
             else:
-                d.wild.append((seq, src, tag, item))
+                q.append((seq, item))
+        else:
+            d.wild.append((seq, src, tag, item))
         return None
 
     def probe(self, dst: int, src: int, tag: int) -> Any | None:
