@@ -68,7 +68,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tests.harness_env import (OWNER_VAR, REAL_LAUNCHERS, REPO, RUN_ID_VAR, SIMULATED_LAUNCHERS, _check_args,
                                _rankmain_cmd, apply_overrides, base_env, default_proxy_timeout, fault_timeout,
-                               rank_env)
+                               free_port, node_env, rank_env)
 from tests.harness_leaks import (LeakGuard, file_holders, list_sockets, run_dirs, socket_holders,
                                  unlink_stale_sockets)
 from tests.harness_procs import (KILL_WAIT, _exited, _Poller, kill_marked, kill_run, pids_with_env,
@@ -181,8 +181,13 @@ def _wait_for(procs: Sequence[subprocess.Popen], deadline: float, expect_fail: s
 
 def run_ranks(target: str, nranks: int, timeout: float = 60, env: Mapping[str, str | None] | None = None,
               args: Sequence[Any] | Mapping[str, Any] = (), expect_fail: set[int] | None = None,
-              launcher: str = "env") -> RunResult:
+              launcher: str = "env", nodes: int = 1) -> RunResult:
     """Run ``target`` ("module:function") in ``nranks`` rank processes on this node; see the module doc.
+
+    ``nodes`` > 1 splits the ranks into that many simulated nodes (consecutive blocks, sizes as even as
+    they go): each block gets its own host identity (SHMPROXY_HOSTNAME) and local ranks, and they meet
+    through SHMPROXY_BOOTSTRAP on loopback, so that each block has its own progress process and the
+    blocks talk over the transport between nodes (launcher "env" only).
 
     ``args`` are passed to the function (a list positionally, a dict by keyword) through JSON.
     Ranks in ``expect_fail`` must exit non-zero (strict, like xfail_strict): their failure does not
@@ -197,6 +202,8 @@ def run_ranks(target: str, nranks: int, timeout: float = 60, env: Mapping[str, s
     if launcher not in SIMULATED_LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; one of {SIMULATED_LAUNCHERS + REAL_LAUNCHERS}")
     fails = _check_args(nranks, timeout, expect_fail)
+    if not 1 <= nodes <= nranks or (nodes > 1 and launcher != "env"):
+        raise ValueError(f"nodes={nodes}: between 1 and nranks, and more than 1 with launcher 'env' only")
     cmd = [sys.executable, *_rankmain_cmd(target, args)]
     run_id = uuid.uuid4().hex
     tmp = tempfile.mkdtemp(prefix="sptest-")
@@ -209,9 +216,13 @@ def run_ranks(target: str, nranks: int, timeout: float = 60, env: Mapping[str, s
     reason: str | None = "spawning the ranks failed"
     killed: set[int] = set()
     try:
+        if nodes > 1:
+            common["SHMPROXY_BOOTSTRAP"] = f"127.0.0.1:{free_port()}"
         for r in range(nranks):
             renv = dict(common)
             renv.update(rank_env(launcher, r, nranks, run_id))
+            if nodes > 1:
+                renv.update(node_env(r, nranks, nodes, run_id))
             apply_overrides(renv, env)  # env wins over the rank variables too
             with open(f"{prefix}.{r}.out", "wb") as out, open(f"{prefix}.{r}.err", "wb") as err:
                 procs.append(subprocess.Popen(cmd, cwd=REPO, env=renv, stdin=subprocess.DEVNULL,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -109,3 +110,24 @@ def _check_args(nranks: int, timeout: float, expect_fail: set[int] | None) -> se
     if bad:
         raise ValueError(f"expect_fail ranks {bad} out of range for {nranks} ranks")
     return fails
+
+
+def node_of(rank: int, nranks: int, nodes: int) -> int:
+    """The simulated node of ``rank``: consecutive blocks of sizes as even as they go."""
+    return rank * nodes // nranks
+
+
+def node_env(rank: int, nranks: int, nodes: int, job: str) -> dict[str, str]:
+    """The variables that put ``rank`` on its simulated node (run_ranks(nodes=...)): local rank and size
+    within the node, and a host identity of the node's own."""
+    node = node_of(rank, nranks, nodes)
+    members = [r for r in range(nranks) if node_of(r, nranks, nodes) == node]
+    return {"LOCAL_RANK": str(members.index(rank)), "LOCAL_WORLD_SIZE": str(len(members)),
+            "SHMPROXY_HOSTNAME": f"simnode{node}-{job[:8]}"}
+
+
+def free_port() -> int:
+    """A TCP port of loopback nobody listens on now (rank 0 binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

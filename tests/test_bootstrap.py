@@ -267,9 +267,19 @@ def test_job_key_differs_between_jobs(env: dict[str, str], change: dict[str, str
 
 def test_job_key_from_job_id_wins_and_is_launcher_independent() -> None:
     a = key_of(TORCH, JOB_ID="run-42")
-    assert a == key_of(OMPI, JOB_ID="run-42") == key_of({}, JOB_ID="run-42")
+    # both jobs span nodes (the host identity is mixed in), as does neither of the last two
+    assert a == key_of(OMPI, JOB_ID="run-42")
+    assert key_of({}, JOB_ID="run-42") == key_of({**MPICH, "MPI_LOCALNRANKS": "4"}, JOB_ID="run-42")
     assert a != key_of(TORCH, JOB_ID="run-43")
     assert a != key_of(TORCH)
+
+
+def test_job_key_across_nodes_differs_per_host() -> None:
+    """Two "nodes" of one job on one machine (network namespaces) must not share a socket path."""
+    a = key_of(TORCH, JOB_ID="run-42", HOSTNAME="node-a")
+    assert a != key_of(TORCH, JOB_ID="run-42", HOSTNAME="node-b")
+    one = {**TORCH, "LOCAL_WORLD_SIZE": "8"}
+    assert key_of(one, JOB_ID="run-42", HOSTNAME="node-a") == key_of(one, JOB_ID="run-42", HOSTNAME="node-b")
 
 
 def test_job_key_mixes_in_the_uid(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -435,14 +445,9 @@ def test_service_path_rejects_bad_input(key: str, comm_id: object) -> None:
         service_path("/tmp", key, comm_id)  # type: ignore[arg-type]
 
 
-def test_requires_store() -> None:
-    one_node = detect(TORCH, local_rank=1, local_size=8)
-    two_nodes = detect(TORCH)
-    assert not bootstrap.requires_store(one_node)
-    assert bootstrap.requires_store(two_nodes)
-    msg = bootstrap.store_required_message(two_nodes)
-    assert msg.startswith("multi-node needs the TCP store (not implemented yet)")
-    assert "4 of the 8 ranks" in msg and "node0:29500" in msg
+def test_spans_nodes() -> None:
+    assert not bootstrap.spans_nodes(detect(TORCH, local_rank=1, local_size=8))
+    assert bootstrap.spans_nodes(detect(TORCH))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,14 +1,16 @@
 """Transports, in the order they are tried: the first that moves the memory kind and whose
-``can_connect`` says yes carries a connection (the contract: shmproxy.transports.base). shm (host
-memory on one node) is the only one so far; the CUDA, TCP and RDMA transports register here as they
-land, and join the conformance suite (tests/test_conformance.py) by being registered."""
+``can_connect`` says yes carries a connection (the contract: shmproxy.transports.base): shm (host
+memory on one node), then socket (host memory between nodes, over TCP). The CUDA and RDMA transports
+register here as they land, and join the conformance suite (tests/test_conformance.py) by being
+registered."""
 from __future__ import annotations
 
 from shmproxy.core.errors import InvalidArgument, InvalidUsage
 from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext, check_transport
+from shmproxy.transports.net_socket import SocketTransport
 from shmproxy.transports.shm import ShmTransport
 
-REGISTRY: tuple[Transport, ...] = tuple(check_transport(t) for t in (ShmTransport(),))
+REGISTRY: tuple[Transport, ...] = tuple(check_transport(t) for t in (ShmTransport(), SocketTransport()))
 
 
 def allowed(names: str, registry: tuple[Transport, ...] = REGISTRY) -> tuple[Transport, ...]:

@@ -40,6 +40,15 @@ memory is offered to every allowed transport with a register hook after the engi
 memory of another kind goes to the first allowed transport that moves that kind and has one, and a
 REGISTER that none takes is refused, naming the kind.
 
+A transport between nodes has the per-process hooks too (NCCL's proxySharedInit): the first allowed
+transport with ``proxy_shared_init(ctx) -> bytes`` listens when the communicator spans nodes and
+returns this node's connect-info, which the ranks publish at the rendezvous; ``proxy_shared_connect(
+ctx, infos)`` gets every node's, in node order, and links the nodes. Then ``proxy_send_envelope(ctx,
+conn, op) -> bool`` ships the envelope of a send whose receiver is on another node (True: the send is
+complete already, eager), ``proxy_start`` lands a message from another node once it matched here,
+``proxy_rank_closed(ctx, rank)`` and ``proxy_abort(ctx, code, message, rank)`` tell every other node
+what happened here, and ``proxy_describe(ctx) -> dict`` feeds the dump.
+
 A sub moves ``nbytes`` in ``nsteps`` chunks of at most ``chunk`` bytes through ``ctx.steps`` slots,
 with the counters posted (handed to the copy engine or the wire), transmitted (left the source),
 received (landed in the destination) and done (retired), and ``posted < done + steps``.
@@ -157,6 +166,39 @@ class TransportContext(Protocol):
     start_entry: Callable[..., bool]     # collectives: start one schedule entry (True: done inline)
     start_schedule: Callable[..., bool]  # collectives: hand a whole chunk schedule to one worker
 
+    # What a transport between nodes needs besides (engine/nodes.py); the loop runs every one of these
+    # callables, so a helper thread reaches them through post_event.
+    params: Any                          # the resolved shmproxy.core.params.Params (read-only)
+    transport_state: dict[str, Any]      # a transport's own per-process state, under its name
+    timeout: float                       # TIMEOUT: the bound of every wait
+    comm_id: int
+    net_ip: str                          # the address this node listens on for the others
+
+    @property
+    def node(self) -> int:
+        """This progress process's node."""
+
+    @property
+    def nnodes(self) -> int: ...
+
+    @property
+    def secret(self) -> bytes:
+        """The job's 16-byte secret, which every connection between nodes must present."""
+
+    @property
+    def coll_chunk_max(self) -> int:
+        """The largest chunk a collective's SEND or RECV entry may move."""
+
+    def rank_node(self, rank: int) -> int: ...
+    def node_ranks(self, node: int) -> list[int]: ...
+    def node_host(self, node: int) -> str: ...
+    def arrive(self, env: Any) -> None: ...
+    def finish(self, transfer: Any) -> None: ...
+    def complete_send(self, op: Any, code: int, nbytes: int, peer_dtype: int = 0) -> None: ...
+    def entry_done(self, sch: Any, e: Any) -> None: ...
+    def remote_closed(self, rank: int) -> None: ...
+    def fail(self, code: int, message: str, rank: int | None = None) -> None: ...
+
 
 class Transport(ABC):
     name: ClassVar[str] = "?"
@@ -201,11 +243,21 @@ class Transport(ABC):
     proxy_coll_entry: Callable[[TransportContext, Connector, Any, Any], list] | None = None
     proxy_register: Callable[[TransportContext, Registration], None] | None = None
     proxy_deregister: Callable[[TransportContext, Registration], None] | None = None
+    # Between nodes (see the module header).
+    proxy_shared_init: Callable[[TransportContext], bytes] | None = None
+    proxy_shared_connect: Callable[[TransportContext, list], None] | None = None
+    proxy_send_envelope: Callable[[TransportContext, Connector, Any], bool] | None = None
+    proxy_rank_closed: Callable[[TransportContext, int], None] | None = None
+    proxy_abort: Callable[[TransportContext, int, str, Any], None] | None = None
+    proxy_describe: Callable[[TransportContext], dict] | None = None
 
 
 _REQUIRED = ("can_connect", "send_setup", "recv_setup", "send_connect", "recv_connect", "proxy_start",
              "proxy_progress", "proxy_free")
-_OPTIONAL = ("proxy_progress_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister")
+_OPTIONAL = ("proxy_progress_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister", "proxy_shared_init",
+             "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed", "proxy_abort", "proxy_describe")
+_BETWEEN_NODES = ("proxy_shared_init", "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed",
+                  "proxy_abort")
 
 
 def check_transport(t: Transport) -> Transport:
@@ -224,6 +276,9 @@ def check_transport(t: Transport) -> Transport:
             raise TypeError(f"transport {t.name}: {m} must be a method or None")
     if (t.proxy_register is None) != (t.proxy_deregister is None):
         raise TypeError(f"transport {t.name}: proxy_register and proxy_deregister come together")
+    between = [m for m in _BETWEEN_NODES if getattr(t, m) is not None]
+    if between and len(between) != len(_BETWEEN_NODES):
+        raise TypeError(f"transport {t.name}: a transport between nodes needs all of {', '.join(_BETWEEN_NODES)}")
     if not t.kinds or not all(isinstance(k, MemKind) for k in t.kinds):
         raise TypeError(f"transport {t.name}: kinds must name at least one MemKind")
     return t

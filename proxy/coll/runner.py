@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import time
+from typing import Any
 
 
 from shmproxy.coll import algorithms, sched
@@ -90,6 +91,9 @@ class CollRunner:
                           f"{self.describe_fingerprint(first)} but rank {other.rank} called "
                           f"{self.describe_fingerprint(fp)}")
                 return
+        if self.nodes.nnodes > 1:
+            self.start_coll_nodes(ops)
+            return
         try:
             if self.small_coll(ops):
                 return
@@ -114,6 +118,11 @@ class CollRunner:
         if sched.written_bytes(op0.coll, op0.count, _ITEMSIZE.get(op0.dtype, 1), len(ops)) > self.streaming_min:
             builder = sched.streaming_schedules(builder)
             work.streaming = True
+        self.run_schedules(work, builder, nchunks, chunk_bytes)
+
+    def run_schedules(self, work: CollWork, builder: Any, nchunks: int, chunk_bytes: int) -> None:
+        """The collective's chunk schedules as subs of one args on the node's loopback transport."""
+        op0 = work.ops[0]
         conn = (-1, -1)
         try:   # the node's collectives run on its loopback connector's transport
             transport = self.coll_connector(self.node).transport
@@ -318,13 +327,11 @@ class CollRunner:
         return self.executor.start_inline(sch, e)
 
     def coll_connector(self, node: int) -> Connector:
-        """The connector SEND/RECV entries for ``node`` travel on. Only this node's progress process
-        exists in a one-node communicator, so every entry goes through the node's loopback connector
-        (local rank 0 to itself); a communicator across nodes will have one per peer node."""
-        if node not in (-1, self.node):
-            raise errors.InternalError(f"collective entry for node {node}: this communicator has one node")
+        """The connector SEND/RECV entries for ``node`` travel on: within the node its loopback
+        connector (local rank 0 to itself), else the connector between the two nodes' first ranks."""
         r = self.ranks[0].rank
-        return self.conns.get((r, r, MemKind.HOST)) or self.connect(r, r, MemKind.HOST)
+        peer = r if node in (-1, self.node) else self.nodes.leader(node)
+        return self.conns.get((r, peer, MemKind.HOST)) or self.connect(r, peer, MemKind.HOST)
 
     def finish_coll(self, work: CollWork) -> None:
         self.complete_coll(work.ops, work.nbytes)

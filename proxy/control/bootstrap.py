@@ -14,10 +14,11 @@ The rendezvous story
 4. The service's Init collects each rank's ``host_identity()`` (and size) and checks that they agree,
    so that a wrong guess (ranks of two hosts, or two "hosts" made with network namespaces, that
    believe they are one node) fails with a message instead of corrupting anything.
-5. Multi-node (``requires_store(info)``: fewer local ranks than ranks) will add a TCP store, hosted by
-   rank 0 at MASTER_ADDR:MASTER_PORT, through which the nodes exchange their progress processes' net
-   addresses and group ranks by host identity. Until it exists the caller raises ``InvalidUsage``
-   with ``store_required_message(info)``; this seam is deliberately the only place that knows.
+5. Across nodes (``spans_nodes(info)``: fewer local ranks than ranks) the ranks also meet once through
+   the job's rendezvous (shmproxy.control.rendezvous: SHMPROXY_BOOTSTRAP, torchrun's store or mpi4py),
+   which groups them into nodes by host identity and tells every progress process where the others
+   listen. The job key then mixes in the host identity, so that "nodes" sharing a file system (network
+   namespaces of one machine) never share a socket path.
 
 The launcher detection (``detect``, ``LaunchInfo``: which launcher wins, what partial information
 means) lives in shmproxy.control.launcher and is re-exported here, so that ``bootstrap`` stays the
@@ -44,7 +45,7 @@ from shmproxy.core import log
 from shmproxy.core.errors import InvalidArgument, InvalidUsage, from_oserror
 
 __all__ = ["LAUNCHERS", "SUN_PATH_MAX", "LaunchInfo", "detect", "host_identity", "job_key",
-           "parse_tasks_per_node", "requires_store", "run_dir", "service_path", "store_required_message"]
+           "parse_tasks_per_node", "run_dir", "service_path", "spans_nodes"]
 
 _LOG = log.get("BOOTSTRAP")
 
@@ -173,6 +174,10 @@ def job_key(info: LaunchInfo, params: Any, env: Mapping[str, str] | None = None)
     else:
         parts.append(f"launcher={info.launcher}")
         parts.extend(_job_parts(info, env))
+    if info.local_size < info.size:
+        # Across nodes, two "nodes" may share a file system (network namespaces of one machine, as the
+        # tests make): the host identity keeps their sockets apart.
+        parts.append(f"host={params.HOSTNAME or host_identity()}")
     key = hashlib.blake2b("\0".join(parts).encode(), digest_size=8, person=b"shmproxy-job").hexdigest()
     _LOG.info("job key %s from %s", key, ", ".join(parts))
     return key
@@ -331,18 +336,10 @@ def sweep_stale_sockets(rundir: str, min_age_s: float = STALE_SOCKET_AGE_S) -> l
 
 
 # --------------------------------------------------------------------------------------------------
-# The multi-node seam
+# Across nodes
 
 
-def requires_store(info: LaunchInfo) -> bool:
-    """True when the job spans several hosts (fewer local ranks than ranks): the TCP store is needed."""
+def spans_nodes(info: LaunchInfo) -> bool:
+    """True when the job spans several hosts (fewer local ranks than ranks): its ranks meet through
+    the rendezvous of shmproxy.control.rendezvous, and its nodes' progress processes over TCP."""
     return info.local_size < info.size
-
-
-def store_required_message(info: LaunchInfo) -> str:
-    """The text of the InvalidUsage a caller raises while the multi-node TCP store does not exist."""
-    where = (f" at {info.master_addr}:{info.master_port}" if info.master_addr and info.master_port
-             else "")
-    return (f"multi-node needs the TCP store (not implemented yet): {info.local_size} of the"
-            f" {info.size} ranks run on this host ({info}); the store would be hosted by rank 0{where}."
-            " Run all ranks on one host for now")

@@ -136,7 +136,7 @@ class ControlHandler:
         if len(e.ranks) == e.nlocal:
             e.decide_affinity()
         e._write_info()
-        return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal}, (
+        return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal, "net": e.net_info.hex()}, (
             [e.fault_fd] if e.fault_fd >= 0 else [])
 
     def on_shared_init(self, conn: Any, payload: dict, fds: list[int]):
@@ -156,6 +156,11 @@ class ControlHandler:
         peers = payload.get("peers")
         if not isinstance(peers, list):
             raise errors.InvalidArgument("CONNECT needs 'peers' (list of ranks)")
+        net = payload.get("net")
+        if net is not None:   # the communicator spans nodes: the layout the rendezvous found
+            if not isinstance(net, dict):
+                raise errors.InvalidArgument("CONNECT: 'net' must be an object")
+            e.setup_nodes(net, me.rank)
         out = {}
         for p in peers:
             if not isinstance(p, int) or not 0 <= p < e.size:

@@ -102,6 +102,26 @@ def _parse_names(text: str) -> str:
     return ",".join(names)
 
 
+def _parse_hostport(text: str) -> str:
+    """'' or host:port (an IPv6 host in brackets: [::1]:9000), port in 1..65535."""
+    t = text.strip()
+    if not t:
+        return ""
+    host, sep, port = t.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("expected host:port, e.g. 10.0.0.1:29400 or [fe80::1]:29400")
+    return t
+
+
+def _parse_ifname(text: str) -> str:
+    """NCCL_SOCKET_IFNAME's syntax: comma-separated prefixes, a leading '^' excludes, '=' exact."""
+    t = text.strip()
+    body = t.lstrip("^").lstrip("=")
+    if any(not n.strip() or any(c.isspace() for c in n.strip()) for n in body.split(",")) and t:
+        raise ValueError("expected interface names or prefixes, comma-separated (e.g. eth,ib or ^docker,lo)")
+    return t
+
+
 def parse_cpu_list(text: str) -> list[int]:
     cpus: set[int] = set()
     for part in text.split(","):
@@ -227,6 +247,23 @@ _DECLARED: tuple[Param, ...] = (
        "Bytes of staging buffers (for arrays not from comm.alloc) a rank keeps registered.", 0),
     _p("TIMEOUT", float, 600.0,
        "Seconds any rendezvous, init step or operation may take before Timeout is raised.", 0.001),
+    # --- between nodes ---
+    _p("BOOTSTRAP", _parse_hostport, "",
+       "host:port where rank 0 serves the rendezvous of a job across nodes (NCCL_COMM_ID's convention); "
+       "'' = torchrun's store, else mpi4py's COMM_WORLD."),
+    _p("HOSTNAME", str, "",
+       "This host's identity for grouping ranks into nodes; '' = hostname, boot id, network namespace."),
+    _p("SOCKET_IFNAME", _parse_ifname, "",
+       "Interfaces for traffic between nodes: prefixes, '^' excludes, '=' exact (NCCL's syntax); "
+       "'' = the one that routes to the rendezvous address."),
+    _p("SOCKET_NTHREADS", int, 2, "Helper threads per peer node of the TCP transport.", 1, 16),
+    _p("NSOCKS_PERTHREAD", int, 1, "TCP sockets per helper thread.", 1, 16),
+    _p("NET_CHUNK_SIZE", parse_size, 1 << 20,
+       "Bytes per chunk of a message between nodes (chunks spread over the sockets).", 64 << 10),
+    _p("NET_EAGER_BYTES", parse_size, 16 << 10,
+       "Messages between nodes up to this size travel with their envelope (the send completes at once).", 0),
+    _p("NET_KEEPALIVE_S", float, 5.0,
+       "TCP keepalive idle time between nodes; a dead link is declared after about three times this.", 1),
     # --- shared memory ---
     _p("SHM_DIR", str, "/dev/shm", "Where POSIX shared memory lives (checked for free space at init)."),
     _p("RUN_DIR", str, "",

@@ -31,6 +31,9 @@ class Completion:
             t.finish(self)
 
     def finish_transfer(self, t: Transfer) -> None:
+        if t.send.owner < 0:   # from another node (engine/nodes.py): only the receive is ours
+            self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag)
+            return
         # Both sides are published before either is woken: a woken rank may preempt this loop on
         # its CPU at once, and the other side would wait behind it (tens of microseconds).
         self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag, wake=False)
@@ -53,6 +56,9 @@ class Completion:
         ``wake`` is False: the caller wakes it once it has published everything it completes)."""
         q = self.q
         slot, owner = op.req_slot, op.owner
+        if owner < 0:   # the envelope of another node's send: its node gets the verdict
+            op.reply(status, nbytes, peer_dtype)
+            return
         if slot // self.layout.max_ops != owner:
             self.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
             return

@@ -19,7 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
-                 "start_entry", "start_schedule", "post_event", "_argspool", "_n_args")
+                 "start_entry", "start_schedule", "post_event", "_argspool", "_n_args", "params",
+                 "transport_state", "timeout", "comm_id", "net_ip", "arrive", "finish", "complete_send",
+                 "remote_closed", "fail")
 
     def __init__(self, engine: "ProgressEngine"):
         self._engine = engine
@@ -34,6 +36,49 @@ class EngineContext:
         self.post_event = engine.post_event   # a transport's own threads wake the loop through it
         self._argspool = engine.argspool
         self._n_args = P.CTRL_OFF // 8 + P.CTRL_N_ARGS
+        # between nodes (engine/nodes.py)
+        self.params = engine.params
+        self.transport_state: dict[str, Any] = {}
+        self.timeout: float = engine.params.TIMEOUT
+        self.comm_id: int = engine.comm_id
+        self.net_ip: str = engine.net_ip
+        self.arrive = engine.arrive
+        self.finish = engine.finish_transfer
+        self.complete_send = engine.complete_send
+        self.remote_closed = engine.remote_closed
+        self.fail = engine.fail
+
+    @property
+    def node(self) -> int:
+        return self._engine.node
+
+    @property
+    def nnodes(self) -> int:
+        return self._engine.nodes.nnodes
+
+    @property
+    def secret(self) -> bytes:
+        return self._engine.nodes.secret
+
+    @property
+    def coll_chunk_max(self) -> int:
+        return max(self._engine.coll_chunk, self._engine.params.NET_CHUNK_SIZE)
+
+    def rank_node(self, rank: int) -> int:
+        rn = self._engine.nodes.rank_node
+        return rn[rank] if 0 <= rank < len(rn) else -1
+
+    def node_ranks(self, node: int) -> list[int]:
+        ro = self._engine.nodes.ranks_of
+        return ro[node] if 0 <= node < len(ro) else []
+
+    def node_host(self, node: int) -> str:
+        hosts = self._engine.nodes.hosts
+        return hosts[node] if 0 <= node < len(hosts) else "?"
+
+    @staticmethod
+    def entry_done(sch: Any, e: Any) -> None:
+        sch.entry_done(e)
 
     @property
     def nworkers(self) -> int:

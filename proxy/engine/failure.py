@@ -84,6 +84,7 @@ class Failure:
             q[base + P.CTRL_ERR_PID] = pid or 0
             q[base + P.CTRL_ERR_SEQ] = 1
             _log.warning("communicator failed: %s", message)
+            self.tell_nodes_failed(code, message, rank)
         q[base + P.CTRL_ABORT] = 1
         self._wake_all_ranks()
 

@@ -34,7 +34,7 @@ from shmproxy.engine.args import Transfer
 from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher
 from shmproxy.engine.ranks import RankInfo
 from shmproxy import transports
-from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind, PeerInfo
+from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind
 
 _log = log.get("PROXY")
 _KINDS = frozenset(int(k) for k in MemKind)
@@ -68,7 +68,7 @@ class PointToPoint:
         dst = send.peer
         if not 0 <= dst < self.size or send.tag == ANY_TAG:   # the rank checks both: a bug or a forgery
             self.complete(send, errors.InvalidArgument.code, 0)
-        elif self.nlocal == self.size or dst in self.local_of:
+        elif self.nlocal == self.size or dst in self.local_of or self.nodes.rank_node[dst] == self.node:
             recv = self.matcher.arrive(dst, send.rank, send.tag, send)
             if recv is not None:
                 self.match(send, recv)
@@ -77,8 +77,8 @@ class PointToPoint:
                 self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
         else:
             # The destination's receive half lives in another node's progress process: the envelope
-            # would travel over the pair's connector, and no transport between nodes exists yet.
-            self.complete(send, errors.InvalidUsage.code, 0)
+            # travels over the pair's connector (engine/nodes.py).
+            self.remote_send(send)
 
     # ------------------------------------------------------------------ receive half
 
@@ -108,6 +108,7 @@ class PointToPoint:
         for op in self.matcher.drop(waits_on_gone):
             if op.rank != gone:
                 self.complete(op, errors.InvalidUsage.code, 0)
+        self.tell_nodes_closed(gone)
 
     def match(self, send: Op, recv: Op) -> None:
         """A send met its receive: check what only the pair can tell (truncation, dtype), then hand the
@@ -154,12 +155,10 @@ class PointToPoint:
 
     def connect(self, src: int, dst: int, kind: MemKind) -> Connector:
         """The connector of (src, dst, kind): the first allowed transport that can carry it, both
-        sides set up and connected. Both sides are ranks of this node, so the connect-info blobs are
-        handed over here; across nodes they travel between progress processes."""
-        a = self.ranks[self.local_of[src]]
-        b = self.ranks[self.local_of[dst]]
-        me = PeerInfo(a.rank, a.local_rank, a.host, a.pid)
-        peer = PeerInfo(b.rank, b.local_rank, b.host, b.pid)
+        sides set up and connected, in this process. Within a node the connect-info blobs are handed
+        over here; a transport between nodes set up the link of the two nodes beforehand
+        (proxy_shared_connect), so its per-pair blobs are empty."""
+        me, peer = self.peer_info(src), self.peer_info(dst)
         t = transports.select(me, peer, kind, self.transports)
         conn = Connector(t, me, peer, kind)
         send_info = t.send_setup(self.ctx, conn)

@@ -51,6 +51,7 @@ from shmproxy.shm import _native, _workers, pool as P, sync
 from shmproxy.shm.segment import MemfdBuffer, Segment
 from shmproxy import transports
 from shmproxy.coll.executor import CpuExecutor
+from shmproxy.coll.multinode import MultiNodeColl
 from shmproxy.coll.runner import CollRunner
 from shmproxy.control.handler import ControlHandler
 from shmproxy.control.service import ServiceServer
@@ -58,6 +59,7 @@ from shmproxy.engine.completion import RELAY_GRACE_NS, Completion
 from shmproxy.engine.context import EngineContext
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failure
 from shmproxy.engine.matching import Matcher
+from shmproxy.engine.nodes import NodeMap, Nodes
 from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode, coll_chunk_limit, fetch_mode, streaming_threshold
 from shmproxy.engine.ranks import RankInfo
@@ -74,10 +76,11 @@ _EVENTS_Q = P.CTRL_OFF // 8 + P.CTRL_EVENTS   # news for the loop from this proc
 _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # globals: no enum lookup per pass
 
 
-class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
+class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion, Failure):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
-                 comm_id: int, parent: int):
+                 comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
+        self.net_ip = net_ip
         self.path, self.nlocal, self.size = path, nlocal, size
         self.job_key, self.comm_id, self.parent = job_key, comm_id, parent
         layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS)
@@ -119,7 +122,12 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
         self.executor = CpuExecutor(lambda: self.copy)   # runs collectives' copies and reductions
-        self.node = 0   # this progress process's node in the communicator (one node so far)
+        self.node = 0   # this progress process's node in the communicator (setup_nodes)
+        self.nodes = NodeMap(size)
+        # Across nodes: the first allowed transport that links progress processes listens now, so
+        # that INIT can tell the ranks where (engine/nodes.py).
+        self.net: Transport | None = None
+        self.net_info = b""
         self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
         # Wake-ups left to a guard (wake_ranks): (deadline ns, WAITING index, its value, futex address)
         self.relayed: list[tuple[int, int, int, int]] = []
@@ -172,6 +180,10 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
 
     def start(self) -> None:
         sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
+        if self.size > self.nlocal:
+            self.net = next((t for t in self.transports if t.proxy_shared_init is not None), None)
+            if self.net is not None:
+                self.net_info = self.net.proxy_shared_init(self.ctx)   # type: ignore[misc]
         self.server.start()
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_RUNNING)
         _log.info("progress process up: pool %s (%d bytes), %d local ranks, socket %s",
@@ -511,6 +523,9 @@ class ProgressEngine(PointToPoint, CollRunner, Completion, Failure):
             "unmatched_recvs": [op.describe() for d in self.matcher.dests() for _s, _t, op in
                                 self.matcher.posted(d)],
             "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in self.conns.items()},
+            "nodes": {"node": self.node, "nnodes": self.nodes.nnodes, "ranks_of": self.nodes.ranks_of,
+                      "net": (self.net.proxy_describe(self.ctx) if self.net is not None
+                              and getattr(self.net, "proxy_describe", None) else None)},
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name} for c in self.server.connections()],
             "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},
             "copy_threads": self.copy.nworkers,
@@ -540,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-key", required=True)
     ap.add_argument("--comm-id", type=int, default=0)
     ap.add_argument("--parent", type=int, default=0)
+    ap.add_argument("--net-ip", default="", help="address to listen on for other nodes (multi-node jobs)")
     ap.add_argument("--cwd", default="", help="the starting rank's working directory (we start in "
                     "the package root, so that `-m` imports the rank's own code; proxy/rank/lifecycle.py)")
     ns = ap.parse_args(argv)
@@ -560,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     # ranks can quote it after this process is gone, and no file is ever left behind.
     fault_fd = os.memfd_create("shmproxy-fault", os.MFD_CLOEXEC)
     faulthandler.enable(file=fault_fd, all_threads=True)
-    engine = ProgressEngine(params, ns.path, ns.nlocal, ns.size, ns.job_key, ns.comm_id, ns.parent)
+    engine = ProgressEngine(params, ns.path, ns.nlocal, ns.size, ns.job_key, ns.comm_id, ns.parent, ns.net_ip)
     engine.fault_fd = fault_fd
 
     def on_term(signum: int, frame: Any) -> None:  # only sets flags; the loop acts

@@ -55,8 +55,6 @@ def init(timeout: float | None = None, **overrides: Any) -> "Comm":
     transports.allowed(params.TRANSPORTS)   # an unknown name fails here, before a process is started
     info = bootstrap.detect(**launch)
     log.set_rank(info.rank)
-    if bootstrap.requires_store(info):
-        raise errors.InvalidUsage(bootstrap.store_required_message(info))
     return Comm._create(info, params, comm_id=0)
 
 

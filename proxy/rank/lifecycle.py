@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from shmproxy.engine import affinity
-from shmproxy.control import bootstrap
+from shmproxy.control import bootstrap, netif, rendezvous
 from shmproxy.core import errors, log, params as params_mod
 from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.core.ops import (CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
@@ -109,6 +109,7 @@ class Lifecycle:
 
     def _start(self, info: bootstrap.LaunchInfo, params: params_mod.Params, key: str, comm_id: int) -> None:
         deadline = self._deadline(None)
+        multi = info.size > info.local_size   # across nodes: the layout comes from the rendezvous
         if info.local_rank == 0:
             if os.path.exists(self._path):
                 # The job key is unique per job; a leftover socket is from a crashed run of it.
@@ -121,6 +122,8 @@ class Lifecycle:
             cmd = [sys.executable, "-m", "shmproxy.engine.progress", "--path", self._path,
                    "--nlocal", str(info.local_size), "--size", str(info.size), "--job-key", key,
                    "--comm-id", str(comm_id), "--parent", str(os.getpid()), *_cwd_args()]
+            if multi:
+                cmd += ["--net-ip", netif.choose_ip(params.SOCKET_IFNAME, rendezvous.target_host(info, params))]
             self._proc = subprocess.Popen(cmd, env=env, cwd=_PACKAGE_ROOT, stdin=subprocess.DEVNULL,
                                           close_fds=True)
             _log.info("started progress process pid %d", self._proc.pid)
@@ -129,13 +132,15 @@ class Lifecycle:
             self._path, max(deadline - self._now(), 0.001),
             should_abort=(lambda: proc.poll() is not None) if proc is not None else None)
         c = self._client
+        host = params.HOSTNAME or bootstrap.host_identity()
         resp, fds = c.call(MsgType.INIT, {
             "token": key, "rank": info.rank, "local_rank": info.local_rank, "size": info.size,
-            "local_size": info.local_size, "host": bootstrap.host_identity(),
+            "local_size": info.local_size, "host": host,
             "affinity": sorted(os.sched_getaffinity(0))}, timeout=self._left(deadline))
         for fd in fds[1:]:
             os.close(fd)
         self._fault_fd = fds[0] if fds else -1   # where the progress process's fatal-signal stacks go
+        resp0 = resp
         self._proxy_pid = int(resp["proxy_pid"])
         try:
             self._pidfd = os.pidfd_open(self._proxy_pid)
@@ -146,8 +151,20 @@ class Lifecycle:
         self._pool_name = resp["pool"]
         self._seg = Segment.attach(resp["pool"], int(resp["bytes"]))
         c.call(MsgType.SETUP, {}, timeout=self._left(deadline))
-        c.call(MsgType.CONNECT, {"peers": list(range(self.size))}, timeout=self._left(deadline))
+        connect: dict[str, Any] = {"peers": list(range(self.size))}
+        if multi:
+            connect["net"] = self.node_layout = self._meet_nodes(info, host, bytes.fromhex(resp0.get("net", "")),
+                                                                 deadline)
+        c.call(MsgType.CONNECT, connect, timeout=self._left(deadline))
         self._attach_pool()
+
+    def _meet_nodes(self, info: bootstrap.LaunchInfo, host: str, net_info: bytes, deadline: float) -> dict:
+        """The node layout (control/rendezvous.py): through the job's rendezvous for the world, through
+        the parent communicator for a Split across nodes (``_split_layout``, set by Split)."""
+        split = getattr(self, "_split_layout", None)
+        if split is not None:
+            return split(net_info)
+        return rendezvous.node_layout(info, self.params, host, net_info, self._left(deadline))
 
     def _attach_pool(self) -> None:
         seg = self._seg

@@ -1,0 +1,228 @@
+"""Collectives across nodes: the chunk schedules of one node's progress process for its local ranks.
+
+Every builder takes this node's ranks' buffers as regions (local rank order), the layout (this
+node, the node of every rank) and ``key`` (the collective's sequence number, equal on every rank),
+and returns ``(chunk_count, make)`` as the one-node builders of algorithms.py do. Data within the
+node moves with COPY and REDUCE entries; between nodes with SEND/RECV entries whose keys
+``(key, chunk, what, ...)`` meet their partners on the peer node (transports/net_socket.py). Every
+node must cut the same chunks: ``per`` comes from NET_CHUNK_SIZE, a parameter every node shares.
+
+The shapes, each a tree of depth one between nodes, so that a reduction's order is fixed (local ranks
+in rank order, then node 0, 1, ...) and every rank gets bit-identical results:
+
+- Barrier: every node tells node 0 it arrived; node 0 answers all once every node did.
+- Allreduce, Reduce_scatter_block: local reduce, partials up to node 0, which combines them in node
+  order (divides for AVG) and sends the result back; each rank then takes its part.
+- Reduce: the same towards the root's node (the root's own input first there).
+- Bcast: the root's node sends its buffer to every other node's first rank, which copies it on.
+- Allgather, Alltoall: every block goes straight to the node of the rank that needs it.
+
+A ring for large messages and recursive doubling for small ones would scale better past a few nodes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shmproxy.coll.algorithms import _chunks, _finish_avg, _reduce_into
+from shmproxy.coll.sched import (NOP, UFUNCS, Entry, Region, ReduceOp, Schedule, copy, native_code, recv, reduce,
+                                 reduce_all, send)
+
+
+def _sum_for(op: int) -> int:
+    """AVG reduces as SUM and divides by the world size once, at the end."""
+    return int(ReduceOp.SUM) if op == ReduceOp.AVG else op
+
+
+def _local_reduce(inputs: list[Region], acc: Region, op: int) -> list[Entry]:
+    """acc = op over ``inputs`` (in that order), one C call where the kernel has the reduction."""
+    red = _sum_for(op)
+    if len(inputs) == 1:
+        return [] if inputs[0].addr == acc.addr else [copy(acc.addr, inputs[0].addr, acc.nbytes)]
+    code = native_code(red, acc.dtype)
+    if code:
+        return [reduce_all(red, code, acc.count, acc.dtype.itemsize, [x.addr for x in inputs], [acc.addr])]
+    return _reduce_into(UFUNCS[red], acc, inputs)
+
+
+def _combine(acc: Region, part: Region, op: int) -> Entry:
+    red = _sum_for(op)
+    code = native_code(red, acc.dtype)
+    if code:
+        return reduce_all(red, code, acc.count, acc.dtype.itemsize, [acc.addr, part.addr], [acc.addr], barrier=True)
+    return reduce(UFUNCS[red], acc, part, acc, barrier=True)
+
+
+def _scratch(count: int, dtype: np.dtype, keep: list) -> Region:
+    buf = np.empty(count, dtype)
+    keep.append(buf)
+    return Region(buf.ctypes.data, count, dtype)
+
+
+def _tree_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple, keep: list) -> list[Entry]:
+    """After the local reduce into ``acc``: partials up to node 0, combined there in node order, the
+    result back down; ``acc`` holds the global result on every node afterwards."""
+    es: list[Entry] = []
+    if node == 0:
+        parts = []
+        for peer in range(1, nnodes):
+            part = _scratch(acc.count, acc.dtype, keep)
+            parts.append(part)
+            es.append(recv((*tag, "up", peer), peer, part.addr, part.nbytes))
+        for part in parts:
+            es.append(_combine(acc, part, op))
+        es += _finish_avg(acc, total, op)
+        es += [send((*tag, "down", peer), peer, acc.addr, acc.nbytes, barrier=(peer == 1)) for peer in range(1, nnodes)]
+    else:
+        es.append(send((*tag, "up", node), 0, acc.addr, acc.nbytes, barrier=True))
+        es.append(recv((*tag, "down", node), 0, acc.addr, acc.nbytes, barrier=True))
+    return es
+
+
+def barrier(node: int, nnodes: int, key: Any):
+    def make(k: int) -> Schedule:
+        if node == 0:
+            es = [recv((key, "in", peer), peer, 0, 0) for peer in range(1, nnodes)]
+            es += [send((key, "out", peer), peer, 0, 0, barrier=(peer == 1)) for peer in range(1, nnodes)]
+        else:
+            es = [send((key, "in", node), 0, 0, 0), recv((key, "out", node), 0, 0, 0, barrier=True)]
+        return Schedule(es)
+    return 1, make
+
+
+def allreduce(ins: list[Region], outs: list[Region], op: int, per: int, node: int, nnodes: int, total: int, key: Any):
+    chunks = _chunks(outs[0].count, per)
+
+    def make(k: int) -> Schedule:
+        lo, hi = chunks[k]
+        acc, keep = outs[0].part(lo, hi), []
+        es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
+        es += _tree_exchange(acc, op, node, nnodes, total, (key, k), keep)
+        es += [copy(o.part(lo, hi).addr, acc.addr, acc.nbytes, barrier=(i == 0)) for i, o in enumerate(outs[1:])]
+        return Schedule(es or [Entry(NOP)], keep=keep)
+    return len(chunks), make
+
+
+def reduce_to_root(ins: list[Region], out: Region | None, op: int, per: int, node: int, root_node: int,
+                   root_local: int, nodes_order: list[int], total: int, count: int, dtype: np.dtype, key: Any):
+    """``out``: the root's receive buffer (on the root's node only). ``nodes_order``: every node."""
+    chunks = _chunks(count, per)
+
+    def make(k: int) -> Schedule:
+        lo, hi = chunks[k]
+        keep: list = []
+        if node == root_node:
+            assert out is not None
+            acc = out.part(lo, hi)
+            order = [root_local] + [r for r in range(len(ins)) if r != root_local]
+            es = _local_reduce([ins[r].part(lo, hi) for r in order], acc, op)
+            parts = []
+            for peer in nodes_order:
+                if peer != root_node:
+                    part = _scratch(hi - lo, dtype, keep)
+                    parts.append(part)
+                    es.append(recv((key, k, "r", peer), peer, part.addr, part.nbytes))
+            es += [_combine(acc, part, op) for part in parts]
+            es += _finish_avg(acc, total, op)
+        else:
+            acc = _scratch(hi - lo, dtype, keep)
+            es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
+            es.append(send((key, k, "r", node), root_node, acc.addr, acc.nbytes, barrier=True))
+        return Schedule(es or [Entry(NOP)], keep=keep)
+    return len(chunks), make
+
+
+def bcast(bufs: list[Region], node: int, root_node: int, root_local: int, nnodes: int, per_bytes: int, key: Any):
+    nbytes = bufs[0].nbytes
+    chunks = _chunks(nbytes, per_bytes)
+
+    def make(k: int) -> Schedule:
+        lo, hi = chunks[k]
+        n = hi - lo
+        if node == root_node:
+            src = bufs[root_local].addr + lo
+            es = [send((key, k, "b", j), j, src, n) for j in range(nnodes) if j != root_node]
+            es += [copy(b.addr + lo, src, n) for i, b in enumerate(bufs) if i != root_local]
+        else:
+            dst = bufs[0].addr + lo
+            es = [recv((key, k, "b", node), root_node, dst, n)]
+            es += [copy(b.addr + lo, dst, n, barrier=(i == 0)) for i, b in enumerate(bufs[1:])]
+        return Schedule(es or [Entry(NOP)])
+    return len(chunks), make
+
+
+def allgather(ins: list[Region], outs: list[Region], ranks: list[int], rank_node: list[int], node: int,
+              block: int, per_bytes: int, key: Any):
+    """outs[q] block r <- rank r's input; ``ranks``: the global ranks of this node's ins/outs."""
+    size = len(rank_node)
+    others = sorted({n for n in rank_node if n != node})
+    remote = [r for r in range(size) if rank_node[r] != node]
+    chunks = _chunks(block, per_bytes)
+
+    def make(k: int) -> Schedule:
+        lo, hi = chunks[k]
+        n = hi - lo
+        out0 = outs[0].addr
+        es: list[Entry] = []
+        for q, gq in enumerate(ranks):
+            src = ins[q].addr + lo
+            es += [send((key, k, "g", gq), j, src, n) for j in others]
+            if out0 + gq * block + lo != src:
+                es.append(copy(out0 + gq * block + lo, src, n))
+        es += [recv((key, k, "g", r), rank_node[r], out0 + r * block + lo, n) for r in remote]
+        first = True
+        for o in outs[1:]:
+            for r in range(size):
+                es.append(copy(o.addr + r * block + lo, out0 + r * block + lo, n, barrier=first))
+                first = False
+        return Schedule(es or [Entry(NOP)])
+    return (len(chunks), make) if block else (0, None)
+
+
+def alltoall(ins: list[Region], outs: list[Region], ranks: list[int], rank_node: list[int], node: int,
+             block: int, per_bytes: int, key: Any):
+    """outs[q] block r <- rank r's input block q (global ranks)."""
+    size = len(rank_node)
+    local_index = {g: i for i, g in enumerate(ranks)}
+    chunks = _chunks(block, per_bytes)
+
+    def make(k: int) -> Schedule:
+        lo, hi = chunks[k]
+        n = hi - lo
+        es: list[Entry] = []
+        for q, gq in enumerate(ranks):
+            for r in range(size):
+                if rank_node[r] == node:
+                    es.append(copy(outs[local_index[r]].addr + gq * block + lo, ins[q].addr + r * block + lo, n))
+                else:
+                    es.append(send((key, k, "a", gq, r), rank_node[r], ins[q].addr + r * block + lo, n))
+                    es.append(recv((key, k, "a", r, gq), rank_node[r], outs[q].addr + r * block + lo, n))
+        return Schedule(es or [Entry(NOP)])
+    return (len(chunks), make) if block else (0, None)
+
+
+def reduce_scatter_block(ins: list[Region], outs: list[Region], ranks: list[int], op: int, per: int, node: int,
+                         nnodes: int, total: int, key: Any):
+    """outs[q] = op over every rank's block ranks[q]; ``ins`` are whole vectors (total blocks each),
+    never the outputs' memory (an in-place caller passes copies)."""
+    count = outs[0].count
+    dtype = outs[0].dtype
+    itemsize = dtype.itemsize
+    chunks = _chunks(count * total, per)
+
+    def make(k: int) -> Schedule:
+        lo, hi = chunks[k]
+        keep: list = []
+        acc = _scratch(hi - lo, dtype, keep)
+        es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
+        es += _tree_exchange(acc, op, node, nnodes, total, (key, k), keep)
+        first = True
+        for q, gq in enumerate(ranks):
+            a, b = max(lo, gq * count), min(hi, (gq + 1) * count)
+            if a < b:
+                es.append(copy(outs[q].addr + (a - gq * count) * itemsize, acc.addr + (a - lo) * itemsize,
+                               (b - a) * itemsize, barrier=first))
+                first = False
+        return Schedule(es or [Entry(NOP)], keep=keep)
+    return len(chunks), make

@@ -1,0 +1,118 @@
+"""Starting a collective whose ranks span nodes (a mixin of ProgressEngine, beside CollRunner).
+
+Once this node's ranks have all arrived (CollRunner.coll_arrive, which checked their fingerprints),
+the collective runs as chunk schedules built by shmproxy.coll.hierarchy, with SEND/RECV entries to
+the other nodes' progress processes, which run the same collective (the same sequence number) for
+their ranks. There is no inline path: a SEND or RECV completes when another process acts, so every
+collective goes through the args the loop progresses. Chunks are NET_CHUNK_SIZE, the same on every
+node, so that the entries of one chunk meet.
+
+Mismatches between nodes: a chunk whose size differs from its partner's fails the communicator
+where it lands (transports/net_socket.py), naming the collective.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+
+from shmproxy.coll import hierarchy
+from shmproxy.coll.sched import Region
+from shmproxy.core import errors, log
+from shmproxy.core.ops import CODE_DTYPE, FLAG_IN_PLACE, Coll, Op
+from shmproxy.engine.args import CollWork
+
+_log = log.get("COLL")
+
+
+class MultiNodeColl:
+    def start_coll_nodes(self, ops: list[Op]) -> None:
+        try:
+            work, builder, nchunks, chunk_bytes = self.build_coll_nodes(ops)
+        except errors.ProxyError as exc:
+            # A node that cannot take part would leave the others waiting: fail the communicator.
+            self.fail(exc.code, f"collective #{ops[0].coll_seq} across nodes: {exc}")
+            return
+        if nchunks == 0:
+            self.finish_coll(work)
+            return
+        self.run_schedules(work, builder, nchunks, chunk_bytes)
+
+    def build_coll_nodes(self, ops: list[Op]) -> tuple:
+        op0 = ops[0]
+        c, n = op0.coll, op0.count
+        nodes, node = self.nodes, self.node
+        nnodes, total = nodes.nnodes, self.size
+        key = op0.coll_seq
+        now = time.monotonic_ns()
+        if c == Coll.BARRIER:
+            nchunks, make = hierarchy.barrier(node, nnodes, key)
+            return CollWork(ops, 0, [], now), make, nchunks, 1
+        dt = CODE_DTYPE.get(op0.dtype)
+        if dt is None:
+            raise errors.InvalidArgument(f"{op0.describe()}: unknown dtype code {op0.dtype}")
+        itemsize = dt.itemsize
+        per_bytes = self.params.NET_CHUNK_SIZE
+        per = max(1, per_bytes // itemsize)
+        ranks = [op.rank for op in ops]
+        in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
+        pins: dict = {}
+
+        def reg(op: Op, second: bool, count: int) -> Region:
+            return self.region(op, second, count, pins)
+
+        def work(nbytes: int, *keep: object) -> CollWork:
+            return CollWork(ops, nbytes, [*pins.values(), *keep], now)
+
+        if c == Coll.ALLREDUCE:
+            outs = [reg(op, True, n) for op in ops]
+            ins = [outs[i] if in_place[i] else reg(op, False, n) for i, op in enumerate(ops)]
+            nchunks, make = hierarchy.allreduce(ins, outs, op0.redop, per, node, nnodes, total, key)
+            return work(n * itemsize), make, nchunks, per * itemsize
+        if c == Coll.BCAST:
+            root = op0.peer
+            bufs = [reg(op, True, n) for op in ops]
+            root_node = nodes.rank_node[root]
+            root_local = ranks.index(root) if root_node == node else -1
+            nchunks, make = hierarchy.bcast(bufs, node, root_node, root_local, nnodes, per_bytes, key)
+            return work(n * itemsize), make, nchunks, per_bytes
+        if c == Coll.REDUCE:
+            root = op0.peer
+            root_node = nodes.rank_node[root]
+            root_local = ranks.index(root) if root_node == node else -1
+            out = reg(ops[root_local], True, n) if root_local >= 0 else None
+            ins = [out if (in_place[i] and i == root_local) else reg(op, False, n) for i, op in enumerate(ops)]
+            nchunks, make = hierarchy.reduce_to_root(ins, out, op0.redop, per, node, root_node, root_local,
+                                                     list(range(nnodes)), total, n, dt, key)
+            return work(n * itemsize), make, nchunks, per * itemsize
+        if c == Coll.ALLGATHER:
+            outs = [reg(op, True, n * total) for op in ops]
+            ins = [outs[i].part(ranks[i] * n, (ranks[i] + 1) * n) if in_place[i] else reg(op, False, n)
+                   for i, op in enumerate(ops)]
+            nchunks, make = hierarchy.allgather(ins, outs, ranks, nodes.rank_node, node, n * itemsize, per_bytes, key)
+            return work(n * itemsize * total), make, nchunks, per_bytes
+        if c == Coll.ALLTOALL:
+            outs = [reg(op, True, n * total) for op in ops]
+            ins = [reg(op, False, n * total) for op in ops]
+            nchunks, make = hierarchy.alltoall(ins, outs, ranks, nodes.rank_node, node, n * itemsize, per_bytes, key)
+            return work(n * itemsize * total), make, nchunks, per_bytes
+        if c == Coll.REDUCE_SCATTER_BLOCK:
+            if any(in_place) and not all(in_place):
+                raise errors.InvalidUsage("Reduce_scatter_block: IN_PLACE must be used by every rank or none")
+            keep = []
+            if in_place[0]:
+                full = [reg(op, True, n * total) for op in ops]
+                # The results land in the inputs' first blocks while other chunks still read them:
+                # reduce from copies (taken now: every local rank has posted, its input is final).
+                copies = [np.frombuffer((ctypes.c_char * f.nbytes).from_address(f.addr), dtype=dt).copy()
+                          for f in full]
+                keep = copies
+                ins = [Region(cp.ctypes.data, n * total, dt) for cp in copies]
+                outs = [f.part(0, n) for f in full]
+            else:
+                ins = [reg(op, False, n * total) for op in ops]
+                outs = [reg(op, True, n) for op in ops]
+            nchunks, make = hierarchy.reduce_scatter_block(ins, outs, ranks, op0.redop, per, node, nnodes, total, key)
+            return work(n * itemsize * total, *keep), make, nchunks, per * itemsize
+        raise errors.InvalidArgument(f"unknown collective {c}")
