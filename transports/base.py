@@ -47,7 +47,8 @@ ctx, infos)`` gets every node's, in node order, and links the nodes. Then ``prox
 conn, op) -> bool`` ships the envelope of a send whose receiver is on another node (True: the send is
 complete already, eager), ``proxy_start`` lands a message from another node once it matched here,
 ``proxy_rank_closed(ctx, rank)`` and ``proxy_abort(ctx, code, message, rank)`` tell every other node
-what happened here, and ``proxy_describe(ctx) -> dict`` feeds the dump.
+what happened here, ``proxy_note(ctx, node, kind, value, payload)`` carries the engine's own news to
+one node (``ctx.note`` there), and ``proxy_describe(ctx) -> dict`` feeds the dump.
 
 A sub moves ``nbytes`` in ``nsteps`` chunks of at most ``chunk`` bytes through ``ctx.steps`` slots,
 with the counters posted (handed to the copy engine or the wire), transmitted (left the source),
@@ -198,6 +199,7 @@ class TransportContext(Protocol):
     def entry_done(self, sch: Any, e: Any) -> None: ...
     def remote_closed(self, rank: int) -> None: ...
     def fail(self, code: int, message: str, rank: int | None = None) -> None: ...
+    def note(self, node: int, kind: int, value: int, payload: bytes) -> None: ...
 
 
 class Transport(ABC):
@@ -249,15 +251,17 @@ class Transport(ABC):
     proxy_send_envelope: Callable[[TransportContext, Connector, Any], bool] | None = None
     proxy_rank_closed: Callable[[TransportContext, int], None] | None = None
     proxy_abort: Callable[[TransportContext, int, str, Any], None] | None = None
+    proxy_note: Callable[[TransportContext, int, int, int, bytes], None] | None = None
     proxy_describe: Callable[[TransportContext], dict] | None = None
 
 
 _REQUIRED = ("can_connect", "send_setup", "recv_setup", "send_connect", "recv_connect", "proxy_start",
              "proxy_progress", "proxy_free")
 _OPTIONAL = ("proxy_progress_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister", "proxy_shared_init",
-             "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed", "proxy_abort", "proxy_describe")
+             "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed", "proxy_abort", "proxy_note",
+             "proxy_describe")
 _BETWEEN_NODES = ("proxy_shared_init", "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed",
-                  "proxy_abort")
+                  "proxy_abort", "proxy_note")
 
 
 def check_transport(t: Transport) -> Transport:

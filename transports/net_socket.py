@@ -31,7 +31,8 @@ here by key: a SEND is one bulk frame from the entry's region; a RECV waits for 
 Failures: a link that breaks without a goodbye (the peer's progress process died, the cable was
 cut: keepalive and TCP_USER_TIMEOUT bound that) fails the communicator naming the node and its
 ranks; a failure anywhere is sent to every node (ABORT) so that every survivor raises it; a rank that
-closes is announced to every node (CLOSED), which fails what waits on it there.
+closes is announced to every node (CLOSED), which fails what waits on it there. The engine's own
+news between nodes (a collective's fingerprint, for the mismatch check) travels as NOTE frames.
 
 Threads: the link's reader and writer threads never touch the engine. What they learn they hand
 to the loop with ``ctx.post_event``; the loop owns matching, completion and every table here
@@ -232,6 +233,11 @@ class _Net:
             if n or ctx.rank_node(a) != link.peer:
                 raise W.ProtocolError(f"CLOSED for rank {a} on the link to node {link.peer}")
             ctx.post_event(lambda: ctx.remote_closed(a))
+        elif ftype == W.NOTE:
+            if n > W.MAX_CONTROL:
+                raise W.ProtocolError(f"NOTE of {n} B")
+            payload = W.read_payload(sock, n)
+            ctx.post_event(lambda: ctx.note(link.peer, a, b, payload))
         elif ftype == W.ABORT:
             if n > W.MAX_CONTROL:
                 raise W.ProtocolError(f"ABORT of {n} B")
@@ -435,6 +441,12 @@ class SocketTransport(Transport):
         data = message.encode("utf-8", "replace")[:W.MAX_CONTROL]
         for link in self._net(ctx).links.values():
             link.control(W.ABORT, code, -1 if rank is None else rank, 0, data)
+
+    def proxy_note(self, ctx: TransportContext, node: int, kind: int, value: int,  # type: ignore[override]
+                   payload: bytes) -> None:
+        if len(payload) > W.MAX_CONTROL:
+            raise errors.InternalError(f"a note of {len(payload)} B for node {node}")
+        self._net(ctx).links[node].control(W.NOTE, kind, value, 0, payload)
 
     def proxy_describe(self, ctx: TransportContext) -> dict:  # type: ignore[override]
         net = self._net(ctx)

@@ -50,8 +50,9 @@ HELLO_TIMEOUT_S = 10.0
 CLOSE_DRAIN_S = 2.0
 
 # Frame types
-RTS, CTS, DATA, COLL, CLOSED, ABORT, BYE = range(1, 8)
-TYPE_NAMES = {RTS: "RTS", CTS: "CTS", DATA: "DATA", COLL: "COLL", CLOSED: "CLOSED", ABORT: "ABORT", BYE: "BYE"}
+RTS, CTS, DATA, COLL, CLOSED, ABORT, BYE, NOTE = range(1, 9)
+TYPE_NAMES = {RTS: "RTS", CTS: "CTS", DATA: "DATA", COLL: "COLL", CLOSED: "CLOSED", ABORT: "ABORT", BYE: "BYE",
+              NOTE: "NOTE"}
 F_EAGER = 1          # RTS: the message's bytes follow the envelope
 ENVELOPE = struct.Struct("<iiiI")      # RTS payload head: source rank, destination rank, dtype, memory word
 MAX_CONTROL = 8192   # the largest control payload (an ABORT's message, an RTS without eager bytes)

@@ -7,12 +7,15 @@ their ranks. There is no inline path: a SEND or RECV completes when another proc
 collective goes through the args the loop progresses. Chunks are NET_CHUNK_SIZE, the same on every
 node, so that the entries of one chunk meet.
 
-Mismatches between nodes: a chunk whose size differs from its partner's fails the communicator
-where it lands (transports/net_socket.py), naming the collective.
+Mismatches between nodes: every other node sends node 0 the fingerprint of each collective (and its
+first rank) as a note when it starts it; node 0 compares them with its own and fails the communicator
+naming both calls and ranks. A chunk whose size differs from its partner's is refused where it lands
+too (transports/net_socket.py), so a mismatch never writes past a buffer.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import time
 
 import numpy as np
@@ -26,8 +29,18 @@ from shmproxy.engine.args import CollWork
 _log = log.get("COLL")
 
 
+NOTE_FINGERPRINT = 1
+
+
 class MultiNodeColl:
     def start_coll_nodes(self, ops: list[Op]) -> None:
+        op0 = ops[0]
+        fp = self.fingerprint(op0)
+        if self.node == 0:
+            self.fingerprint_seen(op0.coll_seq, 0, op0.rank, fp)
+        else:
+            self.net.proxy_note(self.ctx, 0, NOTE_FINGERPRINT, op0.coll_seq,  # type: ignore[union-attr,misc]
+                                json.dumps([op0.rank, list(fp)]).encode())
         try:
             work, builder, nchunks, chunk_bytes = self.build_coll_nodes(ops)
         except errors.ProxyError as exc:
@@ -38,6 +51,33 @@ class MultiNodeColl:
             self.finish_coll(work)
             return
         self.run_schedules(work, builder, nchunks, chunk_bytes)
+
+    def on_note(self, node: int, kind: int, value: int, payload: bytes) -> None:
+        """Loop: another node's note (transports' proxy_note)."""
+        if kind != NOTE_FINGERPRINT or self.node != 0:
+            self.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
+            return
+        try:
+            rank, fp = json.loads(payload)
+            fp = tuple(int(x) for x in fp)
+        except (ValueError, TypeError) as exc:
+            self.fail(errors.InternalError.code, f"malformed fingerprint note from node {node}: {exc!r}")
+            return
+        self.fingerprint_seen(value, node, int(rank), fp)
+
+    def fingerprint_seen(self, seq: int, node: int, rank: int, fp: tuple) -> None:
+        """Node 0: compare every node's fingerprint of collective ``seq`` with the first one seen."""
+        seen = self.fingerprints.setdefault(seq, [])
+        for other_node, other_rank, other_fp in seen[:1]:
+            if other_fp != fp:
+                self.fail(errors.InvalidUsage.code,
+                          f"collective #{seq} mismatch: rank {other_rank} (node {other_node}) called "
+                          f"{self.describe_fingerprint(other_fp)} but rank {rank} (node {node}) called "
+                          f"{self.describe_fingerprint(fp)}")
+                return
+        seen.append((node, rank, fp))
+        if len(seen) == self.nodes.nnodes:
+            del self.fingerprints[seq]
 
     def build_coll_nodes(self, ops: list[Op]) -> tuple:
         op0 = ops[0]

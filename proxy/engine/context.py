@@ -21,7 +21,7 @@ class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
                  "start_entry", "start_schedule", "post_event", "_argspool", "_n_args", "params",
                  "transport_state", "timeout", "comm_id", "net_ip", "arrive", "finish", "complete_send",
-                 "remote_closed", "fail")
+                 "remote_closed", "fail", "note")
 
     def __init__(self, engine: "ProgressEngine"):
         self._engine = engine
@@ -47,6 +47,7 @@ class EngineContext:
         self.complete_send = engine.complete_send
         self.remote_closed = engine.remote_closed
         self.fail = engine.fail
+        self.note = engine.on_note
 
     @property
     def node(self) -> int:

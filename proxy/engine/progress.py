@@ -135,6 +135,7 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
+        self.fingerprints: dict[int, list] = {}   # node 0 across nodes: seq -> (node, rank, fingerprint)s
         self.matcher = Matcher()   # the receive half of point-to-point (engine/p2p.py)
         self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
         # News from the other threads of this process (the service thread, transports' helper threads):

@@ -29,7 +29,7 @@ import numpy as np
 
 from shmproxy.control import bootstrap
 from shmproxy.core import errors, log, params as params_mod
-from shmproxy.rank import objects
+from shmproxy.rank import objects, splitting
 from shmproxy.core.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll, ReduceOp
 # _DTYPES and _probes: what a Poster is built with (tests build one from this module's names).
 from shmproxy.rank.lifecycle import Lifecycle, _DTYPES, _probes  # noqa: F401
@@ -192,17 +192,39 @@ class Comm(Lifecycle, Posting, Waiting):
         table = np.zeros((self.size, 2), np.int64)
         self.Allgather(np.array([color, key], np.int64), table)
         self._nchildren += 1
+        if self.node_layout is not None:
+            return self._split_across_nodes(table, color)
         if color == UNDEFINED:
             return None
         members = sorted((int(table[r, 1]), r) for r in range(self.size) if table[r, 0] == color)
         ranks = [r for _k, r in members]
         me = ranks.index(self.rank)
-        digest = hashlib.blake2b(f"{self._comm_id}/{self._nchildren}/{color}".encode(), digest_size=4).digest()
-        child_id = int.from_bytes(digest, "little") & 0x7FFFFFFF or 1
         info = bootstrap.LaunchInfo(rank=me, size=len(ranks), local_rank=me, local_size=len(ranks),
                                     launcher="split")
-        child = Comm._create(info, self.params, child_id, key=self._job_key)
+        child = Comm._create(info, self.params, self._child_id(color), key=self._job_key)
         child.parent_ranks = ranks
+        return child
+
+    def _child_id(self, color: int) -> int:
+        digest = hashlib.blake2b(f"{self._comm_id}/{self._nchildren}/{color}".encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "little") & 0x7FFFFFFF or 1
+
+    def _split_across_nodes(self, table: np.ndarray, color: int) -> "Comm | None":
+        """Split of a communicator that spans nodes: each node's members of a color share a progress
+        process; a child that spans nodes too gets its layout from one more Allgather over this
+        communicator, which every rank makes (whatever its color), so that the sequence of
+        collectives stays the same on every rank."""
+        layout = splitting.ChildLayouts(self, table)
+        if color == UNDEFINED:
+            layout.exchange(b"")
+            return None
+        child_id = self._child_id(color)
+        info, child_layout = layout.child_info(color, child_id)
+        child = Comm._create(info, self.params, child_id, key=self._job_key,
+                             split_layout=child_layout if child_layout.spans_nodes else None)
+        if not child_layout.spans_nodes:
+            layout.exchange(b"")   # this rank's share of the Allgather a child across nodes needs
+        child.parent_ranks = layout.members(color)
         return child
 
     def Dup(self) -> "Comm":

@@ -83,8 +83,10 @@ class Lifecycle:
     # ------------------------------------------------------------------ creation
     @classmethod
     def _create(cls, info: bootstrap.LaunchInfo, params: params_mod.Params, comm_id: int,
-                key: str | None = None) -> Any:
+                key: str | None = None, split_layout: Any = None) -> Any:
         self = cls.__new__(cls)
+        self.node_layout = None            # the nodes' layout, when the communicator spans nodes
+        self._split_layout = split_layout  # where a Split child across nodes gets it (rank/splitting.py)
         self._closed = False
         self._failure: errors.ProxyError | None = None
         self.rank, self.size = info.rank, info.size
@@ -161,7 +163,7 @@ class Lifecycle:
     def _meet_nodes(self, info: bootstrap.LaunchInfo, host: str, net_info: bytes, deadline: float) -> dict:
         """The node layout (control/rendezvous.py): through the job's rendezvous for the world, through
         the parent communicator for a Split across nodes (``_split_layout``, set by Split)."""
-        split = getattr(self, "_split_layout", None)
+        split = self._split_layout
         if split is not None:
             return split(net_info)
         return rendezvous.node_layout(info, self.params, host, net_info, self._left(deadline))

@@ -1,0 +1,199 @@
+"""Rank bodies for tests/test_multinode.py: jobs whose ranks span (simulated or namespaced) nodes."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+import shmproxy
+from shmproxy.core import errors
+
+SIZES = [0, 8, 16 << 10, (16 << 10) + 8, (1 << 20) + 3, 5 << 20]
+
+
+def _pattern(nbytes: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def p2p_every_pair() -> dict:
+    """Every ordered pair moves a message of every size, byte-exact, both directions at once; then
+    non-overtaking on one tag with eager and rendezvous sizes interleaved, ANY_SOURCE, truncation."""
+    with shmproxy.init() as comm:
+        me, n = comm.rank, comm.size
+        for nbytes in SIZES:
+            reqs, bufs = [], {}
+            for p in range(n):
+                if p != me:
+                    bufs[p] = np.zeros(nbytes + 16, np.uint8)
+                    reqs.append(comm.Irecv(bufs[p][:nbytes], p, tag=nbytes % 1000))
+            for p in range(n):
+                if p != me:
+                    reqs.append(comm.Isend(_pattern(nbytes, me * 1000 + p), p, tag=nbytes % 1000))
+            shmproxy.Request.Waitall(reqs)
+            for p, b in bufs.items():
+                assert (b[:nbytes] == _pattern(nbytes, p * 1000 + me)).all(), (nbytes, p)
+                assert not b[nbytes:].any(), "written past the message"
+        # non-overtaking: rank 0 sends alternating small/large messages on one tag to the last rank
+        last = n - 1
+        sizes = [8, 3 << 20, 100, 1 << 20, 0, 70000]
+        if me == 0:
+            for i, s in enumerate(sizes):
+                comm.Send(np.full(s, i, np.uint8), last, tag=9)
+        elif me == last:
+            time.sleep(0.2)   # let every envelope arrive first: unexpected messages keep their order
+            for i, s in enumerate(sizes):
+                b = np.zeros(s, np.uint8)
+                st = comm.Recv(b, 0, tag=9)
+                assert st.nbytes == s and (b == i).all(), (i, s, st)
+        # ANY_SOURCE across nodes
+        if me == 0:
+            got = set()
+            for _ in range(n - 1):
+                b = np.zeros(1, np.int64)
+                st = comm.Recv(b, shmproxy.ANY_SOURCE, tag=11)
+                assert b[0] == st.source
+                got.add(st.source)
+            assert got == set(range(1, n))
+        else:
+            comm.Send(np.array([me], np.int64), 0, tag=11)
+        # truncation: the receiver fails, nothing written; the sender completes
+        if me == 0:
+            comm.Send(np.arange(100, dtype=np.int64), last, tag=12)
+            comm.Send(np.arange(1 << 18, dtype=np.int64), last, tag=13)
+        elif me == last:
+            for tag, count in ((12, 100), (13, 1 << 18)):
+                b = np.zeros(count - 1, np.int64)
+                try:
+                    comm.Recv(b, 0, tag=tag)
+                except shmproxy.TruncationError:
+                    assert not b.any()
+                else:
+                    raise AssertionError("no truncation error")
+        comm.Barrier()
+        return {"ok": True}
+
+
+def collectives(nbytes_big: int) -> dict:
+    """Every collective, blocking and nonblocking, IN_PLACE where it exists, small and over several
+    chunks, against numpy."""
+    with shmproxy.init() as comm:
+        me, n = comm.rank, comm.size
+        for count in (1, 7, nbytes_big // 8):
+            x = np.arange(count, dtype=np.float64) + me
+            y = np.zeros(count)
+            comm.Allreduce(x, y)
+            assert np.array_equal(y, sum(np.arange(count, dtype=np.float64) + r for r in range(n)))
+            z = x.copy()
+            comm.Iallreduce(shmproxy.IN_PLACE, z, op=shmproxy.MAX).Wait()
+            assert np.array_equal(z, np.arange(count, dtype=np.float64) + n - 1)
+            a = np.full(count, float(me + 1), np.float32)
+            comm.Allreduce(shmproxy.IN_PLACE, a, op=shmproxy.AVG)
+            assert np.allclose(a, (n + 1) / 2), a[:3]
+            ints = np.full(count, me + 1, np.int32)
+            p = np.zeros(count, np.int32)
+            comm.Allreduce(ints, p, op=shmproxy.PROD)
+            assert (p == np.prod(np.arange(1, n + 1))).all()
+            for root in (0, n - 1):
+                b = np.arange(count, dtype=np.int64) * (root + 1) if me == root else np.zeros(count, np.int64)
+                comm.Ibcast(b, root=root).Wait()
+                assert (b == np.arange(count) * (root + 1)).all()
+                r = np.zeros(count) if me == root else None
+                comm.Reduce(x, r, root=root)
+                if me == root:
+                    assert np.array_equal(r, sum(np.arange(count, dtype=np.float64) + q for q in range(n)))
+            g = np.zeros(count * n, np.int16)
+            comm.Allgather(np.full(count, me, np.int16), g)
+            assert (g == np.repeat(np.arange(n), count)).all()
+            g2 = np.zeros(count * n, np.int16)
+            g2[me * count:(me + 1) * count] = me + 5
+            comm.Iallgather(shmproxy.IN_PLACE, g2).Wait()
+            assert (g2 == np.repeat(np.arange(n) + 5, count)).all()
+            s = np.arange(count * n, dtype=np.int64) + 1000 * me
+            t = np.zeros(count * n, np.int64)
+            comm.Ialltoall(s, t).Wait()
+            exp = np.concatenate([np.arange(me * count, (me + 1) * count) + 1000 * q for q in range(n)])
+            assert (t == exp).all()
+            rs = np.zeros(count)
+            full = np.arange(count * n, dtype=np.float64)
+            comm.Reduce_scatter_block(full, rs)
+            assert np.array_equal(rs, n * full[me * count:(me + 1) * count])
+            ip = full.copy()
+            comm.Ireduce_scatter_block(shmproxy.IN_PLACE, ip).Wait()
+            assert np.array_equal(ip[:count], n * full[me * count:(me + 1) * count])
+        comm.Barrier()
+        comm.Ibarrier().Wait()
+        return {"ok": True}
+
+
+def split_and_objects() -> dict:
+    """Split across nodes (by parity: every child spans nodes when the layout alternates), by node
+    (children within one node), UNDEFINED, Dup; collectives on each; the object layer."""
+    with shmproxy.init() as comm:
+        me, n = comm.rank, comm.size
+        odd = comm.Split(me % 2, key=-me)
+        assert odd.size == len(range(me % 2, n, 2)) and odd.rank == sorted(range(me % 2, n, 2), reverse=True).index(me)
+        s = np.zeros(1)
+        odd.Allreduce(np.array([float(me)]), s)
+        assert s[0] == sum(range(me % 2, n, 2)), s
+        node = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) and comm.node_layout["rank_node"][me]
+        local = comm.Split(node)
+        assert local.size == comm.local_size, (local.size, comm.local_size)
+        t = np.zeros(1)
+        local.Allreduce(np.array([1.0]), t)
+        assert t[0] == comm.local_size
+        none = comm.Split(shmproxy.UNDEFINED if me == 0 else 1)
+        assert (none is None) == (me == 0)
+        dup = comm.Dup()
+        objs = dup.allgather({"rank": me, "data": list(range(me))})
+        assert [o["rank"] for o in objs] == list(range(n))
+        assert dup.bcast({"x": np.arange(3)} if me == n - 1 else None, root=n - 1)["x"].tolist() == [0, 1, 2]
+        assert dup.allreduce(me) == sum(range(n))
+        if me == 0:
+            dup.send({"big": np.ones(1 << 19)}, n - 1, tag=4)
+        elif me == n - 1:
+            assert dup.recv(0, tag=4)["big"].sum() == 1 << 19
+        for c in (odd, local, dup) + ((none,) if none is not None else ()):
+            c.close()
+        return {"ok": True}
+
+
+def mismatch() -> dict:
+    """The last node's ranks call Bcast where the others call Allreduce: every rank fails, naming
+    both calls."""
+    comm = shmproxy.init()
+    try:
+        if comm.node_layout["rank_node"][comm.rank] == max(comm.node_layout["rank_node"]):
+            comm.Bcast(np.zeros(4), root=0)
+        else:
+            comm.Allreduce(np.zeros(4), np.zeros(4))
+    except shmproxy.InvalidUsage as exc:
+        assert "mismatch" in str(exc), str(exc)
+        return {"error": str(exc)}
+    finally:
+        comm.close()
+    raise AssertionError("no mismatch detected")
+
+
+def kill_during_collective(victim: int, what: str) -> dict:
+    """Rank ``victim`` SIGKILLs itself (what='rank') or its node's progress process (what='proxy') in
+    the middle of a stream of Allreduces; every survivor must raise within the bound."""
+    comm = shmproxy.init()
+    me = comm.rank
+    x = np.ones(1 << 18)
+    y = np.zeros_like(x)
+    t0 = time.monotonic()
+    try:
+        for i in range(1000000):
+            if i == 20 and me == victim:
+                if what == "proxy":
+                    os.kill(comm._proxy_pid, signal.SIGKILL)
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            comm.Allreduce(x, y)
+    except errors.ProxyError as exc:
+        took = time.monotonic() - t0
+        comm.close()
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": took}
+    raise AssertionError("the collectives went on")

@@ -1,0 +1,45 @@
+"""Jobs across nodes, on simulated nodes of this machine (tests/harness.py run_ranks(nodes=...)): each
+block of ranks has a host identity of its own, so its own progress process, and the blocks meet
+through SHMPROXY_BOOTSTRAP and talk over the socket transport on loopback. What needs separate
+network stacks (a cut link, a stranger on the port) is in tests/test_netns.py."""
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import run_ranks
+
+BODY = "tests.bodies_multinode:"
+SMALL_CHUNKS = {"SHMPROXY_NET_CHUNK_SIZE": "64K", "SHMPROXY_NET_EAGER_BYTES": "4K"}
+
+
+@pytest.mark.parametrize("nranks,nodes", [(2, 2), (4, 2), (5, 3)], ids=["1+1", "2+2", "1+2+2"])
+def test_point_to_point_between_nodes(nranks, nodes):
+    run_ranks(BODY + "p2p_every_pair", nranks, nodes=nodes, timeout=120)
+
+
+@pytest.mark.parametrize("nranks,nodes", [(4, 2), (5, 3)], ids=["2+2", "1+2+2"])
+def test_every_collective_between_nodes(nranks, nodes):
+    run_ranks(BODY + "collectives", nranks, nodes=nodes, timeout=180, args=(300 << 10,), env=SMALL_CHUNKS)
+
+
+def test_split_dup_and_objects_between_nodes():
+    run_ranks(BODY + "split_and_objects", 4, nodes=2, timeout=120)
+
+
+def test_collective_mismatch_between_nodes_names_both_calls():
+    res = run_ranks(BODY + "mismatch", 4, nodes=2, timeout=60)
+    for r in res.results:
+        assert "Allreduce" in r["error"] and "Bcast" in r["error"], r
+
+
+@pytest.mark.parametrize("what", ["rank", "proxy"])
+def test_a_killed_rank_or_progress_process_fails_every_node(what):
+    """Rank 3 (node 1) kills itself or its node's progress process mid-collective: every survivor on
+    both nodes raises within the bound."""
+    res = run_ranks(BODY + "kill_during_collective", 4, nodes=2, timeout=90, args=(3, what),
+                    expect_fail={3} if what == "rank" else None, env={"SHMPROXY_TIMEOUT": "60"})
+    for r, out in enumerate(res.results):
+        if out is None:
+            continue
+        assert out["seconds"] < 30, out
+        assert "PeerDiedError" in out["error"] or "died" in out["error"] or "lost node" in out["error"], (r, out)
