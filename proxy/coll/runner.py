@@ -90,6 +90,10 @@ class CollRunner:
                           f"{self.describe_fingerprint(first)} but rank {other.rank} called "
                           f"{self.describe_fingerprint(fp)}")
                 return
+        if any(op.mem for op in ops):   # device memory: queued on the GPU whole (shmproxy.coll.gpu)
+            from shmproxy.coll import gpu
+            gpu.start_device_coll(self, ops)
+            return
         try:
             if self.small_coll(ops):
                 return
