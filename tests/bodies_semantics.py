@@ -124,10 +124,10 @@ class _DeviceArray:
 
 
 def memory_kinds_are_checked_end_to_end() -> None:
-    """A device array is refused at the rank, naming its kind, before anything is posted (point-to-
-    point and collectives); a REGISTER of device memory is refused by the progress process, naming
-    the kind, since no allowed transport moves it; an unknown kind is refused; the communicator goes
-    on working after each."""
+    """A device array that cannot be used (no cupy here, or no memory behind it) is refused at the rank,
+    naming its kind, before anything is posted (point-to-point and collectives), and so is one mixed
+    with a host array; a REGISTER of device memory without an IPC handle is refused by the progress
+    process, naming the kind; an unknown kind is refused; the communicator goes on working after each."""
     from shmproxy.control.protocol import MsgType
     with shmproxy.init() as comm:
         dev, host = _DeviceArray(), np.zeros(4, np.float32)
@@ -138,7 +138,9 @@ def memory_kinds_are_checked_end_to_end() -> None:
             try:
                 call()
             except shmproxy.InvalidArgument as exc:
-                assert "cuda device memory" in str(exc) and "_DeviceArray" in str(exc), exc
+                # without cupy: refused naming the array; mixed with a host array: refused as a mix
+                assert (("cuda device memory" in str(exc) and "_DeviceArray" in str(exc))
+                        or "host and device buffers mixed" in str(exc)), exc
             else:
                 raise AssertionError("a device array was accepted")
         for kind, text in (("cuda", "cuda memory (device 0) by rank"), ("tape", "unknown memory kind 'tape'")):

@@ -16,6 +16,7 @@ from shmproxy.shm import pool as P
 from shmproxy.shm.segment import MemfdBuffer
 from shmproxy.transports.base import PeerInfo
 from shmproxy.transports.shm import ShmTransport
+from shmproxy import transports
 
 SLOT_WORDS = P.SLOT_BYTES // 8
 
@@ -75,6 +76,7 @@ def test_no_transport_for_a_pair_fails_the_communicator_naming_both_ranks_and_th
 
 
 def test_device_memory_with_no_device_transport_fails_the_communicator_naming_the_kind(engine):
+    engine.transports = transports.allowed("shm")
     pair(engine, mem_send=mem_word(MemKind.CUDA, 0))
     assert engine.failed and "cuda memory" in str(engine.failure) and "tried: shm" in str(engine.failure)
 

@@ -17,8 +17,9 @@ def test_registry_selects_shm_on_one_host_and_names_both_peers_and_the_kind_othe
     assert transports.select(a, a, MemKind.HOST).name == "shm"   # the loopback: self-sends, collectives
     with pytest.raises(errors.InvalidUsage, match=r"rank 0 \(host hostA.*rank 2 \(host hostB.*host memory"):
         transports.select(a, c)
+    assert transports.select(a, b, MemKind.CUDA).name == "cuda"
     with pytest.raises(errors.InvalidUsage, match=r"rank 1 \(host hostA.*cuda memory; tried: shm"):
-        transports.select(a, b, MemKind.CUDA)
+        transports.select(a, b, MemKind.CUDA, transports.allowed("shm"))
     with pytest.raises(errors.InvalidUsage, match=r"tried: none"):
         transports.select(a, b, MemKind.HOST, ())
 

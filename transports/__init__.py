@@ -1,16 +1,19 @@
 """Transports, in the order they are tried: the first that moves the memory kind and whose
 ``can_connect`` says yes carries a connection (the contract: shmproxy.transports.base): shm (host
-memory on one node), then socket (host memory between nodes, over TCP). The CUDA and RDMA transports
-register here as they land, and join the conformance suite (tests/test_conformance.py) by being
-registered."""
+memory on one node), cuda (device memory on one node, transports/cuda.py: it imports nothing of CUDA
+until device memory is registered), then socket (host memory between nodes, over TCP). An RDMA
+transport registers here when it lands. Every host-memory transport runs the conformance suite
+(tests/test_conformance.py) by being registered; the cuda transport's suite is tests/test_gpu*.py."""
 from __future__ import annotations
 
 from shmproxy.core.errors import InvalidArgument, InvalidUsage
 from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext, check_transport
+from shmproxy.transports.cuda import CudaTransport
 from shmproxy.transports.net_socket import SocketTransport
 from shmproxy.transports.shm import ShmTransport
 
-REGISTRY: tuple[Transport, ...] = tuple(check_transport(t) for t in (ShmTransport(), SocketTransport()))
+REGISTRY: tuple[Transport, ...] = tuple(check_transport(t) for t in (ShmTransport(), CudaTransport(),
+                                                                     SocketTransport()))
 
 
 def allowed(names: str, registry: tuple[Transport, ...] = REGISTRY) -> tuple[Transport, ...]:

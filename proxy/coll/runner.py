@@ -91,6 +91,14 @@ class CollRunner:
                           f"{self.describe_fingerprint(first)} but rank {other.rank} called "
                           f"{self.describe_fingerprint(fp)}")
                 return
+        if any(op.mem for op in ops):   # device memory: queued on the GPU whole (shmproxy.coll.gpu)
+            if self.nodes.nnodes > 1:
+                self.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers in a "
+                          f"collective across nodes are not supported yet")
+                return
+            from shmproxy.coll import gpu
+            gpu.start_device_coll(self, ops)
+            return
         if self.nodes.nnodes > 1:
             self.start_coll_nodes(ops)
             return

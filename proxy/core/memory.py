@@ -1,13 +1,13 @@
 """Memory kinds: where a buffer's bytes live, from the rank's call to the progress process's copy.
 
 Every layer carries the kind of the memory it names: the rank locates a buffer (host memory it
-registered, or staged; a device array once a GPU transport exists), the REGISTER message says the
+registered, or staged; or a device array's allocation), the REGISTER message says the
 kind of what it registers, the op record carries the kind and device of its buffers (the ``mem``
 word: kind in the low 8 bits, device index above), and the progress process picks a connection per
 (pair of ranks, memory kind), so that each transport resolves only the memory it knows.
 
-Only host memory has a transport today; a device array is refused at the rank, with a message that
-says so, before anything is posted.
+Host memory moves by the shm transport, device memory by the cuda transport (transports/cuda.py);
+the rank side of device arrays is shmproxy.rank.device.
 """
 from __future__ import annotations
 

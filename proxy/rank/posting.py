@@ -14,11 +14,13 @@ from typing import Any
 import numpy as np
 
 from shmproxy.core import errors
-from shmproxy.core.memory import device_array_kind
+from shmproxy.control.protocol import MsgType
+from shmproxy.core.memory import MemKind, device_array_kind, mem_device, mem_word
 from shmproxy.coll import sched
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
                                KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll,
                                ANY_SOURCE, ANY_TAG)
+from shmproxy.rank.device import DeviceMemory
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
 
@@ -58,6 +60,8 @@ class Posting:
         when shm._poster's fast path declined (the uncommon cases: see shm/_poster.c)."""
         self._check_usable()
         if type(buf) is not np.ndarray:
+            if device_array_kind(buf) is not None:
+                return self._post_device(kind, buf, peer, tag)
             raise _not_host(buf, "buffer")
         code = _DTYPE_CODE.get(buf.dtype.char)
         if code is None:
@@ -91,6 +95,50 @@ class Posting:
         return self._emit(kind, code, 0, 0, peer, tag, found[0], found[1], nbytes, buf.size, -1, 0, 0, 0,
                           buf, stage, user_addr)
 
+    def _device_memory(self) -> DeviceMemory:
+        dev = self.__dict__.get("_device")
+        if dev is None:
+            def register(payload: dict) -> None:
+                self._control(MsgType.REGISTER, payload)
+            dev = self._device = DeviceMemory(register, self._registry.new_id, lambda: self._registry.dead_ids)
+        return dev
+
+    def _post_device(self, kind: int, buf: Any, peer: Any, tag: Any) -> Request:
+        """A message from or into device memory: never staged (shmproxy.rank.device)."""
+        dev = self._device_memory()
+        arr = dev.as_array(buf, "buffer")
+        code = _DTYPE_CODE.get(arr.dtype.char)
+        if code is None:
+            raise errors.InvalidArgument(f"unsupported dtype {arr.dtype}; supported: {SUPPORTED_DTYPES}")
+        peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source", kind == KIND_RECV)
+        tag = self._check_tag(tag, kind == KIND_RECV)
+        bid, off, mem = dev.locate(arr)
+        return self._emit(kind, code, 0, 0, peer, tag, bid, off, arr.nbytes, arr.size, -1, 0, 0, 0,
+                          (buf, arr), None, 0, mem)
+
+    def _device_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, int]:
+        """A collective's buffers as cupy arrays when they are device memory, with the record's mem
+        word (0: host memory); host and device buffers mixed in one call, or two devices, are refused
+        here, before anything is posted."""
+        named = [(b, w) for b, w in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf"))
+                 if b is not None and b is not IN_PLACE]
+        on_device = [device_array_kind(b) is not None for b, _w in named]
+        if not any(on_device):
+            return sendbuf, recvbuf, 0
+        if not all(on_device):
+            host = [w for (b, w), d in zip(named, on_device) if not d]
+            raise errors.InvalidArgument(f"{name}: host and device buffers mixed in one call ({', '.join(host)} "
+                                         f"is host memory, the other device memory): pass both on one side")
+        dev = self._device_memory()
+        if sendbuf is not None and sendbuf is not IN_PLACE:
+            sendbuf = dev.as_array(sendbuf, f"{name} {'buffer' if recvbuf is None else 'sendbuf'}")
+        if recvbuf is not None:
+            recvbuf = dev.as_array(recvbuf, f"{name} recvbuf")
+        devices = {b.device.id for b in (sendbuf, recvbuf) if b is not None and b is not IN_PLACE}
+        if len(devices) > 1:
+            raise errors.InvalidArgument(f"{name}: sendbuf and recvbuf are on different devices {sorted(devices)}")
+        return sendbuf, recvbuf, mem_word(MemKind.CUDA, devices.pop())
+
     def _stage_send(self, buf: np.ndarray, addr: int, nbytes: int) -> tuple[tuple[int, int], Any]:
         """Copy a send buffer that is not in registered memory into a staging buffer."""
         stage = self._staging.get(nbytes)
@@ -104,7 +152,11 @@ class Posting:
 
     def _locate(self, arr: np.ndarray, writable: bool, copy_in: bool, what: str) -> tuple:
         """(buf_id, offset, stage, user_addr) of an array: registered, or staged (copied in when
-        ``copy_in``; a writable staged array is copied out by its request at completion)."""
+        ``copy_in``; a writable staged array is copied out by its request at completion). A device
+        array is located in its own allocation, never staged."""
+        if type(arr) is not np.ndarray:
+            bid, off, _mem = self._device_memory().locate(arr)
+            return bid, off, None, 0
         nbytes = arr.nbytes
         try:
             addr = _buffer_info(arr, writable)[0]
@@ -124,8 +176,8 @@ class Posting:
             _native.memcopy(stage[1].addr, addr, nbytes)
         return stage[0], 0, stage, addr
 
-    def _check_buf(self, buf: Any, what: str) -> int:
-        if type(buf) is not np.ndarray:
+    def _check_buf(self, buf: Any, what: str, device: bool = False) -> int:
+        if type(buf) is not np.ndarray and not device:   # device: a cupy array already (_device_args)
             raise _not_host(buf, what)
         code = _DTYPE_CODE.get(buf.dtype.char)
         if code is None:
@@ -163,10 +215,15 @@ class Posting:
         send_loc = recv_loc = (0, 0, None, 0)
         flags = FLAG_IN_PLACE if in_place else 0
         keep: tuple = (sendbuf, recvbuf)
+        mem = 0
+        if coll != C.BARRIER and (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray):
+            sendbuf, recvbuf, mem = self._device_args(name, sendbuf, recvbuf)
+            keep += (sendbuf, recvbuf)
+        device = bool(mem)
         if coll == C.BARRIER:
             code, count, snb, rnb = 1, 0, 0, 0
         elif coll == C.BCAST:
-            code = self._check_buf(sendbuf, f"{name} buffer")
+            code = self._check_buf(sendbuf, f"{name} buffer", device)
             count, snb, rnb = sendbuf.size, sendbuf.nbytes, sendbuf.nbytes
             # Writable and contiguous on every rank, the root included: a check that passed on some
             # ranks and failed on others would put their sequences of collectives out of step.
@@ -177,7 +234,9 @@ class Posting:
         else:
             rcode = None
             if coll != C.REDUCE or me == root:  # a non-root's Reduce recvbuf is not significant
-                rcode = self._check_buf(recvbuf, f"{name} recvbuf")
+                rcode = self._check_buf(recvbuf, f"{name} recvbuf", device)
+            elif recvbuf is not None and device:
+                self._check_buf(recvbuf, f"{name} recvbuf", device)   # contiguous: _device_args saw to it
             elif recvbuf is not None:
                 # ... but it is checked like the root's, so that the same call passes or fails on
                 # every rank alike (see Bcast above).
@@ -193,7 +252,7 @@ class Posting:
                                                  + (" (only on the root)" if coll == C.REDUCE else ""))
                 code = rcode
             else:
-                code = self._check_buf(sendbuf, f"{name} sendbuf")
+                code = self._check_buf(sendbuf, f"{name} sendbuf", device)
                 if rcode is not None and rcode != code:
                     raise errors.InvalidArgument(f"{name}: sendbuf is {sendbuf.dtype}, recvbuf {recvbuf.dtype}")
             if in_place and rcode is None:
@@ -231,21 +290,24 @@ class Posting:
         pp = self._pp
         pp.coll_seq += 1
         req = self._emit(KIND_COLL, code, redop, flags, root, coll, send_loc[0], send_loc[1], snb, count,
-                         recv_loc[0], recv_loc[1], rnb, pp.coll_seq, keep, recv_loc[2], recv_loc[3])
+                         recv_loc[0], recv_loc[1], rnb, pp.coll_seq, keep, recv_loc[2], recv_loc[3], mem)
         if send_loc[2] is not None or recv_loc[2] is not None:
             req._extra = (send_loc[2], rnb)
         return req
 
     def _emit(self, kind: int, code: int, redop: int, flags: int, peer: int, tag: int, bid: int, off: int,
               nbytes: int, count: int, bid2: int, off2: int, nbytes2: int, coll_seq: int, keep: Any,
-              stage: Any, user_addr: int) -> Request:
-        """Fill a record and its request and post it (or link it into the open group)."""
+              stage: Any, user_addr: int, mem: int = 0) -> Request:
+        """Fill a record and its request and post it (or link it into the open group). Device memory
+        (``mem``): the request's stream event is recorded first (shmproxy.rank.device)."""
         slot = self._free_slots.pop() if self._free_slots else self._take_slot()
         index = self._free_records.pop() if self._free_records else self._take_record()
         coll = kind == KIND_COLL
         pp = self._pp
+        if mem:
+            self._device.record(slot, mem_device(mem))
         seq = pp.write(index, slot, kind, code, redop, flags, peer, 0 if coll else tag, bid, off, nbytes, count,
-                       bid2, off2, nbytes2, coll_seq, tag if coll else 0)
+                       bid2, off2, nbytes2, coll_seq, tag if coll else 0, mem)
         req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr, pp)
         self._pending[slot] = req
         pp.enqueue(index)
@@ -253,11 +315,9 @@ class Posting:
 
 
 def _not_host(buf: Any, what: str) -> errors.InvalidArgument:
-    """The error for a buffer the host path cannot take. A device array gets its own message: no
-    transport moves device memory yet (shmproxy.core.memory), and a silent copy to the host would
-    hide the cost and break the stream ordering a GPU user expects."""
+    """The error for a buffer the host path cannot take (device arrays take their own path before)."""
     kind = device_array_kind(buf)
     if kind is not None:
-        return errors.InvalidArgument(f"{what} is {kind} device memory ({type(buf).__name__}); no transport "
-                                      f"for {kind} memory is available yet: pass a host (numpy) array")
+        return errors.InvalidArgument(f"{what} is {kind} device memory ({type(buf).__name__}) where host "
+                                      f"memory is needed")
     return errors.InvalidArgument(f"{what} must be a numpy array, got {type(buf).__name__}")

@@ -1,0 +1,184 @@
+"""Collectives on device memory: the GPU executor, and how the progress process starts one.
+
+The simplest honest path, beside the host's chunk schedules: once every local rank's op of a
+collective has arrived and one of them names device memory, the whole collective is queued at once
+on the cuda transport's stream of that device (``start_device_coll``): the stream waits on each
+rank's post-time event, then the executor queues the copies (cudaMemcpyAsync) and reductions (cupy
+ufuncs writing with ``out=`` into the destination, no temporaries) in the same order as the host
+algorithms, and records one event. The collective is one sub of one args of the cuda transport,
+done when that event is (its ``proxy_progress_coll`` polls it), so the GPU runs the whole collective
+back to back while the loop goes on with other work. Not chunked: a device collective is one
+stream of work, and the copy engines and SMs pipeline it themselves.
+
+Reductions go in rank order (the root's input first for Reduce), into one output that is then copied
+to the other ranks' outputs, so every rank gets the same bits, as on the host. Every rank's buffers
+must be device memory: a collective whose ranks mix host and device buffers is refused.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shmproxy.coll import sched
+from shmproxy.core import errors, log
+from shmproxy.core.memory import MemKind, mem_device, mem_kind
+from shmproxy.core.ops import CODE_DTYPE, FLAG_IN_PLACE, Coll, Op, ReduceOp
+from shmproxy.engine.args import CollWork
+from shmproxy.shm import pool as P
+
+_log = log.get("COLL")
+_UFUNC_NAMES = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MIN: "minimum",
+                ReduceOp.MAX: "maximum", ReduceOp.AVG: "add"}
+
+
+class GpuExecutor:
+    """Copies and reductions on device memory, queued on one stream; views over raw addresses."""
+
+    name = "cuda"
+
+    def __init__(self, cp: Any, stream: Any, device: int):
+        self.cp, self.stream, self.device = cp, stream, device
+
+    def view(self, addr: int, count: int, dtype: Any) -> Any:
+        """A cupy array over ``count`` elements at ``addr`` (an opened allocation): no copy, no owner."""
+        cp = self.cp
+        mem = cp.cuda.UnownedMemory(addr, count * dtype.itemsize, None, self.device)
+        return cp.ndarray((count,), dtype, cp.cuda.MemoryPointer(mem, 0))
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        if nbytes and dst != src:
+            self.cp.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, self.stream.ptr)   # cudaMemcpyDefault
+
+    def reduce(self, redop: int, dtype: Any, count: int, ins: list[int], out: int, nranks: int) -> None:
+        """out = ins[0] op ins[1] op ... (in that order); AVG divides by ``nranks`` after."""
+        cp = self.cp
+        ufunc = getattr(cp, _UFUNC_NAMES[redop])
+        o = self.view(out, count, dtype)
+        with self.stream:
+            if len(ins) == 1:
+                self.copy(out, ins[0], count * dtype.itemsize)
+            else:
+                ufunc(self.view(ins[0], count, dtype), self.view(ins[1], count, dtype), out=o)
+                for x in ins[2:]:
+                    ufunc(o, self.view(x, count, dtype), out=o)
+            if redop == ReduceOp.AVG:
+                cp.true_divide(o, nranks, out=o, casting="unsafe")
+
+
+def _transport(engine: Any) -> Any:
+    for t in engine.transports:
+        if MemKind.CUDA in t.kinds and getattr(t, "gpu", None) is not None:
+            return t
+    raise errors.InvalidUsage("a collective on device memory, but no allowed transport has device memory "
+                              "registered (SHMPROXY_TRANSPORTS)")
+
+
+def start_device_coll(engine: Any, ops: list[Op]) -> None:
+    """Queue a collective on device memory (see the module header); its requests fail, nothing moved,
+    when a buffer is wrong."""
+    try:
+        _start(engine, ops)
+    except errors.ProxyError as exc:
+        for op in ops:
+            engine.complete(op, exc.code, 0)
+        _log.warning("device collective #%d refused: %s", ops[0].coll_seq, exc)
+
+
+def _start(engine: Any, ops: list[Op]) -> None:
+    op0 = ops[0]
+    c, n, size = op0.coll, op0.count, len(ops)
+    dt = CODE_DTYPE.get(op0.dtype)
+    if dt is None:
+        raise errors.InvalidArgument(f"{op0.describe()}: unknown dtype code {op0.dtype}")
+    hosts = [op.rank for op in ops if mem_kind(op.mem) != MemKind.CUDA]
+    if hosts:
+        raise errors.InvalidArgument(f"{op0.describe()}: ranks {hosts} passed host buffers where other ranks "
+                                     f"passed device memory; a collective takes one kind on every rank")
+    blk = n * dt.itemsize
+    if not blk and c != Coll.BARRIER:   # nothing to move, nothing to order
+        engine.complete_coll(ops, 0)
+        return
+    t = _transport(engine)
+    gpu, ctx = t.gpu, engine.ctx
+    in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
+
+    def addr(op: Op, second: bool, nbytes: int) -> int:   # second: the receive buffer
+        return gpu.address(ctx, op, second, nbytes)
+
+    # Every address resolved and bounds-checked before anything is queued.
+    if c == Coll.ALLREDUCE:
+        outs = [addr(op, True, blk) for op in ops]
+        ins = [o if ip else addr(op, False, blk) for op, o, ip in zip(ops, outs, in_place)]
+        total = blk
+    elif c == Coll.REDUCE:
+        root = op0.peer
+        out = addr(ops[root], True, blk)
+        ins = [out if ip else addr(op, False, blk) for op, ip in zip(ops, in_place)]
+        total = blk
+    elif c == Coll.BCAST:
+        bufs = [addr(op, True, blk) for op in ops]
+        total = blk
+    elif c in (Coll.ALLGATHER, Coll.ALLTOALL, Coll.REDUCE_SCATTER_BLOCK):
+        full = blk * size
+        total = full
+        if c == Coll.ALLGATHER:
+            outs = [addr(op, True, full) for op in ops]
+            ins = [o + r * blk if ip else addr(op, False, blk) for r, (op, o, ip) in enumerate(zip(ops, outs, in_place))]
+        elif c == Coll.ALLTOALL:
+            ins = [addr(op, False, full) for op in ops]
+            outs = [addr(op, True, full) for op in ops]
+        else:
+            if any(in_place) and not all(in_place):
+                raise errors.InvalidUsage("Reduce_scatter_block: IN_PLACE must be used by every rank or none")
+            if in_place[0]:
+                ins = [addr(op, True, full) for op in ops]
+                outs = list(ins)
+            else:
+                ins = [addr(op, False, full) for op in ops]
+                outs = [addr(op, True, blk) for op in ops]
+    else:
+        raise errors.InvalidArgument(f"{op0.describe()}: collective {c} has no device path")
+    if c in (Coll.REDUCE, Coll.ALLREDUCE, Coll.REDUCE_SCATTER_BLOCK):
+        sched.check_op(op0.redop, dt)
+
+    device = mem_device(op0.mem)
+    stream = gpu.stream(device)
+    cp = gpu.cp
+    x = GpuExecutor(cp, stream, device)
+    with cp.cuda.Device(device):
+        for op in ops:
+            gpu.wait_for_rank(op, stream)
+        if c == Coll.ALLREDUCE:
+            x.reduce(op0.redop, dt, n, ins, outs[0], size)
+            for o in outs[1:]:
+                x.copy(o, outs[0], blk)
+        elif c == Coll.REDUCE:
+            root = op0.peer
+            order = [root] + [r for r in range(size) if r != root]
+            x.reduce(op0.redop, dt, n, [ins[r] for r in order], out, size)
+        elif c == Coll.BCAST:
+            for r, b in enumerate(bufs):
+                if r != op0.peer:
+                    x.copy(b, bufs[op0.peer], blk)
+        elif c == Coll.ALLGATHER:
+            for r, src in enumerate(ins):
+                for o in outs:
+                    x.copy(o + r * blk, src, blk)
+        elif c == Coll.ALLTOALL:
+            for q, o in enumerate(outs):
+                for r, src in enumerate(ins):
+                    x.copy(o + r * blk, src + q * blk, blk)
+        else:   # Reduce_scatter_block; in place, rank d's result goes to block 0 of its buffer, which
+            # only rank 0's result reads: rank 0's is computed first
+            for d, o in enumerate(outs):
+                x.reduce(op0.redop, dt, n, [src + d * blk for src in ins], o, size)
+        ev = gpu.end_event(device, stream)
+    work = CollWork(ops, total, [], time.monotonic_ns())
+    args = engine.argspool.get_args((-1, -1), op0.opcount, t)
+    args.coll = work
+    engine.active.append(args)
+    engine.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
+    sub = engine.argspool.add_sub(args, work, 0, 0, total, total)
+    sub.posted = 1
+    gpu.watch(sub.slot, device, ev)
+

@@ -1,0 +1,150 @@
+"""Device arrays at the rank: locating them for the progress process, and ordering by stream.
+
+A device buffer is never staged: the progress process maps the rank's own allocation and copies
+from or into it on its GPU streams (transports/cuda.py). Three things happen here, and only once a
+device array first appears (cupy is imported then, never for a host-only job):
+
+- **Which allocation.** An array's pointer usually lies inside a larger allocation (cupy's pool
+  carves many arrays out of one cudaMalloc), and a CUDA IPC handle names a whole allocation. The
+  driver tells the range (start, size), a buffer id that is never reused within the process, the
+  device, and whether the legacy IPC handles can export it (cuPointerGetAttributes). An allocation
+  is registered once (REGISTER, kind cuda, with its IPC handle as ``info``) and cached by its start
+  address and buffer id: an op then names (buf_id, offset from the start). An address whose buffer id
+  changed is a new allocation at a reused address: the old registration is dropped (DEREGISTER) and
+  the new one registered, so the progress process can never write into memory that was freed.
+- **Stream order, as NCCL's.** An op on device memory must see the work the rank queued on its current
+  stream before the call. At post time the rank records an interprocess event on that stream; the
+  progress process makes its own stream wait on it before it copies. Each rank has a ring of
+  ``NEVENTS`` such events per device, registered once; a request uses event ``slot % NEVENTS``. A
+  ring entry re-recorded by a later op before the progress process read the earlier one only makes
+  the earlier op wait a little longer, never too little (the later record follows the earlier work).
+- **Completion.** The progress process completes the request once the copies have finished on the
+  GPU, so a blocking call returns with the data in place, and the rank's later stream work sees it.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+from shmproxy.core import errors
+from shmproxy.core.memory import MemKind, device_array_kind, mem_word
+
+NEVENTS = 16    # interprocess events per rank and device (see the header)
+
+# CUpointer_attribute values of the driver API (cuda.h)
+_BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE, _RANGE_START, _RANGE_SIZE = 7, 9, 10, 11, 12
+
+_cupy: Any = None
+
+
+def cupy_module(what: str, obj: Any) -> Any:
+    """cupy, imported on first need; InvalidArgument naming the buffer when it cannot be."""
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy
+        except ImportError as exc:
+            raise errors.InvalidArgument(f"{what} is cuda device memory ({type(obj).__name__}); device buffers "
+                                         f"need cupy, which cannot be imported here: {exc}") from None
+        _cupy = cupy
+    return _cupy
+
+
+class _Driver:
+    """The one driver call the runtime API lacks: an address's allocation range and identity."""
+
+    def __init__(self) -> None:
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise errors.InvalidArgument(f"the CUDA driver (libcuda.so.1) cannot be loaded: {exc}") from None
+        self.lib.cuPointerGetAttributes.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int),
+                                                    ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64]
+
+    def allocation(self, ptr: int) -> tuple[int, int, int, int, bool]:
+        """(start, size, buffer id, device, IPC-capable) of the allocation holding ``ptr``."""
+        start, size, bid = ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_uint64()
+        dev, ipc = ctypes.c_int(-1), ctypes.c_int(0)
+        attrs = (ctypes.c_int * 5)(_RANGE_START, _RANGE_SIZE, _BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE)
+        data = (ctypes.c_void_p * 5)(*(ctypes.addressof(x) for x in (start, size, bid, dev, ipc)))
+        rc = self.lib.cuPointerGetAttributes(5, attrs, data, ptr)
+        if rc != 0 or not start.value:
+            raise errors.InvalidArgument(f"address {ptr:#x} is not device memory the CUDA driver knows "
+                                         f"(cuPointerGetAttributes: error {rc})")
+        return start.value, size.value, bid.value, dev.value, bool(ipc.value)
+
+
+class DeviceMemory:
+    """This rank's device registrations and stream events (one per communicator)."""
+
+    def __init__(self, register: Callable[[dict], None], new_id: Callable[[], int], dead_ids: Callable[[], list]):
+        self._register = register     # sends one REGISTER payload (kind cuda), waits for the answer
+        self._new_id = new_id
+        self._dead_ids = dead_ids     # the registry's DEREGISTER queue, sent with the next message
+        self._allocs: dict[int, tuple[int, int, int]] = {}   # start -> (buffer id, size, buf_id)
+        self._events: dict[int, list[Any]] = {}               # device -> the ring of interprocess events
+        self._driver: _Driver | None = None
+        self.cp: Any = None
+
+    def as_array(self, obj: Any, what: str) -> Any:
+        """``obj`` as a cupy array without copying (CUDA array interface or DLPack), C-contiguous."""
+        cp = self.cp = cupy_module(what, obj)
+        if isinstance(obj, cp.ndarray):
+            arr = obj
+        else:
+            try:
+                arr = cp.asarray(obj) if hasattr(obj, "__cuda_array_interface__") else cp.from_dlpack(obj)
+            except Exception as exc:  # whatever the foreign object raises: say which buffer it was
+                raise errors.InvalidArgument(f"{what} ({type(obj).__name__}) cannot be read as a device "
+                                             f"array: {exc}") from None
+        if not arr.flags.c_contiguous:
+            raise errors.InvalidArgument(f"{what} is not C-contiguous (device buffers are never staged)")
+        return arr
+
+    def locate(self, arr: Any) -> tuple[int, int, int]:
+        """(buf_id, offset, mem word) of a device array's bytes, registering its allocation first."""
+        ptr = arr.data.ptr
+        if not arr.nbytes:
+            return 0, 0, mem_word(MemKind.CUDA, arr.device.id)
+        if self._driver is None:
+            self._driver = _Driver()
+        start, size, bid, dev, ipc = self._driver.allocation(ptr)
+        known = self._allocs.get(start)
+        if known is not None and known[0] == bid:
+            return known[2], ptr - start, mem_word(MemKind.CUDA, dev)
+        if not ipc:
+            raise errors.InvalidArgument(f"device memory at {ptr:#x} (device {dev}) cannot be shared with "
+                                         f"CUDA IPC handles (stream-ordered or virtual-memory allocations "
+                                         f"are not supported yet): allocate it with cudaMalloc, e.g. "
+                                         f"cupy's default memory pool")
+        if known is not None:   # the address was freed and allocated again: a new allocation
+            self._dead_ids().append(known[2])
+            del self._allocs[start]
+        handle = self.cp.cuda.runtime.ipcGetMemHandle(start)
+        buf_id = self._new_id()
+        self._register({"buf_id": buf_id, "bytes": size, "kind": "cuda", "device": dev,
+                        "info": {"handle": bytes(handle).hex()}})
+        self._allocs[start] = (bid, size, buf_id)
+        return buf_id, ptr - start, mem_word(MemKind.CUDA, dev)
+
+    def record(self, slot: int, device: int) -> None:
+        """Record event ``slot % NEVENTS`` of ``device`` on this thread's current stream there."""
+        ring = self._events.get(device)
+        cp = self.cp
+        with cp.cuda.Device(device):
+            if ring is None:
+                ring = self._make_ring(device)
+            ring[slot % NEVENTS].record(cp.cuda.get_current_stream())
+
+    def _make_ring(self, device: int) -> list[Any]:
+        cp = self.cp
+        ring = [cp.cuda.Event(block=False, disable_timing=True, interprocess=True) for _ in range(NEVENTS)]
+        handles = [bytes(cp.cuda.runtime.ipcGetEventHandle(ev.ptr)).hex() for ev in ring]
+        self._register({"buf_id": self._new_id(), "bytes": 0, "kind": "cuda", "device": device,
+                        "info": {"events": handles}})
+        self._events[device] = ring
+        return ring
+
+
+def is_device(obj: Any) -> bool:
+    return device_array_kind(obj) is not None

@@ -1,0 +1,307 @@
+"""Rank bodies for tests/test_gpu.py: device (cupy) buffers through shmproxy, ranks sharing one GPU.
+
+Inputs are deterministic functions of (rank, size, dtype), small integers, so every rank computes every
+other rank's contribution and checks its own output against a cupy reference exactly (AVG within a
+tolerance). Each body returns the number of cases it checked, and the mismatches it found.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+import shmproxy
+
+DTYPES = ["int32", "int64", "float16", "float32", "float64", "uint8", "complex64"]
+SIZES = [0, 1, 7, 1000, 1 << 20]
+
+
+def _cp() -> Any:
+    import cupy
+    cupy.cuda.Device(0).use()
+    return cupy
+
+
+def _input(cp: Any, rank: int, n: int, dtype: str, salt: int = 0) -> Any:
+    x = (cp.arange(n, dtype=cp.int64) * 7 + rank * 3 + salt) % 5 + 1
+    return x.astype(dtype)
+
+
+def p2p_every_dtype_and_size() -> dict:
+    """Send/Recv and Isend/Irecv of device arrays, both directions; host<->device messages too."""
+    cp = _cp()
+    bad, cases = [], 0
+    with shmproxy.init() as comm:
+        me, peer = comm.rank, 1 - comm.rank
+        for dtype in DTYPES:
+            for n in SIZES:
+                ref = _input(cp, 0, n, dtype)
+                if me == 0:
+                    comm.Send(ref, 1, tag=n)
+                    out = cp.zeros(n, dtype)
+                    comm.Irecv(out, 1, tag=n + 1).Wait()
+                else:
+                    out = cp.zeros(n, dtype)
+                    st = comm.Recv(out, 0, tag=n)
+                    if st.nbytes != out.nbytes:
+                        bad.append(f"{dtype} {n}: status nbytes {st.nbytes}")
+                    comm.Isend(out, 0, tag=n + 1).Wait()
+                cases += 1
+                if not bool((out == ref).all()):
+                    bad.append(f"{dtype} {n}: data differs")
+        # a host array sent into a device array and back
+        host = np.arange(1000, dtype=np.float32) + me
+        dev = cp.zeros(1000, cp.float32)
+        r = comm.Irecv(dev, peer, tag=7)
+        comm.Send(host, peer, tag=7)
+        r.Wait()
+        if not bool((dev.get() == np.arange(1000, dtype=np.float32) + peer).all()):
+            bad.append("host -> device: data differs")
+        back = np.zeros(1000, np.float32)
+        r = comm.Irecv(back, peer, tag=8)
+        comm.Send(dev, peer, tag=8)
+        r.Wait()
+        if not (back == host).all():
+            bad.append("device -> host: data differs")
+        cases += 2
+    return {"cases": cases, "bad": bad}
+
+
+_SPIN = r"""
+extern "C" __global__ void spin_then_fill(float* x, long long n, float v, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) x[i] = v;
+}
+"""
+
+
+def stream_order() -> dict:
+    """Work queued on a non-default stream before the call is seen: the sender's kernel spins for
+    ~100 ms before writing the data, and the send is posted right after, with no synchronize."""
+    cp = _cp()
+    kern = cp.RawKernel(_SPIN, "spin_then_fill")
+    n = 1 << 20
+    bad = []
+    with shmproxy.init() as comm:
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            x = cp.zeros(n, cp.float32)
+            s.synchronize()
+            t0 = time.monotonic()
+            if comm.rank == 0:
+                kern((64,), (256,), (x, cp.int64(n), cp.float32(42.0), cp.int64(200_000_000)))
+                comm.Send(x, 1)
+            else:
+                comm.Recv(x, 0)
+                if not bool((x == 42.0).all()):
+                    bad.append("receiver saw the buffer before the sender's stream wrote it")
+            # collectives too: every rank's input is written by a slow kernel just before the call
+            y = cp.zeros(n, cp.float32)
+            kern((64,), (256,), (y, cp.int64(n), cp.float32(comm.rank + 1), cp.int64(100_000_000)))
+            out = cp.zeros(n, cp.float32)
+            comm.Allreduce(y, out)
+            expect = comm.size * (comm.size + 1) / 2
+            if not bool((out == expect).all()):
+                bad.append(f"Allreduce saw inputs before they were written: {float(out[0])} != {expect}")
+            dt = time.monotonic() - t0
+    return {"bad": bad, "seconds": dt}
+
+
+def _ref_reduce(cp: Any, xs: list, op: str) -> Any:
+    acc = xs[0].copy()
+    for x in xs[1:]:
+        if op in ("SUM", "AVG"):
+            acc = acc + x
+        elif op == "PROD":
+            acc = acc * x
+        elif op == "MIN":
+            acc = cp.minimum(acc, x)
+        else:
+            acc = cp.maximum(acc, x)
+    if op == "AVG":
+        acc = acc / len(xs)
+    return acc
+
+
+def _same(cp: Any, a: Any, b: Any, op: str) -> bool:
+    if op == "AVG":
+        return bool(cp.allclose(a.astype(cp.complex128), b.astype(cp.complex128), rtol=1e-2))
+    return bool((a == b).all())
+
+
+def collectives() -> dict:
+    """Every buffer collective on device arrays (in place where MPI has it), against cupy references."""
+    cp = _cp()
+    bad, cases = [], 0
+    with shmproxy.init() as comm:
+        me, size = comm.rank, comm.size
+        for dtype in DTYPES:
+            for n in SIZES:
+                xs = [_input(cp, r, n, dtype) for r in range(size)]
+                ops = ["SUM", "MAX", "MIN", "PROD"] + (["AVG"] if dtype[0] in "fc" else [])
+                if dtype.startswith("complex"):
+                    ops = ["SUM", "PROD", "AVG"]
+                for op in ops:
+                    ref = _ref_reduce(cp, xs, op).astype(dtype)
+                    out = cp.zeros(n, dtype)
+                    comm.Allreduce(xs[me], out, getattr(shmproxy, op))
+                    inplace = xs[me].copy()
+                    comm.Allreduce(shmproxy.IN_PLACE, inplace, getattr(shmproxy, op))
+                    root = n % size
+                    rout = cp.zeros(n, dtype) if me == root else None
+                    comm.Reduce(xs[me], rout, getattr(shmproxy, op), root=root)
+                    cases += 3
+                    for what, got in (("Allreduce", out), ("Allreduce in place", inplace)) + (
+                            (("Reduce", rout),) if me == root else ()):
+                        if not _same(cp, got, ref, op):
+                            bad.append(f"{what} {op} {dtype} n={n}")
+                # Bcast from every root
+                for root in range(size):
+                    buf = xs[me].copy()
+                    comm.Bcast(buf, root)
+                    cases += 1
+                    if not bool((buf == xs[root]).all()):
+                        bad.append(f"Bcast root {root} {dtype} n={n}")
+                # Allgather, Alltoall, Reduce_scatter_block
+                g = cp.zeros(n * size, dtype)
+                comm.Allgather(xs[me], g)
+                gi = cp.zeros(n * size, dtype)
+                gi[me * n:(me + 1) * n] = xs[me]
+                comm.Allgather(shmproxy.IN_PLACE, gi)
+                full = [_input(cp, r, n * size, dtype, salt=1) for r in range(size)]
+                a = cp.zeros(n * size, dtype)
+                comm.Alltoall(full[me], a)
+                rs = cp.zeros(n, dtype)
+                comm.Reduce_scatter_block(full[me], rs)
+                rsi = full[me].copy()
+                comm.Reduce_scatter_block(shmproxy.IN_PLACE, rsi)
+                cases += 5
+                gref = cp.concatenate(xs)
+                aref = cp.concatenate([f[me * n:(me + 1) * n] for f in full])
+                rsref = _ref_reduce(cp, [f[me * n:(me + 1) * n] for f in full], "SUM").astype(dtype)
+                for what, got, ref in (("Allgather", g, gref), ("Allgather in place", gi, gref),
+                                       ("Alltoall", a, aref), ("Reduce_scatter_block", rs, rsref),
+                                       ("Reduce_scatter_block in place", rsi[:n], rsref)):
+                    if not bool((got == ref).all()):
+                        bad.append(f"{what} {dtype} n={n}")
+        # nonblocking collectives overlapping device compute on the rank's stream
+        x = cp.full(1 << 22, me + 1, cp.float32)
+        out = cp.zeros_like(x)
+        req = comm.Iallreduce(x, out)
+        busy = cp.ones((512, 512), cp.float32)
+        for _ in range(20):
+            busy = busy @ busy / 512
+        req.Wait()
+        cases += 1
+        if not bool((out == size * (size + 1) / 2).all()):
+            bad.append("Iallreduce overlapping compute")
+    return {"cases": cases, "bad": bad}
+
+
+def mixed_is_refused() -> dict:
+    """Host and device buffers mixed in one call: InvalidArgument before anything is posted; the
+    communicator goes on."""
+    cp = _cp()
+    refused = 0
+    with shmproxy.init() as comm:
+        dev, host = cp.zeros(4, cp.float32), np.zeros(4, np.float32)
+        for call in (lambda: comm.Allreduce(dev, host), lambda: comm.Allreduce(host, dev),
+                     lambda: comm.Allgather(dev, np.zeros(4 * comm.size, np.float32)),
+                     lambda: comm.Alltoall(host, cp.zeros(4 * comm.size, cp.float32))):
+            try:
+                call()
+            except shmproxy.InvalidArgument as exc:
+                assert "host and device buffers mixed" in str(exc), exc
+                refused += 1
+        out = cp.zeros(4, cp.float32)
+        comm.Allreduce(cp.full(4, comm.rank + 1, cp.float32), out)
+        ok = bool((out == comm.size * (comm.size + 1) / 2).all())
+    return {"refused": refused, "ok": ok}
+
+
+def torch_tensors() -> dict:
+    """torch CUDA tensors (the CUDA array interface / DLPack) through Allreduce and Send/Recv."""
+    import torch
+    _cp()
+    with shmproxy.init() as comm:
+        t = torch.full((1000,), float(comm.rank + 1), device="cuda")
+        out = torch.zeros(1000, device="cuda")
+        comm.Allreduce(t, out)
+        ok = bool((out == comm.size * (comm.size + 1) / 2).all())
+        if comm.size >= 2:
+            if comm.rank == 0:
+                comm.Send(torch.arange(100, device="cuda", dtype=torch.float64), 1)
+            elif comm.rank == 1:
+                r = torch.zeros(100, device="cuda", dtype=torch.float64)
+                comm.Recv(r, 0)
+                torch.cuda.current_stream().synchronize()
+                ok &= bool((r == torch.arange(100, device="cuda", dtype=torch.float64)).all())
+    return {"ok": ok}
+
+
+def victim_dies_in_device_allreduce() -> dict:
+    """The last rank SIGKILLs itself right before posting its second device Allreduce: the others'
+    calls raise PeerDiedError naming it."""
+    import os
+    import signal
+    cp = _cp()
+    with shmproxy.init() as comm:
+        x = cp.ones(16 << 20, cp.float32)
+        out = cp.zeros_like(x)
+        comm.Allreduce(x, out)
+        cp.cuda.get_current_stream().synchronize()
+        if comm.rank == comm.size - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            comm.Allreduce(x, out)
+        except shmproxy.PeerDiedError as exc:
+            return {"raised": type(exc).__name__, "message": str(exc)[:200]}
+    return {"raised": None}
+
+
+def _time(fn: Any, iters: int, sync: Any) -> float:
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / iters
+
+
+def bench() -> dict:
+    """Rank 0 and 1 on one GPU: ping-pong (8 B, 64 MiB), Allreduce (8 B, 256 MiB float32), and the
+    device-to-device copy bandwidth of the same GPU as the limit."""
+    cp = _cp()
+    res: dict = {}
+    with shmproxy.init() as comm:
+        me, peer = comm.rank, 1 - comm.rank
+        sync = cp.cuda.get_current_stream().synchronize
+        for nbytes, iters in ((8, 2000), (64 << 20, 50)):
+            a = cp.ones(nbytes // 4 if nbytes >= 4 else 2, cp.float32)[:max(nbytes // 4, 1)]
+            b = cp.zeros_like(a)
+
+            def pingpong() -> None:
+                if me == 0:
+                    comm.Send(a, peer)
+                    comm.Recv(b, peer)
+                else:
+                    comm.Recv(b, peer)
+                    comm.Send(a, peer)
+            comm.Barrier()
+            t = _time(pingpong, iters, sync)
+            res[f"pingpong_{nbytes}"] = {"one_way_us": t / 2 * 1e6, "GBps": a.nbytes / (t / 2) / 1e9}
+        for nbytes, iters in ((8, 2000), (256 << 20, 20)):
+            x = cp.ones(max(nbytes // 4, 1), cp.float32)
+            y = cp.zeros_like(x)
+            comm.Barrier()
+            t = _time(lambda: comm.Allreduce(x, y), iters, sync)
+            res[f"allreduce_{nbytes}"] = {"us": t * 1e6, "algbw_GBps": x.nbytes / t / 1e9}
+        if me == 0:
+            src = cp.ones(64 << 20, cp.float32)
+            dst = cp.empty_like(src)
+            t = _time(lambda: cp.copyto(dst, src), 20, sync)
+            res["d2d_copy_256MiB_GBps"] = src.nbytes / t / 1e9
+    return res

@@ -1,0 +1,87 @@
+"""Device (cupy) buffers through shmproxy: ranks sharing one GPU, every operation against cupy
+references, stream order, host/device mixing refused, a rank killed mid-collective.
+
+Skipped, saying why, where cupy or a GPU is absent (CI). tools/gpu_tests.sh runs this file on a GPU
+host. Rank bodies are in tests/bodies_gpu.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.harness import run_ranks
+
+
+def _gpu_reason() -> str:
+    try:
+        import cupy
+    except ImportError as exc:
+        return f"cupy is not installed ({exc})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:   # cupy raises its own CUDARuntimeError, or an ImportError of libcudart
+        return f"no usable CUDA device ({type(exc).__name__}: {exc})"
+    return "" if n else "no CUDA device"
+
+
+REASON = _gpu_reason()
+pytestmark = pytest.mark.skipif(bool(REASON), reason=f"GPU tests: {REASON}")
+BODY = "tests.bodies_gpu:"
+
+
+def _used_bytes() -> int:
+    import cupy
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return total - free
+
+
+@pytest.mark.parametrize("nranks", [2])
+def test_p2p_every_dtype_and_size(nranks):
+    res = run_ranks(BODY + "p2p_every_dtype_and_size", nranks, timeout=180)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["cases"] > 30
+
+
+def test_work_queued_on_a_non_default_stream_is_seen():
+    res = run_ranks(BODY + "stream_order", 2, timeout=120)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_collectives_against_cupy_references(nranks):
+    res = run_ranks(BODY + "collectives", nranks, timeout=400)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["cases"] > 100
+
+
+def test_host_and_device_mixed_in_one_call_is_refused():
+    res = run_ranks(BODY + "mixed_is_refused", 2, timeout=120)
+    assert res.results == [{"refused": 4, "ok": True}] * 2
+
+
+def test_torch_cuda_tensors():
+    pytest.importorskip("torch")
+    res = run_ranks(BODY + "torch_tensors", 2, timeout=180)
+    assert all(r["ok"] for r in res.results)
+
+
+def test_kill9_mid_collective_survivors_raise_and_gpu_memory_returns():
+    before = _used_bytes()
+    res = run_ranks(BODY + "victim_dies_in_device_allreduce", 3, timeout=120, expect_fail={2})
+    for r in res.results[:2]:
+        assert r["raised"] == "PeerDiedError", r
+    after = _used_bytes()
+    # every process that held the job's device memory is gone, so is the memory (a CUDA context of
+    # a few hundred MiB per process would show)
+    assert after - before < 64 << 20, (before, after)
+
+
+@pytest.mark.skipif(not os.environ.get("SPTEST_GPU_BENCH"), reason="set SPTEST_GPU_BENCH=1 to measure")
+def test_bench():
+    res = run_ranks(BODY + "bench", 2, timeout=300)
+    print("GPU_BENCH " + json.dumps(res.results[0]))

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run the GPU suite (tests/test_gpu.py) on a host with a CUDA GPU and cupy, then the device benchmark.
+#   tools/gpu_tests.sh [extra pytest args]        output also in gpu_tests.log (GPU_TESTS_LOG overrides)
+# Needs shmproxy installed (pip install -e .) and cupy for the host's CUDA; torch is optional.
+set -o pipefail
+cd "$(dirname "$0")/.."
+log=${GPU_TESTS_LOG:-gpu_tests.log}
+{
+  echo "== $(date -u +%FT%TZ) $(hostname)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" 2>&1
+  python3 -m pytest -p no:cacheprovider -v -rs tests/test_gpu.py "$@"
+  rc=$?
+  SPTEST_GPU_BENCH=1 python3 -m pytest -p no:cacheprovider -q -s -rs tests/test_gpu.py -k bench "$@"
+  exit $rc
+} 2>&1 | tee "$log"

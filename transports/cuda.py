@@ -1,0 +1,290 @@
+"""cuda transport: device memory of ranks on one node, moved by the progress process's GPU streams.
+
+Like NCCL's copy-engine mode: the progress process maps each rank's device allocations (CUDA IPC
+memory handles, opened once and cached by handle) and copies between them with cudaMemcpyAsync on
+a stream of its own per device; ranks that share a GPU get a same-device copy, ranks on different GPUs
+a peer copy (the handles are opened with lazy peer access). A host buffer on one side (a numpy array
+sent to a device array) is the host mapping the engine holds, copied with the same call.
+
+Nothing of CUDA exists in a progress process until a rank registers device memory: cupy is imported
+and a context created then (``_Gpu``), so host-only jobs pay nothing.
+
+Order and completion (NCCL's stream semantics): every device op carries its rank's interprocess event,
+recorded on the rank's stream at post time (shmproxy.rank.device); the copy stream waits on the
+events of both ops before it copies. After the copies the transport records an event of its own and
+the message's one sub is done when that event is (polled by ``proxy_progress``, never a device-wide
+synchronize), so a request completes with its bytes in place.
+
+Registrations (``proxy_register``, on the service thread, before the REGISTER is answered) are of two
+kinds, told apart by ``info``: ``{"handle": hex}``, one allocation of the rank (the op names offsets
+from its start), and ``{"events": [hex, ...]}``, the rank's ring of interprocess events for a device.
+A dropped registration is closed by the loop once no copy is in flight; everything left is closed at
+exit (``proxy_free``). Collectives on device memory run through shmproxy.coll.gpu on the same streams.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+from shmproxy.core import log
+from shmproxy.core.errors import InternalError, InvalidArgument
+from shmproxy.core.memory import mem_device, mem_kind
+from shmproxy.transports.base import Connector, MemKind, PeerInfo, Registration, Transport, TransportContext
+
+_log = log.get("CUDA")
+NEVENTS = 16            # the ranks' event ring (shmproxy.rank.device.NEVENTS): an op uses req_slot % NEVENTS
+HANDLE_BYTES = 64       # cudaIpcMemHandle_t and cudaIpcEventHandle_t
+_MEMCPY_DEFAULT = 4     # cudaMemcpyDefault: the direction from the pointers (unified addressing)
+_LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
+
+
+def _handle(reg: Registration, text: Any) -> bytes:
+    try:
+        raw = bytes.fromhex(text) if isinstance(text, str) else b""
+    except ValueError:
+        raw = b""
+    if len(raw) != HANDLE_BYTES:
+        raise InvalidArgument(f"REGISTER of cuda memory (device {reg.device}) by rank {reg.rank}: an IPC "
+                              f"handle is {HANDLE_BYTES} bytes in hex, got {text!r:.80}")
+    return raw
+
+
+class _Gpu:
+    """The CUDA side of the progress process: cupy, streams, opened handles, events in flight."""
+
+    def __init__(self) -> None:
+        import cupy   # here and only here: the first device registration of this process
+        self.cp = cupy
+        self.rt = cupy.cuda.runtime
+        self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
+        self.opened: dict[bytes, list] = {}              # IPC handle -> [base pointer, references, device]
+        self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
+        self.events: dict[tuple[int, int], list[int]] = {}   # (local rank, device) -> the rank's opened ring
+        self.event_regs: dict[tuple[int, int], tuple[int, int]] = {}  # (local rank, buf_id) -> the ring's key
+        self.streams: dict[int, Any] = {}
+        self.free_events: dict[int, list[Any]] = {}
+        self.pending: dict[int, Any] = {}                # sub slot -> the event its copies end with
+        self.retired: collections.deque = collections.deque()   # handles to close once nothing is in flight
+        self.nbusy = 0
+        _log.info("CUDA up: cupy %s, %d device(s)", cupy.__version__, self.rt.getDeviceCount())
+
+    # ------------------------------------------------------------------ registrations (service thread)
+    def register(self, reg: Registration) -> None:
+        info = reg.info if isinstance(reg.info, dict) else {}
+        key = (reg.local_rank, reg.buf_id)
+        if "events" in info:
+            texts = info["events"]
+            if not isinstance(texts, list) or len(texts) != NEVENTS:
+                raise InvalidArgument(f"REGISTER of cuda memory (device {reg.device}) by rank {reg.rank}: "
+                                      f"'events' must list {NEVENTS} event handles")
+            raws = [_handle(reg, t) for t in texts]
+            with self.cp.cuda.Device(reg.device):
+                ring = [self.rt.ipcOpenEventHandle(r) for r in raws]
+            with self.lock:
+                old = self.events.pop((reg.local_rank, reg.device), None)
+                self.events[(reg.local_rank, reg.device)] = ring
+                self.event_regs[key] = (reg.local_rank, reg.device)
+            if old is not None:
+                self.retired.append(("events", old))
+            return
+        raw = _handle(reg, info.get("handle"))
+        with self.lock:
+            if key in self.mem:
+                raise InvalidArgument(f"buffer {reg.buf_id} of rank {reg.rank} is already registered")
+            entry = self.opened.get(raw)
+            if entry is None:
+                with self.cp.cuda.Device(reg.device):
+                    base = self.rt.ipcOpenMemHandle(raw, _LAZY_PEER_ACCESS)
+                entry = self.opened[raw] = [base, 0, reg.device]
+            entry[1] += 1
+            self.mem[key] = (raw, reg.nbytes, reg.device)
+
+    def deregister(self, reg: Registration) -> None:
+        key = (reg.local_rank, reg.buf_id)
+        with self.lock:
+            ring_key = self.event_regs.pop(key, None)
+            if ring_key is not None:
+                return   # a ring lives as long as its rank's registrations: closed at exit
+            found = self.mem.pop(key, None)
+            if found is None:
+                return
+            entry = self.opened[found[0]]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.opened[found[0]]
+                self.retired.append(("mem", entry))
+
+    def close_retired(self) -> None:
+        """Loop thread (or exit): close dropped handles, once no copy that might use them is in flight."""
+        if self.pending:
+            return
+        while self.retired:
+            what, x = self.retired.popleft()
+            if what == "mem":
+                with self.cp.cuda.Device(x[2]):
+                    self.rt.ipcCloseMemHandle(x[0])
+            else:
+                for ev in x:
+                    self.rt.eventDestroy(ev)
+
+    # ------------------------------------------------------------------ resolving ops (loop thread)
+    def address(self, ctx: TransportContext, op: Any, second: bool, nbytes: int) -> int:
+        """The address in this process of ``nbytes`` of an op's buffer (second: its receive buffer),
+        device or host, bounds-checked."""
+        bid, off = (op.buf2_id, op.offset2) if second else (op.buf_id, op.offset)
+        if mem_kind(op.mem) == MemKind.HOST:
+            buf = ctx.buffers.get((op.owner, bid))
+            if buf is None or off + nbytes > buf.size:
+                raise InvalidArgument(f"{op.describe()}: host buffer {bid} offset {off} + {nbytes} B is outside "
+                                      f"the registered buffer")
+            return buf.addr + off
+        found = self.mem.get((op.owner, bid))
+        if found is None or off + nbytes > found[1]:
+            raise InvalidArgument(f"{op.describe()}: device buffer {bid} offset {off} + {nbytes} B is outside "
+                                  f"the registered allocation ({'unknown' if found is None else found[1]} B)")
+        return self.opened[found[0]][0] + off
+
+    def stream(self, device: int) -> Any:
+        s = self.streams.get(device)
+        if s is None:
+            with self.cp.cuda.Device(device):
+                s = self.streams[device] = self.cp.cuda.Stream(non_blocking=True)
+        return s
+
+    def wait_for_rank(self, op: Any, stream: Any) -> None:
+        """Order ``stream`` after the work the op's rank queued before posting it."""
+        if mem_kind(op.mem) != MemKind.CUDA:
+            return   # host memory is ready at post time
+        ring = self.events.get((op.owner, mem_device(op.mem)))
+        if ring is None:
+            raise InvalidArgument(f"{op.describe()}: rank {op.rank} registered no stream events for device "
+                                  f"{mem_device(op.mem)}")
+        self.rt.streamWaitEvent(stream.ptr, ring[op.req_slot % NEVENTS], 0)
+
+    def end_event(self, device: int, stream: Any) -> Any:
+        """An event recorded on ``stream`` after the copies queued so far (recycled once polled done)."""
+        free = self.free_events.setdefault(device, [])
+        if free:
+            ev = free.pop()
+        else:
+            with self.cp.cuda.Device(device):
+                ev = self.cp.cuda.Event(block=False, disable_timing=True)
+        ev.record(stream)
+        return ev
+
+    def watch(self, slot: int, device: int, ev: Any) -> None:
+        self.pending[slot] = (device, ev)
+
+    def poll(self, slot: int) -> bool:
+        """True once the copies of the sub in ``slot`` finished on the GPU."""
+        device, ev = self.pending[slot]
+        if not ev.done:
+            return False
+        del self.pending[slot]
+        self.free_events[device].append(ev)
+        return True
+
+    def free(self) -> None:
+        for s in self.streams.values():
+            s.synchronize()   # at exit only: nothing may still read a handle closed below
+        self.pending.clear()
+        with self.lock:
+            for raw, entry in self.opened.items():
+                self.retired.append(("mem", entry))
+            self.opened.clear()
+            self.mem.clear()
+            for ring in self.events.values():
+                self.retired.append(("events", ring))
+            self.events.clear()
+        self.close_retired()
+
+    def describe(self) -> dict:
+        return {"devices": sorted(self.streams), "opened_allocations": len(self.opened),
+                "ranks_with_events": sorted({lr for lr, _d in self.events})}
+
+
+class CudaTransport(Transport):
+    name = "cuda"
+    kinds = frozenset({MemKind.CUDA})
+
+    def __init__(self) -> None:
+        self.gpu: _Gpu | None = None
+
+    def _gpu(self) -> _Gpu:
+        if self.gpu is None:
+            self.gpu = _Gpu()
+        return self.gpu
+
+    def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
+        return kind == MemKind.CUDA and me.host == peer.host
+
+    def send_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
+        return b""   # both sides' allocations are opened in this process at registration
+
+    def recv_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
+        return b""
+
+    def send_connect(self, ctx: TransportContext, conn: Connector, recv_info: bytes) -> None:
+        return None
+
+    def recv_connect(self, ctx: TransportContext, conn: Connector, send_info: bytes) -> None:
+        return None
+
+    def proxy_register(self, ctx: TransportContext, reg: Registration) -> None:  # type: ignore[override]
+        if not isinstance(reg.info, dict) or not ("handle" in reg.info or "events" in reg.info):
+            raise InvalidArgument(f"REGISTER of cuda memory (device {reg.device}) by rank {reg.rank}: needs "
+                                  f"an IPC handle ('info': {{'handle': hex}}) or event handles")
+        self._gpu().register(reg)
+
+    def proxy_deregister(self, ctx: TransportContext, reg: Registration) -> None:  # type: ignore[override]
+        if self.gpu is not None:
+            self.gpu.deregister(reg)
+            ctx.post_event(self.gpu.close_retired)
+
+    def proxy_start(self, ctx: TransportContext, conn: Connector, transfer: Any) -> bool:
+        n = transfer.nbytes
+        send, recv = transfer.send, transfer.recv
+        if not n:
+            return True   # nothing to move, nothing to order
+        gpu = self.gpu
+        if gpu is None:
+            raise InvalidArgument(f"{send.describe()} -> {recv.describe()}: device memory that was never "
+                                  f"registered")
+        src = gpu.address(ctx, send, False, n)
+        dst = gpu.address(ctx, recv, False, n)
+        device = mem_device(recv.mem if mem_kind(recv.mem) == MemKind.CUDA else send.mem)
+        stream = gpu.stream(device)
+        with gpu.cp.cuda.Device(device):
+            gpu.wait_for_rank(send, stream)
+            gpu.wait_for_rank(recv, stream)
+            gpu.rt.memcpyAsync(dst, src, n, _MEMCPY_DEFAULT, stream.ptr)
+            ev = gpu.end_event(device, stream)
+        args = ctx.args_for(conn, send.opcount)
+        sub = ctx.add_sub(args, transfer, src, dst, n, n)   # one step: the copy
+        sub.posted = 1
+        gpu.watch(sub.slot, device, ev)
+        return False
+
+    def proxy_progress(self, ctx: TransportContext, args: Any) -> bool:
+        gpu = self.gpu
+        if gpu is None:
+            raise InternalError("cuda transport progressed before any device memory was registered")
+        all_done = True
+        for s in args.subs:
+            if s.done == s.nsteps:
+                continue
+            before = (s.posted, s.done)
+            if gpu.poll(s.slot):
+                s.transmitted = s.received = s.done = s.nsteps
+            all_done &= ctx.settle(s, before)
+        if gpu.retired and not gpu.pending:
+            gpu.close_retired()
+        return all_done
+
+    # A device collective is one sub whose copies and kernels end with one event (shmproxy.coll.gpu).
+    proxy_progress_coll = proxy_progress
+
+    def proxy_free(self, ctx: TransportContext) -> None:
+        if self.gpu is not None:
+            self.gpu.free()
