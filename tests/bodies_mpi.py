@@ -27,7 +27,8 @@ def p2p_status() -> dict:
         buf = np.zeros(8)
         comm.Recv([buf, MPI.DOUBLE], source=0, tag=11, status=st)
         assert (st.Get_source(), st.Get_tag(), st.Get_count(MPI.DOUBLE)) == (0, 11, 5), st
-        assert st.Get_elements(MPI.DOUBLE) == 5 and st.Get_count(MPI.BYTE) == 40 and st.Get_error() == MPI.SUCCESS
+        assert st.Get_elements(MPI.DOUBLE) == 5 and st.Get_count(MPI.BYTE) == 40
+        assert st.Get_error() == MPI.SUCCESS
         assert buf[:5].tolist() == [0, 1, 2, 3, 4]
         ib = np.full(6, -1, "i")
         comm.Recv([ib, (3, 2), MPI.INT], MPI.ANY_SOURCE, MPI.ANY_TAG, st)     # into elements 2..4
@@ -216,7 +217,8 @@ def topology_and_groups() -> dict:
     assert got[0] == (-7 if rank == 0 else rank - 1)
     # a 1 x 3 grid and its sub-grids
     grid = comm.Create_cart(MPI.Compute_dims(size, 2), periods=[False, False])
-    assert grid.dims == [3, 1] and grid.Get_coords(rank) == [rank, 0] and grid.Get_cart_rank([rank, 0]) == rank
+    assert grid.dims == [3, 1] and grid.Get_coords(rank) == [rank, 0]
+    assert grid.Get_cart_rank([rank, 0]) == rank
     row = grid.Sub([True, False])
     col = grid.Sub([False, True])
     assert row.Get_size() == 3 and col.Get_size() == 1 and row.dims == [3]

@@ -16,8 +16,7 @@ from shmproxy.mpi.status import Status
 
 
 def _shares(view: np.ndarray, owner: object) -> bool:
-    return np.shares_memory(view, np.asarray(memoryview(owner)).view(np.uint8)) if not isinstance(owner, np.ndarray) \
-        else np.shares_memory(view, owner)
+    return np.shares_memory(view, np.asarray(memoryview(owner)).view(np.uint8))
 
 
 # ------------------------------------------------------------------ buffer specs
@@ -187,8 +186,10 @@ def test_ops():
 def test_native_errors_are_mpi_exceptions_and_still_native():
     import shmproxy
     from shmproxy.mpi.exceptions import convert
-    for native, cls in ((shmproxy.TruncationError("t"), MPI.ERR_TRUNCATE), (shmproxy.Timeout("x"), MPI.ERR_PENDING),
-                        (shmproxy.InvalidArgument("a"), MPI.ERR_ARG), (shmproxy.Closed("c"), MPI.ERR_COMM),
+    for native, cls in ((shmproxy.TruncationError("t"), MPI.ERR_TRUNCATE),
+                        (shmproxy.Timeout("x"), MPI.ERR_PENDING),
+                        (shmproxy.InvalidArgument("a"), MPI.ERR_ARG),
+                        (shmproxy.Closed("c"), MPI.ERR_COMM),
                         (shmproxy.PeerDiedError("d", rank=2, pid=9), MPI.ERR_PROC_FAILED)):
         e = convert(native)
         assert isinstance(e, MPI.Exception) and isinstance(e, type(native)) and str(e) == str(native)

@@ -19,21 +19,22 @@ from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE, UNDEFINED
 from shmproxy.mpi import datatypes as _datatypes
 from shmproxy.mpi import exceptions as _exceptions
 from shmproxy.mpi.buffers import BOTTOM
-from shmproxy.mpi.comm import (APPNUM, COMM_NULL, HOST, IO, KEYVAL_INVALID, LASTUSEDCODE, TAG_UB, UNIVERSE_SIZE,
-                               WTIME_IS_GLOBAL, Comm, Intracomm)
+from shmproxy.mpi.comm import (APPNUM, COMM_NULL, HOST, IO, KEYVAL_INVALID, LASTUSEDCODE, TAG_UB,
+                               UNIVERSE_SIZE, WTIME_IS_GLOBAL, Comm, Intracomm)
 from shmproxy.mpi.datatypes import Datatype
 from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLER_NULL, ERRORS_ABORT,
                               ERRORS_ARE_FATAL, ERRORS_RETURN, MAX_ERROR_STRING, MAX_LIBRARY_VERSION_STRING,
-                              MAX_PROCESSOR_NAME, SUBVERSION, THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED,
-                              THREAD_SINGLE, VERSION, Alloc_mem, Attach_buffer, Close_port, Detach_buffer,
+                              MAX_PROCESSOR_NAME, SUBVERSION, THREAD_FUNNELED, THREAD_MULTIPLE,
+                              THREAD_SERIALIZED, THREAD_SINGLE, VERSION, Alloc_mem, Attach_buffer, Close_port,
+                              Detach_buffer,
                               Distgraphcomm, Errhandler, File, Finalize, Free_mem, Get_library_version,
                               Get_processor_name, Get_version, Graphcomm, Init, Init_thread, Intercomm,
                               Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Message, Open_port,
                               Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime)
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
 from shmproxy.mpi.group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
-from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL, PROD,
-                              REPLACE, SUM, Op)
+from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL,
+                              PROD, REPLACE, SUM, Op)
 from shmproxy.mpi.request import REQUEST_NULL, Grequest, Prequest, Request
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.mpi.topology import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm

@@ -138,7 +138,8 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
 
     ``blocks``: how many per-rank blocks the buffer holds (a count in the spec is per block)."""
     if type(spec) is np.ndarray:     # the short path: a plain array of a native dtype
-        if spec.dtype.char in DTYPE_CODE and spec.flags.c_contiguous and (spec.flags.writeable or not writable):
+        flags = spec.flags
+        if spec.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
             return spec
         arr = _as_array(spec, writable, what)
         return _retype(arr, None, what)[0]
@@ -146,11 +147,18 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
         return spec
     if not isinstance(spec, (list, tuple)):
         return _retype(_as_array(spec, writable, what), None, what)[0]
+    if len(spec) == 2:     # [array, MPI.DOUBLE] with the array's own dtype: the second short path
+        buf, d = spec
+        if type(buf) is np.ndarray and type(d) is Datatype and buf.dtype == d.dtype and d._pair is None:
+            flags = buf.flags
+            if buf.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
+                return buf
     buf, count, displ, dtype = _split(spec, what)
     if buf is None or buf is BOTTOM:
         if count in (None, 0) and dtype is not None:
             return np.empty(0, check_native(_as_datatype(dtype, what), what))
-        raise error(ERR_BUFFER, f"{what}: a None/BOTTOM buffer needs derived datatypes, which are not supported")
+        raise error(ERR_BUFFER, f"{what}: a None/BOTTOM buffer needs derived datatypes, which are not "
+                    "supported")
     arr = _as_array(buf, writable, what)
     arr, _d = _retype(arr, None if dtype is None else _as_datatype(dtype, what), what)
     if isinstance(count, (list, tuple)):

@@ -104,7 +104,8 @@ class Collectives:
         self.Reduce_scatter_block(sendbuf, self._equal_counts("Reduce_scatter", recvbuf, recvcounts), op)
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> Request:
-        return self.Ireduce_scatter_block(sendbuf, self._equal_counts("Ireduce_scatter", recvbuf, recvcounts), op)
+        rb = self._equal_counts("Ireduce_scatter", recvbuf, recvcounts)
+        return self.Ireduce_scatter_block(sendbuf, rb, op)
 
     # ---- data movement
     def _ag_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:

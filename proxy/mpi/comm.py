@@ -31,7 +31,8 @@ from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, UNDEFINED
 from shmproxy.mpi import buffers
 from shmproxy.mpi.coll import Collectives
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COMM, ERR_RANK, ERR_TAG, convert, error, unsupported
+from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_COMM, ERR_RANK, ERR_TAG, convert, error,
+                                     unsupported)
 from shmproxy.mpi.group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import SUM, as_op
 from shmproxy.mpi.request import Prequest, Request
@@ -48,6 +49,8 @@ UNIVERSE_SIZE = 5
 LASTUSEDCODE = 6
 KEYVAL_INVALID = -1
 _TAG_UB_VALUE = 2**63 - 1
+_NO_BUFFERED = "buffered mode (Attach_buffer) needs an eager send path the runtime does not have"
+_NO_GRAPH = "graph topologies need neighbour collectives the engine lacks"
 
 
 class Comm(Collectives):
@@ -307,7 +310,8 @@ class Comm(Collectives):
         except errors.ProxyError as exc:
             raise convert(exc) from None
 
-    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> None:
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
             if status is not None:
@@ -328,10 +332,10 @@ class Comm(Collectives):
     Irsend = Isend
 
     def Bsend(self, buf: Any, dest: int, tag: int = 0) -> None:
-        unsupported("Comm.Bsend", "buffered mode (Attach_buffer) needs an eager send path the runtime does not have")
+        unsupported("Comm.Bsend", _NO_BUFFERED)
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        unsupported("Comm.Ibsend", "buffered mode (Attach_buffer) needs an eager send path the runtime does not have")
+        unsupported("Comm.Ibsend", _NO_BUFFERED)
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> None:
@@ -391,7 +395,7 @@ class Comm(Collectives):
     Rsend_init = Send_init
 
     def Bsend_init(self, *a: Any, **k: Any) -> Prequest:
-        unsupported("Comm.Bsend_init", "buffered mode needs an eager send path the runtime does not have")
+        unsupported("Comm.Bsend_init", _NO_BUFFERED)
 
     def Probe(self, *a: Any, **k: Any) -> Any:
         unsupported("Comm.Probe", "the native layer has no probe yet")
@@ -502,10 +506,10 @@ class Intracomm(Comm):
         return create_cart(self, dims, periods, reorder)
 
     def Create_graph(self, *a: Any, **k: Any) -> Any:
-        unsupported("Intracomm.Create_graph", "graph topologies need neighbour collectives the engine lacks")
+        unsupported("Intracomm.Create_graph", _NO_GRAPH)
 
     def Create_dist_graph(self, *a: Any, **k: Any) -> Any:
-        unsupported("Intracomm.Create_dist_graph", "graph topologies need neighbour collectives the engine lacks")
+        unsupported("Intracomm.Create_dist_graph", _NO_GRAPH)
 
     Create_dist_graph_adjacent = Create_dist_graph
 

@@ -182,10 +182,10 @@ for _name, _v in (("LONG_DOUBLE", np.longdouble), ("C_LONG_DOUBLE_COMPLEX", np.c
 
 # numpy dtype char -> the datatype a buffer of that dtype gets when the program names none
 _BY_CHAR: dict[str, Datatype] = {}
-for _name in ("C_BOOL", "SIGNED_CHAR", "UNSIGNED_CHAR", "SHORT", "UNSIGNED_SHORT", "INT", "UNSIGNED", "LONG",
-              "UNSIGNED_LONG", "LONG_LONG", "UNSIGNED_LONG_LONG", "FLOAT16", "FLOAT", "DOUBLE", "C_FLOAT_COMPLEX",
-              "C_DOUBLE_COMPLEX", "INT8_T", "UINT8_T", "INT16_T", "UINT16_T", "INT32_T", "UINT32_T", "INT64_T",
-              "UINT64_T"):   # C names first, as mpi4py's type-code table
+for _name in ("C_BOOL", "SIGNED_CHAR", "UNSIGNED_CHAR", "SHORT", "UNSIGNED_SHORT", "INT", "UNSIGNED",
+              "LONG", "UNSIGNED_LONG", "LONG_LONG", "UNSIGNED_LONG_LONG", "FLOAT16", "FLOAT", "DOUBLE",
+              "C_FLOAT_COMPLEX", "C_DOUBLE_COMPLEX", "INT8_T", "UINT8_T", "INT16_T", "UINT16_T", "INT32_T",
+              "UINT32_T", "INT64_T", "UINT64_T"):   # C names first, as mpi4py's type-code table
     _dt = PREDEFINED[_name].dtype
     _BY_CHAR.setdefault(_dt.char, PREDEFINED[_name])
 _BY_CHAR.setdefault("c", PREDEFINED["CHAR"])   # 'c' (a 1-byte char array) travels as int8
@@ -204,8 +204,8 @@ def check_native(d: Datatype, what: str) -> np.dtype:
     """The numpy dtype ``d`` travels as; ERR_TYPE where the native layer has no code for it."""
     dt = d.dtype
     if dt is None or d._pair is not None or dt.char not in DTYPE_CODE:
-        raise error(ERR_TYPE, f"{what}: MPI.{d.name} cannot travel (the native layer carries bool, int8..uint64, "
-                    "float16/32/64 and complex64/128)")
+        raise error(ERR_TYPE, f"{what}: MPI.{d.name} cannot travel (the native layer carries bool, "
+                    "int8..uint64, float16/32/64 and complex64/128)")
     return dt
 
 

@@ -260,6 +260,7 @@ def _missing_class(name: str, why: str) -> type:
 Win = _missing_class("Win", _ONE_SIDED)
 File = _missing_class("File", "MPI-IO is not part of shmproxy")
 Intercomm = _missing_class("Intercomm", "intercommunicators do not exist yet")
-Graphcomm = _missing_class("Graphcomm", "graph topologies need neighbour collectives the engine lacks")
-Distgraphcomm = _missing_class("Distgraphcomm", "graph topologies need neighbour collectives the engine lacks")
+_NO_GRAPH = "graph topologies need neighbour collectives the engine lacks"
+Graphcomm = _missing_class("Graphcomm", _NO_GRAPH)
+Distgraphcomm = _missing_class("Distgraphcomm", _NO_GRAPH)
 Message = _missing_class("Message", "matched probes (Mprobe) need a probe the native layer lacks")

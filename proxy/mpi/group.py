@@ -127,7 +127,8 @@ class Group:
             try:
                 first, last, stride = (int(x) for x in rng)
             except (TypeError, ValueError):
-                raise error(ERR_ARG, f"Group.{what}: each range is (first, last, stride), got {rng!r}") from None
+                raise error(ERR_ARG, f"Group.{what}: each range is (first, last, stride), "
+                            f"got {rng!r}") from None
             if stride == 0:
                 raise error(ERR_ARG, f"Group.{what}: stride 0 in {rng!r}")
             out.extend(range(first, last + (1 if stride > 0 else -1), stride))

@@ -309,7 +309,8 @@ def _wait_some(reqs: list[Request]) -> int | None:
         comm = comms[turn % len(comms)]
         turn += 1
         if comm._pp.group_depth:
-            raise error(ERR_REQUEST, "Waitany/Waitsome inside comm.group(): the group's ops are posted at its end")
+            raise error(ERR_REQUEST, "Waitany/Waitsome inside comm.group(): the group's ops are posted "
+                        "at its end")
         now = time.monotonic()
         if now >= deadline:
             pending = "; ".join(n.describe() for n in natives[:4])

@@ -24,7 +24,8 @@ class Status:
             self.source, self.tag, self.error = status.source, status.tag, status.error
             self.nbytes, self.cancelled = status.nbytes, status.cancelled
         else:
-            self.source, self.tag, self.error, self.nbytes, self.cancelled = ANY_SOURCE, ANY_TAG, SUCCESS, 0, False
+            self.source, self.tag, self.error = ANY_SOURCE, ANY_TAG, SUCCESS
+            self.nbytes, self.cancelled = 0, False
 
     def _fill(self, native: Any) -> None:
         """Copy a native shmproxy.Status (or None: a request with nothing to report)."""
@@ -85,7 +86,8 @@ class Status:
         return [self.source, self.tag, self.error, self.nbytes]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Status) and all(getattr(self, a) == getattr(other, a) for a in self.__slots__)
+        return isinstance(other, Status) and all(getattr(self, a) == getattr(other, a)
+                                                 for a in self.__slots__)
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -161,7 +161,8 @@ class Cartcomm(Topocomm):
 
     def Dup(self, info: Any = None) -> "Cartcomm":
         native = self._call(self._c.Dup)
-        return Cartcomm(native, tuple(self._wranks[r] for r in native.parent_ranks), "", self._dims, self._periods)
+        members = tuple(self._wranks[r] for r in native.parent_ranks)
+        return Cartcomm(native, members, "", self._dims, self._periods)
 
 
 def create_cart(comm: Any, dims: Sequence[int], periods: Sequence[bool] | None, reorder: bool) -> Any:
