@@ -262,3 +262,19 @@ def topology_and_groups() -> dict:
     comm.Barrier()
     MPI.Finalize()
     return {"rank": rank}
+
+
+def abort_reaches_peers() -> dict:
+    """Rank 1 calls Abort(3) while rank 0 waits in Recv: rank 1 exits with status 3, rank 0 gets an
+    MPI.Exception that is also the native Aborted (or PeerDiedError, if it saw the exit first)."""
+    import time
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    if comm.rank == 1:
+        comm.Abort(3)
+        raise AssertionError("Abort returned")
+    t0 = time.monotonic()
+    with pytest.raises(MPI.Exception) as e:
+        comm.Recv(np.zeros(1), 1, 0)
+    assert e.value.Get_error_class() in (MPI.ERR_REVOKED, MPI.ERR_PROC_FAILED), e.value
+    return {"seconds": time.monotonic() - t0, "error": str(e.value)}

@@ -22,3 +22,9 @@ def test_collectives_under_mpi4py_signatures():
 
 def test_cartesian_topologies_groups_create_and_comm_self():
     run_ranks(BODY + "topology_and_groups", 3, timeout=240)
+
+
+def test_abort_ends_the_caller_with_its_code_and_fails_the_peers_promptly():
+    res = run_ranks(BODY + "abort_reaches_peers", 2, timeout=120, expect_fail={1})
+    assert res.returncodes[1] == 3
+    assert res.results[0]["seconds"] < 20, res.results[0]

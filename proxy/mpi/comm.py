@@ -251,8 +251,9 @@ class Comm(Collectives):
         self.Free()
 
     def Abort(self, errorcode: int = 0) -> None:
-        """Fail the communicator on every rank, then end this process with ``errorcode`` (as
-        MPI_Abort ends the job; the other ranks get Aborted errors naming this call)."""
+        """Fail the communicator on every rank, then end this process with exit status ``errorcode``
+        (1 for 0, so that an abort never reads as success), as MPI_Abort ends the job; the other
+        ranks get Aborted errors naming this call."""
         sys.stdout.flush()
         sys.stderr.flush()
         try:

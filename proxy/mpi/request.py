@@ -77,7 +77,10 @@ class Request:
             except errors.ProxyError as exc:
                 self._r = None
                 raise convert(exc) from None
-        self._complete(status) if self._active() else (status._fill(None) if status is not None else None)
+        if self._active():
+            self._complete(status)
+        elif status is not None:
+            status._fill(None)
         return True
 
     def Get_status(self, status: Status | None = None) -> bool:
