@@ -28,3 +28,14 @@ __all__ = ["init", "Comm", "Request", "Status", "ProxyError", "InvalidArgument",
            "TruncationError", "ReduceOp", "SUM", "PROD", "MIN", "MAX", "AVG", "IN_PLACE", "UNDEFINED",
            "ANY_SOURCE", "ANY_TAG"]
 __version__ = "0.2.0"
+
+
+def __getattr__(name: str) -> object:
+    # ``shmproxy.MPI`` (the mpi4py-style layer, proxy/MPI.py over proxy/mpi/) is imported on first
+    # access, not by ``import shmproxy``: programs of the native API never load it. (``from shmproxy
+    # import MPI`` and ``import shmproxy.MPI`` import the submodule themselves; this hook serves
+    # ``import shmproxy; shmproxy.MPI``.)
+    if name in ("MPI", "mpi"):
+        import importlib
+        return importlib.import_module(f"shmproxy.{name}")
+    raise AttributeError(f"module 'shmproxy' has no attribute {name!r}")

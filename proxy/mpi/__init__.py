@@ -1,0 +1,65 @@
+"""shmproxy.MPI: mpi4py's documented API over the native shmproxy API, for programs written for mpi4py.
+
+    from shmproxy import MPI          # instead of: from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    comm.Send([buf, MPI.DOUBLE], dest=1, tag=7)
+
+This package (import name ``shmproxy.mpi``) is the implementation, split by subject: exceptions.py
+(error classes), datatypes.py, status.py, ops.py, buffers.py (buffer specs -> numpy views),
+request.py, group.py, comm.py (communicators, point-to-point, objects), coll.py (collectives),
+topology.py (Cartesian grids), env.py (COMM_WORLD, Init/Finalize, clocks). ``shmproxy.MPI`` (proxy/MPI.py)
+re-exports the names below. What is not provided raises NotImplementedError (an MPI.Exception of
+class ERR_UNSUPPORTED_OPERATION) naming what is missing; the README lists it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE, UNDEFINED
+from shmproxy.mpi import datatypes as _datatypes
+from shmproxy.mpi import exceptions as _exceptions
+from shmproxy.mpi.buffers import BOTTOM
+from shmproxy.mpi.comm import (APPNUM, COMM_NULL, HOST, IO, KEYVAL_INVALID, LASTUSEDCODE, TAG_UB,
+                               UNIVERSE_SIZE, WTIME_IS_GLOBAL, Comm, Intracomm)
+from shmproxy.mpi.datatypes import Datatype
+from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLER_NULL, ERRORS_ABORT,
+                              ERRORS_ARE_FATAL, ERRORS_RETURN, MAX_ERROR_STRING, MAX_LIBRARY_VERSION_STRING,
+                              MAX_PROCESSOR_NAME, SUBVERSION, THREAD_FUNNELED, THREAD_MULTIPLE,
+                              THREAD_SERIALIZED, THREAD_SINGLE, VERSION, Alloc_mem, Attach_buffer, Close_port,
+                              Detach_buffer,
+                              Distgraphcomm, Errhandler, File, Finalize, Free_mem, Get_library_version,
+                              Get_processor_name, Get_version, Graphcomm, Init, Init_thread, Intercomm,
+                              Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Message, Open_port,
+                              Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime)
+from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
+from shmproxy.mpi.group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
+from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL,
+                              PROD, REPLACE, SUM, Op)
+from shmproxy.mpi.request import REQUEST_NULL, Grequest, Prequest, Request
+from shmproxy.mpi.status import PROC_NULL, Status
+from shmproxy.mpi.topology import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
+
+ROOT = -4            # the root's own rank argument in intercommunicator collectives (none exist yet)
+INFO_NULL = None     # info objects are accepted and ignored where a call takes one
+INFO_ENV = None
+
+# Every predefined datatype (MPI.INT, MPI.DOUBLE, ...) and error class (MPI.ERR_TRUNCATE, ...).
+globals().update(_datatypes.PREDEFINED)
+globals().update({k: v for k, v in vars(_exceptions).items()
+                  if (k.startswith("ERR_") or k == "SUCCESS") and isinstance(v, int)})
+TWOINT = _datatypes.TWOINT
+
+# mpi4py's type-code table (MPI._typedict): numpy/array type characters -> datatypes.
+_typedict = {ch: d for ch, d in _datatypes._BY_CHAR.items()}
+
+
+def Get_address(location: Any) -> int:
+    """The address of a buffer (for derived datatypes, which are not supported yet)."""
+    import numpy as np
+    return int(np.asarray(memoryview(location)).__array_interface__["data"][0])
+
+
+def __getattr__(name: str) -> Any:
+    # A name mpi4py has and this layer does not: say so, rather than a bare AttributeError.
+    raise AttributeError(f"shmproxy.MPI has no attribute {name!r}: not provided by shmproxy's MPI layer "
+                         "(see README.md, 'mpi4py programs')")

@@ -1,0 +1,219 @@
+"""Buffer arguments in mpi4py's forms, turned into the numpy views the native layer takes.
+
+Accepted (``buf`` is any object of the buffer protocol: numpy arrays, bytearray, bytes for sends,
+array.array, mmap, memoryview, ctypes arrays):
+
+    buf                                   every element, datatype from the buffer's format
+    [buf, datatype]  /  (buf, datatype)   datatype: an MPI.Datatype or a type code such as "d"
+    [buf, count]                          the first ``count`` elements
+    [buf, count, datatype]
+    [buf, (count, displ), datatype]       ``count`` elements from element ``displ``
+    [buf, count, displ, datatype]
+    [buf, (counts, displs), datatype]     vector form, for the v-collectives (``parse_v``)
+    None, MPI.IN_PLACE, MPI.BOTTOM        kept as they are; the calls decide where they are allowed
+
+The result is a 1-D numpy view of the caller's memory (never a copy), with the datatype's dtype: a
+receive writes straight into the caller's object. Every bad spec raises MPI.Exception (ERR_BUFFER,
+ERR_TYPE, ERR_COUNT) here, before the call posts anything. Counts in collectives are per block (per
+rank), as in MPI: ``[buf, count, type]`` as Allgather's recvbuf means ``count`` elements per rank.
+
+A numpy array with no datatype is the common case and takes a short path (no conversion at all).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from shmproxy.core.ops import DTYPE_CODE, IN_PLACE
+from shmproxy.mpi.datatypes import Datatype, check_native, from_typecode, of_dtype
+from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, error
+
+
+class _Bottom:
+    """MPI.BOTTOM: an absolute address; meaningful only with derived datatypes, which do not exist."""
+
+    def __repr__(self) -> str:
+        return "MPI.BOTTOM"
+
+
+BOTTOM = _Bottom()
+
+
+class VSpec(NamedTuple):
+    """A vector buffer: ``array`` (1-D, the datatype's dtype), per-rank ``counts`` and ``displs``."""
+    array: np.ndarray
+    counts: tuple[int, ...]
+    displs: tuple[int, ...]
+    datatype: Datatype
+
+
+def _as_array(obj: Any, writable: bool, what: str) -> np.ndarray:
+    """A 1-D uint8/typed view of a buffer-protocol object, C or Fortran contiguous; no copy."""
+    if isinstance(obj, np.ndarray):
+        arr = obj if type(obj) is np.ndarray else obj.view(np.ndarray)   # np.memmap, subclasses
+    else:
+        try:
+            mv = memoryview(obj)
+        except TypeError:
+            raise error(ERR_BUFFER, f"{what}: expected a buffer (numpy array, bytearray, array.array, ...) "
+                        f"or an mpi4py buffer spec, got {type(obj).__name__}") from None
+        try:
+            arr = np.asarray(mv)
+        except (ValueError, TypeError, NotImplementedError):  # a format numpy cannot read: its bytes
+            arr = np.frombuffer(mv.cast("B") if mv.c_contiguous else mv, np.uint8)
+    if writable and not arr.flags.writeable:
+        raise error(ERR_BUFFER, f"{what} is read-only ({type(obj).__name__})")
+    if arr.ndim != 1:
+        if arr.flags.c_contiguous:
+            arr = arr.reshape(-1)
+        elif arr.flags.f_contiguous:
+            arr = arr.reshape(-1, order="F")    # memory order: still a view
+        else:
+            raise error(ERR_BUFFER, f"{what} is not contiguous: pass a contiguous array (or a copy)")
+    elif not arr.flags.c_contiguous:
+        raise error(ERR_BUFFER, f"{what} is not contiguous (a strided view): pass a contiguous array")
+    return arr
+
+
+def _as_datatype(t: Any, what: str) -> Datatype:
+    if isinstance(t, Datatype):
+        return t
+    if isinstance(t, str):
+        return from_typecode(t)
+    raise error(ERR_TYPE, f"{what}: expected an MPI.Datatype or a type code, got {t!r}")
+
+
+def _retype(arr: np.ndarray, d: Datatype | None, what: str) -> tuple[np.ndarray, Datatype]:
+    """``arr`` seen as elements of ``d`` (the buffer's own type when None)."""
+    if d is None:
+        dt = arr.dtype
+        if dt.char not in DTYPE_CODE:
+            d = of_dtype(dt)
+            dt = check_native(d, what)
+            arr = arr.view(dt)
+        else:
+            d = of_dtype(dt)
+        return arr, d
+    dt = check_native(d, what)
+    if arr.dtype != dt:
+        if arr.nbytes % dt.itemsize:
+            raise error(ERR_BUFFER, f"{what}: {arr.nbytes} bytes are not a whole number of MPI.{d.name} "
+                        f"elements ({dt.itemsize} bytes each)")
+        arr = arr.view(dt)
+    return arr, d
+
+
+def _int(v: Any, name: str, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise error(ERR_COUNT, f"{what}: {name} must be an int, got {type(v).__name__}")
+    v = int(v)
+    if v < 0:
+        raise error(ERR_COUNT, f"{what}: negative {name} {v}")
+    return v
+
+
+def _split(spec: Any, what: str) -> tuple[Any, Any, Any, Any]:
+    """(buf, count-or-None, displ-or-None, datatype-or-None) of a list/tuple spec; counts may be a
+    (counts, displs) pair of sequences (the vector form)."""
+    n = len(spec)
+    if n == 0 or n > 4:
+        raise error(ERR_BUFFER, f"{what}: a buffer spec is [buf, datatype], [buf, count, datatype] or "
+                    f"[buf, (count, displ), datatype]; got a {type(spec).__name__} of {n} items")
+    buf = spec[0]
+    if n == 1:
+        return buf, None, None, None
+    if n == 2:
+        second = spec[1]
+        if isinstance(second, (Datatype, str)):
+            return buf, None, None, second
+        return buf, second, None, None
+    if n == 3:
+        return buf, spec[1], None, spec[2]
+    return buf, spec[1], spec[2], spec[3]
+
+
+def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
+    """The numpy view of one buffer spec; None, IN_PLACE and BOTTOM come back unchanged.
+
+    ``blocks``: how many per-rank blocks the buffer holds (a count in the spec is per block)."""
+    if type(spec) is np.ndarray:     # the short path: a plain array of a native dtype
+        flags = spec.flags
+        if spec.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
+            return spec
+        arr = _as_array(spec, writable, what)
+        return _retype(arr, None, what)[0]
+    if spec is None or spec is IN_PLACE or spec is BOTTOM:
+        return spec
+    if not isinstance(spec, (list, tuple)):
+        return _retype(_as_array(spec, writable, what), None, what)[0]
+    if len(spec) == 2:     # [array, MPI.DOUBLE] with the array's own dtype: the second short path
+        buf, d = spec
+        if type(buf) is np.ndarray and type(d) is Datatype and buf.dtype == d.dtype and d._pair is None:
+            flags = buf.flags
+            if buf.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
+                return buf
+    buf, count, displ, dtype = _split(spec, what)
+    if buf is None or buf is BOTTOM:
+        if count in (None, 0) and dtype is not None:
+            return np.empty(0, check_native(_as_datatype(dtype, what), what))
+        raise error(ERR_BUFFER, f"{what}: a None/BOTTOM buffer needs derived datatypes, which are not "
+                    "supported")
+    arr = _as_array(buf, writable, what)
+    arr, _d = _retype(arr, None if dtype is None else _as_datatype(dtype, what), what)
+    if isinstance(count, (list, tuple)):
+        if len(count) != 2 or displ is not None:
+            raise error(ERR_BUFFER, f"{what}: expected [buf, (count, displ), datatype]")
+        count, displ = count
+        if isinstance(count, (list, tuple, np.ndarray)):
+            raise error(ERR_BUFFER, f"{what}: a vector spec ([buf, (counts, displs), type]) is for the "
+                        "v-collectives only")
+    start = 0 if displ is None else _int(displ, "displacement", what)
+    if count is None:
+        if start > arr.size:
+            raise error(ERR_COUNT, f"{what}: displacement {start} beyond the buffer's {arr.size} elements")
+        return arr[start:] if start else arr
+    n = _int(count, "count", what) * blocks
+    if start + n > arr.size:
+        raise error(ERR_COUNT, f"{what}: {n} elements from element {start} do not fit the buffer's "
+                    f"{arr.size} elements")
+    return arr[start:start + n] if (start or n != arr.size) else arr
+
+
+def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
+    """A vector spec ``[buf, (counts, displs), datatype]`` or ``[buf, counts, displs, datatype]`` (or
+    ``[buf, counts, datatype]``: displacements packed one after another) for ``size`` ranks."""
+    if not isinstance(spec, (list, tuple)):
+        raise error(ERR_BUFFER, f"{what}: a vector collective needs [buf, (counts, displs), datatype]")
+    buf, counts, displs, dtype = _split(spec, what)
+    if isinstance(counts, (list, tuple)) and len(counts) == 2 and displs is None and \
+            isinstance(counts[0], (list, tuple, np.ndarray)):
+        counts, displs = counts
+    if counts is None:
+        raise error(ERR_COUNT, f"{what}: a vector spec needs per-rank counts")
+    arr = _as_array(buf, writable, what)
+    arr, d = _retype(arr, None if dtype is None else _as_datatype(dtype, what), what)
+    cs = tuple(_int(c, "count", what) for c in counts)
+    if len(cs) != size:
+        raise error(ERR_COUNT, f"{what}: {len(cs)} counts for {size} ranks")
+    if displs is None:
+        ds, acc = [], 0
+        for c in cs:
+            ds.append(acc)
+            acc += c
+        dsp = tuple(ds)
+    else:
+        dsp = tuple(_int(x, "displacement", what) for x in displs)
+        if len(dsp) != size:
+            raise error(ERR_COUNT, f"{what}: {len(dsp)} displacements for {size} ranks")
+    for r, (c, x) in enumerate(zip(cs, dsp)):
+        if x + c > arr.size:
+            raise error(ERR_COUNT, f"{what}: block {r} ({c} elements at {x}) does not fit the buffer's "
+                        f"{arr.size} elements")
+    return VSpec(arr, cs, dsp, d)
+
+
+def datatype_of(spec: Any, what: str) -> Datatype:
+    """The datatype a spec names or implies (for Status.Get_count in tests and Probe-like calls)."""
+    arr = parse(spec, what, writable=False)
+    return of_dtype(arr.dtype)

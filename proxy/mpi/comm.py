@@ -1,0 +1,556 @@
+"""MPI.Comm and MPI.Intracomm: mpi4py's communicator calls over a native shmproxy Comm.
+
+A wrapper holds the native communicator (``_c``; absent for COMM_NULL), the ranks of its members in
+COMM_WORLD (``_wranks``, for groups) and its name. Each call parses its buffer specs (buffers.py:
+numpy views, no copies, errors before anything is posted), handles PROC_NULL itself (MPI defines it
+as an immediate no-op whose receive status says source PROC_NULL), and calls the native method;
+native errors come back as MPI.Exception subclasses that are still the native classes
+(exceptions.convert).
+
+Point-to-point modes: the native Send completes once the receiver took the message (it is
+synchronous), so ``Ssend``/``Issend`` are the native Send/Isend, and ``Rsend`` (which MPI lets an
+implementation run as a standard send) too. ``Bsend`` needs a buffered eager path the runtime does not
+have yet and raises NotImplementedError, as do Probe and its variants and Cancel.
+
+Communicators the native layer builds from a list of members without a collective over the parent
+(COMM_SELF, Create_group) use the same call that Split makes once it knows the members
+(``_member_comm``): each has a progress process of its own, so COMM_SELF is created on first use only.
+
+Collectives are in coll.py, topologies in topology.py; the object (lower-case) layer is here.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from shmproxy.core import errors
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, UNDEFINED
+from shmproxy.mpi import buffers
+from shmproxy.mpi.coll import Collectives
+from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_COMM, ERR_RANK, ERR_TAG, convert, error,
+                                     unsupported)
+from shmproxy.mpi.group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
+from shmproxy.mpi.ops import SUM, as_op
+from shmproxy.mpi.request import Prequest, Request
+from shmproxy.mpi.status import PROC_NULL, Status
+from shmproxy.rank import objects
+
+_parse = buffers.parse
+TAG_UB = 0          # attribute keys of Get_attr
+WTIME_IS_GLOBAL = 1
+HOST = 2
+IO = 3
+APPNUM = 4
+UNIVERSE_SIZE = 5
+LASTUSEDCODE = 6
+KEYVAL_INVALID = -1
+_TAG_UB_VALUE = 2**63 - 1
+_NO_BUFFERED = "buffered mode (Attach_buffer) needs an eager send path the runtime does not have"
+_NO_GRAPH = "graph topologies need neighbour collectives the engine lacks"
+
+
+class Comm(Collectives):
+    """A communicator (mpi4py's MPI.Comm)."""
+
+    __slots__ = ("_c", "_wranks", "_name", "__weakref__")
+
+    def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = ""):
+        if native is not None:
+            self._c = native
+        self._wranks = world_ranks
+        self._name = name
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for ``_c`` when it was never set: COMM_NULL or a freed communicator.
+        # (COMM_WORLD and COMM_SELF override this to initialise themselves on first use.)
+        if name == "_c":
+            raise error(ERR_COMM, "invalid communicator (MPI.COMM_NULL, or freed)")
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
+
+    # ------------------------------------------------------------------ queries
+    def Get_rank(self) -> int:
+        return self._c.rank
+
+    def Get_size(self) -> int:
+        return self._c.size
+
+    @property
+    def rank(self) -> int:
+        return self._c.rank
+
+    @property
+    def size(self) -> int:
+        return self._c.size
+
+    def Get_name(self) -> str:
+        return self._name
+
+    def Set_name(self, name: str) -> None:
+        self._name = str(name)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def Get_group(self) -> Group:
+        c = self._c
+        return Group(self._wranks, self._wranks[c.rank])
+
+    @property
+    def group(self) -> Group:
+        return self.Get_group()
+
+    def Get_topology(self) -> int:
+        return UNDEFINED
+
+    @property
+    def topology(self) -> int:
+        return self.Get_topology()
+
+    @property
+    def is_inter(self) -> bool:
+        return False
+
+    @property
+    def is_intra(self) -> bool:
+        return True
+
+    def Is_inter(self) -> bool:
+        return False
+
+    def Is_intra(self) -> bool:
+        return True
+
+    def Get_attr(self, keyval: int) -> Any:
+        """TAG_UB (tags may be any int64 but ANY_TAG), WTIME_IS_GLOBAL (no), APPNUM, UNIVERSE_SIZE."""
+        values = {TAG_UB: _TAG_UB_VALUE, WTIME_IS_GLOBAL: False, HOST: PROC_NULL, IO: ANY_SOURCE,
+                  APPNUM: None, UNIVERSE_SIZE: None, LASTUSEDCODE: None}
+        if keyval not in values:
+            unsupported("Comm.Get_attr for user attribute keys", "only the predefined keys exist")
+        return values[keyval]
+
+    @classmethod
+    def Compare(cls, comm1: "Comm", comm2: "Comm") -> int:
+        """IDENT (the same communicator), CONGRUENT (same members, same order), SIMILAR, UNEQUAL."""
+        if comm1 is comm2:
+            return IDENT
+        a, b = comm1._wranks, comm2._wranks
+        if a == b:
+            return CONGRUENT
+        return SIMILAR if set(a) == set(b) else UNEQUAL
+
+    def Get_errhandler(self) -> Any:
+        from shmproxy.mpi.env import ERRORS_RETURN
+        return ERRORS_RETURN
+
+    def Set_errhandler(self, errhandler: Any) -> None:
+        """Errors are raised as exceptions (mpi4py's default, ERRORS_RETURN); nothing else exists."""
+        from shmproxy.mpi.env import ERRORS_RETURN
+        if errhandler is not ERRORS_RETURN:
+            unsupported(f"Comm.Set_errhandler({errhandler!r})", "errors are always raised as MPI.Exception")
+
+    def __bool__(self) -> bool:
+        try:
+            self._c
+        except errors.ProxyError:
+            return False
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Comm):
+            return NotImplemented
+        return self is other or (not self and not other)
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        c = cached_native(self)
+        if c is None:
+            return f"<MPI.{self._name or 'COMM_NULL'}>"
+        return f"<MPI.{type(self).__name__.lstrip('_')} {self._name or 'comm'} rank {c.rank}/{c.size}>"
+
+    # ------------------------------------------------------------------ management
+    def _wrap(self, native: Any, cls: type | None = None) -> "Comm":
+        """A wrapper for a native child whose ``parent_ranks`` are ranks of this communicator."""
+        if native is None:
+            return COMM_NULL
+        mine = self._wranks
+        return (cls or Intracomm)(native, tuple(mine[r] for r in native.parent_ranks))
+
+    def Dup(self, info: Any = None) -> "Comm":
+        try:
+            return self._wrap(self._c.Dup(), type(self) if type(self) in (Comm, Intracomm) else Intracomm)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Clone(self) -> "Comm":
+        return self.Dup()
+
+    def Split(self, color: int = 0, key: int = 0) -> "Comm":
+        """Collective: communicators of the ranks with the same color, ordered by (key, rank);
+        UNDEFINED gives COMM_NULL."""
+        try:
+            return self._wrap(self._c.Split(color, key))
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> "Comm":
+        """COMM_TYPE_SHARED: the ranks of this node, which on one node is everyone."""
+        from shmproxy.mpi.env import COMM_TYPE_SHARED
+        if split_type == UNDEFINED:
+            return self.Split(UNDEFINED, key)
+        if split_type != COMM_TYPE_SHARED:
+            unsupported(f"Comm.Split_type({split_type})", "only COMM_TYPE_SHARED exists")
+        return self.Split(0, key)
+
+    def Create(self, group: Group) -> "Comm":
+        """Collective over this communicator: a communicator of ``group`` (a subset of it, in group
+        order) on its members, COMM_NULL elsewhere; built with Split."""
+        self._check_group(group, "Create")
+        key = group._index.get(self._wranks[self._c.rank])
+        return self.Split(UNDEFINED if key is None else 0, key or 0)
+
+    def _check_group(self, group: Group, what: str) -> None:
+        if not isinstance(group, Group):
+            raise error(ERR_ARG, f"Comm.{what}: expected an MPI.Group, got {type(group).__name__}")
+        mine = set(self._wranks)
+        if any(w not in mine for w in group.members):
+            raise error(ERR_ARG, f"Comm.{what}: the group has processes outside this communicator")
+
+    def Create_group(self, group: Group, tag: int = 0) -> "Comm":
+        """Collective over the members of ``group`` only (not the whole communicator): the members
+        derive the same new communicator id from this communicator, the group and ``tag``, and join
+        it without a collective over this communicator."""
+        self._check_group(group, "Create_group")
+        me = self._wranks[self._c.rank]
+        if me not in group._index:
+            return COMM_NULL
+        index = {w: i for i, w in enumerate(self._wranks)}
+        ranks = [index[w] for w in group.members]
+        try:
+            native = _member_comm(self._c, ranks, f"group/{tag}")
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        return Intracomm(native, tuple(group.members))
+
+    def Free(self) -> None:
+        """Close this rank's part of the communicator (pending sends complete first)."""
+        c = self._c
+        try:
+            c.close()
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        finally:
+            object.__delattr__(self, "_c")
+
+    def Disconnect(self) -> None:
+        self.Free()
+
+    def Abort(self, errorcode: int = 0) -> None:
+        """Fail the communicator on every rank, then end this process with exit status ``errorcode``
+        (1 for 0, so that an abort never reads as success), as MPI_Abort ends the job; the other
+        ranks get Aborted errors naming this call."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            self._c.Abort(f"MPI.Abort({errorcode}) called by rank {self._c.rank}")
+        finally:
+            os._exit(int(errorcode) & 0xFF or 1)
+
+    # ------------------------------------------------------------------ point-to-point, buffers
+    def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
+        if type(peer) is not int:
+            if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+                raise error(ERR_RANK, f"{what} must be an int, got {type(peer).__name__}")
+            peer = int(peer)
+        if not 0 <= peer < self._c.size and peer != PROC_NULL and not (wildcard and peer == ANY_SOURCE):
+            raise error(ERR_RANK, f"{what} {peer} out of range: the communicator has {self._c.size} ranks")
+        return peer
+
+    def _tag(self, tag: Any, wildcard: bool = False) -> int:
+        if type(tag) is not int:
+            if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+                raise error(ERR_TAG, f"tag must be an int, got {type(tag).__name__}")
+            tag = int(tag)
+        if tag == ANY_TAG and not wildcard:
+            raise error(ERR_TAG, "ANY_TAG is for receives: a message needs a tag of its own")
+        return tag
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Request(None, True)
+        b = _parse(buf, "send buffer", False)
+        try:
+            return Request(self._c.Isend(b, dest, tag))
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            return Request(None, True)
+        b = _parse(buf, "receive buffer", True)
+        try:
+            return Request(self._c.Irecv(b, source, tag))
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
+        """Blocking send; returns once the receiver took the message (the native Send is synchronous)."""
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return
+        b = _parse(buf, "send buffer", False)
+        try:
+            self._c.Send(b, dest, tag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> None:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return
+        b = _parse(buf, "receive buffer", True)
+        try:
+            st = self._c.Recv(b, source, tag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        if status is not None:
+            status._fill(st)
+
+    # Synchronous and ready modes are the standard mode here (see the header).
+    Ssend = Send
+    Issend = Isend
+    Rsend = Send
+    Irsend = Isend
+
+    def Bsend(self, buf: Any, dest: int, tag: int = 0) -> None:
+        unsupported("Comm.Bsend", _NO_BUFFERED)
+
+    def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        unsupported("Comm.Ibsend", _NO_BUFFERED)
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+        """Receive and send at once (posted together, the receive first), so that ranks exchanging
+        with each other do not wait for one another's receive."""
+        dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
+        source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
+        sb = None if dest == PROC_NULL else _parse(sendbuf, "Sendrecv sendbuf", False)
+        rb = None
+        if source != PROC_NULL:
+            if recvbuf is None:
+                raise error(ERR_BUFFER, "Sendrecv: recvbuf is None but the source is not PROC_NULL")
+            rb = _parse(recvbuf, "Sendrecv recvbuf", True)
+        self._exchange(sb, dest, sendtag, rb, source, recvtag, status)
+
+    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                         recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+        """Send ``buf`` and receive into it: the outgoing data is copied first, since the receive may
+        land (in registered memory, without staging) while the send still reads."""
+        dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
+        source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
+        b = _parse(buf, "Sendrecv_replace buffer", True)
+        sb = None if dest == PROC_NULL else b.copy()
+        self._exchange(sb, dest, sendtag, None if source == PROC_NULL else b, source, recvtag, status)
+
+    def _exchange(self, sb: Any, dest: int, sendtag: int, rb: Any, source: int, recvtag: int,
+                  status: Status | None) -> None:
+        c = self._c
+        rreq = sreq = None
+        try:
+            with c.group():
+                if rb is not None:
+                    rreq = c.Irecv(rb, source, recvtag)
+                if sb is not None:
+                    sreq = c.Isend(sb, dest, sendtag)
+            st = rreq.Wait() if rreq is not None else None
+            if sreq is not None:
+                sreq.Wait()
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        if status is not None:
+            status._fill_null() if rreq is None else status._fill(st)
+
+    def Send_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Prequest(None, (), True)
+        return Prequest(self._c.Isend, (_parse(buf, "send buffer", False), dest, tag), False)
+
+    def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            return Prequest(None, (), True)
+        return Prequest(self._c.Irecv, (_parse(buf, "receive buffer", True), source, tag), False)
+
+    Ssend_init = Send_init
+    Rsend_init = Send_init
+
+    def Bsend_init(self, *a: Any, **k: Any) -> Prequest:
+        unsupported("Comm.Bsend_init", _NO_BUFFERED)
+
+    def Probe(self, *a: Any, **k: Any) -> Any:
+        unsupported("Comm.Probe", "the native layer has no probe yet")
+
+    Iprobe = Mprobe = Improbe = probe = iprobe = mprobe = improbe = Probe
+
+    # ------------------------------------------------------------------ objects (lower case)
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return
+        try:
+            objects.send(self._c, obj, dest, tag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> Any:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return None
+        if source == ANY_SOURCE or tag == ANY_TAG:
+            unsupported("Comm.recv with ANY_SOURCE or ANY_TAG (mpi4py's defaults)",
+                        "the native object layer matches an exact source and tag: pass both")
+        try:
+            obj = objects.recv(self._c, source, tag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        if status is not None:
+            status.source, status.tag, status.nbytes, status.error = source, tag, 0, 0
+        return obj
+
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
+        return self._obj(objects.bcast, obj, root)
+
+    def gather(self, sendobj: Any, root: int = 0) -> list | None:
+        return self._obj(objects.gather, sendobj, root)
+
+    def allgather(self, sendobj: Any) -> list:
+        return self._obj(objects.allgather, sendobj)
+
+    def allreduce(self, sendobj: Any, op: Any = SUM) -> Any:
+        return self._obj(objects.allreduce, sendobj, as_op(op, "allreduce"))
+
+    def reduce(self, sendobj: Any, op: Any = SUM, root: int = 0) -> Any:
+        """The native object layer has allreduce only: every rank computes the same reduction (in rank
+        order), the root returns it, the others None."""
+        root = self._peer(root, "root")
+        value = self._obj(objects.allreduce, sendobj, as_op(op, "reduce"))
+        return value if self._c.rank == root else None
+
+    def barrier(self) -> None:
+        self._obj(objects.barrier)
+
+    def _obj(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(self._c, *args)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def _no_obj(self, name: str) -> Any:
+        unsupported(f"Comm.{name}", "the native object layer has send, recv, bcast, gather, allgather, "
+                    "allreduce and barrier only")
+
+    def scatter(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("scatter")
+
+    def alltoall(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("alltoall")
+
+    def scan(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("scan")
+
+    def exscan(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("exscan")
+
+    def sendrecv(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("sendrecv")
+
+    def isend(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("isend")
+
+    def irecv(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("irecv")
+
+    def issend(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("issend")
+
+    def ssend(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("ssend")
+
+    def bsend(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("bsend")
+
+    def ibsend(self, *a: Any, **k: Any) -> Any:
+        return self._no_obj("ibsend")
+
+
+class Intracomm(Comm):
+    """An intracommunicator (every communicator here is one)."""
+
+    __slots__ = ()
+
+    def Create_cart(self, dims: Any, periods: Any = None, reorder: bool = False) -> Any:
+        from shmproxy.mpi.topology import create_cart
+        return create_cart(self, dims, periods, reorder)
+
+    def Create_graph(self, *a: Any, **k: Any) -> Any:
+        unsupported("Intracomm.Create_graph", _NO_GRAPH)
+
+    def Create_dist_graph(self, *a: Any, **k: Any) -> Any:
+        unsupported("Intracomm.Create_dist_graph", _NO_GRAPH)
+
+    Create_dist_graph_adjacent = Create_dist_graph
+
+    def Create_intercomm(self, *a: Any, **k: Any) -> Any:
+        unsupported("Intracomm.Create_intercomm", "intercommunicators do not exist yet")
+
+    def Spawn(self, *a: Any, **k: Any) -> Any:
+        unsupported("Intracomm.Spawn", "dynamic processes are not part of shmproxy")
+
+    Spawn_multiple = Accept = Connect = Spawn
+
+
+def cached_native(comm: Comm) -> Any:
+    """The native communicator of a wrapper, or None, without initialising COMM_WORLD or COMM_SELF
+    (reads the slot directly: ``comm._c`` would fall back to their __getattr__)."""
+    slot = Comm.__dict__["_c"]
+    try:
+        return slot.__get__(comm, type(comm))
+    except AttributeError:
+        return None
+
+
+def _member_comm(parent: Any, ranks: list[int], salt: str) -> Any:
+    """A native communicator of ``ranks`` (ranks of ``parent``), joined by those ranks only: the
+    second half of the native Split, given the members instead of an Allgather of colors. Each
+    call on the same members and salt gets a new id (a per-communicator counter, advanced alike on
+    every member since they call in the same order)."""
+    from shmproxy.control import bootstrap
+    from shmproxy.rank.comm import Comm as NativeComm
+    counters = parent.__dict__.setdefault("_mpi_member_counts", {})
+    n = counters[(tuple(ranks), salt)] = counters.get((tuple(ranks), salt), 0) + 1
+    text = f"{parent._comm_id}/{salt}/{n}/{','.join(map(str, ranks))}"
+    digest = hashlib.blake2b(text.encode(), digest_size=4).digest()
+    comm_id = int.from_bytes(digest, "little") & 0x7FFFFFFF or 1
+    me = ranks.index(parent.rank)
+    info = bootstrap.LaunchInfo(rank=me, size=len(ranks), local_rank=me, local_size=len(ranks),
+                                launcher="split")
+    child = NativeComm._create(info, parent.params, comm_id, key=parent._job_key)
+    child.parent_ranks = list(ranks)
+    return child
+
+
+COMM_NULL = Comm()

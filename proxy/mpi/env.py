@@ -1,0 +1,266 @@
+"""The environment: COMM_WORLD, COMM_SELF, Init/Finalize, clocks, threads, what is not provided.
+
+COMM_WORLD joins the job (``shmproxy.init()``) on its first use, or at ``Init()``, not at import:
+importing ``shmproxy.MPI`` starts nothing. COMM_SELF is created on its first use only, because a
+native communicator of one rank has a progress process of its own (comm._member_comm); its rank and
+size are known without it. ``Finalize()`` closes both (pending sends complete first, as
+MPI_Finalize requires); a program that never calls it is finalised at exit by the native layer.
+
+Threads: a native Comm is used by one thread at a time, so the level is THREAD_SERIALIZED;
+Init_thread returns the lower of what was asked and that.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from shmproxy.core import errors
+from shmproxy.mpi.comm import Comm, Intracomm, _member_comm, cached_native
+from shmproxy.mpi.exceptions import ERR_OTHER, convert, error, unsupported
+
+THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
+_PROVIDED = THREAD_SERIALIZED
+VERSION, SUBVERSION = 3, 1
+MAX_PROCESSOR_NAME = 256
+MAX_ERROR_STRING = 512
+MAX_LIBRARY_VERSION_STRING = 8192
+COMM_TYPE_SHARED = 1
+
+_state: dict[str, Any] = {"world": None, "self": None, "initialized": False, "finalized": False,
+                          "thread_level": _PROVIDED}
+
+
+class Errhandler:
+    """The error handlers: errors are always raised (ERRORS_RETURN, mpi4py's default)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def Free(self) -> None:
+        """Predefined handlers hold nothing."""
+
+    def __repr__(self) -> str:
+        return f"<MPI.{self.name}>"
+
+
+ERRORS_RETURN = Errhandler("ERRORS_RETURN")
+ERRORS_ARE_FATAL = Errhandler("ERRORS_ARE_FATAL")
+ERRORS_ABORT = Errhandler("ERRORS_ABORT")
+ERRHANDLER_NULL = Errhandler("ERRHANDLER_NULL")
+
+
+def _native_world() -> Any:
+    if _state["finalized"]:
+        raise error(ERR_OTHER, "MPI was finalized: COMM_WORLD cannot be used any more")
+    c = _state["world"]
+    if c is None:
+        Init()
+        c = _state["world"]
+    return c
+
+
+class _World(Intracomm):
+    """COMM_WORLD: joins the job on first use."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "_c":
+            return super().__getattr__(name)
+        c = _native_world()
+        object.__setattr__(self, "_c", c)
+        if not self._wranks:
+            object.__setattr__(self, "_wranks", tuple(range(c.size)))
+        return c
+
+    def Free(self) -> None:
+        raise error(ERR_OTHER, "COMM_WORLD cannot be freed (call MPI.Finalize)")
+
+    def __bool__(self) -> bool:
+        return not _state["finalized"]
+
+
+class _Self(Intracomm):
+    """COMM_SELF: rank 0 of 1; its native communicator is made on first communication."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "_c":
+            return super().__getattr__(name)
+        world = _native_world()
+        c = _state["self"]
+        if c is None:
+            try:
+                c = _state["self"] = _member_comm(world, [world.rank], "self")
+            except errors.ProxyError as exc:
+                raise convert(exc) from None
+        object.__setattr__(self, "_c", c)
+        object.__setattr__(self, "_wranks", (world.rank,))
+        return c
+
+    def Get_rank(self) -> int:
+        return 0
+
+    def Get_size(self) -> int:
+        return 1
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def size(self) -> int:
+        return 1
+
+    def Get_group(self) -> Any:
+        from shmproxy.mpi.group import Group
+        me = _native_world().rank
+        return Group((me,), me)
+
+    def Free(self) -> None:
+        raise error(ERR_OTHER, "COMM_SELF cannot be freed (call MPI.Finalize)")
+
+    def __bool__(self) -> bool:
+        return not _state["finalized"]
+
+
+COMM_WORLD = _World(None, (), "MPI_COMM_WORLD")
+COMM_SELF = _Self(None, (), "MPI_COMM_SELF")
+
+
+def Init() -> None:
+    """Join the job (shmproxy.init()). Idempotent; an error after Finalize."""
+    if _state["finalized"]:
+        raise error(ERR_OTHER, "MPI.Init after MPI.Finalize")
+    if _state["world"] is None:
+        import shmproxy
+        try:
+            _state["world"] = shmproxy.init()
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        _state["initialized"] = True
+
+
+def Init_thread(required: int = THREAD_MULTIPLE) -> int:
+    """Init, and the thread level provided: at most THREAD_SERIALIZED (see the header)."""
+    Init()
+    _state["thread_level"] = min(int(required), _PROVIDED)
+    return _state["thread_level"]
+
+
+def Query_thread() -> int:
+    return _state["thread_level"]
+
+
+def Is_thread_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def Is_initialized() -> bool:
+    return bool(_state["initialized"])
+
+
+def Is_finalized() -> bool:
+    return bool(_state["finalized"])
+
+
+def Finalize() -> None:
+    """Close COMM_SELF and COMM_WORLD on this rank (their pending sends complete first)."""
+    if _state["finalized"]:
+        return
+    _state["finalized"] = True
+    first: BaseException | None = None
+    for key, comm in (("self", COMM_SELF), ("world", COMM_WORLD)):
+        native, _state[key] = _state[key], None
+        _forget(comm)
+        if native is not None:
+            try:
+                native.close()
+            except errors.ProxyError as exc:
+                first = first or convert(exc)
+    if first is not None:
+        raise first
+
+
+def _forget(comm: Intracomm) -> None:
+    """Drop the native communicator a wrapper cached, if it cached one (reading the slot directly:
+    ``comm._c`` would initialise it)."""
+    if cached_native(comm) is not None:
+        Comm.__dict__["_c"].__delete__(comm)
+
+
+def Wtime() -> float:
+    """Seconds on a monotonic clock (not synchronised between ranks: WTIME_IS_GLOBAL is false)."""
+    return time.monotonic()
+
+
+def Wtick() -> float:
+    return time.get_clock_info("monotonic").resolution
+
+
+def Get_processor_name() -> str:
+    return socket.gethostname()
+
+
+def Get_version() -> tuple[int, int]:
+    """The MPI version whose API this layer follows (a subset of it: see the README)."""
+    return VERSION, SUBVERSION
+
+
+def Get_library_version() -> str:
+    import shmproxy
+    return f"shmproxy {shmproxy.__version__} (mpi4py-style layer over the native API)"
+
+
+def Pcontrol(level: int) -> None:
+    """Profiling control: nothing to do."""
+
+
+def _missing(what: str, why: str) -> Any:
+    def fn(*_a: Any, **_k: Any) -> Any:
+        unsupported(what, why)
+    fn.__name__ = what.rsplit(".", 1)[-1]
+    fn.__doc__ = f"Not provided: {why}."
+    return fn
+
+
+_ONE_SIDED = "one-sided windows and MPI memory are not part of shmproxy yet"
+_DYNAMIC = "dynamic processes and ports are not part of shmproxy"
+Alloc_mem = _missing("Alloc_mem", _ONE_SIDED)
+Free_mem = _missing("Free_mem", _ONE_SIDED)
+Open_port = _missing("Open_port", _DYNAMIC)
+Close_port = _missing("Close_port", _DYNAMIC)
+Publish_name = _missing("Publish_name", _DYNAMIC)
+Unpublish_name = _missing("Unpublish_name", _DYNAMIC)
+Lookup_name = _missing("Lookup_name", _DYNAMIC)
+Attach_buffer = _missing("Attach_buffer", "buffered mode needs an eager send path the runtime does not have")
+Detach_buffer = _missing("Detach_buffer", "buffered mode needs an eager send path the runtime does not have")
+
+
+class _MissingMeta(type):
+    """Every attribute of a missing class (Win.Create, File.Open, ...) raises NotImplementedError."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        unsupported(f"{cls.__name__}.{name}", cls._why)
+
+
+def _missing_class(name: str, why: str) -> type:
+    def init(self: Any, *_a: Any, **_k: Any) -> None:
+        unsupported(name, why)
+    return _MissingMeta(name, (), {"_why": why, "__init__": init, "__doc__": f"Not provided: {why}."})
+
+
+Win = _missing_class("Win", _ONE_SIDED)
+File = _missing_class("File", "MPI-IO is not part of shmproxy")
+Intercomm = _missing_class("Intercomm", "intercommunicators do not exist yet")
+_NO_GRAPH = "graph topologies need neighbour collectives the engine lacks"
+Graphcomm = _missing_class("Graphcomm", _NO_GRAPH)
+Distgraphcomm = _missing_class("Distgraphcomm", _NO_GRAPH)
+Message = _missing_class("Message", "matched probes (Mprobe) need a probe the native layer lacks")

@@ -1,0 +1,152 @@
+"""MPI.Group in pure Python: an ordered tuple of processes, named by their rank in COMM_WORLD.
+
+Every communicator of the MPI layer knows the world ranks of its members (comm.py), so a group is
+just that tuple plus this process's world rank; the set operations follow MPI's ordering rules
+(Union: the first group's order, then the second's new members; Intersection and Difference: the
+first group's order). Nothing here communicates.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from shmproxy.core.ops import UNDEFINED
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_GROUP, ERR_RANK, error
+from shmproxy.mpi.status import PROC_NULL
+
+IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
+
+
+class Group:
+    """A group of processes: ``size``, ``rank`` (UNDEFINED if this process is not a member)."""
+
+    __slots__ = ("_members", "_me", "_index")
+
+    def __init__(self, members: Iterable[int] = (), me: int = -1):
+        self._members = tuple(int(m) for m in members)
+        if len(set(self._members)) != len(self._members):
+            raise error(ERR_GROUP, f"a group lists a process twice: {self._members}")
+        self._me = me
+        self._index = {m: i for i, m in enumerate(self._members)}
+
+    # ---- queries
+    def Get_size(self) -> int:
+        return len(self._members)
+
+    def Get_rank(self) -> int:
+        return self._index.get(self._me, UNDEFINED)
+
+    @property
+    def size(self) -> int:
+        return len(self._members)
+
+    @property
+    def rank(self) -> int:
+        return self.Get_rank()
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The members' ranks in COMM_WORLD, in group order."""
+        return self._members
+
+    def Translate_ranks(self, ranks: Sequence[int] | None = None, group: "Group | None" = None) -> list[int]:
+        """The ranks in ``group`` of the processes with ``ranks`` in this group (UNDEFINED where absent;
+        PROC_NULL stays PROC_NULL). ``ranks`` None: every rank; ``group`` None: the ranks in COMM_WORLD."""
+        ranks = range(self.size) if ranks is None else ranks
+        out = []
+        for r in ranks:
+            r = self._check_rank(r)
+            if r == PROC_NULL:
+                out.append(PROC_NULL)
+                continue
+            p = self._members[r]
+            out.append(p if group is None else group._index.get(p, UNDEFINED))
+        return out
+
+    def Compare(self, other: "Group") -> int:
+        """IDENT (same members, same order), SIMILAR (same members), else UNEQUAL."""
+        _check_group(other)
+        if self._members == other._members:
+            return IDENT
+        if set(self._members) == set(other._members):
+            return SIMILAR
+        return UNEQUAL
+
+    # ---- constructors
+    def Incl(self, ranks: Sequence[int]) -> "Group":
+        return self._make([self._members[self._check_rank(r, null=False)] for r in ranks])
+
+    def Excl(self, ranks: Sequence[int]) -> "Group":
+        drop = {self._check_rank(r, null=False) for r in ranks}
+        if len(drop) != len(list(ranks)):
+            raise error(ERR_RANK, f"Group.Excl: a rank is listed twice in {list(ranks)}")
+        return self._make([m for i, m in enumerate(self._members) if i not in drop])
+
+    def Range_incl(self, ranges: Sequence[Sequence[int]]) -> "Group":
+        return self.Incl(self._expand(ranges, "Range_incl"))
+
+    def Range_excl(self, ranges: Sequence[Sequence[int]]) -> "Group":
+        return self.Excl(self._expand(ranges, "Range_excl"))
+
+    def Union(self, other: "Group") -> "Group":
+        _check_group(other)
+        return self._make(list(self._members) + [m for m in other._members if m not in self._index])
+
+    def Intersection(self, other: "Group") -> "Group":
+        _check_group(other)
+        return self._make([m for m in self._members if m in other._index])
+
+    def Difference(self, other: "Group") -> "Group":
+        _check_group(other)
+        return self._make([m for m in self._members if m not in other._index])
+
+    def Dup(self) -> "Group":
+        return self._make(self._members)
+
+    def Free(self) -> None:
+        """Groups hold no resources."""
+
+    # ---- helpers
+    def _make(self, members: Sequence[int]) -> "Group":
+        return Group(members, self._me)
+
+    def _check_rank(self, r: Any, null: bool = True) -> int:
+        if isinstance(r, bool) or not isinstance(r, int):
+            try:
+                r = int(r)
+            except (TypeError, ValueError):
+                raise error(ERR_ARG, f"a group rank must be an int, got {type(r).__name__}") from None
+        if null and r == PROC_NULL:
+            return r
+        if not 0 <= r < len(self._members):
+            raise error(ERR_RANK, f"rank {r} is not in a group of {len(self._members)}")
+        return r
+
+    def _expand(self, ranges: Sequence[Sequence[int]], what: str) -> list[int]:
+        out: list[int] = []
+        for rng in ranges:
+            try:
+                first, last, stride = (int(x) for x in rng)
+            except (TypeError, ValueError):
+                raise error(ERR_ARG, f"Group.{what}: each range is (first, last, stride), "
+                            f"got {rng!r}") from None
+            if stride == 0:
+                raise error(ERR_ARG, f"Group.{what}: stride 0 in {rng!r}")
+            out.extend(range(first, last + (1 if stride > 0 else -1), stride))
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Group) and self._members == other._members
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<MPI.Group {list(self._members)}>"
+
+
+def _check_group(g: Any) -> None:
+    if not isinstance(g, Group):
+        raise error(ERR_GROUP, f"expected an MPI.Group, got {type(g).__name__}")
+
+
+GROUP_EMPTY = Group(())
+GROUP_NULL = Group(())

@@ -1,0 +1,327 @@
+"""MPI.Request and MPI.Prequest over the native requests (shmproxy.Request).
+
+A Request wraps one native request, or none: a request to or from PROC_NULL completes at once
+without touching the runtime (its status says source PROC_NULL, as MPI defines), and a request that
+completed becomes inactive, like MPI_REQUEST_NULL: Waitany and friends skip it, waiting on it again
+returns at once with an empty status.
+
+Waitany/Waitsome have no native counterpart yet. They test every request, then sleep on the futex
+word of a communicator the requests belong to (Comm._sleep_slice, the same bounded sleep that
+native Wait uses) for at most ANY_SLICE_S: every completion the progress process publishes for this
+rank bumps that word and wakes the sleeper, so a completion ends the sleep at once; the short bound
+only covers a completion that lands between the test and the sleep (the sleep reads the word itself),
+and requests of other communicators, whose words this sleep does not watch. No core is burnt, every
+wait is bounded by SHMPROXY_TIMEOUT, and failures (a dead peer, an abort) are raised by the sleep.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Sequence
+
+from shmproxy.core import errors
+from shmproxy.core.ops import UNDEFINED
+from shmproxy.mpi.exceptions import ERR_REQUEST, convert, error, unsupported
+from shmproxy.mpi.status import Status
+
+ANY_SLICE_S = 0.002   # longest sleep of Waitany/Waitsome between two tests of every request
+
+
+class Request:
+    """A nonblocking operation: Wait, Test, Free, Get_status and the Wait/Test families."""
+
+    __slots__ = ("_r", "_null", "__weakref__")
+
+    def __init__(self, native: Any = None, proc_null: bool = False):
+        self._r = native          # the native request while active, else None
+        self._null = proc_null    # an active operation with PROC_NULL: completes without the runtime
+
+    def _active(self) -> bool:
+        return self._r is not None or self._null
+
+    def _complete(self, status: Status | None) -> None:
+        """The active operation is done: fill ``status`` and become inactive."""
+        r = self._r
+        if status is not None:
+            if r is None:
+                status._fill_null()
+            else:
+                status._fill(r.status)
+        self._r, self._null = None, False
+
+    def Wait(self, status: Status | None = None) -> bool:
+        r = self._r
+        if r is not None:
+            try:
+                r.Wait()
+            except errors.ProxyError as exc:
+                self._r = None
+                raise convert(exc) from None
+            if status is not None:
+                status._fill(r.status)
+            self._r = None
+            return True
+        if status is not None:
+            if self._null:
+                status._fill_null()
+            else:
+                status._fill(None)
+        self._null = False
+        return True
+
+    def Test(self, status: Status | None = None) -> bool:
+        r = self._r
+        if r is not None:
+            try:
+                if not r.Test():
+                    return False
+            except errors.ProxyError as exc:
+                self._r = None
+                raise convert(exc) from None
+        if self._active():
+            self._complete(status)
+        elif status is not None:
+            status._fill(None)
+        return True
+
+    def Get_status(self, status: Status | None = None) -> bool:
+        """Whether complete, without making the request inactive (MPI_Request_get_status)."""
+        r = self._r
+        if r is not None:
+            try:
+                done = r.Test()
+            except errors.ProxyError as exc:
+                raise convert(exc) from None
+            if done and status is not None:
+                status._fill(r.status)
+            return bool(done)
+        if status is not None:
+            status._fill_null() if self._null else status._fill(None)
+        return True
+
+    def Free(self) -> None:
+        """Forget the request: the operation still completes and the runtime reaps it."""
+        self._r, self._null = None, False
+
+    def Cancel(self) -> None:
+        if self._active():
+            unsupported("Request.Cancel", "the native layer cannot cancel a posted operation yet")
+
+    def __bool__(self) -> bool:
+        """False for an inactive request (mpi4py: a request is true until it is REQUEST_NULL)."""
+        return self._active()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self is other or (not self._active() and not other._active())
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        if self._r is not None:
+            return f"<MPI.Request {self._r.describe()}>"
+        return "<MPI.Request PROC_NULL>" if self._null else "<MPI.REQUEST_NULL>"
+
+    # ---------------------------------------------------------------- the Wait/Test families
+    @staticmethod
+    def Waitall(requests: Sequence["Request"], statuses: list | None = None) -> bool:
+        """Wait for every request; every one completes before the first error is raised."""
+        reqs = _check(requests)
+        first: BaseException | None = None
+        for i, r in enumerate(reqs):
+            st = _status_at(statuses, i)
+            try:
+                r.Wait(st)
+            except Exception as exc:   # noqa: BLE001 - kept, and raised once all are done
+                if isinstance(exc, (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout)):
+                    raise
+                first = first or exc
+        if first is not None:
+            raise first
+        return True
+
+    @staticmethod
+    def Testall(requests: Sequence["Request"], statuses: list | None = None) -> bool:
+        """True (and every request completed) if all are complete, else False and none is changed."""
+        reqs = _check(requests)
+        for r in reqs:
+            if r._r is not None:
+                try:
+                    if not r._r.Test():
+                        return False
+                except errors.ProxyError as exc:
+                    raise convert(exc) from None
+        for i, r in enumerate(reqs):
+            r.Test(_status_at(statuses, i))
+        return True
+
+    @staticmethod
+    def Testany(requests: Sequence["Request"], status: Status | None = None) -> tuple[int, bool]:
+        """(index, True) for one completed request; (UNDEFINED, True) if none is active;
+        (UNDEFINED, False) if none is complete yet."""
+        reqs = _check(requests)
+        i = _first_done(reqs)
+        if i is None:
+            if not any(r._active() for r in reqs):
+                if status is not None:
+                    status._fill(None)
+                return UNDEFINED, True
+            return UNDEFINED, False
+        reqs[i].Wait(status)
+        return i, True
+
+    @staticmethod
+    def Waitany(requests: Sequence["Request"], status: Status | None = None) -> int:
+        """The index of a completed request (now inactive); UNDEFINED if none is active."""
+        reqs = _check(requests)
+        i = _wait_some(reqs)
+        if i is None:
+            if status is not None:
+                status._fill(None)
+            return UNDEFINED
+        reqs[i].Wait(status)
+        return i
+
+    @staticmethod
+    def Testsome(requests: Sequence["Request"], statuses: list | None = None) -> list[int] | None:
+        """Indices of the requests complete now (possibly none); None if none is active."""
+        reqs = _check(requests)
+        if not any(r._active() for r in reqs):
+            return None
+        done = [i for i, r in enumerate(reqs) if r._active() and _done(r)]
+        for k, i in enumerate(done):
+            reqs[i].Wait(_status_at(statuses, k))
+        return done
+
+    @staticmethod
+    def Waitsome(requests: Sequence["Request"], statuses: list | None = None) -> list[int] | None:
+        """Indices of at least one completed request; None if none is active."""
+        reqs = _check(requests)
+        if _wait_some(reqs) is None:
+            return None
+        return Request.Testsome(reqs, statuses)
+
+    @staticmethod
+    def Startall(requests: Sequence["Prequest"]) -> None:
+        for r in _check(requests):
+            if not isinstance(r, Prequest):
+                raise error(ERR_REQUEST, "Startall takes persistent requests (Send_init, Recv_init)")
+            r.Start()
+
+
+class Prequest(Request):
+    """A persistent request (Send_init, Recv_init): Start posts it again, Wait completes one round."""
+
+    __slots__ = ("_post", "_args")
+
+    def __init__(self, post: Any, args: tuple, proc_null: bool):
+        super().__init__(None, False)
+        self._post = None if proc_null else post   # the native Isend/Irecv, None for PROC_NULL
+        self._args = args
+
+    def Start(self) -> None:
+        if self._active():
+            raise error(ERR_REQUEST, "Start on a persistent request that is still active (Wait for it first)")
+        if self._post is None:
+            self._null = True
+            return
+        try:
+            self._r = self._post(*self._args)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Free(self) -> None:
+        super().Free()
+        self._post, self._args = None, ()
+
+    def __repr__(self) -> str:
+        return "<MPI.Prequest " + ("active>" if self._active() else "inactive>")
+
+
+class Grequest(Request):
+    """Generalized requests are not provided."""
+
+    __slots__ = ()
+
+    @classmethod
+    def Start(cls, *_a: Any, **_k: Any) -> "Grequest":
+        unsupported("Grequest.Start", "generalized requests need a completion the runtime does not track")
+
+
+REQUEST_NULL = Request()
+
+
+# ---------------------------------------------------------------- helpers
+def _check(requests: Iterable[Any]) -> list[Request]:
+    reqs = list(requests)
+    for r in reqs:
+        if not isinstance(r, Request):
+            raise error(ERR_REQUEST, f"expected MPI.Request objects, got {type(r).__name__}")
+    return reqs
+
+
+def _status_at(statuses: list | None, i: int) -> Status | None:
+    if statuses is None:
+        return None
+    while len(statuses) <= i:
+        statuses.append(Status())
+    st = statuses[i]
+    return st if isinstance(st, Status) else None
+
+
+def _done(r: Request) -> bool:
+    """Complete (or PROC_NULL); errors surface when the caller Waits on it."""
+    if r._r is None:
+        return r._null
+    try:
+        return bool(r._r.Test())
+    except errors.ProxyError:
+        return True    # failed: complete, its Wait raises the error
+
+
+def _first_done(reqs: list[Request]) -> int | None:
+    for i, r in enumerate(reqs):
+        if r._active() and _done(r):
+            return i
+    return None
+
+
+def _wait_some(reqs: list[Request]) -> int | None:
+    """Block until some active request is complete; its index, or None if none is active."""
+    active = [r for r in reqs if r._active()]
+    if not active:
+        return None
+    if len(active) == 1:
+        r = active[0]
+        if r._r is not None:
+            try:
+                r._r.Wait()
+            except (errors.Timeout, errors.PeerDiedError, errors.Aborted, errors.Closed) as exc:
+                raise convert(exc) from None
+            except errors.ProxyError:
+                return reqs.index(r)    # complete with its own error: the caller's Wait raises it
+        return reqs.index(r)
+    natives = [r._r for r in active if r._r is not None]
+    comms = list({id(n._comm): n._comm for n in natives}.values())
+    deadline = time.monotonic() + (comms[0]._timeout if comms else 0.0)
+    turn = 0
+    while True:
+        i = _first_done(reqs)
+        if i is not None:
+            return i
+        comm = comms[turn % len(comms)]
+        turn += 1
+        if comm._pp.group_depth:
+            raise error(ERR_REQUEST, "Waitany/Waitsome inside comm.group(): the group's ops are posted "
+                        "at its end")
+        now = time.monotonic()
+        if now >= deadline:
+            pending = "; ".join(n.describe() for n in natives[:4])
+            raise convert(errors.Timeout(f"rank {comm.rank}: timed out waiting for any of {len(natives)} "
+                                         f"requests ({pending})"))
+        try:
+            comm._sleep_slice(min(deadline, now + ANY_SLICE_S), f"any of {len(natives)} requests")
+        except errors.Timeout:
+            continue    # our short slice ran out: test again (the overall deadline is checked above)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None

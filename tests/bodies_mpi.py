@@ -1,0 +1,280 @@
+"""Rank bodies of the shmproxy.MPI tests (tests/test_mpi_ranks.py), written as an mpi4py program
+would be: ``from shmproxy import MPI``, COMM_WORLD, mpi4py's names and signatures. Each raises on any
+mismatch and ends with MPI.Finalize()."""
+from __future__ import annotations
+
+import array
+
+import numpy as np
+import pytest
+
+from shmproxy import MPI
+
+
+def p2p_status() -> dict:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    assert size == 2 and comm.rank == rank
+    other = 1 - rank
+    st = MPI.Status()
+    # Sends are synchronous natively: the ranks take turns rather than both sending first.
+    if rank == 0:
+        comm.Send([np.arange(5, dtype="d"), MPI.DOUBLE], dest=1, tag=11)
+        comm.Send([np.arange(10, dtype="i"), 3, MPI.INT], dest=1, tag=12)
+        comm.Send(array.array("i", [7, 8]), dest=1, tag=13)
+        comm.Send(bytearray(b"hello"), dest=1, tag=14)
+    else:
+        buf = np.zeros(8)
+        comm.Recv([buf, MPI.DOUBLE], source=0, tag=11, status=st)
+        assert (st.Get_source(), st.Get_tag(), st.Get_count(MPI.DOUBLE)) == (0, 11, 5), st
+        assert st.Get_elements(MPI.DOUBLE) == 5 and st.Get_count(MPI.BYTE) == 40
+        assert st.Get_error() == MPI.SUCCESS
+        assert buf[:5].tolist() == [0, 1, 2, 3, 4]
+        ib = np.full(6, -1, "i")
+        comm.Recv([ib, (3, 2), MPI.INT], MPI.ANY_SOURCE, MPI.ANY_TAG, st)     # into elements 2..4
+        assert ib.tolist() == [-1, -1, 0, 1, 2, -1] and st.tag == 12 and st.source == 0
+        a = array.array("i", [0, 0])
+        comm.Recv(a, 0, 13)
+        assert a.tolist() == [7, 8]
+        b = bytearray(8)
+        comm.Recv([b, MPI.BYTE], 0, MPI.ANY_TAG, st)
+        assert bytes(b[:5]) == b"hello" and st.Get_count(MPI.BYTE) == 5 and st.tag == 14
+    # a receive too small: ERR_TRUNCATE, nothing written
+    if rank == 0:
+        comm.Send(np.arange(4, dtype="i"), 1, 20)
+    else:
+        small = np.zeros(2, "i")
+        with pytest.raises(MPI.Exception) as e:
+            comm.Recv(small, 0, 20)
+        assert e.value.Get_error_class() == MPI.ERR_TRUNCATE and small.tolist() == [0, 0]
+    # PROC_NULL: no-ops, status source PROC_NULL
+    comm.Send(np.zeros(3), MPI.PROC_NULL)
+    comm.Recv(np.zeros(3), MPI.PROC_NULL, 5, st)
+    assert st.source == MPI.PROC_NULL and st.tag == MPI.ANY_TAG and st.Get_count(MPI.DOUBLE) == 0
+    req = comm.Irecv(np.zeros(3), MPI.PROC_NULL)
+    req.Wait(st)
+    assert st.source == MPI.PROC_NULL and not req
+    # Sendrecv: both ranks exchange at once (no deadlock), and the replace form
+    out = np.zeros(4, "i")
+    comm.Sendrecv(np.full(4, rank, "i"), other, 30, out, other, 30, st)
+    assert out.tolist() == [other] * 4 and st.source == other and st.tag == 30
+    buf = np.full(3, 10 + rank, "d")
+    comm.Sendrecv_replace([buf, MPI.DOUBLE], dest=other, sendtag=31, source=other, recvtag=31, status=st)
+    assert buf.tolist() == [10.0 + other] * 3 and st.Get_count(MPI.DOUBLE) == 3
+    # Isend/Irecv with Request.Wait(status) and Test(status); Ssend is Send
+    r = comm.Irecv([out, MPI.INT], other, 40)
+    s = comm.Issend(np.full(4, 100 + rank, "i"), other, 40)
+    s.Wait()
+    r.Wait(st)
+    assert r.Test() and not r      # inactive once waited for
+    assert out.tolist() == [100 + other] * 4 and st.source == other
+    # errors before anything is posted
+    with pytest.raises(MPI.Exception) as e:
+        comm.Send(np.zeros(1), 5)
+    assert e.value.Get_error_class() == MPI.ERR_RANK
+    with pytest.raises(NotImplementedError, match="Bsend"):
+        comm.Bsend(np.zeros(1), other)
+    with pytest.raises(NotImplementedError, match="Probe"):
+        comm.Probe(other)
+    # the object layer
+    if rank == 0:
+        comm.send({"a": [1, 2]}, 1, tag=50)
+    else:
+        assert comm.recv(source=0, tag=50, status=st) == {"a": [1, 2]} and st.source == 0
+        with pytest.raises(NotImplementedError, match="ANY_SOURCE"):
+            comm.recv()
+    comm.Barrier()
+    MPI.Finalize()
+    assert MPI.Is_finalized()
+    return {"rank": rank}
+
+
+def persistent_and_waitany() -> dict:
+    comm = MPI.COMM_WORLD
+    rank = comm.rank
+    other = 1 - rank
+    data = np.zeros(3, "d")
+    sbuf = np.zeros(3, "d")
+    send = comm.Send_init(sbuf, other, 1)
+    recv = comm.Recv_init([data, MPI.DOUBLE], other, 1)
+    for i in range(5):
+        sbuf[:] = i * 10 + rank
+        MPI.Prequest.Startall([recv, send])
+        MPI.Request.Waitall([recv, send])
+        assert data.tolist() == [i * 10 + other] * 3, (i, data)
+    send.Free()
+    recv.Free()
+    # Waitany / Waitsome / Testany / Testall over receives that complete in an order of the sender's
+    n = 6
+    bufs = [np.zeros(2, "i") for _ in range(n)]
+    reqs = [comm.Irecv(bufs[k], other, 100 + k) for k in range(n)]
+    seen = []
+    first, flag = MPI.Request.Testany(reqs)    # the peer's sends may have arrived already
+    if flag:
+        assert first != MPI.UNDEFINED
+        seen.append(first)
+    sends = [comm.Isend(np.full(2, k, "i"), other, 100 + k) for k in reversed(range(n))]
+    st = MPI.Status()
+    k = MPI.Request.Waitany(reqs, st)
+    seen.append(k)
+    assert st.tag == 100 + k and bufs[k].tolist() == [k, k]
+    while len(seen) < n:
+        statuses: list = []
+        done = MPI.Request.Waitsome(reqs, statuses)
+        assert done, done
+        for j, idx in enumerate(done):
+            assert statuses[j].tag == 100 + idx and bufs[idx].tolist() == [idx, idx]
+        seen.extend(done)
+    assert sorted(seen) == list(range(n))
+    assert MPI.Request.Waitany(reqs) == MPI.UNDEFINED     # all inactive now
+    assert MPI.Request.Waitsome(reqs) is None
+    assert MPI.Request.Testall(reqs)
+    MPI.Request.Waitall(sends)
+    # PROC_NULL persistent requests complete at once
+    p = comm.Recv_init(np.zeros(1), MPI.PROC_NULL)
+    p.Start()
+    p.Wait(st)
+    assert st.source == MPI.PROC_NULL
+    comm.Barrier()
+    MPI.Finalize()
+    return {"seen": seen}
+
+
+def collectives() -> dict:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    buf = np.arange(4, dtype="d") if rank == 1 else np.zeros(4)
+    comm.Bcast([buf, MPI.DOUBLE], root=1)
+    assert buf.tolist() == [0, 1, 2, 3]
+    x = np.full(3, rank + 1, "i")
+    total = np.zeros(3, "i")
+    comm.Allreduce([x, MPI.INT], [total, MPI.INT], op=MPI.SUM)
+    assert total.tolist() == [sum(range(1, size + 1))] * 3
+    comm.Allreduce(MPI.IN_PLACE, x, op=MPI.MAX)
+    assert x.tolist() == [size] * 3
+    root_out = np.zeros(3, "i") if rank == 0 else None
+    comm.Reduce(np.full(3, rank, "i"), root_out, op=MPI.PROD, root=0)
+    if rank == 0:
+        assert root_out.tolist() == [0] * 3
+    gathered = np.full(2 * size, -1, "q")
+    gathered[2 * rank:2 * rank + 2] = rank
+    comm.Allgather(MPI.IN_PLACE, [gathered, MPI.LONG_LONG])
+    assert gathered.tolist() == [r for r in range(size) for _ in range(2)]
+    send = np.array([rank * 10 + q for q in range(size)], "i")
+    recv = np.zeros(size, "i")
+    comm.Alltoall(send, recv)
+    assert recv.tolist() == [q * 10 + rank for q in range(size)]
+    rsb = np.zeros(2, "d")
+    comm.Reduce_scatter_block(np.arange(2 * size, dtype="d"), rsb, op=MPI.SUM)
+    assert rsb.tolist() == [size * (2 * rank), size * (2 * rank + 1)]
+    comm.Reduce_scatter(np.ones(2 * size, "d"), rsb, recvcounts=[2] * size, op=MPI.SUM)
+    assert rsb.tolist() == [size, size]
+    req = comm.Iallreduce(np.full(2, 1.5), rsb, MPI.SUM)
+    req.Wait()
+    assert rsb.tolist() == [1.5 * size] * 2
+    MPI.Request.Waitall([comm.Ibarrier(), comm.Ibcast(buf, root=0)])
+    # objects
+    assert comm.bcast({"k": rank} if rank == 2 else None, root=2) == {"k": 2}
+    g = comm.gather(rank * rank, root=1)
+    assert g == ([r * r for r in range(size)] if rank == 1 else None)
+    assert comm.allgather(str(rank)) == [str(r) for r in range(size)]
+    assert comm.allreduce(rank, op=MPI.SUM) == sum(range(size))
+    assert comm.allreduce((rank % 2, rank), op=MPI.MAXLOC) == (1, 1)
+    assert comm.allreduce(rank == 0, op=MPI.LOR) is True
+    assert comm.reduce(rank, op=MPI.MAX, root=2) == (size - 1 if rank == 2 else None)
+    comm.barrier()
+    # what the engine lacks raises before anything is posted; the communicator stays usable
+    for call, name in ((lambda: comm.Gather(send, recv), "Gather"), (lambda: comm.Scan(send, recv), "Scan"),
+                       (lambda: comm.Allreduce(send, recv, op=MPI.BXOR), "BXOR"),
+                       (lambda: comm.Reduce_scatter(np.ones(6), np.zeros(3), [1, 2, 3]), "unequal"),
+                       (lambda: comm.scatter([1] * size), "scatter")):
+        with pytest.raises(NotImplementedError, match=name):
+            call()
+    comm.Barrier()
+    MPI.Finalize()
+    return {"rank": rank}
+
+
+def topology_and_groups() -> dict:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    assert size == 3
+    # a periodic ring: Shift and a Sendrecv along it
+    ring = comm.Create_cart([size], periods=[True])
+    assert ring.Get_topology() == MPI.CART and ring.Get_topo() == ([3], [True], [rank])
+    src, dst = ring.Shift(0, 1)
+    assert (src, dst) == ((rank - 1) % size, (rank + 1) % size)
+    got = np.zeros(1, "i")
+    ring.Sendrecv(np.array([rank], "i"), dst, 0, got, src, 0)
+    assert got[0] == src
+    # a non-periodic line: PROC_NULL at the ends, and a Sendrecv that uses it
+    line = comm.Create_cart([size], periods=[False])
+    src, dst = line.Shift(0, 1)
+    assert src == (MPI.PROC_NULL if rank == 0 else rank - 1)
+    assert dst == (MPI.PROC_NULL if rank == size - 1 else rank + 1)
+    got[0] = -7
+    line.Sendrecv(np.array([rank], "i"), dst, 0, got, src, 0)
+    assert got[0] == (-7 if rank == 0 else rank - 1)
+    # a 1 x 3 grid and its sub-grids
+    grid = comm.Create_cart(MPI.Compute_dims(size, 2), periods=[False, False])
+    assert grid.dims == [3, 1] and grid.Get_coords(rank) == [rank, 0]
+    assert grid.Get_cart_rank([rank, 0]) == rank
+    row = grid.Sub([True, False])
+    col = grid.Sub([False, True])
+    assert row.Get_size() == 3 and col.Get_size() == 1 and row.dims == [3]
+    # groups, Create (collective over comm) and Create_group (members only)
+    world = comm.Get_group()
+    assert world.size == 3 and world.rank == rank
+    pair = world.Incl([2, 0])
+    sub = comm.Create(pair)
+    if rank == 1:
+        assert sub == MPI.COMM_NULL and not sub
+    else:
+        assert sub.Get_size() == 2 and sub.Get_rank() == (0 if rank == 2 else 1)
+        assert MPI.Group.Translate_ranks(sub.Get_group(), [0, 1], world) == [2, 0]
+        v = np.zeros(1, "i")
+        sub.Allreduce(np.array([rank], "i"), v)
+        assert v[0] == 2
+        sub.Free()
+    if rank != 1:
+        only = comm.Create_group(pair, tag=3)     # rank 1 does not take part at all
+        assert only.Get_size() == 2
+        only.Barrier()
+        assert MPI.Comm.Compare(only, only) == MPI.IDENT
+        only.Free()
+    # Split and Dup
+    half = comm.Split(color=rank % 2, key=-rank)
+    assert half.Get_size() == (2 if rank % 2 == 0 else 1)
+    if rank % 2 == 0:
+        assert half.Get_rank() == (0 if rank == 2 else 1)
+    dup = comm.Dup()
+    assert MPI.Comm.Compare(dup, comm) == MPI.CONGRUENT
+    dup.Set_name("dup")
+    assert dup.Get_name() == "dup"
+    dup.Barrier()
+    # COMM_SELF: made on first use, without the other ranks
+    assert MPI.COMM_SELF.Get_size() == 1
+    self_out = np.zeros(2)
+    MPI.COMM_SELF.Allreduce(np.full(2, 3.0), self_out)
+    assert self_out.tolist() == [3.0, 3.0]
+    for c in (ring, line, grid, row, col, half, dup):
+        c.Free()
+    comm.Barrier()
+    MPI.Finalize()
+    return {"rank": rank}
+
+
+def abort_reaches_peers() -> dict:
+    """Rank 1 calls Abort(3) while rank 0 waits in Recv: rank 1 exits with status 3, rank 0 gets an
+    MPI.Exception that is also the native Aborted (or PeerDiedError, if it saw the exit first)."""
+    import time
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    if comm.rank == 1:
+        comm.Abort(3)
+        raise AssertionError("Abort returned")
+    t0 = time.monotonic()
+    with pytest.raises(MPI.Exception) as e:
+        comm.Recv(np.zeros(1), 1, 0)
+    assert e.value.Get_error_class() in (MPI.ERR_REVOKED, MPI.ERR_PROC_FAILED), e.value
+    return {"seconds": time.monotonic() - t0, "error": str(e.value)}

@@ -1,0 +1,221 @@
+"""shmproxy.MPI's pure parts, in this process, with no rank started: buffer specs, datatypes, Status,
+groups, Compute_dims, ops, error classes, the import hook."""
+from __future__ import annotations
+
+import array
+import mmap
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from shmproxy import MPI
+from shmproxy.mpi import buffers
+from shmproxy.mpi.status import Status
+
+
+def _shares(view: np.ndarray, owner: object) -> bool:
+    return np.shares_memory(view, np.asarray(memoryview(owner)).view(np.uint8))
+
+
+# ------------------------------------------------------------------ buffer specs
+def test_plain_buffers_become_views_without_copies():
+    a = np.arange(6, dtype=np.float64).reshape(2, 3)
+    assert buffers.parse(a, "b", True) is a            # the short path: the array itself
+    for obj, dt in ((bytearray(8), np.uint8), (array.array("d", [1.0, 2.0]), np.float64),
+                    (array.array("i", [1, 2, 3]), np.int32)):
+        v = buffers.parse(obj, "b", True)
+        assert type(v) is np.ndarray and v.dtype == dt and _shares(v, obj)
+        v[0] = 7
+        assert obj[0] == 7                               # written through: no copy
+    mm = mmap.mmap(-1, 16)
+    v = buffers.parse(mm, "b", True)
+    v[:] = 3
+    assert mm[5] == 3
+    ro = buffers.parse(b"abcd", "b", False)
+    assert ro.dtype == np.uint8 and not ro.flags.writeable and bytes(ro) == b"abcd"
+    f = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    assert np.shares_memory(buffers.parse(f, "b", True), f)
+
+
+def test_list_specs_with_datatype_count_and_displacement():
+    a = np.arange(10, dtype=np.int32)
+    v = buffers.parse([a, MPI.INT], "b", True)
+    assert v.size == 10 and np.shares_memory(v, a)
+    assert buffers.parse([a, 4, MPI.INT], "b", True).tolist() == [0, 1, 2, 3]
+    assert buffers.parse([a, (3, 2), MPI.INT], "b", True).tolist() == [2, 3, 4]
+    assert buffers.parse([a, 3, 2, MPI.INT], "b", True).tolist() == [2, 3, 4]
+    assert buffers.parse((a, MPI.INT), "b", True).size == 10
+    assert buffers.parse([a, "i"], "b", True).size == 10
+    assert buffers.parse([a, 2], "b", True).tolist() == [0, 1]
+    # another datatype reinterprets the bytes (a view, as MPI sees memory)
+    b = buffers.parse([bytearray(16), MPI.DOUBLE], "b", True)
+    assert b.dtype == np.float64 and b.size == 2
+    # a count in a collective is per block
+    assert buffers.parse([a, 2, MPI.INT], "b", True, blocks=3).size == 6
+    for special in (None, MPI.IN_PLACE, MPI.BOTTOM):
+        assert buffers.parse(special, "b", True) is special
+
+
+def test_vector_specs():
+    a = np.arange(10, dtype=np.float64)
+    v = buffers.parse_v([a, ([1, 2, 3], [0, 2, 6]), MPI.DOUBLE], "b", True, 3)
+    assert v.counts == (1, 2, 3) and v.displs == (0, 2, 6) and v.datatype is MPI.DOUBLE
+    assert np.shares_memory(v.array, a)
+    packed = buffers.parse_v([a, [2, 3], MPI.DOUBLE], "b", True, 2)
+    assert packed.displs == (0, 2)
+    with pytest.raises(MPI.Exception) as e:
+        buffers.parse_v([a, ([5, 6], [0, 5]), MPI.DOUBLE], "b", True, 2)
+    assert e.value.Get_error_class() == MPI.ERR_COUNT
+
+
+@pytest.mark.parametrize("spec, cls", [
+    (object(), MPI.ERR_BUFFER),
+    ([np.zeros(4), 5, MPI.DOUBLE], MPI.ERR_COUNT),
+    ([np.zeros(4), -1, MPI.DOUBLE], MPI.ERR_COUNT),
+    ([np.zeros(4), (2, 3), MPI.DOUBLE], MPI.ERR_COUNT),
+    ([np.zeros(3, np.uint8), MPI.DOUBLE], MPI.ERR_BUFFER),
+    ([np.zeros(4), 42], MPI.ERR_COUNT),
+    ([np.zeros(4), 1, "zz"], MPI.ERR_TYPE),
+    ([np.zeros(4), 1, 2, 3, 4], MPI.ERR_BUFFER),
+    ([np.zeros(4), MPI.DOUBLE_INT], MPI.ERR_TYPE),
+    (np.zeros((4, 4))[:, 1], MPI.ERR_BUFFER),
+    (np.zeros(3, dtype="U2"), MPI.ERR_TYPE),
+])
+def test_bad_specs_raise_mpi_exceptions(spec, cls):
+    with pytest.raises(MPI.Exception) as e:
+        buffers.parse(spec, "b", True)
+    assert e.value.Get_error_class() == cls, e.value
+    assert isinstance(e.value, ValueError)              # also the native InvalidArgument
+
+
+def test_read_only_buffers_cannot_receive():
+    with pytest.raises(MPI.Exception) as e:
+        buffers.parse(b"abcd", "receive buffer", True)
+    assert e.value.Get_error_class() == MPI.ERR_BUFFER and "read-only" in str(e.value)
+
+
+# ------------------------------------------------------------------ datatypes
+def test_datatypes():
+    for name, size in (("BYTE", 1), ("CHAR", 1), ("SHORT", 2), ("INT", 4), ("LONG_LONG", 8), ("FLOAT", 4),
+                       ("DOUBLE", 8), ("C_BOOL", 1), ("BOOL", 1), ("INT8_T", 1), ("UINT64_T", 8),
+                       ("UNSIGNED", 4), ("UNSIGNED_LONG_LONG", 8), ("C_FLOAT_COMPLEX", 8),
+                       ("C_DOUBLE_COMPLEX", 16), ("C_COMPLEX", 8)):
+        d = getattr(MPI, name)
+        assert isinstance(d, MPI.Datatype) and d.Get_size() == size and d.size == size and d.name == name
+        assert d.Get_extent() == (0, size) and d.dtype.itemsize == size
+    assert MPI.DOUBLE.dtype == np.float64 and MPI.INT.dtype == np.int32
+    assert MPI._typedict["d"] is MPI.DOUBLE and MPI._typedict["i"] is MPI.INT
+    for ctor in ("Create_contiguous", "Create_vector", "Create_indexed", "Create_subarray", "Create_resized"):
+        with pytest.raises(NotImplementedError, match=ctor):
+            getattr(MPI.DOUBLE, ctor)(2)
+    with pytest.raises(NotImplementedError, match="Create_struct"):
+        MPI.Datatype.Create_struct([1], [0], [MPI.INT])
+
+
+# ------------------------------------------------------------------ Status
+def test_status():
+    class Native:
+        source, tag, nbytes = 3, 7, 24
+    st = Status()
+    st._fill(Native())
+    assert (st.Get_source(), st.Get_tag(), st.source, st.tag) == (3, 7, 3, 7)
+    assert st.Get_count(MPI.DOUBLE) == 3 and st.Get_count(MPI.INT) == 6 and st.Get_count() == 24
+    assert st.Get_elements(MPI.DOUBLE) == 3 and st.Get_error() == MPI.SUCCESS
+    assert st.Get_count(MPI.C_DOUBLE_COMPLEX) == MPI.UNDEFINED      # 24 B is not whole 16-byte elements
+    st._fill_null()
+    assert st.source == MPI.PROC_NULL and st.tag == MPI.ANY_TAG and st.Get_count(MPI.INT) == 0
+    assert Status(st) == st
+
+
+# ------------------------------------------------------------------ groups, Compute_dims
+def test_groups():
+    g = MPI.Group(range(6), me=2)
+    assert g.size == 6 and g.rank == 2
+    a = g.Incl([4, 2, 0])
+    assert a.members == (4, 2, 0) and a.rank == 1
+    assert g.Excl([0, 1]).members == (2, 3, 4, 5)
+    assert g.Range_incl([(0, 4, 2)]).members == (0, 2, 4)
+    assert g.Range_incl([(5, 3, -1)]).members == (5, 4, 3)
+    assert g.Range_excl([(1, 5, 2)]).members == (0, 2, 4)
+    b = g.Incl([0, 1, 3])
+    assert a.Union(b).members == (4, 2, 0, 1, 3)
+    assert a.Intersection(b).members == (0,)
+    assert a.Difference(b).members == (4, 2)
+    assert b.rank == MPI.UNDEFINED
+    assert a.Translate_ranks([0, 1, 2], g) == [4, 2, 0]
+    assert a.Translate_ranks([0, 2], b) == [MPI.UNDEFINED, 0]
+    assert a.Translate_ranks([MPI.PROC_NULL], b) == [MPI.PROC_NULL]
+    assert a.Compare(a.Dup()) == MPI.IDENT
+    assert a.Compare(g.Incl([0, 2, 4])) == MPI.SIMILAR and a.Compare(b) == MPI.UNEQUAL
+    with pytest.raises(MPI.Exception) as e:
+        g.Incl([6])
+    assert e.value.Get_error_class() == MPI.ERR_RANK
+    assert MPI.GROUP_EMPTY.size == 0
+
+
+@pytest.mark.parametrize("n, dims, expect", [
+    (12, 2, [4, 3]), (16, 3, [4, 2, 2]), (6, [0, 3], [2, 3]), (7, 2, [7, 1]), (1, 3, [1, 1, 1]),
+    (24, [0, 0, 2], [4, 3, 2]), (8, [2, 2, 2], [2, 2, 2]), (30, 3, [5, 3, 2]),
+])
+def test_compute_dims(n, dims, expect):
+    assert MPI.Compute_dims(n, dims) == expect
+
+
+def test_compute_dims_errors():
+    with pytest.raises(MPI.Exception) as e:
+        MPI.Compute_dims(7, [2, 0])
+    assert e.value.Get_error_class() == MPI.ERR_DIMS
+
+
+# ------------------------------------------------------------------ ops, errors, environment
+def test_ops():
+    assert MPI.SUM(2, 3) == 5 and MPI.PROD(2, 3) == 6 and MPI.MIN(2, 3) == 2 and MPI.MAX(2, 3) == 3
+    assert MPI.MAXLOC((3, 1), (3, 0)) == (3, 0) and MPI.MINLOC((1, 5), (2, 0)) == (1, 5)
+    assert MPI.LAND(1, 0) is False and MPI.LOR(1, 0) is True and MPI.LXOR(1, 1) is False
+    assert MPI.BAND(6, 3) == 2 and MPI.BOR(6, 3) == 7 and MPI.BXOR(6, 3) == 5
+    assert MPI.SUM.for_buffers("x") == 1
+    for op in (MPI.LAND, MPI.BXOR, MPI.MAXLOC):
+        with pytest.raises(NotImplementedError, match=op.name):
+            op.for_buffers("Allreduce")
+    user = MPI.Op.Create(lambda a, b: a * 10 + b)
+    assert user(1, 2) == 12 and not user.is_commutative
+
+
+def test_native_errors_are_mpi_exceptions_and_still_native():
+    import shmproxy
+    from shmproxy.mpi.exceptions import convert
+    for native, cls in ((shmproxy.TruncationError("t"), MPI.ERR_TRUNCATE),
+                        (shmproxy.Timeout("x"), MPI.ERR_PENDING),
+                        (shmproxy.InvalidArgument("a"), MPI.ERR_ARG),
+                        (shmproxy.Closed("c"), MPI.ERR_COMM),
+                        (shmproxy.PeerDiedError("d", rank=2, pid=9), MPI.ERR_PROC_FAILED)):
+        e = convert(native)
+        assert isinstance(e, MPI.Exception) and isinstance(e, type(native)) and str(e) == str(native)
+        assert e.Get_error_class() == cls and e.error_class == cls and e.Get_error_code() == cls
+    assert convert(shmproxy.PeerDiedError("d", rank=2, pid=9)).rank == 2
+    assert isinstance(convert(shmproxy.Timeout("x")), TimeoutError)
+    assert MPI.Exception(MPI.ERR_ARG).Get_error_class() == MPI.ERR_ARG
+    assert MPI.Get_error_string(MPI.ERR_TRUNCATE) == "ERR_TRUNCATE"
+
+
+def test_environment_without_starting_anything():
+    assert MPI.Query_thread() in (MPI.THREAD_SINGLE, MPI.THREAD_FUNNELED, MPI.THREAD_SERIALIZED)
+    assert MPI.Get_version() == (3, 1) and MPI.Wtick() > 0 and MPI.Wtime() > 0
+    assert isinstance(MPI.Get_processor_name(), str)
+    assert repr(MPI.COMM_WORLD) and MPI.COMM_SELF.Get_size() == 1 and MPI.COMM_SELF.Get_rank() == 0
+    assert not MPI.COMM_NULL
+    for call in (lambda: MPI.Win.Create(None), lambda: MPI.Alloc_mem(8),
+                 lambda: MPI.Intracomm().Spawn("x"), lambda: MPI.Open_port()):
+        with pytest.raises(NotImplementedError):
+            call()
+    with pytest.raises(AttributeError, match="not provided"):
+        MPI.Some_mpi4py_name   # noqa: B018
+
+
+def test_import_forms_and_no_eager_import():
+    code = ("import sys, shmproxy; assert 'shmproxy.mpi' not in sys.modules; "
+            "import shmproxy.MPI as A; from shmproxy import MPI as B; assert A is B is shmproxy.MPI; "
+            "assert B.COMM_WORLD is shmproxy.mpi.COMM_WORLD; assert not B.Is_initialized()")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
