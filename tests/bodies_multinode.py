@@ -197,3 +197,71 @@ def kill_during_collective(victim: int, what: str) -> dict:
         comm.close()
         return {"error": f"{type(exc).__name__}: {exc}", "seconds": took}
     raise AssertionError("the collectives went on")
+
+
+def cut_link(cut_cmd: list, after: int) -> dict:
+    """Rank 0 pulls a cable (``cut_cmd``) after ``after`` Allreduces; every rank must then raise."""
+    import subprocess
+    comm = shmproxy.init()
+    x = np.ones(1 << 16)
+    y = np.zeros_like(x)
+    cut_at = None
+    try:
+        for i in range(10 ** 7):
+            if i == after and comm.rank == 0:
+                subprocess.run(cut_cmd, check=True, timeout=30)
+                cut_at = time.time()
+            comm.Allreduce(x, y)
+    except errors.ProxyError as exc:
+        comm.close()
+        return {"error": f"{type(exc).__name__}: {exc}", "ended": time.time(), "cut": cut_at}
+    raise AssertionError("the collectives went on")
+
+
+def stranger_on_the_port() -> dict:
+    """Rank 0 knocks on node 1's port as a stranger would (junk, a wrong secret, a truncated hello, a
+    silent connection, a flood); node 1 drops each, logs it, and the job goes on."""
+    import json
+    import socket
+    import struct
+    with shmproxy.init() as comm:
+        if comm.rank == 0:
+            info = json.loads(bytes.fromhex(comm.node_layout["infos"][1]))
+            addr = (info["ip"], info["port"])
+            magic = b"SHMPXN01"
+            payloads = [
+                np.random.default_rng(1).integers(0, 256, 40, dtype=np.uint8).tobytes(),
+                magic + b"\0" * 16 + struct.pack("<IIII", 0, 0, 0, 1),     # the wrong secret
+                magic + b"\1" * 5,                                         # truncated
+                b"",                                                       # says nothing
+                np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes(),
+            ]
+            silent = []
+            for p in payloads:
+                s = socket.create_connection(addr, timeout=5)
+                if p:
+                    try:
+                        s.sendall(p)
+                    except OSError:
+                        pass   # dropped while we were still sending: that is the point
+                if p == b"":
+                    silent.append(s)   # held open through the collectives below
+                else:
+                    s.close()
+        comm.Barrier()
+        for k in range(5):
+            x = np.full(1000, float(comm.rank + k))
+            y = np.zeros(1000)
+            comm.Allreduce(x, y)
+            assert (y == sum(r + k for r in range(comm.size))).all()
+        b = np.zeros(100000, np.uint8)
+        if comm.rank == 0:
+            comm.Send(np.full(100000, 7, np.uint8), comm.size - 1, tag=1)
+        elif comm.rank == comm.size - 1:
+            comm.Recv(b, 0, tag=1)
+            assert (b == 7).all()
+        if comm.rank == 0:
+            for s in silent:
+                s.close()
+        comm.Barrier()
+        return {"ok": True}

@@ -68,7 +68,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tests.harness_env import (OWNER_VAR, REAL_LAUNCHERS, REPO, RUN_ID_VAR, SIMULATED_LAUNCHERS, _check_args,
                                _rankmain_cmd, apply_overrides, base_env, default_proxy_timeout, fault_timeout,
-                               free_port, node_env, rank_env)
+                               free_port, node_env, node_of, rank_env)
 from tests.harness_leaks import (LeakGuard, file_holders, list_sockets, run_dirs, socket_holders,
                                  unlink_stale_sockets)
 from tests.harness_procs import (KILL_WAIT, _exited, _Poller, kill_marked, kill_run, pids_with_env,
@@ -181,13 +181,16 @@ def _wait_for(procs: Sequence[subprocess.Popen], deadline: float, expect_fail: s
 
 def run_ranks(target: str, nranks: int, timeout: float = 60, env: Mapping[str, str | None] | None = None,
               args: Sequence[Any] | Mapping[str, Any] = (), expect_fail: set[int] | None = None,
-              launcher: str = "env", nodes: int = 1) -> RunResult:
+              launcher: str = "env", nodes: int = 1, node_cmd: Sequence[Sequence[str]] | None = None,
+              bootstrap: str | None = None) -> RunResult:
     """Run ``target`` ("module:function") in ``nranks`` rank processes on this node; see the module doc.
 
     ``nodes`` > 1 splits the ranks into that many simulated nodes (consecutive blocks, sizes as even as
     they go): each block gets its own host identity (SHMPROXY_HOSTNAME) and local ranks, and they meet
     through SHMPROXY_BOOTSTRAP on loopback, so that each block has its own progress process and the
-    blocks talk over the transport between nodes (launcher "env" only).
+    blocks talk over the transport between nodes (launcher "env" only). ``node_cmd`` puts each node's
+    ranks behind a command prefix of its own (``ip netns exec <host>``: tests/harness_netns.py), and
+    then the node keeps its real host identity and ``bootstrap`` (rank 0's host:port) is where they meet.
 
     ``args`` are passed to the function (a list positionally, a dict by keyword) through JSON.
     Ranks in ``expect_fail`` must exit non-zero (strict, like xfail_strict): their failure does not
@@ -217,15 +220,18 @@ def run_ranks(target: str, nranks: int, timeout: float = 60, env: Mapping[str, s
     killed: set[int] = set()
     try:
         if nodes > 1:
-            common["SHMPROXY_BOOTSTRAP"] = f"127.0.0.1:{free_port()}"
+            common["SHMPROXY_BOOTSTRAP"] = bootstrap or f"127.0.0.1:{free_port()}"
         for r in range(nranks):
             renv = dict(common)
             renv.update(rank_env(launcher, r, nranks, run_id))
+            rcmd = cmd
             if nodes > 1:
-                renv.update(node_env(r, nranks, nodes, run_id))
+                renv.update(node_env(r, nranks, nodes, run_id, simulated=node_cmd is None))
+                if node_cmd is not None:
+                    rcmd = [*node_cmd[node_of(r, nranks, nodes)], *cmd]
             apply_overrides(renv, env)  # env wins over the rank variables too
             with open(f"{prefix}.{r}.out", "wb") as out, open(f"{prefix}.{r}.err", "wb") as err:
-                procs.append(subprocess.Popen(cmd, cwd=REPO, env=renv, stdin=subprocess.DEVNULL,
+                procs.append(subprocess.Popen(rcmd, cwd=REPO, env=renv, stdin=subprocess.DEVNULL,
                                               stdout=out, stderr=err, start_new_session=True))
         reason = _wait_for(procs, deadline, fails)
     finally:

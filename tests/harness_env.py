@@ -117,13 +117,15 @@ def node_of(rank: int, nranks: int, nodes: int) -> int:
     return rank * nodes // nranks
 
 
-def node_env(rank: int, nranks: int, nodes: int, job: str) -> dict[str, str]:
-    """The variables that put ``rank`` on its simulated node (run_ranks(nodes=...)): local rank and size
-    within the node, and a host identity of the node's own."""
+def node_env(rank: int, nranks: int, nodes: int, job: str, simulated: bool = True) -> dict[str, str]:
+    """The variables that put ``rank`` on its node (run_ranks(nodes=...)): local rank and size within
+    the node and, for a simulated node, a host identity of the node's own."""
     node = node_of(rank, nranks, nodes)
     members = [r for r in range(nranks) if node_of(r, nranks, nodes) == node]
-    return {"LOCAL_RANK": str(members.index(rank)), "LOCAL_WORLD_SIZE": str(len(members)),
-            "SHMPROXY_HOSTNAME": f"simnode{node}-{job[:8]}"}
+    out = {"LOCAL_RANK": str(members.index(rank)), "LOCAL_WORLD_SIZE": str(len(members))}
+    if simulated:
+        out["SHMPROXY_HOSTNAME"] = f"simnode{node}-{job[:8]}"
+    return out
 
 
 def free_port() -> int:
