@@ -265,3 +265,32 @@ def stranger_on_the_port() -> dict:
                 s.close()
         comm.Barrier()
         return {"ok": True}
+
+
+def hung_collective_dump() -> dict:
+    """Node 0's ranks enter an Allreduce that node 1's have not joined: the outside dump of node 0's
+    progress process (shmproxy-dump, nothing prepared) must say it waits for node 1 and show the link.
+    Then rank 0 lets node 1 in, and the collective completes."""
+    import subprocess
+    import sys
+    with shmproxy.init() as comm:
+        node = comm.node_layout["rank_node"][comm.rank]
+        x, y = np.ones(8), np.zeros(8)
+        text = ""
+        if node == 0:
+            req = comm.Iallreduce(x, y)
+            if comm.rank == 0:
+                deadline = time.monotonic() + 20
+                while "waiting on node 1" not in text and time.monotonic() < deadline:
+                    text = subprocess.run([sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid",
+                                           str(comm._proxy_pid), "--outside"], capture_output=True, text=True,
+                                          timeout=60).stdout
+                for r in range(comm.size):
+                    if comm.node_layout["rank_node"][r] == 1:
+                        comm.Send(np.zeros(1), r, tag=77)
+            req.Wait()
+        else:
+            comm.Recv(np.zeros(1), 0, tag=77)
+            comm.Allreduce(x, y)
+        assert (y == comm.size).all()
+        return {"dump": text}

@@ -43,3 +43,11 @@ def test_a_killed_rank_or_progress_process_fails_every_node(what):
             continue
         assert out["seconds"] < 30, out
         assert "PeerDiedError" in out["error"] or "died" in out["error"] or "lost node" in out["error"], (r, out)
+
+
+def test_outside_dump_shows_links_and_which_node_a_hung_collective_waits_for():
+    res = run_ranks(BODY + "hung_collective_dump", 4, nodes=2, timeout=90)
+    text = res.results[0]["dump"]
+    assert "== nodes: this is node 0 of 2 ==" in text, text
+    assert "link to node 1 (ranks [2, 3]): up" in text, text
+    assert "waiting on node 1" in text and "collective #" in text, text

@@ -449,11 +449,24 @@ class SocketTransport(Transport):
         self._net(ctx).links[node].control(W.NOTE, kind, value, 0, payload)
 
     def proxy_describe(self, ctx: TransportContext) -> dict:  # type: ignore[override]
+        """Loop thread: the links and everything that waits on another node, for the dump."""
         net = self._net(ctx)
-        return {"listening": list(net.addr), "links": [l.describe() for l in net.links.values()],
-                "sends_waiting_cts": len(net.sends), "landings": len(net.landings),
-                "coll_waiting": len(net.coll_recvs), "coll_stashed": len(net.coll_stash),
-                "dropped_connections": net.dropped}
+        waits = []
+        for op, _view, link in list(net.sends.values()):
+            waits.append({"node": link.peer, "what": f"{op.describe()}: waits for its receiver's clear-to-send"})
+        with net.lock:
+            landings = list(net.landings.values())
+            colls = list(net.coll_recvs.values())
+            stashed = len(net.coll_stash)
+        for ld in landings:
+            t = ld.transfer
+            waits.append({"node": t.send.node, "what": f"{t.recv.describe()}: {ld.got} of {ld.nbytes} B of "
+                                                       f"rank {t.send.rank}'s message arrived"})
+        for _sch, e, _view in colls:
+            seq = e.key[0] if isinstance(e.key, tuple) and e.key else e.key
+            waits.append({"node": e.peer, "what": f"collective #{seq} waits for {e.nbytes} B {e.key!r}"})
+        return {"listening": list(net.addr), "links": [lk.describe() for lk in net.links.values()],
+                "waiting": waits, "coll_stashed": stashed, "dropped_connections": net.dropped}
 
     def proxy_free(self, ctx: TransportContext) -> None:
         net = ctx.transport_state.get("socket")

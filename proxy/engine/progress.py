@@ -238,7 +238,19 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
             "params": {p.env_name(): {"value": p.value, "origin": p.origin} for p in self.params.items()},
             "ranks": {r.local_rank: {"rank": r.rank, "pid": r.pid, "host": r.host}
                       for r in self.ranks.values()},
+            "nodes": self.describe_nodes(),
         })
+
+    def describe_nodes(self) -> dict | None:
+        """This node among the communicator's (None on one node), with the transport's links and what
+        waits on another node: refreshed in the pool's info blob every heartbeat, so that the outside
+        dump shows it with no preparation."""
+        if self.nodes.nnodes < 2:
+            return None
+        out: dict = {"node": self.node, "nnodes": self.nodes.nnodes, "ranks_of": self.nodes.ranks_of}
+        if self.net is not None and self.net.proxy_describe is not None:
+            out.update(self.net.proxy_describe(self.ctx))
+        return out
 
     # ------------------------------------------------------------------ called by the control thread
     def wake_loop(self) -> None:
@@ -451,6 +463,8 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
         if self.pending_affinity is not None:
             self.apply_affinity(*self.pending_affinity)
             self.pending_affinity = None
+        elif self.nodes.nnodes > 1:
+            self._write_info()   # the links' counters and waits, for the outside dump
         if self.retired and not self.active:
             self._close_retired()
         if self.dump_requested:
@@ -524,9 +538,7 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
             "unmatched_recvs": [op.describe() for d in self.matcher.dests() for _s, _t, op in
                                 self.matcher.posted(d)],
             "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in self.conns.items()},
-            "nodes": {"node": self.node, "nnodes": self.nodes.nnodes, "ranks_of": self.nodes.ranks_of,
-                      "net": (self.net.proxy_describe(self.ctx) if self.net is not None
-                              and getattr(self.net, "proxy_describe", None) else None)},
+            "nodes": self.describe_nodes(),
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name} for c in self.server.connections()],
             "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},
             "copy_threads": self.copy.nworkers,

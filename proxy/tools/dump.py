@@ -149,6 +149,7 @@ def _format_into(state: dict, out: list[str]) -> None:
                 if isinstance(ri, dict):
                     add(f"local rank {lr}: rank {ri.get('rank')} pid {ri.get('pid')} host {ri.get('host')}")
         out.extend(_format_params(info.get("params")))
+        out.extend(_format_nodes(info.get("nodes")))
 
     ranks = sec("ranks", list)
     chain = sec("posted_chain")
@@ -278,3 +279,35 @@ def _conn_text(c: object) -> str:
     if not isinstance(c, dict):
         return str(c)
     return f"{c.get('transport')} ({c.get('kind')}, {c.get('state')}, {c.get('messages')} msgs)"
+
+
+def _format_nodes(nodes: object) -> list[str]:
+    """The node section of a communicator across nodes: its links and what waits on which node."""
+    if not isinstance(nodes, dict):
+        return []
+    out = ["", f"== nodes: this is node {nodes.get('node')} of {nodes.get('nnodes')} =="]
+    listening = nodes.get("listening") or []
+    if listening:
+        out.append(f"listening on {listening[0]} port {listening[1] if len(listening) > 1 else '?'}; "
+                   f"connections dropped at the handshake: {nodes.get('dropped_connections', 0)}")
+    ranks_of = nodes.get("ranks_of") or []
+    for link in nodes.get("links") or []:
+        if not isinstance(link, dict):
+            continue
+        peer = link.get("node")
+        ranks = ranks_of[peer] if isinstance(peer, int) and 0 <= peer < len(ranks_of) else "?"
+        out.append(f"link to node {peer} (ranks {ranks}): {link.get('state')}, {link.get('sockets')}/"
+                   f"{link.get('of')} sockets, {link.get('bytes_out')} B out, {link.get('bytes_in')} B in, "
+                   f"{link.get('queued')} frames queued")
+    waits = nodes.get("waiting") or []
+    if waits:
+        by_node: dict = {}
+        for w in waits:
+            if isinstance(w, dict):
+                by_node.setdefault(w.get("node"), []).append(str(w.get("what")))
+        for node, whats in sorted(by_node.items(), key=lambda kv: str(kv[0])):
+            out.append(f"waiting on node {node}: {len(whats)}")
+            out.extend(f"  {w}" for w in whats[:16])
+    else:
+        out.append("nothing waits on another node")
+    return out
