@@ -109,6 +109,24 @@ def send_all(sock: socket.socket, parts: list) -> None:
                 n = 0
 
 
+def send_some(sock: socket.socket, parts: list) -> list:
+    """sendmsg without blocking; returns what is left of ``parts`` (empty when all went out)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        try:
+            n = sock.sendmsg(views, [], socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return views
+        while n:
+            if n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
+    return views
+
+
 def make_hello(secret: bytes, comm_id: int, node: int, index: int, nsocks: int) -> bytes:
     return HELLO.pack(MAGIC, secret, comm_id & 0xFFFFFFFF, node, index, nsocks)
 
@@ -132,7 +150,12 @@ def check_hello(data: bytes, secret: bytes, comm_id: int, nnodes: int, me: int) 
 
 
 class _Writer:
-    """One socket's outgoing queue and the thread that drains it. Items: (parts, on_sent or None)."""
+    """One socket's outgoing queue and the thread that drains it. Items: (parts, on_sent or None).
+
+    A small frame put on an idle socket (nothing queued, nobody sending) is written at once by the
+    caller, without blocking (MSG_DONTWAIT): a control frame then costs no thread hand-off. Whatever
+    does not fit goes to the head of the queue, for the thread. ``busy`` (under ``cv``) says someone is
+    writing, so that two writers never interleave their bytes and frames keep their order."""
 
     def __init__(self, link: "Link", index: int):
         self.link, self.index = link, index
@@ -140,12 +163,31 @@ class _Writer:
         self.cv = threading.Condition()
         self.sock: socket.socket | None = None
         self.closing = False
+        self.busy = False
         self.thread: threading.Thread | None = None
 
-    def put(self, parts: list, on_sent: Callable[[], None] | None = None) -> None:
+    def put(self, parts: list, on_sent: Callable[[], None] | None = None, direct: bool = False) -> None:
         with self.cv:
-            self.queue.append((parts, on_sent))
-            self.cv.notify()
+            if not (direct and self.sock is not None and not self.queue and not self.busy and not self.closing):
+                self.queue.append((parts, on_sent))
+                self.cv.notify()
+                return
+            self.busy = True
+        left: list = []
+        try:
+            left = send_some(self.sock, parts)   # type: ignore[arg-type]
+        except OSError as exc:
+            self.link.broken(f"send on socket {self.index} failed: {exc}")
+        with self.cv:
+            self.busy = False
+            if left:
+                self.queue.appendleft((left, on_sent))
+            if self.queue:
+                self.cv.notify()
+        if not left:
+            self.link.bytes_out += sum(len(p) for p in parts)
+            if on_sent is not None:
+                on_sent()
 
     def start(self, sock: socket.socket) -> None:
         with self.cv:
@@ -158,16 +200,20 @@ class _Writer:
         link = self.link
         while True:
             with self.cv:
-                while not self.queue and not self.closing:
+                while (not self.queue or self.busy) and not (self.closing and not self.busy and not self.queue):
                     self.cv.wait()
                 if not self.queue:
                     return
                 parts, on_sent = self.queue.popleft()
+                self.busy = True
             try:
                 send_all(self.sock, parts)   # type: ignore[arg-type]
             except OSError as exc:
                 link.broken(f"send on socket {self.index} failed: {exc}")
                 return
+            finally:
+                with self.cv:
+                    self.busy = False
             n = sum(len(p) for p in parts)
             link.bytes_out += n
             if on_sent is not None:
@@ -223,8 +269,9 @@ class Link:
     # ---------------------------------------------------------------- sending (any thread)
     def control(self, ftype: int, a: int = 0, b: int = 0, c: int = 0, payload: bytes | memoryview = b"",
                 flags: int = 0, on_sent: Callable[[], None] | None = None) -> None:
-        """Queue a control frame on socket 0 (ordered with every other control frame)."""
-        self.writers[0].put([HEADER.pack(ftype, flags, len(payload), a, b, c), payload], on_sent)
+        """Queue a control frame on socket 0 (ordered with every other control frame); written at once
+        when the socket is idle."""
+        self.writers[0].put([HEADER.pack(ftype, flags, len(payload), a, b, c), payload], on_sent, direct=True)
 
     def bulk(self, ftype: int, a: int, b: int, parts: list, on_sent: Callable[[], None] | None) -> None:
         """Queue a bulk frame (``parts`` after the header) on the next socket, round-robin."""
