@@ -294,3 +294,39 @@ def hung_collective_dump() -> dict:
             comm.Allreduce(x, y)
         assert (y == comm.size).all()
         return {"dump": text}
+
+
+def abort_on_one_node(victim: int) -> dict:
+    """Rank ``victim`` calls Abort while the others wait in an Allreduce: every rank on every node
+    raises, naming the abort."""
+    comm = shmproxy.init()
+    comm.Barrier()   # everybody has joined: the abort meets every rank inside a collective
+    if comm.rank == victim:
+        comm.Abort("the victim gave up")
+        return {"aborted": True}
+    try:
+        comm.Allreduce(np.ones(4), np.zeros(4))
+    except errors.ProxyError as exc:
+        comm.close()
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    raise AssertionError("the Allreduce completed without the victim")
+
+
+def rendezvous_through_mpi4py() -> dict:
+    """Under a real mpiexec, the rendezvous's mpi4py path: one allgather of every rank's blob."""
+    from shmproxy.control import bootstrap, rendezvous
+    from shmproxy.core import params as PM
+    info = bootstrap.detect()
+    p = PM.Params(env={})
+    assert rendezvous.method(info, p) == "mpi4py", rendezvous.method(info, p)
+    blobs = rendezvous.allgather(info, p, f"rank{info.rank}".encode(), 30.0)
+    return {"blobs": [b.decode() for b in blobs]}
+
+
+def init_only() -> None:
+    """shmproxy.init() with mpi4py made unimportable (SPTEST_HIDE_MPI4PY): a job across nodes with no
+    rendezvous must fail at init, naming what to set."""
+    import sys
+    if os.environ.get("SPTEST_HIDE_MPI4PY"):
+        sys.modules["mpi4py"] = None   # type: ignore[assignment]  # import mpi4py now raises ImportError
+    shmproxy.init()

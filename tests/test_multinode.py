@@ -51,3 +51,32 @@ def test_outside_dump_shows_links_and_which_node_a_hung_collective_waits_for():
     assert "== nodes: this is node 0 of 2 ==" in text, text
     assert "link to node 1 (ranks [2, 3]): up" in text, text
     assert "waiting on node 1" in text and "collective #" in text, text
+
+
+def test_abort_on_one_node_fails_every_node():
+    res = run_ranks(BODY + "abort_on_one_node", 4, nodes=2, timeout=60, args=(3,))
+    for r in (0, 1, 2):
+        assert "gave up" in res.results[r]["error"], res.results[r]
+
+
+def test_ipv6_rendezvous_and_links():
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+            port = s.getsockname()[1]
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    run_ranks(BODY + "p2p_every_pair", 2, nodes=2, timeout=60, bootstrap=f"[::1]:{port}")
+
+
+def test_rendezvous_through_mpi4py_under_mpiexec():
+    res = run_ranks(BODY + "rendezvous_through_mpi4py", 3, launcher="mpiexec", timeout=90)
+    assert all(r["blobs"] == ["rank0", "rank1", "rank2"] for r in res.results)
+
+
+def test_a_job_across_nodes_without_a_rendezvous_says_which_to_set():
+    res = run_ranks("tests.bodies_multinode:init_only", 2, nodes=2, timeout=60, expect_fail={0, 1},
+                    env={"SHMPROXY_BOOTSTRAP": None, "SPTEST_HIDE_MPI4PY": "1"})
+    for err in res.stderr:
+        assert "SHMPROXY_BOOTSTRAP" in err and "torchrun" in err, err

@@ -38,6 +38,7 @@ MAGIC = b"SHMPXBS1"
 _HELLO = struct.Struct("<8sIII")
 _LEN = struct.Struct("<I")
 MAX_BLOB = 64 << 10
+HELLO_WAIT_S = 2.0
 
 
 def split_hostport(text: str) -> tuple[str, int]:
@@ -154,7 +155,9 @@ class _Server:
                 except socket.timeout:
                     continue
                 try:
-                    rank, blob = _read_hello(conn, self.size, min(10.0, self.deadline - time.monotonic()))
+                    # A rank sends its hello as it connects: a silent stranger delays the others by
+                    # HELLO_WAIT_S at most.
+                    rank, blob = _read_hello(conn, self.size, min(HELLO_WAIT_S, self.deadline - time.monotonic()))
                     if rank in clients:
                         raise ValueError(f"rank {rank} twice")
                     clients[rank] = (conn, blob)
