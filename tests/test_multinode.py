@@ -17,9 +17,12 @@ def test_point_to_point_between_nodes(nranks, nodes):
     run_ranks(BODY + "p2p_every_pair", nranks, nodes=nodes, timeout=120)
 
 
+@pytest.mark.parametrize("ring", ["tree", "ring"])
 @pytest.mark.parametrize("nranks,nodes", [(4, 2), (5, 3)], ids=["2+2", "1+2+2"])
-def test_every_collective_between_nodes(nranks, nodes):
-    run_ranks(BODY + "collectives", nranks, nodes=nodes, timeout=180, args=(300 << 10,), env=SMALL_CHUNKS)
+def test_every_collective_between_nodes(nranks, nodes, ring):
+    """Allreduce between nodes goes around a ring from NET_RING_MIN_BYTES, up a tree below: both."""
+    env = {**SMALL_CHUNKS, "SHMPROXY_NET_RING_MIN_BYTES": "1K" if ring == "ring" else "1G"}
+    run_ranks(BODY + "collectives", nranks, nodes=nodes, timeout=180, args=(300 << 10,), env=env)
 
 
 def test_split_dup_and_objects_between_nodes():

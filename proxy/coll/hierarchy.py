@@ -91,14 +91,45 @@ def barrier(node: int, nnodes: int, key: Any):
     return 1, make
 
 
-def allreduce(ins: list[Region], outs: list[Region], op: int, per: int, node: int, nnodes: int, total: int, key: Any):
+def _ring_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple, keep: list) -> list[Entry]:
+    """After the local reduce into ``acc``: a ring between the nodes. ``acc`` is cut into one segment
+    per node; in nnodes-1 steps each node passes a segment to the next and reduces the one it gets
+    from the previous (reduce-scatter: segment s ends complete on node s-1), then nnodes-1 steps pass
+    the complete segments on (allgather). Every link carries 2(n-1)/n of the chunk, at once in both
+    directions, where the tree sends the whole chunk up and then down. Each segment is reduced in ring
+    order from a different start, once, then copied: every rank still gets the same bits."""
+    nxt, prv = (node + 1) % nnodes, (node - 1) % nnodes
+    bounds = [acc.count * s // nnodes for s in range(nnodes + 1)]
+    seg = [acc.part(bounds[s], bounds[s + 1]) for s in range(nnodes)]
+    es: list[Entry] = []
+    for step in range(nnodes - 1):       # reduce-scatter
+        out_s, in_s = (node - step) % nnodes, (node - step - 1) % nnodes
+        part = _scratch(seg[in_s].count, acc.dtype, keep)
+        es.append(send((*tag, "rs", step, nxt), nxt, seg[out_s].addr, seg[out_s].nbytes, barrier=True))
+        es.append(recv((*tag, "rs", step, node), prv, part.addr, part.nbytes))
+        es.append(_combine(seg[in_s], part, op) if seg[in_s].count else Entry(NOP, True))
+    done = (node + 1) % nnodes          # the segment this node completed
+    if op == ReduceOp.AVG and seg[done].count:
+        es += _finish_avg(seg[done], total, op)
+    for step in range(nnodes - 1):       # allgather
+        out_s, in_s = (done - step) % nnodes, (done - step - 1) % nnodes
+        es.append(send((*tag, "ag", step, nxt), nxt, seg[out_s].addr, seg[out_s].nbytes, barrier=True))
+        es.append(recv((*tag, "ag", step, node), prv, seg[in_s].addr, seg[in_s].nbytes))
+    es.append(Entry(NOP, True))
+    return es
+
+
+def allreduce(ins: list[Region], outs: list[Region], op: int, per: int, node: int, nnodes: int, total: int, key: Any,
+              ring_min: int = 1 << 62):
+    """Local reduce, then between nodes a ring for chunks of at least ``ring_min`` bytes, a tree below."""
     chunks = _chunks(outs[0].count, per)
 
     def make(k: int) -> Schedule:
         lo, hi = chunks[k]
         acc, keep = outs[0].part(lo, hi), []
         es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
-        es += _tree_exchange(acc, op, node, nnodes, total, (key, k), keep)
+        exchange = _ring_exchange if acc.nbytes >= ring_min and acc.count >= nnodes else _tree_exchange
+        es += exchange(acc, op, node, nnodes, total, (key, k), keep)
         es += [copy(o.part(lo, hi).addr, acc.addr, acc.nbytes, barrier=(i == 0)) for i, o in enumerate(outs[1:])]
         return Schedule(es or [Entry(NOP)], keep=keep)
     return len(chunks), make

@@ -108,7 +108,8 @@ class MultiNodeColl:
         if c == Coll.ALLREDUCE:
             outs = [reg(op, True, n) for op in ops]
             ins = [outs[i] if in_place[i] else reg(op, False, n) for i, op in enumerate(ops)]
-            nchunks, make = hierarchy.allreduce(ins, outs, op0.redop, per, node, nnodes, total, key)
+            nchunks, make = hierarchy.allreduce(ins, outs, op0.redop, per, node, nnodes, total, key,
+                                                ring_min=self.params.NET_RING_MIN_BYTES)
             return work(n * itemsize), make, nchunks, per * itemsize
         if c == Coll.BCAST:
             root = op0.peer

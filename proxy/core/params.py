@@ -262,6 +262,8 @@ _DECLARED: tuple[Param, ...] = (
        "Bytes per chunk of a message between nodes (chunks spread over the sockets).", 64 << 10),
     _p("NET_EAGER_BYTES", parse_size, 16 << 10,
        "Messages between nodes up to this size travel with their envelope (the send completes at once).", 0),
+    _p("NET_RING_MIN_BYTES", parse_size, 256 << 10,
+       "Allreduce chunks from this size go around a ring of the nodes; smaller ones up a tree to node 0 and back.", 0),
     _p("NET_KEEPALIVE_S", float, 5.0,
        "TCP keepalive idle time between nodes; a dead link is declared after about three times this.", 1),
     # --- shared memory ---
