@@ -280,14 +280,16 @@ def main() -> int:
     p.join(60)
     shm.close()
     shm.unlink()
-    print("host calls in the proxy process (us):", json.dumps({k: round(v, 2) for k, v in prox_res["api_us"].items()}))
+    api = {k: round(v, 2) for k, v in prox_res["api_us"].items()}
+    print("host calls in the proxy process (us):", json.dumps(api))
     print(f"single process 8 B copy + record + spin: {prox_res['single_process_copy_spin_us']:.1f} us;"
           f" cuStreamWriteValue32 to a host page: {prox_res['writevalue']}")
     print(f"{'variant':24} {'median':>8} {'p90':>8} {'min':>7} {'p.queue':>8} {'p.gpuwait':>9}  notes")
     for name, _r, _p in VARIANTS:
         x, s = rank_res[name], prox_res["split"][name]
         notes = {k: v for k, v in {**x, **s}.items() if k in ("records_skipped", "waits_skipped")}
-        print(f"{name:24} {x['median_us']:8.1f} {x['p90_us']:8.1f} {x['min_us']:7.1f} {s['proxy_queue_us']:8.1f} "
+        print(f"{name:24} {x['median_us']:8.1f} {x['p90_us']:8.1f} {x['min_us']:7.1f} "
+              f"{s['proxy_queue_us']:8.1f} "
               f"{s['proxy_gpu_wait_us']:9.1f}  {json.dumps(notes) if notes else ''}")
     print("PROBE_JSON " + json.dumps({"rank": rank_res, "proxy": prox_res}))
     return 0

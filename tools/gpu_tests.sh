@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU suite (tests/test_gpu.py) on a host with a CUDA GPU and cupy, then the device benchmark.
 #   tools/gpu_tests.sh [extra pytest args]        output also in gpu_tests.log (GPU_TESTS_LOG overrides)
-#   GPU_PROBE=1 also runs tools/gpu_latency_probe.py (two processes, no shmproxy: the GPU's share of a message)
+#   GPU_PROBE=1 also runs tools/gpu_latency_probe.py (two bare processes: the GPU's share of a message)
 # Needs shmproxy installed (pip install -e .) and cupy for the host's CUDA; torch is optional.
 set -o pipefail
 cd "$(dirname "$0")/.."

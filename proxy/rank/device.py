@@ -88,7 +88,7 @@ class DeviceMemory:
         self._dead_ids = dead_ids     # the registry's DEREGISTER queue, sent with the next message
         self._allocs: dict[int, tuple[int, int, int]] = {}   # start -> (buffer id, size, buf_id)
         self._events: dict[int, list[Any]] = {}               # device -> the ring of interprocess events
-        self._recorded_on: dict[int, list[int]] = {}          # device -> the stream each entry was last recorded on
+        self._recorded_on: dict[int, list[int]] = {}          # device -> each entry's last stream
         self._driver: _Driver | None = None
         self.cp: Any = None
 
