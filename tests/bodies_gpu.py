@@ -273,26 +273,57 @@ def _time(fn: Any, iters: int, sync: Any) -> float:
 
 def bench() -> dict:
     """Rank 0 and 1 on one GPU: ping-pong (8 B, 64 MiB), Allreduce (8 B, 256 MiB float32), and the
-    device-to-device copy bandwidth of the same GPU as the limit."""
+    device-to-device copy bandwidth of the same GPU as the limit. Small messages also: host (numpy)
+    buffers, the rank recording its event on an idle stream (the first step's behaviour), and the
+    rank's stream busy with a tiny kernel before each call (its context then has GPU work)."""
+    from shmproxy.rank import device as rank_device
     cp = _cp()
     res: dict = {}
     with shmproxy.init() as comm:
         me, peer = comm.rank, 1 - comm.rank
         sync = cp.cuda.get_current_stream().synchronize
-        for nbytes, iters in ((8, 2000), (64 << 20, 50)):
-            a = cp.ones(nbytes // 4 if nbytes >= 4 else 2, cp.float32)[:max(nbytes // 4, 1)]
-            b = cp.zeros_like(a)
 
+        def pingpong_of(a: Any, b: Any, before: Any = None) -> Any:
             def pingpong() -> None:
+                if before is not None:
+                    before()
                 if me == 0:
                     comm.Send(a, peer)
                     comm.Recv(b, peer)
                 else:
                     comm.Recv(b, peer)
                     comm.Send(a, peer)
+            return pingpong
+
+        ha, hb = np.ones(2, np.float32), np.zeros(2, np.float32)
+        comm.Barrier()
+        t = _time(pingpong_of(ha, hb), 2000, lambda: None)
+        res["host_pingpong_8"] = {"one_way_us": t / 2 * 1e6}
+        for nbytes, iters in ((8, 2000), (64 << 20, 50)):
+            a = cp.ones(max(nbytes // 4, 1), cp.float32)
+            b = cp.zeros_like(a)
             comm.Barrier()
-            t = _time(pingpong, iters, sync)
+            t = _time(pingpong_of(a, b), iters, sync)
             res[f"pingpong_{nbytes}"] = {"one_way_us": t / 2 * 1e6, "GBps": a.nbytes / (t / 2) / 1e9}
+        a = cp.ones(2, cp.float32)
+        b = cp.zeros_like(a)
+        tiny = cp.zeros(1, cp.float32)
+
+        def bump() -> None:
+            tiny.fill(1)
+        comm.Barrier()
+        t = _time(pingpong_of(a, b, bump), 1000, sync)
+        res["pingpong_8_rank_stream_busy"] = {"one_way_us": t / 2 * 1e6}
+        rank_device.RECORD_ON_IDLE_STREAMS = True
+        comm.Barrier()
+        t = _time(pingpong_of(a, b), 1000, sync)
+        res["pingpong_8_always_record"] = {"one_way_us": t / 2 * 1e6}
+        x = cp.ones(2, cp.float32)
+        y = cp.zeros_like(x)
+        comm.Barrier()
+        t = _time(lambda: comm.Allreduce(x, y), 1000, sync)
+        res["allreduce_8_always_record"] = {"us": t * 1e6}
+        rank_device.RECORD_ON_IDLE_STREAMS = False
         for nbytes, iters in ((8, 2000), (256 << 20, 20)):
             x = cp.ones(max(nbytes // 4, 1), cp.float32)
             y = cp.zeros_like(x)

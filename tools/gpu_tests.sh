@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU suite (tests/test_gpu.py) on a host with a CUDA GPU and cupy, then the device benchmark.
 #   tools/gpu_tests.sh [extra pytest args]        output also in gpu_tests.log (GPU_TESTS_LOG overrides)
+#   GPU_PROBE=1 also runs tools/gpu_latency_probe.py (two bare processes: the GPU's share of a message)
 # Needs shmproxy installed (pip install -e .) and cupy for the host's CUDA; torch is optional.
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +13,6 @@ log=${GPU_TESTS_LOG:-gpu_tests.log}
   python3 -m pytest -p no:cacheprovider -v -rs tests/test_gpu.py "$@"
   rc=$?
   SPTEST_GPU_BENCH=1 python3 -m pytest -p no:cacheprovider -q -s -rs tests/test_gpu.py -k bench "$@"
+  [ -n "$GPU_PROBE" ] && python3 tools/gpu_latency_probe.py   # where a small message's time goes
   exit $rc
 } 2>&1 | tee "$log"

@@ -160,7 +160,18 @@ class _Gpu:
         if ring is None:
             raise InvalidArgument(f"{op.describe()}: rank {op.rank} registered no stream events for device "
                                   f"{mem_device(op.mem)}")
-        self.rt.streamWaitEvent(stream.ptr, ring[op.req_slot % NEVENTS], 0)
+        ev = ring[op.req_slot % NEVENTS]
+        if not self.event_done(ev):
+            self.rt.streamWaitEvent(stream.ptr, ev, 0)
+
+    def event_done(self, ev: int) -> bool:
+        """Whether an opened interprocess event has completed (a host-side query). A wait on a finished
+        event is not free where ranks share the GPU: the stream then depends on another process's
+        context, and the GPU may switch contexts to settle it; skipping it keeps the copy in ours."""
+        try:
+            return self.rt.eventQuery(ev) == 0
+        except self.rt.CUDARuntimeError:   # not ready, as some cupy versions raise it
+            return False
 
     def end_event(self, device: int, stream: Any) -> Any:
         """An event recorded on ``stream`` after the copies queued so far (recycled once polled done)."""
@@ -200,8 +211,13 @@ class _Gpu:
         self.close_retired()
 
     def describe(self) -> dict:
-        return {"devices": sorted(self.streams), "opened_allocations": len(self.opened),
-                "ranks_with_events": sorted({lr for lr, _d in self.events})}
+        """For the dump: the GPUs this process holds a context, mappings or streams on."""
+        with self.lock:
+            devices = {e[2] for e in self.opened.values()} | {d for _lr, d in self.events} | set(self.streams)
+            return {"devices": sorted(devices), "opened_allocations": len(self.opened),
+                    "opened_bytes": sum(size for _h, size, _d in self.mem.values()),
+                    "ranks_with_events": sorted({lr for lr, _d in self.events}),
+                    "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired)}
 
 
 class CudaTransport(Transport):

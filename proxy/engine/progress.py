@@ -542,6 +542,7 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name} for c in self.server.connections()],
             "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},
             "copy_threads": self.copy.nworkers,
+            "gpus": [t.gpu.describe() for t in self.transports if getattr(t, "gpu", None) is not None],
             "profile_events": len(self.profiler.events),
         }
         return state

@@ -17,7 +17,9 @@ device array first appears (cupy is imported then, never for a host-only job):
   progress process makes its own stream wait on it before it copies. Each rank has a ring of
   ``NEVENTS`` such events per device, registered once; a request uses event ``slot % NEVENTS``. A
   ring entry re-recorded by a later op before the progress process read the earlier one only makes
-  the earlier op wait a little longer, never too little (the later record follows the earlier work).
+  the earlier op wait a little longer, never too little (the later record follows the earlier work:
+  on the same stream by order, on another stream because that stream is first made to wait on the
+  entry's unfinished record). A post on an idle stream records nothing (``DeviceMemory.record``).
 - **Completion.** The progress process completes the request once the copies have finished on the
   GPU, so a blocking call returns with the data in place, and the rank's later stream work sees it.
 """
@@ -30,6 +32,9 @@ from shmproxy.core import errors
 from shmproxy.core.memory import MemKind, device_array_kind, mem_word
 
 NEVENTS = 16    # interprocess events per rank and device (see the header)
+# Whether a post records its event even when the stream is idle (see DeviceMemory.record): False but
+# for measuring what the skip saves (tests/bodies_gpu.py bench).
+RECORD_ON_IDLE_STREAMS = False
 
 # CUpointer_attribute values of the driver API (cuda.h)
 _BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE, _RANGE_START, _RANGE_SIZE = 7, 9, 10, 11, 12
@@ -83,6 +88,7 @@ class DeviceMemory:
         self._dead_ids = dead_ids     # the registry's DEREGISTER queue, sent with the next message
         self._allocs: dict[int, tuple[int, int, int]] = {}   # start -> (buffer id, size, buf_id)
         self._events: dict[int, list[Any]] = {}               # device -> the ring of interprocess events
+        self._recorded_on: dict[int, list[int]] = {}          # device -> each entry's last stream
         self._driver: _Driver | None = None
         self.cp: Any = None
 
@@ -127,14 +133,30 @@ class DeviceMemory:
         self._allocs[start] = (bid, size, buf_id)
         return buf_id, ptr - start, mem_word(MemKind.CUDA, dev)
 
-    def record(self, slot: int, device: int) -> None:
-        """Record event ``slot % NEVENTS`` of ``device`` on this thread's current stream there."""
+    def record(self, slot: int, device: int, stream: Any = None) -> None:
+        """Order the op in request ``slot`` after the work queued on ``stream`` (None: this thread's
+        current stream of ``device``): record event ``slot % NEVENTS`` there, unless the stream is idle.
+
+        An idle stream has nothing to wait for, and a record on it would still be GPU work of this
+        process's context, which the progress process's copy then depends on: where processes share
+        a GPU without MPS, the GPU switches between their contexts to settle it, and that switch
+        dominates a small message. Skipping is safe: the event then holds an earlier record, which
+        at worst makes the copy wait for work it need not (see the header on ring reuse)."""
         ring = self._events.get(device)
         cp = self.cp
         with cp.cuda.Device(device):
             if ring is None:
                 ring = self._make_ring(device)
-            ring[slot % NEVENTS].record(cp.cuda.get_current_stream())
+            if stream is None:
+                stream = cp.cuda.get_current_stream()
+            if RECORD_ON_IDLE_STREAMS or not stream.done:
+                k = slot % NEVENTS
+                ev, last = ring[k], self._recorded_on[device]
+                if last[k] not in (0, stream.ptr) and not ev.done:
+                    # the entry's pending record is another stream's: keep it in the new record
+                    stream.wait_event(ev)
+                ev.record(stream)
+                last[k] = stream.ptr
 
     def _make_ring(self, device: int) -> list[Any]:
         cp = self.cp
@@ -143,6 +165,7 @@ class DeviceMemory:
         self._register({"buf_id": self._new_id(), "bytes": 0, "kind": "cuda", "device": device,
                         "info": {"events": handles}})
         self._events[device] = ring
+        self._recorded_on[device] = [0] * NEVENTS
         return ring
 
 

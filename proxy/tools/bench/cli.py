@@ -63,6 +63,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="compare every received buffer with what was sent")
     p.add_argument("--group-size", type=int, default=GROUP_SIZE, help="posts per group for `post`")
     p.add_argument("--idle-seconds", type=float, default=10.0, help="measurement window for `idle`")
+    p.add_argument("--device", choices=("host", "cuda"), default="host",
+                   help="where the buffers live: host (numpy) or cuda (cupy for shmproxy, torch CUDA tensors "
+                        "for gloo; mpi4py is left out)")
     p.add_argument("--json", metavar="FILE", help="write every figure and the environment here")
     p.add_argument("--plot", metavar="FILE.png", help="plot time and bandwidth against size (matplotlib)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -103,6 +106,10 @@ def resolve(args: argparse.Namespace,
     if args.in_place and not op.in_place_ok:
         parser.error("--in-place applies to "
                      + ", ".join(o.name for o in OPERATIONS.values() if o.in_place_ok))
+    if args.device == "cuda":
+        from shmproxy.tools.bench.device import DEVICE_OPS
+        if op.name not in DEVICE_OPS:
+            parser.error(f"--device cuda applies to {', '.join(DEVICE_OPS)}, not to {op.name}")
     if not op.sized:
         sizes = [0]                                   # barrier: one row, no data
     if args.peers is None:

@@ -42,6 +42,12 @@ class Library:
         """This library's reduction op for ``name`` (one of REDOPS); None if it has none."""
         return None
 
+    def refresh(self, a: np.ndarray) -> None:
+        """``a`` (host) was written: bring what ``wrap`` gave up to date (device buffers, device.py)."""
+
+    def fetch(self, a: np.ndarray) -> None:
+        """Before ``a`` (host) is read: bring in what the calls wrote into ``wrap(a)`` (device.py)."""
+
     @staticmethod
     def wait(req: Any) -> None:
         req.Wait()

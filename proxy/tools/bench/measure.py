@@ -36,6 +36,8 @@ def _timed_loop(it: Callable[[], Any], iters: int) -> list[float]:
 
 def _finish_check(ctx: Ctx, op: Operation, lib: Library, recv: np.ndarray, count: int = 0) -> float:
     """1.0 when the received data is right (or unchecked), 0.0 when wrong; applies --inject-error."""
+    if ctx.args.check:
+        lib.fetch(recv)   # device buffers (--device cuda): what the calls wrote
     if ctx.inject_pending and lib.name == "shmproxy" and op.takes_data(ctx.rank, ctx.size):
         ctx.inject_pending = False
         recv[(0,) * recv.ndim] = SENTINEL
@@ -54,6 +56,7 @@ def _prepare(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.n
         (op.place_input or _copy_input)(ctx.rank, ctx.size, send, recv)
     else:
         recv.fill(SENTINEL)
+    lib.refresh(recv)
 
 
 def _copy_input(rank: int, size: int, send: np.ndarray, recv: np.ndarray) -> None:
@@ -69,6 +72,7 @@ def loop_times(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np
         for _ in range(warmup):
             it()
     recv.fill(SENTINEL)
+    lib.refresh(recv)
     barrier(ctx.comm)
     if it is None:
         return []

@@ -43,6 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from shmproxy.tools.bench.libraries import Library, ShmproxyLib
+from shmproxy.tools.bench import device as bench_device
 from shmproxy.tools.bench.measure import IDLE_SETTLE_S, RAW_TIMES, _finish_check, measure_idle, measure_post
 from shmproxy.tools.bench.operation import Ctx, Operation, row_size
 from shmproxy.tools.bench.overlap import measure_overlap
@@ -100,8 +101,19 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
 
     libs: list[Library] = [ShmproxyLib(comm, args.alloc)]
     skipped: dict[str, str] = {}
+    on_gpu = getattr(args, "device", "host") == "cuda"
+    if on_gpu:
+        gpu = bench_device.local_gpu(ctx)
+        bench_device.enable(libs[0], gpu)
     for name in args.peers:
+        why = bench_device.peer_unsupported(name, op.name) if on_gpu else ""
+        if why:
+            skipped[name] = why
+            say(f"# {name} skipped: {why}")
+            continue
         lib, why = (open_mpi if name == "mpi4py" else open_gloo)(ctx)
+        if lib is not None and on_gpu:
+            bench_device.enable(lib, gpu)
         if not agree(comm, lib is not None):
             if lib is not None:
                 lib.close()
@@ -131,6 +143,10 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
     if op.measure is measure_idle:
         say(f"# window {args.idle_seconds:g} s after {IDLE_SETTLE_S:g} s to settle; proxy = the progress"
             f" process (% of one core, voluntary wake-ups/s), waiting = the busiest rank blocked in recv")
+    elif on_gpu:
+        say(f"# device buffers on GPU {gpu} of each rank (cupy arrays for shmproxy, torch CUDA tensors for "
+            f"gloo); time = median over iterations, max over ranks; p99 likewise")
+        say(bench_device.nccl_note(ctx))
     else:
         say(f"# shmproxy buffers: {'comm.alloc (zero-copy)' if args.alloc else 'numpy arrays (staged)'};"
             f" time = median over iterations, max over ranks; p99 likewise"
