@@ -30,9 +30,18 @@ class Failure:
 
     def _after_close(self, info: RankInfo) -> None:
         self.close_half(info)
+        self.release_registrations(info.local_rank)
         if len(self.ranks) == self.nlocal and all(r.closed or r.dead for r in self.ranks.values()):
             self.stopping = True
             self.view.set_ctrl(P.CTRL_STOP, 1)
+
+    def release_registrations(self, local_rank: int) -> None:
+        """Loop thread, once a rank closed (it waited for its sends and collectives): what transports
+        hold for its buffers (a device mapping opened by CUDA IPC keeps the rank's GPU memory alive)
+        goes now, not when the progress process exits. A transport defers what a copy still uses."""
+        for key in [k for k in self.registrations if k[0] == local_rank]:
+            owners, reg = self.registrations.pop(key)
+            self.deregister(owners, reg)
 
     def not_told(self) -> list[int]:
         """The local ranks that cannot yet learn of the failure without the service: none of mapping the
