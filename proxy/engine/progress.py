@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import collections
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -58,6 +57,7 @@ from shmproxy.control.service import ServiceServer
 from shmproxy.engine.completion import RELAY_GRACE_NS, Completion
 from shmproxy.engine.context import EngineContext
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failure
+from shmproxy.engine.introspect import Introspection
 from shmproxy.engine.matching import Matcher
 from shmproxy.engine.nodes import NodeMap, Nodes
 from shmproxy.engine.p2p import PointToPoint
@@ -76,7 +76,7 @@ _EVENTS_Q = P.CTRL_OFF // 8 + P.CTRL_EVENTS   # news for the loop from this proc
 _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # globals: no enum lookup per pass
 
 
-class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion, Failure):
+class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion, Failure, Introspection):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -135,6 +135,7 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
+        self.pending: dict | None = None   # what waits, as last written to the info blob (introspect.py)
         self.fingerprints: dict[int, list] = {}   # node 0 across nodes: seq -> (node, rank, fingerprint)s
         self.matcher = Matcher()   # the receive half of point-to-point (engine/p2p.py)
         self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
@@ -229,28 +230,6 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
         if keep:
             _log.info("%d deregistered buffer(s) still referenced; unmapping later", len(keep))
             self.retired.extend(keep)
-
-    def _write_info(self) -> None:
-        self.view.write_info({
-            "pid": os.getpid(), "job_key": self.job_key, "comm_id": self.comm_id, "nlocal": self.nlocal,
-            "size": self.size, "socket": self.path, "pool": self.seg.name, "cpus": self.cpus,
-            "affinity_reason": self.affinity_reason, "copy_threads": self.copy.nworkers,
-            "params": {p.env_name(): {"value": p.value, "origin": p.origin} for p in self.params.items()},
-            "ranks": {r.local_rank: {"rank": r.rank, "pid": r.pid, "host": r.host}
-                      for r in self.ranks.values()},
-            "nodes": self.describe_nodes(),
-        })
-
-    def describe_nodes(self) -> dict | None:
-        """This node among the communicator's (None on one node), with the transport's links and what
-        waits on another node: refreshed in the pool's info blob every heartbeat, so that the outside
-        dump shows it with no preparation."""
-        if self.nodes.nnodes < 2:
-            return None
-        out: dict = {"node": self.node, "nnodes": self.nodes.nnodes, "ranks_of": self.nodes.ranks_of}
-        if self.net is not None and self.net.proxy_describe is not None:
-            out.update(self.net.proxy_describe(self.ctx))
-        return out
 
     # ------------------------------------------------------------------ called by the control thread
     def wake_loop(self) -> None:
@@ -463,8 +442,8 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
         if self.pending_affinity is not None:
             self.apply_affinity(*self.pending_affinity)
             self.pending_affinity = None
-        elif self.nodes.nnodes > 1:
-            self._write_info()   # the links' counters and waits, for the outside dump
+        else:
+            self.refresh_info()   # what waits, and on whom, for the outside dump
         if self.retired and not self.active:
             self._close_retired()
         if self.dump_requested:
@@ -516,49 +495,6 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
             _log.info("keep-awake: %d idle-priority guard(s) on cpus %s, %g us after the last work%s",
                       len(cpus), affinity.format_cpu_list(cpus), us,
                       ", waking the copy workers there" if relay is not None else "")
-
-    # ------------------------------------------------------------------ dump
-    def dump_state(self) -> dict:
-        """Everything a person debugging a hang needs, from inside the process."""
-        from shmproxy.tools import dump
-        state = dump.read_pool(self.view)
-        state["in_process"] = {
-            "passes": self.passes,
-            "stopping": self.stopping,
-            "failed": self.failed,
-            "active_args": [
-                {"id": a.id, "conn": list(a.conn), "opcount": a.opcount,
-                 "state": P.SUB_STATE_LETTER.get(a.state, "?"), "transport": a.transport.name,
-                 "subs": [{"slot": s.slot, "nbytes": s.nbytes, "nsteps": s.nsteps, "posted": s.posted,
-                           "transmitted": s.transmitted, "received": s.received, "done": s.done}
-                          for s in a.subs]}
-                for a in self.active],
-            "unmatched_sends": [op.describe() for d in self.matcher.dests() for _s, _t, op in
-                                self.matcher.unexpected(d)],
-            "unmatched_recvs": [op.describe() for d in self.matcher.dests() for _s, _t, op in
-                                self.matcher.posted(d)],
-            "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in self.conns.items()},
-            "nodes": self.describe_nodes(),
-            "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name} for c in self.server.connections()],
-            "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},
-            "copy_threads": self.copy.nworkers,
-            "gpus": [t.gpu.describe() for t in self.transports if getattr(t, "gpu", None) is not None],
-            "profile_events": len(self.profiler.events),
-        }
-        return state
-
-    def dump_path(self) -> str:
-        return self.path.removesuffix(".sock") + f"-{os.getpid()}.dump.json"
-
-    def write_dump(self) -> None:
-        path = self.dump_path()
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.dump_state(), f, indent=1, default=str)
-        os.replace(tmp, path)
-        _log.warning("state dumped to %s", path)
-        print(f"shmproxy: progress process {os.getpid()} dumped its state to {path}", file=sys.stderr,
-              flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -149,6 +149,7 @@ def _format_into(state: dict, out: list[str]) -> None:
                 if isinstance(ri, dict):
                     add(f"local rank {lr}: rank {ri.get('rank')} pid {ri.get('pid')} host {ri.get('host')}")
         out.extend(_format_params(info.get("params")))
+        out.extend(_format_pending(info.get("pending")))
         out.extend(_format_nodes(info.get("nodes")))
 
     ranks = sec("ranks", list)
@@ -310,4 +311,25 @@ def _format_nodes(nodes: object) -> list[str]:
             out.extend(f"  {w}" for w in whats[:16])
     else:
         out.append("nothing waits on another node")
+    return out
+
+
+def _format_pending(pending: object) -> list[str]:
+    """What has waited more than a second, as the progress process last wrote it (every heartbeat)."""
+    if not isinstance(pending, dict):
+        return ["", "== waiting: nothing has waited more than a second =="]
+    out = ["", "== waiting more than a second (the progress process's view, refreshed every heartbeat) =="]
+    for r in pending.get("recvs") or []:
+        if isinstance(r, dict):
+            src = "any rank" if r.get("from") == -1 else f"rank {r.get('from')}"
+            out.append(f"rank {r.get('rank')} waits for {r.get('bytes')} B from {src}, tag {r.get('tag')} "
+                       f"({r.get('age_s')} s)")
+    for s in pending.get("sends") or []:
+        if isinstance(s, dict):
+            out.append(f"rank {s.get('rank')}'s {s.get('bytes')} B message to rank {s.get('to')}, tag {s.get('tag')}, "
+                       f"is not received ({s.get('age_s')} s)")
+    for c in pending.get("colls") or []:
+        if isinstance(c, dict):
+            out.append(f"collective #{c.get('seq')} {c.get('call')}: in {c.get('in')}, missing {c.get('missing')} "
+                       f"({c.get('age_s')} s)")
     return out

@@ -165,7 +165,30 @@ def _read_info(view: P.PoolView, problems: list[str]) -> dict:
         return {"error": "info blob is empty (progress process still starting?)"}
     if "error" in info and len(info) == 1:
         problems.append(f"info blob: {info['error']}")
+    problems.extend(pending_problems(info.get("pending")))
     return info
+
+
+def pending_problems(pending: Any) -> list[str]:
+    """What the progress process's list of old waits (engine/introspect.py) says is wrong: a receive
+    and a message between the same ranks that do not match (another tag: a near-match), and a
+    collective some local ranks entered and others have not."""
+    if not isinstance(pending, dict):
+        return []
+    out = []
+    recvs = [r for r in pending.get("recvs") or [] if isinstance(r, dict)]
+    sends = [s for s in pending.get("sends") or [] if isinstance(s, dict)]
+    for r in recvs:
+        for s in sends:
+            if s.get("to") == r.get("rank") and r.get("from") in (s.get("rank"), -1):
+                out.append(f"near-match: rank {r.get('rank')} waits for tag {r.get('tag')} from rank "
+                           f"{r.get('from')}, but rank {s.get('rank')}'s {s.get('bytes')} B message to it has tag "
+                           f"{s.get('tag')} (both pending {min(r.get('age_s', 0), s.get('age_s', 0))} s)")
+    for c in pending.get("colls") or []:
+        if isinstance(c, dict) and c.get("missing"):
+            out.append(f"collective #{c.get('seq')} {c.get('call')}: ranks {c.get('in')} entered it "
+                       f"{c.get('age_s')} s ago, ranks {c.get('missing')} have not")
+    return out
 
 
 def _walk(view: P.PoolView, head: int, limit: int) -> tuple[list[int], str | None]:
