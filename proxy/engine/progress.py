@@ -536,7 +536,11 @@ def main(argv: list[str] | None = None) -> int:
         engine.dump_requested = True
 
     signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    # Ctrl-C reaches the ranks too (a terminal signals the foreground group; mpiexec and torchrun
+    # forward it): each raises KeyboardInterrupt, and this process follows their abort or death. Were it
+    # to abort on its own SIGINT, its abort would race ahead of the ranks' interrupts, and the job
+    # would end as a communicator abort (exit status 1 everywhere) instead of an interrupt.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if params.DUMP_SIGNAL:
         signal.signal(params.DUMP_SIGNAL, on_dump)
     rc = 0
