@@ -234,7 +234,8 @@ def argument_errors() -> dict:
 
 
 def counts_mismatch(which: str) -> dict:
-    """Ranks disagree on counts: every rank gets InvalidUsage naming both ranks."""
+    """Ranks disagree on counts: every rank gets InvalidUsage naming both ranks, from the call or (a
+    sender whose part completed before the mismatch was found on another node) from the next one."""
     with shmproxy.init() as comm:
         n, me = comm.size, comm.rank
         try:
@@ -252,6 +253,61 @@ def counts_mismatch(which: str) -> dict:
                 if me == n - 1:
                     counts[0] = 2
                 comm.Reduce_scatter(np.zeros(sum(counts)), np.zeros(counts[me]), counts)
+            comm.Barrier()
         except shmproxy.InvalidUsage as exc:
             return {"error": str(exc)}
         raise AssertionError("no error")
+
+
+def mpi_specs() -> dict:
+    """shmproxy.MPI's forms: mpi4py buffer specs, vector specs [buf, (counts, displs), type], the
+    nonblocking forms, IN_PLACE."""
+    from shmproxy import MPI
+    comm = MPI.COMM_WORLD
+    n, me = comm.Get_size(), comm.Get_rank()
+    counts = [r + 1 for r in range(n)]
+    displs = [sum(counts[:r]) + 2 * r for r in range(n)]
+    size = displs[-1] + counts[-1]
+    root = n - 1
+    # Gather / Igather, Scatter / Iscatter
+    g = np.full(3 * n, -1, "i") if me == root else None
+    comm.Gather([np.full(3, me, "i"), MPI.INT], [g, MPI.INT] if g is not None else None, root=root)
+    assert me != root or g.tolist() == [r for r in range(n) for _ in range(3)]
+    s = np.zeros(2, "d")
+    comm.Iscatter(np.arange(2 * n, dtype="d") if me == root else None, s, root=root).Wait()
+    assert s.tolist() == [2 * me, 2 * me + 1]
+    # Gatherv with a vector spec, IN_PLACE on the root
+    gv = np.full(size, -1.0)
+    if me == root:
+        gv[displs[me]:displs[me] + counts[me]] = me
+    comm.Gatherv(MPI.IN_PLACE if me == root else np.full(counts[me], float(me)),
+                 [gv, (counts, displs), MPI.DOUBLE] if me == root else None, root=root)
+    if me == root:
+        for r in range(n):
+            assert (gv[displs[r]:displs[r] + counts[r]] == r).all()
+    # Scatterv, Allgatherv (nonblocking), Alltoallv
+    sv = np.zeros(counts[me])
+    comm.Scatterv([np.arange(size, dtype="d"), (counts, displs), MPI.DOUBLE] if me == root else None, sv, root)
+    assert sv.tolist() == list(range(displs[me], displs[me] + counts[me]))
+    av = np.full(size, -1, "q")
+    comm.Iallgatherv(np.full(counts[me], me, "q"), [av, (counts, displs), MPI.LONG_LONG]).Wait()
+    assert all((av[displs[r]:displs[r] + counts[r]] == r).all() for r in range(n))
+    sc = [(me + q) % 3 for q in range(n)]
+    rc = [(q + me) % 3 for q in range(n)]
+    sbuf = np.concatenate([np.full(sc[q], 10 * me + q, "i") for q in range(n)]) if sum(sc) else np.zeros(0, "i")
+    rbuf = np.zeros(sum(rc), "i")
+    comm.Alltoallv([sbuf, sc], [rbuf, rc])
+    assert rbuf.tolist() == [10 * q + me for q in range(n) for _ in range(rc[q])]
+    # Reduce_scatter with counts, Scan / Iexscan
+    rs = np.zeros(counts[me])
+    comm.Reduce_scatter(np.arange(sum(counts), dtype="d"), rs, counts, MPI.SUM)
+    lo = sum(counts[:me])
+    assert rs.tolist() == [n * x for x in range(lo, lo + counts[me])]
+    sc1 = np.zeros(1, "i")
+    comm.Scan(np.array([me + 1], "i"), sc1, MPI.PROD)
+    assert sc1[0] == int(np.prod(np.arange(1, me + 2)))
+    ex = np.full(1, -5, "i")
+    comm.Iexscan(np.array([me], "i"), ex, MPI.SUM).Wait()
+    assert ex[0] == (-5 if me == 0 else sum(range(me)))
+    comm.Barrier()
+    return {"ok": True}

@@ -168,3 +168,8 @@ def test_counts_mismatch_names_both_ranks(which, nodes):
         err = r["error"]
         assert "counts disagree" in err, err
         assert f"rank {n - 1}" in err and "rank 0" in err, err
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_mpi_layer_buffer_specs(n):
+    run_ranks(BODY + "mpi_specs", n, timeout=60)

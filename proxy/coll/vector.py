@@ -182,7 +182,10 @@ def _plan_moves(c: int, ops: list[Op], vs: list[counts.View], root: int, size: i
 # ------------------------------------------------------------------------------ builders
 def moves(local: list[tuple[int, int, int]], outgoing: list[tuple], incoming: list[tuple], per_bytes: int,
           seq: int):
-    """Chunk k moves bytes [k * per_bytes, (k + 1) * per_bytes) of every block that long."""
+    """Chunk k moves bytes [k * per_bytes, (k + 1) * per_bytes) of every block that long. A SEND/RECV key
+    holds the chunk's size: where two nodes disagree on a block, their entries never meet (so no
+    chunk lands in a buffer of another size) and node 0's check of the counts fails the communicator
+    with a message naming both ranks."""
     longest = max([n for *_x, n in local] + [n for *_x, n in outgoing] + [n for *_x, n in incoming] + [0])
     nchunks = -(-longest // per_bytes)
 
@@ -191,10 +194,12 @@ def moves(local: list[tuple[int, int, int]], outgoing: list[tuple], incoming: li
         es: list[Entry] = []
         for key, node, src, n in outgoing:
             if n > lo:
-                es.append(send((seq, k, "v", *key), node, src + lo, min(per_bytes, n - lo)))
+                m = min(per_bytes, n - lo)
+                es.append(send((seq, k, "v", *key, m), node, src + lo, m))
         for key, node, dst, n in incoming:
             if n > lo:
-                es.append(recv((seq, k, "v", *key), node, dst + lo, min(per_bytes, n - lo)))
+                m = min(per_bytes, n - lo)
+                es.append(recv((seq, k, "v", *key, m), node, dst + lo, m))
         es += [copy(d + lo, s + lo, min(per_bytes, n - lo)) for d, s, n in local if n > lo]
         return Schedule(es or [Entry(NOP)])
     return nchunks, make
@@ -215,7 +220,7 @@ def reduce_scatter(ins: list[Region], outs: list[Region], ranks: list[int], rc: 
         acc = _scratch(hi - lo, dtype, keep)
         es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
         if nnodes > 1:
-            es += _tree_exchange(acc, op, node, nnodes, world, (seq, k), keep)
+            es += _tree_exchange(acc, op, node, nnodes, world, (seq, k, total), keep)
         else:
             es += _finish_avg(acc, world, op)
         first = True
