@@ -311,3 +311,32 @@ def mpi_specs() -> dict:
     assert ex[0] == (-5 if me == 0 else sum(range(me)))
     comm.Barrier()
     return {"ok": True}
+
+
+def objects() -> dict:
+    """The object layer's scatter, alltoall, reduce, scan, exscan: values, order, errors."""
+    with shmproxy.init() as comm:
+        n, me = comm.size, comm.rank
+        for root in {0, n - 1}:
+            items = [{"to": q, "a": np.full(q + 1, q)} for q in range(n)] if me == root else None
+            got = comm.scatter(items, root=root)
+            assert got["to"] == me and (got["a"] == me).all(), got
+            r = comm.reduce([me], op=shmproxy.SUM, root=root)   # list concatenation: the order shows
+            assert r == (list(range(n)) if me == root else None), r
+        got = comm.alltoall([(me, q) for q in range(n)])
+        assert got == [(r, me) for r in range(n)], got
+        assert comm.scan(str(me), op=lambda a, b: a + b) == "".join(map(str, range(me + 1)))
+        ex = comm.exscan([me], op=shmproxy.SUM)
+        assert ex == (None if me == 0 else list(range(me))), ex
+        assert comm.scan(me + 1, op=shmproxy.PROD) == int(np.prod(np.arange(1, me + 2)))
+        # a bad argument on one rank: every rank raises, the communicator stays usable
+        for call in (lambda: comm.alltoall([0] * (n + (me == n - 1))),
+                     lambda: comm.scatter([1] * (n + 1) if me == 0 else None, root=0)):
+            try:
+                call()
+            except shmproxy.ProxyError as exc:
+                assert "objects for" in str(exc), exc
+            else:
+                raise AssertionError("no error")
+        assert comm.scan(1) == me + 1
+        return {"ok": True}

@@ -173,3 +173,8 @@ def test_counts_mismatch_names_both_ranks(which, nodes):
 @pytest.mark.parametrize("n", [1, 3])
 def test_mpi_layer_buffer_specs(n):
     run_ranks(BODY + "mpi_specs", n, timeout=60)
+
+
+@pytest.mark.parametrize("n,nodes", [(1, 1), (3, 1), (4, 2)])
+def test_object_scatter_alltoall_reduce_scan_exscan(n, nodes):
+    run_ranks(BODY + "objects", n, timeout=90, nodes=nodes)

@@ -29,7 +29,7 @@ import numpy as np
 
 from shmproxy.control import bootstrap
 from shmproxy.core import errors, log, params as params_mod
-from shmproxy.rank import collpost, objects, splitting
+from shmproxy.rank import collpost, objcoll, objects, splitting
 from shmproxy.core.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll, ReduceOp
 # _DTYPES and _probes: what a Poster is built with (tests build one from this module's names).
 from shmproxy.rank.lifecycle import Lifecycle, _DTYPES, _probes  # noqa: F401
@@ -255,6 +255,26 @@ class Comm(Lifecycle, Posting, Waiting):
 
     def barrier(self) -> None:
         objects.barrier(self)
+
+    def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
+        """Item r of the root's sequence of ``size`` objects to rank r."""
+        return objcoll.scatter(self, sendobj, root)
+
+    def alltoall(self, sendobj: Any) -> list:
+        """Item q of every rank's sequence of ``size`` objects to rank q, as a list in rank order."""
+        return objcoll.alltoall(self, sendobj)
+
+    def reduce(self, sendobj: Any, op: Any = ReduceOp.SUM, root: int = 0) -> Any:
+        """Reduce objects in rank order at ``root`` (None elsewhere); op as for allreduce."""
+        return objcoll.reduce(self, sendobj, op, root)
+
+    def scan(self, sendobj: Any, op: Any = ReduceOp.SUM) -> Any:
+        """op over ranks 0..me's objects, in rank order."""
+        return objcoll.scan(self, sendobj, op)
+
+    def exscan(self, sendobj: Any, op: Any = ReduceOp.SUM) -> Any:
+        """op over ranks 0..me-1's objects, in rank order; None on rank 0."""
+        return objcoll.exscan(self, sendobj, op)
 
     # ------------------------------------------------------------------ sub-communicators
     def Split(self, color: int, key: int = 0) -> "Comm | None":
