@@ -197,7 +197,8 @@ def run_cases(cases: list[dict]) -> dict:
             try:
                 fails += run_case(comm, c)
             except Exception as exc:
-                raise AssertionError(f"case {c['i']} rank {comm.rank}: {type(exc).__name__}: {exc}: {c}") from exc
+                raise AssertionError(f"case {c['i']} rank {comm.rank}: {type(exc).__name__}: {exc}: "
+                                     f"{c}") from exc
         comm.Barrier()
         return {"failures": fails, "ncases": len(cases)}
 
@@ -210,7 +211,7 @@ def argument_errors() -> dict:
         x = np.zeros(4)
         bad = [
             lambda: comm.Allgatherv(x, np.zeros(4 * n), [4] * (n + 1)),          # counts for n+1 ranks
-            lambda: comm.Allgatherv(x, np.zeros(4 * n), [5] * n),                # sendbuf disagrees with counts
+            lambda: comm.Allgatherv(x, np.zeros(4 * n), [5] * n),                # sendbuf disagrees
             lambda: comm.Allgatherv(x, np.zeros(3), [4] * n),                    # blocks beyond recvbuf
             lambda: comm.Alltoallv(x, [1] * n, None, np.zeros(n), [1] * n, [-1] * n),  # negative displ
             lambda: comm.Gather(x, np.zeros(1), root=n),                          # root out of range
@@ -287,14 +288,15 @@ def mpi_specs() -> dict:
             assert (gv[displs[r]:displs[r] + counts[r]] == r).all()
     # Scatterv, Allgatherv (nonblocking), Alltoallv
     sv = np.zeros(counts[me])
-    comm.Scatterv([np.arange(size, dtype="d"), (counts, displs), MPI.DOUBLE] if me == root else None, sv, root)
+    spec = [np.arange(size, dtype="d"), (counts, displs), MPI.DOUBLE]
+    comm.Scatterv(spec if me == root else None, sv, root)
     assert sv.tolist() == list(range(displs[me], displs[me] + counts[me]))
     av = np.full(size, -1, "q")
     comm.Iallgatherv(np.full(counts[me], me, "q"), [av, (counts, displs), MPI.LONG_LONG]).Wait()
     assert all((av[displs[r]:displs[r] + counts[r]] == r).all() for r in range(n))
     sc = [(me + q) % 3 for q in range(n)]
     rc = [(q + me) % 3 for q in range(n)]
-    sbuf = np.concatenate([np.full(sc[q], 10 * me + q, "i") for q in range(n)]) if sum(sc) else np.zeros(0, "i")
+    sbuf = np.concatenate([np.full(sc[q], 10 * me + q, "i") for q in range(n)])
     rbuf = np.zeros(sum(rc), "i")
     comm.Alltoallv([sbuf, sc], [rbuf, rc])
     assert rbuf.tolist() == [10 * q + me for q in range(n) for _ in range(rc[q])]

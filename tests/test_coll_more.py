@@ -21,7 +21,8 @@ BODY = "tests.bodies_coll_more:"
 COLLS = ["Gather", "Scatter", "Gatherv", "Scatterv", "Allgatherv", "Alltoallv", "Reduce_scatter", "Scan",
          "Exscan"]
 DTYPES = ["bool", "int8", "uint16", "int32", "int64", "float16", "float32", "float64", "complex64"]
-SMALL_CHUNKS = {"SHMPROXY_NET_CHUNK_SIZE": "64K", "SHMPROXY_COLL_CHUNK_SIZE": "4K", "SHMPROXY_COLL_MIN_CHUNK": "4K",
+SMALL_CHUNKS = {"SHMPROXY_NET_CHUNK_SIZE": "64K", "SHMPROXY_COLL_CHUNK_SIZE": "4K",
+                "SHMPROXY_COLL_MIN_CHUNK": "4K",
                 "SHMPROXY_COLL_INLINE_BYTES": "0"}
 
 
@@ -58,7 +59,8 @@ def case_strategy(draw, n: int) -> dict:
     coll = draw(st.sampled_from(COLLS))
     dtype = draw(st.sampled_from(DTYPES))
     c: dict = {"i": -1, "coll": coll, "dtype": dtype, "root": draw(st.integers(0, 7)),
-               "nb": draw(st.booleans()), "alloc": draw(st.booleans()), "seed": draw(st.integers(0, 2**32 - 1)),
+               "nb": draw(st.booleans()), "alloc": draw(st.booleans()),
+               "seed": draw(st.integers(0, 2**32 - 1)),
                "inplace": coll != "Alltoallv" and draw(st.booleans())}
     if coll in ("Gather", "Scatter", "Scan", "Exscan"):
         c["count"] = draw(_COUNT)
@@ -104,8 +106,8 @@ def every_collective(n: int) -> list[dict]:
     out = []
     for nb in (False, True):
         for coll in COLLS:
-            c: dict = {"coll": coll, "dtype": "float64" if coll in ("Scan", "Exscan") else "int32", "root": n - 1,
-                       "nb": nb, "alloc": False, "seed": 7, "inplace": nb and coll != "Alltoallv"}
+            dtype = "float64" if coll in ("Scan", "Exscan") else "int32"
+            c: dict = {"coll": coll, "dtype": dtype, "root": n - 1, "nb": nb, "alloc": False, "seed": 7, "inplace": nb and coll != "Alltoallv"}
             counts = [(2 * r + 3) * (r != 1) for r in range(n)]
             if coll in ("Gather", "Scatter", "Scan", "Exscan"):
                 c["count"] = 13

@@ -128,8 +128,8 @@ def check(coll: int, seq: int, items: list[tuple], seen: dict | None = None) -> 
             if key[0] == "m":
                 src, dst = key[1], key[2]
                 sent, expected = (was, value) if other == src else (value, was)
-                return (f"collective #{seq} {name}: counts disagree: rank {src} sends {sent} elements to rank "
-                        f"{dst}, which expects {expected} from it")
+                return (f"collective #{seq} {name}: counts disagree: rank {src} sends {sent} elements to "
+                        f"rank {dst}, which expects {expected} from it")
             return (f"collective #{seq} {name}: counts disagree: rank {other} says recvcounts[{key[1]}] is "
                     f"{was}, rank {rank} says {value}")
     return None

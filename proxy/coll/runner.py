@@ -46,7 +46,8 @@ _BLOCK_PER_RANK = frozenset((_ALLGATHER, _RSB, _ALLTOALL))  # a rank's buffer ho
 _WITH_REDOP = frozenset(map(int, (sched.Coll.REDUCE, sched.Coll.ALLREDUCE, sched.Coll.REDUCE_SCATTER_BLOCK)))
 _WITH_ROOT = frozenset(map(int, (sched.Coll.BCAST, sched.Coll.REDUCE, sched.Coll.GATHER, sched.Coll.SCATTER,
                                  sched.Coll.GATHERV, sched.Coll.SCATTERV)))
-_WITH_REDOP = _WITH_REDOP | frozenset(map(int, (sched.Coll.REDUCE_SCATTER, sched.Coll.SCAN, sched.Coll.EXSCAN)))
+_WITH_REDOP = _WITH_REDOP | frozenset(map(int, (sched.Coll.REDUCE_SCATTER, sched.Coll.SCAN,
+                                                sched.Coll.EXSCAN)))
 # Counts that differ per rank by design: not in the fingerprint (shmproxy.coll.counts checks them pairwise)
 _PER_RANK_COUNT = frozenset(map(int, (sched.Coll.GATHERV, sched.Coll.SCATTERV, sched.Coll.ALLGATHERV,
                                       sched.Coll.ALLTOALLV, sched.Coll.REDUCE_SCATTER)))

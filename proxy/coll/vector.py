@@ -112,7 +112,8 @@ def build(runner: Any, ops: list[Op], across: bool) -> tuple:
         for op, v in zip(ops, vs):
             full = reg(op, v.in_place)
             if full.count < total:
-                raise errors.InvalidArgument(f"{op.describe()}: {full.count} elements, the counts add up to {total}")
+                raise errors.InvalidArgument(f"{op.describe()}: {full.count} elements, the counts add up to "
+                                             f"{total}")
             if v.in_place:   # outputs overwrite inputs that other chunks still read: reduce from a copy
                 cp = np.frombuffer((ctypes.c_char * (total * isz)).from_address(full.addr), dtype=dt).copy() \
                     if total else np.empty(0, dt)
@@ -122,7 +123,8 @@ def build(runner: Any, ops: list[Op], across: bool) -> tuple:
                 ins.append(full.part(0, total))
             out = reg(op, True)
             if out.count < rc[op.rank]:
-                raise errors.InvalidArgument(f"{op.describe()}: recvbuf of {out.count} elements for {rc[op.rank]}")
+                raise errors.InvalidArgument(f"{op.describe()}: recvbuf of {out.count} elements for "
+                                             f"{rc[op.rank]}")
             outs.append(out)
         nchunks, make = reduce_scatter(ins, outs, ranks, rc, rd, op0.redop, per, node, nnodes, size, seq)
         return CollWork(ops, total * isz, [*pins.values(), *keep], now), make, nchunks, per * isz
@@ -135,7 +137,8 @@ def build(runner: Any, ops: list[Op], across: bool) -> tuple:
             if out.count < n or inp.count < n:
                 raise errors.InvalidArgument(f"{op.describe()}: buffers of fewer than {n} elements")
             ins_d[op.rank], outs_d[op.rank] = inp.part(0, n), out.part(0, n)
-        nchunks, make = scan(ins_d, outs_d, size, rank_node, node, op0.redop, per, n, dt, c == Coll.EXSCAN, seq)
+        nchunks, make = scan(ins_d, outs_d, size, rank_node, node, op0.redop, per, n, dt, c == Coll.EXSCAN,
+                             seq)
         return CollWork(ops, n * isz, list(pins.values()), now), make, nchunks, per * isz
     raise errors.InvalidArgument(f"unknown collective {c}")
 
@@ -151,8 +154,8 @@ def _plan_moves(c: int, ops: list[Op], vs: list[counts.View], root: int, size: i
 
     def at(region: Region, off: int, n: int, op: Op, what: str) -> int:
         if off + n > region.count:
-            raise errors.InvalidArgument(f"{op.describe()}: {what} block of {n} elements at {off} is outside its "
-                                         f"buffer of {region.count}")
+            raise errors.InvalidArgument(f"{op.describe()}: {what} block of {n} elements at {off} is outside "
+                                         f"its buffer of {region.count}")
         return region.addr + off * isz
 
     for op, v in zip(ops, vs):
@@ -175,7 +178,8 @@ def _plan_moves(c: int, ops: list[Op], vs: list[counts.View], root: int, size: i
     for op, v in zip(ops, vs):
         for r, off, n in counts.recvs(c, v, root, size):
             if n and r not in local_op:
-                incoming.append(((r, op.rank), rank_node[r], at(reg(op, True), off, n, op, "receive"), n * isz))
+                dst = at(reg(op, True), off, n, op, "receive")
+                incoming.append(((r, op.rank), rank_node[r], dst, n * isz))
     return local, outgoing, incoming, moved
 
 
@@ -205,8 +209,8 @@ def moves(local: list[tuple[int, int, int]], outgoing: list[tuple], incoming: li
     return nchunks, make
 
 
-def reduce_scatter(ins: list[Region], outs: list[Region], ranks: list[int], rc: list[int], rd: list[int], op: int,
-                   per: int, node: int, nnodes: int, world: int, seq: int):
+def reduce_scatter(ins: list[Region], outs: list[Region], ranks: list[int], rc: list[int], rd: list[int],
+                   op: int, per: int, node: int, nnodes: int, world: int, seq: int):
     """outs[q] = op over every rank's elements [rd[g], rd[g] + rc[g]) of the vector, g = ranks[q]; ``ins``
     are whole vectors, never the outputs' memory (an in-place caller passes copies)."""
     total = sum(rc)
@@ -239,7 +243,8 @@ def _combine_into(out: Region, a: Region, b: Region, op: int) -> Entry:
     red = _sum_for(op)
     code = native_code(red, out.dtype)
     if code:
-        return reduce_all(red, code, out.count, out.dtype.itemsize, [a.addr, b.addr], [out.addr], barrier=True)
+        return reduce_all(red, code, out.count, out.dtype.itemsize, [a.addr, b.addr], [out.addr],
+                          barrier=True)
     return reduce(UFUNCS[red], a, b, out, barrier=True)
 
 

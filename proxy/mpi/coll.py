@@ -99,7 +99,8 @@ class Collectives:
             return sb, rb, None, o
         counts = list(recvcounts) if not isinstance(recvcounts, (int, np.integer)) else None
         if counts is None or len(counts) != size:
-            raise error(ERR_COUNT, f"{name}: recvcounts must be a sequence of {size} counts, got {recvcounts!r}")
+            raise error(ERR_COUNT, f"{name}: recvcounts must be a sequence of {size} counts, got "
+                        f"{recvcounts!r}")
         return sb, rb, [int(c) for c in counts], o
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> None:
@@ -178,7 +179,8 @@ class Collectives:
     def _vector(self, spec: Any, what: str, writable: bool) -> tuple:
         """(array, counts, displs) of a vector spec; a plain buffer is ``size`` equal blocks."""
         size = self._c.size
-        if isinstance(spec, (list, tuple)) and len(spec) >= 2 and not isinstance(spec[1], (Datatype, str, int, np.integer)):
+        if isinstance(spec, (list, tuple)) and len(spec) >= 2 and \
+                not isinstance(spec[1], (Datatype, str, int, np.integer)):
             v = buffers.parse_v(spec, what, writable, size)
             return v.array, list(v.counts), list(v.displs)
         arr = _parse(spec, what, writable)
@@ -212,7 +214,8 @@ class Collectives:
         self._call(self._c.Scatterv, *self._scatterv_args("Scatterv", sendbuf, recvbuf, root))
 
     def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        return Request(self._call(self._c.Iscatterv, *self._scatterv_args("Iscatterv", sendbuf, recvbuf, root)))
+        args = self._scatterv_args("Iscatterv", sendbuf, recvbuf, root)
+        return Request(self._call(self._c.Iscatterv, *args))
 
     def _allgatherv_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
         sb = _parse(sendbuf, f"{name} sendbuf", False)
@@ -223,7 +226,8 @@ class Collectives:
         self._call(self._c.Allgatherv, *self._allgatherv_args("Allgatherv", sendbuf, recvbuf))
 
     def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:
-        return Request(self._call(self._c.Iallgatherv, *self._allgatherv_args("Iallgatherv", sendbuf, recvbuf)))
+        args = self._allgatherv_args("Iallgatherv", sendbuf, recvbuf)
+        return Request(self._call(self._c.Iallgatherv, *args))
 
     def _alltoallv_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
         if sendbuf is IN_PLACE:

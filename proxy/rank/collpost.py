@@ -67,7 +67,8 @@ def _ints(seq: Any, size: int, what: str) -> list[int]:
     return out
 
 
-def _vector(counts: Any, displs: Any, size: int, nelem: int, name: str, what: str) -> tuple[list[int], list[int]]:
+def _vector(counts: Any, displs: Any, size: int, nelem: int, name: str,
+            what: str) -> tuple[list[int], list[int]]:
     """Counts and displacements of ``size`` blocks in a buffer of ``nelem`` elements; displacements
     default to the blocks packed in rank order."""
     cs = _ints(counts, size, f"{name} {what}counts")
@@ -120,8 +121,8 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
     redop = 0
     if coll in _REDUCING:
         if not isinstance(op, (int, np.integer)) or isinstance(op, bool):
-            raise errors.InvalidArgument(f"{name}: op must be shmproxy.SUM, PROD, MIN, MAX or AVG, got {op!r} "
-                                         f"({type(op).__name__})")
+            raise errors.InvalidArgument(f"{name}: op must be shmproxy.SUM, PROD, MIN, MAX or AVG, got "
+                                         f"{op!r} ({type(op).__name__})")
         redop = int(op)
         sched.check_op(redop, dtype)
         if redop == ReduceOp.AVG and coll != C.REDUCE_SCATTER:
@@ -192,7 +193,8 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
         if scode and ssize != count:
             raise errors.InvalidArgument(f"{name}: sendbuf has {ssize} elements, recvbuf {rsize}")
     if count < 0:
-        raise errors.InvalidArgument(f"{name}: the buffer of {rsize or ssize} elements is not {size} equal blocks")
+        raise errors.InvalidArgument(f"{name}: the buffer of {rsize or ssize} elements is not {size} equal "
+                                     f"blocks")
     # Locate the buffers; the counts table and a staged send share one staging buffer.
     snb = sendbuf.nbytes if scode else 0
     rnb = recvbuf.nbytes if rcode else 0
@@ -245,8 +247,8 @@ def _emit(comm: Any, coll: int, code: int, redop: int, flags: int, root: int, me
     index = comm._free_records.pop() if comm._free_records else comm._take_record()
     pp = comm._pp
     pp.coll_seq += 1
-    seq = pp.write(index, slot, KIND_COLL, code, redop, flags, root, meta, send_loc[0], send_loc[1], snb, count,
-                   recv_loc[0], recv_loc[1], rnb, pp.coll_seq, coll, 0)
+    seq = pp.write(index, slot, KIND_COLL, code, redop, flags, root, meta, send_loc[0], send_loc[1], snb,
+                   count, recv_loc[0], recv_loc[1], rnb, pp.coll_seq, coll, 0)
     req = Request(comm, slot, seq, KIND_COLL, root, coll, max(snb, rnb), keep, recv_loc[2], recv_loc[3], pp)
     if aux is not None or recv_loc[2] is not None:
         req._extra = (aux, rnb)

@@ -165,7 +165,8 @@ class Comm(Lifecycle, Posting, Waiting):
 
     def Igatherv(self, sendbuf: Any, recvbuf: np.ndarray | None, recvcounts: Any = None, displs: Any = None,
                  root: int = 0) -> Request:
-        return collpost.post(self, Coll.GATHERV, sendbuf, recvbuf, root=root, rcounts=recvcounts, rdispls=displs)
+        return collpost.post(self, Coll.GATHERV, sendbuf, recvbuf, root=root, rcounts=recvcounts,
+                             rdispls=displs)
 
     def Gatherv(self, sendbuf: Any, recvbuf: np.ndarray | None, recvcounts: Any = None, displs: Any = None,
                 root: int = 0) -> None:
@@ -174,7 +175,8 @@ class Comm(Lifecycle, Posting, Waiting):
 
     def Iscatterv(self, sendbuf: np.ndarray | None, recvbuf: Any, sendcounts: Any = None, displs: Any = None,
                   root: int = 0) -> Request:
-        return collpost.post(self, Coll.SCATTERV, sendbuf, recvbuf, root=root, scounts=sendcounts, sdispls=displs)
+        return collpost.post(self, Coll.SCATTERV, sendbuf, recvbuf, root=root, scounts=sendcounts,
+                             sdispls=displs)
 
     def Scatterv(self, sendbuf: np.ndarray | None, recvbuf: Any, sendcounts: Any = None, displs: Any = None,
                  root: int = 0) -> None:
@@ -188,13 +190,13 @@ class Comm(Lifecycle, Posting, Waiting):
         """Every rank's recvbuf[displs[r]:displs[r] + recvcounts[r]] = rank r's sendbuf."""
         self.Iallgatherv(sendbuf, recvbuf, recvcounts, displs).Wait()
 
-    def Ialltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray, recvcounts: Any,
-                   rdispls: Any) -> Request:
+    def Ialltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray,
+                   recvcounts: Any, rdispls: Any) -> Request:
         return collpost.post(self, Coll.ALLTOALLV, sendbuf, recvbuf, scounts=sendcounts, sdispls=sdispls,
                              rcounts=recvcounts, rdispls=rdispls)
 
-    def Alltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray, recvcounts: Any,
-                  rdispls: Any) -> None:
+    def Alltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray,
+                  recvcounts: Any, rdispls: Any) -> None:
         """Rank q's block r of recvbuf (recvcounts[r] at rdispls[r]) = rank r's block q of sendbuf
         (sendcounts[q] at sdispls[q]); displacements may be None (packed)."""
         self.Ialltoallv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls).Wait()

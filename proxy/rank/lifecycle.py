@@ -28,8 +28,8 @@ from shmproxy.engine import affinity
 from shmproxy.control import bootstrap, netif, rendezvous
 from shmproxy.core import errors, log, params as params_mod
 from shmproxy.rank.buffers import Registry, StagingCache
-from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE,
-                               KIND_COLL, KIND_RECV, KIND_SEND, Coll)
+from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
+                               IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND, Coll)
 from shmproxy.control.protocol import MsgType
 from shmproxy.rank.request import Request
 from shmproxy.control.client import ServiceClient

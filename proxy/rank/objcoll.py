@@ -11,8 +11,8 @@ import functools
 from typing import Any, Callable
 
 from shmproxy.core import errors
-from shmproxy.rank.objects import (OBJ_COLL_TAG, OP_ALLTOALL, OP_EXSCAN, OP_REDUCE, OP_SCAN, OP_SCATTER, _bcast_in,
-                                   _collect, _contribution, _dumps, _gather, _Out, _post_send)
+from shmproxy.rank.objects import (OBJ_COLL_TAG, OP_ALLTOALL, OP_EXSCAN, OP_REDUCE, OP_SCAN, OP_SCATTER,
+                                   _bcast_in, _collect, _contribution, _dumps, _gather, _Out, _post_send)
 from shmproxy.rank.objstate import _complete_sends, _enter, _next_seq, _peer, _public, _reducer
 
 __all__ = ["scatter", "alltoall", "reduce", "scan", "exscan"]
@@ -39,7 +39,8 @@ def _results_out(comm: Any, root: int, results: list[Any] | None, first: BaseExc
             if peer != root:
                 outs[peer], err = _contribution(comm, results[peer], f"{what} (the result for rank {peer})")
                 if err is not None:
-                    first, text = err, f"rank {root} cannot pickle the result for rank {peer}: {err.__cause__}"
+                    first = err
+                    text = f"rank {root} cannot pickle the result for rank {peer}: {err.__cause__}"
                     break
     if first is not None:
         outs = {peer: _Out.error(text) for peer in range(comm.size) if peer != root}
