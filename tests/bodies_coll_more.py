@@ -182,8 +182,10 @@ def run_case(comm: Any, c: dict) -> list[str]:
             got, exp = recv[:k], exp[:k]
         else:
             got = recv
+        # Bit-identical where the order is the rank order everywhere (Scan, Exscan, data movement);
+        # Reduce_scatter across nodes combines per-node partials (the sign of a zero product may differ).
         ok = (np.allclose(got, exp) if c.get("op") == "AVG" else
-              np.array_equal(got, exp) and got.tobytes() == exp.tobytes())
+              np.array_equal(got, exp) and (coll == "Reduce_scatter" or got.tobytes() == exp.tobytes()))
         if not ok:
             fails.append(f"case {c['i']} rank {me}: got {got[:12]!r}... expected {exp[:12]!r}...: {c}")
     return fails

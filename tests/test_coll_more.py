@@ -125,6 +125,21 @@ def every_collective(n: int) -> list[dict]:
             if coll in ("Reduce_scatter", "Scan", "Exscan"):
                 c["op"] = "SUM"
             out.append(c)
+    # Blocks over several chunks (NET_CHUNK_SIZE between nodes, the copy workers within one).
+    big = [20011 + 3 * r for r in range(n)]
+    out.append({"coll": "Allgatherv", "dtype": "float64", "root": 0, "nb": True, "alloc": True, "seed": 3,
+                "inplace": False, "counts": big, "displs": [sum(big[:r]) for r in range(n)], "bufsize": sum(big)})
+    mat = [[5003 * ((r + q) % 3) for q in range(n)] for r in range(n)]
+    out.append({"coll": "Alltoallv", "dtype": "int64", "root": 0, "nb": False, "alloc": False, "seed": 4,
+                "inplace": False, "mat": mat, "sd": [[sum(mat[r][:q]) for q in range(n)] for r in range(n)],
+                "sbuf": [sum(mat[r]) for r in range(n)],
+                "rd": [[sum(mat[x][r] for x in range(q)) for q in range(n)] for r in range(n)],
+                "rbuf": [sum(mat[q][r] for q in range(n)) for r in range(n)]})
+    for coll in ("Scan", "Exscan"):
+        out.append({"coll": coll, "dtype": "float32", "root": 0, "nb": False, "alloc": False, "seed": 5,
+                    "inplace": True, "count": 70001, "op": "SUM"})
+    out.append({"coll": "Reduce_scatter", "dtype": "float64", "root": 0, "nb": True, "alloc": False, "seed": 6,
+                "inplace": False, "counts": big, "pad": 0, "op": "MAX"})
     return out
 
 
