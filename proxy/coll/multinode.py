@@ -20,27 +20,34 @@ import time
 
 import numpy as np
 
-from shmproxy.coll import hierarchy
+from shmproxy.coll import counts, hierarchy, vector
 from shmproxy.coll.sched import Region
 from shmproxy.core import errors, log
-from shmproxy.core.ops import CODE_DTYPE, FLAG_IN_PLACE, Coll, Op
+from shmproxy.core.ops import CODE_DTYPE, COLL_LAST_NATIVE, FLAG_IN_PLACE, Coll, Op
 from shmproxy.engine.args import CollWork
 
 _log = log.get("COLL")
 
 
 NOTE_FINGERPRINT = 1
+NOTE_MAX = 8000   # below the transports' largest control payload
 
 
 class MultiNodeColl:
     def start_coll_nodes(self, ops: list[Op]) -> None:
         op0 = ops[0]
         fp = self.fingerprint(op0)
+        # The v-collectives' counts: what this node's ranks say must agree with the other nodes' ranks
+        # (counts.claims), compared on node 0 with the fingerprints.
+        claims = vector.claims_of(self, ops, self.size) if op0.coll > COLL_LAST_NATIVE else []
         if self.node == 0:
-            self.fingerprint_seen(op0.coll_seq, 0, op0.rank, fp)
+            self.fingerprint_seen(op0.coll_seq, 0, op0.rank, fp, claims)
         else:
+            payload = json.dumps([op0.rank, list(fp), claims]).encode()
+            if len(payload) > NOTE_MAX:   # too many to note: a size mismatch is still refused where it lands
+                payload = json.dumps([op0.rank, list(fp), []]).encode()
             self.net.proxy_note(self.ctx, 0, NOTE_FINGERPRINT, op0.coll_seq,  # type: ignore[union-attr,misc]
-                                json.dumps([op0.rank, list(fp)]).encode())
+                                payload)
         try:
             work, builder, nchunks, chunk_bytes = self.build_coll_nodes(ops)
         except errors.ProxyError as exc:
@@ -58,15 +65,23 @@ class MultiNodeColl:
             self.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
             return
         try:
-            rank, fp = json.loads(payload)
+            rank, fp, claims = json.loads(payload)
             fp = tuple(int(x) for x in fp)
+            claims = [(tuple(key), int(r), int(n)) for key, r, n in claims]
         except (ValueError, TypeError) as exc:
             self.fail(errors.InternalError.code, f"malformed fingerprint note from node {node}: {exc!r}")
             return
-        self.fingerprint_seen(value, node, int(rank), fp)
+        self.fingerprint_seen(value, node, int(rank), fp, claims)
 
-    def fingerprint_seen(self, seq: int, node: int, rank: int, fp: tuple) -> None:
-        """Node 0: compare every node's fingerprint of collective ``seq`` with the first one seen."""
+    def fingerprint_seen(self, seq: int, node: int, rank: int, fp: tuple, claims: list | None = None) -> None:
+        """Node 0: compare every node's fingerprint of collective ``seq`` with the first one seen, and
+        the counts its ranks claim with the other nodes' (the v-collectives)."""
+        if claims:
+            seen_claims = self.__dict__.setdefault("_claims_seen", {}).setdefault(seq, {})
+            msg = counts.check(fp[0], seq, claims, seen_claims)
+            if msg is not None:
+                self.fail(errors.InvalidUsage.code, msg)
+                return
         seen = self.fingerprints.setdefault(seq, [])
         for other_node, other_rank, other_fp in seen[:1]:
             if other_fp != fp:
@@ -78,10 +93,13 @@ class MultiNodeColl:
         seen.append((node, rank, fp))
         if len(seen) == self.nodes.nnodes:
             del self.fingerprints[seq]
+            self.__dict__.get("_claims_seen", {}).pop(seq, None)
 
     def build_coll_nodes(self, ops: list[Op]) -> tuple:
         op0 = ops[0]
         c, n = op0.coll, op0.count
+        if c > COLL_LAST_NATIVE:
+            return vector.build(self, ops, across=True)
         nodes, node = self.nodes, self.node
         nnodes, total = nodes.nnodes, self.size
         key = op0.coll_seq

@@ -25,11 +25,11 @@ import time
 from typing import Any
 
 
-from shmproxy.coll import algorithms, sched
+from shmproxy.coll import algorithms, sched, vector
 from shmproxy.coll.sched import Region
 from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind
-from shmproxy.core.ops import CODE_DTYPE, FLAG_IN_PLACE, Coll, Op
+from shmproxy.core.ops import CODE_DTYPE, COLL_LAST_NATIVE, FLAG_IN_PLACE, Coll, Op
 from shmproxy.engine.args import CollWork
 from shmproxy.shm import _native, _reduce, pool as P
 from shmproxy.shm.segment import MemfdBuffer
@@ -44,7 +44,14 @@ _ALLGATHER, _RSB, _ALLTOALL = (int(sched.Coll.ALLGATHER), int(sched.Coll.REDUCE_
                                int(sched.Coll.ALLTOALL))
 _BLOCK_PER_RANK = frozenset((_ALLGATHER, _RSB, _ALLTOALL))  # a rank's buffer holds one block per rank
 _WITH_REDOP = frozenset(map(int, (sched.Coll.REDUCE, sched.Coll.ALLREDUCE, sched.Coll.REDUCE_SCATTER_BLOCK)))
-_WITH_ROOT = frozenset(map(int, (sched.Coll.BCAST, sched.Coll.REDUCE)))
+_WITH_ROOT = frozenset(map(int, (sched.Coll.BCAST, sched.Coll.REDUCE, sched.Coll.GATHER, sched.Coll.SCATTER,
+                                 sched.Coll.GATHERV, sched.Coll.SCATTERV)))
+_WITH_REDOP = _WITH_REDOP | frozenset(map(int, (sched.Coll.REDUCE_SCATTER, sched.Coll.SCAN,
+                                                sched.Coll.EXSCAN)))
+# Counts that differ per rank by design: not in the fingerprint (shmproxy.coll.counts checks them pairwise)
+_PER_RANK_COUNT = frozenset(map(int, (sched.Coll.GATHERV, sched.Coll.SCATTERV, sched.Coll.ALLGATHERV,
+                                      sched.Coll.ALLTOALLV, sched.Coll.REDUCE_SCATTER)))
+_LAST_NATIVE = int(COLL_LAST_NATIVE)
 _ITEMSIZE = {code: dt.itemsize for code, dt in CODE_DTYPE.items()}
 
 
@@ -68,12 +75,15 @@ class CollRunner:
         c = op.coll
         if c == _BARRIER:
             return (c, 0, 0, 0, -1)
-        return (c, op.dtype, op.count, op.redop if c in _WITH_REDOP else 0, op.peer if c in _WITH_ROOT else -1)
+        return (c, op.dtype, 0 if c in _PER_RANK_COUNT else op.count, op.redop if c in _WITH_REDOP else 0,
+                op.peer if c in _WITH_ROOT else -1)
 
     @staticmethod
     def describe_fingerprint(fp: tuple) -> str:
         c, dtype, count, redop, root = fp
-        parts = [CODE_DTYPE[dtype].name if dtype in CODE_DTYPE else f"dtype {dtype}", f"count {count}"]
+        parts = [CODE_DTYPE[dtype].name if dtype in CODE_DTYPE else f"dtype {dtype}"]
+        if c not in _PER_RANK_COUNT:
+            parts.append(f"count {count}")
         if redop:
             parts.append(sched.REDUCE_OP_NAMES.get(redop, str(redop)))
         if root >= 0:
@@ -82,7 +92,8 @@ class CollRunner:
 
     def start_coll(self, ops: list[Op]) -> None:
         fingerprint = self.fingerprint
-        first = fingerprint(ops[0])
+        op0 = ops[0]
+        first = fingerprint(op0)
         for other in ops[1:]:
             fp = fingerprint(other)
             if fp != first:
@@ -98,6 +109,8 @@ class CollRunner:
                 return
             from shmproxy.coll import gpu
             gpu.start_device_coll(self, ops)
+            return
+        if op0.coll > _LAST_NATIVE and not vector.check(self, ops, self.size):
             return
         if self.nodes.nnodes > 1:
             self.start_coll_nodes(ops)
@@ -122,8 +135,9 @@ class CollRunner:
                     pass
             self.finish_coll(work)
             return
-        op0 = ops[0]
-        if sched.written_bytes(op0.coll, op0.count, _ITEMSIZE.get(op0.dtype, 1), len(ops)) > self.streaming_min:
+        written = (work.nbytes if op0.coll > _LAST_NATIVE else
+                   sched.written_bytes(op0.coll, op0.count, _ITEMSIZE.get(op0.dtype, 1), len(ops)))
+        if written > self.streaming_min:
             builder = sched.streaming_schedules(builder)
             work.streaming = True
         self.run_schedules(work, builder, nchunks, chunk_bytes)
@@ -166,6 +180,8 @@ class CollRunner:
             self.complete_coll(ops, 0)
             self._profile_coll(ops, 0)
             return True
+        if c > _LAST_NATIVE:   # shmproxy.coll.vector's: schedules only
+            return False
         size, n, itemsize = len(ops), op0.count, _ITEMSIZE.get(op0.dtype, 0)
         blk = n * itemsize
         nbytes = blk * size if c in _BLOCK_PER_RANK else blk
@@ -259,6 +275,8 @@ class CollRunner:
         """The regions of every rank's buffers and the chunk-schedule builder of one collective."""
         op0 = ops[0]
         c, n, size = op0.coll, op0.count, len(ops)
+        if c > _LAST_NATIVE:
+            return vector.build(self, ops, across=False)
         dt = CODE_DTYPE.get(op0.dtype)
         itemsize = dt.itemsize if dt is not None else 1
         # COLL_CHUNK_SIZE, or less when that would leave copy workers idle (a 2 MiB Allreduce in

@@ -57,11 +57,29 @@ class Coll(IntEnum):
     ALLGATHER = 5
     REDUCE_SCATTER_BLOCK = 6
     ALLTOALL = 7
+    # Past ALLTOALL: posted by the Python path only (shm/_poster.c's fast path stops at ALLTOALL).
+    GATHER = 8
+    SCATTER = 9
+    GATHERV = 10
+    SCATTERV = 11
+    ALLGATHERV = 12
+    ALLTOALLV = 13
+    REDUCE_SCATTER = 14
+    SCAN = 15
+    EXSCAN = 16
 
 
 COLL_NAMES = {Coll.BARRIER: "Barrier", Coll.BCAST: "Bcast", Coll.REDUCE: "Reduce", Coll.ALLREDUCE: "Allreduce",
               Coll.ALLGATHER: "Allgather", Coll.REDUCE_SCATTER_BLOCK: "Reduce_scatter_block",
-              Coll.ALLTOALL: "Alltoall"}
+              Coll.ALLTOALL: "Alltoall", Coll.GATHER: "Gather", Coll.SCATTER: "Scatter",
+              Coll.GATHERV: "Gatherv", Coll.SCATTERV: "Scatterv", Coll.ALLGATHERV: "Allgatherv", Coll.ALLTOALLV: "Alltoallv",
+              Coll.REDUCE_SCATTER: "Reduce_scatter", Coll.SCAN: "Scan", Coll.EXSCAN: "Exscan"}
+# The last collective the C post path (shm/_poster.h) knows.
+COLL_LAST_NATIVE = Coll.ALLTOALL
+# Collectives whose per-rank counts and displacements travel in a counts table beside the record
+# (its buffer id in the record's tag word: shmproxy.coll.counts).
+COLL_WITH_COUNTS = frozenset((Coll.GATHERV, Coll.SCATTERV, Coll.ALLGATHERV, Coll.ALLTOALLV,
+                              Coll.REDUCE_SCATTER))
 
 
 class ReduceOp(IntEnum):

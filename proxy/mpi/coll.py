@@ -1,26 +1,30 @@
 """The buffer collectives of MPI.Comm under mpi4py's names and signatures (a mixin of comm.Comm).
 
 Each one the engine runs natively (Barrier, Bcast, Reduce, Allreduce, Allgather, Alltoall,
-Reduce_scatter_block and their nonblocking forms) parses its buffer specs (a count in a spec is per
-rank, as MPI's recvcount) and calls the native collective. Reduce_scatter with equal counts is
-Reduce_scatter_block. The collectives the engine lacks (Gather, Scatter, the v- and w-variants,
-Scan, Exscan, neighbour collectives) raise NotImplementedError naming themselves: they are not
-emulated with point-to-point here, they belong in the engine.
+Reduce_scatter_block, Reduce_scatter with counts, Gather, Scatter, Gatherv, Scatterv, Allgatherv,
+Alltoallv, Scan, Exscan and their nonblocking forms) parses its buffer specs (a count in a spec is per
+rank, as MPI's recvcount; a vector spec [buf, (counts, displs), datatype] gives each rank's block) and
+calls the native collective. Arguments only the root reads are parsed on the root only. The
+collectives the engine lacks (Alltoallw, neighbour collectives) raise NotImplementedError naming
+themselves: they are not emulated with point-to-point here, they belong in the engine.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from shmproxy.core import errors
 from shmproxy.core.ops import IN_PLACE
 from shmproxy.mpi import buffers
+from shmproxy.mpi.datatypes import Datatype
 from shmproxy.mpi.exceptions import ERR_COUNT, convert, error, unsupported
 from shmproxy.mpi.ops import SUM, as_op
 from shmproxy.mpi.request import Request
 
 _parse = buffers.parse
 _MISSING = "the engine has no such collective yet (it runs Barrier, Bcast, Reduce, Allreduce, Allgather, " \
-           "Alltoall and Reduce_scatter_block)"
+           "Alltoall, Reduce_scatter(_block), Gather(v), Scatter(v), Allgatherv, Alltoallv, Scan and Exscan)"
 
 
 class Collectives:
@@ -86,26 +90,42 @@ class Collectives:
         sb, rb, o = self._rsb_args("Ireduce_scatter_block", sendbuf, recvbuf, op)
         return Request(self._call(self._c.Ireduce_scatter_block, sb, rb, o))
 
-    def _equal_counts(self, name: str, recvbuf: Any, recvcounts: Any) -> Any:
-        """Reduce_scatter's recvbuf as a per-rank block, provided every rank gets the same count."""
+    def _rs_args(self, name: str, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> tuple:
+        o = as_op(op, name).for_buffers(name)
         size = self._c.size
-        if recvcounts is None:
-            return recvbuf
-        counts = [int(c) for c in recvcounts]
-        if len(counts) != size:
-            raise error(ERR_COUNT, f"{name}: {len(counts)} recvcounts for {size} ranks")
-        if len(set(counts)) > 1:
-            unsupported(f"{name} with unequal recvcounts", _MISSING)
+        sb = _parse(sendbuf, f"{name} sendbuf", False)
         rb = _parse(recvbuf, f"{name} recvbuf", True)
-        return rb if rb is IN_PLACE or rb is None else rb[:counts[0] if counts else 0]
+        if recvcounts is None:
+            return sb, rb, None, o
+        counts = list(recvcounts) if not isinstance(recvcounts, (int, np.integer)) else None
+        if counts is None or len(counts) != size:
+            raise error(ERR_COUNT, f"{name}: recvcounts must be a sequence of {size} counts, got "
+                        f"{recvcounts!r}")
+        return sb, rb, [int(c) for c in counts], o
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> None:
-        """Equal recvcounts (or none: the recvbuf's size) only: that is Reduce_scatter_block."""
-        self.Reduce_scatter_block(sendbuf, self._equal_counts("Reduce_scatter", recvbuf, recvcounts), op)
+        """recvcounts, when given, are every rank's block of the vector (packed in rank order)."""
+        self._call(self._c.Reduce_scatter, *self._rs_args("Reduce_scatter", sendbuf, recvbuf, recvcounts, op))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> Request:
-        rb = self._equal_counts("Ireduce_scatter", recvbuf, recvcounts)
-        return self.Ireduce_scatter_block(sendbuf, rb, op)
+        args = self._rs_args("Ireduce_scatter", sendbuf, recvbuf, recvcounts, op)
+        return Request(self._call(self._c.Ireduce_scatter, *args))
+
+    def _scan_args(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
+        o = as_op(op, name).for_buffers(name)
+        return _parse(sendbuf, f"{name} sendbuf", False), _parse(recvbuf, f"{name} recvbuf", True), o
+
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
+        self._call(self._c.Scan, *self._scan_args("Scan", sendbuf, recvbuf, op))
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
+        return Request(self._call(self._c.Iscan, *self._scan_args("Iscan", sendbuf, recvbuf, op)))
+
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
+        self._call(self._c.Exscan, *self._scan_args("Exscan", sendbuf, recvbuf, op))
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
+        return Request(self._call(self._c.Iexscan, *self._scan_args("Iexscan", sendbuf, recvbuf, op)))
 
     # ---- data movement
     def _ag_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
@@ -131,63 +151,106 @@ class Collectives:
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
         return Request(self._call(self._c.Ialltoall, *self._a2a_args("Ialltoall", sendbuf, recvbuf)))
 
+    # ---- rooted and vector collectives
+    def _rooted(self, root: int) -> bool:
+        return self._c.rank == root
+
+    def _gather_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        sb = _parse(sendbuf, f"{name} sendbuf", False)
+        rb = _parse(recvbuf, f"{name} recvbuf", True, blocks=self._c.size) if self._rooted(root) else None
+        return sb, rb, root
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        self._call(self._c.Gather, *self._gather_args("Gather", sendbuf, recvbuf, root))
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        return Request(self._call(self._c.Igather, *self._gather_args("Igather", sendbuf, recvbuf, root)))
+
+    def _scatter_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        sb = _parse(sendbuf, f"{name} sendbuf", False, blocks=self._c.size) if self._rooted(root) else None
+        return sb, _parse(recvbuf, f"{name} recvbuf", True), root
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        self._call(self._c.Scatter, *self._scatter_args("Scatter", sendbuf, recvbuf, root))
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        return Request(self._call(self._c.Iscatter, *self._scatter_args("Iscatter", sendbuf, recvbuf, root)))
+
+    def _vector(self, spec: Any, what: str, writable: bool) -> tuple:
+        """(array, counts, displs) of a vector spec; a plain buffer is ``size`` equal blocks."""
+        size = self._c.size
+        if isinstance(spec, (list, tuple)) and len(spec) >= 2 and \
+                not isinstance(spec[1], (Datatype, str, int, np.integer)):
+            v = buffers.parse_v(spec, what, writable, size)
+            return v.array, list(v.counts), list(v.displs)
+        arr = _parse(spec, what, writable)
+        if arr.size % size:
+            raise error(ERR_COUNT, f"{what}: {arr.size} elements are not {size} equal blocks: pass "
+                        f"[buf, (counts, displs), datatype]")
+        k = arr.size // size
+        return arr, [k] * size, [k * r for r in range(size)]
+
+    def _gatherv_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        sb = _parse(sendbuf, f"{name} sendbuf", False)
+        if self._rooted(root):
+            rb, counts, displs = self._vector(recvbuf, f"{name} recvbuf", True)
+            return sb, rb, counts, displs, root
+        return sb, None, None, None, root
+
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        self._call(self._c.Gatherv, *self._gatherv_args("Gatherv", sendbuf, recvbuf, root))
+
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        return Request(self._call(self._c.Igatherv, *self._gatherv_args("Igatherv", sendbuf, recvbuf, root)))
+
+    def _scatterv_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        rb = _parse(recvbuf, f"{name} recvbuf", True)
+        if self._rooted(root):
+            sb, counts, displs = self._vector(sendbuf, f"{name} sendbuf", False)
+            return sb, rb, counts, displs, root
+        return None, rb, None, None, root
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        self._call(self._c.Scatterv, *self._scatterv_args("Scatterv", sendbuf, recvbuf, root))
+
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        args = self._scatterv_args("Iscatterv", sendbuf, recvbuf, root)
+        return Request(self._call(self._c.Iscatterv, *args))
+
+    def _allgatherv_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
+        sb = _parse(sendbuf, f"{name} sendbuf", False)
+        rb, counts, displs = self._vector(recvbuf, f"{name} recvbuf", True)
+        return sb, rb, counts, displs
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
+        self._call(self._c.Allgatherv, *self._allgatherv_args("Allgatherv", sendbuf, recvbuf))
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:
+        args = self._allgatherv_args("Iallgatherv", sendbuf, recvbuf)
+        return Request(self._call(self._c.Iallgatherv, *args))
+
+    def _alltoallv_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
+        if sendbuf is IN_PLACE:
+            unsupported(f"{name} with IN_PLACE", "the engine's Alltoallv needs separate buffers")
+        sb, sc, sd = self._vector(sendbuf, f"{name} sendbuf", False)
+        rb, rc, rd = self._vector(recvbuf, f"{name} recvbuf", True)
+        return sb, sc, sd, rb, rc, rd
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        self._call(self._c.Alltoallv, *self._alltoallv_args("Alltoallv", sendbuf, recvbuf))
+
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:
+        return Request(self._call(self._c.Ialltoallv, *self._alltoallv_args("Ialltoallv", sendbuf, recvbuf)))
+
     # ---- what the engine lacks
     def _missing(self, name: str) -> Any:
         unsupported(f"Comm.{name}", _MISSING)
-
-    def Gather(self, *a: Any, **k: Any) -> None:
-        self._missing("Gather")
-
-    def Igather(self, *a: Any, **k: Any) -> Request:
-        return self._missing("Igather")
-
-    def Gatherv(self, *a: Any, **k: Any) -> None:
-        self._missing("Gatherv")
-
-    def Igatherv(self, *a: Any, **k: Any) -> Request:
-        return self._missing("Igatherv")
-
-    def Scatter(self, *a: Any, **k: Any) -> None:
-        self._missing("Scatter")
-
-    def Iscatter(self, *a: Any, **k: Any) -> Request:
-        return self._missing("Iscatter")
-
-    def Scatterv(self, *a: Any, **k: Any) -> None:
-        self._missing("Scatterv")
-
-    def Iscatterv(self, *a: Any, **k: Any) -> Request:
-        return self._missing("Iscatterv")
-
-    def Allgatherv(self, *a: Any, **k: Any) -> None:
-        self._missing("Allgatherv")
-
-    def Iallgatherv(self, *a: Any, **k: Any) -> Request:
-        return self._missing("Iallgatherv")
-
-    def Alltoallv(self, *a: Any, **k: Any) -> None:
-        self._missing("Alltoallv")
-
-    def Ialltoallv(self, *a: Any, **k: Any) -> Request:
-        return self._missing("Ialltoallv")
 
     def Alltoallw(self, *a: Any, **k: Any) -> None:
         self._missing("Alltoallw")
 
     def Ialltoallw(self, *a: Any, **k: Any) -> Request:
         return self._missing("Ialltoallw")
-
-    def Scan(self, *a: Any, **k: Any) -> None:
-        self._missing("Scan")
-
-    def Iscan(self, *a: Any, **k: Any) -> Request:
-        return self._missing("Iscan")
-
-    def Exscan(self, *a: Any, **k: Any) -> None:
-        self._missing("Exscan")
-
-    def Iexscan(self, *a: Any, **k: Any) -> Request:
-        return self._missing("Iexscan")
 
     def Neighbor_allgather(self, *a: Any, **k: Any) -> None:
         self._missing("Neighbor_allgather")

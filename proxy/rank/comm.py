@@ -29,7 +29,7 @@ import numpy as np
 
 from shmproxy.control import bootstrap
 from shmproxy.core import errors, log, params as params_mod
-from shmproxy.rank import objects, splitting
+from shmproxy.rank import collpost, objcoll, objects, splitting
 from shmproxy.core.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll, ReduceOp
 # _DTYPES and _probes: what a Poster is built with (tests build one from this module's names).
 from shmproxy.rank.lifecycle import Lifecycle, _DTYPES, _probes  # noqa: F401
@@ -146,6 +146,85 @@ class Comm(Lifecycle, Posting, Waiting):
         """Block r of rank q's recvbuf = block q of rank r's sendbuf."""
         self.Ialltoall(sendbuf, recvbuf).Wait()
 
+    # Collectives past the C post path (shmproxy.rank.collpost posts them; the progress process runs
+    # them). Counts and displacements are sequences of ints, in elements; displacements default to
+    # the blocks packed in rank order. Arguments only the root reads may be None elsewhere.
+    def Igather(self, sendbuf: Any, recvbuf: np.ndarray | None, root: int = 0) -> Request:
+        return collpost.post(self, Coll.GATHER, sendbuf, recvbuf, root=root)
+
+    def Gather(self, sendbuf: Any, recvbuf: np.ndarray | None, root: int = 0) -> None:
+        """Block r of the root's recvbuf = rank r's sendbuf (IN_PLACE on the root: its block is there)."""
+        self.Igather(sendbuf, recvbuf, root).Wait()
+
+    def Iscatter(self, sendbuf: np.ndarray | None, recvbuf: Any, root: int = 0) -> Request:
+        return collpost.post(self, Coll.SCATTER, sendbuf, recvbuf, root=root)
+
+    def Scatter(self, sendbuf: np.ndarray | None, recvbuf: Any, root: int = 0) -> None:
+        """Rank r's recvbuf = block r of the root's sendbuf (recvbuf IN_PLACE on the root: kept)."""
+        self.Iscatter(sendbuf, recvbuf, root).Wait()
+
+    def Igatherv(self, sendbuf: Any, recvbuf: np.ndarray | None, recvcounts: Any = None, displs: Any = None,
+                 root: int = 0) -> Request:
+        return collpost.post(self, Coll.GATHERV, sendbuf, recvbuf, root=root, rcounts=recvcounts,
+                             rdispls=displs)
+
+    def Gatherv(self, sendbuf: Any, recvbuf: np.ndarray | None, recvcounts: Any = None, displs: Any = None,
+                root: int = 0) -> None:
+        """The root's recvbuf[displs[r]:displs[r] + recvcounts[r]] = rank r's sendbuf."""
+        self.Igatherv(sendbuf, recvbuf, recvcounts, displs, root).Wait()
+
+    def Iscatterv(self, sendbuf: np.ndarray | None, recvbuf: Any, sendcounts: Any = None, displs: Any = None,
+                  root: int = 0) -> Request:
+        return collpost.post(self, Coll.SCATTERV, sendbuf, recvbuf, root=root, scounts=sendcounts,
+                             sdispls=displs)
+
+    def Scatterv(self, sendbuf: np.ndarray | None, recvbuf: Any, sendcounts: Any = None, displs: Any = None,
+                 root: int = 0) -> None:
+        """Rank r's recvbuf = the root's sendbuf[displs[r]:displs[r] + sendcounts[r]]."""
+        self.Iscatterv(sendbuf, recvbuf, sendcounts, displs, root).Wait()
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any, displs: Any = None) -> Request:
+        return collpost.post(self, Coll.ALLGATHERV, sendbuf, recvbuf, rcounts=recvcounts, rdispls=displs)
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any, displs: Any = None) -> None:
+        """Every rank's recvbuf[displs[r]:displs[r] + recvcounts[r]] = rank r's sendbuf."""
+        self.Iallgatherv(sendbuf, recvbuf, recvcounts, displs).Wait()
+
+    def Ialltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray,
+                   recvcounts: Any, rdispls: Any) -> Request:
+        return collpost.post(self, Coll.ALLTOALLV, sendbuf, recvbuf, scounts=sendcounts, sdispls=sdispls,
+                             rcounts=recvcounts, rdispls=rdispls)
+
+    def Alltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray,
+                  recvcounts: Any, rdispls: Any) -> None:
+        """Rank q's block r of recvbuf (recvcounts[r] at rdispls[r]) = rank r's block q of sendbuf
+        (sendcounts[q] at sdispls[q]); displacements may be None (packed)."""
+        self.Ialltoallv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls).Wait()
+
+    def Ireduce_scatter(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any = None,
+                        op: Any = ReduceOp.SUM) -> Request:
+        return collpost.post(self, Coll.REDUCE_SCATTER, sendbuf, recvbuf, op=op, rcounts=recvcounts)
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any = None,
+                       op: Any = ReduceOp.SUM) -> None:
+        """Rank r's recvbuf[:recvcounts[r]] = op over every rank's block r of sendbuf (blocks packed in
+        rank order); IN_PLACE: the vector is in recvbuf. No recvcounts: each rank's recvbuf's size."""
+        self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op).Wait()
+
+    def Iscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> Request:
+        return collpost.post(self, Coll.SCAN, sendbuf, recvbuf, op=op)
+
+    def Scan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> None:
+        """Rank r's recvbuf = op over ranks 0..r's sendbufs, folded in rank order."""
+        self.Iscan(sendbuf, recvbuf, op).Wait()
+
+    def Iexscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> Request:
+        return collpost.post(self, Coll.EXSCAN, sendbuf, recvbuf, op=op)
+
+    def Exscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> None:
+        """Rank r's recvbuf = op over ranks 0..r-1's sendbufs (rank 0's recvbuf is left as it was)."""
+        self.Iexscan(sendbuf, recvbuf, op).Wait()
+
     def Ibarrier(self) -> Request:
         return self._coll(Coll.BARRIER, None, None)
 
@@ -178,6 +257,26 @@ class Comm(Lifecycle, Posting, Waiting):
 
     def barrier(self) -> None:
         objects.barrier(self)
+
+    def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
+        """Item r of the root's sequence of ``size`` objects to rank r."""
+        return objcoll.scatter(self, sendobj, root)
+
+    def alltoall(self, sendobj: Any) -> list:
+        """Item q of every rank's sequence of ``size`` objects to rank q, as a list in rank order."""
+        return objcoll.alltoall(self, sendobj)
+
+    def reduce(self, sendobj: Any, op: Any = ReduceOp.SUM, root: int = 0) -> Any:
+        """Reduce objects in rank order at ``root`` (None elsewhere); op as for allreduce."""
+        return objcoll.reduce(self, sendobj, op, root)
+
+    def scan(self, sendobj: Any, op: Any = ReduceOp.SUM) -> Any:
+        """op over ranks 0..me's objects, in rank order."""
+        return objcoll.scan(self, sendobj, op)
+
+    def exscan(self, sendobj: Any, op: Any = ReduceOp.SUM) -> Any:
+        """op over ranks 0..me-1's objects, in rank order; None on rank 0."""
+        return objcoll.exscan(self, sendobj, op)
 
     # ------------------------------------------------------------------ sub-communicators
     def Split(self, color: int, key: int = 0) -> "Comm | None":

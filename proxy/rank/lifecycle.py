@@ -28,8 +28,8 @@ from shmproxy.engine import affinity
 from shmproxy.control import bootstrap, netif, rendezvous
 from shmproxy.core import errors, log, params as params_mod
 from shmproxy.rank.buffers import Registry, StagingCache
-from shmproxy.core.ops import (CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
-                               KIND_RECV, KIND_SEND, Coll)
+from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
+                               IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND, Coll)
 from shmproxy.control.protocol import MsgType
 from shmproxy.rank.request import Request
 from shmproxy.control.client import ServiceClient
@@ -63,7 +63,7 @@ def _probes() -> list[tuple]:
 assert (_poster.KIND_SEND, _poster.KIND_RECV, _poster.RECORD_BYTES) == (KIND_SEND, KIND_RECV, P.RECORD_BYTES)
 assert (_poster.KIND_COLL, _poster.FLAG_IN_PLACE, _poster.FLAG_NO_RECV, _poster.COLL_ALLREDUCE, _poster.COLL_BARRIER,
         _poster.COLL_ALLTOALL) == (KIND_COLL, FLAG_IN_PLACE, FLAG_NO_RECV, Coll.ALLREDUCE, Coll.BARRIER,
-                                   max(Coll))
+                                   COLL_LAST_NATIVE)
 assert _poster.CODE_BOOL == DTYPE_CODE["?"] and _poster.CODE_FIRST_FLOAT == DTYPE_CODE["e"] == max(
     c for c, t in CODE_DTYPE.items() if t.kind not in "fc") + 1
 

@@ -114,6 +114,10 @@ FLAG_ERROR = 2
 OP_P2P, OP_BCAST, OP_GATHER, OP_ALLGATHER, OP_ALLREDUCE, OP_BARRIER = range(6)
 _OP_NAMES = {OP_P2P: "send/recv", OP_BCAST: "bcast", OP_GATHER: "gather", OP_ALLGATHER: "allgather",
              OP_ALLREDUCE: "allreduce", OP_BARRIER: "barrier"}
+# shmproxy.rank.objcoll's
+OP_SCATTER, OP_ALLTOALL, OP_REDUCE, OP_SCAN, OP_EXSCAN = range(6, 11)
+_OP_NAMES.update({OP_SCATTER: "scatter", OP_ALLTOALL: "alltoall", OP_REDUCE: "reduce", OP_SCAN: "scan",
+                  OP_EXSCAN: "exscan"})
 
 _FIXED_FMT = f"={_FIXED}q"
 _pack_into = struct.pack_into

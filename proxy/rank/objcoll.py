@@ -1,0 +1,164 @@
+"""The object layer's collectives that give each rank its own result: scatter, alltoall, reduce,
+scan and exscan (mpi4py's lower-case calls). They use the wire format and helpers of
+shmproxy.rank.objects: every contribution goes to one rank (the root, or rank 0), which computes
+the results in rank order (a reduction folds op(op(o0, o1), o2)..., so every run gives the same
+result) and sends each rank its own. Every rank raises when any contribution, the user's reducer or
+a result failed, after the protocol completed, so the communicator stays usable.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from shmproxy.core import errors
+from shmproxy.rank.objects import (OBJ_COLL_TAG, OP_ALLTOALL, OP_EXSCAN, OP_REDUCE, OP_SCAN, OP_SCATTER,
+                                   _bcast_in, _collect, _contribution, _dumps, _gather, _Out, _post_send)
+from shmproxy.rank.objstate import _complete_sends, _enter, _next_seq, _peer, _public, _reducer
+
+__all__ = ["scatter", "alltoall", "reduce", "scan", "exscan"]
+
+
+# ------------------------------------------------------------------------------ one result per rank
+def _scatter_out(comm: Any, outs: dict[int, _Out], op: int, seq: int) -> None:
+    """Root side of a scatter: ``outs[peer]`` to each other rank."""
+    if not outs:
+        return
+    with comm.group():
+        reqs = [r for peer, out in outs.items() for r in _post_send(comm, out, peer, OBJ_COLL_TAG, op, seq)]
+    _complete_sends(comm, reqs)
+
+
+def _results_out(comm: Any, root: int, results: list[Any] | None, first: BaseException | None, text: str,
+                 op: int, seq: int, what: str) -> tuple[BaseException | None, Any]:
+    """Root: pickle and send each other rank its result (or every rank the error text); returns the
+    error and the root's own result."""
+    outs: dict[int, _Out] = {}
+    if first is None:
+        assert results is not None
+        for peer in range(comm.size):
+            if peer != root:
+                outs[peer], err = _contribution(comm, results[peer], f"{what} (the result for rank {peer})")
+                if err is not None:
+                    first = err
+                    text = f"rank {root} cannot pickle the result for rank {peer}: {err.__cause__}"
+                    break
+    if first is not None:
+        outs = {peer: _Out.error(text) for peer in range(comm.size) if peer != root}
+    _scatter_out(comm, outs, op, seq)
+    return first, (results[root] if first is None and results is not None else None)
+
+
+def _each_from_root(comm: Any, obj: Any, root: int, op: int, what: str,
+                    compute: Callable[[list[Any]], list[Any]]) -> Any:
+    """Gather every rank's ``obj`` to ``root``, ``compute`` one result per rank there (in rank order),
+    send each rank its own: the skeleton of alltoall, scan and exscan. Every rank raises if any
+    contribution or the computation failed, after the protocol completed."""
+    seq = _next_seq(comm)
+    out, mine = _contribution(comm, obj, what)
+    items = _gather(comm, out, root, op, seq, what)
+    if comm.rank != root:
+        inc = _bcast_in(comm, root, op, seq, what)
+        if mine is not None:
+            raise mine
+        return inc.load(what)
+    assert items is not None
+    values, first, text = _collect(comm, items, what)
+    results = None
+    if first is None:
+        try:
+            results = compute(values)
+        except Exception as exc:  # the user's reducer or a malformed argument: every rank must hear of it
+            first, text = exc, f"{what} failed on rank {root}: {type(exc).__name__}: {exc}"
+    first, mine_result = _results_out(comm, root, results, first, text, op, seq, what)
+    if mine is not None:
+        raise mine
+    if first is not None:
+        raise first
+    return mine_result
+
+
+def _per_rank(values: Any, size: int, who: str, what: str) -> list[Any]:
+    try:
+        items = list(values)
+    except TypeError:
+        raise errors.InvalidArgument(f"{what}: {who} passed a {type(values).__name__}, not a sequence of "
+                                     f"{size} objects") from None
+    if len(items) != size:
+        raise errors.InvalidArgument(f"{what}: {who} passed {len(items)} objects for {size} ranks")
+    return items
+
+
+@_public
+def scatter(comm: Any, sendobj: Any = None, root: int = 0) -> Any:
+    """Item r of the root's sequence ``sendobj`` (``size`` objects) to rank r; returns this rank's."""
+    _enter(comm)
+    root = _peer(comm, root, "root")
+    seq = _next_seq(comm)
+    what = f"scatter from root {root}"
+    if comm.rank != root:
+        return _bcast_in(comm, root, OP_SCATTER, seq, what).load(what)
+    first: BaseException | None = None
+    text = ""
+    items = None
+    try:
+        items = _per_rank(sendobj, comm.size, f"the root (rank {root})", what)
+    except errors.InvalidArgument as exc:
+        first, text = exc, str(exc)
+    first, mine = _results_out(comm, root, items, first, text, OP_SCATTER, seq, what)
+    if first is not None:
+        raise first
+    return _dumps(mine, what).copy(what)   # a copy, as every other rank gets
+
+
+@_public
+def alltoall(comm: Any, sendobj: Any) -> list:
+    """Item q of rank r's sequence (``size`` objects) to rank q: returns [item me of rank 0's, ...]."""
+    _enter(comm)
+    size = comm.size
+    what = "alltoall"
+
+    def transpose(values: list[Any]) -> list[Any]:
+        rows = [_per_rank(v, size, f"rank {r}", what) for r, v in enumerate(values)]
+        return [[rows[r][q] for r in range(size)] for q in range(size)]
+    return _each_from_root(comm, sendobj, 0, OP_ALLTOALL, what, transpose)
+
+
+@_public
+def reduce(comm: Any, sendobj: Any, op: Any = "SUM", root: int = 0) -> Any:
+    """Reduce every rank's object with ``op`` in rank order at ``root``; the others return None."""
+    _enter(comm)
+    root = _peer(comm, root, "root")
+    fn = _reducer(op)
+    what = f"reduce to root {root}"
+
+    def at_root(values: list[Any]) -> list[Any]:
+        result = functools.reduce(fn, values)
+        return [result if r == root else None for r in range(len(values))]
+    return _each_from_root(comm, sendobj, root, OP_REDUCE, what, at_root)
+
+
+def _prefixes(fn: Callable[[Any, Any], Any], values: list[Any], exclusive: bool) -> list[Any]:
+    out, acc = [], None
+    for r, v in enumerate(values):
+        if exclusive:
+            out.append(acc)
+        acc = v if r == 0 else fn(acc, v)
+        if not exclusive:
+            out.append(acc)
+    return out
+
+
+@_public
+def scan(comm: Any, sendobj: Any, op: Any = "SUM") -> Any:
+    """op over ranks 0..me's objects, folded in rank order."""
+    _enter(comm)
+    fn = _reducer(op)
+    return _each_from_root(comm, sendobj, 0, OP_SCAN, "scan", lambda values: _prefixes(fn, values, False))
+
+
+@_public
+def exscan(comm: Any, sendobj: Any, op: Any = "SUM") -> Any:
+    """op over ranks 0..me-1's objects, folded in rank order; None on rank 0."""
+    _enter(comm)
+    fn = _reducer(op)
+    return _each_from_root(comm, sendobj, 0, OP_EXSCAN, "exscan", lambda values: _prefixes(fn, values, True))
