@@ -211,6 +211,26 @@ def async_futures() -> dict[str, Any]:
     sw.wait()
     rw.get_future().wait()
     out["irecv"] = float(got[0])
+    # recv from any source: torch returns the sender.
+    anyt = torch.zeros(2)
+    if me == 0:
+        out["any_source"] = dist.recv(anyt, group=shm, tag=4)
+    else:
+        dist.send(torch.ones(2), dst=0, group=shm, tag=4)
+    # A tensor in the group's registered memory (no staging copy), bfloat16 included.
+    for dtype in (torch.float32, torch.bfloat16):
+        reg = shm.alloc_tensor((3, 5), dtype)
+        reg.fill_(me + 1)
+        dist.all_reduce(reg, group=shm)
+        out[f"registered {dtype}"] = float(reg[2, 4])
+    # More groups: a second shmproxy group over every rank, and one of rank 1 alone.
+    other = dist.new_group(backend="shmproxy")
+    alone = dist.new_group([1], backend="shmproxy")
+    t2 = torch.ones(3)
+    dist.all_reduce(t2, group=other)
+    if me == 1:
+        dist.all_reduce(t2, group=alone)
+    out["groups"] = float(t2[0])
     dist.barrier(group=shm)
     dist.destroy_process_group()
     return out

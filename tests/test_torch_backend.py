@@ -42,6 +42,10 @@ def test_async_ops_and_futures() -> None:
         assert r["value"] == 3.0 and r["chained"] == 6.0
         assert r["many"] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert [r["irecv"] for r in res.results] == [1.0, 0.0]
+    assert res.results[0]["any_source"] == 1
+    for r in res.results:
+        assert r["registered torch.float32"] == 3.0 and r["registered torch.bfloat16"] == 3.0, r
+        assert r["groups"] == 2.0, r
 
 
 @pytest.mark.launcher
