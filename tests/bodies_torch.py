@@ -148,7 +148,8 @@ def _cases(dtype: torch.dtype, n: int) -> dict[str, Callable[[Any], Any]]:
         "all_gather list": gather_list, "all_gather_into_tensor": gather_tensor,
         "reduce_scatter list SUM": rs_list(R.SUM), "reduce_scatter list MAX": rs_list(R.MAX),
         "reduce_scatter_tensor": rs_tensor,
-        "all_to_all_single equal": a2a_equal, "all_to_all_single uneven": a2a_uneven, "all_to_all list": a2a_list,
+        "all_to_all_single equal": a2a_equal, "all_to_all_single uneven": a2a_uneven,
+        "all_to_all list": a2a_list,
         "reduce dst 1": reduce_root1, "gather dst 0": gather_root0, "scatter src 1": scatter_root1,
         "send/recv and batch_isend_irecv": p2p, "all_reduce non-contiguous": noncontig,
         "all_reduce_coalesced": coalesced,
@@ -238,8 +239,8 @@ def async_futures() -> dict[str, Any]:
 
 def _model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 8))
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
 
 
 def _train(group: Any, steps: int, no_sync_every: int = 0, hook: bool = False) -> list[torch.Tensor]:

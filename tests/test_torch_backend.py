@@ -21,8 +21,8 @@ B = "tests.bodies_torch"
 
 
 def test_import_shmproxy_does_not_import_torch() -> None:
-    code = ("import sys, shmproxy; assert 'torch' not in sys.modules; import shmproxy.torch, torch.distributed as d;"
-            " assert 'SHMPROXY' in d.Backend._plugins")
+    code = ("import sys, shmproxy; assert 'torch' not in sys.modules;"
+            " import shmproxy.torch, torch.distributed as d; assert 'SHMPROXY' in d.Backend._plugins")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -54,7 +54,8 @@ def bench_allreduce(groups: dict[str, Any], nbytes: int, iters: int) -> dict[str
 def _model(params: int) -> torch.nn.Module:
     torch.manual_seed(0)
     width = max(64, int((params / 4) ** 0.5))   # 4 layers of width x width
-    return torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())])
+    nn = torch.nn
+    return nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())])
 
 
 def bench_ddp(groups: dict[str, Any], params: int, steps: int) -> dict[str, Any]:
@@ -101,14 +102,15 @@ def main() -> None:
         r = bench_allreduce(groups, _size(s), a.iters)
         report["allreduce"][s] = r
         if me == 0:
-            print(f"all_reduce {s:>5}: gloo {r['gloo'] * 1e3:9.2f} ms  shmproxy {r['shmproxy'] * 1e3:9.2f} ms  "
-                  f"speed-up {r['gloo'] / r['shmproxy']:5.2f}x", flush=True)
+            print(f"all_reduce {s:>5}: gloo {r['gloo'] * 1e3:9.2f} ms  shmproxy {r['shmproxy'] * 1e3:9.2f} ms"
+                  f"  speed-up {r['gloo'] / r['shmproxy']:5.2f}x", flush=True)
     d = bench_ddp(groups, _size(a.params), a.steps)
     report["ddp"] = d
     if me == 0:
         for name, v in d.items():
-            print(f"DDP {name:>8}: step {v['step_s'] * 1e3:8.1f} ms (no communication {v['no_comm_step_s'] * 1e3:.1f} ms,"
-                  f" all gradients' all_reduce {v['allreduce_all_grads_s'] * 1e3:.1f} ms, hidden {v['hidden']:.2f};"
+            print(f"DDP {name:>8}: step {v['step_s'] * 1e3:8.1f} ms (no communication"
+                  f" {v['no_comm_step_s'] * 1e3:.1f} ms, all gradients' all_reduce"
+                  f" {v['allreduce_all_grads_s'] * 1e3:.1f} ms, hidden {v['hidden']:.2f};"
                   f" {v['params'] / 1e6:.1f}M parameters)")
         print(f"DDP step time shmproxy/gloo: {d['shmproxy']['step_s'] / d['gloo']['step_s']:.2f}")
         if a.json:

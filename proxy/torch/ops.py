@@ -48,16 +48,18 @@ def redop(op: Any, t: torch.Tensor) -> shmproxy.ReduceOp:
             f"shmproxy backend: ReduceOp.{name} is not supported (supported: SUM, PRODUCT, MIN, MAX, AVG)")
     if kind == _RED.AVG and not (t.is_floating_point() or t.is_complex()):
         raise errors.InvalidArgument(
-            f"shmproxy backend: ReduceOp.AVG needs a floating-point tensor, got {t.dtype} (use SUM and divide)")
+            f"shmproxy backend: ReduceOp.AVG needs a floating-point tensor, got {t.dtype}"
+            " (use SUM and divide)")
     if t.dtype == torch.bool and kind not in (_RED.MIN, _RED.MAX):
-        raise errors.InvalidArgument(f"shmproxy backend: bool tensors reduce with MIN or MAX only, not {kind}")
+        raise errors.InvalidArgument(
+            f"shmproxy backend: bool tensors reduce with MIN or MAX only, not {kind}")
     return _OPS[kind]
 
 
 def one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
     if len(tensors) != 1:
-        raise errors.InvalidArgument(f"shmproxy backend: {what} takes exactly one tensor per call, got {len(tensors)}"
-                                     " (one CPU device per process)")
+        raise errors.InvalidArgument(f"shmproxy backend: {what} takes exactly one tensor per call, got"
+                                     f" {len(tensors)} (one CPU device per process)")
     T.check_tensor(tensors[0], what)
     return tensors[0]
 
@@ -111,8 +113,8 @@ def all_gather_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, st: T.Stage
     n = pg.size()
     if out.dtype != inp.dtype or out.numel() != inp.numel() * n:
         raise errors.InvalidArgument(
-            f"shmproxy backend: all_gather_into_tensor: output {out.dtype} x {out.numel()} must be the input's "
-            f"dtype and {n} x its {inp.numel()} elements")
+            f"shmproxy backend: all_gather_into_tensor: output {out.dtype} x {out.numel()} must be the"
+            f" input's dtype and {n} x its {inp.numel()} elements")
     rarr = T.for_move(out, st, output=True)
     blk = inp.numel() * inp.element_size()
     if out.is_contiguous() and inp.is_contiguous() and inp.data_ptr() == out.data_ptr() + pg.rank() * blk:
@@ -124,7 +126,8 @@ def allgather_list(pg: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, st:
     T.check_tensor(inp, "all_gather input")
     n = pg.size()
     if len(outs) != n:
-        raise errors.InvalidArgument(f"shmproxy backend: all_gather: {len(outs)} output tensors for a group of {n}")
+        raise errors.InvalidArgument(
+            f"shmproxy backend: all_gather: {len(outs)} output tensors for a group of {n}")
     _same(outs, inp, "all_gather output")
     k = inp.numel()
     tmp, tarr = T.scratch(k * n, inp, st)
@@ -143,18 +146,20 @@ def reduce_scatter_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, op: Any
     n = pg.size()
     if out.dtype != inp.dtype or inp.numel() != out.numel() * n:
         raise errors.InvalidArgument(
-            f"shmproxy backend: reduce_scatter_tensor: input {inp.dtype} x {inp.numel()} must be the output's "
-            f"dtype and {n} x its {out.numel()} elements")
-    return [pg.comm.Ireduce_scatter_block(T.for_reduce(inp, st, output=False), T.for_reduce(out, st, output=True),
-                                          rop)]
+            f"shmproxy backend: reduce_scatter_tensor: input {inp.dtype} x {inp.numel()} must be the"
+            f" output's dtype and {n} x its {out.numel()} elements")
+    sarr = T.for_reduce(inp, st, output=False)
+    return [pg.comm.Ireduce_scatter_block(sarr, T.for_reduce(out, st, output=True), rop)]
 
 
-def reduce_scatter_list(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], op: Any, st: T.Staged) -> list:
+def reduce_scatter_list(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], op: Any,
+                        st: T.Staged) -> list:
     T.check_tensor(out, "reduce_scatter output")
     rop = redop(op, out)
     n = pg.size()
     if len(ins) != n:
-        raise errors.InvalidArgument(f"shmproxy backend: reduce_scatter: {len(ins)} input tensors for a group of {n}")
+        raise errors.InvalidArgument(
+            f"shmproxy backend: reduce_scatter: {len(ins)} input tensors for a group of {n}")
     _same(ins, out, "reduce_scatter input")
     k = out.numel()
     tmp, tarr = T.scratch(k * n, out, st, reduce=True)
@@ -175,8 +180,8 @@ def _splits(given: Sequence[int], t: torch.Tensor, n: int, what: str) -> list[in
         return [rows // n] * n
     sp = [int(s) for s in given]
     if len(sp) != n or any(s < 0 for s in sp) or sum(sp) != rows:
-        raise errors.InvalidArgument(f"shmproxy backend: all_to_all_single: {what} split sizes {sp} must be {n}"
-                                     f" non-negative numbers adding up to its {rows} rows")
+        raise errors.InvalidArgument(f"shmproxy backend: all_to_all_single: {what} split sizes {sp} must"
+                                     f" be {n} non-negative numbers adding up to its {rows} rows")
     return sp
 
 
@@ -185,7 +190,8 @@ def all_to_all_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, out_splits:
     T.check_tensor(out, "all_to_all output")
     T.check_tensor(inp, "all_to_all input")
     if out.dtype != inp.dtype:
-        raise errors.InvalidArgument(f"shmproxy backend: all_to_all_single: output {out.dtype} != input {inp.dtype}")
+        raise errors.InvalidArgument(
+            f"shmproxy backend: all_to_all_single: output {out.dtype} != input {inp.dtype}")
     n, me = pg.size(), pg.rank()
     osp, isp = _splits(out_splits, out, n, "output"), _splits(in_splits, inp, n, "input")
     oarr = T.for_move(out, st, output=True)
@@ -196,19 +202,19 @@ def all_to_all_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, out_splits:
     irow = inp.numel() // max(inp.shape[0], 1) if inp.dim() else 1
     ooff = np.concatenate([[0], np.cumsum(osp)]) * orow
     ioff = np.concatenate([[0], np.cumsum(isp)]) * irow
-    return _pairs(pg, [oarr[ooff[r]:ooff[r + 1]] for r in range(n)], [iarr[ioff[r]:ioff[r + 1]] for r in range(n)],
-                  TAG_ALLTOALLV, me)
+    recv = [oarr[ooff[r]:ooff[r + 1]] for r in range(n)]
+    return _pairs(pg, recv, [iarr[ioff[r]:ioff[r + 1]] for r in range(n)], TAG_ALLTOALLV, me)
 
 
 def alltoall_list(pg: Any, outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], st: T.Staged) -> list:
     n = pg.size()
     if len(outs) != n or len(ins) != n:
-        raise errors.InvalidArgument(f"shmproxy backend: all_to_all: {len(outs)} outputs and {len(ins)} inputs for a"
-                                     f" group of {n}")
+        raise errors.InvalidArgument(f"shmproxy backend: all_to_all: {len(outs)} outputs and {len(ins)}"
+                                     f" inputs for a group of {n}")
     for i, t in enumerate([*outs, *ins]):
         T.check_tensor(t, f"all_to_all tensor {i}")
-    return _pairs(pg, [T.for_move(o, st, output=True) for o in outs], [T.for_move(x, st, output=False) for x in ins],
-                  TAG_ALLTOALL_LIST, pg.rank())
+    recv = [T.for_move(o, st, output=True) for o in outs]
+    return _pairs(pg, recv, [T.for_move(x, st, output=False) for x in ins], TAG_ALLTOALL_LIST, pg.rank())
 
 
 def _pairs(pg: Any, recv: list[np.ndarray], send: list[np.ndarray], tag: int, me: int) -> list:
@@ -235,11 +241,13 @@ def gather(pg: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, root: int, 
     if me != root:
         return [comm.Isend(T.for_move(inp, st, output=False), root, TAG_GATHER)]
     if len(outs) != pg.size():
-        raise errors.InvalidArgument(f"shmproxy backend: gather: {len(outs)} outputs for a group of {pg.size()}")
+        raise errors.InvalidArgument(
+            f"shmproxy backend: gather: {len(outs)} outputs for a group of {pg.size()}")
     _same(outs, inp, "gather output")
-    outs[me].copy_(inp.view(outs[me].shape))
+    outs[me].copy_(inp.reshape(outs[me].shape))
     with comm.group():
-        return [comm.Irecv(T.for_move(o, st, output=True), r, TAG_GATHER) for r, o in enumerate(outs) if r != me]
+        return [comm.Irecv(T.for_move(o, st, output=True), r, TAG_GATHER)
+                for r, o in enumerate(outs) if r != me]
 
 
 def scatter(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], root: int, st: T.Staged) -> list:
@@ -248,11 +256,13 @@ def scatter(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], root: int, 
     if me != root:
         return [comm.Irecv(T.for_move(out, st, output=True), root, TAG_SCATTER)]
     if len(ins) != pg.size():
-        raise errors.InvalidArgument(f"shmproxy backend: scatter: {len(ins)} inputs for a group of {pg.size()}")
+        raise errors.InvalidArgument(
+            f"shmproxy backend: scatter: {len(ins)} inputs for a group of {pg.size()}")
     _same(ins, out, "scatter input")
-    out.copy_(ins[me].view(out.shape))
+    out.copy_(ins[me].reshape(out.shape))
     with comm.group():
-        return [comm.Isend(T.for_move(x, st, output=False), r, TAG_SCATTER) for r, x in enumerate(ins) if r != me]
+        return [comm.Isend(T.for_move(x, st, output=False), r, TAG_SCATTER)
+                for r, x in enumerate(ins) if r != me]
 
 
 # ---------------------------------------------------------------------------------------------------

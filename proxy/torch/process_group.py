@@ -18,7 +18,9 @@ reach allreduce, broadcast, allgather, barrier and the rest that torch's trampol
 """
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
@@ -34,6 +36,13 @@ from shmproxy.torch.work import Completer, Work
 BACKEND_NAME = "shmproxy"
 
 
+def _stop_at_exit(ref: "weakref.ref[ProcessGroupShmproxy]") -> None:
+    pg = ref()
+    if pg is not None:
+        pg.completer.stop()
+        pg.completer.thread.join(pg.timeout_s)
+
+
 class ProcessGroupShmproxy(dist.ProcessGroup):
     """A process group whose collectives and messages run on shmproxy's progress process."""
 
@@ -44,6 +53,9 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.group_label = label or f"r{rank}"
         self.lock = threading.RLock()
         self.completer = Completer(self)
+        # Registered after the Comm's own exit hook, so it runs first (atexit is last-in, first-out):
+        # the completion thread stops touching the communicator before the Comm is closed.
+        atexit.register(_stop_at_exit, weakref.ref(self))
 
     # ---- identity ---------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -76,7 +88,8 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
             self.completer.add(work)
         return work
 
-    def _coalesced(self, name: str, builds: list[Callable[[Staged], list]], result: list[torch.Tensor]) -> Work:
+    def _coalesced(self, name: str, builds: list[Callable[[Staged], list]],
+                   result: list[torch.Tensor]) -> Work:
         def build(st: Staged) -> list:
             with self.comm.group():
                 return [r for b in builds for r in b(st)]
@@ -92,8 +105,8 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         for i, t in enumerate(tensors):
             check_tensor(t, f"allreduce_coalesced tensor {i}")
-        return self._coalesced("allreduce_coalesced",
-                               [lambda st, t=t: ops.allreduce(self, t, op, st) for t in tensors], list(tensors))
+        builds = [lambda st, t=t: ops.allreduce(self, t, op, st) for t in tensors]
+        return self._coalesced("allreduce_coalesced", builds, list(tensors))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         t = ops.one(tensors, "broadcast")
@@ -109,7 +122,8 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Work:
         return self._post("barrier", lambda st: ops.barrier(self, st), [])
 
-    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Work:
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> Work:
         inp = ops.one(inputs, "allgather")
         if len(output_lists) != 1:
             raise errors.InvalidArgument("shmproxy backend: allgather takes one list of outputs")
@@ -126,14 +140,15 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
             [t for o in output_lists for t in o])
 
     def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
-        return self._post("all_gather_into_tensor", lambda st: ops.all_gather_single(self, out, inp, st), [out])
+        return self._post("all_gather_into_tensor", lambda st: ops.all_gather_single(self, out, inp, st),
+                          [out])
 
     _allgather_base = all_gather_single
 
-    def all_gather_single_coalesced(self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any = None) -> Work:
-        return self._coalesced(
-            "all_gather_into_tensor_coalesced",
-            [lambda st, o=o, i=i: ops.all_gather_single(self, o, i, st) for o, i in zip(outs, ins)], list(outs))
+    def all_gather_single_coalesced(self, outs: list[torch.Tensor], ins: list[torch.Tensor],
+                                    opts: Any = None) -> Work:
+        builds = [lambda st, o=o, i=i: ops.all_gather_single(self, o, i, st) for o, i in zip(outs, ins)]
+        return self._coalesced("all_gather_into_tensor_coalesced", builds, list(outs))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -148,7 +163,8 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
 
     def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._post("reduce_scatter_tensor", lambda st: ops.reduce_scatter_single(self, out, inp, op, st), [out])
+        return self._post("reduce_scatter_tensor",
+                          lambda st: ops.reduce_scatter_single(self, out, inp, op, st), [out])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -172,13 +188,15 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     def alltoall(self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any = None) -> Work:
         return self._post("all_to_all", lambda st: ops.alltoall_list(self, outs, ins, st), list(outs))
 
-    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Work:
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any = None) -> Work:
         inp = ops.one(inputs, "gather")
         root = opts.rootRank if opts is not None else 0
         outs = output_lists[0] if output_lists else []
         return self._post("gather", lambda st: ops.gather(self, outs, inp, root, st), list(outs))
 
-    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> Work:
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts: Any = None) -> Work:
         out = ops.one(outputs, "scatter")
         root = opts.rootRank if opts is not None else 0
         ins = input_lists[0] if input_lists else []
@@ -212,8 +230,9 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.completer.fail_all(errors.Aborted(f"rank {self.rank()}: the process group was aborted"))
 
     def shutdown(self) -> None:
-        """Close the communicator (after its pending operations); idempotent."""
+        """Close the communicator after its pending operations completed (or failed); idempotent."""
         self.completer.stop()
+        self.completer.thread.join(self.timeout_s)
         with self.lock:
             self.comm.close()
 

@@ -42,7 +42,8 @@ SUPPORTED = ", ".join(str(d).replace("torch.", "") for d in [*_NUMPY, torch.bflo
 def check_tensor(t: torch.Tensor, what: str) -> None:
     """Raise before anything is posted when ``t`` cannot travel through this backend."""
     if not isinstance(t, torch.Tensor):
-        raise errors.InvalidArgument(f"shmproxy backend: {what} must be a torch.Tensor, got {type(t).__name__}")
+        raise errors.InvalidArgument(
+            f"shmproxy backend: {what} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise errors.InvalidArgument(
             f"shmproxy backend: {what} is on {t.device}; CUDA (and other device) tensors are not supported "
@@ -104,7 +105,8 @@ def for_reduce(t: torch.Tensor, stage: Staged, output: bool) -> np.ndarray:
     return tmp.reshape(-1).numpy()
 
 
-def scratch(numel: int, like: torch.Tensor, stage: Staged, reduce: bool = False) -> tuple[torch.Tensor, np.ndarray]:
+def scratch(numel: int, like: torch.Tensor, stage: Staged,
+            reduce: bool = False) -> tuple[torch.Tensor, np.ndarray]:
     """A contiguous temporary of ``numel`` elements of ``like``'s dtype (float32 for a bfloat16
     reduction), kept alive until completion: (tensor, numpy view)."""
     dtype = torch.float32 if (reduce and like.dtype == torch.bfloat16) else like.dtype
@@ -113,7 +115,8 @@ def scratch(numel: int, like: torch.Tensor, stage: Staged, reduce: bool = False)
     return tmp, (tmp.numpy() if dtype != torch.bfloat16 else bits_view(tmp))
 
 
-def alloc_tensor(comm: object, shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def alloc_tensor(comm: object, shape: int | tuple[int, ...],
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A zeroed CPU tensor in ``comm``'s registered shared memory: operations on it need no staging
     copy. The tensor keeps the memory alive (it is returned to the communicator when the tensor and
     every view of it are gone)."""
@@ -122,5 +125,6 @@ def alloc_tensor(comm: object, shape: int | tuple[int, ...], dtype: torch.dtype 
         arr = comm.alloc(shp, np.int16)  # type: ignore[attr-defined]
         return torch.from_numpy(arr).view(torch.bfloat16)
     if dtype not in _NUMPY:
-        raise errors.InvalidArgument(f"shmproxy backend: alloc_tensor of dtype {dtype}; supported: {SUPPORTED}")
+        raise errors.InvalidArgument(
+            f"shmproxy backend: alloc_tensor of dtype {dtype}; supported: {SUPPORTED}")
     return torch.from_numpy(comm.alloc(shp, _NUMPY[dtype]))  # type: ignore[attr-defined]

@@ -98,7 +98,8 @@ class Work(dist.Work):
                     "thread (inside a Future callback): chain another callback instead of waiting")
             limit = secs if secs else max(self.deadline - time.monotonic(), 0.0) + 1.0
             if not self._event.wait(limit):
-                raise errors.Timeout(f"rank {self._pg.rank()}: {self.name} did not complete within {limit:.1f} s")
+                raise errors.Timeout(
+                    f"rank {self._pg.rank()}: {self.name} did not complete within {limit:.1f} s")
         if self._exc is not None:
             raise self._exc
         return True
