@@ -160,33 +160,43 @@ class Completer:
             w._fail(exc)
 
     def _run(self) -> None:
-        comm = self._pg.comm
         while True:
             with self._cond:
                 while not self._pending and not self._stop:
                     self._cond.wait()
                 if self._stop and not self._pending:
                     return
-                finished, failure, head = self._test_all()
-            for w in finished:
-                w._complete()
-            if failure is not None:
-                self.fail_all(failure)
-                continue
-            if finished or head is None:
-                continue
-            work, req = head
             try:
-                # The lock is not held: posting threads go on while this one sleeps.
-                comm._sleep_slice(work.deadline, f"{work.name} ({req.describe()})",
-                                  comm._layout.slot_q(req._slot), req._seq)
-            except errors.Timeout as exc:
-                with self._cond:
-                    if work in self._pending:
-                        self._pending.remove(work)
-                work._fail(exc)
-            except errors.ProxyError as exc:
-                self.fail_all(exc)
+                self._pass()
+            except Exception as exc:   # a bug here must fail the pending Works, not end the thread silently
+                what = f"{type(exc).__name__}: {exc}"
+                self.fail_all(errors.InternalError(
+                    f"rank {self._pg.rank()}: the shmproxy completion thread failed: {what}"))
+
+    def _pass(self) -> None:
+        """Test every pending operation, complete the finished ones; sleep when none finished."""
+        comm = self._pg.comm
+        with self._cond:
+            finished, failure, head = self._test_all()
+        for w in finished:
+            w._complete()
+        if failure is not None:
+            self.fail_all(failure)
+            return
+        if finished or head is None:
+            return
+        work, req = head
+        try:
+            # The lock is not held: posting threads go on while this one sleeps.
+            comm._sleep_slice(work.deadline, f"{work.name} ({req.describe()})",
+                              comm._layout.slot_q(req._slot), req._seq)
+        except errors.Timeout as exc:
+            with self._cond:
+                if work in self._pending:
+                    self._pending.remove(work)
+            work._fail(exc)
+        except errors.ProxyError as exc:
+            self.fail_all(exc)
 
     def _test_all(self) -> tuple[list[Work], BaseException | None, tuple[Work, Any] | None]:
         """One pass under the lock: the finished Works (removed from the pending list), the
