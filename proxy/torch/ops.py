@@ -1,0 +1,276 @@
+"""The operations of the shmproxy process group, as *builders*: each validates its tensors, posts
+the communicator's requests for one torch call and returns them, filling a ``Staged`` with the
+temporaries and the copies back to run at completion. Builders run with the group's lock held
+(process_group.py), so coalesced calls can run several inside one ``with comm.group():``.
+
+Mapping onto the native API (shmproxy.Comm), and where the native has no equivalent:
+
+- allreduce, broadcast, reduce, barrier, allgather into one tensor, reduce_scatter from one tensor
+  and all_to_all_single with equal splits are the native Iallreduce, Ibcast, Ireduce, Ibarrier,
+  Iallgather, Ireduce_scatter_block and Ialltoall.
+- The list forms (allgather into a list, reduce_scatter from a list) go through one contiguous
+  temporary and the native collective, with copies in or out.
+- all_to_all_single with uneven splits, alltoall of lists, gather and scatter have no native
+  collective: they are Isend/Irecv pairs posted inside one ``comm.group()`` (one opCount), on tags
+  reserved for them (messages of one source, destination and tag never overtake each other, and
+  every rank calls the collectives of a group in the same order, so the pairs always match). A
+  rank's own block is copied directly.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import shmproxy
+from shmproxy.core import errors
+from shmproxy.torch import tensors as T
+
+# Tags of the collectives made of point-to-point messages: far from any tag a torch user passes.
+TAG_ALLTOALLV = -(2 ** 62) + 1
+TAG_ALLTOALL_LIST = -(2 ** 62) + 2
+TAG_GATHER = -(2 ** 62) + 3
+TAG_SCATTER = -(2 ** 62) + 4
+
+_RED = dist.ReduceOp.RedOpType
+_OPS = {_RED.SUM: shmproxy.SUM, _RED.PRODUCT: shmproxy.PROD, _RED.MIN: shmproxy.MIN, _RED.MAX: shmproxy.MAX,
+        _RED.AVG: shmproxy.AVG}
+
+
+def redop(op: Any, t: torch.Tensor) -> shmproxy.ReduceOp:
+    """shmproxy's op for torch's ReduceOp; a clear error for the ones this backend has not."""
+    kind = getattr(op, "op", op)
+    if kind not in _OPS:
+        name = str(kind).split(".")[-1]
+        raise errors.InvalidArgument(
+            f"shmproxy backend: ReduceOp.{name} is not supported (supported: SUM, PRODUCT, MIN, MAX, AVG)")
+    if kind == _RED.AVG and not (t.is_floating_point() or t.is_complex()):
+        raise errors.InvalidArgument(
+            f"shmproxy backend: ReduceOp.AVG needs a floating-point tensor, got {t.dtype}"
+            " (use SUM and divide)")
+    if t.dtype == torch.bool and kind not in (_RED.MIN, _RED.MAX):
+        raise errors.InvalidArgument(
+            f"shmproxy backend: bool tensors reduce with MIN or MAX only, not {kind}")
+    return _OPS[kind]
+
+
+def one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise errors.InvalidArgument(f"shmproxy backend: {what} takes exactly one tensor per call, got"
+                                     f" {len(tensors)} (one CPU device per process)")
+    T.check_tensor(tensors[0], what)
+    return tensors[0]
+
+
+def _root(pg: Any, root: int, what: str) -> int:
+    if not 0 <= root < pg.size():
+        raise errors.InvalidArgument(f"shmproxy backend: {what}: root {root} is not a rank of this group"
+                                     f" (size {pg.size()})")
+    return root
+
+
+def _same(ts: Sequence[torch.Tensor], ref: torch.Tensor, what: str) -> None:
+    for i, t in enumerate(ts):
+        T.check_tensor(t, f"{what}[{i}]")
+        if t.dtype != ref.dtype or t.numel() != ref.numel():
+            raise errors.InvalidArgument(
+                f"shmproxy backend: {what}[{i}] is {t.dtype} x {t.numel()}, but the input is {ref.dtype} x "
+                f"{ref.numel()}: every block must match it")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Native collectives
+
+def allreduce(pg: Any, t: torch.Tensor, op: Any, st: T.Staged) -> list:
+    rop = redop(op, t)
+    arr = T.for_reduce(t, st, output=True)
+    return [pg.comm.Iallreduce(shmproxy.IN_PLACE, arr, rop)]
+
+
+def broadcast(pg: Any, t: torch.Tensor, root: int, st: T.Staged) -> list:
+    root = _root(pg, root, "broadcast")
+    arr = T.for_move(t, st, output=pg.rank() != root)
+    return [pg.comm.Ibcast(arr, root)]
+
+
+def reduce(pg: Any, t: torch.Tensor, op: Any, root: int, st: T.Staged) -> list:
+    rop = redop(op, t)
+    root = _root(pg, root, "reduce")
+    if pg.rank() == root:
+        return [pg.comm.Ireduce(shmproxy.IN_PLACE, T.for_reduce(t, st, output=True), rop, root)]
+    return [pg.comm.Ireduce(T.for_reduce(t, st, output=False), None, rop, root)]
+
+
+def barrier(pg: Any, st: T.Staged) -> list:
+    return [pg.comm.Ibarrier()]
+
+
+def all_gather_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, st: T.Staged) -> list:
+    T.check_tensor(out, "all_gather output")
+    T.check_tensor(inp, "all_gather input")
+    n = pg.size()
+    if out.dtype != inp.dtype or out.numel() != inp.numel() * n:
+        raise errors.InvalidArgument(
+            f"shmproxy backend: all_gather_into_tensor: output {out.dtype} x {out.numel()} must be the"
+            f" input's dtype and {n} x its {inp.numel()} elements")
+    rarr = T.for_move(out, st, output=True)
+    blk = inp.numel() * inp.element_size()
+    if out.is_contiguous() and inp.is_contiguous() and inp.data_ptr() == out.data_ptr() + pg.rank() * blk:
+        return [pg.comm.Iallgather(shmproxy.IN_PLACE, rarr)]
+    return [pg.comm.Iallgather(T.for_move(inp, st, output=False), rarr)]
+
+
+def allgather_list(pg: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, st: T.Staged) -> list:
+    T.check_tensor(inp, "all_gather input")
+    n = pg.size()
+    if len(outs) != n:
+        raise errors.InvalidArgument(
+            f"shmproxy backend: all_gather: {len(outs)} output tensors for a group of {n}")
+    _same(outs, inp, "all_gather output")
+    k = inp.numel()
+    tmp, tarr = T.scratch(k * n, inp, st)
+
+    def scatter_out() -> None:
+        for r, o in enumerate(outs):
+            o.copy_(tmp[r * k:(r + 1) * k].view(o.shape))
+    st.after.append(scatter_out)
+    return [pg.comm.Iallgather(T.for_move(inp, st, output=False), tarr)]
+
+
+def reduce_scatter_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, op: Any, st: T.Staged) -> list:
+    T.check_tensor(out, "reduce_scatter output")
+    T.check_tensor(inp, "reduce_scatter input")
+    rop = redop(op, inp)
+    n = pg.size()
+    if out.dtype != inp.dtype or inp.numel() != out.numel() * n:
+        raise errors.InvalidArgument(
+            f"shmproxy backend: reduce_scatter_tensor: input {inp.dtype} x {inp.numel()} must be the"
+            f" output's dtype and {n} x its {out.numel()} elements")
+    sarr = T.for_reduce(inp, st, output=False)
+    return [pg.comm.Ireduce_scatter_block(sarr, T.for_reduce(out, st, output=True), rop)]
+
+
+def reduce_scatter_list(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], op: Any,
+                        st: T.Staged) -> list:
+    T.check_tensor(out, "reduce_scatter output")
+    rop = redop(op, out)
+    n = pg.size()
+    if len(ins) != n:
+        raise errors.InvalidArgument(
+            f"shmproxy backend: reduce_scatter: {len(ins)} input tensors for a group of {n}")
+    _same(ins, out, "reduce_scatter input")
+    k = out.numel()
+    tmp, tarr = T.scratch(k * n, out, st, reduce=True)
+    for r, x in enumerate(ins):
+        tmp[r * k:(r + 1) * k].copy_(x.reshape(-1))
+    return [pg.comm.Ireduce_scatter_block(tarr, T.for_reduce(out, st, output=True), rop)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Collectives made of point-to-point messages
+
+def _splits(given: Sequence[int], t: torch.Tensor, n: int, what: str) -> list[int]:
+    rows = t.shape[0] if t.dim() else 1
+    if not given:
+        if rows % n:
+            raise errors.InvalidArgument(f"shmproxy backend: all_to_all_single: {what} has {rows} rows, not a"
+                                         f" multiple of the group size {n} (pass split sizes)")
+        return [rows // n] * n
+    sp = [int(s) for s in given]
+    if len(sp) != n or any(s < 0 for s in sp) or sum(sp) != rows:
+        raise errors.InvalidArgument(f"shmproxy backend: all_to_all_single: {what} split sizes {sp} must"
+                                     f" be {n} non-negative numbers adding up to its {rows} rows")
+    return sp
+
+
+def all_to_all_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
+                      in_splits: Sequence[int], st: T.Staged) -> list:
+    T.check_tensor(out, "all_to_all output")
+    T.check_tensor(inp, "all_to_all input")
+    if out.dtype != inp.dtype:
+        raise errors.InvalidArgument(
+            f"shmproxy backend: all_to_all_single: output {out.dtype} != input {inp.dtype}")
+    n, me = pg.size(), pg.rank()
+    osp, isp = _splits(out_splits, out, n, "output"), _splits(in_splits, inp, n, "input")
+    oarr = T.for_move(out, st, output=True)
+    iarr = T.for_move(inp, st, output=False)
+    if len(set(osp)) == 1 and len(set(isp)) == 1 and osp[0] == isp[0]:
+        return [pg.comm.Ialltoall(iarr, oarr)]
+    orow = out.numel() // max(out.shape[0], 1) if out.dim() else 1
+    irow = inp.numel() // max(inp.shape[0], 1) if inp.dim() else 1
+    ooff = np.concatenate([[0], np.cumsum(osp)]) * orow
+    ioff = np.concatenate([[0], np.cumsum(isp)]) * irow
+    recv = [oarr[ooff[r]:ooff[r + 1]] for r in range(n)]
+    return _pairs(pg, recv, [iarr[ioff[r]:ioff[r + 1]] for r in range(n)], TAG_ALLTOALLV, me)
+
+
+def alltoall_list(pg: Any, outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], st: T.Staged) -> list:
+    n = pg.size()
+    if len(outs) != n or len(ins) != n:
+        raise errors.InvalidArgument(f"shmproxy backend: all_to_all: {len(outs)} outputs and {len(ins)}"
+                                     f" inputs for a group of {n}")
+    for i, t in enumerate([*outs, *ins]):
+        T.check_tensor(t, f"all_to_all tensor {i}")
+    recv = [T.for_move(o, st, output=True) for o in outs]
+    return _pairs(pg, recv, [T.for_move(x, st, output=False) for x in ins], TAG_ALLTOALL_LIST, pg.rank())
+
+
+def _pairs(pg: Any, recv: list[np.ndarray], send: list[np.ndarray], tag: int, me: int) -> list:
+    """Block r of ``send`` to rank r, block r of ``recv`` from rank r; empty blocks travel nowhere
+    (both sides know they are empty), and the rank's own block is copied here."""
+    comm, reqs = pg.comm, []
+    if recv[me].size != send[me].size:
+        raise errors.InvalidArgument(f"shmproxy backend: all_to_all: rank {me} sends itself {send[me].size}"
+                                     f" elements but expects {recv[me].size}")
+    recv[me][...] = send[me]
+    with comm.group():
+        for r in range(len(recv)):
+            if r != me and recv[r].size:
+                reqs.append(comm.Irecv(recv[r], r, tag))
+        for r in range(len(send)):
+            if r != me and send[r].size:
+                reqs.append(comm.Isend(send[r], r, tag))
+    return reqs
+
+
+def gather(pg: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, root: int, st: T.Staged) -> list:
+    T.check_tensor(inp, "gather input")
+    root, me, comm = _root(pg, root, "gather"), pg.rank(), pg.comm
+    if me != root:
+        return [comm.Isend(T.for_move(inp, st, output=False), root, TAG_GATHER)]
+    if len(outs) != pg.size():
+        raise errors.InvalidArgument(
+            f"shmproxy backend: gather: {len(outs)} outputs for a group of {pg.size()}")
+    _same(outs, inp, "gather output")
+    outs[me].copy_(inp.reshape(outs[me].shape))
+    with comm.group():
+        return [comm.Irecv(T.for_move(o, st, output=True), r, TAG_GATHER)
+                for r, o in enumerate(outs) if r != me]
+
+
+def scatter(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], root: int, st: T.Staged) -> list:
+    T.check_tensor(out, "scatter output")
+    root, me, comm = _root(pg, root, "scatter"), pg.rank(), pg.comm
+    if me != root:
+        return [comm.Irecv(T.for_move(out, st, output=True), root, TAG_SCATTER)]
+    if len(ins) != pg.size():
+        raise errors.InvalidArgument(
+            f"shmproxy backend: scatter: {len(ins)} inputs for a group of {pg.size()}")
+    _same(ins, out, "scatter input")
+    out.copy_(ins[me].reshape(out.shape))
+    with comm.group():
+        return [comm.Isend(T.for_move(x, st, output=False), r, TAG_SCATTER)
+                for r, x in enumerate(ins) if r != me]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Point-to-point
+
+def send(pg: Any, t: torch.Tensor, dst: int, tag: int, st: T.Staged) -> list:
+    return [pg.comm.Isend(T.for_move(t, st, output=False), dst, tag)]
+
+
+def recv(pg: Any, t: torch.Tensor, src: int, tag: int, st: T.Staged) -> list:
+    return [pg.comm.Irecv(T.for_move(t, st, output=True), src, tag)]

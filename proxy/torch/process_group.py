@@ -1,0 +1,240 @@
+"""ProcessGroupShmproxy: a torch.distributed process group (torch's Python trampoline,
+``dist.ProcessGroup`` subclassed in Python) over one shmproxy communicator.
+
+Every torch call validates its tensors, posts the communicator's nonblocking requests and returns a
+Work at once (ops.py builds the requests, work.py completes them); ``async_op=False`` is torch
+calling ``wait()`` on that Work. So the progress process moves a DDP bucket while backward computes.
+
+Thread safety: torch may call a process group from several threads (DDP's reducer posts allreduces
+from autograd threads, the completer tests requests). A shmproxy Comm is used by one thread at a
+time, so each group has one lock (``self.lock``, reentrant): posting (including a whole
+``comm.group()`` of coalesced requests) and testing requests take it; nobody holds it while waiting.
+The completer sleeps without it (work.py), so posting is never delayed by a wait.
+
+Which torch calls reach this class: torch.distributed's Python functions call the group's methods
+by name, so every method below serves them (reduce, gather, scatter, alltoall, recv_anysource
+included); C++ callers (DDP's reducer, ``_broadcast_coalesced``, ``_verify_params_across_processes``)
+reach allreduce, broadcast, allgather, barrier and the rest that torch's trampoline forwards.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+import shmproxy
+from shmproxy.core import errors
+from shmproxy.torch import ops
+from shmproxy.torch.tensors import Staged, alloc_tensor, check_tensor
+from shmproxy.torch.work import Completer, Work
+
+BACKEND_NAME = "shmproxy"
+
+
+def _stop_at_exit(ref: "weakref.ref[ProcessGroupShmproxy]") -> None:
+    pg = ref()
+    if pg is not None:
+        pg.completer.stop()
+        pg.completer.thread.join(pg.timeout_s)
+
+
+class ProcessGroupShmproxy(dist.ProcessGroup):
+    """A process group whose collectives and messages run on shmproxy's progress process."""
+
+    def __init__(self, comm: shmproxy.Comm, rank: int, size: int, timeout: timedelta, label: str = ""):
+        super().__init__(rank, size)
+        self.comm = comm
+        self.timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        self.group_label = label or f"r{rank}"
+        self.lock = threading.RLock()
+        self.completer = Completer(self)
+        # Registered after the Comm's own exit hook, so it runs first (atexit is last-in, first-out):
+        # the completion thread stops touching the communicator before the Comm is closed.
+        atexit.register(_stop_at_exit, weakref.ref(self))
+
+    # ---- identity ---------------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def name(self) -> str:  # type: ignore[override]
+        return BACKEND_NAME
+
+    def alloc_tensor(self, shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A zeroed CPU tensor in this group's registered shared memory (no staging copy when it is
+        sent, received or reduced through this group)."""
+        with self.lock:
+            return alloc_tensor(self.comm, shape, dtype)
+
+    # ---- posting ----------------------------------------------------------------------------------
+    def _post(self, name: str, build: Callable[[Staged], list], result: list[torch.Tensor],
+              on_done: Callable[[Work], None] | None = None) -> Work:
+        stage = Staged()
+        with self.lock:
+            try:
+                reqs = build(stage)
+            except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
+                # A failed communicator gives a failed Work, not an exception at the call: DDP's reducer
+                # posts from an autograd hook and is not made to survive a throw there (gloo and nccl
+                # report such failures through the Work too). Bad arguments still raise at once.
+                work = Work(self, name, [], stage, result, on_done)
+                work._fail(exc)
+                return work
+            work = Work(self, name, reqs, stage, result, on_done)
+            self.completer.add(work)
+        return work
+
+    def _coalesced(self, name: str, builds: list[Callable[[Staged], list]],
+                   result: list[torch.Tensor]) -> Work:
+        def build(st: Staged) -> list:
+            with self.comm.group():
+                return [r for b in builds for r in b(st)]
+        return self._post(name, build, result)
+
+    # ---- collectives ------------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        t = ops.one(tensors, "allreduce")
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._post("allreduce", lambda st: ops.allreduce(self, t, op, st), [t])
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"allreduce_coalesced tensor {i}")
+        builds = [lambda st, t=t: ops.allreduce(self, t, op, st) for t in tensors]
+        return self._coalesced("allreduce_coalesced", builds, list(tensors))
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        t = ops.one(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        return self._post("broadcast", lambda st: ops.broadcast(self, t, root, st), [t])
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        t = ops.one(tensors, "reduce")
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        root = opts.rootRank if opts is not None else 0
+        return self._post("reduce", lambda st: ops.reduce(self, t, op, root, st), [t])
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._post("barrier", lambda st: ops.barrier(self, st), [])
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> Work:
+        inp = ops.one(inputs, "allgather")
+        if len(output_lists) != 1:
+            raise errors.InvalidArgument("shmproxy backend: allgather takes one list of outputs")
+        outs = output_lists[0]
+        return self._post("allgather", lambda st: ops.allgather_list(self, outs, inp, st), list(outs))
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: Any = None) -> Work:
+        if len(output_lists) != len(inputs):
+            raise errors.InvalidArgument("shmproxy backend: allgather_coalesced: one output list per input")
+        return self._coalesced(
+            "allgather_coalesced",
+            [lambda st, o=o, i=i: ops.allgather_list(self, o, i, st) for o, i in zip(output_lists, inputs)],
+            [t for o in output_lists for t in o])
+
+    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
+        return self._post("all_gather_into_tensor", lambda st: ops.all_gather_single(self, out, inp, st),
+                          [out])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outs: list[torch.Tensor], ins: list[torch.Tensor],
+                                    opts: Any = None) -> Work:
+        builds = [lambda st, o=o, i=i: ops.all_gather_single(self, o, i, st) for o, i in zip(outs, ins)]
+        return self._coalesced("all_gather_into_tensor_coalesced", builds, list(outs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> Work:
+        out = ops.one(outputs, "reduce_scatter")
+        if len(input_lists) != 1:
+            raise errors.InvalidArgument("shmproxy backend: reduce_scatter takes one list of inputs")
+        ins = input_lists[0]
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._post("reduce_scatter", lambda st: ops.reduce_scatter_list(self, out, ins, op, st), [out])
+
+    def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._post("reduce_scatter_tensor",
+                          lambda st: ops.reduce_scatter_single(self, out, inp, op, st), [out])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outs: list[torch.Tensor], ins: list[torch.Tensor],
+                                        opts: Any = None) -> Work:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._coalesced(
+            "reduce_scatter_tensor_coalesced",
+            [lambda st, o=o, i=i: ops.reduce_scatter_single(self, o, i, op, st) for o, i in zip(outs, ins)],
+            list(outs))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
+                          in_splits: Sequence[int], opts: Any = None) -> Work:
+        return self._post("all_to_all_single",
+                          lambda st: ops.all_to_all_single(self, out, inp, out_splits, in_splits, st), [out])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any = None) -> Work:
+        return self._post("all_to_all", lambda st: ops.alltoall_list(self, outs, ins, st), list(outs))
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any = None) -> Work:
+        inp = ops.one(inputs, "gather")
+        root = opts.rootRank if opts is not None else 0
+        outs = output_lists[0] if output_lists else []
+        return self._post("gather", lambda st: ops.gather(self, outs, inp, root, st), list(outs))
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts: Any = None) -> Work:
+        out = ops.one(outputs, "scatter")
+        root = opts.rootRank if opts is not None else 0
+        ins = input_lists[0] if input_lists else []
+        return self._post("scatter", lambda st: ops.scatter(self, out, ins, root, st), [out])
+
+    # ---- point-to-point ---------------------------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
+        t = ops.one(tensors, "send")
+        return self._post(f"send to rank {dst} tag {tag}", lambda st: ops.send(self, t, dst, tag, st), [t])
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
+        t = ops.one(tensors, "recv")
+        holder: list = []
+
+        def build(st: Staged) -> list:
+            holder.extend(ops.recv(self, t, src, tag, st))
+            return list(holder)
+
+        def done(w: Work) -> None:
+            w.source = holder[0].status.source
+        return self._post(f"recv from rank {src} tag {tag}", build, [t], done)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
+        return self.recv(tensors, shmproxy.ANY_SOURCE, tag)
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    def abort(self) -> None:
+        """Fail the communicator on every rank now (pending Works raise shmproxy.Aborted)."""
+        with self.lock:
+            self.comm.Abort("torch.distributed abort")
+        self.completer.fail_all(errors.Aborted(f"rank {self.rank()}: the process group was aborted"))
+
+    def shutdown(self) -> None:
+        """Close the communicator after its pending operations completed (or failed); idempotent."""
+        self.completer.stop()
+        self.completer.thread.join(self.timeout_s)
+        with self.lock:
+            self.comm.close()
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupShmproxy rank {self.rank()}/{self.size()} {self.comm!r}>"

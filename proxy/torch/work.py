@@ -1,0 +1,226 @@
+"""Work objects and the completion thread of a shmproxy process group.
+
+Why a thread: DDP (and any communication hook) chains callbacks on ``work.get_future()`` and later
+waits on the chained future from C++, never calling ``Work.wait``. So something must complete the
+futures while nobody waits: one daemon thread per process group, the *completer*, started with the
+group. Lazy completion in ``wait`` would leave DDP's reducer waiting forever.
+
+What the completer does, in passes: under the group's lock it tests every pending operation's
+requests (``Request.Test`` reaps completed ones); outside the lock it runs the finished operations'
+copies back (non-contiguous outputs, bfloat16 casts) and marks their Work and Future completed, so
+the Future's callbacks run on this thread (as gloo runs them on its worker threads). When a pass
+finished nothing, it sleeps on the rank's wake-up word of the communicator, *without* the lock:
+the progress process wakes it on a completion, and the sleep is a bounded slice that checks the
+communicator's error, the abort flag and the progress process, so a dead peer fails every pending
+Work within a slice. Posting threads (DDP's autograd threads included) only take the lock to post,
+never to wait, so a bucket's allreduce is posted while the previous one is still in flight.
+
+The sleep is the communicator's own bounded sleep (``Comm._sleep_slice``): the Comm has no public
+"sleep until one of my requests completes" that does not also reap, and reaping must stay under
+the lock. A Work's ``wait`` waits on an Event that the completer sets: every thread may wait.
+
+Caveat: a callback chained on a Future runs on the completer; a *blocking* collective on the same
+group inside such a callback would wait for the thread that is running it. Such a call raises an
+InvalidUsage saying so instead of hanging.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from shmproxy.core import errors
+from shmproxy.torch.tensors import Staged
+
+
+class Work(dist.Work):
+    """One posted operation of a shmproxy process group: its requests, what runs at completion, and
+    the value of its Future (the output tensors, as torch's backends give)."""
+
+    def __init__(self, pg: Any, name: str, requests: list, stage: Staged, result: list[torch.Tensor],
+                 on_done: Callable[["Work"], None] | None = None):
+        super().__init__()
+        self._pg = pg
+        self.name = name
+        self.requests = requests
+        self.stage = stage
+        self.result_tensors = result
+        self.on_done = on_done
+        self.source = -1              # the sender of recv_anysource, known at completion
+        self._event = threading.Event()
+        self._exc: BaseException | None = None
+        # The Future that torch sees is chained on a private one: a callback that raises marks the
+        # chained Future failed in C++ (torch.futures.Future.set_exception would instead complete it
+        # *successfully* with the exception object as its value, which DDP's reducer reads as tensors).
+        self._trigger: torch.futures.Future = torch.futures.Future()
+        self._future = self._trigger.then(self._outcome)
+        self.deadline = time.monotonic() + pg.timeout_s
+
+    # ---- set by the completer -------------------------------------------------------------------
+    def _complete(self) -> None:
+        try:
+            self.stage.done()
+            if self.on_done is not None:
+                self.on_done(self)
+        except BaseException as exc:   # a copy-back that failed is this Work's error, not the thread's
+            self._fail(exc)
+            return
+        self._event.set()
+        self._trigger.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._event.is_set():
+            return
+        self._exc = exc
+        self.stage.after.clear()
+        self._event.set()
+        self._trigger.set_result(None)
+
+    def _outcome(self, _trigger: torch.futures.Future) -> list[torch.Tensor]:
+        if self._exc is not None:
+            raise self._exc
+        return self.result_tensors
+
+    # ---- torch's Work API -------------------------------------------------------------------------
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Block until the operation completed; raise its error (shmproxy's, naming the rank). A
+        ``timeout`` (timedelta or seconds; 0 or None: the group's timeout) that expires raises
+        shmproxy.Timeout."""
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if not self._event.is_set():
+            if threading.current_thread() is self._pg.completer.thread:
+                raise errors.InvalidUsage(
+                    f"rank {self._pg.rank()}: a blocking wait for {self.name} on the shmproxy completion "
+                    "thread (inside a Future callback): chain another callback instead of waiting")
+            limit = secs if secs else max(self.deadline - time.monotonic(), 0.0) + 1.0
+            if not self._event.wait(limit):
+                raise errors.Timeout(
+                    f"rank {self._pg.rank()}: {self.name} did not complete within {limit:.1f} s")
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._event.is_set() and self._exc is None
+
+    def exception(self) -> BaseException | None:  # type: ignore[override]
+        return self._exc
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def result(self) -> list[torch.Tensor]:  # type: ignore[override]
+        self.wait()
+        return self.result_tensors
+
+    def _source_rank(self) -> int:
+        self.wait()
+        return self.source
+
+    source_rank = _source_rank
+
+    def __repr__(self) -> str:
+        state = "failed" if self._exc is not None else ("done" if self._event.is_set() else "pending")
+        return f"<shmproxy.torch.Work {self.name} {state}>"
+
+
+class Completer:
+    """The completion thread of one process group (see the module header)."""
+
+    def __init__(self, pg: Any):
+        self._pg = pg
+        self._pending: list[Work] = []
+        self._cond = threading.Condition(pg.lock)   # the group's lock: adding work and testing share it
+        self._stop = False
+        self.thread = threading.Thread(target=self._run, name=f"shmproxy-completer-{pg.group_label}",
+                                       daemon=True)
+        self.thread.start()
+
+    def add(self, work: Work) -> None:
+        """Called with the group's lock held, right after posting."""
+        self._pending.append(work)
+        self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+
+    def fail_all(self, exc: BaseException) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, []
+        for w in pending:
+            w._fail(exc)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stop:
+                    self._cond.wait()
+                if self._stop and not self._pending:
+                    return
+            try:
+                self._pass()
+            except Exception as exc:   # a bug here must fail the pending Works, not end the thread silently
+                what = f"{type(exc).__name__}: {exc}"
+                self.fail_all(errors.InternalError(
+                    f"rank {self._pg.rank()}: the shmproxy completion thread failed: {what}"))
+
+    def _pass(self) -> None:
+        """Test every pending operation, complete the finished ones; sleep when none finished."""
+        comm = self._pg.comm
+        with self._cond:
+            finished, failure, head = self._test_all()
+        for w in finished:
+            w._complete()
+        if failure is not None:
+            self.fail_all(failure)
+            return
+        if finished or head is None:
+            return
+        work, req = head
+        try:
+            # The lock is not held: posting threads go on while this one sleeps.
+            comm._sleep_slice(work.deadline, f"{work.name} ({req.describe()})",
+                              comm._layout.slot_q(req._slot), req._seq)
+        except errors.Timeout as exc:
+            with self._cond:
+                if work in self._pending:
+                    self._pending.remove(work)
+            work._fail(exc)
+        except errors.ProxyError as exc:
+            self.fail_all(exc)
+
+    def _test_all(self) -> tuple[list[Work], BaseException | None, tuple[Work, Any] | None]:
+        """One pass under the lock: the finished Works (removed from the pending list), the
+        communicator's failure if one was seen, and a (work, request) still pending to sleep on."""
+        finished: list[Work] = []
+        head: tuple[Work, Any] | None = None
+        keep: list[Work] = []
+        failure: BaseException | None = None
+        for w in self._pending:
+            try:
+                left = [r for r in w.requests if not r.Test()]
+            except (errors.PeerDiedError, errors.Aborted, errors.Closed) as exc:
+                failure = exc
+                keep.append(w)
+                continue
+            except errors.ProxyError as exc:   # this operation's own error (truncation, mismatch)
+                w._fail(exc)
+                continue
+            w.requests = left
+            if left:
+                keep.append(w)
+                if head is None:
+                    head = (w, left[0])
+            else:
+                finished.append(w)
+        self._pending = keep
+        return finished, failure, head
