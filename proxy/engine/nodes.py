@@ -135,6 +135,8 @@ class Nodes:
         recv = self.matcher.arrive(dst, env.rank, env.tag, env)
         if recv is not None:
             self.match(env, recv)
+        elif self.probes:
+            self.wake_probes(dst, env)   # engine/p2p.py
 
     def remote_closed(self, rank: int) -> None:
         """Loop: ``rank`` of another node closed: the receives posted here for it fail."""
