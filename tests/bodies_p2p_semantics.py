@@ -17,6 +17,7 @@ import numpy as np
 import shmproxy
 from shmproxy.core.ops import FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED
 from shmproxy.rank import objects
+from shmproxy import MPI
 
 A, T = shmproxy.ANY_SOURCE, shmproxy.ANY_TAG
 
@@ -248,3 +249,59 @@ def close_with_unmatched_sends(marker: str) -> dict:
         raise AssertionError("received a send its sender abandoned")
     comm.close()
     return {}
+
+
+def mpi_point_to_point() -> None:
+    """shmproxy.MPI: the standard-mode exchange (both ranks Send, then Recv), Ssend, Probe/Iprobe/
+    Mprobe/Improbe with Status, Message.Recv, Request.Cancel and Is_cancelled, the object layer's
+    recv() with its defaults, isend/irecv, sendrecv, probe/iprobe and mprobe."""
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    other = 1 - rank
+    st = MPI.Status()
+    got = np.zeros(4, "i")
+    comm.Send([np.full(4, rank, "i"), MPI.INT], dest=other, tag=1)
+    comm.Recv([got, MPI.INT], source=other, tag=1, status=st)
+    assert got.tolist() == [other] * 4 and st.Get_count(MPI.INT) == 4
+    if rank == 0:
+        comm.Ssend(np.arange(3, dtype="d"), 1, tag=2)
+        comm.Send(np.arange(6, dtype="d"), 1, tag=3)
+        comm.Send(np.arange(2, dtype="d"), 1, tag=4)
+    else:
+        assert comm.Probe(0, 2, st) and (st.source, st.tag, st.Get_count(MPI.DOUBLE)) == (0, 2, 3)
+        comm.Recv(np.zeros(3), 0, 2)
+        comm.Probe(MPI.ANY_SOURCE, 3)
+        assert comm.Iprobe(0, 3, st) and st.Get_count(MPI.DOUBLE) == 6
+        assert not comm.Iprobe(0, 99)
+        msg = comm.Mprobe(0, MPI.ANY_TAG, st)
+        assert st.tag == 3 and msg
+        buf = np.zeros(st.Get_count(MPI.DOUBLE))
+        msg.Recv([buf, MPI.DOUBLE], st)
+        assert buf.tolist() == list(range(6)) and not msg
+        while (m := comm.Improbe(0, 4, st)) is None:
+            pass
+        out = np.zeros(2)
+        m.Irecv(out).Wait()
+        assert out.tolist() == [0, 1]
+        r = comm.Irecv(np.zeros(1), 0, 77)
+        r.Cancel()
+        r.Wait(st)
+        assert st.Is_cancelled()
+    comm.Barrier()
+    # objects
+    if rank == 0:
+        comm.send("a", 1, tag=5)
+        comm.isend(["b"], 1, tag=6).wait()
+        comm.send({"c": 3}, 1, tag=7)
+        comm.send(4, 1, tag=8)
+    else:
+        assert comm.recv(status=st) == "a" and (st.source, st.tag) == (0, 5)
+        assert comm.irecv(source=0, tag=6).wait() == ["b"]
+        assert comm.probe(0, 7, st) and st.tag == 7
+        msg = comm.mprobe(0, MPI.ANY_TAG, st)
+        assert st.tag == 7 and msg.recv() == {"c": 3}
+        while not comm.iprobe(0, 8):
+            pass
+        assert comm.recv(None, 0) == 4
+    assert comm.sendrecv(rank, other, 9, source=other, recvtag=9) == other
+    comm.Barrier()

@@ -49,3 +49,7 @@ def test_close_abandons_a_large_unmatched_send_promptly_and_says_so(tmp_path):
     assert ("rank 1 closed with 1 request(s) still pending, abandoned: send of 2097152 B to rank 0 tag 42"
             in res.stderr[1]), res.stderr[1]
     assert "pending" not in res.stderr[0]
+
+
+def test_mpi_namespace_point_to_point():
+    run_ranks(BODY + "mpi_point_to_point", 2, timeout=120)

@@ -114,7 +114,7 @@ class PointToPoint:
         self.buffered: dict[int, int] = {}         # destination rank -> bytes buffered for it
         self.buffered_ids = 0
         self.probes: dict[int, list[Op]] = {}      # destination rank -> blocking Probes waiting
-        self.held: dict[tuple[int, int], Any] = {}  # (owner, probe's sequence) -> message a matched probe took
+        self.held: dict[tuple[int, int], Any] = {}  # (owner, probe's sequence) -> what a matched probe took
 
     def append(self, op: Op) -> None:
         """A fetched op: a collective's arrival, or one half of a message."""

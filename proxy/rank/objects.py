@@ -92,7 +92,8 @@ from shmproxy.rank.objstate import (OBJ_COLL_TAG, OBJ_TAG_BASE, _SELF_ATTR, _com
                                     _next_seq, _peer, _public, _reducer, _user_tag)
 from shmproxy.rank.request import Request, Status
 
-__all__ = ["send", "recv", "recv_status", "bcast", "gather", "allgather", "allreduce", "barrier", "OBJ_TAG_BASE",
+__all__ = ["send", "recv", "recv_status", "bcast", "gather", "allgather", "allreduce", "barrier",
+           "OBJ_TAG_BASE",
            "OBJ_COLL_TAG", "OOB_MIN_BYTES", "OOB_MAX_BUFFERS", "HDR_WORDS"]
 
 # Buffers smaller than this are pickled in-band: one more message costs more than copying them. The

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
-from shmproxy.rank.objects import (OP_P2P, _dumps, _finish_recv, _from_self, _post_send, _start_recv, _wild_peer,
-                                   recv, recv_status, send)
+from shmproxy.rank.objects import (OP_P2P, _dumps, _finish_recv, _from_self, _post_send, _start_recv,
+                                   _wild_peer, recv, recv_status, send)
 from shmproxy.rank.objstate import _complete_sends, _enter, _peer, _public, _user_tag
 from shmproxy.rank.request import Request, Status
 
