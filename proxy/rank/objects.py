@@ -36,6 +36,11 @@ marks a header whose payload is an error text (utf-8) instead of a pickle: colle
 the other ranks that a contribution could not be pickled (or a reduction failed), so every rank
 leaves the collective in step and raises, and the communicator stays usable.
 
+Wildcards: recv with ANY_SOURCE or ANY_TAG (the defaults, as in mpi4py) first takes the next header it
+accepts out of matching with a matched probe (Comm.Mprobe), then receives the rest of that object from
+its actual (source, tag); ANY_TAG never matches the reserved tags below. The nonblocking and combined
+calls (isend, irecv, sendrecv, probe, iprobe) are in objp2p.py.
+
 Tags: send/recv use the user's tag. Collectives use the reserved tag OBJ_COLL_TAG; every tag below
 OBJ_TAG_BASE (= -2**62) is reserved for shmproxy's internal traffic, and send/recv refuse them. Since
 every rank calls collectives in the same order and one pair's messages on one tag are FIFO, one tag is
