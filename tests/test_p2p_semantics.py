@@ -53,3 +53,10 @@ def test_close_abandons_a_large_unmatched_send_promptly_and_says_so(tmp_path):
 
 def test_mpi_namespace_point_to_point():
     run_ranks(BODY + "mpi_point_to_point", 2, timeout=120)
+
+
+@pytest.mark.parametrize("body", ["send_then_recv_exchange", "probes"])
+def test_across_simulated_nodes(body):
+    """The same calls between two simulated nodes (the receive half and its probes on the receiver's
+    node; small sends complete through the socket transport's own eager path)."""
+    run_ranks(BODY + body, 2, timeout=120, nodes=2)

@@ -27,7 +27,10 @@ place in its unexpected queue (Matcher.replace_unexpected), so matching order an
 those of the unbuffered send; the later match hands it to the transport like any send (its bytes are
 found through ``buffers``), and only the receive completes. Flow control: at most SEND_BUFFER_PER_PEER
 bytes may wait buffered for one destination; beyond it a send stays unbuffered and waits for its
-receive, as a large one does. Across nodes the transport between nodes has its own eager path.
+receive, as a large one does. Across nodes the same bound applies on the sender's node: a send above
+the socket transport's own eager size (NET_EAGER_BYTES, which completes at once anyway) is copied
+before its envelope leaves (engine/nodes.py remote_send) and completes then; its Buffered is what the
+transport later moves, and is freed by the transport's verdict.
 
 **Probes.** A probe (KIND_PROBE) asks what a receive (source, tag) would match now. Probe/Iprobe leave
 the message in place: the answer is the first unexpected message it accepts, or, for a blocking probe,
@@ -82,15 +85,15 @@ class Buffered:
 
     __slots__ = ("kind", "rank", "peer", "tag", "nbytes", "count", "dtype", "mem", "flags", "opcount",
                  "t_post", "t_fetch", "owner", "buf_id", "offset", "req_slot", "req_seq", "addr", "size",
-                 "data", "release")
+                 "data", "mm", "release")
 
-    def __init__(self, send: Op, buf_id: int, data: np.ndarray | None, release: Any):
+    def __init__(self, send: Op, buf_id: int, data: np.ndarray, release: Any):
         self.kind, self.rank, self.peer, self.tag = KIND_SEND, send.rank, send.peer, send.tag
         self.nbytes, self.count, self.dtype, self.mem, self.flags = send.nbytes, send.count, send.dtype, 0, 0
         self.opcount, self.t_post, self.t_fetch = send.opcount, send.t_post, send.t_fetch
         self.owner, self.buf_id, self.offset, self.req_slot, self.req_seq = BUFFERED_OWNER, buf_id, 0, -1, -1
-        self.data = data
-        self.addr = _native.buffer_info(data, True)[0] if data is not None else 0
+        self.data = self.mm = data    # mm: what the socket transport views (a MemfdBuffer's mapping)
+        self.addr = _native.buffer_info(data, True)[0] if self.nbytes else 0
         self.size = self.nbytes
         self.release = release
 
@@ -98,7 +101,7 @@ class Buffered:
         self.release(self)
 
     def close(self) -> None:
-        self.data = None
+        self.data = self.mm = None
 
     def describe(self) -> str:
         return f"send rank {self.rank} peer {self.peer} tag {self.tag} {self.nbytes} B buffered"
@@ -111,6 +114,7 @@ class PointToPoint:
         self.matcher = Matcher()   # the receive half of point-to-point
         self.send_buffer = params.SEND_BUFFER_BYTES
         self.send_buffer_peer = params.SEND_BUFFER_PER_PEER
+        self.net_eager = params.NET_EAGER_BYTES    # sends to other nodes up to this complete at once anyway
         self.buffered: dict[int, int] = {}         # destination rank -> bytes buffered for it
         self.buffered_ids = 0
         self.probes: dict[int, list[Op]] = {}      # destination rank -> blocking Probes waiting
@@ -281,31 +285,37 @@ class PointToPoint:
         """``send`` just arrived unexpected: copy its bytes into this process and complete it, unless
         its destination has SEND_BUFFER_PER_PEER bytes waiting already (flow control) or its buffer
         does not check out (left to the match, which refuses it naming why). Returns what is queued."""
-        dst, n = send.peer, send.nbytes
-        used = self.buffered.get(dst, 0)
-        if used + n > self.send_buffer_peer:
+        b = self.buffered_copy(send)
+        if b is None or not self.matcher.replace_unexpected(send.peer, send.rank, send.tag, send, b):
             return send
+        self.adopt_buffered(send, b)
+        return b
+
+    def buffered_copy(self, send: Op) -> Buffered | None:
+        """A Buffered copy of ``send``'s bytes, or None (flow control, or a buffer that does not check out)."""
+        n = send.nbytes
+        if self.buffered.get(send.peer, 0) + n > self.send_buffer_peer:
+            return None
         buf = self.buffers.get((send.owner, send.buf_id))
         if buf is None or send.offset + n > buf.size:
-            return send
-        data = None
+            return None
+        data = np.empty(n, np.uint8)
         if n:
-            data = np.empty(n, np.uint8)
             self.ctx.memcopy(_native.buffer_info(data, True)[0], buf.addr + send.offset, n)
         self.buffered_ids += 1
-        b = Buffered(send, self.buffered_ids, data, self.release_buffered)
-        if not self.matcher.replace_unexpected(dst, send.rank, send.tag, send, b):
-            return send
+        return Buffered(send, self.buffered_ids, data, self.release_buffered)
+
+    def adopt_buffered(self, send: Op, b: Buffered) -> None:
+        """``b`` stands in for ``send`` from now on: register its bytes, count them, complete the send."""
         self.buffers[(BUFFERED_OWNER, b.buf_id)] = b
-        self.buffered[dst] = used + n
-        self.complete(send, 0, n, source=dst, tag=send.tag)
-        return b
+        self.buffered[send.peer] = self.buffered.get(send.peer, 0) + send.nbytes
+        self.complete(send, 0, send.nbytes, source=send.peer, tag=send.tag)
 
     def release_buffered(self, b: Buffered) -> None:
         """A buffered send's bytes were delivered, or will never be: its memory goes back."""
         if self.buffers.pop((BUFFERED_OWNER, b.buf_id), None) is not None:
             self.buffered[b.peer] -= b.nbytes
-        b.data = None
+        b.data = b.mm = None
 
     # ------------------------------------------------------------------ probes and cancel
     def probe_post(self, probe: Op) -> None:
