@@ -19,11 +19,11 @@ from shmproxy.core.errors import (Aborted, Closed, InternalError, InvalidArgumen
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE, UNDEFINED
 from shmproxy.core.ops import ReduceOp
 from shmproxy.rank.comm import Comm, init
-from shmproxy.rank.request import Request, Status
+from shmproxy.rank.request import Message, Request, Status
 
 SUM, PROD, MIN, MAX, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG
 
-__all__ = ["init", "Comm", "Request", "Status", "ProxyError", "InvalidArgument", "InvalidUsage",
+__all__ = ["init", "Comm", "Message", "Request", "Status", "ProxyError", "InvalidArgument", "InvalidUsage",
            "RemoteError", "PeerDiedError", "Timeout", "Closed", "Aborted", "InternalError",
            "TruncationError", "ReduceOp", "SUM", "PROD", "MIN", "MAX", "AVG", "IN_PLACE", "UNDEFINED",
            "ANY_SOURCE", "ANY_TAG"]

@@ -81,19 +81,23 @@ typedef struct {
     PyObject_HEAD
     long long tag, nbytes;
     int source;
+    char cancelled;   /* the request was cancelled before it matched (Request.Cancel) */
 } StatusObject;
 
 static PyObject *Status_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"source", "tag", "nbytes", NULL};
-    int source; long long tag, nbytes;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iLL", kw, &source, &tag, &nbytes)) return NULL;
+    static char *kw[] = {"source", "tag", "nbytes", "cancelled", NULL};
+    int source, cancelled = 0; long long tag, nbytes;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iLL|p", kw, &source, &tag, &nbytes, &cancelled)) return NULL;
     StatusObject *st = (StatusObject *)type->tp_alloc(type, 0);
     if (!st) return NULL;
-    st->source = source; st->tag = tag; st->nbytes = nbytes;
+    st->source = source; st->tag = tag; st->nbytes = nbytes; st->cancelled = (char)cancelled;
     return (PyObject *)st;
 }
 
 static PyObject *Status_repr(StatusObject *st) {
+    if (st->cancelled)
+        return PyUnicode_FromFormat("Status(source=%d, tag=%lld, nbytes=%lld, cancelled=True)", st->source,
+                                    st->tag, st->nbytes);
     return PyUnicode_FromFormat("Status(source=%d, tag=%lld, nbytes=%lld)", st->source, st->tag, st->nbytes);
 }
 
@@ -101,6 +105,7 @@ static PyMemberDef Status_members[] = {
     {"source", T_INT, offsetof(StatusObject, source), 0, "rank the message came from"},
     {"tag", T_LONGLONG, offsetof(StatusObject, tag), 0, "tag of the message"},
     {"nbytes", T_LONGLONG, offsetof(StatusObject, nbytes), 0, "bytes received (receives) or sent"},
+    {"cancelled", T_BOOL, offsetof(StatusObject, cancelled), READONLY, "cancelled before it matched"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -109,7 +114,8 @@ PyTypeObject _sp_StatusType = {
     .tp_name = "shmproxy.Status",
     .tp_basicsize = sizeof(StatusObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Status(source, tag, nbytes): what a completed request got (like MPI_Status; nbytes in bytes).",
+    .tp_doc = "Status(source, tag, nbytes, cancelled=False): what a completed request got (like MPI_Status; "
+              "nbytes in bytes).",
     .tp_new = Status_new,
     .tp_repr = (reprfunc)Status_repr,
     .tp_members = Status_members,

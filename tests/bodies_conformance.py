@@ -290,13 +290,14 @@ def concurrent_large() -> dict:
 def dtype_mismatch(large: bool, sender_told: bool = True) -> dict:
     """A send and a receive that match but disagree on the dtype (same byte count): InvalidUsage on
     both sides; on the receiver's only (``sender_told`` False) where the send was eager across nodes
-    and had completed, buffered, before the receiver saw it (MPI's eager protocol)."""
+    and had completed, buffered, before the receiver saw it (MPI's eager protocol). Where the sender is
+    to be told the send is synchronous (Ssend): a standard one may complete buffered first."""
     with shmproxy.init() as comm:
         count = (_large(comm) // 4) if large else 2
         errors = {}
         if comm.rank == 0:
             try:
-                comm.Send(comm.alloc(count, np.float32), 1, tag=3)
+                (comm.Ssend if sender_told else comm.Send)(comm.alloc(count, np.float32), 1, tag=3)
             except shmproxy.InvalidUsage as e:
                 if not sender_told:
                     raise AssertionError(f"an eager send across nodes failed: {e}") from e

@@ -74,15 +74,11 @@ def p2p_status() -> dict:
     assert e.value.Get_error_class() == MPI.ERR_RANK
     with pytest.raises(NotImplementedError, match="Bsend"):
         comm.Bsend(np.zeros(1), other)
-    with pytest.raises(NotImplementedError, match="Probe"):
-        comm.Probe(other)
     # the object layer
     if rank == 0:
         comm.send({"a": [1, 2]}, 1, tag=50)
     else:
         assert comm.recv(source=0, tag=50, status=st) == {"a": [1, 2]} and st.source == 0
-        with pytest.raises(NotImplementedError, match="ANY_SOURCE"):
-            comm.recv()
     comm.Barrier()
     MPI.Finalize()
     assert MPI.Is_finalized()

@@ -182,7 +182,7 @@ def bad_args() -> dict:
         for call in (lambda: objects.send(comm, 1, comm.rank, tag=objects.OBJ_TAG_BASE - 1),
                      lambda: objects.recv(comm, comm.rank, tag=objects.OBJ_COLL_TAG),
                      lambda: objects.send(comm, 1, comm.size),
-                     lambda: objects.recv(comm, -1),
+                     lambda: objects.recv(comm, -2),       # -1 is ANY_SOURCE
                      lambda: objects.send(comm, 1, 0, tag=1.5),
                      lambda: objects.bcast(comm, 1, root=comm.size),
                      lambda: objects.gather(comm, 1, root=-1),

@@ -76,16 +76,17 @@ def wildcard_arguments_are_for_receives() -> None:
 def sends_fail_when_their_receiver_closes() -> dict:
     """Ranks 0 and 1 post sends to rank 2 that it never receives; rank 2 closes after a Barrier. Both
     senders get InvalidUsage (the receiver closed first) within seconds, not a Timeout after
-    SHMPROXY_TIMEOUT: whether their sends reached the progress process before or after the close."""
+    SHMPROXY_TIMEOUT: whether their sends reached the progress process before or after the close.
+    The sends are synchronous (Issend): a standard one this small would be buffered and complete."""
     with shmproxy.init() as comm:
         r = comm.rank
         if r == 2:
             comm.Barrier()
             return {}
-        early = comm.Isend(np.full(5, 7, np.int32), 2, tag=0)   # waiting before the close
+        early = comm.Issend(np.full(5, 7, np.int32), 2, tag=0)   # waiting before the close
         comm.Barrier()
         t0 = time.monotonic()
-        late = comm.Isend(np.full(5, 7, np.int32), 2, tag=1)    # before or after it
+        late = comm.Issend(np.full(5, 7, np.int32), 2, tag=1)    # before or after it
         took = []
         for rq in (early, late):
             try:

@@ -400,3 +400,22 @@ def test_walks_stop_early():
             m2.arrive(0, src, 1, Item("s"))
     assert m2.post(0, ANY_SOURCE, 1, Item("r")) is not None
     assert m2.scanned == 10
+
+
+def test_a_buffered_copy_keeps_the_place_of_the_send_it_replaces():
+    m = Matcher()
+    assert m.arrive(0, 1, 5, "a") is None and m.arrive(0, 1, 5, "b") is None
+    assert not m.replace_unexpected(0, 1, 5, "a", "A")      # only the newest of its queue
+    assert m.replace_unexpected(0, 1, 5, "b", "B")
+    assert m.post(0, 1, 5, "r1") == "a" and m.post(0, ANY_SOURCE, ANY_TAG, "r2") == "B"
+
+
+def test_any_tag_leaves_the_reserved_tags_alone():
+    from shmproxy.core.ops import RESERVED_TAG_HI, RESERVED_TAG_LO
+    from shmproxy.rank.objstate import OBJ_COLL_TAG, OBJ_TAG_BASE
+    assert OBJ_TAG_BASE == RESERVED_TAG_HI and RESERVED_TAG_LO <= OBJ_COLL_TAG < RESERVED_TAG_HI
+    m = Matcher()
+    assert m.arrive(0, 1, OBJ_COLL_TAG, "coll") is None
+    assert m.probe(0, ANY_SOURCE, ANY_TAG) is None and m.post(0, 1, ANY_TAG, "r") is None
+    assert m.arrive(0, 1, 3, "user") == "r"
+    assert m.post(0, 1, OBJ_COLL_TAG, "internal") == "coll"

@@ -197,7 +197,9 @@ def test_unpicklable_raises_everywhere_and_comm_stays_usable():
 
 
 def test_mismatched_collectives_buffer_messages_and_failed_buffered_sends():
-    res = run_ranks(BODY + "misuse", 2, timeout=60)
+    # SEND_BUFFER_BYTES=0: the failed send is one the progress process did not buffer (a buffered
+    # one completes before its receive is matched, so its sender never hears of the mismatch)
+    res = run_ranks(BODY + "misuse", 2, timeout=60, env={"SHMPROXY_SEND_BUFFER_BYTES": "0"})
     assert res.results == [{"deferred": True}, {"mismatch": True, "raw": True, "dtype": True}], res.results
 
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from shmproxy.coll.sched import SEND
 from shmproxy.core import errors, log
-from shmproxy.core.ops import KIND_SEND
+from shmproxy.core.ops import FLAG_SYNC, KIND_SEND
 from shmproxy.transports import net_wire as W
 from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext
 
@@ -371,7 +371,7 @@ class SocketTransport(Transport):
         n = op.nbytes
         view = _view(ctx, op, n)
         head = W.ENVELOPE.pack(op.rank, op.peer, op.dtype, op.mem)
-        if n <= net.eager_max:
+        if n <= net.eager_max and not op.flags & FLAG_SYNC:   # an Ssend waits for its match
             payload = head + bytes(view)
             view.release()
             link.control(W.RTS, 0, op.tag, n, payload, flags=W.F_EAGER)

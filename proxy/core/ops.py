@@ -16,7 +16,20 @@ from shmproxy.shm import pool as P
 KIND_SEND = 1
 KIND_RECV = 2
 KIND_COLL = 3
-KIND_NAMES = {KIND_SEND: "send", KIND_RECV: "recv", KIND_COLL: "collective"}
+KIND_PROBE = 4    # Probe/Iprobe/Mprobe/Improbe: peer and tag as a receive's; flags FLAG_PROBE_*
+KIND_CANCEL = 5   # cancel the rank's pending op whose request is (slot = peer, sequence = tag)
+KIND_NAMES = {KIND_SEND: "send", KIND_RECV: "recv", KIND_COLL: "collective", KIND_PROBE: "probe",
+              KIND_CANCEL: "cancel"}
+
+# Record flags of point-to-point ops (engine/p2p.py).
+FLAG_SYNC = 4           # a send that completes only once its receive matched it (Ssend, Issend)
+FLAG_MPROBED = 8        # a receive of the message a matched probe held: tag = that probe's sequence
+FLAG_PROBE_BLOCK = 16   # a probe that waits for a message (Probe, Mprobe), else answers at once
+FLAG_PROBE_MATCHED = 32  # a probe that takes the message out of matching (Mprobe, Improbe)
+
+# Completion statuses that are no error (the low 16 bits of a slot's status word; error codes are small).
+STATUS_CANCELLED = 0x7F01   # the op was cancelled before it matched
+STATUS_NO_MESSAGE = 0x7F02  # a nonblocking probe found nothing
 
 # Record flags of collective ops.
 FLAG_IN_PLACE = 1     # the send side is the receive buffer (shmproxy.IN_PLACE)
@@ -43,6 +56,11 @@ SUPPORTED_DTYPES = ", ".join(np.dtype(t).name for t in _DTYPES)
 ANY_SOURCE = -1
 ANY_TAG = -(2**63)
 TAG_MIN, TAG_MAX = ANY_TAG + 1, 2**63 - 1
+# ANY_TAG never accepts the tags of the runtime's own traffic, [RESERVED_TAG_LO, RESERVED_TAG_HI) (the
+# object layer's collectives use the tag just below shmproxy.rank.objstate.OBJ_TAG_BASE = -2**62): a
+# user's wildcard receive or probe must not take them.
+RESERVED_TAG_HI = -(2**62)
+RESERVED_TAG_LO = RESERVED_TAG_HI - 2**32
 
 
 # The collective vocabulary a record carries. It lives here, not with the schedules that execute it

@@ -185,6 +185,13 @@ _DECLARED: tuple[Param, ...] = (
     _p("EAGER_BYTES", parse_size, 512 << 10,
        "Messages up to this size are copied by the progress loop itself as soon as they match, without "
        "an args or a copy worker (handing a copy to a worker thread costs cross-CPU wake-ups).", 0),
+    _p("SEND_BUFFER_BYTES", parse_size, 64 << 10,
+       "A send of at most this many bytes to a rank of this node that finds no posted receive is copied "
+       "into the progress process's memory and completes at once (MPI's buffered standard mode); a larger "
+       "one, an Ssend, or one beyond SEND_BUFFER_PER_PEER completes when its receive takes it. 0 = never.", 0),
+    _p("SEND_BUFFER_PER_PEER", parse_size, 4 << 20,
+       "Bytes of buffered sends (SEND_BUFFER_BYTES) that may wait for one destination rank; beyond it a "
+       "send waits for its receive (flow control).", 0),
     _p("COLL_INLINE_BYTES", parse_size, 64 << 10,
        "Collectives of at most this many bytes per rank run in the progress loop itself, not on workers.", 0),
     _p("COPY_STREAMING", _parse_bool, True,

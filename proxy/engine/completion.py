@@ -15,6 +15,7 @@ from typing import Sequence
 from shmproxy.core import errors, log
 from shmproxy.core.ops import Op
 from shmproxy.engine.args import Sub, Transfer
+from shmproxy.engine.p2p import BUFFERED_OWNER
 from shmproxy.shm import _native, pool as P
 
 _log = log.get("PROXY")
@@ -31,8 +32,10 @@ class Completion:
             t.finish(self)
 
     def finish_transfer(self, t: Transfer) -> None:
-        if t.send.owner < 0:   # from another node (engine/nodes.py): only the receive is ours
+        if t.send.owner < 0:   # from another node (engine/nodes.py), or buffered: only the receive is ours
             self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag)
+            if t.send.owner == BUFFERED_OWNER:
+                self.release_buffered(t.send)   # engine/p2p.py
             return
         # Both sides are published before either is woken: a woken rank may preempt this loop on
         # its CPU at once, and the other side would wait behind it (tens of microseconds).

@@ -7,7 +7,8 @@ handed (the engine's Op) are opaque to it and compared by identity only.
 MPI's ordering rules, and how this structure gives each of them:
 
 1. An arriving message matches the EARLIEST POSTED pending receive of its destination that accepts
-   it (source equal or ANY_SOURCE, tag equal or ANY_TAG). Receives with no wildcard wait in a FIFO
+   it (source equal or ANY_SOURCE, tag equal or ANY_TAG; ANY_TAG never takes the runtime's reserved
+   tags, core.ops.RESERVED_TAG_LO/HI). Receives with no wildcard wait in a FIFO
    per (source, tag), so the earliest specific one that can accept is that queue's head; receives
    with a wildcard wait in one list per destination in posting order, so the earliest wildcard one
    that can accept is the first acceptor in that list. Every post takes a number from one increasing
@@ -36,7 +37,7 @@ import collections
 from typing import Any, Callable, Iterator
 
 from shmproxy.core import errors
-from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, RESERVED_TAG_HI, RESERVED_TAG_LO
 
 Entry = tuple[int, Any]   # (sequence number, item)
 _deque = collections.deque
@@ -57,7 +58,9 @@ class _Dest:
 
 
 def _accepts(want_src: int, want_tag: int, src: int, tag: int) -> bool:
-    return (want_src == src or want_src == ANY_SOURCE) and (want_tag == tag or want_tag == ANY_TAG)
+    # ANY_TAG leaves the runtime's reserved tags alone (core/ops.py)
+    return ((want_src == src or want_src == ANY_SOURCE)
+            and (want_tag == tag or (want_tag == ANY_TAG and not RESERVED_TAG_LO <= tag < RESERVED_TAG_HI)))
 
 
 class Matcher:
@@ -156,6 +159,16 @@ class Matcher:
             if _accepts(src, tag, key[0], key[1]) and (best_key is None or q[0][0] < best_seq):
                 best_key, best_seq = key, q[0][0]
         return best_key
+
+    def replace_unexpected(self, dst: int, src: int, tag: int, old: Any, new: Any) -> bool:
+        """Put ``new`` in the place of the unexpected message ``old`` (the newest of its queue, as it is
+        right after arrive: a send the engine buffered), keeping its place in matching order."""
+        d = self._dests.get(dst)
+        q = d.unexp.get((src, tag)) if d is not None else None
+        if not q or q[-1][1] is not old:
+            return False
+        q[-1] = (q[-1][0], new)
+        return True
 
     # ------------------------------------------------------------------ removal
     def take(self, dst: int, item: Any) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 from shmproxy.core import errors, log
 from shmproxy.core.memory import mem_kind
-from shmproxy.core.ops import Op
+from shmproxy.core.ops import FLAG_SYNC, Op
 from shmproxy.transports.base import MemKind, PeerInfo, Transport
 
 _log = log.get("NET")
@@ -105,6 +105,12 @@ class Nodes:
         if dst in self.gone:
             self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
             return
+        n = send.nbytes
+        if self.net_eager < n <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
+            b = self.buffered_copy(send)   # standard mode, buffered here (engine/p2p.py)
+            if b is not None:
+                self.adopt_buffered(send, b)
+                send = b
         kind = mem_kind(send.mem)
         conn = self.conns.get((send.rank, dst, kind))
         try:
@@ -135,6 +141,8 @@ class Nodes:
         recv = self.matcher.arrive(dst, env.rank, env.tag, env)
         if recv is not None:
             self.match(env, recv)
+        elif self.probes:
+            self.wake_probes(dst, env)   # engine/p2p.py
 
     def remote_closed(self, rank: int) -> None:
         """Loop: ``rank`` of another node closed: the receives posted here for it fail."""

@@ -18,6 +18,33 @@ Within a node the shm transport copies source to destination once, so RTS and CT
 the envelope and the match are calls. Across nodes the same steps become messages between progress
 processes (RTS with the envelope, CTS with the receive buffer, a completion with the status).
 
+**Standard mode, buffered** (MPI's "a send may complete before its receive is posted"). A send to a
+rank of this node that finds no posted receive, of at most SEND_BUFFER_BYTES, in host memory and not
+synchronous (FLAG_SYNC: Ssend/Issend), is copied at arrival into memory of this process (a
+``Buffered``, registered in ``buffers`` under the owner BUFFERED_OWNER) and its request completes at
+once: two ranks that both Send and then Recv do not wait for each other. The Buffered takes the send's
+place in its unexpected queue (Matcher.replace_unexpected), so matching order and non-overtaking are
+those of the unbuffered send; the later match hands it to the transport like any send (its bytes are
+found through ``buffers``), and only the receive completes. Flow control: at most SEND_BUFFER_PER_PEER
+bytes may wait buffered for one destination; beyond it a send stays unbuffered and waits for its
+receive, as a large one does. Across nodes the same bound applies on the sender's node: a send above
+the socket transport's own eager size (NET_EAGER_BYTES, which completes at once anyway) is copied
+before its envelope leaves (engine/nodes.py remote_send) and completes then; its Buffered is what the
+transport later moves, and is freed by the transport's verdict.
+
+**Probes.** A probe (KIND_PROBE) asks what a receive (source, tag) would match now. Probe/Iprobe leave
+the message in place: the answer is the first unexpected message it accepts, or, for a blocking probe,
+the first that arrives unexpected later (``probes``: waiting probes per destination). Mprobe/Improbe
+(FLAG_PROBE_MATCHED) take the message out of matching and hold it (``held``, keyed by the probe's
+owner and request sequence); a blocking one waits in the matcher as a receive would, so MPI's order
+holds. A receive with FLAG_MPROBED names that key in its tag and receives exactly the held message.
+
+**Cancel.** A KIND_CANCEL record names one of its rank's requests (slot, sequence). A receive still
+posted (or a probe still waiting, or a send still unexpected and unbuffered) is removed and completes
+with STATUS_CANCELLED; one already matched is left to complete. The cancel's own request says which
+(nbytes 1: cancelled). A closing rank cancels its pending sends this way, so that close abandons the
+ones no receive took instead of waiting for them.
+
 A rank that closes fails, on this loop's thread, the receives posted for it from that rank and the
 messages waiting for it to receive them ("peer closed first"): nobody is left waiting for a rank
 that is gone. Receives from ANY_SOURCE stay posted, as MPI has it. The closing rank's own receives,
@@ -26,12 +53,19 @@ which its close abandoned, are dropped, so that a later message to it fails inst
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import numpy as np
 
 from shmproxy.core import errors, log
 from shmproxy.core.memory import mem_kind
-from shmproxy.core.ops import KIND_COLL, KIND_RECV, KIND_SEND, Op
+from shmproxy.core.ops import (FLAG_MPROBED, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED, FLAG_SYNC, KIND_CANCEL,
+                               KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, STATUS_CANCELLED,
+                               STATUS_NO_MESSAGE, Op)
+from shmproxy.core.params import Params
 from shmproxy.engine.args import Transfer
-from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher
+from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher, _accepts
+from shmproxy.shm import _native
 from shmproxy.engine.ranks import RankInfo
 from shmproxy import transports
 from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind
@@ -40,8 +74,51 @@ _log = log.get("PROXY")
 _KINDS = frozenset(int(k) for k in MemKind)
 
 
+BUFFERED_OWNER = -2   # the owner of buffered sends' copies in ``buffers`` (no rank's local rank)
+
+
+class Buffered:
+    """A buffered send: its bytes copied into this process, its sender's request already complete. It
+    stands in for the send's op in matching (the attributes of Op that matching, the receive half and
+    transports read) and is its own registered buffer (``addr``, ``size``, ``close``) under
+    (BUFFERED_OWNER, buf_id). Completing it (``reply``: a truncation, a closed receiver) only frees it."""
+
+    __slots__ = ("kind", "rank", "peer", "tag", "nbytes", "count", "dtype", "mem", "flags", "opcount",
+                 "t_post", "t_fetch", "owner", "buf_id", "offset", "req_slot", "req_seq", "addr", "size",
+                 "data", "mm", "release")
+
+    def __init__(self, send: Op, buf_id: int, data: np.ndarray, release: Any):
+        self.kind, self.rank, self.peer, self.tag = KIND_SEND, send.rank, send.peer, send.tag
+        self.nbytes, self.count, self.dtype, self.mem, self.flags = send.nbytes, send.count, send.dtype, 0, 0
+        self.opcount, self.t_post, self.t_fetch = send.opcount, send.t_post, send.t_fetch
+        self.owner, self.buf_id, self.offset, self.req_slot, self.req_seq = BUFFERED_OWNER, buf_id, 0, -1, -1
+        self.data = self.mm = data    # mm: what the socket transport views (a MemfdBuffer's mapping)
+        self.addr = _native.buffer_info(data, True)[0] if self.nbytes else 0
+        self.size = self.nbytes
+        self.release = release
+
+    def reply(self, code: int, nbytes: int, peer_dtype: int = 0) -> None:
+        self.release(self)
+
+    def close(self) -> None:
+        self.data = self.mm = None
+
+    def describe(self) -> str:
+        return f"send rank {self.rank} peer {self.peer} tag {self.tag} {self.nbytes} B buffered"
+
+
 class PointToPoint:
     matcher: Matcher
+
+    def init_p2p(self, params: Params) -> None:
+        self.matcher = Matcher()   # the receive half of point-to-point
+        self.send_buffer = params.SEND_BUFFER_BYTES
+        self.send_buffer_peer = params.SEND_BUFFER_PER_PEER
+        self.net_eager = params.NET_EAGER_BYTES    # sends to other nodes up to this complete at once anyway
+        self.buffered: dict[int, int] = {}         # destination rank -> bytes buffered for it
+        self.buffered_ids = 0
+        self.probes: dict[int, list[Op]] = {}      # destination rank -> blocking Probes waiting
+        self.held: dict[tuple[int, int], Any] = {}  # (owner, probe's sequence) -> what a matched probe took
 
     def append(self, op: Op) -> None:
         """A fetched op: a collective's arrival, or one half of a message."""
@@ -55,6 +132,10 @@ class PointToPoint:
             self.recv_half_post(op)
         elif kind == KIND_COLL:
             self.coll_arrive(op)
+        elif kind == KIND_PROBE:
+            self.probe_post(op)
+        elif kind == KIND_CANCEL:
+            self.cancel_post(op)
         else:
             self.complete(op, errors.InternalError.code, 0)
 
@@ -75,6 +156,11 @@ class PointToPoint:
             elif self.gone and dst in self.gone and dst != send.rank:
                 self.matcher.take(dst, send)
                 self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
+            else:
+                if send.nbytes <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
+                    send = self.buffer_send(send)
+                if self.probes:
+                    self.wake_probes(dst, send)
         else:
             # The destination's receive half lives in another node's progress process: the envelope
             # travels over the pair's connector (engine/nodes.py).
@@ -85,6 +171,13 @@ class PointToPoint:
     def recv_half_post(self, recv: Op) -> None:
         """A posted receive: match it with the earliest unexpected envelope it accepts, or keep it."""
         src = recv.peer
+        if recv.flags & FLAG_MPROBED:
+            held = self.held.pop((recv.owner, recv.tag), None)
+            if held is None:
+                self.complete(recv, errors.InvalidArgument.code, 0)   # no such message handle
+            else:
+                self.match(held, recv)
+            return
         if not 0 <= src < self.size and src != ANY_SOURCE:
             self.complete(recv, errors.InvalidArgument.code, 0)
             return
@@ -102,17 +195,33 @@ class PointToPoint:
         self.gone.add(gone)
 
         def waits_on_gone(dst: int, src: int, tag: int, op: Op) -> bool:
-            # receives from it, its own receives (abandoned by its close), and messages to it
-            return (src == gone or dst == gone) if op.kind == KIND_RECV else dst == gone
+            # receives (and blocking matched probes) from it, its own (abandoned by its close), and
+            # messages to it
+            return (src == gone or dst == gone) if op.kind != KIND_SEND else dst == gone
 
         for op in self.matcher.drop(waits_on_gone):
-            if op.rank != gone:
+            if op.rank != gone or op.owner == BUFFERED_OWNER:
                 self.complete(op, errors.InvalidUsage.code, 0)
+        for dst, waiting in list(self.probes.items()):
+            keep = [p for p in waiting if dst != gone and p.peer != gone]
+            for p in waiting:
+                if p.peer == gone and dst != gone:
+                    self.complete(p, errors.InvalidUsage.code, 0)
+            if keep:
+                self.probes[dst] = keep
+            else:
+                del self.probes[dst]
+        for key in [k for k, m in self.held.items() if m.peer == gone]:
+            self.complete(self.held.pop(key), errors.InvalidUsage.code, 0)
         self.tell_nodes_closed(gone)
 
     def match(self, send: Op, recv: Op) -> None:
         """A send met its receive: check what only the pair can tell (truncation, dtype), then hand the
-        message to the connector of (sender, receiver, memory kind), which moves it."""
+        message to the connector of (sender, receiver, memory kind), which moves it. A matched probe
+        in the place of the receive takes the message instead (hold)."""
+        if recv.kind != KIND_RECV:
+            self.hold(send, recv)
+            return
         n = send.nbytes
         if n > recv.nbytes:
             self.complete(recv, errors.TruncationError.code, n, source=send.rank, tag=send.tag)
@@ -170,3 +279,116 @@ class PointToPoint:
         self.conns[(src, dst, kind)] = conn
         _log.info("connection %d->%d (%s memory) over %s", src, dst, kind.name.lower(), t.name)
         return conn
+
+    # ------------------------------------------------------------------ buffered sends
+    def buffer_send(self, send: Op) -> Any:
+        """``send`` just arrived unexpected: copy its bytes into this process and complete it, unless
+        its destination has SEND_BUFFER_PER_PEER bytes waiting already (flow control) or its buffer
+        does not check out (left to the match, which refuses it naming why). Returns what is queued."""
+        b = self.buffered_copy(send)
+        if b is None or not self.matcher.replace_unexpected(send.peer, send.rank, send.tag, send, b):
+            return send
+        self.adopt_buffered(send, b)
+        return b
+
+    def buffered_copy(self, send: Op) -> Buffered | None:
+        """A Buffered copy of ``send``'s bytes, or None (flow control, or a buffer that does not check out)."""
+        n = send.nbytes
+        if self.buffered.get(send.peer, 0) + n > self.send_buffer_peer:
+            return None
+        buf = self.buffers.get((send.owner, send.buf_id))
+        if buf is None or send.offset + n > buf.size:
+            return None
+        data = np.empty(n, np.uint8)
+        if n:
+            self.ctx.memcopy(_native.buffer_info(data, True)[0], buf.addr + send.offset, n)
+        self.buffered_ids += 1
+        return Buffered(send, self.buffered_ids, data, self.release_buffered)
+
+    def adopt_buffered(self, send: Op, b: Buffered) -> None:
+        """``b`` stands in for ``send`` from now on: register its bytes, count them, complete the send."""
+        self.buffers[(BUFFERED_OWNER, b.buf_id)] = b
+        self.buffered[send.peer] = self.buffered.get(send.peer, 0) + send.nbytes
+        self.complete(send, 0, send.nbytes, source=send.peer, tag=send.tag)
+
+    def release_buffered(self, b: Buffered) -> None:
+        """A buffered send's bytes were delivered, or will never be: its memory goes back."""
+        if self.buffers.pop((BUFFERED_OWNER, b.buf_id), None) is not None:
+            self.buffered[b.peer] -= b.nbytes
+        b.data = b.mm = None
+
+    # ------------------------------------------------------------------ probes and cancel
+    def probe_post(self, probe: Op) -> None:
+        """Probe/Iprobe/Mprobe/Improbe (see the module header): answer now, or wait for a message."""
+        src, tag, dst, flags = probe.peer, probe.tag, probe.rank, probe.flags
+        if not 0 <= src < self.size and src != ANY_SOURCE:
+            self.complete(probe, errors.InvalidArgument.code, 0)
+            return
+        block = flags & FLAG_PROBE_BLOCK
+        if flags & FLAG_PROBE_MATCHED:
+            if block:
+                send = self.matcher.post(dst, src, tag, probe)   # waits as a receive would
+                if send is not None:
+                    self.hold(send, probe)
+                    return
+            else:
+                send = self.matcher.probe(dst, src, tag)
+                if send is not None:
+                    self.matcher.take(dst, send)
+                    self.hold(send, probe)
+                    return
+        else:
+            send = self.matcher.probe(dst, src, tag)
+            if send is not None:
+                self.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
+                return
+            if block:
+                self.probes.setdefault(dst, []).append(probe)
+        if not block:
+            self.complete(probe, STATUS_NO_MESSAGE, 0)
+        elif self.gone and src in self.gone and src != dst:   # nothing can come any more
+            self.cancel_target(probe.owner, probe.req_slot, probe.req_seq)
+            self.complete(probe, errors.InvalidUsage.code, 0)
+
+    def hold(self, send: Any, probe: Op) -> None:
+        """A matched probe took ``send``: keep it for the receive that names the probe's handle."""
+        self.held[(probe.owner, probe.req_seq)] = send
+        self.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
+
+    def wake_probes(self, dst: int, send: Any) -> None:
+        """``send`` arrived unexpected for ``dst``: answer the blocking Probes that accept it."""
+        waiting = self.probes.get(dst)
+        if not waiting:
+            return
+        keep = []
+        for p in waiting:
+            if _accepts(p.peer, p.tag, send.rank, send.tag):
+                self.complete(p, 0, send.nbytes, source=send.rank, tag=send.tag)
+            else:
+                keep.append(p)
+        if keep:
+            self.probes[dst] = keep
+        else:
+            del self.probes[dst]
+
+    def cancel_post(self, op: Op) -> None:
+        """KIND_CANCEL: cancel the owner's request (slot = peer, sequence = tag) if nothing matched it."""
+        found = self.cancel_target(op.owner, op.peer, op.tag)
+        if found is not None:
+            self.complete(found, STATUS_CANCELLED, 0, source=found.peer, tag=found.tag, wake=False)
+        self.complete(op, 0, int(found is not None))
+
+    def cancel_target(self, owner: int, slot: int, seq: int) -> Op | None:
+        """Remove the owner's pending op of request (slot, seq) from matching or the waiting probes."""
+        def target(_dst: int, _src: int, _tag: int, item: Any) -> bool:
+            return item.owner == owner and item.req_slot == slot and item.req_seq == seq
+
+        found = self.matcher.drop(target)
+        if found:
+            return found[0]
+        for dst, waiting in self.probes.items():
+            for i, p in enumerate(waiting):
+                if target(dst, 0, 0, p):
+                    del waiting[i]
+                    return p
+        return None

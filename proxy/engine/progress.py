@@ -58,7 +58,6 @@ from shmproxy.engine.completion import RELAY_GRACE_NS, Completion
 from shmproxy.engine.context import EngineContext
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failure
 from shmproxy.engine.introspect import Introspection
-from shmproxy.engine.matching import Matcher
 from shmproxy.engine.nodes import NodeMap, Nodes
 from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode, coll_chunk_limit, fetch_mode, streaming_threshold
@@ -137,7 +136,7 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
         self.pending: dict | None = None   # what waits, as last written to the info blob (introspect.py)
         self.fingerprints: dict[int, list] = {}   # node 0 across nodes: seq -> (node, rank, fingerprint)s
-        self.matcher = Matcher()   # the receive half of point-to-point (engine/p2p.py)
+        self.init_p2p(params)   # the receive half of point-to-point, buffered sends, probes (engine/p2p.py)
         self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
         # News from the other threads of this process (the service thread, transports' helper threads):
         # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.

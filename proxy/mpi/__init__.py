@@ -29,13 +29,13 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
                               Detach_buffer,
                               Distgraphcomm, Errhandler, File, Finalize, Free_mem, Get_library_version,
                               Get_processor_name, Get_version, Graphcomm, Init, Init_thread, Intercomm,
-                              Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Message, Open_port,
+                              Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Open_port,
                               Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime)
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
 from shmproxy.mpi.group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL,
                               PROD, REPLACE, SUM, Op)
-from shmproxy.mpi.request import REQUEST_NULL, Grequest, Prequest, Request
+from shmproxy.mpi.request import MESSAGE_NO_PROC, MESSAGE_NULL, REQUEST_NULL, Grequest, Message, Prequest, Request
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.mpi.topology import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
 

@@ -7,10 +7,8 @@ as an immediate no-op whose receive status says source PROC_NULL), and calls the
 native errors come back as MPI.Exception subclasses that are still the native classes
 (exceptions.convert).
 
-Point-to-point modes: the native Send completes once the receiver took the message (it is
-synchronous), so ``Ssend``/``Issend`` are the native Send/Isend, and ``Rsend`` (which MPI lets an
-implementation run as a standard send) too. ``Bsend`` needs a buffered eager path the runtime does not
-have yet and raises NotImplementedError, as do Probe and its variants and Cancel.
+Point-to-point (buffers, probes, and the object layer's send/recv/isend/irecv/sendrecv/probe) is the
+mixin in p2p.py, whose header says which modes exist.
 
 Communicators the native layer builds from a list of members without a collective over the parent
 (COMM_SELF, Create_group) use the same call that Split makes once it knows the members
@@ -25,21 +23,16 @@ import os
 import sys
 from typing import Any
 
-import numpy as np
-
 from shmproxy.core import errors
-from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, UNDEFINED
-from shmproxy.mpi import buffers
+from shmproxy.core.ops import ANY_SOURCE, UNDEFINED
 from shmproxy.mpi.coll import Collectives
-from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_COMM, ERR_RANK, ERR_TAG, convert, error,
-                                     unsupported)
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_COMM, convert, error, unsupported
 from shmproxy.mpi.group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import SUM, as_op
-from shmproxy.mpi.request import Prequest, Request
-from shmproxy.mpi.status import PROC_NULL, Status
+from shmproxy.mpi.status import PROC_NULL
+from shmproxy.mpi.p2p import PointToPoint
 from shmproxy.rank import objects
 
-_parse = buffers.parse
 TAG_UB = 0          # attribute keys of Get_attr
 WTIME_IS_GLOBAL = 1
 HOST = 2
@@ -49,11 +42,10 @@ UNIVERSE_SIZE = 5
 LASTUSEDCODE = 6
 KEYVAL_INVALID = -1
 _TAG_UB_VALUE = 2**63 - 1
-_NO_BUFFERED = "buffered mode (Attach_buffer) needs an eager send path the runtime does not have"
 _NO_GRAPH = "graph topologies need neighbour collectives the engine lacks"
 
 
-class Comm(Collectives):
+class Comm(PointToPoint, Collectives):
     """A communicator (mpi4py's MPI.Comm)."""
 
     __slots__ = ("_c", "_wranks", "_name", "__weakref__")
@@ -261,176 +253,7 @@ class Comm(Collectives):
         finally:
             os._exit(int(errorcode) & 0xFF or 1)
 
-    # ------------------------------------------------------------------ point-to-point, buffers
-    def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
-        if type(peer) is not int:
-            if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
-                raise error(ERR_RANK, f"{what} must be an int, got {type(peer).__name__}")
-            peer = int(peer)
-        if not 0 <= peer < self._c.size and peer != PROC_NULL and not (wildcard and peer == ANY_SOURCE):
-            raise error(ERR_RANK, f"{what} {peer} out of range: the communicator has {self._c.size} ranks")
-        return peer
-
-    def _tag(self, tag: Any, wildcard: bool = False) -> int:
-        if type(tag) is not int:
-            if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
-                raise error(ERR_TAG, f"tag must be an int, got {type(tag).__name__}")
-            tag = int(tag)
-        if tag == ANY_TAG and not wildcard:
-            raise error(ERR_TAG, "ANY_TAG is for receives: a message needs a tag of its own")
-        return tag
-
-    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        dest, tag = self._peer(dest, "destination"), self._tag(tag)
-        if dest == PROC_NULL:
-            return Request(None, True)
-        b = _parse(buf, "send buffer", False)
-        try:
-            return Request(self._c.Isend(b, dest, tag))
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
-
-    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        source, tag = self._peer(source, "source", True), self._tag(tag, True)
-        if source == PROC_NULL:
-            return Request(None, True)
-        b = _parse(buf, "receive buffer", True)
-        try:
-            return Request(self._c.Irecv(b, source, tag))
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
-
-    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
-        """Blocking send; returns once the receiver took the message (the native Send is synchronous)."""
-        dest, tag = self._peer(dest, "destination"), self._tag(tag)
-        if dest == PROC_NULL:
-            return
-        b = _parse(buf, "send buffer", False)
-        try:
-            self._c.Send(b, dest, tag)
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
-
-    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-             status: Status | None = None) -> None:
-        source, tag = self._peer(source, "source", True), self._tag(tag, True)
-        if source == PROC_NULL:
-            if status is not None:
-                status._fill_null()
-            return
-        b = _parse(buf, "receive buffer", True)
-        try:
-            st = self._c.Recv(b, source, tag)
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
-        if status is not None:
-            status._fill(st)
-
-    # Synchronous and ready modes are the standard mode here (see the header).
-    Ssend = Send
-    Issend = Isend
-    Rsend = Send
-    Irsend = Isend
-
-    def Bsend(self, buf: Any, dest: int, tag: int = 0) -> None:
-        unsupported("Comm.Bsend", _NO_BUFFERED)
-
-    def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        unsupported("Comm.Ibsend", _NO_BUFFERED)
-
-    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
-                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> None:
-        """Receive and send at once (posted together, the receive first), so that ranks exchanging
-        with each other do not wait for one another's receive."""
-        dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
-        source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
-        sb = None if dest == PROC_NULL else _parse(sendbuf, "Sendrecv sendbuf", False)
-        rb = None
-        if source != PROC_NULL:
-            if recvbuf is None:
-                raise error(ERR_BUFFER, "Sendrecv: recvbuf is None but the source is not PROC_NULL")
-            rb = _parse(recvbuf, "Sendrecv recvbuf", True)
-        self._exchange(sb, dest, sendtag, rb, source, recvtag, status)
-
-    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
-                         recvtag: int = ANY_TAG, status: Status | None = None) -> None:
-        """Send ``buf`` and receive into it: the outgoing data is copied first, since the receive may
-        land (in registered memory, without staging) while the send still reads."""
-        dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
-        source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
-        b = _parse(buf, "Sendrecv_replace buffer", True)
-        sb = None if dest == PROC_NULL else b.copy()
-        self._exchange(sb, dest, sendtag, None if source == PROC_NULL else b, source, recvtag, status)
-
-    def _exchange(self, sb: Any, dest: int, sendtag: int, rb: Any, source: int, recvtag: int,
-                  status: Status | None) -> None:
-        c = self._c
-        rreq = sreq = None
-        try:
-            with c.group():
-                if rb is not None:
-                    rreq = c.Irecv(rb, source, recvtag)
-                if sb is not None:
-                    sreq = c.Isend(sb, dest, sendtag)
-            st = rreq.Wait() if rreq is not None else None
-            if sreq is not None:
-                sreq.Wait()
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
-        if status is not None:
-            status._fill_null() if rreq is None else status._fill(st)
-
-    def Send_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:
-        dest, tag = self._peer(dest, "destination"), self._tag(tag)
-        if dest == PROC_NULL:
-            return Prequest(None, (), True)
-        return Prequest(self._c.Isend, (_parse(buf, "send buffer", False), dest, tag), False)
-
-    def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
-        source, tag = self._peer(source, "source", True), self._tag(tag, True)
-        if source == PROC_NULL:
-            return Prequest(None, (), True)
-        return Prequest(self._c.Irecv, (_parse(buf, "receive buffer", True), source, tag), False)
-
-    Ssend_init = Send_init
-    Rsend_init = Send_init
-
-    def Bsend_init(self, *a: Any, **k: Any) -> Prequest:
-        unsupported("Comm.Bsend_init", _NO_BUFFERED)
-
-    def Probe(self, *a: Any, **k: Any) -> Any:
-        unsupported("Comm.Probe", "the native layer has no probe yet")
-
-    Iprobe = Mprobe = Improbe = probe = iprobe = mprobe = improbe = Probe
-
     # ------------------------------------------------------------------ objects (lower case)
-    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
-        dest, tag = self._peer(dest, "destination"), self._tag(tag)
-        if dest == PROC_NULL:
-            return
-        try:
-            objects.send(self._c, obj, dest, tag)
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
-
-    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-             status: Status | None = None) -> Any:
-        source, tag = self._peer(source, "source", True), self._tag(tag, True)
-        if source == PROC_NULL:
-            if status is not None:
-                status._fill_null()
-            return None
-        if source == ANY_SOURCE or tag == ANY_TAG:
-            unsupported("Comm.recv with ANY_SOURCE or ANY_TAG (mpi4py's defaults)",
-                        "the native object layer matches an exact source and tag: pass both")
-        try:
-            obj = objects.recv(self._c, source, tag)
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
-        if status is not None:
-            status.source, status.tag, status.nbytes, status.error = source, tag, 0, 0
-        return obj
-
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         return self._obj(objects.bcast, obj, root)
 
@@ -474,15 +297,6 @@ class Comm(Collectives):
 
     def exscan(self, *a: Any, **k: Any) -> Any:
         return self._no_obj("exscan")
-
-    def sendrecv(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("sendrecv")
-
-    def isend(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("isend")
-
-    def irecv(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("irecv")
 
     def issend(self, *a: Any, **k: Any) -> Any:
         return self._no_obj("issend")

@@ -263,4 +263,3 @@ Intercomm = _missing_class("Intercomm", "intercommunicators do not exist yet")
 _NO_GRAPH = "graph topologies need neighbour collectives the engine lacks"
 Graphcomm = _missing_class("Graphcomm", _NO_GRAPH)
 Distgraphcomm = _missing_class("Distgraphcomm", _NO_GRAPH)
-Message = _missing_class("Message", "matched probes (Mprobe) need a probe the native layer lacks")

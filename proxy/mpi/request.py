@@ -103,8 +103,22 @@ class Request:
         self._r, self._null = None, False
 
     def Cancel(self) -> None:
-        if self._active():
-            unsupported("Request.Cancel", "the native layer cannot cancel a posted operation yet")
+        """Cancel the operation if nothing matched it yet (a posted receive, an unbuffered send): it
+        then completes with Status.Is_cancelled() true; otherwise it completes as usual."""
+        r = self._r
+        if r is not None:
+            try:
+                r.Cancel()
+            except errors.ProxyError as exc:
+                raise convert(exc) from None
+
+    # mpi4py's lower-case forms (the object layer's requests override them)
+    def wait(self, status: Status | None = None) -> Any:
+        self.Wait(status)
+        return None
+
+    def test(self, status: Status | None = None) -> tuple[bool, Any]:
+        return self.Test(status), None
 
     def __bool__(self) -> bool:
         """False for an inactive request (mpi4py: a request is true until it is REQUEST_NULL)."""
@@ -248,7 +262,159 @@ class Grequest(Request):
         unsupported("Grequest.Start", "generalized requests need a completion the runtime does not track")
 
 
+class ObjRequest(Request):
+    """The request of the object layer's isend/irecv (shmproxy.rank.objp2p.ObjRequest): ``wait`` returns
+    the object received (None for isend), ``test`` returns (flag, object)."""
+
+    __slots__ = ("_o",)
+
+    def __init__(self, obj_request: Any):
+        super().__init__(None, False)
+        self._o = obj_request
+
+    def _active(self) -> bool:
+        return self._o is not None
+
+    def wait(self, status: Status | None = None) -> Any:
+        o = self._o
+        if o is None:
+            if status is not None:
+                status._fill(None)
+            return None
+        try:
+            value = o.wait()
+        except errors.ProxyError as exc:
+            self._o = None
+            raise convert(exc) from None
+        self._o = None
+        if status is not None:
+            status._fill(o.status)
+        return value
+
+    def test(self, status: Status | None = None) -> tuple[bool, Any]:
+        o = self._o
+        if o is None:
+            return True, None
+        try:
+            done, value = o.test()
+        except errors.ProxyError as exc:
+            self._o = None
+            raise convert(exc) from None
+        if done:
+            self._o = None
+            if status is not None:
+                status._fill(o.status)
+        return done, value
+
+    def Wait(self, status: Status | None = None) -> bool:
+        self.wait(status)
+        return True
+
+    def Test(self, status: Status | None = None) -> bool:
+        return self.test(status)[0]
+
+    def Get_status(self, status: Status | None = None) -> bool:
+        unsupported("Request.Get_status on an object request", "test() it instead")
+
+    def Cancel(self) -> None:
+        unsupported("Request.Cancel on an object request", "an object is several messages")
+
+    def Free(self) -> None:
+        self._o = None
+
+    def __repr__(self) -> str:
+        return "<MPI.Request object " + ("active>" if self._o is not None else "inactive>")
+
+    @staticmethod
+    def waitall(requests: Sequence["Request"], statuses: list | None = None) -> list:
+        return [r.wait(_status_at(statuses, i)) for i, r in enumerate(_check(requests))]
+
+    @staticmethod
+    def testall(requests: Sequence["Request"], statuses: list | None = None) -> tuple[bool, list | None]:
+        reqs = _check(requests)
+        results = [r.test(_status_at(statuses, i)) for i, r in enumerate(reqs)]
+        if all(done for done, _ in results):
+            return True, [v for _, v in results]
+        return False, None
+
+
+class Message:
+    """A message a matched probe took (Comm.Mprobe/Improbe, or mprobe/improbe for objects): only its
+    Recv/Irecv (recv/irecv) receives it. MESSAGE_NO_PROC is the message of a probe of PROC_NULL."""
+
+    __slots__ = ("_m", "_obj", "_comm", "_no_proc")
+
+    def __init__(self, native: Any = None, obj: Any = None, comm: Any = None, no_proc: bool = False):
+        self._m, self._obj, self._comm, self._no_proc = native, obj, comm, no_proc
+
+    def __bool__(self) -> bool:
+        return self._m is not None or self._obj is not None or self._no_proc
+
+    def _take(self) -> tuple[Any, Any]:
+        if not self:
+            raise error(ERR_REQUEST, "receive of MPI.MESSAGE_NULL (the message was received already)")
+        m, obj = self._m, self._obj
+        self._m = self._obj = None
+        return m, obj
+
+    def Irecv(self, buf: Any) -> Request:
+        from shmproxy.mpi.buffers import parse
+        no_proc = self._no_proc
+        m, _obj = self._take()
+        if m is None and no_proc:
+            return Request(None, True)
+        try:
+            return Request(m.Irecv(parse(buf, "receive buffer", True)))
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Recv(self, buf: Any, status: Status | None = None) -> None:
+        self.Irecv(buf).Wait(status)
+
+    def recv(self, status: Status | None = None) -> Any:
+        """The object of an object-layer matched probe (Comm.mprobe)."""
+        from shmproxy.rank import objects
+        no_proc = self._no_proc
+        _m, inc = self._take()
+        if inc is None:
+            if no_proc:
+                if status is not None:
+                    status._fill_null()
+                return None
+            raise error(ERR_REQUEST, "recv of a buffer message (from Comm.Mprobe): use Recv")
+        try:
+            value, st = objects._finish_recv(self._comm, inc, f"recv from rank {inc.source} tag {inc.tag}")
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        if status is not None:
+            status._fill(st)
+        return value
+
+    def irecv(self) -> Request:
+        return ObjRequest(_Done(self.recv()))
+
+    def __repr__(self) -> str:
+        return "<MPI.Message>" if self else "<MPI.MESSAGE_NULL>"
+
+
+class _Done:
+    """An object request that is complete already (Message.irecv of an object in hand)."""
+
+    __slots__ = ("_value", "status")
+
+    def __init__(self, value: Any):
+        self._value, self.status = value, None
+
+    def wait(self) -> Any:
+        return self._value
+
+    def test(self) -> tuple[bool, Any]:
+        return True, self._value
+
+
 REQUEST_NULL = Request()
+MESSAGE_NULL = Message()
+MESSAGE_NO_PROC = Message(no_proc=True)
 
 
 # ---------------------------------------------------------------- helpers

@@ -33,7 +33,7 @@ class Status:
             self.source, self.tag, self.nbytes = ANY_SOURCE, ANY_TAG, 0
         else:
             self.source, self.tag, self.nbytes = native.source, native.tag, native.nbytes
-        self.error, self.cancelled = SUCCESS, False
+        self.error, self.cancelled = SUCCESS, bool(getattr(native, "cancelled", False))
 
     def _fill_null(self) -> None:
         """A receive from PROC_NULL: source PROC_NULL, tag ANY_TAG, count 0 (as MPI defines)."""

@@ -29,12 +29,13 @@ import numpy as np
 
 from shmproxy.control import bootstrap
 from shmproxy.core import errors, log, params as params_mod
-from shmproxy.rank import collpost, objcoll, objects, splitting
-from shmproxy.core.ops import DTYPE_CODE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll, ReduceOp
+from shmproxy.rank import collpost, objcoll, objects, objp2p, splitting
+from shmproxy.core.ops import (ANY_SOURCE, ANY_TAG, DTYPE_CODE, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED,
+                               FLAG_SYNC, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll, ReduceOp)
 # _DTYPES and _probes: what a Poster is built with (tests build one from this module's names).
 from shmproxy.rank.lifecycle import Lifecycle, _DTYPES, _probes  # noqa: F401
 from shmproxy.rank.posting import Posting
-from shmproxy.rank.request import Request
+from shmproxy.rank.request import Message, Request, Status
 from shmproxy.rank.waiting import Waiting
 from shmproxy import transports
 
@@ -88,12 +89,46 @@ class Comm(Lifecycle, Posting, Waiting):
         return self._post(KIND_RECV, buf, source, tag)
 
     def Send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
-        """Blocking send: returns when the message has been delivered."""
+        """Blocking send in MPI's standard mode: returns once ``buf`` may be reused. A message of at
+        most SHMPROXY_SEND_BUFFER_BYTES to a rank of this node is buffered by the progress process if
+        no receive waits for it (so it returns at once, within SEND_BUFFER_PER_PEER bytes waiting per
+        destination); a larger one returns once its receive took it."""
         self.Isend(buf, dest, tag).Wait()
 
-    def Recv(self, buf: np.ndarray, source: int, tag: int = 0) -> Any:
+    def Issend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Request:
+        """Synchronous-mode Isend: the request completes only once a matching receive took the
+        message, never from a buffer."""
+        return self._post(KIND_SEND, buf, dest, tag, FLAG_SYNC)
+
+    def Ssend(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+        """Blocking synchronous send: returns once the receive matched (see Issend)."""
+        self.Issend(buf, dest, tag).Wait()
+
+    def Recv(self, buf: np.ndarray, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Any:
         """Blocking receive; returns the Status (source, tag, nbytes)."""
         return self.Irecv(buf, source, tag).Wait()
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status:
+        """Wait for a message that a receive (source, tag) would match and return its Status
+        (source, tag, nbytes), leaving it to be received."""
+        return self._probe(source, tag, FLAG_PROBE_BLOCK).Wait()
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
+        """The Status of a message a receive (source, tag) would match now, or None (a round trip to
+        the progress process)."""
+        return self._probe(source, tag, 0).Wait()
+
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Message:
+        """Wait for a message a receive (source, tag) would match and take it out of matching: only
+        the returned Message's Recv can receive it (no other receive or probe sees it any more)."""
+        req = self._probe(source, tag, FLAG_PROBE_BLOCK | FLAG_PROBE_MATCHED)
+        return Message(self, req._seq, req.Wait())
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Message | None:
+        """Mprobe that answers at once: a Message, or None when nothing matches now."""
+        req = self._probe(source, tag, FLAG_PROBE_MATCHED)
+        st = req.Wait()
+        return None if st is None else Message(self, req._seq, st)
 
     def group(self) -> Any:
         """``with comm.group():`` everything posted inside is spliced onto the pool under one lock, as
@@ -238,9 +273,32 @@ class Comm(Lifecycle, Posting, Waiting):
         """Send any picklable object (large arrays inside travel without a pickle copy)."""
         objects.send(self, obj, dest, tag)
 
-    def recv(self, source: int, tag: int = 0) -> Any:
-        """Receive an object sent with ``send`` (no size needs to be known in advance)."""
+    def recv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Any:
+        """Receive an object sent with ``send`` (no size needs to be known in advance); ANY_SOURCE and
+        ANY_TAG take the earliest object in MPI's matching order. objects.recv_status also returns
+        its Status."""
         return objects.recv(self, source, tag)
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Any:
+        """Nonblocking object send: an objp2p.ObjRequest whose wait() returns None."""
+        return objp2p.isend(self, obj, dest, tag)
+
+    def irecv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Any:
+        """Nonblocking object receive: an objp2p.ObjRequest whose wait() returns the object."""
+        return objp2p.irecv(self, source, tag)
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG) -> Any:
+        """Send ``sendobj`` to ``dest`` and receive an object from ``source`` (no deadlock between
+        ranks that exchange with each other)."""
+        return objp2p.sendrecv(self, sendobj, dest, sendtag, source, recvtag)
+
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status:
+        """Wait for an object message (source, tag) and return its Status; the object stays to recv."""
+        return objp2p.probe(self, source, tag)
+
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
+        return objp2p.iprobe(self, source, tag)
 
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         return objects.bcast(self, obj, root)

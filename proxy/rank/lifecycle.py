@@ -405,8 +405,16 @@ class Lifecycle:
         peers act, or fail once those close; leave unmatched receives (and, without ``wait``, everything)
         to the progress process, which drops what the closing rank posted, and name them on stderr."""
         left = []
+        # The object layer's sends returned to their caller as if delivered: they are waited for. Any
+        # other send no receive took yet is cancelled (engine/p2p.py), so that a peer that never
+        # receives it does not hold this close for the whole timeout; a matched one completes.
+        promised = {id(r) for r in self.__dict__.get("_objects_unwaited", ())}
         for req in list(self._pending.values()):
             if wait and req._kind != KIND_RECV:
+                if req._kind == KIND_SEND and id(req) not in promised and not req.Test() and self._cancel(req):
+                    req.Wait()
+                    left.append(req)
+                    continue
                 req.Wait()
                 continue
             try:

@@ -36,6 +36,11 @@ marks a header whose payload is an error text (utf-8) instead of a pickle: colle
 the other ranks that a contribution could not be pickled (or a reduction failed), so every rank
 leaves the collective in step and raises, and the communicator stays usable.
 
+Wildcards: recv with ANY_SOURCE or ANY_TAG (the defaults, as in mpi4py) first takes the next header it
+accepts out of matching with a matched probe (Comm.Mprobe), then receives the rest of that object from
+its actual (source, tag); ANY_TAG never matches the reserved tags below. The nonblocking and combined
+calls (isend, irecv, sendrecv, probe, iprobe) are in objp2p.py.
+
 Tags: send/recv use the user's tag. Collectives use the reserved tag OBJ_COLL_TAG; every tag below
 OBJ_TAG_BASE (= -2**62) is reserved for shmproxy's internal traffic, and send/recv refuse them. Since
 every rank calls collectives in the same order and one pair's messages on one tag are FIFO, one tag is
@@ -87,11 +92,13 @@ from typing import Any, Callable
 import numpy as np
 
 from shmproxy.core import errors
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 from shmproxy.rank.objstate import (OBJ_COLL_TAG, OBJ_TAG_BASE, _SELF_ATTR, _complete_sends, _enter,
                                     _next_seq, _peer, _public, _reducer, _user_tag)
-from shmproxy.rank.request import Request
+from shmproxy.rank.request import Request, Status
 
-__all__ = ["send", "recv", "bcast", "gather", "allgather", "allreduce", "barrier", "OBJ_TAG_BASE",
+__all__ = ["send", "recv", "recv_status", "bcast", "gather", "allgather", "allreduce", "barrier",
+           "OBJ_TAG_BASE",
            "OBJ_COLL_TAG", "OOB_MIN_BYTES", "OOB_MAX_BUFFERS", "HDR_WORDS"]
 
 # Buffers smaller than this are pickled in-band: one more message costs more than copying them. The
@@ -230,14 +237,15 @@ def _post_send(comm: Any, out: _Out, dest: int, tag: int, op: int, seq: int) -> 
 
 # ------------------------------------------------------------------------------ receiving
 class _In:
-    """One object being received from ``source``."""
+    """One object being received from ``source`` on ``tag``: its header is received by a receive
+    posted now, or, given ``msg`` (a matched probe's Message), as that message."""
 
-    __slots__ = ("source", "hdr", "req", "reqs", "data", "bufs", "flags", "plen")
+    __slots__ = ("source", "tag", "hdr", "req", "reqs", "data", "bufs", "flags", "plen")
 
-    def __init__(self, comm: Any, source: int, tag: int):
-        self.source = source
+    def __init__(self, comm: Any, source: int, tag: int, msg: Any = None):
+        self.source, self.tag = source, tag
         self.hdr = np.empty(HDR_WORDS, np.int64)
-        self.req = comm.Irecv(self.hdr, source, tag)
+        self.req = comm.Irecv(self.hdr, source, tag) if msg is None else msg.Irecv(self.hdr)
         self.reqs: list[tuple[Request, int]] = []
         self.data: Any = None
         self.bufs: list[np.ndarray] = []
@@ -340,24 +348,74 @@ def send(comm: Any, obj: Any, dest: int, tag: int = 0) -> None:
     _complete_sends(comm, reqs)
 
 
-@_public
-def recv(comm: Any, source: int, tag: int = 0) -> Any:
-    """Receive an object sent with ``send`` from ``source`` on ``tag``."""
-    _enter(comm)
-    source = _peer(comm, source, "source")
-    tag = _user_tag(tag)
-    what = f"recv from rank {source} tag {tag}"
-    if source == comm.rank:
-        queue = getattr(comm, _SELF_ATTR, {}).get(tag)
-        if queue:
-            data, bufs = queue.popleft()
-            return _loads(data, bufs, what)
-        # Nothing sent to ourselves on this tag: the runtime's receive says why (a buffer message
-        # sent with Isend is not an object; none at all times out).
-    inc = _In(comm, source, tag)
-    inc.post_body(comm, tag, OP_P2P, 0, what)
+def _wild_peer(comm: Any, source: Any, tag: Any) -> tuple[int, int]:
+    source = ANY_SOURCE if source == ANY_SOURCE else _peer(comm, source, "source")
+    tag = ANY_TAG if tag == ANY_TAG else _user_tag(tag)
+    return source, tag
+
+
+def _from_self(comm: Any, source: int, tag: int, take: bool) -> tuple[Any, int] | None:
+    """An object this rank sent itself that a receive (source, tag) accepts: (entry, tag), removed
+    when ``take``; None if there is none."""
+    if source not in (ANY_SOURCE, comm.rank):
+        return None
+    queues = getattr(comm, _SELF_ATTR, None) or {}
+    for t in ([tag] if tag != ANY_TAG else list(queues)):
+        q = queues.get(t)
+        if q:
+            return (q.popleft() if take else q[0]), t
+    return None
+
+
+def _start_recv(comm: Any, source: int, tag: int, block: bool) -> _In | None:
+    """Start receiving one object. With an exact source and tag its header receive is posted at once;
+    a wildcard (or a nonblocking start) takes the next header out of matching with a matched probe
+    first, so that the rest of the object is received from its actual (source, tag), and no receive
+    of ours is left posted where it could take another object's parts. None: nothing there yet."""
+    if block and source != ANY_SOURCE and tag != ANY_TAG:
+        return _In(comm, source, tag)
+    msg = comm.Mprobe(source, tag) if block else comm.Improbe(source, tag)
+    if msg is None:
+        return None
+    return _In(comm, msg.status.source, msg.status.tag, msg)
+
+
+def _finish_recv(comm: Any, inc: _In, what: str) -> tuple[Any, Status]:
+    inc.post_body(comm, inc.tag, OP_P2P, 0, what)
     inc.wait(what)
-    return inc.load(what)
+    nbytes = inc.plen + sum(b.nbytes for b in inc.bufs)
+    return inc.load(what), Status(inc.source, inc.tag, nbytes)
+
+
+def _recv_self(comm: Any, source: int, tag: int, what: str) -> tuple[Any, Status] | None:
+    got = _from_self(comm, source, tag, True)
+    if got is None:
+        return None
+    (data, bufs), t = got
+    return _loads(data, bufs, what), Status(comm.rank, t, len(data) + sum(b.nbytes for b in bufs))
+
+
+@_public
+def recv_status(comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> tuple[Any, Status]:
+    """recv, and the Status (source, tag, bytes of its pickle and buffers) of the object received."""
+    _enter(comm)
+    source, tag = _wild_peer(comm, source, tag)
+    what = f"recv from {'any rank' if source == ANY_SOURCE else f'rank {source}'} tag " \
+           f"{'ANY_TAG' if tag == ANY_TAG else tag}"
+    own = _recv_self(comm, source, tag, what)
+    if own is not None:
+        return own
+    # Nothing sent to ourselves that matches: the runtime's receive says why (a buffer message sent
+    # with Isend is not an object; none at all times out).
+    inc = _start_recv(comm, source, tag, True)
+    assert inc is not None
+    return _finish_recv(comm, inc, what)
+
+
+def recv(comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Any:
+    """Receive an object sent with ``send`` from ``source`` on ``tag`` (ANY_SOURCE and ANY_TAG, the
+    defaults, take the earliest object any rank sent on any user tag, in MPI's matching order)."""
+    return recv_status(comm, source, tag)[0]
 
 
 # ------------------------------------------------------------------------------ collectives

@@ -17,9 +17,9 @@ from shmproxy.core import errors
 from shmproxy.control.protocol import MsgType
 from shmproxy.core.memory import MemKind, device_array_kind, mem_device, mem_word
 from shmproxy.coll import sched
-from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
-                               KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll,
-                               ANY_SOURCE, ANY_TAG)
+from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_MPROBED, FLAG_NO_RECV, IN_PLACE,
+                               KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES,
+                               TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG)
 from shmproxy.rank.device import DeviceMemory
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
@@ -55,13 +55,14 @@ class Posting:
             raise errors.InvalidArgument(f"tag {tag} does not fit in 64 bits")
         return tag
 
-    def _post(self, kind: int, buf: Any, peer: int, tag: int) -> Request:
+    def _post(self, kind: int, buf: Any, peer: int, tag: int, flags: int = 0) -> Request:
         """The full post path: every check with its message, and staging. Isend/Irecv come here only
-        when shm._poster's fast path declined (the uncommon cases: see shm/_poster.c)."""
+        when shm._poster's fast path declined (the uncommon cases: see shm/_poster.c); Issend (FLAG_SYNC)
+        and the receive of a matched probe's message (FLAG_MPROBED) always do."""
         self._check_usable()
         if type(buf) is not np.ndarray:
             if device_array_kind(buf) is not None:
-                return self._post_device(kind, buf, peer, tag)
+                return self._post_device(kind, buf, peer, tag, flags)
             raise _not_host(buf, "buffer")
         code = _DTYPE_CODE.get(buf.dtype.char)
         if code is None:
@@ -92,8 +93,28 @@ class Posting:
                 addr, found = 0, None
             if found is None:
                 found, stage = self._stage_send(buf, addr, nbytes)
-        return self._emit(kind, code, 0, 0, peer, tag, found[0], found[1], nbytes, buf.size, -1, 0, 0, 0,
+        return self._emit(kind, code, 0, flags, peer, tag, found[0], found[1], nbytes, buf.size, -1, 0, 0, 0,
                           buf, stage, user_addr)
+
+    # ------------------------------------------------------------------ probes and cancel (engine/p2p.py)
+    def _probe(self, source: Any, tag: Any, flags: int) -> Request:
+        """Post a probe (flags: FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED); its Wait returns the Status of
+        the message a receive (source, tag) would match, or None (a nonblocking probe, no message)."""
+        self._check_usable()
+        source = self._check_peer(source, "source", True)
+        tag = self._check_tag(tag, True)
+        return self._emit(KIND_PROBE, 1, 0, flags, source, tag, 0, 0, 0, 0, -1, 0, 0, 0, None, None, 0)
+
+    def _post_mprobed(self, buf: Any, source: int, handle: int) -> Request:
+        """The receive of the message a matched probe holds (``handle``: that probe's sequence)."""
+        return self._post(KIND_RECV, buf, source, handle, FLAG_MPROBED)
+
+    def _cancel(self, req: Request) -> bool:
+        """Ask the progress process to cancel ``req`` (Request.Cancel); True if it was."""
+        self._check_usable()
+        c = self._emit(KIND_CANCEL, 1, 0, 0, req._slot, req._seq, 0, 0, 0, 0, -1, 0, 0, 0, None, None, 0)
+        st = c.Wait()
+        return bool(st is not None and st.nbytes)
 
     def _device_memory(self) -> DeviceMemory:
         dev = self.__dict__.get("_device")
@@ -103,7 +124,7 @@ class Posting:
             dev = self._device = DeviceMemory(register, self._registry.new_id, lambda: self._registry.dead_ids)
         return dev
 
-    def _post_device(self, kind: int, buf: Any, peer: Any, tag: Any) -> Request:
+    def _post_device(self, kind: int, buf: Any, peer: Any, tag: Any, flags: int = 0) -> Request:
         """A message from or into device memory: never staged (shmproxy.rank.device)."""
         dev = self._device_memory()
         arr = dev.as_array(buf, "buffer")
@@ -113,7 +134,7 @@ class Posting:
         peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source", kind == KIND_RECV)
         tag = self._check_tag(tag, kind == KIND_RECV)
         bid, off, mem = dev.locate(arr)
-        return self._emit(kind, code, 0, 0, peer, tag, bid, off, arr.nbytes, arr.size, -1, 0, 0, 0,
+        return self._emit(kind, code, 0, flags, peer, tag, bid, off, arr.nbytes, arr.size, -1, 0, 0, 0,
                           (buf, arr), None, 0, mem)
 
     def _device_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, int]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from shmproxy.core import errors
-from shmproxy.core.ops import CODE_DTYPE, KIND_COLL, KIND_NAMES, KIND_RECV
+from shmproxy.core.ops import (CODE_DTYPE, KIND_COLL, KIND_NAMES, KIND_RECV, KIND_SEND, STATUS_CANCELLED,
+                               STATUS_NO_MESSAGE)
 from shmproxy.shm._poster import RequestBase, Status
 
-__all__ = ["Request", "Status"]
+__all__ = ["Message", "Request", "Status"]
 
 
 class Request(RequestBase):
@@ -47,7 +48,14 @@ class Request(RequestBase):
         if tag >= 2**63:
             tag -= 2**64
         self._done = True
-        self.status = Status(source, tag, nbytes)
+        if code == STATUS_CANCELLED:
+            self.status = Status(source, tag, 0, cancelled=True)
+            code = -1   # no error, and nothing landed to copy out
+        elif code == STATUS_NO_MESSAGE:
+            self.status = None   # a nonblocking probe that found nothing
+            code = -1
+        else:
+            self.status = Status(source, tag, nbytes)
         stage, self._stage = self._stage, None
         extra, self._extra = self._extra, None
         if code == 0:
@@ -56,7 +64,7 @@ class Request(RequestBase):
                 if n:
                     from shmproxy.shm import _native
                     _native.memcopy(self._user_addr, stage[1].addr, n)
-        else:
+        elif code > 0:
             self._error = self._make_error(code, nbytes, source, tag, peer_dtype)
         if stage is not None:
             self._comm._staging.put(*stage)
@@ -76,6 +84,18 @@ class Request(RequestBase):
         if code == errors.InvalidUsage.code:
             return errors.InvalidUsage(f"{self.describe()}: the peer closed the communicator first")
         return errors.from_code(code, f"{self.describe()} failed")
+
+    def Cancel(self) -> bool:
+        """Cancel a point-to-point request that nothing matched yet (MPI_Cancel): a posted receive, or
+        a send that no receive took and the progress process did not buffer. The request then
+        completes with ``status.cancelled`` true and no error (Wait returns that status; a cancelled
+        receive wrote nothing). Returns whether it was cancelled; False when it had already matched or
+        completed (it completes as usual). Waits for the progress process's answer (a round trip)."""
+        if self._done:
+            return False
+        if self._kind not in (KIND_SEND, KIND_RECV):
+            raise errors.InvalidUsage(f"{self.describe()}: only point-to-point requests can be cancelled")
+        return self._comm._cancel(self)
 
     # ---- the Python halves of Wait() and Test() (shm/_poster.c) -----------------------------------
     def _test_slow(self) -> bool:
@@ -119,3 +139,26 @@ class Request(RequestBase):
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"
         return f"<shmproxy.Request {self.describe()} {state}>"
+
+
+class Message:
+    """A message a matched probe (Comm.Mprobe/Improbe) took out of matching: ``status`` says what it is
+    (source, tag, nbytes), and only ``Recv``/``Irecv`` of this handle can receive it (MPI_Message)."""
+
+    __slots__ = ("_comm", "_handle", "status")
+
+    def __init__(self, comm: object, handle: int, status: Status):
+        self._comm, self._handle, self.status = comm, handle, status
+
+    def Irecv(self, buf: object) -> Request:
+        """Receive this message into ``buf``; can be called once."""
+        if self._handle < 0:
+            raise errors.InvalidUsage("this message was received already")
+        handle, self._handle = self._handle, -1
+        return self._comm._post_mprobed(buf, self.status.source, handle)   # type: ignore[attr-defined]
+
+    def Recv(self, buf: object) -> Status | None:
+        return self.Irecv(buf).Wait()
+
+    def __repr__(self) -> str:
+        return f"<shmproxy.Message {self.status!r}{'' if self._handle >= 0 else ' received'}>"

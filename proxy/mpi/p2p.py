@@ -1,0 +1,343 @@
+"""MPI.Comm's point-to-point calls (a mixin of shmproxy.mpi.comm.Comm): buffers, probes and the object
+layer's point-to-point, over the native calls (proxy/rank/comm.py, objects.py, objp2p.py).
+
+Each call checks its peer and tag (PROC_NULL is an immediate no-op whose receive status says source
+PROC_NULL, as MPI defines), parses its buffer specs (buffers.py) and calls the native method; native
+errors come back as MPI.Exception subclasses that are still the native classes (exceptions.convert).
+
+Modes: ``Send``/``Isend`` are MPI's standard mode (the progress process buffers a small message that
+no receive waits for yet, so the send completes at once; engine/p2p.py), ``Ssend``/``Issend`` the
+native synchronous calls, ``Rsend`` (which MPI lets an implementation run as a standard send) the
+standard ones. ``Bsend`` (Attach_buffer) is not provided.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shmproxy.core import errors
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
+from shmproxy.mpi import buffers
+from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_RANK, ERR_TAG, convert, error, unsupported
+from shmproxy.mpi.request import MESSAGE_NO_PROC, Message, ObjRequest, Prequest, Request
+from shmproxy.mpi.status import PROC_NULL, Status
+from shmproxy.rank import objects, objp2p
+
+_parse = buffers.parse
+_NO_BUFFERED = "buffered mode (Attach_buffer) needs an eager send path the runtime does not have"
+
+
+class PointToPoint:
+    """Point-to-point calls of MPI.Comm (``_c``: the native communicator; ``_obj``: Comm's call of an
+    object-layer function that converts native errors)."""
+
+    __slots__ = ()
+    _c: Any
+
+    # ------------------------------------------------------------------ point-to-point, buffers
+    def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
+        if type(peer) is not int:
+            if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+                raise error(ERR_RANK, f"{what} must be an int, got {type(peer).__name__}")
+            peer = int(peer)
+        if not 0 <= peer < self._c.size and peer != PROC_NULL and not (wildcard and peer == ANY_SOURCE):
+            raise error(ERR_RANK, f"{what} {peer} out of range: the communicator has {self._c.size} ranks")
+        return peer
+
+    def _tag(self, tag: Any, wildcard: bool = False) -> int:
+        if type(tag) is not int:
+            if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+                raise error(ERR_TAG, f"tag must be an int, got {type(tag).__name__}")
+            tag = int(tag)
+        if tag == ANY_TAG and not wildcard:
+            raise error(ERR_TAG, "ANY_TAG is for receives: a message needs a tag of its own")
+        return tag
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Request(None, True)
+        b = _parse(buf, "send buffer", False)
+        try:
+            return Request(self._c.Isend(b, dest, tag))
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            return Request(None, True)
+        b = _parse(buf, "receive buffer", True)
+        try:
+            return Request(self._c.Irecv(b, source, tag))
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
+        """Blocking standard-mode send: returns once ``buf`` may be reused (at once for a small message
+        the progress process buffered, else once the receiver took it)."""
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return
+        b = _parse(buf, "send buffer", False)
+        try:
+            self._c.Send(b, dest, tag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        """Synchronous mode: completes only once a matching receive took the message."""
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Request(None, True)
+        b = _parse(buf, "send buffer", False)
+        try:
+            return Request(self._c.Issend(b, dest, tag))
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:
+        self.Issend(buf, dest, tag).Wait()
+
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> None:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return
+        b = _parse(buf, "receive buffer", True)
+        try:
+            st = self._c.Recv(b, source, tag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        if status is not None:
+            status._fill(st)
+
+    # The ready mode is the standard mode here (see the header).
+    Rsend = Send
+    Irsend = Isend
+
+    def Bsend(self, buf: Any, dest: int, tag: int = 0) -> None:
+        unsupported("Comm.Bsend", _NO_BUFFERED)
+
+    def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        unsupported("Comm.Ibsend", _NO_BUFFERED)
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+        """Receive and send at once (posted together, the receive first), so that ranks exchanging
+        with each other do not wait for one another's receive."""
+        dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
+        source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
+        sb = None if dest == PROC_NULL else _parse(sendbuf, "Sendrecv sendbuf", False)
+        rb = None
+        if source != PROC_NULL:
+            if recvbuf is None:
+                raise error(ERR_BUFFER, "Sendrecv: recvbuf is None but the source is not PROC_NULL")
+            rb = _parse(recvbuf, "Sendrecv recvbuf", True)
+        self._exchange(sb, dest, sendtag, rb, source, recvtag, status)
+
+    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                         recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+        """Send ``buf`` and receive into it: the outgoing data is copied first, since the receive may
+        land (in registered memory, without staging) while the send still reads."""
+        dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
+        source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
+        b = _parse(buf, "Sendrecv_replace buffer", True)
+        sb = None if dest == PROC_NULL else b.copy()
+        self._exchange(sb, dest, sendtag, None if source == PROC_NULL else b, source, recvtag, status)
+
+    def _exchange(self, sb: Any, dest: int, sendtag: int, rb: Any, source: int, recvtag: int,
+                  status: Status | None) -> None:
+        c = self._c
+        rreq = sreq = None
+        try:
+            with c.group():
+                if rb is not None:
+                    rreq = c.Irecv(rb, source, recvtag)
+                if sb is not None:
+                    sreq = c.Isend(sb, dest, sendtag)
+            st = rreq.Wait() if rreq is not None else None
+            if sreq is not None:
+                sreq.Wait()
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        if status is not None:
+            status._fill_null() if rreq is None else status._fill(st)
+
+    def Send_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Prequest(None, (), True)
+        return Prequest(self._c.Isend, (_parse(buf, "send buffer", False), dest, tag), False)
+
+    def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            return Prequest(None, (), True)
+        return Prequest(self._c.Irecv, (_parse(buf, "receive buffer", True), source, tag), False)
+
+    def Ssend_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Prequest(None, (), True)
+        return Prequest(self._c.Issend, (_parse(buf, "send buffer", False), dest, tag), False)
+
+    Rsend_init = Send_init
+
+    def Bsend_init(self, *a: Any, **k: Any) -> Prequest:
+        unsupported("Comm.Bsend_init", _NO_BUFFERED)
+
+    # ------------------------------------------------------------------ probes
+    def _probe_call(self, fn: Any, source: Any, tag: Any) -> Any:
+        try:
+            return fn(source, tag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Wait for a message a receive (source, tag) would match; ``status`` says what it is."""
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return True
+        st = self._probe_call(self._c.Probe, source, tag)
+        if status is not None:
+            status._fill(st)
+        return True
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Whether a message a receive (source, tag) would match is there now."""
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return True
+        st = self._probe_call(self._c.Iprobe, source, tag)
+        if st is not None and status is not None:
+            status._fill(st)
+        return st is not None
+
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
+        """Wait for a message (source, tag) and take it out of matching: only the Message's Recv gets it."""
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return MESSAGE_NO_PROC
+        m = self._probe_call(self._c.Mprobe, source, tag)
+        if status is not None:
+            status._fill(m.status)
+        return Message(m)
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status: Status | None = None) -> Message | None:
+        """Mprobe that answers at once: a Message, or None when nothing matches now."""
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return MESSAGE_NO_PROC
+        m = self._probe_call(self._c.Improbe, source, tag)
+        if m is None:
+            return None
+        if status is not None:
+            status._fill(m.status)
+        return Message(m)
+
+    # ------------------------------------------------------------------ objects (lower case), point-to-point
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return
+        try:
+            objects.send(self._c, obj, dest, tag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> Any:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return None
+        try:
+            obj, st = objects.recv_status(self._c, source, tag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        if status is not None:
+            status._fill(st)
+        return obj
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Request(None, True)
+        return ObjRequest(self._obj(objp2p.isend, obj, dest, tag))
+
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Nonblocking object receive (``buf`` is accepted and ignored: the object's size is its own)."""
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            return Request(None, True)
+        return ObjRequest(self._obj(objp2p.irecv, source, tag))
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
+        dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
+        source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
+        req = self.isend(sendobj, dest, sendtag) if dest != PROC_NULL else None
+        value = self.recv(None, source, recvtag, status)
+        if req is not None:
+            req.wait()
+        return value
+
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return True
+        st = self._obj(objp2p.probe, source, tag)
+        if status is not None:
+            status._fill(st)
+        return True
+
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return True
+        st = self._obj(objp2p.iprobe, source, tag)
+        if st is not None and status is not None:
+            status._fill(st)
+        return st is not None
+
+    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
+        """The next object (source, tag), taken out of matching: its Message's recv() returns it."""
+        return self._mprobe_obj(source, tag, status, True)  # type: ignore[return-value]
+
+    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status: Status | None = None) -> Message | None:
+        return self._mprobe_obj(source, tag, status, False)
+
+    def _mprobe_obj(self, source: Any, tag: Any, status: Status | None, block: bool) -> Message | None:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill_null()
+            return MESSAGE_NO_PROC
+        if source in (ANY_SOURCE, self._c.rank) and objects._from_self(self._c, source, tag, False):
+            unsupported("Comm.mprobe of an object a rank sent itself", "recv() it instead")
+        inc = self._obj(objects._start_recv, *objects._wild_peer(self._c, source, tag), block)
+        if inc is None:
+            return None
+        if status is not None:
+            status._fill(None)
+            status.source, status.tag = inc.source, inc.tag
+        return Message(obj=inc, comm=self._c)
