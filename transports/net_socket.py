@@ -16,9 +16,10 @@ A message across nodes is MPI's rendezvous, split between the two halves of the 
    and decides what only it can: truncation and dtype agreement. A verdict that moves nothing goes
    back as a CTS without a landing, and the sender completes with it;
 3. otherwise the CTS names a *landing* (the receive buffer, pinned), and the sender's node streams
-   the bytes in chunks of ``NET_CHUNK_SIZE`` over every socket of the link, straight from the sender's
-   registered memory into the receiver's (``sendmsg`` / ``recv_into`` on views of the mappings: no
-   staging copy). The send completes when its last chunk is written; the receive when its last
+   the bytes in chunks of ``NET_CHUNK_SIZE`` over every socket of the link, at most STEPS chunks
+   queued at a time (each chunk that leaves queues the next: ``_Outgoing``), straight from the
+   sender's registered memory into the receiver's (``sendmsg`` / ``recv_into`` on views of the
+   mappings: no staging copy). The send completes when its last chunk is written; the receive when its last
    chunk has landed.
 
 Control frames all travel on socket 0 in queue order, so two messages of one pair and tag arrive in
@@ -98,6 +99,48 @@ class _Landing:
         self.transfer, self.view, self.nbytes, self.got = transfer, view, nbytes, 0
 
 
+class _Outgoing:
+    """A matched message's chunks on their way out. At most STEPS of them are queued on the link's
+    sockets at once (a step is *posted* when its chunk is queued, *transmitted* when the kernel took
+    its last byte); each chunk that leaves queues the next, so a large message pipelines over the
+    sockets without filling every queue, and the dump can say how far it got. The last chunk out
+    completes the send (on the loop, through an event). Writer threads call ``sent``; ``lock`` keeps
+    the counters."""
+
+    __slots__ = ("net", "op", "view", "link", "rid", "nchunks", "posted", "transmitted", "lock")
+
+    def __init__(self, net: "_Net", op: Any, view: memoryview, link: W.Link, rid: int):
+        self.net, self.op, self.view, self.link, self.rid = net, op, view, link, rid
+        self.nchunks = -(-op.nbytes // net.chunk)
+        self.posted = self.transmitted = 0
+        self.lock = threading.Lock()
+
+    def pump(self) -> None:
+        chunk, steps = self.net.chunk, self.net.ctx.steps
+        todo = []
+        with self.lock:
+            while self.posted < self.nchunks and self.posted - self.transmitted < steps:
+                todo.append(self.posted * chunk)
+                self.posted += 1
+        for off in todo:
+            self.link.bulk(W.DATA, self.rid, off, [self.view[off:off + chunk]], self.sent)
+
+    def sent(self) -> None:
+        with self.lock:
+            self.transmitted += 1
+            last = self.transmitted == self.nchunks
+        if not last:
+            self.pump()
+            return
+        self.view.release()
+        ctx, op, net = self.net.ctx, self.op, self.net
+        ctx.post_event(lambda: (net.outgoing.pop(self.rid, None), ctx.complete_send(op, 0, op.nbytes, 0)))
+
+    def describe(self) -> str:
+        return (f"{self.op.describe()}: steps posted {self.posted}, transmitted {self.transmitted} of "
+                f"{self.nchunks} chunks")
+
+
 class _Net:
     """The transport's state in one progress process (ctx.transport_state['socket'])."""
 
@@ -113,6 +156,7 @@ class _Net:
         self.links: dict[int, W.Link] = {}
         self.ids = itertools.count(1)
         self.sends: dict[int, tuple[Any, memoryview, W.Link]] = {}   # sid -> (op, view, link): waiting for CTS
+        self.outgoing: dict[int, _Outgoing] = {}       # rid -> a matched message's chunks on their way
         self.landings: dict[int, _Landing] = {}       # rid -> landing (readers use it: under lock)
         self.coll_recvs: dict[bytes, tuple] = {}       # key -> (schedule, entry, view): RECV started
         self.coll_stash: dict[bytes, bytes] = {}       # key -> bytes: arrived before its RECV
@@ -268,20 +312,9 @@ class _Net:
             view.release()
             ctx.complete_send(op, verdict & 0xFFFF, op.nbytes, verdict >> 16)
             return
-        n, chunk = op.nbytes, self.chunk
-        left = [-(-n // chunk)]
-        lock = threading.Lock()
-
-        def sent() -> None:   # a writer thread: the last chunk completes the send
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                view.release()
-                ctx.post_event(lambda: ctx.complete_send(op, 0, n, 0))
-
-        for off in range(0, n, chunk):
-            link.bulk(W.DATA, rid, off, [view[off:off + chunk]], sent)
+        out = _Outgoing(self, op, view, link, rid)
+        self.outgoing[rid] = out
+        out.pump()
 
 
 class SocketTransport(Transport):
@@ -462,6 +495,8 @@ class SocketTransport(Transport):
             t = ld.transfer
             waits.append({"node": t.send.node, "what": f"{t.recv.describe()}: {ld.got} of {ld.nbytes} B of "
                                                        f"rank {t.send.rank}'s message arrived"})
+        for out in list(net.outgoing.values()):
+            waits.append({"node": out.link.peer, "what": out.describe()})
         for _sch, e, _view in colls:
             seq = e.key[0] if isinstance(e.key, tuple) and e.key else e.key
             waits.append({"node": e.peer, "what": f"collective #{seq} waits for {e.nbytes} B {e.key!r}"})
