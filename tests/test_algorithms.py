@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from shmproxy.coll import algorithms, sched
+from shmproxy.coll import algorithms, hierarchy, sched
 from shmproxy.coll.executor import CpuExecutor, host_view
 from shmproxy.coll.sched import Region, ReduceOp
 from shmproxy.engine.copyengine import CopyEngine
@@ -105,19 +105,22 @@ def _loopback() -> tuple:
     return conn, ctx
 
 
+@pytest.mark.parametrize("ring", [False, True], ids=["tree", "ring"])
 @pytest.mark.parametrize("nnodes,local,dtype,op", [(2, 2, np.float32, ReduceOp.SUM), (3, 1, np.int64, ReduceOp.MAX),
-                                                  (4, 3, np.float16, ReduceOp.MIN), (1, 2, np.float64, ReduceOp.PROD)])
-def test_hierarchical_allreduce_across_simulated_nodes_through_the_loopback_connector(nnodes, local, dtype, op):
-    """Every node's schedules run in this process, their SEND/RECV entries meeting on one loopback
-    connector (what the transport between nodes will carry): local reduce, exchange, local copy-out.
-    The result is the reduction over all ranks in node order, on every rank of every node."""
+                                                  (4, 3, np.float16, ReduceOp.MIN), (3, 2, np.int32, ReduceOp.SUM)])
+def test_allreduce_across_simulated_nodes_through_the_loopback_connector(nnodes, local, dtype, op, ring):
+    """Every node's schedules (shmproxy.coll.hierarchy) run in this process, their SEND/RECV entries
+    meeting on one loopback connector (what the socket transport carries between nodes): local reduce,
+    a tree through node 0 or a ring between the nodes, local copy-out. Every rank of every node gets
+    the same bits: the reduction over all ranks (in node order for the tree; the ring reduces each
+    segment once from another start, equal for these exact cases)."""
     n, per = 777, 100
     conn, ctx = _loopback()
     transport = conn.transport
     ins = [ranks_data(n, local, dtype, seed=node) for node in range(nnodes)]
     outs = [[np.zeros(n, dtype) for _ in range(local)] for _ in range(nnodes)]
-    built = [algorithms.hierarchical_allreduce([region(x) for x in ins[node]], [region(o) for o in outs[node]],
-                                               op, per, node, nnodes, key=("allreduce", 7))
+    built = [hierarchy.allreduce([region(x) for x in ins[node]], [region(o) for o in outs[node]], op, per, node,
+                                 nnodes, nnodes * local, key=7, ring_min=0 if ring else 1 << 62)
              for node in range(nnodes)]
     nchunks = built[0][0]
     assert all(b[0] == nchunks for b in built)

@@ -1,5 +1,5 @@
-"""Collective algorithms: the builders of chunk schedules (shmproxy.coll.sched) for one node's ranks,
-and the hierarchical form that spans nodes.
+"""Collective algorithms: the builders of chunk schedules (shmproxy.coll.sched) for one node's ranks.
+Across nodes: shmproxy.coll.hierarchy (and vector.py for the rooted, vector and prefix collectives).
 
 Each builder takes the ranks' buffers as regions (address, count, dtype) and returns
 ``(chunk_count, make)``, where ``make(k)`` builds the schedule of chunk k. ``ins[r]`` is local rank r's
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from shmproxy.coll.sched import (NOP, UFUNCS, Entry, Region, ReduceOp, Schedule, copy, native_code, recv, reduce,
-                                 reduce_all, send)
+from shmproxy.coll.sched import (NOP, UFUNCS, Entry, Region, ReduceOp, Schedule, copy, native_code, reduce,
+                                 reduce_all)
 
 
 def _chunks(n: int, per: int) -> list[tuple[int, int]]:
@@ -165,55 +165,5 @@ def reduce_scatter_block(ins: list[Region], outs: list[Region], op: int, per: in
             results.append((out, acc))
         if in_place:
             es += [copy(out.addr, acc.addr, acc.nbytes, barrier=(i == 0)) for i, (out, acc) in enumerate(results)]
-        return Schedule(es or [Entry(NOP)], keep=scratch)
-    return len(chunks), make
-
-
-def hierarchical_allreduce(ins: list[Region], outs: list[Region], op: int, per: int, node: int, nnodes: int,
-                           key: Any):
-    """Allreduce over ``nnodes`` nodes, the schedule of node ``node`` for its local ranks' buffers:
-    reduce the local inputs into local rank 0's output, exchange partial results with the other nodes
-    through SEND/RECV entries (node 0 receives every partial, reduces them in node order and sends
-    the result back: a tree of depth one, which keeps the reduction order fixed), then copy the result
-    to the other local outputs. ``key`` names the collective, so that its chunks' entries meet their
-    partners on the peer nodes (a collective's sequence number does). AVG is divided by the total
-    number of ranks, which every node must give in the same order (equal local sizes here)."""
-    if op == ReduceOp.AVG:
-        raise NotImplementedError("hierarchical AVG: divide by the world size once the node sizes travel")
-    size, dtype = len(outs), outs[0].dtype
-    n, ufunc, code = outs[0].count, UFUNCS[op], native_code(op, outs[0].dtype)
-    chunks = _chunks(n, per)
-
-    def combine(acc: Region, part: Region) -> Entry:
-        if code:
-            return reduce_all(op, code, acc.count, dtype.itemsize, [acc.addr, part.addr], [acc.addr], barrier=True)
-        return reduce(ufunc, acc, part, acc, barrier=True)
-
-    def make(k: int) -> Schedule:
-        lo, hi = chunks[k]
-        acc = outs[0].part(lo, hi)
-        es: list[Entry] = []
-        if size == 1:
-            if ins[0] != outs[0]:
-                es.append(copy(acc.addr, ins[0].part(lo, hi).addr, acc.nbytes))
-        elif code:
-            es.append(reduce_all(op, code, hi - lo, dtype.itemsize, [x.part(lo, hi).addr for x in ins], [acc.addr]))
-        else:
-            es += _reduce_into(ufunc, acc, [x.part(lo, hi) for x in ins])
-        scratch = []
-        if nnodes > 1:
-            if node == 0:
-                for peer in range(1, nnodes):
-                    buf = np.empty(hi - lo, dtype)
-                    scratch.append(buf)
-                    part = Region(buf.ctypes.data, hi - lo, dtype)
-                    es.append(recv((key, k, "up", peer), peer, part.addr, part.nbytes, barrier=True))
-                    es.append(combine(acc, part))
-                es += [send((key, k, "down", peer), peer, acc.addr, acc.nbytes, barrier=(peer == 1))
-                       for peer in range(1, nnodes)]
-            else:
-                es.append(send((key, k, "up", node), 0, acc.addr, acc.nbytes, barrier=True))
-                es.append(recv((key, k, "down", node), 0, acc.addr, acc.nbytes, barrier=True))
-        es += [copy(o.part(lo, hi).addr, acc.addr, acc.nbytes, barrier=(i == 0)) for i, o in enumerate(outs[1:])]
         return Schedule(es or [Entry(NOP)], keep=scratch)
     return len(chunks), make
