@@ -27,13 +27,14 @@ def fake_ctx(events: list) -> types.SimpleNamespace:
                                  rank_node=lambda r: r // 2 if 0 <= r < 4 else -1)
 
 
-def feed(net: NS._Net, header: tuple, payload: bytes) -> None:
-    """Write one frame into a socketpair and let the reader side parse it."""
+def feed(net: NS._Net, header: tuple, payload: bytes, frames: list | None = None) -> None:
+    """Write one frame into a socketpair and let the reader side parse it; ``frames`` collects what the
+    reader answers on the link."""
     a, b = socket.socketpair()
     try:
         a.sendall(payload)   # the reader has consumed the header already
         a.shutdown(socket.SHUT_WR)
-        link = types.SimpleNamespace(peer=0)
+        link = types.SimpleNamespace(peer=0, control=lambda *f, **k: (frames if frames is not None else []).append(f))
         net.on_frame(link, 0, header, b)
     finally:
         a.close()
@@ -93,13 +94,17 @@ def test_data_lands_only_inside_its_landing():
     events: list = []
     net = NS._Net(fake_ctx(events))
     mem = np.zeros(64, np.uint8)
-    net.landings[1] = NS._Landing("t", memoryview(mem)[8:24], 16)
+    transfer = types.SimpleNamespace(send=types.SimpleNamespace(sid=5))
+    net.landings[1] = NS._Landing(transfer, memoryview(mem)[8:24], 16)
+    frames: list = []
     with pytest.raises(W.ProtocolError):
-        feed(net, (W.DATA, 0, 8, 1, 12, 0), b"x" * 8)   # 12 + 8 > 16
-    feed(net, (W.DATA, 0, 8, 1, 0, 0), b"y" * 8)
-    feed(net, (W.DATA, 0, 8, 1, 8, 0), b"z" * 8)
+        feed(net, (W.DATA, 0, 8, 1, 12, 0), b"x" * 8, frames)   # 12 + 8 > 16
+    feed(net, (W.DATA, 0, 8, 1, 0, 0), b"y" * 8, frames)
+    assert not frames   # half a message: nothing to say yet
+    feed(net, (W.DATA, 0, 8, 1, 8, 0), b"z" * 8, frames)
     assert bytes(mem[8:24]) == b"y" * 8 + b"z" * 8 and not mem[:8].any() and not mem[24:].any()
     assert len(events) == 1 and 1 not in net.landings    # the landing completed
+    assert frames == [(W.DONE, 5)]                      # and the sender's node is told: its send completes
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

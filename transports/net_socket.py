@@ -19,7 +19,10 @@ A message across nodes is MPI's rendezvous, split between the two halves of the 
    the bytes in chunks of ``NET_CHUNK_SIZE`` over every socket of the link, at most STEPS chunks
    queued at a time (each chunk that leaves queues the next: ``_Outgoing``), straight from the
    sender's registered memory into the receiver's (``sendmsg`` / ``recv_into`` on views of the
-   mappings: no staging copy). The send completes when its last chunk is written; the receive when its last
+   mappings: no staging copy). When the last chunk has landed the receiver's node says DONE, and
+   only then does the send complete: as within a node, a completed send is a delivered message, so a
+   sender that dies right after its Send returned never takes that message with it (its chunks on
+   other sockets could otherwise arrive after the failure its death causes). The send completes when its last chunk is written; the receive when its last
    chunk has landed.
 
 Control frames all travel on socket 0 in queue order, so two messages of one pair and tag arrive in
@@ -103,9 +106,9 @@ class _Outgoing:
     """A matched message's chunks on their way out. At most STEPS of them are queued on the link's
     sockets at once (a step is *posted* when its chunk is queued, *transmitted* when the kernel took
     its last byte); each chunk that leaves queues the next, so a large message pipelines over the
-    sockets without filling every queue, and the dump can say how far it got. The last chunk out
-    completes the send (on the loop, through an event). Writer threads call ``sent``; ``lock`` keeps
-    the counters."""
+    sockets without filling every queue, and the dump can say how far it got. The send completes
+    when the receiver's node says DONE (``_Net.on_done``). Writer threads call ``sent``; ``lock``
+    keeps the counters."""
 
     __slots__ = ("net", "op", "view", "link", "rid", "nchunks", "posted", "transmitted", "lock")
 
@@ -129,12 +132,10 @@ class _Outgoing:
         with self.lock:
             self.transmitted += 1
             last = self.transmitted == self.nchunks
-        if not last:
+        if last:
+            self.view.release()   # every byte left; the send completes at the receiver's DONE (on_done)
+        else:
             self.pump()
-            return
-        self.view.release()
-        ctx, op, net = self.net.ctx, self.op, self.net
-        ctx.post_event(lambda: (net.outgoing.pop(self.rid, None), ctx.complete_send(op, 0, op.nbytes, 0)))
 
     def describe(self) -> str:
         return (f"{self.op.describe()}: steps posted {self.posted}, transmitted {self.transmitted} of "
@@ -156,7 +157,7 @@ class _Net:
         self.links: dict[int, W.Link] = {}
         self.ids = itertools.count(1)
         self.sends: dict[int, tuple[Any, memoryview, W.Link]] = {}   # sid -> (op, view, link): waiting for CTS
-        self.outgoing: dict[int, _Outgoing] = {}       # rid -> a matched message's chunks on their way
+        self.outgoing: dict[int, _Outgoing] = {}       # sid -> a matched message's chunks, until DONE
         self.landings: dict[int, _Landing] = {}       # rid -> landing (readers use it: under lock)
         self.coll_recvs: dict[bytes, tuple] = {}       # key -> (schedule, entry, view): RECV started
         self.coll_stash: dict[bytes, bytes] = {}       # key -> bytes: arrived before its RECV
@@ -241,7 +242,9 @@ class _Net:
                     del self.landings[a]
             if done:
                 landing.view.release()
-                ctx.post_event(lambda t=landing.transfer: ctx.finish(t))
+                t = landing.transfer
+                link.control(W.DONE, t.send.sid)   # the sender's Send completes now (the module header)
+                ctx.post_event(lambda: ctx.finish(t))
         elif ftype == W.COLL:
             if not 0 < a <= MAX_KEY or n < a or n - a > max(self.chunk, ctx.coll_chunk_max):
                 raise W.ProtocolError(f"COLL frame with a {a} B key and {n} B")
@@ -273,6 +276,10 @@ class _Net:
             if n:
                 raise W.ProtocolError(f"CTS with {n} B of payload")
             ctx.post_event(lambda: self.on_cts(a, b, c))
+        elif ftype == W.DONE:
+            if n:
+                raise W.ProtocolError(f"DONE with {n} B of payload")
+            ctx.post_event(lambda: self.on_done(a))
         elif ftype == W.CLOSED:
             if n or ctx.rank_node(a) != link.peer:
                 raise W.ProtocolError(f"CLOSED for rank {a} on the link to node {link.peer}")
@@ -313,8 +320,17 @@ class _Net:
             ctx.complete_send(op, verdict & 0xFFFF, op.nbytes, verdict >> 16)
             return
         out = _Outgoing(self, op, view, link, rid)
-        self.outgoing[rid] = out
+        self.outgoing[sid] = out
         out.pump()
+
+    def on_done(self, sid: int) -> None:
+        """Loop: every byte of our send ``sid`` landed on the receiver's node: the send completes."""
+        out = self.outgoing.pop(sid, None)
+        if out is None:   # (the writer may not have counted its last chunk yet: the bytes are there)
+            self.ctx.fail(errors.InternalError.code, f"a delivery notice for send {sid}, which is not in flight")
+            return
+        out.view.release()   # released already unless the message was empty
+        self.ctx.complete_send(out.op, 0, out.op.nbytes, 0)
 
 
 class SocketTransport(Transport):
@@ -429,10 +445,11 @@ class SocketTransport(Transport):
             net.landings[rid] = _Landing(transfer, view, n)
         env.replied = True
         env.link.control(W.CTS, env.sid, rid, 0)
-        if n == 0:   # nothing will arrive: done
+        if n == 0:   # an empty synchronous send: nothing will arrive, it is delivered now
             with net.lock:
                 del net.landings[rid]
             view.release()
+            env.link.control(W.DONE, env.sid)
             return True
         return False
 

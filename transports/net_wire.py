@@ -50,9 +50,9 @@ HELLO_TIMEOUT_S = 10.0
 CLOSE_DRAIN_S = 2.0
 
 # Frame types
-RTS, CTS, DATA, COLL, CLOSED, ABORT, BYE, NOTE = range(1, 9)
+RTS, CTS, DATA, COLL, CLOSED, ABORT, BYE, NOTE, DONE = range(1, 10)
 TYPE_NAMES = {RTS: "RTS", CTS: "CTS", DATA: "DATA", COLL: "COLL", CLOSED: "CLOSED", ABORT: "ABORT", BYE: "BYE",
-              NOTE: "NOTE"}
+              NOTE: "NOTE", DONE: "DONE"}
 F_EAGER = 1          # RTS: the message's bytes follow the envelope
 ENVELOPE = struct.Struct("<iiiI")      # RTS payload head: source rank, destination rank, dtype, memory word
 MAX_CONTROL = 8192   # the largest control payload (an ABORT's message, an RTS without eager bytes)
