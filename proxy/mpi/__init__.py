@@ -7,9 +7,9 @@
 This package (import name ``shmproxy.mpi``) is the implementation, split by subject: exceptions.py
 (error classes), datatypes.py, status.py, ops.py, buffers.py (buffer specs -> numpy views),
 request.py, group.py, comm.py (communicators, point-to-point, objects), coll.py (collectives),
-topology.py (Cartesian grids), graph.py (graph topologies),
-neighbor.py (neighbour collectives), intercomm.py (intercommunicators), env.py (COMM_WORLD, Init/Finalize, clocks). ``shmproxy.MPI`` (proxy/MPI.py)
-re-exports the names below. What is not provided raises NotImplementedError (an MPI.Exception of
+topology.py (Cartesian grids), graph.py (graph topologies), neighbor.py (neighbour collectives),
+intercomm.py (intercommunicators), env.py (COMM_WORLD, Init/Finalize, clocks). ``shmproxy.MPI``
+(proxy/MPI.py) re-exports the names below. What is not provided raises NotImplementedError (an MPI.Exception of
 class ERR_UNSUPPORTED_OPERATION) naming what is missing; the README lists it.
 """
 from __future__ import annotations

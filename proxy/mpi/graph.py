@@ -233,7 +233,8 @@ def create_dist_graph_adjacent(comm: Any, sources: Sequence[int], destinations: 
     sw = _weight_list(sourceweights, len(srcs), "Create_dist_graph_adjacent sourceweights")
     dw = _weight_list(destweights, len(dsts), "Create_dist_graph_adjacent destweights")
     if (sw is None) != (dw is None):
-        raise error(ERR_ARG, "Create_dist_graph_adjacent: give both sourceweights and destweights, or neither")
+        raise error(ERR_ARG, "Create_dist_graph_adjacent: give both sourceweights and destweights, "
+                    "or neither")
     native, pieces = _dup_and_gather(comm, (srcs, dsts))
     _check_pairs([p[1] for p in pieces], [p[0] for p in pieces], "Create_dist_graph_adjacent")
     return Distgraphcomm(native, tuple(comm._wranks[r] for r in native.parent_ranks), "", pieces,
@@ -251,7 +252,8 @@ def create_dist_graph(comm: Any, sources: Sequence[int], degrees: Sequence[int],
         raise error(ERR_ARG, f"Create_dist_graph: {len(degs)} degrees for {len(srcs)} sources (each >= 0)")
     dsts = _ranks(destinations, size, "Create_dist_graph destinations")
     if len(dsts) != sum(degs):
-        raise error(ERR_ARG, f"Create_dist_graph: the degrees add up to {sum(degs)}, {len(dsts)} destinations")
+        raise error(ERR_ARG, f"Create_dist_graph: the degrees add up to {sum(degs)}, "
+                    f"{len(dsts)} destinations")
     w = _weight_list(weights, len(dsts), "Create_dist_graph weights")
     mine, k = [], 0
     for s, n in zip(srcs, degs):

@@ -34,7 +34,9 @@ from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE
 from shmproxy.mpi import buffers
 from shmproxy.mpi.comm import Comm, Intracomm
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_RANK, ERR_ROOT, convert, error, unsupported
+from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_RANK, ERR_ROOT, convert, error,
+                                     unsupported)
+from shmproxy.mpi.ops import SUM
 from shmproxy.mpi.group import Group
 from shmproxy.mpi.request import Request
 from shmproxy.mpi.status import PROC_NULL, Status
@@ -144,7 +146,8 @@ class Intercomm(Comm):
         if status is not None and status.source >= 0:
             status.source -= self._roff
 
-    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> None:
         super().Recv(buf, source, tag, status)
         self._shift(status)
 
@@ -240,12 +243,11 @@ class Intercomm(Comm):
             self._side = self._call(self._c.Split, 0 if self._loff == 0 else 1, self._c.rank)
         return self._side
 
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = None) -> None:
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
         """Every member of one group gets op over the other group's sendbufs."""
-        from shmproxy.mpi.ops import SUM
         if sendbuf is IN_PLACE:
             raise error(ERR_ARG, "Allreduce on an intercommunicator: IN_PLACE is not defined")
-        sb, rb, o = self._reduce_args("Allreduce", sendbuf, recvbuf, SUM if op is None else op)
+        sb, rb, o = self._reduce_args("Allreduce", sendbuf, recvbuf, op)
         side = self._side_comm()
         partial = np.empty_like(rb)
         self._call(side.Allreduce, sb, partial, o)
@@ -294,7 +296,8 @@ for _name in ("Reduce", "Ireduce", "Iallreduce", "Gather", "Igather", "Scatter",
     setattr(Intercomm, _name, _not_inter(_name))
 
 
-def create_intercomm(comm: Any, local_leader: int, peer_comm: Any, remote_leader: int, tag: int = 0) -> Intercomm:
+def create_intercomm(comm: Any, local_leader: int, peer_comm: Any, remote_leader: int,
+                     tag: int = 0) -> Intercomm:
     """Intracomm.Create_intercomm: collective over this communicator and the remote group's."""
     from shmproxy.control import bootstrap
     from shmproxy.rank.comm import Comm as NativeComm
@@ -310,12 +313,14 @@ def create_intercomm(comm: Any, local_leader: int, peer_comm: Any, remote_leader
         theirs = peer_comm.sendrecv(mine, dest=remote_leader, sendtag=tag, source=remote_leader, recvtag=tag)
     theirs = comm.bcast(theirs, root=local_leader)
     if set(mine[0]) & set(theirs[0]):
-        raise error(ERR_ARG, f"Create_intercomm: the groups overlap ({sorted(set(mine[0]) & set(theirs[0]))})")
+        both = sorted(set(mine[0]) & set(theirs[0]))
+        raise error(ERR_ARG, f"Create_intercomm: the groups overlap ({both})")
     me_first = mine[0][mine[3]] < theirs[0][theirs[3]]     # the lower leader's group first
     a, b = (mine, theirs) if me_first else (theirs, mine)
     iw = a[0] + b[0]
     text = f"inter/{a[1]}/{a[2]}/{b[1]}/{b[2]}/{tag}"
-    comm_id = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF or 1
+    digest = hashlib.blake2b(text.encode(), digest_size=4).digest()
+    comm_id = int.from_bytes(digest, "little") & 0x7FFFFFFF or 1
     loff = 0 if me_first else len(a[0])
     roff = len(a[0]) if me_first else 0
     me = loff + c.rank

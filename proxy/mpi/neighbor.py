@@ -261,7 +261,8 @@ class NeighborCollectives:
         plan = self._neighbour_plan()
         items = list(sendobj)
         if len(items) != plan.outdegree:
-            raise error(ERR_ARG, f"neighbor_alltoall: {len(items)} objects for {plan.outdegree} out-neighbours")
+            raise error(ERR_ARG, f"neighbor_alltoall: {len(items)} objects for {plan.outdegree} "
+                        "out-neighbours")
         return self._exchange_objects([pickle.dumps(o, 5) for o in items], plan)
 
     def _exchange_objects(self, blobs: list[bytes], plan: Plan) -> list:
