@@ -65,6 +65,10 @@ class _Shifted:
         return self._r.describe()
 
     @property
+    def _comm(self) -> Any:     # for Waitany/Waitsome, which sleep on a request's communicator
+        return self._r._comm
+
+    @property
     def status(self) -> Any:
         st = self._r.status
         if st is None:

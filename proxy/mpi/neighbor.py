@@ -13,8 +13,9 @@ lists the same peer twice (a multigraph, or a periodic Cartesian dimension of si
 negative and positive neighbour are the same rank, possibly this rank itself) needs more: the edges
 of each pair are sorted by key and the j-th goes in round j; the collective is R Alltoallv calls,
 R being the largest multiplicity of any pair anywhere in the topology (every rank computes the same
-R from the whole topology, which every rank knows, so that every rank makes the same calls). Rounds
-run one after the other (see _Rounds: the nonblocking forms advance in Test and Wait). Keys give MPI's
+R from the whole topology, which every rank knows, so that every rank makes the same calls). All
+rounds are posted at the call; rounds after the first receive into arrays of their own, whose
+blocks the rank copies into place once every round is done (see _Rounds). Keys give MPI's
 matching: for graphs, the j-th edge s->d in s's list meets the j-th edge from s in d's list; for
 Cartesian grids, the block s sends in the positive direction of a dimension lands in d's block of
 the negative direction, and vice versa (which is what makes size-1 and size-2 periodic dims right).
@@ -91,45 +92,47 @@ def make_plan(sends: Sequence[Edge], recvs: Sequence[Edge], rounds: int) -> Plan
 
 
 class _Rounds:
-    """Several Alltoallv rounds seen as one native request. A round is posted only once the one
-    before it completed: the native layer may stage a receive buffer it cannot map and copy it
-    back whole on completion, so two rounds in flight on one buffer could undo each other's
-    blocks. The nonblocking forms therefore advance to the next round in Test and Wait."""
+    """The Alltoallv rounds of one neighbour collective seen as one native request. Every round is
+    posted at the call, so that collectives stay in call order on every rank; round 0 receives
+    into the caller's buffer, later rounds into arrays of their own whose blocks are placed when
+    all rounds are done (two native operations in flight on one receive buffer could undo each
+    other's blocks: the native layer may stage a buffer it cannot map and copy it back whole)."""
 
-    __slots__ = ("_posts", "_cur", "_last")
+    __slots__ = ("_reqs", "_places", "_rb", "_placed")
 
-    def __init__(self, posts: list[Any]):
-        self._posts = posts[1:]
-        self._cur = posts[0]()
-        self._last = self._cur
+    def __init__(self, reqs: list[Any], places: list[tuple[np.ndarray, int, int, int]], rb: np.ndarray):
+        self._reqs, self._places, self._rb, self._placed = reqs, places, rb, False
 
-    def _advance(self) -> bool:
-        """Post the next round if the current one is done; True once every round is."""
-        while self._cur is not None and self._cur.Test():
-            self._cur = self._posts.pop(0)() if self._posts else None
-            if self._cur is not None:
-                self._last = self._cur
-        return self._cur is None
+    def _place(self) -> None:
+        if not self._placed:
+            self._placed = True
+            for tmp, at, displ, count in self._places:
+                self._rb[displ:displ + count] = tmp[at:at + count]
 
     def Wait(self) -> None:
-        while self._cur is not None:
-            self._cur.Wait()
-            self._cur = self._posts.pop(0)() if self._posts else None
-            if self._cur is not None:
-                self._last = self._cur
+        for r in self._reqs:
+            r.Wait()
+        self._place()
 
     def Test(self) -> bool:
-        return self._advance()
+        if not all(r.Test() for r in self._reqs):
+            return False
+        self._place()
+        return True
 
     @property
     def status(self) -> Any:
-        return self._last.status
+        return self._reqs[-1].status
+
+    @property
+    def _comm(self) -> Any:     # for Waitany/Waitsome, which sleep on a request's communicator
+        return self._reqs[-1]._comm
 
     def Cancel(self) -> None:
         raise errors.InvalidArgument("a neighbour collective cannot be cancelled")
 
     def describe(self) -> str:
-        return f"neighbour collective of Alltoallv rounds ({len(self._posts)} not yet posted)"
+        return f"neighbour collective of {len(self._reqs)} Alltoallv rounds"
 
 
 def _blocks(spec: Any, what: str, writable: bool, n: int) -> tuple[np.ndarray, list[int], list[int]]:
@@ -169,18 +172,29 @@ class NeighborCollectives:
         if sb.dtype != rb.dtype:
             raise error(ERR_ARG, f"{name}: the send buffer is {sb.dtype} and the receive buffer {rb.dtype}: "
                         "neighbour collectives need one datatype")
-        posts = []
-        for sends, recvs in zip(plan.sends, plan.recvs):
-            sc, sd, rc, rd = [0] * size, [0] * size, [0] * size, [0] * size
-            for peer, slot in sends.items():
-                sc[peer], sd[peer] = scounts[slot], sdispls[slot]
-            for peer, slot in recvs.items():
-                rc[peer], rd[peer] = rcounts[slot], rdispls[slot]
-            posts.append(lambda a=(sb, sc, sd, rb, rc, rd): c.Ialltoallv(*a))
+        reqs: list[Any] = []
+        places: list[tuple[np.ndarray, int, int, int]] = []
         try:
-            return posts[0]() if len(posts) == 1 else _Rounds(posts)
+            for j, (sends, recvs) in enumerate(zip(plan.sends, plan.recvs)):
+                sc, sd, rc, rd = [0] * size, [0] * size, [0] * size, [0] * size
+                for peer, slot in sends.items():
+                    sc[peer], sd[peer] = scounts[slot], sdispls[slot]
+                target = rb
+                if j:
+                    target = np.empty(sum(rcounts[slot] for slot in recvs.values()), rb.dtype)
+                at = 0
+                for peer, slot in recvs.items():
+                    rc[peer] = rcounts[slot]
+                    if j:
+                        rd[peer] = at
+                        places.append((target, at, rdispls[slot], rcounts[slot]))
+                        at += rcounts[slot]
+                    else:
+                        rd[peer] = rdispls[slot]
+                reqs.append(c.Ialltoallv(sb, sc, sd, target, rc, rd))
         except errors.ProxyError as exc:
             raise convert(exc) from None
+        return reqs[0] if len(reqs) == 1 else _Rounds(reqs, places, rb)
 
     def _allgather_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
         plan = self._neighbour_plan()
