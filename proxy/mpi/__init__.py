@@ -7,8 +7,9 @@
 This package (import name ``shmproxy.mpi``) is the implementation, split by subject: exceptions.py
 (error classes), datatypes.py, status.py, ops.py, buffers.py (buffer specs -> numpy views),
 request.py, group.py, comm.py (communicators, point-to-point, objects), coll.py (collectives),
-topology.py (Cartesian grids), env.py (COMM_WORLD, Init/Finalize, clocks). ``shmproxy.MPI`` (proxy/MPI.py)
-re-exports the names below. What is not provided raises NotImplementedError (an MPI.Exception of
+topology.py (Cartesian grids), graph.py (graph topologies), neighbor.py (neighbour collectives),
+intercomm.py (intercommunicators), env.py (COMM_WORLD, Init/Finalize, clocks). ``shmproxy.MPI``
+(proxy/MPI.py) re-exports the names below. What is not provided raises NotImplementedError (an MPI.Exception of
 class ERR_UNSUPPORTED_OPERATION) naming what is missing; the README lists it.
 """
 from __future__ import annotations
@@ -26,9 +27,8 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
                               ERRORS_ARE_FATAL, ERRORS_RETURN, MAX_ERROR_STRING, MAX_LIBRARY_VERSION_STRING,
                               MAX_PROCESSOR_NAME, SUBVERSION, THREAD_FUNNELED, THREAD_MULTIPLE,
                               THREAD_SERIALIZED, THREAD_SINGLE, VERSION, Alloc_mem, Attach_buffer, Close_port,
-                              Detach_buffer,
-                              Distgraphcomm, Errhandler, File, Finalize, Free_mem, Get_library_version,
-                              Get_processor_name, Get_version, Graphcomm, Init, Init_thread, Intercomm,
+                              Detach_buffer, Errhandler, File, Finalize, Free_mem, Get_library_version,
+                              Get_processor_name, Get_version, Init, Init_thread,
                               Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Open_port,
                               Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime)
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
@@ -38,8 +38,8 @@ from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN
 from shmproxy.mpi.request import MESSAGE_NO_PROC, MESSAGE_NULL, REQUEST_NULL, Grequest, Message, Prequest, Request
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.mpi.topology import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
-
-ROOT = -4            # the root's own rank argument in intercommunicator collectives (none exist yet)
+from shmproxy.mpi.graph import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Graphcomm
+from shmproxy.mpi.intercomm import ROOT, Intercomm
 INFO_NULL = None     # info objects are accepted and ignored where a call takes one
 INFO_ENV = None
 

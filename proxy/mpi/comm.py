@@ -42,7 +42,6 @@ UNIVERSE_SIZE = 5
 LASTUSEDCODE = 6
 KEYVAL_INVALID = -1
 _TAG_UB_VALUE = 2**63 - 1
-_NO_GRAPH = "graph topologies need neighbour collectives the engine lacks"
 
 
 class Comm(PointToPoint, Collectives):
@@ -320,16 +319,21 @@ class Intracomm(Comm):
         from shmproxy.mpi.topology import create_cart
         return create_cart(self, dims, periods, reorder)
 
-    def Create_graph(self, *a: Any, **k: Any) -> Any:
-        unsupported("Intracomm.Create_graph", _NO_GRAPH)
+    def Create_graph(self, index: Any, edges: Any, reorder: bool = False) -> Any:
+        from shmproxy.mpi.graph import create_graph
+        return create_graph(self, index, edges, reorder)
+
+    def Create_dist_graph_adjacent(self, *a: Any, **k: Any) -> Any:
+        from shmproxy.mpi.graph import create_dist_graph_adjacent
+        return create_dist_graph_adjacent(self, *a, **k)
 
     def Create_dist_graph(self, *a: Any, **k: Any) -> Any:
-        unsupported("Intracomm.Create_dist_graph", _NO_GRAPH)
+        from shmproxy.mpi.graph import create_dist_graph
+        return create_dist_graph(self, *a, **k)
 
-    Create_dist_graph_adjacent = Create_dist_graph
-
-    def Create_intercomm(self, *a: Any, **k: Any) -> Any:
-        unsupported("Intracomm.Create_intercomm", "intercommunicators do not exist yet")
+    def Create_intercomm(self, local_leader: int, peer_comm: Any, remote_leader: int, tag: int = 0) -> Any:
+        from shmproxy.mpi.intercomm import create_intercomm
+        return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
 
     def Spawn(self, *a: Any, **k: Any) -> Any:
         unsupported("Intracomm.Spawn", "dynamic processes are not part of shmproxy")

@@ -1,7 +1,11 @@
 """Cartesian topologies in pure Python: a Cartcomm is a native communicator (from Split) plus its
 dims and periods; coordinates, ranks, shifts and sub-grids are arithmetic on them, in row-major
 order as MPI defines. ``reorder`` is accepted and ignored (every rank keeps its rank: one node).
-Graph topologies and neighbour collectives need the engine and raise NotImplementedError.
+
+Topocomm is the base of every topology (Cartcomm here, Graphcomm and Distgraphcomm in graph.py): the
+neighbourhood queries (degrees, inedges, outedges) and the neighbour collectives (neighbor.py), which
+each topology feeds with its edges. A Cartesian rank's neighbours are, per dimension, the negative
+then the positive neighbour (PROC_NULL past a non-periodic border), both as sources and destinations.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any, Sequence
 from shmproxy.core.ops import UNDEFINED
 from shmproxy.mpi.comm import Intracomm
 from shmproxy.mpi.exceptions import ERR_ARG, ERR_DIMS, ERR_RANK, ERR_TOPOLOGY, error
+from shmproxy.mpi.neighbor import Edge, NeighborCollectives, Plan, make_plan, multiplicity
 from shmproxy.mpi.status import PROC_NULL
 
 CART, GRAPH, DIST_GRAPH = 1, 2, 3
@@ -56,10 +61,57 @@ def Compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:
     return out
 
 
-class Topocomm(Intracomm):
-    """An intracommunicator with a topology."""
+class Topocomm(NeighborCollectives, Intracomm):
+    """An intracommunicator with a topology: neighbourhood queries and neighbour collectives."""
 
-    __slots__ = ()
+    __slots__ = ("_nplan",)
+
+    def _edges(self, rank: int) -> tuple[list[Edge], list[Edge]]:
+        """(sends, recvs) of ``rank``: one Edge per block of its send and receive buffers."""
+        raise NotImplementedError
+
+    def _rounds(self) -> int:
+        """The largest number of edges between one ordered pair of ranks, anywhere in the topology."""
+        return max((multiplicity(self._edges(r)[0]) for r in range(self._c.size)), default=1)
+
+    def _neighbour_plan(self) -> Plan:
+        plan = getattr(self, "_nplan", None)
+        if plan is None:
+            sends, recvs = self._edges(self._c.rank)
+            plan = self._nplan = make_plan(sends, recvs, self._rounds())
+        return plan
+
+    def _inout(self) -> tuple[list[int], list[int]]:
+        sends, recvs = self._edges(self._c.rank)
+        return [e.peer for e in recvs], [e.peer for e in sends]
+
+    @property
+    def degrees(self) -> tuple[int, int]:
+        """(indegree, outdegree)."""
+        i, o = self._inout()
+        return len(i), len(o)
+
+    @property
+    def indegree(self) -> int:
+        return self.degrees[0]
+
+    @property
+    def outdegree(self) -> int:
+        return self.degrees[1]
+
+    @property
+    def inedges(self) -> list[int]:
+        """The sources of the receive blocks, in order."""
+        return self._inout()[0]
+
+    @property
+    def outedges(self) -> list[int]:
+        """The destinations of the send blocks, in order."""
+        return self._inout()[1]
+
+    @property
+    def inoutedges(self) -> tuple[list[int], list[int]]:
+        return self._inout()
 
 
 class Cartcomm(Topocomm):
@@ -100,6 +152,17 @@ class Cartcomm(Topocomm):
     @property
     def topo(self) -> tuple[list[int], list[bool], list[int]]:
         return self.Get_topo()
+
+    def _edges(self, rank: int) -> tuple[list[Edge], list[Edge]]:
+        # A block sent in the positive direction of a dim lands in the negative-direction block of
+        # the receiver: the receiver's key is the sender's slot.
+        me = self.Get_coords(rank)
+        sends, recvs = [], []
+        for d in range(len(self._dims)):
+            neg, pos = self._neighbour(me, d, -1), self._neighbour(me, d, 1)
+            sends += [Edge(2 * d, neg, 2 * d), Edge(2 * d + 1, pos, 2 * d + 1)]
+            recvs += [Edge(2 * d, neg, 2 * d + 1), Edge(2 * d + 1, pos, 2 * d)]
+        return sends, recvs
 
     def Get_coords(self, rank: int) -> list[int]:
         rank = int(rank)
