@@ -193,7 +193,8 @@ def main() -> None:
         _install_trace()
     dist.init_process_group("gloo")
     groups = {"gloo": dist.group.WORLD, "shmproxy": dist.new_group(backend="shmproxy")}
-    groups["shmproxy"].adopter.enabled = not a.no_adopt
+    if a.no_adopt:
+        groups["shmproxy"].adopter.enabled = False
     me = dist.get_rank()
     report: dict[str, Any] = {"ranks": dist.get_world_size(), "allreduce": {}, "ddp": {}}
     for s in a.sizes.split(","):

@@ -100,7 +100,9 @@ class Adopter:
     def __init__(self, comm: object):
         self._comm = comm
         self._seen: set[tuple[int, int]] = set()
-        self.enabled = True     # False: never adopt (e.g. tensors whose address is shared through DLPack)
+        # False: never adopt (tensors whose address is shared outside torch, e.g. through DLPack). Off
+        # on a torch without UntypedStorage._swap_data_ptr_ (before 2.13): every tensor is staged there.
+        self.enabled = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
         self.adopted = 0        # storages moved (for tests and the benchmark's trace)
 
     def __call__(self, t: torch.Tensor) -> bool:
