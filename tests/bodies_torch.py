@@ -339,7 +339,8 @@ def adoption() -> dict[str, Any]:
     def train(group: Any) -> list[torch.Tensor]:
         torch.manual_seed(3)
         nn = torch.nn
-        model = nn.Sequential(nn.Linear(384, 384), nn.ReLU(), nn.Linear(384, 384), nn.ReLU(), nn.Linear(384, 4))
+        model = nn.Sequential(nn.Linear(384, 384), nn.ReLU(), nn.Linear(384, 384), nn.ReLU(),
+                              nn.Linear(384, 4))
         ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
         g = torch.Generator().manual_seed(200 + me)

@@ -3,7 +3,8 @@
 training step, with the ratios.
 
     torchrun --nproc-per-node 2 tools/torch_bench.py [--sizes 1M,4M,16M,64M] [--iters 10]
-                                                     [--params 10M] [--steps 6] [--json FILE] [--trace] [--no-adopt]
+                                                     [--params 10M] [--steps 6] [--json FILE]
+                                                     [--trace] [--no-adopt]
 
 gloo is the default group and shmproxy a group over the same ranks. Each all_reduce figure is the
 median of ``--iters`` timed calls of float32 SUM (after a barrier of the same group). The DDP step
@@ -202,7 +203,8 @@ def main() -> None:
         report["allreduce"][s] = r
         if me == 0:
             print(f"all_reduce {s:>5}: gloo {r['gloo'] * 1e3:9.2f} ms  shmproxy {r['shmproxy'] * 1e3:9.2f} ms"
-                  f"  speed-up {r['gloo'] / r['shmproxy']:5.2f}x  (registered tensor {r['registered'] * 1e3:.2f} ms,"
+                  f"  speed-up {r['gloo'] / r['shmproxy']:5.2f}x"
+                  f"  (registered tensor {r['registered'] * 1e3:.2f} ms,"
                   f" {r['gloo'] / r['registered']:.2f}x)", flush=True)
     d = bench_ddp(groups, _size(a.params), a.steps, a.trace)
     report["ddp"] = d
