@@ -325,3 +325,53 @@ def unsupported() -> dict[str, str]:
     dist.barrier(group=shm)
     dist.destroy_process_group()
     return out
+
+
+def adoption() -> dict[str, Any]:
+    """Reused large tensors move into registered memory: DDP with buckets past the adoption threshold
+    gives gloo's weights bitwise; an all_reduce result stays right across the move; a tensor the user
+    views through numpy is never moved; a Work's Future completes with nobody waiting on the Work."""
+    import threading
+    gloo, shm = _groups()
+    me, ws = dist.get_rank(), dist.get_world_size()
+    out: dict[str, Any] = {"can_adopt": shm.adopter.enabled}
+
+    def train(group: Any) -> list[torch.Tensor]:
+        torch.manual_seed(3)
+        nn = torch.nn
+        model = nn.Sequential(nn.Linear(384, 384), nn.ReLU(), nn.Linear(384, 384), nn.ReLU(),
+                              nn.Linear(384, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        g = torch.Generator().manual_seed(200 + me)
+        for _ in range(8):
+            xb, yb = torch.randn(8, 384, generator=g), torch.randn(8, 4, generator=g)
+            torch.nn.functional.mse_loss(ddp(xb), yb).backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().clone() for p in ddp.parameters()]
+    a, b = train(gloo), train(shm)
+    out["ddp_max_diff"] = max(float((x - y).abs().max()) for x, y in zip(a, b))
+    out["ddp_adopted"] = shm.adopter.adopted
+    t = torch.zeros(1 << 17)
+    seen = []
+    for i in range(4):
+        t.fill_(float(me + i))
+        dist.all_reduce(t, group=shm)
+        seen.append(float(t[-1]))
+    out["reused"] = seen
+    kept = torch.zeros(1 << 17)
+    view = kept.numpy()
+    before = shm.adopter.adopted
+    for _ in range(3):
+        dist.all_reduce(kept.fill_(1.0), group=shm)
+    out["numpy_viewed_moved"] = shm.adopter.adopted != before
+    out["numpy_view"] = float(view[7])
+    done = threading.Event()
+    w = dist.all_reduce(torch.ones(1 << 16), group=shm, async_op=True)
+    w.get_future().then(lambda f: done.set())
+    out["completed_unwaited"] = done.wait(60) and w.is_completed()
+    out["ws"] = ws
+    dist.barrier(group=shm)
+    dist.destroy_process_group()
+    return out

@@ -82,3 +82,16 @@ def test_unsupported_ops_and_dtypes_are_clear_errors() -> None:
         assert "not supported by this backend yet" in r["meta device"], r
         assert "every block must match" in r["uneven all_gather"], r
         assert r["still usable"] == "2.0", r
+
+
+@pytest.mark.launcher
+def test_reused_tensors_move_to_registered_memory() -> None:
+    res = run_ranks(f"{B}:adoption", 2, timeout=250, launcher="torchrun")
+    for r in res.results:
+        assert r["ddp_max_diff"] == 0.0, r
+        n = r["ws"]
+        assert r["reused"] == [float(sum(range(i, i + n))) for i in range(4)], r
+        assert r["numpy_viewed_moved"] is False and r["numpy_view"] == float(n), r
+        assert r["completed_unwaited"] is True, r
+        if r["can_adopt"]:   # torch >= 2.13: a DDP bucket moved
+            assert r["ddp_adopted"] >= 1, r

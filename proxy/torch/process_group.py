@@ -30,7 +30,7 @@ import torch.distributed as dist
 import shmproxy
 from shmproxy.core import errors
 from shmproxy.torch import ops
-from shmproxy.torch.tensors import Staged, alloc_tensor, check_tensor
+from shmproxy.torch.tensors import Adopter, Staged, alloc_tensor, check_tensor
 from shmproxy.torch.work import Completer, Work
 
 BACKEND_NAME = "shmproxy"
@@ -52,6 +52,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         self.group_label = label or f"r{rank}"
         self.lock = threading.RLock()
+        self.adopter = Adopter(comm)
         self.completer = Completer(self)
         # Registered after the Comm's own exit hook, so it runs first (atexit is last-in, first-out):
         # the completion thread stops touching the communicator before the Comm is closed.
@@ -73,7 +74,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     # ---- posting ----------------------------------------------------------------------------------
     def _post(self, name: str, build: Callable[[Staged], list], result: list[torch.Tensor],
               on_done: Callable[[Work], None] | None = None) -> Work:
-        stage = Staged()
+        stage = Staged(adopt=self.adopter)
         with self.lock:
             try:
                 reqs = build(stage)

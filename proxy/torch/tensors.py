@@ -17,9 +17,24 @@ memory: ``alloc_tensor`` gives such tensors). The rules, each the reason for a c
   bfloat16 after every pairwise step.
 - **Complex tensors** reach the backend as real views already (torch.distributed calls
   ``view_as_real`` before it calls a process group), so they move as float pairs.
+
+**Adoption into registered memory** (``Adopter``). A tensor outside registered memory costs a staging
+copy in at every post and out at every completion, on the rank's cores; for large tensors those two
+copies take longer than the collective itself. DDP's buckets (and most tensors a training loop
+reduces) are allocated once and reduced every step, so the second time a group sees the same large
+tensor it moves the tensor's *storage* into registered memory once: a ``comm.alloc`` buffer of the
+storage's size gets the bytes, and the two storages swap their memory (``_swap_data_ptr_``), so every
+view of the storage (DDP's per-parameter bucket views included) now lies in registered memory, and
+the old memory is freed with the throwaway storage. From then on the C post path finds the tensor
+registered: no staging copy in either direction. Only storages torch's own allocator made (resizable),
+wholly covered by the contiguous tensor, are adopted: numpy-backed, memory-mapped or shared storages
+are left alone (their memory belongs to someone else). The adopted storage is no longer resizable
+(``resize_`` beyond its size raises, as for a tensor from numpy); its memory is returned to the
+communicator when the storage dies. A tensor adopted by one group is staged by any other group.
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -64,15 +79,68 @@ def bits_view(t: torch.Tensor) -> np.ndarray:
     return t.detach().reshape(-1).numpy()
 
 
+def raw_view(t: torch.Tensor) -> np.ndarray:
+    """``bits_view`` made from the tensor's address: ``Tensor.numpy()`` would mark the storage not
+    resizable, which is the Adopter's sign that something outside torch aliases it. The array does not
+    keep the tensor alive: the caller keeps it (in a Staged)."""
+    nbytes = t.numel() * t.element_size()
+    dt = np.dtype(np.int16) if t.dtype == torch.bfloat16 else _NUMPY[t.dtype]
+    if nbytes == 0:
+        return np.empty(0, dt)
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(t.data_ptr()), dtype=dt)
+
+
+class Adopter:
+    """Moves reused large tensors of one group into its registered memory (see the module header).
+    Called with the group's lock held."""
+
+    MIN_BYTES = 256 << 10      # below this a staging copy costs less than the bookkeeping
+    MAX_SEEN = 4096            # remembered candidates; forgotten all at once past this
+
+    def __init__(self, comm: object):
+        self._comm = comm
+        self._seen: set[tuple[int, int]] = set()
+        # False: never adopt (tensors whose address is shared outside torch, e.g. through DLPack). Off
+        # on a torch without UntypedStorage._swap_data_ptr_ (before 2.13): every tensor is staged there.
+        self.enabled = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+        self.adopted = 0        # storages moved (for tests and the benchmark's trace)
+
+    def __call__(self, t: torch.Tensor) -> bool:
+        """Adopt ``t``'s storage when due; False when ``t`` is no candidate at all (too small, or its
+        storage is aliased outside torch), so that the caller may view it with ``Tensor.numpy()``."""
+        nbytes = t.numel() * t.element_size()
+        if nbytes < self.MIN_BYTES or not self.enabled:
+            return False
+        st = t.untyped_storage()
+        # Not resizable: numpy-backed, memory-mapped, viewed by numpy (Tensor.numpy() clears the flag,
+        # so a view the user holds is never left pointing at freed memory), or adopted already.
+        if not st.resizable() or st.is_shared() or st.nbytes() != nbytes or t.storage_offset() != 0:
+            return False
+        key = (st.data_ptr(), nbytes)
+        if key not in self._seen:
+            if len(self._seen) >= self.MAX_SEEN:
+                self._seen.clear()
+            self._seen.add(key)
+            return True
+        self._seen.discard(key)
+        reg = torch.from_numpy(self._comm.alloc(nbytes, np.uint8))  # type: ignore[attr-defined]
+        reg.copy_(torch.empty(0, dtype=torch.uint8).set_(st))
+        st._swap_data_ptr_(reg.untyped_storage())   # st now owns the registered buffer, reg the old memory
+        self.adopted += 1
+        return True
+
+
 @dataclass
 class Staged:
     """The arrays an operation posts, and what to do once it completed (copies back, casts).
 
     ``after`` runs in the process group's completion thread, after every request of the operation
-    completed and before its Work and Future are marked completed."""
+    completed and before its Work and Future are marked completed. ``adopt`` (the group's Adopter)
+    is offered every contiguous tensor the operation uses in place."""
 
     keep: list = field(default_factory=list)        # temporaries that must live until completion
     after: list[Callable[[], None]] = field(default_factory=list)
+    adopt: Callable[[torch.Tensor], None] | None = None
 
     def done(self) -> None:
         for fn in self.after:
@@ -85,6 +153,9 @@ def for_move(t: torch.Tensor, stage: Staged, output: bool) -> np.ndarray:
     """An array over ``t`` (or over a contiguous copy of it) for an operation that only moves bytes.
     ``output``: the operation writes it, so a copy is copied back into ``t`` at completion."""
     if t.is_contiguous():
+        if stage.adopt is not None and stage.adopt(t):
+            stage.keep.append(t)
+            return raw_view(t)
         return bits_view(t)
     tmp = t.contiguous()
     stage.keep.append(tmp)
