@@ -28,7 +28,7 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
                               THREAD_SERIALIZED, THREAD_SINGLE, VERSION, Alloc_mem, Attach_buffer, Close_port,
                               Detach_buffer,
                               Distgraphcomm, Errhandler, File, Finalize, Free_mem, Get_library_version,
-                              Get_processor_name, Get_version, Graphcomm, Init, Init_thread, Intercomm,
+                              Get_processor_name, Get_version, get_vendor, Graphcomm, Init, Init_thread, Intercomm,
                               Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Open_port,
                               Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime)
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
@@ -48,6 +48,19 @@ globals().update(_datatypes.PREDEFINED)
 globals().update({k: v for k, v in vars(_exceptions).items()
                   if (k.startswith("ERR_") or k == "SUCCESS") and isinstance(v, int)})
 TWOINT = _datatypes.TWOINT
+
+# mpi4py's datatype names that are synonyms of predefined ones (the same C type), and the names of
+# types this layer cannot carry: those are DATATYPE_NULL, which is how mpi4py itself presents a type
+# the MPI library lacks. A name datatypes.py defines is never replaced.
+for _alias, _of in (("SIGNED_SHORT", "SHORT"), ("SIGNED_INT", "INT"), ("SIGNED_LONG", "LONG"),
+                    ("SIGNED_LONG_LONG", "LONG_LONG"), ("SINT8_T", "INT8_T"), ("SINT16_T", "INT16_T"),
+                    ("SINT32_T", "INT32_T"), ("SINT64_T", "INT64_T")):
+    globals().setdefault(_alias, globals()[_of])
+for _missing in ("BFLOAT16_T", "FLOAT16_T", "FLOAT32_T", "FLOAT64_T", "COMPLEX4", "COMPLEX32", "REAL2",
+                 "REAL16", "INTEGER16", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "LOGICAL16",
+                 "F_BOOL", "F_INT", "F_FLOAT", "F_DOUBLE", "F_COMPLEX", "F_FLOAT_COMPLEX",
+                 "F_DOUBLE_COMPLEX", "INT_INT"):
+    globals().setdefault(_missing, _datatypes.DATATYPE_NULL)
 
 # mpi4py's type-code table (MPI._typedict): numpy/array type characters -> datatypes.
 _typedict = {ch: d for ch, d in _datatypes._BY_CHAR.items()}
