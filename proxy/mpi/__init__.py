@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE, UNDEFINED
+from shmproxy.core.ops import DTYPE_CODE as _DTYPE_CODE
 from shmproxy.mpi import datatypes as _datatypes
 from shmproxy.mpi import exceptions as _exceptions
 from shmproxy.mpi.buffers import BOTTOM
@@ -28,7 +29,7 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
                               MAX_PROCESSOR_NAME, SUBVERSION, THREAD_FUNNELED, THREAD_MULTIPLE,
                               THREAD_SERIALIZED, THREAD_SINGLE, VERSION, Alloc_mem, Attach_buffer, Close_port,
                               Detach_buffer, Errhandler, File, Finalize, Free_mem, Get_library_version,
-                              Get_processor_name, Get_version, Init, Init_thread,
+                              Get_processor_name, Get_version, Init, Init_thread, get_vendor,
                               Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Open_port,
                               Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime)
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
@@ -48,6 +49,27 @@ globals().update(_datatypes.PREDEFINED)
 globals().update({k: v for k, v in vars(_exceptions).items()
                   if (k.startswith("ERR_") or k == "SUCCESS") and isinstance(v, int)})
 TWOINT = _datatypes.TWOINT
+
+# mpi4py's datatype names that are synonyms of predefined ones (the same C type), and the names of
+# types this layer cannot carry: those are DATATYPE_NULL, which is how mpi4py itself presents a type
+# the MPI library lacks. A name datatypes.py defines is never replaced.
+for _alias, _of in (("SIGNED_SHORT", "SHORT"), ("SIGNED_INT", "INT"), ("SIGNED_LONG", "LONG"),
+                    ("SIGNED_LONG_LONG", "LONG_LONG"), ("SINT8_T", "INT8_T"), ("SINT16_T", "INT16_T"),
+                    ("SINT32_T", "INT32_T"), ("SINT64_T", "INT64_T")):
+    globals().setdefault(_alias, globals()[_of])
+for _missing in ("BFLOAT16_T", "FLOAT16_T", "FLOAT32_T", "FLOAT64_T", "COMPLEX4", "COMPLEX32", "REAL2",
+                 "REAL16", "INTEGER16", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "LOGICAL16",
+                 "F_BOOL", "F_INT", "F_FLOAT", "F_DOUBLE", "F_COMPLEX", "F_FLOAT_COMPLEX",
+                 "F_DOUBLE_COMPLEX", "INT_INT"):
+    globals().setdefault(_missing, _datatypes.DATATYPE_NULL)
+# Predefined types whose elements the native layer has no code for (long double and its complex):
+# DATATYPE_NULL as well, so that programs and mpi4py's own tests that skip absent types skip them.
+for _name, _d in _datatypes.PREDEFINED.items():
+    if _d.dtype is not None and _d._pair is None and _d.dtype.char not in _DTYPE_CODE:
+        globals()[_name] = _datatypes.DATATYPE_NULL
+
+BSEND_OVERHEAD = 0          # Bsend is not provided (see p2p.py); the constant exists for programs
+BUFFER_AUTOMATIC = None     # that size buffers with it
 
 # mpi4py's type-code table (MPI._typedict): numpy/array type characters -> datatypes.
 _typedict = {ch: d for ch, d in _datatypes._BY_CHAR.items()}

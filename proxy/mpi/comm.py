@@ -23,10 +23,12 @@ import os
 import sys
 from typing import Any
 
+import numpy as np
+
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, UNDEFINED
 from shmproxy.mpi.coll import Collectives
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_COMM, convert, error, unsupported
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_COMM, ERR_ROOT, convert, error, unsupported
 from shmproxy.mpi.group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import SUM, as_op
 from shmproxy.mpi.status import PROC_NULL
@@ -268,7 +270,7 @@ class Comm(PointToPoint, Collectives):
     def reduce(self, sendobj: Any, op: Any = SUM, root: int = 0) -> Any:
         """The native object layer has allreduce only: every rank computes the same reduction (in rank
         order), the root returns it, the others None."""
-        root = self._peer(root, "root")
+        root = self._root(root)
         value = self._obj(objects.allreduce, sendobj, as_op(op, "reduce"))
         return value if self._c.rank == root else None
 
@@ -281,27 +283,53 @@ class Comm(PointToPoint, Collectives):
         except errors.ProxyError as exc:
             raise convert(exc) from None
 
-    def _no_obj(self, name: str) -> Any:
-        unsupported(f"Comm.{name}", "the native object layer has send, recv, bcast, gather, allgather, "
-                    "allreduce and barrier only")
+    # The object collectives the native object layer lacks, built on its allgather and bcast: every
+    # object is pickled once and the results are computed in rank order, as mpi4py defines them.
+    def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
+        """The root's ``sendobj`` (a sequence of one object per rank): this rank's item."""
+        root = self._root(root)
+        c = self._c
+        if c.rank == root:
+            items = list(sendobj) if sendobj is not None else None
+            if items is None or len(items) != c.size:
+                raise error(ERR_ARG, f"scatter: the root needs a sequence of {c.size} objects, got "
+                            f"{type(sendobj).__name__}")
+        else:
+            items = None
+        return self._obj(objects.bcast, items, root)[c.rank]
 
-    def scatter(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("scatter")
+    def alltoall(self, sendobj: Any) -> list:
+        """Item j of this rank's ``sendobj`` goes to rank j; the result holds one item per rank."""
+        c = self._c
+        items = list(sendobj)
+        if len(items) != c.size:
+            raise error(ERR_ARG, f"alltoall: expected a sequence of {c.size} objects, got {len(items)}")
+        return [row[c.rank] for row in self._obj(objects.allgather, items)]
 
-    def alltoall(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("alltoall")
+    def scan(self, sendobj: Any, op: Any = SUM) -> Any:
+        """The reduction of ranks 0..rank's objects (inclusive), in rank order."""
+        o = as_op(op, "scan")
+        values = self._obj(objects.allgather, sendobj)[:self._c.rank + 1]
+        acc = values[0]
+        for v in values[1:]:
+            acc = o(acc, v)
+        return acc
 
-    def scan(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("scan")
+    def exscan(self, sendobj: Any, op: Any = SUM) -> Any:
+        """The reduction of ranks 0..rank-1's objects; None on rank 0."""
+        o = as_op(op, "exscan")
+        values = self._obj(objects.allgather, sendobj)[:self._c.rank]
+        if not values:
+            return None
+        acc = values[0]
+        for v in values[1:]:
+            acc = o(acc, v)
+        return acc
 
-    def exscan(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("exscan")
-
-    def issend(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("issend")
-
-    def ssend(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("ssend")
+    def _root(self, root: Any) -> int:
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self._c.size:
+            raise error(ERR_ROOT, f"root {root!r} is not a rank of this communicator of {self._c.size}")
+        return int(root)
 
     def bsend(self, *a: Any, **k: Any) -> Any:
         return self._no_obj("bsend")

@@ -217,6 +217,14 @@ def Get_library_version() -> str:
     return f"shmproxy {shmproxy.__version__} (mpi4py-style layer over the native API)"
 
 
+def get_vendor() -> tuple[str, tuple[int, int, int]]:
+    """mpi4py's (name, (major, minor, micro)) of the MPI library: here shmproxy's own version, so
+    that vendor-specific workarounds for real MPI libraries never apply to it."""
+    import shmproxy
+    parts = [int(p) if p.isdigit() else 0 for p in str(shmproxy.__version__).split(".")[:3]]
+    return "shmproxy", tuple((parts + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
 def Pcontrol(level: int) -> None:
     """Profiling control: nothing to do."""
 

@@ -286,6 +286,26 @@ class PointToPoint:
             return Request(None, True)
         return ObjRequest(self._obj(objp2p.irecv, source, tag))
 
+    def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """Synchronous object send: every message of the object goes as a synchronous send, so the
+        request completes once the receiver matched the object (to itself: at once, like send)."""
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Request(None, True)
+        c = self._c
+        if dest == c.rank:
+            return self.isend(obj, dest, tag)
+        try:
+            out = objects._dumps(obj, f"issend to rank {dest} tag {tag}")
+            with c.group():
+                reqs = objects._post_send(_Synchronous(c), out, dest, tag, objects.OP_P2P, 0)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        return ObjRequest(_SyncSends(c, reqs))
+
+    def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
+        self.issend(obj, dest, tag).wait()
+
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
         dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
@@ -341,3 +361,32 @@ class PointToPoint:
             status._fill(None)
             status.source, status.tag = inc.source, inc.tag
         return Message(obj=inc, comm=self._c)
+
+
+class _Synchronous:
+    """The native communicator as objects._post_send sees it, with Isend made Issend."""
+
+    __slots__ = ("Isend",)
+
+    def __init__(self, comm: Any):
+        self.Isend = comm.Issend
+
+
+class _SyncSends:
+    """An object issend's native requests, under the interface of objp2p.ObjRequest: every one is
+    waited for (none is left to complete on its own, as buffered sends are)."""
+
+    __slots__ = ("_comm", "_reqs", "status")
+
+    def __init__(self, comm: Any, reqs: list):
+        self._comm, self._reqs, self.status = comm, reqs, None
+
+    def wait(self) -> None:
+        for r in self._reqs:
+            r.Wait()
+
+    def test(self) -> tuple[bool, None]:
+        if all(r.Test() for r in self._reqs):
+            self.wait()
+            return True, None
+        return False, None

@@ -127,7 +127,7 @@ class Request:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Request):
             return NotImplemented
-        return self is other or (not self._active() and not other._active())
+        return self is other or (not self and not other)
 
     __hash__ = object.__hash__
 
@@ -215,6 +215,55 @@ class Request:
             return None
         return Request.Testsome(reqs, statuses)
 
+    # mpi4py's lower-case families: like the upper-case ones, with the objects received
+    @staticmethod
+    def waitall(requests: Sequence["Request"], statuses: list | None = None) -> list:
+        return [r.wait(_status_at(statuses, i)) for i, r in enumerate(_check(requests))]
+
+    @staticmethod
+    def testall(requests: Sequence["Request"], statuses: list | None = None) -> tuple[bool, list | None]:
+        reqs = _check(requests)
+        if not all(not r._active() or _done(r) for r in reqs):
+            return False, None
+        return True, [r.wait(_status_at(statuses, i)) for i, r in enumerate(reqs)]
+
+    @staticmethod
+    def waitany(requests: Sequence["Request"], status: Status | None = None) -> tuple[int, Any]:
+        reqs = _check(requests)
+        i = _wait_some(reqs)
+        if i is None:
+            if status is not None:
+                status._fill(None)
+            return UNDEFINED, None
+        return i, reqs[i].wait(status)
+
+    @staticmethod
+    def testany(requests: Sequence["Request"], status: Status | None = None) -> tuple[int, bool, Any]:
+        reqs = _check(requests)
+        i = _first_done(reqs)
+        if i is None:
+            if not any(r._active() for r in reqs):
+                if status is not None:
+                    status._fill(None)
+                return UNDEFINED, True, None
+            return UNDEFINED, False, None
+        return i, True, reqs[i].wait(status)
+
+    @staticmethod
+    def waitsome(requests: Sequence["Request"], statuses: list | None = None) -> tuple[list | None, list | None]:
+        reqs = _check(requests)
+        if _wait_some(reqs) is None:
+            return None, None
+        return Request.testsome(reqs, statuses)
+
+    @staticmethod
+    def testsome(requests: Sequence["Request"], statuses: list | None = None) -> tuple[list | None, list | None]:
+        reqs = _check(requests)
+        if not any(r._active() for r in reqs):
+            return None, None
+        done = [i for i, r in enumerate(reqs) if r._active() and _done(r)]
+        return done, [reqs[i].wait(_status_at(statuses, k)) for k, i in enumerate(done)]
+
     @staticmethod
     def Startall(requests: Sequence["Prequest"]) -> None:
         for r in _check(requests):
@@ -226,12 +275,23 @@ class Request:
 class Prequest(Request):
     """A persistent request (Send_init, Recv_init): Start posts it again, Wait completes one round."""
 
-    __slots__ = ("_post", "_args")
+    __slots__ = ("_post", "_args", "_live")
 
-    def __init__(self, post: Any, args: tuple, proc_null: bool):
+    def __init__(self, post: Any = None, args: tuple = (), proc_null: bool = False):
         super().__init__(None, False)
         self._post = None if proc_null else post   # the native Isend/Irecv, None for PROC_NULL
         self._args = args
+        self._live = post is not None or proc_null  # a persistent request is not REQUEST_NULL until freed
+
+    def __bool__(self) -> bool:
+        return self._live or self._active()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self is other or (not self and not other)
+
+    __hash__ = object.__hash__
 
     def Start(self) -> None:
         if self._active():
@@ -246,7 +306,7 @@ class Prequest(Request):
 
     def Free(self) -> None:
         super().Free()
-        self._post, self._args = None, ()
+        self._post, self._args, self._live = None, (), False
 
     def __repr__(self) -> str:
         return "<MPI.Prequest " + ("active>" if self._active() else "inactive>")
@@ -324,18 +384,6 @@ class ObjRequest(Request):
 
     def __repr__(self) -> str:
         return "<MPI.Request object " + ("active>" if self._o is not None else "inactive>")
-
-    @staticmethod
-    def waitall(requests: Sequence["Request"], statuses: list | None = None) -> list:
-        return [r.wait(_status_at(statuses, i)) for i, r in enumerate(_check(requests))]
-
-    @staticmethod
-    def testall(requests: Sequence["Request"], statuses: list | None = None) -> tuple[bool, list | None]:
-        reqs = _check(requests)
-        results = [r.test(_status_at(statuses, i)) for i, r in enumerate(reqs)]
-        if all(done for done, _ in results):
-            return True, [v for _, v in results]
-        return False, None
 
 
 class Message:
@@ -437,6 +485,11 @@ def _status_at(statuses: list | None, i: int) -> Status | None:
 
 def _done(r: Request) -> bool:
     """Complete (or PROC_NULL); errors surface when the caller Waits on it."""
+    if isinstance(r, ObjRequest):
+        try:    # an object request keeps what its test completed: its wait() returns it
+            return r._o is None or bool(r._o.test()[0])
+        except errors.ProxyError:
+            return True
     if r._r is None:
         return r._null
     try:
@@ -459,16 +512,19 @@ def _wait_some(reqs: list[Request]) -> int | None:
         return None
     if len(active) == 1:
         r = active[0]
-        if r._r is not None:
+        if r._r is not None or isinstance(r, ObjRequest):
             try:
-                r._r.Wait()
+                r._o.wait() if isinstance(r, ObjRequest) else r._r.Wait()
             except (errors.Timeout, errors.PeerDiedError, errors.Aborted, errors.Closed) as exc:
                 raise convert(exc) from None
             except errors.ProxyError:
                 return reqs.index(r)    # complete with its own error: the caller's Wait raises it
         return reqs.index(r)
     natives = [r._r for r in active if r._r is not None]
-    comms = list({id(n._comm): n._comm for n in natives}.values())
+    owners = [n._comm for n in natives] + [r._o._comm for r in active if isinstance(r, ObjRequest)]
+    comms = list({id(c): c for c in owners}.values())
+    if not comms:       # only PROC_NULL operations: complete already
+        return _first_done(reqs)
     deadline = time.monotonic() + (comms[0]._timeout if comms else 0.0)
     turn = 0
     while True:

@@ -5,6 +5,7 @@ about, as MPI_Get_count does (UNDEFINED when the bytes are not a whole number of
 """
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, UNDEFINED
@@ -15,29 +16,44 @@ PROC_NULL = -2
 
 
 class Status:
-    """MPI.Status: ``source``, ``tag``, ``error`` attributes and mpi4py's Get_*/Set_* methods."""
+    """MPI.Status: ``source``, ``tag``, ``error`` attributes and mpi4py's Get_*/Set_* methods.
 
-    __slots__ = ("source", "tag", "error", "nbytes", "cancelled")
+    The fields live in one small int64 array so that ``tomemory()`` can hand out a writable view of
+    them, as mpi4py's does (a program may fill a status through it)."""
+
+    __slots__ = ("_f",)
 
     def __init__(self, status: "Status | None" = None):
-        if status is not None:
-            self.source, self.tag, self.error = status.source, status.tag, status.error
-            self.nbytes, self.cancelled = status.nbytes, status.cancelled
+        if status is None:
+            self._f = array("q", (ANY_SOURCE, ANY_TAG, SUCCESS, 0, 0))
+        elif isinstance(status, Status):
+            self._f = array("q", status._f)
         else:
-            self.source, self.tag, self.error = ANY_SOURCE, ANY_TAG, SUCCESS
-            self.nbytes, self.cancelled = 0, False
+            raise TypeError(f"MPI.Status() takes an MPI.Status to copy, got {type(status).__name__}")
 
     def _fill(self, native: Any) -> None:
         """Copy a native shmproxy.Status (or None: a request with nothing to report)."""
+        f = self._f
         if native is None:
-            self.source, self.tag, self.nbytes = ANY_SOURCE, ANY_TAG, 0
+            f[0], f[1], f[3] = ANY_SOURCE, ANY_TAG, 0
         else:
-            self.source, self.tag, self.nbytes = native.source, native.tag, native.nbytes
-        self.error, self.cancelled = SUCCESS, bool(getattr(native, "cancelled", False))
+            f[0], f[1], f[3] = native.source, native.tag, native.nbytes
+        f[2], f[4] = SUCCESS, bool(getattr(native, "cancelled", False))
 
     def _fill_null(self) -> None:
         """A receive from PROC_NULL: source PROC_NULL, tag ANY_TAG, count 0 (as MPI defines)."""
-        self.source, self.tag, self.nbytes, self.error, self.cancelled = PROC_NULL, ANY_TAG, 0, SUCCESS, False
+        f = self._f
+        f[0], f[1], f[2], f[3], f[4] = PROC_NULL, ANY_TAG, SUCCESS, 0, 0
+
+    source = property(lambda self: self._f[0], lambda self, v: self._f.__setitem__(0, int(v)))
+    tag = property(lambda self: self._f[1], lambda self, v: self._f.__setitem__(1, int(v)))
+    error = property(lambda self: self._f[2], lambda self, v: self._f.__setitem__(2, int(v)))
+    nbytes = property(lambda self: self._f[3], lambda self, v: self._f.__setitem__(3, int(v)))
+    cancelled = property(lambda self: bool(self._f[4]), lambda self, v: self._f.__setitem__(4, bool(v)))
+
+    def tomemory(self) -> memoryview:
+        """A writable view of the fields (source, tag, error, bytes received, cancelled)."""
+        return memoryview(self._f)
 
     def Get_source(self) -> int:
         return self.source
@@ -82,12 +98,18 @@ class Status:
     def count(self) -> int:
         return self.Get_count(BYTE)
 
+    @count.setter
+    def count(self, value: int) -> None:
+        self.Set_elements(BYTE, value)
+
     def py2f(self) -> list[int]:
-        return [self.source, self.tag, self.error, self.nbytes]
+        return list(self._f[:4])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Status) and all(getattr(self, a) == getattr(other, a)
-                                                 for a in self.__slots__)
+        return isinstance(other, Status) and self._f == other._f
+
+    def __reduce__(self) -> tuple:
+        return _rebuild, (list(self._f),)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -99,3 +121,9 @@ def _size(datatype: Any) -> int:
     if not isinstance(datatype, Datatype):
         raise error(ERR_TYPE, f"expected an MPI.Datatype, got {type(datatype).__name__}")
     return datatype.size
+
+
+def _rebuild(fields: list[int]) -> Status:
+    st = Status()
+    st._f = array("q", fields)
+    return st
