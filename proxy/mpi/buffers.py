@@ -28,6 +28,7 @@ import numpy as np
 from shmproxy.core.ops import DTYPE_CODE, IN_PLACE
 from shmproxy.mpi.datatypes import Datatype, check_native, from_typecode, of_dtype
 from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, error
+from shmproxy.mpi.typemap import Derived, typed_buffer
 
 
 class _Bottom:
@@ -160,6 +161,11 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
         raise error(ERR_BUFFER, f"{what}: a None/BOTTOM buffer needs derived datatypes, which are not "
                     "supported")
     arr = _as_array(buf, writable, what)
+    if type(dtype) is Derived:   # a block list the progress process gathers/scatters (typemap.py)
+        if isinstance(count, (list, tuple)) and len(count) == 2 and displ is None:
+            count, displ = count
+        return typed_buffer(arr, dtype, None if count is None else _int(count, "count", what) * blocks,
+                            displ, what)
     arr, _d = _retype(arr, None if dtype is None else _as_datatype(dtype, what), what)
     if isinstance(count, (list, tuple)):
         if len(count) != 2 or displ is not None:
