@@ -94,7 +94,7 @@ def test_resized_dup_envelope_and_true_extent():
 
 def test_buffer_specs_with_derived_types():
     from shmproxy.mpi.buffers import parse
-    from shmproxy.mpi.typemap import TypedBuffer
+    from shmproxy.rank.typed import TypedBuffer
     a = np.arange(40, dtype="d")
     v = MPI.DOUBLE.Create_vector(3, 1, 4)
     with pytest.raises(MPI.Exception, match="not committed"):

@@ -28,6 +28,7 @@ import numpy as np
 from shmproxy.core.ops import DTYPE_CODE
 from shmproxy.mpi.datatypes import Datatype
 from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_TYPE, error
+from shmproxy.rank.typed import TypedBuffer
 
 COMBINER_CONTIGUOUS, COMBINER_VECTOR, COMBINER_HVECTOR = 2, 3, 4
 COMBINER_INDEXED, COMBINER_HINDEXED, COMBINER_INDEXED_BLOCK = 5, 6, 7
@@ -301,30 +302,6 @@ def resized(t: Any, lb: int, extent: int) -> Derived:
     blocks, _lb, _ub, tlb, tub, base, align = _parts(t)
     return _new(blocks, int(lb), int(lb) + int(extent), tlb, tub, base, align, COMBINER_RESIZED,
                 ((), (int(lb), int(extent)), (t,)))
-
-
-class TypedBuffer:
-    """A receive or send buffer of ``count`` instances of a committed derived type: ``region`` is the
-    uint8 view of the user's memory they touch (from the type's true lower bound), ``nbytes`` the
-    bytes of the message (count x size), ``code`` its dtype code."""
-
-    __slots__ = ("region", "dtype", "count", "nbytes", "code")
-
-    def __init__(self, region: np.ndarray, dtype: Derived, count: int):
-        self.region, self.dtype, self.count = region, dtype, count
-        self.nbytes, self.code = count * dtype.size, dtype.code
-
-    def copy(self) -> "TypedBuffer":
-        return TypedBuffer(self.region.copy(), self.dtype, self.count)
-
-    @property
-    def size(self) -> int:
-        return self.count
-
-    def span(self) -> int:
-        """Bytes of the region: (count - 1) extents plus one instance's true extent."""
-        d = self.dtype
-        return 0 if not self.count or not d.size else (self.count - 1) * d.extent + d.true_ub - d.true_lb
 
 
 def typed_buffer(arr: np.ndarray, d: Derived, count: Any, displ: Any, what: str) -> Any:

@@ -20,8 +20,8 @@ from shmproxy.coll import sched
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_MPROBED, FLAG_NO_RECV, IN_PLACE,
                                KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES,
                                TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG)
-from shmproxy.mpi.typemap import TypedBuffer
 from shmproxy.rank import typed
+from shmproxy.rank.typed import TypedBuffer
 from shmproxy.rank.device import DeviceMemory
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native

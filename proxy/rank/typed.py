@@ -26,6 +26,31 @@ from shmproxy.rank.request import Request
 from shmproxy.shm import _native
 
 
+class TypedBuffer:
+    """A receive or send buffer of ``count`` instances of a committed derived type (a
+    shmproxy.mpi.typemap.Derived, built by typemap.typed_buffer): ``region`` is the
+    uint8 view of the user's memory they touch (from the type's true lower bound), ``nbytes`` the
+    bytes of the message (count x size), ``code`` its dtype code."""
+
+    __slots__ = ("region", "dtype", "count", "nbytes", "code")
+
+    def __init__(self, region: np.ndarray, dtype: Any, count: int):
+        self.region, self.dtype, self.count = region, dtype, count
+        self.nbytes, self.code = count * dtype.size, dtype.code
+
+    def copy(self) -> "TypedBuffer":
+        return TypedBuffer(self.region.copy(), self.dtype, self.count)
+
+    @property
+    def size(self) -> int:
+        return self.count
+
+    def span(self) -> int:
+        """Bytes of the region: (count - 1) extents plus one instance's true extent."""
+        d = self.dtype
+        return 0 if not self.count or not d.size else (self.count - 1) * d.extent + d.true_ub - d.true_lb
+
+
 def type_id(comm: Any, d: Any) -> int:
     """The id of datatype ``d`` (a typemap.Derived) on ``comm``'s progress process, registered once."""
     ids = comm.__dict__.get("_type_ids")
