@@ -63,10 +63,13 @@ PyObject *_sn_copy_blocks(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "copy_blocks: empty block table for a non-empty message");
         return NULL;
     }
-    for (int64_t i = 0; i < dn; i++)
-        if (d.tab[2 * i + 1] <= 0) { PyErr_SetString(PyExc_ValueError, "copy_blocks: empty block"); return NULL; }
-    for (int64_t i = 0; i < sn; i++)
-        if (s.tab[2 * i + 1] <= 0) { PyErr_SetString(PyExc_ValueError, "copy_blocks: empty block"); return NULL; }
+    for (int64_t i = 0; i < dn + sn; i++) {
+        const int64_t len = i < dn ? d.tab[2 * i + 1] : s.tab[2 * (i - dn) + 1];
+        if (len <= 0) {
+            PyErr_SetString(PyExc_ValueError, "copy_blocks: a block of no bytes");
+            return NULL;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
     copy_stream(&d, &s, n);
     Py_END_ALLOW_THREADS

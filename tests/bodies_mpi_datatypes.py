@@ -50,6 +50,7 @@ def exchange() -> dict:
         assert r.reshape(6, 8)[:, 0].tolist() == (a[:, 1]).tolist() and r.reshape(6, 8)[:, 1:].sum() == 0
         req = comm.Isend([a.copy(), 1, sub], 1, 13)
         req.Wait()
+        comm.Send(np.arange(100000, dtype="d"), 1, 14)       # large, received into a strided type
         return {}
     got = np.zeros(6)
     comm.Recv([got, MPI.DOUBLE], 0, 1, st)
@@ -94,4 +95,9 @@ def exchange() -> dict:
     req = comm.Irecv([k, MPI.DOUBLE], 0, 13)
     req.Wait(st)
     assert k.tolist() == a[1:3, 4:7].reshape(-1).tolist() and st.Get_count(sub) == 1
+    m = np.zeros(200000)
+    comm.Recv([m, 1, MPI.DOUBLE.Create_vector(50000, 2, 4).Commit()], 0, 14)
+    want = np.zeros((50000, 4))
+    want[:, :2] = np.arange(100000, dtype="d").reshape(-1, 2)
+    assert (m == want.reshape(-1)).all()
     return {}

@@ -379,7 +379,7 @@ class SocketTransport(Transport):
         link: W.Link = conn.send_state
         n = op.nbytes
         # a derived datatype is packed here, on the sender's node (shmproxy.engine.typed)
-        view = _view(ctx, op, n) if getattr(op, "tmap", None) is None else memoryview(typed.pack(ctx.buffers, op))
+        view = _view(ctx, op, n) if op.tmap is None else memoryview(typed.pack(ctx.buffers, op))
         head = W.ENVELOPE.pack(op.rank, op.peer, op.dtype, op.mem)
         if n <= net.eager_max and not op.flags & FLAG_SYNC:   # an Ssend waits for its match
             payload = head + bytes(view)
@@ -397,7 +397,7 @@ class SocketTransport(Transport):
         net = self._net(ctx)
         env, recv, n = transfer.send, transfer.recv, transfer.nbytes
         after = None
-        if getattr(recv, "tmap", None) is None:
+        if recv.tmap is None:
             view = _view(ctx, recv, n)
         else:   # a derived datatype: land contiguously, then scatter on this node (shmproxy.engine.typed)
             typed.check(ctx.buffers, recv, n)

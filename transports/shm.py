@@ -55,7 +55,7 @@ class ShmTransport(Transport):
         n = transfer.nbytes
         send, recv = transfer.send, transfer.recv
         bufs = ctx.buffers
-        if getattr(send, "tmap", None) is not None or getattr(recv, "tmap", None) is not None:
+        if send.tmap is not None or recv.tmap is not None:   # send: an Op or a Buffered, both have it
             typed.copy(bufs, send, recv, n)   # a derived datatype's gather/scatter: one call, inline
             return True
         sb, rb = bufs.get((send.owner, send.buf_id)), bufs.get((recv.owner, recv.buf_id))

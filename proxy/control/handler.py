@@ -233,7 +233,8 @@ class ControlHandler:
         blocks = payload.get("blocks")
         if not isinstance(blocks, list) or len(blocks) % 2 or len(blocks) > 2 * TYPE_PART_BLOCKS or \
                 not all(isinstance(v, int) and not isinstance(v, bool) for v in blocks):
-            raise errors.InvalidArgument(f"TYPE_REGISTER needs 'blocks' (a list of at most {TYPE_PART_BLOCKS} "
+            raise errors.InvalidArgument(f"TYPE_REGISTER needs 'blocks' (a list of at most "
+                                         f"{TYPE_PART_BLOCKS} "
                                          "(displacement, length) int pairs)")
         if key in e.types:
             raise errors.InvalidUsage(f"datatype {key[1]} of rank {me.rank} is already registered")
@@ -241,7 +242,8 @@ class ControlHandler:
         parts.extend(blocks)
         if len(parts) > 2 * TYPE_MAX_BLOCKS:
             del e.types_pending[key]
-            raise errors.InvalidArgument(f"datatype {key[1]} of rank {me.rank}: more than {TYPE_MAX_BLOCKS} blocks")
+            raise errors.InvalidArgument(f"datatype {key[1]} of rank {me.rank}: more than {TYPE_MAX_BLOCKS} "
+                                         "blocks")
         if not payload.get("more"):
             del e.types_pending[key]
             e.types[key] = TypeMap(parts, extent)   # raises InvalidArgument naming a bad table

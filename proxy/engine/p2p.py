@@ -59,7 +59,8 @@ import numpy as np
 
 from shmproxy.core import errors, log
 from shmproxy.core.memory import mem_kind
-from shmproxy.core.ops import (FLAG_MPROBED, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED, FLAG_SYNC, FLAG_TYPED, KIND_CANCEL,
+from shmproxy.core.ops import (FLAG_MPROBED, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED, FLAG_SYNC, FLAG_TYPED,
+                               KIND_CANCEL,
                                KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, STATUS_CANCELLED,
                                STATUS_NO_MESSAGE, Op)
 from shmproxy.core.params import Params

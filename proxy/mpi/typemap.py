@@ -257,7 +257,8 @@ def struct(bls: Sequence[int], displs: Sequence[int], types: Sequence[Any]) -> D
     b, d = _ints(bls, "blocklengths"), _ints(displs, "displacements", nonneg=False)
     types = list(types)
     if not len(b) == len(d) == len(types):
-        raise error(ERR_ARG, f"Create_struct: {len(b)} blocklengths, {len(d)} displacements, {len(types)} types")
+        raise error(ERR_ARG, f"Create_struct: {len(b)} blocklengths, {len(d)} displacements, "
+                    f"{len(types)} types")
     pieces, lbs, ubs, tlbs, tubs, bases, align = [], [], [], [], [], set(), 1
     for n, x, t in zip(b, d, types):
         p = _parts(t)

@@ -67,8 +67,8 @@ def type_id(comm: Any, d: Any) -> int:
     flat = table.reshape(-1).tolist()
     step = 2 * TYPE_PART_BLOCKS
     for at in range(0, max(len(flat), 1), step):
-        comm._control(MsgType.TYPE_REGISTER, {"type_id": tid, "extent": d.extent, "blocks": flat[at:at + step],
-                                              "more": at + step < len(flat)})
+        comm._control(MsgType.TYPE_REGISTER, {"type_id": tid, "extent": d.extent,
+                                              "blocks": flat[at:at + step], "more": at + step < len(flat)})
     ids[key] = tid
     return tid
 
