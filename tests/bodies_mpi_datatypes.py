@@ -101,3 +101,55 @@ def exchange() -> dict:
     want[:, :2] = np.arange(100000, dtype="d").reshape(-1, 2)
     assert (m == want.reshape(-1)).all()
     return {}
+
+
+def collectives() -> dict:
+    """Derived types in the buffer collectives at 3 ranks: packed/unpacked around the engine's call."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n = size
+    col = MPI.DOUBLE.Create_vector(4, 1, n).Commit()                  # a column of a 4 x n matrix
+    colr = MPI.DOUBLE.Create_vector(4, 1, n).Create_resized(0, 8).Commit()   # ... successive columns
+    m = np.full((4, n), -1.0)
+    if rank == 0:
+        m[:, 1] = [1, 2, 3, 4]
+    comm.Bcast([m.reshape(-1)[1:], 1, col], root=0)   # the base address is m[0, 1]
+    assert m[:, 1].tolist() == [1, 2, 3, 4] and (m[:, [0, 2]] == -1).all(), m
+    x = np.arange(4 * n, dtype="d").reshape(4, n) * (rank + 1)
+    y = np.zeros((4, n))
+    comm.Allreduce([x, 1, col], [y, 1, col], op=MPI.SUM)
+    total = sum(r + 1 for r in range(size))
+    assert y[:, 0].tolist() == (np.arange(4 * n).reshape(4, n)[:, 0] * total).tolist() and (y[:, 1:] == 0).all()
+    g = np.zeros((4, n))
+    comm.Gather([x, 1, col], [g, 1, colr] if rank == 0 else None, root=0)   # column r of g from rank r
+    if rank == 0:
+        for r in range(size):
+            assert g[:, r].tolist() == (np.arange(4 * n).reshape(4, n)[:, 0] * (r + 1)).tolist(), g
+    # Scatterv of whole columns, one per rank, in reverse order (displacements count instances)
+    s = np.arange(4 * n, dtype="d").reshape(4, n)
+    got = np.zeros(4)
+    comm.Scatterv([s, ([1] * n, list(range(n))[::-1]), colr] if rank == 0 else None, [got, MPI.DOUBLE], root=0)
+    assert got.tolist() == s[:, n - 1 - rank].tolist(), got
+    # Alltoall as a transpose: rank r sends column j of its matrix to rank j
+    a = np.arange(4 * n, dtype="d").reshape(4, n) + 100 * rank
+    t = np.zeros((n, 4))
+    comm.Alltoall([a, 1, colr], [t, 4, MPI.DOUBLE])
+    for j in range(n):
+        assert t[j].tolist() == (np.arange(4 * n).reshape(4, n)[:, rank] + 100 * j).tolist(), t
+    req = comm.Igather([x, 1, col], [np.zeros(4 * n), MPI.DOUBLE] if rank == 0 else None, root=0)
+    req.Wait()
+    try:
+        comm.Ibcast([m, 1, col], root=0)
+    except NotImplementedError:
+        pass
+    else:
+        raise AssertionError("Ibcast into a derived type was accepted")
+    st = MPI.Datatype.Create_struct([1, 1], [0, 8], [MPI.INT, MPI.DOUBLE]).Commit()
+    try:
+        comm.Allreduce([np.zeros(2), 1, st], [np.zeros(2), 1, st], op=MPI.SUM)
+    except MPI.Exception as exc:
+        assert exc.Get_error_class() == MPI.ERR_TYPE, exc
+    else:
+        raise AssertionError("a reduction of a mixed struct was accepted")
+    comm.Barrier()
+    return {}

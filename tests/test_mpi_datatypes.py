@@ -117,3 +117,11 @@ def test_point_to_point_with_different_types_on_each_side():
 
 def test_point_to_point_with_derived_types_across_two_nodes():
     run_ranks(BODY + "exchange", 2, timeout=240, nodes=2)
+
+
+def test_buffer_collectives_with_derived_types():
+    run_ranks(BODY + "collectives", 3, timeout=240)
+
+
+def test_buffer_collectives_with_derived_types_across_two_nodes():
+    run_ranks(BODY + "collectives", 3, timeout=240, nodes=2)

@@ -204,7 +204,8 @@ def check_native(d: Datatype, what: str) -> np.dtype:
     """The numpy dtype ``d`` travels as; ERR_TYPE where the native layer has no code for it."""
     dt = d.dtype
     if dt is None and not d.is_predefined:
-        raise error(ERR_TYPE, f"{what}: derived datatypes are supported in point-to-point calls only")
+        raise error(ERR_TYPE, f"{what}: a derived datatype is not supported in this call (point-to-point "
+                    "and the buffer collectives take them)")
     if dt is None or d._pair is not None or dt.char not in DTYPE_CODE:
         raise error(ERR_TYPE, f"{what}: MPI.{d.name} cannot travel (the native layer carries bool, "
                     "int8..uint64, float16/32/64 and complex64/128)")

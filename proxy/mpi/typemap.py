@@ -305,7 +305,7 @@ def resized(t: Any, lb: int, extent: int) -> Derived:
                 ((), (int(lb), int(extent)), (t,)))
 
 
-def typed_buffer(arr: np.ndarray, d: Derived, count: Any, displ: Any, what: str) -> Any:
+def typed_buffer(arr: np.ndarray, d: Derived, count: Any, displ: Any, what: str, out: bool = False) -> Any:
     """The buffer ``[arr, (count, displ), d]`` (arr: 1-D contiguous): a plain numpy view when ``d`` is
     dense, else a TypedBuffer over the region its instances touch, checked to lie inside ``arr``."""
     d.usable(what)
@@ -322,7 +322,7 @@ def typed_buffer(arr: np.ndarray, d: Derived, count: Any, displ: Any, what: str)
                         f"buffer's {raw.nbytes} B")
         view = raw[start:start + n]
         return view.view(d.base) if d.base is not None and n % d.base.itemsize == 0 else view
-    tb = TypedBuffer(raw[:0], d, count)
+    tb = TypedBuffer(raw[:0], d, count, out)
     span = tb.span()
     lo = start + (d.true_lb if span else 0)
     if lo < 0 or lo + span > raw.nbytes:

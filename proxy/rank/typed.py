@@ -32,18 +32,23 @@ class TypedBuffer:
     uint8 view of the user's memory they touch (from the type's true lower bound), ``nbytes`` the
     bytes of the message (count x size), ``code`` its dtype code."""
 
-    __slots__ = ("region", "dtype", "count", "nbytes", "code")
+    __slots__ = ("region", "dtype", "count", "nbytes", "code", "out")
 
-    def __init__(self, region: np.ndarray, dtype: Any, count: int):
-        self.region, self.dtype, self.count = region, dtype, count
+    def __init__(self, region: np.ndarray, dtype: Any, count: int, out: bool = False):
+        self.region, self.dtype, self.count, self.out = region, dtype, count, out
         self.nbytes, self.code = count * dtype.size, dtype.code
 
     def copy(self) -> "TypedBuffer":
-        return TypedBuffer(self.region.copy(), self.dtype, self.count)
+        return TypedBuffer(self.region.copy(), self.dtype, self.count, self.out)
+
+    def temp_dtype(self) -> np.dtype:
+        """The dtype of its contiguous form: the type's one predefined dtype, else bytes."""
+        return self.dtype.base if self.dtype.base is not None else np.dtype(np.uint8)
 
     @property
     def size(self) -> int:
-        return self.count
+        """Elements of its contiguous form (what a collective counts: shmproxy.mpi.typedcoll)."""
+        return self.nbytes // self.temp_dtype().itemsize
 
     def span(self) -> int:
         """Bytes of the region: (count - 1) extents plus one instance's true extent."""
