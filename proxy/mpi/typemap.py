@@ -60,6 +60,9 @@ class Derived(Datatype):
         self.key = next(_serial)
 
     # ---- queries
+    def Set_name(self, name: str) -> None:
+        self.name = str(name)
+
     def Get_extent(self) -> tuple[int, int]:
         return self.lb, self.ub - self.lb
 
