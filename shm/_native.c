@@ -454,6 +454,8 @@ static PyMethodDef methods[] = {
     {"buffer_info", py_buffer_info, METH_VARARGS, "buffer_info(obj, writable) -> (address, nbytes)"},
     {"memcopy", py_memcopy, METH_VARARGS, "memcopy(dst, src, n): memmove, GIL released when large"},
     {"memcopy_nt", py_memcopy_nt, METH_VARARGS, "memcopy_nt(dst, src, n): copy with streaming stores"},
+    {"copy_blocks", _sn_copy_blocks, METH_VARARGS,
+     "copy_blocks(dst, dtab, dn, dext, src, stab, sn, sext, nbytes): a derived datatype's gather/scatter"},
     {"set_lock_spin", py_set_lock_spin, METH_O, "set_lock_spin(ns): contended pool locks retry this long first"},
     {NULL, NULL, 0, NULL},
 };

@@ -1,5 +1,5 @@
 /*
- * What the files of shm._native share: the entry points of shm/_native_wake.c that the module's
+ * What the files of shm._native share: the entry points of shm/_native_wake.c and shm/_native_blocks.c that the module's
  * method table (shm/_native.c) lists, and its initialisation.
  */
 #ifndef SHM_NATIVE_H
@@ -9,6 +9,7 @@
 
 PyObject *_sn_complete_coll(PyObject *self, PyObject *args);
 PyObject *_sn_wake_owners(PyObject *self, PyObject *args);
+PyObject *_sn_copy_blocks(PyObject *self, PyObject *args);   /* shm/_native_blocks.c */
 int _sn_wake_init(void);   /* interns the Op attribute names complete_coll reads; -1 with an exception */
 
 #endif

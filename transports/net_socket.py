@@ -51,9 +51,12 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from shmproxy.coll.sched import SEND
 from shmproxy.core import errors, log
 from shmproxy.core.ops import FLAG_SYNC, KIND_SEND
+from shmproxy.engine import typed
 from shmproxy.transports import net_wire as W
 from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext
 
@@ -96,10 +99,16 @@ class _Landing:
     """Where a matched message from another node lands: a view of the receive buffer (which pins its
     mapping until the view is released), and how much of it arrived."""
 
-    __slots__ = ("transfer", "view", "nbytes", "got")
+    __slots__ = ("transfer", "view", "nbytes", "got", "after")
 
-    def __init__(self, transfer: Any, view: memoryview, nbytes: int):
+    def __init__(self, transfer: Any, view: memoryview, nbytes: int, after: Any = None):
         self.transfer, self.view, self.nbytes, self.got = transfer, view, nbytes, 0
+        self.after = after   # run by the loop once every byte landed (a derived datatype's unpack)
+
+    def landed(self, ctx: TransportContext) -> None:
+        if self.after is not None:
+            self.after()
+        ctx.finish(self.transfer)
 
 
 class _Outgoing:
@@ -242,9 +251,8 @@ class _Net:
                     del self.landings[a]
             if done:
                 landing.view.release()
-                t = landing.transfer
-                link.control(W.DONE, t.send.sid)   # the sender's Send completes now (the module header)
-                ctx.post_event(lambda: ctx.finish(t))
+                link.control(W.DONE, landing.transfer.send.sid)   # the sender's Send completes (module header)
+                ctx.post_event(lambda: landing.landed(ctx))
         elif ftype == W.COLL:
             if not 0 < a <= MAX_KEY or n < a or n - a > max(self.chunk, ctx.coll_chunk_max):
                 raise W.ProtocolError(f"COLL frame with a {a} B key and {n} B")
@@ -418,7 +426,8 @@ class SocketTransport(Transport):
         net = self._net(ctx)
         link: W.Link = conn.send_state
         n = op.nbytes
-        view = _view(ctx, op, n)
+        # a derived datatype is packed here, on the sender's node (shmproxy.engine.typed)
+        view = _view(ctx, op, n) if op.tmap is None else memoryview(typed.pack(ctx.buffers, op))
         head = W.ENVELOPE.pack(op.rank, op.peer, op.dtype, op.mem)
         if n <= net.eager_max and not op.flags & FLAG_SYNC:   # an Ssend waits for its match
             payload = head + bytes(view)
@@ -435,14 +444,25 @@ class SocketTransport(Transport):
         with the envelope; else ask for them with a clear-to-send naming the landing)."""
         net = self._net(ctx)
         env, recv, n = transfer.send, transfer.recv, transfer.nbytes
-        view = _view(ctx, recv, n)
+        after = None
+        if recv.tmap is None:
+            view = _view(ctx, recv, n)
+        else:   # a derived datatype: land contiguously, then scatter on this node (shmproxy.engine.typed)
+            typed.check(ctx.buffers, recv, n)
+            tmp = np.empty(n, np.uint8)
+            view = memoryview(tmp)
+
+            def after() -> None:
+                typed.unpack(ctx.buffers, recv, tmp, n)
         if env.eager is not None:
             view[:n] = env.eager
             view.release()
+            if after is not None:
+                after()
             return True
         rid = next(net.ids)
         with net.lock:
-            net.landings[rid] = _Landing(transfer, view, n)
+            net.landings[rid] = _Landing(transfer, view, n, after)
         env.replied = True
         env.link.control(W.CTS, env.sid, rid, 0)
         if n == 0:   # an empty synchronous send: nothing will arrive, it is delivered now

@@ -10,6 +10,9 @@ args would be created, progressed and retired in this same pass; skipping it hal
 of a small message). A larger one becomes subs of the connection's args for its opCount, split
 over the copy workers from ``ctx.parallel_threshold`` bytes on (whole chunks per worker).
 
+A derived datatype on either side (the op's ``tmap``: shmproxy.engine.typed) is one gather/scatter
+over the block lists, in the loop whatever its size.
+
 Steps: a step is posted when its chunk is handed to the copy engine (inline for small chunks, a
 worker for large ones), transmitted when the copy finished, received at the same moment (the bytes
 are in the receiver's buffer), done when retired; at most ``ctx.steps`` steps of a sub are in
@@ -25,6 +28,7 @@ from typing import Any
 
 from shmproxy.coll.sched import RECV, SEND
 from shmproxy.core.errors import InternalError, InvalidArgument
+from shmproxy.engine import typed
 from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext
 
 
@@ -51,6 +55,9 @@ class ShmTransport(Transport):
         n = transfer.nbytes
         send, recv = transfer.send, transfer.recv
         bufs = ctx.buffers
+        if send.tmap is not None or recv.tmap is not None:   # send: an Op or a Buffered, both have it
+            typed.copy(bufs, send, recv, n)   # a derived datatype's gather/scatter: one call, inline
+            return True
         sb, rb = bufs.get((send.owner, send.buf_id)), bufs.get((recv.owner, recv.buf_id))
         if (sb is None or rb is None or send.offset + n > sb.size or recv.offset + n > rb.size
                 or n > send.nbytes or n > recv.nbytes or (send.mem | recv.mem) & 0xFF):

@@ -11,6 +11,10 @@
     DEREGISTER  buffers the rank no longer uses; unmapped by the loop once nothing is in flight.
     GETFD       a registered buffer's fd (for transports that map peers' memory themselves).
     QUERYFD     whether a buffer is registered and its size.
+    TYPE_REGISTER  a derived datatype's block list (shmproxy.engine.typed), under the rank's type id;
+                in parts ("more": true until the last), so that one message stays under MAX_PAYLOAD.
+                Registered types live as long as the communicator: ops in the pool name them by id,
+                and a free sent over this socket could overtake an op still waiting to be fetched.
     CLOSE       the rank is done; when every local rank is, the loop drains and exits.
     ABORT       fail the communicator now; STOP stops it as if every rank had closed.
 
@@ -22,7 +26,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shmproxy.core import errors, log
-from shmproxy.control.protocol import MsgType, next_state
+from shmproxy.control.protocol import TYPE_MAX_BLOCKS, TYPE_PART_BLOCKS, MsgType, next_state
+from shmproxy.engine.typed import TypeMap
 from shmproxy.shm import pool as P
 from shmproxy.engine.ranks import RankInfo
 from shmproxy.core.memory import MAX_DEVICE, MemKind, parse_kind
@@ -54,6 +59,7 @@ class ControlHandler:
             MsgType.SETUP: self.on_setup, MsgType.CONNECT: self.on_connect,
             MsgType.REGISTER: self.on_register, MsgType.DEREGISTER: self.on_deregister,
             MsgType.GETFD: self.on_getfd, MsgType.QUERYFD: self.on_queryfd,
+            MsgType.TYPE_REGISTER: self.on_type_register,
             MsgType.CLOSE: self.on_close, MsgType.ABORT: self.on_abort, MsgType.STOP: self.on_stop,
         }
 
@@ -217,6 +223,30 @@ class ControlHandler:
             buf = e.buffers.pop((me.local_rank, bid), None)
             if buf is not None:
                 e.retired.append(buf)
+        return {}, []
+
+    def on_type_register(self, conn: Any, payload: dict, fds: list[int]):
+        e = self.engine
+        me = conn.data["info"]
+        key = (me.local_rank, _int(payload, "type_id", 1, 2**31))
+        extent = _int(payload, "extent", 0, 2**62)
+        blocks = payload.get("blocks")
+        if not isinstance(blocks, list) or len(blocks) % 2 or len(blocks) > 2 * TYPE_PART_BLOCKS or \
+                not all(isinstance(v, int) and not isinstance(v, bool) for v in blocks):
+            raise errors.InvalidArgument(f"TYPE_REGISTER needs 'blocks' (a list of at most "
+                                         f"{TYPE_PART_BLOCKS} "
+                                         "(displacement, length) int pairs)")
+        if key in e.types:
+            raise errors.InvalidUsage(f"datatype {key[1]} of rank {me.rank} is already registered")
+        parts = e.types_pending.setdefault(key, [])
+        parts.extend(blocks)
+        if len(parts) > 2 * TYPE_MAX_BLOCKS:
+            del e.types_pending[key]
+            raise errors.InvalidArgument(f"datatype {key[1]} of rank {me.rank}: more than {TYPE_MAX_BLOCKS} "
+                                         "blocks")
+        if not payload.get("more"):
+            del e.types_pending[key]
+            e.types[key] = TypeMap(parts, extent)   # raises InvalidArgument naming a bad table
         return {}, []
 
     def on_getfd(self, conn: Any, payload: dict, fds: list[int]):

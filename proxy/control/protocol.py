@@ -52,6 +52,8 @@ PROTOCOL_VERSION = 1
 REQUEST_MAGIC = b"SPXQ"
 RESPONSE_MAGIC = b"SPXR"
 MAX_PAYLOAD = 64 << 10
+TYPE_PART_BLOCKS = 1024   # blocks per TYPE_REGISTER part: 2 JSON ints of at most 20 digits each fit
+TYPE_MAX_BLOCKS = 1 << 20  # blocks of one registered datatype (16 MiB of table in the progress process)
 MAX_FDS = 8
 
 REQUEST_HEADER = struct.Struct("<4sHHiIIIQ")   # magic version type rank req_size resp_size reserved op_id
@@ -71,6 +73,7 @@ class MsgType(IntEnum):
     STOP = 9
     GETFD = 10
     QUERYFD = 11
+    TYPE_REGISTER = 12   # a derived datatype's block list (handler.py), in parts of at most TYPE_PART_BLOCKS
 
 
 class ConnState(IntEnum):
@@ -100,6 +103,7 @@ TRANSITIONS: dict[MsgType, tuple[frozenset[ConnState], ConnState | None]] = {
     MsgType.DEREGISTER: (_OPEN_FROM_SHARED, None),
     MsgType.GETFD: (_OPEN_FROM_SHARED, None),
     MsgType.QUERYFD: (_OPEN_FROM_SHARED, None),
+    MsgType.TYPE_REGISTER: (_OPEN_FROM_SHARED, None),
     MsgType.CLOSE: (_ANY_INITIALIZED, _S.CLOSED),      # CLOSE twice is harmless
     MsgType.ABORT: (_ANY_INITIALIZED, None),
     MsgType.STOP: (_ANY_INITIALIZED, None),

@@ -26,6 +26,9 @@ FLAG_SYNC = 4           # a send that completes only once its receive matched it
 FLAG_MPROBED = 8        # a receive of the message a matched probe held: tag = that probe's sequence
 FLAG_PROBE_BLOCK = 16   # a probe that waits for a message (Probe, Mprobe), else answers at once
 FLAG_PROBE_MATCHED = 32  # a probe that takes the message out of matching (Mprobe, Improbe)
+FLAG_TYPED = 64         # a send/receive of a derived datatype: its bytes lie at the blocks of the type the
+                        # owner registered as id ``offset2`` (TYPE_REGISTER), ``count`` instances of it
+                        # from ``offset``; ``nbytes`` is the message (count x the type's size)
 
 # Completion statuses that are no error (the low 16 bits of a slot's status word; error codes are small).
 STATUS_CANCELLED = 0x7F01   # the op was cancelled before it matched
@@ -136,13 +139,14 @@ class Op:
 
     __slots__ = ("index", "kind", "dtype", "redop", "flags", "owner", "peer", "tag", "opcount",
                  "req_seq", "req_slot", "buf_id", "offset", "nbytes", "count", "buf2_id",
-                 "offset2", "nbytes2", "coll_seq", "t_post", "coll", "rank", "t_fetch", "mem")
+                 "offset2", "nbytes2", "coll_seq", "t_post", "coll", "rank", "t_fetch", "mem", "tmap")
 
     def __init__(self, index: int, fields: tuple, rank: int, t_fetch: int):
         (_next, self.kind, self.dtype, self.redop, self.flags, self.owner, self.peer, self.tag,
          self.opcount, self.req_seq, self.req_slot, self.buf_id, self.offset, self.nbytes, self.count,
          self.buf2_id, self.mem, self.offset2, self.nbytes2, self.coll_seq, self.t_post, self.coll, _x2) = fields
         self.index = index
+        self.tmap = None   # FLAG_TYPED: the engine's TypeMap (shmproxy.engine.typed), set at fetch
         self.rank = rank
         self.t_fetch = t_fetch
 

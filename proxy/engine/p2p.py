@@ -59,10 +59,12 @@ import numpy as np
 
 from shmproxy.core import errors, log
 from shmproxy.core.memory import mem_kind
-from shmproxy.core.ops import (FLAG_MPROBED, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED, FLAG_SYNC, KIND_CANCEL,
+from shmproxy.core.ops import (FLAG_MPROBED, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED, FLAG_SYNC, FLAG_TYPED,
+                               KIND_CANCEL,
                                KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, STATUS_CANCELLED,
                                STATUS_NO_MESSAGE, Op)
 from shmproxy.core.params import Params
+from shmproxy.engine import typed
 from shmproxy.engine.args import Transfer
 from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher, _accepts
 from shmproxy.shm import _native
@@ -85,7 +87,7 @@ class Buffered:
 
     __slots__ = ("kind", "rank", "peer", "tag", "nbytes", "count", "dtype", "mem", "flags", "opcount",
                  "t_post", "t_fetch", "owner", "buf_id", "offset", "req_slot", "req_seq", "addr", "size",
-                 "data", "mm", "release")
+                 "data", "mm", "release", "tmap")
 
     def __init__(self, send: Op, buf_id: int, data: np.ndarray, release: Any):
         self.kind, self.rank, self.peer, self.tag = KIND_SEND, send.rank, send.peer, send.tag
@@ -96,6 +98,7 @@ class Buffered:
         self.addr = _native.buffer_info(data, True)[0] if self.nbytes else 0
         self.size = self.nbytes
         self.release = release
+        self.tmap = None   # a typed send's bytes were packed into ``data``: contiguous from here
 
     def reply(self, code: int, nbytes: int, peer_dtype: int = 0) -> None:
         self.release(self)
@@ -119,6 +122,8 @@ class PointToPoint:
         self.buffered_ids = 0
         self.probes: dict[int, list[Op]] = {}      # destination rank -> blocking Probes waiting
         self.held: dict[tuple[int, int], Any] = {}  # (owner, probe's sequence) -> what a matched probe took
+        self.types: dict[tuple[int, int], typed.TypeMap] = {}   # (local rank, type id) -> derived datatype
+        self.types_pending: dict[tuple[int, int], list[int]] = {}   # TYPE_REGISTER parts not yet complete
 
     def append(self, op: Op) -> None:
         """A fetched op: a collective's arrival, or one half of a message."""
@@ -126,6 +131,12 @@ class PointToPoint:
             self.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
             return
         kind = op.kind
+        if op.flags & FLAG_TYPED and kind <= KIND_RECV:   # a derived datatype (engine/typed.py)
+            why = typed.resolve(self.types, op)
+            if why is not None:
+                _log.warning("%s", why)
+                self.complete(op, errors.InvalidArgument.code, 0)
+                return
         if kind == KIND_SEND:
             self.send_half(op)
         elif kind == KIND_RECV:
@@ -297,11 +308,17 @@ class PointToPoint:
         if self.buffered.get(send.peer, 0) + n > self.send_buffer_peer:
             return None
         buf = self.buffers.get((send.owner, send.buf_id))
-        if buf is None or send.offset + n > buf.size:
+        if buf is None or (send.offset + n > buf.size and send.tmap is None):
             return None
-        data = np.empty(n, np.uint8)
-        if n:
-            self.ctx.memcopy(_native.buffer_info(data, True)[0], buf.addr + send.offset, n)
+        if send.tmap is not None:   # a derived datatype: packed here, contiguous from now on
+            try:
+                data = typed.pack(self.buffers, send)
+            except errors.InvalidArgument:
+                return None
+        else:
+            data = np.empty(n, np.uint8)
+            if n:
+                self.ctx.memcopy(_native.buffer_info(data, True)[0], buf.addr + send.offset, n)
         self.buffered_ids += 1
         return Buffered(send, self.buffered_ids, data, self.release_buffered)
 

@@ -46,6 +46,9 @@ INFO_ENV = None
 
 # Every predefined datatype (MPI.INT, MPI.DOUBLE, ...) and error class (MPI.ERR_TRUNCATE, ...).
 globals().update(_datatypes.PREDEFINED)
+from shmproxy.mpi import typemap as _typemap   # noqa: E402  (derived datatypes: COMBINER_*, ORDER_*)
+globals().update({k: v for k, v in vars(_typemap).items() if k.startswith(("COMBINER_", "ORDER_"))})
+COMBINER_NAMED = _datatypes.COMBINER_NAMED
 globals().update({k: v for k, v in vars(_exceptions).items()
                   if (k.startswith("ERR_") or k == "SUCCESS") and isinstance(v, int)})
 TWOINT = _datatypes.TWOINT

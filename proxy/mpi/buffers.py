@@ -28,6 +28,7 @@ import numpy as np
 from shmproxy.core.ops import DTYPE_CODE, IN_PLACE
 from shmproxy.mpi.datatypes import Datatype, check_native, from_typecode, of_dtype
 from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, error
+from shmproxy.mpi.typemap import Derived, typed_buffer
 
 
 class _Bottom:
@@ -160,6 +161,11 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
         raise error(ERR_BUFFER, f"{what}: a None/BOTTOM buffer needs derived datatypes, which are not "
                     "supported")
     arr = _as_array(buf, writable, what)
+    if type(dtype) is Derived:   # a block list the progress process gathers/scatters (typemap.py)
+        if isinstance(count, (list, tuple)) and len(count) == 2 and displ is None:
+            count, displ = count
+        return typed_buffer(arr, dtype, None if count is None else _int(count, "count", what) * blocks,
+                            displ, what, writable)
     arr, _d = _retype(arr, None if dtype is None else _as_datatype(dtype, what), what)
     if isinstance(count, (list, tuple)):
         if len(count) != 2 or displ is not None:
@@ -192,6 +198,8 @@ def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
     if counts is None:
         raise error(ERR_COUNT, f"{what}: a vector spec needs per-rank counts")
     arr = _as_array(buf, writable, what)
+    if type(dtype) is Derived:
+        return _parse_v_derived(arr, dtype, counts, displs, what, writable, size)
     arr, d = _retype(arr, None if dtype is None else _as_datatype(dtype, what), what)
     cs = tuple(_int(c, "count", what) for c in counts)
     if len(cs) != size:
@@ -211,6 +219,25 @@ def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
             raise error(ERR_COUNT, f"{what}: block {r} ({c} elements at {x}) does not fit the buffer's "
                         f"{arr.size} elements")
     return VSpec(arr, cs, dsp, d)
+
+
+def _parse_v_derived(arr: np.ndarray, d: Datatype, counts: Any, displs: Any, what: str, writable: bool,
+                     size: int) -> VSpec:
+    """A vector spec of a derived type: the buffer of every instance up to the last block's end (a
+    TypedBuffer, or a plain view when dense), counts and displacements scaled from instances to the
+    elements of its contiguous form (shmproxy.mpi.typedcoll)."""
+    cs = [_int(c, "count", what) for c in counts]
+    if displs is None:
+        dsp = [sum(cs[:r]) for r in range(len(cs))]
+    else:
+        dsp = [_int(x, "displacement", what) for x in displs]
+    if len(cs) != size or len(dsp) != size:
+        raise error(ERR_COUNT, f"{what}: {len(cs)} counts and {len(dsp)} displacements for {size} ranks")
+    n = max((x + c for c, x in zip(cs, dsp) if c), default=0)
+    buf = typed_buffer(arr, d, n, None, what, writable)   # type: ignore[arg-type]
+    item = buf.temp_dtype().itemsize if type(buf) is not np.ndarray else buf.dtype.itemsize
+    k = d.size // item
+    return VSpec(buf, tuple(c * k for c in cs), tuple(x * k for x in dsp), d)
 
 
 def datatype_of(spec: Any, what: str) -> Datatype:

@@ -20,7 +20,9 @@ from shmproxy.mpi import buffers
 from shmproxy.mpi.datatypes import Datatype
 from shmproxy.mpi.exceptions import ERR_COUNT, convert, error, unsupported
 from shmproxy.mpi.ops import SUM, as_op
+from shmproxy.mpi import typedcoll
 from shmproxy.mpi.request import Request
+from shmproxy.rank.typed import TypedBuffer
 
 _parse = buffers.parse
 _MISSING = "the engine has no such collective yet (it runs Barrier, Bcast, Reduce, Allreduce, Allgather, " \
@@ -37,6 +39,8 @@ class Collectives:
         try:
             return fn(*args)
         except errors.ProxyError as exc:
+            if any(type(a) is TypedBuffer for a in args):   # derived datatypes: nothing was posted
+                return typedcoll.call(self._c, fn, args)
             raise convert(exc) from None
 
     # ---- barrier, broadcast

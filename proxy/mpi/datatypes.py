@@ -5,8 +5,8 @@ layer's own checks apply: a receive matched by a message of another dtype raises
 type-signature mismatch is erroneous in MPI. Types with the same C representation share a dtype
 (LONG and LONG_LONG are both int64 here; CHAR is int8, BYTE and UNSIGNED_CHAR uint8).
 
-Derived datatypes (Create_contiguous, Create_vector, ...) need packing by the progress process, which
-does not exist yet: every constructor raises NotImplementedError naming itself.
+Derived datatypes (Create_contiguous, Create_vector, ...) are shmproxy.mpi.typemap.Derived: block
+lists that the progress process gathers and scatters by (see typemap.py's header).
 """
 from __future__ import annotations
 
@@ -87,45 +87,40 @@ class Datatype:
     def tocode(self) -> str:
         return "" if self.dtype is None else self.dtype.char
 
-    # ---- derived datatypes: not yet (the progress process must pack them)
-    def _derived(self, name: str, *_args: Any, **_kw: Any) -> "Datatype":
-        unsupported(f"Datatype.{name}", "derived datatypes need packing by the progress process, which "
-                    "does not exist yet; use numpy views or copies of contiguous predefined types")
+    # ---- derived datatypes (flattened into block lists: shmproxy.mpi.typemap)
+    def Create_contiguous(self, count: int) -> "Datatype":
+        return _tm().contiguous(self, count)
 
-    def Create_contiguous(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_contiguous")
+    def Create_vector(self, count: int, blocklength: int, stride: int) -> "Datatype":
+        return _tm().vector(self, count, blocklength, stride)
 
-    def Create_vector(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_vector")
+    def Create_hvector(self, count: int, blocklength: int, stride: int) -> "Datatype":
+        return _tm().hvector(self, count, blocklength, stride)
 
-    def Create_hvector(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_hvector")
+    def Create_indexed(self, blocklengths: Any, displacements: Any) -> "Datatype":
+        return _tm().indexed(self, blocklengths, displacements)
 
-    def Create_indexed(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_indexed")
+    def Create_indexed_block(self, blocklength: int, displacements: Any) -> "Datatype":
+        return _tm().indexed_block(self, blocklength, displacements)
 
-    def Create_indexed_block(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_indexed_block")
+    def Create_hindexed(self, blocklengths: Any, displacements: Any) -> "Datatype":
+        return _tm().hindexed(self, blocklengths, displacements)
 
-    def Create_hindexed(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_hindexed")
+    def Create_hindexed_block(self, blocklength: int, displacements: Any) -> "Datatype":
+        return _tm().indexed_block(self, blocklength, displacements, hbytes=True)
 
-    def Create_hindexed_block(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_hindexed_block")
-
-    def Create_subarray(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_subarray")
+    def Create_subarray(self, sizes: Any, subsizes: Any, starts: Any, order: int = 0) -> "Datatype":
+        return _tm().subarray(self, sizes, subsizes, starts, order)
 
     def Create_darray(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_darray")
+        unsupported("Datatype.Create_darray", "use Create_subarray with the block this rank owns")
 
-    def Create_resized(self, *a: Any, **k: Any) -> "Datatype":
-        return self._derived("Create_resized")
+    def Create_resized(self, lb: int, extent: int) -> "Datatype":
+        return _tm().resized(self, lb, extent)
 
     @classmethod
-    def Create_struct(cls, *a: Any, **k: Any) -> "Datatype":
-        unsupported("Datatype.Create_struct", "derived datatypes need packing by the progress process, "
-                    "which does not exist yet")
+    def Create_struct(cls, blocklengths: Any, displacements: Any, datatypes: Any) -> "Datatype":
+        return _tm().struct(blocklengths, displacements, datatypes)
 
     def Pack(self, *a: Any, **k: Any) -> int:
         unsupported("Datatype.Pack")
@@ -191,6 +186,11 @@ for _name in ("C_BOOL", "SIGNED_CHAR", "UNSIGNED_CHAR", "SHORT", "UNSIGNED_SHORT
 _BY_CHAR.setdefault("c", PREDEFINED["CHAR"])   # 'c' (a 1-byte char array) travels as int8
 
 
+def _tm() -> Any:
+    from shmproxy.mpi import typemap   # typemap subclasses Datatype: imported on first use
+    return typemap
+
+
 def of_dtype(dt: np.dtype) -> Datatype:
     """The datatype of a buffer whose element type is the numpy dtype ``dt``; ERR_TYPE if none."""
     d = _BY_CHAR.get(dt.char)
@@ -203,6 +203,9 @@ def of_dtype(dt: np.dtype) -> Datatype:
 def check_native(d: Datatype, what: str) -> np.dtype:
     """The numpy dtype ``d`` travels as; ERR_TYPE where the native layer has no code for it."""
     dt = d.dtype
+    if dt is None and not d.is_predefined:
+        raise error(ERR_TYPE, f"{what}: a derived datatype is not supported in this call (point-to-point "
+                    "and the buffer collectives take them)")
     if dt is None or d._pair is not None or dt.char not in DTYPE_CODE:
         raise error(ERR_TYPE, f"{what}: MPI.{d.name} cannot travel (the native layer carries bool, "
                     "int8..uint64, float16/32/64 and complex64/128)")

@@ -20,6 +20,8 @@ from shmproxy.coll import sched
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_MPROBED, FLAG_NO_RECV, IN_PLACE,
                                KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES,
                                TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG)
+from shmproxy.rank import typed
+from shmproxy.rank.typed import TypedBuffer
 from shmproxy.rank.device import DeviceMemory
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
@@ -61,6 +63,8 @@ class Posting:
         and the receive of a matched probe's message (FLAG_MPROBED) always do."""
         self._check_usable()
         if type(buf) is not np.ndarray:
+            if type(buf) is TypedBuffer:   # a derived datatype (shmproxy.rank.typed)
+                return typed.post(self, kind, buf, peer, tag, flags)
             if device_array_kind(buf) is not None:
                 return self._post_device(kind, buf, peer, tag, flags)
             raise _not_host(buf, "buffer")
