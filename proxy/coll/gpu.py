@@ -11,24 +11,58 @@ back to back while the loop goes on with other work. Not chunked: a device colle
 stream of work, and the copy engines and SMs pipeline it themselves.
 
 Reductions go in rank order (the root's input first for Reduce), into one output that is then copied
-to the other ranks' outputs, so every rank gets the same bits, as on the host. Every rank's buffers
-must be device memory: a collective whose ranks mix host and device buffers is refused.
+to the other ranks' outputs, so every rank gets the same bits, as on the host. bfloat16 (which cupy
+lacks; the record's DTYPE_BFLOAT16) is reduced as 16-bit words by kernels of our own that widen each
+pair to float32, combine, and round back to nearest even, step by step as torch's bfloat16 ops do.
+Every rank's buffers must be device memory: a collective whose ranks mix host and device buffers is refused.
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import numpy as np
+
 from shmproxy.coll import sched
 from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind, mem_device, mem_kind
-from shmproxy.core.ops import CODE_DTYPE, FLAG_IN_PLACE, Coll, Op, ReduceOp
+from shmproxy.core.ops import CODE_DTYPE, DTYPE_BFLOAT16, FLAG_IN_PLACE, Coll, Op, ReduceOp
 from shmproxy.engine.args import CollWork
 from shmproxy.shm import pool as P
 
 _log = log.get("COLL")
 _UFUNC_NAMES = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MIN: "minimum",
                 ReduceOp.MAX: "maximum", ReduceOp.AVG: "add"}
+_BF16_PREAMBLE = r"""
+__device__ __forceinline__ float bf16_in(unsigned short h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ unsigned short bf16_out(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);   /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                                   /* nearest even */
+    return (unsigned short)(u >> 16);
+}
+"""
+# x, y: the two float32 operands (NaN propagates through MIN and MAX, as in torch)
+_BF16_EXPR = {ReduceOp.SUM: "x + y", ReduceOp.AVG: "x + y", ReduceOp.PROD: "x * y",
+              ReduceOp.MIN: "(x != x || x < y) ? x : y", ReduceOp.MAX: "(x != x || x > y) ? x : y"}
+_bf16_kernels: dict = {}
+
+
+def bf16_kernel(cp: Any, redop: int) -> Any:
+    """The cached elementwise kernel of one bfloat16 reduction (redop -1: divide by a float32)."""
+    k = _bf16_kernels.get(redop)
+    if k is None:
+        if redop == -1:
+            k = cp.ElementwiseKernel("uint16 a, float32 d", "uint16 o", "o = bf16_out(bf16_in(a) / d)",
+                                     "shmproxy_bf16_div", preamble=_BF16_PREAMBLE)
+        else:
+            body = f"float x = bf16_in(a), y = bf16_in(b); o = bf16_out({_BF16_EXPR[redop]})"
+            k = cp.ElementwiseKernel("uint16 a, uint16 b", "uint16 o", body,
+                                     f"shmproxy_bf16_{ReduceOp(redop).name.lower()}", preamble=_BF16_PREAMBLE)
+        _bf16_kernels[redop] = k
+    return k
 
 
 class GpuExecutor:
@@ -36,8 +70,8 @@ class GpuExecutor:
 
     name = "cuda"
 
-    def __init__(self, cp: Any, stream: Any, device: int):
-        self.cp, self.stream, self.device = cp, stream, device
+    def __init__(self, cp: Any, stream: Any, device: int, bf16: bool = False):
+        self.cp, self.stream, self.device, self.bf16 = cp, stream, device, bf16
 
     def view(self, addr: int, count: int, dtype: Any) -> Any:
         """A cupy array over ``count`` elements at ``addr`` (an opened allocation): no copy, no owner."""
@@ -52,16 +86,22 @@ class GpuExecutor:
     def reduce(self, redop: int, dtype: Any, count: int, ins: list[int], out: int, nranks: int) -> None:
         """out = ins[0] op ins[1] op ... (in that order); AVG divides by ``nranks`` after."""
         cp = self.cp
-        ufunc = getattr(cp, _UFUNC_NAMES[redop])
+        ufunc = bf16_kernel(cp, redop) if self.bf16 else getattr(cp, _UFUNC_NAMES[redop])
         o = self.view(out, count, dtype)
         with self.stream:
             if len(ins) == 1:
                 self.copy(out, ins[0], count * dtype.itemsize)
+            elif self.bf16:
+                ufunc(self.view(ins[0], count, dtype), self.view(ins[1], count, dtype), o)
+                for x in ins[2:]:
+                    ufunc(o, self.view(x, count, dtype), o)
             else:
                 ufunc(self.view(ins[0], count, dtype), self.view(ins[1], count, dtype), out=o)
                 for x in ins[2:]:
                     ufunc(o, self.view(x, count, dtype), out=o)
-            if redop == ReduceOp.AVG:
+            if redop == ReduceOp.AVG and self.bf16:
+                bf16_kernel(cp, -1)(o, np.float32(nranks), o)
+            elif redop == ReduceOp.AVG:
                 cp.true_divide(o, nranks, out=o, casting="unsafe")
 
 
@@ -87,7 +127,8 @@ def start_device_coll(engine: Any, ops: list[Op]) -> None:
 def _start(engine: Any, ops: list[Op]) -> None:
     op0 = ops[0]
     c, n, size = op0.coll, op0.count, len(ops)
-    dt = CODE_DTYPE.get(op0.dtype)
+    bf16 = op0.dtype == DTYPE_BFLOAT16
+    dt = np.dtype(np.uint16) if bf16 else CODE_DTYPE.get(op0.dtype)
     if dt is None:
         raise errors.InvalidArgument(f"{op0.describe()}: unknown dtype code {op0.dtype}")
     hosts = [op.rank for op in ops if mem_kind(op.mem) != MemKind.CUDA]
@@ -139,12 +180,12 @@ def _start(engine: Any, ops: list[Op]) -> None:
     else:
         raise errors.InvalidArgument(f"{op0.describe()}: collective {c} has no device path")
     if c in (Coll.REDUCE, Coll.ALLREDUCE, Coll.REDUCE_SCATTER_BLOCK):
-        sched.check_op(op0.redop, dt)
+        sched.check_op(op0.redop, np.dtype(np.float32) if bf16 else dt)
 
     device = mem_device(op0.mem)
     stream = gpu.stream(device)
     cp = gpu.cp
-    x = GpuExecutor(cp, stream, device)
+    x = GpuExecutor(cp, stream, device, bf16)
     with cp.cuda.Device(device):
         for op in ops:
             gpu.wait_for_rank(op, stream)
