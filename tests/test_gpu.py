@@ -70,6 +70,38 @@ def test_torch_cuda_tensors():
     assert all(r["ok"] for r in res.results)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_bfloat16_torch_tensors(nranks):
+    pytest.importorskip("torch")
+    res = run_ranks(BODY + "bfloat16_torch", nranks, timeout=300)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["cases"] > 60
+
+
+def test_stream_keyword_orders_after_that_stream():
+    pytest.importorskip("torch")
+    res = run_ranks(BODY + "stream_keyword", 2, timeout=180)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+
+
+def test_device_alloc_registered_once_freed_when_dropped():
+    res = run_ranks(BODY + "device_alloc", 2, timeout=180)
+    print("GPU_ALLOC " + json.dumps(res.results))
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+
+
+def test_nonblocking_collective_overlaps_device_compute():
+    res = run_ranks(BODY + "overlap", 2, timeout=300)
+    print("GPU_OVERLAP " + json.dumps(res.results))
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        # most of the collectives' time runs under the rank's kernel (measured: all of it)
+        assert r["hidden_fraction"] > 0.5, r
+
+
 def test_kill9_mid_collective_survivors_raise_and_gpu_memory_returns():
     before = _used_bytes()
     res = run_ranks(BODY + "victim_dies_in_device_allreduce", 3, timeout=120, expect_fail={2})
