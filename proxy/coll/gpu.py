@@ -48,6 +48,7 @@ __device__ __forceinline__ unsigned short bf16_out(float f) {
 _BF16_EXPR = {ReduceOp.SUM: "x + y", ReduceOp.AVG: "x + y", ReduceOp.PROD: "x * y",
               ReduceOp.MIN: "(x != x || x < y) ? x : y", ReduceOp.MAX: "(x != x || x > y) ? x : y"}
 _bf16_kernels: dict = {}
+_U64_0 = np.uint64(0)
 
 
 def bf16_kernel(cp: Any, redop: int) -> Any:
@@ -62,6 +63,49 @@ def bf16_kernel(cp: Any, redop: int) -> Any:
             k = cp.ElementwiseKernel("uint16 a, uint16 b", "uint16 o", body,
                                      f"shmproxy_bf16_{ReduceOp(redop).name.lower()}", preamble=_BF16_PREAMBLE)
         _bf16_kernels[redop] = k
+    return k
+
+
+# Small reductions (Allreduce, Reduce): one kernel launch of our own, every input read and every output
+# written by it, instead of cupy ufuncs over fresh views and a copy per further rank. For a small
+# message the progress process's Python per launch is most of the cost, not the GPU.
+FUSED = True                   # False: the ufunc path at every size (for measuring the difference)
+FUSED_MAX_BYTES = 1 << 20      # per rank's buffer; larger goes through the ufuncs (bandwidth-bound)
+FUSED_MAX_RANKS = 8            # the kernel's pointer parameters
+_C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
+            "int32": "int", "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long",
+            "float32": "float", "float64": "double"}
+_FUSED_EXPR = {ReduceOp.SUM: "a + b", ReduceOp.AVG: "a + b", ReduceOp.PROD: "a * b",
+               ReduceOp.MIN: "(a != a || a < b) ? a : b", ReduceOp.MAX: "(a != a || a > b) ? a : b"}
+_FUSED_SRC = r"""
+extern "C" __global__ void shmproxy_fused(%(params)s, int nin, int nout, long long n) {
+    const T* in[%(R)d] = {%(ins)s};
+    T* out[%(R)d] = {%(outs)s};
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (long long)blockDim.x * gridDim.x) {
+        T a = in[0][k];
+        for (int r = 1; r < nin; r++) { T b = in[r][k]; a = %(expr)s; }
+        %(finish)s
+        for (int r = 0; r < nout; r++) out[r][k] = a;   /* in place: only index k, already read */
+    }
+}
+"""
+_fused_kernels: dict = {}
+
+
+def fused_kernel(cp: Any, redop: int, dtype: Any) -> Any:
+    """The cached fused reduction kernel of (redop, dtype), or None where it has none (see above)."""
+    key = (redop, dtype.name)
+    k = _fused_kernels.get(key)
+    if k is None and dtype.name in _C_TYPES:
+        R = FUSED_MAX_RANKS
+        params = ", ".join([f"unsigned long long i{r}" for r in range(R)] +
+                           [f"unsigned long long o{r}" for r in range(R)])
+        src = f"typedef {_C_TYPES[dtype.name]} T;\n" + _FUSED_SRC % {
+            "params": params, "R": R, "ins": ", ".join(f"(const T*)i{r}" for r in range(R)),
+            "outs": ", ".join(f"(T*)o{r}" for r in range(R)), "expr": _FUSED_EXPR[redop],
+            "finish": "a = a / (T)nin;" if redop == ReduceOp.AVG else ""}
+        k = _fused_kernels[key] = cp.RawKernel(src, "shmproxy_fused")
     return k
 
 
@@ -82,6 +126,24 @@ class GpuExecutor:
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         if nbytes and dst != src:
             self.cp.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, self.stream.ptr)   # cudaMemcpyDefault
+
+    def fused(self, redop: int, dtype: Any, count: int, ins: list[int], outs: list[int]) -> bool:
+        """outs[*] = ins[0] op ins[1] op ... in one kernel (AVG: divided by len(ins)); False where the
+        fused path does not apply (size, dtype, ranks), nothing queued then."""
+        if (self.bf16 or count * dtype.itemsize > FUSED_MAX_BYTES or len(ins) > FUSED_MAX_RANKS
+                or len(outs) > FUSED_MAX_RANKS):
+            return False
+        k = fused_kernel(self.cp, redop, dtype)
+        if k is None:
+            return False
+        zeros = [_U64_0] * FUSED_MAX_RANKS
+        args = ([np.uint64(a) for a in ins] + zeros[len(ins):]
+                + [np.uint64(a) for a in outs] + zeros[len(outs):])
+        block = 256
+        grid = min((count + block - 1) // block, 1024)
+        with self.stream:
+            k((grid,), (block,), (*args, np.int32(len(ins)), np.int32(len(outs)), np.int64(count)))
+        return True
 
     def reduce(self, redop: int, dtype: Any, count: int, ins: list[int], out: int, nranks: int) -> None:
         """out = ins[0] op ins[1] op ... (in that order); AVG divides by ``nranks`` after."""
@@ -190,13 +252,15 @@ def _start(engine: Any, ops: list[Op]) -> None:
         for op in ops:
             gpu.wait_for_rank(op, stream)
         if c == Coll.ALLREDUCE:
-            x.reduce(op0.redop, dt, n, ins, outs[0], size)
-            for o in outs[1:]:
-                x.copy(o, outs[0], blk)
+            if not (FUSED and x.fused(op0.redop, dt, n, ins, outs)):
+                x.reduce(op0.redop, dt, n, ins, outs[0], size)
+                for o in outs[1:]:
+                    x.copy(o, outs[0], blk)
         elif c == Coll.REDUCE:
             root = op0.peer
             order = [root] + [r for r in range(size) if r != root]
-            x.reduce(op0.redop, dt, n, [ins[r] for r in order], out, size)
+            if not (FUSED and x.fused(op0.redop, dt, n, [ins[r] for r in order], [out])):
+                x.reduce(op0.redop, dt, n, [ins[r] for r in order], out, size)
         elif c == Coll.BCAST:
             for r, b in enumerate(bufs):
                 if r != op0.peer:
