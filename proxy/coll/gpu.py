@@ -48,7 +48,6 @@ __device__ __forceinline__ unsigned short bf16_out(float f) {
 _BF16_EXPR = {ReduceOp.SUM: "x + y", ReduceOp.AVG: "x + y", ReduceOp.PROD: "x * y",
               ReduceOp.MIN: "(x != x || x < y) ? x : y", ReduceOp.MAX: "(x != x || x > y) ? x : y"}
 _bf16_kernels: dict = {}
-_U64_0 = np.uint64(0)
 
 
 def bf16_kernel(cp: Any, redop: int) -> Any:
@@ -71,40 +70,41 @@ def bf16_kernel(cp: Any, redop: int) -> Any:
 # message the progress process's Python per launch is most of the cost, not the GPU.
 FUSED = True                   # False: the ufunc path at every size (for measuring the difference)
 FUSED_MAX_BYTES = 1 << 20      # per rank's buffer; larger goes through the ufuncs (bandwidth-bound)
-FUSED_MAX_RANKS = 8            # the kernel's pointer parameters
+FUSED_MAX_RANKS = 16           # kernels are written out per count of buffers: bounded
 _C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
             "int32": "int", "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long",
             "float32": "float", "float64": "double"}
 _FUSED_EXPR = {ReduceOp.SUM: "a + b", ReduceOp.AVG: "a + b", ReduceOp.PROD: "a * b",
                ReduceOp.MIN: "(a != a || a < b) ? a : b", ReduceOp.MAX: "(a != a || a > b) ? a : b"}
 _FUSED_SRC = r"""
-extern "C" __global__ void shmproxy_fused(%(params)s, int nin, int nout, long long n) {
-    const T* in[%(R)d] = {%(ins)s};
-    T* out[%(R)d] = {%(outs)s};
+extern "C" __global__ void shmproxy_fused(%(params)s, long long n) {
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
          k += (long long)blockDim.x * gridDim.x) {
-        T a = in[0][k];
-        for (int r = 1; r < nin; r++) { T b = in[r][k]; a = %(expr)s; }
-        %(finish)s
-        for (int r = 0; r < nout; r++) out[r][k] = a;   /* in place: only index k, already read */
+        T a = ((const T*)i0)[k], b;
+%(steps)s
+%(finish)s
+%(stores)s
     }
 }
 """
 _fused_kernels: dict = {}
 
 
-def fused_kernel(cp: Any, redop: int, dtype: Any) -> Any:
-    """The cached fused reduction kernel of (redop, dtype), or None where it has none (see above)."""
-    key = (redop, dtype.name)
+def fused_kernel(cp: Any, redop: int, dtype: Any, nin: int, nout: int) -> Any:
+    """The cached fused reduction kernel of (redop, dtype, inputs, outputs), or None where it has none
+    (see above). Written out per count of buffers, so that a launch passes only their pointers; in
+    place, an output aliases an input at the same index only, which its thread has read already."""
+    key = (redop, dtype.name, nin, nout)
     k = _fused_kernels.get(key)
     if k is None and dtype.name in _C_TYPES:
-        R = FUSED_MAX_RANKS
-        params = ", ".join([f"unsigned long long i{r}" for r in range(R)] +
-                           [f"unsigned long long o{r}" for r in range(R)])
+        params = ", ".join([f"unsigned long long i{r}" for r in range(nin)] +
+                           [f"unsigned long long o{r}" for r in range(nout)])
+        expr = _FUSED_EXPR[redop]
+        steps = "\n".join(f"        b = ((const T*)i{r})[k]; a = {expr};" for r in range(1, nin))
+        stores = "\n".join(f"        ((T*)o{r})[k] = a;" for r in range(nout))
+        finish = f"        a = a / (T){nin};" if redop == ReduceOp.AVG else ""
         src = f"typedef {_C_TYPES[dtype.name]} T;\n" + _FUSED_SRC % {
-            "params": params, "R": R, "ins": ", ".join(f"(const T*)i{r}" for r in range(R)),
-            "outs": ", ".join(f"(T*)o{r}" for r in range(R)), "expr": _FUSED_EXPR[redop],
-            "finish": "a = a / (T)nin;" if redop == ReduceOp.AVG else ""}
+            "params": params, "steps": steps, "finish": finish, "stores": stores}
         k = _fused_kernels[key] = cp.RawKernel(src, "shmproxy_fused")
     return k
 
@@ -133,16 +133,13 @@ class GpuExecutor:
         if (self.bf16 or count * dtype.itemsize > FUSED_MAX_BYTES or len(ins) > FUSED_MAX_RANKS
                 or len(outs) > FUSED_MAX_RANKS):
             return False
-        k = fused_kernel(self.cp, redop, dtype)
+        k = fused_kernel(self.cp, redop, dtype, len(ins), len(outs))
         if k is None:
             return False
-        zeros = [_U64_0] * FUSED_MAX_RANKS
-        args = ([np.uint64(a) for a in ins] + zeros[len(ins):]
-                + [np.uint64(a) for a in outs] + zeros[len(outs):])
         block = 256
         grid = min((count + block - 1) // block, 1024)
         with self.stream:
-            k((grid,), (block,), (*args, np.int32(len(ins)), np.int32(len(outs)), np.int64(count)))
+            k((grid,), (block,), (*map(np.uint64, ins), *map(np.uint64, outs), np.int64(count)))
         return True
 
     def reduce(self, redop: int, dtype: Any, count: int, ins: list[int], out: int, nranks: int) -> None:

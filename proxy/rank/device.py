@@ -83,14 +83,16 @@ class _Driver:
             raise errors.InvalidArgument(f"the CUDA driver (libcuda.so.1) cannot be loaded: {exc}") from None
         self.lib.cuPointerGetAttributes.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int),
                                                     ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64]
+        # the call's arguments, built once: ctypes objects cost microseconds each on every post
+        self._out = (ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_uint64(), ctypes.c_int(), ctypes.c_int())
+        self._attrs = (ctypes.c_int * 5)(_RANGE_START, _RANGE_SIZE, _BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE)
+        self._data = (ctypes.c_void_p * 5)(*(ctypes.addressof(x) for x in self._out))
 
     def allocation(self, ptr: int) -> tuple[int, int, int, int, bool]:
         """(start, size, buffer id, device, IPC-capable) of the allocation holding ``ptr``."""
-        start, size, bid = ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_uint64()
-        dev, ipc = ctypes.c_int(-1), ctypes.c_int(0)
-        attrs = (ctypes.c_int * 5)(_RANGE_START, _RANGE_SIZE, _BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE)
-        data = (ctypes.c_void_p * 5)(*(ctypes.addressof(x) for x in (start, size, bid, dev, ipc)))
-        rc = self.lib.cuPointerGetAttributes(5, attrs, data, ptr)
+        start, size, bid, dev, ipc = self._out
+        start.value = 0
+        rc = self.lib.cuPointerGetAttributes(5, self._attrs, self._data, ptr)
         if rc != 0 or not start.value:
             raise errors.InvalidArgument(f"address {ptr:#x} is not device memory the CUDA driver knows "
                                          f"(cuPointerGetAttributes: error {rc})")
@@ -135,7 +137,7 @@ class DeviceMemory:
                                              f"array: {exc}") from None
         if not arr.flags.c_contiguous:
             raise errors.InvalidArgument(f"{what} is not C-contiguous (device buffers are never staged)")
-        if bf16 or arr.dtype.name == "bfloat16":
+        if bf16 or (arr.dtype.char not in DTYPE_CODE and arr.dtype.name == "bfloat16"):
             arr = arr.view(cp.uint16)
             self._bf16[id(arr)] = arr
         return arr

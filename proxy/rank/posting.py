@@ -148,7 +148,10 @@ class Posting:
         here, before anything is posted."""
         named = [(b, w) for b, w in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf"))
                  if b is not None and b is not IN_PLACE]
-        on_device = [device_array_kind(b) is not None for b, _w in named]
+        known = self.__dict__.get("_device")
+        cupy_array = known.cp.ndarray if known is not None and known.cp is not None else None
+        # a cupy array needs no probing (its __cuda_array_interface__ is built on every access)
+        on_device = [type(b) is cupy_array or device_array_kind(b) is not None for b, _w in named]
         if not any(on_device):
             return sendbuf, recvbuf, 0
         if not all(on_device):
