@@ -2,7 +2,7 @@
 references, stream order, host/device mixing refused, a rank killed mid-collective.
 
 Skipped, saying why, where cupy or a GPU is absent (CI). tools/gpu_tests.sh runs this file on a GPU
-host. Rank bodies are in tests/bodies_gpu.py.
+host. Rank bodies are in tests/bodies_gpu.py and tests/bodies_gpu_more.py.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def _gpu_reason() -> str:
 REASON = _gpu_reason()
 pytestmark = pytest.mark.skipif(bool(REASON), reason=f"GPU tests: {REASON}")
 BODY = "tests.bodies_gpu:"
+MORE = "tests.bodies_gpu_more:"
 
 
 def _used_bytes() -> int:
@@ -73,7 +74,7 @@ def test_torch_cuda_tensors():
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_bfloat16_torch_tensors(nranks):
     pytest.importorskip("torch")
-    res = run_ranks(BODY + "bfloat16_torch", nranks, timeout=300)
+    res = run_ranks(MORE + "bfloat16_torch", nranks, timeout=300)
     for r in res.results:
         assert not r["bad"], r["bad"]
         assert r["cases"] > 60
@@ -81,20 +82,20 @@ def test_bfloat16_torch_tensors(nranks):
 
 def test_stream_keyword_orders_after_that_stream():
     pytest.importorskip("torch")
-    res = run_ranks(BODY + "stream_keyword", 2, timeout=180)
+    res = run_ranks(MORE + "stream_keyword", 2, timeout=180)
     for r in res.results:
         assert not r["bad"], r["bad"]
 
 
 def test_device_alloc_registered_once_freed_when_dropped():
-    res = run_ranks(BODY + "device_alloc", 2, timeout=180)
+    res = run_ranks(MORE + "device_alloc", 2, timeout=180)
     print("GPU_ALLOC " + json.dumps(res.results))
     for r in res.results:
         assert not r["bad"], r["bad"]
 
 
 def test_nonblocking_collective_overlaps_device_compute():
-    res = run_ranks(BODY + "overlap", 2, timeout=300)
+    res = run_ranks(MORE + "overlap", 2, timeout=300)
     print("GPU_OVERLAP " + json.dumps(res.results))
     for r in res.results:
         assert not r["bad"], r["bad"]
@@ -124,7 +125,7 @@ def test_latency_breakdown(tmp_path):
     """8 B device Allreduce: the ranks' post and wait against the progress process's trace (first
     post, last post, fetch, done), medians over the same iterations."""
     trace = tmp_path / "trace_%p.json"
-    res = run_ranks(BODY + "latency_breakdown", 2, timeout=300,
+    res = run_ranks(MORE + "latency_breakdown", 2, timeout=300,
                     env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(trace)})
     import time
     deadline = time.monotonic() + 20
