@@ -2,7 +2,7 @@
 references, stream order, host/device mixing refused, a rank killed mid-collective.
 
 Skipped, saying why, where cupy or a GPU is absent (CI). tools/gpu_tests.sh runs this file on a GPU
-host. Rank bodies are in tests/bodies_gpu.py.
+host. Rank bodies are in tests/bodies_gpu.py and tests/bodies_gpu_more.py.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def _gpu_reason() -> str:
 REASON = _gpu_reason()
 pytestmark = pytest.mark.skipif(bool(REASON), reason=f"GPU tests: {REASON}")
 BODY = "tests.bodies_gpu:"
+MORE = "tests.bodies_gpu_more:"
 
 
 def _used_bytes() -> int:
@@ -70,6 +71,38 @@ def test_torch_cuda_tensors():
     assert all(r["ok"] for r in res.results)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_bfloat16_torch_tensors(nranks):
+    pytest.importorskip("torch")
+    res = run_ranks(MORE + "bfloat16_torch", nranks, timeout=300)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["cases"] > 60
+
+
+def test_stream_keyword_orders_after_that_stream():
+    pytest.importorskip("torch")
+    res = run_ranks(MORE + "stream_keyword", 2, timeout=180)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+
+
+def test_device_alloc_registered_once_freed_when_dropped():
+    res = run_ranks(MORE + "device_alloc", 2, timeout=180)
+    print("GPU_ALLOC " + json.dumps(res.results))
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+
+
+def test_nonblocking_collective_overlaps_device_compute():
+    res = run_ranks(MORE + "overlap", 2, timeout=300)
+    print("GPU_OVERLAP " + json.dumps(res.results))
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        # most of the collectives' time runs under the rank's kernel (measured: all of it)
+        assert r["hidden_fraction"] > 0.5, r
+
+
 def test_kill9_mid_collective_survivors_raise_and_gpu_memory_returns():
     before = _used_bytes()
     res = run_ranks(BODY + "victim_dies_in_device_allreduce", 3, timeout=120, expect_fail={2})
@@ -85,3 +118,43 @@ def test_kill9_mid_collective_survivors_raise_and_gpu_memory_returns():
 def test_bench():
     res = run_ranks(BODY + "bench", 2, timeout=300)
     print("GPU_BENCH " + json.dumps(res.results[0]))
+
+
+@pytest.mark.skipif(not os.environ.get("SPTEST_GPU_BENCH"), reason="set SPTEST_GPU_BENCH=1 to measure")
+def test_latency_breakdown(tmp_path):
+    """8 B device Allreduce: the ranks' post and wait against the progress process's trace (first
+    post, last post, fetch, done), medians over the same iterations."""
+    trace = tmp_path / "trace_%p.json"
+    res = run_ranks(MORE + "latency_breakdown", 2, timeout=300,
+                    env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(trace)})
+    import time
+    deadline = time.monotonic() + 20
+    while not list(tmp_path.glob("trace_*.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)   # the progress process writes its trace as it exits, after the ranks
+    spans = []
+    for f in tmp_path.glob("trace_*.json"):
+        spans += [e for e in json.loads(f.read_text())["traceEvents"] if e["name"].startswith("Allreduce")]
+    spans.sort(key=lambda e: e["ts"])
+    ends = {}
+    for r, out in enumerate(res.results):
+        print(f"GPU_LATENCY rank {r}: post {out['post_us']:.1f} us, wait {out['wait_us']:.1f} us, "
+              f"total {out['total_us']:.1f} us")
+        ends[r] = out["times"]
+    # each of the last iterations: match the span whose first post lies in the rank-0 post window
+    split = []
+    for (a0, a1, a2), (b0, b1, b2) in zip(ends[0], ends[1]):
+        first, last_done = min(a0, b0), max(a2, b2)
+        for e in spans:
+            start = e["ts"] * 1000
+            if first - 5000 <= start <= max(a1, b1) + 5000:
+                done = start + e["dur"] * 1000
+                a = e["args"]
+                split.append((a["last_post_ns"] - first, a["fetch_ns"] - a["last_post_ns"],
+                              done - a["fetch_ns"], last_done - done))
+                break
+    if split:
+        med = [sorted(c)[len(c) // 2] / 1e3 for c in zip(*split)]
+        print(f"GPU_LATENCY split over {len(split)} iterations (us, medians): first post -> last post "
+              f"{med[0]:.1f}, last post -> fetched {med[1]:.1f}, fetched -> done on the GPU {med[2]:.1f}, "
+              f"done -> both ranks returned {med[3]:.1f}")
+    print("GPU_LATENCY rank 0 cProfile:\n" + res.results[0]["profile"])

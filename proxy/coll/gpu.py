@@ -11,24 +11,102 @@ back to back while the loop goes on with other work. Not chunked: a device colle
 stream of work, and the copy engines and SMs pipeline it themselves.
 
 Reductions go in rank order (the root's input first for Reduce), into one output that is then copied
-to the other ranks' outputs, so every rank gets the same bits, as on the host. Every rank's buffers
-must be device memory: a collective whose ranks mix host and device buffers is refused.
+to the other ranks' outputs, so every rank gets the same bits, as on the host. bfloat16 (which cupy
+lacks; the record's DTYPE_BFLOAT16) is reduced as 16-bit words by kernels of our own that widen each
+pair to float32, combine, and round back to nearest even, step by step as torch's bfloat16 ops do.
+Every rank's buffers must be device memory: a collective whose ranks mix host and device buffers is refused.
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import numpy as np
+
 from shmproxy.coll import sched
 from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind, mem_device, mem_kind
-from shmproxy.core.ops import CODE_DTYPE, FLAG_IN_PLACE, Coll, Op, ReduceOp
+from shmproxy.core.ops import CODE_DTYPE, DTYPE_BFLOAT16, FLAG_IN_PLACE, Coll, Op, ReduceOp
 from shmproxy.engine.args import CollWork
 from shmproxy.shm import pool as P
 
 _log = log.get("COLL")
 _UFUNC_NAMES = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MIN: "minimum",
                 ReduceOp.MAX: "maximum", ReduceOp.AVG: "add"}
+_BF16_PREAMBLE = r"""
+__device__ __forceinline__ float bf16_in(unsigned short h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ unsigned short bf16_out(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);   /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                                   /* nearest even */
+    return (unsigned short)(u >> 16);
+}
+"""
+# x, y: the two float32 operands (NaN propagates through MIN and MAX, as in torch)
+_BF16_EXPR = {ReduceOp.SUM: "x + y", ReduceOp.AVG: "x + y", ReduceOp.PROD: "x * y",
+              ReduceOp.MIN: "(x != x || x < y) ? x : y", ReduceOp.MAX: "(x != x || x > y) ? x : y"}
+_bf16_kernels: dict = {}
+
+
+def bf16_kernel(cp: Any, redop: int) -> Any:
+    """The cached elementwise kernel of one bfloat16 reduction (redop -1: divide by a float32)."""
+    k = _bf16_kernels.get(redop)
+    if k is None:
+        if redop == -1:
+            k = cp.ElementwiseKernel("uint16 a, float32 d", "uint16 o", "o = bf16_out(bf16_in(a) / d)",
+                                     "shmproxy_bf16_div", preamble=_BF16_PREAMBLE)
+        else:
+            body = f"float x = bf16_in(a), y = bf16_in(b); o = bf16_out({_BF16_EXPR[redop]})"
+            k = cp.ElementwiseKernel("uint16 a, uint16 b", "uint16 o", body,
+                                     f"shmproxy_bf16_{ReduceOp(redop).name.lower()}", preamble=_BF16_PREAMBLE)
+        _bf16_kernels[redop] = k
+    return k
+
+
+# Small reductions (Allreduce, Reduce): one kernel launch of our own, every input read and every output
+# written by it, instead of cupy ufuncs over fresh views and a copy per further rank. For a small
+# message the progress process's Python per launch is most of the cost, not the GPU.
+FUSED = True                   # False: the ufunc path at every size (for measuring the difference)
+FUSED_MAX_BYTES = 1 << 20      # per rank's buffer; larger goes through the ufuncs (bandwidth-bound)
+FUSED_MAX_RANKS = 16           # kernels are written out per count of buffers: bounded
+_C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
+            "int32": "int", "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long",
+            "float32": "float", "float64": "double"}
+_FUSED_EXPR = {ReduceOp.SUM: "a + b", ReduceOp.AVG: "a + b", ReduceOp.PROD: "a * b",
+               ReduceOp.MIN: "(a != a || a < b) ? a : b", ReduceOp.MAX: "(a != a || a > b) ? a : b"}
+_FUSED_SRC = r"""
+extern "C" __global__ void shmproxy_fused(%(params)s, long long n) {
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (long long)blockDim.x * gridDim.x) {
+        T a = ((const T*)i0)[k], b;
+%(steps)s
+%(finish)s
+%(stores)s
+    }
+}
+"""
+_fused_kernels: dict = {}
+
+
+def fused_kernel(cp: Any, redop: int, dtype: Any, nin: int, nout: int) -> Any:
+    """The cached fused reduction kernel of (redop, dtype, inputs, outputs), or None where it has none
+    (see above). Written out per count of buffers, so that a launch passes only their pointers; in
+    place, an output aliases an input at the same index only, which its thread has read already."""
+    key = (redop, dtype.name, nin, nout)
+    k = _fused_kernels.get(key)
+    if k is None and dtype.name in _C_TYPES:
+        params = ", ".join([f"unsigned long long i{r}" for r in range(nin)] +
+                           [f"unsigned long long o{r}" for r in range(nout)])
+        expr = _FUSED_EXPR[redop]
+        steps = "\n".join(f"        b = ((const T*)i{r})[k]; a = {expr};" for r in range(1, nin))
+        stores = "\n".join(f"        ((T*)o{r})[k] = a;" for r in range(nout))
+        finish = f"        a = a / (T){nin};" if redop == ReduceOp.AVG else ""
+        src = f"typedef {_C_TYPES[dtype.name]} T;\n" + _FUSED_SRC % {
+            "params": params, "steps": steps, "finish": finish, "stores": stores}
+        k = _fused_kernels[key] = cp.RawKernel(src, "shmproxy_fused")
+    return k
 
 
 class GpuExecutor:
@@ -36,8 +114,8 @@ class GpuExecutor:
 
     name = "cuda"
 
-    def __init__(self, cp: Any, stream: Any, device: int):
-        self.cp, self.stream, self.device = cp, stream, device
+    def __init__(self, cp: Any, stream: Any, device: int, bf16: bool = False):
+        self.cp, self.stream, self.device, self.bf16 = cp, stream, device, bf16
 
     def view(self, addr: int, count: int, dtype: Any) -> Any:
         """A cupy array over ``count`` elements at ``addr`` (an opened allocation): no copy, no owner."""
@@ -49,19 +127,40 @@ class GpuExecutor:
         if nbytes and dst != src:
             self.cp.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, self.stream.ptr)   # cudaMemcpyDefault
 
+    def fused(self, redop: int, dtype: Any, count: int, ins: list[int], outs: list[int]) -> bool:
+        """outs[*] = ins[0] op ins[1] op ... in one kernel (AVG: divided by len(ins)); False where the
+        fused path does not apply (size, dtype, ranks), nothing queued then."""
+        if (self.bf16 or count * dtype.itemsize > FUSED_MAX_BYTES or len(ins) > FUSED_MAX_RANKS
+                or len(outs) > FUSED_MAX_RANKS):
+            return False
+        k = fused_kernel(self.cp, redop, dtype, len(ins), len(outs))
+        if k is None:
+            return False
+        block = 256
+        grid = min((count + block - 1) // block, 1024)
+        with self.stream:
+            k((grid,), (block,), (*map(np.uint64, ins), *map(np.uint64, outs), np.int64(count)))
+        return True
+
     def reduce(self, redop: int, dtype: Any, count: int, ins: list[int], out: int, nranks: int) -> None:
         """out = ins[0] op ins[1] op ... (in that order); AVG divides by ``nranks`` after."""
         cp = self.cp
-        ufunc = getattr(cp, _UFUNC_NAMES[redop])
+        ufunc = bf16_kernel(cp, redop) if self.bf16 else getattr(cp, _UFUNC_NAMES[redop])
         o = self.view(out, count, dtype)
         with self.stream:
             if len(ins) == 1:
                 self.copy(out, ins[0], count * dtype.itemsize)
+            elif self.bf16:
+                ufunc(self.view(ins[0], count, dtype), self.view(ins[1], count, dtype), o)
+                for x in ins[2:]:
+                    ufunc(o, self.view(x, count, dtype), o)
             else:
                 ufunc(self.view(ins[0], count, dtype), self.view(ins[1], count, dtype), out=o)
                 for x in ins[2:]:
                     ufunc(o, self.view(x, count, dtype), out=o)
-            if redop == ReduceOp.AVG:
+            if redop == ReduceOp.AVG and self.bf16:
+                bf16_kernel(cp, -1)(o, np.float32(nranks), o)
+            elif redop == ReduceOp.AVG:
                 cp.true_divide(o, nranks, out=o, casting="unsafe")
 
 
@@ -87,7 +186,8 @@ def start_device_coll(engine: Any, ops: list[Op]) -> None:
 def _start(engine: Any, ops: list[Op]) -> None:
     op0 = ops[0]
     c, n, size = op0.coll, op0.count, len(ops)
-    dt = CODE_DTYPE.get(op0.dtype)
+    bf16 = op0.dtype == DTYPE_BFLOAT16
+    dt = np.dtype(np.uint16) if bf16 else CODE_DTYPE.get(op0.dtype)
     if dt is None:
         raise errors.InvalidArgument(f"{op0.describe()}: unknown dtype code {op0.dtype}")
     hosts = [op.rank for op in ops if mem_kind(op.mem) != MemKind.CUDA]
@@ -139,23 +239,25 @@ def _start(engine: Any, ops: list[Op]) -> None:
     else:
         raise errors.InvalidArgument(f"{op0.describe()}: collective {c} has no device path")
     if c in (Coll.REDUCE, Coll.ALLREDUCE, Coll.REDUCE_SCATTER_BLOCK):
-        sched.check_op(op0.redop, dt)
+        sched.check_op(op0.redop, np.dtype(np.float32) if bf16 else dt)
 
     device = mem_device(op0.mem)
     stream = gpu.stream(device)
     cp = gpu.cp
-    x = GpuExecutor(cp, stream, device)
+    x = GpuExecutor(cp, stream, device, bf16)
     with cp.cuda.Device(device):
         for op in ops:
             gpu.wait_for_rank(op, stream)
         if c == Coll.ALLREDUCE:
-            x.reduce(op0.redop, dt, n, ins, outs[0], size)
-            for o in outs[1:]:
-                x.copy(o, outs[0], blk)
+            if not (FUSED and x.fused(op0.redop, dt, n, ins, outs)):
+                x.reduce(op0.redop, dt, n, ins, outs[0], size)
+                for o in outs[1:]:
+                    x.copy(o, outs[0], blk)
         elif c == Coll.REDUCE:
             root = op0.peer
             order = [root] + [r for r in range(size) if r != root]
-            x.reduce(op0.redop, dt, n, [ins[r] for r in order], out, size)
+            if not (FUSED and x.fused(op0.redop, dt, n, [ins[r] for r in order], [out])):
+                x.reduce(op0.redop, dt, n, [ins[r] for r in order], out, size)
         elif c == Coll.BCAST:
             for r, b in enumerate(bufs):
                 if r != op0.peer:

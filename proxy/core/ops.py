@@ -53,6 +53,10 @@ for _ch in "bBhHiIlLqQpP":
     if _dt.char not in DTYPE_CODE:
         DTYPE_CODE[_dt.char] = DTYPE_CODE[np.dtype(_dt.name).char]
 SUPPORTED_DTYPES = ", ".join(np.dtype(t).name for t in _DTYPES)
+# bfloat16 of device arrays only (numpy has no such dtype, so it is not in CODE_DTYPE: a host path that
+# meets the code refuses it as unknown). The device collectives reduce it as 16-bit words through
+# float32 (shmproxy.coll.gpu); the rank views such tensors as uint16 (shmproxy.rank.device).
+DTYPE_BFLOAT16 = len(_DTYPES) + 1
 
 # Wildcards of a receive (MPI's MPI_ANY_SOURCE and MPI_ANY_TAG): tags are int64 and the most negative
 # one is reserved, so a message's tag is in [TAG_MIN, TAG_MAX] and a receive may also take ANY_TAG.

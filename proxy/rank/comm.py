@@ -40,6 +40,15 @@ from shmproxy.rank.waiting import Waiting
 from shmproxy import transports
 
 
+_NO_KW: dict = {}
+
+
+def _stream_kw(stream: Any) -> dict:
+    """A blocking call's ``stream`` passed on to its nonblocking form only when given: the C post
+    path an instance binds declines unknown keywords, and host calls should keep it."""
+    return _NO_KW if stream is None else {"stream": stream}
+
+
 def init(timeout: float | None = None, **overrides: Any) -> "Comm":
     """Join the job: read the launcher's environment, start or find the node's progress process.
 
@@ -63,8 +72,10 @@ class Comm(Lifecycle, Posting, Waiting):
     """A communicator. Attributes: rank, size, local_rank, local_size."""
 
     # ------------------------------------------------------------------ buffers
-    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-        """A zeroed numpy array in registered shared memory: the zero-copy path for Send/Recv."""
+    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32, device: int | None = None) -> Any:
+        """A zeroed numpy array in registered shared memory: the zero-copy path for Send/Recv.
+        ``device=N``: a zeroed cupy array on GPU N in an allocation of its own, registered with the
+        progress process once, deregistered and freed when the last array over it is dropped."""
         self._check_usable()
         dt = np.dtype(dtype)
         if dt.char not in DTYPE_CODE:
@@ -72,41 +83,52 @@ class Comm(Lifecycle, Posting, Waiting):
         shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any(int(s) < 0 for s in shp):
             raise errors.InvalidArgument(f"negative dimension in shape {shp}")
+        if device is not None:
+            return self._device_memory().alloc(tuple(int(s) for s in shp), dt, device)
         return self._registry.alloc(tuple(int(s) for s in shp), dt)
 
+    def alloc_device(self, shape: int | tuple[int, ...], dtype: Any = np.float32, device: int = 0) -> Any:
+        """``alloc(shape, dtype, device=device)``."""
+        return self.alloc(shape, dtype, device)
+
     # ------------------------------------------------------------------ point-to-point API
-    def Isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Request:
+    def Isend(self, buf: np.ndarray, dest: int, tag: int = 0, stream: Any = None) -> Request:
         """Post a send of ``buf`` to ``dest``; returns a Request. ``buf`` must stay unchanged until
         the request completes (arrays outside comm.alloc memory are copied at post time).
 
         Each communicator binds its own ``Isend``/``Irecv`` to the C post path (shm/_poster.c); these
-        methods are what that path falls back to, so they go straight to the full Python path."""
-        return self._post(KIND_SEND, buf, dest, tag)
+        methods are what that path falls back to, so they go straight to the full Python path.
 
-    def Irecv(self, buf: np.ndarray, source: int, tag: int = 0) -> Request:
+        ``stream`` (device buffers; every buffer operation takes it): order the operation after the
+        work queued on that stream (a cupy or torch CUDA stream, or a raw cudaStream_t) instead of
+        cupy's current one. Its result is visible to every stream once Wait/Test reported completion
+        (the wait is the synchronisation point). Host buffers ignore it."""
+        return self._post(KIND_SEND, buf, dest, tag, stream=stream)
+
+    def Irecv(self, buf: np.ndarray, source: int, tag: int = 0, stream: Any = None) -> Request:
         """Post a receive into ``buf`` (writable, C-contiguous) from ``source``; returns a Request.
         (The C path bound per communicator falls back to this method, as for Isend.)"""
-        return self._post(KIND_RECV, buf, source, tag)
+        return self._post(KIND_RECV, buf, source, tag, stream=stream)
 
-    def Send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+    def Send(self, buf: np.ndarray, dest: int, tag: int = 0, stream: Any = None) -> None:
         """Blocking send in MPI's standard mode: returns once ``buf`` may be reused. A message of at
         most SHMPROXY_SEND_BUFFER_BYTES to a rank of this node is buffered by the progress process if
         no receive waits for it (so it returns at once, within SEND_BUFFER_PER_PEER bytes waiting per
         destination); a larger one returns once its receive took it."""
-        self.Isend(buf, dest, tag).Wait()
+        self.Isend(buf, dest, tag, **_stream_kw(stream)).Wait()
 
-    def Issend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Request:
+    def Issend(self, buf: np.ndarray, dest: int, tag: int = 0, stream: Any = None) -> Request:
         """Synchronous-mode Isend: the request completes only once a matching receive took the
         message, never from a buffer."""
-        return self._post(KIND_SEND, buf, dest, tag, FLAG_SYNC)
+        return self._post(KIND_SEND, buf, dest, tag, FLAG_SYNC, stream)
 
-    def Ssend(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+    def Ssend(self, buf: np.ndarray, dest: int, tag: int = 0, stream: Any = None) -> None:
         """Blocking synchronous send: returns once the receive matched (see Issend)."""
-        self.Issend(buf, dest, tag).Wait()
+        self.Issend(buf, dest, tag, stream).Wait()
 
-    def Recv(self, buf: np.ndarray, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Any:
+    def Recv(self, buf: np.ndarray, source: int = ANY_SOURCE, tag: int = ANY_TAG, stream: Any = None) -> Any:
         """Blocking receive; returns the Status (source, tag, nbytes)."""
-        return self.Irecv(buf, source, tag).Wait()
+        return self.Irecv(buf, source, tag, **_stream_kw(stream)).Wait()
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status:
         """Wait for a message that a receive (source, tag) would match and return its Status
@@ -137,49 +159,55 @@ class Comm(Lifecycle, Posting, Waiting):
         return self._pp
 
     # ------------------------------------------------------------------ collectives
-    def Iallreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> Request:
+    def Iallreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
+                   stream: Any = None) -> Request:
         """Nonblocking Allreduce; ``sendbuf`` may be shmproxy.IN_PLACE. (Each communicator binds its own
         Iallreduce to the C post path, which falls back to this method for everything uncommon.)"""
-        return self._coll(Coll.ALLREDUCE, sendbuf, recvbuf, op)
+        return self._coll(Coll.ALLREDUCE, sendbuf, recvbuf, op, 0, stream)
 
-    def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> None:
+    def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
+                  stream: Any = None) -> None:
         """recvbuf = op over every rank's sendbuf (or recvbuf, with IN_PLACE), on every rank."""
-        self.Iallreduce(sendbuf, recvbuf, op).Wait()
+        self.Iallreduce(sendbuf, recvbuf, op, **_stream_kw(stream)).Wait()
 
-    def Ireduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = ReduceOp.SUM, root: int = 0) -> Request:
-        return self._coll(Coll.REDUCE, sendbuf, recvbuf, op, root)
+    def Ireduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = ReduceOp.SUM, root: int = 0,
+                stream: Any = None) -> Request:
+        return self._coll(Coll.REDUCE, sendbuf, recvbuf, op, root, stream)
 
-    def Reduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = ReduceOp.SUM, root: int = 0) -> None:
+    def Reduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = ReduceOp.SUM, root: int = 0,
+               stream: Any = None) -> None:
         """The root's recvbuf = op over every rank's sendbuf; recvbuf may be None elsewhere."""
-        self.Ireduce(sendbuf, recvbuf, op, root).Wait()
+        self.Ireduce(sendbuf, recvbuf, op, root, **_stream_kw(stream)).Wait()
 
-    def Ibcast(self, buf: np.ndarray, root: int = 0) -> Request:
-        return self._coll(Coll.BCAST, buf, None, 0, root)
+    def Ibcast(self, buf: np.ndarray, root: int = 0, stream: Any = None) -> Request:
+        return self._coll(Coll.BCAST, buf, None, 0, root, stream)
 
-    def Bcast(self, buf: np.ndarray, root: int = 0) -> None:
+    def Bcast(self, buf: np.ndarray, root: int = 0, stream: Any = None) -> None:
         """Every rank's buf = the root's buf."""
-        self.Ibcast(buf, root).Wait()
+        self.Ibcast(buf, root, **_stream_kw(stream)).Wait()
 
-    def Iallgather(self, sendbuf: Any, recvbuf: np.ndarray) -> Request:
-        return self._coll(Coll.ALLGATHER, sendbuf, recvbuf)
+    def Iallgather(self, sendbuf: Any, recvbuf: np.ndarray, stream: Any = None) -> Request:
+        return self._coll(Coll.ALLGATHER, sendbuf, recvbuf, 0, 0, stream)
 
-    def Allgather(self, sendbuf: Any, recvbuf: np.ndarray) -> None:
+    def Allgather(self, sendbuf: Any, recvbuf: np.ndarray, stream: Any = None) -> None:
         """Block r of every rank's recvbuf = rank r's sendbuf (IN_PLACE: already in block r)."""
-        self.Iallgather(sendbuf, recvbuf).Wait()
+        self.Iallgather(sendbuf, recvbuf, **_stream_kw(stream)).Wait()
 
-    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> Request:
-        return self._coll(Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op)
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
+                              stream: Any = None) -> Request:
+        return self._coll(Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op, 0, stream)
 
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> None:
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
+                             stream: Any = None) -> None:
         """Rank r's recvbuf = op over every rank's block r of sendbuf."""
-        self.Ireduce_scatter_block(sendbuf, recvbuf, op).Wait()
+        self.Ireduce_scatter_block(sendbuf, recvbuf, op, **_stream_kw(stream)).Wait()
 
-    def Ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> Request:
-        return self._coll(Coll.ALLTOALL, sendbuf, recvbuf)
+    def Ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray, stream: Any = None) -> Request:
+        return self._coll(Coll.ALLTOALL, sendbuf, recvbuf, 0, 0, stream)
 
-    def Alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+    def Alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray, stream: Any = None) -> None:
         """Block r of rank q's recvbuf = block q of rank r's sendbuf."""
-        self.Ialltoall(sendbuf, recvbuf).Wait()
+        self.Ialltoall(sendbuf, recvbuf, **_stream_kw(stream)).Wait()
 
     # Collectives past the C post path (shmproxy.rank.collpost posts them; the progress process runs
     # them). Counts and displacements are sequences of ints, in elements; displacements default to

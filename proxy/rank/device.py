@@ -22,14 +22,32 @@ device array first appears (cupy is imported then, never for a host-only job):
   entry's unfinished record). A post on an idle stream records nothing (``DeviceMemory.record``).
 - **Completion.** The progress process completes the request once the copies have finished on the
   GPU, so a blocking call returns with the data in place, and the rank's later stream work sees it.
+  With ``stream=`` (another stream than cupy's current one: a cupy or torch stream, or a raw
+  cudaStream_t) the op is ordered after that stream's work instead; its result is visible to every
+  stream once ``Wait``/``Test`` reported completion (the wait is the synchronisation: work queued on
+  the stream before that is not ordered after the op, unlike NCCL's stream-enqueued kernels).
+
+bfloat16 has no cupy dtype: a torch bfloat16 tensor (or an array whose dtype is named bfloat16) is
+viewed as 16-bit words, which the copies move as they are, and the op record carries
+``DTYPE_BFLOAT16`` so that the progress process reduces it with its own kernels (shmproxy.coll.gpu).
+Host bfloat16 is not supported (numpy has no such dtype).
+
+``alloc`` is the device counterpart of ``comm.alloc``: an allocation of its own (cudaMalloc, not
+cupy's pool), registered once at creation, deregistered and freed when the last array over it is
+dropped.
 """
 from __future__ import annotations
 
 import ctypes
+import sys
+import weakref
 from typing import Any, Callable
+
+import numpy as np
 
 from shmproxy.core import errors
 from shmproxy.core.memory import MemKind, device_array_kind, mem_word
+from shmproxy.core.ops import DTYPE_BFLOAT16, DTYPE_CODE, SUPPORTED_DTYPES
 
 NEVENTS = 16    # interprocess events per rank and device (see the header)
 # Whether a post records its event even when the stream is idle (see DeviceMemory.record): False but
@@ -65,14 +83,16 @@ class _Driver:
             raise errors.InvalidArgument(f"the CUDA driver (libcuda.so.1) cannot be loaded: {exc}") from None
         self.lib.cuPointerGetAttributes.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int),
                                                     ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64]
+        # the call's arguments, built once: ctypes objects cost microseconds each on every post
+        self._out = (ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_uint64(), ctypes.c_int(), ctypes.c_int())
+        self._attrs = (ctypes.c_int * 5)(_RANGE_START, _RANGE_SIZE, _BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE)
+        self._data = (ctypes.c_void_p * 5)(*(ctypes.addressof(x) for x in self._out))
 
     def allocation(self, ptr: int) -> tuple[int, int, int, int, bool]:
         """(start, size, buffer id, device, IPC-capable) of the allocation holding ``ptr``."""
-        start, size, bid = ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_uint64()
-        dev, ipc = ctypes.c_int(-1), ctypes.c_int(0)
-        attrs = (ctypes.c_int * 5)(_RANGE_START, _RANGE_SIZE, _BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE)
-        data = (ctypes.c_void_p * 5)(*(ctypes.addressof(x) for x in (start, size, bid, dev, ipc)))
-        rc = self.lib.cuPointerGetAttributes(5, attrs, data, ptr)
+        start, size, bid, dev, ipc = self._out
+        start.value = 0
+        rc = self.lib.cuPointerGetAttributes(5, self._attrs, self._data, ptr)
         if rc != 0 or not start.value:
             raise errors.InvalidArgument(f"address {ptr:#x} is not device memory the CUDA driver knows "
                                          f"(cuPointerGetAttributes: error {rc})")
@@ -90,21 +110,106 @@ class DeviceMemory:
         self._events: dict[int, list[Any]] = {}               # device -> the ring of interprocess events
         self._recorded_on: dict[int, list[int]] = {}          # device -> each entry's last stream
         self._driver: _Driver | None = None
+        self._streams: dict[tuple[int, int], Any] = {}        # (handle, device) -> cupy ExternalStream
+        # id -> array of the bfloat16 views made by the current call's as_array (cleared per call;
+        # holding the arrays keeps their ids unique meanwhile)
+        self._bf16: dict[int, Any] = {}
         self.cp: Any = None
 
+    def begin_call(self) -> None:
+        self._bf16.clear()
+
     def as_array(self, obj: Any, what: str) -> Any:
-        """``obj`` as a cupy array without copying (CUDA array interface or DLPack), C-contiguous."""
+        """``obj`` as a cupy array without copying (CUDA array interface or DLPack), C-contiguous;
+        a bfloat16 tensor as its 16-bit words (``dtype_code`` then says bfloat16)."""
         cp = self.cp = cupy_module(what, obj)
+        bf16 = False
         if isinstance(obj, cp.ndarray):
             arr = obj
         else:
+            src = obj
+            if str(getattr(obj, "dtype", "")).rpartition(".")[2] == "bfloat16":
+                src, bf16 = _bf16_words(obj, what), True
             try:
-                arr = cp.asarray(obj) if hasattr(obj, "__cuda_array_interface__") else cp.from_dlpack(obj)
+                arr = cp.asarray(src) if hasattr(src, "__cuda_array_interface__") else cp.from_dlpack(src)
             except Exception as exc:  # whatever the foreign object raises: say which buffer it was
                 raise errors.InvalidArgument(f"{what} ({type(obj).__name__}) cannot be read as a device "
                                              f"array: {exc}") from None
         if not arr.flags.c_contiguous:
             raise errors.InvalidArgument(f"{what} is not C-contiguous (device buffers are never staged)")
+        if bf16 or (arr.dtype.char not in DTYPE_CODE and arr.dtype.name == "bfloat16"):
+            arr = arr.view(cp.uint16)
+            self._bf16[id(arr)] = arr
+        return arr
+
+    def dtype_code(self, arr: Any) -> int | None:
+        """The record's dtype code of an array ``as_array`` returned in this call (None: unsupported)."""
+        if id(arr) in self._bf16:
+            return DTYPE_BFLOAT16
+        return DTYPE_CODE.get(arr.dtype.char)
+
+    def as_stream(self, stream: Any, device: int) -> Any:
+        """A ``stream=`` argument as a cupy stream of ``device``: a cupy Stream, a torch Stream, or a
+        raw cudaStream_t (int); None stays None (the current stream). InvalidArgument otherwise."""
+        if stream is None:
+            return None
+        cp = self.cp
+        if isinstance(stream, (cp.cuda.Stream, cp.cuda.ExternalStream)):
+            dev = getattr(stream, "device_id", -1)
+            handle = None
+        elif hasattr(stream, "cuda_stream"):   # torch.cuda.Stream
+            handle = int(stream.cuda_stream)
+            dev = getattr(getattr(stream, "device", None), "index", None)
+            dev = device if dev is None else int(dev)
+        elif isinstance(stream, (int, np.integer)) and not isinstance(stream, bool) and int(stream) >= 0:
+            handle, dev = int(stream), device
+        else:
+            raise errors.InvalidArgument(f"stream must be a cupy or torch CUDA stream or a cudaStream_t "
+                                         f"handle (int), got {type(stream).__name__}")
+        if dev not in (device, -1):
+            raise errors.InvalidArgument(f"stream is on device {dev}, the buffers on device {device}")
+        if handle is None:
+            return stream
+        s = self._streams.get((handle, device))
+        if s is None:
+            if len(self._streams) > 64:
+                self._streams.clear()
+            s = self._streams[(handle, device)] = cp.cuda.ExternalStream(handle, device)
+        return s
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype, device: int) -> Any:
+        """A zeroed cupy array in an allocation of its own on ``device``, registered now (see the header)."""
+        global _cupy
+        if _cupy is None:
+            try:
+                import cupy
+            except ImportError as exc:
+                raise errors.InvalidArgument(f"comm.alloc(device=...) needs cupy, which cannot be imported "
+                                             f"here: {exc}") from None
+            _cupy = cupy
+        cp = self.cp = _cupy
+        if dtype.char not in DTYPE_CODE:
+            raise errors.InvalidArgument(f"unsupported dtype {dtype}; supported: {SUPPORTED_DTYPES}")
+        ndev = cp.cuda.runtime.getDeviceCount()
+        if not isinstance(device, (int, np.integer)) or isinstance(device, bool) or not 0 <= int(device) < ndev:
+            raise errors.InvalidArgument(f"device {device!r} is not a CUDA device index of this process")
+        device = int(device)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        with cp.cuda.Device(device):
+            ptr = cp.cuda.runtime.malloc(max(nbytes, 1))
+            owner = _Allocation()
+            mem = cp.cuda.UnownedMemory(ptr, max(nbytes, 1), owner, device)
+            arr = cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0))
+            cp.cuda.runtime.memset(ptr, 0, max(nbytes, 1))
+            cp.cuda.Stream.null.synchronize()   # zeroed before any stream of the rank's uses it
+            if nbytes:
+                self.locate(arr)
+        # dropped: the DEREGISTER goes with the rank's next message; the memory is freed at once (an op
+        # still in flight on it would be the caller's error, as for any buffer). Not at exit: the
+        # process's end frees it, and the progress process closes its mappings of a closed rank.
+        fin = weakref.finalize(owner, _free_allocation, cp.cuda.runtime, device, ptr, self._allocs,
+                               self._allocs.get(ptr), self._dead_ids)
+        fin.atexit = False
         return arr
 
     def locate(self, arr: Any) -> tuple[int, int, int]:
@@ -167,6 +272,31 @@ class DeviceMemory:
         self._events[device] = ring
         self._recorded_on[device] = [0] * NEVENTS
         return ring
+
+
+class _Allocation:
+    """The owner of an ``alloc`` allocation: cupy's memory object holds it, its finalizer frees."""
+
+
+def _free_allocation(rt: Any, device: int, ptr: int, allocs: dict, entry: Any, dead_ids: Callable) -> None:
+    if entry is not None and allocs.get(ptr) == entry:
+        del allocs[ptr]
+        dead_ids().append(entry[2])
+    prev = rt.getDevice()
+    rt.setDevice(device)
+    try:
+        rt.free(ptr)
+    finally:
+        rt.setDevice(prev)
+
+
+def _bf16_words(obj: Any, what: str) -> Any:
+    """A bfloat16 tensor viewed as int16 words (torch: ``view(torch.int16)``), without copying."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(obj, "view"):
+        raise errors.InvalidArgument(f"{what} is bfloat16 ({type(obj).__name__}); device bfloat16 is read "
+                                     f"from torch tensors only")
+    return obj.view(torch.int16)
 
 
 def is_device(obj: Any) -> bool:

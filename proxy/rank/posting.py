@@ -17,8 +17,8 @@ from shmproxy.core import errors
 from shmproxy.control.protocol import MsgType
 from shmproxy.core.memory import MemKind, device_array_kind, mem_device, mem_word
 from shmproxy.coll import sched
-from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_MPROBED, FLAG_NO_RECV, IN_PLACE,
-                               KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES,
+from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_PLACE, FLAG_MPROBED, FLAG_NO_RECV,
+                               IN_PLACE, KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES,
                                TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG)
 from shmproxy.rank import typed
 from shmproxy.rank.typed import TypedBuffer
@@ -57,16 +57,17 @@ class Posting:
             raise errors.InvalidArgument(f"tag {tag} does not fit in 64 bits")
         return tag
 
-    def _post(self, kind: int, buf: Any, peer: int, tag: int, flags: int = 0) -> Request:
+    def _post(self, kind: int, buf: Any, peer: int, tag: int, flags: int = 0, stream: Any = None) -> Request:
         """The full post path: every check with its message, and staging. Isend/Irecv come here only
         when shm._poster's fast path declined (the uncommon cases: see shm/_poster.c); Issend (FLAG_SYNC)
-        and the receive of a matched probe's message (FLAG_MPROBED) always do."""
+        and the receive of a matched probe's message (FLAG_MPROBED) always do. ``stream`` orders a
+        device buffer's op after that stream's work (shmproxy.rank.device); host memory ignores it."""
         self._check_usable()
         if type(buf) is not np.ndarray:
             if type(buf) is TypedBuffer:   # a derived datatype (shmproxy.rank.typed)
                 return typed.post(self, kind, buf, peer, tag, flags)
             if device_array_kind(buf) is not None:
-                return self._post_device(kind, buf, peer, tag, flags)
+                return self._post_device(kind, buf, peer, tag, flags, stream)
             raise _not_host(buf, "buffer")
         code = _DTYPE_CODE.get(buf.dtype.char)
         if code is None:
@@ -128,18 +129,22 @@ class Posting:
             dev = self._device = DeviceMemory(register, self._registry.new_id, lambda: self._registry.dead_ids)
         return dev
 
-    def _post_device(self, kind: int, buf: Any, peer: Any, tag: Any, flags: int = 0) -> Request:
+    def _post_device(self, kind: int, buf: Any, peer: Any, tag: Any, flags: int = 0,
+                     stream: Any = None) -> Request:
         """A message from or into device memory: never staged (shmproxy.rank.device)."""
         dev = self._device_memory()
+        dev.begin_call()
         arr = dev.as_array(buf, "buffer")
-        code = _DTYPE_CODE.get(arr.dtype.char)
+        code = dev.dtype_code(arr)
         if code is None:
-            raise errors.InvalidArgument(f"unsupported dtype {arr.dtype}; supported: {SUPPORTED_DTYPES}")
+            raise errors.InvalidArgument(f"unsupported dtype {arr.dtype}; supported: {SUPPORTED_DTYPES}, "
+                                         f"bfloat16 (device)")
         peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source", kind == KIND_RECV)
         tag = self._check_tag(tag, kind == KIND_RECV)
+        s = dev.as_stream(stream, arr.device.id)
         bid, off, mem = dev.locate(arr)
         return self._emit(kind, code, 0, flags, peer, tag, bid, off, arr.nbytes, arr.size, -1, 0, 0, 0,
-                          (buf, arr), None, 0, mem)
+                          (buf, arr), None, 0, mem, s)
 
     def _device_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, int]:
         """A collective's buffers as cupy arrays when they are device memory, with the record's mem
@@ -147,7 +152,10 @@ class Posting:
         here, before anything is posted."""
         named = [(b, w) for b, w in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf"))
                  if b is not None and b is not IN_PLACE]
-        on_device = [device_array_kind(b) is not None for b, _w in named]
+        known = self.__dict__.get("_device")
+        cupy_array = known.cp.ndarray if known is not None and known.cp is not None else None
+        # a cupy array needs no probing (its __cuda_array_interface__ is built on every access)
+        on_device = [type(b) is cupy_array or device_array_kind(b) is not None for b, _w in named]
         if not any(on_device):
             return sendbuf, recvbuf, 0
         if not all(on_device):
@@ -155,6 +163,7 @@ class Posting:
             raise errors.InvalidArgument(f"{name}: host and device buffers mixed in one call ({', '.join(host)} "
                                          f"is host memory, the other device memory): pass both on one side")
         dev = self._device_memory()
+        dev.begin_call()
         if sendbuf is not None and sendbuf is not IN_PLACE:
             sendbuf = dev.as_array(sendbuf, f"{name} {'buffer' if recvbuf is None else 'sendbuf'}")
         if recvbuf is not None:
@@ -204,9 +213,10 @@ class Posting:
     def _check_buf(self, buf: Any, what: str, device: bool = False) -> int:
         if type(buf) is not np.ndarray and not device:   # device: a cupy array already (_device_args)
             raise _not_host(buf, what)
-        code = _DTYPE_CODE.get(buf.dtype.char)
+        code = self._device.dtype_code(buf) if device else _DTYPE_CODE.get(buf.dtype.char)
         if code is None:
-            raise errors.InvalidArgument(f"{what}: unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
+            raise errors.InvalidArgument(f"{what}: unsupported dtype {buf.dtype}; supported: "
+                                         f"{SUPPORTED_DTYPES}" + (", bfloat16 (device)" if device else ""))
         return code
 
     def _block_count(self, name: str, full: np.ndarray, part: np.ndarray | None, full_name: str,
@@ -227,8 +237,10 @@ class Posting:
     def _check_root(self, root: Any) -> int:
         return self._check_peer(root, "root")
 
-    def _coll(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any = 0, root: int = 0) -> Request:
-        """Validate one collective call (before anything is posted), locate its buffers, post it."""
+    def _coll(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any = 0, root: int = 0,
+              stream: Any = None) -> Request:
+        """Validate one collective call (before anything is posted), locate its buffers, post it.
+        ``stream``: as for _post (device buffers only)."""
         self._check_usable()
         C = Coll
         size, me = self.size, self.rank
@@ -245,6 +257,9 @@ class Posting:
             sendbuf, recvbuf, mem = self._device_args(name, sendbuf, recvbuf)
             keep += (sendbuf, recvbuf)
         device = bool(mem)
+        dev_stream = None
+        if device and stream is not None:
+            dev_stream = self._device.as_stream(stream, mem_device(mem))
         if coll == C.BARRIER:
             code, count, snb, rnb = 1, 0, 0, 0
         elif coll == C.BCAST:
@@ -283,6 +298,8 @@ class Posting:
             if in_place and rcode is None:
                 raise errors.InvalidArgument(f"{name}: IN_PLACE needs a recvbuf")
             dtype = (recvbuf if in_place else sendbuf).dtype
+            if code == DTYPE_BFLOAT16:
+                dtype = np.dtype(np.float32)   # reduced through float32: the float rules apply
             if coll in (C.REDUCE, C.ALLREDUCE, C.REDUCE_SCATTER_BLOCK):
                 if not isinstance(op, (int, np.integer)) or isinstance(op, bool):
                     raise errors.InvalidArgument(f"{name}: op must be shmproxy.SUM, PROD, MIN, MAX or AVG, got "
@@ -315,22 +332,24 @@ class Posting:
         pp = self._pp
         pp.coll_seq += 1
         req = self._emit(KIND_COLL, code, redop, flags, root, coll, send_loc[0], send_loc[1], snb, count,
-                         recv_loc[0], recv_loc[1], rnb, pp.coll_seq, keep, recv_loc[2], recv_loc[3], mem)
+                         recv_loc[0], recv_loc[1], rnb, pp.coll_seq, keep, recv_loc[2], recv_loc[3], mem,
+                         dev_stream)
         if send_loc[2] is not None or recv_loc[2] is not None:
             req._extra = (send_loc[2], rnb)
         return req
 
     def _emit(self, kind: int, code: int, redop: int, flags: int, peer: int, tag: int, bid: int, off: int,
               nbytes: int, count: int, bid2: int, off2: int, nbytes2: int, coll_seq: int, keep: Any,
-              stage: Any, user_addr: int, mem: int = 0) -> Request:
+              stage: Any, user_addr: int, mem: int = 0, stream: Any = None) -> Request:
         """Fill a record and its request and post it (or link it into the open group). Device memory
-        (``mem``): the request's stream event is recorded first (shmproxy.rank.device)."""
+        (``mem``): the request's event is recorded first on ``stream`` (None: the current one;
+        shmproxy.rank.device)."""
         slot = self._free_slots.pop() if self._free_slots else self._take_slot()
         index = self._free_records.pop() if self._free_records else self._take_record()
         coll = kind == KIND_COLL
         pp = self._pp
         if mem:
-            self._device.record(slot, mem_device(mem))
+            self._device.record(slot, mem_device(mem), stream)
         seq = pp.write(index, slot, kind, code, redop, flags, peer, 0 if coll else tag, bid, off, nbytes, count,
                        bid2, off2, nbytes2, coll_seq, tag if coll else 0, mem)
         req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr, pp)

@@ -1,0 +1,299 @@
+"""More rank bodies for tests/test_gpu.py (device buffers): bfloat16 torch tensors, the ``stream=``
+keyword, comm.alloc(device=...), a nonblocking collective under the rank's own kernel, and where an
+8 B device Allreduce's time goes. Shared helpers are in tests/bodies_gpu.py.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+import shmproxy
+from tests.bodies_gpu import _SPIN, _cp
+
+
+def _torch_bf16_ref(torch: Any, xs: list, op: str) -> Any:
+    """Step by step in bfloat16, as torch's ops round (the order the progress process reduces in)."""
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        if op in ("SUM", "AVG"):
+            acc = acc + x
+        elif op == "PROD":
+            acc = acc * x
+        elif op == "MIN":
+            acc = torch.minimum(acc, x)
+        else:
+            acc = torch.maximum(acc, x)
+    return acc / len(xs) if op == "AVG" else acc
+
+
+def bfloat16_torch() -> dict:
+    """bfloat16 torch CUDA tensors through Send/Recv and every buffer collective, bit for bit against
+    torch's own bfloat16 arithmetic; a bfloat16 numpy-less host buffer cannot exist, so none is tried."""
+    import torch
+    _cp()
+    bf = torch.bfloat16
+    bad, cases = [], 0
+
+    def same(a: Any, b: Any) -> bool:
+        return bool((a.view(torch.int16) == b.view(torch.int16)).all())
+
+    def inp(r: int, n: int, salt: int = 0) -> Any:
+        # up to 1000 distinct values, so that sums and products need rounding in 8 bits of mantissa
+        return (((torch.arange(n, device="cuda") * 7 + r * 3 + salt) % 1000) * 0.37 + 1).to(bf)
+
+    with shmproxy.init() as comm:
+        me, size = comm.rank, comm.size
+        for n in (0, 1, 7, 1000, 1 << 20):
+            xs = [inp(r, n) for r in range(size)]
+            if size >= 2 and me < 2:
+                out = torch.zeros(n, dtype=bf, device="cuda")
+                if me == 0:
+                    comm.Send(xs[0], 1, tag=n)
+                else:
+                    comm.Recv(out, 0, tag=n)
+                    cases += 1
+                    if not same(out, xs[0]):
+                        bad.append(f"Send/Recv n={n}")
+            for op in ("SUM", "PROD", "MIN", "MAX", "AVG"):
+                ref = _torch_bf16_ref(torch, xs, op)
+                out = torch.zeros(n, dtype=bf, device="cuda")
+                comm.Allreduce(xs[me], out, getattr(shmproxy, op))
+                inplace = xs[me].clone()
+                comm.Allreduce(shmproxy.IN_PLACE, inplace, getattr(shmproxy, op))
+                root = n % size
+                rout = torch.zeros(n, dtype=bf, device="cuda") if me == root else None
+                comm.Reduce(xs[me], rout, getattr(shmproxy, op), root=root)
+                cases += 3
+                for what, got in (("Allreduce", out), ("Allreduce in place", inplace)) + (
+                        (("Reduce", rout),) if me == root else ()):
+                    if not same(got, ref):
+                        bad.append(f"{what} {op} bfloat16 n={n}")
+            buf = xs[me].clone()
+            comm.Bcast(buf, size - 1)
+            g = torch.zeros(n * size, dtype=bf, device="cuda")
+            comm.Allgather(xs[me], g)
+            full = [inp(r, n * size, salt=1) for r in range(size)]
+            a = torch.zeros(n * size, dtype=bf, device="cuda")
+            comm.Alltoall(full[me], a)
+            rs = torch.zeros(n, dtype=bf, device="cuda")
+            comm.Reduce_scatter_block(full[me], rs)
+            cases += 4
+            rsref = _torch_bf16_ref(torch, [f[me * n:(me + 1) * n] for f in full], "SUM")
+            for what, got, ref in (("Bcast", buf, xs[size - 1]), ("Allgather", g, torch.cat(xs)),
+                                   ("Alltoall", a, torch.cat([f[me * n:(me + 1) * n] for f in full])),
+                                   ("Reduce_scatter_block", rs, rsref)):
+                if not same(got, ref):
+                    bad.append(f"{what} bfloat16 n={n}")
+        # mixed bfloat16 and another 16-bit dtype: refused before posting
+        try:
+            comm.Allreduce(torch.zeros(4, dtype=bf, device="cuda"),
+                           torch.zeros(4, dtype=torch.float16, device="cuda"))
+            bad.append("bfloat16 with float16 was accepted")
+        except shmproxy.InvalidArgument:
+            cases += 1
+    return {"cases": cases, "bad": bad}
+
+
+def stream_keyword() -> dict:
+    """``stream=``: the op is ordered after the given stream's work, not cupy's current stream's. The
+    data is written by a slow kernel on a stream that is not current (cupy non-blocking streams do
+    not order with the legacy default stream), so only the keyword orders the op after it; a cupy
+    Stream, a torch Stream and a raw handle; a bad stream refused before posting."""
+    import torch
+    cp = _cp()
+    kern = cp.RawKernel(_SPIN, "spin_then_fill")
+    n = 1 << 20
+    bad, cases = [], 0
+    with shmproxy.init() as comm:
+        me = comm.rank
+        s = cp.cuda.Stream(non_blocking=True)
+        ts = torch.cuda.Stream()
+        for label, make_stream in (("cupy", lambda: s), ("torch", lambda: ts), ("handle", lambda: s.ptr)):
+            st = make_stream()
+            ptr = st if isinstance(st, int) else getattr(st, "ptr", None) or st.cuda_stream
+            x = cp.zeros(n, cp.float32)
+            cp.cuda.Device().synchronize()
+            launch = cp.cuda.ExternalStream(ptr)
+            if me == 0:
+                with launch:
+                    kern((64,), (256,), (x, cp.int64(n), cp.float32(7.0), cp.int64(100_000_000)))
+                comm.Send(x, 1, stream=st)
+            elif me == 1:
+                comm.Recv(x, 0, stream=st)
+                cases += 1
+                if not bool((x == 7.0).all()):
+                    bad.append(f"{label}: Send ran before the stream's kernel wrote the data")
+            y = cp.zeros(n, cp.float32)
+            cp.cuda.Device().synchronize()
+            with launch:
+                kern((64,), (256,), (y, cp.int64(n), cp.float32(me + 1), cp.int64(50_000_000)))
+            out = cp.zeros(n, cp.float32)
+            req = comm.Iallreduce(y, out, stream=st)
+            req.Wait()
+            cases += 1
+            expect = comm.size * (comm.size + 1) / 2
+            if not bool((out == expect).all()):
+                bad.append(f"{label}: Iallreduce saw inputs before the stream wrote them ({float(out[0])})")
+        for wrong in ("stream", 1.5, -1):
+            try:
+                comm.Allreduce(cp.zeros(4, cp.float32), cp.zeros(4, cp.float32), stream=wrong)
+                bad.append(f"stream={wrong!r} accepted")
+            except shmproxy.InvalidArgument:
+                cases += 1
+        # host buffers ignore the keyword
+        h = np.zeros(4, np.float32)
+        comm.Allreduce(np.ones(4, np.float32), h, stream=s)
+        cases += 1
+        if not (h == comm.size).all():
+            bad.append("host Allreduce with stream= differs")
+    return {"cases": cases, "bad": bad}
+
+
+def device_alloc() -> dict:
+    """comm.alloc(..., device=0): a zeroed cupy array registered once at creation (its ops register
+    nothing more), deregistered and freed once dropped."""
+    import gc
+    cp = _cp()
+    bad = []
+    with shmproxy.init() as comm:
+        dev = comm._device_memory()
+        a = comm.alloc(1 << 20, np.float32, device=0)
+        b = comm.alloc_device((1 << 10, 1 << 10), "float32")
+        if not isinstance(a, cp.ndarray) or a.shape != (1 << 20,) or bool(a.any()):
+            bad.append(f"alloc: {type(a).__name__} {getattr(a, 'shape', None)} not zeroed")
+        registered = len(dev._allocs)
+        for i in range(5):
+            a.fill(comm.rank + i)
+            comm.Allreduce(a, b.reshape(-1))
+            if not bool((b == comm.size * i + comm.size * (comm.size - 1) / 2).all()):
+                bad.append(f"Allreduce into alloc'd arrays, round {i}")
+        if len(dev._allocs) != registered:
+            bad.append(f"ops registered more: {registered} -> {len(dev._allocs)}")
+        # every rank allocates and drops alike, between barriers: the GPU's free memory is shared
+        comm.Barrier()
+        free0 = cp.cuda.runtime.memGetInfo()[0]
+        comm.Barrier()
+        big = comm.alloc(64 << 20, np.float32, device=0)
+        comm.Bcast(big, 0)
+        comm.Barrier()
+        free1 = cp.cuda.runtime.memGetInfo()[0]
+        comm.Barrier()
+        del big
+        gc.collect()
+        comm.Barrier()
+        free2 = cp.cuda.runtime.memGetInfo()[0]
+        if len(dev._allocs) != registered or not comm._registry.dead_ids:
+            bad.append(f"dropped allocation not queued for DEREGISTER ({len(dev._allocs)}, "
+                       f"{comm._registry.dead_ids})")
+        probe = comm.alloc(4, np.float32, device=0)   # a REGISTER: the DEREGISTER goes before it
+        deadline = time.monotonic() + 10
+        free3 = free2
+        while abs(free3 - free0) > (32 << 20) and time.monotonic() < deadline:
+            time.sleep(0.01)   # the progress process closes its mapping on its loop thread
+            free3 = cp.cuda.runtime.memGetInfo()[0]
+        if free0 - free1 < (256 << 20) or abs(free3 - free0) > (32 << 20):
+            bad.append(f"256 MiB alloc: free {free0} -> {free1} -> dropped {free2} -> deregistered "
+                       f"{free3} (not returned)")
+        res_free = {"MiB_used_after_drop": (free0 - free2) / 2**20,
+                    "MiB_used_after_deregister": (free0 - free3) / 2**20}
+        del probe
+        comm.Allreduce(a, b.reshape(-1))
+        try:
+            comm.alloc(4, np.float32, device=99)
+            bad.append("device 99 accepted")
+        except shmproxy.InvalidArgument:
+            pass
+    return {"bad": bad, **res_free}
+
+
+def overlap() -> dict:
+    """A nonblocking collective while the rank's own kernel runs on another stream: times alone and
+    together. Ranks and the progress process are separate contexts on one GPU (no MPS), which the
+    GPU time-slices: what this measures is how much of the collective the kernel's time hides."""
+    cp = _cp()
+    kern = cp.RawKernel(_SPIN, "spin_then_fill")
+    n = 64 << 20                       # 256 MiB float32
+    cycles = 60_000_000                # a few tens of ms
+    res: dict = {"bad": []}
+    with shmproxy.init() as comm:
+        me, size = comm.rank, comm.size
+        x = cp.full(n, me + 1, cp.float32)
+        outs = [cp.zeros(n, cp.float32) for _ in range(2)]
+        side = cp.cuda.Stream(non_blocking=True)
+        z = cp.zeros(1024, cp.float32)
+        nreq = 8
+
+        def coll() -> None:
+            reqs = [comm.Iallreduce(x, outs[i % 2]) for i in range(nreq)]
+            for r in reqs:
+                r.Wait()
+
+        def kernel() -> None:
+            with side:
+                kern((1,), (32,), (z, cp.int64(z.size), cp.float32(1.0), cp.int64(cycles)))
+
+        def timed(fn: Any) -> float:
+            cp.cuda.Device().synchronize()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            side.synchronize()
+            return time.perf_counter() - t0
+
+        timed(coll)
+        timed(kernel)
+        t_coll = min(timed(coll) for _ in range(3))
+        t_kernel = min(timed(kernel) for _ in range(3))
+
+        def both() -> None:
+            kernel()
+            coll()
+        t_both = min(timed(both) for _ in range(3))
+        if not bool((outs[0] == size * (size + 1) / 2).all()):
+            res["bad"].append("Iallreduce during the kernel: wrong result")
+        res.update(coll_ms=t_coll * 1e3, kernel_ms=t_kernel * 1e3, both_ms=t_both * 1e3,
+                   hidden_fraction=(t_coll + t_kernel - t_both) / t_coll)
+    return res
+
+
+def latency_breakdown() -> dict:
+    """Where an 8 B device Allreduce's time goes, rank side: the post (Iallreduce returning) and the
+    wait, with the monotonic times the progress process's trace (SHMPROXY_PROFILE) lines up with;
+    and the rank's post path under cProfile."""
+    import cProfile
+    import pstats
+    import io
+    cp = _cp()
+    with shmproxy.init() as comm:
+        x = cp.ones(2, cp.float32)
+        y = cp.zeros_like(x)
+        for _ in range(200):
+            comm.Allreduce(x, y)
+        comm.Barrier()
+        times = []
+        for _ in range(1000):
+            t0 = time.monotonic_ns()
+            r = comm.Iallreduce(x, y)
+            t1 = time.monotonic_ns()
+            r.Wait()
+            times.append((t0, t1, time.monotonic_ns()))
+        prof = ""
+        if comm.rank == 0:
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(300):
+                comm.Iallreduce(x, y).Wait()
+            pr.disable()
+            out = io.StringIO()
+            pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(14)
+            prof = out.getvalue()[-3500:]
+        else:
+            for _ in range(300):
+                comm.Iallreduce(x, y).Wait()
+    post = sorted(t1 - t0 for t0, t1, _t2 in times)
+    wait = sorted(t2 - t1 for _t0, t1, t2 in times)
+    return {"post_us": post[len(post) // 2] / 1e3, "wait_us": wait[len(wait) // 2] / 1e3,
+            "total_us": sorted(t2 - t0 for t0, _t1, t2 in times)[len(times) // 2] / 1e3,
+            "times": times[-400:], "profile": prof}
