@@ -10,6 +10,7 @@ counts and every test that did not pass, grouped by reason.
 from __future__ import annotations
 
 import collections
+import os
 import re
 from pathlib import Path
 
@@ -101,13 +102,27 @@ def mpi4py_sources() -> Path:
         pytest.skip(f"mpi4py's test sources are not available: {exc}")
 
 
-def test_mpi4py_unit_tests_pass_their_floor_and_give_no_wrong_result(mpi4py_sources: Path, tmp_path: Path):
-    recs = run_suite(mpi4py_sources, MODULES, 2, tmp_path, timeout=900)
-    write_report({2: recs})
-    passed = collections.Counter(tid.split(".")[0] for tid, r in recs.items() if r["outcome"] == "pass")
-    below = {m: (passed[m], f) for m, f in FLOOR.items() if passed[m] < f}
-    assert not below, f"modules below their pass floor (passed, floor): {below}; see {REPORT}"
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("module", MODULES)
+def test_mpi4py_unit_tests_pass_their_floor_and_give_no_wrong_result(mpi4py_sources: Path, tmp_path: Path,
+                                                                     module: str):
+    """One module at a time, so that each stays inside its own bound; SPTEST_MPI4PY_REPORT=1 also
+    rewrites docs/mpi4py_suite.md with this module's results (run every module for the whole table)."""
+    recs = run_suite(mpi4py_sources, [module], 2, tmp_path, timeout=900)
+    if os.environ.get("SPTEST_MPI4PY_REPORT"):
+        _merge_report(module, recs)
+    passed = sum(1 for r in recs.values() if r["outcome"] == "pass")
+    assert passed >= FLOOR[module], f"{module}: {passed} tests passed, below its floor {FLOOR[module]}"
     wrong = {tid: r["reason"] for tid, r in recs.items() if r["outcome"] == "fail"
              and tid.rsplit(".", 1)[-1] not in KNOWN_FAILS}
     assert not wrong, "mpi4py tests failed on an assertion (a result that differs from MPI's):\n" + \
         "\n".join(f"{t}: {why}" for t, why in sorted(wrong.items()))
+
+
+_REPORT_RECS: dict[str, dict] = {}
+
+
+def _merge_report(module: str, recs: dict) -> None:
+    """Keep every module's results of this session and rewrite the report with all of them."""
+    _REPORT_RECS.update(recs)
+    write_report({2: dict(_REPORT_RECS)})
