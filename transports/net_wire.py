@@ -95,18 +95,22 @@ def recv_exact(sock: socket.socket, view: memoryview) -> bool:
     return True
 
 
+def _advance(views: list, n: int) -> None:
+    """Drop the first ``n`` bytes that a sendmsg took off the front of ``views``."""
+    while n:
+        if n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        else:
+            views[0] = views[0][n:]
+            n = 0
+
+
 def send_all(sock: socket.socket, parts: list) -> None:
     """sendmsg every part (bytes or memoryviews), resuming after partial writes."""
     views = [memoryview(p).cast("B") for p in parts if len(p)]
     while views:
-        n = sock.sendmsg(views)
-        while n:
-            if n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][n:]
-                n = 0
+        _advance(views, sock.sendmsg(views))
 
 
 def send_some(sock: socket.socket, parts: list) -> list:
@@ -114,16 +118,9 @@ def send_some(sock: socket.socket, parts: list) -> list:
     views = [memoryview(p).cast("B") for p in parts if len(p)]
     while views:
         try:
-            n = sock.sendmsg(views, [], socket.MSG_DONTWAIT)
+            _advance(views, sock.sendmsg(views, [], socket.MSG_DONTWAIT))
         except BlockingIOError:
             return views
-        while n:
-            if n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][n:]
-                n = 0
     return views
 
 
