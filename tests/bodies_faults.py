@@ -71,7 +71,7 @@ def peer_death_is_prompt(victim: int) -> dict:
         if comm.rank == victim:
             for r in range(comm.size):
                 if r != victim:
-                    comm.Send(np.zeros(1), r, tag=7)
+                    comm.Ssend(np.zeros(1), r, tag=7)   # received (a buffered Send could complete first)
             os.kill(os.getpid(), signal.SIGKILL)
         comm.Recv(np.zeros(1), victim, tag=7)      # the victim is in and about to die
         t0 = time.monotonic()

@@ -482,7 +482,9 @@ def dies_holding_mutex(victim: int) -> dict:
         return {"seconds": time.monotonic() - t_start, "message": str(e), "at": "init"}
     with comm:
         if comm.rank == victim:
-            comm.Send(np.zeros(1), (victim + 1) % comm.size, tag=99)
+            # synchronous: its receiver is past its post before the mutex is taken (a buffered Send
+            # would complete first, and the receiver's post would find the mutex of a dead rank)
+            comm.Ssend(np.zeros(1), (victim + 1) % comm.size, tag=99)
             comm._view.mutex.lock(5.0)
             os.kill(os.getpid(), signal.SIGKILL)
         src = (comm.rank - 1) % comm.size
