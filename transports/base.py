@@ -255,6 +255,24 @@ class Transport(ABC):
     proxy_describe: Callable[[TransportContext], dict] | None = None
 
 
+class OneProcessSides:
+    """Setup of a transport whose both sides live in one progress process (shm, cuda): the peer's
+    memory is mapped here already, so there is nothing to exchange and nothing to connect. A mixin
+    placed before Transport in the bases, so that it fills the four abstract setup methods."""
+
+    def send_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
+        return b""
+
+    def recv_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
+        return b""
+
+    def send_connect(self, ctx: TransportContext, conn: Connector, recv_info: bytes) -> None:
+        return None
+
+    def recv_connect(self, ctx: TransportContext, conn: Connector, send_info: bytes) -> None:
+        return None
+
+
 _REQUIRED = ("can_connect", "send_setup", "recv_setup", "send_connect", "recv_connect", "proxy_start",
              "proxy_progress", "proxy_free")
 _OPTIONAL = ("proxy_progress_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister", "proxy_shared_init",

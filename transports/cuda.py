@@ -30,7 +30,8 @@ from typing import Any
 from shmproxy.core import log
 from shmproxy.core.errors import InternalError, InvalidArgument
 from shmproxy.core.memory import mem_device, mem_kind
-from shmproxy.transports.base import Connector, MemKind, PeerInfo, Registration, Transport, TransportContext
+from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Registration, Transport,
+                                      TransportContext)
 
 _log = log.get("CUDA")
 NEVENTS = 16            # the ranks' event ring (shmproxy.rank.device.NEVENTS): an op uses req_slot % NEVENTS
@@ -220,7 +221,7 @@ class _Gpu:
                     "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired)}
 
 
-class CudaTransport(Transport):
+class CudaTransport(OneProcessSides, Transport):   # allocations are opened here at registration
     name = "cuda"
     kinds = frozenset({MemKind.CUDA})
 
@@ -234,18 +235,6 @@ class CudaTransport(Transport):
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
         return kind == MemKind.CUDA and me.host == peer.host
-
-    def send_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
-        return b""   # both sides' allocations are opened in this process at registration
-
-    def recv_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
-        return b""
-
-    def send_connect(self, ctx: TransportContext, conn: Connector, recv_info: bytes) -> None:
-        return None
-
-    def recv_connect(self, ctx: TransportContext, conn: Connector, send_info: bytes) -> None:
-        return None
 
     def proxy_register(self, ctx: TransportContext, reg: Registration) -> None:  # type: ignore[override]
         if not isinstance(reg.info, dict) or not ("handle" in reg.info or "events" in reg.info):

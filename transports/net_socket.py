@@ -22,8 +22,8 @@ A message across nodes is MPI's rendezvous, split between the two halves of the 
    mappings: no staging copy). When the last chunk has landed the receiver's node says DONE, and
    only then does the send complete: as within a node, a completed send is a delivered message, so a
    sender that dies right after its Send returned never takes that message with it (its chunks on
-   other sockets could otherwise arrive after the failure its death causes). The send completes when its last chunk is written; the receive when its last
-   chunk has landed.
+   other sockets could otherwise arrive after the failure its death causes). The receive completes
+   when its last chunk has landed.
 
 Control frames all travel on socket 0 in queue order, so two messages of one pair and tag arrive in
 the order they were sent (non-overtaking); bulk frames say where they land and may take any socket.

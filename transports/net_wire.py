@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import ctypes
 import hmac
+import collections
 import socket
 import struct
-import collections
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 from shmproxy.core import log
 

@@ -29,27 +29,15 @@ from typing import Any
 from shmproxy.coll.sched import RECV, SEND
 from shmproxy.core.errors import InternalError, InvalidArgument
 from shmproxy.engine import typed
-from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext
+from shmproxy.transports.base import Connector, MemKind, OneProcessSides, PeerInfo, Transport, TransportContext
 
 
-class ShmTransport(Transport):
+class ShmTransport(OneProcessSides, Transport):   # the receiver's buffers are mapped here already
     name = "shm"
     kinds = frozenset({MemKind.HOST})
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
         return kind == MemKind.HOST and me.host == peer.host
-
-    def send_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
-        return b""   # the receiver's buffers are mapped in this process already
-
-    def recv_setup(self, ctx: TransportContext, conn: Connector) -> bytes:
-        return b""
-
-    def send_connect(self, ctx: TransportContext, conn: Connector, recv_info: bytes) -> None:
-        return None
-
-    def recv_connect(self, ctx: TransportContext, conn: Connector, send_info: bytes) -> None:
-        return None
 
     def proxy_start(self, ctx: TransportContext, conn: Connector, transfer: Any) -> bool:
         n = transfer.nbytes
