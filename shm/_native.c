@@ -445,6 +445,9 @@ static PyMethodDef methods[] = {
     {"fetch_posted", py_fetch_posted, METH_VARARGS,
      "fetch_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx, blocking, timeout) "
      "-> (n, err, at, rc): lock, take_posted, unlock in one call"},
+    {"fast_take", _sn_fast_take, METH_VARARGS,
+     "fast_take(pair, cell_stride, max_slow) -> message tuple | TAKE_NONE | TAKE_BUSY | TAKE_BLOCKED (shm/_fast.h)"},
+    {"fast_wake_coll", _sn_fast_wake_coll, METH_O, "fast_wake_coll(word): wake ranks in a small collective"},
     {"sleep_unless_posted", py_sleep_unless_posted, METH_VARARGS,
      "sleep_unless_posted(pool, timeout, seen_events) -> OK | TIMEDOUT | OWNERDEAD: the progress process's condvar sleep"},
     {"post_event", py_post_event, METH_VARARGS,
@@ -478,5 +481,13 @@ PyMODINIT_FUNC PyInit__native(void) {
         POOL_PENDING_MASK_OFF, POOL_SLEEPING_OFF, POOL_EVENTS_OFF, POOL_FREE_OPS_OFF, RECORD_BYTES, REC_OWNER_OFF,
         REC_OPCOUNT_OFF, REC_MEM_OFF, SLOT_WORDS * 8, RANK_AREA_BYTES, RANK_WAKE_OFF,
         RANK_WAITING_OFF, RANK_COMPLETED_OFF, RANK_PENDING_OFF));
+    PyModule_AddObject(m, "FAST_LAYOUT", Py_BuildValue(
+        "(iiiiiiiiiiiiiiiiiiiii)", POOL_FAST_BYTES_OFF, FAST_CELLS, FAST_LINE, FRANK_RECV_DONE_OFF, FRANK_UNEXP_OFF,
+        FRANK_DOORBELL_OFF, PAIR_F_WRITTEN_OFF, PAIR_SLOW_SENT_OFF, PAIR_F_TAKEN_OFF, PAIR_F_DRAINED_OFF,
+        PAIR_FETCHED_SLOW_OFF, PAIR_HDR_BYTES, CELL_HDR_BYTES, CELL_TAG_OFF, RANK_RECV_POSTED_OFF, CAREA_WORD_OFF,
+        CAREA_WAITERS_OFF, CRANK_DONE_OFF, CRANK_SLOW_COLLS_OFF, CSLOT_SEQ_OFF, CSLOT_SLOW_BEFORE_OFF));
+    PyModule_AddIntConstant(m, "TAKE_NONE", 0);
+    PyModule_AddIntConstant(m, "TAKE_BUSY", 1);
+    PyModule_AddIntConstant(m, "TAKE_BLOCKED", 2);
     return m;
 }

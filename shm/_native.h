@@ -10,6 +10,8 @@
 PyObject *_sn_complete_coll(PyObject *self, PyObject *args);
 PyObject *_sn_wake_owners(PyObject *self, PyObject *args);
 PyObject *_sn_copy_blocks(PyObject *self, PyObject *args);   /* shm/_native_blocks.c */
+PyObject *_sn_fast_take(PyObject *self, PyObject *args);     /* shm/_native_fast.c */
+PyObject *_sn_fast_wake_coll(PyObject *self, PyObject *arg);
 int _sn_wake_init(void);   /* interns the Op attribute names complete_coll reads; -1 with an exception */
 
 #endif

@@ -34,5 +34,39 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
 #define RANK_WAITING_OFF 16    /* u64: the rank may sleep: (its CPU + 1) | the word it sleeps on << 32 */
 #define RANK_COMPLETED_OFF 40  /* u64 statistics */
 #define RANK_PENDING_OFF 48    /* u64: (first + 1) << 32 | (last + 1) of a chain handed off; 0 = none */
+#define RANK_RECV_POSTED_OFF 56 /* u64: receives and probes the rank posted (the fast path, shm/_fast.h) */
+
+/* The fast path's region (shm/pool.py "Fast path", shm/_fast.h): present when the header's fast_bytes
+ * (the u32 at POOL_FAST_BYTES_OFF) is not 0. Offsets below are relative to a line, pair or cell. */
+#define POOL_FAST_BYTES_OFF 28
+#define FAST_CELLS 4
+#define FAST_LINE 64
+#define FRANK_RECV_DONE_OFF 0    /* u64, progress: receives and probes of the rank it completed */
+#define FRANK_UNEXP_OFF 8        /* u64, progress: messages to the rank waiting unexpected in its matching */
+#define FRANK_DOORBELL_OFF 16    /* u64, senders (atomic add): a cell was written while the rank had receives posted */
+#define FRANK_RANK_OFF 24        /* u64, the rank itself once attached: its rank in the communicator + 1 */
+#define PAIR_F_WRITTEN_OFF 0     /* line 0, the sender: cells written */
+#define PAIR_SLOW_SENT_OFF 8     /*   and sends it posted to the progress process */
+#define PAIR_F_TAKEN_OFF 64      /* line 1, the receiver: cells it took itself */
+#define PAIR_F_DRAINED_OFF 128   /* line 2, progress: cells it took into its matching */
+#define PAIR_FETCHED_SLOW_OFF 136 /*  and the highest slow send (its number + 1) it has taken in */
+#define PAIR_HDR_BYTES 192
+#define CELL_STATE_OFF 0         /* u32: CELL_EMPTY, CELL_FULL, CELL_TAKING (receiver), CELL_DRAINING (progress) */
+#define CELL_CODE_OFF 4          /* u32 dtype code */
+#define CELL_FSEQ_OFF 8          /* u64 the cell's number in its pair (F_WRITTEN when written) */
+#define CELL_SLOW_BEFORE_OFF 16  /* u64 the pair's slow sends posted before it */
+#define CELL_TAG_OFF 24          /* i64 */
+#define CELL_NBYTES_OFF 32
+#define CELL_COUNT_OFF 40
+#define CELL_TPOST_OFF 48
+#define CELL_HDR_BYTES 64
+enum { CELL_EMPTY = 0, CELL_FULL = 1, CELL_TAKING = 2, CELL_DRAINING = 3 };
+#define CAREA_WORD_OFF 0         /* u32 futex word of the small collectives (atomic add on every arrival) */
+#define CAREA_WAITERS_OFF 8      /* u64 ranks that may sleep on it (atomic) */
+#define CRANK_DONE_OFF 0         /* u64, the rank: the last small collective it finished reading */
+#define CRANK_SLOW_COLLS_OFF 8   /* u64, the rank: collectives it posted to the progress process */
+#define CSLOT_SEQ_OFF 0          /* u64, stored last: the small collective this slot holds */
+#define CSLOT_FP_OFF 8           /* u64 what it is (kind, op, dtype, bytes, root) */
+#define CSLOT_SLOW_BEFORE_OFF 16 /* u64 the rank's slow collectives before it */
 
 #endif

@@ -21,11 +21,14 @@
  *
  * The module's files: _poster_request.c (RequestBase, Status, Wait and Test), _poster_array.c (reading
  * an array's header, the registered ranges), _poster_type.c (the Poster's state, record writing and the
- * splice, comm.group()), _poster_post.c (the fast posts); _poster.h, what they share.
+ * splice, comm.group()), _poster_post.c (the fast posts), _poster_fast.c and _poster_coll.c (the fast
+ * path: small blocking calls the rank completes itself, shm/_fast.h); _poster.h, what they share.
  */
 #include "_poster.h"
 
 static PyMethodDef module_methods[] = {
+    {"fast_kernel", _sp_fast_kernel, METH_VARARGS,
+     "fast_kernel(op, code) -> bool: a small collective reduces (op, dtype code) itself"},
     {"set_lock_spin", _sp_set_lock_spin, METH_O,
      "set_lock_spin(ns): contended pool locks retry this long first"},
     {NULL, NULL, 0, NULL},
@@ -37,6 +40,7 @@ PyMODINIT_FUNC PyInit__poster(void) {
     if (PyType_Ready(&_sp_StatusType) < 0 || PyType_Ready(&_sp_RequestType) < 0 ||
         PyType_Ready(&_sp_PosterType) < 0)
         return NULL;
+    _sp_coll_init();
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     Py_INCREF(&_sp_RequestType);

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "_pool_layout.h"
+#include "_fast.h"
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "_pool_lock.h"
@@ -25,6 +26,7 @@
 #define KIND_SEND 1  /* proxy/core/ops.py; checked at import by proxy/rank/lifecycle.py */
 #define KIND_RECV 2
 #define KIND_COLL 3
+#define KIND_PROBE 4
 #define FLAG_IN_PLACE 1      /* proxy/core/ops.py */
 #define FLAG_NO_RECV 2
 enum { COLL_BARRIER = 1, COLL_BCAST, COLL_REDUCE, COLL_ALLREDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER_BLOCK,
@@ -46,6 +48,8 @@ typedef struct {
 } RequestObject;
 
 typedef struct { uintptr_t start, end; int32_t bid; } Range;
+
+enum { FAST_SEND, FAST_RECV, FAST_BARRIER, FAST_ALLREDUCE, FAST_BCAST, FAST_REDUCE, FAST_CALLS };
 
 typedef struct {
     PyObject_HEAD
@@ -78,6 +82,18 @@ typedef struct {
     long long spin_max, spin_max_coll;
     char fast;  /* the array header reading was verified against the probes */
     char mapped;  /* the pool addresses are valid: cleared by detach() before the pool is unmapped */
+    /* the fast path (shm/_fast.h, shm/_poster_fast.c, shm/_poster_coll.c): off until set_fast() */
+    FastLayout fl;
+    int32_t *local_of;      /* comm rank -> local rank, -2 until looked up (lookup_local) */
+    uint64_t *slow_to;      /* comm rank -> sends to it posted to the progress process */
+    PyObject *fast_fallback[FAST_CALLS];  /* Send, Recv, Barrier, Allreduce, Bcast, Reduce: the Python paths */
+    PyObject *fast_failed;  /* Comm._fast_failed(code, message): raises what a failed fast call must */
+    PyObject *fast_check;   /* Comm._fast_check(): raises if the progress process is gone */
+    uint64_t coll_n;        /* small collectives this rank ran on the fast path */
+    double slice_s;         /* a sleep's bound between checks (WAIT_SLICE_MS) */
+    unsigned rr;            /* where an ANY_SOURCE Recv starts looking, for fairness */
+    int proxy_fd;           /* a pidfd of the progress process (-1: none), and when it was last seen alive */
+    long long proxy_checked;
 } PosterObject;
 
 /* The fields of a record that a post chooses; the owner, opCount, seq and slot come with the post. */
@@ -96,6 +112,7 @@ typedef struct { int32_t bid; uint64_t off, nbytes; int code; long long count; }
 /* ------------------------------------------------------------------ _poster_request.c */
 
 extern PyTypeObject _sp_RequestType, _sp_StatusType;
+PyObject *_sp_new_status(int source, long long tag, long long nbytes);
 
 /* ------------------------------------------------------------------ _poster_array.c */
 
@@ -128,5 +145,20 @@ PyObject *_sp_Poster_ireduce_scatter_block(PosterObject *self, PyObject *const *
                                            PyObject *kwnames);
 PyObject *_sp_Poster_ialltoall(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_set_coll_fallback(PosterObject *self, PyObject *args);
+
+/* ------------------------------------------------------------------ _poster_fast.c, _poster_coll.c */
+
+void _sp_fast_stamp(PosterObject *self, char *record, const Rec *f);
+int _sp_fast_usable(PosterObject *self);
+PyObject *_sp_Poster_set_fast(PosterObject *self, PyObject *args);
+PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_barrier(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_allreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_bcast(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_reduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_coll_fast(PosterObject *self, PyObject *args);
+int _sp_coll_init(void);
+PyObject *_sp_fast_kernel(PyObject *self, PyObject *args);
 
 #endif

@@ -83,6 +83,7 @@ static PyObject *post_record(PosterObject *self, const Rec *rec, PyObject *keep,
     self->opcount = opcount;
     _sp_write_record(self->chain.records + (Py_ssize_t)index * RECORD_BYTES, rec, self->local_rank,
                      (uint64_t)opcount, (uint64_t)seq, (uint32_t)slot);
+    _sp_fast_stamp(self, self->chain.records + (Py_ssize_t)index * RECORD_BYTES, rec);
     PyObject *r = _sp_enqueue(self, (int32_t)index);
     if (!r) {
         Py_DECREF(req);

@@ -121,6 +121,16 @@ PyTypeObject _sp_StatusType = {
     .tp_members = Status_members,
 };
 
+/* A Status for a message received without a request (the fast path's Recv). */
+PyObject *_sp_new_status(int source, long long tag, long long nbytes) {
+    StatusObject *st = (StatusObject *)_sp_StatusType.tp_alloc(&_sp_StatusType, 0);
+    if (!st) return NULL;
+    st->source = source;
+    st->tag = tag;
+    st->nbytes = nbytes;
+    return (PyObject *)st;
+}
+
 /* ------------------------------------------------------------------ Wait and Test
  *
  * The common end of a request in C: its slot says complete with no error, and nothing was staged

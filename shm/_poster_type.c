@@ -31,6 +31,9 @@ static int Poster_traverse(PosterObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->barrier_fallback);
     for (int i = 0; i <= COLL_ALLTOALL; i++) Py_VISIT(self->coll_fallback[i]);
     Py_VISIT(self->in_place);
+    for (int i = 0; i < FAST_CALLS; i++) Py_VISIT(self->fast_fallback[i]);
+    Py_VISIT(self->fast_failed);
+    Py_VISIT(self->fast_check);
     return 0;
 }
 
@@ -49,6 +52,10 @@ static int Poster_clear(PosterObject *self) {
     Py_CLEAR(self->barrier_fallback);
     for (int i = 0; i <= COLL_ALLTOALL; i++) Py_CLEAR(self->coll_fallback[i]);
     Py_CLEAR(self->in_place);
+    for (int i = 0; i < FAST_CALLS; i++) Py_CLEAR(self->fast_fallback[i]);
+    Py_CLEAR(self->fast_failed);
+    Py_CLEAR(self->fast_check);
+    self->fl.fast = NULL;
     return 0;
 }
 
@@ -56,6 +63,8 @@ static void Poster_dealloc(PosterObject *self) {
     PyObject_GC_UnTrack(self);
     Poster_clear(self);
     PyMem_Free(self->ranges);
+    PyMem_Free(self->local_of);
+    PyMem_Free(self->slow_to);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -208,6 +217,7 @@ static PyObject *Poster_write(PosterObject *self, PyObject *args) {
     if (!self->group_depth) self->opcount++;
     _sp_write_record(self->chain.records + (Py_ssize_t)index * RECORD_BYTES, &f, self->local_rank,
                      (uint64_t)self->opcount, (uint64_t)seq, (uint32_t)slot);
+    _sp_fast_stamp(self, self->chain.records + (Py_ssize_t)index * RECORD_BYTES, &f);
     return PyLong_FromLongLong(seq);
 }
 
@@ -300,6 +310,22 @@ static PyMethodDef Poster_methods[] = {
      "ialltoall(sendbuf, recvbuf) -> Request (see Comm.Ialltoall)"},
     {"set_coll_fallback", (PyCFunction)_sp_Poster_set_coll_fallback, METH_VARARGS,
      "set_coll_fallback(coll, fn): the Python path of a collective's C post"},
+    {"set_fast", (PyCFunction)_sp_Poster_set_fast, METH_VARARGS,
+     "set_fast(pool, fast_off, fast_bytes, rank_area_off, nlocal, slice_s, fallbacks, failed, check, proxy_fd)"},
+    {"send", (PyCFunction)(void (*)(void))_sp_Poster_send, METH_FASTCALL | METH_KEYWORDS,
+     "send(buf, dest, tag=0) (see Comm.Send)"},
+    {"recv", (PyCFunction)(void (*)(void))_sp_Poster_recv, METH_FASTCALL | METH_KEYWORDS,
+     "recv(buf, source=ANY_SOURCE, tag=ANY_TAG) -> Status (see Comm.Recv)"},
+    {"barrier", (PyCFunction)(void (*)(void))_sp_Poster_barrier, METH_FASTCALL | METH_KEYWORDS,
+     "barrier() (see Comm.Barrier)"},
+    {"allreduce", (PyCFunction)(void (*)(void))_sp_Poster_allreduce, METH_FASTCALL | METH_KEYWORDS,
+     "allreduce(sendbuf, recvbuf, op=SUM) (see Comm.Allreduce)"},
+    {"bcast", (PyCFunction)(void (*)(void))_sp_Poster_bcast, METH_FASTCALL | METH_KEYWORDS,
+     "bcast(buf, root=0) (see Comm.Bcast)"},
+    {"reduce", (PyCFunction)(void (*)(void))_sp_Poster_reduce, METH_FASTCALL | METH_KEYWORDS,
+     "reduce(sendbuf, recvbuf, op=SUM, root=0) (see Comm.Reduce)"},
+    {"coll_fast", (PyCFunction)_sp_Poster_coll_fast, METH_VARARGS,
+     "coll_fast(coll, sendbuf, recvbuf, op, root): a small collective between the ranks"},
     {"write", (PyCFunction)Poster_write, METH_VARARGS, "Fill a record; returns the request's seq."},
     {"enqueue", (PyCFunction)Poster_enqueue, METH_O, "Link a record into the group, or splice it."},
     {"flush", (PyCFunction)Poster_flush, METH_NOARGS, "Splice the group's chain."},
@@ -316,7 +342,7 @@ static PyMemberDef Poster_members[] = {
     PM("rank", T_INT, rank, 0), PM("seq", T_LONGLONG, seq, 0), PM("opcount", T_LONGLONG, opcount, 0), PM("coll_seq", T_LONGLONG, coll_seq, 0),
     PM("group_depth", T_INT, group_depth, 0), PM("usable", T_INT, usable, 0),
     PM("chain_first", T_INT, chain_first, READONLY), PM("nranges", T_PYSSIZET, nranges, READONLY),
-    PM("fast", T_BOOL, fast, READONLY),
+    PM("fast", T_BOOL, fast, READONLY), PM("coll_n", T_ULONGLONG, coll_n, READONLY),
     PM("send_fallback", T_OBJECT, send_fallback, 0), PM("recv_fallback", T_OBJECT, recv_fallback, 0),
     PM("allreduce_fallback", T_OBJECT, allreduce_fallback, 0), PM("barrier_fallback", T_OBJECT, barrier_fallback, 0),
     PM("in_place", T_OBJECT, in_place, 0),

@@ -25,6 +25,17 @@ int32 index, never by address or pickle. Everything is little-endian, 8-byte ali
     T       sub table [max_subs] x 96 B   progress (per-sub counters, for the dump tool)
     R       op records [nlocal][max_ops] x 128 B     owner rank while private, read by progress
                                           after it was posted; `next` under the mutex once spliced
+    F       the fast path (only when the header's fast_bytes is not 0), below
+
+Fast path (shm/_fast.h holds the protocol; every line has one writer unless said):
+    F       per local rank, 64 B:  recv_done, unexp (progress); doorbell (senders, atomic add); its
+            rank in the communicator + 1 (the rank, once attached)
+    P       per (sender, receiver) pair, s * nlocal + d:  line 0 the sender's (cells written, slow
+            sends posted), line 1 the receiver's (cells taken), line 2 progress's (cells drained, slow
+            sends fetched), then FAST_CELLS cells of a 64 B header and fast_bytes of payload
+    C       small collectives: a 64 B header (futex word, waiters), then per rank a 64 B line (done,
+            slow collectives posted) and two slots (by the collective's parity) of a 64 B header
+            and fast_bytes of payload
 
 Each local rank owns the contiguous records [r*max_ops, (r+1)*max_ops) and request slots of the same
 indices. A record is private to its owner while it is in the owner's process-local free list or
@@ -40,10 +51,13 @@ import struct
 from shmproxy.shm import _native, counters, sync
 
 MAGIC = 0x5958_4F52_5048_4D53  # b"SHMPROXY" little-endian
-VERSION = 4   # 3: posts hand chains off through RANK_PENDING without the mutex (_pool_lock.h);
-              # 4: CTRL_EVENTS (news for the loop from its own threads), the record's memory kind
+VERSION = 5   # 3: posts hand chains off through RANK_PENDING without the mutex (_pool_lock.h);
+              # 4: CTRL_EVENTS (news for the loop from its own threads), the record's memory kind;
+              # 5: the fast path's region (fast_bytes in the header), RANK_RECV_POSTED, the record's
+              #    pair number (x2)
 
-HEADER_FMT = struct.Struct("<QIIIIIIQ")  # magic, version, header_bytes, nlocal, max_ops, max_subs, 0, total
+HEADER_FMT = struct.Struct("<QIIIIIIQ")  # magic, version, header_bytes, nlocal, max_ops, max_subs, fast_bytes,
+                                         # total
 assert HEADER_FMT.size == 40
 MUTEX_OFF = 64
 COND_OFF = 128
@@ -90,6 +104,21 @@ RANK_CONN_STATE = 4    # progress: shmproxy.control.protocol.ConnState of the ra
 RANK_COMPLETED = 5     # progress: requests of this rank completed (statistics)
 RANK_PENDING = 6       # the rank sets, a mutex holder clears (atomics): (first + 1) << 32 | (last + 1) of
                        # a chain it handed off, not yet spliced (shm/_pool_lock.h "Hand-off"); 0 = none
+RANK_RECV_POSTED = 7   # the rank: receives and probes it posted (the fast path: FRANK_RECV_DONE)
+
+# The fast path's region (see the module header; offsets mirror shm/_pool_layout.h).
+FAST_CELLS = 4
+FAST_LINE = 64
+FRANK_RECV_DONE, FRANK_UNEXP, FRANK_DOORBELL, FRANK_RANK = 0, 1, 2, 3   # u64 indices in a rank's line
+PAIR_F_WRITTEN, PAIR_SLOW_SENT = 0, 1                           # u64 indices in a pair block
+PAIR_F_TAKEN = 8
+PAIR_F_DRAINED, PAIR_FETCHED_SLOW = 16, 17
+PAIR_HDR_BYTES = 192
+CELL_HDR_BYTES = 64
+CELL = struct.Struct("<IIQQqQQQ")   # state, code, fseq, slow_before, tag, nbytes, count, t_post
+CELL_EMPTY, CELL_FULL, CELL_TAKING, CELL_DRAINING = 0, 1, 2, 3
+CRANK_DONE, CRANK_SLOW_COLLS = 0, 1                             # u64 indices in a rank's collective line
+CSLOT = struct.Struct("<QQQ")        # seq, fingerprint, slow_before
 
 
 def waiting_value(cpu: int, word: int) -> int:
@@ -136,6 +165,14 @@ if _native.POOL_LAYOUT != (MUTEX_OFF, NEXT_OPS_OFF, NEXT_OPS_END_OFF, COND_OFF, 
     raise ImportError("shm/_pool_layout.h and shm/pool.py disagree on the ops pool layout (or shm._native "
                       "is stale: pip install -e .)")
 
+if _native.FAST_LAYOUT != (28, FAST_CELLS, FAST_LINE, 8 * FRANK_RECV_DONE, 8 * FRANK_UNEXP, 8 * FRANK_DOORBELL,
+                           8 * PAIR_F_WRITTEN, 8 * PAIR_SLOW_SENT, 8 * PAIR_F_TAKEN, 8 * PAIR_F_DRAINED,
+                           8 * PAIR_FETCHED_SLOW, PAIR_HDR_BYTES, CELL_HDR_BYTES, 24, 8 * RANK_RECV_POSTED, 0, 8,
+                           8 * CRANK_DONE, 8 * CRANK_SLOW_COLLS, 0, 16):
+    raise ImportError("shm/_pool_layout.h and shm/pool.py disagree on the fast path's layout (or shm._native is "
+                      "stale: pip install -e .)")
+CAREA_WORD_OFF = 0
+
 # Sub table entry (96 bytes): progress counters of one sub, mirrored for the dump tool.
 SUB = struct.Struct("<IIiiQQQQQQQQq")  # state, kind, src, dst, opcount, nbytes, nsteps,
 SUB_BYTES = 96                           # posted, transmitted, received, done, args_id, tag
@@ -153,27 +190,53 @@ class Layout:
     """Offsets of every region, computed once (they sit on the posting hot path)."""
 
     __slots__ = ("nlocal", "max_ops", "max_subs", "rank_area_off", "info_off", "slots_off", "subs_off",
-                 "records_off", "total_bytes", "nrecords")
+                 "records_off", "total_bytes", "nrecords", "fast_bytes", "fast_off", "pairs_off", "cell_stride",
+                 "pair_stride", "coll_off", "crank_stride")
 
-    def __init__(self, nlocal: int, max_ops: int, max_subs: int):
-        self.nlocal, self.max_ops, self.max_subs = nlocal, max_ops, max_subs
+    def __init__(self, nlocal: int, max_ops: int, max_subs: int, fast_bytes: int = 0):
+        self.nlocal, self.max_ops, self.max_subs, self.fast_bytes = nlocal, max_ops, max_subs, fast_bytes
         self.rank_area_off = _align(FREE_OPS_OFF + 4 * nlocal)
         self.info_off = _align(self.rank_area_off + RANK_AREA_BYTES * nlocal)
         self.slots_off = _align(self.info_off + INFO_BYTES)
         self.subs_off = _align(self.slots_off + SLOT_BYTES * nlocal * max_ops)
         self.records_off = _align(self.subs_off + SUB_BYTES * max_subs)
-        self.total_bytes = _align(self.records_off + RECORD_BYTES * nlocal * max_ops, 4096)
+        end = _align(self.records_off + RECORD_BYTES * nlocal * max_ops)
+        self.fast_off = end
+        self.cell_stride = CELL_HDR_BYTES + _align(fast_bytes)
+        self.pair_stride = PAIR_HDR_BYTES + FAST_CELLS * self.cell_stride
+        self.crank_stride = FAST_LINE + 2 * self.cell_stride
+        self.pairs_off = self.fast_off + FAST_LINE * nlocal
+        self.coll_off = self.pairs_off + self.pair_stride * nlocal * nlocal
+        if fast_bytes:
+            end = self.coll_off + FAST_LINE + self.crank_stride * nlocal
+        self.total_bytes = _align(end, 4096)
         self.nrecords = nlocal * max_ops
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Layout) and (self.nlocal, self.max_ops, self.max_subs) == (
-            other.nlocal, other.max_ops, other.max_subs)
+        return isinstance(other, Layout) and (self.nlocal, self.max_ops, self.max_subs, self.fast_bytes) == (
+            other.nlocal, other.max_ops, other.max_subs, other.fast_bytes)
 
     def __hash__(self) -> int:
-        return hash((self.nlocal, self.max_ops, self.max_subs))
+        return hash((self.nlocal, self.max_ops, self.max_subs, self.fast_bytes))
 
     def __repr__(self) -> str:
-        return f"Layout(nlocal={self.nlocal}, max_ops={self.max_ops}, max_subs={self.max_subs})"
+        return (f"Layout(nlocal={self.nlocal}, max_ops={self.max_ops}, max_subs={self.max_subs}, "
+                f"fast_bytes={self.fast_bytes})")
+
+    def frank_q(self, local_rank: int, field: int) -> int:
+        """u64 index of a fast-path field of a local rank's line (FRANK_*)."""
+        return (self.fast_off + FAST_LINE * local_rank) // 8 + field
+
+    def pair_off(self, src: int, dst: int) -> int:
+        """Offset of the fast-path block of (sender, receiver), local ranks."""
+        return self.pairs_off + self.pair_stride * (src * self.nlocal + dst)
+
+    def cell_off(self, src: int, dst: int, k: int) -> int:
+        return self.pair_off(src, dst) + PAIR_HDR_BYTES + self.cell_stride * k
+
+    def crank_off(self, rank: int) -> int:
+        """Offset of a rank's line in the small collectives' area (its slots follow)."""
+        return self.coll_off + FAST_LINE + self.crank_stride * rank
 
     def rank_q(self, local_rank: int, field: int) -> int:
         """u64 index of a per-rank field."""
@@ -197,14 +260,16 @@ class PoolView:
     """Typed access to a mapped pool. Works on a read-write mapping or a read-only one (dump tool)."""
 
     def __init__(self, mm, addr: int = 0):
-        magic, version, hdr, nlocal, max_ops, max_subs, _r, total = HEADER_FMT.unpack_from(mm, 0)
+        magic, version, hdr, nlocal, max_ops, max_subs, fast_bytes, total = HEADER_FMT.unpack_from(mm, 0)
         if magic != MAGIC:
             raise ValueError(f"not a shmproxy ops pool (magic {magic:#x})")
         if version != VERSION:
             raise ValueError(f"ops pool layout version {version}, this shmproxy speaks {VERSION}")
-        if hdr != FREE_OPS_OFF or not (0 < nlocal <= 4096 and 0 < max_ops <= 1 << 20 and 0 < max_subs <= 1 << 24):
-            raise ValueError(f"ops pool header is corrupt (nlocal {nlocal}, max_ops {max_ops}, max_subs {max_subs})")
-        self.layout = Layout(nlocal, max_ops, max_subs)
+        if hdr != FREE_OPS_OFF or not (0 < nlocal <= 4096 and 0 < max_ops <= 1 << 20 and 0 < max_subs <= 1 << 24
+                                       and fast_bytes <= 1 << 20):
+            raise ValueError(f"ops pool header is corrupt (nlocal {nlocal}, max_ops {max_ops}, max_subs {max_subs}, "
+                             f"fast_bytes {fast_bytes})")
+        self.layout = Layout(nlocal, max_ops, max_subs, fast_bytes)
         if total != self.layout.total_bytes or len(mm) < total:
             raise ValueError(f"ops pool size mismatch: header says {total}, layout {self.layout.total_bytes}")
         self.mm = mm
@@ -220,7 +285,7 @@ class PoolView:
     def initialize(mm, addr: int, layout: Layout) -> "PoolView":
         """Write a fresh header, sync objects and free lists (the creator, before anyone attaches)."""
         HEADER_FMT.pack_into(mm, 0, MAGIC, VERSION, FREE_OPS_OFF, layout.nlocal, layout.max_ops,
-                             layout.max_subs, 0, layout.total_bytes)
+                             layout.max_subs, layout.fast_bytes, layout.total_bytes)
         view = PoolView(mm, addr)
         view.mutex.initialize()
         view.cond.initialize()

@@ -246,7 +246,9 @@ def _expect_peer_died(first, comm, one: float) -> dict:
     try:
         first()
         phase = "Barrier after the Allreduce completed"
-        comm.Barrier()
+        # through the progress process: a blocking Barrier runs between the ranks (rank/fastpath.py),
+        # which notices the death only at its next look at the pidfd
+        comm.Ibarrier().Wait()
     except shmproxy.PeerDiedError as exc:
         return {"seconds": time.monotonic() - t0, "message": str(exc), "rank": exc.rank,
                 "error": type(exc).__name__, "phase": phase, "one_allreduce_s": one}

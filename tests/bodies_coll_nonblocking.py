@@ -159,7 +159,9 @@ def multi_comm() -> dict:
                 if r == 1:
                     comm.Send(np.full(4, 42, np.int64), 0, tag=5)
                 pa = np.zeros(3)
-                comm.Allreduce(np.ones(3), pa)
+                # nonblocking like rank 0's: a blocking collective does not match a nonblocking one
+                # (MPI's rule; a small blocking one runs between the ranks, rank/fastpath.py)
+                comm.Iallreduce(np.ones(3), pa).Wait()
                 assert np.all(w == n) and np.all(pa == n), (w[:3], pa)
         # Dup of a sub-communicator, then close everything (children first)
         sd = sub.Dup()
@@ -198,7 +200,7 @@ def nonblocking_is_nonblocking() -> dict:
             return {"post_s": post_s}
         comm.Recv(np.zeros(1), 0, tag=77)
         comm.Allreduce(np.full(100_000, 1.0), out)
-        comm.Barrier()
+        comm.Ibarrier().Wait()   # a blocking Barrier would not match rank 0's Ibarrier (MPI's rule)
         assert np.all(out == n), out[:3]
         return {}
 
@@ -355,6 +357,6 @@ def wait_timeout_then_complete() -> dict:
             assert np.all(out == n), out
             return {"timeout_message": msg}
         comm.Recv(np.zeros(1), 0, tag=3)
-        comm.Allreduce(np.ones(10), out)
+        comm.Iallreduce(np.ones(10), out).Wait()   # matches rank 0's Iallreduce (a blocking one would not)
         assert np.all(out == n), out
         return {}

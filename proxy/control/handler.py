@@ -269,6 +269,11 @@ class ControlHandler:
 
     def on_abort(self, conn: Any, payload: dict, fds: list[int]):
         me = conn.data["info"]
+        code = payload.get("code")
+        if type(code) is int and code in (errors.Timeout.code, errors.InvalidUsage.code):
+            # a failure a rank found itself (a small collective that timed out or mismatched: rank/fastpath.py)
+            self.engine.fail(code, str(payload.get("message", ""))[:400], rank=me.rank, pid=me.pid)
+            return {}, []
         reason = str(payload.get("reason", ""))[:200]
         self.engine.fail(errors.Aborted.code, f"rank {me.rank} called Abort()" + (f": {reason}" if reason else ""),
                          rank=me.rank, pid=me.pid)

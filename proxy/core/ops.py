@@ -143,12 +143,13 @@ class Op:
 
     __slots__ = ("index", "kind", "dtype", "redop", "flags", "owner", "peer", "tag", "opcount",
                  "req_seq", "req_slot", "buf_id", "offset", "nbytes", "count", "buf2_id",
-                 "offset2", "nbytes2", "coll_seq", "t_post", "coll", "rank", "t_fetch", "mem", "tmap")
+                 "offset2", "nbytes2", "coll_seq", "t_post", "coll", "rank", "t_fetch", "mem", "tmap", "pair_seq")
 
     def __init__(self, index: int, fields: tuple, rank: int, t_fetch: int):
         (_next, self.kind, self.dtype, self.redop, self.flags, self.owner, self.peer, self.tag,
          self.opcount, self.req_seq, self.req_slot, self.buf_id, self.offset, self.nbytes, self.count,
-         self.buf2_id, self.mem, self.offset2, self.nbytes2, self.coll_seq, self.t_post, self.coll, _x2) = fields
+         self.buf2_id, self.mem, self.offset2, self.nbytes2, self.coll_seq, self.t_post, self.coll,
+         self.pair_seq) = fields   # pair_seq: a send to a local rank, its number + 1 in the pair (shm/_fast.h)
         self.index = index
         self.tmap = None   # FLAG_TYPED: the engine's TypeMap (shmproxy.engine.typed), set at fetch
         self.rank = rank

@@ -192,6 +192,15 @@ _DECLARED: tuple[Param, ...] = (
     _p("SEND_BUFFER_PER_PEER", parse_size, 4 << 20,
        "Bytes of buffered sends (SEND_BUFFER_BYTES) that may wait for one destination rank; beyond it a "
        "send waits for its receive (flow control).", 0),
+    _p("FAST_BYTES", parse_size, 512,
+       "The fast path: on a communicator whose ranks all share this node (at most FAST_MAX_RANKS), a "
+       "blocking Send of at most this many bytes is written into a shared cell of the pair and a blocking "
+       "Recv takes it itself, and a blocking Barrier, Allreduce, Bcast or Reduce of at most this many bytes "
+       "per rank runs between the ranks; the progress process keeps everything else (docs/architecture.md, "
+       "'The fast path'). Every rank must use the same value. 0 = off.", 0, 65536),
+    _p("FAST_MAX_RANKS", int, 64,
+       "The fast path's shared memory grows with the square of the ranks on a node: above this many it is "
+       "off.", 1, 1024),
     _p("COLL_INLINE_BYTES", parse_size, 64 << 10,
        "Collectives of at most this many bytes per rank run in the progress loop itself, not on workers.", 0),
     _p("COPY_STREAMING", _parse_bool, True,

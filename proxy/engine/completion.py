@@ -13,7 +13,7 @@ from typing import Sequence
 
 
 from shmproxy.core import errors, log
-from shmproxy.core.ops import Op
+from shmproxy.core.ops import KIND_PROBE, KIND_RECV, Op
 from shmproxy.engine.args import Sub, Transfer
 from shmproxy.engine.p2p import BUFFERED_OWNER
 from shmproxy.shm import _native, pool as P
@@ -71,6 +71,8 @@ class Completion:
         q[base + P.SLOT_TAG] = tag & MASK64
         q[base + P.SLOT_DONE_SEQ] = op.req_seq  # publishes the fields above (shm/counters.py)
         q[self.rank_words[owner][0]] += 1
+        if self.fast and (op.kind == KIND_RECV or op.kind == KIND_PROBE):
+            self.recv_done(owner)   # the rank's fast Recv looks at this (engine/fastpath.py)
         if wake:
             self.wake_rank(owner)
 

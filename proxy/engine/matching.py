@@ -46,9 +46,10 @@ _deque = collections.deque
 class _Dest:
     """What is pending for one destination rank."""
 
-    __slots__ = ("recvs", "wild", "unexp")
+    __slots__ = ("recvs", "wild", "unexp", "nunexp")
 
     def __init__(self) -> None:
+        self.nunexp = 0   # unexpected messages queued (kept only while the Matcher has a gauge)
         self.recvs: dict[tuple[int, int], collections.deque[Entry]] = {}   # specific posted receives
         self.wild: list[tuple[int, int, int, Any]] = []                    # (seq, src, tag, item)
         self.unexp: dict[tuple[int, int], collections.deque[Entry]] = {}   # unexpected, by (src, tag)
@@ -66,12 +67,15 @@ def _accepts(want_src: int, want_tag: int, src: int, tag: int) -> bool:
 class Matcher:
     """Posted receives and unexpected messages of some destination ranks, matched by MPI's rules."""
 
-    __slots__ = ("_dests", "_seq", "scanned")
+    __slots__ = ("_dests", "_seq", "scanned", "gauge")
 
     def __init__(self) -> None:
         self._dests: dict[int, _Dest] = {}
         self._seq = 0
         self.scanned = 0   # entries examined by walks (wildcard list, queue heads, searches); for tests
+        # gauge(dst, n): told dst's count of unexpected messages whenever it changes (the fast path
+        # publishes it: engine/fastpath.py)
+        self.gauge: Callable[[int, int], None] | None = None
 
     # ------------------------------------------------------------------ matching
     # arrive and post run for every message: locals instead of repeated attribute loads, and the
@@ -108,6 +112,9 @@ class Matcher:
             unexp[key] = _deque(((seq, item),))
         else:
             u.append((seq, item))
+        if self.gauge is not None:
+            d.nunexp += 1
+            self.gauge(dst, d.nunexp)
         return None
 
     def post(self, dst: int, src: int, tag: int, item: Any) -> Any | None:
@@ -128,6 +135,9 @@ class Matcher:
                 send = q.popleft()[1]
                 if not q:
                     del unexp[key]
+                if self.gauge is not None:
+                    d.nunexp -= 1
+                    self.gauge(dst, d.nunexp)
                 return send
         self._seq = seq = self._seq + 1
         if specific:
@@ -180,6 +190,9 @@ class Matcher:
             if self._remove_from(q, item):
                 if not q:
                     del d.unexp[key]
+                if self.gauge is not None:
+                    d.nunexp -= 1
+                    self.gauge(dst, d.nunexp)
                 return True
         return False
 
@@ -216,7 +229,10 @@ class Matcher:
                 d.wild = keep
                 self._drop_queues(dst, d.recvs, pred, out)
             if unexpected:
-                self._drop_queues(dst, d.unexp, pred, out)
+                n = self._drop_queues(dst, d.unexp, pred, out)
+                if n and self.gauge is not None:
+                    d.nunexp -= n
+                    self.gauge(dst, d.nunexp)
         out.sort(key=lambda e: e[0])
         return [item for _, item in out]
 

@@ -100,6 +100,23 @@ class Buffered:
         self.release = release
         self.tmap = None   # a typed send's bytes were packed into ``data``: contiguous from here
 
+    @classmethod
+    def from_cell(cls, src: int, dst: int, tag: int, dtype: int, nbytes: int, count: int, t_post: int, buf_id: int,
+                  data: np.ndarray, release: Any) -> "Buffered":
+        """A message the progress process drained from a fast-path cell (engine/fastpath.py): its sender
+        returned when it wrote the cell, so it is a buffered send from the start."""
+        b = cls.__new__(cls)
+        b.kind, b.rank, b.peer, b.tag = KIND_SEND, src, dst, tag
+        b.nbytes, b.count, b.dtype, b.mem, b.flags = nbytes, count, dtype, 0, 0
+        b.opcount, b.t_post, b.t_fetch = 0, t_post, time.monotonic_ns()
+        b.owner, b.buf_id, b.offset, b.req_slot, b.req_seq = BUFFERED_OWNER, buf_id, 0, -1, -1
+        b.data = b.mm = data
+        b.addr = _native.buffer_info(data, True)[0] if nbytes else 0
+        b.size = nbytes
+        b.release = release
+        b.tmap = None
+        return b
+
     def reply(self, code: int, nbytes: int, peer_dtype: int = 0) -> None:
         self.release(self)
 
@@ -161,26 +178,54 @@ class PointToPoint:
         if not 0 <= dst < self.size or send.tag == ANY_TAG:   # the rank checks both: a bug or a forgery
             self.complete(send, errors.InvalidArgument.code, 0)
         elif self.nlocal == self.size or dst in self.local_of or self.nodes.rank_node[dst] == self.node:
-            recv = self.matcher.arrive(dst, send.rank, send.tag, send)
-            if recv is not None:
-                self.match(send, recv)
-            elif self.gone and dst in self.gone and dst != send.rank:
-                self.matcher.take(dst, send)
-                self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
-            else:
-                if send.nbytes <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
-                    send = self.buffer_send(send)
-                if self.probes:
-                    self.wake_probes(dst, send)
+            d = self.local_of.get(dst) if self.fast and send.pair_seq else None
+            if d is not None and not self.fast_send_in(send, d):
+                return   # held behind a fast-path cell the receiver is taking (engine/fastpath.py)
+            if d is None and self.fast and send.pair_seq:
+                self.fast_early[(send.owner, dst)] = send.pair_seq   # its receiver has not joined yet
+            self.send_local(send, d)
         else:
             # The destination's receive half lives in another node's progress process: the envelope
             # travels over the pair's connector (engine/nodes.py).
             self.remote_send(send)
 
+    def send_local(self, send: Op, d: int | None) -> None:
+        """A send whose receive half is this process's: the envelope arrives at the matcher, and meets
+        a posted receive or waits as unexpected (buffered where it may be). ``d``: the receiver's local
+        rank when the fast path orders this pair."""
+        dst, op = send.peer, send
+        recv = self.matcher.arrive(dst, send.rank, send.tag, send)
+        if recv is not None:
+            self.match(send, recv)
+        elif self.gone and dst in self.gone and dst != send.rank:
+            self.matcher.take(dst, send)
+            self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
+        else:
+            if send.nbytes <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
+                send = self.buffer_send(send)
+            if self.probes:
+                self.wake_probes(dst, send)
+        if d is not None:
+            self.fast_sent(op, d)
+
+    def deliver_buffered(self, b: Buffered) -> None:
+        """A message buffered from its start (a fast-path cell) arrives at the matcher."""
+        dst = b.peer
+        recv = self.matcher.arrive(dst, b.rank, b.tag, b)
+        if recv is not None:
+            self.match(b, recv)
+        elif self.gone and dst in self.gone and dst != b.rank:
+            self.matcher.take(dst, b)
+            self.release_buffered(b)   # the receiver closed first: nobody will take it
+        elif self.probes:
+            self.wake_probes(dst, b)
+
     # ------------------------------------------------------------------ receive half
 
     def recv_half_post(self, recv: Op) -> None:
         """A posted receive: match it with the earliest unexpected envelope it accepts, or keep it."""
+        if self.fast:
+            self.fast_drain_to(recv.owner)   # cells to this rank come first (engine/fastpath.py)
         src = recv.peer
         if recv.flags & FLAG_MPROBED:
             held = self.held.pop((recv.owner, recv.tag), None)
@@ -338,6 +383,8 @@ class PointToPoint:
     def probe_post(self, probe: Op) -> None:
         """Probe/Iprobe/Mprobe/Improbe (see the module header): answer now, or wait for a message."""
         src, tag, dst, flags = probe.peer, probe.tag, probe.rank, probe.flags
+        if self.fast:
+            self.fast_drain_to(probe.owner)
         if not 0 <= src < self.size and src != ANY_SOURCE:
             self.complete(probe, errors.InvalidArgument.code, 0)
             return

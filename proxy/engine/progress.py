@@ -59,6 +59,7 @@ from shmproxy.engine.context import EngineContext
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failure
 from shmproxy.engine.introspect import Introspection
 from shmproxy.engine.nodes import NodeMap, Nodes
+from shmproxy.engine.fastpath import FastPath
 from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode, coll_chunk_limit, fetch_mode, streaming_threshold
 from shmproxy.engine.ranks import RankInfo
@@ -75,14 +76,16 @@ _EVENTS_Q = P.CTRL_OFF // 8 + P.CTRL_EVENTS   # news for the loop from this proc
 _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # globals: no enum lookup per pass
 
 
-class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion, Failure, Introspection):
+class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, Completion, Failure, Introspection):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
         self.net_ip = net_ip
         self.path, self.nlocal, self.size = path, nlocal, size
         self.job_key, self.comm_id, self.parent = job_key, comm_id, parent
-        layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS)
+        # The fast path (engine/fastpath.py) needs every rank of the communicator on this node.
+        fast = params.FAST_BYTES if nlocal == size and nlocal <= params.FAST_MAX_RANKS else 0
+        layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS, fast)
         self.seg = Segment.create(f"{job_key[:8]}-c{comm_id}", layout.total_bytes, params.SHM_DIR)
         self.view = P.PoolView.initialize(self.seg.mm, self.seg.addr, layout)
         self.layout = layout
@@ -137,6 +140,7 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
         self.pending: dict | None = None   # what waits, as last written to the info blob (introspect.py)
         self.fingerprints: dict[int, list] = {}   # node 0 across nodes: seq -> (node, rank, fingerprint)s
         self.init_p2p(params)   # the receive half of point-to-point, buffered sends, probes (engine/p2p.py)
+        self.init_fast(layout)  # small blocking calls the ranks complete themselves (engine/fastpath.py)
         self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
         # News from the other threads of this process (the service thread, transports' helper threads):
         # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.
@@ -373,6 +377,10 @@ class ProgressEngine(PointToPoint, Nodes, CollRunner, MultiNodeColl, Completion,
         self.progressed = False
         if self.q[_EVENTS_Q] != self.events_seen:
             self.run_events()
+            if self.fast:
+                self.check_bells()
+        if self.fast_held or self.fast_retry:
+            self.fast_pass()
         if self.copy.nworkers:
             for tok in self.copy.drain():
                 if type(tok) is tuple:   # (schedule, entry) of a collective

@@ -27,6 +27,7 @@ import numpy as np
 from shmproxy.engine import affinity
 from shmproxy.control import bootstrap, netif, rendezvous
 from shmproxy.core import errors, log, params as params_mod
+from shmproxy.rank import fastpath
 from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
                                IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND, Coll)
@@ -79,6 +80,8 @@ def _cwd_args() -> list[str]:
 
 class Lifecycle:
     """Creation, the service calls, failure state, Abort/close and teardown of a Comm."""
+
+    _fast_bytes = 0   # the fast path's size limit once on (rank/fastpath.py)
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -230,6 +233,8 @@ class Lifecycle:
         self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, p.WAIT_SPIN_US * 1e-6, spin_max,
                           spin_max_coll)
         self._slice_s = p.WAIT_SLICE_MS * 1e-3
+        # Small blocking calls the rank completes itself, on a communicator all on this node (rank/fastpath.py)
+        fastpath.bind(self, seg.addr, layout)
         self._registry = Registry(self._register, self._pp.set_ranges)
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
 

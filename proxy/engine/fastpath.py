@@ -1,0 +1,178 @@
+"""The progress process's half of the fast path (a mixin of ProgressEngine).
+
+Small blocking Sends go into shared cells of their (sender, receiver) pair, and a blocking Recv with
+nothing ahead of it takes them itself (shm/_fast.h has the protocol, shm/_poster_fast.c the rank's
+half). Whatever the receiver does not take, this process takes into its matching, in the sender's
+order, as a buffered send: the message then behaves as one the progress process buffered (matching
+order, probes, cancel of the receive, truncation and type errors named by the match).
+
+This half keeps the protocol's promises:
+
+- **Order.** A slow send of a pair enters matching only after the cells written before it
+  (``_drain_before``); a cell enters only after the slow sends before it (``max_slow``: the pair's
+  FETCHED_SLOW, stored once a slow send is in). A cell the receiver is taking this instant (BUSY)
+  holds the slow send back (``held``), retried every pass until the take is over.
+- **What the receiver checks.** UNEXP (the messages to the rank waiting unexpected in matching,
+  kept by the matcher's gauge) and RECV_DONE (its receives and probes completed, bumped by
+  complete()) are stored before FETCHED_SLOW.
+- **Cells for a rank that waits here.** When the rank posts a receive or a probe, every cell to it
+  is drained first; while it has one posted, senders ring its doorbell after writing a cell, and the
+  loop drains that rank's cells when it sees the bell (``check_bells``, after CTRL_EVENTS moved).
+- **Failure.** fail() wakes the ranks sleeping in a small collective (``wake_fast``).
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+
+from shmproxy.core import log
+from shmproxy.core.ops import KIND_SEND, Op
+from shmproxy.engine.p2p import BUFFERED_OWNER, Buffered
+from shmproxy.shm import _native
+from shmproxy.shm import pool as P
+
+_log = log.get("PROXY")
+_TAKE_BUSY, _TAKE_NONE, _TAKE_BLOCKED = _native.TAKE_BUSY, _native.TAKE_NONE, _native.TAKE_BLOCKED
+
+
+class FastPath:
+    """State: ``fast`` (the pool has the region), per local rank the u64 indices of its fields, the
+    pair blocks' addresses, the doorbells seen, and the slow sends held behind a cell."""
+
+    fast = False   # until init_fast (engines built without a pool, in tests, have none)
+
+    def init_fast(self, layout: P.Layout) -> None:
+        self.fast = bool(layout.fast_bytes)
+        self.fast_held: dict[tuple[int, int], collections.deque] = {}
+        self.fast_retry: set[int] = set()   # local ranks whose drain met a cell being taken
+        self.fast_early: dict[tuple[int, int], int] = {}   # (sender, rank): slow sends in before it joined
+        if not self.fast:
+            return
+        n, base = layout.nlocal, self.seg.addr
+        self.f_recv_done = [layout.frank_q(lr, P.FRANK_RECV_DONE) for lr in range(n)]
+        self.f_unexp = [layout.frank_q(lr, P.FRANK_UNEXP) for lr in range(n)]
+        self.f_bell = [layout.frank_q(lr, P.FRANK_DOORBELL) for lr in range(n)]
+        self.f_bells_seen = [0] * n
+        self.f_pair = [[base + layout.pair_off(s, d) for d in range(n)] for s in range(n)]
+        self.f_fetched = [[layout.pair_off(s, d) // 8 + P.PAIR_FETCHED_SLOW for d in range(n)] for s in range(n)]
+        self.f_stride = layout.cell_stride
+        self.f_coll_word = base + layout.coll_off + P.CAREA_WORD_OFF
+        self.matcher.gauge = self._unexp_gauge
+
+    # ------------------------------------------------------------------ order of a pair's messages
+    def fast_send_in(self, send: Op, d: int) -> bool:
+        """A fetched slow send to local rank ``d``: True when it may enter matching now (the cells
+        written before it are in); False when it is held (a cell before it is being taken)."""
+        key = (send.owner, d)
+        held = self.fast_held.get(key)
+        if held is not None:
+            held.append(send)
+            return False
+        if self._drain_before(send.owner, d, send.pair_seq - 1):
+            return True
+        self.fast_held[key] = collections.deque((send,))
+        return False
+
+    def fast_sent(self, send: Op, d: int) -> None:
+        """``send`` is in matching: cells after it may follow (UNEXP was stored before this)."""
+        self.q[self.f_fetched[send.owner][d]] = send.pair_seq
+
+    def _drain_before(self, s: int, d: int, max_slow: int) -> bool:
+        """Take every cell of (s, d) with at most ``max_slow`` slow sends before it into matching;
+        False if one is being taken by the receiver right now."""
+        pair, stride, take = self.f_pair[s][d], self.f_stride, _native.fast_take
+        while True:
+            got = take(pair, stride, max_slow)
+            if type(got) is tuple:
+                self._cell_in(s, d, got)
+            else:
+                return got != _TAKE_BUSY
+
+    def fast_drain_to(self, d: int) -> None:
+        """Local rank ``d`` waits in matching (a receive or probe posted, or its doorbell rang): take
+        every cell to it that may enter, in each pair's order."""
+        q, fetched = self.q, self.f_fetched
+        if self.fast_early:
+            dst = self.ranks[d].rank
+            for s in range(self.nlocal):
+                n = self.fast_early.pop((s, dst), 0)
+                if n > q[fetched[s][d]]:
+                    q[fetched[s][d]] = n
+        busy = False
+        for s in range(self.nlocal):
+            if (s, d) in self.fast_held:
+                continue   # its held send goes first; the retry drains after it
+            if not self._drain_before(s, d, q[fetched[s][d]]):
+                busy = True
+        if busy:
+            self.fast_retry.add(d)
+
+    def _cell_in(self, s: int, d: int, got: tuple) -> None:
+        """A drained cell enters matching as a buffered send from local rank ``s`` to ``d``."""
+        tag, code, nbytes, count, t_post, data = got
+        src, dst = self.ranks[s].rank, self.ranks[d].rank
+        self.buffered_ids += 1
+        b = Buffered.from_cell(src, dst, tag, code, nbytes, count, t_post, self.buffered_ids,
+                               np.frombuffer(data, np.uint8), self.release_buffered)
+        self.buffers[(BUFFERED_OWNER, b.buf_id)] = b
+        self.buffered[dst] = self.buffered.get(dst, 0) + nbytes
+        self.deliver_buffered(b)
+
+    # ------------------------------------------------------------------ the loop's share
+    def fast_pass(self) -> None:
+        """Every pass while something waits on a cell being taken: try again."""
+        for key in list(self.fast_held):
+            s, d = key
+            held = self.fast_held[key]
+            while held:
+                op = held[0]
+                if not self._drain_before(s, d, op.pair_seq - 1):
+                    break
+                held.popleft()
+                self.send_local(op, d)
+            if not held:
+                del self.fast_held[key]
+        if self.fast_retry:
+            retry, self.fast_retry = self.fast_retry, set()
+            for d in retry:
+                self.fast_drain_to(d)
+        self.progressed = True   # no sleep while a take is in flight: it ends in microseconds
+
+    def check_bells(self) -> None:
+        """After CTRL_EVENTS moved: drain the cells to ranks whose doorbell rang."""
+        q, seen = self.q, self.f_bells_seen
+        for d, idx in enumerate(self.f_bell):
+            v = q[idx]
+            if v != seen[d]:
+                seen[d] = v
+                self.fast_drain_to(d)
+
+    def _unexp_gauge(self, dst: int, n: int) -> None:
+        lr = self.local_of.get(dst)
+        if lr is not None:
+            self.q[self.f_unexp[lr]] = n
+
+    def recv_done(self, owner: int) -> None:
+        """A receive or probe of local rank ``owner`` completed (after its slot was published)."""
+        self.q[self.f_recv_done[owner]] += 1
+
+    def wake_fast(self) -> None:
+        if self.fast:
+            _native.fast_wake_coll(self.f_coll_word)
+
+    def fast_describe(self) -> dict[str, Any]:
+        """The fast path's counters, for the info blob and the dump."""
+        if not self.fast:
+            return {"on": False}
+        q, lay = self.q, self.layout
+        ranks = []
+        for lr in range(self.nlocal):
+            ranks.append({"local_rank": lr, "recv_posted": q[lay.rank_q(lr, P.RANK_RECV_POSTED)],
+                          "recv_done": q[self.f_recv_done[lr]], "unexpected": q[self.f_unexp[lr]]})
+        return {"on": True, "bytes": lay.fast_bytes, "ranks": ranks, "held": len(self.fast_held)}
+
+
+def is_fast_send(op: Any) -> bool:
+    return op.kind == KIND_SEND and bool(getattr(op, "pair_seq", 0))

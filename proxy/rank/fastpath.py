@@ -1,0 +1,181 @@
+"""The rank's fast path, Python side: binding, the calls the C path declines, and its failures.
+
+On a communicator whose ranks all share this node, the pool has a fast region (shm/_fast.h) and each
+Comm binds Send, Recv, Barrier, Allreduce, Bcast and Reduce to C entry points of its poster
+(shm/_poster_fast.c, shm/_poster_coll.c). What they decline comes here:
+
+- Send and Recv go to the progress process as before (Isend/Irecv and a Wait): declining a message
+  is always correct (the C path only declines before it changed anything).
+- A collective is small or not by what every rank passes alike (its kind, bytes per rank, dtype and
+  op: ``small``), never by where a rank's buffer lies, since all ranks must take the same path. So a
+  small collective the C path declined for a rank-local reason (a strided input, which is copied
+  here as the progress process's path would stage it) still runs between the ranks (``coll_fast``);
+  only a signature that is not small goes to the progress process, and so do arguments that its
+  checks refuse (they raise there, before anything is posted, naming why).
+
+Failures: the C wait hands its outcome to ``fast_failed``: the communicator's own error when its
+flags are up, or a Timeout / mismatch that first fails the communicator on every rank (through the
+progress process, as a mismatch it detects itself does), so that no peer waits for a bound of its own.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shmproxy.control.protocol import MsgType
+from shmproxy.core import errors, log
+from shmproxy.core.ops import CODE_DTYPE, COLL_NAMES, DTYPE_CODE, IN_PLACE, REDUCE_OP_NAMES, Coll, ReduceOp
+from shmproxy.shm import _poster, pool as P
+
+if TYPE_CHECKING:
+    from shmproxy.rank.comm import Comm
+
+_log = log.get("RANK")
+# shm/_poster_coll.c's outcomes of a wait
+CW_FAILED, CW_TIMEOUT, CW_MISMATCH, CW_GONE = 1, 2, 3, 4
+_DTYPE_NAMES = {code: dt.name for code, dt in CODE_DTYPE.items()}
+
+
+def bind(comm: "Comm", seg_addr: int, layout: P.Layout) -> None:
+    """Turn the fast path on for ``comm`` if its pool has the region (every rank on this node)."""
+    if not layout.fast_bytes or comm.local_size != comm.size:
+        return
+    cls, pp = type(comm), comm._pp
+    fallbacks = (cls.Send.__get__(comm), cls.Recv.__get__(comm), lambda: _barrier(comm),
+                 lambda *a, **k: _allreduce(comm, *a, **k), lambda *a, **k: _bcast(comm, *a, **k),
+                 lambda *a, **k: _reduce(comm, *a, **k))
+    pp.set_fast(seg_addr, layout.fast_off, layout.fast_bytes, layout.rank_area_off, layout.nlocal,
+                comm.params.WAIT_SLICE_MS * 1e-3, fallbacks, lambda code, detail: fast_failed(comm, code, detail),
+                lambda: fast_check(comm), comm._pidfd)
+    comm._fast_bytes = layout.fast_bytes
+    comm.Send, comm.Recv, comm.Barrier = pp.send, pp.recv, pp.barrier
+    comm.Allreduce, comm.Bcast, comm.Reduce = pp.allreduce, pp.bcast, pp.reduce
+
+
+def small(comm: "Comm", coll: int, nbytes: int, dtype: np.dtype, op: int) -> bool:
+    """Whether a collective of this signature runs between the ranks (the same answer on every rank
+    of a correct program)."""
+    if not comm._fast_bytes or nbytes > comm._fast_bytes:
+        return False
+    if coll in (Coll.ALLREDUCE, Coll.REDUCE):
+        code = DTYPE_CODE.get(dtype.char)
+        return code is not None and _poster.fast_kernel(int(op), code)
+    return True
+
+
+def _host(a: Any) -> bool:
+    return type(a) is np.ndarray
+
+
+def _op(op: Any) -> int | None:
+    if isinstance(op, (int, np.integer)) and not isinstance(op, bool):
+        return int(op) if int(op) in ReduceOp._value2member_map_ else None
+    return None
+
+
+def _out(a: Any) -> bool:
+    """An output the progress process's path takes too (it refuses the others, naming why)."""
+    return _host(a) and a.flags.writeable and a.flags.c_contiguous
+
+
+def _run(comm: "Comm", coll: int, send: np.ndarray | None, recv: np.ndarray | None, op: int, root: int) -> None:
+    """coll_fast with a contiguous copy of a strided input (as the progress process's path stages it)."""
+    comm._pp.coll_fast(int(coll), None if send is None else np.ascontiguousarray(send), recv, op, root)
+
+
+def _barrier(comm: "Comm") -> None:
+    comm.Ibarrier().Wait()
+
+
+def _allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, stream: Any = None) -> None:
+    o = _op(op)
+    if (stream is None and o is not None and _out(recvbuf)
+            and (sendbuf is IN_PLACE or (_host(sendbuf) and sendbuf.dtype == recvbuf.dtype
+                                         and sendbuf.size == recvbuf.size))
+            and small(comm, Coll.ALLREDUCE, recvbuf.nbytes, recvbuf.dtype, o)):
+        _run(comm, Coll.ALLREDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf, o, 0)
+        return
+    comm.Iallreduce(sendbuf, recvbuf, op, **({} if stream is None else {"stream": stream})).Wait()
+
+
+def _bcast(comm: "Comm", buf: Any, root: int = 0, stream: Any = None) -> None:
+    if (stream is None and _out(buf) and isinstance(root, (int, np.integer))
+            and 0 <= int(root) < comm.size and small(comm, Coll.BCAST, buf.nbytes, buf.dtype, 0)):
+        _run(comm, Coll.BCAST, None, buf, 0, int(root))
+        return
+    comm.Ibcast(buf, root, **({} if stream is None else {"stream": stream})).Wait()
+
+
+def _reduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, root: int = 0,
+            stream: Any = None) -> None:
+    o = _op(op)
+    ok_root = isinstance(root, (int, np.integer)) and 0 <= int(root) < comm.size
+    at_root = ok_root and int(root) == comm.rank
+    sig = recvbuf if sendbuf is IN_PLACE else sendbuf
+    if (stream is None and o is not None and ok_root and _host(sig)
+            and (not at_root or (_out(recvbuf) and recvbuf.dtype == sig.dtype
+                                 and recvbuf.size == sig.size))
+            and (sendbuf is not IN_PLACE or at_root)
+            and (at_root or recvbuf is None or _out(recvbuf))   # checked as the root's (Comm._coll)
+            and small(comm, Coll.REDUCE, sig.nbytes, sig.dtype, o)):
+        _run(comm, Coll.REDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf if at_root else None, o,
+             int(root))
+        return
+    comm.Ireduce(sendbuf, recvbuf, op, root, **({} if stream is None else {"stream": stream})).Wait()
+
+
+def fast_check(comm: "Comm") -> None:
+    """Between a small collective's sleeps: the progress process must still be there."""
+    if comm._pidfd >= 0 and comm._proxy_dead():
+        raise comm._record_failure()
+
+
+def describe(fp: int) -> str:
+    """A small collective's fingerprint (shm/_poster_coll.c) in words."""
+    coll, op, code, root, nbytes = fp & 0xF, (fp >> 4) & 0xF, (fp >> 8) & 0xFF, (fp >> 16) & 0xFFFF, fp >> 32
+    out = f"{COLL_NAMES.get(coll, coll)} of {nbytes} B"
+    if coll != Coll.BARRIER:
+        out += f" {_DTYPE_NAMES.get(code, code)}"
+    if coll in (Coll.ALLREDUCE, Coll.REDUCE):
+        out += f" op {REDUCE_OP_NAMES.get(op, op)}"
+    if coll in (Coll.BCAST, Coll.REDUCE):
+        out += f" root {root}"
+    return out
+
+
+def fast_failed(comm: "Comm", code: int, detail: tuple[int, int, int, int]) -> None:
+    """Raise what a failed small collective must (shm/_poster_coll.c calls this with its wait's
+    outcome and (collective number, its fingerprint, the other rank, that rank's fingerprint))."""
+    if code == CW_FAILED:
+        comm._check_usable()
+        if comm._pp.group_depth:
+            raise errors.InvalidUsage(f"rank {comm.rank}: a blocking collective inside comm.group() cannot complete")
+        raise errors.InternalError(f"rank {comm.rank}: a small collective saw the communicator fail, but no error")
+    if code == CW_GONE:
+        raise errors.Closed(f"rank {comm.rank}: the communicator was closed during a collective")
+    n, fp, other, other_fp = detail
+    exc: errors.ProxyError
+    if code == CW_TIMEOUT:
+        exc = errors.Timeout(f"rank {comm.rank}: {describe(fp)} (small collective #{n}): not every rank arrived "
+                             f"within {comm._timeout:g} s")
+    elif other_fp:
+        exc = errors.InvalidUsage(f"small collective #{n} mismatch: rank {comm.rank} called {describe(fp)} but "
+                                  f"rank {other} called {describe(other_fp)}")
+    else:
+        exc = errors.InvalidUsage(
+            f"collective mismatch: rank {comm.rank} called a blocking {describe(fp)}, which runs between the "
+            f"ranks, but rank {other} posted a collective to the progress process instead (a nonblocking "
+            f"collective, which never matches a blocking one, a device buffer, or one above SHMPROXY_FAST_BYTES)")
+    fail_everywhere(comm, exc)
+    raise exc
+
+
+def fail_everywhere(comm: "Comm", exc: errors.ProxyError) -> None:
+    """Fail the communicator on every rank with ``exc``'s message, through the progress process; if it
+    cannot be asked, this rank alone fails."""
+    try:
+        comm._control(MsgType.ABORT, {"code": exc.code, "message": str(exc)})
+    except errors.ProxyError as why:
+        _log.info("could not fail the communicator through the progress process: %s", why)
+    comm._set_failure(exc)

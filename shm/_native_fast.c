@@ -1,0 +1,78 @@
+/*
+ * shm._native's half of the fast path (the protocol is in shm/_fast.h): the progress process drains
+ * a pair's next cell into its matching, and wakes ranks sleeping in a small collective when it fails
+ * the communicator.
+ */
+#include "_native.h"
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "_fast.h"
+
+static char *addr_of(PyObject *o) {
+    void *p = PyLong_AsVoidPtr(o);
+    if (!p && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null address");
+    return p;
+}
+
+/*
+ * fast_take(pair, cell_stride, max_slow) -> (tag, code, nbytes, count, t_post, bytearray) | TAKE_*
+ * Drain the next cell of the pair whose block is at `pair`, if it is FULL, is the pair's next and
+ * has no slow send before it that has not been taken in (slow_before <= max_slow): its payload is
+ * copied out, F_DRAINED counted and the cell freed. Otherwise TAKE_NONE (nothing written, or not yet
+ * this cell), TAKE_BUSY (the receiver is taking it this instant: try again) or TAKE_BLOCKED (a slow
+ * send before it is still to come).
+ */
+enum { TAKE_NONE, TAKE_BUSY, TAKE_BLOCKED };
+
+PyObject *_sn_fast_take(PyObject *self, PyObject *args) {
+    PyObject *pair_o;
+    unsigned long long stride, max_slow;
+    if (!PyArg_ParseTuple(args, "OKK", &pair_o, &stride, &max_slow)) return NULL;
+    char *pair = addr_of(pair_o);
+    if (!pair) return NULL;
+    uint64_t next = fast_next(pair);
+    char *cell = pair + PAIR_HDR_BYTES + stride * (next % FAST_CELLS);
+    uint32_t st = __atomic_load_n(CELL_STATE(cell), __ATOMIC_ACQUIRE);
+    if (st == CELL_TAKING) return PyLong_FromLong(TAKE_BUSY);
+    if (st != CELL_FULL) return PyLong_FromLong(TAKE_NONE);
+    uint64_t fseq, slow;
+    memcpy(&fseq, cell + CELL_FSEQ_OFF, 8);
+    memcpy(&slow, cell + CELL_SLOW_BEFORE_OFF, 8);
+    if (fseq != next) return PyLong_FromLong(TAKE_NONE);
+    if (slow > max_slow) return PyLong_FromLong(TAKE_BLOCKED);
+    if (!fast_claim(cell, CELL_DRAINING)) return PyLong_FromLong(TAKE_BUSY);
+    memcpy(&fseq, cell + CELL_FSEQ_OFF, 8);   /* claimed: nothing changes under us now */
+    memcpy(&slow, cell + CELL_SLOW_BEFORE_OFF, 8);
+    if (fseq != fast_next(pair) || slow > max_slow) {
+        __atomic_store_n(CELL_STATE(cell), CELL_FULL, __ATOMIC_RELEASE);
+        return PyLong_FromLong(TAKE_BUSY);
+    }
+    long long tag; uint64_t nb, count, t_post; uint32_t code;
+    memcpy(&tag, cell + CELL_TAG_OFF, 8);
+    memcpy(&nb, cell + CELL_NBYTES_OFF, 8);
+    memcpy(&count, cell + CELL_COUNT_OFF, 8);
+    memcpy(&t_post, cell + CELL_TPOST_OFF, 8);
+    memcpy(&code, cell + CELL_CODE_OFF, 4);
+    PyObject *data = PyByteArray_FromStringAndSize(cell + CELL_HDR_BYTES, (Py_ssize_t)nb);
+    if (!data) {
+        __atomic_store_n(CELL_STATE(cell), CELL_FULL, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    fast_release(pair, cell, PAIR_F_DRAINED_OFF);
+    return Py_BuildValue("(LIKKKN)", tag, code, (unsigned long long)nb, (unsigned long long)count,
+                         (unsigned long long)t_post, data);
+}
+
+/* fast_wake_coll(word): bump the small collectives' futex word and wake every rank sleeping on it. */
+PyObject *_sn_fast_wake_coll(PyObject *self, PyObject *arg) {
+    char *word = addr_of(arg);
+    if (!word) return NULL;
+    __atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,321 @@
+/*
+ * shm._poster's small collectives: a blocking Barrier, Allreduce, Bcast or Reduce of at most
+ * fast_bytes per rank, on a communicator whose ranks all live on this node, runs between the ranks
+ * themselves through the pool's collective area, never through the progress process.
+ *
+ * Protocol, for the n-th small collective of the communicator (every rank counts them alike, since
+ * whether a collective is small depends only on what all ranks must pass alike: its kind, size,
+ * dtype and op). Each rank has two slots, used by the collective's parity:
+ *   1. wait until every rank finished reading collective n - 2 (its DONE >= n - 2), which used the
+ *      same slots; a rank about to write them has finished n - 1, so this rarely waits;
+ *   2. write its contribution (Allreduce, Reduce, the root of a Bcast), the collective's fingerprint
+ *      and the number of collectives it posted to the progress process before this one, then the
+ *      slot's SEQ = n (release), and bump the area's futex word, waking sleepers;
+ *   3. wait for every rank's slot to say SEQ = n, comparing fingerprints (also where a rank reads
+ *      nothing, as a Bcast's root does: so a mismatch is found on every rank, as the progress
+ *      process finds it for its collectives);
+ *   4. reduce the slots in rank order into its output (every rank gets the same bits, the order the
+ *      progress process's collectives use), or copy the root's;
+ *   5. DONE = n, and bump the word again.
+ * A rank whose slot lags while it posted more collectives to the progress process than this rank
+ * had when it wrote its own went the other way for this collective (a device buffer, a different
+ * size): that is a mismatch, reported as the progress process reports one, and the communicator
+ * fails on every rank.
+ *
+ * Waits spin (yielding) for WAIT_SPIN_US, then sleep on the futex word in slices of WAIT_SLICE_MS;
+ * each wake-up re-checks the slots, the communicator's error and abort flags (the progress process
+ * also wakes this word when it fails the communicator) and, between slices, that the progress
+ * process is alive. The whole wait is bounded by TIMEOUT.
+ */
+#include "_poster.h"
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "_kernel.h"
+#pragma GCC diagnostic pop
+
+enum { CW_OK, CW_FAILED, CW_TIMEOUT, CW_MISMATCH, CW_GONE, CW_EXC };
+
+int _sp_coll_init(void) {
+    init_tables();
+    return 0;
+}
+
+PyObject *_sp_fast_kernel(PyObject *self, PyObject *args) {
+    int op, code;
+    if (!PyArg_ParseTuple(args, "ii", &op, &code)) return NULL;
+    return PyBool_FromLong(kernel_for(op, code) != NULL && !(op == REDOP_AVG && code < CODE_FIRST_FLOAT));
+}
+
+static uint64_t fingerprint(int coll, int op, int code, uint64_t nbytes, long root) {
+    return (uint64_t)coll | ((uint64_t)op << 4) | ((uint64_t)code << 8) | ((uint64_t)(root & 0xFFFF) << 16) |
+           (nbytes << 32);
+}
+
+static void notify(FastLayout *f) {
+    __atomic_add_fetch((uint32_t *)(f->coll + CAREA_WORD_OFF), 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(FAST_Q(f->coll, CAREA_WAITERS_OFF), __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, f->coll + CAREA_WORD_OFF, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+typedef struct {
+    PosterObject *self;
+    uint64_t n, fp, slow_before;
+    long bad;        /* the rank a mismatch is with */
+    uint64_t bad_fp; /* its fingerprint, or 0 when it went to the progress process */
+} CollWait;
+
+static uint64_t slow_colls(FastLayout *f, long r) {
+    return __atomic_load_n(FAST_Q(coll_rank(f, r), CRANK_SLOW_COLLS_OFF), __ATOMIC_ACQUIRE);
+}
+
+/* 1: every slot this rank reads holds collective n; 0: not yet; -1: a mismatch (w->bad). */
+static int arrived(CollWait *w) {
+    FastLayout *f = &w->self->fl;
+    for (long x = 0; x < w->self->size; x++) {
+        char *slot = coll_slot(f, x, w->n);
+        if (__atomic_load_n(FAST_Q(slot, CSLOT_SEQ_OFF), __ATOMIC_ACQUIRE) == w->n) {
+            uint64_t fp = *FAST_Q(slot, CSLOT_FP_OFF);
+            if (fp != w->fp) {
+                w->bad = x; w->bad_fp = fp;
+                return -1;
+            }
+            continue;
+        }
+        if (slow_colls(f, x) > w->slow_before) {
+            w->bad = x; w->bad_fp = 0;
+            return -1;
+        }
+        return 0;
+    }
+    return 1;
+}
+
+/* 1: no rank still reads the slots of collective n - 2; 0: not yet; -1: a rank went the other way. */
+static int reusable(CollWait *w) {
+    FastLayout *f = &w->self->fl;
+    for (long x = 0; x < w->self->size; x++) {
+        if (__atomic_load_n(FAST_Q(coll_rank(f, x), CRANK_DONE_OFF), __ATOMIC_ACQUIRE) + 2 >= w->n) continue;
+        if (slow_colls(f, x) > w->slow_before) {
+            w->bad = x; w->bad_fp = 0;
+            return -1;
+        }
+        return 0;
+    }
+    return 1;
+}
+
+static int coll_wait(PosterObject *self, int (*ready)(CollWait *), CollWait *w) {
+    FastLayout *f = &self->fl;
+    uint32_t *word = (uint32_t *)(f->coll + CAREA_WORD_OFF);
+    uint64_t *waiters = (uint64_t *)(f->coll + CAREA_WAITERS_OFF);
+    long long now = mono_ns(), spin_end = now + (long long)(self->spin_s * 1e9);
+    long long end = now + (long long)(self->timeout * 1e9);
+    for (;;) {
+        int r = ready(w);
+        if (r) return r > 0 ? CW_OK : CW_MISMATCH;
+        if (*self->err || *self->abort) return CW_FAILED;
+        now = mono_ns();
+        if (now >= end) return CW_TIMEOUT;
+        if (now < spin_end) {
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
+            if (!self->mapped) return CW_GONE;
+            continue;
+        }
+        uint32_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(waiters, 1, __ATOMIC_SEQ_CST);
+        r = ready(w);
+        if (!r && !*self->err && !*self->abort) {
+            double s = self->slice_s, left = (double)(end - now) / 1e9;
+            if (left < s) s = left;
+            struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+            Py_BEGIN_ALLOW_THREADS
+            syscall(SYS_futex, word, FUTEX_WAIT, v, &ts, NULL, 0);
+            Py_END_ALLOW_THREADS
+        }
+        __atomic_sub_fetch(waiters, 1, __ATOMIC_SEQ_CST);
+        if (!r) r = ready(w);   /* what woke us first: a collective complete is not a failure */
+        if (r) return r > 0 ? CW_OK : CW_MISMATCH;
+        if (!self->mapped) return CW_GONE;
+        PyObject *alive = PyObject_CallNoArgs(self->fast_check);   /* raises if the progress process died */
+        if (!alive) return CW_EXC;
+        Py_DECREF(alive);
+    }
+}
+
+
+/* Hand a failed wait to Comm._fast_failed(code, (n, fingerprint, rank, its fingerprint)), which
+ * raises (and words the message); returns NULL. */
+static PyObject *failed(PosterObject *self, int code, CollWait *w, int coll) {
+    if (code == CW_EXC) return NULL;
+    (void)coll;
+    PyObject *r = PyObject_CallFunction(self->fast_failed, "i(KKlK)", code, (unsigned long long)w->n,
+                                        (unsigned long long)w->fp, w->bad, (unsigned long long)w->bad_fp);
+    Py_XDECREF(r);
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "a small collective failed");
+    return NULL;
+}
+
+/* Run one small collective (arguments checked: contiguous host arrays of the same dtype, nbytes of
+ * at most fast_bytes, a kernel for (op, code)). send: NULL in place (Allreduce, Reduce at the root);
+ * recv: the output (the buffer of a Bcast), NULL where a rank has none. */
+static PyObject *run(PosterObject *self, int coll, const char *send, char *recv, uint64_t nb, int code,
+                     long long count, int op, long root) {
+    FastLayout *f = &self->fl;
+    long me = self->rank;
+    uint64_t n = self->coll_n + 1;
+    CollWait w = {.self = self, .n = n, .fp = fingerprint(coll, op, code, nb, root),
+                  .slow_before = slow_colls(f, me), .bad = -1};
+    int rc;
+    if (n > 2 && (rc = coll_wait(self, reusable, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    self->coll_n = n;
+    char *slot = coll_slot(f, me, n);
+    int writes = coll != COLL_BARRIER && !(coll == COLL_BCAST && me != root);
+    if (writes && nb) memcpy(slot + CELL_HDR_BYTES, send ? send : recv, nb);
+    *FAST_Q(slot, CSLOT_FP_OFF) = w.fp;
+    *FAST_Q(slot, CSLOT_SLOW_BEFORE_OFF) = w.slow_before;
+    __atomic_store_n(FAST_Q(slot, CSLOT_SEQ_OFF), n, __ATOMIC_RELEASE);
+    notify(f);
+    /* every rank waits for every other, also where it reads nothing (a Bcast's root, a Reduce's
+     * others): so each compares every fingerprint, and a mismatch is found on every rank */
+    if ((rc = coll_wait(self, arrived, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    if (coll == COLL_BCAST && me != root) {
+        if (nb) memcpy(recv, coll_slot(f, root, n) + CELL_HDR_BYTES, nb);
+    } else if ((coll == COLL_ALLREDUCE || (coll == COLL_REDUCE && me == root)) && count) {
+        char *srcs[64];
+        char **s = self->size <= 64 ? srcs : PyMem_Malloc(sizeof(char *) * (size_t)self->size);
+        if (!s) return PyErr_NoMemory();
+        for (long x = 0; x < self->size; x++) s[x] = coll_slot(f, x, n) + CELL_HDR_BYTES;
+        reduce_run(kernel_for(op, code), op, code, (size_t)count, s, (size_t)self->size, &recv, 1, 0);
+        if (s != srcs) PyMem_Free(s);
+    }
+    __atomic_store_n(FAST_Q(coll_rank(f, me), CRANK_DONE_OFF), n, __ATOMIC_RELEASE);
+    notify(f);
+    Py_RETURN_NONE;
+}
+
+/* The arguments a small collective takes here: 1 when the whole call is ours. */
+static int host_array(PosterObject *self, PyObject *o, int writable, uintptr_t *addr, int *code, long long *nb,
+                      long long *count) {
+    return Py_TYPE(o) == self->ndarray && _sp_read_array(self, o, writable, addr, code, nb, count) &&
+           (uint64_t)*nb <= self->fl.fast_bytes;
+}
+
+static int small_op(PyObject *op_o, int code, long *op) {
+    if (!PyLong_Check(op_o) || PyBool_Check(op_o)) return 0;   /* an int or a ReduceOp */
+    int overflow = 0;
+    *op = PyLong_AsLongAndOverflow(op_o, &overflow);
+    if (overflow || PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    return *op >= REDOP_SUM && *op <= REDOP_AVG && !(*op == REDOP_AVG && code < CODE_FIRST_FLOAT) &&
+           kernel_for((int)*op, code) != NULL;
+}
+
+static int small_root(PosterObject *self, PyObject *o, long *root) {
+    if (!PyLong_Check(o) || PyBool_Check(o)) return 0;
+    int overflow = 0;
+    *root = PyLong_AsLongAndOverflow(o, &overflow);
+    if (overflow || PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    return *root >= 0 && *root < self->size;
+}
+
+static PyObject *fallback(PosterObject *self, int which, PyObject *const *args, size_t nargsf, PyObject *kw) {
+    return PyObject_Vectorcall(self->fast_fallback[which], args, nargsf, kw);
+}
+
+/* barrier(): Comm.Barrier. */
+PyObject *_sp_Poster_barrier(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) == 0 && !kwnames && _sp_fast_usable(self))
+        return run(self, COLL_BARRIER, NULL, NULL, 0, 1, 0, 0, 0);
+    return fallback(self, FAST_BARRIER, args, nargsf, kwnames);
+}
+
+/* allreduce(sendbuf, recvbuf, op=SUM): Comm.Allreduce. */
+PyObject *_sp_Poster_allreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (!kwnames && (n == 2 || n == 3) && _sp_fast_usable(self) && self->fast) {
+        uintptr_t r, s = 0; int rc, sc; long long rn, sn, rcount, scount; long op = REDOP_SUM;
+        int in_place = self->in_place && args[0] == self->in_place;
+        if (host_array(self, args[1], 1, &r, &rc, &rn, &rcount) && (n == 2 || small_op(args[2], rc, &op)) &&
+            (n == 3 || kernel_for(REDOP_SUM, rc)) &&
+            (in_place || (host_array(self, args[0], 0, &s, &sc, &sn, &scount) && sc == rc && scount == rcount)))
+            return run(self, COLL_ALLREDUCE, in_place ? NULL : (const char *)s, (char *)r, (uint64_t)rn, rc, rcount,
+                       (int)op, 0);
+    }
+    return fallback(self, FAST_ALLREDUCE, args, nargsf, kwnames);
+}
+
+/* bcast(buf, root=0): Comm.Bcast. */
+PyObject *_sp_Poster_bcast(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (!kwnames && (n == 1 || n == 2) && _sp_fast_usable(self) && self->fast) {
+        uintptr_t a; int code; long long nb, count; long root = 0;
+        if (host_array(self, args[0], 1, &a, &code, &nb, &count) && (n == 1 || small_root(self, args[1], &root)))
+            return run(self, COLL_BCAST, NULL, (char *)a, (uint64_t)nb, code, count, 0, root);
+    }
+    return fallback(self, FAST_BCAST, args, nargsf, kwnames);
+}
+
+/* reduce(sendbuf, recvbuf, op=SUM, root=0): Comm.Reduce (recvbuf matters at the root only). */
+PyObject *_sp_Poster_reduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (!kwnames && n >= 2 && n <= 4 && _sp_fast_usable(self) && self->fast) {
+        uintptr_t r = 0, s = 0; int rc = 0, sc; long long rn = 0, sn, rcount = 0, scount; long op = REDOP_SUM, root = 0;
+        int in_place = self->in_place && args[0] == self->in_place;
+        if (n == 4 && !small_root(self, args[3], &root)) goto slow;
+        int at_root = root == self->rank;
+        if (at_root && !host_array(self, args[1], 1, &r, &rc, &rn, &rcount)) goto slow;
+        /* elsewhere a recvbuf given is checked as the root's is (Comm._coll), so that a call passes or
+         * fails on every rank alike */
+        if (!at_root && args[1] != Py_None) {
+            uintptr_t ignored; int c; long long b, k;
+            if (!host_array(self, args[1], 1, &ignored, &c, &b, &k)) goto slow;
+        }
+        if (in_place) {
+            if (!at_root) goto slow;
+            sc = rc; scount = rcount; sn = rn;
+        } else if (!host_array(self, args[0], 0, &s, &sc, &sn, &scount) ||
+                   (at_root && (sc != rc || scount != rcount))) {
+            goto slow;
+        }
+        if (n >= 3 ? !small_op(args[2], sc, &op) : !kernel_for(REDOP_SUM, sc)) goto slow;
+        return run(self, COLL_REDUCE, in_place ? NULL : (const char *)s, at_root ? (char *)r : NULL, (uint64_t)sn, sc,
+                   scount, (int)op, root);
+    }
+slow:
+    return fallback(self, FAST_REDUCE, args, nargsf, kwnames);
+}
+
+/* coll_fast(coll, sendbuf, recvbuf, op, root): the Python fallbacks' way in, with arguments they
+ * made contiguous (sendbuf None: in place; recvbuf None where the rank has no output). */
+PyObject *_sp_Poster_coll_fast(PosterObject *self, PyObject *args) {
+    int coll, op; long root; PyObject *so, *ro;
+    if (!PyArg_ParseTuple(args, "iOOil", &coll, &so, &ro, &op, &root)) return NULL;
+    if (!_sp_fast_usable(self) || !self->fast) {   /* failed, closed or in a group: say which */
+        CollWait w = {.self = self, .bad = -1};
+        return failed(self, self->mapped ? CW_FAILED : CW_GONE, &w, coll);
+    }
+    uintptr_t s = 0, r = 0; int sc = 0, rc = 0; long long sn = 0, rn = 0, scount = 0, rcount = 0;
+    if ((so != Py_None && !host_array(self, so, 0, &s, &sc, &sn, &scount)) ||
+        (ro != Py_None && !host_array(self, ro, 1, &r, &rc, &rn, &rcount))) {
+        PyErr_SetString(PyExc_ValueError, "coll_fast: buffers must be contiguous host arrays within FAST_BYTES");
+        return NULL;
+    }
+    int code = so != Py_None ? sc : rc;
+    uint64_t nb = (uint64_t)(so != Py_None ? sn : rn);
+    long long count = so != Py_None ? scount : rcount;
+    if (coll == COLL_BARRIER) { code = 1; nb = 0; count = 0; }
+    if ((coll == COLL_ALLREDUCE || coll == COLL_REDUCE) && !kernel_for(op, code)) {
+        PyErr_SetString(PyExc_ValueError, "coll_fast: no kernel for this op and dtype");
+        return NULL;
+    }
+    return run(self, coll, (const char *)s, (char *)r, nb, code, count, op, root);
+}
