@@ -34,8 +34,11 @@ def feed(net: NS._Net, header: tuple, payload: bytes, frames: list | None = None
     try:
         a.sendall(payload)   # the reader has consumed the header already
         a.shutdown(socket.SHUT_WR)
-        link = types.SimpleNamespace(peer=0, control=lambda *f, **k: (frames if frames is not None else []).append(f))
-        net.on_frame(link, 0, header, b)
+        said = frames if frames is not None else []
+        link = types.SimpleNamespace(peer=0, control=lambda *f, **k: said.append(f))
+        inbox = W.Inbox(b, net.ctx.post_event)
+        net.on_frame(link, 0, header, inbox)
+        inbox.flush()
     finally:
         a.close()
         b.close()
@@ -122,3 +125,45 @@ def test_random_frames_never_raise_anything_but_protocol_errors(ftype, flags, a,
 
 def test_the_header_is_32_bytes():
     assert W.HEADER.size == 32 and W.HELLO.size == struct.calcsize("<8s16sIIII")
+
+
+def test_an_inbox_posts_what_one_recv_brought_as_one_event_before_it_blocks_again():
+    a, b = socket.socketpair()
+    posted: list = []
+    seen: list = []
+    inbox = W.Inbox(b, posted.append)
+    big = bytes(range(256)) * 257   # more than the buffer holds: its tail is read straight into place
+    try:
+        a.sendall(b"x" * 8 + b"y" * 8 + big)
+        for _ in range(2):
+            data = inbox.payload(8)
+            inbox.later(lambda d=data: seen.append(d))
+        assert not posted   # both came with the first recv: the reader did not block since
+        out = bytearray(len(big))
+        assert inbox.read_into(memoryview(out)) and out == big
+        assert len(posted) == 1   # flushed before the recv that fetched the rest
+        posted[0]()
+        assert seen == [b"x" * 8, b"y" * 8]
+        a.close()
+        assert not inbox.read_into(memoryview(bytearray(4)))   # a clean EOF between frames
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_batch_whose_event_raises_posts_the_rest_again():
+    posted: list = []
+    seen: list = []
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    inbox = W.Inbox(None, posted.append)   # type: ignore[arg-type]
+    for fn in (lambda: seen.append(1), boom, lambda: seen.append(3)):
+        inbox.later(fn)
+    inbox.flush()
+    with pytest.raises(RuntimeError):
+        posted[0]()
+    assert seen == [1] and len(posted) == 2
+    posted[1]()
+    assert seen == [1, 3]

@@ -39,8 +39,10 @@ closes is announced to every node (CLOSED), which fails what waits on it there. 
 news between nodes (a collective's fingerprint, for the mismatch check) travels as NOTE frames.
 
 Threads: the link's reader and writer threads never touch the engine. What they learn they hand
-to the loop with ``ctx.post_event``; the loop owns matching, completion and every table here
-except the landing and stash tables, which readers use under ``_Net.lock``.
+to the loop with ``ctx.post_event``, a reader one event for all the frames one ``recv`` brought
+(net_wire.Inbox); the loop owns matching, completion and every table here except the landing and
+stash tables, which readers use under ``_Net.lock``. The loop writes its own control frames when
+socket 0 is idle (net_wire._Writer.put), so a small message crosses with no hand-off on the sender.
 """
 from __future__ import annotations
 
@@ -165,7 +167,8 @@ class _Net:
         self.family = socket.AF_INET
         self.links: dict[int, W.Link] = {}
         self.ids = itertools.count(1)
-        self.sends: dict[int, tuple[Any, memoryview, W.Link]] = {}   # sid -> (op, view, link): waiting for CTS
+        # sid -> (op, view, link): waiting for CTS
+        self.sends: dict[int, tuple[Any, memoryview, W.Link]] = {}
         self.outgoing: dict[int, _Outgoing] = {}       # sid -> a matched message's chunks, until DONE
         self.landings: dict[int, _Landing] = {}       # rid -> landing (readers use it: under lock)
         self.coll_recvs: dict[bytes, tuple] = {}       # key -> (schedule, entry, view): RECV started
@@ -188,7 +191,8 @@ class _Net:
                 if not self.stopping:
                     _log.warning("accepting connections failed: %s", exc)
                 return
-            t = threading.Thread(target=self.handshake, args=(sock, peer), name="shmproxy-net-hello", daemon=True)
+            t = threading.Thread(target=self.handshake, args=(sock, peer), name="shmproxy-net-hello",
+                                 daemon=True)
             t.start()
 
     def handshake(self, sock: socket.socket, peer: Any) -> None:
@@ -234,15 +238,16 @@ class _Net:
             link.broken(f"connecting: {exc}")
 
     # ---------------------------------------------------------------- frames (reader threads)
-    def on_frame(self, link: W.Link, index: int, h: tuple, sock: socket.socket) -> None:
+    def on_frame(self, link: W.Link, index: int, h: tuple, rd: W.Inbox) -> None:
         ftype, flags, n, a, b, c = h
         ctx = self.ctx
         if ftype == W.DATA:
             with self.lock:
                 landing = self.landings.get(a)
             if landing is None or b < 0 or b + n > landing.nbytes:
-                raise W.ProtocolError(f"DATA for landing {a} at {b} + {n} B: no such landing or out of bounds")
-            if not W.recv_exact(sock, landing.view[b:b + n]) and n:
+                raise W.ProtocolError(f"DATA for landing {a} at {b} + {n} B: no such landing or out of "
+                                      f"bounds")
+            if not rd.read_into(landing.view[b:b + n]) and n:
                 raise W.ProtocolError("connection closed inside a frame")
             with self.lock:
                 landing.got += n
@@ -251,58 +256,59 @@ class _Net:
                     del self.landings[a]
             if done:
                 landing.view.release()
-                link.control(W.DONE, landing.transfer.send.sid)   # the sender's Send completes (module header)
-                ctx.post_event(lambda: landing.landed(ctx))
+                # the sender's Send completes (module header)
+                link.control(W.DONE, landing.transfer.send.sid)
+                rd.later(lambda: landing.landed(ctx))
         elif ftype == W.COLL:
             if not 0 < a <= MAX_KEY or n < a or n - a > max(self.chunk, ctx.coll_chunk_max):
                 raise W.ProtocolError(f"COLL frame with a {a} B key and {n} B")
-            key = W.read_payload(sock, a)
+            key = rd.payload(a)
             nbytes = n - a
             with self.lock:
                 waiting = self.coll_recvs.pop(key, None)
                 if waiting is None:
-                    self.coll_stash[key] = W.read_payload(sock, nbytes)
+                    self.coll_stash[key] = rd.payload(nbytes)
                     return
             sch, e, view = waiting
             if nbytes != e.nbytes:
                 raise W.ProtocolError(f"collective chunk {key!r}: {nbytes} B for a {e.nbytes} B receive "
                                       f"(the nodes called different collectives)")
-            if nbytes and not W.recv_exact(sock, view):
+            if nbytes and not rd.read_into(view):
                 raise W.ProtocolError("connection closed inside a frame")
-            ctx.post_event(lambda: ctx.entry_done(sch, e))
+            rd.later(lambda: ctx.entry_done(sch, e))
         elif ftype == W.RTS:
             eager = bool(flags & W.F_EAGER)
-            if n < W.ENVELOPE.size or n != W.ENVELOPE.size + (c if eager else 0) or (eager and c > self.eager_max) \
-                    or c < 0:
+            if (n < W.ENVELOPE.size or n != W.ENVELOPE.size + (c if eager else 0)
+                    or (eager and c > self.eager_max) or c < 0):
                 raise W.ProtocolError(f"RTS of {n} B for a {c} B message")
-            src, dst, dtype, mem = W.ENVELOPE.unpack(W.read_payload(sock, W.ENVELOPE.size))
+            src, dst, dtype, mem = W.ENVELOPE.unpack(rd.payload(W.ENVELOPE.size))
             if ctx.rank_node(src) != link.peer or ctx.rank_node(dst) != ctx.node:
                 raise W.ProtocolError(f"RTS from rank {src} to rank {dst} on the link to node {link.peer}")
-            env = RemoteSend(link, a, src, dst, b, c, dtype, mem, W.read_payload(sock, c) if eager else None)
-            ctx.post_event(lambda: ctx.arrive(env))
+            env = RemoteSend(link, a, src, dst, b, c, dtype, mem, rd.payload(c) if eager else None)
+            rd.later(lambda: ctx.arrive(env))
         elif ftype == W.CTS:
             if n:
                 raise W.ProtocolError(f"CTS with {n} B of payload")
-            ctx.post_event(lambda: self.on_cts(a, b, c))
+            rd.later(lambda: self.on_cts(a, b, c))
         elif ftype == W.DONE:
             if n:
                 raise W.ProtocolError(f"DONE with {n} B of payload")
-            ctx.post_event(lambda: self.on_done(a))
+            rd.later(lambda: self.on_done(a))
         elif ftype == W.CLOSED:
             if n or ctx.rank_node(a) != link.peer:
                 raise W.ProtocolError(f"CLOSED for rank {a} on the link to node {link.peer}")
-            ctx.post_event(lambda: ctx.remote_closed(a))
+            rd.later(lambda: ctx.remote_closed(a))
         elif ftype == W.NOTE:
             if n > W.MAX_CONTROL:
                 raise W.ProtocolError(f"NOTE of {n} B")
-            payload = W.read_payload(sock, n)
-            ctx.post_event(lambda: ctx.note(link.peer, a, b, payload))
+            payload = rd.payload(n)
+            rd.later(lambda: ctx.note(link.peer, a, b, payload))
         elif ftype == W.ABORT:
             if n > W.MAX_CONTROL:
                 raise W.ProtocolError(f"ABORT of {n} B")
-            text = W.read_payload(sock, n).decode("utf-8", "replace")
-            ctx.post_event(lambda: ctx.fail(a or errors.Aborted.code, f"{text} (reported by node {link.peer})",
-                                            None if b < 0 else b))
+            text = rd.payload(n).decode("utf-8", "replace")
+            rd.later(lambda: ctx.fail(a or errors.Aborted.code, f"{text} (reported by node {link.peer})",
+                                      None if b < 0 else b))
         else:
             raise W.ProtocolError(f"unknown frame type {ftype}")
 
@@ -335,7 +341,8 @@ class _Net:
         """Loop: every byte of our send ``sid`` landed on the receiver's node: the send completes."""
         out = self.outgoing.pop(sid, None)
         if out is None:   # (the writer may not have counted its last chunk yet: the bytes are there)
-            self.ctx.fail(errors.InternalError.code, f"a delivery notice for send {sid}, which is not in flight")
+            self.ctx.fail(errors.InternalError.code,
+                          f"a delivery notice for send {sid}, which is not in flight")
             return
         out.view.release()   # released already unless the message was empty
         self.ctx.complete_send(out.op, 0, out.op.nbytes, 0)
@@ -399,7 +406,8 @@ class SocketTransport(Transport):
         _log.info("node %d listening on %s port %d", ctx.node, net.addr[0], net.addr[1])
         return json.dumps({"ip": net.addr[0], "port": net.addr[1]}).encode()
 
-    def proxy_shared_connect(self, ctx: TransportContext, infos: list[bytes]) -> None:  # type: ignore[override]
+    def proxy_shared_connect(self, ctx: TransportContext,  # type: ignore[override]
+                             infos: list[bytes]) -> None:
         """Every node's connect-info, in node order: make the link to each other node (we connect to
         the higher nodes; the lower ones connect to us)."""
         net = self._net(ctx)
@@ -407,7 +415,7 @@ class SocketTransport(Transport):
         for j, raw in enumerate(infos):
             if j == ctx.node:
                 continue
-            link = W.Link(j, net.nsocks, net.on_frame, net.on_lost, net.keepalive)
+            link = W.Link(j, net.nsocks, net.on_frame, net.on_lost, net.keepalive, ctx.post_event)
             net.links[j] = link
             if j > ctx.node:
                 info = json.loads(raw)
@@ -420,7 +428,8 @@ class SocketTransport(Transport):
         net.ready.set()
 
     # ---------------------------------------------------------------- messages
-    def proxy_send_envelope(self, ctx: TransportContext, conn: Connector, op: Any) -> bool:  # type: ignore[override]
+    def proxy_send_envelope(self, ctx: TransportContext, conn: Connector,  # type: ignore[override]
+                            op: Any) -> bool:
         """The send half of a message to another node: ship its envelope (with its bytes when eager).
         True when the send is complete already (eager)."""
         net = self._net(ctx)
@@ -523,7 +532,8 @@ class SocketTransport(Transport):
         net = self._net(ctx)
         waits = []
         for op, _view, link in list(net.sends.values()):
-            waits.append({"node": link.peer, "what": f"{op.describe()}: waits for its receiver's clear-to-send"})
+            waits.append({"node": link.peer,
+                          "what": f"{op.describe()}: waits for its receiver's clear-to-send"})
         with net.lock:
             landings = list(net.landings.values())
             colls = list(net.coll_recvs.values())

@@ -23,6 +23,14 @@ Ordering: control frames (envelopes, clear-to-send, closes, aborts) all go throu
 order the loop queued them, which keeps MPI's non-overtaking across nodes. Bulk frames (a message's
 data chunks, a collective's chunks) carry where they land and go round-robin over every socket.
 
+Hand-offs. Sending: a control frame on an idle socket is written by the thread that makes it (the
+loop, or a reader answering DONE), without blocking; only what does not fit, or what finds frames
+queued ahead of it, goes to the socket's writer thread, so frames keep their order. Receiving: each
+socket's reader (``Inbox``) takes whatever has arrived with one ``recv`` into its buffer and parses
+every whole frame in it; the news of one such batch reaches the loop as one event (one wake), in
+arrival order, and it is posted before the reader blocks again, so no news waits on later bytes.
+Payloads too large for the buffer are read straight into their landing.
+
 Closing: the side that is done sends BYE on every socket (behind what is queued there) and shuts
 down its write halves, then reads until the peer's EOF (bounded). A peer that reads BYE on a socket
 lets that socket's writer finish and shuts down its half in turn. An EOF or reset on a socket that
@@ -51,8 +59,8 @@ CLOSE_DRAIN_S = 2.0
 
 # Frame types
 RTS, CTS, DATA, COLL, CLOSED, ABORT, BYE, NOTE, DONE = range(1, 10)
-TYPE_NAMES = {RTS: "RTS", CTS: "CTS", DATA: "DATA", COLL: "COLL", CLOSED: "CLOSED", ABORT: "ABORT", BYE: "BYE",
-              NOTE: "NOTE", DONE: "DONE"}
+TYPE_NAMES = {RTS: "RTS", CTS: "CTS", DATA: "DATA", COLL: "COLL", CLOSED: "CLOSED", ABORT: "ABORT",
+              BYE: "BYE", NOTE: "NOTE", DONE: "DONE"}
 F_EAGER = 1          # RTS: the message's bytes follow the envelope
 ENVELOPE = struct.Struct("<iiiI")      # RTS payload head: source rank, destination rank, dtype, memory word
 MAX_CONTROL = 8192   # the largest control payload (an ABORT's message, an RTS without eager bytes)
@@ -124,6 +132,90 @@ def send_some(sock: socket.socket, parts: list) -> list:
     return views
 
 
+INBOX_BYTES = 1 << 16   # a reader's buffer: many small frames per recv
+# A payload remainder at least this large is read straight into its destination; a bulk frame at most
+# this large is written by its caller at once when its socket is idle.
+DIRECT_BYTES = 1 << 14
+
+
+class Inbox:
+    """The read side of one socket, used by its reader thread only: a buffer that each ``recv`` fills
+    with whatever has arrived, read frame by frame. News for the loop (``later``) gathers in
+    ``events`` and is posted as one loop event (``flush``) before the reader blocks in ``recv`` again,
+    or when it stops."""
+
+    def __init__(self, sock: socket.socket, post: Callable[[Callable[[], None]], None]):
+        self.sock, self.post = sock, post
+        self.buf = bytearray(INBOX_BYTES)
+        self.mv = memoryview(self.buf)
+        self.lo = self.hi = 0   # buffered bytes not read yet: buf[lo:hi]
+        self.events: list[Callable[[], None]] = []
+
+    def later(self, fn: Callable[[], None]) -> None:
+        self.events.append(fn)
+
+    def flush(self) -> None:
+        if not self.events:
+            return
+        fns, self.events = self.events, []
+        self.post(fns[0] if len(fns) == 1 else _batch(fns, self.post))
+
+    def _recv(self, view: memoryview) -> int:
+        self.flush()   # the reader may block now: what it learnt goes to the loop first
+        return self.sock.recv_into(view)
+
+    def read_into(self, view: memoryview) -> bool:
+        """Fill ``view``; False on a clean EOF before its first byte, ProtocolError on an EOF inside it."""
+        n = len(view)
+        got = min(n, self.hi - self.lo)
+        if got:
+            view[:got] = self.mv[self.lo:self.lo + got]
+            self.lo += got
+        while got < n:
+            if n - got >= DIRECT_BYTES:
+                k = self._recv(view[got:])
+            else:
+                if self.lo == self.hi:
+                    self.lo = self.hi = 0
+                k = self._recv(self.mv[self.hi:])
+                self.hi += k
+                take = min(k, n - got)
+                view[got:got + take] = self.mv[self.lo:self.lo + take]
+                self.lo += take
+                k = take
+            if k == 0:
+                if got == 0:
+                    return False
+                raise ProtocolError(f"connection closed inside a frame ({got} of {n} bytes)")
+            got += k
+        return True
+
+    def payload(self, n: int) -> bytes:
+        """The next ``n`` bytes, which the frame's header promised."""
+        if self.hi - self.lo >= n:
+            data = bytes(self.mv[self.lo:self.lo + n])
+            self.lo += n
+            return data
+        buf = bytearray(n)
+        if n and not self.read_into(memoryview(buf)):
+            raise ProtocolError("connection closed inside a frame")
+        return bytes(buf)
+
+
+def _batch(fns: list, post: Callable[[Callable[[], None]], None]) -> Callable[[], None]:
+    """One loop event running ``fns`` in order; if one raises, the rest are posted again, as they
+    would have stayed queued had each been an event of its own."""
+    def run() -> None:
+        todo = collections.deque(fns)
+        try:
+            while todo:
+                todo.popleft()()
+        finally:
+            if todo:
+                post(_batch(list(todo), post))
+    return run
+
+
 def make_hello(secret: bytes, comm_id: int, node: int, index: int, nsocks: int) -> bytes:
     return HELLO.pack(MAGIC, secret, comm_id & 0xFFFFFFFF, node, index, nsocks)
 
@@ -165,7 +257,8 @@ class _Writer:
 
     def put(self, parts: list, on_sent: Callable[[], None] | None = None, direct: bool = False) -> None:
         with self.cv:
-            if not (direct and self.sock is not None and not self.queue and not self.busy and not self.closing):
+            idle = self.sock is not None and not self.queue and not self.busy and not self.closing
+            if not (direct and idle):
                 self.queue.append((parts, on_sent))
                 self.cv.notify()
                 return
@@ -197,7 +290,8 @@ class _Writer:
         link = self.link
         while True:
             with self.cv:
-                while (not self.queue or self.busy) and not (self.closing and not self.busy and not self.queue):
+                while ((not self.queue or self.busy)
+                       and not (self.closing and not self.busy and not self.queue)):
                     self.cv.wait()
                 if not self.queue:
                     return
@@ -224,14 +318,16 @@ class _Writer:
 
 class Link:
     """The sockets between this progress process and one peer node's, with a writer and a reader
-    thread per socket. ``on_frame(link, index, header, sock)`` is called on a reader thread for every
-    frame; it must consume exactly the frame's payload. ``on_lost(link, reason)`` once, when the link
-    broke without a BYE."""
+    thread per socket. ``on_frame(link, index, header, inbox)`` is called on a reader thread for every
+    frame; it must consume exactly the frame's payload from the ``Inbox`` and hands its news for the
+    loop to ``inbox.later``, which ``post`` delivers in batches. ``on_lost(link, reason)`` once, when
+    the link broke without a BYE (after the news read before it)."""
 
     def __init__(self, peer: int, nsocks: int, on_frame: Callable[..., None],
-                 on_lost: Callable[["Link", str], None], keepalive_s: float):
+                 on_lost: Callable[["Link", str], None], keepalive_s: float,
+                 post: Callable[[Callable[[], None]], None]):
         self.peer, self.nsocks = peer, nsocks
-        self.on_frame, self.on_lost, self.keepalive_s = on_frame, on_lost, keepalive_s
+        self.on_frame, self.on_lost, self.keepalive_s, self.post = on_frame, on_lost, keepalive_s, post
         self.writers = [_Writer(self, i) for i in range(nsocks)]
         self.socks: list[socket.socket | None] = [None] * nsocks
         self.readers: list[threading.Thread] = []
@@ -271,34 +367,41 @@ class Link:
         self.writers[0].put([HEADER.pack(ftype, flags, len(payload), a, b, c), payload], on_sent, direct=True)
 
     def bulk(self, ftype: int, a: int, b: int, parts: list, on_sent: Callable[[], None] | None) -> None:
-        """Queue a bulk frame (``parts`` after the header) on the next socket, round-robin."""
+        """Queue a bulk frame (``parts`` after the header) on the next socket, round-robin. ``on_sent``
+        runs on whichever thread wrote its last byte (this one, when it was written at once)."""
         n = sum(len(p) for p in parts)
         with self.lock:
             i = self.next_bulk
             self.next_bulk = (i + 1) % self.nsocks
-        self.writers[i].put([HEADER.pack(ftype, 0, n, a, b, 0), *parts], on_sent)
+        # a small one is written at once on an idle socket (as control frames are); a large one would
+        # hold the calling thread (the loop) while the kernel copies it, so it is the writer's
+        self.writers[i].put([HEADER.pack(ftype, 0, n, a, b, 0), *parts], on_sent, direct=n <= DIRECT_BYTES)
 
     # ---------------------------------------------------------------- reading (its threads)
     def _read(self, index: int, sock: socket.socket) -> None:
+        inbox = Inbox(sock, self.post)
         hdr = bytearray(HEADER.size)
         view = memoryview(hdr)
         try:
             while True:
-                if not recv_exact(sock, view):
+                if not inbox.read_into(view):
                     if self.byes[index] or self.closing:
                         return
                     self.broken(f"socket {index}: connection closed by node {self.peer} without a goodbye")
                     return
                 fields = HEADER.unpack(hdr)
                 if fields[0] == BYE:
+                    inbox.flush()
                     self.byes[index] = self.got_bye = True
                     self._half_close(index, sock)
                     continue
                 self.bytes_in += HEADER.size + fields[2]
-                self.on_frame(self, index, fields, sock)
+                self.on_frame(self, index, fields, inbox)
         except ProtocolError as exc:
+            inbox.flush()   # the frames before the bad one were good: their news comes before the loss
             self.broken(f"socket {index}: protocol error from node {self.peer}: {exc}")
         except OSError as exc:
+            inbox.flush()
             if not (self.got_bye or self.closing):
                 self.broken(f"socket {index}: {exc}")
 
@@ -355,24 +458,6 @@ class Link:
                 "queued": sum(len(w.queue) for w in self.writers),
                 "state": "lost" if self.lost else ("closed" if self.got_bye or self.closing
                                                    else ("up" if self.ready.is_set() else "connecting"))}
-
-
-def skip_payload(sock: socket.socket, n: int) -> None:
-    """Read and discard ``n`` payload bytes (a frame nobody waits for any more)."""
-    buf = bytearray(min(n, 1 << 16))
-    view = memoryview(buf)
-    while n:
-        k = min(n, len(buf))
-        if not recv_exact(sock, view[:k]):
-            raise ProtocolError("connection closed inside a frame")
-        n -= k
-
-
-def read_payload(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    if n and not recv_exact(sock, memoryview(buf)):
-        raise ProtocolError("connection closed inside a frame")
-    return bytes(buf)
 
 
 def connect(addr: tuple, family: int, deadline_s: float) -> socket.socket:

@@ -141,7 +141,7 @@ class ControlHandler:
         _log.info("rank %d (local %d, pid %d) connected", rank, local_rank, conn.pid)
         if len(e.ranks) == e.nlocal:
             e.decide_affinity()
-        e._write_info()
+        e.post_write_info()   # the loop is the blob's one writer
         return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal, "net": e.net_info.hex()}, (
             [e.fault_fd] if e.fault_fd >= 0 else [])
 
@@ -190,8 +190,8 @@ class ControlHandler:
         hooked = [t for t in e.transports if kind in t.kinds and t.proxy_register is not None]
         if kind != MemKind.HOST:
             if not hooked:
-                raise errors.InvalidArgument(f"REGISTER of {kind.name.lower()} memory (device {device}) by rank "
-                                             f"{me.rank}: no allowed transport moves that memory kind")
+                raise errors.InvalidArgument(f"REGISTER of {kind.name.lower()} memory (device {device}) by "
+                                             f"rank {me.rank}: no allowed transport moves that memory kind")
             reg = Registration(me.rank, me.local_rank, buf_id, kind, device, size, None, tuple(fds),
                                payload.get("info"))
             hooked[0].proxy_register(e.ctx, reg)   # type: ignore[misc]  # it owns the fds from here
@@ -275,7 +275,8 @@ class ControlHandler:
             self.engine.fail(code, str(payload.get("message", ""))[:400], rank=me.rank, pid=me.pid)
             return {}, []
         reason = str(payload.get("reason", ""))[:200]
-        self.engine.fail(errors.Aborted.code, f"rank {me.rank} called Abort()" + (f": {reason}" if reason else ""),
+        self.engine.fail(errors.Aborted.code,
+                         f"rank {me.rank} called Abort()" + (f": {reason}" if reason else ""),
                          rank=me.rank, pid=me.pid)
         return {}, []
 

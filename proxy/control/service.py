@@ -1,7 +1,8 @@
 """The service: the control plane of a progress process, served on a Unix domain socket.
 
 Ranks connect to it to init, register buffers (memfds passed with SCM_RIGHTS), set up and connect
-transports, close, abort and stop (docs/architecture.md, "Joining a communicator"; the wire format is in proxy/control/protocol.py).
+transports, close, abort and stop (docs/architecture.md, "Joining a communicator"; the wire format
+is in proxy/control/protocol.py).
 
 Threading. The service is one daemon thread ("shmproxy-service") of the progress process, so the data
 loop never waits on a socket. It runs a ``selectors`` loop over the listening socket, a wake pipe (how
@@ -19,30 +20,27 @@ buffering). To bound the resources a stray client can hold, a connection in the 
 with responses it does not read, must finish within ``frame_timeout`` seconds or it is dropped. A
 malformed frame drops that client only (logged as a WARN); other clients do not notice.
 
-Trust. The peer's pid and uid come from SO_PEERCRED, never from a payload; a uid other than the
-expected one is dropped at accept. INIT must present the job token (compared in constant time) and
-integer ``rank``/``local_rank``; otherwise the client gets an InvalidArgument response and is dropped.
-The token is removed from the INIT payload before the handler sees it. The socket file is created 0600
-inside a 0700 directory that the caller provides; :meth:`ServiceServer.stop` unlinks it (only if it is
-still ours).
+Requests. What one request does (the state machine, the job token and rank checks, the handler's
+call and the check of its answer) is proxy/control/service_requests.py: this module moves bytes, fds
+and connections, that one decides what a request gets. The peer's pid and uid come from SO_PEERCRED;
+a uid other than the expected one is dropped at accept; a client whose INIT is rejected gets its
+answer and is dropped. The socket file is created 0600 inside a 0700 directory that the caller
+provides; :meth:`ServiceServer.stop` unlinks it (only if it is still ours).
 
-Callbacks. ``handle`` sees only requests the state machine (``protocol.TRANSITIONS``) allows; a request
-in the wrong state gets an InvalidUsage response and the client stays connected. The state advances
-only when ``handle`` succeeds. ``on_disconnect`` and ``on_process_exit`` are called only for
-connections that reached INITIALIZED, and not during :meth:`ServiceServer.stop` (the handler is being
-torn down then). After an unclean disconnect the pidfd stays watched, so ``on_process_exit`` still
-tells the handler whether the rank died; after a clean one (a CLOSE first) it is closed at once.
-A failing callback is never swallowed: ``on_process_exit`` is how a rank's death becomes an error on
-every survivor, and a death only logged is a hang until TIMEOUT. Its exception (or on_disconnect's) is
-logged and handed to ``on_handler_error`` (the owner fails the communicator with it); without one it
-ends the loop like any bug of the loop (``ServiceServer.error``). ``handle``'s own errors stay per request.
+Callbacks. ``on_disconnect`` and ``on_process_exit`` are called only for connections that reached
+INITIALIZED, and not during :meth:`ServiceServer.stop` (the handler is being torn down then). After
+an unclean disconnect the pidfd stays watched, so ``on_process_exit`` still tells the handler
+whether the rank died; after a clean one (a CLOSE first) it is closed at once. A failing callback is
+never swallowed: ``on_process_exit`` is how a rank's death becomes an error on every survivor, and a
+death only logged is a hang until TIMEOUT. Its exception (or on_disconnect's) is logged and handed
+to ``on_handler_error`` (the owner fails the communicator with it); without one it ends the loop
+like any bug of the loop (``ServiceServer.error``). ``handle``'s own errors stay per request.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
 import fcntl
-import hmac
 import itertools
 import logging
 import os
@@ -53,68 +51,21 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, TypeGuard
+from typing import Any, Callable
 
 from shmproxy.core import errors
 from shmproxy.core import log as plog
-from shmproxy.control.protocol import (MAX_FDS, MAX_PAYLOAD, ConnState, MsgType, ProtocolError, Request,
-                                       RequestReader, close_fds, encode_payload, error_payload, next_state,
-                                       pack_response, send_some)
+from shmproxy.control.protocol import (ConnState, MsgType, ProtocolError, Request, RequestReader, close_fds,
+                                       encode_payload, error_payload, pack_response, send_some)
+from shmproxy.control.service_requests import ConnInfo, Rejected, ServiceHandler, serve
+
+__all__ = ["ConnInfo", "ServiceHandler", "ServiceServer"]
 
 log = plog.get("SERVICE")
 
 _PEERCRED = struct.Struct("3i")       # struct ucred: pid, uid, gid
 _ACCEPTS_PER_WAKE = 64
 _FRAMES_PER_WAKE = 16                 # per client and wake-up, so one busy client cannot starve others
-
-
-@dataclass(eq=False)
-class ConnInfo:
-    """One client connection, as the handler sees it.
-
-    ``pid``/``uid``/``gid`` come from SO_PEERCRED. ``rank``/``local_rank`` come from the INIT payload
-    (-1 before). ``data`` is the handler's own per-connection storage; the server never looks at it.
-    """
-
-    id: int                     # serial number of the connection (fds get reused, ids do not)
-    fd: int                     # the socket's fd, for log lines; the handler must not touch it
-    pid: int
-    uid: int
-    gid: int
-    rank: int = -1
-    local_rank: int = -1
-    state: ConnState = ConnState.UNINITIALIZED
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        return f"connection {self.id} (pid {self.pid}, rank {self.rank}, {self.state.name})"
-
-
-class ServiceHandler(Protocol):
-    """What the progress process implements. Every method runs on the service thread."""
-
-    def handle(self, conn: ConnInfo, msg: MsgType, payload: dict[str, Any],
-               fds: list[int]) -> tuple[dict[str, Any], list[int]]:
-        """Serve one request; return the response payload and fds to send with it.
-
-        The received ``fds`` belong to the handler from the moment it is called, even when it raises.
-        The returned fds are borrowed: the server sends them and does not close them. A ProxyError
-        becomes an error response with its code and message; any other exception an InternalError
-        response (logged with its traceback). Either way the server keeps running.
-        """
-        ...
-
-    def on_disconnect(self, conn: ConnInfo, clean: bool) -> None:
-        """The socket of an initialized connection is gone; ``clean`` means a CLOSE came first."""
-        ...
-
-    def on_process_exit(self, conn: ConnInfo) -> None:
-        """The peer process of an initialized connection exited (called once per connection)."""
-        ...
-
-
-class _Rejected(errors.InvalidArgument):
-    """INIT failed authentication or validation: answer, then drop the client."""
 
 
 class _HandlerFailed(BaseException):
@@ -336,9 +287,11 @@ class ServiceServer:
         drop = False
         fds: list[int] = []
         try:
-            data, fds = self._serve(conn, req)
+            data, fds = serve(self._handler, self._token, info, req)
+            if req.type is MsgType.INIT:
+                self._watch_pid(conn)
         except errors.ProxyError as exc:
-            drop = isinstance(exc, _Rejected)
+            drop = isinstance(exc, Rejected)
             log.log(logging.WARNING if drop else plog.TRACE, "%s from %s failed: %s", req.type.name,
                     info.describe(), exc)
             data = pack_response(req.op_id, exc.code, encode_payload(error_payload(exc)))
@@ -351,65 +304,6 @@ class ServiceServer:
             self._flush_once_and_drop(conn)
         else:
             self._flush(conn)
-
-    def _serve(self, conn: _Conn, req: Request) -> tuple[bytes, list[int]]:
-        """Run one request through the state machine and the handler; ProxyError = error response."""
-        info = conn.info
-        try:
-            after = next_state(info.state, req.type)
-            payload = self._check_init(info, req) if req.type is MsgType.INIT else self._check_rank(info, req)
-        except BaseException:
-            close_fds(req.fds)          # the handler never saw them
-            raise
-        try:
-            result, out_fds = self._handler.handle(info, req.type, payload, req.fds)
-        except BaseException:
-            if req.type is MsgType.INIT:
-                info.rank = info.local_rank = -1
-            raise
-        body = self._check_result(req, result, out_fds)
-        info.state = after
-        if req.type is MsgType.INIT:
-            log.info("%s initialized", info.describe())
-            self._watch_pid(conn)
-        return pack_response(req.op_id, 0, body), list(out_fds)
-
-    def _check_init(self, info: ConnInfo, req: Request) -> dict[str, Any]:
-        p = req.payload
-        token = p.get("token")
-        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
-            raise _Rejected("INIT rejected: missing or wrong job token (a socket of another job?)")
-        rank, local_rank = p.get("rank"), p.get("local_rank")
-        if not (_is_int(rank) and _is_int(local_rank) and rank >= 0 and local_rank >= 0):
-            raise _Rejected(f"INIT needs integer 'rank' and 'local_rank' >= 0, got {rank!r} and "
-                            f"{local_rank!r}")
-        if req.rank != rank:
-            raise _Rejected(f"INIT header names rank {req.rank} but the payload rank {rank}")
-        info.rank, info.local_rank = rank, local_rank
-        return {k: v for k, v in p.items() if k != "token"}
-
-    @staticmethod
-    def _check_rank(info: ConnInfo, req: Request) -> dict[str, Any]:
-        if req.rank != info.rank:
-            raise errors.InvalidArgument(
-                f"{req.type.name} header names rank {req.rank}; this connection is rank {info.rank}")
-        return req.payload
-
-    @staticmethod
-    def _check_result(req: Request, result: Any, out_fds: Any) -> bytes:
-        """The encoded response payload; InternalError if the handler returned something unusable."""
-        name = req.type.name
-        if not isinstance(out_fds, (list, tuple)) or len(out_fds) > MAX_FDS or \
-                not all(_is_int(fd) and _fd_open(fd) for fd in out_fds):
-            raise errors.InternalError(f"handler returned bad fds for {name}: {out_fds!r}")
-        try:
-            body = encode_payload(result, MAX_PAYLOAD)
-        except errors.InvalidArgument as exc:
-            raise errors.InternalError(f"handler's response to {name} cannot be sent: {exc}") from None
-        if len(body) > req.resp_size:
-            raise errors.TruncationError(
-                f"the response to {name} is {len(body)} bytes; the caller accepts at most {req.resp_size}")
-        return body
 
     # ---------------------------------------------------------------- output
 
@@ -591,15 +485,3 @@ class ServiceServer:
         except OSError as exc:
             log.warning("cannot remove the service socket %s: %s", self.path, exc)
         self._inode = None
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _fd_open(fd: int) -> bool:
-    try:
-        fcntl.fcntl(fd, fcntl.F_GETFD)
-        return True
-    except OSError:
-        return False

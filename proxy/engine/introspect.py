@@ -8,8 +8,10 @@ parameters and ranks, and, refreshed every heartbeat while anything has waited l
 for what from whom), collectives that some local ranks have entered and others not, and on a
 communicator across nodes its links and what waits on which node. The dump tool turns those into
 problems (near-matches, collectives not joined). The blob is rewritten only when that summary
-changed, so a busy job does not pay for a JSON dump every heartbeat. A reader may catch a rewrite
-half done: the blob then fails to parse and the dump says so.
+changed, so a busy job does not pay for a JSON dump every heartbeat, nor an idle job across nodes for
+a rewrite. The loop is its only writer (a rank's join on the service thread posts the rewrite to the
+loop), and it publishes through shmproxy.core.infoblob's seqlock, so that the outside reader never
+takes a rewrite half done.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import os
 import sys
 import time
 
-from shmproxy.core import log
+from shmproxy.core import infoblob, log
 from shmproxy.shm import pool as P
 
 _log = log.get("PROXY")
@@ -27,22 +29,35 @@ PENDING_SHOWN = 64    # at most this many of each kind
 
 
 class Introspection:
+    info_written: bytes = b""        # the blob as last published
+    nodes_shown: dict | None = None  # describe_nodes() as last published
+
     def _write_info(self) -> None:
-        self.view.write_info({
+        """Loop thread only (the blob's one writer): publish the blob, if its content changed."""
+        self.nodes_shown = self.describe_nodes()
+        data = infoblob.encode({
             "pid": os.getpid(), "job_key": self.job_key, "comm_id": self.comm_id, "nlocal": self.nlocal,
             "size": self.size, "socket": self.path, "pool": self.seg.name, "cpus": self.cpus,
             "affinity_reason": self.affinity_reason, "copy_threads": self.copy.nworkers,
             "params": {p.env_name(): {"value": p.value, "origin": p.origin} for p in self.params.items()},
             "ranks": {r.local_rank: {"rank": r.rank, "pid": r.pid, "host": r.host}
                       for r in self.ranks.values()},
-            "nodes": self.describe_nodes(),
+            "nodes": self.nodes_shown,
             "pending": self.pending,
         })
+        if data != self.info_written:
+            infoblob.publish(self.view, data)
+            self.info_written = data
+
+    def post_write_info(self) -> None:
+        """Any thread: have the loop rewrite the info blob (it has one writer)."""
+        self.post_event(self._write_info)
 
     def refresh_info(self) -> None:
         """Heartbeat: rewrite the info blob if what waits (or, across nodes, the links) changed."""
         pending = self.describe_pending(time.monotonic_ns())
-        if pending != self.pending or self.nodes.nnodes > 1:
+        nodes = self.describe_nodes()
+        if pending != self.pending or nodes != self.nodes_shown:
             self.pending = pending
             self._write_info()
 
@@ -75,8 +90,8 @@ class Introspection:
 
     def describe_nodes(self) -> dict | None:
         """This node among the communicator's (None on one node), with the transport's links and what
-        waits on another node: refreshed in the pool's info blob every heartbeat, so that the outside
-        dump shows it with no preparation."""
+        waits on another node: looked at every heartbeat, and the info blob rewritten when it changed,
+        so that the outside dump shows it with no preparation."""
         if self.nodes.nnodes < 2:
             return None
         out: dict = {"node": self.node, "nnodes": self.nodes.nnodes, "ranks_of": self.nodes.ranks_of}
@@ -106,7 +121,8 @@ class Introspection:
                                 self.matcher.posted(d)],
             "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in self.conns.items()},
             "nodes": self.describe_nodes(),
-            "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name} for c in self.server.connections()],
+            "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name}
+                        for c in self.server.connections()],
             "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},
             "copy_threads": self.copy.nworkers,
             "gpus": [t.gpu.describe() for t in self.transports if getattr(t, "gpu", None) is not None],

@@ -22,6 +22,7 @@ import struct
 import time
 from typing import Any, Callable
 
+from shmproxy.core import infoblob
 from shmproxy.shm import pool as P
 
 STATE_NAMES = {P.PROXY_STARTING: "STARTING", P.PROXY_RUNNING: "RUNNING", P.PROXY_STOPPING: "STOPPING",
@@ -157,7 +158,7 @@ def _read_mutex(view: P.PoolView, problems: list[str]) -> dict:
 
 
 def _read_info(view: P.PoolView, problems: list[str]) -> dict:
-    info = view.read_info()
+    info = infoblob.read(view)   # never a rewrite half done (its seqlock)
     if not isinstance(info, dict):
         problems.append("info blob is not a JSON object")
         return {"error": "info blob is not a JSON object"}
@@ -182,8 +183,9 @@ def pending_problems(pending: Any) -> list[str]:
         for s in sends:
             if s.get("to") == r.get("rank") and r.get("from") in (s.get("rank"), -1):
                 out.append(f"near-match: rank {r.get('rank')} waits for tag {r.get('tag')} from rank "
-                           f"{r.get('from')}, but rank {s.get('rank')}'s {s.get('bytes')} B message to it has tag "
-                           f"{s.get('tag')} (both pending {min(r.get('age_s', 0), s.get('age_s', 0))} s)")
+                           f"{r.get('from')}, but rank {s.get('rank')}'s {s.get('bytes')} B message to it "
+                           f"has tag {s.get('tag')} (both pending "
+                           f"{min(r.get('age_s', 0), s.get('age_s', 0))} s)")
     for c in pending.get("colls") or []:
         if isinstance(c, dict) and c.get("missing"):
             out.append(f"collective #{c.get('seq')} {c.get('call')}: ranks {c.get('in')} entered it "
