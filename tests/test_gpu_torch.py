@@ -32,7 +32,7 @@ B = "tests.bodies_torch_cuda"
 
 @pytest.mark.launcher
 def test_every_op_and_dtype_on_cuda_equals_gloo() -> None:
-    res = run_ranks(f"{B}:ops_vs_gloo", 2, timeout=400, launcher="torchrun")
+    res = run_ranks(f"{B}:ops_vs_gloo", 2, timeout=300, launcher="torchrun")
     for r in res.results:
         print("GPU_TORCH gloo refused: " + "; ".join(r["gloo_refused"]))
         assert r["diffs"] == [], r
@@ -41,7 +41,7 @@ def test_every_op_and_dtype_on_cuda_equals_gloo() -> None:
 
 @pytest.mark.launcher
 def test_stream_order_and_completion_on_the_device() -> None:
-    res = run_ranks(f"{B}:stream_order", 2, timeout=300, launcher="torchrun")
+    res = run_ranks(f"{B}:stream_order", 2, timeout=200, launcher="torchrun")
     for r in res.results:
         assert r["bad"] == [], r
         assert r["pending_right_after_call"] is True, r
@@ -59,7 +59,7 @@ def test_cpu_and_cuda_tensors_mixed_in_one_call_are_refused() -> None:
 @pytest.mark.launcher
 @pytest.mark.parametrize("hook", [False, True])
 def test_ddp_on_a_cuda_model_same_weights_as_gloo(hook: bool) -> None:
-    res = run_ranks(f"{B}:ddp_equal", 2, timeout=300, launcher="torchrun", args={"steps": 20, "hook": hook})
+    res = run_ranks(f"{B}:ddp_equal", 2, timeout=200, launcher="torchrun", args={"steps": 20, "hook": hook})
     for r in res.results:
         print(f"GPU_TORCH DDP hook={hook} max weight difference against gloo: {r['max_diff']}")
         assert r["max_diff"] <= 1e-6, r

@@ -14,12 +14,14 @@ copies on its own GPU streams, never through host memory. What this module adds 
 - **When it is done.** The native request completes once the progress process's copies finished on
   the GPU, so the bytes in the tensor are then visible to every stream. What the rank itself queued
   at the call (the own-block copies) is covered by an event recorded on the current stream after the
-  last post (``seal``), which the completion thread waits for; copies back into the user's tensors
-  (non-contiguous outputs, an all_gather into a list) run on a side stream of the group, which the
-  completion thread synchronizes. Only then are the Work and its Future completed: a completed
-  Work's result is on the device, visible to every stream, and ``Work.wait`` makes the current
-  stream "wait" for free. A Work still pending makes ``wait`` block the host until it completes
-  (the Work's failure is raised there, as on the CPU path).
+  last post when that stream is still busy then (``seal``), which the completion thread waits for;
+  copies back into the user's tensors (non-contiguous outputs, an all_gather into a list) run on a
+  side stream of the group, which the completion thread synchronizes. Only then are the Work and
+  its Future completed: a completed Work's result is on the device, visible to every stream, and
+  ``Work.wait`` makes the current stream "wait" for free. A Work still pending makes ``wait`` block
+  the host until it completes (the Work's failure is raised there, as on the CPU path). A wait that
+  never blocks the host (the stream waiting on a word the completion thread writes) would put GPU
+  work in this process's context on every call, the context switch that ``seal`` avoids.
 - **Lifetimes.** Every CUDA tensor of a call (inputs included) is held until completion: torch's
   caching allocator would otherwise hand a freed block to the next kernel of the same stream while
   the progress process still reads or writes it.
@@ -79,10 +81,16 @@ def begin(stage: Any, device: torch.device, side: SideStreams) -> None:
 
 
 def seal(stage: Any) -> None:
-    """After the last post: an event on the current stream, behind the rank's own copies of the call."""
-    ev = torch.cuda.Event()
-    ev.record(stage.kw["stream"])
-    stage.posted = ev
+    """After the last post: an event on the current stream, behind the rank's own copies of the call,
+    unless that stream is idle by now (its copies done, nothing to wait for). Recording on an idle
+    stream would still be GPU work of this process's context: where ranks share a GPU without MPS,
+    the GPU switches contexts to run it, which costs more than a small message (the native
+    ``DeviceMemory.record`` skips idle streams for the same reason)."""
+    stream = stage.kw["stream"]
+    if not stream.query():
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        stage.posted = ev
 
 
 def finish(stage: Any) -> None:

@@ -3,8 +3,9 @@
 
 Every torch call validates its tensors, posts the communicator's nonblocking requests and returns a
 Work at once (ops.py builds the requests, work.py completes them); ``async_op=False`` is torch
-calling ``wait()`` on that Work. So the progress process moves a DDP bucket while backward computes. CUDA tensors take the same
-path with torch's stream order (cuda.py); one call's tensors are all CPU or all on one CUDA device.
+calling ``wait()`` on that Work. So the progress process moves a DDP bucket while backward computes.
+CUDA tensors take the same path with torch's stream order (cuda.py); one call's tensors are all CPU
+or all on one CUDA device.
 
 Thread safety: torch may call a process group from several threads (DDP's reducer posts allreduces
 from autograd threads, the completer tests requests). A shmproxy Comm is used by one thread at a
