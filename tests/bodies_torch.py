@@ -39,10 +39,10 @@ def _same(a: Any, b: Any) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-def _cases(dtype: torch.dtype, n: int) -> dict[str, Callable[[Any], Any]]:
-    """Each case runs one op on a group and returns the tensors it produced."""
+def _cases(dtype: torch.dtype, n: int, device: str = "cpu") -> dict[str, Callable[[Any], Any]]:
+    """Each case runs one op on a group and returns the tensors it produced (on ``device``)."""
     ws, me = dist.get_world_size(), dist.get_rank()
-    x = _data(dtype, n * ws, 1)
+    x = _data(dtype, n * ws, 1).to(device)
 
     def allreduce(op: Any) -> Callable[[Any], Any]:
         def run(g: Any) -> Any:
@@ -59,24 +59,24 @@ def _cases(dtype: torch.dtype, n: int) -> dict[str, Callable[[Any], Any]]:
         return run
 
     def gather_list(g: Any) -> Any:
-        outs = [torch.empty(n * ws, dtype=dtype) for _ in range(ws)]
+        outs = [torch.empty(n * ws, dtype=dtype, device=device) for _ in range(ws)]
         dist.all_gather(outs, x, group=g)
         return outs
 
     def gather_tensor(g: Any) -> Any:
-        out = torch.empty(n * ws * ws, dtype=dtype)
+        out = torch.empty(n * ws * ws, dtype=dtype, device=device)
         dist.all_gather_into_tensor(out, x, group=g)
         return out
 
     def rs_list(op: Any) -> Callable[[Any], Any]:
         def run(g: Any) -> Any:
-            out = torch.empty(n, dtype=dtype)
+            out = torch.empty(n, dtype=dtype, device=device)
             dist.reduce_scatter(out, list(x.chunk(ws)), op=op, group=g)
             return out
         return run
 
     def rs_tensor(g: Any) -> Any:
-        out = torch.empty(n, dtype=dtype)
+        out = torch.empty(n, dtype=dtype, device=device)
         dist.reduce_scatter_tensor(out, x, group=g)
         return out
 
@@ -88,30 +88,30 @@ def _cases(dtype: torch.dtype, n: int) -> dict[str, Callable[[Any], Any]]:
     def a2a_uneven(g: Any) -> Any:
         # Rank r sends (r + q + 1) rows of 3 elements to rank q.
         ins = [me + q + 1 for q in range(ws)]
-        rows = _data(dtype, 3 * sum(ins), 2).view(-1, 3)
+        rows = _data(dtype, 3 * sum(ins), 2).view(-1, 3).to(device)
         outs = [q + me + 1 for q in range(ws)]
-        out = torch.empty(sum(outs), 3, dtype=dtype)
+        out = torch.empty(sum(outs), 3, dtype=dtype, device=device)
         dist.all_to_all_single(out, rows, output_split_sizes=outs, input_split_sizes=ins, group=g)
         return out
 
     def a2a_list(g: Any) -> Any:
-        ins = [_data(dtype, 5, 3 + q) for q in range(ws)]   # gloo takes equal sizes only
-        outs = [torch.empty(5, dtype=dtype) for _ in range(ws)]
+        ins = [_data(dtype, 5, 3 + q).to(device) for q in range(ws)]   # gloo takes equal sizes only
+        outs = [torch.empty(5, dtype=dtype, device=device) for _ in range(ws)]
         dist.all_to_all(outs, ins, group=g)
         return outs
 
     def reduce_root1(g: Any) -> Any:
         t = x.clone()
         dist.reduce(t, dst=1, op=R.SUM, group=g)
-        return t if me == 1 else torch.zeros(0)
+        return t if me == 1 else torch.zeros(0, device=device)
 
     def gather_root0(g: Any) -> Any:
-        outs = [torch.empty(n * ws, dtype=dtype) for _ in range(ws)] if me == 0 else None
+        outs = [torch.empty(n * ws, dtype=dtype, device=device) for _ in range(ws)] if me == 0 else None
         dist.gather(x, outs, dst=0, group=g)
         return outs if me == 0 else []
 
     def scatter_root1(g: Any) -> Any:
-        out = torch.empty(n, dtype=dtype)
+        out = torch.empty(n, dtype=dtype, device=device)
         dist.scatter(out, list(x.chunk(ws)) if me == 1 else None, src=1, group=g)
         return out
 
@@ -318,6 +318,8 @@ def unsupported() -> dict[str, str]:
     attempt("AVG int", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int64), op=R.AVG, group=shm))
     attempt("float8", lambda: dist.all_reduce(torch.ones(4).to(torch.float8_e4m3fn), group=shm))
     attempt("meta device", lambda: dist.all_reduce(torch.ones(4, device="meta"), group=shm))
+    attempt("mixed devices", lambda: dist.all_gather_into_tensor(torch.empty(4 * dist.get_world_size()),
+                                                                torch.ones(4, device="meta"), group=shm))
     attempt("uneven all_gather", lambda: dist.all_gather([torch.ones(3), torch.ones(4)], t, group=shm))
     ok = torch.ones(4)
     dist.all_reduce(ok, group=shm)

@@ -80,6 +80,7 @@ def test_unsupported_ops_and_dtypes_are_clear_errors() -> None:
         assert "AVG needs a floating-point tensor" in r["AVG int"], r
         assert "float8_e4m3fn" in r["float8"] and "does not support" in r["float8"], r
         assert "not supported by this backend yet" in r["meta device"], r
+        assert "cannot be mixed" in r["mixed devices"] and "meta" in r["mixed devices"], r
         assert "every block must match" in r["uneven all_gather"], r
         assert r["still usable"] == "2.0", r
 

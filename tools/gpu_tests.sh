@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the GPU suite (tests/test_gpu.py) on a host with a CUDA GPU and cupy, then the device benchmark
+# Run the GPU suite (tests/test_gpu.py, and tests/test_gpu_torch.py where torch is installed: the torch
+# backend on CUDA tensors) on a host with a CUDA GPU and cupy, then the device benchmark
 # and the 8 B Allreduce latency breakdown (test_bench, test_latency_breakdown).
 #   tools/gpu_tests.sh [extra pytest args]        output also in gpu_tests.log (GPU_TESTS_LOG overrides)
 #   GPU_PROBE=1 also runs tools/gpu_latency_probe.py (two bare processes: the GPU's share of a message)
@@ -11,7 +12,7 @@ log=${GPU_TESTS_LOG:-gpu_tests.log}
   echo "== $(date -u +%FT%TZ) $(hostname)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
   python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" 2>&1
-  python3 -m pytest -p no:cacheprovider -v -rs tests/test_gpu.py "$@"
+  python3 -m pytest -p no:cacheprovider -v -rs -s tests/test_gpu.py tests/test_gpu_torch.py "$@"
   rc=$?
   SPTEST_GPU_BENCH=1 python3 -m pytest -p no:cacheprovider -q -s -rs tests/test_gpu.py -k "bench or latency" "$@"
   [ -n "$GPU_PROBE" ] && python3 tools/gpu_latency_probe.py   # where a small message's time goes

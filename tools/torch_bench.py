@@ -4,7 +4,7 @@ training step, with the ratios.
 
     torchrun --nproc-per-node 2 tools/torch_bench.py [--sizes 1M,4M,16M,64M] [--iters 10]
                                                      [--params 10M] [--steps 6] [--json FILE]
-                                                     [--trace] [--no-adopt]
+                                                     [--trace] [--no-adopt] [--device cuda]
 
 gloo is the default group and shmproxy a group over the same ranks. Each all_reduce figure is the
 median of ``--iters`` timed calls of float32 SUM (after a barrier of the same group). The DDP step
@@ -13,6 +13,11 @@ is forward + backward + SGD step of an MLP of about ``--params`` parameters (bat
 is the fraction of DDP's communication that overlapped backward: 1 - (step - step without
 communication) / (all_reduce time of all gradients at once), clipped to [0, 1]. "registered" is
 shmproxy's all_reduce of a tensor in the group's registered memory (``alloc_tensor``: no staging copy).
+
+``--params 0`` skips the DDP step. ``--device cuda``: the tensors and the model are on CUDA device
+rank % (number of devices) (one node), so ranks may share one GPU (gloo copies through host memory;
+NCCL refuses two ranks on one GPU). Each timed call then ends with ``torch.cuda.synchronize()``, so a
+figure is the time until the result is on the device; no "registered" column (host memory only).
 
 ``--trace`` prints, for rank 0, a timeline of one all_reduce per size and of one DDP step on shmproxy:
 per Work, when torch called the group, when the post returned, when the completion thread saw it
@@ -45,9 +50,10 @@ def _install_trace() -> None:
                                 _work.Completer._test_all)
     now = time.perf_counter
 
-    def traced_post(self: Any, name: str, build: Any, result: list, on_done: Any = None) -> Any:
+    def traced_post(self: Any, name: str, build: Any, result: list, on_done: Any = None,
+                    inputs: Any = ()) -> Any:
         t0 = now()
-        w = post(self, name, build, result, on_done)
+        w = post(self, name, build, result, on_done, inputs)
         if _tracing[0]:
             w._tr = {"name": name, "bytes": sum(t.numel() * t.element_size() for t in result),
                      "thread": threading.current_thread().name, "call": t0, "posted": now()}
@@ -92,12 +98,22 @@ def _size(text: str) -> int:
     return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
 
 
+DEVICE = ["cpu"]   # --device
+
+
+def _sync() -> None:
+    if DEVICE[0] != "cpu":
+        torch.cuda.synchronize()
+
+
 def _median(fn: Any, iters: int, group: Any) -> float:
     times = []
     for _ in range(iters):
+        _sync()
         dist.barrier(group=group)
         t0 = time.perf_counter()
         fn()
+        _sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -105,10 +121,11 @@ def _median(fn: Any, iters: int, group: Any) -> float:
 def bench_allreduce(groups: dict[str, Any], nbytes: int, iters: int, trace: bool) -> dict[str, float]:
     out = {}
     shm = groups["shmproxy"]
-    cases = [(name, g, torch.ones(nbytes // 4)) for name, g in groups.items()]
-    reg = shm.alloc_tensor(nbytes // 4)
-    reg.fill_(1.0)
-    cases.append(("registered", shm, reg))
+    cases = [(name, g, torch.ones(max(nbytes // 4, 1), device=DEVICE[0])) for name, g in groups.items()]
+    if DEVICE[0] == "cpu":
+        reg = shm.alloc_tensor(nbytes // 4)
+        reg.fill_(1.0)
+        cases.append(("registered", shm, reg))
     for name, g, t in cases:
         dist.all_reduce(t, group=g)  # warm-up: staging buffers, first-touch pages
         out[name] = _median(lambda: dist.all_reduce(t, group=g), iters, g)
@@ -135,10 +152,12 @@ def _model(params: int) -> torch.nn.Module:
 def bench_ddp(groups: dict[str, Any], params: int, steps: int, trace: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, g in groups.items():
-        ddp = torch.nn.parallel.DistributedDataParallel(_model(params), process_group=g)
+        ids = None if DEVICE[0] == "cpu" else [torch.cuda.current_device()]
+        ddp = torch.nn.parallel.DistributedDataParallel(_model(params).to(DEVICE[0]), device_ids=ids,
+                                                        process_group=g)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         width = ddp.module[0].in_features
-        x = torch.randn(32, width)
+        x = torch.randn(32, width, device=DEVICE[0])
 
         def step(sync: bool = True) -> None:
             if sync:
@@ -154,7 +173,7 @@ def bench_ddp(groups: dict[str, Any], params: int, steps: int, trace: bool = Fal
             _trace_step(ddp, x, opt, g)
         t_step = _median(step, steps, g)
         t_local = _median(lambda: step(False), steps, g)
-        flat = torch.zeros(sum(p.numel() for p in ddp.parameters()))
+        flat = torch.zeros(sum(p.numel() for p in ddp.parameters()), device=DEVICE[0])
         t_comm = _median(lambda: dist.all_reduce(flat, group=g), steps, g)
         hidden = 1.0 - (t_step - t_local) / t_comm if t_comm > 0 else 0.0
         out[name] = {"step_s": t_step, "no_comm_step_s": t_local, "allreduce_all_grads_s": t_comm,
@@ -189,10 +208,14 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--no-adopt", action="store_true",
                     help="stage every tensor (never move reused tensors into registered memory)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
+    DEVICE[0] = a.device
     if a.trace:
         _install_trace()
     dist.init_process_group("gloo")
+    if a.device == "cuda":   # one node: the rank picks its device as LOCAL_RANK would
+        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     groups = {"gloo": dist.group.WORLD, "shmproxy": dist.new_group(backend="shmproxy")}
     if a.no_adopt:
         groups["shmproxy"].adopter.enabled = False
@@ -202,10 +225,17 @@ def main() -> None:
         r = bench_allreduce(groups, _size(s), a.iters, a.trace)
         report["allreduce"][s] = r
         if me == 0:
-            print(f"all_reduce {s:>5}: gloo {r['gloo'] * 1e3:9.2f} ms  shmproxy {r['shmproxy'] * 1e3:9.2f} ms"
-                  f"  speed-up {r['gloo'] / r['shmproxy']:5.2f}x"
-                  f"  (registered tensor {r['registered'] * 1e3:.2f} ms,"
-                  f" {r['gloo'] / r['registered']:.2f}x)", flush=True)
+            reg = (f"  (registered tensor {r['registered'] * 1e3:.2f} ms, {r['gloo'] / r['registered']:.2f}x)"
+                   if "registered" in r else "")
+            print(f"all_reduce {s:>5}: gloo {r['gloo'] * 1e3:9.3f} ms  shmproxy {r['shmproxy'] * 1e3:9.3f} ms"
+                  f"  speed-up {r['gloo'] / r['shmproxy']:5.2f}x{reg}", flush=True)
+    if _size(a.params) == 0:
+        if me == 0 and a.json:
+            with open(a.json, "w") as f:
+                json.dump(report, f, indent=1)
+        dist.barrier(group=groups["shmproxy"])
+        dist.destroy_process_group()
+        return
     d = bench_ddp(groups, _size(a.params), a.steps, a.trace)
     report["ddp"] = d
     if me == 0:

@@ -55,7 +55,7 @@ def create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroup
 
 
 def register() -> None:
-    """Make "shmproxy" a torch.distributed backend for CPU tensors (idempotent)."""
+    """Make "shmproxy" a torch.distributed backend for CPU and CUDA tensors (idempotent)."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND_NAME, create, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, create, devices=["cpu", "cuda"])

@@ -15,6 +15,10 @@ Mapping onto the native API (shmproxy.Comm), and where the native has no equival
   reserved for them (messages of one source, destination and tag never overtake each other, and
   every rank calls the collectives of a group in the same order, so the pairs always match). A
   rank's own block is copied directly.
+
+CUDA tensors take the same builders: ``tensors.for_move`` and friends give flat CUDA tensors instead of
+numpy arrays, and every native call gets ``**st.kw`` (torch's current stream; empty for CPU calls).
+See shmproxy.torch.cuda for the stream order and completion.
 """
 from __future__ import annotations
 
@@ -59,7 +63,7 @@ def redop(op: Any, t: torch.Tensor) -> shmproxy.ReduceOp:
 def one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
     if len(tensors) != 1:
         raise errors.InvalidArgument(f"shmproxy backend: {what} takes exactly one tensor per call, got"
-                                     f" {len(tensors)} (one CPU device per process)")
+                                     f" {len(tensors)} (one device per process)")
     T.check_tensor(tensors[0], what)
     return tensors[0]
 
@@ -86,21 +90,21 @@ def _same(ts: Sequence[torch.Tensor], ref: torch.Tensor, what: str) -> None:
 def allreduce(pg: Any, t: torch.Tensor, op: Any, st: T.Staged) -> list:
     rop = redop(op, t)
     arr = T.for_reduce(t, st, output=True)
-    return [pg.comm.Iallreduce(shmproxy.IN_PLACE, arr, rop)]
+    return [pg.comm.Iallreduce(shmproxy.IN_PLACE, arr, rop, **st.kw)]
 
 
 def broadcast(pg: Any, t: torch.Tensor, root: int, st: T.Staged) -> list:
     root = _root(pg, root, "broadcast")
     arr = T.for_move(t, st, output=pg.rank() != root)
-    return [pg.comm.Ibcast(arr, root)]
+    return [pg.comm.Ibcast(arr, root, **st.kw)]
 
 
 def reduce(pg: Any, t: torch.Tensor, op: Any, root: int, st: T.Staged) -> list:
     rop = redop(op, t)
     root = _root(pg, root, "reduce")
     if pg.rank() == root:
-        return [pg.comm.Ireduce(shmproxy.IN_PLACE, T.for_reduce(t, st, output=True), rop, root)]
-    return [pg.comm.Ireduce(T.for_reduce(t, st, output=False), None, rop, root)]
+        return [pg.comm.Ireduce(shmproxy.IN_PLACE, T.for_reduce(t, st, output=True), rop, root, **st.kw)]
+    return [pg.comm.Ireduce(T.for_reduce(t, st, output=False), None, rop, root, **st.kw)]
 
 
 def barrier(pg: Any, st: T.Staged) -> list:
@@ -118,8 +122,8 @@ def all_gather_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, st: T.Stage
     rarr = T.for_move(out, st, output=True)
     blk = inp.numel() * inp.element_size()
     if out.is_contiguous() and inp.is_contiguous() and inp.data_ptr() == out.data_ptr() + pg.rank() * blk:
-        return [pg.comm.Iallgather(shmproxy.IN_PLACE, rarr)]
-    return [pg.comm.Iallgather(T.for_move(inp, st, output=False), rarr)]
+        return [pg.comm.Iallgather(shmproxy.IN_PLACE, rarr, **st.kw)]
+    return [pg.comm.Iallgather(T.for_move(inp, st, output=False), rarr, **st.kw)]
 
 
 def allgather_list(pg: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, st: T.Staged) -> list:
@@ -136,7 +140,7 @@ def allgather_list(pg: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, st:
         for r, o in enumerate(outs):
             o.copy_(tmp[r * k:(r + 1) * k].view(o.shape))
     st.after.append(scatter_out)
-    return [pg.comm.Iallgather(T.for_move(inp, st, output=False), tarr)]
+    return [pg.comm.Iallgather(T.for_move(inp, st, output=False), tarr, **st.kw)]
 
 
 def reduce_scatter_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, op: Any, st: T.Staged) -> list:
@@ -149,7 +153,7 @@ def reduce_scatter_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, op: Any
             f"shmproxy backend: reduce_scatter_tensor: input {inp.dtype} x {inp.numel()} must be the"
             f" output's dtype and {n} x its {out.numel()} elements")
     sarr = T.for_reduce(inp, st, output=False)
-    return [pg.comm.Ireduce_scatter_block(sarr, T.for_reduce(out, st, output=True), rop)]
+    return [pg.comm.Ireduce_scatter_block(sarr, T.for_reduce(out, st, output=True), rop, **st.kw)]
 
 
 def reduce_scatter_list(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], op: Any,
@@ -165,7 +169,7 @@ def reduce_scatter_list(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor],
     tmp, tarr = T.scratch(k * n, out, st, reduce=True)
     for r, x in enumerate(ins):
         tmp[r * k:(r + 1) * k].copy_(x.reshape(-1))
-    return [pg.comm.Ireduce_scatter_block(tarr, T.for_reduce(out, st, output=True), rop)]
+    return [pg.comm.Ireduce_scatter_block(tarr, T.for_reduce(out, st, output=True), rop, **st.kw)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -197,13 +201,13 @@ def all_to_all_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, out_splits:
     oarr = T.for_move(out, st, output=True)
     iarr = T.for_move(inp, st, output=False)
     if len(set(osp)) == 1 and len(set(isp)) == 1 and osp[0] == isp[0]:
-        return [pg.comm.Ialltoall(iarr, oarr)]
+        return [pg.comm.Ialltoall(iarr, oarr, **st.kw)]
     orow = out.numel() // max(out.shape[0], 1) if out.dim() else 1
     irow = inp.numel() // max(inp.shape[0], 1) if inp.dim() else 1
     ooff = np.concatenate([[0], np.cumsum(osp)]) * orow
     ioff = np.concatenate([[0], np.cumsum(isp)]) * irow
     recv = [oarr[ooff[r]:ooff[r + 1]] for r in range(n)]
-    return _pairs(pg, recv, [iarr[ioff[r]:ioff[r + 1]] for r in range(n)], TAG_ALLTOALLV, me)
+    return _pairs(pg, recv, [iarr[ioff[r]:ioff[r + 1]] for r in range(n)], TAG_ALLTOALLV, me, st)
 
 
 def alltoall_list(pg: Any, outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], st: T.Staged) -> list:
@@ -214,24 +218,25 @@ def alltoall_list(pg: Any, outs: Sequence[torch.Tensor], ins: Sequence[torch.Ten
     for i, t in enumerate([*outs, *ins]):
         T.check_tensor(t, f"all_to_all tensor {i}")
     recv = [T.for_move(o, st, output=True) for o in outs]
-    return _pairs(pg, recv, [T.for_move(x, st, output=False) for x in ins], TAG_ALLTOALL_LIST, pg.rank())
+    return _pairs(pg, recv, [T.for_move(x, st, output=False) for x in ins], TAG_ALLTOALL_LIST, pg.rank(), st)
 
 
-def _pairs(pg: Any, recv: list[np.ndarray], send: list[np.ndarray], tag: int, me: int) -> list:
-    """Block r of ``send`` to rank r, block r of ``recv`` from rank r; empty blocks travel nowhere
-    (both sides know they are empty), and the rank's own block is copied here."""
+def _pairs(pg: Any, recv: list[Any], send: list[Any], tag: int, me: int, st: T.Staged) -> list:
+    """Block r of ``send`` to rank r, block r of ``recv`` from rank r (flat numpy arrays, or flat CUDA
+    tensors); empty blocks travel nowhere (both sides know they are empty), and the rank's own block
+    is copied here (for CUDA tensors on the current stream, which the posts are ordered after)."""
     comm, reqs = pg.comm, []
-    if recv[me].size != send[me].size:
-        raise errors.InvalidArgument(f"shmproxy backend: all_to_all: rank {me} sends itself {send[me].size}"
-                                     f" elements but expects {recv[me].size}")
+    if len(recv[me]) != len(send[me]):
+        raise errors.InvalidArgument(f"shmproxy backend: all_to_all: rank {me} sends itself {len(send[me])}"
+                                     f" elements but expects {len(recv[me])}")
     recv[me][...] = send[me]
     with comm.group():
         for r in range(len(recv)):
-            if r != me and recv[r].size:
-                reqs.append(comm.Irecv(recv[r], r, tag))
+            if r != me and len(recv[r]):
+                reqs.append(comm.Irecv(recv[r], r, tag, **st.kw))
         for r in range(len(send)):
-            if r != me and send[r].size:
-                reqs.append(comm.Isend(send[r], r, tag))
+            if r != me and len(send[r]):
+                reqs.append(comm.Isend(send[r], r, tag, **st.kw))
     return reqs
 
 
@@ -239,14 +244,14 @@ def gather(pg: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, root: int, 
     T.check_tensor(inp, "gather input")
     root, me, comm = _root(pg, root, "gather"), pg.rank(), pg.comm
     if me != root:
-        return [comm.Isend(T.for_move(inp, st, output=False), root, TAG_GATHER)]
+        return [comm.Isend(T.for_move(inp, st, output=False), root, TAG_GATHER, **st.kw)]
     if len(outs) != pg.size():
         raise errors.InvalidArgument(
             f"shmproxy backend: gather: {len(outs)} outputs for a group of {pg.size()}")
     _same(outs, inp, "gather output")
     outs[me].copy_(inp.reshape(outs[me].shape))
     with comm.group():
-        return [comm.Irecv(T.for_move(o, st, output=True), r, TAG_GATHER)
+        return [comm.Irecv(T.for_move(o, st, output=True), r, TAG_GATHER, **st.kw)
                 for r, o in enumerate(outs) if r != me]
 
 
@@ -254,14 +259,14 @@ def scatter(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], root: int, 
     T.check_tensor(out, "scatter output")
     root, me, comm = _root(pg, root, "scatter"), pg.rank(), pg.comm
     if me != root:
-        return [comm.Irecv(T.for_move(out, st, output=True), root, TAG_SCATTER)]
+        return [comm.Irecv(T.for_move(out, st, output=True), root, TAG_SCATTER, **st.kw)]
     if len(ins) != pg.size():
         raise errors.InvalidArgument(
             f"shmproxy backend: scatter: {len(ins)} inputs for a group of {pg.size()}")
     _same(ins, out, "scatter input")
     out.copy_(ins[me].reshape(out.shape))
     with comm.group():
-        return [comm.Isend(T.for_move(x, st, output=False), r, TAG_SCATTER)
+        return [comm.Isend(T.for_move(x, st, output=False), r, TAG_SCATTER, **st.kw)
                 for r, x in enumerate(ins) if r != me]
 
 
@@ -269,8 +274,8 @@ def scatter(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], root: int, 
 # Point-to-point
 
 def send(pg: Any, t: torch.Tensor, dst: int, tag: int, st: T.Staged) -> list:
-    return [pg.comm.Isend(T.for_move(t, st, output=False), dst, tag)]
+    return [pg.comm.Isend(T.for_move(t, st, output=False), dst, tag, **st.kw)]
 
 
 def recv(pg: Any, t: torch.Tensor, src: int, tag: int, st: T.Staged) -> list:
-    return [pg.comm.Irecv(T.for_move(t, st, output=True), src, tag)]
+    return [pg.comm.Irecv(T.for_move(t, st, output=True), src, tag, **st.kw)]

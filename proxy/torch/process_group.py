@@ -4,6 +4,8 @@
 Every torch call validates its tensors, posts the communicator's nonblocking requests and returns a
 Work at once (ops.py builds the requests, work.py completes them); ``async_op=False`` is torch
 calling ``wait()`` on that Work. So the progress process moves a DDP bucket while backward computes.
+CUDA tensors take the same path with torch's stream order (cuda.py); one call's tensors are all CPU
+or all on one CUDA device.
 
 Thread safety: torch may call a process group from several threads (DDP's reducer posts allreduces
 from autograd threads, the completer tests requests). A shmproxy Comm is used by one thread at a
@@ -29,7 +31,7 @@ import torch.distributed as dist
 
 import shmproxy
 from shmproxy.core import errors
-from shmproxy.torch import ops
+from shmproxy.torch import cuda, ops
 from shmproxy.torch.tensors import Adopter, Staged, alloc_tensor, check_tensor
 from shmproxy.torch.work import Completer, Work
 
@@ -53,6 +55,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.group_label = label or f"r{rank}"
         self.lock = threading.RLock()
         self.adopter = Adopter(comm)
+        self.side_streams = cuda.SideStreams()
         self.completer = Completer(self)
         # Registered after the Comm's own exit hook, so it runs first (atexit is last-in, first-out):
         # the completion thread stops touching the communicator before the Comm is closed.
@@ -73,11 +76,17 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
 
     # ---- posting ----------------------------------------------------------------------------------
     def _post(self, name: str, build: Callable[[Staged], list], result: list[torch.Tensor],
-              on_done: Callable[[Work], None] | None = None) -> Work:
-        stage = Staged(adopt=self.adopter)
+              on_done: Callable[[Work], None] | None = None, inputs: Sequence[Any] = ()) -> Work:
+        """Post one torch call (``result``: its outputs, ``inputs``: its other tensors; all on one device)."""
+        device = cuda.common_device([*result, *inputs], name)
+        stage = Staged(adopt=self.adopter if device is None else None)
+        if device is not None:
+            cuda.begin(stage, device, self.side_streams)
         with self.lock:
             try:
                 reqs = build(stage)
+                if device is not None:
+                    cuda.seal(stage)
             except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
                 # A failed communicator gives a failed Work, not an exception at the call: DDP's reducer
                 # posts from an autograd hook and is not made to survive a throw there (gloo and nccl
@@ -90,11 +99,11 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return work
 
     def _coalesced(self, name: str, builds: list[Callable[[Staged], list]],
-                   result: list[torch.Tensor]) -> Work:
+                   result: list[torch.Tensor], inputs: Sequence[Any] = ()) -> Work:
         def build(st: Staged) -> list:
             with self.comm.group():
                 return [r for b in builds for r in b(st)]
-        return self._post(name, build, result)
+        return self._post(name, build, result, inputs=inputs)
 
     # ---- collectives ------------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -129,7 +138,8 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         if len(output_lists) != 1:
             raise errors.InvalidArgument("shmproxy backend: allgather takes one list of outputs")
         outs = output_lists[0]
-        return self._post("allgather", lambda st: ops.allgather_list(self, outs, inp, st), list(outs))
+        return self._post("allgather", lambda st: ops.allgather_list(self, outs, inp, st), list(outs),
+                          inputs=[inp])
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> Work:
@@ -138,18 +148,18 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._coalesced(
             "allgather_coalesced",
             [lambda st, o=o, i=i: ops.allgather_list(self, o, i, st) for o, i in zip(output_lists, inputs)],
-            [t for o in output_lists for t in o])
+            [t for o in output_lists for t in o], inputs)
 
     def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
         return self._post("all_gather_into_tensor", lambda st: ops.all_gather_single(self, out, inp, st),
-                          [out])
+                          [out], inputs=[inp])
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outs: list[torch.Tensor], ins: list[torch.Tensor],
                                     opts: Any = None) -> Work:
         builds = [lambda st, o=o, i=i: ops.all_gather_single(self, o, i, st) for o, i in zip(outs, ins)]
-        return self._coalesced("all_gather_into_tensor_coalesced", builds, list(outs))
+        return self._coalesced("all_gather_into_tensor_coalesced", builds, list(outs), ins)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -160,12 +170,13 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
             raise errors.InvalidArgument("shmproxy backend: reduce_scatter takes one list of inputs")
         ins = input_lists[0]
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._post("reduce_scatter", lambda st: ops.reduce_scatter_list(self, out, ins, op, st), [out])
+        return self._post("reduce_scatter", lambda st: ops.reduce_scatter_list(self, out, ins, op, st), [out],
+                          inputs=ins)
 
     def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         return self._post("reduce_scatter_tensor",
-                          lambda st: ops.reduce_scatter_single(self, out, inp, op, st), [out])
+                          lambda st: ops.reduce_scatter_single(self, out, inp, op, st), [out], inputs=[inp])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -175,33 +186,36 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._coalesced(
             "reduce_scatter_tensor_coalesced",
             [lambda st, o=o, i=i: ops.reduce_scatter_single(self, o, i, op, st) for o, i in zip(outs, ins)],
-            list(outs))
+            list(outs), ins)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
                           in_splits: Sequence[int], opts: Any = None) -> Work:
         return self._post("all_to_all_single",
-                          lambda st: ops.all_to_all_single(self, out, inp, out_splits, in_splits, st), [out])
+                          lambda st: ops.all_to_all_single(self, out, inp, out_splits, in_splits, st), [out],
+                          inputs=[inp])
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any = None) -> Work:
-        return self._post("all_to_all", lambda st: ops.alltoall_list(self, outs, ins, st), list(outs))
+        return self._post("all_to_all", lambda st: ops.alltoall_list(self, outs, ins, st), list(outs),
+                          inputs=ins)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                opts: Any = None) -> Work:
         inp = ops.one(inputs, "gather")
         root = opts.rootRank if opts is not None else 0
         outs = output_lists[0] if output_lists else []
-        return self._post("gather", lambda st: ops.gather(self, outs, inp, root, st), list(outs))
+        return self._post("gather", lambda st: ops.gather(self, outs, inp, root, st), list(outs),
+                          inputs=[inp])
 
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts: Any = None) -> Work:
         out = ops.one(outputs, "scatter")
         root = opts.rootRank if opts is not None else 0
         ins = input_lists[0] if input_lists else []
-        return self._post("scatter", lambda st: ops.scatter(self, out, ins, root, st), [out])
+        return self._post("scatter", lambda st: ops.scatter(self, out, ins, root, st), [out], inputs=ins)
 
     # ---- point-to-point ---------------------------------------------------------------------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:

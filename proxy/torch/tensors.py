@@ -4,9 +4,9 @@ A contiguous CPU tensor's storage is viewed with ``tensor.numpy()`` (no copy; th
 reads or writes the tensor's memory through staging, or directly when the tensor lies in registered
 memory: ``alloc_tensor`` gives such tensors). The rules, each the reason for a copy or an error:
 
-- **CUDA (and every other non-CPU) tensor**: an error saying that this backend does not support them
-  yet. Never a silent copy to host memory: the caller would lose the stream ordering and the speed
-  they expect from a device backend.
+- **CUDA tensors** go to the device path (shmproxy.torch.cuda): never through host memory. Tensors
+  of every other device: an error saying that this backend does not support them (never a silent
+  copy to host memory: the caller would lose the ordering and speed they expect of a device backend).
 - **Non-contiguous tensors** are copied into a contiguous temporary, and outputs are copied back
   once the operation completed (as gloo does), so that every layout works; the copy is the cost.
 - **bfloat16** has no numpy dtype. Where bytes only move (broadcast, allgather, alltoall, send and
@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from shmproxy.core import errors
+from shmproxy.torch import cuda
 
 # torch dtype -> numpy dtype that holds the same bits. bfloat16 is handled apart (see the header).
 _NUMPY: dict[torch.dtype, np.dtype] = {
@@ -59,11 +60,10 @@ def check_tensor(t: torch.Tensor, what: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise errors.InvalidArgument(
             f"shmproxy backend: {what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise errors.InvalidArgument(
-            f"shmproxy backend: {what} is on {t.device}; CUDA (and other device) tensors are not supported "
-            "by this backend yet (no host copy is made): keep them on a device backend such as nccl, or "
-            "move them to the CPU yourself")
+            f"shmproxy backend: {what} is on {t.device}; tensors of that device are not supported by this "
+            "backend yet (CPU and CUDA are; no host copy is made): move them yourself")
     if t.dtype not in _NUMPY and t.dtype != torch.bfloat16:
         raise errors.InvalidArgument(
             f"shmproxy backend: {what} has dtype {t.dtype}, which this backend does not support; "
@@ -141,17 +141,29 @@ class Staged:
     keep: list = field(default_factory=list)        # temporaries that must live until completion
     after: list[Callable[[], None]] = field(default_factory=list)
     adopt: Callable[[torch.Tensor], None] | None = None
+    # A call on CUDA tensors (shmproxy.torch.cuda.begin): their device, the keywords of every native
+    # call (the stream), the event behind the call's own copies, the group's side streams.
+    device: torch.device | None = None
+    kw: dict = field(default_factory=dict)
+    posted: Any = None
+    side: Any = None
 
     def done(self) -> None:
-        for fn in self.after:
-            fn()
+        if self.device is not None:
+            cuda.finish(self)
+        else:
+            for fn in self.after:
+                fn()
         self.after.clear()
         self.keep.clear()
 
 
 def for_move(t: torch.Tensor, stage: Staged, output: bool) -> np.ndarray:
     """An array over ``t`` (or over a contiguous copy of it) for an operation that only moves bytes.
-    ``output``: the operation writes it, so a copy is copied back into ``t`` at completion."""
+    ``output``: the operation writes it, so a copy is copied back into ``t`` at completion. A CUDA
+    tensor gives a flat CUDA tensor instead (shmproxy.torch.cuda)."""
+    if t.is_cuda:
+        return cuda.move_view(t, stage, output)  # type: ignore[return-value]
     if t.is_contiguous():
         if stage.adopt is not None and stage.adopt(t):
             stage.keep.append(t)
@@ -166,8 +178,9 @@ def for_move(t: torch.Tensor, stage: Staged, output: bool) -> np.ndarray:
 
 def for_reduce(t: torch.Tensor, stage: Staged, output: bool) -> np.ndarray:
     """An array over ``t`` for a reduction: bfloat16 goes through a float32 temporary (cast back into
-    ``t`` at completion when ``output``); other dtypes as ``for_move``."""
-    if t.dtype != torch.bfloat16:
+    ``t`` at completion when ``output``); other dtypes, and CUDA tensors (bfloat16 reduces on the
+    device), as ``for_move``."""
+    if t.dtype != torch.bfloat16 or t.is_cuda:
         return for_move(t, stage, output)
     tmp = t.to(torch.float32).contiguous()
     stage.keep.append(tmp)
@@ -179,7 +192,10 @@ def for_reduce(t: torch.Tensor, stage: Staged, output: bool) -> np.ndarray:
 def scratch(numel: int, like: torch.Tensor, stage: Staged,
             reduce: bool = False) -> tuple[torch.Tensor, np.ndarray]:
     """A contiguous temporary of ``numel`` elements of ``like``'s dtype (float32 for a bfloat16
-    reduction), kept alive until completion: (tensor, numpy view)."""
+    reduction), kept alive until completion: (tensor, numpy view). On a CUDA ``like``: a CUDA
+    temporary of the same dtype, twice."""
+    if like.is_cuda:
+        return cuda.scratch(numel, like, stage)  # type: ignore[return-value]
     dtype = torch.float32 if (reduce and like.dtype == torch.bfloat16) else like.dtype
     tmp = torch.empty(numel, dtype=dtype)
     stage.keep.append(tmp)

@@ -89,7 +89,8 @@ class Work(dist.Work):
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until the operation completed; raise its error (shmproxy's, naming the rank). A
         ``timeout`` (timedelta or seconds; 0 or None: the group's timeout) that expires raises
-        shmproxy.Timeout."""
+        shmproxy.Timeout. On CUDA tensors a completed operation's result is on the device and visible
+        to every stream (shmproxy.torch.cuda), so no stream needs to be made to wait."""
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if not self._event.is_set():
             if threading.current_thread() is self._pg.completer.thread:

@@ -1,0 +1,126 @@
+"""CUDA tensors in the shmproxy process group: stream order at the call, completion on the device.
+
+A CUDA tensor is handed to the communicator as it is (the native API reads torch tensors through the
+CUDA array interface; shmproxy.rank.device): the progress process maps the tensor's allocation and
+copies on its own GPU streams, never through host memory. What this module adds for torch:
+
+- **Which stream.** Every native call of one torch call gets ``stream=`` torch's current stream of the
+  tensors' device, read in the calling thread at the call (the native default would be cupy's
+  current stream, which torch does not set). So the operation is ordered after the work queued on
+  that stream before the call, as NCCL's is. Temporaries the call fills at post time (the
+  contiguous copy of a non-contiguous tensor, the packed input of a reduce_scatter of a list, a
+  rank's own block of an alltoall, gather or scatter) are written on that same stream, so the op is
+  ordered after them too.
+- **When it is done.** The native request completes once the progress process's copies finished on
+  the GPU, so the bytes in the tensor are then visible to every stream. What the rank itself queued
+  at the call (the own-block copies) is covered by an event recorded on the current stream after the
+  last post when that stream is still busy then (``seal``), which the completion thread waits for;
+  copies back into the user's tensors (non-contiguous outputs, an all_gather into a list) run on a
+  side stream of the group, which the completion thread synchronizes. Only then are the Work and
+  its Future completed: a completed Work's result is on the device, visible to every stream, and
+  ``Work.wait`` makes the current stream "wait" for free. A Work still pending makes ``wait`` block
+  the host until it completes (the Work's failure is raised there, as on the CPU path). A wait that
+  never blocks the host (the stream waiting on a word the completion thread writes) would put GPU
+  work in this process's context on every call, the context switch that ``seal`` avoids.
+- **Lifetimes.** Every CUDA tensor of a call (inputs included) is held until completion: torch's
+  caching allocator would otherwise hand a freed block to the next kernel of the same stream while
+  the progress process still reads or writes it.
+
+bfloat16 reduces on the device as bfloat16 (the native device path rounds after each step, as
+torch's own bfloat16 arithmetic does); no float32 temporary as on the CPU path.
+A call whose tensors are on different devices, CPU and CUDA mixed included, is refused before
+anything is posted.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from shmproxy.core import errors
+
+
+def common_device(tensors: Iterable[Any], what: str) -> torch.device | None:
+    """The CUDA device every tensor of the call is on; None when they are all CPU tensors (or none).
+    InvalidArgument for a mix of devices."""
+    seen: torch.device | None = None
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue        # check_tensor says what is wrong with it
+        dev = t.device
+        if seen is None:
+            seen = dev
+        elif dev != seen:
+            raise errors.InvalidArgument(
+                f"shmproxy backend: {what}: tensors on {seen} and {dev} in one call; every tensor of a call "
+                "must be on the same device (CPU tensors and CUDA tensors cannot be mixed)")
+    if seen is None or seen.type != "cuda":
+        return None
+    return seen if seen.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+class SideStreams:
+    """One side stream per device for a group's copies back at completion (completion thread only)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[int, torch.cuda.Stream] = {}
+
+    def get(self, device: torch.device) -> torch.cuda.Stream:
+        idx = int(device.index or 0)
+        s = self._streams.get(idx)
+        if s is None:
+            s = self._streams[idx] = torch.cuda.Stream(device=idx)
+        return s
+
+
+def begin(stage: Any, device: torch.device, side: SideStreams) -> None:
+    """Make ``stage`` a CUDA call's: its native calls get torch's current stream of ``device``."""
+    stage.device = device
+    stage.side = side
+    stage.kw = {"stream": torch.cuda.current_stream(device)}
+
+
+def seal(stage: Any) -> None:
+    """After the last post: an event on the current stream, behind the rank's own copies of the call,
+    unless that stream is idle by now (its copies done, nothing to wait for). Recording on an idle
+    stream would still be GPU work of this process's context: where ranks share a GPU without MPS,
+    the GPU switches contexts to run it, which costs more than a small message (the native
+    ``DeviceMemory.record`` skips idle streams for the same reason)."""
+    stream = stage.kw["stream"]
+    if not stream.query():
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        stage.posted = ev
+
+
+def finish(stage: Any) -> None:
+    """At completion (completion thread): the call's own copies done, the copies back run and done."""
+    if stage.posted is not None:
+        stage.posted.synchronize()
+    if stage.after:
+        side = stage.side.get(stage.device)
+        with torch.cuda.device(stage.device), torch.cuda.stream(side):
+            for fn in stage.after:
+                fn()
+        side.synchronize()
+
+
+def move_view(t: torch.Tensor, stage: Any, output: bool) -> torch.Tensor:
+    """A flat CUDA tensor over ``t`` (or over a contiguous copy of it, copied back at completion when
+    ``output``), held by ``stage`` until completion."""
+    src = t.detach()
+    stage.keep.append(src)
+    if src.is_contiguous():
+        return src.reshape(-1)
+    tmp = src.contiguous()          # on the current stream: the op is ordered after it
+    stage.keep.append(tmp)
+    if output:
+        stage.after.append(lambda: src.copy_(tmp))
+    return tmp.reshape(-1)
+
+
+def scratch(numel: int, like: torch.Tensor, stage: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A contiguous CUDA temporary of ``numel`` elements of ``like``'s dtype on its device."""
+    tmp = torch.empty(numel, dtype=like.dtype, device=like.device)
+    stage.keep.append(tmp)
+    return tmp, tmp
