@@ -14,8 +14,9 @@
  *   3. wait for every rank's slot to say SEQ = n, comparing fingerprints (also where a rank reads
  *      nothing, as a Bcast's root does: so a mismatch is found on every rank, as the progress
  *      process finds it for its collectives);
- *   4. reduce the slots in rank order into its output (every rank gets the same bits, the order the
- *      progress process's collectives use), or copy the root's;
+ *   4. reduce the slots in rank order (a Reduce's root first) into its output: the order of the
+ *      progress process's collectives, so every rank and both paths give the same bits; or copy the
+ *      root's;
  *   5. DONE = n, and bump the word again.
  * A rank whose slot lags while it posted more collectives to the progress process than this rank
  * had when it wrote its own went the other way for this collective (a device buffer, a different
@@ -194,7 +195,11 @@ static PyObject *run(PosterObject *self, int coll, const char *send, char *recv,
         char *srcs[64];
         char **s = self->size <= 64 ? srcs : PyMem_Malloc(sizeof(char *) * (size_t)self->size);
         if (!s) return PyErr_NoMemory();
-        for (long x = 0; x < self->size; x++) s[x] = coll_slot(f, x, n) + CELL_HDR_BYTES;
+        /* the progress process's order (proxy/coll/algorithms.py): rank 0, 1, ..., a Reduce's root first */
+        long k = 0;
+        if (coll == COLL_REDUCE) s[k++] = coll_slot(f, root, n) + CELL_HDR_BYTES;
+        for (long x = 0; x < self->size; x++)
+            if (!(coll == COLL_REDUCE && x == root)) s[k++] = coll_slot(f, x, n) + CELL_HDR_BYTES;
         reduce_run(kernel_for(op, code), op, code, (size_t)count, s, (size_t)self->size, &recv, 1, 0);
         if (s != srcs) PyMem_Free(s);
     }

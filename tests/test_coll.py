@@ -115,6 +115,13 @@ def test_property_random_collectives(n):
     _run_property(n, 40)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_property_random_collectives_fast_path_off(n):
+    """The same cases through the progress process alone (small blocking collectives otherwise run
+    between the ranks: rank/fastpath.py)."""
+    _run_property(n, 40, env={"SHMPROXY_FAST_BYTES": "0"})
+
+
 @pytest.mark.parametrize("n,loop_copies", [(2, "1"), (3, "0")])
 def test_property_random_collectives_small_chunks(n, loop_copies):
     """The same, with everything chunked and queued: 4 KiB chunks, 2 slots, no eager path, parallel

@@ -17,7 +17,8 @@ one (source, tag) whichever side posts first, and across interleaved tags; empty
 self; every pair moving large messages at once; dtype mismatch reported to both sides; and a peer
 SIGKILLed before or during a transfer reported as PeerDiedError within seconds.
 
-Every case is small enough for a 2-core machine and runs under the harness's hard deadline.
+Every case runs with the fast path on and off (``fast_path``). Every case is small enough for a 2-core
+machine and runs under the harness's hard deadline.
 """
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ BODY = "tests.bodies_conformance:"
 TRANSPORTS = [t.name for t in shmproxy.transports.REGISTRY if shmproxy.transports.MemKind.HOST in t.kinds]
 
 pytestmark = pytest.mark.parametrize("transport", TRANSPORTS)
+
+
+@pytest.fixture(autouse=True, params=["fast", "nofast"])
+def fast_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every case with the fast path (small blocking calls the ranks complete themselves, shm/_fast.h)
+    on and off: the ranks inherit the environment."""
+    if request.param == "nofast":
+        monkeypatch.setenv("SHMPROXY_FAST_BYTES", "0")
 
 
 BETWEEN_NODES = {t.name for t in shmproxy.transports.REGISTRY if t.proxy_shared_init is not None}

@@ -22,6 +22,7 @@ import struct
 import time
 from typing import Any, Callable
 
+from shmproxy.tools.fast_reader import read_fast
 from shmproxy.core import infoblob
 from shmproxy.shm import pool as P
 
@@ -58,10 +59,12 @@ def read_pool(view: P.PoolView) -> dict:
     state["posted_chain"] = chain
     state["ranks"] = _section(problems, "ranks", lambda: _read_ranks(view, chain, problems))
     state["subs"] = _section(problems, "subs", lambda: _read_subs(view, problems))
+    state["fast"] = _section(problems, "fast path", lambda: read_fast(view, problems))
     if isinstance(chain, dict):
         chain.pop("indices", None)  # internal: membership for the rank sections (records keep the order)
     state["layout"] = {"nlocal": layout.nlocal, "max_ops": layout.max_ops, "max_subs": layout.max_subs,
-                       "nrecords": layout.nrecords, "total_bytes": layout.total_bytes}
+                       "nrecords": layout.nrecords, "total_bytes": layout.total_bytes,
+                       "fast_bytes": layout.fast_bytes}
     return state
 
 

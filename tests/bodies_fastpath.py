@@ -1,0 +1,323 @@
+"""Rank bodies for tests/test_fastpath.py: the fast path (shm/_fast.h) against MPI's rules, mixed with
+the progress process's path, and its failures."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import shmproxy
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
+
+LARGE = 96 << 10      # above SEND_BUFFER_BYTES: a rendezvous through the progress process
+MEDIUM = 4096         # above FAST_BYTES, below SEND_BUFFER_BYTES: buffered by the progress process
+SMALL = 8
+
+
+def _plan(seed: int, nmsg: int) -> list[tuple[int, int, str]]:
+    """The sender's messages: (tag, elements of int64, how it is sent)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(nmsg):
+        mode = rng.choice(["Send", "Send", "Send", "Isend", "Issend", "Send_medium", "Isend_large"])
+        n = {"Send_medium": MEDIUM // 8, "Isend_large": LARGE // 8}.get(mode, rng.choice([0, 1, SMALL]))
+        out.append((rng.choice([0, 1, 2]), n, mode))
+    return out
+
+
+def order_mixed(seed: int, nmsg: int) -> dict:
+    """Rank 0 sends ``nmsg`` messages to rank 1 on three tags, each through the fast path or the progress
+    process (small blocking Sends, Isend, Issend, medium buffered and large rendezvous sends); rank 1
+    receives them with blocking Recv (specific tag, ANY_TAG, ANY_SOURCE), Irecv + Wait, two Irecvs
+    posted together, Probe + Recv, in an order drawn from the same seed. Every message carries its
+    number: each receive must get the earliest unreceived message it accepts (MPI's non-overtaking),
+    checked against that model."""
+    with shmproxy.init() as comm:
+        plan = _plan(seed, nmsg)
+        if comm.rank == 0:
+            pending = []
+            for i, (tag, n, mode) in enumerate(plan):
+                data = np.full(max(n, 1), i, np.int64)[:n]
+                if mode in ("Send", "Send_medium"):
+                    comm.Send(data, 1, tag)
+                elif mode == "Issend":
+                    pending.append(comm.Issend(data, 1, tag))
+                else:
+                    pending.append(comm.Isend(data, 1, tag))
+            for r in pending:
+                r.Wait()
+            comm.Barrier()
+            return {}
+        rng = random.Random(seed + 1)
+        left = list(range(nmsg))   # the model: messages not received yet, in sending order
+        got = 0
+
+        def want(tag: int) -> int:
+            i = next(k for k in left if tag == ANY_TAG or plan[k][0] == tag)
+            left.remove(i)
+            return i
+
+        def check(buf: np.ndarray, st, i: int) -> None:
+            n = plan[i][1]
+            assert st.nbytes == 8 * n and (n == 0 or np.all(buf[:n] == i)), (i, plan[i], st, buf[:4])
+
+        while left:
+            tag = rng.choice([ANY_TAG, plan[rng.choice(left)][0]])
+            style = rng.choice(["Recv", "Recv", "Recv_any_source", "Irecv", "pair", "Probe"])
+            buf = np.full(LARGE // 8, -1, np.int64)
+            if style == "pair" and len(left) >= 2:
+                i1 = want(tag)
+                tag2 = plan[left[0]][0]
+                i2 = want(tag2)
+                buf2 = np.full(LARGE // 8, -1, np.int64)
+                r1, r2 = comm.Irecv(buf, 0, tag), comm.Irecv(buf2, 0, tag2)
+                check(buf2, r2.Wait(), i2)
+                check(buf, r1.Wait(), i1)
+                got += 2
+                continue
+            i = want(tag)
+            if style == "Irecv":
+                st = comm.Irecv(buf, 0, tag).Wait()
+            elif style == "Probe":
+                pst = comm.Probe(0, tag)
+                assert pst.nbytes == 8 * plan[i][1], (i, pst)
+                st = comm.Recv(buf, 0, pst.tag)
+            else:
+                st = comm.Recv(buf, ANY_SOURCE if style == "Recv_any_source" else 0, tag)
+            check(buf, st, i)
+            got += 1
+        comm.Barrier()
+        return {"received": got}
+
+
+def two_senders_any_source(nmsg: int) -> dict:
+    """Ranks 1 and 2 send small blocking messages to rank 0, which receives them from ANY_SOURCE with
+    blocking Recv: every message arrives once, each sender's in its order."""
+    with shmproxy.init() as comm:
+        if comm.rank != 0:
+            for i in range(nmsg):
+                comm.Send(np.array([comm.rank, i], np.int64), 0, 7)
+            comm.Barrier()
+            return {}
+        nxt = {1: 0, 2: 0}
+        buf = np.zeros(2, np.int64)
+        for _ in range(2 * nmsg):
+            st = comm.Recv(buf, ANY_SOURCE, 7)
+            src, i = int(buf[0]), int(buf[1])
+            assert st.source == src and nxt[src] == i, (st, buf, nxt)
+            nxt[src] += 1
+        comm.Barrier()
+        return {"fast_recv": True}
+
+
+def probes_and_errors() -> dict:
+    """A message written into a cell is seen by Iprobe (which drains it into the progress process) and
+    by Mprobe; a receive too small for a cell's message fails with TruncationError, one of another
+    dtype with InvalidUsage, and the messages after them still arrive."""
+    with shmproxy.init() as comm:
+        if comm.rank == 0:
+            comm.Send(np.arange(4, dtype=np.int32), 1, 1)
+            comm.Send(np.arange(3, dtype=np.int32), 1, 2)
+            comm.Send(np.arange(16, dtype=np.int64), 1, 3)   # too big for the receive
+            comm.Send(np.arange(2, dtype=np.float64), 1, 4)  # another dtype than the receive's
+            comm.Send(np.full(2, 9, np.int16), 1, 5)
+            comm.Barrier()
+            return {}
+        st = None
+        while st is None:
+            st = comm.Iprobe(0, 1)
+        assert st.nbytes == 16 and st.tag == 1, st
+        a = np.zeros(4, np.int32)
+        comm.Recv(a, 0, 1)
+        assert a.tolist() == [0, 1, 2, 3]
+        msg = comm.Mprobe(0, 2)
+        st = msg.status
+        b = np.zeros(3, np.int32)
+        msg.Recv(b)
+        assert b.tolist() == [0, 1, 2] and st.nbytes == 12, (b, st)
+        try:
+            comm.Recv(np.zeros(2, np.int64), 0, 3)
+            trunc = None
+        except shmproxy.TruncationError as exc:
+            trunc = str(exc)
+        try:
+            comm.Recv(np.zeros(2, np.int64), 0, 4)
+            mism = None
+        except shmproxy.InvalidUsage as exc:
+            mism = str(exc)
+        c = np.zeros(2, np.int16)
+        comm.Recv(c, 0, 5)
+        assert c.tolist() == [9, 9]
+        comm.Barrier()
+        return {"truncation": trunc, "mismatch": mism}
+
+
+_OPS = [shmproxy.SUM, shmproxy.PROD, shmproxy.MIN, shmproxy.MAX]
+_DT = [np.int32, np.int64, np.float32, np.float64, np.uint8]
+
+
+def small_collectives(seed: int, steps: int) -> dict:
+    """A random sequence of blocking Barrier/Allreduce/Bcast/Reduce, small (between the ranks) and
+    large (through the progress process), IN_PLACE and strided inputs, with nonblocking collectives
+    outstanding across them, every result against numpy. Reductions are of small integers, so every
+    order gives the same bits."""
+    with shmproxy.init() as comm:
+        r, n = comm.rank, comm.size
+        rng = random.Random(seed)
+        outstanding = []
+        for step in range(steps):
+            kind = rng.choice(["Barrier", "Allreduce", "Allreduce", "Bcast", "Reduce", "Ibcast"])
+            count = rng.choice([1, 3, 16, 64, 5000])
+            dt = np.dtype(rng.choice(_DT))
+            op = rng.choice(_OPS)
+            root = rng.randrange(n)
+            ip = rng.random() < 0.3
+            strided = rng.random() < 0.2
+
+            def x(q: int) -> np.ndarray:
+                return ((np.arange(count) + 3 * q + step) % 5 + 1).astype(dt)
+
+            if kind == "Barrier":
+                comm.Barrier()
+            elif kind == "Allreduce":
+                want = x(0)
+                for q in range(1, n):
+                    want = {shmproxy.SUM: np.add, shmproxy.PROD: np.multiply, shmproxy.MIN: np.minimum,
+                            shmproxy.MAX: np.maximum}[op](want, x(q))
+                out = np.zeros(count, dt)
+                if ip:
+                    out[:] = x(r)
+                    comm.Allreduce(shmproxy.IN_PLACE, out, op)
+                else:
+                    src = np.repeat(x(r), 2)[::2] if strided else x(r)
+                    comm.Allreduce(src, out, op)
+                assert np.array_equal(out, want.astype(dt)), (step, kind, count, dt, op, out[:4], want[:4])
+            elif kind == "Bcast":
+                buf = x(root) if r == root else np.zeros(count, dt)
+                comm.Bcast(buf, root)
+                assert np.array_equal(buf, x(root)), (step, kind, buf[:4])
+            elif kind == "Reduce":
+                out = np.zeros(count, dt) if r == root else None
+                comm.Reduce(x(r), out, shmproxy.SUM, root)
+                if r == root:
+                    want = sum(x(q).astype(np.int64) for q in range(n)).astype(dt)
+                    assert np.array_equal(out, want), (step, kind, out[:4], want[:4])
+            else:   # a nonblocking one stays outstanding across the next blocking ones
+                buf = x(root) if r == root else np.zeros(count, dt)
+                outstanding.append((comm.Ibcast(buf, root), buf, x(root)))
+            if outstanding and rng.random() < 0.3:
+                req, buf, want = outstanding.pop(0)
+                req.Wait()
+                assert np.array_equal(buf, want), (step, "Ibcast")
+        for req, buf, want in outstanding:
+            req.Wait()
+            assert np.array_equal(buf, want)
+        return {"small": int(comm._pp.coll_n)}
+
+
+def blocking_against_nonblocking() -> dict:
+    """Rank 0 calls Iallreduce where the others call a small blocking Allreduce: every rank raises
+    InvalidUsage (the two never match, as in MPI) within seconds, naming the collective."""
+    with shmproxy.init() as comm:
+        comm.Barrier()
+        t0 = time.monotonic()
+        try:
+            if comm.rank == 0:
+                comm.Iallreduce(np.ones(2), np.zeros(2)).Wait()
+            else:
+                comm.Allreduce(np.ones(2), np.zeros(2))
+            return {"error": None}
+        except shmproxy.ProxyError as exc:
+            return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - t0}
+
+
+def small_collective_timeout() -> dict:
+    """Rank 1 never enters the Barrier rank 0 waits in: rank 0 raises Timeout after SHMPROXY_TIMEOUT,
+    and the communicator fails for rank 1 too (its next call raises)."""
+    with shmproxy.init() as comm:
+        if comm.rank == 0:
+            t0 = time.monotonic()
+            try:
+                comm.Barrier()
+                err = None
+            except shmproxy.Timeout as exc:
+                err = str(exc)
+            return {"error": err, "seconds": time.monotonic() - t0}
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() - t0 < 30:
+                comm.Iprobe(0, 9)   # each raises once the communicator failed
+                time.sleep(0.01)
+            return {"later": None}
+        except shmproxy.ProxyError as exc:
+            return {"later": type(exc).__name__, "seconds": time.monotonic() - t0}
+
+
+def killed_while_waiting(where: str) -> dict:
+    """Rank 0 is SIGKILLed while rank 1 waits for it in a blocking Recv (spinning on the pair's cell,
+    then in the progress process) or a small Allreduce (between the ranks): rank 1 raises PeerDiedError
+    within the usual bound."""
+    with shmproxy.init() as comm:
+        comm.Barrier()
+        if comm.rank == 0:
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            if where == "recv":
+                comm.Recv(np.zeros(1), 0, 3)
+            else:
+                comm.Allreduce(np.ones(1), np.zeros(1))
+            return {"error": None}
+        except shmproxy.PeerDiedError as exc:
+            return {"error": "PeerDiedError", "message": str(exc), "seconds": time.monotonic() - t0}
+
+
+def dump_small_collective(marker: str) -> dict:
+    """Rank 0 waits in a small Barrier that rank 1 has not entered: the outside dump names it. Rank 1
+    enters once the dump was read (a reader process leaves ``marker`` behind)."""
+    with shmproxy.init() as comm:
+        if comm.rank == 0:
+            reader = ("import subprocess, sys, time\n"
+                      "end, text = time.monotonic() + 30, ''\n"
+                      "while 'have not' not in text and time.monotonic() < end:\n"
+                      f"    text = subprocess.run([sys.executable, '-m', 'shmproxy.tools.dump_cli', '--pid', "
+                      f"'{comm._proxy_pid}', '--outside'], capture_output=True, text=True).stdout\n"
+                      "print(text)\n"
+                      f"open({marker!r}, 'w').close()\n")
+            proc = subprocess.Popen([sys.executable, "-c", reader], stdout=subprocess.PIPE, text=True)
+            comm.Barrier()
+            return {"dump": proc.communicate(timeout=60)[0]}
+        end = time.monotonic() + 60
+        while not os.path.exists(marker) and time.monotonic() < end:
+            time.sleep(0.05)
+        comm.Barrier()
+        return {}
+
+
+def off_matches_on(seed: int) -> dict:
+    """The same random small collectives and messages give the same results whether the fast path is
+    on or off (each run returns a digest the test compares)."""
+    with shmproxy.init() as comm:
+        rng = random.Random(seed)
+        acc = np.zeros(4, np.float64)
+        for _ in range(50):
+            x = np.array([rng.random() for _ in range(4)]) + comm.rank
+            out = np.zeros(4)
+            comm.Allreduce(x, out)
+            acc += out
+            peer = (comm.rank + 1) % comm.size
+            got = np.zeros(4)
+            if comm.rank % 2 == 0:
+                comm.Send(out, peer, 1)
+                comm.Recv(got, (comm.rank - 1) % comm.size, 1)
+            else:
+                comm.Recv(got, (comm.rank - 1) % comm.size, 1)
+                comm.Send(out, peer, 1)
+            acc += got
+        return {"digest": acc.tobytes().hex(), "fast": comm._fast_bytes}
