@@ -14,8 +14,10 @@
  * cell's fseq, so a stale view never consumes the wrong message.
  *
  * Order between the two paths of one pair (MPI's non-overtaking). The sender numbers its slow sends
- * to d (SLOW_SENT) and stamps each slow record with its number + 1 (the record's x2) and each cell
- * with the slow sends before it (slow_before). The progress process takes a slow send into matching
+ * per destination rank (whether that rank has attached yet or not) and stamps each slow record with
+ * its number (the record's x2, from 1) and each cell with the slow sends before it (slow_before); it
+ * also publishes the count in the pair's SLOW_SENT, so a receiver with nothing in a cell can tell that
+ * a message is on its way through the progress process and stop spinning. The progress process takes a slow send into matching
  * only after draining the cells written before it (slow_before <= its number), and drains a cell
  * only once every slow send before it is in (slow_before <= FETCHED_SLOW): arrivals in its matching
  * follow the sender's order. The receiver takes a cell itself only when nothing of the pair can be

@@ -59,9 +59,9 @@ void _sp_fast_stamp(PosterObject *self, char *record, const Rec *f) {
         uint64_t j = ++self->slow_to[f->peer];
         memcpy(record + 120, &j, 8);
         long d = lookup_local(self, f->peer);
-        if (d >= 0)   /* for the dump tool */
+        if (d >= 0)   /* the receiver's spin looks at it (a message on its way), and the dump */
             __atomic_store_n(FAST_Q(fast_pair(&self->fl, self->local_rank, d), PAIR_SLOW_SENT_OFF), j,
-                             __ATOMIC_RELAXED);
+                             __ATOMIC_RELEASE);
     } else if (f->kind == KIND_RECV || f->kind == KIND_PROBE) {
         volatile uint64_t *posted = fast_recv_posted(&self->fl, self->local_rank);
         __atomic_store_n(posted, *posted + 1, __ATOMIC_SEQ_CST);
@@ -226,7 +226,15 @@ static int look(PosterObject *self, long s, long long want_tag, uintptr_t addr, 
     char *pair = fast_pair(f, s, me);
     uint64_t next = fast_next(pair);
     char *cell = fast_cell(f, pair, next);
-    if (__atomic_load_n(CELL_STATE(cell), __ATOMIC_ACQUIRE) != CELL_FULL) return LOOK_NOTHING;
+    if (__atomic_load_n(CELL_STATE(cell), __ATOMIC_ACQUIRE) != CELL_FULL) {
+        /* nothing in a cell: if a message of the pair is on its way through the progress process, or
+         * one is waiting there for us, spinning here would only delay it */
+        if (__atomic_load_n(FAST_Q(pair, PAIR_SLOW_SENT_OFF), __ATOMIC_ACQUIRE) >
+                __atomic_load_n(FAST_Q(pair, PAIR_FETCHED_SLOW_OFF), __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(FAST_Q(fast_rank_line(f, me), FRANK_UNEXP_OFF), __ATOMIC_ACQUIRE))
+            return LOOK_DECLINE;
+        return LOOK_NOTHING;
+    }
     if (!fast_claim(cell, CELL_TAKING)) return LOOK_DECLINE;   /* the progress process drains it */
     uint64_t fseq, slow, nb; long long tag; uint32_t c;
     memcpy(&fseq, cell + CELL_FSEQ_OFF, 8);
@@ -273,7 +281,9 @@ static PyObject *fast_recv(PosterObject *self, PyObject *buf, PyObject *src_o, P
     if (__atomic_load_n(FAST_Q(fast_rank_line(f, me), FRANK_RECV_DONE_OFF), __ATOMIC_ACQUIRE) !=
         *fast_recv_posted(f, me))
         return NULL;   /* a receive or probe of ours is pending in the progress process */
-    long long end = mono_ns() + (long long)(self->spin_s * 1e9);
+    /* spin only where Wait would (WAIT_SPIN_MAX_BYTES: on a crowded node the copy workers of a large
+     * message need the cores): a larger receive looks once, then waits in the progress process */
+    long long end = cap <= self->spin_max ? mono_ns() + (long long)(self->spin_s * 1e9) : 0;
     PyObject *status = NULL;
     for (;;) {
         int saw = 0;

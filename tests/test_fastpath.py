@@ -44,7 +44,7 @@ def test_random_small_and_large_collectives(n, seed):
 def test_results_are_the_same_with_the_fast_path_off():
     on = run_ranks(BODY + "off_matches_on", 3, timeout=90, args=(11,))
     off = run_ranks(BODY + "off_matches_on", 3, timeout=90, args=(11,), env=OFF)
-    assert [r["fast"] for r in on.results] == [512] * 3 and [r["fast"] for r in off.results] == [0] * 3
+    assert all(r["fast"] >= 512 for r in on.results) and [r["fast"] for r in off.results] == [0] * 3
     assert [r["digest"] for r in on.results] == [r["digest"] for r in off.results]
 
 

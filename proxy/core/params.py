@@ -192,12 +192,15 @@ _DECLARED: tuple[Param, ...] = (
     _p("SEND_BUFFER_PER_PEER", parse_size, 4 << 20,
        "Bytes of buffered sends (SEND_BUFFER_BYTES) that may wait for one destination rank; beyond it a "
        "send waits for its receive (flow control).", 0),
-    _p("FAST_BYTES", parse_size, 512,
+    _p("FAST_BYTES", _parse_size_or_auto, -1,
        "The fast path: on a communicator whose ranks all share this node (at most FAST_MAX_RANKS), a "
        "blocking Send of at most this many bytes is written into a shared cell of the pair and a blocking "
        "Recv takes it itself, and a blocking Barrier, Allreduce, Bcast or Reduce of at most this many bytes "
        "per rank runs between the ranks; the progress process keeps everything else (docs/architecture.md, "
-       "'The fast path'). Every rank must use the same value. 0 = off.", 0, 65536),
+       "'The fast path'). Every rank must use the same value. auto (-1): as large as keeps the cells of "
+       "every pair within FAST_AUTO_POOL_BYTES, between 512 B and 8 KiB. 0 = off.", -1, 65536),
+    _p("FAST_AUTO_POOL_BYTES", parse_size, 4 << 20,
+       "With FAST_BYTES=auto: the shared memory the fast path's cells of a communicator may take.", 0),
     _p("FAST_MAX_RANKS", int, 64,
        "The fast path's shared memory grows with the square of the ranks on a node: above this many it is "
        "off.", 1, 1024),
@@ -348,6 +351,20 @@ class Params:
         more than one chunk. The loop (proxy/engine/progress.py) and Wait's spin limit
         (proxy/rank/lifecycle.py) must agree on it, so it is derived here once."""
         return min(self.EAGER_BYTES, self.CHUNK_SIZE)
+
+    def fast_bytes(self, nlocal: int, size: int) -> int:
+        """The fast path's message limit on a communicator of ``size`` ranks, ``nlocal`` on this node:
+        0 (off) unless they all are, and no more than FAST_MAX_RANKS; FAST_BYTES, or its automatic
+        value (a power of two: the cells of nlocal**2 pairs, FAST_CELLS each, in FAST_AUTO_POOL_BYTES)."""
+        if nlocal != size or nlocal > self.FAST_MAX_RANKS or self.FAST_BYTES == 0:
+            return 0
+        if self.FAST_BYTES > 0:
+            return self.FAST_BYTES
+        per = self.FAST_AUTO_POOL_BYTES // (4 * nlocal * nlocal)
+        b = 512
+        while b * 2 <= min(per, 8192):
+            b *= 2
+        return b
 
     def items(self) -> list[Param]:
         return list(self._params.values())

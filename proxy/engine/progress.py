@@ -84,7 +84,7 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
         self.path, self.nlocal, self.size = path, nlocal, size
         self.job_key, self.comm_id, self.parent = job_key, comm_id, parent
         # The fast path (engine/fastpath.py) needs every rank of the communicator on this node.
-        fast = params.FAST_BYTES if nlocal == size and nlocal <= params.FAST_MAX_RANKS else 0
+        fast = params.fast_bytes(nlocal, size)
         layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS, fast)
         self.seg = Segment.create(f"{job_key[:8]}-c{comm_id}", layout.total_bytes, params.SHM_DIR)
         self.view = P.PoolView.initialize(self.seg.mm, self.seg.addr, layout)
