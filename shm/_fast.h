@@ -22,7 +22,8 @@
  * only once every slow send before it is in (slow_before <= FETCHED_SLOW): arrivals in its matching
  * follow the sender's order. The receiver takes a cell itself only when nothing of the pair can be
  * ahead of it in the progress process: every slow send before the cell has been fetched
- * (FETCHED_SLOW >= slow_before), the progress process holds no unexpected message for it (UNEXP 0),
+ * (FETCHED_SLOW >= slow_before), the progress process holds no unexpected message of the pair (the
+ * pair's UNEXP is 0),
  * and it has no receive or probe of its own pending there (RECV_POSTED == RECV_DONE), which also
  * keeps a later blocking Recv from taking what an earlier Irecv should get. Anything else: the
  * receive is posted to the progress process like any other, and the cells are drained into it.

@@ -42,7 +42,6 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
 #define FAST_CELLS 4
 #define FAST_LINE 64
 #define FRANK_RECV_DONE_OFF 0    /* u64, progress: receives and probes of the rank it completed */
-#define FRANK_UNEXP_OFF 8        /* u64, progress: messages to the rank waiting unexpected in its matching */
 #define FRANK_DOORBELL_OFF 16    /* u64, senders (atomic add): a cell was written while the rank had receives posted */
 #define FRANK_RANK_OFF 24        /* u64, the rank itself once attached: its rank in the communicator + 1 */
 #define PAIR_F_WRITTEN_OFF 0     /* line 0, the sender: cells written */
@@ -50,6 +49,7 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
 #define PAIR_F_TAKEN_OFF 64      /* line 1, the receiver: cells it took itself */
 #define PAIR_F_DRAINED_OFF 128   /* line 2, progress: cells it took into its matching */
 #define PAIR_FETCHED_SLOW_OFF 136 /*  and the highest slow send (its number + 1) it has taken in */
+#define PAIR_UNEXP_OFF 144       /*   and the pair's messages waiting unexpected in its matching */
 #define PAIR_HDR_BYTES 192
 #define CELL_STATE_OFF 0         /* u32: CELL_EMPTY, CELL_FULL, CELL_TAKING (receiver), CELL_DRAINING (progress) */
 #define CELL_CODE_OFF 4          /* u32 dtype code */

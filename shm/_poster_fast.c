@@ -231,7 +231,7 @@ static int look(PosterObject *self, long s, long long want_tag, uintptr_t addr, 
          * one is waiting there for us, spinning here would only delay it */
         if (__atomic_load_n(FAST_Q(pair, PAIR_SLOW_SENT_OFF), __ATOMIC_ACQUIRE) >
                 __atomic_load_n(FAST_Q(pair, PAIR_FETCHED_SLOW_OFF), __ATOMIC_ACQUIRE) ||
-            __atomic_load_n(FAST_Q(fast_rank_line(f, me), FRANK_UNEXP_OFF), __ATOMIC_ACQUIRE))
+            __atomic_load_n(FAST_Q(pair, PAIR_UNEXP_OFF), __ATOMIC_ACQUIRE))
             return LOOK_DECLINE;
         return LOOK_NOTHING;
     }
@@ -245,7 +245,7 @@ static int look(PosterObject *self, long s, long long want_tag, uintptr_t addr, 
     char *line = fast_rank_line(f, me);
     int ok = fseq == fast_next(pair) &&
              __atomic_load_n(FAST_Q(pair, PAIR_FETCHED_SLOW_OFF), __ATOMIC_ACQUIRE) >= slow &&
-             __atomic_load_n(FAST_Q(line, FRANK_UNEXP_OFF), __ATOMIC_ACQUIRE) == 0 &&
+             __atomic_load_n(FAST_Q(pair, PAIR_UNEXP_OFF), __ATOMIC_ACQUIRE) == 0 &&
              __atomic_load_n(FAST_Q(line, FRANK_RECV_DONE_OFF), __ATOMIC_ACQUIRE) == *fast_recv_posted(f, me);
     if (!ok) {
         __atomic_store_n(CELL_STATE(cell), CELL_FULL, __ATOMIC_RELEASE);

@@ -28,11 +28,11 @@ int32 index, never by address or pickle. Everything is little-endian, 8-byte ali
     F       the fast path (only when the header's fast_bytes is not 0), below
 
 Fast path (shm/_fast.h holds the protocol; every line has one writer unless said):
-    F       per local rank, 64 B:  recv_done, unexp (progress); doorbell (senders, atomic add); its
-            rank in the communicator + 1 (the rank, once attached)
+    F       per local rank, 64 B:  recv_done (progress); doorbell (senders, atomic add); its rank in
+            the communicator + 1 (the rank, once attached)
     P       per (sender, receiver) pair, s * nlocal + d:  line 0 the sender's (cells written, slow
             sends posted), line 1 the receiver's (cells taken), line 2 progress's (cells drained, slow
-            sends fetched), then FAST_CELLS cells of a 64 B header and fast_bytes of payload
+            sends fetched, messages waiting unexpected), then FAST_CELLS cells of a 64 B header and fast_bytes of payload
     C       small collectives: a 64 B header (futex word, waiters), then per rank a 64 B line (done,
             slow collectives posted) and two slots (by the collective's parity) of a 64 B header
             and fast_bytes of payload
@@ -109,10 +109,10 @@ RANK_RECV_POSTED = 7   # the rank: receives and probes it posted (the fast path:
 # The fast path's region (see the module header; offsets mirror shm/_pool_layout.h).
 FAST_CELLS = 4
 FAST_LINE = 64
-FRANK_RECV_DONE, FRANK_UNEXP, FRANK_DOORBELL, FRANK_RANK = 0, 1, 2, 3   # u64 indices in a rank's line
+FRANK_RECV_DONE, FRANK_DOORBELL, FRANK_RANK = 0, 2, 3       # u64 indices in a rank's line
 PAIR_F_WRITTEN, PAIR_SLOW_SENT = 0, 1                           # u64 indices in a pair block
 PAIR_F_TAKEN = 8
-PAIR_F_DRAINED, PAIR_FETCHED_SLOW = 16, 17
+PAIR_F_DRAINED, PAIR_FETCHED_SLOW, PAIR_UNEXP = 16, 17, 18
 PAIR_HDR_BYTES = 192
 CELL_HDR_BYTES = 64
 CELL = struct.Struct("<IIQQqQQQ")   # state, code, fseq, slow_before, tag, nbytes, count, t_post
@@ -165,7 +165,7 @@ if _native.POOL_LAYOUT != (MUTEX_OFF, NEXT_OPS_OFF, NEXT_OPS_END_OFF, COND_OFF, 
     raise ImportError("shm/_pool_layout.h and shm/pool.py disagree on the ops pool layout (or shm._native "
                       "is stale: pip install -e .)")
 
-if _native.FAST_LAYOUT != (28, FAST_CELLS, FAST_LINE, 8 * FRANK_RECV_DONE, 8 * FRANK_UNEXP, 8 * FRANK_DOORBELL,
+if _native.FAST_LAYOUT != (28, FAST_CELLS, FAST_LINE, 8 * FRANK_RECV_DONE, 8 * PAIR_UNEXP, 8 * FRANK_DOORBELL,
                            8 * PAIR_F_WRITTEN, 8 * PAIR_SLOW_SENT, 8 * PAIR_F_TAKEN, 8 * PAIR_F_DRAINED,
                            8 * PAIR_FETCHED_SLOW, PAIR_HDR_BYTES, CELL_HDR_BYTES, 24, 8 * RANK_RECV_POSTED, 0, 8,
                            8 * CRANK_DONE, 8 * CRANK_SLOW_COLLS, 0, 16):

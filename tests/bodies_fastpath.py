@@ -321,3 +321,33 @@ def off_matches_on(seed: int) -> dict:
                 comm.Send(out, peer, 1)
             acc += got
         return {"digest": acc.tobytes().hex(), "fast": comm._fast_bytes}
+
+
+def cell_behind_slow_send(rounds: int) -> dict:
+    """Rank 0 posts an Irecv (tag 2) and tells rank 1 or 2 to go; that rank posts a slow Isend (tag 1)
+    and then writes a small Send (tag 2) into a cell. The receive waits in the progress process, so the
+    sender rings its doorbell, and the drain finds the cell blocked behind the slow send until that is
+    taken in: then the cell must reach the waiting receive (the case of a dissemination barrier's Isend
+    followed by a small Send)."""
+    with shmproxy.init() as comm:
+        r = comm.rank
+        go = np.zeros(1, np.int64)
+        if r != 0:
+            for i in range(rounds):
+                comm.Recv(go, 0, 3)
+                req = comm.Isend(np.full(2048, i, np.int64), 0, 1)
+                comm.Send(np.array([r, i], np.int64), 0, 2)
+                req.Wait()
+            comm.Barrier()
+            return {}
+        big, small = np.zeros(2048, np.int64), np.zeros(2, np.int64)
+        for i in range(rounds):
+            for src in (1, 2):
+                req = comm.Irecv(small, src, 2)
+                comm.Send(go, src, 3)
+                req.Wait()
+                assert small.tolist() == [src, i], (src, i, small)
+                comm.Recv(big, src, 1)
+                assert np.all(big == i), (src, i, big[:2])
+        comm.Barrier()
+        return {"rounds": rounds}

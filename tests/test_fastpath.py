@@ -77,3 +77,8 @@ def test_outside_dump_names_a_small_collective_not_joined():
     assert "small collective #1 (Barrier" in text and "ranks [0] entered it, ranks [1] have not" in text, text
     os.unlink(marker)
     os.rmdir(os.path.dirname(marker))
+
+
+def test_a_cell_behind_a_slow_send_reaches_a_receive_waiting_in_the_progress_process():
+    res = run_ranks(BODY + "cell_behind_slow_send", 3, timeout=120, args=(300,), env={"SHMPROXY_TIMEOUT": "20"})
+    assert res.results[0]["rounds"] == 300

@@ -12,7 +12,7 @@ This half keeps the protocol's promises:
   (``_drain_before``); a cell enters only after the slow sends before it (``max_slow``: the pair's
   FETCHED_SLOW, stored once a slow send is in). A cell the receiver is taking this instant (BUSY)
   holds the slow send back (``held``), retried every pass until the take is over.
-- **What the receiver checks.** UNEXP (the messages to the rank waiting unexpected in matching,
+- **What the receiver checks.** The pair's UNEXP (its messages waiting unexpected in matching,
   kept by the matcher's gauge) and RECV_DONE (its receives and probes completed, bumped by
   complete()) are stored before FETCHED_SLOW.
 - **Cells for a rank that waits here.** When the rank posts a receive or a probe, every cell to it
@@ -35,6 +35,7 @@ from shmproxy.shm import pool as P
 
 _log = log.get("PROXY")
 _TAKE_BUSY, _TAKE_NONE, _TAKE_BLOCKED = _native.TAKE_BUSY, _native.TAKE_NONE, _native.TAKE_BLOCKED
+assert P.PAIR_UNEXP == P.PAIR_FETCHED_SLOW + 1   # a pair's UNEXP is found from its FETCHED_SLOW index
 
 
 class FastPath:
@@ -52,7 +53,8 @@ class FastPath:
             return
         n, base = layout.nlocal, self.seg.addr
         self.f_recv_done = [layout.frank_q(lr, P.FRANK_RECV_DONE) for lr in range(n)]
-        self.f_unexp = [layout.frank_q(lr, P.FRANK_UNEXP) for lr in range(n)]
+        self.f_recv_posted = [layout.rank_q(lr, P.RANK_RECV_POSTED) for lr in range(n)]
+        self.f_unexp_n: dict[tuple[int, int], int] = {}   # (src, dst): messages waiting unexpected
         self.f_bell = [layout.frank_q(lr, P.FRANK_DOORBELL) for lr in range(n)]
         self.f_bells_seen = [0] * n
         self.f_pair = [[base + layout.pair_off(s, d) for d in range(n)] for s in range(n)]
@@ -76,8 +78,19 @@ class FastPath:
         return False
 
     def fast_sent(self, send: Op, d: int) -> None:
-        """``send`` is in matching: cells after it may follow (UNEXP was stored before this)."""
-        self.q[self.f_fetched[send.owner][d]] = send.pair_seq
+        """``send`` is in matching: cells after it may follow (UNEXP was stored before this). If its
+        receiver waits here, the cells its drain found blocked behind this send go in now."""
+        s, q = send.owner, self.q
+        q[self.f_fetched[s][d]] = send.pair_seq
+        if q[self.f_recv_posted[d]] != q[self.f_recv_done[d]] and not self._drain_before(s, d, send.pair_seq):
+            self.fast_retry.add(d)
+
+    def fast_drain_from(self, s: int) -> None:
+        """Local rank ``s`` closed: what it wrote into cells was sent (its Sends returned), so it goes into
+        matching now, to be received or failed like its other messages."""
+        q, fetched = self.q, self.f_fetched
+        for d in range(self.nlocal):
+            self._drain_before(s, d, q[fetched[s][d]])
 
     def _drain_before(self, s: int, d: int, max_slow: int) -> bool:
         """Take every cell of (s, d) with at most ``max_slow`` slow sends before it into matching;
@@ -94,12 +107,13 @@ class FastPath:
         """Local rank ``d`` waits in matching (a receive or probe posted, or its doorbell rang): take
         every cell to it that may enter, in each pair's order."""
         q, fetched = self.q, self.f_fetched
-        if self.fast_early:
+        if self.fast_early:   # slow sends taken in before this rank joined: publish the pair now
             dst = self.ranks[d].rank
             for s in range(self.nlocal):
                 n = self.fast_early.pop((s, dst), 0)
-                if n > q[fetched[s][d]]:
-                    q[fetched[s][d]] = n
+                if n:
+                    q[fetched[s][d] + 1] = self.f_unexp_n.get((self.ranks[s].rank, dst), 0)   # UNEXP first
+                    q[fetched[s][d]] = max(n, q[fetched[s][d]])
         busy = False
         for s in range(self.nlocal):
             if (s, d) in self.fast_held:
@@ -149,10 +163,14 @@ class FastPath:
                 seen[d] = v
                 self.fast_drain_to(d)
 
-    def _unexp_gauge(self, dst: int, n: int) -> None:
-        lr = self.local_of.get(dst)
-        if lr is not None:
-            self.q[self.f_unexp[lr]] = n
+    def _unexp_gauge(self, dst: int, src: int, delta: int) -> None:
+        """The matcher queued (+1) or removed unexpected messages of (src, dst): publish the pair's count
+        (counted whatever the ranks' state, published once both are known here)."""
+        n = self.f_unexp_n.get((src, dst), 0) + delta
+        self.f_unexp_n[(src, dst)] = n
+        s, d = self.local_of.get(src), self.local_of.get(dst)
+        if s is not None and d is not None:
+            self.q[self.f_fetched[s][d] + 1] = n   # PAIR_UNEXP follows PAIR_FETCHED_SLOW
 
     def recv_done(self, owner: int) -> None:
         """A receive or probe of local rank ``owner`` completed (after its slot was published)."""
@@ -170,7 +188,7 @@ class FastPath:
         ranks = []
         for lr in range(self.nlocal):
             ranks.append({"local_rank": lr, "recv_posted": q[lay.rank_q(lr, P.RANK_RECV_POSTED)],
-                          "recv_done": q[self.f_recv_done[lr]], "unexpected": q[self.f_unexp[lr]]})
+                          "recv_done": q[self.f_recv_done[lr]]})
         return {"on": True, "bytes": lay.fast_bytes, "ranks": ranks, "held": len(self.fast_held)}
 
 

@@ -46,10 +46,9 @@ _deque = collections.deque
 class _Dest:
     """What is pending for one destination rank."""
 
-    __slots__ = ("recvs", "wild", "unexp", "nunexp")
+    __slots__ = ("recvs", "wild", "unexp")
 
     def __init__(self) -> None:
-        self.nunexp = 0   # unexpected messages queued (kept only while the Matcher has a gauge)
         self.recvs: dict[tuple[int, int], collections.deque[Entry]] = {}   # specific posted receives
         self.wild: list[tuple[int, int, int, Any]] = []                    # (seq, src, tag, item)
         self.unexp: dict[tuple[int, int], collections.deque[Entry]] = {}   # unexpected, by (src, tag)
@@ -73,9 +72,9 @@ class Matcher:
         self._dests: dict[int, _Dest] = {}
         self._seq = 0
         self.scanned = 0   # entries examined by walks (wildcard list, queue heads, searches); for tests
-        # gauge(dst, n): told dst's count of unexpected messages whenever it changes (the fast path
-        # publishes it: engine/fastpath.py)
-        self.gauge: Callable[[int, int], None] | None = None
+        # gauge(dst, src, delta): told of every unexpected message from src to dst queued (+1) or
+        # removed (-n) (the fast path publishes the counts: engine/fastpath.py)
+        self.gauge: Callable[[int, int, int], None] | None = None
 
     # ------------------------------------------------------------------ matching
     # arrive and post run for every message: locals instead of repeated attribute loads, and the
@@ -113,8 +112,7 @@ class Matcher:
         else:
             u.append((seq, item))
         if self.gauge is not None:
-            d.nunexp += 1
-            self.gauge(dst, d.nunexp)
+            self.gauge(dst, src, 1)
         return None
 
     def post(self, dst: int, src: int, tag: int, item: Any) -> Any | None:
@@ -136,8 +134,7 @@ class Matcher:
                 if not q:
                     del unexp[key]
                 if self.gauge is not None:
-                    d.nunexp -= 1
-                    self.gauge(dst, d.nunexp)
+                    self.gauge(dst, key[0], -1)
                 return send
         self._seq = seq = self._seq + 1
         if specific:
@@ -191,8 +188,7 @@ class Matcher:
                 if not q:
                     del d.unexp[key]
                 if self.gauge is not None:
-                    d.nunexp -= 1
-                    self.gauge(dst, d.nunexp)
+                    self.gauge(dst, key[0], -1)
                 return True
         return False
 
@@ -229,22 +225,23 @@ class Matcher:
                 d.wild = keep
                 self._drop_queues(dst, d.recvs, pred, out)
             if unexpected:
-                n = self._drop_queues(dst, d.unexp, pred, out)
-                if n and self.gauge is not None:
-                    d.nunexp -= n
-                    self.gauge(dst, d.nunexp)
+                self._drop_queues(dst, d.unexp, pred, out, self.gauge)
         out.sort(key=lambda e: e[0])
         return [item for _, item in out]
 
     @staticmethod
     def _drop_queues(dst: int, queues: dict[tuple[int, int], collections.deque[Entry]],
-                     pred: Callable[[int, int, int, Any], bool], out: list[Entry]) -> int:
-        """Move the entries of `queues` that pred picks to `out`; return how many."""
+                     pred: Callable[[int, int, int, Any], bool], out: list[Entry],
+                     gauge: Callable[[int, int, int], None] | None = None) -> int:
+        """Move the entries of `queues` that pred picks to `out` (telling ``gauge``); return how many."""
         before = len(out)
         for (src, tag), q in list(queues.items()):
             keep: collections.deque[Entry] = collections.deque()
+            n = len(out)
             for e in q:
                 (out if pred(dst, src, tag, e[1]) else keep).append(e)
+            if gauge is not None and len(out) > n:
+                gauge(dst, src, n - len(out))
             if keep:
                 queues[(src, tag)] = keep
             else:

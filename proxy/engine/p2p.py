@@ -249,6 +249,8 @@ class PointToPoint:
         from now on whatever arrives for it (``gone``: the closed ranks, as this thread learned them)."""
         gone = info.rank
         self.gone.add(gone)
+        if self.fast:
+            self.fast_drain_from(info.local_rank)   # its messages in cells were sent (engine/fastpath.py)
 
         def waits_on_gone(dst: int, src: int, tag: int, op: Op) -> bool:
             # receives (and blocking matched probes) from it, its own (abandoned by its close), and

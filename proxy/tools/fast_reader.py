@@ -26,7 +26,6 @@ def read_fast(view: P.PoolView, problems: list[str]) -> dict:
         ranks.append({"local_rank": lr, "rank": q[lay.frank_q(lr, P.FRANK_RANK)] - 1,
                       "recv_posted": q[lay.rank_q(lr, P.RANK_RECV_POSTED)],
                       "recv_done": q[lay.frank_q(lr, P.FRANK_RECV_DONE)],
-                      "unexpected": q[lay.frank_q(lr, P.FRANK_UNEXP)],
                       "doorbell": q[lay.frank_q(lr, P.FRANK_DOORBELL)]})
     waiting = []
     for s in range(n):
@@ -44,7 +43,8 @@ def read_fast(view: P.PoolView, problems: list[str]) -> dict:
             src, dst = ranks[s]["rank"], ranks[d]["rank"]
             waiting.append({"from": src, "to": dst, "cells": cells,
                             "written": q[base + P.PAIR_F_WRITTEN], "taken": q[base + P.PAIR_F_TAKEN],
-                            "drained": q[base + P.PAIR_F_DRAINED], "slow_fetched": q[base + P.PAIR_FETCHED_SLOW]})
+                            "drained": q[base + P.PAIR_F_DRAINED], "slow_fetched": q[base + P.PAIR_FETCHED_SLOW],
+                            "unexpected": q[base + P.PAIR_UNEXP]})
             r = ranks[d]
             if r["recv_posted"] != r["recv_done"]:
                 problems.append(f"fast path: {len(cells)} message(s) from rank {src} to rank {dst} wait in cells "
