@@ -17,14 +17,14 @@
  * per destination rank (whether that rank has attached yet or not) and stamps each slow record with
  * its number (the record's x2, from 1) and each cell with the slow sends before it (slow_before); it
  * also publishes the count in the pair's SLOW_SENT, so a receiver with nothing in a cell can tell that
- * a message is on its way through the progress process and stop spinning. The progress process takes a slow send into matching
- * only after draining the cells written before it (slow_before <= its number), and drains a cell
- * only once every slow send before it is in (slow_before <= FETCHED_SLOW): arrivals in its matching
- * follow the sender's order. The receiver takes a cell itself only when nothing of the pair can be
- * ahead of it in the progress process: every slow send before the cell has been fetched
- * (FETCHED_SLOW >= slow_before), the progress process holds no unexpected message of the pair (the
- * pair's UNEXP is 0),
- * and it has no receive or probe of its own pending there (RECV_POSTED == RECV_DONE), which also
+ * a message is on its way through the progress process and stop spinning. The progress process
+ * takes a slow send into matching only after draining the cells written before it (slow_before <=
+ * its number), and drains a cell only once every slow send before it is in (slow_before <=
+ * FETCHED_SLOW): arrivals in its matching follow the sender's order. The receiver takes a cell itself
+ * only when nothing of the pair can be ahead of it in the progress process: every slow send before
+ * the cell has been fetched (FETCHED_SLOW >= slow_before), the progress process holds no unexpected
+ * message of the pair (the pair's UNEXP is 0), and it has no receive or probe of its own pending
+ * there (RECV_POSTED == RECV_DONE), which also
  * keeps a later blocking Recv from taking what an earlier Irecv should get. Anything else: the
  * receive is posted to the progress process like any other, and the cells are drained into it.
  *
@@ -99,7 +99,9 @@ static inline void fast_release(char *pair, char *cell, uint64_t counter_off) {
 }
 
 /* Small collectives: the area's header, a rank's line and its slot of parity p. */
-static inline char *coll_rank(const FastLayout *f, long r) { return f->coll + FAST_LINE + f->crank_stride * r; }
+static inline char *coll_rank(const FastLayout *f, long r) {
+    return f->coll + FAST_LINE + f->crank_stride * r;
+}
 static inline char *coll_slot(const FastLayout *f, long r, uint64_t seq) {
     return coll_rank(f, r) + FAST_LINE + f->cell_stride * (seq & 1);
 }

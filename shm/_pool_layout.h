@@ -42,7 +42,7 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
 #define FAST_CELLS 4
 #define FAST_LINE 64
 #define FRANK_RECV_DONE_OFF 0    /* u64, progress: receives and probes of the rank it completed */
-#define FRANK_DOORBELL_OFF 16    /* u64, senders (atomic add): a cell was written while the rank had receives posted */
+#define FRANK_DOORBELL_OFF 16    /* u64, senders (atomic add): a cell written while the rank had a receive posted */
 #define FRANK_RANK_OFF 24        /* u64, the rank itself once attached: its rank in the communicator + 1 */
 #define PAIR_F_WRITTEN_OFF 0     /* line 0, the sender: cells written */
 #define PAIR_SLOW_SENT_OFF 8     /*   and sends it posted to the progress process */
@@ -51,7 +51,7 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
 #define PAIR_FETCHED_SLOW_OFF 136 /*  and the highest slow send (its number + 1) it has taken in */
 #define PAIR_UNEXP_OFF 144       /*   and the pair's messages waiting unexpected in its matching */
 #define PAIR_HDR_BYTES 192
-#define CELL_STATE_OFF 0         /* u32: CELL_EMPTY, CELL_FULL, CELL_TAKING (receiver), CELL_DRAINING (progress) */
+#define CELL_STATE_OFF 0         /* u32: CELL_EMPTY, FULL, TAKING (the receiver), DRAINING (the progress process) */
 #define CELL_CODE_OFF 4          /* u32 dtype code */
 #define CELL_FSEQ_OFF 8          /* u64 the cell's number in its pair (F_WRITTEN when written) */
 #define CELL_SLOW_BEFORE_OFF 16  /* u64 the pair's slow sends posted before it */

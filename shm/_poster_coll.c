@@ -209,8 +209,8 @@ static PyObject *run(PosterObject *self, int coll, const char *send, char *recv,
 }
 
 /* The arguments a small collective takes here: 1 when the whole call is ours. */
-static int host_array(PosterObject *self, PyObject *o, int writable, uintptr_t *addr, int *code, long long *nb,
-                      long long *count) {
+static int host_array(PosterObject *self, PyObject *o, int writable, uintptr_t *addr, int *code,
+                      long long *nb, long long *count) {
     return Py_TYPE(o) == self->ndarray && _sp_read_array(self, o, writable, addr, code, nb, count) &&
            (uint64_t)*nb <= self->fl.fast_bytes;
 }
@@ -251,9 +251,10 @@ PyObject *_sp_Poster_allreduce(PosterObject *self, PyObject *const *args, size_t
         int in_place = self->in_place && args[0] == self->in_place;
         if (host_array(self, args[1], 1, &r, &rc, &rn, &rcount) && (n == 2 || small_op(args[2], rc, &op)) &&
             (n == 3 || kernel_for(REDOP_SUM, rc)) &&
-            (in_place || (host_array(self, args[0], 0, &s, &sc, &sn, &scount) && sc == rc && scount == rcount)))
-            return run(self, COLL_ALLREDUCE, in_place ? NULL : (const char *)s, (char *)r, (uint64_t)rn, rc, rcount,
-                       (int)op, 0);
+            (in_place ||
+             (host_array(self, args[0], 0, &s, &sc, &sn, &scount) && sc == rc && scount == rcount)))
+            return run(self, COLL_ALLREDUCE, in_place ? NULL : (const char *)s, (char *)r, (uint64_t)rn, rc,
+                       rcount, (int)op, 0);
     }
     return fallback(self, FAST_ALLREDUCE, args, nargsf, kwnames);
 }
@@ -263,7 +264,8 @@ PyObject *_sp_Poster_bcast(PosterObject *self, PyObject *const *args, size_t nar
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (!kwnames && (n == 1 || n == 2) && _sp_fast_usable(self) && self->fast) {
         uintptr_t a; int code; long long nb, count; long root = 0;
-        if (host_array(self, args[0], 1, &a, &code, &nb, &count) && (n == 1 || small_root(self, args[1], &root)))
+        if (host_array(self, args[0], 1, &a, &code, &nb, &count) &&
+            (n == 1 || small_root(self, args[1], &root)))
             return run(self, COLL_BCAST, NULL, (char *)a, (uint64_t)nb, code, count, 0, root);
     }
     return fallback(self, FAST_BCAST, args, nargsf, kwnames);
@@ -273,7 +275,10 @@ PyObject *_sp_Poster_bcast(PosterObject *self, PyObject *const *args, size_t nar
 PyObject *_sp_Poster_reduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (!kwnames && n >= 2 && n <= 4 && _sp_fast_usable(self) && self->fast) {
-        uintptr_t r = 0, s = 0; int rc = 0, sc; long long rn = 0, sn, rcount = 0, scount; long op = REDOP_SUM, root = 0;
+        uintptr_t r = 0, s = 0;
+        int rc = 0, sc;
+        long long rn = 0, sn, rcount = 0, scount;
+        long op = REDOP_SUM, root = 0;
         int in_place = self->in_place && args[0] == self->in_place;
         if (n == 4 && !small_root(self, args[3], &root)) goto slow;
         int at_root = root == self->rank;
@@ -292,8 +297,8 @@ PyObject *_sp_Poster_reduce(PosterObject *self, PyObject *const *args, size_t na
             goto slow;
         }
         if (n >= 3 ? !small_op(args[2], sc, &op) : !kernel_for(REDOP_SUM, sc)) goto slow;
-        return run(self, COLL_REDUCE, in_place ? NULL : (const char *)s, at_root ? (char *)r : NULL, (uint64_t)sn, sc,
-                   scount, (int)op, root);
+        return run(self, COLL_REDUCE, in_place ? NULL : (const char *)s, at_root ? (char *)r : NULL,
+                   (uint64_t)sn, sc, scount, (int)op, root);
     }
 slow:
     return fallback(self, FAST_REDUCE, args, nargsf, kwnames);
@@ -311,7 +316,8 @@ PyObject *_sp_Poster_coll_fast(PosterObject *self, PyObject *args) {
     uintptr_t s = 0, r = 0; int sc = 0, rc = 0; long long sn = 0, rn = 0, scount = 0, rcount = 0;
     if ((so != Py_None && !host_array(self, so, 0, &s, &sc, &sn, &scount)) ||
         (ro != Py_None && !host_array(self, ro, 1, &r, &rc, &rn, &rcount))) {
-        PyErr_SetString(PyExc_ValueError, "coll_fast: buffers must be contiguous host arrays within FAST_BYTES");
+        PyErr_SetString(PyExc_ValueError,
+                        "coll_fast: buffers must be contiguous host arrays within FAST_BYTES");
         return NULL;
     }
     int code = so != Py_None ? sc : rc;

@@ -44,8 +44,8 @@ static int proxy_alive(PosterObject *self) {
 }
 
 int _sp_fast_usable(PosterObject *self) {
-    return self->fl.fast && self->mapped && self->usable && !self->group_depth && !*self->err && !*self->abort &&
-           proxy_alive(self);
+    return self->fl.fast && self->mapped && self->usable && !self->group_depth && !*self->err &&
+           !*self->abort && proxy_alive(self);
 }
 
 /* Count a record about to be posted (see the header); the record's x2 is the pair's slow-send number
@@ -111,8 +111,8 @@ PyObject *_sp_Poster_set_fast(PosterObject *self, PyObject *args) {
     self->proxy_fd = proxy_fd;
     self->proxy_checked = 0;
     fast_layout(&self->fl, (char *)(uintptr_t)pool, fast_off, nlocal, fast_bytes, area_off);
-    __atomic_store_n(FAST_Q(fast_rank_line(&self->fl, self->local_rank), FRANK_RANK_OFF), (uint64_t)self->rank + 1,
-                     __ATOMIC_RELEASE);
+    __atomic_store_n(FAST_Q(fast_rank_line(&self->fl, self->local_rank), FRANK_RANK_OFF),
+                     (uint64_t)self->rank + 1, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
 
@@ -164,7 +164,8 @@ static int parse_peer_tag(PosterObject *self, PyObject *peer_o, PyObject *tag_o,
 static int fast_send(PosterObject *self, PyObject *buf, PyObject *dest_o, PyObject *tag_o) {
     long dest; long long tag;
     if (!_sp_fast_usable(self) || !self->fast || Py_TYPE(buf) != self->ndarray ||
-        !parse_peer_tag(self, dest_o, tag_o, &dest, &tag) || dest < 0 || dest >= self->size || tag == LLONG_MIN)
+        !parse_peer_tag(self, dest_o, tag_o, &dest, &tag) || dest < 0 || dest >= self->size ||
+        tag == LLONG_MIN)
         return 0;
     long d = lookup_local(self, dest);
     uintptr_t addr; int code; long long nbytes, count;

@@ -80,5 +80,6 @@ def test_outside_dump_names_a_small_collective_not_joined():
 
 
 def test_a_cell_behind_a_slow_send_reaches_a_receive_waiting_in_the_progress_process():
-    res = run_ranks(BODY + "cell_behind_slow_send", 3, timeout=120, args=(300,), env={"SHMPROXY_TIMEOUT": "20"})
+    res = run_ranks(BODY + "cell_behind_slow_send", 3, timeout=120, args=(300,),
+                    env={"SHMPROXY_TIMEOUT": "20"})
     assert res.results[0]["rounds"] == 300

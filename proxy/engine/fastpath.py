@@ -58,7 +58,8 @@ class FastPath:
         self.f_bell = [layout.frank_q(lr, P.FRANK_DOORBELL) for lr in range(n)]
         self.f_bells_seen = [0] * n
         self.f_pair = [[base + layout.pair_off(s, d) for d in range(n)] for s in range(n)]
-        self.f_fetched = [[layout.pair_off(s, d) // 8 + P.PAIR_FETCHED_SLOW for d in range(n)] for s in range(n)]
+        self.f_fetched = [[layout.pair_off(s, d) // 8 + P.PAIR_FETCHED_SLOW for d in range(n)]
+                          for s in range(n)]
         self.f_stride = layout.cell_stride
         self.f_coll_word = base + layout.coll_off + P.CAREA_WORD_OFF
         self.matcher.gauge = self._unexp_gauge

@@ -101,8 +101,8 @@ class Buffered:
         self.tmap = None   # a typed send's bytes were packed into ``data``: contiguous from here
 
     @classmethod
-    def from_cell(cls, src: int, dst: int, tag: int, dtype: int, nbytes: int, count: int, t_post: int, buf_id: int,
-                  data: np.ndarray, release: Any) -> "Buffered":
+    def from_cell(cls, src: int, dst: int, tag: int, dtype: int, nbytes: int, count: int, t_post: int,
+                  buf_id: int, data: np.ndarray, release: Any) -> "Buffered":
         """A message the progress process drained from a fast-path cell (engine/fastpath.py): its sender
         returned when it wrote the cell, so it is a buffered send from the start."""
         b = cls.__new__(cls)

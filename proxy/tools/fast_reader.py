@@ -33,23 +33,24 @@ def read_fast(view: P.PoolView, problems: list[str]) -> dict:
             base = lay.pair_off(s, d) // 8
             cells = []
             for k in range(P.FAST_CELLS):
-                state, code, fseq, slow, tag, nbytes, _count, _t = P.CELL.unpack_from(view.buf, lay.cell_off(s, d, k))
+                cell = P.CELL.unpack_from(view.buf, lay.cell_off(s, d, k))
+                state, code, fseq, slow, tag, nbytes = cell[:6]
                 if state != P.CELL_EMPTY:
-                    cells.append({"fseq": fseq, "state": _STATE.get(state, state), "tag": tag, "nbytes": nbytes,
-                                  "dtype_code": code, "slow_sends_before": slow})
+                    cells.append({"fseq": fseq, "state": _STATE.get(state, state), "tag": tag,
+                                  "nbytes": nbytes, "dtype_code": code, "slow_sends_before": slow})
             if not cells:
                 continue
             cells.sort(key=lambda c: c["fseq"])
             src, dst = ranks[s]["rank"], ranks[d]["rank"]
             waiting.append({"from": src, "to": dst, "cells": cells,
                             "written": q[base + P.PAIR_F_WRITTEN], "taken": q[base + P.PAIR_F_TAKEN],
-                            "drained": q[base + P.PAIR_F_DRAINED], "slow_fetched": q[base + P.PAIR_FETCHED_SLOW],
-                            "unexpected": q[base + P.PAIR_UNEXP]})
+                            "drained": q[base + P.PAIR_F_DRAINED],
+                            "slow_fetched": q[base + P.PAIR_FETCHED_SLOW], "unexpected": q[base + P.PAIR_UNEXP]})
             r = ranks[d]
             if r["recv_posted"] != r["recv_done"]:
-                problems.append(f"fast path: {len(cells)} message(s) from rank {src} to rank {dst} wait in cells "
-                                f"(tags {[c['tag'] for c in cells]}) while rank {dst} has a receive posted in the "
-                                f"progress process: they should have been drained into it")
+                problems.append(f"fast path: {len(cells)} message(s) from rank {src} to rank {dst} wait in "
+                                f"cells (tags {[c['tag'] for c in cells]}) while rank {dst} has a receive "
+                                f"posted in the progress process: they should have been drained into it")
     return {"on": True, "bytes": lay.fast_bytes, "ranks": ranks, "cells": waiting,
             "collectives": _collectives(view, problems)}
 
@@ -74,8 +75,8 @@ def _collectives(view: P.PoolView, problems: list[str]) -> list[dict]:
         behind = [c["rank"] for c in out if c["entered"] < top]
         if behind and any(c["done"] < top for c in out if c["entered"] == top):
             fp = next(c["fingerprint"] for c in out if c["entered"] == top)
-            problems.append(f"small collective #{top} ({describe(fp)}): ranks {inside} entered it, ranks {behind} "
-                            f"have not")
+            problems.append(f"small collective #{top} ({describe(fp)}): ranks {inside} entered it, "
+                            f"ranks {behind} have not")
     return out
 
 
