@@ -65,6 +65,8 @@ enum { CELL_EMPTY = 0, CELL_FULL = 1, CELL_TAKING = 2, CELL_DRAINING = 3 };
 #define CAREA_WAITERS_OFF 8      /* u64 ranks that may sleep on it (atomic) */
 #define CRANK_DONE_OFF 0         /* u64, the rank: the last small collective it finished reading */
 #define CRANK_SLOW_COLLS_OFF 8   /* u64, the rank: collectives it posted to the progress process */
+#define CRANK_SLOW_FP_OFF 16     /* u64, the rank: the last of them (kind, op, dtype, root; CRANK_SLOW_COLLS */
+#define CRANK_SLOW_COUNT_OFF 24  /*   publishes it) and its element count, named by a mismatch */
 #define CSLOT_SEQ_OFF 0          /* u64, stored last: the small collective this slot holds */
 #define CSLOT_FP_OFF 8           /* u64 what it is (kind, op, dtype, bytes, root) */
 #define CSLOT_SLOW_BEFORE_OFF 16 /* u64 the rank's slow collectives before it */

@@ -150,6 +150,8 @@ PyObject *_sp_Poster_set_coll_fallback(PosterObject *self, PyObject *args);
 
 void _sp_fast_stamp(PosterObject *self, char *record, const Rec *f);
 int _sp_fast_usable(PosterObject *self);
+int _sp_args(PyObject *const *args, size_t nargsf, PyObject *kwnames, const char *const *names, int nnames,
+             PyObject **out);
 PyObject *_sp_Poster_set_fast(PosterObject *self, PyObject *args);
 PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);

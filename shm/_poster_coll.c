@@ -159,8 +159,15 @@ static int coll_wait(PosterObject *self, int (*ready)(CollWait *), CollWait *w) 
 static PyObject *failed(PosterObject *self, int code, CollWait *w, int coll) {
     if (code == CW_EXC) return NULL;
     (void)coll;
-    PyObject *r = PyObject_CallFunction(self->fast_failed, "i(KKlK)", code, (unsigned long long)w->n,
-                                        (unsigned long long)w->fp, w->bad, (unsigned long long)w->bad_fp);
+    uint64_t slow_fp = 0, slow_count = 0;   /* what the other rank posted to the progress process instead */
+    if (code == CW_MISMATCH && !w->bad_fp && w->bad >= 0) {
+        char *line = coll_rank(&self->fl, w->bad);
+        slow_fp = __atomic_load_n(FAST_Q(line, CRANK_SLOW_FP_OFF), __ATOMIC_ACQUIRE);
+        slow_count = __atomic_load_n(FAST_Q(line, CRANK_SLOW_COUNT_OFF), __ATOMIC_ACQUIRE);
+    }
+    PyObject *r = PyObject_CallFunction(self->fast_failed, "i(KKlKKK)", code, (unsigned long long)w->n,
+                                        (unsigned long long)w->fp, w->bad, (unsigned long long)w->bad_fp,
+                                        (unsigned long long)slow_fp, (unsigned long long)slow_count);
     Py_XDECREF(r);
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "a small collective failed");
     return NULL;
@@ -243,63 +250,64 @@ PyObject *_sp_Poster_barrier(PosterObject *self, PyObject *const *args, size_t n
     return fallback(self, FAST_BARRIER, args, nargsf, kwnames);
 }
 
-/* allreduce(sendbuf, recvbuf, op=SUM): Comm.Allreduce. */
+/* allreduce(sendbuf, recvbuf, op=SUM, stream=None): Comm.Allreduce. */
 PyObject *_sp_Poster_allreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (!kwnames && (n == 2 || n == 3) && _sp_fast_usable(self) && self->fast) {
+    static const char *const names[] = {"sendbuf", "recvbuf", "op", "stream"};
+    PyObject *a[4];
+    if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0] && a[1] && _sp_fast_usable(self) && self->fast) {
         uintptr_t r, s = 0; int rc, sc; long long rn, sn, rcount, scount; long op = REDOP_SUM;
-        int in_place = self->in_place && args[0] == self->in_place;
-        if (host_array(self, args[1], 1, &r, &rc, &rn, &rcount) && (n == 2 || small_op(args[2], rc, &op)) &&
-            (n == 3 || kernel_for(REDOP_SUM, rc)) &&
-            (in_place ||
-             (host_array(self, args[0], 0, &s, &sc, &sn, &scount) && sc == rc && scount == rcount)))
+        int in_place = self->in_place && a[0] == self->in_place;
+        if (host_array(self, a[1], 1, &r, &rc, &rn, &rcount) && (a[2] ? small_op(a[2], rc, &op) :
+                                                                  kernel_for(REDOP_SUM, rc) != NULL) &&
+            (in_place || (host_array(self, a[0], 0, &s, &sc, &sn, &scount) && sc == rc && scount == rcount)))
             return run(self, COLL_ALLREDUCE, in_place ? NULL : (const char *)s, (char *)r, (uint64_t)rn, rc,
                        rcount, (int)op, 0);
     }
     return fallback(self, FAST_ALLREDUCE, args, nargsf, kwnames);
 }
 
-/* bcast(buf, root=0): Comm.Bcast. */
+/* bcast(buf, root=0, stream=None): Comm.Bcast. */
 PyObject *_sp_Poster_bcast(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (!kwnames && (n == 1 || n == 2) && _sp_fast_usable(self) && self->fast) {
-        uintptr_t a; int code; long long nb, count; long root = 0;
-        if (host_array(self, args[0], 1, &a, &code, &nb, &count) &&
-            (n == 1 || small_root(self, args[1], &root)))
-            return run(self, COLL_BCAST, NULL, (char *)a, (uint64_t)nb, code, count, 0, root);
+    static const char *const names[] = {"buf", "root", "stream"};
+    PyObject *a[3];
+    if (_sp_args(args, nargsf, kwnames, names, 3, a) && a[0] && _sp_fast_usable(self) && self->fast) {
+        uintptr_t p; int code; long long nb, count; long root = 0;
+        if (host_array(self, a[0], 1, &p, &code, &nb, &count) && (!a[1] || small_root(self, a[1], &root)))
+            return run(self, COLL_BCAST, NULL, (char *)p, (uint64_t)nb, code, count, 0, root);
     }
     return fallback(self, FAST_BCAST, args, nargsf, kwnames);
 }
 
-/* reduce(sendbuf, recvbuf, op=SUM, root=0): Comm.Reduce (recvbuf matters at the root only). */
+/* reduce(sendbuf, recvbuf, op=SUM, root=0, stream=None): Comm.Reduce (recvbuf matters at the root). */
 PyObject *_sp_Poster_reduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (!kwnames && n >= 2 && n <= 4 && _sp_fast_usable(self) && self->fast) {
-        uintptr_t r = 0, s = 0;
-        int rc = 0, sc;
-        long long rn = 0, sn, rcount = 0, scount;
-        long op = REDOP_SUM, root = 0;
-        int in_place = self->in_place && args[0] == self->in_place;
-        if (n == 4 && !small_root(self, args[3], &root)) goto slow;
-        int at_root = root == self->rank;
-        if (at_root && !host_array(self, args[1], 1, &r, &rc, &rn, &rcount)) goto slow;
-        /* elsewhere a recvbuf given is checked as the root's is (Comm._coll), so that a call passes or
-         * fails on every rank alike */
-        if (!at_root && args[1] != Py_None) {
-            uintptr_t ignored; int c; long long b, k;
-            if (!host_array(self, args[1], 1, &ignored, &c, &b, &k)) goto slow;
-        }
-        if (in_place) {
-            if (!at_root) goto slow;
-            sc = rc; scount = rcount; sn = rn;
-        } else if (!host_array(self, args[0], 0, &s, &sc, &sn, &scount) ||
-                   (at_root && (sc != rc || scount != rcount))) {
-            goto slow;
-        }
-        if (n >= 3 ? !small_op(args[2], sc, &op) : !kernel_for(REDOP_SUM, sc)) goto slow;
-        return run(self, COLL_REDUCE, in_place ? NULL : (const char *)s, at_root ? (char *)r : NULL,
-                   (uint64_t)sn, sc, scount, (int)op, root);
+    static const char *const names[] = {"sendbuf", "recvbuf", "op", "root", "stream"};
+    PyObject *a[5];
+    if (!_sp_args(args, nargsf, kwnames, names, 5, a) || !a[0] || !a[1] || !_sp_fast_usable(self) || !self->fast)
+        goto slow;
+    uintptr_t r = 0, s = 0;
+    int rc = 0, sc;
+    long long rn = 0, sn, rcount = 0, scount;
+    long op = REDOP_SUM, root = 0;
+    int in_place = self->in_place && a[0] == self->in_place;
+    if (a[3] && !small_root(self, a[3], &root)) goto slow;
+    int at_root = root == self->rank;
+    if (at_root && !host_array(self, a[1], 1, &r, &rc, &rn, &rcount)) goto slow;
+    /* elsewhere a recvbuf given is checked as the root's is (Comm._coll), so that a call passes or
+     * fails on every rank alike */
+    if (!at_root && a[1] != Py_None) {
+        uintptr_t ignored; int c; long long b, k;
+        if (!host_array(self, a[1], 1, &ignored, &c, &b, &k)) goto slow;
     }
+    if (in_place) {
+        if (!at_root) goto slow;
+        sc = rc; scount = rcount; sn = rn;
+    } else if (!host_array(self, a[0], 0, &s, &sc, &sn, &scount) ||
+               (at_root && (sc != rc || scount != rcount))) {
+        goto slow;
+    }
+    if (a[2] ? !small_op(a[2], sc, &op) : !kernel_for(REDOP_SUM, sc)) goto slow;
+    return run(self, COLL_REDUCE, in_place ? NULL : (const char *)s, at_root ? (char *)r : NULL,
+               (uint64_t)sn, sc, scount, (int)op, root);
 slow:
     return fallback(self, FAST_REDUCE, args, nargsf, kwnames);
 }

@@ -66,7 +66,11 @@ void _sp_fast_stamp(PosterObject *self, char *record, const Rec *f) {
         volatile uint64_t *posted = fast_recv_posted(&self->fl, self->local_rank);
         __atomic_store_n(posted, *posted + 1, __ATOMIC_SEQ_CST);
     } else if (f->kind == KIND_COLL) {
-        volatile uint64_t *n = FAST_Q(coll_rank(&self->fl, self->rank), CRANK_SLOW_COLLS_OFF);
+        char *line = coll_rank(&self->fl, self->rank);
+        volatile uint64_t *n = FAST_Q(line, CRANK_SLOW_COLLS_OFF);
+        *FAST_Q(line, CRANK_SLOW_FP_OFF) = (f->x1 & 0xF) | ((uint64_t)(f->redop & 0xF) << 4) |
+                                           ((uint64_t)(f->code & 0xFF) << 8) | ((uint64_t)(f->peer & 0xFFFF) << 16);
+        *FAST_Q(line, CRANK_SLOW_COUNT_OFF) = f->count;
         __atomic_store_n(n, *n + 1, __ATOMIC_RELEASE);
     }
 }
@@ -199,14 +203,33 @@ static int fast_send(PosterObject *self, PyObject *buf, PyObject *dest_o, PyObje
     return 1;
 }
 
-/* send(buf, dest, tag=0): Comm.Send. */
-PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (!kwnames && (n == 2 || n == 3)) {
-        static PyObject *zero = NULL;
-        if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
-        if (fast_send(self, args[0], args[1], n == 3 ? args[2] : zero)) Py_RETURN_NONE;
+/* The arguments of a call by parameter: out[i] = the i-th of `names`, given by position or keyword,
+ * NULL when absent. 0 when the call does not fit (too many, an unknown or repeated keyword, a
+ * `stream` that is not None): the caller hands it to its Python method, which says what is wrong. */
+int _sp_args(PyObject *const *args, size_t nargsf, PyObject *kwnames, const char *const *names, int nnames,
+             PyObject **out) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (n > nnames) return 0;
+    for (int i = 0; i < nnames; i++) out[i] = i < n ? args[i] : NULL;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int i = 0;
+        while (i < nnames && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) i++;
+        if (i == nnames || out[i]) return 0;
+        out[i] = args[n + k];
     }
+    return !(nnames && !strcmp(names[nnames - 1], "stream") && out[nnames - 1] && out[nnames - 1] != Py_None);
+}
+
+/* send(buf, dest, tag=0, stream=None): Comm.Send. */
+PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    static const char *const names[] = {"buf", "dest", "tag", "stream"};
+    static PyObject *zero = NULL;
+    if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
+    PyObject *a[4];
+    if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0] && a[1] &&
+        fast_send(self, a[0], a[1], a[2] ? a[2] : zero))
+        Py_RETURN_NONE;
     return PyObject_Vectorcall(self->fast_fallback[FAST_SEND], args, nargsf, kwnames);
 }
 
@@ -313,14 +336,15 @@ static PyObject *fast_recv(PosterObject *self, PyObject *buf, PyObject *src_o, P
     }
 }
 
-/* recv(buf, source=ANY_SOURCE, tag=ANY_TAG): Comm.Recv. */
+/* recv(buf, source=ANY_SOURCE, tag=ANY_TAG, stream=None): Comm.Recv. */
 PyObject *_sp_Poster_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    static const char *const names[] = {"buf", "source", "tag", "stream"};
     static PyObject *any_source = NULL, *any_tag = NULL;
     if (!any_source && !(any_source = PyLong_FromLong(ANY_SOURCE))) return NULL;
     if (!any_tag && !(any_tag = PyLong_FromLongLong(LLONG_MIN))) return NULL;
-    if (!kwnames && n >= 1 && n <= 3) {
-        PyObject *st = fast_recv(self, args[0], n > 1 ? args[1] : any_source, n > 2 ? args[2] : any_tag);
+    PyObject *a[4];
+    if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0]) {
+        PyObject *st = fast_recv(self, a[0], a[1] ? a[1] : any_source, a[2] ? a[2] : any_tag);
         if (st) return st;
         if (PyErr_Occurred()) return NULL;
     }

@@ -117,7 +117,7 @@ PAIR_HDR_BYTES = 192
 CELL_HDR_BYTES = 64
 CELL = struct.Struct("<IIQQqQQQ")   # state, code, fseq, slow_before, tag, nbytes, count, t_post
 CELL_EMPTY, CELL_FULL, CELL_TAKING, CELL_DRAINING = 0, 1, 2, 3
-CRANK_DONE, CRANK_SLOW_COLLS = 0, 1                             # u64 indices in a rank's collective line
+CRANK_DONE, CRANK_SLOW_COLLS, CRANK_SLOW_FP, CRANK_SLOW_COUNT = 0, 1, 2, 3   # u64 indices, a rank's coll line
 CSLOT = struct.Struct("<QQQ")        # seq, fingerprint, slow_before
 
 

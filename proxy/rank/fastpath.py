@@ -131,10 +131,11 @@ def fast_check(comm: "Comm") -> None:
         raise comm._record_failure()
 
 
-def describe(fp: int) -> str:
-    """A small collective's fingerprint (shm/_poster_coll.c) in words."""
+def describe(fp: int, size: str | None = None) -> str:
+    """A small collective's fingerprint (shm/_poster_coll.c) in words; ``size`` instead of its bytes
+    (a collective posted to the progress process, whose fingerprint carries no size)."""
     coll, op, code, root, nbytes = fp & 0xF, (fp >> 4) & 0xF, (fp >> 8) & 0xFF, (fp >> 16) & 0xFFFF, fp >> 32
-    out = f"{COLL_NAMES.get(coll, coll)} of {nbytes} B"
+    out = f"{COLL_NAMES.get(coll, coll)} of {size or f'{nbytes} B'}"
     if coll != Coll.BARRIER:
         out += f" {_DTYPE_NAMES.get(code, code)}"
     if coll in (Coll.ALLREDUCE, Coll.REDUCE):
@@ -144,9 +145,10 @@ def describe(fp: int) -> str:
     return out
 
 
-def fast_failed(comm: "Comm", code: int, detail: tuple[int, int, int, int]) -> None:
+def fast_failed(comm: "Comm", code: int, detail: tuple[int, ...]) -> None:
     """Raise what a failed small collective must (shm/_poster_coll.c calls this with its wait's
-    outcome and (collective number, its fingerprint, the other rank, that rank's fingerprint))."""
+    outcome and (collective number, its fingerprint, the other rank, that rank's fingerprint, and the
+    fingerprint and count of what that rank posted to the progress process instead))."""
     if code == CW_FAILED:
         comm._check_usable()
         if comm._pp.group_depth:
@@ -154,7 +156,7 @@ def fast_failed(comm: "Comm", code: int, detail: tuple[int, int, int, int]) -> N
         raise errors.InternalError(f"rank {comm.rank}: a small collective saw the communicator fail, but no error")
     if code == CW_GONE:
         raise errors.Closed(f"rank {comm.rank}: the communicator was closed during a collective")
-    n, fp, other, other_fp = detail
+    n, fp, other, other_fp, slow_fp, slow_count = detail
     exc: errors.ProxyError
     if code == CW_TIMEOUT:
         exc = errors.Timeout(f"rank {comm.rank}: {describe(fp)} (small collective #{n}): not every rank arrived "
@@ -163,9 +165,10 @@ def fast_failed(comm: "Comm", code: int, detail: tuple[int, int, int, int]) -> N
         exc = errors.InvalidUsage(f"small collective #{n} mismatch: rank {comm.rank} called {describe(fp)} but "
                                   f"rank {other} called {describe(other_fp)}")
     else:
+        what = describe(slow_fp, f"{slow_count} elements") if slow_fp else "a collective"
         exc = errors.InvalidUsage(
             f"collective mismatch: rank {comm.rank} called a blocking {describe(fp)}, which runs between the "
-            f"ranks, but rank {other} posted a collective to the progress process instead (a nonblocking "
+            f"ranks, but rank {other} posted {what} to the progress process instead (a nonblocking "
             f"collective, which never matches a blocking one, a device buffer, or one above SHMPROXY_FAST_BYTES)")
     fail_everywhere(comm, exc)
     raise exc
