@@ -1,7 +1,8 @@
 """Buffer arguments in mpi4py's forms, turned into the numpy views the native layer takes.
 
 Accepted (``buf`` is any object of the buffer protocol: numpy arrays, bytearray, bytes for sends,
-array.array, mmap, memoryview, ctypes arrays):
+array.array, mmap, memoryview, ctypes arrays; and objects of DLPack or the CUDA array interface
+in host memory, foreign.py):
 
     buf                                   every element, datatype from the buffer's format
     [buf, datatype]  /  (buf, datatype)   datatype: an MPI.Datatype or a type code such as "d"
@@ -27,7 +28,9 @@ import numpy as np
 
 from shmproxy.core.ops import DTYPE_CODE, IN_PLACE
 from shmproxy.mpi.datatypes import Datatype, check_native, from_typecode, of_dtype
+from shmproxy.mpi import foreign
 from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, error
+from shmproxy.mpi.foreign import is_foreign
 from shmproxy.mpi.typemap import Derived, typed_buffer
 
 
@@ -57,12 +60,18 @@ def _as_array(obj: Any, writable: bool, what: str) -> np.ndarray:
         try:
             mv = memoryview(obj)
         except TypeError:
+            if is_foreign(obj):
+                return _checked(foreign.as_array(obj, what), obj, writable, what)
             raise error(ERR_BUFFER, f"{what}: expected a buffer (numpy array, bytearray, array.array, ...) "
                         f"or an mpi4py buffer spec, got {type(obj).__name__}") from None
         try:
             arr = np.asarray(mv)
         except (ValueError, TypeError, NotImplementedError):  # a format numpy cannot read: its bytes
             arr = np.frombuffer(mv.cast("B") if mv.c_contiguous else mv, np.uint8)
+    return _checked(arr, obj, writable, what)
+
+
+def _checked(arr: np.ndarray, obj: Any, writable: bool, what: str) -> np.ndarray:
     if writable and not arr.flags.writeable:
         raise error(ERR_BUFFER, f"{what} is read-only ({type(obj).__name__})")
     if arr.ndim != 1:
@@ -238,6 +247,24 @@ def _parse_v_derived(arr: np.ndarray, d: Datatype, counts: Any, displs: Any, wha
     item = buf.temp_dtype().itemsize if type(buf) is not np.ndarray else buf.dtype.itemsize
     k = d.size // item
     return VSpec(buf, tuple(c * k for c in cs), tuple(x * k for x in dsp), d)
+
+
+def datatype_named(spec: Any) -> Datatype | None:
+    """The datatype a spec names, or its buffer's own (None where neither is known)."""
+    if isinstance(spec, (list, tuple)) and len(spec) >= 2 and isinstance(spec[-1], (Datatype, str)):
+        return _as_datatype(spec[-1], "buffer spec")
+    try:
+        return of_dtype(_as_array(spec[0] if isinstance(spec, (list, tuple)) else spec, False, "").dtype)
+    except (ValueError, TypeError):   # no known type: a user op gets None
+        return None
+
+
+def wire(x: Any) -> Any:
+    """What the native layer is handed for a parsed buffer: a dtype it has no code for (the
+    (value, index) pair types) travels as its bytes; anything else unchanged."""
+    if type(x) is np.ndarray and x.dtype.char not in DTYPE_CODE:
+        return x.view(np.uint8)
+    return x
 
 
 def datatype_of(spec: Any, what: str) -> Datatype:

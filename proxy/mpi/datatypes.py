@@ -194,6 +194,8 @@ def _tm() -> Any:
 def of_dtype(dt: np.dtype) -> Datatype:
     """The datatype of a buffer whose element type is the numpy dtype ``dt``; ERR_TYPE if none."""
     d = _BY_CHAR.get(dt.char)
+    if d is None and dt.kind in "iu":     # 'q' where 'l' is 64-bit (array.array('q')), and the like
+        d = _BY_CHAR.get(np.dtype(dt.name).char)
     if d is None or (dt.char != "c" and dt.char not in DTYPE_CODE and d.dtype.char not in DTYPE_CODE):
         raise error(ERR_TYPE, f"no MPI datatype for the buffer's element type {dt}: pass [buf, MPI.BYTE] "
                     "to send its bytes")
@@ -206,7 +208,9 @@ def check_native(d: Datatype, what: str) -> np.dtype:
     if dt is None and not d.is_predefined:
         raise error(ERR_TYPE, f"{what}: a derived datatype is not supported in this call (point-to-point "
                     "and the buffer collectives take them)")
-    if dt is None or d._pair is not None or dt.char not in DTYPE_CODE:
+    if d._pair is not None:
+        return dt      # travels as its bytes (buffers.wire); the ranks reduce it (localred.py)
+    if dt is None or dt.char not in DTYPE_CODE:
         raise error(ERR_TYPE, f"{what}: MPI.{d.name} cannot travel (the native layer carries bool, "
                     "int8..uint64, float16/32/64 and complex64/128)")
     return dt

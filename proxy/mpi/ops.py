@@ -1,8 +1,9 @@
 """MPI reduction operations as ``MPI.Op`` objects.
 
-An Op has two uses. On buffers (Reduce, Allreduce, Reduce_scatter_block) it must be one the progress
-process reduces (``native``: SUM, PROD, MIN, MAX); the others raise NotImplementedError when a buffer
-collective is called with them, naming the op. On Python objects (the lower-case allreduce, reduce) an
+An Op has two uses. On buffers the progress process reduces the ``native`` ones (SUM, PROD, MIN, MAX)
+over its native types; every other op (and user ops, called as mpi4py calls them:
+``function(inbuf, inoutbuf, datatype)``) is applied in the ranks (shmproxy.mpi.localred), by
+Reduce_local and the blocking buffer reductions. On Python objects (the lower-case allreduce, reduce) an
 Op is a function of two values, applied by the object layer in rank order: every predefined op works
 there, user ops from ``Op.Create`` too, as in mpi4py.
 """
@@ -28,8 +29,8 @@ class Op:
 
     @classmethod
     def Create(cls, function: Callable[..., Any], commute: bool = False) -> "Op":
-        """A user op. On objects it is called as ``function(a, b)``; mpi4py's buffer form
-        ``function(inbuf, inoutbuf, datatype)`` is not supported on buffers (no native user ops)."""
+        """A user op: on objects called as ``function(a, b)``, on buffers as mpi4py does,
+        ``function(inbuf, inoutbuf, datatype)`` with memoryviews of the two buffers."""
         if not callable(function):
             raise error(ERR_OP, "Op.Create needs a callable")
         return cls(getattr(function, "__name__", "user op"), function, None, bool(commute))
@@ -55,14 +56,13 @@ class Op:
         return self._fn(x, y)
 
     def Reduce_local(self, inbuf: Any, inoutbuf: Any) -> None:
-        unsupported("Op.Reduce_local", "the reduction kernels run in the progress process only")
-
-    def for_buffers(self, what: str) -> ReduceOp:
-        """The native op of a buffer collective; NotImplementedError if the progress process has none."""
-        if self.native is None:
-            unsupported(f"{what} with MPI.{self.name}",
-                        "the progress process reduces buffers with SUM, PROD, MIN and MAX only")
-        return self.native
+        """inoutbuf = inbuf op inoutbuf, in this rank (shmproxy.mpi.localred)."""
+        from shmproxy.mpi import buffers, localred
+        a = buffers.parse(inbuf, "Reduce_local inbuf", False)
+        b = buffers.parse(inoutbuf, "Reduce_local inoutbuf", True)
+        if type(a) is not np.ndarray or type(b) is not np.ndarray:
+            unsupported("Op.Reduce_local on a derived datatype or without buffers")
+        localred.apply(self, a, b, buffers.datatype_named(inoutbuf))
 
     def __repr__(self) -> str:
         return f"<shmproxy.MPI.{self.name}>"

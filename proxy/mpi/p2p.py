@@ -24,7 +24,11 @@ from shmproxy.mpi.request import MESSAGE_NO_PROC, Message, ObjRequest, Prequest,
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.rank import objects, objp2p
 
-_parse = buffers.parse
+
+def _parse(spec: Any, what: str, writable: bool) -> Any:
+    return buffers.wire(buffers.parse(spec, what, writable))
+
+
 _NO_BUFFERED = "buffered mode (Attach_buffer) needs an eager send path the runtime does not have"
 
 
