@@ -108,7 +108,7 @@ def _retype(arr: np.ndarray, d: Datatype | None, what: str) -> tuple[np.ndarray,
     dt = check_native(d, what)
     if arr.dtype != dt:
         if arr.nbytes % dt.itemsize:
-            raise error(ERR_BUFFER, f"{what}: {arr.nbytes} bytes are not a whole number of MPI.{d.name} "
+            raise error(ERR_BUFFER, f"{what}: {arr.nbytes} bytes are not a whole number of {d.name} "
                         f"elements ({dt.itemsize} bytes each)")
         arr = arr.view(dt)
     return arr, d
@@ -159,7 +159,8 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
         return _retype(_as_array(spec, writable, what), None, what)[0]
     if len(spec) == 2:     # [array, MPI.DOUBLE] with the array's own dtype: the second short path
         buf, d = spec
-        if type(buf) is np.ndarray and type(d) is Datatype and buf.dtype == d.dtype and d._pair is None:
+        if (type(buf) is np.ndarray and type(d) is Datatype and d.dtype is not None and buf.dtype == d.dtype
+                and d._pair is None):
             flags = buf.flags
             if buf.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
                 return buf
