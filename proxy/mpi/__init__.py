@@ -68,8 +68,8 @@ for _missing in ("BFLOAT16_T", "FLOAT16_T", "FLOAT32_T", "FLOAT64_T", "COMPLEX4"
                  "F_BOOL", "F_INT", "F_FLOAT", "F_DOUBLE", "F_COMPLEX", "F_FLOAT_COMPLEX",
                  "F_DOUBLE_COMPLEX"):
     globals().setdefault(_missing, _datatypes.DATATYPE_NULL)
-BSEND_OVERHEAD = 0          # Bsend is not provided (see p2p.py); the constant exists for programs
-BUFFER_AUTOMATIC = None     # that size buffers with it
+from shmproxy.mpi.bsend import BSEND_OVERHEAD   # noqa: E402
+BUFFER_AUTOMATIC = None
 
 # mpi4py's type-code table (MPI._typedict): numpy/array type characters -> datatypes.
 _typedict = {ch: d for ch, d in _datatypes._BY_CHAR.items()}

@@ -331,11 +331,6 @@ class Comm(PointToPoint, Collectives):
             raise error(ERR_ROOT, f"root {root!r} is not a rank of this communicator of {self._c.size}")
         return int(root)
 
-    def bsend(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("bsend")
-
-    def ibsend(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("ibsend")
 
 
 class Intracomm(Comm):

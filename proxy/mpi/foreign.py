@@ -114,11 +114,13 @@ def _from_dlpack(obj: Any, what: str) -> np.ndarray:
         t = _DLManaged.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
     else:
         raise error(ERR_BUFFER, f"{what}: __dlpack__ gave no DLPack capsule (or one already used)")
-    kind = _DL_KIND.get(t.dtype.code)
-    if kind is None or t.dtype.lanes != 1 or t.dtype.bits % 8:
+    kind, lanes, bits = _DL_KIND.get(t.dtype.code), t.dtype.lanes, int(t.dtype.bits)
+    if kind == "f" and lanes == 2:      # a complex number as two lanes of its real type
+        kind, lanes, bits = "c", 1, bits * 2
+    if kind is None or lanes != 1 or bits % 8:
         raise error(ERR_BUFFER, f"{what}: DLPack dtype code {t.dtype.code} bits {t.dtype.bits} lanes "
                     f"{t.dtype.lanes} has no buffer format")
-    dtype = np.dtype(f"{kind}{t.dtype.bits // 8}") if kind != "b" else np.dtype(np.bool_)
+    dtype = np.dtype(f"{kind}{bits // 8}") if kind != "b" else np.dtype(np.bool_)
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = None if not t.strides else tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
     if not _contiguous(shape, strides, dtype.itemsize):

@@ -47,11 +47,8 @@ class Derived(Datatype):
     __slots__ = ("blocks", "lb", "ub", "true_lb", "true_ub", "base", "align", "comb", "_contents",
                  "committed", "freed", "key")
 
-    def __new__(cls, *_a: Any, **_k: Any) -> "Derived":
-        return object.__new__(cls)
-
-    def __init__(self, blocks: np.ndarray, lb: int, ub: int, true_lb: int, true_ub: int, base: Any,
-                 align: int, combiner: int, contents: tuple):
+    def _setup(self, blocks: np.ndarray, lb: int, ub: int, true_lb: int, true_ub: int, base: Any,
+               align: int, combiner: int, contents: tuple) -> None:
         self._sym, self._label, self.dtype, self._pair, self._h = "DERIVED", "", None, None, self
         self.blocks = _merge(blocks)
         self.size = int(self.blocks[:, 1].sum())
@@ -93,7 +90,7 @@ class Derived(Datatype):
         """As MPI_Type_get_contents: a derived type among the old types comes back as a new handle
         (the caller frees it), a named one as itself."""
         ints, addrs, types = self._contents
-        return list(ints), list(addrs), [], [t if t.is_named else t._copy() for t in types]
+        return list(ints), list(addrs), [], [t if t.is_named else t._newhandle() for t in types]
 
     def decode(self) -> tuple[Datatype, str, dict]:
         from shmproxy.mpi.dtintro import decode
@@ -117,8 +114,14 @@ class Derived(Datatype):
         return f"V{self.extent}"
 
     def _copy(self) -> "Derived":
-        """A new handle of this type (Get_contents' old types, MPI.Datatype(d)): freeing one leaves
-        the other usable."""
+        """A second Python object of this handle (MPI.Datatype(d)): equal to it."""
+        new = object.__new__(Derived)
+        for slot in Datatype.__slots__ + Derived.__slots__:
+            setattr(new, slot, getattr(self, slot))
+        return new
+
+    def _newhandle(self) -> "Derived":
+        """A new handle of the same type (Get_contents' old types): freeing one leaves the other."""
         d = _new(self.blocks, self.lb, self.ub, self.true_lb, self.true_ub, self.base, self.align, self.comb,
                  self._contents)
         d.committed, d._label = self.committed, self._label
@@ -180,7 +183,9 @@ class Derived(Datatype):
 
 def _new(blocks: np.ndarray, lb: int, ub: int, tlb: int, tub: int, base: Any, align: int, comb: int,
          contents: tuple) -> Derived:
-    return Derived(blocks, lb, ub, tlb, tub, base, align, comb, contents)
+    d = object.__new__(Derived)
+    d._setup(blocks, lb, ub, tlb, tub, base, align, comb, contents)
+    return d
 
 
 def _merge(blocks: np.ndarray) -> np.ndarray:
