@@ -233,7 +233,8 @@ def test_environment_without_starting_anything():
     assert isinstance(MPI.Get_processor_name(), str)
     assert repr(MPI.COMM_WORLD) and MPI.COMM_SELF.Get_size() == 1 and MPI.COMM_SELF.Get_rank() == 0
     assert not MPI.COMM_NULL
-    for call in (lambda: MPI.Win.Create(None), lambda: MPI.Alloc_mem(8),
+    assert MPI.Alloc_mem(8).nbytes == 8
+    for call in (lambda: MPI.Win.Create(None),
                  lambda: MPI.Intracomm().Spawn("x"), lambda: MPI.Open_port()):
         with pytest.raises(NotImplementedError):
             call()
