@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE, UNDEFINED
-from shmproxy.core.ops import DTYPE_CODE as _DTYPE_CODE
 from shmproxy.mpi import datatypes as _datatypes
 from shmproxy.mpi import exceptions as _exceptions
 from shmproxy.mpi.buffers import BOTTOM
@@ -36,7 +35,8 @@ from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string
 from shmproxy.mpi.group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL,
                               PROD, REPLACE, SUM, Op)
-from shmproxy.mpi.request import MESSAGE_NO_PROC, MESSAGE_NULL, REQUEST_NULL, Grequest, Message, Prequest, Request
+from shmproxy.mpi.message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
+from shmproxy.mpi.request import REQUEST_NULL, Grequest, Prequest, Request
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.mpi.topology import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
 from shmproxy.mpi.graph import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Graphcomm
@@ -69,6 +69,7 @@ for _missing in ("BFLOAT16_T", "FLOAT16_T", "FLOAT32_T", "FLOAT64_T", "COMPLEX4"
                  "F_DOUBLE_COMPLEX"):
     globals().setdefault(_missing, _datatypes.DATATYPE_NULL)
 from shmproxy.mpi.bsend import BSEND_OVERHEAD   # noqa: E402
+from shmproxy.mpi.pickler import Pickle, pickle   # noqa: E402
 BUFFER_AUTOMATIC = None
 
 # mpi4py's type-code table (MPI._typedict): numpy/array type characters -> datatypes.

@@ -12,6 +12,7 @@ standard ones. Buffered mode (Bsend, Attach_buffer): bsend.py.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,8 @@ from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 from shmproxy.mpi import bsend, buffers
 from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_RANK, ERR_TAG, convert, error, unsupported
-from shmproxy.mpi.request import MESSAGE_NO_PROC, Message, ObjRequest, Prequest, Request
+from shmproxy.mpi.message import MESSAGE_NO_PROC, Message
+from shmproxy.mpi.request import ObjRequest, Prequest, Request
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.rank import objects, objp2p
 
@@ -29,6 +31,13 @@ def _parse(spec: Any, what: str, writable: bool) -> Any:
     return buffers.wire(buffers.parse(spec, what, writable))
 
 
+
+
+def _ignored_buf(buf: Any, what: str) -> None:
+    """mpi4py's object receives warn that a buffer argument is not used; so do these."""
+    if buf is not None:
+        warnings.warn(f"Comm.{what}: the buf argument is ignored (an object is received into memory of "
+                      "its own)", UserWarning, stacklevel=3)
 
 
 class _Done:
@@ -382,6 +391,7 @@ class PointToPoint:
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None) -> Any:
+        _ignored_buf(buf, "recv")
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
             if status is not None:
@@ -402,7 +412,8 @@ class PointToPoint:
         return ObjRequest(self._obj(objp2p.isend, obj, dest, tag))
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """Nonblocking object receive (``buf`` is accepted and ignored: the object's size is its own)."""
+        """Nonblocking object receive (``buf`` is ignored, with a warning: the object's size is its own)."""
+        _ignored_buf(buf, "irecv")
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
             return Request(None, True)
@@ -431,7 +442,10 @@ class PointToPoint:
             return Request(None, True)
         c = self._c
         if dest == c.rank:
-            return self.isend(obj, dest, tag)
+            if self._obj(objp2p.deliver_to_posted, obj, tag):    # an irecv of this rank took it
+                return ObjRequest(_SelfSync(c, tag, [True, False]))
+            token = self._obj(objects.send_self_sync, obj, tag)
+            return ObjRequest(_SelfSync(c, tag, token))
         try:
             out = objects._dumps(obj, f"issend to rank {dest} tag {tag}")
             with c.group():
@@ -498,6 +512,32 @@ class PointToPoint:
             status._fill(None)
             status.source, status.tag = inc.source, inc.tag
         return Message(obj=inc, comm=self._c)
+
+
+class _SelfSync:
+    """An issend of a rank to itself, in objp2p.ObjRequest's form: complete once a receive of this
+    rank took the object (objects.send_self_sync)."""
+
+    __slots__ = ("_comm", "_tag", "_token", "status")
+
+    def __init__(self, comm: Any, tag: int, token: list):
+        self._comm, self._tag, self._token, self.status = comm, tag, token, None
+
+    def test(self) -> tuple[bool, None]:
+        return bool(self._token[0] or self._token[1]), None
+
+    def wait(self) -> None:
+        if not self.test()[0]:
+            raise errors.InvalidUsage(f"rank {self._comm.rank}: waiting for an issend to itself (tag "
+                                      f"{self._tag}) that no receive took: it could never complete")
+
+    def cancel(self) -> None:
+        if objects.cancel_self_sync(self._comm, self._tag, self._token):
+            self.status = _Cancelled()
+
+
+class _Cancelled:
+    source, tag, nbytes, cancelled = ANY_SOURCE, ANY_TAG, 0, True
 
 
 class _Synchronous:
