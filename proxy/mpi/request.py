@@ -16,6 +16,7 @@ wait is bounded by SHMPROXY_TIMEOUT, and failures (a dead peer, an abort) are ra
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Iterable, Sequence
 
 from shmproxy.core import errors
@@ -29,11 +30,39 @@ ANY_SLICE_S = 0.002   # longest sleep of Waitany/Waitsome between two tests of e
 class Request:
     """A nonblocking operation: Wait, Test, Free, Get_status and the Wait/Test families."""
 
-    __slots__ = ("_r", "_null", "__weakref__")
+    __slots__ = ("_r", "_null", "_h", "__weakref__")
 
     def __init__(self, native: Any = None, proc_null: bool = False):
+        if isinstance(native, Request):   # mpi4py's MPI.Request(req): a second object of req's handle
+            self._r, self._null, self._h = native._r, native._null, native._hid()
+            return
         self._r = native          # the native request while active, else None
         self._null = proc_null    # an active operation with PROC_NULL: completes without the runtime
+        self._h: Request | None = None    # the request whose handle this one is a copy of
+
+    def _hid(self) -> "Request":
+        return self if self._h is None else self._h
+
+    # handles, as mpi4py gives them: an int naming the request while some object of it lives
+    @property
+    def handle(self) -> int:
+        h = self._hid()
+        _HANDLES[id(h)] = h
+        return id(h)
+
+    def toint(self) -> int:
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromhandle(cls, handle: int) -> "Request":
+        h = _HANDLES.get(int(handle))
+        if h is None:
+            raise error(ERR_REQUEST, f"no request has the handle {handle}")
+        return cls(h)
+
+    fromint = f2py = fromhandle
 
     def _active(self) -> bool:
         return self._r is not None or self._null
@@ -130,9 +159,10 @@ class Request:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Request):
             return NotImplemented
-        return self is other or (not self and not other)
+        return self._hid() is other._hid() or (not self and not other)
 
-    __hash__ = object.__hash__
+    def __hash__(self) -> int:
+        return id(self._hid())
 
     def __repr__(self) -> str:
         if self._r is not None:
@@ -312,6 +342,12 @@ class Prequest(Request):
     __slots__ = ("_post", "_args", "_live")
 
     def __init__(self, post: Any = None, args: tuple = (), proc_null: bool = False):
+        if isinstance(post, Request):      # MPI.Prequest(preq): a second object of its handle
+            if not isinstance(post, Prequest):
+                raise TypeError("MPI.Prequest() takes a persistent request")
+            super().__init__(post)
+            self._post, self._args, self._live = post._post, post._args, post._live
+            return
         super().__init__(None, False)
         self._post = None if proc_null else post   # the native Isend/Irecv, None for PROC_NULL
         self._args = args
@@ -323,9 +359,10 @@ class Prequest(Request):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Request):
             return NotImplemented
-        return self is other or (not self and not other)
+        return self._hid() is other._hid() or (not self and not other)
 
-    __hash__ = object.__hash__
+    def __hash__(self) -> int:
+        return id(self._hid())
 
     def Start(self) -> None:
         if self._active():
@@ -350,6 +387,11 @@ class Grequest(Request):
     """Generalized requests are not provided."""
 
     __slots__ = ()
+
+    def __init__(self, request: Any = None):
+        if request is not None and not isinstance(request, Grequest):
+            raise TypeError("MPI.Grequest() takes a generalized request")
+        super().__init__(request)
 
     @classmethod
     def Start(cls, *_a: Any, **_k: Any) -> "Grequest":
@@ -439,6 +481,7 @@ class ObjRequest(Request):
 
 
 REQUEST_NULL = Request()
+_HANDLES: "weakref.WeakValueDictionary[int, Request]" = weakref.WeakValueDictionary()
 
 
 # ---------------------------------------------------------------- helpers
