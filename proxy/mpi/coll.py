@@ -123,6 +123,8 @@ class Collectives:
         for a in args[:2]:
             if type(a) is TypedBuffer:
                 unsupported("a reduction the ranks do (see localred.py) on a derived datatype")
+        # 1-D views (a 0-d array of one element included): the reductions fold rows of elements
+        args = tuple(a.reshape(-1) if type(a) is np.ndarray else a for a in args)
         try:
             fn(self._c, *args)
         except errors.ProxyError as exc:
