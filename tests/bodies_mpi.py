@@ -223,7 +223,7 @@ def collectives() -> dict:
     with pytest.raises(NotImplementedError, match="BXOR"):
         comm.Iallreduce(send, recv, op=MPI.BXOR)
 
-    def digits(inbuf: Any, inout: Any, datatype: Any) -> None:    # associative, not commutative: "in" + "inout"
+    def digits(inbuf: Any, inout: Any, datatype: Any) -> None:    # associative, not commutative
         a, b = np.frombuffer(inbuf, "i"), np.frombuffer(inout, "i")
         b[:] = [int(f"{x}{y}") for x, y in zip(a, b)]
     cat = MPI.Op.Create(digits, commute=False)

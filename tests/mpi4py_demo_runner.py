@@ -68,7 +68,8 @@ def run_demo(demo_dir: str, script: str, args: list[str]) -> None:
     sys.stdout.flush()
 
 
-def reference(demo_dir: Path, script: str, args: tuple[str, ...], nranks: int, timeout: float = 300) -> str | None:
+def reference(demo_dir: Path, script: str, args: tuple[str, ...], nranks: int,
+              timeout: float = 300) -> str | None:
     """The script's output under the real mpi4py (mpiexec -n nranks), or None where either is missing."""
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     if mpiexec is None:

@@ -29,8 +29,8 @@ FLOOR = {"test_status": 11, "test_request": 12, "test_datatype": 49, "test_p2p_b
 # Assertion failures that are not wrong data, each with why (test method name -> reason): they
 # assert on request handles, names or warnings, never on a message's contents.
 KNOWN_FAILS: dict[str, str] = {
-    "testContiguousBigMPI": "the layer says MPI 3.1, where a count past INT_MAX decodes as a struct of vectors; "
-                            "shmproxy builds (and decodes) the plain contiguous type, as MPI 4 does",
+    "testContiguousBigMPI": "the layer says MPI 3.1, where a count past INT_MAX decodes as a struct of "
+                            "vectors; shmproxy builds (and decodes) the plain contiguous type, as MPI 4 does",
 }
 
 # (pattern of a reason, the group it belongs to), first match wins
@@ -42,16 +42,16 @@ GROUPS = [
     (r"Isendrecv", "Isendrecv / Isendrecv_replace: not provided"),
     (r"_comm_lock_table|threading|THREAD_MULTIPLE", "threads: MPI_THREAD_MULTIPLE not provided"),
     (r"IN_PLACE|NoneType", "MPI.IN_PLACE in collectives the engine takes without it"),
-    (r"matched by a message with dtype uint8", "a buffer Send of pickled bytes received as an object: shmproxy's "
-     "object messages carry a header of their own (mpi4py's are the bare pickle)"),
+    (r"matched by a message with dtype uint8", "a buffer Send of pickled bytes received as an object: "
+     "shmproxy's object messages carry a header of their own (mpi4py's are the bare pickle)"),
     (r"Reduce_local|op must be|reduces buffers with SUM|MAXLOC|MINLOC|Op\.", "buffer reductions other than "
      "SUM PROD MIN MAX, and user ops"),
     (r"MPI_DATATYPE_NULL|Get_name|name", "datatype names (datatypes.py)"),
     (r"UserWarning not raised", "object recv with a buffer argument: mpi4py warns, shmproxy ignores it"),
     (r"pickle", "MPI.pickle (the object layer's pickler) not exposed"),
     (r"Timeout|the job ended", "the job timed out or ended in the test"),
-    (r"!= <shmproxy.MPI.DATATYPE_NULL>", "a count past INT_MAX decodes as in MPI 4 where the layer says MPI 3.1 "
-     "(KNOWN_FAILS)"),
+    (r"!= <shmproxy.MPI.DATATYPE_NULL>", "a count past INT_MAX decodes as in MPI 4 where the layer says "
+     "MPI 3.1 (KNOWN_FAILS)"),
 ]
 
 

@@ -106,14 +106,16 @@ def test_datatypes():
                        ("UNSIGNED", 4), ("UNSIGNED_LONG_LONG", 8), ("C_FLOAT_COMPLEX", 8),
                        ("C_DOUBLE_COMPLEX", 16), ("C_COMPLEX", 8)):
         d = getattr(MPI, name)
-        assert isinstance(d, MPI.Datatype) and d.Get_size() == size and d.size == size and d.name == "MPI_" + name
+        assert isinstance(d, MPI.Datatype) and d.Get_size() == size and d.size == size
+        assert d.name == "MPI_" + name
         assert d.Get_extent() == (0, size) and d.dtype.itemsize == size
     assert MPI.DOUBLE.dtype == np.float64 and MPI.INT.dtype == np.int32
     assert MPI._typedict["d"] is MPI.DOUBLE and MPI._typedict["i"] is MPI.INT
     # derived datatypes: tests/test_mpi_datatypes.py
     assert MPI.Datatype(MPI.INT) == MPI.INT and MPI.Datatype(MPI.INT) is not MPI.INT
     assert not MPI.DATATYPE_NULL and MPI.Datatype() == MPI.DATATYPE_NULL
-    assert MPI.INT.decode() == (MPI.INT, "NAMED", {}) and MPI.INT.Get_envelope() == (0, 0, 0, 0, MPI.COMBINER_NAMED)
+    assert MPI.INT.decode() == (MPI.INT, "NAMED", {})
+    assert MPI.INT.Get_envelope() == (0, 0, 0, 0, MPI.COMBINER_NAMED)
     assert MPI.Datatype.Get_value_index(MPI.DOUBLE, MPI.INT) is MPI.DOUBLE_INT
     assert MPI.Datatype.Create_f90_real(15, 300).size == 8 and MPI.Datatype.Create_f90_integer(3).size == 2
 

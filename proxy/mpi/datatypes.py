@@ -303,16 +303,17 @@ for _name, _v in (("LONG_DOUBLE", np.longdouble), ("C_LONG_DOUBLE_COMPLEX", np.c
                   ("CXX_LONG_DOUBLE_COMPLEX", np.clongdouble)):
     PREDEFINED[_name] = Datatype._make(_name, _v)
 
-# numpy dtype char -> the datatype a buffer of that dtype gets when the program names none
+# numpy dtype char -> the datatype a buffer of that dtype gets when the program names none (C names
+# first, as mpi4py's type-code table)
 _BY_CHAR: dict[str, Datatype] = {}
 for _name in ("C_BOOL", "SIGNED_CHAR", "UNSIGNED_CHAR", "SHORT", "UNSIGNED_SHORT", "INT", "UNSIGNED",
               "LONG", "UNSIGNED_LONG", "LONG_LONG", "UNSIGNED_LONG_LONG", "FLOAT16", "FLOAT", "DOUBLE",
               "C_FLOAT_COMPLEX", "C_DOUBLE_COMPLEX", "INT8_T", "UINT8_T", "INT16_T", "UINT16_T", "INT32_T",
-              "UINT32_T", "INT64_T", "UINT64_T", "LONG_DOUBLE", "C_LONG_DOUBLE_COMPLEX"):   # C names first, as mpi4py's type-code table
+              "UINT32_T", "INT64_T", "UINT64_T", "LONG_DOUBLE", "C_LONG_DOUBLE_COMPLEX"):
     _dt = PREDEFINED[_name].dtype
     _BY_CHAR.setdefault(_dt.char, PREDEFINED[_name])
-_BY_CHAR.setdefault("c", PREDEFINED["CHAR"])
-_BYTES_ONLY = frozenset(("LONG_DOUBLE", "C_LONG_DOUBLE_COMPLEX", "CXX_LONG_DOUBLE_COMPLEX"))   # 'c' (a 1-byte char array) travels as int8
+_BY_CHAR.setdefault("c", PREDEFINED["CHAR"])   # 'c' (a 1-byte char array) travels as int8
+_BYTES_ONLY = frozenset(("LONG_DOUBLE", "C_LONG_DOUBLE_COMPLEX", "CXX_LONG_DOUBLE_COMPLEX"))
 
 
 def _tm() -> Any:

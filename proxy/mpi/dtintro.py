@@ -211,7 +211,8 @@ def darray_elements(size: int, rank: int, gsizes: list[int], distribs: list[int]
         coords.append(rest % p)
         rest //= p
     coords.reverse()
-    owned = [_owned(g, int(d), int(a), p, c) for g, d, a, p, c in zip(gsizes, distribs, dargs, psizes, coords)]
+    owned = [_owned(g, int(d), int(a), p, c)
+             for g, d, a, p, c in zip(gsizes, distribs, dargs, psizes, coords)]
     dims = range(nd) if order == TM.ORDER_C else range(nd - 1, -1, -1)   # slowest dimension first
     strides = [0] * nd
     acc = 1

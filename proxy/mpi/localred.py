@@ -49,7 +49,7 @@ def apply(op: Any, inbuf: np.ndarray, inout: np.ndarray, datatype: Any = None) -
         return
     if name in ("MAXLOC", "MINLOC"):
         if dt.names is None or len(dt.names) != 2:
-            raise error(ERR_OP, f"MPI.{name} needs a (value, index) pair type (MPI.DOUBLE_INT, MPI.2INT, ...)")
+            raise error(ERR_OP, f"MPI.{name} needs a (value, index) pair type (MPI.DOUBLE_INT, ...)")
         v, i = dt.names
         a, b = inbuf[v], inout[v]
         better = (a > b) if name == "MAXLOC" else (a < b)
