@@ -4,8 +4,11 @@ Each one the engine runs natively (Barrier, Bcast, Reduce, Allreduce, Allgather,
 Reduce_scatter_block, Reduce_scatter with counts, Gather, Scatter, Gatherv, Scatterv, Allgatherv,
 Alltoallv, Scan, Exscan and their nonblocking forms) parses its buffer specs (a count in a spec is per
 rank, as MPI's recvcount; a vector spec [buf, (counts, displs), datatype] gives each rank's block) and
-calls the native collective. Arguments only the root reads are parsed on the root only. The
-collectives the engine lacks (Alltoallw, neighbour collectives) raise NotImplementedError naming
+calls the native collective. Arguments only the root reads are parsed on the root only. None where a
+call takes MPI.IN_PLACE means IN_PLACE (mpi4py's rule); Alltoall(v) in place sends a copy of the
+recvbuf, which is what MPI defines it to send. A reduction with an op or type the progress process
+does not reduce is done by the ranks (localred.py), blocking calls only. The collectives the engine
+lacks (Alltoallw; neighbour collectives without a topology) raise NotImplementedError naming
 themselves: they are not emulated with point-to-point here, they belong in the engine.
 """
 from __future__ import annotations
@@ -40,10 +43,12 @@ def _copy_of(rb: Any, name: str) -> Any:
     return rb.copy()
 
 
-def _dtype_of(spec: Any) -> Any:
-    """The MPI datatype a spec names, for a user op's third argument (None when it names none)."""
-    if isinstance(spec, (list, tuple)) and spec and isinstance(spec[-1], Datatype):
-        return spec[-1]
+def _dtype_of(*specs: Any) -> Any:
+    """The MPI datatype of the first buffer spec that is one, for a user op's third argument (the type
+    it names, or its buffer's own; None where neither is known)."""
+    for spec in specs:
+        if spec is not None and spec is not IN_PLACE:
+            return buffers.datatype_named(spec)
     return None
 
 
@@ -100,7 +105,8 @@ class Collectives:
         sb, rb, o = self._reduce_args("Reduce", sendbuf, recvbuf, op)
         native = self._native_op("Reduce", o, sb, rb if self._rooted(root) else None)
         if native is None:
-            return self._local(localred.reduce, sb, rb, o, self._c._check_root(root), _dtype_of(recvbuf))
+            root = self._c._check_root(root)
+            return self._local(localred.reduce, sb, rb, o, root, _dtype_of(recvbuf, sendbuf))
         self._call(self._c.Reduce, sb, rb, native, root)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> Request:
@@ -112,7 +118,7 @@ class Collectives:
         sb, rb, o = self._reduce_args("Allreduce", sendbuf, recvbuf, op)
         native = self._native_op("Allreduce", o, sb, rb)
         if native is None:
-            return self._local(localred.allreduce, sb, rb, o, _dtype_of(recvbuf))
+            return self._local(localred.allreduce, sb, rb, o, _dtype_of(recvbuf, sendbuf))
         self._call(self._c.Allreduce, sb, rb, native)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
@@ -143,7 +149,7 @@ class Collectives:
         if native is None:
             size = self._c.size
             k = rb.size // size if sb is IN_PLACE else rb.size
-            return self._local(localred.reduce_scatter, sb, rb, [k] * size, o, _dtype_of(recvbuf))
+            return self._local(localred.reduce_scatter, sb, rb, [k] * size, o, _dtype_of(recvbuf, sendbuf))
         self._call(self._c.Reduce_scatter_block, sb, rb, native)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
@@ -177,7 +183,7 @@ class Collectives:
         if native is None:
             if counts is None:
                 counts = [rb.size // self._c.size] * self._c.size
-            return self._local(localred.reduce_scatter, sb, rb, counts, o, _dtype_of(recvbuf))
+            return self._local(localred.reduce_scatter, sb, rb, counts, o, _dtype_of(recvbuf, sendbuf))
         self._call(self._c.Reduce_scatter, sb, rb, counts, native)
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> Request:
@@ -195,7 +201,7 @@ class Collectives:
         sb, rb, o = self._scan_args(name, sendbuf, recvbuf, op)
         native = self._native_op(name, o, sb, rb)
         if native is None:
-            return self._local(localred.scan, sb, rb, o, "Exscan" in name, _dtype_of(recvbuf))
+            return self._local(localred.scan, sb, rb, o, "Exscan" in name, _dtype_of(recvbuf, sendbuf))
         fn = getattr(self._c, name)
         out = self._call(fn, sb, rb, native)
         return Request(out) if name.startswith("I") else None
