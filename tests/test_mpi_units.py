@@ -93,6 +93,14 @@ def test_bad_specs_raise_mpi_exceptions(spec, cls):
     assert isinstance(e.value, ValueError)              # also the native InvalidArgument
 
 
+def test_foreign_byte_order_needs_a_named_datatype():
+    swapped = np.arange(3, dtype=np.dtype("i4").newbyteorder())
+    with pytest.raises(BufferError) as e:
+        buffers.parse(swapped, "send buffer", False)
+    assert isinstance(e.value, MPI.Exception) and e.value.Get_error_class() == MPI.ERR_BUFFER
+    assert buffers.parse([swapped, MPI.INT], "send buffer", False).dtype == np.dtype("i4")   # its bytes
+
+
 def test_read_only_buffers_cannot_receive():
     with pytest.raises(MPI.Exception) as e:
         buffers.parse(b"abcd", "receive buffer", True)

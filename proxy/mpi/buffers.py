@@ -29,7 +29,7 @@ import numpy as np
 from shmproxy.core.ops import DTYPE_CODE, IN_PLACE
 from shmproxy.mpi.datatypes import Datatype, check_native, from_typecode, of_dtype
 from shmproxy.mpi import foreign
-from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, error
+from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, buffer_error, error
 from shmproxy.mpi.foreign import is_foreign
 from shmproxy.mpi.typemap import Derived, typed_buffer
 
@@ -98,6 +98,9 @@ def _retype(arr: np.ndarray, d: Datatype | None, what: str) -> tuple[np.ndarray,
     """``arr`` seen as elements of ``d`` (the buffer's own type when None)."""
     if d is None:
         dt = arr.dtype
+        if not dt.isnative:
+            raise buffer_error(f"{what}: a buffer of {dt.str} is not in this machine's byte order (name its "
+                               "datatype, [buf, MPI.INT], to move its bytes as they are)")
         if dt.char not in DTYPE_CODE:
             d = of_dtype(dt)
             dt = check_native(d, what)
@@ -149,7 +152,8 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
     ``blocks``: how many per-rank blocks the buffer holds (a count in the spec is per block)."""
     if type(spec) is np.ndarray:     # the short path: a plain array of a native dtype
         flags = spec.flags
-        if spec.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
+        if (spec.dtype.char in DTYPE_CODE and spec.dtype.isnative and flags.c_contiguous
+                and (flags.writeable or not writable)):
             return spec
         arr = _as_array(spec, writable, what)
         return _retype(arr, None, what)[0]

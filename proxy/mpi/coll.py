@@ -174,7 +174,11 @@ class Collectives:
         if counts is None or len(counts) != size:
             raise error(ERR_COUNT, f"{name}: recvcounts must be a sequence of {size} counts, got "
                         f"{recvcounts!r}")
-        return sb, rb, [int(c) for c in counts], o
+        counts = [int(c) for c in counts]
+        if type(sb) is np.ndarray and sb.size != sum(counts):    # mpi4py's check: the spec's count is all
+            raise error(ERR_COUNT, f"{name}: sendbuf has {sb.size} elements, the recvcounts add up to "
+                        f"{sum(counts)}")
+        return sb, rb, counts, o
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> None:
         """recvcounts, when given, are every rank's block of the vector (packed in rank order)."""
