@@ -93,6 +93,20 @@ def test_bad_specs_raise_mpi_exceptions(spec, cls):
     assert isinstance(e.value, ValueError)              # also the native InvalidArgument
 
 
+def test_vector_specs_in_every_mpi4py_form():
+    a = np.arange(8, dtype="i")
+    v = buffers.parse_v([a, (2, 3), MPI.INT], "b", False, 2)     # one count each, displacement stride 3
+    assert (v.counts, v.displs) == ((2, 2), (0, 3))
+    v = buffers.parse_v([a, ([1, 3], None), "i"], "b", False, 2)  # counts, packed
+    assert (v.counts, v.displs) == ((1, 3), (0, 1))
+    v = buffers.parse_v([a, (2, [4, 1])], "b", False, 2)
+    assert (v.counts, v.displs) == ((2, 2), (4, 1))
+    v = buffers.parse_v([a, np.array([3, 5]), MPI.INT], "b", False, 2)
+    assert (v.counts, v.displs) == ((3, 5), (0, 3))
+    with pytest.raises(MPI.Exception):
+        buffers.parse_v([a, (5, 4), MPI.INT], "b", False, 2)        # rank 1's block ends past the buffer
+
+
 def test_foreign_byte_order_needs_a_named_datatype():
     swapped = np.arange(3, dtype=np.dtype("i4").newbyteorder())
     with pytest.raises(BufferError) as e:

@@ -118,6 +118,8 @@ def _retype(arr: np.ndarray, d: Datatype | None, what: str) -> tuple[np.ndarray,
 
 
 def _int(v: Any, name: str, what: str) -> int:
+    if isinstance(v, np.ndarray) and v.ndim == 0:     # numpy.array(3): one integer
+        v = v[()]
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise error(ERR_COUNT, f"{what}: {name} must be an int, got {type(v).__name__}")
     v = int(v)
@@ -206,11 +208,13 @@ def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
     if not isinstance(spec, (list, tuple)):
         raise error(ERR_BUFFER, f"{what}: a vector collective needs [buf, (counts, displs), datatype]")
     buf, counts, displs, dtype = _split(spec, what)
-    if isinstance(counts, (list, tuple)) and len(counts) == 2 and displs is None and \
-            isinstance(counts[0], (list, tuple, np.ndarray)):
-        counts, displs = counts
+    pair = isinstance(counts, tuple) or (isinstance(counts, list) and counts
+                                         and isinstance(counts[0], (list, tuple, np.ndarray)))
+    if displs is None and pair and len(counts) == 2:
+        counts, displs = counts      # mpi4py's (counts, displs) pair
     if counts is None:
         raise error(ERR_COUNT, f"{what}: a vector spec needs per-rank counts")
+    counts, displs = _per_rank(counts, size), _per_rank(displs, size, stride=True)
     arr = _as_array(buf, writable, what)
     if type(dtype) is Derived:
         return _parse_v_derived(arr, dtype, counts, displs, what, writable, size)
@@ -233,6 +237,16 @@ def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
             raise error(ERR_COUNT, f"{what}: block {r} ({c} elements at {x}) does not fit the buffer's "
                         f"{arr.size} elements")
     return VSpec(arr, cs, dsp, d)
+
+
+def _per_rank(v: Any, size: int, stride: bool = False) -> Any:
+    """mpi4py's forms of per-rank counts or displacements: a sequence (or array) of them, or one int
+    for every rank (a count each, or a displacement stride: rank r's block at r * d); None stays."""
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v[()]
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return [int(v) * r for r in range(size)] if stride else [v] * size
+    return v
 
 
 def _parse_v_derived(arr: np.ndarray, d: Datatype, counts: Any, displs: Any, what: str, writable: bool,

@@ -52,6 +52,22 @@ def _dtype_of(*specs: Any) -> Any:
     return None
 
 
+def _seq(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) or (isinstance(x, np.ndarray) and x.ndim > 0)
+
+
+def _per_rank_lists(spec: Any) -> bool:
+    """Whether a v-collective's spec gives counts or displacements per rank (``[buf, counts, type]``,
+    ``[buf, (counts, displs), type]``, ``[buf, count, displs, type]``, ...), rather than one count
+    for every rank or none (``buf``, ``[buf, type]``, ``[buf, count]``, ``[buf, (count, None)]``)."""
+    if not isinstance(spec, (list, tuple)) or len(spec) < 2 or isinstance(spec[1], (Datatype, str)):
+        return False
+    second = spec[1]
+    if isinstance(second, tuple) and len(second) == 2:
+        return any(_seq(x) for x in second)
+    return _seq(second) or (len(spec) == 4 and _seq(spec[2]))
+
+
 def _dtypes(bufs: tuple) -> str:
     return "/".join(sorted({str(b.dtype) for b in bufs if isinstance(b, np.ndarray)})) or "these buffers"
 
@@ -273,21 +289,24 @@ class Collectives:
         return Request(self._call(self._c.Iscatter, *self._scatter_args("Iscatter", sendbuf, recvbuf, root)))
 
     def _vector(self, spec: Any, what: str, writable: bool) -> tuple:
-        """(array, counts, displs) of a vector spec; a plain buffer is ``size`` equal blocks."""
+        """(array, counts, displs) of a vector spec, as the native layer takes them (a type it has no
+        code for travels as bytes, counts and displacements scaled to them). A plain buffer is
+        ``size`` equal blocks; ``[buf, count]`` / ``[buf, count, type]``, ``count`` per rank."""
         size = self._c.size
-        if isinstance(spec, (list, tuple)) and len(spec) >= 2 and \
-                not isinstance(spec[1], (Datatype, str, int, np.integer)):
+        if _per_rank_lists(spec):
             v = buffers.parse_v(spec, what, writable, size)
-            arr, k = v.array, 1
-            if type(arr) is np.ndarray and buffers.wire(arr) is not arr:   # counted in bytes on the wire
-                arr, k = buffers.wire(arr), arr.dtype.itemsize
-            return arr, [c * k for c in v.counts], [x * k for x in v.displs]
-        arr = _parse(spec, what, writable)
-        if arr.size % size:
-            raise error(ERR_COUNT, f"{what}: {arr.size} elements are not {size} equal blocks: pass "
-                        f"[buf, (counts, displs), datatype]")
-        k = arr.size // size
-        return arr, [k] * size, [k * r for r in range(size)]
+            arr, counts, displs = v.array, list(v.counts), list(v.displs)
+        else:
+            arr = _parse(spec, what, writable, blocks=size)
+            if arr.size % size:
+                raise error(ERR_COUNT, f"{what}: {arr.size} elements are not {size} equal blocks: pass "
+                            f"[buf, (counts, displs), datatype]")
+            k = arr.size // size
+            counts, displs = [k] * size, [k * r for r in range(size)]
+        if type(arr) is np.ndarray and buffers.wire(arr) is not arr:   # counted in bytes on the wire
+            k = arr.dtype.itemsize
+            arr, counts, displs = buffers.wire(arr), [c * k for c in counts], [x * k for x in displs]
+        return arr, counts, displs
 
     def _gatherv_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
         sb = _parse(_send(sendbuf) if self._rooted(root) else sendbuf, f"{name} sendbuf", False)
