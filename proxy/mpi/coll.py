@@ -7,7 +7,7 @@ rank, as MPI's recvcount; a vector spec [buf, (counts, displs), datatype] gives 
 calls the native collective. Arguments only the root reads are parsed on the root only. None where a
 call takes MPI.IN_PLACE means IN_PLACE (mpi4py's rule); Alltoall(v) in place sends a copy of the
 recvbuf, which is what MPI defines it to send. A reduction with an op or type the progress process
-does not reduce is done by the ranks (localred.py), blocking calls only. The collectives the engine
+does not reduce is done by the ranks (localred.py), the nonblocking forms included. The collectives the engine
 lacks (Alltoallw; neighbour collectives without a topology) raise NotImplementedError naming
 themselves: they are not emulated with point-to-point here, they belong in the engine.
 """
@@ -107,50 +107,53 @@ class Collectives:
         rb = None if recvbuf is None else _parse(recvbuf, f"{name} recvbuf", True)
         return sb, rb, o
 
-    def _native_op(self, name: str, o: Any, *bufs: Any) -> Any:
-        """The native op, or None where the ranks reduce (localred.py): blocking calls only."""
-        if not localred.needs_ranks(o, *bufs):
-            return o.native
-        if name.startswith("I"):
-            unsupported(f"{name} with MPI.{o.name} on {_dtypes(bufs)}",
-                        "the progress process reduces SUM, PROD, MIN and MAX over its native types; the "
-                        "others are reduced in the ranks by the blocking calls only")
-        return None
+    def _native_op(self, o: Any, *bufs: Any) -> Any:
+        """The native op, or None where the ranks reduce (localred.py)."""
+        return o.native if not localred.needs_ranks(o, *bufs) else None
 
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> None:
-        sb, rb, o = self._reduce_args("Reduce", sendbuf, recvbuf, op)
-        native = self._native_op("Reduce", o, sb, rb if self._rooted(root) else None)
-        if native is None:
-            root = self._c._check_root(root)
-            return self._local(localred.reduce, sb, rb, o, root, _dtype_of(recvbuf, sendbuf))
-        self._call(self._c.Reduce, sb, rb, native, root)
-
-    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> Request:
-        sb, rb, o = self._reduce_args("Ireduce", sendbuf, recvbuf, op)
-        native = self._native_op("Ireduce", o, sb, rb if self._rooted(root) else None)
-        return Request(self._call(self._c.Ireduce, sb, rb, native, root))
-
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
-        sb, rb, o = self._reduce_args("Allreduce", sendbuf, recvbuf, op)
-        native = self._native_op("Allreduce", o, sb, rb)
-        if native is None:
-            return self._local(localred.allreduce, sb, rb, o, _dtype_of(recvbuf, sendbuf))
-        self._call(self._c.Allreduce, sb, rb, native)
-
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
-        sb, rb, o = self._reduce_args("Iallreduce", sendbuf, recvbuf, op)
-        return Request(self._call(self._c.Iallreduce, sb, rb, self._native_op("Iallreduce", o, sb, rb)))
-
-    def _local(self, fn: Any, *args: Any) -> None:
+    def _local(self, fn: Any, *args: Any) -> Any:
+        """Start a reduction the ranks fold (localred.py): the native-like request of it."""
         for a in args[:2]:
             if type(a) is TypedBuffer:
                 unsupported("a reduction the ranks do (see localred.py) on a derived datatype")
         # 1-D views (a 0-d array of one element included): the reductions fold rows of elements
         args = tuple(a.reshape(-1) if type(a) is np.ndarray else a for a in args)
         try:
-            fn(self._c, *args)
+            return fn(self._c, *args)
         except errors.ProxyError as exc:
             raise convert(exc) from None
+
+    def _finish(self, out: Any) -> None:
+        """A blocking reduction's end: the ranks' fold, where they do it (the native call is done)."""
+        if isinstance(out, localred.Folding):
+            Request(out).Wait()
+
+    def _reduce_call(self, name: str, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> Any:
+        sb, rb, o = self._reduce_args(name, sendbuf, recvbuf, op)
+        native = self._native_op(o, sb, rb if self._rooted(root) else None)
+        if native is None:
+            return self._local(localred.reduce, sb, rb, o, self._c._check_root(root),
+                               _dtype_of(recvbuf, sendbuf))
+        return self._call(getattr(self._c, name), sb, rb, native, root)
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> None:
+        self._finish(self._reduce_call("Reduce", sendbuf, recvbuf, op, root))
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> Request:
+        return Request(self._reduce_call("Ireduce", sendbuf, recvbuf, op, root))
+
+    def _allreduce_call(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> Any:
+        sb, rb, o = self._reduce_args(name, sendbuf, recvbuf, op)
+        native = self._native_op(o, sb, rb)
+        if native is None:
+            return self._local(localred.allreduce, sb, rb, o, _dtype_of(recvbuf, sendbuf))
+        return self._call(getattr(self._c, name), sb, rb, native)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
+        self._finish(self._allreduce_call("Allreduce", sendbuf, recvbuf, op))
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
+        return Request(self._allreduce_call("Iallreduce", sendbuf, recvbuf, op))
 
     def _rsb_args(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
         o = as_op(op, name)
@@ -159,19 +162,20 @@ class Collectives:
         rb = _parse(recvbuf, f"{name} recvbuf", True, blocks=size if sb is IN_PLACE else 1)
         return sb, rb, o
 
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
-        sb, rb, o = self._rsb_args("Reduce_scatter_block", sendbuf, recvbuf, op)
-        native = self._native_op("Reduce_scatter_block", o, sb, rb)
+    def _rsb_call(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> Any:
+        sb, rb, o = self._rsb_args(name, sendbuf, recvbuf, op)
+        native = self._native_op(o, sb, rb)
         if native is None:
             size = self._c.size
             k = rb.size // size if sb is IN_PLACE else rb.size
             return self._local(localred.reduce_scatter, sb, rb, [k] * size, o, _dtype_of(recvbuf, sendbuf))
-        self._call(self._c.Reduce_scatter_block, sb, rb, native)
+        return self._call(getattr(self._c, name), sb, rb, native)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
+        self._finish(self._rsb_call("Reduce_scatter_block", sendbuf, recvbuf, op))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
-        sb, rb, o = self._rsb_args("Ireduce_scatter_block", sendbuf, recvbuf, op)
-        native = self._native_op("Ireduce_scatter_block", o, sb, rb)
-        return Request(self._call(self._c.Ireduce_scatter_block, sb, rb, native))
+        return Request(self._rsb_call("Ireduce_scatter_block", sendbuf, recvbuf, op))
 
     def _rs_args(self, name: str, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> tuple:
         o = as_op(op, name)
@@ -181,7 +185,8 @@ class Collectives:
         if recvcounts is None:
             if sb is IN_PLACE:      # equal blocks of the recvbuf (the native rule)
                 return sb, rb, None, o
-            # mpi4py's rule: each rank's count is its recvbuf's size, which every rank learns
+            # mpi4py's rule: each rank's count is its recvbuf's size, which every rank learns (a
+            # blocking exchange, also under Ireduce_scatter: every rank is in this call)
             mine = np.array([getattr(rb, "size", 0)], np.int64)
             every = np.empty(size, np.int64)
             self._call(self._c.Allgather, mine, every)
@@ -196,20 +201,21 @@ class Collectives:
                         f"{sum(counts)}")
         return sb, rb, counts, o
 
-    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> None:
-        """recvcounts, when given, are every rank's block of the vector (packed in rank order)."""
-        sb, rb, counts, o = self._rs_args("Reduce_scatter", sendbuf, recvbuf, recvcounts, op)
-        native = self._native_op("Reduce_scatter", o, sb, rb)
+    def _rs_call(self, name: str, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> Any:
+        sb, rb, counts, o = self._rs_args(name, sendbuf, recvbuf, recvcounts, op)
+        native = self._native_op(o, sb, rb)
         if native is None:
             if counts is None:
                 counts = [rb.size // self._c.size] * self._c.size
             return self._local(localred.reduce_scatter, sb, rb, counts, o, _dtype_of(recvbuf, sendbuf))
-        self._call(self._c.Reduce_scatter, sb, rb, counts, native)
+        return self._call(getattr(self._c, name), sb, rb, counts, native)
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> None:
+        """recvcounts, when given, are every rank's block of the vector (packed in rank order)."""
+        self._finish(self._rs_call("Reduce_scatter", sendbuf, recvbuf, recvcounts, op))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> Request:
-        sb, rb, counts, o = self._rs_args("Ireduce_scatter", sendbuf, recvbuf, recvcounts, op)
-        native = self._native_op("Ireduce_scatter", o, sb, rb)
-        return Request(self._call(self._c.Ireduce_scatter, sb, rb, counts, native))
+        return Request(self._rs_call("Ireduce_scatter", sendbuf, recvbuf, recvcounts, op))
 
     def _scan_args(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
         o = as_op(op, name)
@@ -219,24 +225,22 @@ class Collectives:
 
     def _scan(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> Any:
         sb, rb, o = self._scan_args(name, sendbuf, recvbuf, op)
-        native = self._native_op(name, o, sb, rb)
+        native = self._native_op(o, sb, rb)
         if native is None:
             return self._local(localred.scan, sb, rb, o, "Exscan" in name, _dtype_of(recvbuf, sendbuf))
-        fn = getattr(self._c, name)
-        out = self._call(fn, sb, rb, native)
-        return Request(out) if name.startswith("I") else None
+        return self._call(getattr(self._c, name), sb, rb, native)
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
-        self._scan("Scan", sendbuf, recvbuf, op)
+        self._finish(self._scan("Scan", sendbuf, recvbuf, op))
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
-        return self._scan("Iscan", sendbuf, recvbuf, op)
+        return Request(self._scan("Iscan", sendbuf, recvbuf, op))
 
     def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
-        self._scan("Exscan", sendbuf, recvbuf, op)
+        self._finish(self._scan("Exscan", sendbuf, recvbuf, op))
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
-        return self._scan("Iexscan", sendbuf, recvbuf, op)
+        return Request(self._scan("Iexscan", sendbuf, recvbuf, op))
 
     # ---- data movement
     def _ag_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:

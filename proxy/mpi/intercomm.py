@@ -254,12 +254,13 @@ class Intercomm(Comm):
         sb, rb, o = self._reduce_args("Allreduce", sendbuf, recvbuf, op)
         side = self._side_comm()
         partial = np.empty_like(rb)
-        native = self._native_op("Allreduce", o, sb, rb)
+        native = self._native_op(o, sb, rb)
         if native is None:      # an op or type the engine lacks: this group's ranks reduce it
             try:
-                localred.allreduce(side, sb, partial, o, None)
+                folding = localred.allreduce(side, sb.reshape(-1), partial.reshape(-1), o, None)
             except errors.ProxyError as exc:
                 raise convert(exc) from None
+            Request(folding).Wait()
         else:
             self._call(side.Allreduce, sb, partial, native)
         pb, rbb = partial.view(np.uint8), rb.view(np.uint8)

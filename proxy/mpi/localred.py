@@ -7,13 +7,14 @@ rank's contribution travels as bytes through a native collective that only moves
 Gather for a rooted Reduce) and every rank that needs a result folds the contributions itself, in rank
 order: result = x0 op (x1 op (... op x_{p-1})), so a non-commutative user op sees its operands in the
 order MPI defines and every rank computes the same value. The cost is p contributions per rank, which
-is why this is the path of the ops the engine lacks and not of the common ones. Nonblocking forms are
-not provided on this path (NotImplementedError): a blocking gather under an Ixxx call could deadlock
-a program that is correct under MPI.
+is why this is the path of the ops the engine lacks and not of the common ones. The gather is a
+nonblocking native collective and the fold runs when its completion is seen (Folding: Wait, or a Test
+that finds it complete), so the nonblocking forms (Iallreduce, ...) take this path too, in the caller's
+thread, never blocking in the call itself.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -87,53 +88,94 @@ def _mine(sb: Any, rb: Any) -> np.ndarray:
     return (rb if sb is IN_PLACE else sb).copy()
 
 
-def _gathered(comm: Any, mine: np.ndarray, root: int | None) -> np.ndarray | None:
-    """Every rank's ``mine`` (same dtype and size on all), rows in rank order; None off the root."""
-    size = comm.size
-    rows = np.empty((size, mine.size), mine.dtype)
+class Folding:
+    """A native gather of the contributions, seen as the native request of the reduction: once it is
+    complete (its Wait, or a Test that says so) the rank folds them into the recvbuf, once."""
+
+    __slots__ = ("_req", "_then", "_comm")
+
+    def __init__(self, comm: Any, req: Any, then: Callable[[], None]):
+        self._req, self._then, self._comm = req, then, comm
+
+    def _finish(self) -> None:
+        then, self._then = self._then, None
+        if then is not None:
+            then()
+
+    def Wait(self) -> Any:
+        if self._req is not None:
+            self._req.Wait()
+        self._finish()
+        return self.status
+
+    def Test(self) -> bool:
+        if self._req is not None and not self._req.Test():
+            return False
+        self._finish()
+        return True
+
+    def Cancel(self) -> None:
+        return None     # a collective is not cancelled (MPI: erroneous); it completes as posted
+
+    @property
+    def status(self) -> Any:
+        return None if self._req is None else self._req.status
+
+    def describe(self) -> str:
+        return "reduction folded by the ranks" + ("" if self._req is None else f" ({self._req.describe()})")
+
+
+def _gather(comm: Any, mine: np.ndarray, root: int | None,
+            then: Callable[[np.ndarray], None]) -> Folding:
+    """Start gathering every rank's ``mine`` (same dtype and size on all) as rows in rank order
+    (Allgather; Gather to ``root``); ``then(rows)`` runs at completion, where the rows are there."""
+    rows = np.empty((comm.size, mine.size), mine.dtype)
+    here = root is None or comm.rank == root
+    done: Callable[[], None] = (lambda: then(rows)) if here else (lambda: None)
     if mine.nbytes == 0:      # nothing moves (the sizes agree on every rank in a correct program)
-        return rows if root is None or comm.rank == root else None
+        return Folding(comm, None, done)
     raw_in, raw_out = mine.view(np.uint8), rows.reshape(-1).view(np.uint8)
     if root is None:
-        comm.Allgather(raw_in, raw_out)
-        return rows
-    comm.Gather(raw_in, raw_out if comm.rank == root else None, root)
-    return rows if comm.rank == root else None
+        req = comm.Iallgather(raw_in, raw_out)
+    else:
+        req = comm.Igather(raw_in, raw_out if here else None, root)
+    return Folding(comm, req, done)
 
 
-def allreduce(comm: Any, sb: Any, rb: np.ndarray, op: Any, datatype: Any) -> None:
+def allreduce(comm: Any, sb: Any, rb: np.ndarray, op: Any, datatype: Any) -> Folding:
     mine = _mine(sb, rb)
     if mine.size != rb.size:
         raise error(ERR_BUFFER, f"Allreduce: sendbuf has {mine.size} elements, recvbuf {rb.size}")
-    _fold(op, _gathered(comm, mine, None), comm.size, rb, datatype)
+    return _gather(comm, mine, None, lambda rows: _fold(op, rows, comm.size, rb, datatype))
 
 
-def reduce(comm: Any, sb: Any, rb: Any, op: Any, root: int, datatype: Any) -> None:
+def reduce(comm: Any, sb: Any, rb: Any, op: Any, root: int, datatype: Any) -> Folding:
     if comm.rank != root and sb is IN_PLACE:
         raise error(ERR_ARG, "Reduce: IN_PLACE is allowed on the root only")
-    mine = _mine(sb, rb)
-    rows = _gathered(comm, mine, root)
-    if rows is not None:
-        _fold(op, rows, comm.size, rb, datatype)
+    return _gather(comm, _mine(sb, rb), root, lambda rows: _fold(op, rows, comm.size, rb, datatype))
 
 
-def scan(comm: Any, sb: Any, rb: np.ndarray, op: Any, exclusive: bool, datatype: Any) -> None:
-    rows = _gathered(comm, _mine(sb, rb), None)
+def scan(comm: Any, sb: Any, rb: np.ndarray, op: Any, exclusive: bool, datatype: Any) -> Folding:
     upto = comm.rank if exclusive else comm.rank + 1
-    if upto:                  # Exscan leaves rank 0's recvbuf as it was: MPI defines no value there
-        _fold(op, rows, upto, rb, datatype)
+
+    def then(rows: np.ndarray) -> None:
+        if upto:              # Exscan leaves rank 0's recvbuf as it was: MPI defines no value there
+            _fold(op, rows, upto, rb, datatype)
+    return _gather(comm, _mine(sb, rb), None, then)
 
 
-def reduce_scatter(comm: Any, sb: Any, rb: np.ndarray, counts: list[int], op: Any, datatype: Any) -> None:
+def reduce_scatter(comm: Any, sb: Any, rb: np.ndarray, counts: list[int], op: Any, datatype: Any) -> Folding:
     """Block r (counts[r] elements, packed in rank order) of the reduced vector to rank r."""
     full = _mine(sb, rb)
     total = sum(counts)
     if full.size < total:
         raise error(ERR_BUFFER, f"Reduce_scatter: the vector has {full.size} elements, the counts add up "
                     f"to {total}")
-    rows = _gathered(comm, full[:total].copy(), None)
-    reduced = np.empty(total, full.dtype)
-    _fold(op, rows, comm.size, reduced, datatype)
     me = comm.rank
     start = sum(counts[:me])
-    rb[:counts[me]] = reduced[start:start + counts[me]]
+
+    def then(rows: np.ndarray) -> None:
+        reduced = np.empty(total, full.dtype)
+        _fold(op, rows, comm.size, reduced, datatype)
+        rb[:counts[me]] = reduced[start:start + counts[me]]
+    return _gather(comm, full[:total].copy(), None, then)
