@@ -227,6 +227,9 @@ def collectives() -> dict:
     while not req.Test():
         pass
     assert ld.tolist() == [sum(r + 0.5 for r in range(rank + 1))] * 2
+    ld[:] = -1
+    comm.Iexscan(np.full(2, rank + 0.5, np.longdouble), ld, op=MPI.SUM).Wait()
+    assert ld.tolist() == ([-1, -1] if rank == 0 else [sum(r + 0.5 for r in range(rank))] * 2)
 
     def digits(inbuf: Any, inout: Any, datatype: Any) -> None:    # associative, not commutative
         a, b = np.frombuffer(inbuf, "i"), np.frombuffer(inout, "i")

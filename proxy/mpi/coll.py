@@ -227,7 +227,8 @@ class Collectives:
         sb, rb, o = self._scan_args(name, sendbuf, recvbuf, op)
         native = self._native_op(o, sb, rb)
         if native is None:
-            return self._local(localred.scan, sb, rb, o, "Exscan" in name, _dtype_of(recvbuf, sendbuf))
+            exclusive = name in ("Exscan", "Iexscan")
+            return self._local(localred.scan, sb, rb, o, exclusive, _dtype_of(recvbuf, sendbuf))
         return self._call(getattr(self._c, name), sb, rb, native)
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
