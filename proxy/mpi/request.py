@@ -164,6 +164,11 @@ class Request:
     def __hash__(self) -> int:
         return id(self._hid())
 
+    def __reduce__(self) -> Any:
+        if self._active():
+            raise ValueError("an active request cannot be pickled: it names an operation of this process")
+        return "REQUEST_NULL" if self is REQUEST_NULL else (Request, ())
+
     def __repr__(self) -> str:
         if self._r is not None:
             return f"<MPI.Request {self._r.describe()}>"
