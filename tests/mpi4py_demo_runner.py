@@ -3,8 +3,9 @@
 The demo folder comes with mpi4py's source distribution (tests/mpi4py_suite_runner.py ``sources()``).
 ``run_demo`` is a rank body (tests/harness.py run_ranks): it makes ``from mpi4py import MPI`` give
 shmproxy.MPI (install_shim) and runs the script as ``__main__`` from its own folder, with its
-arguments. ``reference`` runs the same script under the real mpi4py with mpiexec, when both are
-installed (the '.[mpi]' extra brings them), for the output to compare with.
+arguments. ``reference`` runs the same script under the real mpi4py with MPICH's mpiexec (each rank's
+output to a file of its own), when both are installed (the '.[mpi]' extra brings them), for the
+output to compare with.
 
 DEMOS are the programs that need neither one-sided windows, dynamic processes nor
 MPI_THREAD_MULTIPLE; EXCLUDED says, for every other Python program there, why it is not run.
@@ -17,6 +18,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # (script under demo/, its arguments, ranks); outputs compare as sorted lines (ranks interleave)
@@ -79,11 +81,17 @@ def reference(demo_dir: Path, script: str, args: tuple[str, ...], nranks: int,
     if check.returncode != 0:
         return None
     path = demo_dir / script
-    out = subprocess.run([mpiexec, "-n", str(nranks), sys.executable, str(path), *args], cwd=path.parent,
-                         capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    if out.returncode != 0:
-        raise AssertionError(f"{script} failed under mpi4py itself ({out.returncode}):\n{out.stderr[-3000:]}")
-    return out.stdout
+    with tempfile.TemporaryDirectory(prefix="mpi4py-demo-") as tmp:
+        # each rank's output in a file of its own (MPICH's mpiexec): merged, ranks' lines can interleave
+        pattern = os.path.join(tmp, "out.%r")
+        cmd = [mpiexec, "-n", str(nranks), "-outfile-pattern", pattern, sys.executable, str(path), *args]
+        out = subprocess.run(cmd, cwd=path.parent, capture_output=True, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+        if out.returncode != 0:
+            raise AssertionError(f"{script} failed under mpi4py itself ({out.returncode}):\n"
+                                 f"{(out.stderr or out.stdout)[-3000:]}")
+        return "".join(Path(tmp, f"out.{r}").read_text() for r in range(nranks)
+                       if Path(tmp, f"out.{r}").exists())
 
 
 def normalised(text: str, timed: bool = False) -> list[str]:
