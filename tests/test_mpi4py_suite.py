@@ -23,37 +23,35 @@ MODULES = ["test_status", "test_request", "test_datatype", "test_p2p_buf", "test
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "mpi4py_suite.md"
 
 # Passes per module at 2 ranks when the floor was last raised; lower it only with a reason.
-FLOOR = {"test_status": 11, "test_request": 7, "test_datatype": 3, "test_p2p_buf": 12, "test_p2p_obj": 48,
-         "test_cco_buf": 4, "test_cco_obj": 20}
+FLOOR = {"test_status": 11, "test_request": 12, "test_datatype": 49, "test_p2p_buf": 52, "test_p2p_obj": 84,
+         "test_cco_buf": 72, "test_cco_obj": 40}
 
 # Assertion failures that are not wrong data, each with why (test method name -> reason): they
 # assert on request handles, names or warnings, never on a message's contents.
 KNOWN_FAILS: dict[str, str] = {
-    "testGetSetName": "DATATYPE_NULL is named 'DATATYPE_NULL', mpi4py says 'MPI_DATATYPE_NULL' (datatypes.py)",
-    "testGetName": "as testGetSetName",
-    "testConstructor": "MPI.Prequest(req) copies are not equal to the request they copy",
-    "testISSendAndRecv": "an object issend request stays true after completing where mpi4py's is null",
-    "testManyISSendAndRecv": "as testISSendAndRecv",
-    "testProbe": "an object request is false (inactive) where mpi4py's still is true",
-    "testRecvObjArg": "recv(buf) ignores buf silently; mpi4py warns (UserWarning)",
-    "testTestSomeSend": "Request.testsome on object sends returns no indices where mpi4py returns all",
+    "testContiguousBigMPI": "the layer says MPI 3.1, where a count past INT_MAX decodes as a struct of "
+                            "vectors; shmproxy builds (and decodes) the plain contiguous type, as MPI 4 does",
 }
 
 # (pattern of a reason, the group it belongs to), first match wins
 GROUPS = [
     (r"derived datatype|Create_(contiguous|vector|indexed|hindexed|struct|subarray|resized|f90)|Get_contents|"
-     r"Get_envelope|Get_value_index|ORDER_C|DISTRIBUTE_|COMBINER", "derived datatypes (datatypes.py, in progress)"),
+     r"Get_envelope|Get_value_index|ORDER_C|DISTRIBUTE_|COMBINER", "derived datatypes (datatypes.py)"),
     (r"Bsend|Attach_buffer|buffered mode|Alloc_mem", "buffered sends / Alloc_mem: not provided"),
     (r"Win|one-sided|RMA", "one-sided windows: not in scope"),
     (r"Isendrecv", "Isendrecv / Isendrecv_replace: not provided"),
     (r"_comm_lock_table|threading|THREAD_MULTIPLE", "threads: MPI_THREAD_MULTIPLE not provided"),
     (r"IN_PLACE|NoneType", "MPI.IN_PLACE in collectives the engine takes without it"),
+    (r"matched by a message with dtype uint8", "a buffer Send of pickled bytes received as an object: "
+     "shmproxy's object messages carry a header of their own (mpi4py's are the bare pickle)"),
     (r"Reduce_local|op must be|reduces buffers with SUM|MAXLOC|MINLOC|Op\.", "buffer reductions other than "
      "SUM PROD MIN MAX, and user ops"),
     (r"MPI_DATATYPE_NULL|Get_name|name", "datatype names (datatypes.py)"),
     (r"UserWarning not raised", "object recv with a buffer argument: mpi4py warns, shmproxy ignores it"),
     (r"pickle", "MPI.pickle (the object layer's pickler) not exposed"),
     (r"Timeout|the job ended", "the job timed out or ended in the test"),
+    (r"!= <shmproxy.MPI.DATATYPE_NULL>", "a count past INT_MAX decodes as in MPI 4 where the layer says "
+     "MPI 3.1 (KNOWN_FAILS)"),
 ]
 
 

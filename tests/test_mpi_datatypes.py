@@ -84,7 +84,15 @@ def test_resized_dup_envelope_and_true_extent():
     assert r.Get_extent() == (-4, 40) and r.Get_true_extent() == (0, 16) and r.Get_size() == 8
     d = r.Dup()
     assert d.Get_extent() == r.Get_extent() and d.combiner == MPI.COMBINER_DUP
-    assert t.Get_envelope() == (3, 0, 1, MPI.COMBINER_VECTOR) and t.Get_contents()[0] == [2, 1, 3]
+    assert t.Get_envelope() == (3, 0, 0, 1, MPI.COMBINER_VECTOR) and t.Get_contents()[0] == [2, 1, 3]
+    assert t.decode() == (MPI.INT, "VECTOR", {"count": 2, "blocklength": 1, "stride": 3})
+    import pickle
+    p = pickle.loads(pickle.dumps(r))
+    assert p.decode()[1:] == ("RESIZED", {"lb": -4, "extent": 40}) and p.Get_extent() == (-4, 40)
+    old = d.Get_contents()[3][0]      # a new handle of r (MPI_Type_get_contents): freeing it leaves r
+    assert MPI.Datatype(d) == d and old != r and old.Get_extent() == r.Get_extent()
+    old.Free()
+    assert r.Dup().Get_extent() == (-4, 40)
     z = MPI.DOUBLE.Create_contiguous(0).Commit()
     assert z.Get_size() == 0 and z.Get_extent() == (0, 0)
     t.Free()

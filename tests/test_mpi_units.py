@@ -7,6 +7,8 @@ import mmap
 import subprocess
 import sys
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -79,7 +81,8 @@ def test_vector_specs():
     ([np.zeros(4), 42], MPI.ERR_COUNT),
     ([np.zeros(4), 1, "zz"], MPI.ERR_TYPE),
     ([np.zeros(4), 1, 2, 3, 4], MPI.ERR_BUFFER),
-    ([np.zeros(4), MPI.DOUBLE_INT], MPI.ERR_TYPE),
+    ([np.zeros(3), MPI.DOUBLE_INT], MPI.ERR_BUFFER),    # 24 bytes: not whole (value, index) pairs
+    ([np.zeros(4), MPI.DATATYPE_NULL], MPI.ERR_TYPE),
     (np.zeros((4, 4))[:, 1], MPI.ERR_BUFFER),
     (np.zeros(3, dtype="U2"), MPI.ERR_TYPE),
 ])
@@ -88,6 +91,28 @@ def test_bad_specs_raise_mpi_exceptions(spec, cls):
         buffers.parse(spec, "b", True)
     assert e.value.Get_error_class() == cls, e.value
     assert isinstance(e.value, ValueError)              # also the native InvalidArgument
+
+
+def test_vector_specs_in_every_mpi4py_form():
+    a = np.arange(8, dtype="i")
+    v = buffers.parse_v([a, (2, 3), MPI.INT], "b", False, 2)     # one count each, displacement stride 3
+    assert (v.counts, v.displs) == ((2, 2), (0, 3))
+    v = buffers.parse_v([a, ([1, 3], None), "i"], "b", False, 2)  # counts, packed
+    assert (v.counts, v.displs) == ((1, 3), (0, 1))
+    v = buffers.parse_v([a, (2, [4, 1])], "b", False, 2)
+    assert (v.counts, v.displs) == ((2, 2), (4, 1))
+    v = buffers.parse_v([a, np.array([3, 5]), MPI.INT], "b", False, 2)
+    assert (v.counts, v.displs) == ((3, 5), (0, 3))
+    with pytest.raises(MPI.Exception):
+        buffers.parse_v([a, (5, 4), MPI.INT], "b", False, 2)        # rank 1's block ends past the buffer
+
+
+def test_foreign_byte_order_needs_a_named_datatype():
+    swapped = np.arange(3, dtype=np.dtype("i4").newbyteorder())
+    with pytest.raises(BufferError) as e:
+        buffers.parse(swapped, "send buffer", False)
+    assert isinstance(e.value, MPI.Exception) and e.value.Get_error_class() == MPI.ERR_BUFFER
+    assert buffers.parse([swapped, MPI.INT], "send buffer", False).dtype == np.dtype("i4")   # its bytes
 
 
 def test_read_only_buffers_cannot_receive():
@@ -103,13 +128,18 @@ def test_datatypes():
                        ("UNSIGNED", 4), ("UNSIGNED_LONG_LONG", 8), ("C_FLOAT_COMPLEX", 8),
                        ("C_DOUBLE_COMPLEX", 16), ("C_COMPLEX", 8)):
         d = getattr(MPI, name)
-        assert isinstance(d, MPI.Datatype) and d.Get_size() == size and d.size == size and d.name == name
+        assert isinstance(d, MPI.Datatype) and d.Get_size() == size and d.size == size
+        assert d.name == "MPI_" + name
         assert d.Get_extent() == (0, size) and d.dtype.itemsize == size
     assert MPI.DOUBLE.dtype == np.float64 and MPI.INT.dtype == np.int32
     assert MPI._typedict["d"] is MPI.DOUBLE and MPI._typedict["i"] is MPI.INT
-    # derived datatypes: tests/test_mpi_datatypes.py; Create_darray is not provided
-    with pytest.raises(NotImplementedError, match="Create_darray"):
-        MPI.DOUBLE.Create_darray(2, 0, 1, [4], [0], [0], [1])
+    # derived datatypes: tests/test_mpi_datatypes.py
+    assert MPI.Datatype(MPI.INT) == MPI.INT and MPI.Datatype(MPI.INT) is not MPI.INT
+    assert not MPI.DATATYPE_NULL and MPI.Datatype() == MPI.DATATYPE_NULL
+    assert MPI.INT.decode() == (MPI.INT, "NAMED", {})
+    assert MPI.INT.Get_envelope() == (0, 0, 0, 0, MPI.COMBINER_NAMED)
+    assert MPI.Datatype.Get_value_index(MPI.DOUBLE, MPI.INT) is MPI.DOUBLE_INT
+    assert MPI.Datatype.Create_f90_real(15, 300).size == 8 and MPI.Datatype.Create_f90_integer(3).size == 2
 
 
 # ------------------------------------------------------------------ Status
@@ -173,12 +203,35 @@ def test_ops():
     assert MPI.MAXLOC((3, 1), (3, 0)) == (3, 0) and MPI.MINLOC((1, 5), (2, 0)) == (1, 5)
     assert MPI.LAND(1, 0) is False and MPI.LOR(1, 0) is True and MPI.LXOR(1, 1) is False
     assert MPI.BAND(6, 3) == 2 and MPI.BOR(6, 3) == 7 and MPI.BXOR(6, 3) == 5
-    assert MPI.SUM.for_buffers("x") == 1
-    for op in (MPI.LAND, MPI.BXOR, MPI.MAXLOC):
-        with pytest.raises(NotImplementedError, match=op.name):
-            op.for_buffers("Allreduce")
+    assert MPI.SUM.native == 1 and MPI.LAND.native is None
     user = MPI.Op.Create(lambda a, b: a * 10 + b)
     assert user(1, 2) == 12 and not user.is_commutative
+
+
+def test_reduce_local_in_the_rank():
+    a, b = np.array([1, 5, 3], np.int32), np.array([4, 2, 3], np.int32)
+    MPI.MAX.Reduce_local(a, b)
+    assert b.tolist() == [4, 5, 3]
+    MPI.BXOR.Reduce_local(a, b)
+    assert b.tolist() == [5, 0, 0]
+    MPI.LOR.Reduce_local([np.array([0.0, 2.0]), MPI.DOUBLE], c := np.array([0.0, 0.0]))
+    assert c.tolist() == [0.0, 1.0]
+    pair = np.dtype([("v", np.float64), ("i", np.int32)], align=True)
+    x, y = np.array([(1.0, 3), (5.0, 1)], pair), np.array([(1.0, 2), (6.0, 0)], pair)
+    MPI.MINLOC.Reduce_local([x, MPI.DOUBLE_INT], [y, MPI.DOUBLE_INT])
+    assert y.tolist() == [(1.0, 2), (5.0, 1)]
+
+    def cat(inbuf: Any, inout: Any, datatype: Any) -> None:   # non-commutative: inout = in * 10 + inout
+        i, o = np.frombuffer(inbuf, np.int64), np.frombuffer(inout, np.int64)
+        o[:] = i * 10 + o
+    op = MPI.Op.Create(cat, commute=False)
+    z = np.array([2], np.int64)
+    op.Reduce_local(np.array([1], np.int64), z)
+    assert z.tolist() == [12]
+    with pytest.raises(MPI.Exception):
+        MPI.SUM.Reduce_local(np.zeros(2), np.zeros(3))
+    with pytest.raises(MPI.Exception):
+        MPI.MAX.Reduce_local(np.zeros(2, complex), np.zeros(2, complex))
 
 
 def test_native_errors_are_mpi_exceptions_and_still_native():
@@ -204,7 +257,8 @@ def test_environment_without_starting_anything():
     assert isinstance(MPI.Get_processor_name(), str)
     assert repr(MPI.COMM_WORLD) and MPI.COMM_SELF.Get_size() == 1 and MPI.COMM_SELF.Get_rank() == 0
     assert not MPI.COMM_NULL
-    for call in (lambda: MPI.Win.Create(None), lambda: MPI.Alloc_mem(8),
+    assert MPI.Alloc_mem(8).nbytes == 8
+    for call in (lambda: MPI.Win.Create(None),
                  lambda: MPI.Intracomm().Spawn("x"), lambda: MPI.Open_port()):
         with pytest.raises(NotImplementedError):
             call()

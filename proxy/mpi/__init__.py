@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE, UNDEFINED
-from shmproxy.core.ops import DTYPE_CODE as _DTYPE_CODE
 from shmproxy.mpi import datatypes as _datatypes
 from shmproxy.mpi import exceptions as _exceptions
 from shmproxy.mpi.buffers import BOTTOM
@@ -36,7 +35,8 @@ from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string
 from shmproxy.mpi.group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL,
                               PROD, REPLACE, SUM, Op)
-from shmproxy.mpi.request import MESSAGE_NO_PROC, MESSAGE_NULL, REQUEST_NULL, Grequest, Message, Prequest, Request
+from shmproxy.mpi.message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
+from shmproxy.mpi.request import REQUEST_NULL, Grequest, Prequest, Request
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.mpi.topology import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
 from shmproxy.mpi.graph import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Graphcomm
@@ -49,9 +49,12 @@ globals().update(_datatypes.PREDEFINED)
 from shmproxy.mpi import typemap as _typemap   # noqa: E402  (derived datatypes: COMBINER_*, ORDER_*)
 globals().update({k: v for k, v in vars(_typemap).items() if k.startswith(("COMBINER_", "ORDER_"))})
 COMBINER_NAMED = _datatypes.COMBINER_NAMED
+from shmproxy.mpi import dtintro as _dtintro   # noqa: E402  (F90 types, DISTRIBUTE_*, TYPECLASS_*)
+globals().update({k: v for k, v in vars(_dtintro).items()
+                  if k.startswith(("COMBINER_", "ORDER_", "TYPECLASS_", "DISTRIBUTE_"))})
 globals().update({k: v for k, v in vars(_exceptions).items()
                   if (k.startswith("ERR_") or k == "SUCCESS") and isinstance(v, int)})
-TWOINT = _datatypes.TWOINT
+TWOINT = INT_INT = _datatypes.TWOINT
 
 # mpi4py's datatype names that are synonyms of predefined ones (the same C type), and the names of
 # types this layer cannot carry: those are DATATYPE_NULL, which is how mpi4py itself presents a type
@@ -63,16 +66,11 @@ for _alias, _of in (("SIGNED_SHORT", "SHORT"), ("SIGNED_INT", "INT"), ("SIGNED_L
 for _missing in ("BFLOAT16_T", "FLOAT16_T", "FLOAT32_T", "FLOAT64_T", "COMPLEX4", "COMPLEX32", "REAL2",
                  "REAL16", "INTEGER16", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "LOGICAL16",
                  "F_BOOL", "F_INT", "F_FLOAT", "F_DOUBLE", "F_COMPLEX", "F_FLOAT_COMPLEX",
-                 "F_DOUBLE_COMPLEX", "INT_INT"):
+                 "F_DOUBLE_COMPLEX"):
     globals().setdefault(_missing, _datatypes.DATATYPE_NULL)
-# Predefined types whose elements the native layer has no code for (long double and its complex):
-# DATATYPE_NULL as well, so that programs and mpi4py's own tests that skip absent types skip them.
-for _name, _d in _datatypes.PREDEFINED.items():
-    if _d.dtype is not None and _d._pair is None and _d.dtype.char not in _DTYPE_CODE:
-        globals()[_name] = _datatypes.DATATYPE_NULL
-
-BSEND_OVERHEAD = 0          # Bsend is not provided (see p2p.py); the constant exists for programs
-BUFFER_AUTOMATIC = None     # that size buffers with it
+from shmproxy.mpi.bsend import BSEND_OVERHEAD   # noqa: E402
+from shmproxy.mpi.pickler import Pickle, pickle   # noqa: E402
+BUFFER_AUTOMATIC = None
 
 # mpi4py's type-code table (MPI._typedict): numpy/array type characters -> datatypes.
 _typedict = {ch: d for ch, d in _datatypes._BY_CHAR.items()}

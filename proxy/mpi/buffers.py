@@ -1,7 +1,8 @@
 """Buffer arguments in mpi4py's forms, turned into the numpy views the native layer takes.
 
 Accepted (``buf`` is any object of the buffer protocol: numpy arrays, bytearray, bytes for sends,
-array.array, mmap, memoryview, ctypes arrays):
+array.array, mmap, memoryview, ctypes arrays; and objects of DLPack or the CUDA array interface
+in host memory, foreign.py):
 
     buf                                   every element, datatype from the buffer's format
     [buf, datatype]  /  (buf, datatype)   datatype: an MPI.Datatype or a type code such as "d"
@@ -27,7 +28,9 @@ import numpy as np
 
 from shmproxy.core.ops import DTYPE_CODE, IN_PLACE
 from shmproxy.mpi.datatypes import Datatype, check_native, from_typecode, of_dtype
-from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, error
+from shmproxy.mpi import foreign
+from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, buffer_error, error
+from shmproxy.mpi.foreign import is_foreign
 from shmproxy.mpi.typemap import Derived, typed_buffer
 
 
@@ -57,12 +60,18 @@ def _as_array(obj: Any, writable: bool, what: str) -> np.ndarray:
         try:
             mv = memoryview(obj)
         except TypeError:
+            if is_foreign(obj):
+                return _checked(foreign.as_array(obj, what), obj, writable, what)
             raise error(ERR_BUFFER, f"{what}: expected a buffer (numpy array, bytearray, array.array, ...) "
                         f"or an mpi4py buffer spec, got {type(obj).__name__}") from None
         try:
             arr = np.asarray(mv)
         except (ValueError, TypeError, NotImplementedError):  # a format numpy cannot read: its bytes
             arr = np.frombuffer(mv.cast("B") if mv.c_contiguous else mv, np.uint8)
+    return _checked(arr, obj, writable, what)
+
+
+def _checked(arr: np.ndarray, obj: Any, writable: bool, what: str) -> np.ndarray:
     if writable and not arr.flags.writeable:
         raise error(ERR_BUFFER, f"{what} is read-only ({type(obj).__name__})")
     if arr.ndim != 1:
@@ -89,6 +98,9 @@ def _retype(arr: np.ndarray, d: Datatype | None, what: str) -> tuple[np.ndarray,
     """``arr`` seen as elements of ``d`` (the buffer's own type when None)."""
     if d is None:
         dt = arr.dtype
+        if not dt.isnative:
+            raise buffer_error(f"{what}: a buffer of {dt.str} is not in this machine's byte order (name its "
+                               "datatype, [buf, MPI.INT], to move its bytes as they are)")
         if dt.char not in DTYPE_CODE:
             d = of_dtype(dt)
             dt = check_native(d, what)
@@ -99,13 +111,15 @@ def _retype(arr: np.ndarray, d: Datatype | None, what: str) -> tuple[np.ndarray,
     dt = check_native(d, what)
     if arr.dtype != dt:
         if arr.nbytes % dt.itemsize:
-            raise error(ERR_BUFFER, f"{what}: {arr.nbytes} bytes are not a whole number of MPI.{d.name} "
+            raise error(ERR_BUFFER, f"{what}: {arr.nbytes} bytes are not a whole number of {d.name} "
                         f"elements ({dt.itemsize} bytes each)")
         arr = arr.view(dt)
     return arr, d
 
 
 def _int(v: Any, name: str, what: str) -> int:
+    if isinstance(v, np.ndarray) and v.ndim == 0:     # numpy.array(3): one integer
+        v = v[()]
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise error(ERR_COUNT, f"{what}: {name} must be an int, got {type(v).__name__}")
     v = int(v)
@@ -140,7 +154,8 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
     ``blocks``: how many per-rank blocks the buffer holds (a count in the spec is per block)."""
     if type(spec) is np.ndarray:     # the short path: a plain array of a native dtype
         flags = spec.flags
-        if spec.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
+        if (spec.dtype.char in DTYPE_CODE and spec.dtype.isnative and flags.c_contiguous
+                and (flags.writeable or not writable)):
             return spec
         arr = _as_array(spec, writable, what)
         return _retype(arr, None, what)[0]
@@ -150,7 +165,8 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
         return _retype(_as_array(spec, writable, what), None, what)[0]
     if len(spec) == 2:     # [array, MPI.DOUBLE] with the array's own dtype: the second short path
         buf, d = spec
-        if type(buf) is np.ndarray and type(d) is Datatype and buf.dtype == d.dtype and d._pair is None:
+        if (type(buf) is np.ndarray and type(d) is Datatype and d.dtype is not None and buf.dtype == d.dtype
+                and d._pair is None):
             flags = buf.flags
             if buf.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
                 return buf
@@ -192,11 +208,13 @@ def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
     if not isinstance(spec, (list, tuple)):
         raise error(ERR_BUFFER, f"{what}: a vector collective needs [buf, (counts, displs), datatype]")
     buf, counts, displs, dtype = _split(spec, what)
-    if isinstance(counts, (list, tuple)) and len(counts) == 2 and displs is None and \
-            isinstance(counts[0], (list, tuple, np.ndarray)):
-        counts, displs = counts
+    pair = isinstance(counts, tuple) or (isinstance(counts, list) and counts
+                                         and isinstance(counts[0], (list, tuple, np.ndarray)))
+    if displs is None and pair and len(counts) == 2:
+        counts, displs = counts      # mpi4py's (counts, displs) pair
     if counts is None:
         raise error(ERR_COUNT, f"{what}: a vector spec needs per-rank counts")
+    counts, displs = _per_rank(counts, size), _per_rank(displs, size, stride=True)
     arr = _as_array(buf, writable, what)
     if type(dtype) is Derived:
         return _parse_v_derived(arr, dtype, counts, displs, what, writable, size)
@@ -221,6 +239,16 @@ def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
     return VSpec(arr, cs, dsp, d)
 
 
+def _per_rank(v: Any, size: int, stride: bool = False) -> Any:
+    """mpi4py's forms of per-rank counts or displacements: a sequence (or array) of them, or one int
+    for every rank (a count each, or a displacement stride: rank r's block at r * d); None stays."""
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v[()]
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return [int(v) * r for r in range(size)] if stride else [v] * size
+    return v
+
+
 def _parse_v_derived(arr: np.ndarray, d: Datatype, counts: Any, displs: Any, what: str, writable: bool,
                      size: int) -> VSpec:
     """A vector spec of a derived type: the buffer of every instance up to the last block's end (a
@@ -238,6 +266,24 @@ def _parse_v_derived(arr: np.ndarray, d: Datatype, counts: Any, displs: Any, wha
     item = buf.temp_dtype().itemsize if type(buf) is not np.ndarray else buf.dtype.itemsize
     k = d.size // item
     return VSpec(buf, tuple(c * k for c in cs), tuple(x * k for x in dsp), d)
+
+
+def datatype_named(spec: Any) -> Datatype | None:
+    """The datatype a spec names, or its buffer's own (None where neither is known)."""
+    if isinstance(spec, (list, tuple)) and len(spec) >= 2 and isinstance(spec[-1], (Datatype, str)):
+        return _as_datatype(spec[-1], "buffer spec")
+    try:
+        return of_dtype(_as_array(spec[0] if isinstance(spec, (list, tuple)) else spec, False, "").dtype)
+    except (ValueError, TypeError):   # no known type: a user op gets None
+        return None
+
+
+def wire(x: Any) -> Any:
+    """What the native layer is handed for a parsed buffer: a dtype it has no code for (the
+    (value, index) pair types) travels as its bytes; anything else unchanged."""
+    if type(x) is np.ndarray and x.dtype.char not in DTYPE_CODE:
+        return x.view(np.uint8)
+    return x
 
 
 def datatype_of(spec: Any, what: str) -> Datatype:

@@ -4,8 +4,11 @@ Each one the engine runs natively (Barrier, Bcast, Reduce, Allreduce, Allgather,
 Reduce_scatter_block, Reduce_scatter with counts, Gather, Scatter, Gatherv, Scatterv, Allgatherv,
 Alltoallv, Scan, Exscan and their nonblocking forms) parses its buffer specs (a count in a spec is per
 rank, as MPI's recvcount; a vector spec [buf, (counts, displs), datatype] gives each rank's block) and
-calls the native collective. Arguments only the root reads are parsed on the root only. The
-collectives the engine lacks (Alltoallw, neighbour collectives) raise NotImplementedError naming
+calls the native collective. Arguments only the root reads are parsed on the root only. None where a
+call takes MPI.IN_PLACE means IN_PLACE (mpi4py's rule); Alltoall(v) in place sends a copy of the
+recvbuf, which is what MPI defines it to send. A reduction with an op or type the progress process
+does not reduce is done by the ranks (localred.py), the nonblocking forms included. The collectives the engine
+lacks (Alltoallw; neighbour collectives without a topology) raise NotImplementedError naming
 themselves: they are not emulated with point-to-point here, they belong in the engine.
 """
 from __future__ import annotations
@@ -20,13 +23,53 @@ from shmproxy.mpi import buffers
 from shmproxy.mpi.datatypes import Datatype
 from shmproxy.mpi.exceptions import ERR_COUNT, convert, error, unsupported
 from shmproxy.mpi.ops import SUM, as_op
-from shmproxy.mpi import typedcoll
+from shmproxy.mpi import localred, typedcoll
 from shmproxy.mpi.request import Request
 from shmproxy.rank.typed import TypedBuffer
 
 _parse = buffers.parse
 _MISSING = "the engine has no such collective yet (it runs Barrier, Bcast, Reduce, Allreduce, Allgather, " \
            "Alltoall, Reduce_scatter(_block), Gather(v), Scatter(v), Allgatherv, Alltoallv, Scan and Exscan)"
+
+
+def _send(spec: Any) -> Any:
+    """mpi4py's rule: None where a collective takes IN_PLACE means IN_PLACE."""
+    return IN_PLACE if spec is None else spec
+
+
+def _copy_of(rb: Any, name: str) -> Any:
+    if type(rb) is not np.ndarray:
+        unsupported(f"{name} with IN_PLACE on a derived datatype")
+    return rb.copy()
+
+
+def _dtype_of(*specs: Any) -> Any:
+    """The MPI datatype of the first buffer spec that is one, for a user op's third argument (the type
+    it names, or its buffer's own; None where neither is known)."""
+    for spec in specs:
+        if spec is not None and spec is not IN_PLACE:
+            return buffers.datatype_named(spec)
+    return None
+
+
+def _seq(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) or (isinstance(x, np.ndarray) and x.ndim > 0)
+
+
+def _per_rank_lists(spec: Any) -> bool:
+    """Whether a v-collective's spec gives counts or displacements per rank (``[buf, counts, type]``,
+    ``[buf, (counts, displs), type]``, ``[buf, count, displs, type]``, ...), rather than one count
+    for every rank or none (``buf``, ``[buf, type]``, ``[buf, count]``, ``[buf, (count, None)]``)."""
+    if not isinstance(spec, (list, tuple)) or len(spec) < 2 or isinstance(spec[1], (Datatype, str)):
+        return False
+    second = spec[1]
+    if isinstance(second, tuple) and len(second) == 2:
+        return any(_seq(x) for x in second)
+    return _seq(second) or (len(spec) == 4 and _seq(spec[2]))
+
+
+def _dtypes(bufs: tuple) -> str:
+    return "/".join(sorted({str(b.dtype) for b in bufs if isinstance(b, np.ndarray)})) or "these buffers"
 
 
 class Collectives:
@@ -36,6 +79,7 @@ class Collectives:
     _c: Any
 
     def _call(self, fn: Any, *args: Any) -> Any:
+        args = tuple(buffers.wire(a) for a in args)
         try:
             return fn(*args)
         except errors.ProxyError as exc:
@@ -58,82 +102,150 @@ class Collectives:
 
     # ---- reductions
     def _reduce_args(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
-        o = as_op(op, name).for_buffers(name)
-        sb = _parse(sendbuf, f"{name} sendbuf", False)
+        o = as_op(op, name)
+        sb = _parse(_send(sendbuf), f"{name} sendbuf", False)
         rb = None if recvbuf is None else _parse(recvbuf, f"{name} recvbuf", True)
         return sb, rb, o
 
+    def _native_op(self, o: Any, *bufs: Any) -> Any:
+        """The native op, or None where the ranks reduce (localred.py)."""
+        return o.native if not localred.needs_ranks(o, *bufs) else None
+
+    def _local(self, fn: Any, *args: Any) -> Any:
+        """Start a reduction the ranks fold (localred.py): the native-like request of it."""
+        for a in args[:2]:
+            if type(a) is TypedBuffer:
+                unsupported("a reduction the ranks do (see localred.py) on a derived datatype")
+        # 1-D views (a 0-d array of one element included): the reductions fold rows of elements
+        args = tuple(a.reshape(-1) if type(a) is np.ndarray else a for a in args)
+        try:
+            return fn(self._c, *args)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def _finish(self, out: Any) -> None:
+        """A blocking reduction's end: the ranks' fold, where they do it (the native call is done)."""
+        if isinstance(out, localred.Folding):
+            Request(out).Wait()
+
+    def _reduce_call(self, name: str, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> Any:
+        sb, rb, o = self._reduce_args(name, sendbuf, recvbuf, op)
+        native = self._native_op(o, sb, rb if self._rooted(root) else None)
+        if native is None:
+            return self._local(localred.reduce, sb, rb, o, self._c._check_root(root),
+                               _dtype_of(recvbuf, sendbuf))
+        return self._call(getattr(self._c, name), sb, rb, native, root)
+
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> None:
-        sb, rb, o = self._reduce_args("Reduce", sendbuf, recvbuf, op)
-        self._call(self._c.Reduce, sb, rb, o, root)
+        self._finish(self._reduce_call("Reduce", sendbuf, recvbuf, op, root))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> Request:
-        sb, rb, o = self._reduce_args("Ireduce", sendbuf, recvbuf, op)
-        return Request(self._call(self._c.Ireduce, sb, rb, o, root))
+        return Request(self._reduce_call("Ireduce", sendbuf, recvbuf, op, root))
+
+    def _allreduce_call(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> Any:
+        sb, rb, o = self._reduce_args(name, sendbuf, recvbuf, op)
+        native = self._native_op(o, sb, rb)
+        if native is None:
+            return self._local(localred.allreduce, sb, rb, o, _dtype_of(recvbuf, sendbuf))
+        return self._call(getattr(self._c, name), sb, rb, native)
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
-        sb, rb, o = self._reduce_args("Allreduce", sendbuf, recvbuf, op)
-        self._call(self._c.Allreduce, sb, rb, o)
+        self._finish(self._allreduce_call("Allreduce", sendbuf, recvbuf, op))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
-        sb, rb, o = self._reduce_args("Iallreduce", sendbuf, recvbuf, op)
-        return Request(self._call(self._c.Iallreduce, sb, rb, o))
+        return Request(self._allreduce_call("Iallreduce", sendbuf, recvbuf, op))
 
     def _rsb_args(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
-        o = as_op(op, name).for_buffers(name)
+        o = as_op(op, name)
         size = self._c.size
-        sb = _parse(sendbuf, f"{name} sendbuf", False, blocks=size)
+        sb = _parse(_send(sendbuf), f"{name} sendbuf", False, blocks=size)
         rb = _parse(recvbuf, f"{name} recvbuf", True, blocks=size if sb is IN_PLACE else 1)
         return sb, rb, o
 
+    def _rsb_call(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> Any:
+        sb, rb, o = self._rsb_args(name, sendbuf, recvbuf, op)
+        native = self._native_op(o, sb, rb)
+        if native is None:
+            size = self._c.size
+            k = rb.size // size if sb is IN_PLACE else rb.size
+            return self._local(localred.reduce_scatter, sb, rb, [k] * size, o, _dtype_of(recvbuf, sendbuf))
+        return self._call(getattr(self._c, name), sb, rb, native)
+
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
-        sb, rb, o = self._rsb_args("Reduce_scatter_block", sendbuf, recvbuf, op)
-        self._call(self._c.Reduce_scatter_block, sb, rb, o)
+        self._finish(self._rsb_call("Reduce_scatter_block", sendbuf, recvbuf, op))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
-        sb, rb, o = self._rsb_args("Ireduce_scatter_block", sendbuf, recvbuf, op)
-        return Request(self._call(self._c.Ireduce_scatter_block, sb, rb, o))
+        return Request(self._rsb_call("Ireduce_scatter_block", sendbuf, recvbuf, op))
 
     def _rs_args(self, name: str, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> tuple:
-        o = as_op(op, name).for_buffers(name)
+        o = as_op(op, name)
         size = self._c.size
-        sb = _parse(sendbuf, f"{name} sendbuf", False)
+        sb = _parse(_send(sendbuf), f"{name} sendbuf", False)
         rb = _parse(recvbuf, f"{name} recvbuf", True)
         if recvcounts is None:
-            return sb, rb, None, o
+            if sb is IN_PLACE:      # equal blocks of the recvbuf (the native rule)
+                return sb, rb, None, o
+            # mpi4py's rule: each rank's count is its recvbuf's size, which every rank learns (a
+            # blocking exchange, also under Ireduce_scatter: every rank is in this call)
+            mine = np.array([getattr(rb, "size", 0)], np.int64)
+            every = np.empty(size, np.int64)
+            self._call(self._c.Allgather, mine, every)
+            return sb, rb, [int(c) for c in every], o
         counts = list(recvcounts) if not isinstance(recvcounts, (int, np.integer)) else None
         if counts is None or len(counts) != size:
             raise error(ERR_COUNT, f"{name}: recvcounts must be a sequence of {size} counts, got "
                         f"{recvcounts!r}")
-        return sb, rb, [int(c) for c in counts], o
+        counts = [int(c) for c in counts]
+        if type(sb) is np.ndarray and sb.size != sum(counts):    # mpi4py's check: the spec's count is all
+            raise error(ERR_COUNT, f"{name}: sendbuf has {sb.size} elements, the recvcounts add up to "
+                        f"{sum(counts)}")
+        return sb, rb, counts, o
+
+    def _rs_call(self, name: str, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> Any:
+        sb, rb, counts, o = self._rs_args(name, sendbuf, recvbuf, recvcounts, op)
+        native = self._native_op(o, sb, rb)
+        if native is None:
+            if counts is None:
+                counts = [rb.size // self._c.size] * self._c.size
+            return self._local(localred.reduce_scatter, sb, rb, counts, o, _dtype_of(recvbuf, sendbuf))
+        return self._call(getattr(self._c, name), sb, rb, counts, native)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> None:
         """recvcounts, when given, are every rank's block of the vector (packed in rank order)."""
-        self._call(self._c.Reduce_scatter, *self._rs_args("Reduce_scatter", sendbuf, recvbuf, recvcounts, op))
+        self._finish(self._rs_call("Reduce_scatter", sendbuf, recvbuf, recvcounts, op))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = SUM) -> Request:
-        args = self._rs_args("Ireduce_scatter", sendbuf, recvbuf, recvcounts, op)
-        return Request(self._call(self._c.Ireduce_scatter, *args))
+        return Request(self._rs_call("Ireduce_scatter", sendbuf, recvbuf, recvcounts, op))
 
     def _scan_args(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
-        o = as_op(op, name).for_buffers(name)
-        return _parse(sendbuf, f"{name} sendbuf", False), _parse(recvbuf, f"{name} recvbuf", True), o
+        o = as_op(op, name)
+        sb = _parse(_send(sendbuf), f"{name} sendbuf", False)
+        rb = _parse(recvbuf, f"{name} recvbuf", True)
+        return sb, rb, o
+
+    def _scan(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> Any:
+        sb, rb, o = self._scan_args(name, sendbuf, recvbuf, op)
+        native = self._native_op(o, sb, rb)
+        if native is None:
+            exclusive = name in ("Exscan", "Iexscan")
+            return self._local(localred.scan, sb, rb, o, exclusive, _dtype_of(recvbuf, sendbuf))
+        return self._call(getattr(self._c, name), sb, rb, native)
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
-        self._call(self._c.Scan, *self._scan_args("Scan", sendbuf, recvbuf, op))
+        self._finish(self._scan("Scan", sendbuf, recvbuf, op))
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
-        return Request(self._call(self._c.Iscan, *self._scan_args("Iscan", sendbuf, recvbuf, op)))
+        return Request(self._scan("Iscan", sendbuf, recvbuf, op))
 
     def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
-        self._call(self._c.Exscan, *self._scan_args("Exscan", sendbuf, recvbuf, op))
+        self._finish(self._scan("Exscan", sendbuf, recvbuf, op))
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:
-        return Request(self._call(self._c.Iexscan, *self._scan_args("Iexscan", sendbuf, recvbuf, op)))
+        return Request(self._scan("Iexscan", sendbuf, recvbuf, op))
 
     # ---- data movement
     def _ag_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
-        return (_parse(sendbuf, f"{name} sendbuf", False),
+        return (_parse(_send(sendbuf), f"{name} sendbuf", False),
                 _parse(recvbuf, f"{name} recvbuf", True, blocks=self._c.size))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
@@ -144,10 +256,10 @@ class Collectives:
 
     def _a2a_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
         size = self._c.size
-        if sendbuf is IN_PLACE:
-            unsupported(f"{name} with IN_PLACE", "the engine's Alltoall needs separate buffers")
-        return (_parse(sendbuf, f"{name} sendbuf", False, blocks=size),
-                _parse(recvbuf, f"{name} recvbuf", True, blocks=size))
+        rb = _parse(recvbuf, f"{name} recvbuf", True, blocks=size)
+        if _send(sendbuf) is IN_PLACE:   # MPI sends what the recvbuf holds: a copy, then in place
+            return _copy_of(rb, name), rb
+        return _parse(sendbuf, f"{name} sendbuf", False, blocks=size), rb
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         self._call(self._c.Alltoall, *self._a2a_args("Alltoall", sendbuf, recvbuf))
@@ -160,7 +272,7 @@ class Collectives:
         return self._c.rank == root
 
     def _gather_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
-        sb = _parse(sendbuf, f"{name} sendbuf", False)
+        sb = _parse(_send(sendbuf) if self._rooted(root) else sendbuf, f"{name} sendbuf", False)
         rb = _parse(recvbuf, f"{name} recvbuf", True, blocks=self._c.size) if self._rooted(root) else None
         return sb, rb, root
 
@@ -172,7 +284,8 @@ class Collectives:
 
     def _scatter_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
         sb = _parse(sendbuf, f"{name} sendbuf", False, blocks=self._c.size) if self._rooted(root) else None
-        return sb, _parse(recvbuf, f"{name} recvbuf", True), root
+        rb = _send(recvbuf) if self._rooted(root) else recvbuf
+        return sb, _parse(rb, f"{name} recvbuf", True), root
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         self._call(self._c.Scatter, *self._scatter_args("Scatter", sendbuf, recvbuf, root))
@@ -181,21 +294,27 @@ class Collectives:
         return Request(self._call(self._c.Iscatter, *self._scatter_args("Iscatter", sendbuf, recvbuf, root)))
 
     def _vector(self, spec: Any, what: str, writable: bool) -> tuple:
-        """(array, counts, displs) of a vector spec; a plain buffer is ``size`` equal blocks."""
+        """(array, counts, displs) of a vector spec, as the native layer takes them (a type it has no
+        code for travels as bytes, counts and displacements scaled to them). A plain buffer is
+        ``size`` equal blocks; ``[buf, count]`` / ``[buf, count, type]``, ``count`` per rank."""
         size = self._c.size
-        if isinstance(spec, (list, tuple)) and len(spec) >= 2 and \
-                not isinstance(spec[1], (Datatype, str, int, np.integer)):
+        if _per_rank_lists(spec):
             v = buffers.parse_v(spec, what, writable, size)
-            return v.array, list(v.counts), list(v.displs)
-        arr = _parse(spec, what, writable)
-        if arr.size % size:
-            raise error(ERR_COUNT, f"{what}: {arr.size} elements are not {size} equal blocks: pass "
-                        f"[buf, (counts, displs), datatype]")
-        k = arr.size // size
-        return arr, [k] * size, [k * r for r in range(size)]
+            arr, counts, displs = v.array, list(v.counts), list(v.displs)
+        else:
+            arr = _parse(spec, what, writable, blocks=size)
+            if arr.size % size:
+                raise error(ERR_COUNT, f"{what}: {arr.size} elements are not {size} equal blocks: pass "
+                            f"[buf, (counts, displs), datatype]")
+            k = arr.size // size
+            counts, displs = [k] * size, [k * r for r in range(size)]
+        if type(arr) is np.ndarray and buffers.wire(arr) is not arr:   # counted in bytes on the wire
+            k = arr.dtype.itemsize
+            arr, counts, displs = buffers.wire(arr), [c * k for c in counts], [x * k for x in displs]
+        return arr, counts, displs
 
     def _gatherv_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
-        sb = _parse(sendbuf, f"{name} sendbuf", False)
+        sb = _parse(_send(sendbuf) if self._rooted(root) else sendbuf, f"{name} sendbuf", False)
         if self._rooted(root):
             rb, counts, displs = self._vector(recvbuf, f"{name} recvbuf", True)
             return sb, rb, counts, displs, root
@@ -208,7 +327,7 @@ class Collectives:
         return Request(self._call(self._c.Igatherv, *self._gatherv_args("Igatherv", sendbuf, recvbuf, root)))
 
     def _scatterv_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
-        rb = _parse(recvbuf, f"{name} recvbuf", True)
+        rb = _parse(_send(recvbuf) if self._rooted(root) else recvbuf, f"{name} recvbuf", True)
         if self._rooted(root):
             sb, counts, displs = self._vector(sendbuf, f"{name} sendbuf", False)
             return sb, rb, counts, displs, root
@@ -222,7 +341,7 @@ class Collectives:
         return Request(self._call(self._c.Iscatterv, *args))
 
     def _allgatherv_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
-        sb = _parse(sendbuf, f"{name} sendbuf", False)
+        sb = _parse(_send(sendbuf), f"{name} sendbuf", False)
         rb, counts, displs = self._vector(recvbuf, f"{name} recvbuf", True)
         return sb, rb, counts, displs
 
@@ -234,10 +353,10 @@ class Collectives:
         return Request(self._call(self._c.Iallgatherv, *args))
 
     def _alltoallv_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple:
-        if sendbuf is IN_PLACE:
-            unsupported(f"{name} with IN_PLACE", "the engine's Alltoallv needs separate buffers")
-        sb, sc, sd = self._vector(sendbuf, f"{name} sendbuf", False)
         rb, rc, rd = self._vector(recvbuf, f"{name} recvbuf", True)
+        if _send(sendbuf) is IN_PLACE:   # what each block of the recvbuf holds goes out: a copy of it
+            return _copy_of(rb, name), rc, rd, rb, rc, rd
+        sb, sc, sd = self._vector(sendbuf, f"{name} sendbuf", False)
         return sb, sc, sd, rb, rc, rd
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:

@@ -51,7 +51,13 @@ class Comm(PointToPoint, Collectives):
 
     __slots__ = ("_c", "_wranks", "_name", "__weakref__")
 
+    def __new__(cls, *_a: Any, **_k: Any) -> "Comm":
+        return object.__new__(cls)     # (mpi4py's subclasses call it with the communicator to wrap)
+
     def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = ""):
+        if isinstance(native, Comm):    # mpi4py's MPI.Intracomm(comm): a second object of comm
+            world_ranks, name = native._wranks, native._name
+            native = native._c
         if native is not None:
             self._c = native
         self._wranks = world_ranks
@@ -331,11 +337,6 @@ class Comm(PointToPoint, Collectives):
             raise error(ERR_ROOT, f"root {root!r} is not a rank of this communicator of {self._c.size}")
         return int(root)
 
-    def bsend(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("bsend")
-
-    def ibsend(self, *a: Any, **k: Any) -> Any:
-        return self._no_obj("ibsend")
 
 
 class Intracomm(Comm):

@@ -20,15 +20,50 @@ from shmproxy.mpi.exceptions import ERR_TYPE, error, unsupported
 
 
 class Datatype:
-    """A predefined MPI datatype: ``name``, ``dtype`` (numpy), size and extent in bytes."""
+    """A predefined MPI datatype: its symbol (``_sym``: "INT"), ``dtype`` (numpy), size and extent in
+    bytes. ``_h`` is the handle: ``MPI.Datatype(d)`` is a second Python object of the same handle
+    (equal, not identical), as in mpi4py; ``MPI.Datatype()`` one of DATATYPE_NULL."""
 
-    __slots__ = ("name", "dtype", "size", "_pair")
+    __slots__ = ("_sym", "_label", "dtype", "size", "_pair", "_h")
 
-    def __init__(self, name: str, dtype: Any, pair: tuple[Any, Any] | None = None):
-        self.name = name
+    def __new__(cls, datatype: Any = None) -> "Datatype":
+        if datatype is None:
+            return DATATYPE_NULL._copy()
+        if not isinstance(datatype, Datatype):
+            raise TypeError(f"MPI.Datatype() takes an MPI.Datatype, got {type(datatype).__name__}")
+        return datatype._copy()
+
+    def __init__(self, datatype: Any = None) -> None:
+        pass    # __new__ did it all
+
+    @classmethod
+    def _make(cls, sym: str, dtype: Any, pair: tuple[Any, Any] | None = None) -> "Datatype":
+        self = object.__new__(cls)
+        self._sym, self._label = sym, "MPI_" + sym
         self.dtype = None if dtype is None else np.dtype(dtype)
         self.size = 0 if self.dtype is None else self.dtype.itemsize
         self._pair = pair
+        self._h = self
+        return self
+
+    def _copy(self) -> "Datatype":
+        """A second Python object of this handle (mpi4py's ``MPI.Datatype(d)``)."""
+        new = object.__new__(type(self))
+        for slot in Datatype.__slots__:
+            setattr(new, slot, getattr(self, slot))
+        return new
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Datatype) and self._h is other._h
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return id(self._h)
+
+    def __bool__(self) -> bool:
+        return self._h is not DATATYPE_NULL
 
     # ---- queries of mpi4py's Datatype
     def Get_size(self) -> int:
@@ -42,22 +77,44 @@ class Datatype:
         return 0, self.size
 
     def Get_name(self) -> str:
-        return self.name
+        return self._h._label
 
     def Set_name(self, name: str) -> None:
-        raise error(ERR_TYPE, f"the name of the predefined datatype {self.name} cannot be changed")
+        self._h._label = str(name)
+
+    @property
+    def name(self) -> str:
+        return self.Get_name()
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.Set_name(value)
 
     @property
     def extent(self) -> int:
-        return self.size
+        return self.Get_extent()[1]
 
     @property
     def lb(self) -> int:
-        return 0
+        return self.Get_extent()[0]
 
     @property
     def ub(self) -> int:
-        return self.size
+        lb, ext = self.Get_extent()
+        return lb + ext
+
+    @property
+    def true_lb(self) -> int:
+        return self.Get_true_extent()[0]
+
+    @property
+    def true_ub(self) -> int:
+        lb, ext = self.Get_true_extent()
+        return lb + ext
+
+    @property
+    def true_extent(self) -> int:
+        return self.Get_true_extent()[1]
 
     @property
     def is_predefined(self) -> bool:
@@ -67,25 +124,67 @@ class Datatype:
     def is_named(self) -> bool:
         return True
 
-    def Get_envelope(self) -> tuple[int, int, int, int]:
-        return 0, 0, 0, COMBINER_NAMED
+    def Get_envelope(self) -> tuple[int, int, int, int, int]:
+        """(integers, addresses, large counts, datatypes, combiner), as mpi4py 4 gives it."""
+        return 0, 0, 0, 0, COMBINER_NAMED
+
+    @property
+    def envelope(self) -> tuple[int, int, int, int, int]:
+        return self.Get_envelope()
+
+    def Get_contents(self) -> tuple[list[int], list[int], list[int], list["Datatype"]]:
+        raise error(ERR_TYPE, f"Datatype.Get_contents: {self.name} is a named datatype (it has no contents)")
+
+    @property
+    def contents(self) -> tuple[list[int], list[int], list[int], list["Datatype"]]:
+        return self.Get_contents()
 
     @property
     def combiner(self) -> int:
-        return COMBINER_NAMED
+        return self.Get_envelope()[-1]
+
+    def decode(self) -> tuple["Datatype", str, dict]:
+        """(old type, combiner name, the constructor's keyword arguments), as mpi4py's decode."""
+        return self, "NAMED", {}
 
     def Commit(self) -> "Datatype":
         return self    # predefined types need no commit
 
     def Free(self) -> None:
-        if self is not DATATYPE_NULL:
+        if self._h is not DATATYPE_NULL:
             raise error(ERR_TYPE, f"the predefined datatype {self.name} cannot be freed")
 
-    def Dup(self) -> "Datatype":
-        return self    # immutable: a duplicate is indistinguishable
+    def free(self) -> None:
+        self.Free()
 
+    def Dup(self) -> "Datatype":
+        return _tm().dup(self)
+
+    Create_dup = Dup
+
+    # ---- type codes (mpi4py's tocode/fromcode/typechar/typestr)
     def tocode(self) -> str:
-        return "" if self.dtype is None else self.dtype.char
+        if self.dtype is None or self._pair is not None:
+            raise error(ERR_TYPE, f"{self.name} has no type code")
+        return "c" if self._sym in ("CHAR", "CHARACTER") else self.dtype.char
+
+    @classmethod
+    def fromcode(cls, code: str) -> "Datatype":
+        return from_typecode(code)
+
+    @property
+    def typechar(self) -> str:
+        if self.dtype is None:
+            return ""
+        return "V" if self._pair is not None else self.tocode()
+
+    @property
+    def typestr(self) -> str:
+        if self.dtype is None:
+            return ""
+        if self._pair is not None:
+            return f"V{self.extent}"
+        return "S1" if self.typechar == "c" else self.dtype.str.lstrip("<>|=")
 
     # ---- derived datatypes (flattened into block lists: shmproxy.mpi.typemap)
     def Create_contiguous(self, count: int) -> "Datatype":
@@ -112,8 +211,9 @@ class Datatype:
     def Create_subarray(self, sizes: Any, subsizes: Any, starts: Any, order: int = 0) -> "Datatype":
         return _tm().subarray(self, sizes, subsizes, starts, order)
 
-    def Create_darray(self, *a: Any, **k: Any) -> "Datatype":
-        unsupported("Datatype.Create_darray", "use Create_subarray with the block this rank owns")
+    def Create_darray(self, size: int, rank: int, gsizes: Any, distribs: Any, dargs: Any, psizes: Any,
+                      order: int = 0) -> "Datatype":
+        return _tm().darray(self, size, rank, gsizes, distribs, dargs, psizes, order)
 
     def Create_resized(self, lb: int, extent: int) -> "Datatype":
         return _tm().resized(self, lb, extent)
@@ -122,6 +222,26 @@ class Datatype:
     def Create_struct(cls, blocklengths: Any, displacements: Any, datatypes: Any) -> "Datatype":
         return _tm().struct(blocklengths, displacements, datatypes)
 
+    @classmethod
+    def Create_f90_integer(cls, r: int) -> "Datatype":
+        return _intro().f90("F90_INTEGER", r=r)
+
+    @classmethod
+    def Create_f90_real(cls, p: int, r: int) -> "Datatype":
+        return _intro().f90("F90_REAL", p=p, r=r)
+
+    @classmethod
+    def Create_f90_complex(cls, p: int, r: int) -> "Datatype":
+        return _intro().f90("F90_COMPLEX", p=p, r=r)
+
+    @classmethod
+    def Get_value_index(cls, value: "Datatype", index: "Datatype") -> "Datatype":
+        return _intro().value_index(value, index)
+
+    @classmethod
+    def Match_size(cls, typeclass: int, size: int) -> "Datatype":
+        return _intro().match_size(typeclass, size)
+
     def Pack(self, *a: Any, **k: Any) -> int:
         unsupported("Datatype.Pack")
 
@@ -129,10 +249,17 @@ class Datatype:
         unsupported("Datatype.Unpack")
 
     def __repr__(self) -> str:
-        return f"<shmproxy.MPI.{self.name}>"
+        return f"<shmproxy.MPI.{self._sym}>"
 
-    def __reduce__(self) -> str:
-        return self.name   # pickles as the module-level constant of the same name
+    def __reduce__(self) -> Any:
+        if self._h is self:
+            return self._sym   # the module-level constant of the same name
+        return _handle_of, (self._sym,)
+
+
+def _handle_of(sym: str) -> Datatype:
+    """Unpickling a second object of a predefined handle: another one, equal, not identical."""
+    return PREDEFINED[sym]._copy()
 
 
 COMBINER_NAMED = 1
@@ -158,32 +285,35 @@ _TABLE: dict[str, Any] = {
     "INTEGER8": np.int64, "COMPLEX8": np.complex64, "COMPLEX16": np.complex128,
     "FLOAT16": np.float16,
 }
-PREDEFINED: dict[str, Datatype] = {name: Datatype(name, dt) for name, dt in _TABLE.items()}
-DATATYPE_NULL = Datatype("DATATYPE_NULL", None)
+PREDEFINED: dict[str, Datatype] = {name: Datatype._make(name, dt) for name, dt in _TABLE.items()}
+DATATYPE_NULL = Datatype._make("DATATYPE_NULL", None)
 PREDEFINED["DATATYPE_NULL"] = DATATYPE_NULL
 
 # The (value, index) pair types of MAXLOC/MINLOC: structured dtypes no native reduction takes.
 for _name, _v in (("FLOAT_INT", np.float32), ("DOUBLE_INT", np.float64), ("LONG_INT", _C_LONG),
                   ("SHORT_INT", np.int16), ("2INT", np.int32), ("LONG_DOUBLE_INT", np.longdouble)):
     _dt = np.dtype([("value", _v), ("index", np.int32)], align=True)
-    PREDEFINED[_name] = Datatype(_name, _dt, pair=(_v, np.int32))
+    PREDEFINED[_name] = Datatype._make(_name, _dt, pair=(_v, np.int32))
 TWOINT = PREDEFINED["2INT"]
+INT_INT = TWOINT          # mpi4py's Python name of MPI_2INT
 
-# Long double and the Fortran/C++ long double complex have no native dtype code; they exist as names
-# so that programs referring to them import, and buffers of them are refused (ERR_TYPE) when used.
+# Long double and its complex have no native dtype code: they travel as their bytes (buffers.wire) and
+# the ranks reduce them (localred.py), so only the blocking reductions take them.
 for _name, _v in (("LONG_DOUBLE", np.longdouble), ("C_LONG_DOUBLE_COMPLEX", np.clongdouble),
                   ("CXX_LONG_DOUBLE_COMPLEX", np.clongdouble)):
-    PREDEFINED[_name] = Datatype(_name, _v)
+    PREDEFINED[_name] = Datatype._make(_name, _v)
 
-# numpy dtype char -> the datatype a buffer of that dtype gets when the program names none
+# numpy dtype char -> the datatype a buffer of that dtype gets when the program names none (C names
+# first, as mpi4py's type-code table)
 _BY_CHAR: dict[str, Datatype] = {}
 for _name in ("C_BOOL", "SIGNED_CHAR", "UNSIGNED_CHAR", "SHORT", "UNSIGNED_SHORT", "INT", "UNSIGNED",
               "LONG", "UNSIGNED_LONG", "LONG_LONG", "UNSIGNED_LONG_LONG", "FLOAT16", "FLOAT", "DOUBLE",
               "C_FLOAT_COMPLEX", "C_DOUBLE_COMPLEX", "INT8_T", "UINT8_T", "INT16_T", "UINT16_T", "INT32_T",
-              "UINT32_T", "INT64_T", "UINT64_T"):   # C names first, as mpi4py's type-code table
+              "UINT32_T", "INT64_T", "UINT64_T", "LONG_DOUBLE", "C_LONG_DOUBLE_COMPLEX"):
     _dt = PREDEFINED[_name].dtype
     _BY_CHAR.setdefault(_dt.char, PREDEFINED[_name])
 _BY_CHAR.setdefault("c", PREDEFINED["CHAR"])   # 'c' (a 1-byte char array) travels as int8
+_BYTES_ONLY = frozenset(("LONG_DOUBLE", "C_LONG_DOUBLE_COMPLEX", "CXX_LONG_DOUBLE_COMPLEX"))
 
 
 def _tm() -> Any:
@@ -191,10 +321,18 @@ def _tm() -> Any:
     return typemap
 
 
+def _intro() -> Any:
+    from shmproxy.mpi import dtintro
+    return dtintro
+
+
 def of_dtype(dt: np.dtype) -> Datatype:
     """The datatype of a buffer whose element type is the numpy dtype ``dt``; ERR_TYPE if none."""
     d = _BY_CHAR.get(dt.char)
-    if d is None or (dt.char != "c" and dt.char not in DTYPE_CODE and d.dtype.char not in DTYPE_CODE):
+    if d is None and dt.kind in "iu":     # 'q' where 'l' is 64-bit (array.array('q')), and the like
+        d = _BY_CHAR.get(np.dtype(dt.name).char)
+    if d is None or (dt.char != "c" and dt.char not in DTYPE_CODE and d.dtype.char not in DTYPE_CODE
+                     and d._sym not in _BYTES_ONLY):
         raise error(ERR_TYPE, f"no MPI datatype for the buffer's element type {dt}: pass [buf, MPI.BYTE] "
                     "to send its bytes")
     return d
@@ -206,8 +344,10 @@ def check_native(d: Datatype, what: str) -> np.dtype:
     if dt is None and not d.is_predefined:
         raise error(ERR_TYPE, f"{what}: a derived datatype is not supported in this call (point-to-point "
                     "and the buffer collectives take them)")
-    if dt is None or d._pair is not None or dt.char not in DTYPE_CODE:
-        raise error(ERR_TYPE, f"{what}: MPI.{d.name} cannot travel (the native layer carries bool, "
+    if d._pair is not None or d._sym in _BYTES_ONLY:
+        return dt      # travels as its bytes (buffers.wire); the ranks reduce it (localred.py)
+    if dt is None or dt.char not in DTYPE_CODE:
+        raise error(ERR_TYPE, f"{what}: {d.name} cannot travel (the native layer carries bool, "
                     "int8..uint64, float16/32/64 and complex64/128)")
     return dt
 

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from shmproxy.core import errors
+from shmproxy.mpi import bsend
 from shmproxy.mpi.comm import Comm, Intracomm, _member_comm, cached_native
 from shmproxy.mpi.exceptions import ERR_OTHER, convert, error, unsupported
 
@@ -239,15 +240,13 @@ def _missing(what: str, why: str) -> Any:
 
 _ONE_SIDED = "one-sided windows and MPI memory are not part of shmproxy yet"
 _DYNAMIC = "dynamic processes and ports are not part of shmproxy"
-Alloc_mem = _missing("Alloc_mem", _ONE_SIDED)
-Free_mem = _missing("Free_mem", _ONE_SIDED)
 Open_port = _missing("Open_port", _DYNAMIC)
 Close_port = _missing("Close_port", _DYNAMIC)
 Publish_name = _missing("Publish_name", _DYNAMIC)
 Unpublish_name = _missing("Unpublish_name", _DYNAMIC)
 Lookup_name = _missing("Lookup_name", _DYNAMIC)
-Attach_buffer = _missing("Attach_buffer", "buffered mode needs an eager send path the runtime does not have")
-Detach_buffer = _missing("Detach_buffer", "buffered mode needs an eager send path the runtime does not have")
+Alloc_mem, Free_mem = bsend.alloc_mem, bsend.free_mem
+Attach_buffer, Detach_buffer = bsend.attach, bsend.detach
 
 
 class _MissingMeta(type):

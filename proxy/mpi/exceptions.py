@@ -117,6 +117,16 @@ def error(error_class: int, message: str) -> Exception:
     return _combined(errors.InvalidArgument)(message, error_class)
 
 
+def buffer_error(message: str) -> Exception:
+    """An ERR_BUFFER MPI.Exception that is also Python's BufferError (as mpi4py raises for a buffer
+    it cannot describe, e.g. one not in this machine's byte order)."""
+    base = _combined(errors.InvalidArgument)
+    cls = _COMBINED.get(BufferError)
+    if cls is None:
+        cls = _COMBINED[BufferError] = type(base.__name__, (base, BufferError), {"__module__": "shmproxy.MPI"})
+    return cls(message, ERR_BUFFER)
+
+
 # native class -> MPI error class; the first base found in a class's MRO decides
 _CLASS_OF: dict[type, int] = {
     errors.TruncationError: ERR_TRUNCATE,

@@ -32,7 +32,7 @@ import numpy as np
 
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE
-from shmproxy.mpi import buffers
+from shmproxy.mpi import buffers, localred
 from shmproxy.mpi.comm import Comm, Intracomm
 from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_RANK, ERR_ROOT, convert, error,
                                      unsupported)
@@ -254,7 +254,15 @@ class Intercomm(Comm):
         sb, rb, o = self._reduce_args("Allreduce", sendbuf, recvbuf, op)
         side = self._side_comm()
         partial = np.empty_like(rb)
-        self._call(side.Allreduce, sb, partial, o)
+        native = self._native_op(o, sb, rb)
+        if native is None:      # an op or type the engine lacks: this group's ranks reduce it
+            try:
+                folding = localred.allreduce(side, sb.reshape(-1), partial.reshape(-1), o, None)
+            except errors.ProxyError as exc:
+                raise convert(exc) from None
+            Request(folding).Wait()
+        else:
+            self._call(side.Allreduce, sb, partial, native)
         pb, rbb = partial.view(np.uint8), rb.view(np.uint8)
         sends = {p: (pb.size, 0) for p in self._remote()} if self._c.rank == self._loff else {}
         Request(self._move(pb, sends, rbb, {self._roff: (rbb.size, 0)})).Wait()

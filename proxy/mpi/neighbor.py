@@ -172,6 +172,11 @@ class NeighborCollectives:
         if sb.dtype != rb.dtype:
             raise error(ERR_ARG, f"{name}: the send buffer is {sb.dtype} and the receive buffer {rb.dtype}: "
                         "neighbour collectives need one datatype")
+        if buffers.wire(sb) is not sb:     # a type with no native code (long double, pairs): its bytes
+            k = sb.dtype.itemsize
+            sb, rb = buffers.wire(sb), buffers.wire(rb)
+            scounts, sdispls = [c * k for c in scounts], [x * k for x in sdispls]
+            rcounts, rdispls = [c * k for c in rcounts], [x * k for x in rdispls]
         reqs: list[Any] = []
         places: list[tuple[np.ndarray, int, int, int]] = []
         try:

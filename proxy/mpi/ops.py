@@ -1,13 +1,15 @@
 """MPI reduction operations as ``MPI.Op`` objects.
 
-An Op has two uses. On buffers (Reduce, Allreduce, Reduce_scatter_block) it must be one the progress
-process reduces (``native``: SUM, PROD, MIN, MAX); the others raise NotImplementedError when a buffer
-collective is called with them, naming the op. On Python objects (the lower-case allreduce, reduce) an
+An Op has two uses. On buffers the progress process reduces the ``native`` ones (SUM, PROD, MIN, MAX)
+over its native types; every other op (and user ops, called as mpi4py calls them:
+``function(inbuf, inoutbuf, datatype)``) is applied in the ranks (shmproxy.mpi.localred), by
+Reduce_local and the blocking buffer reductions. On Python objects (the lower-case allreduce, reduce) an
 Op is a function of two values, applied by the object layer in rank order: every predefined op works
 there, user ops from ``Op.Create`` too, as in mpi4py.
 """
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import Any, Callable
 
@@ -18,25 +20,45 @@ from shmproxy.mpi.exceptions import ERR_OP, error, unsupported
 
 
 class Op:
-    """A reduction: ``name``, the object function, and the native ReduceOp where there is one."""
+    """A reduction: ``name``, the object function, and the native ReduceOp where there is one. ``_h``
+    is the handle: ``MPI.Op(op)`` is a second object of it (equal, not identical), as in mpi4py."""
 
-    __slots__ = ("name", "_fn", "native", "commute")
+    __slots__ = ("name", "_fn", "native", "commute", "_nargs", "_h")
 
-    def __init__(self, name: str, fn: Callable[[Any, Any], Any], native: ReduceOp | None = None,
-                 commute: bool = True):
+    def __new__(cls, op: "Op | None" = None) -> "Op":
+        src = OP_NULL if op is None else op
+        if not isinstance(src, Op):
+            raise TypeError(f"MPI.Op() takes an MPI.Op, got {type(op).__name__}")
+        new = object.__new__(cls)
+        for slot in Op.__slots__:
+            setattr(new, slot, getattr(src, slot))
+        return new
+
+    def __init__(self, op: "Op | None" = None) -> None:
+        pass    # __new__ did it
+
+    @classmethod
+    def _make(cls, name: str, fn: Callable[..., Any], native: ReduceOp | None = None,
+              commute: bool = True) -> "Op":
+        self = object.__new__(cls)
         self.name, self._fn, self.native, self.commute = name, fn, native, commute
+        self._nargs, self._h = 2, self
+        return self
 
     @classmethod
     def Create(cls, function: Callable[..., Any], commute: bool = False) -> "Op":
-        """A user op. On objects it is called as ``function(a, b)``; mpi4py's buffer form
-        ``function(inbuf, inoutbuf, datatype)`` is not supported on buffers (no native user ops)."""
+        """A user op, called as mpi4py calls it: ``function(inbuf, inoutbuf, datatype)`` on buffers
+        (memoryviews of the two), ``function(x, y, None)`` on objects (``function(x, y)`` if it takes
+        two arguments only)."""
         if not callable(function):
             raise error(ERR_OP, "Op.Create needs a callable")
-        return cls(getattr(function, "__name__", "user op"), function, None, bool(commute))
+        op = cls._make(getattr(function, "__name__", "user op"), function, None, bool(commute))
+        op._nargs = _positional(function)
+        return op
 
     def Free(self) -> None:
         """User ops hold nothing; predefined ones cannot be freed (as in MPI)."""
-        if self.name in PREDEFINED:
+        if self.is_predefined:
             raise error(ERR_OP, f"the predefined op MPI.{self.name} cannot be freed")
 
     def Is_commutative(self) -> bool:
@@ -48,27 +70,54 @@ class Op:
 
     @property
     def is_predefined(self) -> bool:
-        return self.name in PREDEFINED and PREDEFINED[self.name] is self
+        return PREDEFINED.get(self.name) is self._h
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Op) and self._h is other._h
+
+    def __hash__(self) -> int:
+        return id(self._h)
+
+    def __bool__(self) -> bool:
+        return self._h is not OP_NULL
 
     def __call__(self, x: Any, y: Any) -> Any:
         """The object reduction (mpi4py's ``op(x, y)``)."""
-        return self._fn(x, y)
+        if self._h is OP_NULL:
+            raise error(ERR_OP, "MPI.OP_NULL is not a reduction")
+        return self._fn(x, y, None) if self._nargs >= 3 else self._fn(x, y)
 
     def Reduce_local(self, inbuf: Any, inoutbuf: Any) -> None:
-        unsupported("Op.Reduce_local", "the reduction kernels run in the progress process only")
-
-    def for_buffers(self, what: str) -> ReduceOp:
-        """The native op of a buffer collective; NotImplementedError if the progress process has none."""
-        if self.native is None:
-            unsupported(f"{what} with MPI.{self.name}",
-                        "the progress process reduces buffers with SUM, PROD, MIN and MAX only")
-        return self.native
+        """inoutbuf = inbuf op inoutbuf, in this rank (shmproxy.mpi.localred)."""
+        from shmproxy.mpi import buffers, localred
+        a = buffers.parse(inbuf, "Reduce_local inbuf", False)
+        b = buffers.parse(inoutbuf, "Reduce_local inoutbuf", True)
+        if type(a) is not np.ndarray or type(b) is not np.ndarray:
+            unsupported("Op.Reduce_local on a derived datatype or without buffers")
+        localred.apply(self, a, b, buffers.datatype_named(inoutbuf))
 
     def __repr__(self) -> str:
         return f"<shmproxy.MPI.{self.name}>"
 
-    def __reduce__(self) -> str:
-        return self.name
+    def __reduce__(self) -> Any:
+        if self.is_predefined:
+            return self.name if self._h is self else (_handle_of, (self.name,))
+        return Op.Create, (self._fn, self.commute)     # a new op of the same function (as mpi4py)
+
+
+def _handle_of(name: str) -> Op:
+    return Op(PREDEFINED[name])
+
+
+def _positional(fn: Callable[..., Any]) -> int:
+    """How many positional arguments ``fn`` takes (3 where it takes any number)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):     # a builtin without a signature: mpi4py's form
+        return 3
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 3
+    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def _pairwise(pick: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
@@ -77,7 +126,7 @@ def _pairwise(pick: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
     def fn(x: Any, y: Any) -> Any:
         (xv, xi), (yv, yi) = x, y
         if xv == yv:
-            return (xv, min(xi, yi))
+            return (xv, xi) if not yi < xi else (yv, yi)    # the pair itself: its objects, not copies
         return (xv, xi) if pick(xv, yv) else (yv, yi)
     return fn
 
@@ -111,24 +160,24 @@ def _replace(x: Any, y: Any) -> Any:
     return y
 
 
-SUM = Op("SUM", operator.add, ReduceOp.SUM)
-PROD = Op("PROD", operator.mul, ReduceOp.PROD)
-MIN = Op("MIN", _min, ReduceOp.MIN)
-MAX = Op("MAX", _max, ReduceOp.MAX)
-LAND = Op("LAND", _elementwise(lambda a, b: np.logical_and(a, b) if isinstance(a, np.ndarray)
+SUM = Op._make("SUM", operator.add, ReduceOp.SUM)
+PROD = Op._make("PROD", operator.mul, ReduceOp.PROD)
+MIN = Op._make("MIN", _min, ReduceOp.MIN)
+MAX = Op._make("MAX", _max, ReduceOp.MAX)
+LAND = Op._make("LAND", _elementwise(lambda a, b: np.logical_and(a, b) if isinstance(a, np.ndarray)
                                 else bool(a) and bool(b)))
-LOR = Op("LOR", _elementwise(lambda a, b: np.logical_or(a, b) if isinstance(a, np.ndarray)
+LOR = Op._make("LOR", _elementwise(lambda a, b: np.logical_or(a, b) if isinstance(a, np.ndarray)
                               else bool(a) or bool(b)))
-LXOR = Op("LXOR", _elementwise(lambda a, b: np.logical_xor(a, b) if isinstance(a, np.ndarray)
+LXOR = Op._make("LXOR", _elementwise(lambda a, b: np.logical_xor(a, b) if isinstance(a, np.ndarray)
                                 else bool(a) != bool(b)))
-BAND = Op("BAND", operator.and_)
-BOR = Op("BOR", operator.or_)
-BXOR = Op("BXOR", operator.xor)
-MAXLOC = Op("MAXLOC", _pairwise(lambda a, b: a > b))
-MINLOC = Op("MINLOC", _pairwise(lambda a, b: a < b))
-REPLACE = Op("REPLACE", _replace)
-NO_OP = Op("NO_OP", _no_op)
-OP_NULL = Op("OP_NULL", _no_op)
+BAND = Op._make("BAND", operator.and_)
+BOR = Op._make("BOR", operator.or_)
+BXOR = Op._make("BXOR", operator.xor)
+MAXLOC = Op._make("MAXLOC", _pairwise(lambda a, b: a > b))
+MINLOC = Op._make("MINLOC", _pairwise(lambda a, b: a < b))
+REPLACE = Op._make("REPLACE", _replace)
+NO_OP = Op._make("NO_OP", _no_op)
+OP_NULL = Op._make("OP_NULL", _no_op)
 
 PREDEFINED: dict[str, Op] = {op.name: op for op in (SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR,
                                                     MAXLOC, MINLOC, REPLACE, NO_OP, OP_NULL)}

@@ -8,24 +8,93 @@ errors come back as MPI.Exception subclasses that are still the native classes (
 Modes: ``Send``/``Isend`` are MPI's standard mode (the progress process buffers a small message that
 no receive waits for yet, so the send completes at once; engine/p2p.py), ``Ssend``/``Issend`` the
 native synchronous calls, ``Rsend`` (which MPI lets an implementation run as a standard send) the
-standard ones. ``Bsend`` (Attach_buffer) is not provided.
+standard ones. Buffered mode (Bsend, Attach_buffer): bsend.py.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
-from shmproxy.mpi import buffers
+from shmproxy.mpi import bsend, buffers
 from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_RANK, ERR_TAG, convert, error, unsupported
-from shmproxy.mpi.request import MESSAGE_NO_PROC, Message, ObjRequest, Prequest, Request
+from shmproxy.mpi.message import MESSAGE_NO_PROC, Message
+from shmproxy.mpi.request import ObjRequest, Prequest, Request
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.rank import objects, objp2p
 
-_parse = buffers.parse
-_NO_BUFFERED = "buffered mode (Attach_buffer) needs an eager send path the runtime does not have"
+
+def _parse(spec: Any, what: str, writable: bool) -> Any:
+    return buffers.wire(buffers.parse(spec, what, writable))
+
+
+
+
+def _ignored_buf(buf: Any, what: str) -> None:
+    """mpi4py's object receives warn that a buffer argument is not used; so do these."""
+    if buf is not None:
+        warnings.warn(f"Comm.{what}: the buf argument is ignored (an object is received into memory of "
+                      "its own)", UserWarning, stacklevel=3)
+
+
+class _Done:
+    """A native-like request that is complete (a buffered send started by a persistent request)."""
+
+    status = None
+    _comm = None
+
+    def Wait(self) -> None:
+        return None
+
+    def Test(self) -> bool:
+        return True
+
+    def Cancel(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        return "buffered send"
+
+
+class _NullRecv:
+    """The status of a receive from PROC_NULL, in the native status's fields."""
+    source, tag, nbytes, cancelled = PROC_NULL, ANY_TAG, 0, False
+
+
+class _Both:
+    """A receive and a send (either may be absent) seen as one native request (Isendrecv): complete
+    when both are; the status is the receive's."""
+
+    __slots__ = ("_recv", "_send", "_comm")
+
+    def __init__(self, recv: Any, send: Any):
+        self._recv, self._send = recv, send
+        self._comm = (recv or send)._comm
+
+    def Wait(self) -> Any:
+        if self._recv is not None:
+            self._recv.Wait()
+        if self._send is not None:
+            self._send.Wait()
+        return self.status
+
+    def Test(self) -> bool:
+        return all(r.Test() for r in (self._recv, self._send) if r is not None)
+
+    def Cancel(self) -> None:
+        for r in (self._recv, self._send):
+            if r is not None:
+                r.Cancel()
+
+    @property
+    def status(self) -> Any:
+        return self._recv.status if self._recv is not None else _NullRecv()
+
+    def describe(self) -> str:
+        return " and ".join(r.describe() for r in (self._recv, self._send) if r is not None)
 
 
 class PointToPoint:
@@ -120,10 +189,25 @@ class PointToPoint:
     Irsend = Isend
 
     def Bsend(self, buf: Any, dest: int, tag: int = 0) -> None:
-        unsupported("Comm.Bsend", _NO_BUFFERED)
+        """Buffered send (bsend.py): complete at once; the message draws on the attached buffer."""
+        self._bsend(buf, dest, tag, "Bsend")
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        unsupported("Comm.Ibsend", _NO_BUFFERED)
+        self._bsend(buf, dest, tag, "Ibsend")
+        return Request(None, True)     # complete: the data is out of the caller's buffer
+
+    def _bsend(self, buf: Any, dest: int, tag: int, what: str) -> Any:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Request(None, True)
+        b = _parse(buf, "send buffer", False)
+        taken = bsend.reserve(b.nbytes, what)
+        try:
+            req = Request(self._c.Isend(b.copy(), dest, tag))
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        bsend.track(req, taken)
+        return req
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> None:
@@ -148,6 +232,44 @@ class PointToPoint:
         b = _parse(buf, "Sendrecv_replace buffer", True)
         sb = None if dest == PROC_NULL else b.copy()
         self._exchange(sb, dest, sendtag, None if source == PROC_NULL else b, source, recvtag, status)
+
+    def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
+        """Nonblocking Sendrecv: one request, complete when both halves are; its status is the
+        receive's."""
+        dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
+        source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
+        sb = None if dest == PROC_NULL else _parse(sendbuf, "Isendrecv sendbuf", False)
+        rb = None
+        if source != PROC_NULL:
+            if recvbuf is None:
+                raise error(ERR_BUFFER, "Isendrecv: recvbuf is None but the source is not PROC_NULL")
+            rb = _parse(recvbuf, "Isendrecv recvbuf", True)
+        return self._iexchange(sb, dest, sendtag, rb, source, recvtag)
+
+    def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                          recvtag: int = ANY_TAG) -> Request:
+        """Nonblocking Sendrecv_replace: the outgoing data is copied at the call, as the blocking one."""
+        dest, sendtag = self._peer(dest, "destination"), self._tag(sendtag)
+        source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
+        b = _parse(buf, "Isendrecv_replace buffer", True)
+        sb = None if dest == PROC_NULL else b.copy()
+        return self._iexchange(sb, dest, sendtag, None if source == PROC_NULL else b, source, recvtag)
+
+    def _iexchange(self, sb: Any, dest: int, sendtag: int, rb: Any, source: int, recvtag: int) -> Request:
+        if sb is None and rb is None:
+            return Request(proc_null=True)
+        c = self._c
+        rreq = sreq = None
+        try:
+            with c.group():
+                if rb is not None:
+                    rreq = c.Irecv(rb, source, recvtag)
+                if sb is not None:
+                    sreq = c.Isend(sb, dest, sendtag)
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        return Request(_Both(rreq, sreq))
 
     def _exchange(self, sb: Any, dest: int, sendtag: int, rb: Any, source: int, recvtag: int,
                   status: Status | None) -> None:
@@ -187,8 +309,17 @@ class PointToPoint:
 
     Rsend_init = Send_init
 
-    def Bsend_init(self, *a: Any, **k: Any) -> Prequest:
-        unsupported("Comm.Bsend_init", _NO_BUFFERED)
+    def Bsend_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:
+        """Persistent buffered send: each Start is a Bsend of the buffer's contents then."""
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return Prequest(None, (), True)
+        _parse(buf, "send buffer", False)     # checked now, as MPI checks at init
+        return Prequest(self._bsend_started, (buf, dest, tag), False)
+
+    def _bsend_started(self, buf: Any, dest: int, tag: int) -> Any:
+        self._bsend(buf, dest, tag, "Bsend_init")
+        return _Done()
 
     # ------------------------------------------------------------------ probes
     def _probe_call(self, fn: Any, source: Any, tag: Any) -> Any:
@@ -260,6 +391,7 @@ class PointToPoint:
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None) -> Any:
+        _ignored_buf(buf, "recv")
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
             if status is not None:
@@ -280,11 +412,27 @@ class PointToPoint:
         return ObjRequest(self._obj(objp2p.isend, obj, dest, tag))
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """Nonblocking object receive (``buf`` is accepted and ignored: the object's size is its own)."""
+        """Nonblocking object receive (``buf`` is ignored, with a warning: the object's size is its own)."""
+        _ignored_buf(buf, "irecv")
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
             return Request(None, True)
         return ObjRequest(self._obj(objp2p.irecv, source, tag))
+
+    def bsend(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Buffered object send: complete at once, drawing its pickled size on the attached buffer."""
+        self._obj_bsend(obj, dest, tag, "bsend")
+
+    def ibsend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        self._obj_bsend(obj, dest, tag, "ibsend")
+        return Request(None, True)
+
+    def _obj_bsend(self, obj: Any, dest: int, tag: int, what: str) -> None:
+        dest, tag = self._peer(dest, "destination"), self._tag(tag)
+        if dest == PROC_NULL:
+            return
+        taken = bsend.reserve(bsend.object_size(obj), what)
+        bsend.track(ObjRequest(self._obj(objp2p.isend, obj, dest, tag)), taken)
 
     def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         """Synchronous object send: every message of the object goes as a synchronous send, so the
@@ -294,7 +442,10 @@ class PointToPoint:
             return Request(None, True)
         c = self._c
         if dest == c.rank:
-            return self.isend(obj, dest, tag)
+            if self._obj(objp2p.deliver_to_posted, obj, tag):    # an irecv of this rank took it
+                return ObjRequest(_SelfSync(c, tag, [True, False]))
+            token = self._obj(objects.send_self_sync, obj, tag)
+            return ObjRequest(_SelfSync(c, tag, token))
         try:
             out = objects._dumps(obj, f"issend to rank {dest} tag {tag}")
             with c.group():
@@ -361,6 +512,32 @@ class PointToPoint:
             status._fill(None)
             status.source, status.tag = inc.source, inc.tag
         return Message(obj=inc, comm=self._c)
+
+
+class _SelfSync:
+    """An issend of a rank to itself, in objp2p.ObjRequest's form: complete once a receive of this
+    rank took the object (objects.send_self_sync)."""
+
+    __slots__ = ("_comm", "_tag", "_token", "status")
+
+    def __init__(self, comm: Any, tag: int, token: list):
+        self._comm, self._tag, self._token, self.status = comm, tag, token, None
+
+    def test(self) -> tuple[bool, None]:
+        return bool(self._token[0] or self._token[1]), None
+
+    def wait(self) -> None:
+        if not self.test()[0]:
+            raise errors.InvalidUsage(f"rank {self._comm.rank}: waiting for an issend to itself (tag "
+                                      f"{self._tag}) that no receive took: it could never complete")
+
+    def cancel(self) -> None:
+        if objects.cancel_self_sync(self._comm, self._tag, self._token):
+            self.status = _Cancelled()
+
+
+class _Cancelled:
+    source, tag, nbytes, cancelled = ANY_SOURCE, ANY_TAG, 0, True
 
 
 class _Synchronous:

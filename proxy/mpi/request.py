@@ -16,6 +16,7 @@ wait is bounded by SHMPROXY_TIMEOUT, and failures (a dead peer, an abort) are ra
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Iterable, Sequence
 
 from shmproxy.core import errors
@@ -29,11 +30,39 @@ ANY_SLICE_S = 0.002   # longest sleep of Waitany/Waitsome between two tests of e
 class Request:
     """A nonblocking operation: Wait, Test, Free, Get_status and the Wait/Test families."""
 
-    __slots__ = ("_r", "_null", "__weakref__")
+    __slots__ = ("_r", "_null", "_h", "__weakref__")
 
     def __init__(self, native: Any = None, proc_null: bool = False):
+        if isinstance(native, Request):   # mpi4py's MPI.Request(req): a second object of req's handle
+            self._r, self._null, self._h = native._r, native._null, native._hid()
+            return
         self._r = native          # the native request while active, else None
         self._null = proc_null    # an active operation with PROC_NULL: completes without the runtime
+        self._h: Request | None = None    # the request whose handle this one is a copy of
+
+    def _hid(self) -> "Request":
+        return self if self._h is None else self._h
+
+    # handles, as mpi4py gives them: an int naming the request while some object of it lives
+    @property
+    def handle(self) -> int:
+        h = self._hid()
+        _HANDLES[id(h)] = h
+        return id(h)
+
+    def toint(self) -> int:
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromhandle(cls, handle: int) -> "Request":
+        h = _HANDLES.get(int(handle))
+        if h is None:
+            raise error(ERR_REQUEST, f"no request has the handle {handle}")
+        return cls(h)
+
+    fromint = f2py = fromhandle
 
     def _active(self) -> bool:
         return self._r is not None or self._null
@@ -113,6 +142,9 @@ class Request:
                 raise convert(exc) from None
 
     # mpi4py's lower-case forms (the object layer's requests override them)
+    def get_status(self, status: Status | None = None) -> bool:
+        return self.Get_status(status)
+
     def wait(self, status: Status | None = None) -> Any:
         self.Wait(status)
         return None
@@ -127,9 +159,15 @@ class Request:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Request):
             return NotImplemented
-        return self is other or (not self and not other)
+        return self._hid() is other._hid() or (not self and not other)
 
-    __hash__ = object.__hash__
+    def __hash__(self) -> int:
+        return id(self._hid())
+
+    def __reduce__(self) -> Any:
+        if self._active():
+            raise ValueError("an active request cannot be pickled: it names an operation of this process")
+        return "REQUEST_NULL" if self is REQUEST_NULL else (Request, ())
 
     def __repr__(self) -> str:
         if self._r is not None:
@@ -159,12 +197,8 @@ class Request:
         """True (and every request completed) if all are complete, else False and none is changed."""
         reqs = _check(requests)
         for r in reqs:
-            if r._r is not None:
-                try:
-                    if not r._r.Test():
-                        return False
-                except errors.ProxyError as exc:
-                    raise convert(exc) from None
+            if r._active() and not _done(r):
+                return False
         for i, r in enumerate(reqs):
             r.Test(_status_at(statuses, i))
         return True
@@ -264,6 +298,41 @@ class Request:
         done = [i for i, r in enumerate(reqs) if r._active() and _done(r)]
         return done, [reqs[i].wait(_status_at(statuses, k)) for k, i in enumerate(done)]
 
+    # MPI 4.1's Get_status families: whether complete, leaving every request as it is
+    @staticmethod
+    def Get_status_any(requests: Sequence["Request"], status: Status | None = None) -> tuple[int, bool]:
+        reqs = _check(requests)
+        if not any(r._active() for r in reqs):
+            if status is not None:
+                status._fill(None)
+            return UNDEFINED, True
+        i = _first_done(reqs)
+        if i is None:
+            return UNDEFINED, False
+        reqs[i].Get_status(status)
+        return i, True
+
+    @staticmethod
+    def Get_status_all(requests: Sequence["Request"], statuses: Sequence | None = None) -> bool:
+        reqs = _check(requests)
+        if not all(not r._active() or _done(r) for r in reqs):
+            return False
+        for i, r in enumerate(reqs):
+            r.Get_status(_status_at(statuses, i))
+        return True
+
+    @staticmethod
+    def Get_status_some(requests: Sequence["Request"], statuses: Sequence | None = None) -> list[int] | None:
+        reqs = _check(requests)
+        if not any(r._active() for r in reqs):
+            return None
+        done = [i for i, r in enumerate(reqs) if r._active() and _done(r)]
+        for k, i in enumerate(done):
+            reqs[i].Get_status(_status_at(statuses, k))
+        return done
+
+    get_status_any, get_status_all, get_status_some = Get_status_any, Get_status_all, Get_status_some
+
     @staticmethod
     def Startall(requests: Sequence["Prequest"]) -> None:
         for r in _check(requests):
@@ -278,6 +347,12 @@ class Prequest(Request):
     __slots__ = ("_post", "_args", "_live")
 
     def __init__(self, post: Any = None, args: tuple = (), proc_null: bool = False):
+        if isinstance(post, Request):      # MPI.Prequest(preq): a second object of its handle
+            if not isinstance(post, Prequest):
+                raise TypeError("MPI.Prequest() takes a persistent request")
+            super().__init__(post)
+            self._post, self._args, self._live = post._post, post._args, post._live
+            return
         super().__init__(None, False)
         self._post = None if proc_null else post   # the native Isend/Irecv, None for PROC_NULL
         self._args = args
@@ -289,9 +364,10 @@ class Prequest(Request):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Request):
             return NotImplemented
-        return self is other or (not self and not other)
+        return self._hid() is other._hid() or (not self and not other)
 
-    __hash__ = object.__hash__
+    def __hash__(self) -> int:
+        return id(self._hid())
 
     def Start(self) -> None:
         if self._active():
@@ -316,6 +392,11 @@ class Grequest(Request):
     """Generalized requests are not provided."""
 
     __slots__ = ()
+
+    def __init__(self, request: Any = None):
+        if request is not None and not isinstance(request, Grequest):
+            raise TypeError("MPI.Grequest() takes a generalized request")
+        super().__init__(request)
 
     @classmethod
     def Start(cls, *_a: Any, **_k: Any) -> "Grequest":
@@ -374,10 +455,28 @@ class ObjRequest(Request):
         return self.test(status)[0]
 
     def Get_status(self, status: Status | None = None) -> bool:
-        unsupported("Request.Get_status on an object request", "test() it instead")
+        """Whether complete, the request staying active (the object layer keeps what it received)."""
+        o = self._o
+        if o is None:
+            if status is not None:
+                status._fill(None)
+            return True
+        try:
+            done = o.test()[0]
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        if done and status is not None:
+            status._fill(o.status)
+        return bool(done)
 
     def Cancel(self) -> None:
-        unsupported("Request.Cancel on an object request", "an object is several messages")
+        """Only an issend of a rank to itself can be cancelled (an object is several messages)."""
+        cancel = getattr(self._o, "cancel", None)
+        if cancel is None:
+            unsupported("Request.Cancel on an object request", "an object is several messages")
+        cancel()
+
+    cancel = Cancel
 
     def Free(self) -> None:
         self._o = None
@@ -386,83 +485,8 @@ class ObjRequest(Request):
         return "<MPI.Request object " + ("active>" if self._o is not None else "inactive>")
 
 
-class Message:
-    """A message a matched probe took (Comm.Mprobe/Improbe, or mprobe/improbe for objects): only its
-    Recv/Irecv (recv/irecv) receives it. MESSAGE_NO_PROC is the message of a probe of PROC_NULL."""
-
-    __slots__ = ("_m", "_obj", "_comm", "_no_proc")
-
-    def __init__(self, native: Any = None, obj: Any = None, comm: Any = None, no_proc: bool = False):
-        self._m, self._obj, self._comm, self._no_proc = native, obj, comm, no_proc
-
-    def __bool__(self) -> bool:
-        return self._m is not None or self._obj is not None or self._no_proc
-
-    def _take(self) -> tuple[Any, Any]:
-        if not self:
-            raise error(ERR_REQUEST, "receive of MPI.MESSAGE_NULL (the message was received already)")
-        m, obj = self._m, self._obj
-        self._m = self._obj = None
-        return m, obj
-
-    def Irecv(self, buf: Any) -> Request:
-        from shmproxy.mpi.buffers import parse
-        no_proc = self._no_proc
-        m, _obj = self._take()
-        if m is None and no_proc:
-            return Request(None, True)
-        try:
-            return Request(m.Irecv(parse(buf, "receive buffer", True)))
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
-
-    def Recv(self, buf: Any, status: Status | None = None) -> None:
-        self.Irecv(buf).Wait(status)
-
-    def recv(self, status: Status | None = None) -> Any:
-        """The object of an object-layer matched probe (Comm.mprobe)."""
-        from shmproxy.rank import objects
-        no_proc = self._no_proc
-        _m, inc = self._take()
-        if inc is None:
-            if no_proc:
-                if status is not None:
-                    status._fill_null()
-                return None
-            raise error(ERR_REQUEST, "recv of a buffer message (from Comm.Mprobe): use Recv")
-        try:
-            value, st = objects._finish_recv(self._comm, inc, f"recv from rank {inc.source} tag {inc.tag}")
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
-        if status is not None:
-            status._fill(st)
-        return value
-
-    def irecv(self) -> Request:
-        return ObjRequest(_Done(self.recv()))
-
-    def __repr__(self) -> str:
-        return "<MPI.Message>" if self else "<MPI.MESSAGE_NULL>"
-
-
-class _Done:
-    """An object request that is complete already (Message.irecv of an object in hand)."""
-
-    __slots__ = ("_value", "status")
-
-    def __init__(self, value: Any):
-        self._value, self.status = value, None
-
-    def wait(self) -> Any:
-        return self._value
-
-    def test(self) -> tuple[bool, Any]:
-        return True, self._value
-
-
 REQUEST_NULL = Request()
-MESSAGE_NULL = Message()
-MESSAGE_NO_PROC = Message(no_proc=True)
+_HANDLES: "weakref.WeakValueDictionary[int, Request]" = weakref.WeakValueDictionary()
 
 
 # ---------------------------------------------------------------- helpers
@@ -474,9 +498,13 @@ def _check(requests: Iterable[Any]) -> list[Request]:
     return reqs
 
 
-def _status_at(statuses: list | None, i: int) -> Status | None:
+def _status_at(statuses: Sequence | None, i: int) -> Status | None:
+    """The i-th status to fill: a list grows to hold it (as mpi4py's), other sequences only give
+    the ones they have."""
     if statuses is None:
         return None
+    if not isinstance(statuses, list):
+        return statuses[i] if i < len(statuses) and isinstance(statuses[i], Status) else None
     while len(statuses) <= i:
         statuses.append(Status())
     st = statuses[i]

@@ -44,25 +44,22 @@ class Derived(Datatype):
     """A derived MPI datatype (see the module header). ``dtype`` is None: it never passes for a
     predefined type; ``base`` is the one predefined numpy dtype it is made of, or None (mixed)."""
 
-    __slots__ = ("blocks", "lb", "ub", "true_lb", "true_ub", "base", "align", "comb", "contents",
+    __slots__ = ("blocks", "lb", "ub", "true_lb", "true_ub", "base", "align", "comb", "_contents",
                  "committed", "freed", "key")
 
-    def __init__(self, blocks: np.ndarray, lb: int, ub: int, true_lb: int, true_ub: int, base: Any,
-                 align: int, combiner: int, contents: tuple):
-        super().__init__("DERIVED", None)
+    def _setup(self, blocks: np.ndarray, lb: int, ub: int, true_lb: int, true_ub: int, base: Any,
+               align: int, combiner: int, contents: tuple) -> None:
+        self._sym, self._label, self.dtype, self._pair, self._h = "DERIVED", "", None, None, self
         self.blocks = _merge(blocks)
         self.size = int(self.blocks[:, 1].sum())
         self.lb, self.ub, self.true_lb, self.true_ub = int(lb), int(ub), int(true_lb), int(true_ub)
         if not self.size:
             self.true_lb = self.true_ub = 0 if not len(self.blocks) else self.true_lb
-        self.base, self.align, self.comb, self.contents = base, align, combiner, contents
+        self.base, self.align, self.comb, self._contents = base, align, combiner, contents
         self.committed = self.freed = False
         self.key = next(_serial)
 
     # ---- queries
-    def Set_name(self, name: str) -> None:
-        self.name = str(name)
-
     def Get_extent(self) -> tuple[int, int]:
         return self.lb, self.ub - self.lb
 
@@ -85,13 +82,50 @@ class Derived(Datatype):
     def combiner(self) -> int:   # type: ignore[override]
         return self.comb
 
-    def Get_envelope(self) -> tuple[int, int, int, int]:
-        ints, addrs, types = self.contents
-        return len(ints), len(addrs), len(types), self.comb
+    def Get_envelope(self) -> tuple[int, int, int, int, int]:
+        ints, addrs, types = self._contents
+        return len(ints), len(addrs), 0, len(types), self.comb
 
-    def Get_contents(self) -> tuple[list[int], list[int], list[Datatype]]:
-        ints, addrs, types = self.contents
-        return list(ints), list(addrs), list(types)
+    def Get_contents(self) -> tuple[list[int], list[int], list[int], list[Datatype]]:
+        """As MPI_Type_get_contents: a derived type among the old types comes back as a new handle
+        (the caller frees it), a named one as itself."""
+        ints, addrs, types = self._contents
+        return list(ints), list(addrs), [], [t if t.is_named else t._newhandle() for t in types]
+
+    def decode(self) -> tuple[Datatype, str, dict]:
+        from shmproxy.mpi.dtintro import decode
+        return decode(self)
+
+    def tocode(self) -> str:
+        if self.comb == COMBINER_DUP:
+            return self._contents[2][0].tocode()
+        raise error(ERR_TYPE, "a derived datatype has no type code")
+
+    @property
+    def typechar(self) -> str:   # type: ignore[override]
+        if self.comb == COMBINER_DUP:
+            return self._contents[2][0].typechar
+        return "V"
+
+    @property
+    def typestr(self) -> str:   # type: ignore[override]
+        if self.comb == COMBINER_DUP:
+            return self._contents[2][0].typestr
+        return f"V{self.extent}"
+
+    def _copy(self) -> "Derived":
+        """A second Python object of this handle (MPI.Datatype(d)): equal to it."""
+        new = object.__new__(Derived)
+        for slot in Datatype.__slots__ + Derived.__slots__:
+            setattr(new, slot, getattr(self, slot))
+        return new
+
+    def _newhandle(self) -> "Derived":
+        """A new handle of the same type (Get_contents' old types): freeing one leaves the other."""
+        d = _new(self.blocks, self.lb, self.ub, self.true_lb, self.true_ub, self.base, self.align, self.comb,
+                 self._contents)
+        d.committed, d._label = self.committed, self._label
+        return d
 
     @property
     def dense(self) -> bool:
@@ -122,10 +156,9 @@ class Derived(Datatype):
 
     def Dup(self) -> "Derived":
         self._check_live("Dup")
-        d = _new(self.blocks, self.lb, self.ub, self.true_lb, self.true_ub, self.base, self.align,
-                 COMBINER_DUP, ((), (), (self,)))
-        d.committed = self.committed
-        return d
+        return dup(self)
+
+    Create_dup = Dup
 
     def _check_live(self, what: str) -> None:
         if self.freed:
@@ -142,12 +175,17 @@ class Derived(Datatype):
                 f"extent {self.extent}>")
 
     def __reduce__(self) -> Any:   # type: ignore[override]
-        raise TypeError("derived datatypes do not pickle")
+        """Pickles as its constructor call (decode), so that the copy is built the same way."""
+        from shmproxy.mpi.dtintro import rebuild
+        old, comb, kwargs = self.decode()
+        return rebuild, (old, comb, kwargs, self.committed)
 
 
 def _new(blocks: np.ndarray, lb: int, ub: int, tlb: int, tub: int, base: Any, align: int, comb: int,
          contents: tuple) -> Derived:
-    return Derived(blocks, lb, ub, tlb, tub, base, align, comb, contents)
+    d = object.__new__(Derived)
+    d._setup(blocks, lb, ub, tlb, tub, base, align, comb, contents)
+    return d
 
 
 def _merge(blocks: np.ndarray) -> np.ndarray:
@@ -171,8 +209,11 @@ def _parts(t: Any) -> tuple[np.ndarray, int, int, int, int, Any, int]:
         raise error(ERR_TYPE, f"expected an MPI.Datatype, got {type(t).__name__}")
     dt = t.dtype
     if dt is None or t._pair is not None or dt.char not in DTYPE_CODE:
-        raise error(ERR_TYPE, f"MPI.{t.name} cannot be part of a derived datatype here (the native layer "
-                    "carries bool, int8..uint64, float16/32/64 and complex64/128)")
+        if dt is None:
+            raise error(ERR_TYPE, f"{t.name} cannot be part of a derived datatype")
+        # a pair type or long double: its bytes, as a type of mixed elements
+        n = dt.itemsize
+        return np.array([[0, n]], np.int64), 0, n, 0, n, None, dt.alignment
     n = dt.itemsize
     return np.array([[0, n]], np.int64), 0, n, 0, n, dt, (n // 2 if dt.kind == "c" else n)
 
@@ -215,6 +256,12 @@ def hvector(t: Any, count: int, bl: int, stride: int, comb: int = COMBINER_HVECT
             contents: tuple | None = None) -> Derived:
     count, bl = _count(count, "count"), _count(bl, "blocklength")
     ext = _extent(t)
+    tb, lb, ub, tlb, tub, base, align = _parts(t)
+    if (len(tb) == 1 and tb[0, 0] == 0 and tb[0, 1] == ext and lb == 0 and int(stride) == bl * ext
+            and count * bl):   # dense pieces back to back: one block, whatever the count
+        n = count * bl * ext
+        return _new(np.array([[0, n]], np.int64), 0, n, 0, n, base, align, comb,
+                    contents or ((count, bl), (int(stride),), (t,)))
     offs = (np.arange(count, dtype=np.int64)[:, None] * int(stride)
             + np.arange(bl, dtype=np.int64)[None, :] * ext)
     return _from(_replicate(t, offs), comb, contents or ((count, bl), (int(stride),), (t,)))
@@ -300,6 +347,29 @@ def subarray(t: Any, sizes: Sequence[int], subsizes: Sequence[int], starts: Sequ
     p = _parts(t)
     return _new(blocks, p[1], p[1] + int(np.prod(sz)) * ext, tlb, tub, base, align, COMBINER_SUBARRAY,
                 ((len(sz), *sz.tolist(), *sub.tolist(), *st.tolist(), order), (), (t,)))
+
+
+def dup(t: Any) -> Derived:
+    blocks, lb, ub, tlb, tub, base, align = _parts(t)
+    d = _new(blocks, lb, ub, tlb, tub, base, align, COMBINER_DUP, ((), (), (t,)))
+    d.committed = True if t.is_predefined else t.committed
+    return d
+
+
+def darray(t: Any, size: int, rank: int, gsizes: Sequence[int], distribs: Sequence[int],
+           dargs: Sequence[int], psizes: Sequence[int], order: int = ORDER_C) -> Derived:
+    """This rank's part of a block/cyclic distributed array (MPI_Type_create_darray)."""
+    from shmproxy.mpi.dtintro import darray_elements
+    g = _ints(gsizes, "gsizes")
+    elems = darray_elements(_count(size, "size"), _count(rank, "rank"), g.tolist(), list(distribs),
+                            list(dargs), _ints(psizes, "psizes").tolist(), order)
+    ext = _extent(t)
+    blocks, _lb, _ub, tlb, tub, base, align = _replicate(t, elems * ext)
+    p = _parts(t)
+    nd = len(g)
+    return _new(blocks, p[1], p[1] + int(np.prod(g)) * ext, tlb, tub, base, align, COMBINER_DARRAY,
+                ((int(size), int(rank), nd, *g.tolist(), *[int(x) for x in distribs],
+                  *[int(x) for x in dargs], *[int(x) for x in psizes], int(order)), (), (t,)))
 
 
 def resized(t: Any, lb: int, extent: int) -> Derived:

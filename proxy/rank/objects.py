@@ -320,8 +320,26 @@ class _In:
 
 
 # ------------------------------------------------------------------------------ point-to-point
+def send_self_sync(comm: Any, obj: Any, tag: int = 0) -> list:
+    """An issend to this rank itself: queued as send does, with a token [taken, cancelled] that the
+    receive taking the object sets, so that its request completes only then, as MPI's does."""
+    token = [False, False]
+    send(comm, obj, comm.rank, tag, _token=token)
+    return token
+
+
+def cancel_self_sync(comm: Any, tag: int, token: list) -> bool:
+    """Take back an issend to itself that no receive took yet; True if it was still queued."""
+    for entry in list(q := (getattr(comm, _SELF_ATTR, None) or {}).get(tag) or ()):
+        if len(entry) > 2 and entry[2] is token:
+            q.remove(entry)
+            token[1] = True
+            return True
+    return False
+
+
 @_public
-def send(comm: Any, obj: Any, dest: int, tag: int = 0) -> None:
+def send(comm: Any, obj: Any, dest: int, tag: int = 0, _token: list | None = None) -> None:
     """Send a picklable object to ``dest`` (``comm.rank`` itself included).
 
     Returns once the object no longer needs the caller's memory: at once when the runtime copied
@@ -341,7 +359,8 @@ def send(comm: Any, obj: Any, dest: int, tag: int = 0) -> None:
             queues = {}
             setattr(comm, _SELF_ATTR, queues)
         bufs = [np.frombuffer(m, np.uint8).copy() for m in out.bufs]  # the caller may reuse its arrays
-        queues.setdefault(tag, collections.deque()).append((out.data, bufs))
+        queues.setdefault(tag, collections.deque()).append((out.data, bufs) if _token is None
+                                                           else (out.data, bufs, _token))
         return
     with comm.group():
         reqs = _post_send(comm, out, dest, tag, OP_P2P, 0)
@@ -391,7 +410,10 @@ def _recv_self(comm: Any, source: int, tag: int, what: str) -> tuple[Any, Status
     got = _from_self(comm, source, tag, True)
     if got is None:
         return None
-    (data, bufs), t = got
+    entry, t = got
+    data, bufs = entry[0], entry[1]
+    if len(entry) > 2:
+        entry[2][0] = True      # a synchronous send to itself: now it completes
     return _loads(data, bufs, what), Status(comm.rank, t, len(data) + sum(b.nbytes for b in bufs))
 
 

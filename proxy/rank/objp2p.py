@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
-from shmproxy.rank.objects import (OP_P2P, _dumps, _finish_recv, _from_self, _post_send, _start_recv,
+from shmproxy.rank.objects import (OP_P2P, _dumps, _finish_recv, _from_self, _loads, _post_send, _start_recv,
                                    _wild_peer, recv, recv_status, send)
 from shmproxy.rank.objstate import _complete_sends, _enter, _peer, _public, _user_tag
 from shmproxy.rank.request import Request, Status
 
-__all__ = ["ObjRequest", "isend", "irecv", "sendrecv", "probe", "iprobe"]
+__all__ = ["ObjRequest", "isend", "irecv", "sendrecv", "probe", "iprobe", "deliver_to_posted"]
+
+_POSTED = "_objp2p_pending_irecvs"    # per communicator: its irecvs not complete yet, in post order
 
 
 class ObjRequest:
@@ -36,8 +40,14 @@ class ObjRequest:
             else:
                 assert self._recv is not None
                 self._value, self.status = recv_status(self._comm, *self._recv)
-            self._done = True
+            self._set_done()
         return self._value
+
+    def _set_done(self) -> None:
+        self._done = True
+        posted = getattr(self._comm, _POSTED, None)
+        if posted and self in posted:
+            posted.remove(self)
 
     def test(self, status: Any = None) -> tuple[bool, Any]:
         if not self._done:
@@ -54,7 +64,7 @@ class ObjRequest:
                 return False, None
             what = f"irecv from rank {inc.source} tag {inc.tag}"
             self._value, self.status = _finish_recv(self._comm, inc, what)
-            self._done = True
+            self._set_done()
         return True, self._value
 
     Wait = wait
@@ -85,7 +95,33 @@ def irecv(comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> ObjRequest
     (an object's size is unknown until its header is in), so no receive of this rank is left where it
     could take another object's parts."""
     _enter(comm)
-    return ObjRequest(comm, recv=_wild_peer(comm, source, tag))
+    req = ObjRequest(comm, recv=_wild_peer(comm, source, tag))
+    posted = getattr(comm, _POSTED, None)
+    if posted is None:
+        posted = []
+        setattr(comm, _POSTED, posted)
+    posted.append(req)
+    return req
+
+
+def deliver_to_posted(comm: Any, obj: Any, tag: int) -> bool:
+    """A send of this rank to itself, handed to the earliest irecv of this rank that accepts it (and
+    has no earlier object of this rank waiting for it), as MPI matches a send with a posted receive:
+    True if one took it, which then is complete. (Its receives post nothing until tested, so an
+    issend to itself would otherwise wait for a receive that never looks.)"""
+    for req in list(getattr(comm, _POSTED, None) or ()):
+        source, rtag = req._recv
+        if req._done or source not in (ANY_SOURCE, comm.rank) or rtag not in (ANY_TAG, tag):
+            continue
+        if _from_self(comm, source, rtag, False) is not None:
+            continue        # it takes the object sent before this one
+        out = _dumps(obj, f"send to rank {comm.rank} tag {tag}")
+        bufs = [np.frombuffer(m, np.uint8).copy() for m in out.bufs]
+        req._value = _loads(out.data, bufs, f"irecv from rank {comm.rank} tag {tag}")
+        req.status = Status(comm.rank, tag, len(out.data) + sum(b.nbytes for b in bufs))
+        req._set_done()
+        return True
+    return False
 
 
 @_public

@@ -1,0 +1,133 @@
+"""MPI.Message: what a matched probe took (Comm.Mprobe/Improbe, mprobe/improbe for objects)."""
+from __future__ import annotations
+
+from typing import Any
+
+from shmproxy.core import errors
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
+from shmproxy.mpi.exceptions import ERR_REQUEST, convert, error
+from shmproxy.mpi.request import ObjRequest, Request
+from shmproxy.mpi.status import Status
+
+
+class Message:
+    """A message a matched probe took (Comm.Mprobe/Improbe, or mprobe/improbe for objects): only its
+    Recv/Irecv (recv/irecv) receives it. MESSAGE_NO_PROC is the message of a probe of PROC_NULL."""
+
+    __slots__ = ("_m", "_obj", "_comm", "_no_proc", "_h")
+
+    def __init__(self, native: Any = None, obj: Any = None, comm: Any = None, no_proc: bool = False):
+        self._h: Message | None = None      # the message whose handle this object is a copy of
+        if isinstance(native, Message):     # mpi4py's MPI.Message(msg): a second object of its handle
+            self._m, self._obj, self._comm = native._m, native._obj, native._comm
+            self._no_proc, self._h = native._no_proc, native._hid()
+            return
+        self._m, self._obj, self._comm, self._no_proc = native, obj, comm, no_proc
+
+    def _hid(self) -> "Message":
+        return self if self._h is None else self._h
+
+    def __bool__(self) -> bool:
+        return self._m is not None or self._obj is not None or self._no_proc
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (not self and not other) or (bool(self) and self._hid() is other._hid())
+
+    def __hash__(self) -> int:
+        return id(self._hid())
+
+    def __reduce__(self) -> Any:
+        for name in ("MESSAGE_NULL", "MESSAGE_NO_PROC"):
+            if self._hid() is globals().get(name) and (self._no_proc or not self):
+                return name if self._h is None else (Message, (globals()[name],))
+        raise ValueError("a matched message cannot be pickled: it names a message of this process")
+
+    @classmethod
+    def Probe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> "Message":
+        """mpi4py's form of Comm.Mprobe."""
+        return comm.Mprobe(source, tag, status)
+
+    @classmethod
+    def Iprobe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Any = None) -> "Message | None":
+        """mpi4py's form of Comm.Improbe."""
+        return comm.Improbe(source, tag, status)
+
+    @classmethod
+    def probe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> "Message":
+        """mpi4py's form of Comm.mprobe (an object message)."""
+        return comm.mprobe(source, tag, status)
+
+    @classmethod
+    def iprobe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Any = None) -> "Message | None":
+        return comm.improbe(source, tag, status)
+
+    def _take(self) -> tuple[Any, Any]:
+        if not self:
+            raise error(ERR_REQUEST, "receive of MPI.MESSAGE_NULL (the message was received already)")
+        m, obj = self._m, self._obj
+        self._m = self._obj = None
+        if self is not globals().get("MESSAGE_NO_PROC"):   # the constant itself stays what it is
+            self._no_proc = False
+        return m, obj
+
+    def Irecv(self, buf: Any) -> Request:
+        from shmproxy.mpi.buffers import parse
+        no_proc = self._no_proc
+        m, _obj = self._take()
+        if m is None and no_proc:
+            return Request(None, True)
+        try:
+            return Request(m.Irecv(parse(buf, "receive buffer", True)))
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+
+    def Recv(self, buf: Any, status: Status | None = None) -> None:
+        self.Irecv(buf).Wait(status)
+
+    def recv(self, status: Status | None = None) -> Any:
+        """The object of an object-layer matched probe (Comm.mprobe)."""
+        from shmproxy.rank import objects
+        no_proc = self._no_proc
+        _m, inc = self._take()
+        if inc is None:
+            if no_proc:
+                if status is not None:
+                    status._fill_null()
+                return None
+            raise error(ERR_REQUEST, "recv of a buffer message (from Comm.Mprobe): use Recv")
+        try:
+            value, st = objects._finish_recv(self._comm, inc, f"recv from rank {inc.source} tag {inc.tag}")
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        if status is not None:
+            status._fill(st)
+        return value
+
+    def irecv(self) -> Request:
+        return ObjRequest(_Done(self.recv()))
+
+    def __repr__(self) -> str:
+        return "<MPI.Message>" if self else "<MPI.MESSAGE_NULL>"
+
+
+class _Done:
+    """An object request that is complete already (Message.irecv of an object in hand)."""
+
+    __slots__ = ("_value", "status")
+
+    def __init__(self, value: Any):
+        self._value, self.status = value, None
+
+    def wait(self) -> Any:
+        return self._value
+
+    def test(self) -> tuple[bool, Any]:
+        return True, self._value
+
+
+MESSAGE_NULL = Message()
+MESSAGE_NO_PROC = Message(no_proc=True)
