@@ -1,6 +1,7 @@
 """More rank bodies for tests/test_gpu.py (device buffers): bfloat16 torch tensors, the ``stream=``
-keyword, comm.alloc(device=...), a nonblocking collective under the rank's own kernel, and where an
-8 B device Allreduce's time goes. Shared helpers are in tests/bodies_gpu.py.
+keyword, comm.alloc(device=...), a nonblocking collective under the rank's own kernel, where an
+8 B device Allreduce's time goes, and small blocking collectives (the fast path). Shared helpers are
+in tests/bodies_gpu.py.
 """
 from __future__ import annotations
 
@@ -297,3 +298,126 @@ def latency_breakdown() -> dict:
     return {"post_us": post[len(post) // 2] / 1e3, "wait_us": wait[len(wait) // 2] / 1e3,
             "total_us": sorted(t2 - t0 for t0, _t1, t2 in times)[len(times) // 2] / 1e3,
             "times": times[-400:], "profile": prof}
+
+
+def small_fast() -> dict:
+    """Small blocking collectives on device arrays, which run between the ranks through host copies
+    (shmproxy.rank.fastpath): against cupy references for several dtypes, in place and not; work
+    queued on a non-default stream before the call (cupy's current stream, or ``stream=``) is seen,
+    and the result is in place, for any stream, once the call returns; host buffers on rank 0 and
+    device buffers elsewhere in one small call; the same mix above the fast path's limit is refused
+    on every rank alike, and the communicator goes on."""
+    from tests.bodies_gpu import _input, _ref_reduce, _same
+    cp = _cp()
+    kern = cp.RawKernel(_SPIN, "spin_then_fill")
+    bad, cases = [], 0
+    with shmproxy.init() as comm:
+        me, size, fast = comm.rank, comm.size, comm._fast_bytes
+        for dtype in ("int32", "int64", "float32", "float64", "uint8", "float16", "complex64"):
+            for n in (1, 2, 7, 64):
+                xs = [_input(cp, r, n, dtype) for r in range(size)]
+                ops = ["SUM", "PROD", "AVG"] if dtype.startswith("complex") else (
+                    ["SUM", "MAX", "MIN", "PROD"] + (["AVG"] if dtype[0] == "f" else []))
+                for op in ops:
+                    o = getattr(shmproxy, op)
+                    ref = _ref_reduce(cp, xs, op).astype(dtype)
+                    out = cp.zeros(n, dtype)
+                    comm.Allreduce(xs[me], out, o)
+                    inplace = xs[me].copy()
+                    comm.Allreduce(shmproxy.IN_PLACE, inplace, o)
+                    root = (n + len(op)) % size
+                    rout = cp.zeros(n, dtype) if me == root else None
+                    comm.Reduce(xs[me], rout, o, root=root)
+                    rin = xs[me].copy()
+                    at = me == root
+                    comm.Reduce(shmproxy.IN_PLACE if at else rin, rin if at else None, o, root)
+                    cases += 4
+                    got = [("Allreduce", out), ("Allreduce in place", inplace)]
+                    if me == root:
+                        got += [("Reduce", rout), ("Reduce in place", rin)]
+                    for what, g in got:
+                        if not _same(cp, g, ref, op):
+                            bad.append(f"{what} {op} {dtype} n={n}")
+                for root in range(size):
+                    buf = xs[me].copy()
+                    comm.Bcast(buf, root)
+                    cases += 1
+                    if not bool((buf == xs[root]).all()):
+                        bad.append(f"Bcast root {root} {dtype} n={n}")
+                comm.Barrier()
+
+        # stream order: a slow kernel writes the input on a non-blocking stream just before the call
+        s = cp.cuda.Stream(non_blocking=True)
+        expect = size * (size + 1) / 2
+
+        def seen_elsewhere(a: Any, value: float) -> bool:   # read on a stream the call did not use
+            with cp.cuda.Stream(non_blocking=True):
+                return bool((a == value).all())
+
+        for how in ("current", "keyword"):
+            x, out = cp.zeros(2, cp.float32), cp.zeros(2, cp.float32)
+            cp.cuda.Device().synchronize()
+            with s:
+                kern((1,), (32,), (x, cp.int64(2), cp.float32(me + 1), cp.int64(50_000_000)))
+            if how == "current":
+                with s:
+                    comm.Allreduce(x, out)
+            else:
+                comm.Allreduce(x, out, stream=s)
+            cases += 1
+            if not seen_elsewhere(out, expect):
+                bad.append(f"Allreduce ({how} stream) saw its input before the stream wrote it, or its "
+                           f"result was not in place on return: {out.get()}")
+            # the output side: a kernel queued on the stream before a Bcast writes the buffer first,
+            # and the Bcast's result lands after it
+            buf = cp.full(2, 5.0 if me == 0 else 0.0, cp.float32)
+            cp.cuda.Device().synchronize()
+            if me:
+                with s:
+                    kern((1,), (32,), (buf, cp.int64(2), cp.float32(99.0), cp.int64(50_000_000)))
+            if how == "current":
+                with s:
+                    comm.Bcast(buf, 0)
+            else:
+                comm.Bcast(buf, 0, stream=s)
+            cases += 1
+            if not seen_elsewhere(buf, 5.0):
+                bad.append(f"Bcast ({how} stream) result overwritten by earlier stream work: {buf.get()}")
+
+        # host buffers on rank 0, device buffers on the others, in one small call
+        def mk(vals: list) -> Any:
+            a = np.array(vals, np.float32)
+            return a if me == 0 else cp.asarray(a)
+
+        buf = mk([me, me, me])
+        comm.Bcast(buf, size - 1)
+        comm.Barrier()
+        cases += 1
+        if not (cp.asnumpy(buf) == size - 1).all():
+            bad.append(f"mixed ranks: Bcast {cp.asnumpy(buf)}")
+        # ... and above the limit: the progress process refuses the mix on every rank alike
+        big = fast // 4 + 1024
+        raised = None
+        try:
+            comm.Allreduce(mk([1] * big), mk([0] * big))
+        except shmproxy.ProxyError as exc:
+            raised = type(exc).__name__
+        out = cp.zeros(2, cp.float32)
+        comm.Allreduce(cp.ones(2, cp.float32), out)
+        cases += 1
+        if not seen_elsewhere(out, size):
+            bad.append("the communicator did not go on after the refused mix")
+        # last (a mismatch fails the communicator): a small Allreduce and Reduce, mixed
+        try:
+            out = mk([0, 0])
+            comm.Allreduce(mk([me + 1, 1]), out)
+            red = mk([0, 0]) if me == size - 1 else None
+            comm.Reduce(mk([me + 1, 2]), red, shmproxy.SUM, size - 1)
+            mixed = "ok"
+            if not (cp.asnumpy(out) == [expect, size]).all():
+                bad.append(f"mixed ranks: Allreduce {cp.asnumpy(out)}")
+            if me == size - 1 and not (cp.asnumpy(red) == [expect, 2 * size]).all():
+                bad.append(f"mixed ranks: Reduce {cp.asnumpy(red)}")
+        except shmproxy.ProxyError as exc:
+            mixed = type(exc).__name__
+    return {"cases": cases, "bad": bad, "fast": fast, "large_mix": raised, "mixed_reduce": mixed}

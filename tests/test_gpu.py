@@ -87,6 +87,21 @@ def test_stream_keyword_orders_after_that_stream():
         assert not r["bad"], r["bad"]
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_small_blocking_collectives_take_the_fast_path(nranks):
+    """Small blocking collectives on device arrays (Bcast runs between the ranks: rank/fastpath.py):
+    results, stream order, host buffers on one rank and device buffers on the others."""
+    res = run_ranks(MORE + "small_fast", nranks, timeout=300, env={"SHMPROXY_TIMEOUT": "60"})
+    for r in res.results:
+        assert r["fast"] > 0, "the fast path is off on a one-node communicator"
+        assert not r["bad"], r["bad"]
+        assert r["cases"] > 200
+    assert [r["large_mix"] for r in res.results] == ["InvalidArgument"] * nranks
+    # a small device Allreduce against a host one: the same path (works) or a mismatch on every rank
+    expect = "InvalidUsage"   # SHMPROXY_FAST_DEVICE_REDUCTIONS is off by default
+    assert [r["mixed_reduce"] for r in res.results] == [expect] * nranks
+
+
 def test_device_alloc_registered_once_freed_when_dropped():
     res = run_ranks(MORE + "device_alloc", 2, timeout=180)
     print("GPU_ALLOC " + json.dumps(res.results))

@@ -14,7 +14,9 @@ Reductions go in rank order (the root's input first for Reduce), into one output
 to the other ranks' outputs, so every rank gets the same bits, as on the host. bfloat16 (which cupy
 lacks; the record's DTYPE_BFLOAT16) is reduced as 16-bit words by kernels of our own that widen each
 pair to float32, combine, and round back to nearest even, step by step as torch's bfloat16 ops do.
-Every rank's buffers must be device memory: a collective whose ranks mix host and device buffers is refused.
+Every rank's buffers must be device memory: a collective whose ranks mix host and device buffers is
+refused (InvalidArgument on every rank). A small blocking Bcast never comes here: its ranks run it
+between themselves through host copies (shmproxy.rank.fastpath), where host and device ranks mix.
 """
 from __future__ import annotations
 

@@ -199,6 +199,10 @@ _DECLARED: tuple[Param, ...] = (
        "per rank runs between the ranks; the progress process keeps everything else (docs/architecture.md, "
        "'The fast path'). Every rank must use the same value. auto (-1): as large as keeps the cells of "
        "every pair within FAST_AUTO_POOL_BYTES, between 512 B and 8 KiB. 0 = off.", -1, 65536),
+    _p("FAST_DEVICE_REDUCTIONS", _parse_bool, False,
+       "Small blocking Allreduce and Reduce of device arrays run between the ranks through host copies, as "
+       "a small device Bcast does. Off by default: on a GPU shared by ranks without MPS the two copies per "
+       "call cost more than the progress process's path (BENCHMARKS.md). Every rank must use the same value."),
     _p("FAST_AUTO_POOL_BYTES", parse_size, 4 << 20,
        "With FAST_BYTES=auto: the shared memory the fast path's cells of a communicator may take.", 0),
     _p("FAST_MAX_RANKS", int, 64,

@@ -114,6 +114,7 @@ class DeviceMemory:
         # id -> array of the bfloat16 views made by the current call's as_array (cleared per call;
         # holding the arrays keeps their ids unique meanwhile)
         self._bf16: dict[int, Any] = {}
+        self._stage: tuple[np.ndarray, int] | None = None   # host_stage's buffer and its address
         self.cp: Any = None
 
     def begin_call(self) -> None:
@@ -147,6 +148,17 @@ class DeviceMemory:
         if id(arr) in self._bf16:
             return DTYPE_BFLOAT16
         return DTYPE_CODE.get(arr.dtype.char)
+
+    def host_stage(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """A page-locked host buffer of at least ``nbytes`` bytes and its address: where the fast path
+        stages a small device collective (shmproxy.rank.fastpath). Made once per communicator (the
+        fast path's size limit), so that a copy to or from it is a plain DMA on the rank's stream."""
+        st = self._stage
+        if st is None or st[0].nbytes < nbytes:
+            mem = self.cp.cuda.alloc_pinned_memory(max(nbytes, 64))
+            host = np.frombuffer(mem, np.uint8, max(nbytes, 64))   # holds ``mem`` alive
+            st = self._stage = (host, host.ctypes.data)
+        return st
 
     def as_stream(self, stream: Any, device: int) -> Any:
         """A ``stream=`` argument as a cupy stream of ``device``: a cupy Stream, a torch Stream, or a

@@ -9,9 +9,32 @@ Comm binds Send, Recv, Barrier, Allreduce, Bcast and Reduce to C entry points of
 - A collective is small or not by what every rank passes alike (its kind, bytes per rank, dtype and
   op: ``small``), never by where a rank's buffer lies, since all ranks must take the same path. So a
   small collective the C path declined for a rank-local reason (a strided input, which is copied
-  here as the progress process's path would stage it) still runs between the ranks (``coll_fast``);
-  only a signature that is not small goes to the progress process, and so do arguments that its
-  checks refuse (they raise there, before anything is posted, naming why).
+  here as the progress process's path would stage it; a ``stream=``, which host memory ignores)
+  still runs between the ranks (``coll_fast``); only a signature that is not small goes to the
+  progress process, and so do arguments that its checks refuse (they raise there, before anything is
+  posted, naming why).
+- **Device arrays** (cupy, the CUDA array interface, DLPack) of a small Bcast run between the ranks
+  too (``_device``; a Barrier has no buffers): the rank orders itself after the work queued on the
+  stream (``stream=`` or cupy's current one) by copying its input into a page-locked host buffer on
+  that stream and synchronizing it, runs ``coll_fast`` on the host copy, and copies the result back
+  on the same stream, synchronized again, so a blocking call returns with the result in place and
+  the caller's later work on any stream sees it. The host copy is used in place (one buffer; the
+  fingerprint does not tell in-place from not, and the reduction's order and kernel are the host's),
+  so a device rank and a host rank of the same small call meet in one collective with the same bits.
+  **Allreduce and Reduce** of device arrays take the same way only with FAST_DEVICE_REDUCTIONS: off,
+  because each rank then queues two copies per call, and where the ranks share a GPU without MPS
+  the GPU switching between their contexts made that slower than the progress process's path
+  (BENCHMARKS.md, the device section); off, every rank posts them to the progress process at any size.
+  Hence **host on one rank and device on another** in one collective: a small Bcast or Barrier works
+  on both (each stages or not on its own side); a small Allreduce or Reduce is a mismatch (the host
+  rank runs it between the ranks, the device rank posts it), which fails the communicator with
+  InvalidUsage on every rank; a large one goes to the progress process on both, which refuses the mix
+  with InvalidArgument on every rank alike. Host and device mixed within one call is refused by the
+  call's own checks (``Comm._device_args``), as before, before anything is posted.
+  **bfloat16** stays with the progress process at every size: the device path reduces it step by
+  step through float32 with rounding back each step, which the C kernels of the host path do not
+  do, and a bfloat16 call is device memory on every rank (numpy has no such dtype), so every rank
+  of it takes the progress process's path alike.
 
 Failures: the C wait hands its outcome to ``fast_failed``: the communicator's own error when its
 flags are up, or a Timeout / mismatch that first fails the communicator on every rank (through the
@@ -25,7 +48,8 @@ import numpy as np
 
 from shmproxy.control.protocol import MsgType
 from shmproxy.core import errors, log
-from shmproxy.core.ops import CODE_DTYPE, COLL_NAMES, DTYPE_CODE, IN_PLACE, REDUCE_OP_NAMES, Coll, ReduceOp
+from shmproxy.core.ops import (CODE_DTYPE, COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, IN_PLACE, REDUCE_OP_NAMES,
+                               Coll, ReduceOp)
 from shmproxy.shm import _poster, pool as P
 
 if TYPE_CHECKING:
@@ -34,6 +58,7 @@ if TYPE_CHECKING:
 _log = log.get("RANK")
 # shm/_poster_coll.c's outcomes of a wait
 CW_FAILED, CW_TIMEOUT, CW_MISMATCH, CW_GONE = 1, 2, 3, 4
+_H2D, _D2H = 1, 2   # cudaMemcpyKind
 _DTYPE_NAMES = {code: dt.name for code, dt in CODE_DTYPE.items()}
 
 
@@ -88,21 +113,31 @@ def _barrier(comm: "Comm") -> None:
     comm.Ibarrier().Wait()
 
 
+def _not_host(*bufs: Any) -> bool:
+    """Whether a buffer of the call may be device memory (``_device`` then looks)."""
+    return any(b is not None and b is not IN_PLACE and type(b) is not np.ndarray for b in bufs)
+
+
 def _allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, stream: Any = None) -> None:
     o = _op(op)
-    if (stream is None and o is not None and _out(recvbuf)
+    if (o is not None and _out(recvbuf)
             and (sendbuf is IN_PLACE or (_host(sendbuf) and sendbuf.dtype == recvbuf.dtype
                                          and sendbuf.size == recvbuf.size))
             and small(comm, Coll.ALLREDUCE, recvbuf.nbytes, recvbuf.dtype, o)):
         _run(comm, Coll.ALLREDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf, o, 0)
         return
+    if (o is not None and comm.params.FAST_DEVICE_REDUCTIONS and _not_host(sendbuf, recvbuf)
+            and _device(comm, Coll.ALLREDUCE, sendbuf, recvbuf, o, 0, stream)):
+        return
     comm.Iallreduce(sendbuf, recvbuf, op, **({} if stream is None else {"stream": stream})).Wait()
 
 
 def _bcast(comm: "Comm", buf: Any, root: int = 0, stream: Any = None) -> None:
-    if (stream is None and _out(buf) and isinstance(root, (int, np.integer))
-            and 0 <= int(root) < comm.size and small(comm, Coll.BCAST, buf.nbytes, buf.dtype, 0)):
+    ok_root = isinstance(root, (int, np.integer)) and 0 <= int(root) < comm.size
+    if ok_root and _out(buf) and small(comm, Coll.BCAST, buf.nbytes, buf.dtype, 0):
         _run(comm, Coll.BCAST, None, buf, 0, int(root))
+        return
+    if ok_root and _not_host(buf) and _device(comm, Coll.BCAST, buf, None, 0, int(root), stream):
         return
     comm.Ibcast(buf, root, **({} if stream is None else {"stream": stream})).Wait()
 
@@ -113,7 +148,7 @@ def _reduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, ro
     ok_root = isinstance(root, (int, np.integer)) and 0 <= int(root) < comm.size
     at_root = ok_root and int(root) == comm.rank
     sig = recvbuf if sendbuf is IN_PLACE else sendbuf
-    if (stream is None and o is not None and ok_root and _host(sig)
+    if (o is not None and ok_root and _host(sig)
             and (not at_root or (_out(recvbuf) and recvbuf.dtype == sig.dtype
                                  and recvbuf.size == sig.size))
             and (sendbuf is not IN_PLACE or at_root)
@@ -122,7 +157,73 @@ def _reduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, ro
         _run(comm, Coll.REDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf if at_root else None, o,
              int(root))
         return
+    if (o is not None and comm.params.FAST_DEVICE_REDUCTIONS and ok_root and _not_host(sendbuf, recvbuf)
+            and _device(comm, Coll.REDUCE, sendbuf, recvbuf, o, int(root), stream)):
+        return
     comm.Ireduce(sendbuf, recvbuf, op, root, **({} if stream is None else {"stream": stream})).Wait()
+
+
+def _device(comm: "Comm", coll: int, sendbuf: Any, recvbuf: Any, op: int, root: int, stream: Any) -> bool:
+    """A small collective on device arrays, run between the ranks through a host copy (see the header);
+    False where the call is not one (the caller posts it, and the progress process's checks raise
+    for arguments they refuse). Host and device mixed in one call raise here, as there."""
+    send, recv, mem = comm._device_args(COLL_NAMES[coll], sendbuf, recvbuf)
+    if not mem:
+        return False
+    dev = comm._device
+    in_place = sendbuf is IN_PLACE
+    at_root = coll == Coll.ALLREDUCE or root == comm.rank
+    for a in (send, recv):
+        if a is not None and a is not IN_PLACE and dev.dtype_code(a) in (None, DTYPE_BFLOAT16):
+            return False
+    if coll == Coll.BCAST:
+        src = dst = send
+        if root == comm.rank:
+            dst = None                 # the root's buffer is only read
+        else:
+            src = None                 # the others' input is not read
+    else:
+        sig = recv if in_place else send
+        if sig is None or (in_place and not at_root) or (at_root and recv is None):
+            return False
+        if at_root and not in_place and (recv.dtype != send.dtype or recv.size != send.size):
+            return False
+        src, dst = sig, (recv if at_root else None)
+    arr = send if coll == Coll.BCAST else sig
+    nbytes = arr.nbytes
+    if not small(comm, coll, nbytes, arr.dtype, op):
+        return False
+    cp = dev.cp
+    rt = cp.cuda.runtime
+    did = arr.device.id
+    s = dev.as_stream(stream, did)
+    prev = rt.getDevice()
+    if prev != did:
+        rt.setDevice(did)
+    try:
+        sp = (s if s is not None else cp.cuda.get_current_stream()).ptr
+        host, addr = dev.host_stage(comm._fast_bytes)
+        view = host[:nbytes].view(arr.dtype)
+        if src is not None and nbytes:
+            # after the stream's queued work: the input is what that work left
+            _copy(rt, addr, src.data.ptr, nbytes, _D2H, sp)
+        # in place on the host: one buffer, the same fingerprint and reduction as any rank's
+        if coll == Coll.REDUCE and not at_root:
+            comm._pp.coll_fast(int(coll), view, None, op, root)
+        else:
+            comm._pp.coll_fast(int(coll), None, view, op, root)
+        if dst is not None and nbytes:
+            _copy(rt, dst.data.ptr, addr, nbytes, _H2D, sp)
+    finally:
+        if prev != did:
+            rt.setDevice(prev)
+    return True
+
+
+def _copy(rt: Any, dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
+    """A small copy between device and host, after the work queued on ``stream``, done on return."""
+    rt.memcpyAsync(dst, src, nbytes, kind, stream)
+    rt.streamSynchronize(stream)
 
 
 def fast_check(comm: "Comm") -> None:
@@ -169,7 +270,8 @@ def fast_failed(comm: "Comm", code: int, detail: tuple[int, ...]) -> None:
         exc = errors.InvalidUsage(
             f"collective mismatch: rank {comm.rank} called a blocking {describe(fp)}, which runs between the "
             f"ranks, but rank {other} posted {what} to the progress process instead (a nonblocking "
-            f"collective, which never matches a blocking one, a device buffer, or one above SHMPROXY_FAST_BYTES)")
+            f"collective, which never matches a blocking one, a device Allreduce or Reduce, bfloat16, or one "
+            f"above SHMPROXY_FAST_BYTES)")
     fail_everywhere(comm, exc)
     raise exc
 
