@@ -335,3 +335,33 @@ def abort_reaches_peers() -> dict:
         comm.Recv(np.zeros(1), 1, 0)
     assert e.value.Get_error_class() in (MPI.ERR_REVOKED, MPI.ERR_PROC_FAILED), e.value
     return {"seconds": time.monotonic() - t0, "error": str(e.value)}
+
+
+class _DevicePointer:
+    """A CUDA array interface over an address that is not host memory (nothing may read it)."""
+
+    def __init__(self) -> None:
+        self.__cuda_array_interface__ = {"data": (0xDEAD0000, False), "typestr": "<f8", "shape": (4,),
+                                         "version": 3}
+
+
+def device_buffers_are_never_read_as_host() -> dict:
+    """A device buffer goes to the native layer, which moves device memory (here, without cupy, it
+    refuses it naming why), or is refused in the forms the MPI layer cannot hand over: never read as
+    host memory, which would crash the rank."""
+    comm = MPI.COMM_WORLD
+    x = _DevicePointer()
+    out = {}
+    for name, call in (("counted", lambda: comm.Allreduce(MPI.IN_PLACE, [x, 4, MPI.DOUBLE])),
+                       ("vector", lambda: comm.Allgatherv(np.zeros(4), [x, ([2, 2], [0, 2]), MPI.DOUBLE])),
+                       ("plain", lambda: comm.Bcast(x, root=0)),
+                       ("typed", lambda: comm.Bcast([x, MPI.DOUBLE], root=0))):
+        try:
+            call()
+            out[name] = "no error"
+        except NotImplementedError:
+            out[name] = "NotImplementedError"
+        except MPI.Exception as exc:
+            out[name] = "cupy" if "cupy" in str(exc) or "device" in str(exc) else str(exc)
+    comm.Barrier()
+    return out

@@ -1,8 +1,11 @@
 """Buffer arguments in mpi4py's forms, turned into the numpy views the native layer takes.
 
 Accepted (``buf`` is any object of the buffer protocol: numpy arrays, bytearray, bytes for sends,
-array.array, mmap, memoryview, ctypes arrays; and objects of DLPack or the CUDA array interface
-in host memory, foreign.py):
+array.array, mmap, memoryview, ctypes arrays; DLPack objects in host memory, foreign.py). Device
+arrays (the CUDA array interface, DLPack on a CUDA device: cupy, torch) are handed to the native
+layer as they are, which moves device memory itself (a CUDA-aware MPI, as mpi4py's users of cupy
+expect), in the forms ``buf`` and ``[buf, its datatype]``; other forms with them raise
+NotImplementedError.
 
     buf                                   every element, datatype from the buffer's format
     [buf, datatype]  /  (buf, datatype)   datatype: an MPI.Datatype or a type code such as "d"
@@ -26,10 +29,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from shmproxy.core.memory import device_array_kind
 from shmproxy.core.ops import DTYPE_CODE, IN_PLACE
 from shmproxy.mpi.datatypes import Datatype, check_native, from_typecode, of_dtype
 from shmproxy.mpi import foreign
-from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, buffer_error, error
+from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, buffer_error, error, unsupported
 from shmproxy.mpi.foreign import is_foreign
 from shmproxy.mpi.typemap import Derived, typed_buffer
 
@@ -60,6 +64,8 @@ def _as_array(obj: Any, writable: bool, what: str) -> np.ndarray:
         try:
             mv = memoryview(obj)
         except TypeError:
+            if device_array_kind(obj) is not None:
+                unsupported(f"{what}: a device buffer in this form (pass the device array itself)")
             if is_foreign(obj):
                 return _checked(foreign.as_array(obj, what), obj, writable, what)
             raise error(ERR_BUFFER, f"{what}: expected a buffer (numpy array, bytearray, array.array, ...) "
@@ -69,6 +75,17 @@ def _as_array(obj: Any, writable: bool, what: str) -> np.ndarray:
         except (ValueError, TypeError, NotImplementedError):  # a format numpy cannot read: its bytes
             arr = np.frombuffer(mv.cast("B") if mv.c_contiguous else mv, np.uint8)
     return _checked(arr, obj, writable, what)
+
+
+def _device_dtype(obj: Any) -> np.dtype | None:
+    """The dtype a device array says it has (cupy, torch: ``dtype``; else its CUDA array interface)."""
+    try:
+        return np.dtype(obj.__cuda_array_interface__["typestr"])
+    except (AttributeError, KeyError, TypeError):
+        try:
+            return np.dtype(str(obj.dtype).replace("torch.", ""))
+        except (AttributeError, TypeError):
+            return None
 
 
 def _checked(arr: np.ndarray, obj: Any, writable: bool, what: str) -> np.ndarray:
@@ -162,15 +179,24 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
     if spec is None or spec is IN_PLACE or spec is BOTTOM:
         return spec
     if not isinstance(spec, (list, tuple)):
+        if device_array_kind(spec) is not None:
+            return spec      # device memory: the native layer moves it (CUDA-aware, as mpi4py's users expect)
         return _retype(_as_array(spec, writable, what), None, what)[0]
     if len(spec) == 2:     # [array, MPI.DOUBLE] with the array's own dtype: the second short path
         buf, d = spec
+        if device_array_kind(buf) is not None:
+            if type(d) is Datatype and d.dtype is not None and d._pair is None and _device_dtype(buf) == d.dtype:
+                return buf
+            unsupported(f"{what}: a device buffer with a datatype other than its own dtype")
         if (type(buf) is np.ndarray and type(d) is Datatype and d.dtype is not None and buf.dtype == d.dtype
                 and d._pair is None):
             flags = buf.flags
             if buf.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
                 return buf
     buf, count, displ, dtype = _split(spec, what)
+    if device_array_kind(buf) is not None:
+        unsupported(f"{what}: a device buffer with a count or displacement (pass the device array, or "
+                    f"[array, its datatype])")
     if buf is None or buf is BOTTOM:
         if count in (None, 0) and dtype is not None:
             return np.empty(0, check_native(_as_datatype(dtype, what), what))
@@ -215,6 +241,8 @@ def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
     if counts is None:
         raise error(ERR_COUNT, f"{what}: a vector spec needs per-rank counts")
     counts, displs = _per_rank(counts, size), _per_rank(displs, size, stride=True)
+    if device_array_kind(buf) is not None:
+        unsupported(f"{what}: device buffers in the vector collectives")
     arr = _as_array(buf, writable, what)
     if type(dtype) is Derived:
         return _parse_v_derived(arr, dtype, counts, displs, what, writable, size)

@@ -1,17 +1,12 @@
-"""Buffers that reach the MPI layer through DLPack or the CUDA array interface, seen as numpy views.
+"""Buffers that reach the MPI layer through DLPack in host memory, seen as numpy views.
 
 mpi4py takes, besides the buffer protocol, any object with ``__dlpack__`` / ``__dlpack_device__`` or
-``__cuda_array_interface__``. shmproxy moves bytes through host shared memory, so it takes them where
-the memory is host memory:
-
-- DLPack: the device must be the CPU (or CUDA pinned host memory); any other device raises
-  NotImplementedError naming it. The capsule is read here, without consuming it (not renamed): the
-  view keeps both the capsule and the exporting object alive, and the producer's deleter runs when
-  the capsule goes, as the DLPack protocol says for a capsule nobody consumed.
-- CUDA array interface: the pointer is used as a host address, as an MPI library that is not
-  CUDA-aware does with what mpi4py hands it; it must be host-accessible memory (pinned or managed,
-  or a host array that merely exports the interface). A pointer into device-only memory crashes the
-  rank (SIGSEGV) rather than give a wrong result.
+``__cuda_array_interface__``. Device arrays (the CUDA array interface, DLPack on a CUDA device) never
+come here: buffers.py hands them to the native layer, which moves device memory itself. What comes
+here is DLPack on the CPU (or in CUDA pinned host memory); any other device raises
+NotImplementedError naming it. The capsule is read here, without consuming it (not renamed): the view
+keeps both the capsule and the exporting object alive, and the producer's deleter runs when the
+capsule goes, as the DLPack protocol says for a capsule nobody consumed.
 
 The result is a numpy array over the memory, never a copy, read-only where the exporter says so.
 """
@@ -129,22 +124,8 @@ def _from_dlpack(obj: Any, what: str) -> np.ndarray:
     return _view((t.data or 0) + t.byte_offset, n * dtype.itemsize, dtype, readonly, (obj, capsule))
 
 
-def _from_cai(obj: Any, what: str) -> np.ndarray:
-    cai = obj.__cuda_array_interface__
-    addr, readonly = cai["data"]
-    dtype = np.dtype(cai["typestr"])
-    shape = tuple(int(s) for s in cai["shape"])
-    strides = cai.get("strides")
-    if cai.get("mask") is not None:
-        raise error(ERR_BUFFER, f"{what}: a masked CUDA array interface buffer")
-    if not _contiguous(shape, None if strides is None else tuple(strides), dtype.itemsize):
-        raise error(ERR_BUFFER, f"{what} is not contiguous (a strided CUDA array interface buffer)")
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    return _view(int(addr or 0), n * dtype.itemsize, dtype, bool(readonly), (obj,))
-
-
 def as_array(obj: Any, what: str) -> np.ndarray:
-    """The host view of a DLPack or CUDA-array-interface object (see the module doc)."""
+    """The host view of a DLPack object in host memory (see the module doc)."""
     if hasattr(obj, "__dlpack__"):
         return _from_dlpack(obj, what)
-    return _from_cai(obj, what)
+    unsupported(f"{what}: {type(obj).__name__} exports no DLPack")
