@@ -421,3 +421,39 @@ def small_fast() -> dict:
         except shmproxy.ProxyError as exc:
             mixed = type(exc).__name__
     return {"cases": cases, "bad": bad, "fast": fast, "large_mix": raised, "mixed_reduce": mixed}
+
+
+def mpi_layer_device_arrays() -> dict:
+    """shmproxy.MPI with cupy arrays (device memory: handed to the native layer, as a CUDA-aware MPI
+    takes them): Send/Recv, Allreduce in the forms buf and [buf, its datatype], Bcast, a result
+    against cupy's; a counted form raises NotImplementedError."""
+    import cupy as cp
+    from shmproxy import MPI
+    comm = MPI.COMM_WORLD
+    r, n = comm.rank, comm.size
+    bad = []
+    x = cp.full(1000, r + 1, cp.float32)
+    y = cp.zeros(1000, cp.float32)
+    comm.Allreduce(x, [y, MPI.FLOAT], op=MPI.SUM)
+    if not bool((y == n * (n + 1) / 2).all()):
+        bad.append(("Allreduce", float(y[0])))
+    b = cp.arange(64, dtype=cp.int64) if r == 0 else cp.zeros(64, cp.int64)
+    comm.Bcast(b, root=0)
+    if not bool((b == cp.arange(64)).all()):
+        bad.append(("Bcast", int(b[1])))
+    if n >= 2:
+        if r == 0:
+            comm.Send(cp.full(300, 5.0), 1, 3)
+        elif r == 1:
+            got = cp.zeros(300)
+            st = MPI.Status()
+            comm.Recv(got, 0, 3, st)
+            if not bool((got == 5.0).all()) or st.Get_source() != 0:
+                bad.append(("Recv", float(got[0]), st.Get_source()))
+    try:
+        comm.Allreduce(MPI.IN_PLACE, [y, 10, MPI.FLOAT])
+        bad.append(("counted", "no error"))
+    except NotImplementedError:
+        pass
+    comm.Barrier()
+    return {"bad": bad}

@@ -173,3 +173,9 @@ def test_latency_breakdown(tmp_path):
               f"{med[0]:.1f}, last post -> fetched {med[1]:.1f}, fetched -> done on the GPU {med[2]:.1f}, "
               f"done -> both ranks returned {med[3]:.1f}")
     print("GPU_LATENCY rank 0 cProfile:\n" + res.results[0]["profile"])
+
+
+def test_mpi_layer_hands_device_arrays_to_the_native_layer():
+    res = run_ranks(MORE + "mpi_layer_device_arrays", 2, timeout=180)
+    for r in res.results:
+        assert not r["bad"], r["bad"]

@@ -1,8 +1,8 @@
 """Buffer arguments in mpi4py's forms, turned into the numpy views the native layer takes.
 
 Accepted (``buf`` is any object of the buffer protocol: numpy arrays, bytearray, bytes for sends,
-array.array, mmap, memoryview, ctypes arrays; DLPack objects in host memory, foreign.py). Device
-arrays (the CUDA array interface, DLPack on a CUDA device: cupy, torch) are handed to the native
+array.array, mmap, memoryview, ctypes arrays; DLPack and CUDA-array-interface objects over host
+memory, foreign.py). Device arrays (memory on a GPU: cupy, torch) are handed to the native
 layer as they are, which moves device memory itself (a CUDA-aware MPI, as mpi4py's users of cupy
 expect), in the forms ``buf`` and ``[buf, its datatype]``; other forms with them raise
 NotImplementedError.
@@ -64,7 +64,7 @@ def _as_array(obj: Any, writable: bool, what: str) -> np.ndarray:
         try:
             mv = memoryview(obj)
         except TypeError:
-            if device_array_kind(obj) is not None:
+            if _on_device(obj):
                 unsupported(f"{what}: a device buffer in this form (pass the device array itself)")
             if is_foreign(obj):
                 return _checked(foreign.as_array(obj, what), obj, writable, what)
@@ -75,6 +75,12 @@ def _as_array(obj: Any, writable: bool, what: str) -> np.ndarray:
         except (ValueError, TypeError, NotImplementedError):  # a format numpy cannot read: its bytes
             arr = np.frombuffer(mv.cast("B") if mv.c_contiguous else mv, np.uint8)
     return _checked(arr, obj, writable, what)
+
+
+def _on_device(obj: Any) -> bool:
+    """A device array whose memory is on a GPU (foreign.on_device), not host memory behind the CUDA
+    array interface."""
+    return device_array_kind(obj) is not None and foreign.on_device(obj)
 
 
 def _device_dtype(obj: Any) -> np.dtype | None:
@@ -179,12 +185,12 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
     if spec is None or spec is IN_PLACE or spec is BOTTOM:
         return spec
     if not isinstance(spec, (list, tuple)):
-        if device_array_kind(spec) is not None:
+        if _on_device(spec):
             return spec      # device memory: the native layer moves it (CUDA-aware, as mpi4py's users expect)
         return _retype(_as_array(spec, writable, what), None, what)[0]
     if len(spec) == 2:     # [array, MPI.DOUBLE] with the array's own dtype: the second short path
         buf, d = spec
-        if device_array_kind(buf) is not None:
+        if _on_device(buf):
             if type(d) is Datatype and d.dtype is not None and d._pair is None and _device_dtype(buf) == d.dtype:
                 return buf
             unsupported(f"{what}: a device buffer with a datatype other than its own dtype")
@@ -194,7 +200,7 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
             if buf.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
                 return buf
     buf, count, displ, dtype = _split(spec, what)
-    if device_array_kind(buf) is not None:
+    if _on_device(buf):
         unsupported(f"{what}: a device buffer with a count or displacement (pass the device array, or "
                     f"[array, its datatype])")
     if buf is None or buf is BOTTOM:
@@ -241,7 +247,7 @@ def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
     if counts is None:
         raise error(ERR_COUNT, f"{what}: a vector spec needs per-rank counts")
     counts, displs = _per_rank(counts, size), _per_rank(displs, size, stride=True)
-    if device_array_kind(buf) is not None:
+    if _on_device(buf):
         unsupported(f"{what}: device buffers in the vector collectives")
     arr = _as_array(buf, writable, what)
     if type(dtype) is Derived:

@@ -1,12 +1,18 @@
-"""Buffers that reach the MPI layer through DLPack in host memory, seen as numpy views.
+"""Buffers that reach the MPI layer through DLPack or the CUDA array interface in host memory, seen as
+numpy views; and the test that tells device memory from host memory behind such an object.
 
 mpi4py takes, besides the buffer protocol, any object with ``__dlpack__`` / ``__dlpack_device__`` or
-``__cuda_array_interface__``. Device arrays (the CUDA array interface, DLPack on a CUDA device) never
-come here: buffers.py hands them to the native layer, which moves device memory itself. What comes
-here is DLPack on the CPU (or in CUDA pinned host memory); any other device raises
-NotImplementedError naming it. The capsule is read here, without consuming it (not renamed): the view
-keeps both the capsule and the exporting object alive, and the producer's deleter runs when the
-capsule goes, as the DLPack protocol says for a capsule nobody consumed.
+``__cuda_array_interface__``. Device memory never comes here: buffers.py hands an object whose memory
+is on a GPU (``on_device``) to the native layer, which moves device memory itself. What comes here is
+host memory behind those protocols:
+
+- DLPack on the CPU (or in CUDA pinned host memory); any other device raises NotImplementedError
+  naming it. The capsule is read here, without consuming it (not renamed): the view keeps both the
+  capsule and the exporting object alive, and the producer's deleter runs when the capsule goes, as
+  the DLPack protocol says for a capsule nobody consumed.
+- The CUDA array interface over host memory: pinned or registered memory, or a host array that
+  merely exports the interface (mpi4py's own tests do). ``on_device`` asks the CUDA driver what the
+  pointer is; without a driver no pointer can be device memory.
 
 The result is a numpy array over the memory, never a copy, read-only where the exporter says so.
 """
@@ -124,8 +130,56 @@ def _from_dlpack(obj: Any, what: str) -> np.ndarray:
     return _view((t.data or 0) + t.byte_offset, n * dtype.itemsize, dtype, readonly, (obj, capsule))
 
 
+def _from_cai(obj: Any, what: str) -> np.ndarray:
+    cai = obj.__cuda_array_interface__
+    addr, readonly = cai["data"]
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(int(s) for s in cai["shape"])
+    strides = cai.get("strides")
+    if cai.get("mask") is not None:
+        raise error(ERR_BUFFER, f"{what}: a masked CUDA array interface buffer")
+    if not _contiguous(shape, None if strides is None else tuple(strides), dtype.itemsize):
+        raise error(ERR_BUFFER, f"{what} is not contiguous (a strided CUDA array interface buffer)")
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return _view(int(addr or 0), n * dtype.itemsize, dtype, bool(readonly), (obj,))
+
+
 def as_array(obj: Any, what: str) -> np.ndarray:
-    """The host view of a DLPack object in host memory (see the module doc)."""
-    if hasattr(obj, "__dlpack__"):
+    """The host view of a DLPack or CUDA-array-interface object in host memory (see the module doc)."""
+    if hasattr(obj, "__dlpack__") and not hasattr(obj, "__cuda_array_interface__"):
         return _from_dlpack(obj, what)
-    unsupported(f"{what}: {type(obj).__name__} exports no DLPack")
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _from_cai(obj, what)
+    return _from_dlpack(obj, what)
+
+
+_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, _CU_MEMORYTYPE_DEVICE = 2, 2
+_driver: list[Any] = []   # [libcuda or None], found once
+
+
+def _libcuda() -> Any:
+    if not _driver:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuInit.argtypes = [ctypes.c_uint]
+            lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+            _driver.append(lib if lib.cuInit(0) == 0 else None)
+        except (OSError, AttributeError):
+            _driver.append(None)   # no driver: no pointer can be device memory
+    return _driver[0]
+
+
+def on_device(obj: Any) -> bool:
+    """Whether a device-array object's memory is on a GPU (the native layer's business) rather than
+    host memory behind the CUDA array interface (this module's). DLPack says so itself."""
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is None:
+        return True   # DLPack on a CUDA device (memory.device_array_kind said so)
+    lib = _libcuda()
+    if lib is None:
+        return False
+    kind = ctypes.c_uint(0)
+    addr = int(cai["data"][0] or 0)
+    if lib.cuPointerGetAttribute(ctypes.byref(kind), _CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr) != 0:
+        return False   # not memory CUDA knows: plain host memory
+    return kind.value == _CU_MEMORYTYPE_DEVICE

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-PEERS = ("mpi4py", "gloo")
+PEERS = ("mpi4py", "gloo", "shmproxy.MPI")
 
 
 class Library:
@@ -96,6 +96,21 @@ class MpiLib(Library):
     def redop(self, name: str) -> Any:
         MPI = self.MPI
         return {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}.get(name)  # no AVG
+
+
+class MpiLayerLib(MpiLib):
+    """shmproxy's own MPI layer (``from shmproxy import MPI``) over the same communicator's ranks: the
+    peer that shows what the layer adds to the native calls, measured in the same job."""
+    name = "shmproxy.MPI"
+
+    def __init__(self, MPI: Any):
+        Library.__init__(self)
+        world = MPI.COMM_WORLD
+        self.world = world
+        self.version = MPI.Get_library_version().strip().splitlines()[0]
+        self.send, self.recv, self.isend, self.irecv = world.Send, world.Recv, world.Isend, world.Irecv
+        self.waitall = MPI.Request.Waitall
+        self.MPI = MPI
 
 
 class GlooLib(Library):

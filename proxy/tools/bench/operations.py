@@ -48,8 +48,10 @@ def _collective(name: str, summary: str, calls: tuple[Builder, Builder, Builder]
     ``receives`` says otherwise."""
     extra.setdefault("receives", lambda r, n: True)
     columns = extra.pop("columns", SWEEP_COLUMNS)
+    made = dict(zip(("shmproxy", "mpi4py", "gloo"), calls))
+    made["shmproxy.MPI"] = made["mpi4py"]   # the same MPI calls, through shmproxy's own MPI layer
     return Operation(name, summary, measure_coll, ("time_us", "p99_us"), columns, source=_no_source,
-                     calls=dict(zip(("shmproxy", *PEERS), calls)), bus_factor=bus_factor, bus_note=bus_note,
+                     calls=made, bus_factor=bus_factor, bus_note=bus_note,
                      verify=verify, probe=True, **extra)
 
 
@@ -111,7 +113,7 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
          Column("t_total", "us", "t_total_us"), Column("slowdown", "x", "work_slowdown"),
          Column("overlap", "%", "overlap_pct")),
         source=_no_source, calls={"shmproxy": _iallreduce_shm, "mpi4py": _iallreduce_mpi,
-                                  "gloo": _iallreduce_gloo},
+                                  "gloo": _iallreduce_gloo, "shmproxy.MPI": _iallreduce_mpi},
         ratio_key=None, default_sizes=("64K", "16M", 4), bus_note="2(n-1)/n", verify=verify_allreduce,
         receives=lambda r, n: True, reduces=True, native_in_place=frozenset({"gloo"}), probe=True,
         derive=_derive_overlap, derived=("overlap_pct",)),

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from shmproxy.tools.bench.libraries import GlooLib, Library, MpiLib
+from shmproxy.tools.bench.libraries import GlooLib, Library, MpiLayerLib, MpiLib
 from shmproxy.tools.bench.measure import _prepare
 from shmproxy.tools.bench.operation import Ctx, Operation
 from shmproxy.tools.bench.overlap import measure_overlap
@@ -34,6 +34,16 @@ def open_mpi(ctx: Ctx) -> tuple[Library | None, str]:
         return None, (f"MPI.COMM_WORLD is rank {world.Get_rank()} of {world.Get_size()} but shmproxy is "
                       f"rank {ctx.rank} of {ctx.size} (not started by an MPI launcher?)")
     return MpiLib(MPI), ""
+
+
+def open_mpi_layer(ctx: Ctx) -> tuple[Library | None, str]:
+    """shmproxy.MPI: its COMM_WORLD is a second communicator over the same ranks (a progress process
+    of its own), so the layer's cost is measured beside the native calls of the same job."""
+    from shmproxy import MPI
+    world = MPI.COMM_WORLD
+    if (world.Get_rank(), world.Get_size()) != (ctx.rank, ctx.size):
+        return None, f"shmproxy.MPI.COMM_WORLD is rank {world.Get_rank()} of {world.Get_size()}"
+    return MpiLayerLib(MPI), ""
 
 
 def open_gloo(ctx: Ctx) -> tuple[Library | None, str]:
@@ -71,7 +81,7 @@ def open_gloo(ctx: Ctx) -> tuple[Library | None, str]:
 def peer_unsupported(op: Operation, lib: Library, args: argparse.Namespace) -> str:
     """Why ``lib`` cannot run ``op`` as asked, known without trying ('' when it may)."""
     if op.reduces and lib.redop(args.redop) is None:
-        what = "MPI defines no such op" if lib.name == "mpi4py" else "this torch.distributed has none"
+        what = "MPI defines no such op" if isinstance(lib, MpiLib) else "this torch.distributed has none"
         return f"{lib.name} has no {args.redop.upper()} reduction ({what})"
     if isinstance(lib, GlooLib) and op.name == "reduce_scatter":
         if args.in_place:

@@ -47,7 +47,7 @@ from shmproxy.tools.bench import device as bench_device
 from shmproxy.tools.bench.measure import IDLE_SETTLE_S, RAW_TIMES, _finish_check, measure_idle, measure_post
 from shmproxy.tools.bench.operation import Ctx, Operation, row_size
 from shmproxy.tools.bench.overlap import measure_overlap
-from shmproxy.tools.bench.peers import open_gloo, open_mpi, peer_unsupported, probe
+from shmproxy.tools.bench.peers import open_gloo, open_mpi, open_mpi_layer, peer_unsupported, probe
 from shmproxy.tools.bench.progress_bar import Progress
 from shmproxy.tools.bench.report import _write_json, build_report, collect_environment, plot_report
 from shmproxy.tools.bench.sizes import default_iters, default_warmup
@@ -111,7 +111,7 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
             skipped[name] = why
             say(f"# {name} skipped: {why}")
             continue
-        lib, why = (open_mpi if name == "mpi4py" else open_gloo)(ctx)
+        lib, why = {"mpi4py": open_mpi, "shmproxy.MPI": open_mpi_layer}.get(name, open_gloo)(ctx)
         if lib is not None and on_gpu:
             bench_device.enable(lib, gpu)
         if not agree(comm, lib is not None):
