@@ -28,7 +28,7 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
                               MAX_PROCESSOR_NAME, SUBVERSION, THREAD_FUNNELED, THREAD_MULTIPLE,
                               THREAD_SERIALIZED, THREAD_SINGLE, VERSION, Alloc_mem, Attach_buffer, Close_port,
                               Detach_buffer, Errhandler, File, Finalize, Free_mem, Get_library_version,
-                              Get_processor_name, Get_version, Init, Init_thread, get_vendor,
+                              Get_processor_name, Get_version, Init, Init_thread, attach_world, get_vendor,
                               Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Open_port,
                               Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime)
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004

@@ -146,6 +146,17 @@ def Init() -> None:
         _state["initialized"] = True
 
 
+def attach_world(comm: Any) -> None:
+    """shmproxy's own, not mpi4py's: make ``comm``, a native communicator this process already has
+    (from ``shmproxy.init()``, or its Dup), this layer's COMM_WORLD, for a program that joined through
+    the native API first (a second ``shmproxy.init()`` would try to join the job again). Before any
+    use of COMM_WORLD; Finalize then closes ``comm``."""
+    if _state["finalized"] or _state["world"] is not None:
+        raise error(ERR_OTHER, "attach_world: COMM_WORLD is already joined (or finalized)")
+    _state["world"] = comm
+    _state["initialized"] = True
+
+
 def Init_thread(required: int = THREAD_MULTIPLE) -> int:
     """Init, and the thread level provided: at most THREAD_SERIALIZED (see the header)."""
     Init()

@@ -9,7 +9,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from shmproxy.tools.bench.libraries import PEERS
 from shmproxy.tools.bench.patterns import CheckSpec, pattern, reduction_input
 from shmproxy.tools.bench.sizes import bus_factor_one, element_count, shape_same
 

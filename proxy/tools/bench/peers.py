@@ -37,9 +37,10 @@ def open_mpi(ctx: Ctx) -> tuple[Library | None, str]:
 
 
 def open_mpi_layer(ctx: Ctx) -> tuple[Library | None, str]:
-    """shmproxy.MPI: its COMM_WORLD is a second communicator over the same ranks (a progress process
-    of its own), so the layer's cost is measured beside the native calls of the same job."""
+    """shmproxy.MPI: its COMM_WORLD is a Dup of the bench's communicator (a progress process of its own),
+    so the layer's cost is measured beside the native calls of the same job."""
     from shmproxy import MPI
+    MPI.attach_world(ctx.comm.Dup())
     world = MPI.COMM_WORLD
     if (world.Get_rank(), world.Get_size()) != (ctx.rank, ctx.size):
         return None, f"shmproxy.MPI.COMM_WORLD is rank {world.Get_rank()} of {world.Get_size()}"
