@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from shmproxy.tools import bench
-from shmproxy.tools.bench import OPERATIONS, PEERS
+from shmproxy.tools.bench import OPERATIONS
 DEFAULT_PEERS = ("mpi4py", "gloo")   # shmproxy.MPI is a peer only when asked for
 
 
