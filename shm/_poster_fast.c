@@ -305,9 +305,13 @@ static PyObject *fast_recv(PosterObject *self, PyObject *buf, PyObject *src_o, P
     if (__atomic_load_n(FAST_Q(fast_rank_line(f, me), FRANK_RECV_DONE_OFF), __ATOMIC_ACQUIRE) !=
         *fast_recv_posted(f, me))
         return NULL;   /* a receive or probe of ours is pending in the progress process */
-    /* spin only where Wait would (WAIT_SPIN_MAX_BYTES: on a crowded node the copy workers of a large
-     * message need the cores): a larger receive looks once, then waits in the progress process */
-    long long end = cap <= self->spin_max ? mono_ns() + (long long)(self->spin_s * 1e9) : 0;
+    /* Spin for a cell only where a cell's message is what the receive expects: a receive larger than
+     * a cell looks once, then is posted at once, so that a large message finds it posted (a message
+     * that arrives before its receive is copied once more, into the progress process's buffer;
+     * BENCHMARKS.md, the fast path's A/B). And only where Wait would spin
+     * (WAIT_SPIN_MAX_BYTES: on a crowded node the copy workers need the cores). */
+    long long end = cap <= (long long)f->fast_bytes && cap <= self->spin_max
+                        ? mono_ns() + (long long)(self->spin_s * 1e9) : 0;
     PyObject *status = NULL;
     for (;;) {
         int saw = 0;

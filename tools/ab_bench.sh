@@ -13,6 +13,7 @@
 # Each pair runs every step on A then B, the order swapped every other pair, so that a host that
 # slows down over the run does not favour one side. Steps (ranks: 2, and NRANKS where it says N):
 #   lat, bw      pingpong 8 B, and 4M..64M, with mpi4py in the same run (one-way latency, bandwidth)
+#   mid          pingpong 64K..1M (one-way time), with mpi4py
 #   arN, arbwN   allreduce 8 B, and 4M..64M, at N ranks, with mpi4py (time, busbw)
 #   post   the cost of posting an Isend (single, grouped)
 #   idleN  CPU of the progress process while N-1 ranks block
@@ -89,6 +90,7 @@ N=$NRANKS
 cd "$STATE" || exit 1   # `python -m` looks in the working directory first: neither tree's folders may be there
 STEPS=("lat|2|pingpong -b 8 -e 8 --peers mpi4py"
        "bw|2|pingpong -b 4M -e 64M -f 4 --peers mpi4py"
+       "mid|2|pingpong -b 64K -e 1M -f 4 --peers mpi4py"
        "ar$N|$N|allreduce -b 8 -e 8 --peers mpi4py"
        "arbw$N|$N|allreduce -b 4M -e 64M -f 4 --peers mpi4py"
        "post|2|post --peers mpi4py"
@@ -134,6 +136,8 @@ def pick(rs, nbytes, lib, key):
 
 FIGS = [("lat", 8, "time_us", "8 B one-way latency, us", -1), ("bw", 4 << 20, "busbw_GBps", "4 MiB ping-pong, GB/s", 1),
         ("bw", 64 << 20, "busbw_GBps", "64 MiB ping-pong, GB/s", 1),
+        ("mid", 64 << 10, "time_us", "64 KiB ping-pong one way, us", -1),
+        ("mid", 1 << 20, "time_us", "1 MiB ping-pong one way, us", -1),
         (f"ar{n}", 8, "time_us", f"8 B Allreduce at {n} ranks, us", -1),
         (f"arbw{n}", 4 << 20, "busbw_GBps", f"4 MiB Allreduce busbw at {n}, GB/s", 1),
         (f"arbw{n}", 64 << 20, "busbw_GBps", f"64 MiB Allreduce busbw at {n}, GB/s", 1),
