@@ -221,6 +221,20 @@ int _sp_args(PyObject *const *args, size_t nargsf, PyObject *kwnames, const char
     return !(nnames && !strcmp(names[nnames - 1], "stream") && out[nnames - 1] && out[nnames - 1] != Py_None);
 }
 
+/* A declined Send or Recv: the Isend/Irecv post (C, which hands what it cannot take to Python) and the
+ * request's Wait, without a Python frame between: a large message must find its receive posted as
+ * early as before, or it arrives unexpected and is copied once more (BENCHMARKS.md, the fast path's
+ * A/B). Returns what Wait returns. */
+static PyObject *post_and_wait(PosterObject *self,
+                               PyObject *(*post)(PosterObject *, PyObject *const *, size_t, PyObject *),
+                               PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *req = post(self, args, nargsf, kwnames);
+    if (!req) return NULL;
+    PyObject *res = PyObject_CallMethod(req, "Wait", NULL);
+    Py_DECREF(req);
+    return res;
+}
+
 /* send(buf, dest, tag=0, stream=None): Comm.Send. */
 PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     static const char *const names[] = {"buf", "dest", "tag", "stream"};
@@ -230,7 +244,7 @@ PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t narg
     if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0] && a[1] &&
         fast_send(self, a[0], a[1], a[2] ? a[2] : zero))
         Py_RETURN_NONE;
-    return PyObject_Vectorcall(self->fast_fallback[FAST_SEND], args, nargsf, kwnames);
+    return post_and_wait(self, _sp_Poster_isend, args, nargsf, kwnames);
 }
 
 static int tag_accepts(long long want, long long tag) {
@@ -352,5 +366,5 @@ PyObject *_sp_Poster_recv(PosterObject *self, PyObject *const *args, size_t narg
         if (st) return st;
         if (PyErr_Occurred()) return NULL;
     }
-    return PyObject_Vectorcall(self->fast_fallback[FAST_RECV], args, nargsf, kwnames);
+    return post_and_wait(self, _sp_Poster_irecv, args, nargsf, kwnames);
 }
