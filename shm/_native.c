@@ -446,7 +446,7 @@ static PyMethodDef methods[] = {
      "fetch_posted(pool, records_off, rank_area_off, nrecords, max_ops, batch, out, idx, blocking, timeout) "
      "-> (n, err, at, rc): lock, take_posted, unlock in one call"},
     {"fast_take", _sn_fast_take, METH_VARARGS,
-     "fast_take(pair, cell_stride, max_slow) -> message tuple | TAKE_NONE | TAKE_BUSY | TAKE_BLOCKED (shm/_fast.h)"},
+     "fast_take(pair, cell_stride, max_slow, line) -> message | TAKE_NONE | TAKE_BUSY | TAKE_BLOCKED (shm/_fast.h)"},
     {"fast_wake_coll", _sn_fast_wake_coll, METH_O, "fast_wake_coll(word): wake ranks in a small collective"},
     {"sleep_unless_posted", py_sleep_unless_posted, METH_VARARGS,
      "sleep_unless_posted(pool, timeout, seen_events) -> OK | TIMEDOUT | OWNERDEAD: the progress process's condvar sleep"},

@@ -20,7 +20,7 @@ static char *addr_of(PyObject *o) {
 }
 
 /*
- * fast_take(pair, cell_stride, max_slow) -> (tag, code, nbytes, count, t_post, bytearray) | TAKE_*
+ * fast_take(pair, cell_stride, max_slow, line) -> (tag, code, nbytes, count, t_post, bytearray) | TAKE_*
  * Drain the next cell of the pair whose block is at `pair`, if it is FULL, is the pair's next and
  * has no slow send before it that has not been taken in (slow_before <= max_slow): its payload is
  * copied out, F_DRAINED counted and the cell freed. Otherwise TAKE_NONE (nothing written, or not yet
@@ -30,11 +30,11 @@ static char *addr_of(PyObject *o) {
 enum { TAKE_NONE, TAKE_BUSY, TAKE_BLOCKED };
 
 PyObject *_sn_fast_take(PyObject *self, PyObject *args) {
-    PyObject *pair_o;
+    PyObject *pair_o, *line_o;
     unsigned long long stride, max_slow;
-    if (!PyArg_ParseTuple(args, "OKK", &pair_o, &stride, &max_slow)) return NULL;
-    char *pair = addr_of(pair_o);
-    if (!pair) return NULL;
+    if (!PyArg_ParseTuple(args, "OKKO", &pair_o, &stride, &max_slow, &line_o)) return NULL;
+    char *pair = addr_of(pair_o), *line = pair ? addr_of(line_o) : NULL;
+    if (!pair || !line) return NULL;
     uint64_t next = fast_next(pair);
     char *cell = pair + PAIR_HDR_BYTES + stride * (next % FAST_CELLS);
     uint32_t st = __atomic_load_n(CELL_STATE(cell), __ATOMIC_ACQUIRE);
@@ -64,6 +64,8 @@ PyObject *_sn_fast_take(PyObject *self, PyObject *args) {
         return NULL;
     }
     fast_release(pair, cell, PAIR_F_DRAINED_OFF);
+    volatile uint64_t *drained = FAST_Q(line, FRANK_CELLS_DRAINED_OFF);   /* the receiver's line */
+    __atomic_store_n(drained, *drained + 1, __ATOMIC_RELEASE);
     return Py_BuildValue("(LIKKKN)", tag, code, (unsigned long long)nb, (unsigned long long)count,
                          (unsigned long long)t_post, data);
 }

@@ -44,6 +44,10 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
 #define FRANK_RECV_DONE_OFF 0    /* u64, progress: receives and probes of the rank it completed */
 #define FRANK_DOORBELL_OFF 16    /* u64, senders (atomic add): a cell written while the rank had a receive posted */
 #define FRANK_RANK_OFF 24        /* u64, the rank itself once attached: its rank in the communicator + 1 */
+#define FRANK_CELLS_WRITTEN_OFF 32 /* u64, senders (atomic add): cells written to the rank, every pair */
+#define FRANK_CELLS_TAKEN_OFF 40   /* u64, the rank: cells it took itself */
+#define FRANK_CELLS_DRAINED_OFF 48 /* u64, progress: cells to the rank it drained (the three say whether any
+                                    * cell to the rank is waiting, in three loads) */
 #define PAIR_F_WRITTEN_OFF 0     /* line 0, the sender: cells written */
 #define PAIR_SLOW_SENT_OFF 8     /*   and sends it posted to the progress process */
 #define PAIR_F_TAKEN_OFF 64      /* line 1, the receiver: cells it took itself */

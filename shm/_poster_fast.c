@@ -196,7 +196,9 @@ static int fast_send(PosterObject *self, PyObject *buf, PyObject *dest_o, PyObje
     if (nb) memcpy(cell + CELL_HDR_BYTES, (const void *)addr, nb);
     __atomic_store_n(CELL_STATE(cell), CELL_FULL, __ATOMIC_RELEASE);
     __atomic_store_n(FAST_Q(pair, PAIR_F_WRITTEN_OFF), w + 1, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    /* counted for the progress process (any cell to d?); the RMW is also the full fence before the
+     * loads of d's receive counters below */
+    __atomic_add_fetch(FAST_Q(fast_rank_line(f, d), FRANK_CELLS_WRITTEN_OFF), 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(fast_recv_posted(f, d), __ATOMIC_SEQ_CST) !=
         __atomic_load_n(FAST_Q(fast_rank_line(f, d), FRANK_RECV_DONE_OFF), __ATOMIC_SEQ_CST))
         ring(self, d);
@@ -302,6 +304,8 @@ static int look(PosterObject *self, long s, long long want_tag, uintptr_t addr, 
     }
     if (nb) memcpy((void *)addr, cell + CELL_HDR_BYTES, nb);
     fast_release(pair, cell, PAIR_F_TAKEN_OFF);
+    volatile uint64_t *taken = FAST_Q(line, FRANK_CELLS_TAKEN_OFF);
+    __atomic_store_n(taken, *taken + 1, __ATOMIC_RELEASE);
     return LOOK_TAKEN;
 }
 

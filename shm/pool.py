@@ -29,7 +29,8 @@ int32 index, never by address or pickle. Everything is little-endian, 8-byte ali
 
 Fast path (shm/_fast.h holds the protocol; every line has one writer unless said):
     F       per local rank, 64 B:  recv_done (progress); doorbell (senders, atomic add); its rank in
-            the communicator + 1 (the rank, once attached)
+            the communicator + 1 (the rank, once attached); cells written to it (senders, atomic add),
+            taken by it (the rank), drained (progress)
     P       per (sender, receiver) pair, s * nlocal + d:  line 0 the sender's (cells written, slow
             sends posted), line 1 the receiver's (cells taken), line 2 progress's (cells drained, slow
             sends fetched, messages waiting unexpected), then FAST_CELLS cells of a 64 B header and fast_bytes of payload
@@ -110,6 +111,7 @@ RANK_RECV_POSTED = 7   # the rank: receives and probes it posted (the fast path:
 FAST_CELLS = 4
 FAST_LINE = 64
 FRANK_RECV_DONE, FRANK_DOORBELL, FRANK_RANK = 0, 2, 3       # u64 indices in a rank's line
+FRANK_CELLS_WRITTEN, FRANK_CELLS_TAKEN, FRANK_CELLS_DRAINED = 4, 5, 6
 PAIR_F_WRITTEN, PAIR_SLOW_SENT = 0, 1                           # u64 indices in a pair block
 PAIR_F_TAKEN = 8
 PAIR_F_DRAINED, PAIR_FETCHED_SLOW, PAIR_UNEXP = 16, 17, 18

@@ -72,7 +72,7 @@ class Completion:
         q[base + P.SLOT_DONE_SEQ] = op.req_seq  # publishes the fields above (shm/counters.py)
         q[self.rank_words[owner][0]] += 1
         if self.fast and (op.kind == KIND_RECV or op.kind == KIND_PROBE):
-            self.recv_done(owner)   # the rank's fast Recv looks at this (engine/fastpath.py)
+            q[self.f_recv_done[owner]] += 1   # the rank's fast Recv looks at this (engine/fastpath.py)
         if wake:
             self.wake_rank(owner)
 

@@ -61,6 +61,10 @@ class FastPath:
         self.f_fetched = [[layout.pair_off(s, d) // 8 + P.PAIR_FETCHED_SLOW for d in range(n)]
                           for s in range(n)]
         self.f_stride = layout.cell_stride
+        self.f_line = [base + layout.fast_off + P.FAST_LINE * d for d in range(n)]   # fast_take counts there
+        # per local rank: (cells written to it, taken by it, drained) -- any cell waiting, in three loads
+        self.f_cells = [(layout.frank_q(d, P.FRANK_CELLS_WRITTEN), layout.frank_q(d, P.FRANK_CELLS_TAKEN),
+                         layout.frank_q(d, P.FRANK_CELLS_DRAINED)) for d in range(n)]
         self.f_coll_word = base + layout.coll_off + P.CAREA_WORD_OFF
         self.matcher.gauge = self._unexp_gauge
 
@@ -73,7 +77,7 @@ class FastPath:
         if held is not None:
             held.append(send)
             return False
-        if self._drain_before(send.owner, d, send.pair_seq - 1):
+        if not self.cells_waiting(d) or self._drain_before(send.owner, d, send.pair_seq - 1):
             return True
         self.fast_held[key] = collections.deque((send,))
         return False
@@ -83,8 +87,17 @@ class FastPath:
         receiver waits here, the cells its drain found blocked behind this send go in now."""
         s, q = send.owner, self.q
         q[self.f_fetched[s][d]] = send.pair_seq
-        if q[self.f_recv_posted[d]] != q[self.f_recv_done[d]] and not self._drain_before(s, d, send.pair_seq):
+        if (self.cells_waiting(d) and q[self.f_recv_posted[d]] != q[self.f_recv_done[d]]
+                and not self._drain_before(s, d, send.pair_seq)):
             self.fast_retry.add(d)
+
+    def cells_waiting(self, d: int) -> bool:
+        """Whether any cell to local rank ``d`` may be waiting: three loads, so that the common
+        message passes with no drain at all. A sender counts a cell after it is FULL and before it
+        posts anything later, so a cell that orders against a later slow send is always counted."""
+        w, t, dr = self.f_cells[d]
+        q = self.q
+        return q[w] != q[t] + q[dr]
 
     def fast_drain_from(self, s: int) -> None:
         """Local rank ``s`` closed: what it wrote into cells was sent (its Sends returned), so it goes into
@@ -96,9 +109,9 @@ class FastPath:
     def _drain_before(self, s: int, d: int, max_slow: int) -> bool:
         """Take every cell of (s, d) with at most ``max_slow`` slow sends before it into matching;
         False if one is being taken by the receiver right now."""
-        pair, stride, take = self.f_pair[s][d], self.f_stride, _native.fast_take
+        pair, stride, take, line = self.f_pair[s][d], self.f_stride, _native.fast_take, self.f_line[d]
         while True:
-            got = take(pair, stride, max_slow)
+            got = take(pair, stride, max_slow, line)
             if type(got) is tuple:
                 self._cell_in(s, d, got)
             else:
@@ -115,6 +128,8 @@ class FastPath:
                 if n:
                     q[fetched[s][d] + 1] = self.f_unexp_n.get((self.ranks[s].rank, dst), 0)   # UNEXP first
                     q[fetched[s][d]] = max(n, q[fetched[s][d]])
+        if not self.cells_waiting(d):
+            return
         busy = False
         for s in range(self.nlocal):
             if (s, d) in self.fast_held:
@@ -172,10 +187,6 @@ class FastPath:
         s, d = self.local_of.get(src), self.local_of.get(dst)
         if s is not None and d is not None:
             self.q[self.f_fetched[s][d] + 1] = n   # PAIR_UNEXP follows PAIR_FETCHED_SLOW
-
-    def recv_done(self, owner: int) -> None:
-        """A receive or probe of local rank ``owner`` completed (after its slot was published)."""
-        self.q[self.f_recv_done[owner]] += 1
 
     def wake_fast(self) -> None:
         if self.fast:
