@@ -320,6 +320,12 @@ static PyObject *fast_recv(PosterObject *self, PyObject *buf, PyObject *src_o, P
     if (src != ANY_SOURCE && s < 0) return NULL;
     uintptr_t addr; int code; long long cap, count;
     if (!_sp_read_array(self, buf, 1, &addr, &code, &cap, &count)) return NULL;
+    char *line = fast_rank_line(f, me);
+    if ((uint64_t)cap > f->fast_bytes &&
+        __atomic_load_n(FAST_Q(line, FRANK_CELLS_WRITTEN_OFF), __ATOMIC_ACQUIRE) ==
+            *FAST_Q(line, FRANK_CELLS_TAKEN_OFF) +
+            __atomic_load_n(FAST_Q(line, FRANK_CELLS_DRAINED_OFF), __ATOMIC_ACQUIRE))
+        return NULL;   /* a receive larger than a cell, and no cell to take: posted at once (below) */
     if (__atomic_load_n(FAST_Q(fast_rank_line(f, me), FRANK_RECV_DONE_OFF), __ATOMIC_ACQUIRE) !=
         *fast_recv_posted(f, me))
         return NULL;   /* a receive or probe of ours is pending in the progress process */

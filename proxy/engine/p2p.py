@@ -224,7 +224,7 @@ class PointToPoint:
 
     def recv_half_post(self, recv: Op) -> None:
         """A posted receive: match it with the earliest unexpected envelope it accepts, or keep it."""
-        if self.fast:
+        if self.fast and (self.fast_early or self.cells_waiting(recv.owner)):
             self.fast_drain_to(recv.owner)   # cells to this rank come first (engine/fastpath.py)
         src = recv.peer
         if recv.flags & FLAG_MPROBED:
