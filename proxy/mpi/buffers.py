@@ -21,7 +21,9 @@ receive writes straight into the caller's object. Every bad spec raises MPI.Exce
 ERR_TYPE, ERR_COUNT) here, before the call posts anything. Counts in collectives are per block (per
 rank), as in MPI: ``[buf, count, type]`` as Allgather's recvbuf means ``count`` elements per rank.
 
-A numpy array with no datatype is the common case and takes a short path (no conversion at all).
+A numpy array with no datatype is the common case and takes a short path (no conversion at all);
+the calls' own fast paths test for it inline (``FAST_DTYPES``, a C-contiguous exact ndarray), so that
+the common call costs no more than a few attribute reads over the native one.
 """
 from __future__ import annotations
 
@@ -46,6 +48,10 @@ class _Bottom:
 
 
 BOTTOM = _Bottom()
+
+# The dtypes a plain array goes to the native layer with as it is: a type the native layer has a code
+# for, in this machine's byte order (a byte-swapped dtype compares unequal, so it is not in the set).
+FAST_DTYPES: frozenset = frozenset(np.dtype(c) for c in DTYPE_CODE)
 
 
 class VSpec(NamedTuple):
