@@ -34,6 +34,7 @@ from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.rank import objects, objp2p
 
 _ndarray = np.ndarray
+_new = object.__new__
 _FAST = buffers.FAST_DTYPES
 
 
@@ -89,7 +90,9 @@ class PointToPoint:
         if (type(buf) is _ndarray and type(dest) is int and type(tag) is int and dest >= 0
                 and buf.dtype in _FAST and buf.flags.c_contiguous):
             try:
-                return Request(self._c.Isend(buf, dest, tag))
+                req = _new(Request)     # Request(native) without its constructor's checks
+                req._r, req._null, req._h = self._c.Isend(buf, dest, tag), False, None
+                return req
             except errors.ProxyError as exc:
                 failed = exc
             raise self._failed(failed, dest, tag, "destination", False) from None
@@ -111,7 +114,9 @@ class PointToPoint:
             flags = buf.flags
             if flags.c_contiguous and flags.writeable:
                 try:
-                    return Request(self._c.Irecv(buf, source, tag))
+                    req = _new(Request)
+                    req._r, req._null, req._h = self._c.Irecv(buf, source, tag), False, None
+                    return req
                 except errors.ProxyError as exc:
                     failed = exc
                 raise self._failed(failed, source, tag, "source", True) from None
