@@ -21,7 +21,9 @@ receive writes straight into the caller's object. Every bad spec raises MPI.Exce
 ERR_TYPE, ERR_COUNT) here, before the call posts anything. Counts in collectives are per block (per
 rank), as in MPI: ``[buf, count, type]`` as Allgather's recvbuf means ``count`` elements per rank.
 
-A numpy array with no datatype is the common case and takes a short path (no conversion at all).
+A numpy array with no datatype is the common case and takes a short path (no conversion at all);
+the calls' own fast paths test for it inline (``FAST_DTYPES``, a C-contiguous exact ndarray), so that
+the common call costs no more than a few attribute reads over the native one.
 """
 from __future__ import annotations
 
@@ -46,6 +48,10 @@ class _Bottom:
 
 
 BOTTOM = _Bottom()
+
+# The dtypes a plain array goes to the native layer with as it is: a type the native layer has a code
+# for, in this machine's byte order (a byte-swapped dtype compares unequal, so it is not in the set).
+FAST_DTYPES: frozenset = frozenset(np.dtype(c) for c in DTYPE_CODE)
 
 
 class VSpec(NamedTuple):
@@ -190,17 +196,17 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
         return _retype(_as_array(spec, writable, what), None, what)[0]
     if len(spec) == 2:     # [array, MPI.DOUBLE] with the array's own dtype: the second short path
         buf, d = spec
-        if _on_device(buf):
+        if type(buf) is np.ndarray:    # host memory (asked first: the device test costs more)
+            if type(d) is Datatype and d.dtype is not None and buf.dtype == d.dtype and d._pair is None:
+                flags = buf.flags
+                if buf.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
+                    return buf
+        elif _on_device(buf):
             if type(d) is Datatype and d.dtype is not None and d._pair is None and _device_dtype(buf) == d.dtype:
                 return buf
             unsupported(f"{what}: a device buffer with a datatype other than its own dtype")
-        if (type(buf) is np.ndarray and type(d) is Datatype and d.dtype is not None and buf.dtype == d.dtype
-                and d._pair is None):
-            flags = buf.flags
-            if buf.dtype.char in DTYPE_CODE and flags.c_contiguous and (flags.writeable or not writable):
-                return buf
     buf, count, displ, dtype = _split(spec, what)
-    if _on_device(buf):
+    if type(buf) is not np.ndarray and _on_device(buf):
         unsupported(f"{what}: a device buffer with a count or displacement (pass the device array, or "
                     f"[array, its datatype])")
     if buf is None or buf is BOTTOM:

@@ -10,6 +10,11 @@ recvbuf, which is what MPI defines it to send. A reduction with an op or type th
 does not reduce is done by the ranks (localred.py), the nonblocking forms included. The collectives the engine
 lacks (Alltoallw; neighbour collectives without a topology) raise NotImplementedError naming
 themselves: they are not emulated with point-to-point here, they belong in the engine.
+
+Barrier, Bcast, Reduce and Allreduce try a fast path first: plain arrays the buffer parser would hand
+over as they are (buffers.FAST_DTYPES, C-contiguous, the receive side writable), IN_PLACE or None as
+sendbuf, and a predefined op the progress process reduces go straight to the native call; anything
+else takes the general path below, which gives the same result for those arguments.
 """
 from __future__ import annotations
 
@@ -22,12 +27,14 @@ from shmproxy.core.ops import IN_PLACE
 from shmproxy.mpi import buffers
 from shmproxy.mpi.datatypes import Datatype
 from shmproxy.mpi.exceptions import ERR_COUNT, convert, error, unsupported
-from shmproxy.mpi.ops import SUM, as_op
+from shmproxy.mpi.ops import SUM, Op, as_op
 from shmproxy.mpi import localred, typedcoll
 from shmproxy.mpi.request import Request
 from shmproxy.rank.typed import TypedBuffer
 
 _parse = buffers.parse
+_ndarray = np.ndarray
+_FAST = buffers.FAST_DTYPES
 _MISSING = "the engine has no such collective yet (it runs Barrier, Bcast, Reduce, Allreduce, Allgather, " \
            "Alltoall, Reduce_scatter(_block), Gather(v), Scatter(v), Allgatherv, Alltoallv, Scan and Exscan)"
 
@@ -68,6 +75,21 @@ def _per_rank_lists(spec: Any) -> bool:
     return _seq(second) or (len(spec) == 4 and _seq(spec[2]))
 
 
+def _fast_send(spec: Any) -> bool:
+    """A sendbuf for the fast paths: IN_PLACE, None (IN_PLACE), or a plain array passed as it is."""
+    if type(spec) is _ndarray:
+        return spec.dtype in _FAST and spec.flags.c_contiguous
+    return spec is IN_PLACE or spec is None
+
+
+def _fast_recv(spec: Any) -> bool:
+    """A recvbuf for the fast paths: a plain array passed as it is, writable."""
+    if type(spec) is _ndarray and spec.dtype in _FAST:
+        flags = spec.flags
+        return flags.c_contiguous and flags.writeable
+    return False
+
+
 def _dtypes(bufs: tuple) -> str:
     return "/".join(sorted({str(b.dtype) for b in bufs if isinstance(b, np.ndarray)})) or "these buffers"
 
@@ -89,12 +111,23 @@ class Collectives:
 
     # ---- barrier, broadcast
     def Barrier(self) -> None:
-        self._call(self._c.Barrier)
+        try:
+            self._c.Barrier()
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
 
     def Ibarrier(self) -> Request:
         return Request(self._call(self._c.Ibarrier))
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
+        if type(buf) is _ndarray and buf.dtype in _FAST:
+            flags = buf.flags
+            if flags.c_contiguous and flags.writeable:
+                try:
+                    self._c.Bcast(buf, root)
+                    return
+                except errors.ProxyError as exc:
+                    raise convert(exc) from None
         self._call(self._c.Bcast, _parse(buf, "Bcast buffer", True), root)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
@@ -137,6 +170,13 @@ class Collectives:
         return self._call(getattr(self._c, name), sb, rb, native, root)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> None:
+        if type(op) is Op and op.native is not None and _fast_send(sendbuf) and (
+                recvbuf is None or _fast_recv(recvbuf)):
+            try:
+                self._c.Reduce(IN_PLACE if sendbuf is None else sendbuf, recvbuf, op.native, root)
+                return
+            except errors.ProxyError as exc:
+                raise convert(exc) from None
         self._finish(self._reduce_call("Reduce", sendbuf, recvbuf, op, root))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> Request:
@@ -150,6 +190,17 @@ class Collectives:
         return self._call(getattr(self._c, name), sb, rb, native)
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
+        # _fast_send and _fast_recv written out: the most frequent collective, spared two frames
+        if type(op) is Op and type(recvbuf) is _ndarray and recvbuf.dtype in _FAST and (
+                sendbuf is IN_PLACE or sendbuf is None
+                or (type(sendbuf) is _ndarray and sendbuf.dtype in _FAST and sendbuf.flags.c_contiguous)):
+            flags, native = recvbuf.flags, op.native
+            if native is not None and flags.c_contiguous and flags.writeable:
+                try:
+                    self._c.Allreduce(IN_PLACE if sendbuf is None else sendbuf, recvbuf, native)
+                    return
+                except errors.ProxyError as exc:
+                    raise convert(exc) from None
         self._finish(self._allreduce_call("Allreduce", sendbuf, recvbuf, op))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> Request:

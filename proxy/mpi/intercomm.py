@@ -37,6 +37,7 @@ from shmproxy.mpi.comm import Comm, Intracomm
 from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_RANK, ERR_ROOT, convert, error,
                                      unsupported)
 from shmproxy.mpi.ops import SUM
+from shmproxy.mpi.p2p import PointToPoint
 from shmproxy.mpi.group import Group
 from shmproxy.mpi.request import Request
 from shmproxy.mpi.status import PROC_NULL, Status
@@ -150,9 +151,13 @@ class Intercomm(Comm):
         if status is not None and status.source >= 0:
             status.source -= self._roff
 
+    # the general paths: the fast ones pass peers to the native call unmapped (p2p.py)
+    Send = Rsend = PointToPoint._send
+    Isend = Irsend = PointToPoint._isend
+
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None) -> None:
-        super().Recv(buf, source, tag, status)
+        self._recv(buf, source, tag, status)
         self._shift(status)
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
@@ -178,7 +183,7 @@ class Intercomm(Comm):
         return out
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        req = super().Irecv(buf, source, tag)
+        req = self._irecv(buf, source, tag)
         if req._r is not None:
             req._r = _Shifted(req._r, self._roff)
         return req

@@ -9,6 +9,12 @@ Modes: ``Send``/``Isend`` are MPI's standard mode (the progress process buffers 
 no receive waits for yet, so the send completes at once; engine/p2p.py), ``Ssend``/``Issend`` the
 native synchronous calls, ``Rsend`` (which MPI lets an implementation run as a standard send) the
 standard ones. Buffered mode (Bsend, Attach_buffer): bsend.py.
+
+Send/Recv/Isend/Irecv first try a fast path: a plain array the buffer parser would hand over as it is
+(buffers.FAST_DTYPES, C-contiguous, writable for a receive) and exact int peer and tag, a peer that
+cannot be PROC_NULL; it goes straight to the native call, which checks the peer and tag itself. Only
+when that raises are the layer's own checks run, so a bad peer or tag still raises this layer's
+error (ERR_RANK, ERR_TAG) and nothing is posted twice.
 """
 from __future__ import annotations
 
@@ -21,10 +27,15 @@ from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 from shmproxy.mpi import bsend, buffers
 from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_RANK, ERR_TAG, convert, error, unsupported
+from shmproxy.mpi.nativereq import Both, Done
 from shmproxy.mpi.message import MESSAGE_NO_PROC, Message
 from shmproxy.mpi.request import ObjRequest, Prequest, Request
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.rank import objects, objp2p
+
+_ndarray = np.ndarray
+_new = object.__new__
+_FAST = buffers.FAST_DTYPES
 
 
 def _parse(spec: Any, what: str, writable: bool) -> Any:
@@ -38,63 +49,6 @@ def _ignored_buf(buf: Any, what: str) -> None:
     if buf is not None:
         warnings.warn(f"Comm.{what}: the buf argument is ignored (an object is received into memory of "
                       "its own)", UserWarning, stacklevel=3)
-
-
-class _Done:
-    """A native-like request that is complete (a buffered send started by a persistent request)."""
-
-    status = None
-    _comm = None
-
-    def Wait(self) -> None:
-        return None
-
-    def Test(self) -> bool:
-        return True
-
-    def Cancel(self) -> None:
-        return None
-
-    def describe(self) -> str:
-        return "buffered send"
-
-
-class _NullRecv:
-    """The status of a receive from PROC_NULL, in the native status's fields."""
-    source, tag, nbytes, cancelled = PROC_NULL, ANY_TAG, 0, False
-
-
-class _Both:
-    """A receive and a send (either may be absent) seen as one native request (Isendrecv): complete
-    when both are; the status is the receive's."""
-
-    __slots__ = ("_recv", "_send", "_comm")
-
-    def __init__(self, recv: Any, send: Any):
-        self._recv, self._send = recv, send
-        self._comm = (recv or send)._comm
-
-    def Wait(self) -> Any:
-        if self._recv is not None:
-            self._recv.Wait()
-        if self._send is not None:
-            self._send.Wait()
-        return self.status
-
-    def Test(self) -> bool:
-        return all(r.Test() for r in (self._recv, self._send) if r is not None)
-
-    def Cancel(self) -> None:
-        for r in (self._recv, self._send):
-            if r is not None:
-                r.Cancel()
-
-    @property
-    def status(self) -> Any:
-        return self._recv.status if self._recv is not None else _NullRecv()
-
-    def describe(self) -> str:
-        return " and ".join(r.describe() for r in (self._recv, self._send) if r is not None)
 
 
 class PointToPoint:
@@ -123,7 +77,28 @@ class PointToPoint:
             raise error(ERR_TAG, "ANY_TAG is for receives: a message needs a tag of its own")
         return tag
 
+    def _failed(self, exc: errors.ProxyError, peer: int, tag: int, what: str, recv: bool) -> BaseException:
+        """A fast path's native call raised: this layer's error for a bad peer or tag, else the native
+        error converted."""
+        self._peer(peer, what, recv)
+        self._tag(tag, recv)
+        return convert(exc)
+
+    # Isend/Irecv/Send/Recv: the fast path (see the header), else the general path (_isend, ...), which
+    # is what a subclass that maps peers (Intercomm) binds instead.
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        if (type(buf) is _ndarray and type(dest) is int and type(tag) is int and dest >= 0
+                and buf.dtype in _FAST and buf.flags.c_contiguous):
+            try:
+                req = _new(Request)     # Request(native) without its constructor's checks
+                req._r, req._null, req._h = self._c.Isend(buf, dest, tag), False, None
+                return req
+            except errors.ProxyError as exc:
+                failed = exc
+            raise self._failed(failed, dest, tag, "destination", False) from None
+        return self._isend(buf, dest, tag)
+
+    def _isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         dest, tag = self._peer(dest, "destination"), self._tag(tag)
         if dest == PROC_NULL:
             return Request(None, True)
@@ -134,6 +109,20 @@ class PointToPoint:
             raise convert(exc) from None
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        if (type(buf) is _ndarray and type(source) is int and type(tag) is int and source >= ANY_SOURCE
+                and buf.dtype in _FAST):
+            flags = buf.flags
+            if flags.c_contiguous and flags.writeable:
+                try:
+                    req = _new(Request)
+                    req._r, req._null, req._h = self._c.Irecv(buf, source, tag), False, None
+                    return req
+                except errors.ProxyError as exc:
+                    failed = exc
+                raise self._failed(failed, source, tag, "source", True) from None
+        return self._irecv(buf, source, tag)
+
+    def _irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
             return Request(None, True)
@@ -146,6 +135,17 @@ class PointToPoint:
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """Blocking standard-mode send: returns once ``buf`` may be reused (at once for a small message
         the progress process buffered, else once the receiver took it)."""
+        if (type(buf) is _ndarray and type(dest) is int and type(tag) is int and dest >= 0
+                and buf.dtype in _FAST and buf.flags.c_contiguous):
+            try:
+                self._c.Send(buf, dest, tag)
+                return
+            except errors.ProxyError as exc:
+                failed = exc
+            raise self._failed(failed, dest, tag, "destination", False) from None
+        self._send(buf, dest, tag)
+
+    def _send(self, buf: Any, dest: int, tag: int = 0) -> None:
         dest, tag = self._peer(dest, "destination"), self._tag(tag)
         if dest == PROC_NULL:
             return
@@ -171,6 +171,23 @@ class PointToPoint:
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None) -> None:
+        if (type(buf) is _ndarray and type(source) is int and type(tag) is int and source >= ANY_SOURCE
+                and buf.dtype in _FAST):
+            flags = buf.flags
+            if flags.c_contiguous and flags.writeable:
+                try:
+                    st = self._c.Recv(buf, source, tag)
+                except errors.ProxyError as exc:
+                    failed = exc
+                else:
+                    if status is not None:
+                        status._fill(st)
+                    return
+                raise self._failed(failed, source, tag, "source", True) from None
+        self._recv(buf, source, tag, status)
+
+    def _recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+              status: Status | None = None) -> None:
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
             if status is not None:
@@ -269,7 +286,7 @@ class PointToPoint:
                     sreq = c.Isend(sb, dest, sendtag)
         except errors.ProxyError as exc:
             raise convert(exc) from None
-        return Request(_Both(rreq, sreq))
+        return Request(Both(rreq, sreq))
 
     def _exchange(self, sb: Any, dest: int, sendtag: int, rb: Any, source: int, recvtag: int,
                   status: Status | None) -> None:
@@ -319,7 +336,7 @@ class PointToPoint:
 
     def _bsend_started(self, buf: Any, dest: int, tag: int) -> Any:
         self._bsend(buf, dest, tag, "Bsend_init")
-        return _Done()
+        return Done()
 
     # ------------------------------------------------------------------ probes
     def _probe_call(self, fn: Any, source: Any, tag: Any) -> Any:

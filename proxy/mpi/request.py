@@ -106,7 +106,11 @@ class Request:
             except errors.ProxyError as exc:
                 self._r = None
                 raise convert(exc) from None
-        if self._active():
+            if status is not None:
+                status._fill(r.status)
+            self._r, self._null = None, False
+            return True
+        if self._null:
             self._complete(status)
         elif status is not None:
             status._fill(None)
