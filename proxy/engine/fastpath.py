@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from shmproxy.core import log
-from shmproxy.core.ops import KIND_SEND, Op
+from shmproxy.core.ops import Op
 from shmproxy.engine.p2p import BUFFERED_OWNER, Buffered
 from shmproxy.shm import _native
 from shmproxy.shm import pool as P
@@ -193,7 +193,7 @@ class FastPath:
             _native.fast_wake_coll(self.f_coll_word)
 
     def fast_describe(self) -> dict[str, Any]:
-        """The fast path's counters, for the info blob and the dump."""
+        """What the progress process holds of the fast path (the signal dump's "fast_path")."""
         if not self.fast:
             return {"on": False}
         q, lay = self.q, self.layout
@@ -202,7 +202,3 @@ class FastPath:
             ranks.append({"local_rank": lr, "recv_posted": q[lay.rank_q(lr, P.RANK_RECV_POSTED)],
                           "recv_done": q[self.f_recv_done[lr]]})
         return {"on": True, "bytes": lay.fast_bytes, "ranks": ranks, "held": len(self.fast_held)}
-
-
-def is_fast_send(op: Any) -> bool:
-    return op.kind == KIND_SEND and bool(getattr(op, "pair_seq", 0))

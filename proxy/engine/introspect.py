@@ -121,6 +121,7 @@ class Introspection:
                                 self.matcher.posted(d)],
             "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in self.conns.items()},
             "nodes": self.describe_nodes(),
+            "fast_path": self.fast_describe(),
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name}
                         for c in self.server.connections()],
             "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},

@@ -8,8 +8,6 @@ while others have not (the fast path's counterpart of the progress process's unj
 """
 from __future__ import annotations
 
-from typing import Any
-
 from shmproxy.shm import pool as P
 
 _STATE = {P.CELL_EMPTY: "empty", P.CELL_FULL: "full", P.CELL_TAKING: "taken by the receiver",
@@ -83,13 +81,3 @@ def _collectives(view: P.PoolView, problems: list[str]) -> list[dict]:
 def describe(fp: int) -> str:
     from shmproxy.rank.fastpath import describe as words   # the rank's wording of a fingerprint
     return words(fp)
-
-
-def summary(fast: Any) -> str:
-    """One line for the dump's text output."""
-    if not isinstance(fast, dict) or not fast.get("on"):
-        return "fast path: off"
-    waiting = sum(len(p["cells"]) for p in fast.get("cells", []))
-    colls = fast.get("collectives") or []
-    top = max((c["entered"] for c in colls), default=0)
-    return f"fast path: {waiting} message(s) in cells, small collectives up to #{top}"
