@@ -200,3 +200,20 @@ def a_bad_op_names_what_was_passed() -> None:
                 raise AssertionError(f"op={bad!r} was accepted")
         comm.Allreduce(x, y, op=shmproxy.SUM)
         assert (y == comm.size).all()
+
+
+def second_init_is_refused() -> dict:
+    """shmproxy.init() again while the first communicator of the job is open: every rank is refused
+    alike before anything is started (it used to take the live socket for a stale one), and the first
+    communicator still works."""
+    comm = shmproxy.init()
+    try:
+        shmproxy.init()
+        second = "joined"
+    except shmproxy.InvalidUsage as exc:
+        second = str(exc)
+    x = np.zeros(1)
+    comm.Allreduce(np.ones(1), x)
+    comm.Ibarrier().Wait()
+    comm.close()
+    return {"second": second, "sum": float(x[0])}

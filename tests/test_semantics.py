@@ -53,3 +53,9 @@ def test_a_rank_exiting_with_an_unmatched_receive_is_prompt_and_names_it():
 
 def test_a_bad_reduction_op_is_refused_naming_what_was_passed():
     run_ranks(BODY + "a_bad_op_names_what_was_passed", 2, timeout=60)
+
+
+def test_a_second_init_of_the_same_job_is_refused_on_every_rank():
+    res = run_ranks(BODY + "second_init_is_refused", 2, timeout=90)
+    for r in res.results:
+        assert "joined communicator 0 of this job already" in r["second"] and r["sum"] == 2.0, r

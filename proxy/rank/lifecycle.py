@@ -78,6 +78,12 @@ def _cwd_args() -> list[str]:
         return []
 
 
+# The communicators this process has joined, by service socket path. Joining one again (a second
+# shmproxy.init() of the same job) would take its live socket for a crashed run's and start a second
+# progress process beside the first, while the other local ranks are refused by the first.
+_JOINED: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+
+
 class Lifecycle:
     """Creation, the service calls, failure state, Abort/close and teardown of a Comm."""
 
@@ -104,11 +110,18 @@ class Lifecycle:
         key = key or bootstrap.job_key(info, params)
         self._job_key, self._comm_id, self._nchildren = key, comm_id, 0
         self._path = bootstrap.service_path(bootstrap.run_dir(params), key, comm_id)
+        other = _JOINED.get(self._path)
+        if other is not None and not other._closed:
+            raise errors.InvalidUsage(
+                f"rank {info.rank}: this process has joined communicator {comm_id} of this job already "
+                f"(shmproxy.init() twice?): use that communicator, or its Dup(); shmproxy.MPI takes it "
+                f"with MPI.attach_world(comm)")
         try:
             self._start(info, params, key, comm_id)
         except BaseException:
             self._teardown(wait_proxy=False)
             raise
+        _JOINED[self._path] = self
         atexit.register(_close_at_exit, weakref.ref(self))
         return self
 
