@@ -542,3 +542,45 @@ def test_sweep_removes_only_old_service_sockets_nobody_listens_on(tmp_path: Path
     finally:
         for s in (d, l_, f, o):
             s.close()
+
+
+def test_sweep_removes_only_old_pools_whose_progress_process_is_gone(tmp_path: Path) -> None:
+    """A job killed outright while its ranks were still joining leaves its ops pool's name; the next
+    start removes it once it is old and the progress process its header names is gone (or its pid now
+    belongs to another program). A pool of a live progress process, a fresh one, and anything that is
+    not a pool stay."""
+    import struct
+    import subprocess
+    import sys
+    import time
+
+    from shmproxy.shm import pool as P
+
+    def fake_pool(name: str, pid: int, age_s: float, magic: int = P.MAGIC) -> str:
+        path = str(tmp_path / name)
+        head = bytearray(4096)
+        struct.pack_into("<Q", head, 0, magic)
+        struct.pack_into("<Q", head, P.CTRL_OFF + 8 * P.CTRL_PROXY_PID, pid)
+        with open(path, "wb") as f:
+            f.write(head)
+        t = time.time() - age_s
+        os.utime(path, (t, t))
+        return path
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()   # a pid that no process has now
+    progress = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                 "-m", "shmproxy.engine.progress"])   # a live 'progress process'
+    try:
+        dead = fake_pool("shmproxy-0123abcd-c0-89abcdef", gone.pid, 600)
+        reused = fake_pool("shmproxy-0123abcd-c1-89abcdef", os.getpid(), 600)   # not a progress process
+        live = fake_pool("shmproxy-0123abcd-c2-89abcdef", progress.pid, 600)
+        fresh = fake_pool("shmproxy-0123abcd-c3-89abcdef", gone.pid, 1)
+        other = fake_pool("shmproxy-buf-0123", gone.pid, 600)
+        foreign = fake_pool("shmproxy-0123abcd-c4-89abcdef", gone.pid, 600, magic=7)
+        assert sorted(bootstrap.sweep_stale_pools(str(tmp_path))) == sorted([dead, reused])
+        assert all(os.path.exists(p) for p in (live, fresh, other, foreign))
+        assert bootstrap.sweep_stale_pools(str(tmp_path / "missing")) == []
+    finally:
+        progress.kill()
+        progress.wait()

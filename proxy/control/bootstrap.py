@@ -43,6 +43,7 @@ from typing import Any, Mapping
 from shmproxy.control.launcher import LAUNCHERS, LaunchInfo, detect, parse_tasks_per_node
 from shmproxy.core import log
 from shmproxy.core.errors import InvalidArgument, InvalidUsage, from_oserror
+from shmproxy.shm import pool
 
 __all__ = ["LAUNCHERS", "SUN_PATH_MAX", "LaunchInfo", "detect", "host_identity", "job_key",
            "parse_tasks_per_node", "run_dir", "service_path", "spans_nodes"]
@@ -333,6 +334,57 @@ def sweep_stale_sockets(rundir: str, min_age_s: float = STALE_SOCKET_AGE_S) -> l
         finally:
             probe.close()
     return removed
+
+
+_POOL_NAME = re.compile(r"shmproxy-[0-9a-f]{8}-c\d+-[0-9a-f]{8}")
+
+
+def sweep_stale_pools(shm_dir: str, min_age_s: float = STALE_SOCKET_AGE_S) -> list[str]:
+    """Remove the names of ops pools that jobs killed outright left in ``shm_dir``; returns their paths.
+    A pool's name is unlinked once every local rank has mapped it, so only a job killed while ranks
+    were still joining leaves one, and nobody of that job is left to remove it.
+
+    A pool is stale when its name is a pool's, it is ours, at least ``min_age_s`` old, and the progress
+    process its header names is gone: no such process, or one that is not a progress process (its pid
+    was reused). As for sockets, anything unexpected leaves the file alone."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError as exc:
+        _LOG.info("cannot list %s for stale pools: %s", shm_dir, exc)
+        return removed
+    now, uid = time.time(), os.getuid()
+    pid_at = pool.CTRL_OFF + 8 * pool.CTRL_PROXY_PID
+    for name in names:
+        if not _POOL_NAME.fullmatch(name):
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or now - st.st_mtime < min_age_s:
+                continue
+            with open(path, "rb") as f:
+                head = f.read(pid_at + 8)
+            if len(head) < pid_at + 8 or struct.unpack_from("<Q", head, 0)[0] != pool.MAGIC:
+                continue
+            pid = struct.unpack_from("<Q", head, pid_at)[0]
+            if pid and _progress_process_alive(pid):
+                continue
+            os.unlink(path)
+            removed.append(path)
+        except OSError as exc:   # gone meanwhile, unreadable: not ours to judge
+            _LOG.info("left %s alone: %s", path, exc)
+    return removed
+
+
+def _progress_process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"shmproxy.engine.progress" in f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True   # it exists and cannot be read: not ours to remove
 
 
 # --------------------------------------------------------------------------------------------------

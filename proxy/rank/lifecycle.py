@@ -135,6 +135,8 @@ class Lifecycle:
                 os.unlink(self._path)
             for stale in bootstrap.sweep_stale_sockets(os.path.dirname(self._path)):
                 _log.info("removed the service socket %s of a job that did not end cleanly", stale)
+            for stale in bootstrap.sweep_stale_pools(params.SHM_DIR):
+                _log.info("removed the ops pool %s of a job that did not end cleanly", stale)
             env = dict(os.environ)
             env.update(params.to_env())
             cmd = [sys.executable, "-m", "shmproxy.engine.progress", "--path", self._path,
