@@ -569,8 +569,9 @@ def test_sweep_removes_only_old_pools_whose_progress_process_is_gone(tmp_path: P
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()   # a pid that no process has now
-    progress = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                                 "-m", "shmproxy.engine.progress"])   # a live 'progress process'
+    progress = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                                 "-m", "shmproxy.engine.progress"], stdout=subprocess.PIPE, text=True)
+    assert progress.stdout is not None and progress.stdout.readline() == "up\n"   # its cmdline is its own now
     try:
         dead = fake_pool("shmproxy-0123abcd-c0-89abcdef", gone.pid, 600)
         reused = fake_pool("shmproxy-0123abcd-c1-89abcdef", os.getpid(), 600)   # not a progress process
@@ -583,4 +584,4 @@ def test_sweep_removes_only_old_pools_whose_progress_process_is_gone(tmp_path: P
         assert bootstrap.sweep_stale_pools(str(tmp_path / "missing")) == []
     finally:
         progress.kill()
-        progress.wait()
+        progress.communicate()
