@@ -49,7 +49,9 @@ typedef struct {
 
 typedef struct { uintptr_t start, end; int32_t bid; } Range;
 
-enum { FAST_SEND, FAST_RECV, FAST_BARRIER, FAST_ALLREDUCE, FAST_BCAST, FAST_REDUCE, FAST_CALLS };
+/* The collectives whose declined calls go to a Python path (a declined Send/Recv posts through
+ * Isend/Irecv in C: _poster_fast.c, post_and_wait) */
+enum { FAST_BARRIER, FAST_ALLREDUCE, FAST_BCAST, FAST_REDUCE, FAST_CALLS };
 
 typedef struct {
     PyObject_HEAD
@@ -86,7 +88,7 @@ typedef struct {
     FastLayout fl;
     int32_t *local_of;      /* comm rank -> local rank, -2 until looked up (lookup_local) */
     uint64_t *slow_to;      /* comm rank -> sends to it posted to the progress process */
-    PyObject *fast_fallback[FAST_CALLS];  /* Send, Recv, Barrier, Allreduce, Bcast, Reduce: the Python paths */
+    PyObject *fast_fallback[FAST_CALLS];  /* Barrier, Allreduce, Bcast, Reduce: the Python paths */
     PyObject *fast_failed;  /* Comm._fast_failed(code, message): raises what a failed fast call must */
     PyObject *fast_check;   /* Comm._fast_check(): raises if the progress process is gone */
     uint64_t coll_n;        /* small collectives this rank ran on the fast path */

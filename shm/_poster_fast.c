@@ -69,15 +69,16 @@ void _sp_fast_stamp(PosterObject *self, char *record, const Rec *f) {
         char *line = coll_rank(&self->fl, self->rank);
         volatile uint64_t *n = FAST_Q(line, CRANK_SLOW_COLLS_OFF);
         *FAST_Q(line, CRANK_SLOW_FP_OFF) = (f->x1 & 0xF) | ((uint64_t)(f->redop & 0xF) << 4) |
-                                           ((uint64_t)(f->code & 0xFF) << 8) | ((uint64_t)(f->peer & 0xFFFF) << 16);
+                                           ((uint64_t)(f->code & 0xFF) << 8) |
+                                           ((uint64_t)(f->peer & 0xFFFF) << 16);
         *FAST_Q(line, CRANK_SLOW_COUNT_OFF) = f->count;
         __atomic_store_n(n, *n + 1, __ATOMIC_RELEASE);
     }
 }
 
 /* set_fast(pool, fast_off, fast_bytes, rank_area_off, nlocal, slice_s, fallbacks, failed, check, proxy_fd):
- * turn the fast path on (fallbacks: the six Python paths, FAST_SEND .. FAST_REDUCE) and publish this
- * rank's rank in its line, where its peers look it up (lookup_local). */
+ * turn the fast path on (fallbacks: the four Python paths, FAST_BARRIER .. FAST_REDUCE) and publish
+ * this rank's rank in its line, where its peers look it up (lookup_local). */
 PyObject *_sp_Poster_set_fast(PosterObject *self, PyObject *args) {
     unsigned long long pool, fast_off, fast_bytes, area_off;
     long nlocal;

@@ -34,7 +34,7 @@ from shmproxy.shm import _native
 from shmproxy.shm import pool as P
 
 _log = log.get("PROXY")
-_TAKE_BUSY, _TAKE_NONE, _TAKE_BLOCKED = _native.TAKE_BUSY, _native.TAKE_NONE, _native.TAKE_BLOCKED
+_TAKE_BUSY = _native.TAKE_BUSY
 assert P.PAIR_UNEXP == P.PAIR_FETCHED_SLOW + 1   # a pair's UNEXP is found from its FETCHED_SLOW index
 
 

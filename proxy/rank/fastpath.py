@@ -66,10 +66,9 @@ def bind(comm: "Comm", seg_addr: int, layout: P.Layout) -> None:
     """Turn the fast path on for ``comm`` if its pool has the region (every rank on this node)."""
     if not layout.fast_bytes or comm.local_size != comm.size:
         return
-    cls, pp = type(comm), comm._pp
-    fallbacks = (cls.Send.__get__(comm), cls.Recv.__get__(comm), lambda: _barrier(comm),
-                 lambda *a, **k: _allreduce(comm, *a, **k), lambda *a, **k: _bcast(comm, *a, **k),
-                 lambda *a, **k: _reduce(comm, *a, **k))
+    pp = comm._pp
+    fallbacks = (lambda: _barrier(comm), lambda *a, **k: _allreduce(comm, *a, **k),
+                 lambda *a, **k: _bcast(comm, *a, **k), lambda *a, **k: _reduce(comm, *a, **k))
     pp.set_fast(seg_addr, layout.fast_off, layout.fast_bytes, layout.rank_area_off, layout.nlocal,
                 comm.params.WAIT_SLICE_MS * 1e-3, fallbacks, lambda code, detail: fast_failed(comm, code, detail),
                 lambda: fast_check(comm), comm._pidfd)
