@@ -17,6 +17,7 @@ import numpy as np
 import shmproxy
 from shmproxy.core.ops import FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED
 from shmproxy.rank import objects
+from shmproxy.shm import pool as P
 from shmproxy import MPI
 
 A, T = shmproxy.ANY_SOURCE, shmproxy.ANY_TAG
@@ -50,11 +51,13 @@ def buffered_bytes_are_bounded(nmsg: int, nbytes: int, per_peer: int) -> dict:
         n = nbytes // 8
         if comm.rank == 0:
             reqs = [comm.Isend(np.full(n, i, np.int64), 1, tag=5) for i in range(nmsg)]
+            fit = per_peer // nbytes
+            # buffered after a grace of about their copy's time (SEND_BUFFER_GRACE_US_PER_KIB), not at once
+            shmproxy.Request.Waitall(reqs[:fit], timeout=30)
             assert comm.Iprobe(1, 5) is None     # the round trip: every send above reached the engine
             done = [rq.Test() for rq in reqs]
             comm.Barrier()
             shmproxy.Request.Waitall(reqs, timeout=30)
-            fit = per_peer // nbytes
             assert done == [True] * fit + [False] * (nmsg - fit), done
             return {"done_early": sum(done)}
         comm.Barrier()
@@ -75,6 +78,7 @@ def buffered_and_unbuffered_do_not_overtake() -> None:
             for i, nb in enumerate(sizes):
                 buf = np.full(nb, i + 1, np.uint8)
                 reqs.append(comm.Issend(buf, 1, tag=3) if i == 2 else comm.Isend(buf, 1, tag=3))
+            shmproxy.Request.Waitall([reqs[0], reqs[3], reqs[4]], timeout=30)   # buffered: no receive needed
             comm.Iprobe(1, 3)
             early = [rq.Test() for rq in reqs]
             assert early == [True, False, False, True, True], early
@@ -95,8 +99,9 @@ def ssend_waits_for_its_receive() -> None:
         if comm.rank == 0:
             sync = comm.Issend(np.arange(1, dtype=np.int64), 1, tag=1)
             std = comm.Isend(np.arange(1, dtype=np.int64), 1, tag=2)
+            std.Wait(timeout=30)   # buffered: complete without its receive
             comm.Iprobe(1, 0)
-            assert not sync.Test() and std.Test()
+            assert not sync.Test()
             comm.Barrier()
             comm.Barrier()      # rank 1 posted its receive in between
             sync.Wait(timeout=30)
@@ -305,3 +310,30 @@ def mpi_point_to_point() -> None:
         assert comm.recv(None, 0) == 4
     assert comm.sendrecv(rank, other, 9, source=other, recvtag=9) == other
     comm.Barrier()
+
+
+def buffering_waits_out_its_grace(grace: bool) -> dict:
+    """A 64 KiB standard send that finds no receive: with a grace (SEND_BUFFER_GRACE_US_PER_KIB large)
+    it is not copied nor complete until a receive posted later takes it, with one copy; without one
+    (0) it is buffered and complete before any receive. Returns the progress process's count of
+    buffered sends (the dump's buffered_sends)."""
+    with shmproxy.init() as comm:
+        data = np.arange(8192, dtype=np.int64)
+        if comm.rank == 0:
+            req = comm.Isend(data, 1, tag=4)
+            if grace:
+                assert comm.Iprobe(1, 4) is None   # the round trip: the send reached the engine
+                assert not req.Test()              # waiting out its grace, unbuffered
+                comm.Barrier()                     # rank 1 posts its receive after this
+                req.Wait(timeout=30)
+            else:
+                req.Wait(timeout=30)               # buffered: complete without its receive
+                comm.Barrier()
+            comm.Barrier()
+            return {"buffered": int(comm._q[P.CTRL_OFF // 8 + P.CTRL_N_BUFFERED])}
+        comm.Barrier()
+        got = np.zeros(8192, np.int64)
+        comm.Recv(got, 0, tag=4)
+        assert (got == data).all()
+        comm.Barrier()
+        return {}

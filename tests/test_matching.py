@@ -404,10 +404,13 @@ def test_walks_stop_early():
 
 def test_a_buffered_copy_keeps_the_place_of_the_send_it_replaces():
     m = Matcher()
-    assert m.arrive(0, 1, 5, "a") is None and m.arrive(0, 1, 5, "b") is None
-    assert not m.replace_unexpected(0, 1, 5, "a", "A")      # only the newest of its queue
-    assert m.replace_unexpected(0, 1, 5, "b", "B")
+    assert m.arrive(0, 1, 5, "a") is None and m.arrive(0, 1, 5, "b") is None and m.arrive(0, 1, 5, "c") is None
+    assert m.is_unexpected(0, 1, 5, "b") and not m.is_unexpected(0, 1, 6, "b")
+    assert m.replace_unexpected(0, 1, 5, "b", "B")          # not the newest: buffered after its grace
+    assert not m.replace_unexpected(0, 1, 5, "x", "X") and not m.replace_unexpected(0, 2, 5, "a", "A")
+    assert not m.is_unexpected(0, 1, 5, "b") and m.is_unexpected(0, 1, 5, "B")
     assert m.post(0, 1, 5, "r1") == "a" and m.post(0, ANY_SOURCE, ANY_TAG, "r2") == "B"
+    assert not m.is_unexpected(0, 1, 5, "a") and m.post(0, 1, 5, "r3") == "c"
 
 
 def test_any_tag_leaves_the_reserved_tags_alone():

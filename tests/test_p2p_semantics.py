@@ -21,6 +21,13 @@ def test_buffered_bytes_are_bounded_per_destination():
     assert res.results[0]["done_early"] == 4
 
 
+@pytest.mark.parametrize("grace", [True, False])
+def test_a_receive_posted_within_the_grace_takes_the_send_unbuffered(grace):
+    res = run_ranks(BODY + "buffering_waits_out_its_grace", 2, timeout=90, args=(grace,),
+                    env={"SHMPROXY_SEND_BUFFER_GRACE_US_PER_KIB": "100000" if grace else "0"})
+    assert res.results[0]["buffered"] == (0 if grace else 1)
+
+
 def test_buffered_and_unbuffered_messages_do_not_overtake():
     run_ranks(BODY + "buffered_and_unbuffered_do_not_overtake", 2, timeout=90)
 

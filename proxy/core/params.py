@@ -189,6 +189,11 @@ _DECLARED: tuple[Param, ...] = (
        "A send of at most this many bytes to a rank of this node that finds no posted receive is copied "
        "into the progress process's memory and completes at once (MPI's buffered standard mode); a larger "
        "one, an Ssend, or one beyond SEND_BUFFER_PER_PEER completes when its receive takes it. 0 = never.", 0),
+    _p("SEND_BUFFER_GRACE_US_PER_KIB", float, 0.1,
+       "How long a send that SEND_BUFFER_BYTES lets the progress process buffer waits for its receive first, "
+       "in microseconds per KiB of message (about what its copy into the buffer would cost): a receive "
+       "posted meanwhile takes it with one copy instead of two. 0: buffered once the batch of ops it "
+       "arrived with is matched.", 0.0),
     _p("SEND_BUFFER_PER_PEER", parse_size, 4 << 20,
        "Bytes of buffered sends (SEND_BUFFER_BYTES) that may wait for one destination rank; beyond it a "
        "send waits for its receive (flow control).", 0),

@@ -167,15 +167,24 @@ class Matcher:
                 best_key, best_seq = key, q[0][0]
         return best_key
 
-    def replace_unexpected(self, dst: int, src: int, tag: int, old: Any, new: Any) -> bool:
-        """Put ``new`` in the place of the unexpected message ``old`` (the newest of its queue, as it is
-        right after arrive: a send the engine buffered), keeping its place in matching order."""
+    def is_unexpected(self, dst: int, src: int, tag: int, item: Any) -> bool:
+        """``item`` waits in the unexpected queue of (dst, src, tag)."""
         d = self._dests.get(dst)
         q = d.unexp.get((src, tag)) if d is not None else None
-        if not q or q[-1][1] is not old:
+        return bool(q) and any(e[1] is item for e in q)
+
+    def replace_unexpected(self, dst: int, src: int, tag: int, old: Any, new: Any) -> bool:
+        """Put ``new`` in the place of the unexpected message ``old`` (a send the engine buffered),
+        keeping its place in matching order."""
+        d = self._dests.get(dst)
+        q = d.unexp.get((src, tag)) if d is not None else None
+        if not q:
             return False
-        q[-1] = (q[-1][0], new)
-        return True
+        for i in range(len(q) - 1, -1, -1):   # most often the newest
+            if q[i][1] is old:
+                q[i] = (q[i][0], new)
+                return True
+        return False
 
     # ------------------------------------------------------------------ removal
     def take(self, dst: int, item: Any) -> bool:

@@ -22,9 +22,12 @@ processes (RTS with the envelope, CTS with the receive buffer, a completion with
 rank of this node that finds no posted receive, of at most SEND_BUFFER_BYTES, in host memory and not
 synchronous (FLAG_SYNC: Ssend/Issend), is copied at arrival into memory of this process (a
 ``Buffered``, registered in ``buffers`` under the owner BUFFERED_OWNER) and its request completes at
-once: two ranks that both Send and then Recv do not wait for each other. The Buffered takes the send's
-place in its unexpected queue (Matcher.replace_unexpected), so matching order and non-overtaking are
-those of the unbuffered send; the later match hands it to the transport like any send (its bytes are
+once: two ranks that both Send and then Recv do not wait for each other. Not quite at arrival: the
+copy waits until the batch of ops the send came with is matched, and then a grace of about the copy's
+own time (SEND_BUFFER_GRACE_US_PER_KIB; ``buffer_later``, due in ``buffer_due``). In an exchange the
+receive is often a microsecond behind the send; taken within the grace, the message costs one copy,
+not two. The Buffered takes the send's place in its unexpected queue (Matcher.replace_unexpected), so
+matching order and non-overtaking are those of the unbuffered send; the later match hands it to the transport like any send (its bytes are
 found through ``buffers``), and only the receive completes. Flow control: at most SEND_BUFFER_PER_PEER
 bytes may wait buffered for one destination; beyond it a send stays unbuffered and waits for its
 receive, as a large one does. Across nodes the same bound applies on the sender's node: a send above
@@ -52,6 +55,8 @@ which its close abandoned, are dropped, so that a later message to it fails inst
 """
 from __future__ import annotations
 
+import collections
+
 import time
 from typing import Any
 
@@ -68,6 +73,7 @@ from shmproxy.engine import typed
 from shmproxy.engine.args import Transfer
 from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher, _accepts
 from shmproxy.shm import _native
+from shmproxy.shm import pool as P
 from shmproxy.engine.ranks import RankInfo
 from shmproxy import transports
 from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind
@@ -76,6 +82,7 @@ _log = log.get("PROXY")
 _KINDS = frozenset(int(k) for k in MemKind)
 
 
+_N_BUFFERED_Q = P.CTRL_OFF // 8 + P.CTRL_N_BUFFERED
 BUFFERED_OWNER = -2   # the owner of buffered sends' copies in ``buffers`` (no rank's local rank)
 
 
@@ -137,6 +144,8 @@ class PointToPoint:
         self.net_eager = params.NET_EAGER_BYTES    # sends to other nodes up to this complete at once anyway
         self.buffered: dict[int, int] = {}         # destination rank -> bytes buffered for it
         self.buffered_ids = 0
+        self.grace_ns_per_byte = params.SEND_BUFFER_GRACE_US_PER_KIB * 1e3 / 1024
+        self.buffer_later: collections.deque = collections.deque()   # (due ns, send): to buffer then
         self.probes: dict[int, list[Op]] = {}      # destination rank -> blocking Probes waiting
         self.held: dict[tuple[int, int], Any] = {}  # (owner, probe's sequence) -> what a matched probe took
         self.types: dict[tuple[int, int], typed.TypeMap] = {}   # (local rank, type id) -> derived datatype
@@ -202,7 +211,7 @@ class PointToPoint:
             self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
         else:
             if send.nbytes <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
-                send = self.buffer_send(send)
+                self.buffer_later.append((send.t_fetch + int(send.nbytes * self.grace_ns_per_byte), send))
             if self.probes:
                 self.wake_probes(dst, send)
         if d is not None:
@@ -339,15 +348,22 @@ class PointToPoint:
         return conn
 
     # ------------------------------------------------------------------ buffered sends
-    def buffer_send(self, send: Op) -> Any:
-        """``send`` just arrived unexpected: copy its bytes into this process and complete it, unless
-        its destination has SEND_BUFFER_PER_PEER bytes waiting already (flow control) or its buffer
-        does not check out (left to the match, which refuses it naming why). Returns what is queued."""
+    def buffer_due(self, now: int) -> None:
+        """Buffer the sends of ``buffer_later`` whose grace is over (all of them when ``now`` is -1)."""
+        later = self.buffer_later
+        while later and (now < 0 or later[0][0] <= now):
+            send = later.popleft()[1]
+            if self.matcher.is_unexpected(send.peer, send.rank, send.tag, send):
+                self.buffer_send(send)
+
+    def buffer_send(self, send: Op) -> None:
+        """``send`` waits unexpected: copy its bytes into this process and complete it, unless its
+        destination has SEND_BUFFER_PER_PEER bytes waiting already (flow control) or its buffer does
+        not check out (left to the match, which refuses it naming why)."""
         b = self.buffered_copy(send)
-        if b is None or not self.matcher.replace_unexpected(send.peer, send.rank, send.tag, send, b):
-            return send
-        self.adopt_buffered(send, b)
-        return b
+        if b is not None and self.matcher.replace_unexpected(send.peer, send.rank, send.tag, send, b):
+            self.adopt_buffered(send, b)
+            self.q[_N_BUFFERED_Q] += 1
 
     def buffered_copy(self, send: Op) -> Buffered | None:
         """A Buffered copy of ``send``'s bytes, or None (flow control, or a buffer that does not check out)."""

@@ -422,7 +422,11 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
                 self.check_relayed()
             self.passes += 1
             mode = fetch_mode(idle, len(self.active), self.passes, freq)
+            if self.buffer_later:   # sends waiting out their grace (engine/p2p.py): look, never sleep
+                mode = _F_TRY if mode == _F_BLOCK else mode
             added = self.fetch(mode) if mode else 0
+            if self.buffer_later:
+                self.buffer_due(time.monotonic_ns())
             if self.copy.in_flight and self.awake is not None:
                 self.awake.touch()
             if idle and not added and mode != _F_BLOCK:

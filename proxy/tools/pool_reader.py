@@ -29,7 +29,8 @@ from shmproxy.shm import pool as P
 STATE_NAMES = {P.PROXY_STARTING: "STARTING", P.PROXY_RUNNING: "RUNNING", P.PROXY_STOPPING: "STOPPING",
                P.PROXY_EXITED: "EXITED"}
 STAT_FIELDS = (("fetches", P.CTRL_N_FETCH), ("ops", P.CTRL_N_OPS), ("args", P.CTRL_N_ARGS),
-               ("sleeps", P.CTRL_N_SLEEP), ("passes", P.CTRL_N_PASSES), ("active_subs", P.CTRL_ACTIVE_SUBS))
+               ("sleeps", P.CTRL_N_SLEEP), ("passes", P.CTRL_N_PASSES), ("active_subs", P.CTRL_ACTIVE_SUBS),
+               ("buffered_sends", P.CTRL_N_BUFFERED))
 MAX_LISTED = 1024       # records / subs listed individually in one section; counts are always complete
 PRIVATE_NOTE = "not in a shared list (held privately by the rank, or leaked)"
 
