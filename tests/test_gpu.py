@@ -2,7 +2,7 @@
 references, stream order, host/device mixing refused, a rank killed mid-collective.
 
 Skipped, saying why, where cupy or a GPU is absent (CI). tools/gpu_tests.sh runs this file on a GPU
-host. Rank bodies are in tests/bodies_gpu.py and tests/bodies_gpu_more.py.
+host. Rank bodies are in tests/bodies_gpu.py, tests/bodies_gpu_more.py and tests/bodies_gpu_vector.py.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ REASON = _gpu_reason()
 pytestmark = pytest.mark.skipif(bool(REASON), reason=f"GPU tests: {REASON}")
 BODY = "tests.bodies_gpu:"
 MORE = "tests.bodies_gpu_more:"
+VEC = "tests.bodies_gpu_vector:"
 
 
 def _used_bytes() -> int:
@@ -57,6 +58,34 @@ def test_collectives_against_cupy_references(nranks):
     res = run_ranks(BODY + "collectives", nranks, timeout=400)
     for r in res.results:
         assert not r["bad"], r["bad"]
+        assert r["cases"] > 100
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_vector_collectives_device_matches_host(nranks):
+    """Gather, Scatter, Gatherv, Scatterv, Allgatherv, Alltoallv, Reduce_scatter, Scan, Exscan and
+    their I-forms (IN_PLACE too) on device arrays: bit for bit the host path's results and a numpy
+    reference, for float32, float16 and int64, even, uneven (an empty rank) and zero counts."""
+    res = run_ranks(VEC + "vector_collectives", nranks, timeout=500)
+    for r in res.results:
+        assert not r["bad"], r["bad"][:20]
+        assert r["cases"] > 2000
+
+
+def test_vector_collectives_host_and_device_mixed_is_refused():
+    res = run_ranks(VEC + "vector_mixed_is_refused", 3, timeout=180)
+    for r in res.results:
+        assert r["refused"] == 6, r
+        assert r["cross"] == ["Gatherv: InvalidArgument", "Iscan: InvalidArgument"], r
+        assert r["ok"], r
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_vector_collectives_bfloat16_torch(nranks):
+    pytest.importorskip("torch")
+    res = run_ranks(VEC + "vector_bfloat16_torch", nranks, timeout=300)
+    for r in res.results:
+        assert not r["bad"], r["bad"][:20]
         assert r["cases"] > 100
 
 

@@ -21,11 +21,11 @@ between themselves through host copies (shmproxy.rank.fastpath), where host and 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from shmproxy.coll import sched
+from shmproxy.coll import gpu_vector, sched, vector
 from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind, mem_device, mem_kind
 from shmproxy.core.ops import CODE_DTYPE, DTYPE_BFLOAT16, FLAG_IN_PLACE, Coll, Op, ReduceOp
@@ -196,6 +196,9 @@ def _start(engine: Any, ops: list[Op]) -> None:
     if hosts:
         raise errors.InvalidArgument(f"{op0.describe()}: ranks {hosts} passed host buffers where other ranks "
                                      f"passed device memory; a collective takes one kind on every rank")
+    if c in gpu_vector.COLLS:
+        _start_vector(engine, ops, dt, bf16)
+        return
     blk = n * dt.itemsize
     if not blk and c != Coll.BARRIER:   # nothing to move, nothing to order
         engine.complete_coll(ops, 0)
@@ -243,13 +246,7 @@ def _start(engine: Any, ops: list[Op]) -> None:
     if c in (Coll.REDUCE, Coll.ALLREDUCE, Coll.REDUCE_SCATTER_BLOCK):
         sched.check_op(op0.redop, np.dtype(np.float32) if bf16 else dt)
 
-    device = mem_device(op0.mem)
-    stream = gpu.stream(device)
-    cp = gpu.cp
-    x = GpuExecutor(cp, stream, device, bf16)
-    with cp.cuda.Device(device):
-        for op in ops:
-            gpu.wait_for_rank(op, stream)
+    def body(x: GpuExecutor, keep: list) -> None:
         if c == Coll.ALLREDUCE:
             if not (FUSED and x.fused(op0.redop, dt, n, ins, outs)):
                 x.reduce(op0.redop, dt, n, ins, outs[0], size)
@@ -276,8 +273,44 @@ def _start(engine: Any, ops: list[Op]) -> None:
             # only rank 0's result reads: rank 0's is computed first
             for d, o in enumerate(outs):
                 x.reduce(op0.redop, dt, n, [src + d * blk for src in ins], o, size)
+    _queue(engine, ops, t, bf16, total, body)
+
+
+def _start_vector(engine: Any, ops: list[Op], dt: Any, bf16: bool) -> None:
+    """The rooted, vector and prefix collectives (shmproxy.coll.gpu_vector): counts checked between
+    the ranks as on the host (a mismatch fails the communicator), then planned and queued."""
+    op0 = ops[0]
+    if not vector.check(engine, ops, len(ops)):
+        return
+    if op0.coll in (Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN):
+        sched.check_op(op0.redop, np.dtype(np.float32) if bf16 else dt)
+        if op0.redop == ReduceOp.AVG and op0.coll != Coll.REDUCE_SCATTER:
+            raise errors.InvalidArgument(f"{op0.describe()}: AVG is not defined for a prefix reduction")
+    t = _transport(engine)
+    planned = gpu_vector.plan(engine, ops, t.gpu, dt)
+    if planned is None:   # nothing to move, nothing to order
+        engine.complete_coll(ops, 0)
+        return
+    _queue(engine, ops, t, bf16, planned[0], planned[1])
+
+
+def _queue(engine: Any, ops: list[Op], t: Any, bf16: bool, total: int,
+           body: Callable[[GpuExecutor, list], None]) -> None:
+    """Queue ``body`` on the stream of the ops' device after every rank's post-time event, then the
+    collective's end event, and hand it to the cuda transport to watch."""
+    op0 = ops[0]
+    gpu = t.gpu
+    device = mem_device(op0.mem)
+    stream = gpu.stream(device)
+    cp = gpu.cp
+    x = GpuExecutor(cp, stream, device, bf16)
+    keep: list = []   # device scratch, alive until the collective is done
+    with cp.cuda.Device(device):
+        for op in ops:
+            gpu.wait_for_rank(op, stream)
+        body(x, keep)
         ev = gpu.end_event(device, stream)
-    work = CollWork(ops, total, [], time.monotonic_ns())
+    work = CollWork(ops, total, keep, time.monotonic_ns())
     args = engine.argspool.get_args((-1, -1), op0.opcount, t)
     args.coll = work
     engine.active.append(args)

@@ -10,6 +10,12 @@ gives back one staging buffer when it completes. The progress process copies the
 every block against the registered buffers and that every pair of ranks agrees on what moves
 between them.
 
+Device arrays (both buffers this rank uses on one device; a host/device mix is refused here) are
+never staged: they are located in the rank's own allocation (shmproxy.rank.device), the record carries
+their memory word, and the progress process queues the collective on its GPU stream
+(shmproxy.coll.gpu_vector). The counts table stays in host staging memory even then: only the
+progress process's Python reads it.
+
 Every check that can fail raises here, before anything is posted. Arguments that only the root reads
 (the root's counts) are checked on the root alone; a mismatch between ranks is the progress
 process's to find, and it fails the communicator naming both ranks.
@@ -23,9 +29,9 @@ import numpy as np
 from shmproxy.coll import counts as T
 from shmproxy.coll import sched
 from shmproxy.core import errors
-from shmproxy.core.memory import device_array_kind
-from shmproxy.core.ops import (COLL_NAMES, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE, KIND_COLL,
-                               SUPPORTED_DTYPES, Coll, ReduceOp)
+from shmproxy.core.memory import MemKind, device_array_kind, mem_device, mem_word
+from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE,
+                               KIND_COLL, SUPPORTED_DTYPES, Coll, ReduceOp)
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
 
@@ -33,17 +39,42 @@ _ROOTED = frozenset((Coll.GATHER, Coll.SCATTER, Coll.GATHERV, Coll.SCATTERV))
 _REDUCING = frozenset((Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN))
 
 
-def _code(buf: Any, what: str) -> int:
-    if type(buf) is not np.ndarray:
-        kind = device_array_kind(buf)
-        if kind is not None:
-            raise errors.InvalidArgument(f"{what} is {kind} device memory: this collective takes host memory "
-                                         f"only")
+def _code(buf: Any, what: str, dev: Any = None) -> int:
+    """The record's dtype code of a host array, or (``dev``) of a device array ``_device`` made."""
+    if dev is not None:
+        code = dev.dtype_code(buf)
+    elif type(buf) is not np.ndarray:
         raise errors.InvalidArgument(f"{what} must be a numpy array, got {type(buf).__name__}")
-    code = DTYPE_CODE.get(buf.dtype.char)
+    else:
+        code = DTYPE_CODE.get(buf.dtype.char)
     if code is None:
-        raise errors.InvalidArgument(f"{what}: unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}")
+        raise errors.InvalidArgument(f"{what}: unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}"
+                                     + (", bfloat16 (device)" if dev is not None else ""))
     return code
+
+
+def _device(comm: Any, name: str, sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, Any, int]:
+    """(sendbuf, recvbuf, DeviceMemory, mem word) of a call whose buffers that this rank uses (None:
+    not used) may be device memory: cupy arrays over them, never staged. Host and device mixed in one
+    call, or two devices, are refused before anything is posted; all host: returned as they are."""
+    named = [(b, w) for b, w in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf")) if b is not None]
+    on_device = [device_array_kind(b) is not None for b, _w in named]
+    if not any(on_device):
+        return sendbuf, recvbuf, None, 0
+    if not all(on_device):
+        host = [w for (_b, w), d in zip(named, on_device) if not d]
+        raise errors.InvalidArgument(f"{name}: host and device buffers mixed in one call ({', '.join(host)} "
+                                     f"is host memory, the other device memory): pass both on one side")
+    dev = comm._device_memory()
+    dev.begin_call()
+    if sendbuf is not None:
+        sendbuf = dev.as_array(sendbuf, f"{name} sendbuf")
+    if recvbuf is not None:
+        recvbuf = dev.as_array(recvbuf, f"{name} recvbuf")
+    devices = sorted({b.device.id for b in (sendbuf, recvbuf) if b is not None})
+    if len(devices) > 1:
+        raise errors.InvalidArgument(f"{name}: sendbuf and recvbuf are on different devices {devices}")
+    return sendbuf, recvbuf, dev, mem_word(MemKind.CUDA, devices[0])
 
 
 def _ints(seq: Any, size: int, what: str) -> list[int]:
@@ -88,7 +119,8 @@ def _vector(counts: Any, displs: Any, size: int, nelem: int, name: str,
 
 def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: Any = 0,
          scounts: Sequence[int] | None = None, sdispls: Sequence[int] | None = None,
-         rcounts: Sequence[int] | None = None, rdispls: Sequence[int] | None = None) -> Request:
+         rcounts: Sequence[int] | None = None, rdispls: Sequence[int] | None = None,
+         stream: Any = None) -> Request:
     """Validate one call, write its counts table, locate (or stage) its buffers and post it."""
     comm._check_usable()
     C = Coll
@@ -109,8 +141,14 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
     if send_in_place and (coll == C.ALLTOALLV or (coll in (C.GATHER, C.GATHERV) and not is_root)):
         raise errors.InvalidArgument(f"{name}: IN_PLACE is not allowed here"
                                      + ("" if coll == C.ALLTOALLV else " (only on the root)"))
-    scode = _code(sendbuf, f"{name} sendbuf") if has_send else 0
-    rcode = _code(recvbuf, f"{name} recvbuf") if has_recv else 0
+    keep: tuple = (sendbuf, recvbuf)
+    dev, mem = None, 0
+    if (has_send and type(sendbuf) is not np.ndarray) or (has_recv and type(recvbuf) is not np.ndarray):
+        sendbuf, recvbuf, dev, mem = _device(comm, name, sendbuf if has_send else None,
+                                             recvbuf if has_recv else None)
+        keep += (sendbuf, recvbuf)
+    scode = _code(sendbuf, f"{name} sendbuf", dev) if has_send else 0
+    rcode = _code(recvbuf, f"{name} recvbuf", dev) if has_recv else 0
     if scode and rcode and scode != rcode:
         raise errors.InvalidArgument(f"{name}: sendbuf is {sendbuf.dtype}, recvbuf {recvbuf.dtype}")
     if not (scode or rcode):
@@ -124,7 +162,7 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
             raise errors.InvalidArgument(f"{name}: op must be shmproxy.SUM, PROD, MIN, MAX or AVG, got "
                                          f"{op!r} ({type(op).__name__})")
         redop = int(op)
-        sched.check_op(redop, dtype)
+        sched.check_op(redop, np.dtype(np.float32) if code == DTYPE_BFLOAT16 else dtype)
         if redop == ReduceOp.AVG and coll != C.REDUCE_SCATTER:
             raise errors.InvalidArgument(f"{name}: AVG is not defined for a prefix reduction")
     ssize = sendbuf.size if scode else 0
@@ -200,7 +238,13 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
     rnb = recvbuf.nbytes if rcode else 0
     send_found = None
     send_addr = 0
-    if scode:
+    dev_stream = None
+    if dev is not None:   # never staged: located in the rank's own allocation
+        if stream is not None:
+            dev_stream = dev.as_stream(stream, mem_device(mem))
+        if scode:
+            send_found = dev.locate(sendbuf)[:2]
+    elif scode:
         try:
             send_addr = _native.buffer_info(sendbuf, False)[0]
             send_found = comm._registry.find(send_addr, snb)
@@ -237,18 +281,22 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
     else:
         flags |= FLAG_NO_RECV
     return _emit(comm, coll, code, redop, flags, root, meta, send_loc, snb, count, recv_loc, rnb,
-                 (sendbuf, recvbuf), aux)
+                 keep, aux, mem, dev_stream)
 
 
 def _emit(comm: Any, coll: int, code: int, redop: int, flags: int, root: int, meta: int, send_loc: tuple,
-          snb: int, count: int, recv_loc: tuple, rnb: int, keep: tuple, aux: Any) -> Request:
-    """Fill the record (the counts table's buffer id in the tag word) and post it."""
+          snb: int, count: int, recv_loc: tuple, rnb: int, keep: tuple, aux: Any, mem: int = 0,
+          stream: Any = None) -> Request:
+    """Fill the record (the counts table's buffer id in the tag word) and post it. Device memory
+    (``mem``): the request's event is recorded first on ``stream`` (None: the current one)."""
     slot = comm._free_slots.pop() if comm._free_slots else comm._take_slot()
     index = comm._free_records.pop() if comm._free_records else comm._take_record()
     pp = comm._pp
+    if mem:
+        comm._device.record(slot, mem_device(mem), stream)
     pp.coll_seq += 1
     seq = pp.write(index, slot, KIND_COLL, code, redop, flags, root, meta, send_loc[0], send_loc[1], snb,
-                   count, recv_loc[0], recv_loc[1], rnb, pp.coll_seq, coll, 0)
+                   count, recv_loc[0], recv_loc[1], rnb, pp.coll_seq, coll, mem)
     req = Request(comm, slot, seq, KIND_COLL, root, coll, max(snb, rnb), keep, recv_loc[2], recv_loc[3], pp)
     if aux is not None or recv_loc[2] is not None:
         req._extra = (aux, rnb)

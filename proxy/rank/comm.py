@@ -212,81 +212,88 @@ class Comm(Lifecycle, Posting, Waiting):
     # Collectives past the C post path (shmproxy.rank.collpost posts them; the progress process runs
     # them). Counts and displacements are sequences of ints, in elements; displacements default to
     # the blocks packed in rank order. Arguments only the root reads may be None elsewhere.
-    def Igather(self, sendbuf: Any, recvbuf: np.ndarray | None, root: int = 0) -> Request:
-        return collpost.post(self, Coll.GATHER, sendbuf, recvbuf, root=root)
+    def Igather(self, sendbuf: Any, recvbuf: np.ndarray | None, root: int = 0, stream: Any = None) -> Request:
+        return collpost.post(self, Coll.GATHER, sendbuf, recvbuf, root=root, stream=stream)
 
-    def Gather(self, sendbuf: Any, recvbuf: np.ndarray | None, root: int = 0) -> None:
+    def Gather(self, sendbuf: Any, recvbuf: np.ndarray | None, root: int = 0, stream: Any = None) -> None:
         """Block r of the root's recvbuf = rank r's sendbuf (IN_PLACE on the root: its block is there)."""
-        self.Igather(sendbuf, recvbuf, root).Wait()
+        self.Igather(sendbuf, recvbuf, root, **_stream_kw(stream)).Wait()
 
-    def Iscatter(self, sendbuf: np.ndarray | None, recvbuf: Any, root: int = 0) -> Request:
-        return collpost.post(self, Coll.SCATTER, sendbuf, recvbuf, root=root)
+    def Iscatter(self, sendbuf: np.ndarray | None, recvbuf: Any, root: int = 0,
+                 stream: Any = None) -> Request:
+        return collpost.post(self, Coll.SCATTER, sendbuf, recvbuf, root=root, stream=stream)
 
-    def Scatter(self, sendbuf: np.ndarray | None, recvbuf: Any, root: int = 0) -> None:
+    def Scatter(self, sendbuf: np.ndarray | None, recvbuf: Any, root: int = 0, stream: Any = None) -> None:
         """Rank r's recvbuf = block r of the root's sendbuf (recvbuf IN_PLACE on the root: kept)."""
-        self.Iscatter(sendbuf, recvbuf, root).Wait()
+        self.Iscatter(sendbuf, recvbuf, root, **_stream_kw(stream)).Wait()
 
     def Igatherv(self, sendbuf: Any, recvbuf: np.ndarray | None, recvcounts: Any = None, displs: Any = None,
-                 root: int = 0) -> Request:
+                 root: int = 0, stream: Any = None) -> Request:
         return collpost.post(self, Coll.GATHERV, sendbuf, recvbuf, root=root, rcounts=recvcounts,
-                             rdispls=displs)
+                             rdispls=displs, stream=stream)
 
     def Gatherv(self, sendbuf: Any, recvbuf: np.ndarray | None, recvcounts: Any = None, displs: Any = None,
-                root: int = 0) -> None:
+                root: int = 0, stream: Any = None) -> None:
         """The root's recvbuf[displs[r]:displs[r] + recvcounts[r]] = rank r's sendbuf."""
-        self.Igatherv(sendbuf, recvbuf, recvcounts, displs, root).Wait()
+        self.Igatherv(sendbuf, recvbuf, recvcounts, displs, root, **_stream_kw(stream)).Wait()
 
     def Iscatterv(self, sendbuf: np.ndarray | None, recvbuf: Any, sendcounts: Any = None, displs: Any = None,
-                  root: int = 0) -> Request:
+                  root: int = 0, stream: Any = None) -> Request:
         return collpost.post(self, Coll.SCATTERV, sendbuf, recvbuf, root=root, scounts=sendcounts,
-                             sdispls=displs)
+                             sdispls=displs, stream=stream)
 
     def Scatterv(self, sendbuf: np.ndarray | None, recvbuf: Any, sendcounts: Any = None, displs: Any = None,
-                 root: int = 0) -> None:
+                 root: int = 0, stream: Any = None) -> None:
         """Rank r's recvbuf = the root's sendbuf[displs[r]:displs[r] + sendcounts[r]]."""
-        self.Iscatterv(sendbuf, recvbuf, sendcounts, displs, root).Wait()
+        self.Iscatterv(sendbuf, recvbuf, sendcounts, displs, root, **_stream_kw(stream)).Wait()
 
-    def Iallgatherv(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any, displs: Any = None) -> Request:
-        return collpost.post(self, Coll.ALLGATHERV, sendbuf, recvbuf, rcounts=recvcounts, rdispls=displs)
+    def Iallgatherv(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any, displs: Any = None,
+                    stream: Any = None) -> Request:
+        return collpost.post(self, Coll.ALLGATHERV, sendbuf, recvbuf, rcounts=recvcounts, rdispls=displs,
+                             stream=stream)
 
-    def Allgatherv(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any, displs: Any = None) -> None:
+    def Allgatherv(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any, displs: Any = None,
+                   stream: Any = None) -> None:
         """Every rank's recvbuf[displs[r]:displs[r] + recvcounts[r]] = rank r's sendbuf."""
-        self.Iallgatherv(sendbuf, recvbuf, recvcounts, displs).Wait()
+        self.Iallgatherv(sendbuf, recvbuf, recvcounts, displs, **_stream_kw(stream)).Wait()
 
     def Ialltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray,
-                   recvcounts: Any, rdispls: Any) -> Request:
+                   recvcounts: Any, rdispls: Any, stream: Any = None) -> Request:
         return collpost.post(self, Coll.ALLTOALLV, sendbuf, recvbuf, scounts=sendcounts, sdispls=sdispls,
-                             rcounts=recvcounts, rdispls=rdispls)
+                             rcounts=recvcounts, rdispls=rdispls, stream=stream)
 
     def Alltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray,
-                  recvcounts: Any, rdispls: Any) -> None:
+                  recvcounts: Any, rdispls: Any, stream: Any = None) -> None:
         """Rank q's block r of recvbuf (recvcounts[r] at rdispls[r]) = rank r's block q of sendbuf
         (sendcounts[q] at sdispls[q]); displacements may be None (packed)."""
-        self.Ialltoallv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls).Wait()
+        self.Ialltoallv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls,
+                        **_stream_kw(stream)).Wait()
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any = None,
-                        op: Any = ReduceOp.SUM) -> Request:
-        return collpost.post(self, Coll.REDUCE_SCATTER, sendbuf, recvbuf, op=op, rcounts=recvcounts)
+                        op: Any = ReduceOp.SUM, stream: Any = None) -> Request:
+        return collpost.post(self, Coll.REDUCE_SCATTER, sendbuf, recvbuf, op=op, rcounts=recvcounts,
+                             stream=stream)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any = None,
-                       op: Any = ReduceOp.SUM) -> None:
+                       op: Any = ReduceOp.SUM, stream: Any = None) -> None:
         """Rank r's recvbuf[:recvcounts[r]] = op over every rank's block r of sendbuf (blocks packed in
         rank order); IN_PLACE: the vector is in recvbuf. No recvcounts: each rank's recvbuf's size."""
-        self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op).Wait()
+        self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op, **_stream_kw(stream)).Wait()
 
-    def Iscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> Request:
-        return collpost.post(self, Coll.SCAN, sendbuf, recvbuf, op=op)
+    def Iscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM, stream: Any = None) -> Request:
+        return collpost.post(self, Coll.SCAN, sendbuf, recvbuf, op=op, stream=stream)
 
-    def Scan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> None:
+    def Scan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM, stream: Any = None) -> None:
         """Rank r's recvbuf = op over ranks 0..r's sendbufs, folded in rank order."""
-        self.Iscan(sendbuf, recvbuf, op).Wait()
+        self.Iscan(sendbuf, recvbuf, op, **_stream_kw(stream)).Wait()
 
-    def Iexscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> Request:
-        return collpost.post(self, Coll.EXSCAN, sendbuf, recvbuf, op=op)
+    def Iexscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
+                stream: Any = None) -> Request:
+        return collpost.post(self, Coll.EXSCAN, sendbuf, recvbuf, op=op, stream=stream)
 
-    def Exscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM) -> None:
+    def Exscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM, stream: Any = None) -> None:
         """Rank r's recvbuf = op over ranks 0..r-1's sendbufs (rank 0's recvbuf is left as it was)."""
-        self.Iexscan(sendbuf, recvbuf, op).Wait()
+        self.Iexscan(sendbuf, recvbuf, op, **_stream_kw(stream)).Wait()
 
     def Ibarrier(self) -> Request:
         return self._coll(Coll.BARRIER, None, None)
