@@ -13,11 +13,14 @@ both, the same way. Each all_reduce figure is the median of ``--iters`` timed ca
 registered memory (``alloc_tensor``: no staging copy).
 
 **Overlap of one all_reduce** (OSU style, ``--overlap-size``; 0 skips it): t_comm is a blocking
-all_reduce; the computation is a loop of 256x256 matmuls calibrated to last about t_comm (the largest
+all_reduce; the computation is a loop of 128x128 matmuls calibrated to last about t_comm (the largest
 count of all ranks, so every rank computes the same), t_compute that loop alone, t_total the loop
 between posting an ``async_op=True`` all_reduce and waiting for it. overlap = 1 - (t_total -
 t_compute) / t_comm, clipped to [0, 1]: 1 when the all_reduce progressed entirely while the rank
-computed, 0 when it only progressed in the wait.
+computed, 0 when it only progressed in the wait. It needs a core for the communication besides the
+ranks' (gloo's threads, shmproxy's progress process): where the ranks fill every core, both read
+near 0 whatever the backend does; ``--overlap-idle`` then sleeps instead of computing, which only
+a backend that progresses outside ``wait`` overlaps.
 
 **DDP step** (``--params``; 0 skips it): forward + backward + SGD step of an MLP of ``--layers``
 square Linear layers, about ``--params`` parameters in all, batch ``--batch``, DDP buckets of
@@ -182,12 +185,20 @@ def _agree(value: float, op: Any = dist.ReduceOp.MAX) -> float:
     return float(t[0])
 
 
-def bench_overlap(groups: dict[str, Any], nbytes: int, iters: int) -> dict[str, dict[str, float]]:
-    """OSU-style overlap of one async all_reduce with a matmul loop of the same duration (header)."""
-    a = torch.randn(256, 256, device=DEVICE[0])
+def bench_overlap(groups: dict[str, Any], nbytes: int, iters: int,
+                  idle: bool = False) -> dict[str, dict[str, float]]:
+    """OSU-style overlap of one async all_reduce with a matmul loop of the same duration (header).
+    ``idle``: the "computation" is a sleep instead, which leaves the CPUs to communication: on a
+    machine whose cores the ranks fill, it tells a backend that only progresses inside ``wait``
+    (overlap 0) from one that progresses on its own but lacks a core to do it on."""
+    a = torch.randn(128, 128, device=DEVICE[0])
     c = torch.empty_like(a)
+    pause = [0.0]
 
     def compute(k: int) -> None:
+        if idle:
+            time.sleep(pause[0])   # a stand-in for computation elsewhere (a device kernel), not a wait
+            return
         for _ in range(k):
             torch.mm(a, a, out=c)
     compute(8)
@@ -197,12 +208,12 @@ def bench_overlap(groups: dict[str, Any], nbytes: int, iters: int) -> dict[str, 
         for _ in range(2):   # warm-up; the second call moves the tensor into registered memory (shmproxy)
             dist.all_reduce(t, group=g)
         t_comm = _median(lambda: dist.all_reduce(t, group=g), iters, g)
-        _sync()
-        t0 = time.perf_counter()
-        compute(16)
-        _sync()
-        per_mm = (time.perf_counter() - t0) / 16
-        k = int(_agree(max(1, round(t_comm / per_mm))))
+        k = 1
+        if not idle:   # the matmul count, refined once on the first estimate's measured time
+            per_mm = _median(lambda: compute(16), 3, g) / 16
+            k = int(_agree(max(1, round(t_comm / per_mm))))
+            k = int(_agree(max(1, round(k * t_comm / _median(lambda: compute(k), 3, g)))))
+        pause[0] = _agree(t_comm)
         t_compute = _median(lambda: compute(k), iters, g)
 
         def overlapped() -> None:
@@ -212,7 +223,7 @@ def bench_overlap(groups: dict[str, Any], nbytes: int, iters: int) -> dict[str, 
         t_total = _median(overlapped, iters, g)
         ov = 1.0 - (t_total - t_compute) / t_comm if t_comm > 0 else 0.0
         out[name] = {"comm_s": t_comm, "compute_s": t_compute, "total_s": t_total,
-                     "overlap": min(max(ov, 0.0), 1.0), "matmuls": k}
+                     "overlap": min(max(ov, 0.0), 1.0), "matmuls": 0 if idle else k}
     return out
 
 
@@ -374,6 +385,8 @@ def main() -> None:
     ap.add_argument("--overlap-size", default="16M",
                     help="size of the overlap figure's all_reduce (0 skips it)")
     ap.add_argument("--params", default="10M", help="parameters of the DDP model (0 skips the DDP step)")
+    ap.add_argument("--overlap-idle", action="store_true",
+                    help="the overlap figure's computation is a sleep (see bench_overlap), not matmuls")
     ap.add_argument("--layers", type=int, default=16, help="Linear layers of the DDP model")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (25: its default)")
@@ -404,11 +417,12 @@ def main() -> None:
             print(f"all_reduce {s:>5}: gloo {r['gloo'] * 1e3:9.3f} ms  shmproxy {r['shmproxy'] * 1e3:9.3f} ms"
                   f"  speed-up {r['gloo'] / r['shmproxy']:5.2f}x{reg}", flush=True)
     if _size(a.overlap_size):
-        o = report["overlap"] = bench_overlap(groups, _size(a.overlap_size), a.iters)
+        o = report["overlap"] = bench_overlap(groups, _size(a.overlap_size), a.iters, a.overlap_idle)
         if me == 0:
             for name, v in o.items():
+                what = "sleep" if a.overlap_idle else f"{v['matmuls']} matmuls"
                 print(f"overlap {a.overlap_size} {name:>8}: {v['overlap']:.2f} (all_reduce"
-                      f" {v['comm_s'] * 1e3:.2f} ms, {v['matmuls']} matmuls {v['compute_s'] * 1e3:.2f} ms,"
+                      f" {v['comm_s'] * 1e3:.2f} ms, {what} {v['compute_s'] * 1e3:.2f} ms,"
                       f" both {v['total_s'] * 1e3:.2f} ms)", flush=True)
     if _size(a.params) == 0:
         _finish(report, a.json, groups["shmproxy"])
