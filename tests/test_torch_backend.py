@@ -140,3 +140,11 @@ def test_torch_bench_reports_overlap_of_both_backends(tmp_path: Path) -> None:
         assert d["buckets"] >= 3 and d["exposed_s"] <= d["in_flight_s"], d
         assert d["compute_s"] <= d["backward_s"], d
     assert "hidden" in proc.stdout and "overlap 1M" in proc.stdout, proc.stdout
+
+
+@pytest.mark.launcher
+def test_large_staged_tensors_equal_gloo() -> None:
+    res = run_ranks(f"{B}:staged_large", 2, timeout=250, launcher="torchrun")
+    for r in res.results:
+        assert r["diffs"] == [] and r["ddp_max_diff"] == 0.0, r
+        assert r["lent"] >= 6 and r["ddp_lent"] >= 6, r   # the group staged them, not the communicator
