@@ -113,9 +113,9 @@ def _torch_bench() -> Any:
 
 def test_bench_hidden_share_is_the_in_flight_union_before_compute_ends() -> None:
     in_flight = _torch_bench().in_flight
-    # [t_call, t_posted, t_done, bytes]: two overlapping buckets (1-4), a gap, one more (6-9);
+    # [t_call, t_start, t_posted, t_done, bytes]: two overlapping buckets (1-4), a gap, one more (6-9);
     # backward compute ends at 7.
-    events = [[1.0, 1.1, 3.0, 8.0], [2.0, 2.1, 4.0, 8.0], [6.0, 6.1, 9.0, 8.0]]
+    events = [[0.9, 1.0, 1.1, 3.0, 8.0], [1.9, 2.0, 2.1, 4.0, 8.0], [5.9, 6.0, 6.1, 9.0, 8.0]]
     total, before = in_flight(events, 7.0)
     assert total == pytest.approx(6.0) and before == pytest.approx(4.0)
     assert in_flight(events, 0.5) == (pytest.approx(6.0), 0.0)

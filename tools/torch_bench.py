@@ -27,12 +27,13 @@ square Linear layers, about ``--params`` parameters in all, batch ``--batch``, D
 ``--bucket-cap-mb`` MiB (25 is DDP's default); the same model, seed and data on both backends. The
 same communication hook is registered on both: it does what DDP's default does (divide the bucket
 by the group size, all_reduce it with ``async_op=True``) and records, per bucket, when the reducer
-called it (t_call), when the post returned, and when the all_reduce's future completed (t_done: a
-callback chained on the Work's future, run on the backend's completion thread). Definitions, per
+called it (t_call), when it called all_reduce after the division (t_start) and when that returned,
+and when the all_reduce's future completed (t_done: a callback chained on the Work's future, run on
+the backend's completion thread). Definitions, per
 step, median over ``--steps`` steps (after three warm-up steps: DDP rebuilds its buckets after the
 first, shmproxy moves the reused buckets into registered memory on their second sighting):
 
-- *in flight*: the union U of the intervals [t_call, t_done] of every bucket.
+- *in flight*: the union U of the intervals [t_start, t_done] of every bucket.
 - *end of backward compute*, T_c: the t_call of the last bucket. DDP hands buckets to the hook in
   order, each once all its gradients are computed, so at T_c the autograd engine has produced every
   gradient; what is left of ``backward()`` after T_c is waiting for the buckets and copying their
@@ -42,8 +43,8 @@ first, shmproxy moves the reused buckets into registered memory on their second 
   below 1 even when everything else overlaps; more, smaller buckets make that share smaller.
 - *exposed*: the length of U after T_c: what the step waits for communication (compare it with
   "step - step without communication").
-- *post*: the time the backward thread spent inside the posts (t_call to the post's return), taken
-  from computation whatever the overlap says.
+- *post*: the time the backward thread spent inside the all_reduce calls (t_start to their return),
+  taken from computation whatever the overlap says.
 
 The older whole-step figure is kept as "hidden (step-based)": 1 - (step - step without
 communication, under ``no_sync``) / (one all_reduce of all gradients at once), clipped to [0, 1]. It
@@ -235,7 +236,7 @@ def _model(params: int, layers: int) -> torch.nn.Module:
 
 
 class BucketClock:
-    """The state of the timing hook: one [t_call, t_posted, t_done, bytes] per bucket of the step."""
+    """The state of the timing hook: [t_call, t_start, t_posted, t_done, bytes] per bucket of the step."""
 
     def __init__(self, group: Any):
         self.group = group
@@ -249,21 +250,22 @@ def timed_allreduce_hook(clock, bucket):  # type: ignore[no-untyped-def]  # DDP 
     t_call = now()
     buf = bucket.buffer()
     buf.div_(clock.size)
+    t_start = now()
     work = dist.all_reduce(buf, group=clock.group, async_op=True)
-    ev = [t_call, now(), 0.0, float(buf.numel() * buf.element_size())]
+    ev = [t_call, t_start, now(), 0.0, float(buf.numel() * buf.element_size())]
     clock.events.append(ev)
 
     def done(fut: torch.futures.Future) -> torch.Tensor:
-        ev[2] = now()
+        ev[3] = now()
         return fut.value()[0]
     return work.get_future().then(done)
 
 
 def in_flight(events: list[list[float]], t_end: float) -> tuple[float, float]:
-    """(length of the union of the [t_call, t_done] intervals, the part of it before ``t_end``)."""
+    """(length of the union of the [t_start, t_done] intervals, the part of it before ``t_end``)."""
     total = before = 0.0
     cur: list[float] | None = None
-    for s, e in sorted((ev[0], ev[2]) for ev in events):
+    for s, e in sorted((ev[1], ev[3]) for ev in events):
         if cur is not None and s <= cur[1]:
             cur[1] = max(cur[1], e)
             continue
@@ -285,16 +287,17 @@ def _step_figures(clock: BucketClock, t_fwd: float, t_bwd: float, t_ret: float,
     return {"step_s": t_end - t_fwd, "backward_s": t_ret - t_bwd, "compute_s": t_c - t_bwd,
             "in_flight_s": total, "exposed_s": total - before,
             "hidden": before / total if total > 0 else 0.0,
-            "post_s": sum(e[1] - e[0] for e in ev), "buckets": float(len(ev))}
+            "post_s": sum(e[2] - e[1] for e in ev), "buckets": float(len(ev))}
 
 
 def _print_buckets(name: str, clock: BucketClock, t_bwd: float, t_ret: float) -> None:
     t_c = max(e[0] for e in clock.events)
     print(f"--- buckets of one DDP step, {name} (ms from backward's start; end of compute"
           f" {(t_c - t_bwd) * 1e3:.2f}, backward returned {(t_ret - t_bwd) * 1e3:.2f})")
-    for i, (a, b, c, n) in enumerate(clock.events):
+    for i, (a, b, c, d, n) in enumerate(clock.events):
         print(f"  bucket {i:2d} {n / 2**20:7.2f} MiB  call {(a - t_bwd) * 1e3:8.2f}"
-              f"  posted {(b - t_bwd) * 1e3:8.2f}  done {(c - t_bwd) * 1e3:8.2f}", flush=True)
+              f"  all_reduce {(b - t_bwd) * 1e3:8.2f}  returned {(c - t_bwd) * 1e3:8.2f}"
+              f"  done {(d - t_bwd) * 1e3:8.2f}", flush=True)
 
 
 def bench_ddp(groups: dict[str, Any], a: argparse.Namespace, trace: bool = False) -> dict[str, Any]:
