@@ -377,3 +377,59 @@ def adoption() -> dict[str, Any]:
     dist.barrier(group=shm)
     dist.destroy_process_group()
     return out
+
+
+def staged_large() -> dict[str, Any]:
+    """Large tensors outside registered memory go through the group's own staging buffers (a view at an
+    offset of a larger storage, a numpy-backed tensor, a tensor seen once): the results equal gloo's,
+    and DDP without adoption trains to gloo's weights bitwise."""
+    import numpy as np
+    gloo, shm = _groups()
+    me, ws = dist.get_rank(), dist.get_world_size()
+    n = 1 << 18
+    diffs: list[str] = []
+
+    def cases(g: Any) -> dict[str, torch.Tensor]:
+        big = torch.arange(3 * n, dtype=torch.float32) + me
+        mid = big[n:2 * n]                                   # storage offset: never adopted
+        dist.all_reduce(mid, group=g)
+        npb = torch.from_numpy(np.full(n, float(me + 1), np.float64))   # numpy-backed: never adopted
+        dist.all_reduce(npb, op=R.MAX, group=g)
+        b = torch.full((n,), float(me), dtype=torch.bfloat16)
+        dist.broadcast(b, src=1, group=g)
+        out = torch.empty(n * ws)
+        dist.all_gather_into_tensor(out, torch.full((n,), float(me) + 0.5), group=g)
+        sends = [[n + 7 * (i - j) for j in range(ws)] for i in range(ws)]   # rank i sends rank j this many
+        inp = torch.arange(sum(sends[me]), dtype=torch.int64) * (me + 1)
+        a2a = torch.empty(sum(sends[i][me] for i in range(ws)), dtype=torch.int64)
+        dist.all_to_all_single(a2a, inp, [sends[i][me] for i in range(ws)], sends[me], group=g)
+        rs = torch.empty(n)
+        dist.reduce_scatter_tensor(rs, torch.ones(n * ws) * (me + 2), group=g)
+        return {"offset view": big, "numpy": npb, "bcast bf16": b, "allgather": out, "a2a": a2a, "rs": rs}
+    ref, got = cases(gloo), cases(shm)
+    for k in ref:
+        if not torch.equal(ref[k], got[k]):
+            diffs.append(k)
+
+    def train(group: Any) -> list[torch.Tensor]:
+        torch.manual_seed(5)
+        nn = torch.nn
+        model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                              nn.Linear(512, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        g = torch.Generator().manual_seed(300 + me)
+        for _ in range(6):
+            xb, yb = torch.randn(8, 512, generator=g), torch.randn(8, 4, generator=g)
+            torch.nn.functional.mse_loss(ddp(xb), yb).backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().clone() for p in ddp.parameters()]
+    shm.adopter.enabled = False
+    lent = shm.stage_pool.lent
+    a, b = train(gloo), train(shm)
+    res = {"diffs": diffs, "ddp_max_diff": max(float((x - y).abs().max()) for x, y in zip(a, b)),
+           "ddp_lent": shm.stage_pool.lent - lent, "lent": lent}
+    dist.barrier(group=shm)
+    dist.destroy_process_group()
+    return res

@@ -7,8 +7,12 @@ worker as soon as one dies, before the survivor could report what it raised.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +22,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch is not installed (pip install torch==2.13.0)"),
               pytest.mark.slow]
 B = "tests.bodies_torch"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_import_shmproxy_does_not_import_torch() -> None:
@@ -96,3 +101,50 @@ def test_reused_tensors_move_to_registered_memory() -> None:
         assert r["completed_unwaited"] is True, r
         if r["can_adopt"]:   # torch >= 2.13: a DDP bucket moved
             assert r["ddp_adopted"] >= 1, r
+
+
+def _torch_bench() -> Any:
+    spec = importlib.util.spec_from_file_location("torch_bench", REPO / "tools" / "torch_bench.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_hidden_share_is_the_in_flight_union_before_compute_ends() -> None:
+    in_flight = _torch_bench().in_flight
+    # [t_call, t_start, t_posted, t_done, bytes]: two overlapping buckets (1-4), a gap, one more (6-9);
+    # backward compute ends at 7.
+    events = [[0.9, 1.0, 1.1, 3.0, 8.0], [1.9, 2.0, 2.1, 4.0, 8.0], [5.9, 6.0, 6.1, 9.0, 8.0]]
+    total, before = in_flight(events, 7.0)
+    assert total == pytest.approx(6.0) and before == pytest.approx(4.0)
+    assert in_flight(events, 0.5) == (pytest.approx(6.0), 0.0)
+    assert in_flight([], 1.0) == (0.0, 0.0)
+
+
+@pytest.mark.launcher
+def test_torch_bench_reports_overlap_of_both_backends(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(free_port()), str(REPO / "tools" / "torch_bench.py"), "--sizes", "256K", "--iters", "3",
+           "--overlap-size", "1M", "--params", "1M", "--layers", "6", "--bucket-cap-mb", "0.5",
+           "--steps", "3", "--json", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads(out.read_text())
+    for name in ("gloo", "shmproxy"):
+        o, d = rep["overlap"][name], rep["ddp"][name]
+        assert 0.0 <= o["overlap"] <= 1.0 and o["matmuls"] >= 1, o
+        assert 0.0 <= d["hidden"] <= 1.0 and 0.0 <= d["hidden_step_based"] <= 1.0, d
+        assert d["buckets"] >= 3 and d["exposed_s"] <= d["in_flight_s"], d
+        assert d["compute_s"] <= d["backward_s"], d
+    assert "hidden" in proc.stdout and "overlap 1M" in proc.stdout, proc.stdout
+
+
+@pytest.mark.launcher
+def test_large_staged_tensors_equal_gloo() -> None:
+    res = run_ranks(f"{B}:staged_large", 2, timeout=250, launcher="torchrun")
+    for r in res.results:
+        assert r["diffs"] == [] and r["ddp_max_diff"] == 0.0, r
+        assert r["lent"] >= 6 and r["ddp_lent"] >= 6, r   # the group staged them, not the communicator

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import shmproxy
 from shmproxy.core import errors
 from shmproxy.torch import cuda, ops
-from shmproxy.torch.tensors import Adopter, Staged, alloc_tensor, check_tensor
+from shmproxy.torch.tensors import Adopter, Staged, StagePool, alloc_tensor, check_tensor
 from shmproxy.torch.work import Completer, Work
 
 BACKEND_NAME = "shmproxy"
@@ -55,6 +55,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.group_label = label or f"r{rank}"
         self.lock = threading.RLock()
         self.adopter = Adopter(comm)
+        self.stage_pool = StagePool(comm, comm.params.STAGING_CACHE)
         self.side_streams = cuda.SideStreams()
         self.completer = Completer(self)
         # Registered after the Comm's own exit hook, so it runs first (atexit is last-in, first-out):
@@ -79,7 +80,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
               on_done: Callable[[Work], None] | None = None, inputs: Sequence[Any] = ()) -> Work:
         """Post one torch call (``result``: its outputs, ``inputs``: its other tensors; all on one device)."""
         device = cuda.common_device([*result, *inputs], name)
-        stage = Staged(adopt=self.adopter if device is None else None)
+        stage = (Staged(adopt=self.adopter, pool=self.stage_pool) if device is None else Staged())
         if device is not None:
             cuda.begin(stage, device, self.side_streams)
         with self.lock:

@@ -31,10 +31,18 @@ wholly covered by the contiguous tensor, are adopted: numpy-backed, memory-mappe
 are left alone (their memory belongs to someone else). The adopted storage is no longer resizable
 (``resize_`` beyond its size raises, as for a tensor from numpy); its memory is returned to the
 communicator when the storage dies. A tensor adopted by one group is staged by any other group.
+
+**Staging by the group** (``StagePool``). A large tensor that is not (yet) in registered memory (seen
+once, a view at an offset of a larger storage, numpy-backed) is copied into one of the group's own
+registered buffers when it is posted, and copied back from the Work's completion, *outside* the
+group's lock. Left to the communicator, the copy back would run inside ``Request.Test``, under the
+lock the completion thread tests with, so a posting thread (DDP's backward posting its next bucket)
+would wait for the previous bucket's copy: communication would hold up computation.
 """
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -130,17 +138,64 @@ class Adopter:
         return True
 
 
+class StagePool:
+    """Registered buffers of one group, by power-of-two size, that stage large tensors outside
+    registered memory (module header). ``take`` runs with the group's lock held (it may allocate
+    through the communicator); ``give`` runs on the completion thread without it."""
+
+    MIN_BYTES = 256 << 10      # below this the communicator's own staging copy is as cheap
+
+    def __init__(self, comm: Any, limit: int):
+        self._comm = comm
+        self._limit = limit            # bytes of buffers this group may hold; past it the comm stages
+        self._bytes = 0
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self.lent = 0                  # buffers handed out (for tests and the benchmark)
+
+    def stage(self, arr: np.ndarray, stage: "Staged", output: bool) -> np.ndarray:
+        """``arr``, or a registered copy of it (copied back into ``arr`` at completion when ``output``)."""
+        n = arr.nbytes
+        if n < self.MIN_BYTES or self._comm._registry.find(arr.ctypes.data, n) is not None:
+            return arr
+        size = 1 << (n - 1).bit_length()
+        with self._lock:
+            free = self._free.get(size)
+            buf = free.pop() if free else None
+            if buf is None:
+                if self._bytes + size > self._limit:
+                    return arr
+                self._bytes += size
+        if buf is None:
+            buf = self._comm.alloc(size, np.uint8)
+        view = buf[:n].view(arr.dtype)
+        np.copyto(view, arr)
+        stage.lent.append((self, buf))
+        self.lent += 1
+        if output:
+            stage.after.append(lambda: np.copyto(arr, view))
+        return view
+
+    def give(self, buf: np.ndarray) -> None:
+        with self._lock:
+            self._free.setdefault(buf.nbytes, []).append(buf)
+
+
 @dataclass
 class Staged:
     """The arrays an operation posts, and what to do once it completed (copies back, casts).
 
     ``after`` runs in the process group's completion thread, after every request of the operation
     completed and before its Work and Future are marked completed. ``adopt`` (the group's Adopter)
-    is offered every contiguous tensor the operation uses in place."""
+    is offered every contiguous tensor the operation uses in place; ``pool`` stages the large ones
+    still outside registered memory. A failed operation's buffers are not given back (the progress
+    process may still write them): they are freed with the Staged."""
 
     keep: list = field(default_factory=list)        # temporaries that must live until completion
     after: list[Callable[[], None]] = field(default_factory=list)
     adopt: Callable[[torch.Tensor], None] | None = None
+    pool: StagePool | None = None                   # the group's staging buffers (CPU calls)
+    lent: list = field(default_factory=list)        # (pool, buffer) to give back once `after` ran
     # A call on CUDA tensors (shmproxy.torch.cuda.begin): their device, the keywords of every native
     # call (the stream), the event behind the call's own copies, the group's side streams.
     device: torch.device | None = None
@@ -154,7 +209,10 @@ class Staged:
         else:
             for fn in self.after:
                 fn()
+            for pool, buf in self.lent:
+                pool.give(buf)
         self.after.clear()
+        self.lent.clear()
         self.keep.clear()
 
 
@@ -167,8 +225,10 @@ def for_move(t: torch.Tensor, stage: Staged, output: bool) -> np.ndarray:
     if t.is_contiguous():
         if stage.adopt is not None and stage.adopt(t):
             stage.keep.append(t)
-            return raw_view(t)
-        return bits_view(t)
+            arr = raw_view(t)
+        else:
+            arr = bits_view(t)
+        return arr if stage.pool is None else stage.pool.stage(arr, stage, output)
     tmp = t.contiguous()
     stage.keep.append(tmp)
     if output:

@@ -7,13 +7,14 @@ group. Lazy completion in ``wait`` would leave DDP's reducer waiting forever.
 
 What the completer does, in passes: under the group's lock it tests every pending operation's
 requests (``Request.Test`` reaps completed ones); outside the lock it runs the finished operations'
-copies back (non-contiguous outputs, bfloat16 casts) and marks their Work and Future completed, so
-the Future's callbacks run on this thread (as gloo runs them on its worker threads). When a pass
-finished nothing, it sleeps on the rank's wake-up word of the communicator, *without* the lock:
-the progress process wakes it on a completion, and the sleep is a bounded slice that checks the
-communicator's error, the abort flag and the progress process, so a dead peer fails every pending
-Work within a slice. Posting threads (DDP's autograd threads included) only take the lock to post,
-never to wait, so a bucket's allreduce is posted while the previous one is still in flight.
+copies back (non-contiguous outputs, bfloat16 casts, large tensors the group staged: tensors.py)
+and marks their Work and Future completed, so the Future's callbacks run on this thread (as gloo
+runs them on its worker threads). When a pass finished nothing, it sleeps on the rank's wake-up
+word of the communicator, *without* the lock: the progress process wakes it on a completion, and
+the sleep is a bounded slice that checks the communicator's error, the abort flag and the progress
+process, so a dead peer fails every pending Work within a slice. Posting threads (DDP's autograd
+threads included) only take the lock to post, never to wait, so a bucket's allreduce is posted while
+the previous one is still in flight.
 
 The sleep is the communicator's own bounded sleep (``Comm._sleep_slice``): the Comm has no public
 "sleep until one of my requests completes" that does not also reap, and reaping must stay under
