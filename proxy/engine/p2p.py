@@ -27,8 +27,8 @@ copy waits until the batch of ops the send came with is matched, and then a grac
 own time (SEND_BUFFER_GRACE_US_PER_KIB; ``buffer_later``, due in ``buffer_due``). In an exchange the
 receive is often a microsecond behind the send; taken within the grace, the message costs one copy,
 not two. The Buffered takes the send's place in its unexpected queue (Matcher.replace_unexpected), so
-matching order and non-overtaking are those of the unbuffered send; the later match hands it to the transport like any send (its bytes are
-found through ``buffers``), and only the receive completes. Flow control: at most SEND_BUFFER_PER_PEER
+matching order and non-overtaking are those of the unbuffered send; the later match hands it to the
+transport like any send (its bytes are found through ``buffers``), and only the receive completes. Flow control: at most SEND_BUFFER_PER_PEER
 bytes may wait buffered for one destination; beyond it a send stays unbuffered and waits for its
 receive, as a large one does. Across nodes the same bound applies on the sender's node: a send above
 the socket transport's own eager size (NET_EAGER_BYTES, which completes at once anyway) is copied

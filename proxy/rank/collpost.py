@@ -29,7 +29,7 @@ import numpy as np
 from shmproxy.coll import counts as T
 from shmproxy.coll import sched
 from shmproxy.core import errors
-from shmproxy.core.memory import MemKind, device_array_kind, mem_device, mem_word
+from shmproxy.core.memory import mem_device
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV, IN_PLACE,
                                KIND_COLL, SUPPORTED_DTYPES, Coll, ReduceOp)
 from shmproxy.rank.request import Request
@@ -51,30 +51,6 @@ def _code(buf: Any, what: str, dev: Any = None) -> int:
         raise errors.InvalidArgument(f"{what}: unsupported dtype {buf.dtype}; supported: {SUPPORTED_DTYPES}"
                                      + (", bfloat16 (device)" if dev is not None else ""))
     return code
-
-
-def _device(comm: Any, name: str, sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, Any, int]:
-    """(sendbuf, recvbuf, DeviceMemory, mem word) of a call whose buffers that this rank uses (None:
-    not used) may be device memory: cupy arrays over them, never staged. Host and device mixed in one
-    call, or two devices, are refused before anything is posted; all host: returned as they are."""
-    named = [(b, w) for b, w in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf")) if b is not None]
-    on_device = [device_array_kind(b) is not None for b, _w in named]
-    if not any(on_device):
-        return sendbuf, recvbuf, None, 0
-    if not all(on_device):
-        host = [w for (_b, w), d in zip(named, on_device) if not d]
-        raise errors.InvalidArgument(f"{name}: host and device buffers mixed in one call ({', '.join(host)} "
-                                     f"is host memory, the other device memory): pass both on one side")
-    dev = comm._device_memory()
-    dev.begin_call()
-    if sendbuf is not None:
-        sendbuf = dev.as_array(sendbuf, f"{name} sendbuf")
-    if recvbuf is not None:
-        recvbuf = dev.as_array(recvbuf, f"{name} recvbuf")
-    devices = sorted({b.device.id for b in (sendbuf, recvbuf) if b is not None})
-    if len(devices) > 1:
-        raise errors.InvalidArgument(f"{name}: sendbuf and recvbuf are on different devices {devices}")
-    return sendbuf, recvbuf, dev, mem_word(MemKind.CUDA, devices[0])
 
 
 def _ints(seq: Any, size: int, what: str) -> list[int]:
@@ -144,8 +120,10 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
     keep: tuple = (sendbuf, recvbuf)
     dev, mem = None, 0
     if (has_send and type(sendbuf) is not np.ndarray) or (has_recv and type(recvbuf) is not np.ndarray):
-        sendbuf, recvbuf, dev, mem = _device(comm, name, sendbuf if has_send else None,
-                                             recvbuf if has_recv else None)
+        # device memory (both buffers this rank uses, one device), or the mix refused: the post path's check
+        sendbuf, recvbuf, mem = comm._device_args(name, sendbuf if has_send else None,
+                                                  recvbuf if has_recv else None)
+        dev = comm._device_memory() if mem else None
         keep += (sendbuf, recvbuf)
     scode = _code(sendbuf, f"{name} sendbuf", dev) if has_send else 0
     rcode = _code(recvbuf, f"{name} recvbuf", dev) if has_recv else 0
