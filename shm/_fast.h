@@ -28,6 +28,13 @@
  * keeps a later blocking Recv from taking what an earlier Irecv should get. Anything else: the
  * receive is posted to the progress process like any other, and the cells are drained into it.
  *
+ * Draining. The progress process moves a drained cell's message into its matching in Python, after
+ * the cell is free and the pair's next cell may be consumed. In between, the message is in neither
+ * place a receiver looks at: so the drain (fast_take) counts it in the pair's UNEXP before it frees
+ * the cell, and the progress process stores the pair's true count once the message is in matching
+ * (unexpected, or already matched to a posted receive). A receiver that claimed the next cell therefore
+ * sees UNEXP > 0 and declines, and its receive, posted, matches the drained message first.
+ *
  * Memory ordering (x86-64 TSO, made explicit with __atomic): the progress process stores UNEXP and
  * RECV_DONE before FETCHED_SLOW, and the receiver loads FETCHED_SLOW first, so a receiver that sees
  * a slow send fetched also sees it counted as unexpected. A sender stores the cell FULL (release),

@@ -63,6 +63,11 @@ PyObject *_sn_fast_take(PyObject *self, PyObject *args) {
         __atomic_store_n(CELL_STATE(cell), CELL_FULL, __ATOMIC_RELEASE);
         return NULL;
     }
+    /* Counted unexpected before the next cell can be consumed: until the caller has this message in
+     * its matching (and stores the pair's true count), a receiver that claims the next cell must see
+     * that something of the pair is ahead of it (shm/_fast.h, "Draining"). */
+    volatile uint64_t *unexp = FAST_Q(pair, PAIR_UNEXP_OFF);
+    __atomic_store_n(unexp, *unexp + 1, __ATOMIC_RELEASE);
     fast_release(pair, cell, PAIR_F_DRAINED_OFF);
     volatile uint64_t *drained = FAST_Q(line, FRANK_CELLS_DRAINED_OFF);   /* the receiver's line */
     __atomic_store_n(drained, *drained + 1, __ATOMIC_RELEASE);

@@ -83,3 +83,26 @@ def test_a_cell_behind_a_slow_send_reaches_a_receive_waiting_in_the_progress_pro
     res = run_ranks(BODY + "cell_behind_slow_send", 3, timeout=120, args=(300,),
                     env={"SHMPROXY_TIMEOUT": "20"})
     assert res.results[0]["rounds"] == 300
+
+
+def test_a_drained_cell_counts_as_unexpected_before_the_next_cell_can_be_taken():
+    """fast_take (the progress process's drain) frees the cell and moves the pair to its next cell
+    before the message is in matching: the pair's UNEXP must already count it, or a receiver claiming
+    the next cell in between takes it first (the race two_senders_any_source hit under load)."""
+    import numpy as np
+
+    from shmproxy.shm import _native
+    from shmproxy.shm import pool as P
+    stride = P.CELL_HDR_BYTES + 64
+    pair = np.zeros(P.PAIR_HDR_BYTES + stride * P.FAST_CELLS, np.uint8)
+    line = np.zeros(P.FAST_LINE, np.uint8)
+    q = pair.view(np.uint64)
+    for k in range(2):   # two FULL cells, fseq 0 and 1, no slow send before them
+        cell = P.PAIR_HDR_BYTES + stride * k
+        P.CELL.pack_into(pair, cell, P.CELL_FULL, 1, k, 0, 7 + k, 8, 1, 0)
+        pair[cell + P.CELL_HDR_BYTES:cell + P.CELL_HDR_BYTES + 8] = k + 1
+    got = _native.fast_take(pair.ctypes.data, stride, 0, line.ctypes.data)
+    assert type(got) is tuple and got[0] == 7 and bytes(got[5]) == b"\x01" * 8
+    assert q[P.PAIR_F_DRAINED] == 1 and line.view(np.uint64)[P.FRANK_CELLS_DRAINED] == 1
+    assert q[P.PAIR_UNEXP] == 1, "the drained message is not counted while it is on its way to matching"
+    assert P.CELL.unpack_from(pair, P.PAIR_HDR_BYTES)[0] == P.CELL_EMPTY

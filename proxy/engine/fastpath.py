@@ -149,6 +149,9 @@ class FastPath:
         self.buffers[(BUFFERED_OWNER, b.buf_id)] = b
         self.buffered[dst] = self.buffered.get(dst, 0) + nbytes
         self.deliver_buffered(b)
+        # fast_take counted it in the pair's UNEXP while it was in neither a cell nor matching
+        # (shm/_fast.h, "Draining"): the true count now that it is in
+        self.q[self.f_fetched[s][d] + 1] = self.f_unexp_n.get((src, dst), 0)
 
     # ------------------------------------------------------------------ the loop's share
     def fast_pass(self) -> None:
