@@ -16,8 +16,11 @@ import shmproxy
 def wildcards_in_mpi_order() -> dict:
     """Rank 0 posts receives with every mix of wildcards before anything is sent; ranks 1 and 2 send
     in a fixed order, one message at a time (a Barrier after each: collectives never match a
-    receive, and a blocking Send returns once matched), so the arrival order is known. Every receive must get the message MPI's rules give it: a message goes to the earliest
-    posted receive that accepts it, and the Status names the real source and tag."""
+    receive, and a synchronous Ssend returns once matched), so the arrival order is known. Every
+    receive must get the message MPI's rules give it: a message goes to the earliest posted receive
+    that accepts it, and the Status names the real source and tag. (A standard Send would not do:
+    it may return buffered, from a fast-path cell the progress process drains later, and MPI orders
+    messages of one sender only, not two senders' across a Barrier.)"""
     A, S, T = shmproxy.ANY_SOURCE, shmproxy.ANY_TAG, 0
     with shmproxy.init() as comm:
         r = comm.rank
@@ -44,7 +47,7 @@ def wildcards_in_mpi_order() -> dict:
             return {"got": got}
         for i, (sender, tag) in enumerate(sends):
             if sender == r:
-                comm.Send(np.array([i], np.int64), 0, tag=tag)
+                comm.Ssend(np.array([i], np.int64), 0, tag=tag)
             comm.Barrier()
         return {}
 
