@@ -153,6 +153,7 @@ class LeakGuard:
         self._procs: dict[int, float] = {}
         self._segments: set[str] = set()
         self._sockets: set[str] = set()
+        self._dumps: set[str] = set()
 
     # -- listing
     def _list_segments(self) -> set[str]:
@@ -163,6 +164,17 @@ class LeakGuard:
 
     def _list_sockets(self) -> set[str]:
         return list_sockets(self.dirs)
+
+    def _list_dumps(self) -> set[str]:
+        """Dump files a progress process wrote into a run directory (tools/dump --signal): output a
+        person asked for, which a test that asks for one must remove."""
+        out: set[str] = set()
+        for d in self.dirs:
+            try:
+                out.update(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".dump.json"))
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                pass
+        return out
 
     @staticmethod
     def _list_procs() -> dict[int, float]:
@@ -177,6 +189,7 @@ class LeakGuard:
         self._procs = self._list_procs()
         self._segments = self._list_segments()
         self._sockets = self._list_sockets()
+        self._dumps = self._list_dumps()
 
     # -- ownership
     def _descendants(self) -> set[int]:
@@ -230,6 +243,12 @@ class LeakGuard:
         segments = {os.path.join(self.shm_dir, n) for n in self._list_segments() - self._segments}
         leaks += self._remove_unheld("shm segment", segments, file_holders)
         leaks += self._remove_unheld("socket", self._list_sockets() - self._sockets, socket_holders)
+        for path in sorted(self._list_dumps() - self._dumps):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            leaks.append(f"dump file {path} left in the run directory, removed")
         return leaks
 
     def _remove_unheld(self, what: str, paths: Iterable[str], holders_of: Callable[[str], set[int]]) -> list[str]:
