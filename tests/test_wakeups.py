@@ -210,11 +210,14 @@ def test_keep_awake_guard_wakes_a_rank_asleep_on_its_cpu_so_the_waker_needs_no_i
     try:
         os.sched_setaffinity(0, {my_cpu})
         sleeper = _sleeper_on(guard_cpu, area, slept)
-        k.touch()
         deadline = time.monotonic() + 10
-        while not k.live_mask() and time.monotonic() < deadline:
+        mask = 0
+        while not mask and time.monotonic() < deadline:
+            k.touch()   # again each time: a test process descheduled past the 1 s window finds it shut
             time.sleep(0.001)
-        assert k.live_mask() == 1 << guard_cpu
+            mask = k.live_mask()
+        assert mask == 1 << guard_cpu
+        k.touch()
         _native.fetch_add_u32(area.ctypes.data + 8 * P.RANK_WAKE, 1)   # a completion, no wake-up
         sleeper.join(10)
         assert slept and slept[0] < 5, slept
