@@ -29,7 +29,7 @@ import numpy as np
 from shmproxy.coll import counts, vector
 from shmproxy.coll.sched import Region
 from shmproxy.core import errors
-from shmproxy.core.ops import FLAG_IN_PLACE, FLAG_NO_RECV, Coll, Op
+from shmproxy.core.ops import FLAG_IN_PLACE, Coll, Op
 
 COLLS = frozenset((Coll.GATHER, Coll.SCATTER, Coll.GATHERV, Coll.SCATTERV, Coll.ALLGATHERV, Coll.ALLTOALLV,
                    Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN))
@@ -44,18 +44,8 @@ def plan(engine: Any, ops: list[Op], gpu: Any, dt: np.dtype) -> tuple[int, Body]
     c, size, isz = op0.coll, len(ops), dt.itemsize
     ctx = engine.ctx
     vs = vector.views(engine, ops, size)
-    cache: dict = {}
-
-    def reg(op: Op, second: bool) -> Region:
-        """An op's whole buffer (second: its receive buffer) as declared in its record."""
-        key = (op.rank, second)
-        if key not in cache:
-            if second and op.flags & FLAG_NO_RECV:
-                raise errors.InvalidArgument(f"{op.describe()}: no receive buffer")
-            nbytes = op.nbytes2 if second else op.nbytes
-            addr = gpu.address(ctx, op, second, nbytes) if nbytes else 0
-            cache[key] = Region(addr, nbytes // isz, dt)
-        return cache[key]
+    reg = vector.regions(lambda op, second, nbytes: Region(
+        gpu.address(ctx, op, second, nbytes) if nbytes else 0, nbytes // isz, dt))
 
     def at(op: Op, second: bool, off: int, n: int, what: str) -> int:
         region = reg(op, second)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -66,6 +66,21 @@ def check(runner: Any, ops: list[Op], size: int) -> bool:
     return False
 
 
+def regions(resolve: Callable[[Op, bool, int], Region]) -> Callable[[Op, bool], Region]:
+    """``reg(op, second)``: an op's whole buffer (second: its receive buffer) as its record declares
+    it, resolved by ``resolve(op, second, nbytes)`` once per (rank, side)."""
+    cache: dict = {}
+
+    def reg(op: Op, second: bool) -> Region:
+        key = (op.rank, second)
+        if key not in cache:
+            if second and op.flags & FLAG_NO_RECV:
+                raise errors.InvalidArgument(f"{op.describe()}: no receive buffer")
+            cache[key] = resolve(op, second, op.nbytes2 if second else op.nbytes)
+        return cache[key]
+    return reg
+
+
 def build(runner: Any, ops: list[Op], across: bool) -> tuple:
     """(work, make, nchunks, chunk_bytes) of one of these collectives, for this node's ranks."""
     op0 = ops[0]
@@ -85,16 +100,7 @@ def build(runner: Any, ops: list[Op], across: bool) -> tuple:
     vs = views(runner, ops, size)
     now = time.monotonic_ns()
     pins: dict = {}
-    cache: dict = {}
-
-    def reg(op: Op, second: bool) -> Region:
-        key = (op.rank, second)
-        if key not in cache:
-            if second and op.flags & FLAG_NO_RECV:
-                raise errors.InvalidArgument(f"{op.describe()}: no receive buffer")
-            nbytes = op.nbytes2 if second else op.nbytes
-            cache[key] = runner.region(op, second, nbytes // isz, pins)
-        return cache[key]
+    reg = regions(lambda op, second, nbytes: runner.region(op, second, nbytes // isz, pins))
 
     seq = op0.coll_seq
     if c in counts.MOVES:
