@@ -31,7 +31,7 @@ class Failure:
     def _after_close(self, info: RankInfo) -> None:
         self.close_half(info)
         self.release_registrations(info.local_rank)
-        if len(self.ranks) == self.nlocal and all(r.closed or r.dead for r in self.ranks.values()):
+        if len(self.ranks) == self.nlocal and all(r.closed or r.dead for r in list(self.ranks.values())):
             self.stopping = True
             self.view.set_ctrl(P.CTRL_STOP, 1)
 
@@ -106,7 +106,7 @@ class Failure:
         owner's exit, before the process is a zombie, so asking now "who is dead?" can find nobody:
         stop trusting the posted chain, and let the pidfd watcher (rank_died) name the dead rank;
         tick() falls back to an anonymous report after OWNER_DEAD_GRACE_S."""
-        dead = [r for r in self.ranks.values() if not _alive(r.pid)]
+        dead = [r for r in list(self.ranks.values()) if not _alive(r.pid)]
         if dead:
             self.rank_died(dead[0], "holding the ops pool mutex")
         elif not self.owner_died_at:

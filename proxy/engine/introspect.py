@@ -40,8 +40,9 @@ class Introspection:
             "size": self.size, "socket": self.path, "pool": self.seg.name, "cpus": self.cpus,
             "affinity_reason": self.affinity_reason, "copy_threads": self.copy.nworkers,
             "params": {p.env_name(): {"value": p.value, "origin": p.origin} for p in self.params.items()},
+            # list(): a snapshot taken in one C call; the service thread adds ranks as they join
             "ranks": {r.local_rank: {"rank": r.rank, "pid": r.pid, "host": r.host}
-                      for r in self.ranks.values()},
+                      for r in list(self.ranks.values())},
             "nodes": self.nodes_shown,
             "pending": self.pending,
         })
@@ -81,7 +82,7 @@ class Introspection:
                 op0 = arrived[0]
                 colls.append({"seq": seq, "call": self.describe_fingerprint(self.fingerprint(op0)),
                               "in": sorted(op.rank for op in arrived),
-                              "missing": sorted(r.rank for lr, r in self.ranks.items() if ops[lr] is None),
+                              "missing": sorted(r.rank for lr, r in list(self.ranks.items()) if ops[lr] is None),
                               "age_s": round((now - min(op.t_fetch for op in arrived)) / 1e9, 1)})
         if not (recvs or sends or colls):
             return None

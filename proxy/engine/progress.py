@@ -262,7 +262,7 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
         self.progressed = True
 
     def decide_affinity(self) -> None:
-        rank_sets = [set(r.affinity) for r in self.ranks.values()]
+        rank_sets = [set(r.affinity) for r in list(self.ranks.values())]
         try:
             allowed = affinity.allowed_cpus()
             cpus, reason = affinity.choose_proxy_cpus(self.params, rank_sets, allowed)
