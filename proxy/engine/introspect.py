@@ -82,7 +82,8 @@ class Introspection:
                 op0 = arrived[0]
                 colls.append({"seq": seq, "call": self.describe_fingerprint(self.fingerprint(op0)),
                               "in": sorted(op.rank for op in arrived),
-                              "missing": sorted(r.rank for lr, r in list(self.ranks.items()) if ops[lr] is None),
+                              "missing": sorted(r.rank for lr, r in list(self.ranks.items())
+                                                if ops[lr] is None),
                               "age_s": round((now - min(op.t_fetch for op in arrived)) / 1e9, 1)})
         if not (recvs or sends or colls):
             return None
@@ -125,7 +126,7 @@ class Introspection:
             "fast_path": self.fast_describe(),
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name}
                         for c in self.server.connections()],
-            "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in self.buffers.items()},
+            "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in list(self.buffers.items())},
             "copy_threads": self.copy.nworkers,
             "gpus": [t.gpu.describe() for t in self.transports if getattr(t, "gpu", None) is not None],
             "profile_events": len(self.profiler.events),
