@@ -151,7 +151,7 @@ class FastPath:
         self.deliver_buffered(b)
         # fast_take counted it in the pair's UNEXP while it was in neither a cell nor matching
         # (shm/_fast.h, "Draining"): the true count now that it is in
-        self.q[self.f_fetched[s][d] + 1] = self.f_unexp_n.get((src, dst), 0)
+        self._unexp_gauge(src, dst, 0)
 
     # ------------------------------------------------------------------ the loop's share
     def fast_pass(self) -> None:

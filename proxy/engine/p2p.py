@@ -349,9 +349,10 @@ class PointToPoint:
 
     # ------------------------------------------------------------------ buffered sends
     def buffer_due(self, now: int) -> None:
-        """Buffer the sends of ``buffer_later`` whose grace is over (all of them when ``now`` is -1)."""
+        """Buffer the sends of ``buffer_later`` in arrival order, up to the first whose grace is not
+        over at ``now``."""
         later = self.buffer_later
-        while later and (now < 0 or later[0][0] <= now):
+        while later and later[0][0] <= now:
             send = later.popleft()[1]
             if self.matcher.is_unexpected(send.peer, send.rank, send.tag, send):
                 self.buffer_send(send)
