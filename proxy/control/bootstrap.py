@@ -38,7 +38,7 @@ import socket
 import stat
 import struct
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from shmproxy.control.launcher import LAUNCHERS, LaunchInfo, detect, parse_tasks_per_node
 from shmproxy.core import log
@@ -292,6 +292,29 @@ STALE_SOCKET_AGE_S = 60.0   # a service socket this old that refuses connections
 _SOCKET_NAME = re.compile(r"[0-9a-f]{16}-c\d+\.sock")
 
 
+def _old_files_of_ours(directory: str, name: re.Pattern, is_kind: Callable[[int], bool], min_age_s: float,
+                       what: str) -> Iterator[str]:
+    """The paths in ``directory`` whose name is ``name``'s, of the kind ``is_kind`` tells from the mode,
+    owned by us and at least ``min_age_s`` old: what the sweeps below then judge one by one. A file
+    gone or unreadable meanwhile is skipped, never a reason to fail a start."""
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        _LOG.info("cannot list %s for stale %s: %s", directory, what, exc)
+        return
+    now, uid = time.time(), os.getuid()
+    for n in names:
+        if not name.fullmatch(n):
+            continue
+        path = os.path.join(directory, n)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if is_kind(st.st_mode) and st.st_uid == uid and now - st.st_mtime >= min_age_s:
+            yield path
+
+
 def sweep_stale_sockets(rundir: str, min_age_s: float = STALE_SOCKET_AGE_S) -> list[str]:
     """Remove the service sockets that jobs killed outright left in ``rundir`` (a kill -9 of every
     process of a job leaves its socket file: nobody was left to unlink it); returns their paths.
@@ -303,22 +326,7 @@ def sweep_stale_sockets(rundir: str, min_age_s: float = STALE_SOCKET_AGE_S) -> l
     gone meanwhile, a connection that times out) leaves the file alone: this is a tidy-up, never a
     reason to fail a start. Dumps (``*.dump.json``) are output a person asked for, and are kept."""
     removed: list[str] = []
-    try:
-        names = os.listdir(rundir)
-    except OSError as exc:
-        _LOG.info("cannot list %s for stale sockets: %s", rundir, exc)
-        return removed
-    now, uid = time.time(), os.getuid()
-    for name in names:
-        if not _SOCKET_NAME.fullmatch(name):
-            continue
-        path = os.path.join(rundir, name)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid or now - st.st_mtime < min_age_s:
-            continue
+    for path in _old_files_of_ours(rundir, _SOCKET_NAME, stat.S_ISSOCK, min_age_s, "sockets"):
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         probe.settimeout(1.0)
         try:
@@ -348,21 +356,9 @@ def sweep_stale_pools(shm_dir: str, min_age_s: float = STALE_SOCKET_AGE_S) -> li
     process its header names is gone: no such process, or one that is not a progress process (its pid
     was reused). As for sockets, anything unexpected leaves the file alone."""
     removed: list[str] = []
-    try:
-        names = os.listdir(shm_dir)
-    except OSError as exc:
-        _LOG.info("cannot list %s for stale pools: %s", shm_dir, exc)
-        return removed
-    now, uid = time.time(), os.getuid()
     pid_at = pool.CTRL_OFF + 8 * pool.CTRL_PROXY_PID
-    for name in names:
-        if not _POOL_NAME.fullmatch(name):
-            continue
-        path = os.path.join(shm_dir, name)
+    for path in _old_files_of_ours(shm_dir, _POOL_NAME, stat.S_ISREG, min_age_s, "pools"):
         try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or now - st.st_mtime < min_age_s:
-                continue
             with open(path, "rb") as f:
                 head = f.read(pid_at + 8)
             if len(head) < pid_at + 8 or struct.unpack_from("<Q", head, 0)[0] != pool.MAGIC:
