@@ -266,6 +266,24 @@ def _train(group: Any, steps: int, no_sync_every: int = 0, hook: bool = False) -
     return [p.detach().clone() for p in model.parameters()]
 
 
+def _train_wide(group: Any, width: int, seed: int, data_seed: int, steps: int) -> list[torch.Tensor]:
+    """DDP training of a wider MLP in 1 MB buckets (large tensors: what adoption and the group's
+    staging see); the weights after ``steps`` steps."""
+    torch.manual_seed(seed)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                          nn.Linear(width, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(data_seed)
+    for _ in range(steps):
+        xb, yb = torch.randn(8, width, generator=g), torch.randn(8, 4, generator=g)
+        torch.nn.functional.mse_loss(ddp(xb), yb).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in ddp.parameters()]
+
+
 def ddp_equal(steps: int = 20, no_sync_every: int = 0, hook: bool = False) -> dict[str, Any]:
     """The same DDP training over gloo and over shmproxy: the largest weight difference (0 = bitwise)."""
     gloo, shm = _groups()
@@ -338,21 +356,7 @@ def adoption() -> dict[str, Any]:
     me, ws = dist.get_rank(), dist.get_world_size()
     out: dict[str, Any] = {"can_adopt": shm.adopter.enabled}
 
-    def train(group: Any) -> list[torch.Tensor]:
-        torch.manual_seed(3)
-        nn = torch.nn
-        model = nn.Sequential(nn.Linear(384, 384), nn.ReLU(), nn.Linear(384, 384), nn.ReLU(),
-                              nn.Linear(384, 4))
-        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-        g = torch.Generator().manual_seed(200 + me)
-        for _ in range(8):
-            xb, yb = torch.randn(8, 384, generator=g), torch.randn(8, 4, generator=g)
-            torch.nn.functional.mse_loss(ddp(xb), yb).backward()
-            opt.step()
-            opt.zero_grad()
-        return [p.detach().clone() for p in ddp.parameters()]
-    a, b = train(gloo), train(shm)
+    a, b = _train_wide(gloo, 384, 3, 200 + me, 8), _train_wide(shm, 384, 3, 200 + me, 8)
     out["ddp_max_diff"] = max(float((x - y).abs().max()) for x, y in zip(a, b))
     out["ddp_adopted"] = shm.adopter.adopted
     t = torch.zeros(1 << 17)
@@ -411,23 +415,9 @@ def staged_large() -> dict[str, Any]:
         if not torch.equal(ref[k], got[k]):
             diffs.append(k)
 
-    def train(group: Any) -> list[torch.Tensor]:
-        torch.manual_seed(5)
-        nn = torch.nn
-        model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                              nn.Linear(512, 4))
-        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-        g = torch.Generator().manual_seed(300 + me)
-        for _ in range(6):
-            xb, yb = torch.randn(8, 512, generator=g), torch.randn(8, 4, generator=g)
-            torch.nn.functional.mse_loss(ddp(xb), yb).backward()
-            opt.step()
-            opt.zero_grad()
-        return [p.detach().clone() for p in ddp.parameters()]
     shm.adopter.enabled = False
     lent = shm.stage_pool.lent
-    a, b = train(gloo), train(shm)
+    a, b = _train_wide(gloo, 512, 5, 300 + me, 6), _train_wide(shm, 512, 5, 300 + me, 6)
     res = {"diffs": diffs, "ddp_max_diff": max(float((x - y).abs().max()) for x, y in zip(a, b)),
            "ddp_lent": shm.stage_pool.lent - lent, "lent": lent}
     dist.barrier(group=shm)

@@ -104,15 +104,20 @@ def socket_holders(path: str) -> set[int]:
         s.close()
 
 
-def list_sockets(dirs: Iterable[str]) -> set[str]:
-    """The ``*.sock`` files in ``dirs`` (missing directories are skipped)."""
+def list_files(dirs: Iterable[str], suffix: str) -> set[str]:
+    """The files named ``*<suffix>`` in ``dirs`` (missing directories are skipped)."""
     out: set[str] = set()
     for d in dirs:
         try:
-            out.update(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".sock"))
+            out.update(os.path.join(d, n) for n in os.listdir(d) if n.endswith(suffix))
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             pass
     return out
+
+
+def list_sockets(dirs: Iterable[str]) -> set[str]:
+    """The ``*.sock`` files in ``dirs`` (missing directories are skipped)."""
+    return list_files(dirs, ".sock")
 
 
 def unlink_stale_sockets(paths: Iterable[str]) -> list[str]:
@@ -168,13 +173,7 @@ class LeakGuard:
     def _list_dumps(self) -> set[str]:
         """Dump files a progress process wrote into a run directory (tools/dump --signal): output a
         person asked for, which a test that asks for one must remove."""
-        out: set[str] = set()
-        for d in self.dirs:
-            try:
-                out.update(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".dump.json"))
-            except (FileNotFoundError, NotADirectoryError, PermissionError):
-                pass
-        return out
+        return list_files(self.dirs, ".dump.json")
 
     @staticmethod
     def _list_procs() -> dict[int, float]:
