@@ -327,8 +327,7 @@ static PyObject *fast_recv(PosterObject *self, PyObject *buf, PyObject *src_o, P
             *FAST_Q(line, FRANK_CELLS_TAKEN_OFF) +
             __atomic_load_n(FAST_Q(line, FRANK_CELLS_DRAINED_OFF), __ATOMIC_ACQUIRE))
         return NULL;   /* a receive larger than a cell, and no cell to take: posted at once (below) */
-    if (__atomic_load_n(FAST_Q(fast_rank_line(f, me), FRANK_RECV_DONE_OFF), __ATOMIC_ACQUIRE) !=
-        *fast_recv_posted(f, me))
+    if (__atomic_load_n(FAST_Q(line, FRANK_RECV_DONE_OFF), __ATOMIC_ACQUIRE) != *fast_recv_posted(f, me))
         return NULL;   /* a receive or probe of ours is pending in the progress process */
     /* Spin for a cell only where a cell's message is what the receive expects: a receive larger than
      * a cell looks once, then is posted at once, so that a large message finds it posted (a message
