@@ -9,11 +9,13 @@ sent to a device array) is the host mapping the engine holds, copied with the sa
 Nothing of CUDA exists in a progress process until a rank registers device memory: cupy is imported
 and a context created then (``_Gpu``), so host-only jobs pay nothing.
 
-Order and completion (NCCL's stream semantics): every device op carries its rank's interprocess event,
-recorded on the rank's stream at post time (shmproxy.rank.device); the copy stream waits on the
-events of both ops before it copies. After the copies the transport records an event of its own and
-the message's one sub is done when that event is (polled by ``proxy_progress``, never a device-wide
-synchronize), so a request completes with its bytes in place.
+Order and completion (NCCL's stream semantics): a device op whose rank's stream had work queued at
+post time carries FLAG_STREAM_EVENT, and its rank's interprocess event recorded after that work
+(shmproxy.rank.device); the copy stream waits on the events of both ops before it copies, unless
+they have finished already. After the copies the transport records an event of its own and the
+message's one sub is done when that event is (polled by ``proxy_progress``, never a device-wide
+synchronize), so a request completes with its bytes in place. These per-op calls go to the CUDA
+driver directly (transports/cuda_driver.py); the loop thread keeps the device's context current.
 
 Registrations (``proxy_register``, on the service thread, before the REGISTER is answered) are of two
 kinds, told apart by ``info``: ``{"handle": hex}``, one allocation of the rank (the op names offsets
@@ -30,13 +32,14 @@ from typing import Any
 from shmproxy.core import log
 from shmproxy.core.errors import InternalError, InvalidArgument
 from shmproxy.core.memory import mem_device, mem_kind
+from shmproxy.core.ops import FLAG_STREAM_EVENT
 from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Registration, Transport,
                                       TransportContext)
+from shmproxy.transports.cuda_driver import Driver
 
 _log = log.get("CUDA")
 NEVENTS = 16            # the ranks' event ring (shmproxy.rank.device.NEVENTS): an op uses req_slot % NEVENTS
 HANDLE_BYTES = 64       # cudaIpcMemHandle_t and cudaIpcEventHandle_t
-_MEMCPY_DEFAULT = 4     # cudaMemcpyDefault: the direction from the pointers (unified addressing)
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
 
 
@@ -58,6 +61,9 @@ class _Gpu:
         import cupy   # here and only here: the first device registration of this process
         self.cp = cupy
         self.rt = cupy.cuda.runtime
+        self.drv = Driver()                 # the per-op calls (transports/cuda_driver.py)
+        self.device = -1                    # the device whose context is current on the loop thread (use)
+        self.gen = 0                        # bumped when a registration is dropped (cached launches re-resolve)
         self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
         self.opened: dict[bytes, list] = {}              # IPC handle -> [base pointer, references, device]
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
@@ -110,6 +116,7 @@ class _Gpu:
             found = self.mem.pop(key, None)
             if found is None:
                 return
+            self.gen += 1
             entry = self.opened[found[0]]
             entry[1] -= 1
             if entry[1] == 0:
@@ -146,6 +153,13 @@ class _Gpu:
                                   f"the registered allocation ({'unknown' if found is None else found[1]} B)")
         return self.opened[found[0]][0] + off
 
+    def use(self, device: int) -> None:
+        """Make ``device``'s primary context current on the loop thread, where the driver calls act
+        (cupy's ``with Device`` elsewhere in this thread restores it on leaving)."""
+        if device != self.device:
+            self.rt.setDevice(device)
+            self.device = device
+
     def stream(self, device: int) -> Any:
         s = self.streams.get(device)
         if s is None:
@@ -154,25 +168,20 @@ class _Gpu:
         return s
 
     def wait_for_rank(self, op: Any, stream: Any) -> None:
-        """Order ``stream`` after the work the op's rank queued before posting it."""
-        if mem_kind(op.mem) != MemKind.CUDA:
-            return   # host memory is ready at post time
+        """Order ``stream`` after the work the op's rank queued before posting it: nothing when the
+        rank's stream was idle (no FLAG_STREAM_EVENT) or the memory is the host's (ready at post)."""
+        if not op.flags & FLAG_STREAM_EVENT or mem_kind(op.mem) != MemKind.CUDA:
+            return
         ring = self.events.get((op.owner, mem_device(op.mem)))
         if ring is None:
             raise InvalidArgument(f"{op.describe()}: rank {op.rank} registered no stream events for device "
                                   f"{mem_device(op.mem)}")
         ev = ring[op.req_slot % NEVENTS]
-        if not self.event_done(ev):
-            self.rt.streamWaitEvent(stream.ptr, ev, 0)
-
-    def event_done(self, ev: int) -> bool:
-        """Whether an opened interprocess event has completed (a host-side query). A wait on a finished
-        event is not free where ranks share the GPU: the stream then depends on another process's
-        context, and the GPU may switch contexts to settle it; skipping it keeps the copy in ours."""
-        try:
-            return self.rt.eventQuery(ev) == 0
-        except self.rt.CUDARuntimeError:   # not ready, as some cupy versions raise it
-            return False
+        # A wait on a finished event is not free where ranks share the GPU: the stream then depends on
+        # another process's context, and the GPU may switch contexts to settle it; skipping it keeps
+        # the copy in ours.
+        if not self.drv.done(ev):
+            self.drv.wait(stream.ptr, ev)
 
     def end_event(self, device: int, stream: Any) -> Any:
         """An event recorded on ``stream`` after the copies queued so far (recycled once polled done)."""
@@ -182,7 +191,7 @@ class _Gpu:
         else:
             with self.cp.cuda.Device(device):
                 ev = self.cp.cuda.Event(block=False, disable_timing=True)
-        ev.record(stream)
+        self.drv.record(ev.ptr, stream.ptr)
         return ev
 
     def watch(self, slot: int, device: int, ev: Any) -> None:
@@ -191,7 +200,7 @@ class _Gpu:
     def poll(self, slot: int) -> bool:
         """True once the copies of the sub in ``slot`` finished on the GPU."""
         device, ev = self.pending[slot]
-        if not ev.done:
+        if not self.drv.done(ev.ptr):
             return False
         del self.pending[slot]
         self.free_events[device].append(ev)
@@ -260,11 +269,11 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         dst = gpu.address(ctx, recv, False, n)
         device = mem_device(recv.mem if mem_kind(recv.mem) == MemKind.CUDA else send.mem)
         stream = gpu.stream(device)
-        with gpu.cp.cuda.Device(device):
-            gpu.wait_for_rank(send, stream)
-            gpu.wait_for_rank(recv, stream)
-            gpu.rt.memcpyAsync(dst, src, n, _MEMCPY_DEFAULT, stream.ptr)
-            ev = gpu.end_event(device, stream)
+        gpu.use(device)
+        gpu.wait_for_rank(send, stream)
+        gpu.wait_for_rank(recv, stream)
+        gpu.drv.memcpy(dst, src, n, stream.ptr)
+        ev = gpu.end_event(device, stream)
         args = ctx.args_for(conn, send.opcount)
         sub = ctx.add_sub(args, transfer, src, dst, n, n)   # one step: the copy
         sub.posted = 1

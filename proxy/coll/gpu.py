@@ -90,6 +90,7 @@ extern "C" __global__ void shmproxy_fused(%(params)s, long long n) {
 }
 """
 _fused_kernels: dict = {}
+_fused_launches: dict = {}   # (redop, dtype char, inputs, outputs, device) -> its driver Launch
 
 
 def fused_kernel(cp: Any, redop: int, dtype: Any, nin: int, nout: int) -> Any:
@@ -116,8 +117,8 @@ class GpuExecutor:
 
     name = "cuda"
 
-    def __init__(self, cp: Any, stream: Any, device: int, bf16: bool = False):
-        self.cp, self.stream, self.device, self.bf16 = cp, stream, device, bf16
+    def __init__(self, gpu: Any, stream: Any, device: int, bf16: bool = False):
+        self.cp, self.drv, self.stream, self.device, self.bf16 = gpu.cp, gpu.drv, stream, device, bf16
 
     def view(self, addr: int, count: int, dtype: Any) -> Any:
         """A cupy array over ``count`` elements at ``addr`` (an opened allocation): no copy, no owner."""
@@ -127,7 +128,7 @@ class GpuExecutor:
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         if nbytes and dst != src:
-            self.cp.cuda.runtime.memcpyAsync(dst, src, nbytes, 4, self.stream.ptr)   # cudaMemcpyDefault
+            self.drv.memcpy(dst, src, nbytes, self.stream.ptr)
 
     def fused(self, redop: int, dtype: Any, count: int, ins: list[int], outs: list[int]) -> bool:
         """outs[*] = ins[0] op ins[1] op ... in one kernel (AVG: divided by len(ins)); False where the
@@ -135,13 +136,15 @@ class GpuExecutor:
         if (self.bf16 or count * dtype.itemsize > FUSED_MAX_BYTES or len(ins) > FUSED_MAX_RANKS
                 or len(outs) > FUSED_MAX_RANKS):
             return False
-        k = fused_kernel(self.cp, redop, dtype, len(ins), len(outs))
-        if k is None:
-            return False
-        block = 256
-        grid = min((count + block - 1) // block, 1024)
-        with self.stream:
-            k((grid,), (block,), (*map(np.uint64, ins), *map(np.uint64, outs), np.int64(count)))
+        key = (redop, dtype.char, len(ins), len(outs), self.device)
+        launch = _fused_launches.get(key)
+        if launch is None:
+            k = fused_kernel(self.cp, redop, dtype, len(ins), len(outs))
+            if k is None:
+                return False
+            launch = _fused_launches[key] = self.drv.launcher(k.kernel.ptr, len(ins) + len(outs) + 1)
+        launch.set((*ins, *outs, count))
+        launch(min((count + 255) // 256, 1024), 256, self.stream.ptr)
         return True
 
     def reduce(self, redop: int, dtype: Any, count: int, ins: list[int], out: int, nranks: int) -> None:
@@ -302,14 +305,13 @@ def _queue(engine: Any, ops: list[Op], t: Any, bf16: bool, total: int,
     gpu = t.gpu
     device = mem_device(op0.mem)
     stream = gpu.stream(device)
-    cp = gpu.cp
-    x = GpuExecutor(cp, stream, device, bf16)
+    x = GpuExecutor(gpu, stream, device, bf16)
     keep: list = []   # device scratch, alive until the collective is done
-    with cp.cuda.Device(device):
-        for op in ops:
-            gpu.wait_for_rank(op, stream)
-        body(x, keep)
-        ev = gpu.end_event(device, stream)
+    gpu.use(device)
+    for op in ops:
+        gpu.wait_for_rank(op, stream)
+    body(x, keep)
+    ev = gpu.end_event(device, stream)
     work = CollWork(ops, total, keep, time.monotonic_ns())
     args = engine.argspool.get_args((-1, -1), op0.opcount, t)
     args.coll = work

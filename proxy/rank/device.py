@@ -11,7 +11,8 @@ device array first appears (cupy is imported then, never for a host-only job):
   is registered once (REGISTER, kind cuda, with its IPC handle as ``info``) and cached by its start
   address and buffer id: an op then names (buf_id, offset from the start). An address whose buffer id
   changed is a new allocation at a reused address: the old registration is dropped (DEREGISTER) and
-  the new one registered, so the progress process can never write into memory that was freed.
+  the new one registered, so the progress process can never write into memory that was freed. A cupy
+  array over memory cupy owns keeps its location for as long as it lives (``DeviceMemory.locate``).
 - **Stream order, as NCCL's.** An op on device memory must see the work the rank queued on its current
   stream before the call. At post time the rank records an interprocess event on that stream; the
   progress process makes its own stream wait on it before it copies. Each rank has a ring of
@@ -19,7 +20,8 @@ device array first appears (cupy is imported then, never for a host-only job):
   ring entry re-recorded by a later op before the progress process read the earlier one only makes
   the earlier op wait a little longer, never too little (the later record follows the earlier work:
   on the same stream by order, on another stream because that stream is first made to wait on the
-  entry's unfinished record). A post on an idle stream records nothing (``DeviceMemory.record``).
+  entry's unfinished record). A post on an idle stream records nothing (``DeviceMemory.record``), and
+  its op goes without FLAG_STREAM_EVENT, so that the progress process orders it after nothing.
 - **Completion.** The progress process completes the request once the copies have finished on the
   GPU, so a blocking call returns with the data in place, and the rank's later stream work sees it.
   With ``stream=`` (another stream than cupy's current one: a cupy or torch stream, or a raw
@@ -53,6 +55,7 @@ NEVENTS = 16    # interprocess events per rank and device (see the header)
 # Whether a post records its event even when the stream is idle (see DeviceMemory.record): False but
 # for measuring what the skip saves (tests/bodies_gpu.py bench).
 RECORD_ON_IDLE_STREAMS = False
+_LOCATED_MAX = 4096     # live arrays whose location is cached (see DeviceMemory.locate)
 
 # CUpointer_attribute values of the driver API (cuda.h)
 _BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE, _RANGE_START, _RANGE_SIZE = 7, 9, 10, 11, 12
@@ -111,6 +114,7 @@ class DeviceMemory:
         self._recorded_on: dict[int, list[int]] = {}          # device -> each entry's last stream
         self._driver: _Driver | None = None
         self._streams: dict[tuple[int, int], Any] = {}        # (handle, device) -> cupy ExternalStream
+        self._located: dict[int, tuple[Any, tuple[int, int, int]]] = {}   # id(array) -> (weakref, locate())
         # id -> array of the bfloat16 views made by the current call's as_array (cleared per call;
         # holding the arrays keeps their ids unique meanwhile)
         self._bf16: dict[int, Any] = {}
@@ -225,10 +229,32 @@ class DeviceMemory:
         return arr
 
     def locate(self, arr: Any) -> tuple[int, int, int]:
-        """(buf_id, offset, mem word) of a device array's bytes, registering its allocation first."""
+        """(buf_id, offset, mem word) of a device array's bytes, registering its allocation first.
+
+        Cached per live cupy array whose memory cupy owns (its pool's or its own cudaMalloc): while
+        the array lives its allocation cannot be freed, so the registration found for it stays the
+        one of its bytes. An array over memory cupy does not own (a torch tensor's, a raw pointer's)
+        is looked up every time: the owner may free or swap that memory under it."""
+        hit = self._located.get(id(arr))
+        if hit is not None and hit[0]() is arr:
+            return hit[1]
         ptr = arr.data.ptr
         if not arr.nbytes:
             return 0, 0, mem_word(MemKind.CUDA, arr.device.id)
+        loc = self._locate(arr, ptr)
+        if type(arr.data.mem) is not self.cp.cuda.UnownedMemory:
+            if len(self._located) >= _LOCATED_MAX:
+                self._located.clear()
+            key = id(arr)
+            self._located[key] = (weakref.ref(arr, lambda _r, k=key: self._forget(k)), loc)
+        return loc
+
+    def _forget(self, key: int) -> None:
+        hit = self._located.get(key)
+        if hit is not None and hit[0]() is None:
+            del self._located[key]
+
+    def _locate(self, arr: Any, ptr: int) -> tuple[int, int, int]:
         if self._driver is None:
             self._driver = _Driver()
         start, size, bid, dev, ipc = self._driver.allocation(ptr)
@@ -250,9 +276,10 @@ class DeviceMemory:
         self._allocs[start] = (bid, size, buf_id)
         return buf_id, ptr - start, mem_word(MemKind.CUDA, dev)
 
-    def record(self, slot: int, device: int, stream: Any = None) -> None:
+    def record(self, slot: int, device: int, stream: Any = None) -> bool:
         """Order the op in request ``slot`` after the work queued on ``stream`` (None: this thread's
         current stream of ``device``): record event ``slot % NEVENTS`` there, unless the stream is idle.
+        True if it recorded (the op then carries FLAG_STREAM_EVENT).
 
         An idle stream has nothing to wait for, and a record on it would still be GPU work of this
         process's context, which the progress process's copy then depends on: where processes share
@@ -274,6 +301,8 @@ class DeviceMemory:
                     stream.wait_event(ev)
                 ev.record(stream)
                 last[k] = stream.ptr
+                return True
+        return False
 
     def _make_ring(self, device: int) -> list[Any]:
         cp = self.cp

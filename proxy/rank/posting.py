@@ -18,8 +18,8 @@ from shmproxy.control.protocol import MsgType
 from shmproxy.core.memory import MemKind, device_array_kind, mem_device, mem_word
 from shmproxy.coll import sched
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_PLACE, FLAG_MPROBED, FLAG_NO_RECV,
-                               IN_PLACE, KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES,
-                               TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG)
+                               FLAG_STREAM_EVENT, IN_PLACE, KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND,
+                               SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG)
 from shmproxy.rank import typed
 from shmproxy.rank.typed import TypedBuffer
 from shmproxy.rank.device import DeviceMemory
@@ -348,8 +348,8 @@ class Posting:
         index = self._free_records.pop() if self._free_records else self._take_record()
         coll = kind == KIND_COLL
         pp = self._pp
-        if mem:
-            self._device.record(slot, mem_device(mem), stream)
+        if mem and self._device.record(slot, mem_device(mem), stream):
+            flags |= FLAG_STREAM_EVENT
         seq = pp.write(index, slot, kind, code, redop, flags, peer, 0 if coll else tag, bid, off, nbytes, count,
                        bid2, off2, nbytes2, coll_seq, tag if coll else 0, mem)
         req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr, pp)

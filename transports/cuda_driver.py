@@ -1,0 +1,102 @@
+"""The CUDA driver calls on the progress process's per-op path, through ctypes.
+
+Each device op costs the progress process a few CUDA calls: a copy or a kernel launch, an event
+record, event queries. cupy reaches them through the runtime API and its own Python wrappers, which
+cost microseconds more per call than the driver entry points below (a kernel launch most: cupy also
+converts and packs every argument on each call). For an 8-byte collective those calls are most of the
+progress process's time, so the hot path calls the driver directly (BENCHMARKS.md has the figures).
+cupy still does everything that is not per op: contexts, streams, events, IPC handles, compiling kernels.
+
+Every call acts on the calling thread's current context: the caller (transports/cuda.py) makes the
+device's primary context current first (``_Gpu.use``), which is the context cupy's streams, events and
+kernels of that device belong to. A failed call raises SystemError_ naming the call and the driver's
+error; the progress loop then fails the communicator, as NCCL reports an asynchronous CUDA error.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from shmproxy.core.errors import InvalidArgument, SystemError_
+
+_SUCCESS, _NOT_READY = 0, 600          # CUresult: CUDA_SUCCESS, CUDA_ERROR_NOT_READY
+_U64, _VP, _UINT = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint
+
+
+class Driver:
+    """libcuda's copy, launch, record, query and wait entry points, typed once."""
+
+    def __init__(self) -> None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise InvalidArgument(f"the CUDA driver (libcuda.so.1) cannot be loaded: {exc}") from None
+        self._memcpy = _fn(lib, "cuMemcpyAsync", [_U64, _U64, ctypes.c_size_t, _VP])
+        self._launch = _fn(lib, "cuLaunchKernel", [_VP, _UINT, _UINT, _UINT, _UINT, _UINT, _UINT, _UINT, _VP,
+                                                   _VP, _VP])
+        self._record = _fn(lib, "cuEventRecord", [_VP, _VP])
+        self._query = _fn(lib, "cuEventQuery", [_VP])
+        self._wait = _fn(lib, "cuStreamWaitEvent", [_VP, _VP, _UINT])
+        self._error_name = _fn(lib, "cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])
+
+    def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """cuMemcpyAsync: the direction from the pointers (unified addressing), peers included."""
+        rc = self._memcpy(dst, src, nbytes, stream)
+        if rc:
+            self.fail("cuMemcpyAsync", rc)
+
+    def record(self, event: int, stream: int) -> None:
+        rc = self._record(event, stream)
+        if rc:
+            self.fail("cuEventRecord", rc)
+
+    def done(self, event: int) -> bool:
+        """Whether everything before the event's last record has finished (a host-side query)."""
+        rc = self._query(event)
+        if rc == _SUCCESS:
+            return True
+        if rc == _NOT_READY:
+            return False
+        self.fail("cuEventQuery", rc)
+        return False
+
+    def wait(self, stream: int, event: int) -> None:
+        """Order the stream's later work after the event's last record (another context's included)."""
+        rc = self._wait(stream, event, 0)
+        if rc:
+            self.fail("cuStreamWaitEvent", rc)
+
+    def launcher(self, function: int, nparams: int) -> "Launch":
+        return Launch(self, function, nparams)
+
+    def fail(self, call: str, rc: int) -> None:
+        name = ctypes.c_char_p()
+        self._error_name(rc, ctypes.byref(name))
+        raise SystemError_(f"CUDA driver call {call} failed: {(name.value or b'?').decode()} ({rc})")
+
+
+class Launch:
+    """One kernel's launch with 64-bit parameters (pointers and counts), its argument block built once:
+    a launch sets the values that changed and makes one call."""
+
+    def __init__(self, driver: Driver, function: int, nparams: int):
+        self.driver, self.function = driver, function
+        self.values = (_U64 * nparams)()
+        base = ctypes.addressof(self.values)
+        self.params = (_VP * nparams)(*(base + 8 * i for i in range(nparams)))
+
+    def set(self, values: Any) -> None:
+        for i, v in enumerate(values):
+            self.values[i] = v
+
+    def __call__(self, grid: int, block: int, stream: int) -> None:
+        rc = self.driver._launch(self.function, grid, 1, 1, block, 1, 1, 0, stream, self.params, None)
+        if rc:
+            self.driver.fail("cuLaunchKernel", rc)
+
+
+def _fn(lib: Any, name: str, argtypes: list) -> Any:
+    f = getattr(lib, name)
+    f.argtypes = argtypes
+    f.restype = ctypes.c_int
+    return f
