@@ -457,3 +457,42 @@ def mpi_layer_device_arrays() -> dict:
         pass
     comm.Barrier()
     return {"bad": bad}
+
+
+def repeated_buffers() -> dict:
+    """The same device arrays through many collectives, as a training loop calls them (the rank
+    remembers a checked call, the progress process a small reduction's launch): new contents each
+    time, on a busy and on an idle stream, the op and the root changing, IN_PLACE, then a new
+    allocation where a freed one was."""
+    cp = _cp()
+    bad, cases = [], 0
+    with shmproxy.init() as comm:
+        me, n = comm.rank, comm.size
+        x, y = cp.zeros(5, cp.float32), cp.zeros(5, cp.float32)
+        ops = (shmproxy.SUM, shmproxy.MAX, shmproxy.MIN)
+        for i in range(24):
+            x.fill(me + i)
+            if i % 2:
+                cp.cuda.get_current_stream().synchronize()   # an idle stream: the op orders after nothing
+            vals = [r + i for r in range(n)]
+            comm.Allreduce(x, y, op=ops[i % 3])
+            want = (sum(vals), max(vals), min(vals))[i % 3]
+            if not bool((y == want).all()):
+                bad.append(("Allreduce", i, float(y[0]), want))
+            root = i % n
+            comm.Reduce(x, y if me == root else None, root=root)
+            if me == root and not bool((y == sum(vals)).all()):
+                bad.append(("Reduce", i, float(y[0]), sum(vals)))
+            y.fill(me + 1)
+            comm.Allreduce(shmproxy.IN_PLACE, y)
+            if not bool((y == n * (n + 1) // 2).all()):
+                bad.append(("IN_PLACE", i, float(y[0])))
+            cases += 3
+        remembered = len(comm._device.posts)
+        del x, y
+        cp.get_default_memory_pool().free_all_blocks()
+        x, y = cp.full(5, me + 100, cp.float32), cp.zeros(5, cp.float32)
+        comm.Allreduce(x, y)
+        if not bool((y == sum(r + 100 for r in range(n))).all()):
+            bad.append(("new allocation", float(y[0])))
+    return {"bad": bad, "cases": cases, "remembered": remembered}

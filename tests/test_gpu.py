@@ -131,6 +131,15 @@ def test_small_blocking_collectives_take_the_fast_path(nranks):
     assert [r["mixed_reduce"] for r in res.results] == [expect] * nranks
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_repeated_collectives_on_the_same_buffers(nranks):
+    res = run_ranks(MORE + "repeated_buffers", nranks, timeout=180)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["cases"] == 72
+        assert r["remembered"] >= 3, "the rank remembered no checked device collective"
+
+
 def test_device_alloc_registered_once_freed_when_dropped():
     res = run_ranks(MORE + "device_alloc", 2, timeout=180)
     print("GPU_ALLOC " + json.dumps(res.results))

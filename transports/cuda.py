@@ -64,6 +64,7 @@ class _Gpu:
         self.drv = Driver()                 # the per-op calls (transports/cuda_driver.py)
         self.device = -1                    # the device whose context is current on the loop thread (use)
         self.gen = 0                        # bumped when a registration is dropped (cached launches re-resolve)
+        self.plans: dict = {}               # small reductions' launches by their buffers (shmproxy.coll.gpu)
         self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
         self.opened: dict[bytes, list] = {}              # IPC handle -> [base pointer, references, device]
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)

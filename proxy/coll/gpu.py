@@ -28,7 +28,7 @@ import numpy as np
 from shmproxy.coll import gpu_vector, sched, vector
 from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind, mem_device, mem_kind
-from shmproxy.core.ops import CODE_DTYPE, DTYPE_BFLOAT16, FLAG_IN_PLACE, Coll, Op, ReduceOp
+from shmproxy.core.ops import CODE_DTYPE, DTYPE_BFLOAT16, FLAG_IN_PLACE, FLAG_NO_RECV, Coll, Op, ReduceOp
 from shmproxy.engine.args import CollWork
 from shmproxy.shm import pool as P
 
@@ -91,6 +91,9 @@ extern "C" __global__ void shmproxy_fused(%(params)s, long long n) {
 """
 _fused_kernels: dict = {}
 _fused_launches: dict = {}   # (redop, dtype char, inputs, outputs, device) -> its driver Launch
+_FUSED_BLOCK = 256
+PLANS_MAX = 256                # fused launches remembered per progress process (see _Plan)
+_PLANNED_FLAGS = FLAG_IN_PLACE | FLAG_NO_RECV
 
 
 def fused_kernel(cp: Any, redop: int, dtype: Any, nin: int, nout: int) -> Any:
@@ -130,23 +133,6 @@ class GpuExecutor:
         if nbytes and dst != src:
             self.drv.memcpy(dst, src, nbytes, self.stream.ptr)
 
-    def fused(self, redop: int, dtype: Any, count: int, ins: list[int], outs: list[int]) -> bool:
-        """outs[*] = ins[0] op ins[1] op ... in one kernel (AVG: divided by len(ins)); False where the
-        fused path does not apply (size, dtype, ranks), nothing queued then."""
-        if (self.bf16 or count * dtype.itemsize > FUSED_MAX_BYTES or len(ins) > FUSED_MAX_RANKS
-                or len(outs) > FUSED_MAX_RANKS):
-            return False
-        key = (redop, dtype.char, len(ins), len(outs), self.device)
-        launch = _fused_launches.get(key)
-        if launch is None:
-            k = fused_kernel(self.cp, redop, dtype, len(ins), len(outs))
-            if k is None:
-                return False
-            launch = _fused_launches[key] = self.drv.launcher(k.kernel.ptr, len(ins) + len(outs) + 1)
-        launch.set((*ins, *outs, count))
-        launch(min((count + 255) // 256, 1024), 256, self.stream.ptr)
-        return True
-
     def reduce(self, redop: int, dtype: Any, count: int, ins: list[int], out: int, nranks: int) -> None:
         """out = ins[0] op ins[1] op ... (in that order); AVG divides by ``nranks`` after."""
         cp = self.cp
@@ -169,19 +155,79 @@ class GpuExecutor:
                 cp.true_divide(o, nranks, out=o, casting="unsafe")
 
 
-def _transport(engine: Any) -> Any:
+class _Plan:
+    """A small reduction's kernel launch, remembered by its ops' buffers and shape (``plan_key``): the
+    next collective on the same buffers, the common case of a training loop, skips resolving and
+    checking them again. Valid while no registration was dropped (``gen``)."""
+
+    __slots__ = ("gen", "launch", "values", "grid", "device", "nbytes")
+
+    def __init__(self, gen: int, launch: Any, values: tuple, grid: int, device: int, nbytes: int):
+        self.gen, self.launch, self.values, self.grid, self.device, self.nbytes = (gen, launch, values, grid,
+                                                                                   device, nbytes)
+
+
+def plan_key(ops: list[Op]) -> tuple:
+    """What a fused launch depends on, per op: everything but the stream-event flag."""
+    return tuple((op.coll, op.dtype, op.count, op.redop, op.peer, op.mem, op.flags & _PLANNED_FLAGS, op.buf_id,
+                  op.offset, op.buf2_id, op.offset2) for op in ops)
+
+
+def _fused_plan(gpu: Any, redop: int, dtype: Any, count: int, ins: list[int], outs: list[int], device: int,
+                nbytes: int) -> _Plan | None:
+    """outs[*] = ins[0] op ins[1] op ... in one kernel (AVG: divided by len(ins)); None where the fused
+    path does not apply (size, dtype, ranks)."""
+    if count * dtype.itemsize > FUSED_MAX_BYTES or len(ins) > FUSED_MAX_RANKS or len(outs) > FUSED_MAX_RANKS:
+        return None
+    key = (redop, dtype.char, len(ins), len(outs), device)
+    launch = _fused_launches.get(key)
+    if launch is None:
+        k = fused_kernel(gpu.cp, redop, dtype, len(ins), len(outs))
+        if k is None:
+            return None
+        gpu.use(device)   # the kernel is loaded into the current context
+        launch = _fused_launches[key] = gpu.drv.launcher(k.kernel.ptr, len(ins) + len(outs) + 1)
+    return _Plan(gpu.gen, launch, (*ins, *outs, count), min((count + _FUSED_BLOCK - 1) // _FUSED_BLOCK, 1024),
+                 device, nbytes)
+
+
+def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
+    gpu = t.gpu
+    device = plan.device
+    stream = gpu.stream(device)
+    gpu.use(device)
+    for op in ops:
+        gpu.wait_for_rank(op, stream)
+    plan.launch.set(plan.values)
+    plan.launch(plan.grid, _FUSED_BLOCK, stream.ptr)
+    _watch(engine, ops, t, plan.nbytes, [], device, gpu.end_event(device, stream))
+
+
+def _cuda_transport(engine: Any) -> Any:
     for t in engine.transports:
         if MemKind.CUDA in t.kinds and getattr(t, "gpu", None) is not None:
             return t
-    raise errors.InvalidUsage("a collective on device memory, but no allowed transport has device memory "
-                              "registered (SHMPROXY_TRANSPORTS)")
+    return None
+
+
+def _transport(engine: Any) -> Any:
+    t = _cuda_transport(engine)
+    if t is None:
+        raise errors.InvalidUsage("a collective on device memory, but no allowed transport has device memory "
+                                  "registered (SHMPROXY_TRANSPORTS)")
+    return t
 
 
 def start_device_coll(engine: Any, ops: list[Op]) -> None:
     """Queue a collective on device memory (see the module header); its requests fail, nothing moved,
     when a buffer is wrong."""
     try:
-        _start(engine, ops)
+        t = _cuda_transport(engine)
+        plan = t.gpu.plans.get(plan_key(ops)) if t is not None and t.gpu.plans else None
+        if plan is not None and plan.gen == t.gpu.gen:
+            _run_plan(engine, ops, t, plan)
+        else:
+            _start(engine, ops)
     except errors.ProxyError as exc:
         for op in ops:
             engine.complete(op, exc.code, 0)
@@ -248,18 +294,26 @@ def _start(engine: Any, ops: list[Op]) -> None:
         raise errors.InvalidArgument(f"{op0.describe()}: collective {c} has no device path")
     if c in (Coll.REDUCE, Coll.ALLREDUCE, Coll.REDUCE_SCATTER_BLOCK):
         sched.check_op(op0.redop, np.dtype(np.float32) if bf16 else dt)
+    if c in (Coll.REDUCE, Coll.ALLREDUCE):
+        if c == Coll.REDUCE:   # in rank order from the root
+            ins = [ins[op0.peer]] + [x for r, x in enumerate(ins) if r != op0.peer]
+            outs = [out]
+        plan = None if bf16 or not FUSED else _fused_plan(gpu, op0.redop, dt, n, ins, outs, mem_device(op0.mem),
+                                                           total)
+        if plan is not None:
+            if len(gpu.plans) >= PLANS_MAX:
+                gpu.plans.clear()
+            gpu.plans[plan_key(ops)] = plan
+            _run_plan(engine, ops, t, plan)
+            return
 
     def body(x: GpuExecutor, keep: list) -> None:
         if c == Coll.ALLREDUCE:
-            if not (FUSED and x.fused(op0.redop, dt, n, ins, outs)):
-                x.reduce(op0.redop, dt, n, ins, outs[0], size)
-                for o in outs[1:]:
-                    x.copy(o, outs[0], blk)
+            x.reduce(op0.redop, dt, n, ins, outs[0], size)
+            for o in outs[1:]:
+                x.copy(o, outs[0], blk)
         elif c == Coll.REDUCE:
-            root = op0.peer
-            order = [root] + [r for r in range(size) if r != root]
-            if not (FUSED and x.fused(op0.redop, dt, n, [ins[r] for r in order], [out])):
-                x.reduce(op0.redop, dt, n, [ins[r] for r in order], out, size)
+            x.reduce(op0.redop, dt, n, ins, out, size)
         elif c == Coll.BCAST:
             for r, b in enumerate(bufs):
                 if r != op0.peer:
@@ -311,13 +365,17 @@ def _queue(engine: Any, ops: list[Op], t: Any, bf16: bool, total: int,
     for op in ops:
         gpu.wait_for_rank(op, stream)
     body(x, keep)
-    ev = gpu.end_event(device, stream)
+    _watch(engine, ops, t, total, keep, device, gpu.end_event(device, stream))
+
+
+def _watch(engine: Any, ops: list[Op], t: Any, total: int, keep: list, device: int, ev: Any) -> None:
+    """The queued collective as one sub of one args of the cuda transport, done with ``ev``."""
     work = CollWork(ops, total, keep, time.monotonic_ns())
-    args = engine.argspool.get_args((-1, -1), op0.opcount, t)
+    args = engine.argspool.get_args((-1, -1), ops[0].opcount, t)
     args.coll = work
     engine.active.append(args)
     engine.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
     sub = engine.argspool.add_sub(args, work, 0, 0, total, total)
     sub.posted = 1
-    gpu.watch(sub.slot, device, ev)
+    t.gpu.watch(sub.slot, device, ev)
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from shmproxy.core import errors
 from shmproxy.core.memory import MemKind, device_array_kind, mem_word
-from shmproxy.core.ops import DTYPE_BFLOAT16, DTYPE_CODE, SUPPORTED_DTYPES
+from shmproxy.core.ops import DTYPE_BFLOAT16, DTYPE_CODE, IN_PLACE as _IN_PLACE, SUPPORTED_DTYPES, ReduceOp
 
 NEVENTS = 16    # interprocess events per rank and device (see the header)
 # Whether a post records its event even when the stream is idle (see DeviceMemory.record): False but
@@ -115,6 +115,7 @@ class DeviceMemory:
         self._driver: _Driver | None = None
         self._streams: dict[tuple[int, int], Any] = {}        # (handle, device) -> cupy ExternalStream
         self._located: dict[int, tuple[Any, tuple[int, int, int]]] = {}   # id(array) -> (weakref, locate())
+        self.posts: dict[tuple, tuple] = {}   # collective calls on live arrays -> record fields (posted)
         # id -> array of the bfloat16 views made by the current call's as_array (cleared per call;
         # holding the arrays keeps their ids unique meanwhile)
         self._bf16: dict[int, Any] = {}
@@ -249,6 +250,35 @@ class DeviceMemory:
             self._located[key] = (weakref.ref(arr, lambda _r, k=key: self._forget(k)), loc)
         return loc
 
+    def posted(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:
+        """The record fields of an earlier collective call on these same live cupy arrays with the same
+        op and root (``remember_post``), or None. Such a call passed every check then, and passes them
+        now: a live array keeps its dtype, size, device and location (see ``locate``)."""
+        key = _post_key(coll, sendbuf, recvbuf, op, root)
+        hit = self.posts.get(key) if key is not None else None
+        if hit is None or (hit[0] is not None and hit[0]() is not sendbuf) or (
+                hit[1] is not None and hit[1]() is not recvbuf):
+            return None
+        return hit[2]
+
+    def remember_post(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any, fields: tuple) -> None:
+        """After a collective call on device arrays was checked and posted: its record fields, for
+        ``posted`` (cupy arrays over memory cupy owns only, as for ``locate``)."""
+        key = _post_key(coll, sendbuf, recvbuf, op, root)
+        if key is None:
+            return
+        refs = []
+        for b in (sendbuf, recvbuf):
+            if b is None or b is _IN_PLACE:   # immortal sentinels: their ids in the key say it all
+                refs.append(None)
+            elif type(b) is self.cp.ndarray and type(b.data.mem) is not self.cp.cuda.UnownedMemory:
+                refs.append(weakref.ref(b))
+            else:
+                return
+        if len(self.posts) >= _LOCATED_MAX:
+            self.posts.clear()
+        self.posts[key] = (refs[0], refs[1], fields)
+
     def _forget(self, key: int) -> None:
         hit = self._located.get(key)
         if hit is not None and hit[0]() is None:
@@ -313,6 +343,16 @@ class DeviceMemory:
         self._events[device] = ring
         self._recorded_on[device] = [0] * NEVENTS
         return ring
+
+
+def _post_key(coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:
+    if type(op) is not int:
+        if not isinstance(op, ReduceOp):
+            return None
+        op = int(op)
+    if type(root) is not int:
+        return None
+    return coll, id(sendbuf), id(recvbuf), op, root
 
 
 class _Allocation:

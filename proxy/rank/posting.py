@@ -242,6 +242,14 @@ class Posting:
         """Validate one collective call (before anything is posted), locate its buffers, post it.
         ``stream``: as for _post (device buffers only)."""
         self._check_usable()
+        dev = self.__dict__.get("_device")
+        if dev is not None and dev.posts and stream is None:
+            fields = dev.posted(coll, sendbuf, recvbuf, op, root)
+            if fields is not None:   # the same live device arrays as a call that passed every check
+                pp = self._pp
+                pp.coll_seq += 1
+                return self._emit(KIND_COLL, *fields[:-1], pp.coll_seq, (sendbuf, recvbuf), None, 0, fields[-1])
+        args_in = (sendbuf, recvbuf, op, root)
         C = Coll
         size, me = self.size, self.rank
         in_place = sendbuf is IN_PLACE
@@ -334,6 +342,9 @@ class Posting:
         req = self._emit(KIND_COLL, code, redop, flags, root, coll, send_loc[0], send_loc[1], snb, count,
                          recv_loc[0], recv_loc[1], rnb, pp.coll_seq, keep, recv_loc[2], recv_loc[3], mem,
                          dev_stream)
+        if mem and stream is None:
+            self._device.remember_post(coll, *args_in, (code, redop, flags, root, coll, send_loc[0], send_loc[1],
+                                                        snb, count, recv_loc[0], recv_loc[1], rnb, mem))
         if send_loc[2] is not None or recv_loc[2] is not None:
             req._extra = (send_loc[2], rnb)
         return req
