@@ -489,7 +489,20 @@ def repeated_buffers() -> dict:
                 bad.append(("IN_PLACE", i, float(y[0])))
             cases += 3
         remembered = len(comm._device.posts)
-        del x, y
+        # the same messages again and again (the progress process launches a repeated copy as a graph)
+        a, b = cp.zeros(1000, cp.float32), cp.zeros(1000, cp.float32)
+        right, left = (me + 1) % n, (me - 1) % n
+        for i in range(8):
+            a.fill(me * 100 + i)
+            if i % 2:
+                cp.cuda.get_current_stream().synchronize()
+            reqs = [comm.Irecv(b, left, tag=7), comm.Isend(a, right, tag=7)]
+            for q in reqs:
+                q.Wait()
+            if not bool((b == left * 100 + i).all()):
+                bad.append(("Send/Recv", i, float(b[0]), left * 100 + i))
+            cases += 1
+        del x, y, a, b
         cp.get_default_memory_pool().free_all_blocks()
         x, y = cp.full(5, me + 100, cp.float32), cp.zeros(5, cp.float32)
         comm.Allreduce(x, y)

@@ -30,7 +30,7 @@ import threading
 from typing import Any
 
 from shmproxy.core import log
-from shmproxy.core.errors import InternalError, InvalidArgument
+from shmproxy.core.errors import InternalError, InvalidArgument, SystemError_
 from shmproxy.core.memory import mem_device, mem_kind
 from shmproxy.core.ops import FLAG_STREAM_EVENT
 from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Registration, Transport,
@@ -40,6 +40,7 @@ from shmproxy.transports.cuda_driver import Driver
 _log = log.get("CUDA")
 NEVENTS = 16            # the ranks' event ring (shmproxy.rank.device.NEVENTS): an op uses req_slot % NEVENTS
 HANDLE_BYTES = 64       # cudaIpcMemHandle_t and cudaIpcEventHandle_t
+GRAPHS_MAX = 64         # repeated copies kept as graphs (see _Gpu.copy)
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
 
 
@@ -65,6 +66,12 @@ class _Gpu:
         self.device = -1                    # the device whose context is current on the loop thread (use)
         self.gen = 0                        # bumped when a registration is dropped (cached launches re-resolve)
         self.plans: dict = {}               # small reductions' launches by their buffers (shmproxy.coll.gpu)
+        # Repeated work as CUDA graphs (one launch call, started sooner: see copy): copies by their
+        # addresses, seen-once copies, and every live graph (destroyed once retired and idle, or at exit).
+        self.graphs: dict[tuple[int, int, int, int], Any] = {}
+        self.copies_seen: dict[tuple[int, int, int, int], int] = {}
+        self.live_graphs: set = set()
+        self.graphs_ok = True               # False after a capture failed: direct calls from then on
         self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
         self.opened: dict[bytes, list] = {}              # IPC handle -> [base pointer, references, device]
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
@@ -117,7 +124,12 @@ class _Gpu:
             found = self.mem.pop(key, None)
             if found is None:
                 return
-            self.gen += 1
+            self.gen += 1   # addresses may go: every cached launch and graph with them
+            self.plans.clear()
+            self.graphs.clear()
+            self.copies_seen.clear()
+            self.retired.extend(("graph", g) for g in self.live_graphs)
+            self.live_graphs.clear()
             entry = self.opened[found[0]]
             entry[1] -= 1
             if entry[1] == 0:
@@ -130,7 +142,9 @@ class _Gpu:
             return
         while self.retired:
             what, x = self.retired.popleft()
-            if what == "mem":
+            if what == "graph":   # before the mappings it copies between are closed
+                x.destroy()
+            elif what == "mem":
                 with self.cp.cuda.Device(x[2]):
                     self.rt.ipcCloseMemHandle(x[0])
             else:
@@ -195,17 +209,62 @@ class _Gpu:
         self.drv.record(ev.ptr, stream.ptr)
         return ev
 
-    def watch(self, slot: int, device: int, ev: Any) -> None:
-        self.pending[slot] = (device, ev)
+    def watch(self, slot: int, device: int, ev: Any, owned: bool = False) -> None:
+        """Complete the sub in ``slot`` with ``ev`` (owned: a graph's own event, never recycled)."""
+        self.pending[slot] = (device, ev, owned)
 
     def poll(self, slot: int) -> bool:
         """True once the copies of the sub in ``slot`` finished on the GPU."""
-        device, ev = self.pending[slot]
+        device, ev, owned = self.pending[slot]
         if not self.drv.done(ev.ptr):
             return False
         del self.pending[slot]
-        self.free_events[device].append(ev)
+        if not owned:
+            self.free_events[device].append(ev)
         return True
+
+    def copy(self, dst: int, src: int, nbytes: int, device: int, stream: Any) -> tuple[Any, bool]:
+        """Queue one copy and the event it ends with: (event, owned by a graph). A copy between the
+        same addresses a second time is captured as a graph, launched from then on: one call instead
+        of two, and the GPU starts it sooner (BENCHMARKS.md); a ping-pong or a training loop repeats
+        its copies. The first time it goes directly: capturing costs more than a copy's calls."""
+        key = (dst, src, nbytes, device)
+        g = self.graphs.get(key)
+        if g is None and self.graphs_ok:
+            seen = self.copies_seen
+            if key in seen:
+                g = self.graph(stream, device, lambda: self.drv.memcpy(dst, src, nbytes, stream.ptr))
+                if g is not None:
+                    if len(self.graphs) >= GRAPHS_MAX:   # destroyed once none is in flight (close_retired)
+                        with self.lock:
+                            self.retired.extend(("graph", old) for old in self.graphs.values())
+                            self.live_graphs.difference_update(self.graphs.values())
+                            self.graphs.clear()
+                    self.graphs[key] = g
+            else:
+                if len(seen) >= GRAPHS_MAX:
+                    seen.clear()
+                seen[key] = 1
+        if g is not None:
+            g.launch(stream.ptr)
+            return g.event, True
+        self.drv.memcpy(dst, src, nbytes, stream.ptr)
+        return self.end_event(device, stream), False
+
+    def graph(self, stream: Any, device: int, queue: Any) -> Any:
+        """``queue``'s work on ``stream`` and an event of its own as a graph (transports/cuda_driver.py),
+        or None where capturing fails (then never again in this process: direct calls work)."""
+        with self.cp.cuda.Device(device):
+            ev = self.cp.cuda.Event(block=False, disable_timing=True)
+        try:
+            g = self.drv.capture(stream.ptr, queue, ev)
+        except SystemError_ as exc:
+            self.graphs_ok = False
+            _log.warning("CUDA graphs unavailable, launching directly from now on: %s", exc)
+            return None
+        with self.lock:   # the service thread retires them (deregister)
+            self.live_graphs.add(g)
+        return g
 
     def free(self) -> None:
         for s in self.streams.values():
@@ -219,6 +278,10 @@ class _Gpu:
             for ring in self.events.values():
                 self.retired.append(("events", ring))
             self.events.clear()
+            self.retired.extendleft(("graph", g) for g in self.live_graphs)
+            self.live_graphs.clear()
+            self.plans.clear()
+            self.graphs.clear()
         self.close_retired()
 
     def describe(self) -> dict:
@@ -228,7 +291,8 @@ class _Gpu:
             return {"devices": sorted(devices), "opened_allocations": len(self.opened),
                     "opened_bytes": sum(size for _h, size, _d in self.mem.values()),
                     "ranks_with_events": sorted({lr for lr, _d in self.events}),
-                    "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired)}
+                    "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired),
+                    "graphs": len(self.live_graphs), "planned_reductions": len(self.plans)}
 
 
 class CudaTransport(OneProcessSides, Transport):   # allocations are opened here at registration
@@ -273,12 +337,11 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         gpu.use(device)
         gpu.wait_for_rank(send, stream)
         gpu.wait_for_rank(recv, stream)
-        gpu.drv.memcpy(dst, src, n, stream.ptr)
-        ev = gpu.end_event(device, stream)
+        ev, owned = gpu.copy(dst, src, n, device, stream)
         args = ctx.args_for(conn, send.opcount)
         sub = ctx.add_sub(args, transfer, src, dst, n, n)   # one step: the copy
         sub.posted = 1
-        gpu.watch(sub.slot, device, ev)
+        gpu.watch(sub.slot, device, ev, owned)
         return False
 
     def proxy_progress(self, ctx: TransportContext, args: Any) -> bool:

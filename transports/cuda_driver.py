@@ -15,11 +15,13 @@ error; the progress loop then fails the communicator, as NCCL reports an asynchr
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, Callable
 
 from shmproxy.core.errors import InvalidArgument, SystemError_
 
 _SUCCESS, _NOT_READY = 0, 600          # CUresult: CUDA_SUCCESS, CUDA_ERROR_NOT_READY
+_CAPTURE_THREAD_LOCAL = 1              # CUstreamCaptureMode: other threads' CUDA calls stay unrestricted
+_RECORD_EXTERNAL = 1                   # CU_EVENT_RECORD_EXTERNAL: captured as an event record node
 _U64, _VP, _UINT = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint
 
 
@@ -38,6 +40,13 @@ class Driver:
         self._query = _fn(lib, "cuEventQuery", [_VP])
         self._wait = _fn(lib, "cuStreamWaitEvent", [_VP, _VP, _UINT])
         self._error_name = _fn(lib, "cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])
+        self._begin = _fn(lib, "cuStreamBeginCapture_v2", [_VP, ctypes.c_int])
+        self._end = _fn(lib, "cuStreamEndCapture", [_VP, ctypes.POINTER(_VP)])
+        self._instantiate = _fn(lib, "cuGraphInstantiateWithFlags", [ctypes.POINTER(_VP), _VP, ctypes.c_ulonglong])
+        self._graph_launch = _fn(lib, "cuGraphLaunch", [_VP, _VP])
+        self._exec_destroy = _fn(lib, "cuGraphExecDestroy", [_VP])
+        self._graph_destroy = _fn(lib, "cuGraphDestroy", [_VP])
+        self._record_flags = _fn(lib, "cuEventRecordWithFlags", [_VP, _VP, _UINT])
 
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         """cuMemcpyAsync: the direction from the pointers (unified addressing), peers included."""
@@ -69,6 +78,30 @@ class Driver:
     def launcher(self, function: int, nparams: int) -> "Launch":
         return Launch(self, function, nparams)
 
+    def capture(self, stream: int, queue: Callable[[], None], event: Any) -> "Graph":
+        """What ``queue`` puts on ``stream``, then a record of ``event`` (a cupy Event, which the graph
+        keeps), as one executable graph: a later launch costs one call, and the GPU starts it sooner
+        than the separate calls (BENCHMARKS.md). The stream's earlier work is not part of it."""
+        rc = self._begin(stream, _CAPTURE_THREAD_LOCAL)
+        if rc:
+            self.fail("cuStreamBeginCapture", rc)
+        graph = _VP()
+        try:
+            queue()
+            rc = self._record_flags(event.ptr, stream, _RECORD_EXTERNAL)
+        finally:   # a capture left open would break the stream for every later op
+            rc_end = self._end(stream, ctypes.byref(graph))
+        if rc or rc_end:
+            if graph.value:
+                self._graph_destroy(graph)
+            self.fail("cuEventRecordWithFlags" if rc else "cuStreamEndCapture", rc or rc_end)
+        exe = _VP()
+        rc = self._instantiate(ctypes.byref(exe), graph, 0)
+        if rc:
+            self._graph_destroy(graph)
+            self.fail("cuGraphInstantiateWithFlags", rc)
+        return Graph(self, graph.value, exe.value, event)
+
     def fail(self, call: str, rc: int) -> None:
         name = ctypes.c_char_p()
         self._error_name(rc, ctypes.byref(name))
@@ -93,6 +126,26 @@ class Launch:
         rc = self.driver._launch(self.function, grid, 1, 1, block, 1, 1, 0, stream, self.params, None)
         if rc:
             self.driver.fail("cuLaunchKernel", rc)
+
+
+class Graph:
+    """An instantiated graph ending in its own event's record (``Driver.capture``)."""
+
+    def __init__(self, driver: Driver, graph: int, exe: int, event: Any):
+        self.driver, self.graph, self.exe, self.event = driver, graph, exe, event
+
+    def launch(self, stream: int) -> None:
+        rc = self.driver._graph_launch(self.exe, stream)
+        if rc:
+            self.driver.fail("cuGraphLaunch", rc)
+
+    def destroy(self) -> None:
+        """Once no launch of it can be in flight (the caller's bookkeeping)."""
+        if self.exe:
+            self.driver._exec_destroy(self.exe)
+            self.driver._graph_destroy(self.graph)
+            self.exe = self.graph = 0
+            self.event = None
 
 
 def _fn(lib: Any, name: str, argtypes: list) -> Any:

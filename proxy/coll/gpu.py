@@ -160,11 +160,17 @@ class _Plan:
     next collective on the same buffers, the common case of a training loop, skips resolving and
     checking them again. Valid while no registration was dropped (``gen``)."""
 
-    __slots__ = ("gen", "launch", "values", "grid", "device", "nbytes")
+    __slots__ = ("gen", "launch", "values", "grid", "device", "nbytes", "graph", "runs")
 
     def __init__(self, gen: int, launch: Any, values: tuple, grid: int, device: int, nbytes: int):
         self.gen, self.launch, self.values, self.grid, self.device, self.nbytes = (gen, launch, values, grid,
                                                                                    device, nbytes)
+        self.graph: Any = None   # from its second run: the launch and its end event as one CUDA graph
+        self.runs = 0
+
+    def queue(self, stream: int) -> None:
+        self.launch.set(self.values)
+        self.launch(self.grid, _FUSED_BLOCK, stream)
 
 
 def plan_key(ops: list[Op]) -> tuple:
@@ -198,9 +204,15 @@ def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
     gpu.use(device)
     for op in ops:
         gpu.wait_for_rank(op, stream)
-    plan.launch.set(plan.values)
-    plan.launch(plan.grid, _FUSED_BLOCK, stream.ptr)
-    _watch(engine, ops, t, plan.nbytes, [], device, gpu.end_event(device, stream))
+    if plan.graph is None and plan.runs and gpu.graphs_ok:   # repeated: worth a capture (cuda.py copy)
+        plan.graph = gpu.graph(stream, device, lambda: plan.queue(stream.ptr))
+    plan.runs += 1
+    if plan.graph is not None:
+        plan.graph.launch(stream.ptr)
+        _watch(engine, ops, t, plan.nbytes, [], device, plan.graph.event, True)
+    else:
+        plan.queue(stream.ptr)
+        _watch(engine, ops, t, plan.nbytes, [], device, gpu.end_event(device, stream))
 
 
 def _cuda_transport(engine: Any) -> Any:
@@ -368,7 +380,8 @@ def _queue(engine: Any, ops: list[Op], t: Any, bf16: bool, total: int,
     _watch(engine, ops, t, total, keep, device, gpu.end_event(device, stream))
 
 
-def _watch(engine: Any, ops: list[Op], t: Any, total: int, keep: list, device: int, ev: Any) -> None:
+def _watch(engine: Any, ops: list[Op], t: Any, total: int, keep: list, device: int, ev: Any,
+           owned: bool = False) -> None:
     """The queued collective as one sub of one args of the cuda transport, done with ``ev``."""
     work = CollWork(ops, total, keep, time.monotonic_ns())
     args = engine.argspool.get_args((-1, -1), ops[0].opcount, t)
@@ -377,5 +390,5 @@ def _watch(engine: Any, ops: list[Op], t: Any, total: int, keep: list, device: i
     engine.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
     sub = engine.argspool.add_sub(args, work, 0, 0, total, total)
     sub.posted = 1
-    t.gpu.watch(sub.slot, device, ev)
+    t.gpu.watch(sub.slot, device, ev, owned)
 
