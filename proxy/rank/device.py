@@ -253,7 +253,9 @@ class DeviceMemory:
     def posted(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:
         """The record fields of an earlier collective call on these same live cupy arrays with the same
         op and root (``remember_post``), or None. Such a call passed every check then, and passes them
-        now: a live array keeps its dtype, size, device and location (see ``locate``)."""
+        now: a live array keeps its dtype, size, device and location (see ``locate``). A message is
+        remembered the same way: ``coll`` is then minus its kind, ``recvbuf`` its flags, ``op`` and
+        ``root`` its peer and tag."""
         key = _post_key(coll, sendbuf, recvbuf, op, root)
         hit = self.posts.get(key) if key is not None else None
         if hit is None or (hit[0] is not None and hit[0]() is not sendbuf) or (
@@ -268,7 +270,7 @@ class DeviceMemory:
         if key is None:
             return
         refs = []
-        for b in (sendbuf, recvbuf):
+        for b in (sendbuf, recvbuf) if coll >= 0 else (sendbuf,):
             if b is None or b is _IN_PLACE:   # immortal sentinels: their ids in the key say it all
                 refs.append(None)
             elif type(b) is self.cp.ndarray and type(b.data.mem) is not self.cp.cuda.UnownedMemory:
@@ -277,7 +279,7 @@ class DeviceMemory:
                 return
         if len(self.posts) >= _LOCATED_MAX:
             self.posts.clear()
-        self.posts[key] = (refs[0], refs[1], fields)
+        self.posts[key] = (refs[0], refs[1] if coll >= 0 else None, fields)
 
     def _forget(self, key: int) -> None:
         hit = self._located.get(key)
@@ -346,6 +348,8 @@ class DeviceMemory:
 
 
 def _post_key(coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:
+    if coll < 0:   # a message: recvbuf holds its flags, op and root its peer and tag
+        return (coll, id(sendbuf), recvbuf, op, root) if type(op) is int and type(root) is int else None
     if type(op) is not int:
         if not isinstance(op, ReduceOp):
             return None

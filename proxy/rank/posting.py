@@ -66,7 +66,10 @@ class Posting:
         if type(buf) is not np.ndarray:
             if type(buf) is TypedBuffer:   # a derived datatype (shmproxy.rank.typed)
                 return typed.post(self, kind, buf, peer, tag, flags)
-            if device_array_kind(buf) is not None:
+            dev = self.__dict__.get("_device")
+            # a cupy array needs no probing (its __cuda_array_interface__ is built on every access)
+            if (dev is not None and dev.cp is not None and type(buf) is dev.cp.ndarray
+                    or device_array_kind(buf) is not None):
                 return self._post_device(kind, buf, peer, tag, flags, stream)
             raise _not_host(buf, "buffer")
         code = _DTYPE_CODE.get(buf.dtype.char)
@@ -133,6 +136,11 @@ class Posting:
                      stream: Any = None) -> Request:
         """A message from or into device memory: never staged (shmproxy.rank.device)."""
         dev = self._device_memory()
+        if stream is None and dev.posts:
+            fields = dev.posted(-kind, buf, flags, peer, tag)
+            if fields is not None:   # the same live device array, peer and tag as a checked call
+                return self._emit(kind, fields[0], 0, flags, peer, tag, *fields[1:-1], -1, 0, 0, 0, (buf, buf),
+                                  None, 0, fields[-1])
         dev.begin_call()
         arr = dev.as_array(buf, "buffer")
         code = dev.dtype_code(arr)
@@ -143,8 +151,11 @@ class Posting:
         tag = self._check_tag(tag, kind == KIND_RECV)
         s = dev.as_stream(stream, arr.device.id)
         bid, off, mem = dev.locate(arr)
-        return self._emit(kind, code, 0, flags, peer, tag, bid, off, arr.nbytes, arr.size, -1, 0, 0, 0,
-                          (buf, arr), None, 0, mem, s)
+        req = self._emit(kind, code, 0, flags, peer, tag, bid, off, arr.nbytes, arr.size, -1, 0, 0, 0,
+                         (buf, arr), None, 0, mem, s)
+        if stream is None and arr is buf:
+            dev.remember_post(-kind, buf, flags, peer, tag, (code, bid, off, arr.nbytes, arr.size, mem))
+        return req
 
     def _device_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, int]:
         """A collective's buffers as cupy arrays when they are device memory, with the record's mem
