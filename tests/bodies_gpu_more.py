@@ -489,6 +489,7 @@ def repeated_buffers() -> dict:
                 bad.append(("IN_PLACE", i, float(y[0])))
             cases += 3
         remembered = len(comm._device.posts)
+        gpus = _dumped_gpus(comm) if me == 0 else None
         # the same messages again and again (the progress process launches a repeated copy as a graph)
         a, b = cp.zeros(1000, cp.float32), cp.zeros(1000, cp.float32)
         right, left = (me + 1) % n, (me - 1) % n
@@ -508,4 +509,17 @@ def repeated_buffers() -> dict:
         comm.Allreduce(x, y)
         if not bool((y == sum(r + 100 for r in range(n))).all()):
             bad.append(("new allocation", float(y[0])))
-    return {"bad": bad, "cases": cases, "remembered": remembered}
+    return {"bad": bad, "cases": cases, "remembered": remembered, "gpus": gpus}
+
+
+def _dumped_gpus(comm: Any) -> list:
+    """What the progress process's signalled dump says of its GPUs (SHMPROXY_DUMP_SIGNAL must be set)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy_pid), "--json", "--signal"]
+    doc = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
+    signalled = doc["processes"][0]
+    os.unlink(signalled["dump_file"])   # output a person asked for: the test's to remove
+    return signalled["state"]["in_process"]["gpus"]

@@ -4,6 +4,7 @@
 # and the 8 B Allreduce latency breakdown (test_bench, test_latency_breakdown).
 #   tools/gpu_tests.sh [extra pytest args]        output also in gpu_tests.log (GPU_TESTS_LOG overrides)
 #   GPU_PROBE=1 also runs tools/gpu_latency_probe.py (two bare processes: the GPU's share of a message)
+#   and tools/gpu_launch_probe.py (what an op's CUDA calls cost, separate or as one graph launch)
 # Needs shmproxy installed (pip install -e .) and cupy for the host's CUDA; torch is optional.
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,9 @@ log=${GPU_TESTS_LOG:-gpu_tests.log}
   python3 -m pytest -p no:cacheprovider -v -rs -s tests/test_gpu.py tests/test_gpu_torch.py "$@"
   rc=$?
   SPTEST_GPU_BENCH=1 python3 -m pytest -p no:cacheprovider -q -s -rs tests/test_gpu.py -k "bench or latency" "$@"
-  [ -n "$GPU_PROBE" ] && python3 tools/gpu_latency_probe.py   # where a small message's time goes
+  if [ -n "$GPU_PROBE" ]; then
+    python3 tools/gpu_latency_probe.py   # where a small message's time goes
+    python3 tools/gpu_launch_probe.py    # separate driver calls against one graph launch
+  fi
   exit $rc
 } 2>&1 | tee "$log"

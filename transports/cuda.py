@@ -58,7 +58,7 @@ def _handle(reg: Registration, text: Any) -> bytes:
 class _Gpu:
     """The CUDA side of the progress process: cupy, streams, opened handles, events in flight."""
 
-    def __init__(self) -> None:
+    def __init__(self, graphs: bool = True) -> None:
         import cupy   # here and only here: the first device registration of this process
         self.cp = cupy
         self.rt = cupy.cuda.runtime
@@ -71,7 +71,7 @@ class _Gpu:
         self.graphs: dict[tuple[int, int, int, int], Any] = {}
         self.copies_seen: dict[tuple[int, int, int, int], int] = {}
         self.live_graphs: set = set()
-        self.graphs_ok = True               # False after a capture failed: direct calls from then on
+        self.graphs_ok = graphs             # CUDA_GRAPHS, and False after a capture failed
         self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
         self.opened: dict[bytes, list] = {}              # IPC handle -> [base pointer, references, device]
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
@@ -302,9 +302,9 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
     def __init__(self) -> None:
         self.gpu: _Gpu | None = None
 
-    def _gpu(self) -> _Gpu:
+    def _gpu(self, ctx: TransportContext) -> _Gpu:
         if self.gpu is None:
-            self.gpu = _Gpu()
+            self.gpu = _Gpu(bool(ctx.params.CUDA_GRAPHS))
         return self.gpu
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
@@ -314,7 +314,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         if not isinstance(reg.info, dict) or not ("handle" in reg.info or "events" in reg.info):
             raise InvalidArgument(f"REGISTER of cuda memory (device {reg.device}) by rank {reg.rank}: needs "
                                   f"an IPC handle ('info': {{'handle': hex}}) or event handles")
-        self._gpu().register(reg)
+        self._gpu(ctx).register(reg)
 
     def proxy_deregister(self, ctx: TransportContext, reg: Registration) -> None:  # type: ignore[override]
         if self.gpu is not None:

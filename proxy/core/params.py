@@ -253,6 +253,10 @@ _DECLARED: tuple[Param, ...] = (
        " pin, or a CPU list such as '4-7'."),
     _p("PROXY_NCORES", int, 0,
        "How many cores the automatic policy gives the progress process; 0 = all spare cores, at most 16.", 0),
+    _p("CUDA_GRAPHS", _parse_bool, True,
+       "The progress process runs a device copy between the same two buffers, or a small device reduction "
+       "on the same buffers, from its second time on as a CUDA graph (one launch call with its end event "
+       "instead of separate calls). Off: separate driver calls every time."),
     _p("TRANSPORTS", _parse_names, "",
        "Transports the progress process may use, by name, in registry order ('' = every registered one); "
        "a connection no allowed transport can carry is an error naming both ranks. The conformance "
