@@ -223,14 +223,16 @@ class _Gpu:
             self.free_events[device].append(ev)
         return True
 
-    def copy(self, dst: int, src: int, nbytes: int, device: int, stream: Any) -> tuple[Any, bool]:
+    def copy(self, dst: int, src: int, nbytes: int, device: int, stream: Any, on_device: bool) -> tuple[Any, bool]:
         """Queue one copy and the event it ends with: (event, owned by a graph). A copy between the
-        same addresses a second time is captured as a graph, launched from then on: one call instead
-        of two, and the GPU starts it sooner (BENCHMARKS.md); a ping-pong or a training loop repeats
-        its copies. The first time it goes directly: capturing costs more than a copy's calls."""
+        same device addresses a second time is captured as a graph, launched from then on: one call
+        instead of two, and the GPU starts it sooner (BENCHMARKS.md); a ping-pong or a training loop
+        repeats its copies. The first time it goes directly: capturing costs more than a copy's calls.
+        A copy with a host side (``on_device`` False) never does: the engine's mapping of a rank's host
+        buffer is pageable memory, which a graph's copy cannot take."""
         key = (dst, src, nbytes, device)
         g = self.graphs.get(key)
-        if g is None and self.graphs_ok:
+        if g is None and self.graphs_ok and on_device:
             seen = self.copies_seen
             if key in seen:
                 g = self.graph(stream, device, lambda: self.drv.memcpy(dst, src, nbytes, stream.ptr))
@@ -337,7 +339,8 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         gpu.use(device)
         gpu.wait_for_rank(send, stream)
         gpu.wait_for_rank(recv, stream)
-        ev, owned = gpu.copy(dst, src, n, device, stream)
+        ev, owned = gpu.copy(dst, src, n, device, stream,
+                             mem_kind(send.mem) == MemKind.CUDA and mem_kind(recv.mem) == MemKind.CUDA)
         args = ctx.args_for(conn, send.opcount)
         sub = ctx.add_sub(args, transfer, src, dst, n, n)   # one step: the copy
         sub.posted = 1

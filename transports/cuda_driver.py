@@ -89,8 +89,12 @@ class Driver:
         try:
             queue()
             rc = self._record_flags(event.ptr, stream, _RECORD_EXTERNAL)
-        finally:   # a capture left open would break the stream for every later op
-            rc_end = self._end(stream, ctypes.byref(graph))
+        except BaseException:   # a capture left open would break the stream for every later op
+            self._end(stream, ctypes.byref(graph))
+            if graph.value:
+                self._graph_destroy(graph)
+            raise
+        rc_end = self._end(stream, ctypes.byref(graph))
         if rc or rc_end:
             if graph.value:
                 self._graph_destroy(graph)
