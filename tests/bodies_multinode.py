@@ -300,11 +300,13 @@ def abort_on_one_node(victim: int) -> dict:
     """Rank ``victim`` calls Abort while the others wait in an Allreduce: every rank on every node
     raises, naming the abort."""
     comm = shmproxy.init()
-    comm.Barrier()   # everybody has joined: the abort meets every rank inside a collective
-    if comm.rank == victim:
-        comm.Abort("the victim gave up")
-        return {"aborted": True}
     try:
+        # Everybody has joined once the victim leaves the Barrier; the others may not have seen its end
+        # yet when the abort comes, so the abort meets every rank inside a collective, this one or the next.
+        comm.Barrier()
+        if comm.rank == victim:
+            comm.Abort("the victim gave up")
+            return {"aborted": True}
         comm.Allreduce(np.ones(4), np.zeros(4))
     except errors.ProxyError as exc:
         comm.close()
