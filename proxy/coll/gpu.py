@@ -10,6 +10,11 @@ done when that event is (its ``proxy_progress_coll`` polls it), so the GPU runs 
 back to back while the loop goes on with other work. Not chunked: a device collective is one
 stream of work, and the copy engines and SMs pipeline it themselves.
 
+A small Allreduce or Reduce is one fused kernel of our own instead, and its launch is remembered as
+a ``_Plan`` under the ops' buffers and shape: the next collective on the same buffers (a training
+loop's) skips resolving them, and from its second run the plan is a CUDA graph, one launch call with
+its end event (transports/cuda.py has why; a dropped registration forgets every plan).
+
 Reductions go in rank order (the root's input first for Reduce), into one output that is then copied
 to the other ranks' outputs, so every rank gets the same bits, as on the host. bfloat16 (which cupy
 lacks; the record's DTYPE_BFLOAT16) is reduced as 16-bit words by kernels of our own that widen each
