@@ -33,6 +33,15 @@ MORE = "tests.bodies_gpu_more:"
 VEC = "tests.bodies_gpu_vector:"
 
 
+def _all_correct(res, cases_over: int | None = None) -> None:
+    """Every rank's body found nothing wrong (its first mismatches shown) and, where given, ran more
+    than ``cases_over`` cases."""
+    for r in res.results:
+        assert not r["bad"], r["bad"][:20]
+        if cases_over is not None:
+            assert r["cases"] > cases_over, r["cases"]
+
+
 def _used_bytes() -> int:
     import cupy
     free, total = cupy.cuda.runtime.memGetInfo()
@@ -42,23 +51,18 @@ def _used_bytes() -> int:
 @pytest.mark.parametrize("nranks", [2])
 def test_p2p_every_dtype_and_size(nranks):
     res = run_ranks(BODY + "p2p_every_dtype_and_size", nranks, timeout=180)
-    for r in res.results:
-        assert not r["bad"], r["bad"]
-        assert r["cases"] > 30
+    _all_correct(res, 30)
 
 
 def test_work_queued_on_a_non_default_stream_is_seen():
     res = run_ranks(BODY + "stream_order", 2, timeout=120)
-    for r in res.results:
-        assert not r["bad"], r["bad"]
+    _all_correct(res)
 
 
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_collectives_against_cupy_references(nranks):
     res = run_ranks(BODY + "collectives", nranks, timeout=400)
-    for r in res.results:
-        assert not r["bad"], r["bad"]
-        assert r["cases"] > 100
+    _all_correct(res, 100)
 
 
 @pytest.mark.parametrize("nranks", [2, 3, 4])
@@ -67,9 +71,7 @@ def test_vector_collectives_device_matches_host(nranks):
     their I-forms (IN_PLACE too) on device arrays: bit for bit the host path's results and a numpy
     reference, for float32, float16 and int64, even, uneven (an empty rank) and zero counts."""
     res = run_ranks(VEC + "vector_collectives", nranks, timeout=500)
-    for r in res.results:
-        assert not r["bad"], r["bad"][:20]
-        assert r["cases"] > 2000
+    _all_correct(res, 2000)
 
 
 def test_vector_collectives_host_and_device_mixed_is_refused():
@@ -84,9 +86,7 @@ def test_vector_collectives_host_and_device_mixed_is_refused():
 def test_vector_collectives_bfloat16_torch(nranks):
     pytest.importorskip("torch")
     res = run_ranks(VEC + "vector_bfloat16_torch", nranks, timeout=300)
-    for r in res.results:
-        assert not r["bad"], r["bad"][:20]
-        assert r["cases"] > 100
+    _all_correct(res, 100)
 
 
 def test_host_and_device_mixed_in_one_call_is_refused():
@@ -104,16 +104,13 @@ def test_torch_cuda_tensors():
 def test_bfloat16_torch_tensors(nranks):
     pytest.importorskip("torch")
     res = run_ranks(MORE + "bfloat16_torch", nranks, timeout=300)
-    for r in res.results:
-        assert not r["bad"], r["bad"]
-        assert r["cases"] > 60
+    _all_correct(res, 60)
 
 
 def test_stream_keyword_orders_after_that_stream():
     pytest.importorskip("torch")
     res = run_ranks(MORE + "stream_keyword", 2, timeout=180)
-    for r in res.results:
-        assert not r["bad"], r["bad"]
+    _all_correct(res)
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
@@ -152,8 +149,7 @@ def test_repeated_collectives_on_the_same_buffers(nranks, graphs):
 def test_device_alloc_registered_once_freed_when_dropped():
     res = run_ranks(MORE + "device_alloc", 2, timeout=180)
     print("GPU_ALLOC " + json.dumps(res.results))
-    for r in res.results:
-        assert not r["bad"], r["bad"]
+    _all_correct(res)
 
 
 def test_nonblocking_collective_overlaps_device_compute():
@@ -224,5 +220,4 @@ def test_latency_breakdown(tmp_path):
 
 def test_mpi_layer_hands_device_arrays_to_the_native_layer():
     res = run_ranks(MORE + "mpi_layer_device_arrays", 2, timeout=180)
-    for r in res.results:
-        assert not r["bad"], r["bad"]
+    _all_correct(res)
