@@ -182,6 +182,15 @@ class _Gpu:
                 s = self.streams[device] = self.cp.cuda.Stream(non_blocking=True)
         return s
 
+    def ordered_stream(self, device: int, ops: Any) -> Any:
+        """This process's stream of ``device``, made current and ordered after the work each op's rank
+        queued before posting it: where every copy and kernel of those ops is queued."""
+        stream = self.stream(device)
+        self.use(device)
+        for op in ops:
+            self.wait_for_rank(op, stream)
+        return stream
+
     def wait_for_rank(self, op: Any, stream: Any) -> None:
         """Order ``stream`` after the work the op's rank queued before posting it: nothing when the
         rank's stream was idle (no FLAG_STREAM_EVENT) or the memory is the host's (ready at post)."""
@@ -335,10 +344,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         src = gpu.address(ctx, send, False, n)
         dst = gpu.address(ctx, recv, False, n)
         device = mem_device(recv.mem if mem_kind(recv.mem) == MemKind.CUDA else send.mem)
-        stream = gpu.stream(device)
-        gpu.use(device)
-        gpu.wait_for_rank(send, stream)
-        gpu.wait_for_rank(recv, stream)
+        stream = gpu.ordered_stream(device, (send, recv))
         ev, owned = gpu.copy(dst, src, n, device, stream,
                              mem_kind(send.mem) == MemKind.CUDA and mem_kind(recv.mem) == MemKind.CUDA)
         args = ctx.args_for(conn, send.opcount)

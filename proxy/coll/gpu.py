@@ -205,10 +205,7 @@ def _fused_plan(gpu: Any, redop: int, dtype: Any, count: int, ins: list[int], ou
 def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
     gpu = t.gpu
     device = plan.device
-    stream = gpu.stream(device)
-    gpu.use(device)
-    for op in ops:
-        gpu.wait_for_rank(op, stream)
+    stream = gpu.ordered_stream(device, ops)
     if plan.graph is None and plan.runs and gpu.graphs_ok:   # repeated: worth a capture (cuda.py copy)
         plan.graph = gpu.graph(stream, device, lambda: plan.queue(stream.ptr))
     plan.runs += 1
@@ -375,12 +372,9 @@ def _queue(engine: Any, ops: list[Op], t: Any, bf16: bool, total: int,
     op0 = ops[0]
     gpu = t.gpu
     device = mem_device(op0.mem)
-    stream = gpu.stream(device)
+    stream = gpu.ordered_stream(device, ops)
     x = GpuExecutor(gpu, stream, device, bf16)
     keep: list = []   # device scratch, alive until the collective is done
-    gpu.use(device)
-    for op in ops:
-        gpu.wait_for_rank(op, stream)
     body(x, keep)
     _watch(engine, ops, t, total, keep, device, gpu.end_event(device, stream))
 
