@@ -250,27 +250,23 @@ class DeviceMemory:
             self._located[key] = (weakref.ref(arr, lambda _r, k=key: self._forget(k)), loc)
         return loc
 
-    def posted(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:
-        """The record fields of an earlier collective call on these same live cupy arrays with the same
-        op and root (``remember_post``), or None. Such a call passed every check then, and passes them
-        now: a live array keeps its dtype, size, device and location (see ``locate``). A message is
-        remembered the same way: ``coll`` is then minus its kind, ``recvbuf`` its flags, ``op`` and
-        ``root`` its peer and tag."""
-        key = _post_key(coll, sendbuf, recvbuf, op, root)
+    def posted(self, key: tuple | None, sendbuf: Any, recvbuf: Any = None) -> tuple | None:
+        """The record fields of an earlier call with this key (``call_key``, ``message_key``) on these
+        same live cupy arrays (``remember_post``), or None. Such a call passed every check then, and
+        passes them now: a live array keeps its dtype, size, device and location (see ``locate``)."""
         hit = self.posts.get(key) if key is not None else None
         if hit is None or (hit[0] is not None and hit[0]() is not sendbuf) or (
                 hit[1] is not None and hit[1]() is not recvbuf):
             return None
         return hit[2]
 
-    def remember_post(self, coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any, fields: tuple) -> None:
-        """After a collective call on device arrays was checked and posted: its record fields, for
-        ``posted`` (cupy arrays over memory cupy owns only, as for ``locate``)."""
-        key = _post_key(coll, sendbuf, recvbuf, op, root)
+    def remember_post(self, key: tuple | None, sendbuf: Any, recvbuf: Any, fields: tuple) -> None:
+        """After a call on device arrays was checked and posted: its record fields, for ``posted``
+        (cupy arrays over memory cupy owns only, as for ``locate``)."""
         if key is None:
             return
         refs = []
-        for b in (sendbuf, recvbuf) if coll >= 0 else (sendbuf,):
+        for b in (sendbuf, recvbuf):
             if b is None or b is _IN_PLACE:   # immortal sentinels: their ids in the key say it all
                 refs.append(None)
             elif type(b) is self.cp.ndarray and type(b.data.mem) is not self.cp.cuda.UnownedMemory:
@@ -279,7 +275,12 @@ class DeviceMemory:
                 return
         if len(self.posts) >= _LOCATED_MAX:
             self.posts.clear()
-        self.posts[key] = (refs[0], refs[1] if coll >= 0 else None, fields)
+        self.posts[key] = (refs[0], refs[1], fields)
+
+    def is_cupy_array(self, obj: Any) -> bool:
+        """Whether ``obj`` is a cupy array, known without probing (cupy builds an array's
+        ``__cuda_array_interface__`` on every access); False before cupy was first needed."""
+        return self.cp is not None and type(obj) is self.cp.ndarray
 
     def _forget(self, key: int) -> None:
         hit = self._located.get(key)
@@ -347,9 +348,8 @@ class DeviceMemory:
         return ring
 
 
-def _post_key(coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:
-    if coll < 0:   # a message: recvbuf holds its flags, op and root its peer and tag
-        return (coll, id(sendbuf), recvbuf, op, root) if type(op) is int and type(root) is int else None
+def call_key(coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:
+    """What remembers a collective call (DeviceMemory.posted); None where op or root is not a plain int."""
     if type(op) is not int:
         if not isinstance(op, ReduceOp):
             return None
@@ -357,6 +357,12 @@ def _post_key(coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tupl
     if type(root) is not int:
         return None
     return coll, id(sendbuf), id(recvbuf), op, root
+
+
+def message_key(kind: int, buf: Any, flags: int, peer: Any, tag: Any) -> tuple | None:
+    """What remembers a Send or Recv (DeviceMemory.posted); None where peer or tag is not a plain int.
+    Its kind is negative, so that no collective's key (a Coll, >= 0) equals it."""
+    return (-kind, id(buf), flags, peer, tag) if type(peer) is int and type(tag) is int else None
 
 
 class _Allocation:

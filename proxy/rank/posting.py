@@ -22,7 +22,7 @@ from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_P
                                SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG)
 from shmproxy.rank import typed
 from shmproxy.rank.typed import TypedBuffer
-from shmproxy.rank.device import DeviceMemory
+from shmproxy.rank.device import DeviceMemory, call_key, message_key
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
 
@@ -66,10 +66,7 @@ class Posting:
         if type(buf) is not np.ndarray:
             if type(buf) is TypedBuffer:   # a derived datatype (shmproxy.rank.typed)
                 return typed.post(self, kind, buf, peer, tag, flags)
-            dev = self.__dict__.get("_device")
-            # a cupy array needs no probing (its __cuda_array_interface__ is built on every access)
-            if (dev is not None and dev.cp is not None and type(buf) is dev.cp.ndarray
-                    or device_array_kind(buf) is not None):
+            if self._is_device_array(buf):
                 return self._post_device(kind, buf, peer, tag, flags, stream)
             raise _not_host(buf, "buffer")
         code = _DTYPE_CODE.get(buf.dtype.char)
@@ -124,6 +121,11 @@ class Posting:
         st = c.Wait()
         return bool(st is not None and st.nbytes)
 
+    def _is_device_array(self, obj: Any) -> bool:
+        """Whether a buffer is device memory: a cupy array by its type, anything else by probing."""
+        dev = self.__dict__.get("_device")
+        return (dev is not None and dev.is_cupy_array(obj)) or device_array_kind(obj) is not None
+
     def _device_memory(self) -> DeviceMemory:
         dev = self.__dict__.get("_device")
         if dev is None:
@@ -136,8 +138,9 @@ class Posting:
                      stream: Any = None) -> Request:
         """A message from or into device memory: never staged (shmproxy.rank.device)."""
         dev = self._device_memory()
-        if stream is None and dev.posts:
-            fields = dev.posted(-kind, buf, flags, peer, tag)
+        key = message_key(kind, buf, flags, peer, tag) if stream is None else None
+        if key is not None and dev.posts:
+            fields = dev.posted(key, buf)
             if fields is not None:   # the same live device array, peer and tag as a checked call
                 return self._emit(kind, fields[0], 0, flags, peer, tag, *fields[1:-1], -1, 0, 0, 0, (buf, buf),
                                   None, 0, fields[-1])
@@ -153,8 +156,8 @@ class Posting:
         bid, off, mem = dev.locate(arr)
         req = self._emit(kind, code, 0, flags, peer, tag, bid, off, arr.nbytes, arr.size, -1, 0, 0, 0,
                          (buf, arr), None, 0, mem, s)
-        if stream is None and arr is buf:
-            dev.remember_post(-kind, buf, flags, peer, tag, (code, bid, off, arr.nbytes, arr.size, mem))
+        if arr is buf:
+            dev.remember_post(key, buf, None, (code, bid, off, arr.nbytes, arr.size, mem))
         return req
 
     def _device_args(self, name: str, sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, int]:
@@ -163,10 +166,7 @@ class Posting:
         here, before anything is posted."""
         named = [(b, w) for b, w in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf"))
                  if b is not None and b is not IN_PLACE]
-        known = self.__dict__.get("_device")
-        cupy_array = known.cp.ndarray if known is not None and known.cp is not None else None
-        # a cupy array needs no probing (its __cuda_array_interface__ is built on every access)
-        on_device = [type(b) is cupy_array or device_array_kind(b) is not None for b, _w in named]
+        on_device = [self._is_device_array(b) for b, _w in named]
         if not any(on_device):
             return sendbuf, recvbuf, 0
         if not all(on_device):
@@ -254,13 +254,14 @@ class Posting:
         ``stream``: as for _post (device buffers only)."""
         self._check_usable()
         dev = self.__dict__.get("_device")
-        if dev is not None and dev.posts and stream is None:
-            fields = dev.posted(coll, sendbuf, recvbuf, op, root)
+        key = call_key(coll, sendbuf, recvbuf, op, root) if dev is not None and dev.posts and stream is None else None
+        if key is not None:
+            fields = dev.posted(key, sendbuf, recvbuf)
             if fields is not None:   # the same live device arrays as a call that passed every check
                 pp = self._pp
                 pp.coll_seq += 1
                 return self._emit(KIND_COLL, *fields[:-1], pp.coll_seq, (sendbuf, recvbuf), None, 0, fields[-1])
-        args_in = (sendbuf, recvbuf, op, root)
+        args_in, root_in = (sendbuf, recvbuf), root   # as the caller passed them: the key of a remembered call
         C = Coll
         size, me = self.size, self.rank
         in_place = sendbuf is IN_PLACE
@@ -354,8 +355,9 @@ class Posting:
                          recv_loc[0], recv_loc[1], rnb, pp.coll_seq, keep, recv_loc[2], recv_loc[3], mem,
                          dev_stream)
         if mem and stream is None:
-            self._device.remember_post(coll, *args_in, (code, redop, flags, root, coll, send_loc[0], send_loc[1],
-                                                        snb, count, recv_loc[0], recv_loc[1], rnb, mem))
+            self._device.remember_post(call_key(coll, *args_in, op, root_in), *args_in,
+                                       (code, redop, flags, root, coll, send_loc[0], send_loc[1], snb, count,
+                                        recv_loc[0], recv_loc[1], rnb, mem))
         if send_loc[2] is not None or recv_loc[2] is not None:
             req._extra = (send_loc[2], rnb)
         return req
