@@ -105,9 +105,7 @@ class EngineContext:
     def settle(self, sub: Sub, before: tuple[int, int]) -> bool:
         if (sub.posted, sub.done) != before:   # waiting on workers is idle: the loop then blocks on
             self._engine.progressed = True      # their queue, with the GIL released (copyengine.py)
-            self._argspool.mirror(sub)
-        elif sub.transmitted or sub.received:   # the copy workers move these two on their own
-            self._argspool.mirror(sub)
+        self._argspool.mirror(sub)
         if sub.done < sub.nsteps:
             return False
         self._engine.sub_finished(sub)
