@@ -490,20 +490,29 @@ def repeated_buffers() -> dict:
             cases += 3
         remembered = len(comm._device.posts)
         gpus = _dumped_gpus(comm) if me == 0 else None
-        # the same messages again and again (the progress process launches a repeated copy as a graph)
-        a, b = cp.zeros(1000, cp.float32), cp.zeros(1000, cp.float32)
+        # the same messages again and again (the progress process launches a repeated copy as a graph);
+        # the tag each array goes with alternates, so a send remembered without its tag, or a copy
+        # replayed into the other receive buffer, delivers the two arrays' values swapped
+        a, d = cp.zeros(1000, cp.float32), cp.zeros(1000, cp.float32)
+        b, c = cp.zeros(1000, cp.float32), cp.zeros(1000, cp.float32)
         right, left = (me + 1) % n, (me - 1) % n
         for i in range(8):
             a.fill(me * 100 + i)
+            d.fill(-(me * 100 + i))
             if i % 2:
                 cp.cuda.get_current_stream().synchronize()
-            reqs = [comm.Irecv(b, left, tag=7), comm.Isend(a, right, tag=7)]
+            ta, td = (7, 8) if i % 2 == 0 else (8, 7)
+            reqs = [comm.Irecv(b, left, tag=7), comm.Irecv(c, left, tag=8),
+                    comm.Isend(a, right, tag=ta), comm.Isend(d, right, tag=td)]
             for q in reqs:
                 q.Wait()
-            if not bool((b == left * 100 + i).all()):
-                bad.append(("Send/Recv", i, float(b[0]), left * 100 + i))
-            cases += 1
-        del x, y, a, b
+            sa = left * 100 + i   # what the left neighbour's a held; its d held -sa
+            for got, tag in ((b, 7), (c, 8)):
+                want = sa if tag == ta else -sa
+                if not bool((got == want).all()):
+                    bad.append(("Send/Recv", i, tag, float(got[0]), want))
+                cases += 1
+        del x, y, a, b, c, d
         cp.get_default_memory_pool().free_all_blocks()
         x, y = cp.full(5, me + 100, cp.float32), cp.zeros(5, cp.float32)
         comm.Allreduce(x, y)
