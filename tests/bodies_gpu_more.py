@@ -489,7 +489,6 @@ def repeated_buffers() -> dict:
                 bad.append(("IN_PLACE", i, float(y[0])))
             cases += 3
         remembered = len(comm._device.posts)
-        gpus = _dumped_gpus(comm) if me == 0 else None
         # the same messages again and again (the progress process launches a repeated copy as a graph);
         # the tag each array goes with alternates, so a send remembered without its tag, or a copy
         # replayed into the other receive buffer, delivers the two arrays' values swapped
@@ -512,6 +511,8 @@ def repeated_buffers() -> dict:
                 if not bool((got == want).all()):
                     bad.append(("Send/Recv", i, tag, float(got[0]), want))
                 cases += 1
+        gpus = _dumped_gpus(comm) if me == 0 else None
+        comm.Barrier()   # no rank frees memory (which drops registrations, and graphs) during the dump
         del x, y, a, b, c, d
         cp.get_default_memory_pool().free_all_blocks()
         x, y = cp.full(5, me + 100, cp.float32), cp.zeros(5, cp.float32)

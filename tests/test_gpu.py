@@ -128,18 +128,21 @@ def test_small_blocking_collectives_take_the_fast_path(nranks):
     assert [r["mixed_reduce"] for r in res.results] == [expect] * nranks
 
 
-@pytest.mark.parametrize("graphs", ["1", "0"])
+@pytest.mark.parametrize("graphs,completes", [("1", "1"), ("0", "1"), ("1", "0")])
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_repeated_collectives_on_the_same_buffers(nranks, graphs):
-    """Repeated work runs as CUDA graphs from its second time (transports/cuda.py), or not at all."""
+def test_repeated_collectives_on_the_same_buffers(nranks, graphs, completes):
+    """Repeated work runs as CUDA graphs from its second time (transports/cuda.py), or not at all; a
+    message's requests are published by the GPU (CUDA_DEVICE_COMPLETES) or by the loop."""
     res = run_ranks(MORE + "repeated_buffers", nranks, timeout=180,
-                    env={"SHMPROXY_CUDA_GRAPHS": graphs, "SHMPROXY_DUMP_SIGNAL": "SIGUSR1"})
+                    env={"SHMPROXY_CUDA_GRAPHS": graphs, "SHMPROXY_CUDA_DEVICE_COMPLETES": completes,
+                         "SHMPROXY_DUMP_SIGNAL": "SIGUSR1"})
     for r in res.results:
         assert not r["bad"], r["bad"]
         assert r["cases"] == 88
         assert r["remembered"] >= 3, "the rank remembered no checked device collective"
     gpus = res.results[0]["gpus"]
     assert len(gpus) == 1 and gpus[0]["devices"] == [0], gpus
+    assert gpus[0]["gpu_publishes_completions"] == ([0] if completes == "1" else []), gpus
     if graphs == "1":   # the reductions (Allreduce x3 ops, IN_PLACE, Reduce per root) and the messages
         assert gpus[0]["graphs"] >= 5 and gpus[0]["planned_reductions"] >= 5, gpus
     else:

@@ -14,7 +14,12 @@ post time carries FLAG_STREAM_EVENT, and its rank's interprocess event recorded 
 (shmproxy.rank.device); the copy stream waits on the events of both ops before it copies, unless
 they have finished already. After the copies the transport records an event of its own and the
 message's one sub is done when that event is (polled by ``proxy_progress``, never a device-wide
-synchronize), so a request completes with its bytes in place. These per-op calls go to the CUDA
+synchronize), so a request completes with its bytes in place. The requests themselves are published
+sooner, by the GPU: behind the copy the stream stores each request's completion word
+(cuStreamWriteValue64 into the ranks' completion slots, pinned and mapped for it once; the loop wrote
+the other fields when it queued the copy, engine/completion.py), so a rank spinning in Wait returns
+as the copy ends, not when the loop next polls the event and publishes. The event still tells the loop
+when the sub is done (it then counts the requests and wakes any rank asleep). These per-op calls go to the CUDA
 driver directly (transports/cuda_driver.py); the loop thread keeps the device's context current.
 
 Registrations (``proxy_register``, on the service thread, before the REGISTER is answered) are of two
@@ -26,6 +31,8 @@ exit (``proxy_free``). Collectives on device memory run through shmproxy.coll.gp
 from __future__ import annotations
 
 import collections
+import ctypes
+import mmap
 import threading
 from typing import Any
 
@@ -42,6 +49,7 @@ NEVENTS = 16            # the ranks' event ring (shmproxy.rank.device.NEVENTS): 
 HANDLE_BYTES = 64       # cudaIpcMemHandle_t and cudaIpcEventHandle_t
 GRAPHS_MAX = 64         # repeated copies kept as graphs (see _Gpu.copy)
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
+_PAGE = mmap.PAGESIZE
 
 
 def _handle(reg: Registration, text: Any) -> bytes:
@@ -58,7 +66,7 @@ def _handle(reg: Registration, text: Any) -> bytes:
 class _Gpu:
     """The CUDA side of the progress process: cupy, streams, opened handles, events in flight."""
 
-    def __init__(self, graphs: bool = True) -> None:
+    def __init__(self, graphs: bool = True, completes: bool = True) -> None:
         import cupy   # here and only here: the first device registration of this process
         self.cp = cupy
         self.rt = cupy.cuda.runtime
@@ -72,6 +80,11 @@ class _Gpu:
         self.copies_seen: dict[tuple[int, int, int, int], int] = {}
         self.live_graphs: set = set()
         self.graphs_ok = graphs             # CUDA_GRAPHS, and False after a capture failed
+        # The ranks' completion slots, pinned and mapped so that a stream can publish a message's
+        # requests (completion_delta): where they start, and per device the offset of its address.
+        self.completes = completes          # CUDA_DEVICE_COMPLETES, and False where the driver cannot
+        self.slots_pinned = 0
+        self.slot_delta: dict[int, int] = {}
         self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
         self.opened: dict[bytes, list] = {}              # IPC handle -> [base pointer, references, device]
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
@@ -218,6 +231,47 @@ class _Gpu:
         self.drv.record(ev.ptr, stream.ptr)
         return ev
 
+    def completion_delta(self, ctx: TransportContext, device: int) -> int | None:
+        """What turns the address of a completion word in this process into ``device``'s address of
+        it (the slots are pinned and mapped on first use), or None where the GPU cannot write them
+        (then the loop publishes every completion). ``device``'s context must be current."""
+        delta = self.slot_delta.get(device)
+        if delta is not None or not self.completes:
+            return delta
+        try:
+            if not self.slots_pinned:
+                self._probe_write(device)
+                addr, nbytes = ctx.completion_slots()
+                start, end = addr & ~(_PAGE - 1), (addr + nbytes + _PAGE - 1) & ~(_PAGE - 1)
+                self.drv.host_register(start, end - start)
+                self.slots_pinned = start
+            delta = self.slot_delta[device] = self.drv.host_device_pointer(self.slots_pinned) - self.slots_pinned
+        except SystemError_ as exc:
+            self.completes = False
+            _log.warning("the GPU cannot publish completions on this host, the loop does: %s", exc)
+            return None
+        return delta
+
+    def _probe_write(self, device: int) -> None:
+        """A stream's write into pinned host memory, once, before the ranks' slots depend on it: the
+        driver may refuse stream memory operations (old drivers, some virtualised GPUs)."""
+        page = mmap.mmap(-1, _PAGE)
+        word = ctypes.c_uint64.from_buffer(page)
+        addr = ctypes.addressof(word)
+        try:
+            self.drv.host_register(addr, _PAGE)
+            try:
+                s = self.stream(device)
+                self.drv.write64(self.drv.host_device_pointer(addr), 0x5EED, s.ptr)
+                s.synchronize()
+            finally:
+                self.drv.host_unregister(addr)
+            if word.value != 0x5EED:
+                raise SystemError_(f"a stream's write into pinned host memory did not arrive (read {word.value:#x})")
+        finally:
+            del word
+            page.close()
+
     def watch(self, slot: int, device: int, ev: Any, owned: bool = False) -> None:
         """Complete the sub in ``slot`` with ``ev`` (owned: a graph's own event, never recycled)."""
         self.pending[slot] = (device, ev, owned)
@@ -279,8 +333,12 @@ class _Gpu:
 
     def free(self) -> None:
         for s in self.streams.values():
-            s.synchronize()   # at exit only: nothing may still read a handle closed below
+            s.synchronize()   # at exit only: nothing may still read a handle closed below, or write a slot
         self.pending.clear()
+        if self.slots_pinned:
+            self.drv.host_unregister(self.slots_pinned)
+            self.slots_pinned = 0
+            self.slot_delta.clear()
         with self.lock:
             for raw, entry in self.opened.items():
                 self.retired.append(("mem", entry))
@@ -303,7 +361,8 @@ class _Gpu:
                     "opened_bytes": sum(size for _h, size, _d in self.mem.values()),
                     "ranks_with_events": sorted({lr for lr, _d in self.events}),
                     "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired),
-                    "graphs": len(self.live_graphs), "planned_reductions": len(self.plans)}
+                    "graphs": len(self.live_graphs), "planned_reductions": len(self.plans),
+                    "gpu_publishes_completions": sorted(self.slot_delta) if self.completes else []}
 
 
 class CudaTransport(OneProcessSides, Transport):   # allocations are opened here at registration
@@ -315,7 +374,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
 
     def _gpu(self, ctx: TransportContext) -> _Gpu:
         if self.gpu is None:
-            self.gpu = _Gpu(bool(ctx.params.CUDA_GRAPHS))
+            self.gpu = _Gpu(bool(ctx.params.CUDA_GRAPHS), bool(ctx.params.CUDA_DEVICE_COMPLETES))
         return self.gpu
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
@@ -347,6 +406,10 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         stream = gpu.ordered_stream(device, (send, recv))
         ev, owned = gpu.copy(dst, src, n, device, stream,
                              mem_kind(send.mem) == MemKind.CUDA and mem_kind(recv.mem) == MemKind.CUDA)
+        delta = gpu.completion_delta(ctx, device) if gpu.completes else None
+        if delta is not None:
+            for addr, value in ctx.prepublish(transfer) or ():
+                gpu.drv.write64(addr + delta, value, stream.ptr)
         args = ctx.args_for(conn, send.opcount)
         sub = ctx.add_sub(args, transfer, src, dst, n, n)   # one step: the copy
         sub.posted = 1

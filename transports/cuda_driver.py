@@ -1,7 +1,7 @@
 """The CUDA driver calls on the progress process's per-op path, through ctypes.
 
 Each device op costs the progress process a few CUDA calls: a copy or a kernel launch, an event
-record, event queries. cupy reaches them through the runtime API and its own Python wrappers, which
+record, event queries, and for a message the GPU's writes of its requests' completion words. cupy reaches them through the runtime API and its own Python wrappers, which
 cost microseconds more per call than the driver entry points below (a kernel launch most: cupy also
 converts and packs every argument on each call). For an 8-byte collective those calls are most of the
 progress process's time, so the hot path calls the driver directly (BENCHMARKS.md has the figures).
@@ -22,6 +22,7 @@ from shmproxy.core.errors import InvalidArgument, SystemError_
 _SUCCESS, _NOT_READY = 0, 600          # CUresult: CUDA_SUCCESS, CUDA_ERROR_NOT_READY
 _CAPTURE_THREAD_LOCAL = 1              # CUstreamCaptureMode: other threads' CUDA calls stay unrestricted
 _RECORD_EXTERNAL = 1                   # CU_EVENT_RECORD_EXTERNAL: captured as an event record node
+_HOST_PORTABLE, _HOST_DEVICEMAP = 1, 2     # CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP
 _U64, _VP, _UINT = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint
 
 
@@ -47,6 +48,10 @@ class Driver:
         self._exec_destroy = _fn(lib, "cuGraphExecDestroy", [_VP])
         self._graph_destroy = _fn(lib, "cuGraphDestroy", [_VP])
         self._record_flags = _fn(lib, "cuEventRecordWithFlags", [_VP, _VP, _UINT])
+        self._host_register = _fn(lib, "cuMemHostRegister_v2", [_VP, ctypes.c_size_t, _UINT])
+        self._host_unregister = _fn(lib, "cuMemHostUnregister", [_VP])
+        self._host_device_pointer = _fn(lib, "cuMemHostGetDevicePointer_v2", [ctypes.POINTER(_U64), _VP, _UINT])
+        self._write64 = _fn(lib, "cuStreamWriteValue64_v2", [_VP, _U64, _U64, _UINT], optional=True)
 
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         """cuMemcpyAsync: the direction from the pointers (unified addressing), peers included."""
@@ -74,6 +79,35 @@ class Driver:
         rc = self._wait(stream, event, 0)
         if rc:
             self.fail("cuStreamWaitEvent", rc)
+
+    def host_register(self, addr: int, nbytes: int) -> None:
+        """Pin ``nbytes`` of this process's memory at ``addr`` (page-aligned) and map it for every
+        context's devices, so that a stream can write into it (``write64``)."""
+        rc = self._host_register(addr, nbytes, _HOST_PORTABLE | _HOST_DEVICEMAP)
+        if rc:
+            self.fail("cuMemHostRegister", rc)
+
+    def host_unregister(self, addr: int) -> None:
+        rc = self._host_unregister(addr)
+        if rc:
+            self.fail("cuMemHostUnregister", rc)
+
+    def host_device_pointer(self, addr: int) -> int:
+        """The current context's device address of registered host memory at ``addr``."""
+        out = _U64()
+        rc = self._host_device_pointer(ctypes.byref(out), addr, 0)
+        if rc:
+            self.fail("cuMemHostGetDevicePointer", rc)
+        return out.value
+
+    def write64(self, device_addr: int, value: int, stream: int) -> None:
+        """cuStreamWriteValue64: once the stream's earlier work is done, the GPU stores ``value`` at
+        ``device_addr``, behind a memory barrier (the earlier work's writes are visible first)."""
+        if self._write64 is None:
+            raise SystemError_("this CUDA driver has no cuStreamWriteValue64_v2 (CUDA 11.7 or later)")
+        rc = self._write64(stream, device_addr, value, 0)
+        if rc:
+            self.fail("cuStreamWriteValue64", rc)
 
     def launcher(self, function: int, nparams: int) -> "Launch":
         return Launch(self, function, nparams)
@@ -152,8 +186,12 @@ class Graph:
             self.event = None
 
 
-def _fn(lib: Any, name: str, argtypes: list) -> Any:
-    f = getattr(lib, name)
+def _fn(lib: Any, name: str, argtypes: list, optional: bool = False) -> Any:
+    f = getattr(lib, name, None)
+    if f is None:
+        if optional:
+            return None
+        raise InvalidArgument(f"the CUDA driver (libcuda.so.1) has no {name}: too old for shmproxy")
     f.argtypes = argtypes
     f.restype = ctypes.c_int
     return f

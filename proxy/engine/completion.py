@@ -2,7 +2,10 @@
 
 A request is complete when its completion slot carries the op's sequence number (written last: it
 publishes the other fields, shmproxy/shm/counters.py); the rank is then woken through its futex
-word. Ranks are woken only after everything the pass completes is published: a woken rank may
+word. A message a GPU moves may be published by the GPU itself (``prepublish``): the loop writes the
+fields when it queues the copy, the GPU stores the sequence number behind the copy, and when the loop
+later sees the copy done it only counts the requests and wakes their ranks; it never writes those
+slots again, since a rank may have taken its slot back for a later op by then. Ranks are woken only after everything the pass completes is published: a woken rank may
 preempt the loop on its CPU at once. Wake-ups of ranks asleep on a CPU whose keep-awake guard wakes
 them are left to the guard and checked after RELAY_GRACE_NS (shm/_workers.c, "Relayed wake-ups").
 """
@@ -39,8 +42,12 @@ class Completion:
             return
         # Both sides are published before either is woken: a woken rank may preempt this loop on
         # its CPU at once, and the other side would wait behind it (tens of microseconds).
-        self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag, wake=False)
-        self.complete(t.send, 0, t.nbytes, source=t.recv.rank, tag=t.send.tag, wake=False)
+        if t.published:
+            self.counted(t.recv)
+            self.counted(t.send)
+        else:
+            self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag, wake=False)
+            self.complete(t.send, 0, t.nbytes, source=t.recv.rank, tag=t.send.tag, wake=False)
         if t.send.owner != t.recv.owner:
             self.wake_ranks((t.recv.owner, t.send.owner))
         else:
@@ -70,11 +77,47 @@ class Completion:
         q[base + P.SLOT_STATUS] = (status & 0xFFFF) | (peer_dtype << 16) | ((source & 0xFFFFFFFF) << 32)
         q[base + P.SLOT_TAG] = tag & MASK64
         q[base + P.SLOT_DONE_SEQ] = op.req_seq  # publishes the fields above (shm/counters.py)
-        q[self.rank_words[owner][0]] += 1
-        if self.fast and (op.kind == KIND_RECV or op.kind == KIND_PROBE):
-            q[self.f_recv_done[owner]] += 1   # the rank's fast Recv looks at this (engine/fastpath.py)
+        self.counted(op)
         if wake:
             self.wake_rank(owner)
+
+    def counted(self, op: Op) -> None:
+        """The loop's own record of a completed request of this node's rank."""
+        q, owner = self.q, op.owner
+        q[self.rank_words[owner][0]] += 1
+        if self.fast and (op.kind == KIND_RECV or op.kind == KIND_PROBE):
+            # The rank's fast Recv takes a cell only while this equals its receives posted
+            # (engine/fastpath.py); one published by a GPU is counted late, which only makes a fast
+            # Recv that looks in between go the slow way.
+            q[self.f_recv_done[owner]] += 1
+
+    def prepublish(self, t: Transfer) -> list[tuple[int, int]] | None:
+        """For a transport whose device publishes ``t``'s completion itself: write both requests'
+        results now, all but the word that publishes each, and return (address of that word in this
+        process, the value that publishes it) for each. The transport queues those stores behind its
+        copy; finish_transfer then only counts and wakes. None where ``t`` completes the usual way
+        (a side on another node, or buffered)."""
+        send, recv = t.send, t.recv
+        if send.owner < 0 or recv.owner < 0:
+            return None
+        words = []
+        for op, source in ((recv, send.rank), (send, recv.rank)):
+            slot = op.req_slot
+            if slot // self.layout.max_ops != op.owner:
+                return None   # complete() names the bad slot when the transfer finishes
+            base = self.slots_q + _SLOT_WORDS * slot
+            words.append((base, op.req_seq, source))
+        q, addr = self.q, self.seg.addr
+        for base, _seq, source in words:
+            q[base + P.SLOT_NBYTES] = t.nbytes
+            q[base + P.SLOT_STATUS] = (source & 0xFFFFFFFF) << 32
+            q[base + P.SLOT_TAG] = send.tag & MASK64
+        t.published = True
+        return [(addr + 8 * (base + P.SLOT_DONE_SEQ), seq) for base, seq, _source in words]
+
+    def completion_slots(self) -> tuple[int, int]:
+        """Where the ranks' completion slots lie in this process: (address, bytes)."""
+        return self.seg.addr + 8 * self.slots_q, self.nlocal * self.layout.max_ops * P.SLOT_BYTES
 
     def complete_coll(self, ops: list[Op], nbytes: int) -> None:
         """Complete every rank's op of a collective in one C call: all slots are published before any
