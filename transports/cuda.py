@@ -14,13 +14,12 @@ post time carries FLAG_STREAM_EVENT, and its rank's interprocess event recorded 
 (shmproxy.rank.device); the copy stream waits on the events of both ops before it copies, unless
 they have finished already. After the copies the transport records an event of its own and the
 message's one sub is done when that event is (polled by ``proxy_progress``, never a device-wide
-synchronize), so a request completes with its bytes in place. The requests themselves are published
-sooner, by the GPU: behind the copy the stream stores each request's completion word
-(cuStreamWriteValue64 into the ranks' completion slots, pinned and mapped for it once; the loop wrote
-the other fields when it queued the copy, engine/completion.py), so a rank spinning in Wait returns
-as the copy ends, not when the loop next polls the event and publishes. The event still tells the loop
-when the sub is done (it then counts the requests and wakes any rank asleep). These per-op calls go to the CUDA
-driver directly (transports/cuda_driver.py); the loop thread keeps the device's context current.
+synchronize), so a request completes with its bytes in place. A repeated copy runs as a graph that
+also publishes the requests itself, a kernel storing each one's completion word behind the copy
+(transports/cuda_publish.py), so a rank spinning in Wait returns as the copy ends, not when the loop
+next polls the event; the event still tells the loop when the sub is done (it then only counts the
+requests and wakes any rank asleep). These per-op calls go to the CUDA driver directly
+(transports/cuda_driver.py); the loop thread keeps the device's context current.
 
 Registrations (``proxy_register``, on the service thread, before the REGISTER is answered) are of two
 kinds, told apart by ``info``: ``{"handle": hex}``, one allocation of the rank (the op names offsets
@@ -31,8 +30,6 @@ exit (``proxy_free``). Collectives on device memory run through shmproxy.coll.gp
 from __future__ import annotations
 
 import collections
-import ctypes
-import mmap
 import threading
 from typing import Any
 
@@ -43,13 +40,13 @@ from shmproxy.core.ops import FLAG_STREAM_EVENT
 from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Registration, Transport,
                                       TransportContext)
 from shmproxy.transports.cuda_driver import Driver
+from shmproxy.transports.cuda_publish import Publisher
 
 _log = log.get("CUDA")
 NEVENTS = 16            # the ranks' event ring (shmproxy.rank.device.NEVENTS): an op uses req_slot % NEVENTS
 HANDLE_BYTES = 64       # cudaIpcMemHandle_t and cudaIpcEventHandle_t
 GRAPHS_MAX = 64         # repeated copies kept as graphs (see _Gpu.copy)
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
-_PAGE = mmap.PAGESIZE
 
 
 def _handle(reg: Registration, text: Any) -> bytes:
@@ -80,11 +77,8 @@ class _Gpu:
         self.copies_seen: dict[tuple[int, int, int, int], int] = {}
         self.live_graphs: set = set()
         self.graphs_ok = graphs             # CUDA_GRAPHS, and False after a capture failed
-        # The ranks' completion slots, pinned and mapped so that a stream can publish a message's
-        # requests (completion_delta): where they start, and per device the offset of its address.
         self.completes = completes          # CUDA_DEVICE_COMPLETES, and False where the driver cannot
-        self.slots_pinned = 0
-        self.slot_delta: dict[int, int] = {}
+        self.publisher: Publisher | None = None   # GPU-published completions (publishing)
         self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
         self.opened: dict[bytes, list] = {}              # IPC handle -> [base pointer, references, device]
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
@@ -156,6 +150,9 @@ class _Gpu:
         while self.retired:
             what, x = self.retired.popleft()
             if what == "graph":   # before the mappings it copies between are closed
+                if x.cell is not None and self.publisher is not None:
+                    self.publisher.put(x.cell)
+                    x.cell = None
                 x.destroy()
             elif what == "mem":
                 with self.cp.cuda.Device(x[2]):
@@ -231,90 +228,92 @@ class _Gpu:
         self.drv.record(ev.ptr, stream.ptr)
         return ev
 
-    def completion_delta(self, ctx: TransportContext, device: int) -> int | None:
-        """What turns the address of a completion word in this process into ``device``'s address of
-        it (the slots are pinned and mapped on first use), or None where the GPU cannot write them
-        (then the loop publishes every completion). ``device``'s context must be current."""
-        delta = self.slot_delta.get(device)
-        if delta is not None or not self.completes:
-            return delta
-        try:
-            if not self.slots_pinned:
-                self._probe_write(device)
-                addr, nbytes = ctx.completion_slots()
-                start, end = addr & ~(_PAGE - 1), (addr + nbytes + _PAGE - 1) & ~(_PAGE - 1)
-                self.drv.host_register(start, end - start)
-                self.slots_pinned = start
-            delta = self.slot_delta[device] = self.drv.host_device_pointer(self.slots_pinned) - self.slots_pinned
-        except SystemError_ as exc:
-            self.completes = False
-            _log.warning("the GPU cannot publish completions on this host, the loop does: %s", exc)
-            return None
-        return delta
-
-    def _probe_write(self, device: int) -> None:
-        """A stream's write into pinned host memory, once, before the ranks' slots depend on it: the
-        driver may refuse stream memory operations (old drivers, some virtualised GPUs)."""
-        page = mmap.mmap(-1, _PAGE)
-        word = ctypes.c_uint64.from_buffer(page)
-        addr = ctypes.addressof(word)
-        try:
-            self.drv.host_register(addr, _PAGE)
+    def publishing(self, ctx: TransportContext) -> Publisher | None:
+        """The publisher of GPU completions (transports/cuda_publish.py), made on first use; None where
+        they are off or the driver refused (then the loop publishes every completion)."""
+        if self.publisher is None and self.completes:
             try:
-                s = self.stream(device)
-                self.drv.write64(self.drv.host_device_pointer(addr), 0x5EED, s.ptr)
-                s.synchronize()
-            finally:
-                self.drv.host_unregister(addr)
-            if word.value != 0x5EED:
-                raise SystemError_(f"a stream's write into pinned host memory did not arrive (read {word.value:#x})")
-        finally:
-            del word
-            page.close()
+                self.publisher = Publisher(self.cp, self.drv, ctx.completion_slots())
+            except SystemError_ as exc:
+                self.completes = False
+                _log.warning("the GPU cannot publish completions on this host, the loop does: %s", exc)
+        return self.publisher
 
-    def watch(self, slot: int, device: int, ev: Any, owned: bool = False) -> None:
-        """Complete the sub in ``slot`` with ``ev`` (owned: a graph's own event, never recycled)."""
-        self.pending[slot] = (device, ev, owned)
+    def watch(self, slot: int, device: int, ev: Any, owner: Any = None) -> None:
+        """Complete the sub in ``slot`` with ``ev``. ``owner``: None for an event of ours (recycled once
+        done), else the graph whose own event it is (True where nothing else of it needs to know)."""
+        self.pending[slot] = (device, ev, owner)
 
     def poll(self, slot: int) -> bool:
         """True once the copies of the sub in ``slot`` finished on the GPU."""
-        device, ev, owned = self.pending[slot]
+        device, ev, owner = self.pending[slot]
         if not self.drv.done(ev.ptr):
             return False
         del self.pending[slot]
-        if not owned:
+        if owner is None:
             self.free_events[device].append(ev)
+        elif owner is not True:
+            owner.busy = False   # its cell may be filled again (cuda_publish.py)
         return True
 
-    def copy(self, dst: int, src: int, nbytes: int, device: int, stream: Any, on_device: bool) -> tuple[Any, bool]:
-        """Queue one copy and the event it ends with: (event, owned by a graph). A copy between the
-        same device addresses a second time is captured as a graph, launched from then on: one call
-        instead of two, and the GPU starts it sooner (BENCHMARKS.md); a ping-pong or a training loop
-        repeats its copies. The first time it goes directly: capturing costs more than a copy's calls.
-        A copy with a host side (``on_device`` False) never does: the engine's mapping of a rank's host
-        buffer is pageable memory, which a graph's copy cannot take."""
+    def copy(self, dst: int, src: int, nbytes: int, device: int, stream: Any, on_device: bool,
+             publish: tuple | None = None) -> tuple[Any, Any]:
+        """Queue one copy and the event it ends with: (event, its owner for ``watch``). A copy between
+        the same device addresses a second time is captured as a graph, launched from then on: one
+        call instead of two, and the GPU starts it sooner (BENCHMARKS.md); a ping-pong or a training
+        loop repeats its copies. The first time it goes directly: capturing costs more than a copy's
+        calls. A copy with a host side (``on_device`` False) never does: the engine's mapping of a
+        rank's host buffer is pageable memory, which a graph's copy cannot take.
+
+        ``publish`` (a message's: the Publisher, the engine's prepublish, the transfer): the graph also
+        publishes the transfer's requests (cuda_publish.py); not on the first, direct, copy, nor while
+        the graph is still in flight from an earlier launch (the copy then goes directly, and the loop
+        publishes)."""
         key = (dst, src, nbytes, device)
         g = self.graphs.get(key)
         if g is None and self.graphs_ok and on_device:
             seen = self.copies_seen
             if key in seen:
-                g = self.graph(stream, device, lambda: self.drv.memcpy(dst, src, nbytes, stream.ptr))
-                if g is not None:
-                    if len(self.graphs) >= GRAPHS_MAX:   # destroyed once none is in flight (close_retired)
-                        with self.lock:
-                            self.retired.extend(("graph", old) for old in self.graphs.values())
-                            self.live_graphs.difference_update(self.graphs.values())
-                            self.graphs.clear()
-                    self.graphs[key] = g
+                g = self._copy_graph(key, stream, publish[0] if publish else None)
             else:
                 if len(seen) >= GRAPHS_MAX:
                     seen.clear()
                 seen[key] = 1
-        if g is not None:
+        if g is not None and not g.busy:
+            if g.cell is not None:
+                pub, prepublish, transfer = publish if publish else (self.publisher, None, None)
+                pub.fill(g.cell, device, prepublish(transfer) if prepublish else None)
+            g.busy = True
             g.launch(stream.ptr)
-            return g.event, True
+            return g.event, g
         self.drv.memcpy(dst, src, nbytes, stream.ptr)
-        return self.end_event(device, stream), False
+        return self.end_event(device, stream), None
+
+    def _copy_graph(self, key: tuple, stream: Any, pub: Publisher | None) -> Any:
+        """Capture the copy of ``key`` (and, with ``pub``, the kernel publishing its cell) as a graph."""
+        dst, src, nbytes, device = key
+        cell = pub.take() if pub is not None else None
+        if cell is not None:
+            pub.prepare(device)
+
+        def queue() -> None:
+            self.drv.memcpy(dst, src, nbytes, stream.ptr)
+            if cell is not None:
+                pub.queue(cell, device, stream.ptr)
+
+        g = self.graph(stream, device, queue)
+        if g is None:
+            if cell is not None:
+                pub.put(cell)
+            return None
+        g.cell = cell
+        if len(self.graphs) >= GRAPHS_MAX:   # destroyed once none is in flight (close_retired)
+            with self.lock:
+                self.retired.extend(("graph", old) for old in self.graphs.values())
+                self.live_graphs.difference_update(self.graphs.values())
+                self.graphs.clear()
+        self.graphs[key] = g
+        return g
 
     def graph(self, stream: Any, device: int, queue: Any) -> Any:
         """``queue``'s work on ``stream`` and an event of its own as a graph (transports/cuda_driver.py),
@@ -335,10 +334,9 @@ class _Gpu:
         for s in self.streams.values():
             s.synchronize()   # at exit only: nothing may still read a handle closed below, or write a slot
         self.pending.clear()
-        if self.slots_pinned:
-            self.drv.host_unregister(self.slots_pinned)
-            self.slots_pinned = 0
-            self.slot_delta.clear()
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
         with self.lock:
             for raw, entry in self.opened.items():
                 self.retired.append(("mem", entry))
@@ -362,7 +360,7 @@ class _Gpu:
                     "ranks_with_events": sorted({lr for lr, _d in self.events}),
                     "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired),
                     "graphs": len(self.live_graphs), "planned_reductions": len(self.plans),
-                    "gpu_publishes_completions": sorted(self.slot_delta) if self.completes else []}
+                    "gpu_publishes_completions": self.publisher.devices() if self.publisher else []}
 
 
 class CudaTransport(OneProcessSides, Transport):   # allocations are opened here at registration
@@ -404,16 +402,14 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         dst = gpu.address(ctx, recv, False, n)
         device = mem_device(recv.mem if mem_kind(recv.mem) == MemKind.CUDA else send.mem)
         stream = gpu.ordered_stream(device, (send, recv))
-        ev, owned = gpu.copy(dst, src, n, device, stream,
-                             mem_kind(send.mem) == MemKind.CUDA and mem_kind(recv.mem) == MemKind.CUDA)
-        delta = gpu.completion_delta(ctx, device) if gpu.completes else None
-        if delta is not None:
-            for addr, value in ctx.prepublish(transfer) or ():
-                gpu.drv.write64(addr + delta, value, stream.ptr)
+        on_device = mem_kind(send.mem) == MemKind.CUDA and mem_kind(recv.mem) == MemKind.CUDA
+        pub = gpu.publishing(ctx) if on_device and gpu.completes and gpu.graphs_ok else None
+        ev, owner = gpu.copy(dst, src, n, device, stream, on_device,
+                             (pub, ctx.prepublish, transfer) if pub is not None else None)
         args = ctx.args_for(conn, send.opcount)
         sub = ctx.add_sub(args, transfer, src, dst, n, n)   # one step: the copy
         sub.posted = 1
-        gpu.watch(sub.slot, device, ev, owned)
+        gpu.watch(sub.slot, device, ev, owner)
         return False
 
     def proxy_progress(self, ctx: TransportContext, args: Any) -> bool:

@@ -1,7 +1,7 @@
 """The CUDA driver calls on the progress process's per-op path, through ctypes.
 
 Each device op costs the progress process a few CUDA calls: a copy or a kernel launch, an event
-record, event queries, and for a message the GPU's writes of its requests' completion words. cupy reaches them through the runtime API and its own Python wrappers, which
+record, event queries. cupy reaches them through the runtime API and its own Python wrappers, which
 cost microseconds more per call than the driver entry points below (a kernel launch most: cupy also
 converts and packs every argument on each call). For an 8-byte collective those calls are most of the
 progress process's time, so the hot path calls the driver directly (BENCHMARKS.md has the figures).
@@ -51,7 +51,6 @@ class Driver:
         self._host_register = _fn(lib, "cuMemHostRegister_v2", [_VP, ctypes.c_size_t, _UINT])
         self._host_unregister = _fn(lib, "cuMemHostUnregister", [_VP])
         self._host_device_pointer = _fn(lib, "cuMemHostGetDevicePointer_v2", [ctypes.POINTER(_U64), _VP, _UINT])
-        self._write64 = _fn(lib, "cuStreamWriteValue64_v2", [_VP, _U64, _U64, _UINT], optional=True)
 
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         """cuMemcpyAsync: the direction from the pointers (unified addressing), peers included."""
@@ -82,7 +81,7 @@ class Driver:
 
     def host_register(self, addr: int, nbytes: int) -> None:
         """Pin ``nbytes`` of this process's memory at ``addr`` (page-aligned) and map it for every
-        context's devices, so that a stream can write into it (``write64``)."""
+        context's devices, so that its kernels can store into it (transports/cuda_publish.py)."""
         rc = self._host_register(addr, nbytes, _HOST_PORTABLE | _HOST_DEVICEMAP)
         if rc:
             self.fail("cuMemHostRegister", rc)
@@ -99,15 +98,6 @@ class Driver:
         if rc:
             self.fail("cuMemHostGetDevicePointer", rc)
         return out.value
-
-    def write64(self, device_addr: int, value: int, stream: int) -> None:
-        """cuStreamWriteValue64: once the stream's earlier work is done, the GPU stores ``value`` at
-        ``device_addr``, behind a memory barrier (the earlier work's writes are visible first)."""
-        if self._write64 is None:
-            raise SystemError_("this CUDA driver has no cuStreamWriteValue64_v2 (CUDA 11.7 or later)")
-        rc = self._write64(stream, device_addr, value, 0)
-        if rc:
-            self.fail("cuStreamWriteValue64", rc)
 
     def launcher(self, function: int, nparams: int) -> "Launch":
         return Launch(self, function, nparams)
@@ -171,6 +161,8 @@ class Graph:
 
     def __init__(self, driver: Driver, graph: int, exe: int, event: Any):
         self.driver, self.graph, self.exe, self.event = driver, graph, exe, event
+        self.busy = False   # launched and not yet seen done (transports/cuda.py)
+        self.cell: int | None = None   # the publish cell its kernel reads (transports/cuda_publish.py)
 
     def launch(self, stream: int) -> None:
         rc = self.driver._graph_launch(self.exe, stream)
@@ -186,11 +178,9 @@ class Graph:
             self.event = None
 
 
-def _fn(lib: Any, name: str, argtypes: list, optional: bool = False) -> Any:
+def _fn(lib: Any, name: str, argtypes: list) -> Any:
     f = getattr(lib, name, None)
     if f is None:
-        if optional:
-            return None
         raise InvalidArgument(f"the CUDA driver (libcuda.so.1) has no {name}: too old for shmproxy")
     f.argtypes = argtypes
     f.restype = ctypes.c_int

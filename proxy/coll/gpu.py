@@ -380,8 +380,9 @@ def _queue(engine: Any, ops: list[Op], t: Any, bf16: bool, total: int,
 
 
 def _watch(engine: Any, ops: list[Op], t: Any, total: int, keep: list, device: int, ev: Any,
-           owned: bool = False) -> None:
-    """The queued collective as one sub of one args of the cuda transport, done with ``ev``."""
+           owner: Any = None) -> None:
+    """The queued collective as one sub of one args of the cuda transport, done with ``ev`` (``owner``:
+    True for a graph's own event, transports/cuda.py ``watch``)."""
     work = CollWork(ops, total, keep, time.monotonic_ns())
     args = engine.argspool.get_args((-1, -1), ops[0].opcount, t)
     args.coll = work
@@ -389,5 +390,5 @@ def _watch(engine: Any, ops: list[Op], t: Any, total: int, keep: list, device: i
     engine.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
     sub = engine.argspool.add_sub(args, work, 0, 0, total, total)
     sub.posted = 1
-    t.gpu.watch(sub.slot, device, ev, owned)
+    t.gpu.watch(sub.slot, device, ev, owner)
 

@@ -258,9 +258,10 @@ _DECLARED: tuple[Param, ...] = (
        "on the same buffers, from its second time on as a CUDA graph (one launch call with its end event "
        "instead of separate calls). Off: separate driver calls every time."),
     _p("CUDA_DEVICE_COMPLETES", _parse_bool, True,
-       "A device message's requests are published by the GPU itself: the progress process queues a "
-       "write of each request's completion word after the copy on its stream, so a rank waiting on it "
-       "returns when the copy ends rather than when the loop notices. Off: the loop publishes them."),
+       "A repeated device message's requests are published by the GPU itself: its copy's CUDA graph "
+       "ends with a kernel storing each request's completion word, so a rank waiting on it returns when "
+       "the copy ends rather than when the progress loop notices (needs CUDA_GRAPHS). Off: the loop "
+       "publishes them."),
     _p("TRANSPORTS", _parse_names, "",
        "Transports the progress process may use, by name, in registry order ('' = every registered one); "
        "a connection no allowed transport can carry is an error naming both ranks. The conformance "

@@ -1,0 +1,121 @@
+"""Completions published by the GPU: a request's completion word stored by a kernel behind its copy.
+
+A rank waiting on a device message spins on its completion slot's ``done_seq`` (shm/_poster_request.c).
+Published by the progress loop, that word changes only once the loop has polled the copy's event and
+run its completion code: microseconds after the copy ended, more while the loop is busy elsewhere.
+Here the GPU stores it instead, in the same graph launch as the copy (transports/cuda.py, ``_Gpu.copy``):
+
+- the ranks' completion slots are pinned and mapped for the devices once (cuMemHostRegister), so a
+  kernel can store into them;
+- a *cell* is a small pinned descriptor: a count, then (device address, value) pairs. A repeated
+  copy's graph is captured as the copy, then one launch of ``shmproxy_publish`` reading its own cell,
+  then its end event. Before each launch of the graph the loop fills the cell with the words of that
+  op's requests (engine/completion.py ``prepublish`` wrote their other fields already); a graph is
+  never launched again while in flight (``Graph.busy``), so a cell is never rewritten before the
+  kernel read it. An empty cell (count 0) publishes nothing, and the loop completes those requests.
+
+Why a kernel and not cuStreamWriteValue64: each such call cost 3.8 us of the loop's time on the H100
+host, two per message, outside any graph (the values change with every op); the kernel rides in the
+graph launch the copy makes anyway (BENCHMARKS.md).
+
+Ordering: the kernel runs after the copy (stream order within the graph), so a rank that sees its
+word has its bytes in place; the loop's stores into the cell and the slot's other fields come before
+its launch call, which the GPU follows.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+from typing import Any
+
+from shmproxy.core.errors import InternalError
+from shmproxy.transports.cuda_driver import Driver
+
+CELL_PAIRS = 16                          # requests one cell can publish (a message needs two)
+CELL_BYTES = 8 * (1 + 2 * CELL_PAIRS + 1)   # count, pairs, padding to a multiple of 16
+NCELLS = 256                             # graphs that can publish at once (cuda.GRAPHS_MAX and retirees)
+_PAGE = mmap.PAGESIZE
+
+_SRC = r"""
+extern "C" __global__ void shmproxy_publish(const unsigned long long* cell) {
+    const volatile unsigned long long* c = cell;
+    unsigned long long n = c[0];
+    for (unsigned long long i = 0; i < n; i++)
+        *(volatile unsigned long long*)c[1 + 2 * i] = c[2 + 2 * i];
+    __threadfence_system();
+}
+"""
+
+
+class Publisher:
+    """The pinned completion slots, the cells, and the publish kernel of each device."""
+
+    def __init__(self, cp: Any, drv: Driver, slots: tuple[int, int]):
+        self.cp, self.drv = cp, drv
+        addr, nbytes = slots
+        start, end = addr & ~(_PAGE - 1), (addr + nbytes + _PAGE - 1) & ~(_PAGE - 1)
+        drv.host_register(start, end - start)
+        self.slots_base = start
+        self.mm = mmap.mmap(-1, NCELLS * CELL_BYTES)
+        self.words = (ctypes.c_uint64 * (NCELLS * CELL_BYTES // 8)).from_buffer(self.mm)
+        self.cells_base = ctypes.addressof(self.words)
+        try:
+            drv.host_register(self.cells_base, NCELLS * CELL_BYTES)
+        except BaseException:
+            drv.host_unregister(start)
+            raise
+        self.free = list(range(NCELLS - 1, -1, -1))
+        self.kernel: Any = None
+        self.launches: dict[int, Any] = {}      # device -> (Launch, slots' delta, cells' device address)
+
+    def devices(self) -> list[int]:
+        return sorted(self.launches)
+
+    def prepare(self, device: int) -> None:
+        """Load the kernel into ``device``'s context (current) before a capture queues it: loading
+        a module is no stream work, and a capturing thread should make no such call."""
+        self._device(device)
+
+    def _device(self, device: int) -> tuple[Any, int, int]:
+        """The device's launch of the kernel and addresses; its context must be current."""
+        got = self.launches.get(device)
+        if got is None:
+            if self.kernel is None:
+                self.kernel = self.cp.RawKernel(_SRC, "shmproxy_publish")
+            launch = self.drv.launcher(self.kernel.kernel.ptr, 1)   # loaded into the current context
+            delta = self.drv.host_device_pointer(self.slots_base) - self.slots_base
+            got = self.launches[device] = (launch, delta, self.drv.host_device_pointer(self.cells_base))
+        return got
+
+    def take(self) -> int | None:
+        return self.free.pop() if self.free else None
+
+    def put(self, cell: int) -> None:
+        self.free.append(cell)
+
+    def queue(self, cell: int, device: int, stream: int) -> None:
+        """Queue the kernel that publishes ``cell`` (under a capture: a node of the graph)."""
+        launch, _delta, cells = self._device(device)
+        launch.set((cells + cell * CELL_BYTES,))
+        launch(1, 1, stream)
+
+    def fill(self, cell: int, device: int, words: list[tuple[int, int]] | None) -> None:
+        """What the next run of ``cell``'s kernel stores: (address in this process, value) pairs."""
+        w, base = self.words, cell * CELL_BYTES // 8
+        if not words:
+            w[base] = 0
+            return
+        if len(words) > CELL_PAIRS:   # a caller's bug: its requests would never complete
+            raise InternalError(f"{len(words)} completions for one cell of {CELL_PAIRS}")
+        delta = self._device(device)[1]
+        for i, (addr, value) in enumerate(words):
+            w[base + 1 + 2 * i] = addr + delta
+            w[base + 2 + 2 * i] = value
+        w[base] = len(words)
+
+    def close(self) -> None:
+        """At exit, once nothing in flight can run a kernel that reads a cell or writes a slot."""
+        self.drv.host_unregister(self.cells_base)
+        self.drv.host_unregister(self.slots_base)
+        del self.words
+        self.mm.close()
