@@ -511,6 +511,21 @@ def repeated_buffers() -> dict:
                 if not bool((got == want).all()):
                     bad.append(("Send/Recv", i, tag, float(got[0]), want))
                 cases += 1
+        # the same work twice at once: the second finds the first's graph in flight and goes directly,
+        # published by the loop, beside the first that its graph publishes
+        for i in range(3):
+            x.fill(me + 7 + i)
+            a.fill(me * 100 + 50 + i)
+            reqs = [comm.Iallreduce(x, y), comm.Iallreduce(x, y), comm.Irecv(b, left, tag=9),
+                    comm.Irecv(c, left, tag=9), comm.Isend(a, right, tag=9), comm.Isend(a, right, tag=9)]
+            for q in reqs:
+                q.Wait()
+            if not bool((y == sum(r + 7 + i for r in range(n))).all()):
+                bad.append(("twice Iallreduce", i, float(y[0])))
+            for got in (b, c):
+                if not bool((got == left * 100 + 50 + i).all()):
+                    bad.append(("twice Isend", i, float(got[0])))
+            cases += 2
         gpus = _dumped_gpus(comm) if me == 0 else None
         comm.Barrier()   # no rank frees memory (which drops registrations, and graphs) during the dump
         del x, y, a, b, c, d

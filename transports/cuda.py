@@ -40,12 +40,14 @@ from shmproxy.core.ops import FLAG_STREAM_EVENT
 from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Registration, Transport,
                                       TransportContext)
 from shmproxy.transports.cuda_driver import Driver
+from shmproxy.transports import cuda_publish
 from shmproxy.transports.cuda_publish import Publisher
 
 _log = log.get("CUDA")
 NEVENTS = 16            # the ranks' event ring (shmproxy.rank.device.NEVENTS): an op uses req_slot % NEVENTS
 HANDLE_BYTES = 64       # cudaIpcMemHandle_t and cudaIpcEventHandle_t
 GRAPHS_MAX = 64         # repeated copies kept as graphs (see _Gpu.copy)
+ROUTES_MAX = 1024       # messages' resolved buffers kept (see _Gpu.route)
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
 
 
@@ -63,7 +65,7 @@ def _handle(reg: Registration, text: Any) -> bytes:
 class _Gpu:
     """The CUDA side of the progress process: cupy, streams, opened handles, events in flight."""
 
-    def __init__(self, graphs: bool = True, completes: bool = True) -> None:
+    def __init__(self, graphs: bool = True, completes: bool = True, completes_min: int = 0) -> None:
         import cupy   # here and only here: the first device registration of this process
         self.cp = cupy
         self.rt = cupy.cuda.runtime
@@ -71,6 +73,7 @@ class _Gpu:
         self.device = -1                    # the device whose context is current on the loop thread (use)
         self.gen = 0                        # bumped when a registration is dropped (cached launches re-resolve)
         self.plans: dict = {}               # small reductions' launches by their buffers (shmproxy.coll.gpu)
+        self.routes: dict = {}              # messages' resolved buffers (route)
         # Repeated work as CUDA graphs (one launch call, started sooner: see copy): copies by their
         # addresses, seen-once copies, and every live graph (destroyed once retired and idle, or at exit).
         self.graphs: dict[tuple[int, int, int, int], Any] = {}
@@ -78,7 +81,9 @@ class _Gpu:
         self.live_graphs: set = set()
         self.graphs_ok = graphs             # CUDA_GRAPHS, and False after a capture failed
         self.completes = completes          # CUDA_DEVICE_COMPLETES, and False where the driver cannot
+        self.completes_min = completes_min  # CUDA_DEVICE_COMPLETES_MIN: smaller work is published by the loop
         self.publisher: Publisher | None = None   # GPU-published completions (publishing)
+        self.loaded: set[int] = set()       # devices the publish kernel was loaded for (register)
         self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
         self.opened: dict[bytes, list] = {}              # IPC handle -> [base pointer, references, device]
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
@@ -121,6 +126,9 @@ class _Gpu:
                 entry = self.opened[raw] = [base, 0, reg.device]
             entry[1] += 1
             self.mem[key] = (raw, reg.nbytes, reg.device)
+        if self.completes and self.graphs_ok and reg.device not in self.loaded:
+            cuda_publish.load(self.cp, reg.device)   # here, not on the loop (cuda_publish.load)
+            self.loaded.add(reg.device)
 
     def deregister(self, reg: Registration) -> None:
         key = (reg.local_rank, reg.buf_id)
@@ -131,8 +139,9 @@ class _Gpu:
             found = self.mem.pop(key, None)
             if found is None:
                 return
-            self.gen += 1   # addresses may go: every cached launch and graph with them
+            self.gen += 1   # addresses may go: every cached launch, route and graph with them
             self.plans.clear()
+            self.routes.clear()
             self.graphs.clear()
             self.copies_seen.clear()
             self.retired.extend(("graph", g) for g in self.live_graphs)
@@ -177,6 +186,24 @@ class _Gpu:
             raise InvalidArgument(f"{op.describe()}: device buffer {bid} offset {off} + {nbytes} B is outside "
                                   f"the registered allocation ({'unknown' if found is None else found[1]} B)")
         return self.opened[found[0]][0] + off
+
+    def route(self, ctx: TransportContext, send: Any, recv: Any, nbytes: int) -> tuple:
+        """How a message between these buffers goes: (gen, source and destination address, device,
+        both sides device memory, published by the GPU). Remembered for device memory on both sides,
+        as a training loop or a ping-pong repeats it, until a registration is dropped (``gen``)."""
+        gen = self.gen   # read first: a drop while resolving leaves the route stale, never wrong
+        src = self.address(ctx, send, False, nbytes)
+        dst = self.address(ctx, recv, False, nbytes)
+        on_device = mem_kind(send.mem) == MemKind.CUDA and mem_kind(recv.mem) == MemKind.CUDA
+        device = mem_device(recv.mem if mem_kind(recv.mem) == MemKind.CUDA else send.mem)
+        route = (gen, src, dst, device, on_device,
+                 on_device and self.graphs_ok and self.completes and nbytes >= self.completes_min)
+        if on_device:   # a host side's mapping may change without a drop of device memory
+            if len(self.routes) >= ROUTES_MAX:
+                self.routes.clear()
+            self.routes[(send.owner, send.buf_id, send.offset, send.mem, recv.owner, recv.buf_id, recv.offset,
+                         recv.mem, nbytes)] = route
+        return route
 
     def use(self, device: int) -> None:
         """Make ``device``'s primary context current on the loop thread, where the driver calls act
@@ -292,27 +319,34 @@ class _Gpu:
     def _copy_graph(self, key: tuple, stream: Any, pub: Publisher | None) -> Any:
         """Capture the copy of ``key`` (and, with ``pub``, the kernel publishing its cell) as a graph."""
         dst, src, nbytes, device = key
-        cell = pub.take() if pub is not None else None
-        if cell is not None:
-            pub.prepare(device)
-
-        def queue() -> None:
-            self.drv.memcpy(dst, src, nbytes, stream.ptr)
-            if cell is not None:
-                pub.queue(cell, device, stream.ptr)
-
-        g = self.graph(stream, device, queue)
+        g = self.publishing_graph(stream, device, lambda: self.drv.memcpy(dst, src, nbytes, stream.ptr), pub)
         if g is None:
-            if cell is not None:
-                pub.put(cell)
             return None
-        g.cell = cell
         if len(self.graphs) >= GRAPHS_MAX:   # destroyed once none is in flight (close_retired)
             with self.lock:
                 self.retired.extend(("graph", old) for old in self.graphs.values())
                 self.live_graphs.difference_update(self.graphs.values())
                 self.graphs.clear()
         self.graphs[key] = g
+        return g
+
+    def publishing_graph(self, stream: Any, device: int, queue: Any, pub: Publisher | None) -> Any:
+        """``graph`` of ``queue``'s work followed, with ``pub`` and a free cell, by the kernel that
+        publishes the cell (transports/cuda_publish.py; the graph's ``cell``, filled before each launch)."""
+        cell = pub.take() if pub is not None else None
+        if cell is None:
+            return self.graph(stream, device, queue)
+        pub.prepare(device)
+
+        def queue_and_publish() -> None:
+            queue()
+            pub.queue(cell, device, stream.ptr)
+
+        g = self.graph(stream, device, queue_and_publish)
+        if g is None:
+            pub.put(cell)
+        else:
+            g.cell = cell
         return g
 
     def graph(self, stream: Any, device: int, queue: Any) -> Any:
@@ -334,9 +368,6 @@ class _Gpu:
         for s in self.streams.values():
             s.synchronize()   # at exit only: nothing may still read a handle closed below, or write a slot
         self.pending.clear()
-        if self.publisher is not None:
-            self.publisher.close()
-            self.publisher = None
         with self.lock:
             for raw, entry in self.opened.items():
                 self.retired.append(("mem", entry))
@@ -350,6 +381,9 @@ class _Gpu:
             self.plans.clear()
             self.graphs.clear()
         self.close_retired()
+        if self.publisher is not None:   # after the graphs whose kernels read its cells
+            self.publisher.close()
+            self.publisher = None
 
     def describe(self) -> dict:
         """For the dump: the GPUs this process holds a context, mappings or streams on."""
@@ -372,7 +406,8 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
 
     def _gpu(self, ctx: TransportContext) -> _Gpu:
         if self.gpu is None:
-            self.gpu = _Gpu(bool(ctx.params.CUDA_GRAPHS), bool(ctx.params.CUDA_DEVICE_COMPLETES))
+            p = ctx.params
+            self.gpu = _Gpu(bool(p.CUDA_GRAPHS), bool(p.CUDA_DEVICE_COMPLETES), int(p.CUDA_DEVICE_COMPLETES_MIN))
         return self.gpu
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
@@ -398,12 +433,13 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         if gpu is None:
             raise InvalidArgument(f"{send.describe()} -> {recv.describe()}: device memory that was never "
                                   f"registered")
-        src = gpu.address(ctx, send, False, n)
-        dst = gpu.address(ctx, recv, False, n)
-        device = mem_device(recv.mem if mem_kind(recv.mem) == MemKind.CUDA else send.mem)
+        route = gpu.routes.get((send.owner, send.buf_id, send.offset, send.mem, recv.owner, recv.buf_id,
+                                recv.offset, recv.mem, n))
+        if route is None or route[0] != gpu.gen:
+            route = gpu.route(ctx, send, recv, n)
+        _gen, src, dst, device, on_device, publishes = route
         stream = gpu.ordered_stream(device, (send, recv))
-        on_device = mem_kind(send.mem) == MemKind.CUDA and mem_kind(recv.mem) == MemKind.CUDA
-        pub = gpu.publishing(ctx) if on_device and gpu.completes and gpu.graphs_ok else None
+        pub = gpu.publishing(ctx) if publishes and gpu.completes else None
         ev, owner = gpu.copy(dst, src, n, device, stream, on_device,
                              (pub, ctx.prepublish, transfer) if pub is not None else None)
         args = ctx.args_for(conn, send.opcount)

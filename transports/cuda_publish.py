@@ -47,6 +47,25 @@ extern "C" __global__ void shmproxy_publish(const unsigned long long* cell) {
 """
 
 
+_kernel: Any = None
+
+
+def publish_kernel(cp: Any) -> Any:
+    """The publish kernel (compiled once per process, by nvrtc or from cupy's disk cache)."""
+    global _kernel
+    if _kernel is None:
+        _kernel = cp.RawKernel(_SRC, "shmproxy_publish")
+    return _kernel
+
+
+def load(cp: Any, device: int) -> None:
+    """Compile and load the kernel for ``device`` ahead of its first use: the service thread does it
+    when a rank first registers memory there, so that the loop never waits for a compile (tens of ms
+    on a cold cache) in the middle of a job's messages."""
+    with cp.cuda.Device(device):
+        _ = publish_kernel(cp).kernel   # compiled (or read from the cache), then loaded
+
+
 class Publisher:
     """The pinned completion slots, the cells, and the publish kernel of each device."""
 
@@ -65,7 +84,6 @@ class Publisher:
             drv.host_unregister(start)
             raise
         self.free = list(range(NCELLS - 1, -1, -1))
-        self.kernel: Any = None
         self.launches: dict[int, Any] = {}      # device -> (Launch, slots' delta, cells' device address)
 
     def devices(self) -> list[int]:
@@ -80,9 +98,7 @@ class Publisher:
         """The device's launch of the kernel and addresses; its context must be current."""
         got = self.launches.get(device)
         if got is None:
-            if self.kernel is None:
-                self.kernel = self.cp.RawKernel(_SRC, "shmproxy_publish")
-            launch = self.drv.launcher(self.kernel.kernel.ptr, 1)   # loaded into the current context
+            launch = self.drv.launcher(publish_kernel(self.cp).kernel.ptr, 1)   # the current context's
             delta = self.drv.host_device_pointer(self.slots_base) - self.slots_base
             got = self.launches[device] = (launch, delta, self.drv.host_device_pointer(self.cells_base))
         return got

@@ -35,6 +35,7 @@ from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind, mem_device, mem_kind
 from shmproxy.core.ops import CODE_DTYPE, DTYPE_BFLOAT16, FLAG_IN_PLACE, FLAG_NO_RECV, Coll, Op, ReduceOp
 from shmproxy.engine.args import CollWork
+from shmproxy.transports.cuda_publish import CELL_PAIRS
 from shmproxy.shm import pool as P
 
 _log = log.get("COLL")
@@ -207,11 +208,19 @@ def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
     device = plan.device
     stream = gpu.ordered_stream(device, ops)
     if plan.graph is None and plan.runs and gpu.graphs_ok:   # repeated: worth a capture (cuda.py copy)
-        plan.graph = gpu.graph(stream, device, lambda: plan.queue(stream.ptr))
+        pub = (gpu.publishing(engine.ctx) if gpu.completes and plan.nbytes >= gpu.completes_min
+               and len(ops) <= CELL_PAIRS else None)
+        plan.graph = gpu.publishing_graph(stream, device, lambda: plan.queue(stream.ptr), pub)
     plan.runs += 1
-    if plan.graph is not None:
-        plan.graph.launch(stream.ptr)
-        _watch(engine, ops, t, plan.nbytes, [], device, plan.graph.event, True)
+    g = plan.graph
+    if g is not None and not g.busy:   # in flight still (nonblocking calls): queued directly, below
+        words = None
+        if g.cell is not None:   # the graph publishes the ranks' requests (transports/cuda_publish.py)
+            words = engine.prepublish_coll(ops, plan.nbytes)
+            gpu.publisher.fill(g.cell, device, words)
+        g.busy = True
+        g.launch(stream.ptr)
+        _watch(engine, ops, t, plan.nbytes, [], device, g.event, g, words is not None)
     else:
         plan.queue(stream.ptr)
         _watch(engine, ops, t, plan.nbytes, [], device, gpu.end_event(device, stream))
@@ -380,10 +389,11 @@ def _queue(engine: Any, ops: list[Op], t: Any, bf16: bool, total: int,
 
 
 def _watch(engine: Any, ops: list[Op], t: Any, total: int, keep: list, device: int, ev: Any,
-           owner: Any = None) -> None:
+           owner: Any = None, published: bool = False) -> None:
     """The queued collective as one sub of one args of the cuda transport, done with ``ev`` (``owner``:
-    True for a graph's own event, transports/cuda.py ``watch``)."""
+    the graph whose own event it is, transports/cuda.py ``watch``; ``published``: by that graph)."""
     work = CollWork(ops, total, keep, time.monotonic_ns())
+    work.published = published
     args = engine.argspool.get_args((-1, -1), ops[0].opcount, t)
     args.coll = work
     engine.active.append(args)

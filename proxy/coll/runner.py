@@ -360,7 +360,12 @@ class CollRunner:
         return self.conns.get((r, peer, MemKind.HOST)) or self.connect(r, peer, MemKind.HOST)
 
     def finish_coll(self, work: CollWork) -> None:
-        self.complete_coll(work.ops, work.nbytes)
+        if work.published:   # the GPU stored the slots (engine/completion.py, prepublish_coll)
+            for op in work.ops:
+                self.counted(op)
+            self.wake_ranks(tuple(op.owner for op in work.ops))
+        else:
+            self.complete_coll(work.ops, work.nbytes)
         if work.nbytes > self.coll_inline:
             self.complete_large()
         work.views = []

@@ -262,6 +262,10 @@ _DECLARED: tuple[Param, ...] = (
        "ends with a kernel storing each request's completion word, so a rank waiting on it returns when "
        "the copy ends rather than when the progress loop notices (needs CUDA_GRAPHS). Off: the loop "
        "publishes them."),
+    _p("CUDA_DEVICE_COMPLETES_MIN", parse_size, 1 << 20,
+       "CUDA_DEVICE_COMPLETES applies to messages and collectives of at least this many bytes: on a "
+       "small one the kernel it adds behind the copy cost more than the loop's own publishing "
+       "(BENCHMARKS.md).", 0),
     _p("TRANSPORTS", _parse_names, "",
        "Transports the progress process may use, by name, in registry order ('' = every registered one); "
        "a connection no allowed transport can carry is an error naming both ranks. The conformance "

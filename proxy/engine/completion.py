@@ -94,26 +94,40 @@ class Completion:
     def prepublish(self, t: Transfer) -> list[tuple[int, int]] | None:
         """For a transport whose device publishes ``t``'s completion itself: write both requests'
         results now, all but the word that publishes each, and return (address of that word in this
-        process, the value that publishes it) for each. The transport queues those stores behind its
-        copy; finish_transfer then only counts and wakes. None where ``t`` completes the usual way
+        process, the value that publishes it) for each. The transport has the GPU store those behind
+        its copy; finish_transfer then only counts and wakes. None where ``t`` completes the usual way
         (a side on another node, or buffered)."""
         send, recv = t.send, t.recv
-        if send.owner < 0 or recv.owner < 0:
-            return None
-        words = []
-        for op, source in ((recv, send.rank), (send, recv.rank)):
-            slot = op.req_slot
-            if slot // self.layout.max_ops != op.owner:
-                return None   # complete() names the bad slot when the transfer finishes
-            base = self.slots_q + _SLOT_WORDS * slot
-            words.append((base, op.req_seq, source))
-        q, addr = self.q, self.seg.addr
-        for base, _seq, source in words:
-            q[base + P.SLOT_NBYTES] = t.nbytes
-            q[base + P.SLOT_STATUS] = (source & 0xFFFFFFFF) << 32
-            q[base + P.SLOT_TAG] = send.tag & MASK64
+        so, ro, m = send.owner, recv.owner, self.layout.max_ops
+        if so < 0 or ro < 0 or send.req_slot // m != so or recv.req_slot // m != ro:
+            return None   # complete() names a bad slot when the transfer finishes
+        q, n, tag = self.q, t.nbytes, send.tag & MASK64
+        r = self.slots_q + _SLOT_WORDS * recv.req_slot
+        s = self.slots_q + _SLOT_WORDS * send.req_slot
+        q[r + P.SLOT_NBYTES] = n
+        q[r + P.SLOT_STATUS] = (send.rank & 0xFFFFFFFF) << 32
+        q[r + P.SLOT_TAG] = tag
+        q[s + P.SLOT_NBYTES] = n
+        q[s + P.SLOT_STATUS] = (recv.rank & 0xFFFFFFFF) << 32
+        q[s + P.SLOT_TAG] = tag
         t.published = True
-        return [(addr + 8 * (base + P.SLOT_DONE_SEQ), seq) for base, seq, _source in words]
+        done = self.seg.addr + 8 * P.SLOT_DONE_SEQ
+        return [(done + 8 * r, recv.req_seq), (done + 8 * s, send.req_seq)]
+
+    def prepublish_coll(self, ops: list[Op], nbytes: int) -> list[tuple[int, int]] | None:
+        """prepublish for every rank's op of a collective a GPU graph completes (shmproxy.coll.gpu):
+        the fields complete_coll writes (``nbytes``, status 0 with the op's peer as source, tag 0)."""
+        m, q = self.layout.max_ops, self.q
+        if any(op.owner < 0 or op.req_slot // m != op.owner for op in ops):
+            return None
+        done, words = self.seg.addr + 8 * P.SLOT_DONE_SEQ, []
+        for op in ops:
+            b = self.slots_q + _SLOT_WORDS * op.req_slot
+            q[b + P.SLOT_NBYTES] = nbytes
+            q[b + P.SLOT_STATUS] = (op.peer & 0xFFFFFFFF) << 32
+            q[b + P.SLOT_TAG] = 0
+            words.append((done + 8 * b, op.req_seq))
+        return words
 
     def completion_slots(self) -> tuple[int, int]:
         """Where the ranks' completion slots lie in this process: (address, bytes)."""
