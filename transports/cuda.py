@@ -274,7 +274,10 @@ class _Gpu:
     def poll(self, slot: int) -> bool:
         """True once the copies of the sub in ``slot`` finished on the GPU."""
         device, ev, owner = self.pending[slot]
-        if not self.drv.done(ev.ptr):
+        if owner is not None and owner is not True and owner.cell is not None:
+            if not self.publisher.acked(owner.cell, owner.token):   # its kernel ran last in the graph
+                return False
+        elif not self.drv.done(ev.ptr):
             return False
         del self.pending[slot]
         if owner is None:
@@ -309,7 +312,7 @@ class _Gpu:
         if g is not None and not g.busy:
             if g.cell is not None:
                 pub, prepublish, transfer = publish if publish else (self.publisher, None, None)
-                pub.fill(g.cell, device, prepublish(transfer) if prepublish else None)
+                g.token = pub.fill(g.cell, device, prepublish(transfer) if prepublish else None)
             g.busy = True
             g.launch(stream.ptr)
             return g.event, g

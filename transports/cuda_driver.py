@@ -163,6 +163,7 @@ class Graph:
         self.driver, self.graph, self.exe, self.event = driver, graph, exe, event
         self.busy = False   # launched and not yet seen done (transports/cuda.py)
         self.cell: int | None = None   # the publish cell its kernel reads (transports/cuda_publish.py)
+        self.token = 0                 # its last launch's token in that cell (Publisher.fill, acked)
 
     def launch(self, stream: int) -> None:
         rc = self.driver._graph_launch(self.exe, stream)

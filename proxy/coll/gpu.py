@@ -217,7 +217,7 @@ def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
         words = None
         if g.cell is not None:   # the graph publishes the ranks' requests (transports/cuda_publish.py)
             words = engine.prepublish_coll(ops, plan.nbytes)
-            gpu.publisher.fill(g.cell, device, words)
+            g.token = gpu.publisher.fill(g.cell, device, words)
         g.busy = True
         g.launch(stream.ptr)
         _watch(engine, ops, t, plan.nbytes, [], device, g.event, g, words is not None)
