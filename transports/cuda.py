@@ -127,8 +127,13 @@ class _Gpu:
             entry[1] += 1
             self.mem[key] = (raw, reg.nbytes, reg.device)
         if self.completes and self.graphs_ok and reg.device not in self.loaded:
-            cuda_publish.load(self.cp, reg.device)   # here, not on the loop (cuda_publish.load)
             self.loaded.add(reg.device)
+            try:
+                cuda_publish.load(self.cp, reg.device)   # here, not on the loop (cuda_publish.load)
+            except Exception as exc:   # nvrtc's or cupy's own errors: device memory works without it
+                self.completes = False
+                _log.warning("the publish kernel cannot be built; the loop publishes every completion: %s",
+                             exc)
 
     def deregister(self, reg: Registration) -> None:
         key = (reg.local_rank, reg.buf_id)
@@ -159,6 +164,10 @@ class _Gpu:
         while self.retired:
             what, x = self.retired.popleft()
             if what == "graph":   # before the mappings it copies between are closed
+                if x.event is not None and not self.drv.done(x.event.ptr):
+                    # a graph seen done by its ack may still have its end event's record to run
+                    self.retired.appendleft((what, x))
+                    return
                 if x.cell is not None and self.publisher is not None:
                     self.publisher.put(x.cell)
                     x.cell = None
