@@ -15,12 +15,13 @@ Here the GPU stores it instead, in the same graph launch as the copy (transports
   rewritten before the kernel read it. An empty cell (count 0) publishes nothing, and the loop
   completes those requests.
 - the kernel stores the token into the ack word last, so the loop learns that the graph's work is
-  done by reading pinned memory (``acked``) instead of querying the event, a driver call of about
-  2.6 us on every pass of the loop while the copy runs.
+  done by reading pinned memory (``acked``) instead of querying the event, a driver call the loop
+  would make on every pass while the copy runs.
 
-Why a kernel and not cuStreamWriteValue64: each such call cost 3.8 us of the loop's time on the H100
-host, two per message, outside any graph (the values change with every op); the kernel rides in the
-graph launch the copy makes anyway (BENCHMARKS.md).
+Why a kernel and not cuStreamWriteValue64: those are driver calls of their own, two per message,
+outside any graph (the values change with every op), and each cost the loop more than the graph
+launch it follows; the kernel rides in the graph launch the copy makes anyway (docs/decisions.md,
+"who publishes a device op's completion"; the figures in BENCHMARKS.md).
 
 Ordering: the kernel runs after the copy (stream order within the graph), so a rank that sees its
 word has its bytes in place; the loop's stores into the cell and the slot's other fields come before
@@ -143,7 +144,7 @@ class Publisher:
     def acked(self, cell: int, token: int) -> bool:
         """Whether the run of ``cell`` that ``fill`` gave ``token`` has finished: its copy (earlier in
         the same graph) and its stores. A read of pinned memory, where an event query is a driver
-        call of microseconds that the loop would make on every pass."""
+        call that the loop would make on every pass."""
         return self.words[cell * CELL_BYTES // 8 + _ACK] == token
 
     def close(self) -> None:
