@@ -165,10 +165,11 @@ class TransportContext(Protocol):
         device events): have the loop run ``fn`` soon, on its own thread, waking it if it sleeps."""
 
     def prepublish(self, transfer: Any) -> list[tuple[int, int]] | None:
-        """For a transport whose device writes a message's completion itself, called once the copy
-        is queued: both requests' results are written now except the word that publishes each;
-        returns (address in this process, value) of those words, for the device to store after the
-        copy. The transfer then finishes without writing its slots. None: complete it the usual way."""
+        """For a transport whose device writes a message's completion itself, called just before it
+        queues the work that stores it: both requests' results are written now except the word that
+        publishes each; returns (address in this process, value) of those words, for the device to
+        store after the copy. The transfer then finishes without writing its slots. None: complete
+        it the usual way."""
 
     def completion_slots(self) -> tuple[int, int]:
         """(address, bytes) of the ranks' completion slots in this process: what such a device must

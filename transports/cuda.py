@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from shmproxy.core import log
 from shmproxy.core.errors import InternalError, InvalidArgument, SystemError_
@@ -196,23 +196,27 @@ class _Gpu:
                                   f"the registered allocation ({'unknown' if found is None else found[1]} B)")
         return self.opened[found[0]][0] + off
 
-    def route(self, ctx: TransportContext, send: Any, recv: Any, nbytes: int) -> tuple:
+    def route(self, ctx: TransportContext, key: tuple, send: Any, recv: Any, nbytes: int) -> tuple:
         """How a message between these buffers goes: (gen, source and destination address, device,
-        both sides device memory, published by the GPU). Remembered for device memory on both sides,
-        as a training loop or a ping-pong repeats it, until a registration is dropped (``gen``)."""
+        both sides device memory). Remembered under ``key`` (the ops' buffers, offsets, memory and the
+        size) for device memory on both sides, as a training loop or a ping-pong repeats it, until a
+        registration is dropped (``gen``)."""
         gen = self.gen   # read first: a drop while resolving leaves the route stale, never wrong
         src = self.address(ctx, send, False, nbytes)
         dst = self.address(ctx, recv, False, nbytes)
         on_device = mem_kind(send.mem) == MemKind.CUDA and mem_kind(recv.mem) == MemKind.CUDA
         device = mem_device(recv.mem if mem_kind(recv.mem) == MemKind.CUDA else send.mem)
-        route = (gen, src, dst, device, on_device,
-                 on_device and self.graphs_ok and self.completes and nbytes >= self.completes_min)
+        route = (gen, src, dst, device, on_device)
         if on_device:   # a host side's mapping may change without a drop of device memory
             if len(self.routes) >= ROUTES_MAX:
                 self.routes.clear()
-            self.routes[(send.owner, send.buf_id, send.offset, send.mem, recv.owner, recv.buf_id, recv.offset,
-                         recv.mem, nbytes)] = route
+            self.routes[key] = route
         return route
+
+    def publishes(self, nbytes: int) -> bool:
+        """Whether repeated device work of ``nbytes`` has its requests published by its graph
+        (CUDA_DEVICE_COMPLETES and _MIN; graphs on)."""
+        return self.completes and self.graphs_ok and nbytes >= self.completes_min
 
     def use(self, device: int) -> None:
         """Make ``device``'s primary context current on the loop thread, where the driver calls act
@@ -296,7 +300,7 @@ class _Gpu:
         return True
 
     def copy(self, dst: int, src: int, nbytes: int, device: int, stream: Any, on_device: bool,
-             publish: tuple | None = None) -> tuple[Any, Any]:
+             prepublish: Callable[[], Any] | None = None) -> tuple[Any, Any]:
         """Queue one copy and the event it ends with: (event, its owner for ``watch``). A copy between
         the same device addresses a second time is captured as a graph, launched from then on: one
         call instead of two, and the GPU starts it sooner (BENCHMARKS.md); a ping-pong or a training
@@ -304,26 +308,21 @@ class _Gpu:
         calls. A copy with a host side (``on_device`` False) never does: the engine's mapping of a
         rank's host buffer is pageable memory, which a graph's copy cannot take.
 
-        ``publish`` (a message's: the Publisher, the engine's prepublish, the transfer): the graph also
-        publishes the transfer's requests (cuda_publish.py); not on the first, direct, copy, nor while
-        the graph is still in flight from an earlier launch (the copy then goes directly, and the loop
-        publishes)."""
+        ``prepublish`` (a message's, with the publisher made): its graph also publishes the words
+        prepublish returns (``launch_graph``); not on the first, direct, copy, nor while the graph is
+        still in flight from an earlier launch (the copy then goes directly, and the loop publishes)."""
         key = (dst, src, nbytes, device)
         g = self.graphs.get(key)
         if g is None and self.graphs_ok and on_device:
             seen = self.copies_seen
             if key in seen:
-                g = self._copy_graph(key, stream, publish[0] if publish else None)
+                g = self._copy_graph(key, stream, self.publisher if prepublish else None)
             else:
                 if len(seen) >= GRAPHS_MAX:
                     seen.clear()
                 seen[key] = 1
         if g is not None and not g.busy:
-            if g.cell is not None:
-                pub, prepublish, transfer = publish if publish else (self.publisher, None, None)
-                g.token = pub.fill(g.cell, device, prepublish(transfer) if prepublish else None)
-            g.busy = True
-            g.launch(stream.ptr)
+            self.launch_graph(g, device, stream, prepublish)
             return g.event, g
         self.drv.memcpy(dst, src, nbytes, stream.ptr)
         return self.end_event(device, stream), None
@@ -341,6 +340,18 @@ class _Gpu:
                 self.graphs.clear()
         self.graphs[key] = g
         return g
+
+    def launch_graph(self, g: Any, device: int, stream: Any, prepublish: Callable[[], Any] | None) -> bool:
+        """Launch ``g`` (not in flight: ``busy``). A graph with a cell first has it filled with the
+        words ``prepublish`` returns (written fields, then (address, value) pairs; none: the loop
+        publishes). True when the graph publishes them."""
+        words = None
+        if g.cell is not None:
+            words = prepublish() if prepublish is not None else None
+            g.token = self.publisher.fill(g.cell, device, words)
+        g.busy = True
+        g.launch(stream.ptr)
+        return words is not None
 
     def publishing_graph(self, stream: Any, device: int, queue: Any, pub: Publisher | None) -> Any:
         """``graph`` of ``queue``'s work followed, with ``pub`` and a free cell, by the kernel that
@@ -445,15 +456,15 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         if gpu is None:
             raise InvalidArgument(f"{send.describe()} -> {recv.describe()}: device memory that was never "
                                   f"registered")
-        route = gpu.routes.get((send.owner, send.buf_id, send.offset, send.mem, recv.owner, recv.buf_id,
-                                recv.offset, recv.mem, n))
+        key = (send.owner, send.buf_id, send.offset, send.mem, recv.owner, recv.buf_id, recv.offset, recv.mem, n)
+        route = gpu.routes.get(key)
         if route is None or route[0] != gpu.gen:
-            route = gpu.route(ctx, send, recv, n)
-        _gen, src, dst, device, on_device, publishes = route
+            route = gpu.route(ctx, key, send, recv, n)
+        _gen, src, dst, device, on_device = route
         stream = gpu.ordered_stream(device, (send, recv))
-        pub = gpu.publishing(ctx) if publishes and gpu.completes else None
+        pub = gpu.publishing(ctx) if on_device and gpu.publishes(n) else None
         ev, owner = gpu.copy(dst, src, n, device, stream, on_device,
-                             (pub, ctx.prepublish, transfer) if pub is not None else None)
+                             (lambda: ctx.prepublish(transfer)) if pub is not None else None)
         args = ctx.args_for(conn, send.opcount)
         sub = ctx.add_sub(args, transfer, src, dst, n, n)   # one step: the copy
         sub.posted = 1

@@ -208,19 +208,14 @@ def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
     device = plan.device
     stream = gpu.ordered_stream(device, ops)
     if plan.graph is None and plan.runs and gpu.graphs_ok:   # repeated: worth a capture (cuda.py copy)
-        pub = (gpu.publishing(engine.ctx) if gpu.completes and plan.nbytes >= gpu.completes_min
-               and len(ops) <= CELL_PAIRS else None)
+        pub = gpu.publishing(engine.ctx) if gpu.publishes(plan.nbytes) and len(ops) <= CELL_PAIRS else None
         plan.graph = gpu.publishing_graph(stream, device, lambda: plan.queue(stream.ptr), pub)
     plan.runs += 1
     g = plan.graph
     if g is not None and not g.busy:   # in flight still (nonblocking calls): queued directly, below
-        words = None
-        if g.cell is not None:   # the graph publishes the ranks' requests (transports/cuda_publish.py)
-            words = engine.prepublish_coll(ops, plan.nbytes)
-            g.token = gpu.publisher.fill(g.cell, device, words)
-        g.busy = True
-        g.launch(stream.ptr)
-        _watch(engine, ops, t, plan.nbytes, [], device, g.event, g, words is not None)
+        # a graph with a cell publishes the ranks' requests (transports/cuda_publish.py)
+        published = gpu.launch_graph(g, device, stream, lambda: engine.prepublish_coll(ops, plan.nbytes))
+        _watch(engine, ops, t, plan.nbytes, [], device, g.event, g, published)
     else:
         plan.queue(stream.ptr)
         _watch(engine, ops, t, plan.nbytes, [], device, gpu.end_event(device, stream))

@@ -57,14 +57,14 @@ class Sub:
     collective: chunk schedules k0 .. k0+nsteps-1 built by ``make`` (``inflight`` in order)."""
 
     __slots__ = ("slot", "transfer", "src", "dst", "nbytes", "chunk", "nsteps",
-                 "posted", "transmitted", "received", "done", "make", "k0", "inflight", "published")
+                 "posted", "transmitted", "received", "done", "make", "k0", "inflight", "mirrored")
 
     def reset(self, slot: int, transfer: Any, src: int, dst: int, nbytes: int, chunk: int) -> None:
         self.slot, self.transfer, self.src, self.dst = slot, transfer, src, dst
         self.nbytes, self.chunk = nbytes, chunk
         self.nsteps = (nbytes + chunk - 1) // chunk
         self.posted = self.transmitted = self.received = self.done = 0
-        self.published = (0, 0, 0, 0)   # the counters as the sub table holds them (add_sub, mirror)
+        self.mirrored = (0, 0, 0, 0)   # the counters as the sub table holds them (add_sub, mirror)
         self.make = None
         self.k0 = 0
         self.inflight = None
@@ -127,9 +127,9 @@ class ArgsPool:
         """Publish a sub's counters to its slot in the sub table (for the dump tool), if they moved:
         a sub waiting on the GPU is settled on every pass of the loop."""
         counters = (s.posted, s.transmitted, s.received, s.done)
-        if counters == s.published:
+        if counters == s.mirrored:
             return
-        s.published = counters
+        s.mirrored = counters
         q = self.view.q
         base = self.view.layout.sub_off(s.slot) // 8
         q[base + P.SUB_POSTED] = s.posted

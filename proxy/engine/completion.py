@@ -2,11 +2,12 @@
 
 A request is complete when its completion slot carries the op's sequence number (written last: it
 publishes the other fields, shmproxy/shm/counters.py); the rank is then woken through its futex
-word. A message a GPU moves may be published by the GPU itself (``prepublish``): the loop writes the
-fields when it queues the copy, the GPU stores the sequence number behind the copy, and when the loop
-later sees the copy done it only counts the requests and wakes their ranks; it never writes those
-slots again, since a rank may have taken its slot back for a later op by then. Ranks are woken only after everything the pass completes is published: a woken rank may
-preempt the loop on its CPU at once. Wake-ups of ranks asleep on a CPU whose keep-awake guard wakes
+word. Work a GPU does may be published by the GPU itself (``prepublish``): the loop writes the
+fields when it queues the work, the GPU stores the sequence number behind it, and when the loop
+later sees the work done it only counts the requests and wakes their ranks; it never writes those
+slots again, since a rank may have taken its slot back for a later op by then. Ranks are woken only
+after everything the pass completes is published: a woken rank may preempt the loop on its CPU at
+once. Wake-ups of ranks asleep on a CPU whose keep-awake guard wakes
 them are left to the guard and checked after RELAY_GRACE_NS (shm/_workers.c, "Relayed wake-ups").
 """
 from __future__ import annotations
@@ -98,34 +99,30 @@ class Completion:
         its copy; finish_transfer then only counts and wakes. None where ``t`` completes the usual way
         (a side on another node, or buffered)."""
         send, recv = t.send, t.recv
-        so, ro, m = send.owner, recv.owner, self.layout.max_ops
-        if so < 0 or ro < 0 or send.req_slot // m != so or recv.req_slot // m != ro:
-            return None   # complete() names a bad slot when the transfer finishes
-        q, n, tag = self.q, t.nbytes, send.tag & MASK64
-        r = self.slots_q + _SLOT_WORDS * recv.req_slot
-        s = self.slots_q + _SLOT_WORDS * send.req_slot
-        q[r + P.SLOT_NBYTES] = n
-        q[r + P.SLOT_STATUS] = (send.rank & 0xFFFFFFFF) << 32
-        q[r + P.SLOT_TAG] = tag
-        q[s + P.SLOT_NBYTES] = n
-        q[s + P.SLOT_STATUS] = (recv.rank & 0xFFFFFFFF) << 32
-        q[s + P.SLOT_TAG] = tag
-        t.published = True
-        done = self.seg.addr + 8 * P.SLOT_DONE_SEQ
-        return [(done + 8 * r, recv.req_seq), (done + 8 * s, send.req_seq)]
+        tag = send.tag & MASK64
+        words = self._prefill(((recv, send.rank, tag), (send, recv.rank, tag)), t.nbytes)
+        t.published = words is not None
+        return words
 
     def prepublish_coll(self, ops: list[Op], nbytes: int) -> list[tuple[int, int]] | None:
         """prepublish for every rank's op of a collective a GPU graph completes (shmproxy.coll.gpu):
         the fields complete_coll writes (``nbytes``, status 0 with the op's peer as source, tag 0)."""
+        return self._prefill([(op, op.peer, 0) for op in ops], nbytes)
+
+    def _prefill(self, items: Sequence[tuple[Op, int, int]], nbytes: int) -> list[tuple[int, int]] | None:
+        """For each (op, source, tag): the slot's fields of a success, all but ``done_seq``; then
+        (address of each ``done_seq`` in this process, the op's sequence number). None, nothing
+        written, where an op is not a local rank's or its slot is outside its region (complete() and
+        complete_coll name a bad slot when the work finishes)."""
         m, q = self.layout.max_ops, self.q
-        if any(op.owner < 0 or op.req_slot // m != op.owner for op in ops):
+        if any(op.owner < 0 or op.req_slot // m != op.owner for op, _s, _t in items):
             return None
         done, words = self.seg.addr + 8 * P.SLOT_DONE_SEQ, []
-        for op in ops:
+        for op, source, tag in items:
             b = self.slots_q + _SLOT_WORDS * op.req_slot
             q[b + P.SLOT_NBYTES] = nbytes
-            q[b + P.SLOT_STATUS] = (op.peer & 0xFFFFFFFF) << 32
-            q[b + P.SLOT_TAG] = 0
+            q[b + P.SLOT_STATUS] = (source & 0xFFFFFFFF) << 32
+            q[b + P.SLOT_TAG] = tag
             words.append((done + 8 * b, op.req_seq))
         return words
 
