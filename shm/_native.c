@@ -459,6 +459,11 @@ static PyMethodDef methods[] = {
     {"memcopy_nt", py_memcopy_nt, METH_VARARGS, "memcopy_nt(dst, src, n): copy with streaming stores"},
     {"copy_blocks", _sn_copy_blocks, METH_VARARGS,
      "copy_blocks(dst, dtab, dn, dext, src, stab, sn, sext, nbytes): a derived datatype's gather/scatter"},
+    {"publish_launch", _sn_publish_launch, METH_VARARGS,
+     "publish_launch(slots, max_ops, items, nbytes, cell, cell_pairs, token, delta, launch, exe, stream) -> "
+     "(CUresult, published): a publishing graph's slots, cell and launch (shm/_native_device.c)"},
+    {"watch_words", _sn_watch_words, METH_VARARGS,
+     "watch_words(pool, seen_events, abort, words, timeout_ns) -> WATCH_*: the loop's wait on GPU-published work"},
     {"set_lock_spin", py_set_lock_spin, METH_O, "set_lock_spin(ns): contended pool locks retry this long first"},
     {NULL, NULL, 0, NULL},
 };
@@ -466,7 +471,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shmproxy.shm._native", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (_sn_wake_init() < 0) return NULL;
+    if (_sn_wake_init() < 0 || _sn_device_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     PyModule_AddIntConstant(m, "MUTEX_SIZE", (long)sizeof(pthread_mutex_t));
@@ -486,6 +491,12 @@ PyMODINIT_FUNC PyInit__native(void) {
         FRANK_DOORBELL_OFF, PAIR_F_WRITTEN_OFF, PAIR_SLOW_SENT_OFF, PAIR_F_TAKEN_OFF, PAIR_F_DRAINED_OFF,
         PAIR_FETCHED_SLOW_OFF, PAIR_HDR_BYTES, CELL_HDR_BYTES, CELL_TAG_OFF, RANK_RECV_POSTED_OFF, CAREA_WORD_OFF,
         CAREA_WAITERS_OFF, CRANK_DONE_OFF, CRANK_SLOW_COLLS_OFF, CSLOT_SEQ_OFF, CSLOT_SLOW_BEFORE_OFF));
+    PyModule_AddObject(m, "PUBLISH_CELL", Py_BuildValue("(iii)", 0, 1, 2));   /* count, token, first pair */
+    PyModule_AddIntConstant(m, "WATCH_TIMEOUT", 0);
+    PyModule_AddIntConstant(m, "WATCH_POSTED", 1);
+    PyModule_AddIntConstant(m, "WATCH_EVENTS", 2);
+    PyModule_AddIntConstant(m, "WATCH_ABORT", 3);
+    PyModule_AddIntConstant(m, "WATCH_WORD", 4);
     PyModule_AddIntConstant(m, "TAKE_NONE", 0);
     PyModule_AddIntConstant(m, "TAKE_BUSY", 1);
     PyModule_AddIntConstant(m, "TAKE_BLOCKED", 2);

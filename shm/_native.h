@@ -1,6 +1,7 @@
 /*
- * What the files of shm._native share: the entry points of shm/_native_wake.c and shm/_native_blocks.c that the module's
- * method table (shm/_native.c) lists, and its initialisation.
+ * What the files of shm._native share: the entry points of shm/_native_wake.c, _native_blocks.c,
+ * _native_fast.c and _native_device.c that the module's method table (shm/_native.c) lists, and
+ * their initialisation.
  */
 #ifndef SHM_NATIVE_H
 #define SHM_NATIVE_H
@@ -12,6 +13,9 @@ PyObject *_sn_wake_owners(PyObject *self, PyObject *args);
 PyObject *_sn_copy_blocks(PyObject *self, PyObject *args);   /* shm/_native_blocks.c */
 PyObject *_sn_fast_take(PyObject *self, PyObject *args);     /* shm/_native_fast.c */
 PyObject *_sn_fast_wake_coll(PyObject *self, PyObject *arg);
+PyObject *_sn_publish_launch(PyObject *self, PyObject *args);   /* shm/_native_device.c */
+PyObject *_sn_watch_words(PyObject *self, PyObject *args);
+int _sn_device_init(void);   /* interns the Op attribute names publish_launch reads */
 int _sn_wake_init(void);   /* interns the Op attribute names complete_coll reads; -1 with an exception */
 
 #endif

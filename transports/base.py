@@ -35,7 +35,10 @@ on this connector; returns the (schedule, entry) pairs it completed now: within 
 the RECV of the same key meet and become one copy; across nodes the chunk travels), and
 ``proxy_register(ctx, reg)`` / ``proxy_deregister(ctx, reg)`` (a buffer a rank registered or dropped,
 a ``Registration``, for transports that map or pin memory ahead of use; they run on the service
-thread, before the rank's REGISTER is answered, so that no op can name the buffer first). Host
+thread, before the rank's REGISTER is answered, so that no op can name the buffer first), and
+``proxy_watch(ctx)`` (memory words, ``((address, value), ...)``, of which one takes its value when
+the transport's work in flight has moved, so that a loop with nothing else in flight waits on them in
+C instead of passing through Python; None while some of that work can only be polled). Host
 memory is offered to every allowed transport with a register hook after the engine mapped it;
 memory of another kind goes to the first allowed transport that moves that kind and has one, and a
 REGISTER that none takes is refused, naming the kind.
@@ -164,16 +167,16 @@ class TransportContext(Protocol):
         """From any thread of the progress process (a transport's helper thread watching sockets or
         device events): have the loop run ``fn`` soon, on its own thread, waking it if it sleeps."""
 
-    def prepublish(self, transfer: Any) -> list[tuple[int, int]] | None:
-        """For a transport whose device writes a message's completion itself, called just before it
-        queues the work that stores it: both requests' results are written now except the word that
-        publishes each; returns (address in this process, value) of those words, for the device to
-        store after the copy. The transfer then finishes without writing its slots. None: complete
-        it the usual way."""
+    def completion_items(self, transfer: Any) -> tuple | None:
+        """For a transport whose device writes a message's completion itself: (op, source, tag) of
+        both requests, the results to write into their completion slots (every field but the word
+        that publishes each, which the device stores after the copy). A transport that has them
+        published sets ``transfer.published``; the transfer then finishes without writing its slots.
+        None: complete it the usual way."""
 
-    def completion_slots(self) -> tuple[int, int]:
-        """(address, bytes) of the ranks' completion slots in this process: what such a device must
-        be able to write (pinned and mapped for it once)."""
+    def completion_slots(self) -> tuple[int, int, int]:
+        """(address, bytes, slots per rank) of the ranks' completion slots in this process: what such
+        a device must be able to write (pinned and mapped for it once)."""
 
     start_entry: Callable[..., bool]     # collectives: start one schedule entry (True: done inline)
     start_schedule: Callable[..., bool]  # collectives: hand a whole chunk schedule to one worker
@@ -256,6 +259,7 @@ class Transport(ABC):
     proxy_coll_entry: Callable[[TransportContext, Connector, Any, Any], list] | None = None
     proxy_register: Callable[[TransportContext, Registration], None] | None = None
     proxy_deregister: Callable[[TransportContext, Registration], None] | None = None
+    proxy_watch: Callable[[TransportContext], Any] | None = None
     # Between nodes (see the module header).
     proxy_shared_init: Callable[[TransportContext], bytes] | None = None
     proxy_shared_connect: Callable[[TransportContext, list], None] | None = None
@@ -286,7 +290,8 @@ class OneProcessSides:
 
 _REQUIRED = ("can_connect", "send_setup", "recv_setup", "send_connect", "recv_connect", "proxy_start",
              "proxy_progress", "proxy_free")
-_OPTIONAL = ("proxy_progress_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister", "proxy_shared_init",
+_OPTIONAL = ("proxy_progress_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister", "proxy_watch",
+             "proxy_shared_init",
              "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed", "proxy_abort", "proxy_note",
              "proxy_describe")
 _BETWEEN_NODES = ("proxy_shared_init", "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed",

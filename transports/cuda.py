@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable
+from typing import Any
 
 from shmproxy.core import log
 from shmproxy.core.errors import InternalError, InvalidArgument, SystemError_
@@ -300,32 +300,33 @@ class _Gpu:
         return True
 
     def copy(self, dst: int, src: int, nbytes: int, device: int, stream: Any, on_device: bool,
-             prepublish: Callable[[], Any] | None = None) -> tuple[Any, Any]:
-        """Queue one copy and the event it ends with: (event, its owner for ``watch``). A copy between
+             items: Any = None) -> tuple[Any, Any, bool]:
+        """Queue one copy and the event it ends with: (event, its owner for ``watch``, whether its graph
+        publishes ``items``). A copy between
         the same device addresses a second time is captured as a graph, launched from then on: one
         call instead of two, and the GPU starts it sooner (BENCHMARKS.md); a ping-pong or a training
         loop repeats its copies. The first time it goes directly: capturing costs more than a copy's
         calls. A copy with a host side (``on_device`` False) never does: the engine's mapping of a
         rank's host buffer is pageable memory, which a graph's copy cannot take.
 
-        ``prepublish`` (a message's, with the publisher made): its graph also publishes the words
-        prepublish returns (``launch_graph``); not on the first, direct, copy, nor while the graph is
-        still in flight from an earlier launch (the copy then goes directly, and the loop publishes)."""
+        ``items`` (a message's completion_items, or () to publish none; given only once the publisher
+        is made): its graph also publishes them (``launch_graph``); not on the first, direct, copy,
+        nor while the graph is still in flight from an earlier launch (the copy then goes directly,
+        and the loop publishes)."""
         key = (dst, src, nbytes, device)
         g = self.graphs.get(key)
         if g is None and self.graphs_ok and on_device:
             seen = self.copies_seen
             if key in seen:
-                g = self._copy_graph(key, stream, self.publisher if prepublish else None)
+                g = self._copy_graph(key, stream, self.publisher if items is not None else None)
             else:
                 if len(seen) >= GRAPHS_MAX:
                     seen.clear()
                 seen[key] = 1
         if g is not None and not g.busy:
-            self.launch_graph(g, device, stream, prepublish)
-            return g.event, g
+            return g.event, g, self.launch_graph(g, device, stream, items, nbytes)
         self.drv.memcpy(dst, src, nbytes, stream.ptr)
-        return self.end_event(device, stream), None
+        return self.end_event(device, stream), None, False
 
     def _copy_graph(self, key: tuple, stream: Any, pub: Publisher | None) -> Any:
         """Capture the copy of ``key`` (and, with ``pub``, the kernel publishing its cell) as a graph."""
@@ -341,17 +342,15 @@ class _Gpu:
         self.graphs[key] = g
         return g
 
-    def launch_graph(self, g: Any, device: int, stream: Any, prepublish: Callable[[], Any] | None) -> bool:
-        """Launch ``g`` (not in flight: ``busy``). A graph with a cell first has it filled with the
-        words ``prepublish`` returns (written fields, then (address, value) pairs; none: the loop
-        publishes). True when the graph publishes them."""
-        words = None
-        if g.cell is not None:
-            words = prepublish() if prepublish is not None else None
-            g.token = self.publisher.fill(g.cell, device, words)
+    def launch_graph(self, g: Any, device: int, stream: Any, items: Any, nbytes: int) -> bool:
+        """Launch ``g`` (not in flight: ``busy``). A graph with a cell publishes ``items`` ((op, source,
+        tag) of the requests it completes, ``nbytes`` each; None or (): none, the loop publishes them):
+        True when it does (Publisher.launch)."""
         g.busy = True
-        g.launch(stream.ptr)
-        return words is not None
+        if g.cell is None:
+            g.launch(stream.ptr)
+            return False
+        return self.publisher.launch(g, device, stream.ptr, items or (), nbytes)
 
     def publishing_graph(self, stream: Any, device: int, queue: Any, pub: Publisher | None) -> Any:
         """``graph`` of ``queue``'s work followed, with ``pub`` and a free cell, by the kernel that
@@ -463,8 +462,8 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         _gen, src, dst, device, on_device = route
         stream = gpu.ordered_stream(device, (send, recv))
         pub = gpu.publishing(ctx) if on_device and gpu.publishes(n) else None
-        ev, owner = gpu.copy(dst, src, n, device, stream, on_device,
-                             (lambda: ctx.prepublish(transfer)) if pub is not None else None)
+        ev, owner, transfer.published = gpu.copy(dst, src, n, device, stream, on_device,
+                                                 (ctx.completion_items(transfer) or ()) if pub is not None else None)
         args = ctx.args_for(conn, send.opcount)
         sub = ctx.add_sub(args, transfer, src, dst, n, n)   # one step: the copy
         sub.posted = 1
@@ -489,6 +488,20 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
 
     # A device collective is one sub whose copies and kernels end with one event (shmproxy.coll.gpu).
     proxy_progress_coll = proxy_progress
+
+    def proxy_watch(self, ctx: TransportContext) -> list | None:  # type: ignore[override]
+        """The ack words of the publishing graphs in flight (transports/cuda_publish.py), with the token
+        each will hold; None while other work is, whose end only an event query shows."""
+        gpu = self.gpu
+        pub = gpu.publisher if gpu is not None else None
+        if pub is None:
+            return None
+        words = []
+        for _device, _ev, owner in gpu.pending.values():
+            if owner is None or owner is True or owner.cell is None:
+                return None
+            words.append((pub.ack_word(owner.cell), owner.token))
+        return words
 
     def proxy_free(self, ctx: TransportContext) -> None:
         if self.gpu is not None:

@@ -45,6 +45,8 @@ class Driver:
         self._end = _fn(lib, "cuStreamEndCapture", [_VP, ctypes.POINTER(_VP)])
         self._instantiate = _fn(lib, "cuGraphInstantiateWithFlags", [ctypes.POINTER(_VP), _VP, ctypes.c_ulonglong])
         self._graph_launch = _fn(lib, "cuGraphLaunch", [_VP, _VP])
+        # for shm._native.publish_launch, which calls it without Python between its stores and the call
+        self.graph_launch_addr = ctypes.cast(self._graph_launch, _VP).value
         self._exec_destroy = _fn(lib, "cuGraphExecDestroy", [_VP])
         self._graph_destroy = _fn(lib, "cuGraphDestroy", [_VP])
         self._record_flags = _fn(lib, "cuEventRecordWithFlags", [_VP, _VP, _UINT])

@@ -9,11 +9,11 @@ Here the GPU stores it instead, in the same graph launch as the copy (transports
   kernel can store into them;
 - a *cell* is a small pinned descriptor: a count, a token, (device address, value) pairs, an ack. A
   repeated copy's graph is captured as the copy, then one launch of ``shmproxy_publish`` reading its
-  own cell, then its end event. Before each launch of the graph the loop fills the cell with the words
-  of that op's requests (engine/completion.py ``prepublish`` wrote their other fields already) and a
-  new token; a graph is never launched again while in flight (``Graph.busy``), so a cell is never
-  rewritten before the kernel read it. An empty cell (count 0) publishes nothing, and the loop
-  completes those requests.
+  own cell, then its end event. Each launch of the graph (``Publisher.launch``, one C call:
+  shm/_native_device.c ``publish_launch``) first writes its requests' slots but their done_seq,
+  and fills the cell with where each done_seq lies, its value and a new token; a graph is never
+  launched again while in flight (``Graph.busy``), so a cell is never rewritten before the kernel
+  read it. An empty cell (count 0) publishes nothing, and the loop completes those requests.
 - the kernel stores the token into the ack word last, so the loop learns that the graph's work is
   done by reading pinned memory (``acked``) instead of querying the event, a driver call the loop
   would make on every pass while the copy runs.
@@ -33,12 +33,13 @@ import ctypes
 import mmap
 from typing import Any
 
-from shmproxy.core.errors import InternalError
+from shmproxy.shm import _native
 from shmproxy.transports.cuda_driver import Driver
 
 CELL_PAIRS = 16                          # requests one cell can publish (a message needs two)
 _TOKEN, _ACK = 1, 2 + 2 * CELL_PAIRS     # a cell's words: count, token, pairs, ack
 CELL_BYTES = 8 * (_ACK + 2)              # and one word of padding: a multiple of 16 bytes
+assert _native.PUBLISH_CELL == (0, _TOKEN, 2)   # the cell's layout as publish_launch writes it
 NCELLS = 256                             # graphs that can publish at once (cuda.GRAPHS_MAX and retirees)
 _PAGE = mmap.PAGESIZE
 
@@ -76,9 +77,10 @@ def load(cp: Any, device: int) -> None:
 class Publisher:
     """The pinned completion slots, the cells, and the publish kernel of each device."""
 
-    def __init__(self, cp: Any, drv: Driver, slots: tuple[int, int]):
+    def __init__(self, cp: Any, drv: Driver, slots: tuple[int, int, int]):
         self.cp, self.drv = cp, drv
-        addr, nbytes = slots
+        addr, nbytes, self.slots_per_rank = slots
+        self.slots = addr
         start, end = addr & ~(_PAGE - 1), (addr + nbytes + _PAGE - 1) & ~(_PAGE - 1)
         drv.host_register(start, end - start)
         self.slots_base = start
@@ -91,7 +93,7 @@ class Publisher:
             drv.host_unregister(start)
             raise
         self.free = list(range(NCELLS - 1, -1, -1))
-        self.runs = 0                            # tokens of cell runs (fill), never reused
+        self.runs = 0                            # tokens of cell runs (launch), never reused
         self.launches: dict[int, Any] = {}      # device -> (Launch, slots' delta, cells' device address)
 
     def devices(self) -> list[int]:
@@ -123,26 +125,27 @@ class Publisher:
         launch.set((cells + cell * CELL_BYTES,))
         launch(1, 1, stream)
 
-    def fill(self, cell: int, device: int, words: list[tuple[int, int]] | None) -> int:
-        """What the next run of ``cell``'s kernel stores: (address in this process, value) pairs.
-        Returns the run's token, which the kernel stores last in the cell's ack word (``acked``)."""
-        w, base = self.words, cell * CELL_BYTES // 8
+    def launch(self, g: Any, device: int, stream: int, items: Any, nbytes: int) -> bool:
+        """Launch graph ``g`` (its cell's kernel last) so that it publishes ``items`` ((op, source,
+        tag) of each request it completes, ``nbytes`` each): True when it does. Not when an op is
+        not a local rank's with its slot in its region, or there are more than CELL_PAIRS of them (a
+        caller's bug): the cell then publishes nothing and the loop completes them. ``g.token``
+        becomes the run's token, which the kernel stores last in the cell's ack word (``acked``)."""
         self.runs += 1
-        w[base + _TOKEN] = self.runs
-        if not words:
-            w[base] = 0
-            return self.runs
-        if len(words) > CELL_PAIRS:   # a caller's bug: its requests would never complete
-            raise InternalError(f"{len(words)} completions for one cell of {CELL_PAIRS}")
-        delta = self._device(device)[1]
-        for i, (addr, value) in enumerate(words):
-            w[base + 2 + 2 * i] = addr + delta
-            w[base + 3 + 2 * i] = value
-        w[base] = len(words)
-        return self.runs
+        g.token = self.runs
+        rc, published = _native.publish_launch(
+            self.slots, self.slots_per_rank, items, nbytes, self.cells_base + g.cell * CELL_BYTES, CELL_PAIRS,
+            self.runs, self._device(device)[1], self.drv.graph_launch_addr, g.exe, stream)
+        if rc:
+            self.drv.fail("cuGraphLaunch", rc)
+        return published
+
+    def ack_word(self, cell: int) -> int:
+        """The address of ``cell``'s ack word (the loop waits on it in shm._native.watch_words)."""
+        return self.cells_base + cell * CELL_BYTES + 8 * _ACK
 
     def acked(self, cell: int, token: int) -> bool:
-        """Whether the run of ``cell`` that ``fill`` gave ``token`` has finished: its copy (earlier in
+        """Whether the run of ``cell`` that ``launch`` gave ``token`` has finished: its copy (earlier in
         the same graph) and its stores. A read of pinned memory, where an event query is a driver
         call that the loop would make on every pass."""
         return self.words[cell * CELL_BYTES // 8 + _ACK] == token

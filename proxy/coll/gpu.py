@@ -214,7 +214,7 @@ def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
     g = plan.graph
     if g is not None and not g.busy:   # in flight still (nonblocking calls): queued directly, below
         # a graph with a cell publishes the ranks' requests (transports/cuda_publish.py)
-        published = gpu.launch_graph(g, device, stream, lambda: engine.prepublish_coll(ops, plan.nbytes))
+        published = gpu.launch_graph(g, device, stream, engine.coll_items(ops), plan.nbytes)
         _watch(engine, ops, t, plan.nbytes, [], device, g.event, g, published)
     else:
         plan.queue(stream.ptr)

@@ -360,7 +360,7 @@ class CollRunner:
         return self.conns.get((r, peer, MemKind.HOST)) or self.connect(r, peer, MemKind.HOST)
 
     def finish_coll(self, work: CollWork) -> None:
-        if work.published:   # the GPU stored the slots (engine/completion.py, prepublish_coll)
+        if work.published:   # the GPU stored the slots (engine/completion.py, coll_items)
             for op in work.ops:
                 self.counted(op)
             self.wake_ranks(tuple(op.owner for op in work.ops))

@@ -235,6 +235,10 @@ _DECLARED: tuple[Param, ...] = (
        -1),
     _p("PROXY_SPIN_US", float, 500.0,
        "An idle progress process polls this long before it sleeps on the pool condvar.", 0),
+    _p("PROXY_WATCH_US", float, 50.0,
+       "With nothing in flight but work whose end a transport can show in memory (a GPU graph's ack "
+       "word), the loop waits in C for that, a post or news at most this long before its next pass "
+       "(0: pass after pass, in Python).", 0),
     _p("KEEP_AWAKE_US", float, -1.0,
        "While the job is busy and for this long after, idle-priority threads of the progress process keep "
        "its CPUs from going idle (a halted vCPU wakes late when other guests load the host); they yield "

@@ -29,7 +29,7 @@ class Transfer:
         self.send, self.recv, self.nbytes = send, recv, nbytes
         self.parts_left = 0
         self.t_match = t_match
-        self.published = False   # its slots are published by its transport (Completion.prepublish)
+        self.published = False   # its slots are published by its transport (Completion.completion_items)
 
     def finish(self, engine: Any) -> None:
         engine.finish_transfer(self)
@@ -45,7 +45,7 @@ class CollWork:
         self.ops, self.nbytes, self.views, self.t_match = ops, nbytes, views, t_match
         self.parts_left = 0
         self.streaming = False   # written with non-temporal stores (policy.streaming_threshold)
-        self.published = False   # its slots are published by a GPU graph (Completion.prepublish_coll)
+        self.published = False   # its slots are published by a GPU graph (Completion.coll_items)
         self.send = self.recv = ops[0]  # what the sub table shows (kind, rank, peer=root, tag)
 
     def finish(self, engine: Any) -> None:

@@ -2,8 +2,8 @@
 
 A request is complete when its completion slot carries the op's sequence number (written last: it
 publishes the other fields, shmproxy/shm/counters.py); the rank is then woken through its futex
-word. Work a GPU does may be published by the GPU itself (``prepublish``): the loop writes the
-fields when it queues the work, the GPU stores the sequence number behind it, and when the loop
+word. Work a GPU does may be published by the GPU itself (``completion_items``): the loop writes
+the fields when it queues the work, the GPU stores the sequence number behind it, and when the loop
 later sees the work done it only counts the requests and wakes their ranks; it never writes those
 slots again, since a rank may have taken its slot back for a later op by then. Ranks are woken only
 after everything the pass completes is published: a woken rank may preempt the loop on its CPU at
@@ -92,43 +92,29 @@ class Completion:
             # Recv that looks in between go the slow way.
             q[self.f_recv_done[owner]] += 1
 
-    def prepublish(self, t: Transfer) -> list[tuple[int, int]] | None:
-        """For a transport whose device publishes ``t``'s completion itself: write both requests'
-        results now, all but the word that publishes each, and return (address of that word in this
-        process, the value that publishes it) for each. The transport has the GPU store those behind
-        its copy; finish_transfer then only counts and wakes. None where ``t`` completes the usual way
-        (a side on another node, or buffered)."""
+    def completion_items(self, t: Transfer) -> tuple | None:
+        """For a transport whose device publishes ``t``'s completion itself: (op, source, tag) of both
+        requests, the fields of a success that complete() would write. The transport's launch writes
+        them and has the GPU store each done_seq behind its copy (shm/_native_device.c,
+        ``publish_launch``); finish_transfer then only counts and wakes. None where ``t`` completes
+        the usual way (its send from another node, or buffered)."""
         send, recv = t.send, t.recv
-        tag = send.tag & MASK64
-        words = self._prefill(((recv, send.rank, tag), (send, recv.rank, tag)), t.nbytes)
-        t.published = words is not None
-        return words
-
-    def prepublish_coll(self, ops: list[Op], nbytes: int) -> list[tuple[int, int]] | None:
-        """prepublish for every rank's op of a collective a GPU graph completes (shmproxy.coll.gpu):
-        the fields complete_coll writes (``nbytes``, status 0 with the op's peer as source, tag 0)."""
-        return self._prefill([(op, op.peer, 0) for op in ops], nbytes)
-
-    def _prefill(self, items: Sequence[tuple[Op, int, int]], nbytes: int) -> list[tuple[int, int]] | None:
-        """For each (op, source, tag): the slot's fields of a success, all but ``done_seq``; then
-        (address of each ``done_seq`` in this process, the op's sequence number). None, nothing
-        written, where an op is not a local rank's or its slot is outside its region (complete() and
-        complete_coll name a bad slot when the work finishes)."""
-        m, q = self.layout.max_ops, self.q
-        if any(op.owner < 0 or op.req_slot // m != op.owner for op, _s, _t in items):
+        if send.owner < 0:
             return None
-        done, words = self.seg.addr + 8 * P.SLOT_DONE_SEQ, []
-        for op, source, tag in items:
-            b = self.slots_q + _SLOT_WORDS * op.req_slot
-            q[b + P.SLOT_NBYTES] = nbytes
-            q[b + P.SLOT_STATUS] = (source & 0xFFFFFFFF) << 32
-            q[b + P.SLOT_TAG] = tag
-            words.append((done + 8 * b, op.req_seq))
-        return words
+        tag = send.tag & MASK64
+        return ((recv, send.rank, tag), (send, recv.rank, tag))
 
-    def completion_slots(self) -> tuple[int, int]:
-        """Where the ranks' completion slots lie in this process: (address, bytes)."""
-        return self.seg.addr + 8 * self.slots_q, self.nlocal * self.layout.max_ops * P.SLOT_BYTES
+    @staticmethod
+    def coll_items(ops: list[Op]) -> list[tuple[Op, int, int]]:
+        """completion_items for every rank's op of a collective a GPU graph completes (shmproxy.coll.gpu):
+        what complete_coll writes (status 0 with the op's peer as source, tag 0)."""
+        return [(op, op.peer, 0) for op in ops]
+
+    def completion_slots(self) -> tuple[int, int, int]:
+        """Where the ranks' completion slots lie in this process: (address, bytes, slots per rank; rank
+        r's are r * that and on)."""
+        m = self.layout.max_ops
+        return self.seg.addr + 8 * self.slots_q, self.nlocal * m * P.SLOT_BYTES, m
 
     def complete_coll(self, ops: list[Op], nbytes: int) -> None:
         """Complete every rank's op of a collective in one C call: all slots are published before any

@@ -99,6 +99,7 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
         self.eager = params.eager_limit
         self.coll_inline = params.COLL_INLINE_BYTES
         self.spin_ns = int(params.PROXY_SPIN_US * 1000)
+        self.watch_ns = int(params.PROXY_WATCH_US * 1000)
         # On a crowded node the loop does not spin right after it completed work of the copy
         # workers: the ranks it just woke need the CPUs to come back and post (see complete_large).
         self.crowded = affinity.crowded(nlocal)
@@ -435,7 +436,7 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
                     # CPU to workers that would take turns on the other one (shm/_workers.c help()).
                     if not (self.loop_copies and self.copy.help()):
                         self.copy.wait(WORKER_WAIT_S, self.loop_poll_s)  # GIL released: copyengine.py
-                else:
+                elif not self.wait_watched():
                     os.sched_yield()
             now = time.monotonic_ns()
             # An affinity decided (the last rank connected) is applied at once, not a heartbeat later:
@@ -443,6 +444,27 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
             if now >= next_tick or self.pending_affinity is not None:
                 next_tick = now + hb_ns
                 self.tick(now)
+
+    def wait_watched(self) -> bool:
+        """With nothing in flight but work whose end its transports show in memory (``proxy_watch``:
+        a GPU graph's ack word), wait for that, a post, news or the abort flag in one C call of at
+        most PROXY_WATCH_US (GIL released), instead of Python passes whose every step costs
+        microseconds: a post then waits for no pass to end. False where it cannot (the caller yields)."""
+        if self.watch_ns <= 0 or self.buffer_later or self.relayed or self.fast_held or self.fast_retry:
+            return False
+        words: list = []
+        for t in {a.transport for a in self.active}:
+            got = t.proxy_watch(self.ctx) if t.proxy_watch is not None else None
+            if got is None:
+                return False
+            words += got
+        if not words:
+            return False
+        why = _native.watch_words(self.seg.addr, self.events_seen, self.seg.addr + P.CTRL_OFF + 8 * P.CTRL_ABORT,
+                                  words, self.watch_ns)
+        if why == _native.WATCH_TIMEOUT:
+            os.sched_yield()   # the CPU's other threads get their turn between waits
+        return True
 
     def tick(self, now: int) -> None:
         """Housekeeping every HEARTBEAT_MS: heartbeat, affinity, retired buffers, dumps, orphaning."""
