@@ -471,7 +471,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shmproxy.shm._native", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (_sn_wake_init() < 0 || _sn_device_init() < 0) return NULL;
+    if (_sn_wake_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     PyModule_AddIntConstant(m, "MUTEX_SIZE", (long)sizeof(pthread_mutex_t));

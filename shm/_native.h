@@ -15,7 +15,11 @@ PyObject *_sn_fast_take(PyObject *self, PyObject *args);     /* shm/_native_fast
 PyObject *_sn_fast_wake_coll(PyObject *self, PyObject *arg);
 PyObject *_sn_publish_launch(PyObject *self, PyObject *args);   /* shm/_native_device.c */
 PyObject *_sn_watch_words(PyObject *self, PyObject *args);
-int _sn_device_init(void);   /* interns the Op attribute names publish_launch reads */
-int _sn_wake_init(void);   /* interns the Op attribute names complete_coll reads; -1 with an exception */
+int _sn_wake_init(void);   /* interns the Op attribute names below; -1 with an exception */
+
+/* An Op's integer attribute (shm/_native_wake.c), by one of its names interned at init; -1 with an
+ * exception. complete_coll and publish_launch read ops through it. */
+int _sn_op_field(PyObject *op, PyObject *name, long long *out);
+extern PyObject *_sn_s_req_slot, *_sn_s_owner, *_sn_s_req_seq, *_sn_s_peer;
 
 #endif

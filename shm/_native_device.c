@@ -27,16 +27,6 @@ enum { CELL_COUNT = 0, CELL_TOKEN = 1, CELL_FIRST_PAIR = 2 };
 
 typedef int (*graph_launch_fn)(void *exe, void *stream);
 
-static PyObject *s_owner, *s_req_slot, *s_req_seq;
-
-static int attr_ll(PyObject *op, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(op, name);
-    if (!v) return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
 /*
  * publish_launch(slots, max_ops, items, nbytes, cell, cell_pairs, token, delta, launch, exe, stream)
  *     -> (CUresult, published)
@@ -74,8 +64,8 @@ PyObject *_sn_publish_launch(PyObject *self, PyObject *args) {
             return NULL;
         }
         PyObject *op = PyTuple_GET_ITEM(it, 0);
-        if (attr_ll(op, s_owner, &owner) < 0 || attr_ll(op, s_req_slot, &slot[i]) < 0 ||
-            attr_ll(op, s_req_seq, &rseq[i]) < 0) {
+        if (_sn_op_field(op, _sn_s_owner, &owner) < 0 || _sn_op_field(op, _sn_s_req_slot, &slot[i]) < 0 ||
+            _sn_op_field(op, _sn_s_req_seq, &rseq[i]) < 0) {
             Py_DECREF(seq);
             return NULL;
         }
@@ -184,11 +174,4 @@ PyObject *_sn_watch_words(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(why);
-}
-
-int _sn_device_init(void) {
-    s_owner = PyUnicode_InternFromString("owner");
-    s_req_slot = PyUnicode_InternFromString("req_slot");
-    s_req_seq = PyUnicode_InternFromString("req_seq");
-    return (s_owner && s_req_slot && s_req_seq) ? 0 : -1;
 }

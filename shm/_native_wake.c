@@ -56,9 +56,9 @@ static void wake_owners(char *pool, Py_ssize_t area_off, const long long *owner,
  * nothing is written and its position in `ops` is returned.
  */
 
-static PyObject *s_req_slot, *s_owner, *s_req_seq, *s_peer;
+PyObject *_sn_s_req_slot, *_sn_s_owner, *_sn_s_req_seq, *_sn_s_peer;   /* shm/_native.h */
 
-static int op_field(PyObject *op, PyObject *name, long long *out) {
+int _sn_op_field(PyObject *op, PyObject *name, long long *out) {
     PyObject *v = PyObject_GetAttr(op, name);
     if (!v) return -1;
     *out = PyLong_AsLongLong(v);
@@ -89,8 +89,8 @@ PyObject *_sn_complete_coll(PyObject *self, PyObject *args) {
     }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (op_field(items[i], s_req_slot, &f[i][0]) || op_field(items[i], s_owner, &f[i][1]) ||
-            op_field(items[i], s_req_seq, &f[i][2]) || op_field(items[i], s_peer, &f[i][3])) {
+        if (_sn_op_field(items[i], _sn_s_req_slot, &f[i][0]) || _sn_op_field(items[i], _sn_s_owner, &f[i][1]) ||
+            _sn_op_field(items[i], _sn_s_req_seq, &f[i][2]) || _sn_op_field(items[i], _sn_s_peer, &f[i][3])) {
             Py_DECREF(seq);
             PyMem_Free(f);
             return NULL;
@@ -157,8 +157,9 @@ PyObject *_sn_wake_owners(PyObject *self, PyObject *args) {
 
 
 int _sn_wake_init(void) {
-    if (!(s_req_slot = PyUnicode_InternFromString("req_slot")) || !(s_owner = PyUnicode_InternFromString("owner")) ||
-        !(s_req_seq = PyUnicode_InternFromString("req_seq")) || !(s_peer = PyUnicode_InternFromString("peer")))
-        return -1;
-    return 0;
+    _sn_s_req_slot = PyUnicode_InternFromString("req_slot");
+    _sn_s_owner = PyUnicode_InternFromString("owner");
+    _sn_s_req_seq = PyUnicode_InternFromString("req_seq");
+    _sn_s_peer = PyUnicode_InternFromString("peer");
+    return (_sn_s_req_slot && _sn_s_owner && _sn_s_req_seq && _sn_s_peer) ? 0 : -1;
 }
