@@ -65,7 +65,8 @@ def _handle(reg: Registration, text: Any) -> bytes:
 class _Gpu:
     """The CUDA side of the progress process: cupy, streams, opened handles, events in flight."""
 
-    def __init__(self, graphs: bool = True, completes: bool = True, completes_min: int = 0) -> None:
+    def __init__(self, graphs: bool = True, completes: bool = True, completes_min: int = 0,
+                 fused: bool = True) -> None:
         import cupy   # here and only here: the first device registration of this process
         self.cp = cupy
         self.rt = cupy.cuda.runtime
@@ -82,6 +83,7 @@ class _Gpu:
         self.graphs_ok = graphs             # CUDA_GRAPHS, and False after a capture failed
         self.completes = completes          # CUDA_DEVICE_COMPLETES, and False where the driver cannot
         self.completes_min = completes_min  # CUDA_DEVICE_COMPLETES_MIN: smaller work is published by the loop
+        self.fused = fused                  # CUDA_FUSED_REDUCE: reductions as one kernel of ours (coll/gpu.py)
         self.publisher: Publisher | None = None   # GPU-published completions (publishing)
         self.loaded: set[int] = set()       # devices the publish kernel was loaded for (register)
         self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
@@ -429,7 +431,8 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
     def _gpu(self, ctx: TransportContext) -> _Gpu:
         if self.gpu is None:
             p = ctx.params
-            self.gpu = _Gpu(bool(p.CUDA_GRAPHS), bool(p.CUDA_DEVICE_COMPLETES), int(p.CUDA_DEVICE_COMPLETES_MIN))
+            self.gpu = _Gpu(bool(p.CUDA_GRAPHS), bool(p.CUDA_DEVICE_COMPLETES), int(p.CUDA_DEVICE_COMPLETES_MIN),
+                            bool(p.CUDA_FUSED_REDUCE))
         return self.gpu
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:

@@ -10,13 +10,17 @@ done when that event is (its ``proxy_progress_coll`` polls it), so the GPU runs 
 back to back while the loop goes on with other work. Not chunked: a device collective is one
 stream of work, and the copy engines and SMs pipeline it themselves.
 
-A small Allreduce or Reduce is one fused kernel of our own instead, and its launch is remembered as
-a ``_Plan`` under the ops' buffers and shape: the next collective on the same buffers (a training
+An Allreduce or Reduce is one fused kernel of our own instead, at every size (CUDA_FUSED_REDUCE;
+not for float16, complex, bool or bfloat16, nor more than FUSED_MAX_RANKS ranks): it reads every
+input and writes every output once, where ufuncs and copies move the result a second time, and
+from 16 MiB on it ran at 1.3-1.4x their bandwidth (BENCHMARKS.md). Its launch is remembered as a
+``_Plan`` under the ops' buffers and shape: the next collective on the same buffers (a training
 loop's) skips resolving them, and from its second run the plan is a CUDA graph, one launch call with
 its end event (transports/cuda.py has why; a dropped registration forgets every plan).
 
 Reductions go in rank order (the root's input first for Reduce), into one output that is then copied
-to the other ranks' outputs, so every rank gets the same bits, as on the host. bfloat16 (which cupy
+to the other ranks' outputs (the fused kernel stores the one result into each), so every rank gets
+the same bits, as on the host. bfloat16 (which cupy
 lacks; the record's DTYPE_BFLOAT16) is reduced as 16-bit words by kernels of our own that widen each
 pair to float32, combine, and round back to nearest even, step by step as torch's bfloat16 ops do.
 Every rank's buffers must be device memory: a collective whose ranks mix host and device buffers is
@@ -76,8 +80,6 @@ def bf16_kernel(cp: Any, redop: int) -> Any:
 # Small reductions (Allreduce, Reduce): one kernel launch of our own, every input read and every output
 # written by it, instead of cupy ufuncs over fresh views and a copy per further rank. For a small
 # message the progress process's Python per launch is most of the cost, not the GPU.
-FUSED = True                   # False: the ufunc path at every size (for measuring the difference)
-FUSED_MAX_BYTES = 1 << 20      # per rank's buffer; larger goes through the ufuncs (bandwidth-bound)
 FUSED_MAX_RANKS = 16           # kernels are written out per count of buffers: bounded
 _C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
             "int32": "int", "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long",
@@ -188,8 +190,8 @@ def plan_key(ops: list[Op]) -> tuple:
 def _fused_plan(gpu: Any, redop: int, dtype: Any, count: int, ins: list[int], outs: list[int], device: int,
                 nbytes: int) -> _Plan | None:
     """outs[*] = ins[0] op ins[1] op ... in one kernel (AVG: divided by len(ins)); None where the fused
-    path does not apply (size, dtype, ranks)."""
-    if count * dtype.itemsize > FUSED_MAX_BYTES or len(ins) > FUSED_MAX_RANKS or len(outs) > FUSED_MAX_RANKS:
+    path does not apply (dtype, ranks)."""
+    if len(ins) > FUSED_MAX_RANKS or len(outs) > FUSED_MAX_RANKS:
         return None
     key = (redop, dtype.char, len(ins), len(outs), device)
     launch = _fused_launches.get(key)
@@ -316,7 +318,7 @@ def _start(engine: Any, ops: list[Op]) -> None:
         if c == Coll.REDUCE:   # in rank order from the root
             ins = [ins[op0.peer]] + [x for r, x in enumerate(ins) if r != op0.peer]
             outs = [out]
-        plan = None if bf16 or not FUSED else _fused_plan(gpu, op0.redop, dt, n, ins, outs, mem_device(op0.mem),
+        plan = None if bf16 or not gpu.fused else _fused_plan(gpu, op0.redop, dt, n, ins, outs, mem_device(op0.mem),
                                                            total)
         if plan is not None:
             if len(gpu.plans) >= PLANS_MAX:

@@ -270,6 +270,10 @@ _DECLARED: tuple[Param, ...] = (
        "CUDA_DEVICE_COMPLETES applies to messages and collectives of at least this many bytes: on a "
        "small one the kernel it adds behind the copy cost more than the loop's own publishing "
        "(BENCHMARKS.md).", 0),
+    _p("CUDA_FUSED_REDUCE", _parse_bool, True,
+       "A device Allreduce or Reduce is one kernel of our own reading every input and writing every output, "
+       "at every size (float16, complex, bool and bfloat16 excepted). Off: cupy ufuncs, then copies of the "
+       "result."),
     _p("TRANSPORTS", _parse_names, "",
        "Transports the progress process may use, by name, in registry order ('' = every registered one); "
        "a connection no allowed transport can carry is an error naming both ranks. The conformance "
