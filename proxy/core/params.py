@@ -238,7 +238,7 @@ _DECLARED: tuple[Param, ...] = (
     _p("PROXY_WATCH_US", float, 50.0,
        "With nothing in flight but work whose end a transport can show in memory (a GPU graph's ack "
        "word), the loop waits in C for that, a post or news at most this long before its next pass "
-       "(0: pass after pass, in Python).", 0),
+       "(0: pass after pass, in Python). At most 10 ms, well inside a heartbeat.", 0, 10000),
     _p("KEEP_AWAKE_US", float, -1.0,
        "While the job is busy and for this long after, idle-priority threads of the progress process keep "
        "its CPUs from going idle (a halted vCPU wakes late when other guests load the host); they yield "
