@@ -3,8 +3,17 @@
 Like NCCL's copy-engine mode: the progress process maps each rank's device allocations (CUDA IPC
 memory handles, opened once and cached by handle) and copies between them with cudaMemcpyAsync on
 a stream of its own per device; ranks that share a GPU get a same-device copy, ranks on different GPUs
-a peer copy (the handles are opened with lazy peer access). A host buffer on one side (a numpy array
-sent to a device array) is the host mapping the engine holds, copied with the same call.
+a peer copy. A host buffer on one side (a numpy array sent to a device array) is the host mapping the
+engine holds, copied with the same call.
+
+Ranks on different GPUs (``address``, ``on=``). An IPC handle is mapped into the context of the
+device current when it is opened, and a pointer is usable by the work of that context only. So an
+allocation is opened first in its own device's context (at registration: a bad handle fails there),
+and again, on first use, in the context of each other device whose stream copies from it or whose
+kernel reads it, with cudaIpcMemLazyEnablePeerAccess, which enables that device's peer access to
+the allocation's (NCCL opens its peers' buffers the same way). Where two GPUs have no peer access, a
+copy between them uses the allocation's own mapping and the driver stages it; a reduction across
+them is refused (InvalidUsage), since no kernel can read both.
 
 Nothing of CUDA exists in a progress process until a rank registers device memory: cupy is imported
 and a context created then (``_Gpu``), so host-only jobs pay nothing.
@@ -34,7 +43,7 @@ import threading
 from typing import Any
 
 from shmproxy.core import log
-from shmproxy.core.errors import InternalError, InvalidArgument, SystemError_
+from shmproxy.core.errors import InternalError, InvalidArgument, InvalidUsage, SystemError_
 from shmproxy.core.memory import mem_device, mem_kind
 from shmproxy.core.ops import FLAG_STREAM_EVENT
 from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Registration, Transport,
@@ -48,6 +57,7 @@ NEVENTS = 16            # the ranks' event ring (shmproxy.rank.device.NEVENTS): 
 HANDLE_BYTES = 64       # cudaIpcMemHandle_t and cudaIpcEventHandle_t
 GRAPHS_MAX = 64         # repeated copies kept as graphs (see _Gpu.copy)
 ROUTES_MAX = 1024       # messages' resolved buffers kept (see _Gpu.route)
+ACK_CHECKS_EVENT = 256  # every so many polls of unacked graphs, one query of an event for a GPU fault (poll)
 _LAZY_PEER_ACCESS = 1   # cudaIpcMemLazyEnablePeerAccess
 
 
@@ -87,7 +97,10 @@ class _Gpu:
         self.publisher: Publisher | None = None   # GPU-published completions (publishing)
         self.loaded: set[int] = set()       # devices the publish kernel was loaded for (register)
         self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
-        self.opened: dict[bytes, list] = {}              # IPC handle -> [base pointer, references, device]
+        # IPC handle -> [base pointer, references, device, {other device: base there, or 0: no peer access}]
+        self.opened: dict[bytes, list] = {}
+        self.peer_access: dict[tuple[int, int], bool] = {}   # (device, owner's device) -> may it map it
+        self.bus_ids: dict[int, str] = {}    # device -> its PCI bus id in this process (check_device)
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
         self.events: dict[tuple[int, int], list[int]] = {}   # (local rank, device) -> the rank's opened ring
         self.event_regs: dict[tuple[int, int], tuple[int, int]] = {}  # (local rank, buf_id) -> the ring's key
@@ -96,11 +109,34 @@ class _Gpu:
         self.pending: dict[int, Any] = {}                # sub slot -> the event its copies end with
         self.retired: collections.deque = collections.deque()   # handles to close once nothing is in flight
         self.nbusy = 0
+        self.unacked = 0   # polls of a publishing graph not acked yet (poll)
         _log.info("CUDA up: cupy %s, %d device(s)", cupy.__version__, self.rt.getDeviceCount())
 
     # ------------------------------------------------------------------ registrations (service thread)
+    def check_device(self, reg: Registration, info: dict) -> None:
+        """A rank names its GPUs by its own device numbers, which depend on its CUDA_VISIBLE_DEVICES;
+        this process uses them as its own. Where the two disagree (a launcher that gives each rank a
+        list of its own: srun --gpus-per-task, say), say so at the first registration instead of
+        mapping memory on, or waiting on events of, the wrong GPU. A rank that sends no bus id
+        (``info`` without "bus") is taken at its word."""
+        bus = info.get("bus")
+        if bus is None:
+            return
+        mine = self.bus_ids.get(reg.device)
+        if mine is None:
+            n = self.rt.getDeviceCount()
+            mine = self.rt.deviceGetPCIBusId(reg.device) if 0 <= reg.device < n else f"none (it sees {n})"
+            self.bus_ids[reg.device] = mine
+        if str(bus).lower() != str(mine).lower():
+            raise InvalidUsage(f"rank {reg.rank}'s CUDA device {reg.device} is the GPU at {bus}, but the "
+                               f"progress process's device {reg.device} is {mine}: every rank of a node must "
+                               f"see the same GPUs under the same numbers (the same CUDA_VISIBLE_DEVICES, or "
+                               f"none); choose a rank's GPU with cupy.cuda.Device(n).use() or "
+                               f"torch.cuda.set_device(n)")
+
     def register(self, reg: Registration) -> None:
         info = reg.info if isinstance(reg.info, dict) else {}
+        self.check_device(reg, info)
         key = (reg.local_rank, reg.buf_id)
         if "events" in info:
             texts = info["events"]
@@ -125,7 +161,7 @@ class _Gpu:
             if entry is None:
                 with self.cp.cuda.Device(reg.device):
                     base = self.rt.ipcOpenMemHandle(raw, _LAZY_PEER_ACCESS)
-                entry = self.opened[raw] = [base, 0, reg.device]
+                entry = self.opened[raw] = [base, 0, reg.device, {}]
             entry[1] += 1
             self.mem[key] = (raw, reg.nbytes, reg.device)
         if self.completes and self.graphs_ok and reg.device not in self.loaded:
@@ -174,17 +210,22 @@ class _Gpu:
                     self.publisher.put(x.cell)
                     x.cell = None
                 x.destroy()
-            elif what == "mem":
-                with self.cp.cuda.Device(x[2]):
-                    self.rt.ipcCloseMemHandle(x[0])
+            elif what == "mem":   # its own device's mapping, then those in other devices' contexts
+                for device, base in [(x[2], x[0]), *x[3].items()]:
+                    if base:
+                        with self.cp.cuda.Device(device):
+                            self.rt.ipcCloseMemHandle(base)
             else:
                 for ev in x:
                     self.rt.eventDestroy(ev)
 
     # ------------------------------------------------------------------ resolving ops (loop thread)
-    def address(self, ctx: TransportContext, op: Any, second: bool, nbytes: int) -> int:
+    def address(self, ctx: TransportContext, op: Any, second: bool, nbytes: int, on: int = -1,
+                kernel: bool = False) -> int:
         """The address in this process of ``nbytes`` of an op's buffer (second: its receive buffer),
-        device or host, bounds-checked."""
+        device or host, bounds-checked. ``on``: the device whose stream the work using it goes on
+        (-1: the buffer's own); ``kernel``: a kernel reads or writes it there, not only a copy (see
+        the module header, "Ranks on different GPUs")."""
         bid, off = (op.buf2_id, op.offset2) if second else (op.buf_id, op.offset)
         if mem_kind(op.mem) == MemKind.HOST:
             buf = ctx.buffers.get((op.owner, bid))
@@ -196,7 +237,36 @@ class _Gpu:
         if found is None or off + nbytes > found[1]:
             raise InvalidArgument(f"{op.describe()}: device buffer {bid} offset {off} + {nbytes} B is outside "
                                   f"the registered allocation ({'unknown' if found is None else found[1]} B)")
-        return self.opened[found[0]][0] + off
+        entry = self.opened[found[0]]
+        if on < 0 or on == entry[2]:
+            return entry[0] + off
+        base = entry[3].get(on)
+        if base is None:
+            base = self._open_on(found[0], entry, on)
+        if base:
+            return base + off
+        if kernel:
+            raise InvalidUsage(f"{op.describe()}: GPU {on} has no peer access to GPU {entry[2]}, where this "
+                               f"buffer lives; a reduction across the two is not supported")
+        return entry[0] + off   # a copy: the driver moves it between the two contexts itself
+
+    def _open_on(self, raw: bytes, entry: list, device: int) -> int:
+        """``raw`` opened in ``device``'s context with peer access (0 where the two GPUs have none)."""
+        owner = entry[2]
+        ok = self.peer_access.get((device, owner))
+        if ok is None:
+            ok = self.peer_access[(device, owner)] = bool(self.rt.deviceCanAccessPeer(device, owner))
+            _log.info("GPU %d %s peer access to GPU %d", device, "has" if ok else "has no", owner)
+        base = 0
+        if ok:
+            try:
+                with self.cp.cuda.Device(device):
+                    base = self.rt.ipcOpenMemHandle(raw, _LAZY_PEER_ACCESS)
+            except self.rt.CUDARuntimeError as exc:
+                raise SystemError_(f"mapping GPU {owner}'s memory for GPU {device}: {exc}") from exc
+        with self.lock:   # the service thread retires entries (deregister)
+            entry[3][device] = base
+        return base
 
     def route(self, ctx: TransportContext, key: tuple, send: Any, recv: Any, nbytes: int) -> tuple:
         """How a message between these buffers goes: (gen, source and destination address, device,
@@ -204,10 +274,10 @@ class _Gpu:
         size) for device memory on both sides, as a training loop or a ping-pong repeats it, until a
         registration is dropped (``gen``)."""
         gen = self.gen   # read first: a drop while resolving leaves the route stale, never wrong
-        src = self.address(ctx, send, False, nbytes)
-        dst = self.address(ctx, recv, False, nbytes)
         on_device = mem_kind(send.mem) == MemKind.CUDA and mem_kind(recv.mem) == MemKind.CUDA
         device = mem_device(recv.mem if mem_kind(recv.mem) == MemKind.CUDA else send.mem)
+        src = self.address(ctx, send, False, nbytes, device)   # mapped where the copy runs
+        dst = self.address(ctx, recv, False, nbytes, device)
         route = (gen, src, dst, device, on_device)
         if on_device:   # a host side's mapping may change without a drop of device memory
             if len(self.routes) >= ROUTES_MAX:
@@ -291,6 +361,9 @@ class _Gpu:
         device, ev, owner = self.pending[slot]
         if owner is not None and owner is not True and owner.cell is not None:
             if not self.publisher.acked(owner.cell, owner.token):   # its kernel ran last in the graph
+                self.unacked += 1
+                if not self.unacked % ACK_CHECKS_EVENT:
+                    self.drv.done(ev.ptr)   # raises where the GPU failed the graph: no ack would ever come
                 return False
         elif not self.drv.done(ev.ptr):
             return False
@@ -412,8 +485,11 @@ class _Gpu:
     def describe(self) -> dict:
         """For the dump: the GPUs this process holds a context, mappings or streams on."""
         with self.lock:
-            devices = {e[2] for e in self.opened.values()} | {d for _lr, d in self.events} | set(self.streams)
+            opened = self.opened.values()
+            devices = ({e[2] for e in opened} | {d for e in opened for d, b in e[3].items() if b}
+                       | {d for _lr, d in self.events} | set(self.streams))
             return {"devices": sorted(devices), "opened_allocations": len(self.opened),
+                    "peer_mappings": sum(1 for e in opened for b in e[3].values() if b),
                     "opened_bytes": sum(size for _h, size, _d in self.mem.values()),
                     "ranks_with_events": sorted({lr for lr, _d in self.events}),
                     "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired),

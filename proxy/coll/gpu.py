@@ -275,9 +275,11 @@ def _start(engine: Any, ops: list[Op]) -> None:
     t = _transport(engine)
     gpu, ctx = t.gpu, engine.ctx
     in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
+    device = mem_device(op0.mem)   # where the whole collective runs (_queue): every buffer mapped there
+    kernel = c in (Coll.ALLREDUCE, Coll.REDUCE, Coll.REDUCE_SCATTER_BLOCK)
 
     def addr(op: Op, second: bool, nbytes: int) -> int:   # second: the receive buffer
-        return gpu.address(ctx, op, second, nbytes)
+        return gpu.address(ctx, op, second, nbytes, device, kernel)
 
     # Every address resolved and bounds-checked before anything is queued.
     if c == Coll.ALLREDUCE:
@@ -318,8 +320,7 @@ def _start(engine: Any, ops: list[Op]) -> None:
         if c == Coll.REDUCE:   # in rank order from the root
             ins = [ins[op0.peer]] + [x for r, x in enumerate(ins) if r != op0.peer]
             outs = [out]
-        plan = None if bf16 or not gpu.fused else _fused_plan(gpu, op0.redop, dt, n, ins, outs, mem_device(op0.mem),
-                                                           total)
+        plan = None if bf16 or not gpu.fused else _fused_plan(gpu, op0.redop, dt, n, ins, outs, device, total)
         if plan is not None:
             if len(gpu.plans) >= PLANS_MAX:
                 gpu.plans.clear()

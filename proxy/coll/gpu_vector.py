@@ -29,6 +29,7 @@ import numpy as np
 from shmproxy.coll import counts, vector
 from shmproxy.coll.sched import Region
 from shmproxy.core import errors
+from shmproxy.core.memory import mem_device
 from shmproxy.core.ops import FLAG_IN_PLACE, Coll, Op
 
 COLLS = frozenset((Coll.GATHER, Coll.SCATTER, Coll.GATHERV, Coll.SCATTERV, Coll.ALLGATHERV, Coll.ALLTOALLV,
@@ -44,8 +45,10 @@ def plan(engine: Any, ops: list[Op], gpu: Any, dt: np.dtype) -> tuple[int, Body]
     c, size, isz = op0.coll, len(ops), dt.itemsize
     ctx = engine.ctx
     vs = vector.views(engine, ops, size)
+    # mapped in the context of the device the collective runs on (shmproxy.coll.gpu, _queue)
+    on, kernel = mem_device(op0.mem), c in (Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN)
     reg = vector.regions(lambda op, second, nbytes: Region(
-        gpu.address(ctx, op, second, nbytes) if nbytes else 0, nbytes // isz, dt))
+        gpu.address(ctx, op, second, nbytes, on, kernel) if nbytes else 0, nbytes // isz, dt))
 
     def at(op: Op, second: bool, off: int, n: int, what: str) -> int:
         region = reg(op, second)

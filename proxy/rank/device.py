@@ -112,6 +112,7 @@ class DeviceMemory:
         self._allocs: dict[int, tuple[int, int, int]] = {}   # start -> (buffer id, size, buf_id)
         self._events: dict[int, list[Any]] = {}               # device -> the ring of interprocess events
         self._recorded_on: dict[int, list[int]] = {}          # device -> each entry's last stream
+        self._bus: dict[int, str] = {}                        # device -> its PCI bus id (_bus_id)
         self._driver: _Driver | None = None
         self._streams: dict[tuple[int, int], Any] = {}        # (handle, device) -> cupy ExternalStream
         self._located: dict[int, tuple[Any, tuple[int, int, int]]] = {}   # id(array) -> (weakref, locate())
@@ -305,7 +306,7 @@ class DeviceMemory:
         handle = self.cp.cuda.runtime.ipcGetMemHandle(start)
         buf_id = self._new_id()
         self._register({"buf_id": buf_id, "bytes": size, "kind": "cuda", "device": dev,
-                        "info": {"handle": bytes(handle).hex()}})
+                        "info": {"handle": bytes(handle).hex(), "bus": self._bus_id(dev)}})
         self._allocs[start] = (bid, size, buf_id)
         return buf_id, ptr - start, mem_word(MemKind.CUDA, dev)
 
@@ -337,12 +338,20 @@ class DeviceMemory:
                 return True
         return False
 
+    def _bus_id(self, device: int) -> str:
+        """The PCI bus id of this process's device ``device``: the progress process checks that its own
+        device of that number is the same GPU (transports/cuda.py, ``_Gpu.check_device``)."""
+        bus = self._bus.get(device)
+        if bus is None:
+            bus = self._bus[device] = self.cp.cuda.runtime.deviceGetPCIBusId(device)
+        return bus
+
     def _make_ring(self, device: int) -> list[Any]:
         cp = self.cp
         ring = [cp.cuda.Event(block=False, disable_timing=True, interprocess=True) for _ in range(NEVENTS)]
         handles = [bytes(cp.cuda.runtime.ipcGetEventHandle(ev.ptr)).hex() for ev in ring]
         self._register({"buf_id": self._new_id(), "bytes": 0, "kind": "cuda", "device": device,
-                        "info": {"events": handles}})
+                        "info": {"events": handles, "bus": self._bus_id(device)}})
         self._events[device] = ring
         self._recorded_on[device] = [0] * NEVENTS
         return ring
