@@ -6,6 +6,8 @@ tolerance). Each body returns the number of cases it checked, and the mismatches
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Any
 
@@ -17,9 +19,22 @@ DTYPES = ["int32", "int64", "float16", "float32", "float64", "uint8", "complex64
 SIZES = [0, 1, 7, 1000, 1 << 20]
 
 
-def _cp() -> Any:
+def gpu_of_rank() -> int:
+    """This rank's GPU: 0, every rank sharing it, or with SPTEST_GPU_SPREAD=1 (tests/test_gpu_multi.py)
+    its local rank modulo the GPUs, one rank per GPU where there are enough."""
+    if os.environ.get("SPTEST_GPU_SPREAD") != "1":
+        return 0
     import cupy
-    cupy.cuda.Device(0).use()
+    return int(os.environ.get("LOCAL_RANK", "0")) % cupy.cuda.runtime.getDeviceCount()
+
+
+def _cp() -> Any:
+    """cupy, with this rank's GPU current (and torch's, where the body imported torch first)."""
+    import cupy
+    dev = gpu_of_rank()
+    cupy.cuda.Device(dev).use()
+    if "torch" in sys.modules:
+        sys.modules["torch"].cuda.set_device(dev)
     return cupy
 
 
@@ -244,7 +259,6 @@ def torch_tensors() -> dict:
 def victim_dies_in_device_allreduce() -> dict:
     """The last rank SIGKILLs itself right before posting its second device Allreduce: the others'
     calls raise PeerDiedError naming it."""
-    import os
     import signal
     cp = _cp()
     with shmproxy.init() as comm:

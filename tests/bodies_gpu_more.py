@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 import shmproxy
-from tests.bodies_gpu import _SPIN, _cp
+from tests.bodies_gpu import _SPIN, _cp, gpu_of_rank
 
 
 def _torch_bf16_ref(torch: Any, xs: list, op: str) -> Any:
@@ -153,14 +153,15 @@ def stream_keyword() -> dict:
 
 
 def device_alloc() -> dict:
-    """comm.alloc(..., device=0): a zeroed cupy array registered once at creation (its ops register
-    nothing more), deregistered and freed once dropped."""
+    """comm.alloc(..., device=<this rank's GPU>): a zeroed cupy array registered once at creation (its
+    ops register nothing more), deregistered and freed once dropped."""
     import gc
     cp = _cp()
+    gpu = gpu_of_rank()
     bad = []
     with shmproxy.init() as comm:
         dev = comm._device_memory()
-        a = comm.alloc(1 << 20, np.float32, device=0)
+        a = comm.alloc(1 << 20, np.float32, device=gpu)
         b = comm.alloc_device((1 << 10, 1 << 10), "float32")
         if not isinstance(a, cp.ndarray) or a.shape != (1 << 20,) or bool(a.any()):
             bad.append(f"alloc: {type(a).__name__} {getattr(a, 'shape', None)} not zeroed")
@@ -176,7 +177,7 @@ def device_alloc() -> dict:
         comm.Barrier()
         free0 = cp.cuda.runtime.memGetInfo()[0]
         comm.Barrier()
-        big = comm.alloc(64 << 20, np.float32, device=0)
+        big = comm.alloc(64 << 20, np.float32, device=gpu)
         comm.Bcast(big, 0)
         comm.Barrier()
         free1 = cp.cuda.runtime.memGetInfo()[0]
@@ -188,7 +189,7 @@ def device_alloc() -> dict:
         if len(dev._allocs) != registered or not comm._registry.dead_ids:
             bad.append(f"dropped allocation not queued for DEREGISTER ({len(dev._allocs)}, "
                        f"{comm._registry.dead_ids})")
-        probe = comm.alloc(4, np.float32, device=0)   # a REGISTER: the DEREGISTER goes before it
+        probe = comm.alloc(4, np.float32, device=gpu)   # a REGISTER: the DEREGISTER goes before it
         deadline = time.monotonic() + 10
         free3 = free2
         while abs(free3 - free0) > (32 << 20) and time.monotonic() < deadline:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run the GPU suite (tests/test_gpu.py, and tests/test_gpu_torch.py where torch is installed: the torch
-# backend on CUDA tensors) on a host with a CUDA GPU and cupy, then the device benchmark
-# and the 8 B Allreduce latency breakdown (test_bench, test_latency_breakdown).
+# Run the GPU suite on a host with a CUDA GPU and cupy: tests/test_gpu.py; tests/test_gpu_multi.py (ranks
+# on GPUs of their own, where the host has 2 or more); tests/test_gpu_torch.py where torch is installed
+# (the torch backend on CUDA tensors). Then the device benchmark and the 8 B Allreduce latency
+# breakdown (test_bench, test_latency_breakdown).
 #   tools/gpu_tests.sh [extra pytest args]        output also in gpu_tests.log (GPU_TESTS_LOG overrides)
 #   GPU_PROBE=1 also runs tools/gpu_latency_probe.py (two bare processes: the GPU's share of a message)
 #   and tools/gpu_launch_probe.py (what an op's CUDA calls cost, separate or as one graph launch)
@@ -12,8 +13,10 @@ log=${GPU_TESTS_LOG:-gpu_tests.log}
 {
   echo "== $(date -u +%FT%TZ) $(hostname)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  nvidia-smi topo -m 2>&1   # how the GPUs are linked (NVLink, PCIe), for the multi-GPU figures
   python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" 2>&1
-  python3 -m pytest -p no:cacheprovider -v -rs -s tests/test_gpu.py tests/test_gpu_torch.py "$@"
+  python3 -m pytest -p no:cacheprovider -v -rs -s \
+    tests/test_gpu.py tests/test_gpu_multi.py tests/test_gpu_torch.py "$@"
   rc=$?
   SPTEST_GPU_BENCH=1 python3 -m pytest -p no:cacheprovider -q -s -rs tests/test_gpu.py -k "bench or latency" "$@"
   if [ -n "$GPU_PROBE" ]; then

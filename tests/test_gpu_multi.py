@@ -1,0 +1,108 @@
+"""Ranks on GPUs of their own: rank r on GPU r % ngpus of a host with several, through the same code
+as ranks sharing one GPU (tests/test_gpu.py). The progress process then maps each rank's memory in
+its own device's context, copies between devices (peer copies), waits on events of one device from
+another's stream, and runs a reduction whose inputs live on several GPUs.
+
+Skipped, saying why, where fewer than 2 GPUs are visible (CI, the one-GPU lent hosts).
+tools/gpu_tests.sh runs this file with the rest of the GPU suite. The bodies are those of
+tests/test_gpu.py, placed by SPTEST_GPU_SPREAD=1 (tests/bodies_gpu.py, gpu_of_rank); with 3 ranks on
+2 GPUs two ranks share one GPU and the third has its own, both paths in one communicator.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import run_ranks
+from tests.test_gpu import BODY, MORE, REASON as ONE_GPU_REASON, VEC, _all_correct
+
+
+def _gpus() -> int:
+    if ONE_GPU_REASON:
+        return 0
+    import cupy
+    return cupy.cuda.runtime.getDeviceCount()
+
+
+NGPU = _gpus()
+REASON = ONE_GPU_REASON or (f"needs 2 or more GPUs for ranks on GPUs of their own; this host has {NGPU}"
+                            if NGPU < 2 else "")
+pytestmark = pytest.mark.skipif(bool(REASON), reason=f"multi-GPU tests: {REASON}")
+SPREAD = {"SPTEST_GPU_SPREAD": "1"}
+
+
+def _used_bytes_all() -> int:
+    """Device memory in use, summed over every GPU of the host."""
+    import cupy
+    used = 0
+    for d in range(NGPU):
+        with cupy.cuda.Device(d):
+            free, total = cupy.cuda.runtime.memGetInfo()
+        used += total - free
+    return used
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_p2p_every_dtype_and_size_across_gpus(nranks):
+    res = run_ranks(BODY + "p2p_every_dtype_and_size", nranks, timeout=240, env=SPREAD)
+    _all_correct(res, 30)
+
+
+def test_stream_order_across_gpus():
+    res = run_ranks(BODY + "stream_order", 2, timeout=120, env=SPREAD)
+    _all_correct(res)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_collectives_across_gpus(nranks):
+    res = run_ranks(BODY + "collectives", nranks, timeout=400, env=SPREAD)
+    _all_correct(res, 100)
+
+
+def test_vector_collectives_across_gpus():
+    res = run_ranks(VEC + "vector_collectives", 2, timeout=500, env=SPREAD)
+    _all_correct(res, 2000)
+
+
+def test_bfloat16_torch_tensors_across_gpus():
+    pytest.importorskip("torch")
+    res = run_ranks(MORE + "bfloat16_torch", 2, timeout=300, env=SPREAD)
+    _all_correct(res, 60)
+
+
+def test_torch_tensors_across_gpus():
+    pytest.importorskip("torch")
+    res = run_ranks(BODY + "torch_tensors", 2, timeout=180, env=SPREAD)
+    assert all(r["ok"] for r in res.results), res.results
+
+
+@pytest.mark.parametrize("graphs,completes", [("1", "1"), ("0", "1"), ("1", "0")])
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_repeated_collectives_across_gpus(nranks, graphs, completes):
+    """Graphs, planned reductions and GPU-published completions with each rank on its own GPU; the
+    progress process says in its dump that it holds every GPU the ranks use."""
+    res = run_ranks(MORE + "repeated_buffers", nranks, timeout=240,
+                    env={**SPREAD, "SHMPROXY_CUDA_GRAPHS": graphs,
+                         "SHMPROXY_CUDA_DEVICE_COMPLETES": completes, "SHMPROXY_CUDA_DEVICE_COMPLETES_MIN": "0",
+                         "SHMPROXY_DUMP_SIGNAL": "SIGUSR1"})
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["cases"] == 94
+    gpus = res.results[0]["gpus"]
+    used = sorted({r % NGPU for r in range(nranks)})
+    assert len(gpus) == 1 and gpus[0]["devices"] == used, gpus
+    if graphs == "1":
+        assert gpus[0]["graphs"] >= 5 and gpus[0]["planned_reductions"] >= 5, gpus
+
+
+def test_device_alloc_on_each_ranks_gpu():
+    res = run_ranks(MORE + "device_alloc", 2, timeout=180, env=SPREAD)
+    _all_correct(res)
+
+
+def test_kill9_across_gpus_survivors_raise_and_memory_returns_on_every_gpu():
+    before = _used_bytes_all()
+    res = run_ranks(BODY + "victim_dies_in_device_allreduce", 3, timeout=120, expect_fail={2}, env=SPREAD)
+    for r in res.results[:2]:
+        assert r["raised"] == "PeerDiedError", r
+    after = _used_bytes_all()
+    assert after - before < 64 << 20, (before, after)
