@@ -26,6 +26,7 @@ import pytest
 
 from shmproxy.tools import bench
 from shmproxy.tools.bench import OPERATIONS, PEERS, SENTINEL
+from shmproxy.tools.bench.device import DEVICE_OPS
 
 
 # ---------------------------------------------------------------- sizes and iterations
@@ -155,7 +156,9 @@ def test_block_count() -> None:
 def test_operation_contract(name: str) -> None:
     op = OPERATIONS[name]
     if op.measure in (bench.measure_loop, bench.measure_coll, bench.measure_overlap):
-        assert set(op.calls) >= {"shmproxy", *PEERS}       # one builder per library
+        # one builder per library; nccl only where device buffers can go (it takes no host buffers)
+        need = {"shmproxy", *PEERS} - (set() if name in DEVICE_OPS else {"nccl"})
+        assert set(op.calls) >= need
     assert set(op.default_peers) <= set(PEERS)
     derived = {"algbw_GBps", "busbw_GBps"} if "time_us" in op.fields and op.sized else set()
     assert {c.key for c in op.columns} <= set(op.fields) | derived | set(op.derived)

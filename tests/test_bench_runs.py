@@ -187,6 +187,23 @@ def test_every_collective_at_three_ranks(tmp_path: Path, argv: list[str]) -> Non
 
 @pytest.mark.launcher
 @pytest.mark.slow
+@needs_mpi
+def test_nccl_on_host_buffers_is_skipped_saying_why(tmp_path: Path) -> None:
+    """NCCL takes device buffers only: on host buffers the run goes on without it and says why, on
+    every rank alike (no rank waits in a torch rendezvous the others never enter)."""
+    out = tmp_path / "bench.json"
+    proc, job = _launch(tmp_path, "allreduce", "-b", "8", "-e", "64", "-f", "8", "-n", "5", "-w", "1",
+                        "--peers", "nccl,mpi4py", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _processes_of_job(job) == []
+    assert "# nccl skipped: nccl takes device buffers only (run with --device cuda)" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["ok"] is True and report["libraries"] == ["shmproxy", "mpi4py"]
+    assert "device buffers only" in report["skipped"]["nccl"]
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (torchrun)")
 def test_allreduce_under_torchrun_against_gloo(tmp_path: Path) -> None:
     """The tool runs under torchrun like any rank program; gloo rendezvouses through torchrun's env."""

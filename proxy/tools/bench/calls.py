@@ -164,7 +164,7 @@ def _barrier_gloo(ctx: Ctx, lib: GlooLib, send: Any, recv: Any) -> Callable[[], 
 
 
 BARRIERS: dict[str, Builder] = {"shmproxy": _barrier_shm, "mpi4py": _barrier_mpi, "gloo": _barrier_gloo,
-                                "shmproxy.MPI": _barrier_mpi}
+                                "nccl": _barrier_gloo, "shmproxy.MPI": _barrier_mpi}
 """Each library's own barrier: the calls of the ``barrier`` operation, and the untimed barrier after
 every iteration of ``overlap`` (OSU's MPI_Barrier)."""
 

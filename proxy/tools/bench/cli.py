@@ -54,8 +54,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--in-place", action="store_true",
                    help="allreduce, allgather, reduce_scatter: in place (MPI_IN_PLACE semantics)")
     p.add_argument("--peers", type=_peers_arg,
-                   help="comma-separated peers to compare with: mpi4py, gloo, or none "
-                        "(default: both for pingpong/sendrecv/post, none for idle)")
+                   help="comma-separated peers to compare with: mpi4py, gloo, nccl (--device cuda, a GPU "
+                        "per rank), shmproxy.MPI, or none (default: mpi4py and gloo; none for idle)")
     p.add_argument("--alloc", action=argparse.BooleanOptionalAction, default=True,
                    help="shmproxy buffers from comm.alloc (zero-copy) or plain numpy arrays (--no-alloc: "
                         "the staged path)")
@@ -65,7 +65,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-seconds", type=float, default=10.0, help="measurement window for `idle`")
     p.add_argument("--device", choices=("host", "cuda"), default="host",
                    help="where the buffers live: host (numpy) or cuda (cupy for shmproxy, torch CUDA tensors "
-                        "for gloo; mpi4py is left out)")
+                        "for gloo and nccl; mpi4py is left out)")
     p.add_argument("--json", metavar="FILE", help="write every figure and the environment here")
     p.add_argument("--plot", metavar="FILE.png", help="plot time and bandwidth against size (matplotlib)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

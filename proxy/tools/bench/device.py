@@ -6,8 +6,9 @@ per host array and refreshed whenever the host side was written (``refresh``: th
 receive buffer reset to the sentinel) and read back before a check (``fetch``). The copies happen
 outside the timed loops. mpi4py is not offered device buffers (a CUDA-aware MPI is not assumed, and
 a plain one would read device pointers as host memory), nor gloo beyond the collectives torch
-documents for CUDA tensors. NCCL through torch is not a peer: it needs a
-GPU of its own per rank (torch's NCCL refuses two ranks on one GPU), noted when that is the case.
+documents for CUDA tensors. NCCL through torch (``--peers nccl``) takes device buffers only, and
+needs a GPU of its own per rank (torch's NCCL refuses two ranks on one GPU): where ranks share a GPU
+it is skipped, saying so.
 """
 from __future__ import annotations
 
@@ -84,6 +85,11 @@ GLOO_GPU_OPS = ("allreduce", "bcast")
 gloo a device pointer it reads as host memory."""
 
 
+def host_unsupported(name: str) -> str:
+    """Why peer ``name`` cannot run on host buffers ('' when it can)."""
+    return "nccl takes device buffers only (run with --device cuda)" if name == "nccl" else ""
+
+
 def peer_unsupported(name: str, op: str) -> str:
     """Why peer ``name`` cannot run ``op`` on device buffers ('' when it can)."""
     if name == "mpi4py":
@@ -101,19 +107,27 @@ def local_gpu(ctx: Any) -> int:
     return ctx.comm.local_rank % max(cupy.cuda.runtime.getDeviceCount(), 1)
 
 
+def own_gpu_note(ctx: Any) -> str:
+    """Why the ranks of this host cannot each have a GPU of their own ('' when they can)."""
+    import cupy
+    ngpu = cupy.cuda.runtime.getDeviceCount()
+    if ngpu < ctx.comm.local_size:
+        return (f"{ctx.comm.local_size} ranks on this host share {ngpu} GPU(s), and NCCL needs a GPU of "
+                f"its own per rank")
+    return ""
+
+
 def enable(lib: Library, device: int) -> None:
     """Give ``lib`` device buffers (see the module header)."""
-    m = Mirror("torch" if lib.name == "gloo" else "cupy", device)
+    m = Mirror("torch" if lib.name in ("gloo", "nccl") else "cupy", device)
     lib.wrap = m.put            # type: ignore[method-assign]
     lib.refresh = m.refresh     # type: ignore[method-assign]
     lib.fetch = m.fetch         # type: ignore[method-assign]
 
 
-def nccl_note(ctx: Any) -> str:
-    """Why NCCL is not among the peers of this run."""
-    import cupy
-    ngpu = cupy.cuda.runtime.getDeviceCount()
-    if ngpu < ctx.comm.local_size:
-        return (f"# nccl not run: {ctx.comm.local_size} ranks on this host share {ngpu} GPU(s), and NCCL "
-                f"needs a GPU of its own per rank")
-    return "# nccl not run: not wired as a peer yet (gloo on CUDA tensors is)"
+def nccl_note(ctx: Any, peers: Any) -> str:
+    """Why NCCL is not among the peers of this run ('' when asked for: its own line says how it went)."""
+    if "nccl" in peers:
+        return ""
+    why = own_gpu_note(ctx)
+    return f"# nccl not run: {why}" if why else "# nccl not run: not asked for (--peers nccl)"

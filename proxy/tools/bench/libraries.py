@@ -1,15 +1,16 @@
 """Libraries: what each one offers the operations (buffers and point-to-point calls). ``ShmproxyLib``,
-``MpiLib`` (mpi4py's COMM_WORLD) and ``GlooLib`` (torch.distributed's gloo) bind the calls that the
-timed loops make; ``peers.py`` opens the peers.
+``MpiLib`` (mpi4py's COMM_WORLD), ``GlooLib`` (torch.distributed's gloo) and ``NcclLib`` (torch's NCCL,
+device buffers only) bind the calls that the timed loops make; ``peers.py`` opens the peers.
 """
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any, Callable
 
 import numpy as np
 
-PEERS = ("mpi4py", "gloo", "shmproxy.MPI")
+PEERS = ("mpi4py", "gloo", "nccl", "shmproxy.MPI")
 
 
 class Library:
@@ -120,6 +121,7 @@ class GlooLib(Library):
         super().__init__()
         self.torch, self.dist = torch, dist
         self.version = torch.__version__
+        torch_group_taken()
         self.send = lambda t, peer, tag: dist.send(t, peer, tag=tag)
         self.recv = lambda t, peer, tag: dist.recv(t, peer, tag=tag)
         self.isend = lambda t, peer, tag: dist.isend(t, peer, tag=tag)
@@ -146,4 +148,66 @@ class GlooLib(Library):
         req.wait()
 
     def close(self) -> None:
-        self.dist.destroy_process_group()
+        torch_group_released(self.torch.distributed)
+
+
+_torch_users = [0]   # torch peers of this run open over torch.distributed's default group (gloo, nccl)
+
+
+def torch_group_taken() -> None:
+    _torch_users[0] += 1
+
+
+def torch_group_released(dist: Any) -> None:
+    """A torch peer is done; the last one destroys the default group (and every group with it)."""
+    _torch_users[0] -= 1
+    if _torch_users[0] == 0 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# What the gloo builders of calls.py call on ``lib.dist``; NcclLib binds each to its group.
+_NCCL_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+                     "all_to_all_single", "barrier")
+
+
+class NcclLib(GlooLib):
+    """torch.distributed's NCCL on a group of every rank, each rank on a GPU of its own. NCCL queues its
+    work on a stream and returns: each blocking call here ends with the current stream synchronized,
+    so that a timed call ends with its result on the device, as shmproxy's blocking calls do. The gloo
+    builders of calls.py drive it through ``dist``, a namespace of the same calls bound to the group.
+    NCCL has no tags (the bench's loops never need them), and an Isend/Irecv pair is posted as one
+    ``batch_isend_irecv``, torch's way of handing NCCL both directions at once: posted one by one,
+    two ranks that both send first can wait for each other."""
+    name = "nccl"
+
+    def __init__(self, torch: Any, dist: Any, group: Any):
+        super().__init__(torch, dist)
+        self.group = group
+        self.version = f"{torch.__version__} (NCCL {'.'.join(map(str, torch.cuda.nccl.version()))})"
+        stream = torch.cuda.current_stream
+        self._dist = dist
+
+        def blocking(f: Callable[..., Any]) -> Callable[..., None]:
+            def call(*a: Any, **kw: Any) -> None:
+                f(*a, group=group, **kw)
+                stream().synchronize()
+            return call
+
+        self.dist = types.SimpleNamespace(ReduceOp=dist.ReduceOp, **{
+            n: blocking(getattr(dist, n)) for n in _NCCL_COLLECTIVES if hasattr(dist, n)})
+        send, recv, p2p = blocking(dist.send), blocking(dist.recv), dist.P2POp
+        self.send = lambda t, peer, tag: send(t, peer)
+        self.recv = lambda t, peer, tag: recv(t, peer)
+        self.isend = lambda t, peer, tag: p2p(dist.isend, t, peer, group=group)
+        self.irecv = lambda t, peer, tag: p2p(dist.irecv, t, peer, group=group)
+        self.waitall = self._batch
+
+    def _batch(self, ops: list[Any]) -> None:
+        for work in self._dist.batch_isend_irecv(ops):
+            work.wait()
+        self.torch.cuda.current_stream().synchronize()
+
+    def close(self) -> None:
+        if self.group is not None and self._dist.is_initialized():
+            self._dist.destroy_process_group(self.group)
+        torch_group_released(self._dist)

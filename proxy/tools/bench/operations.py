@@ -10,7 +10,8 @@ or idle CPU). The sweep, timing, gathering, checking, table, JSON and plot are s
   upper-case buffer calls of ``MPI.COMM_WORLD``; gloo: ``dist.all_reduce``, ``dist.reduce``,
   ``dist.broadcast``, ``dist.all_gather_single`` (or ``all_gather_into_tensor``),
   ``dist.reduce_scatter_single`` (or ``reduce_scatter_tensor``), ``dist.all_to_all_single``,
-  ``dist.barrier`` on tensors made by ``torch.from_numpy`` over the same numpy buffers.
+  ``dist.barrier`` on tensors made by ``torch.from_numpy`` over the same numpy buffers; nccl: the same
+  torch calls on CUDA tensors, on a group of its own (``NcclLib``, ``--device cuda`` only).
   ``dist.all_reduce`` and ``dist.reduce`` work in place on their one tensor: gloo is timed on the
   receive buffer with no copy (its natural use), for out-of-place runs too.
 - overlap (``measure_overlap``, the OSU osu_iallreduce method): see ``overlap.py``.
@@ -50,6 +51,7 @@ def _collective(name: str, summary: str, calls: tuple[Builder, Builder, Builder]
     columns = extra.pop("columns", SWEEP_COLUMNS)
     made = dict(zip(("shmproxy", "mpi4py", "gloo"), calls))
     made["shmproxy.MPI"] = made["mpi4py"]   # the same MPI calls, through shmproxy's own MPI layer
+    made["nccl"] = made["gloo"]             # the same torch calls, on NcclLib's group (libraries.py)
     return Operation(name, summary, measure_coll, ("time_us", "p99_us"), columns, source=_no_source,
                      calls=made, bus_factor=bus_factor, bus_note=bus_note,
                      verify=verify, probe=True, **extra)
@@ -83,11 +85,12 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
         ratio_key=None, default_dtype="uint8", default_sizes=("8", "8", 2), default_peers=()),
     _collective("allreduce", "Allreduce: every rank gets the reduction of every rank's buffer",
                 (_allreduce_shm, _allreduce_mpi, _allreduce_gloo), bus_factor_allreduce, "2(n-1)/n",
-                verify_allreduce, reduces=True, in_place_ok=True, native_in_place=frozenset({"gloo"})),
+                verify_allreduce, reduces=True, in_place_ok=True,
+                native_in_place=frozenset({"gloo", "nccl"})),
     _collective("reduce", "Reduce to root 0",
                 (_reduce_shm, _reduce_mpi, _reduce_gloo), bus_factor_one, "1",
                 verify_reduce, receives=lambda r, n: r == 0, reduces=True,
-                native_in_place=frozenset({"gloo"}), root=0),
+                native_in_place=frozenset({"gloo", "nccl"}), root=0),
     _collective("bcast", "Bcast from root 0",
                 (_bcast_shm, _bcast_mpi, _bcast_gloo), bus_factor_one, "1",
                 verify_bcast, receives=lambda r, n: r != 0, root=0),

@@ -1,5 +1,6 @@
 """Opening the peers in the ranks' own processes (mpi4py's COMM_WORLD; torch.distributed's gloo, whose
-TCPStore rank 0 hosts unless torchrun's MASTER_ADDR/MASTER_PORT are set), and finding out whether a
+TCPStore rank 0 hosts unless torchrun's MASTER_ADDR/MASTER_PORT are set; torch's NCCL on a group of
+its own over that default group, where each rank has a GPU of its own), and finding out whether a
 peer can run the operation as asked.
 
 A peer that cannot do an operation as asked (mpi4py has no AVG; torch has no in-place
@@ -12,10 +13,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+from typing import Any
 
 import numpy as np
 
-from shmproxy.tools.bench.libraries import GlooLib, Library, MpiLayerLib, MpiLib
+from shmproxy.tools.bench.libraries import GlooLib, Library, MpiLayerLib, MpiLib, NcclLib
 from shmproxy.tools.bench.measure import _prepare
 from shmproxy.tools.bench.operation import Ctx, Operation
 from shmproxy.tools.bench.overlap import measure_overlap
@@ -47,23 +49,35 @@ def open_mpi_layer(ctx: Ctx) -> tuple[Library | None, str]:
     return MpiLayerLib(MPI), ""
 
 
-def open_gloo(ctx: Ctx) -> tuple[Library | None, str]:
+def _torch_dist(ctx: Ctx, backend: str) -> tuple[Any, Any, str]:
+    """torch and torch.distributed with ``backend`` available on every rank, or (None, None, why)."""
     try:
         import torch
         import torch.distributed as dist
-        have = dist.is_available() and dist.is_gloo_available()
-        why = "" if have else "this torch has no gloo backend"
+        have = dist.is_available() and (dist.is_gloo_available() if backend == "gloo" else
+                                        dist.is_nccl_available() and torch.cuda.is_available())
+        missing = f"this torch has no {backend} backend" + (", or no CUDA" if backend == "nccl" else "")
+        why = "" if have else missing
     except ImportError as exc:
+        torch = dist = None
         have, why = False, f"torch cannot be imported ({exc})"
     if not agree(ctx.comm, have):
-        return None, why or "torch.distributed gloo is missing on another rank"
+        return None, None, why or f"torch.distributed {backend} is missing on another rank"
+    return torch, dist, ""
+
+
+def _default_group(ctx: Ctx, dist: Any) -> str:
+    """torch.distributed's default group over gloo, made once per run for the torch peers ('' when it
+    exists): torchrun's rendezvous where given, else a TCPStore that rank 0 hosts."""
+    if dist.is_initialized():
+        return ""
     timeout = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):    # torchrun and friends
         dist.init_process_group("gloo", init_method="env://", rank=ctx.rank, world_size=ctx.size,
                                 timeout=timeout)
-        return GlooLib(torch, dist), ""
+        return ""
     # No rendezvous given: rank 0 hosts a TCPStore on a free port and tells the others through shmproxy.
-    store = None
+    store, why = None, ""
     if ctx.rank == 0:
         try:
             store = dist.TCPStore("127.0.0.1", 0, ctx.size, True, timeout=timeout, wait_for_workers=False)
@@ -72,11 +86,38 @@ def open_gloo(ctx: Ctx) -> tuple[Library | None, str]:
             port, why = 0, f"rank 0 could not open a TCPStore on 127.0.0.1 ({exc})"
     port = int(bcast(ctx.comm, [port] if ctx.rank == 0 else None, 1)[0])
     if port == 0:
-        return None, why or "rank 0 could not open a TCPStore on 127.0.0.1"
+        return why or "rank 0 could not open a TCPStore on 127.0.0.1"
     if store is None:
         store = dist.TCPStore("127.0.0.1", port, ctx.size, False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=ctx.rank, world_size=ctx.size, timeout=timeout)
-    return GlooLib(torch, dist), ""
+    return ""
+
+
+def open_gloo(ctx: Ctx) -> tuple[Library | None, str]:
+    torch, dist, why = _torch_dist(ctx, "gloo")
+    if dist is None:
+        return None, why
+    why = _default_group(ctx, dist)
+    return (None, why) if why else (GlooLib(torch, dist), "")
+
+
+def open_nccl(ctx: Ctx) -> tuple[Library | None, str]:
+    """NCCL through torch, on a group of every rank over the default (gloo) group; each rank on a GPU of
+    its own, which must exist: NCCL refuses two ranks on one GPU ("Duplicate GPU detected")."""
+    torch, dist, why = _torch_dist(ctx, "nccl")
+    if dist is None:
+        return None, why
+    from shmproxy.tools.bench.device import local_gpu, own_gpu_note
+    why = own_gpu_note(ctx)
+    if not agree(ctx.comm, not why):
+        return None, why or "another rank shares its GPU"
+    torch.cuda.set_device(local_gpu(ctx))
+    why = _default_group(ctx, dist)
+    if why:
+        return None, why
+    group = dist.new_group(list(range(ctx.size)), backend="nccl",
+                           timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    return NcclLib(torch, dist, group), ""
 
 
 def peer_unsupported(op: Operation, lib: Library, args: argparse.Namespace) -> str:

@@ -47,7 +47,7 @@ from shmproxy.tools.bench import device as bench_device
 from shmproxy.tools.bench.measure import IDLE_SETTLE_S, RAW_TIMES, _finish_check, measure_idle, measure_post
 from shmproxy.tools.bench.operation import Ctx, Operation, row_size
 from shmproxy.tools.bench.overlap import measure_overlap
-from shmproxy.tools.bench.peers import open_gloo, open_mpi, open_mpi_layer, peer_unsupported, probe
+from shmproxy.tools.bench.peers import open_gloo, open_mpi, open_mpi_layer, open_nccl, peer_unsupported, probe
 from shmproxy.tools.bench.progress_bar import Progress
 from shmproxy.tools.bench.report import _write_json, build_report, collect_environment, plot_report
 from shmproxy.tools.bench.sizes import default_iters, default_warmup
@@ -106,12 +106,13 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
         gpu = bench_device.local_gpu(ctx)
         bench_device.enable(libs[0], gpu)
     for name in args.peers:
-        why = bench_device.peer_unsupported(name, op.name) if on_gpu else ""
+        why = bench_device.peer_unsupported(name, op.name) if on_gpu else bench_device.host_unsupported(name)
         if why:
             skipped[name] = why
             say(f"# {name} skipped: {why}")
             continue
-        lib, why = {"mpi4py": open_mpi, "shmproxy.MPI": open_mpi_layer}.get(name, open_gloo)(ctx)
+        opener = {"mpi4py": open_mpi, "shmproxy.MPI": open_mpi_layer, "nccl": open_nccl}.get(name, open_gloo)
+        lib, why = opener(ctx)
         if lib is not None and on_gpu:
             bench_device.enable(lib, gpu)
         if not agree(comm, lib is not None):
@@ -144,9 +145,11 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
         say(f"# window {args.idle_seconds:g} s after {IDLE_SETTLE_S:g} s to settle; proxy = the progress"
             f" process (% of one core, voluntary wake-ups/s), waiting = the busiest rank blocked in recv")
     elif on_gpu:
-        say(f"# device buffers on GPU {gpu} of each rank (cupy arrays for shmproxy, torch CUDA tensors for "
-            f"gloo); time = median over iterations, max over ranks; p99 likewise")
-        say(bench_device.nccl_note(ctx))
+        say(f"# device buffers on GPU {gpu} of this rank (cupy arrays for shmproxy, torch CUDA tensors for "
+            f"gloo and nccl); time = median over iterations, max over ranks; p99 likewise")
+        note = bench_device.nccl_note(ctx, args.peers)
+        if note:
+            say(note)
     else:
         say(f"# shmproxy buffers: {'comm.alloc (zero-copy)' if args.alloc else 'numpy arrays (staged)'};"
             f" time = median over iterations, max over ranks; p99 likewise"

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# tools/gpu_multi.sh: what a host with two or more GPUs settles, in one go (about 15 minutes).
+#
+#   OUT=/tmp/out tools/gpu_multi.sh        # from the repository root of a lent GPU host
+#
+#   1. the GPU suite (tools/gpu_tests.sh): ranks sharing GPU 0, then one rank per GPU
+#      (tests/test_gpu_multi.py), then the torch backend on CUDA tensors;
+#   2. the limits of the same host: each GPU's device-to-device copy, and the peer copy between
+#      GPUs 0 and 1 (cupy, peer access enabled), 256 MiB, best of 20;
+#   3. shmproxy against NCCL and gloo on device buffers, one rank per GPU, under torchrun:
+#      allreduce 8 B..256 MiB and pingpong 8 B..64 MiB (gloo takes no CUDA tensors in send/recv).
+# Output under $OUT (default ./out): gpu_tests.log, limits.txt, bench_*.log and bench_*.json.
+# Needs shmproxy importable (pip install -e . or the device_bench.sh set-up), cupy, torch with NCCL.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+OUT=${OUT:-./out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+NGPU=$("$PY" -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())' 2>/dev/null || echo 0)
+echo "== $(date -u +%FT%TZ): $NGPU GPU(s)"
+nvidia-smi topo -m 2>&1 | tee "$OUT/topo.txt"
+
+GPU_TESTS_LOG="$OUT/gpu_tests.log" timeout 900 tools/gpu_tests.sh
+tests_rc=$?
+
+"$PY" - <<'EOF' 2>&1 | tee "$OUT/limits.txt"
+import cupy as cp
+n = cp.cuda.runtime.getDeviceCount()
+nbytes, reps = 256 << 20, 20
+
+
+def best(copy, device):
+    with cp.cuda.Device(device):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        times = []
+        for _ in range(reps):
+            s.record()
+            copy()
+            e.record()
+            e.synchronize()
+            times.append(cp.cuda.get_elapsed_time(s, e) / 1e3)
+    return nbytes / min(times) / 1e9
+
+
+bufs = []
+for d in range(n):
+    with cp.cuda.Device(d):
+        a, b = cp.ones(nbytes, cp.uint8), cp.empty(nbytes, cp.uint8)
+        bufs.append((a, b))
+        d2d = best(lambda: cp.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, nbytes, 3,   # DeviceToDevice
+                                                       cp.cuda.get_current_stream().ptr), d)
+        print(f"GPU {d}: device-to-device copy {d2d:.0f} GB/s (cudaMemcpyAsync)")
+if n >= 2:
+    with cp.cuda.Device(1):
+        ok = cp.cuda.runtime.deviceCanAccessPeer(1, 0)
+        if ok:
+            cp.cuda.runtime.deviceEnablePeerAccess(0)
+    src, dst = bufs[0][0], bufs[1][1]
+    gbs = best(lambda: cp.cuda.runtime.memcpyPeerAsync(dst.data.ptr, 1, src.data.ptr, 0, nbytes,
+                                                       cp.cuda.get_current_stream().ptr), 1)
+    print(f"GPU 0 -> GPU 1 peer copy (peer access {'on' if ok else 'unavailable'}): {gbs:.0f} GB/s")
+EOF
+
+if [ "$NGPU" -ge 2 ]; then
+    for spec in "allreduce -b 8 -e 256M -f 8 --peers nccl,gloo" "pingpong -b 8 -e 64M -f 8 --peers nccl"; do
+        name=bench_${spec%% *}
+        # shellcheck disable=SC2086
+        OMP_NUM_THREADS=1 timeout 400 "$PY" -m torch.distributed.run --nproc-per-node "$NGPU" \
+            -m shmproxy.tools.bench $spec --device cuda --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log"
+    done
+else
+    echo "fewer than 2 GPUs: the NCCL comparison needs a GPU per rank; skipped"
+fi
+exit $tests_rc
