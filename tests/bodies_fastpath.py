@@ -15,7 +15,7 @@ import shmproxy
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 
 LARGE = 96 << 10      # above SEND_BUFFER_BYTES: a rendezvous through the progress process
-MEDIUM = 4096         # above FAST_BYTES, below SEND_BUFFER_BYTES: buffered by the progress process
+MEDIUM = 4096         # with FAST_BYTES=1K (the test's "small" mode): buffered by the progress process
 SMALL = 8
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/small_ops_bench.sh: small operations (8 B to 8 KiB) against mpi4py in the same runs, with the fast
+# tools/small_ops_bench.sh: small operations (8 B to 64 KiB) against mpi4py in the same runs, with the fast
 # path on and off (SHMPROXY_FAST_BYTES=0), on one host: the figures of issue 25 (docs/architecture.md,
 # "The fast path").
 #
@@ -7,8 +7,8 @@
 #   OUT=/tmp/res RANKS="2 8 16" tools/small_ops_bench.sh
 #
 # Steps, each under `timeout`, for FAST in on off:
-#   pingpong 8 B..8 KiB at 2 ranks and at 8 ranks (ranks 0 and 1 talk, the others idle in Recv)
-#   allreduce 8 B..8 KiB and barrier at each rank count of RANKS above 2
+#   pingpong 8 B..64 KiB at 2 ranks and at 8 ranks (ranks 0 and 1 talk, the others idle in Recv)
+#   allreduce 8 B..64 KiB and barrier at each rank count of RANKS above 2
 # Launcher: Open MPI's mpirun (--bind-to core, as MPI is benchmarked; root allowed) or MPICH's mpiexec.
 # Output under ${OUT:-./small-out}: small_ops.log (every table) and one JSON per run (runs/*.json).
 set -uo pipefail
@@ -41,11 +41,11 @@ run() {  # run NAME NRANKS ARGS...: one shmproxy-bench run, its table to the log
 
 for FAST in on off; do
     if [ "$FAST" = off ]; then export SHMPROXY_FAST_BYTES=0; else export SHMPROXY_FAST_BYTES=auto; fi
-    run pingpong2 2 pingpong -b 8 -e 8K -f 8
+    run pingpong2 2 pingpong -b 8 -e 64K -f 8
     for n in $RANKS; do
         [ "$n" -le 2 ] && continue
-        [ "$n" -eq 8 ] && run pingpong8 8 pingpong -b 8 -e 8K -f 8
-        run "allreduce$n" "$n" allreduce -b 8 -e 8K -f 8
+        [ "$n" -eq 8 ] && run pingpong8 8 pingpong -b 8 -e 64K -f 8
+        run "allreduce$n" "$n" allreduce -b 8 -e 64K -f 8
         run "barrier$n" "$n" barrier
     done
 done

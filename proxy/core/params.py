@@ -203,13 +203,17 @@ _DECLARED: tuple[Param, ...] = (
        "Recv takes it itself, and a blocking Barrier, Allreduce, Bcast or Reduce of at most this many bytes "
        "per rank runs between the ranks; the progress process keeps everything else (docs/architecture.md, "
        "'The fast path'). Every rank must use the same value. auto (-1): as large as keeps the cells of "
-       "every pair within FAST_AUTO_POOL_BYTES, between 512 B and 8 KiB. 0 = off.", -1, 65536),
+       "every pair within FAST_AUTO_POOL_BYTES, between 512 B and FAST_AUTO_MAX_BYTES. 0 = off.", -1, 65536),
     _p("FAST_DEVICE_REDUCTIONS", _parse_bool, False,
        "Small blocking Allreduce and Reduce of device arrays run between the ranks through host copies, as "
        "a small device Bcast does. Off by default: on a GPU shared by ranks without MPS the two copies per "
        "call cost more than the progress process's path (BENCHMARKS.md). Every rank must use the same value."),
     _p("FAST_AUTO_POOL_BYTES", parse_size, 4 << 20,
        "With FAST_BYTES=auto: the shared memory the fast path's cells of a communicator may take.", 0),
+    _p("FAST_AUTO_MAX_BYTES", parse_size, 64 << 10,
+       "With FAST_BYTES=auto: the largest message the fast path takes, where FAST_AUTO_POOL_BYTES allows "
+       "it (2 to 4 ranks per node; 16 KiB at 8, 4 KiB at 16). Up to 64 KiB, two copies between the ranks "
+       "beat a trip through the progress process (BENCHMARKS.md, 'The fast path's size').", 512, 65536),
     _p("FAST_MAX_RANKS", int, 64,
        "The fast path's shared memory grows with the square of the ranks on a node: above this many it is "
        "off.", 1, 1024),
@@ -385,14 +389,15 @@ class Params:
     def fast_bytes(self, nlocal: int, size: int) -> int:
         """The fast path's message limit on a communicator of ``size`` ranks, ``nlocal`` on this node:
         0 (off) unless they all are, and no more than FAST_MAX_RANKS; FAST_BYTES, or its automatic
-        value (a power of two: the cells of nlocal**2 pairs, FAST_CELLS each, in FAST_AUTO_POOL_BYTES)."""
+        value (a power of two: the cells of nlocal**2 pairs, FAST_CELLS each, in FAST_AUTO_POOL_BYTES,
+        at most FAST_AUTO_MAX_BYTES)."""
         if nlocal != size or nlocal > self.FAST_MAX_RANKS or self.FAST_BYTES == 0:
             return 0
         if self.FAST_BYTES > 0:
             return self.FAST_BYTES
         per = self.FAST_AUTO_POOL_BYTES // (4 * nlocal * nlocal)
         b = 512
-        while b * 2 <= min(per, 8192):
+        while b * 2 <= min(per, self.FAST_AUTO_MAX_BYTES):
             b *= 2
         return b
 
