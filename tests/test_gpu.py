@@ -142,7 +142,7 @@ def test_repeated_collectives_on_the_same_buffers(nranks, graphs, completes):
         assert r["cases"] == 94
         assert r["remembered"] >= 3, "the rank remembered no checked device collective"
     gpus = res.results[0]["gpus"]
-    assert len(gpus) == 1 and gpus[0]["devices"] == [0], gpus
+    assert len(gpus) == 1 and gpus[0]["devices"] == [0] and gpus[0]["peer_mappings"] == 0, gpus
     # repeated copies run as graphs that publish their requests (transports/cuda_publish.py)
     assert gpus[0]["gpu_publishes_completions"] == ([0] if graphs == completes == "1" else []), gpus
     if graphs == "1":   # the reductions (Allreduce x3 ops, IN_PLACE, Reduce per root) and the messages

@@ -90,6 +90,8 @@ def test_repeated_collectives_across_gpus(nranks, graphs, completes):
     gpus = res.results[0]["gpus"]
     used = sorted({r % NGPU for r in range(nranks)})
     assert len(gpus) == 1 and gpus[0]["devices"] == used, gpus
+    # rank 1's arrays on GPU 1, reduced by a kernel on GPU 0: mapped again in GPU 0's context
+    assert gpus[0]["peer_mappings"] >= 1, gpus
     if graphs == "1":
         assert gpus[0]["graphs"] >= 5 and gpus[0]["planned_reductions"] >= 5, gpus
 
