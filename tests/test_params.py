@@ -43,3 +43,20 @@ def test_bad_param_values_raise(env):
 def test_unknown_override_raises():
     with pytest.raises(errors.InvalidArgument):
         params_mod.Params(env={}, overrides={"stepz": 3})
+
+
+def test_fast_path_size_by_ranks_crowding_and_settings():
+    """The fast path's automatic size: the largest power of two whose cells fit FAST_AUTO_POOL_BYTES,
+    capped at FAST_AUTO_MAX_BYTES, or at FAST_AUTO_CROWDED_MAX_BYTES where the ranks and the progress
+    process share cores; off across nodes and above FAST_MAX_RANKS; FAST_BYTES set wins."""
+    p = params_mod.Params(env={})
+    sizes = {n: (p.fast_bytes(n, n), p.fast_bytes(n, n, crowded=True)) for n in (2, 3, 4, 8, 16, 64)}
+    assert sizes == {2: (64 << 10, 256 << 10), 3: (64 << 10, 64 << 10), 4: (64 << 10, 64 << 10),
+                     8: (16 << 10, 16 << 10), 16: (4 << 10, 4 << 10), 64: (512, 512)}
+    assert p.fast_bytes(2, 4) == 0 and p.fast_bytes(65, 65) == 0   # across nodes; too many ranks
+    fixed = params_mod.Params(env={"SHMPROXY_FAST_BYTES": "1K"})
+    assert fixed.fast_bytes(2, 2, crowded=True) == 1024 and fixed.fast_bytes(16, 16) == 1024
+    assert params_mod.Params(env={"SHMPROXY_FAST_BYTES": "0"}).fast_bytes(2, 2) == 0
+    small = params_mod.Params(env={"SHMPROXY_FAST_AUTO_MAX_BYTES": "8K",
+                                   "SHMPROXY_FAST_AUTO_CROWDED_MAX_BYTES": "8K"})
+    assert small.fast_bytes(2, 2) == 8 << 10 and small.fast_bytes(2, 2, crowded=True) == 8 << 10

@@ -203,7 +203,8 @@ _DECLARED: tuple[Param, ...] = (
        "Recv takes it itself, and a blocking Barrier, Allreduce, Bcast or Reduce of at most this many bytes "
        "per rank runs between the ranks; the progress process keeps everything else (docs/architecture.md, "
        "'The fast path'). Every rank must use the same value. auto (-1): as large as keeps the cells of "
-       "every pair within FAST_AUTO_POOL_BYTES, between 512 B and FAST_AUTO_MAX_BYTES. 0 = off.", -1, 65536),
+       "every pair within FAST_AUTO_POOL_BYTES, between 512 B and FAST_AUTO_MAX_BYTES "
+       "(FAST_AUTO_CROWDED_MAX_BYTES on a crowded node). 0 = off.", -1, 1 << 20),
     _p("FAST_DEVICE_REDUCTIONS", _parse_bool, False,
        "Small blocking Allreduce and Reduce of device arrays run between the ranks through host copies, as "
        "a small device Bcast does. Off by default: on a GPU shared by ranks without MPS the two copies per "
@@ -213,7 +214,11 @@ _DECLARED: tuple[Param, ...] = (
     _p("FAST_AUTO_MAX_BYTES", parse_size, 64 << 10,
        "With FAST_BYTES=auto: the largest message the fast path takes, where FAST_AUTO_POOL_BYTES allows "
        "it (2 to 4 ranks per node; 16 KiB at 8, 4 KiB at 16). Up to 64 KiB, two copies between the ranks "
-       "beat a trip through the progress process (BENCHMARKS.md, 'The fast path's size').", 512, 65536),
+       "beat a trip through the progress process (BENCHMARKS.md, 'The fast path's size').", 512, 1 << 20),
+    _p("FAST_AUTO_CROWDED_MAX_BYTES", parse_size, 256 << 10,
+       "FAST_AUTO_MAX_BYTES where the node is crowded (fewer cores than local ranks + 2: the progress "
+       "process has no core of its own), still within FAST_AUTO_POOL_BYTES (256 KiB at 2 ranks, 64 KiB "
+       "at 4): there a trip through the progress process also waits for a CPU.", 512, 1 << 20),
     _p("FAST_MAX_RANKS", int, 64,
        "The fast path's shared memory grows with the square of the ranks on a node: above this many it is "
        "off.", 1, 1024),
@@ -386,18 +391,19 @@ class Params:
         (proxy/rank/lifecycle.py) must agree on it, so it is derived here once."""
         return min(self.EAGER_BYTES, self.CHUNK_SIZE)
 
-    def fast_bytes(self, nlocal: int, size: int) -> int:
+    def fast_bytes(self, nlocal: int, size: int, crowded: bool = False) -> int:
         """The fast path's message limit on a communicator of ``size`` ranks, ``nlocal`` on this node:
         0 (off) unless they all are, and no more than FAST_MAX_RANKS; FAST_BYTES, or its automatic
         value (a power of two: the cells of nlocal**2 pairs, FAST_CELLS each, in FAST_AUTO_POOL_BYTES,
-        at most FAST_AUTO_MAX_BYTES)."""
+        at most FAST_AUTO_MAX_BYTES, or FAST_AUTO_CROWDED_MAX_BYTES on a ``crowded`` node)."""
         if nlocal != size or nlocal > self.FAST_MAX_RANKS or self.FAST_BYTES == 0:
             return 0
         if self.FAST_BYTES > 0:
             return self.FAST_BYTES
         per = self.FAST_AUTO_POOL_BYTES // (4 * nlocal * nlocal)
         b = 512
-        while b * 2 <= min(per, self.FAST_AUTO_MAX_BYTES):
+        cap = self.FAST_AUTO_CROWDED_MAX_BYTES if crowded else self.FAST_AUTO_MAX_BYTES
+        while b * 2 <= min(per, cap):
             b *= 2
         return b
 

@@ -83,8 +83,11 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
         self.net_ip = net_ip
         self.path, self.nlocal, self.size = path, nlocal, size
         self.job_key, self.comm_id, self.parent = job_key, comm_id, parent
+        # On a crowded node the ranks and this process share cores (affinity.crowded): the automatic
+        # settings differ there, the fast path's size among them.
+        self.crowded = affinity.crowded(nlocal)
         # The fast path (engine/fastpath.py) needs every rank of the communicator on this node.
-        fast = params.fast_bytes(nlocal, size)
+        fast = params.fast_bytes(nlocal, size, self.crowded)
         layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS, fast)
         self.seg = Segment.create(f"{job_key[:8]}-c{comm_id}", layout.total_bytes, params.SHM_DIR)
         self.view = P.PoolView.initialize(self.seg.mm, self.seg.addr, layout)
@@ -102,7 +105,6 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
         self.watch_ns = int(params.PROXY_WATCH_US * 1000)
         # On a crowded node the loop does not spin right after it completed work of the copy
         # workers: the ranks it just woke need the CPUs to come back and post (see complete_large).
-        self.crowded = affinity.crowded(nlocal)
         self.spin_skip = False
         self.loop_copies = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else self.crowded
         poll_us = params.LOOP_POLL_US if params.LOOP_POLL_US >= 0 else (AUTO_LOOP_POLL_US if self.loop_copies else 0.0)
