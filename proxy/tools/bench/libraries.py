@@ -116,12 +116,13 @@ class MpiLayerLib(MpiLib):
 
 class GlooLib(Library):
     name = "gloo"
+    opened = 0   # torch peers of this run over torch.distributed's default group; the last to close ends it
 
     def __init__(self, torch: Any, dist: Any):
         super().__init__()
         self.torch, self.dist = torch, dist
         self.version = torch.__version__
-        torch_group_taken()
+        GlooLib.opened += 1
         self.send = lambda t, peer, tag: dist.send(t, peer, tag=tag)
         self.recv = lambda t, peer, tag: dist.recv(t, peer, tag=tag)
         self.isend = lambda t, peer, tag: dist.isend(t, peer, tag=tag)
@@ -148,21 +149,11 @@ class GlooLib(Library):
         req.wait()
 
     def close(self) -> None:
-        torch_group_released(self.torch.distributed)
-
-
-_torch_users = [0]   # torch peers of this run open over torch.distributed's default group (gloo, nccl)
-
-
-def torch_group_taken() -> None:
-    _torch_users[0] += 1
-
-
-def torch_group_released(dist: Any) -> None:
-    """A torch peer is done; the last one destroys the default group (and every group with it)."""
-    _torch_users[0] -= 1
-    if _torch_users[0] == 0 and dist.is_initialized():
-        dist.destroy_process_group()
+        """The last torch peer to close destroys the default group (and every group with it)."""
+        GlooLib.opened -= 1
+        dist = self.torch.distributed
+        if not GlooLib.opened and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # What the gloo builders of calls.py call on ``lib.dist``; NcclLib binds each to its group.
@@ -184,13 +175,11 @@ class NcclLib(GlooLib):
         super().__init__(torch, dist)
         self.group = group
         self.version = f"{torch.__version__} (NCCL {'.'.join(map(str, torch.cuda.nccl.version()))})"
-        stream = torch.cuda.current_stream
-        self._dist = dist
 
         def blocking(f: Callable[..., Any]) -> Callable[..., None]:
             def call(*a: Any, **kw: Any) -> None:
                 f(*a, group=group, **kw)
-                stream().synchronize()
+                self._sync()
             return call
 
         self.dist = types.SimpleNamespace(ReduceOp=dist.ReduceOp, **{
@@ -202,12 +191,16 @@ class NcclLib(GlooLib):
         self.irecv = lambda t, peer, tag: p2p(dist.irecv, t, peer, group=group)
         self.waitall = self._batch
 
-    def _batch(self, ops: list[Any]) -> None:
-        for work in self._dist.batch_isend_irecv(ops):
-            work.wait()
+    def _sync(self) -> None:
         self.torch.cuda.current_stream().synchronize()
 
+    def _batch(self, ops: list[Any]) -> None:
+        for work in self.torch.distributed.batch_isend_irecv(ops):
+            work.wait()
+        self._sync()
+
     def close(self) -> None:
-        if self.group is not None and self._dist.is_initialized():
-            self._dist.destroy_process_group(self.group)
-        torch_group_released(self._dist)
+        dist = self.torch.distributed
+        if dist.is_initialized():
+            dist.destroy_process_group(self.group)
+        super().close()
