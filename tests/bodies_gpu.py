@@ -44,40 +44,45 @@ def _input(cp: Any, rank: int, n: int, dtype: str, salt: int = 0) -> Any:
 
 
 def p2p_every_dtype_and_size() -> dict:
-    """Send/Recv and Isend/Irecv of device arrays, both directions; host<->device messages too."""
+    """Send/Recv and Isend/Irecv of device arrays around a ring (rank r sends to r + 1, receives from
+    r - 1), so any rank count works: with 3 ranks on 2 GPUs one message stays on a GPU and two cross.
+    Even ranks post the receive first and send blocking, odd ranks the reverse: every form runs. Then
+    host<->device messages the same way."""
     cp = _cp()
     bad, cases = [], 0
     with shmproxy.init() as comm:
-        me, peer = comm.rank, 1 - comm.rank
+        me = comm.rank
+        right, left = (me + 1) % comm.size, (me - 1) % comm.size
         for dtype in DTYPES:
             for n in SIZES:
-                ref = _input(cp, 0, n, dtype)
-                if me == 0:
-                    comm.Send(ref, 1, tag=n)
-                    out = cp.zeros(n, dtype)
-                    comm.Irecv(out, 1, tag=n + 1).Wait()
+                mine = _input(cp, me, n, dtype)
+                out = cp.zeros(n, dtype)
+                if me % 2 == 0:
+                    r = comm.Irecv(out, left, tag=n)
+                    comm.Send(mine, right, tag=n)
+                    st = r.Wait()
                 else:
-                    out = cp.zeros(n, dtype)
-                    st = comm.Recv(out, 0, tag=n)
-                    if st.nbytes != out.nbytes:
-                        bad.append(f"{dtype} {n}: status nbytes {st.nbytes}")
-                    comm.Isend(out, 0, tag=n + 1).Wait()
+                    s = comm.Isend(mine, right, tag=n)
+                    st = comm.Recv(out, left, tag=n)
+                    s.Wait()
                 cases += 1
-                if not bool((out == ref).all()):
+                if st.nbytes != out.nbytes:
+                    bad.append(f"{dtype} {n}: status nbytes {st.nbytes}")
+                if not bool((out == _input(cp, left, n, dtype)).all()):
                     bad.append(f"{dtype} {n}: data differs")
-        # a host array sent into a device array and back
+        # a host array sent into a device array, and a device array into a host array
         host = np.arange(1000, dtype=np.float32) + me
         dev = cp.zeros(1000, cp.float32)
-        r = comm.Irecv(dev, peer, tag=7)
-        comm.Send(host, peer, tag=7)
+        r = comm.Irecv(dev, left, tag=7)
+        comm.Send(host, right, tag=7)
         r.Wait()
-        if not bool((dev.get() == np.arange(1000, dtype=np.float32) + peer).all()):
+        if not bool((dev.get() == np.arange(1000, dtype=np.float32) + left).all()):
             bad.append("host -> device: data differs")
         back = np.zeros(1000, np.float32)
-        r = comm.Irecv(back, peer, tag=8)
-        comm.Send(dev, peer, tag=8)
+        r = comm.Irecv(back, left, tag=8)
+        comm.Send(dev, right, tag=8)
         r.Wait()
-        if not (back == host).all():
+        if not (back == np.arange(1000, dtype=np.float32) + (left - 1) % comm.size).all():
             bad.append("device -> host: data differs")
         cases += 2
     return {"cases": cases, "bad": bad}

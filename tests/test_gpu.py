@@ -48,7 +48,7 @@ def _used_bytes() -> int:
     return total - free
 
 
-@pytest.mark.parametrize("nranks", [2])
+@pytest.mark.parametrize("nranks", [2, 3])
 def test_p2p_every_dtype_and_size(nranks):
     res = run_ranks(BODY + "p2p_every_dtype_and_size", nranks, timeout=180)
     _all_correct(res, 30)

@@ -105,6 +105,7 @@ class _Gpu:
         self.events: dict[tuple[int, int], list[int]] = {}   # (local rank, device) -> the rank's opened ring
         self.event_regs: dict[tuple[int, int], tuple[int, int]] = {}  # (local rank, buf_id) -> the ring's key
         self.streams: dict[int, Any] = {}
+        self.relays: dict[int, tuple[Any, Any]] = {}   # device -> (stream, event) (wait_for_rank)
         self.free_events: dict[int, list[Any]] = {}
         self.pending: dict[int, Any] = {}                # sub slot -> the event its copies end with
         self.retired: collections.deque = collections.deque()   # handles to close once nothing is in flight
@@ -310,24 +311,48 @@ class _Gpu:
         stream = self.stream(device)
         self.use(device)
         for op in ops:
-            self.wait_for_rank(op, stream)
+            self.wait_for_rank(op, stream, device)
         return stream
 
-    def wait_for_rank(self, op: Any, stream: Any) -> None:
-        """Order ``stream`` after the work the op's rank queued before posting it: nothing when the
-        rank's stream was idle (no FLAG_STREAM_EVENT) or the memory is the host's (ready at post)."""
+    def wait_for_rank(self, op: Any, stream: Any, device: int) -> None:
+        """Order ``stream`` (of ``device``, current) after the work the op's rank queued before posting
+        it: nothing when the rank's stream was idle (no FLAG_STREAM_EVENT) or the memory is the host's
+        (ready at post)."""
         if not op.flags & FLAG_STREAM_EVENT or mem_kind(op.mem) != MemKind.CUDA:
             return
-        ring = self.events.get((op.owner, mem_device(op.mem)))
+        owner = mem_device(op.mem)
+        ring = self.events.get((op.owner, owner))
         if ring is None:
             raise InvalidArgument(f"{op.describe()}: rank {op.rank} registered no stream events for device "
-                                  f"{mem_device(op.mem)}")
+                                  f"{owner}")
         ev = ring[op.req_slot % NEVENTS]
         # A wait on a finished event is not free where ranks share the GPU: the stream then depends on
         # another process's context, and the GPU may switch contexts to settle it; skipping it keeps
         # the copy in ours.
-        if not self.drv.done(ev):
+        if self.drv.done(ev):
+            return
+        if owner == device:
             self.drv.wait(stream.ptr, ev)
+            return
+        # The rank's interprocess event belongs to its own GPU, and cuStreamWaitEvent on another GPU's
+        # stream faulted inside the driver (2 H200s, driver 580). So a stream of ours on the rank's GPU
+        # waits for it and records an ordinary event, which the other GPU's stream waits for.
+        relay, mark = self.relay(owner)
+        self.use(owner)
+        self.drv.wait(relay.ptr, ev)
+        self.drv.record(mark.ptr, relay.ptr)
+        self.use(device)
+        self.drv.wait(stream.ptr, mark.ptr)   # takes the record just made: re-recording later is safe
+
+    def relay(self, device: int) -> tuple[Any, Any]:
+        """A stream and an event of ``device`` that pass a rank's event on to another GPU's stream
+        (wait_for_rank); a stream apart, so that the wait holds back no copy of ours on ``device``."""
+        r = self.relays.get(device)
+        if r is None:
+            with self.cp.cuda.Device(device):
+                r = self.relays[device] = (self.cp.cuda.Stream(non_blocking=True),
+                                           self.cp.cuda.Event(block=False, disable_timing=True))
+        return r
 
     def end_event(self, device: int, stream: Any) -> Any:
         """An event recorded on ``stream`` after the copies queued so far (recycled once polled done)."""
@@ -462,7 +487,7 @@ class _Gpu:
         return g
 
     def free(self) -> None:
-        for s in self.streams.values():
+        for s in [*self.streams.values(), *(r for r, _e in self.relays.values())]:
             s.synchronize()   # at exit only: nothing may still read a handle closed below, or write a slot
         self.pending.clear()
         with self.lock:

@@ -87,8 +87,12 @@ class Comm(Lifecycle, Posting, Waiting):
             return self._device_memory().alloc(tuple(int(s) for s in shp), dt, device)
         return self._registry.alloc(tuple(int(s) for s in shp), dt)
 
-    def alloc_device(self, shape: int | tuple[int, ...], dtype: Any = np.float32, device: int = 0) -> Any:
-        """``alloc(shape, dtype, device=device)``."""
+    def alloc_device(self, shape: int | tuple[int, ...], dtype: Any = np.float32,
+                     device: int | None = None) -> Any:
+        """``alloc(shape, dtype, device=device)``; without ``device``, on this process's current CUDA
+        device (cupy's, as ``cupy.empty`` would use), not GPU 0."""
+        if device is None:
+            device = self._device_memory().current_device()
         return self.alloc(shape, dtype, device)
 
     # ------------------------------------------------------------------ point-to-point API
