@@ -137,7 +137,9 @@ def unlink_stale_sockets(paths: Iterable[str]) -> list[str]:
 class LeakGuard:
     """Records what exists before a test and, after it, finds what the test left behind and removes it.
 
-    Looked at: POSIX shm segments ``<shm_dir>/shmproxy-*``; processes whose command line contains
+    Looked at: POSIX shm segments ``<shm_dir>/shmproxy-*``, and ``<shm_dir>/cuda.shm.*``, the files
+    in which the CUDA driver keeps a process's interprocess events (the ranks' device-op events,
+    which shmproxy removes: transports/cuda_driver.py); processes whose command line contains
     ``shmproxy.engine.progress`` or whose environment has SHMPROXY_JOB_ID (the harness's ranks and everything
     they start); service sockets ``*.sock`` in the run directories. Only what belongs to this test
     process counts: a process that descends from it, or that carries SPTEST_OWNER=<its pid> (set by
@@ -163,7 +165,7 @@ class LeakGuard:
     # -- listing
     def _list_segments(self) -> set[str]:
         try:
-            return {n for n in os.listdir(self.shm_dir) if n.startswith("shmproxy-")}
+            return {n for n in os.listdir(self.shm_dir) if n.startswith(("shmproxy-", "cuda.shm."))}
         except FileNotFoundError:
             return set()
 

@@ -46,9 +46,10 @@ from shmproxy.core import log
 from shmproxy.core.errors import InternalError, InvalidArgument, InvalidUsage, SystemError_
 from shmproxy.core.memory import mem_device, mem_kind
 from shmproxy.core.ops import FLAG_STREAM_EVENT
+from shmproxy.core.process import alive as process_alive
 from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Registration, Transport,
                                       TransportContext)
-from shmproxy.transports.cuda_driver import Driver
+from shmproxy.transports.cuda_driver import Driver, remove_event_files
 from shmproxy.transports import cuda_publish
 from shmproxy.transports.cuda_publish import Publisher
 
@@ -104,6 +105,7 @@ class _Gpu:
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
         self.events: dict[tuple[int, int], list[int]] = {}   # (local rank, device) -> the rank's opened ring
         self.event_regs: dict[tuple[int, int], tuple[int, int]] = {}  # (local rank, buf_id) -> the ring's key
+        self.event_pids: set[int] = set()   # the processes whose rings were opened (free)
         self.streams: dict[int, Any] = {}
         self.relays: dict[int, tuple[Any, Any]] = {}   # device -> (stream, event) (wait_for_rank)
         self.free_events: dict[int, list[Any]] = {}
@@ -147,7 +149,10 @@ class _Gpu:
             raws = [_handle(reg, t) for t in texts]
             with self.cp.cuda.Device(reg.device):
                 ring = [self.rt.ipcOpenEventHandle(r) for r in raws]
+            pid = info.get("pid")
             with self.lock:
+                if isinstance(pid, int) and pid > 0:
+                    self.event_pids.add(pid)
                 old = self.events.pop((reg.local_rank, reg.device), None)
                 self.events[(reg.local_rank, reg.device)] = ring
                 self.event_regs[key] = (reg.local_rank, reg.device)
@@ -506,6 +511,9 @@ class _Gpu:
         if self.publisher is not None:   # after the graphs whose kernels read its cells
             self.publisher.close()
             self.publisher = None
+        for pid in self.event_pids:   # a rank that died left its events' file (cuda_driver.py)
+            if not process_alive(pid):
+                remove_event_files(pid)
 
     def describe(self) -> dict:
         """For the dump: the GPUs this process holds a context, mappings or streams on."""

@@ -15,9 +15,14 @@ error; the progress loop then fails the communicator, as NCCL reports an asynchr
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any, Callable
 
+from shmproxy.core import log
 from shmproxy.core.errors import InvalidArgument, SystemError_
+
+_log = log.get("CUDA")
+SHM_DIR = "/dev/shm"
 
 _SUCCESS, _NOT_READY = 0, 600          # CUresult: CUDA_SUCCESS, CUDA_ERROR_NOT_READY
 _CAPTURE_THREAD_LOCAL = 1              # CUstreamCaptureMode: other threads' CUDA calls stay unrestricted
@@ -188,3 +193,47 @@ def _fn(lib: Any, name: str, argtypes: list) -> Any:
     f.argtypes = argtypes
     f.restype = ctypes.c_int
     return f
+
+
+# The driver keeps a process's interprocess events in a file of its own in /dev/shm, named
+# cuda.shm.<n>.<the pid in hex>.<n>, which another process opens by name with the event's handle.
+# It is made with the process's first interprocess event and never removed: not when the events are
+# destroyed, nor at a clean exit (driver 580, BENCHMARKS.md). Our ranks make such events, so the file
+# is ours to remove: the rank itself at exit (rank/device.py), the progress process for a rank that
+# died (transports/cuda.py, at its exit).
+def event_files(pid: int) -> list[str]:
+    """The paths of process ``pid``'s interprocess-event files, where this user owns them."""
+    tag, uid = f"{pid:x}", os.geteuid()
+    out = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return out
+    for name in names:
+        parts = name.split(".")
+        if len(parts) == 5 and parts[0] == "cuda" and parts[1] == "shm" and parts[3] == tag:
+            path = os.path.join(SHM_DIR, name)
+            try:
+                if os.lstat(path).st_uid == uid:
+                    out.append(path)
+            except FileNotFoundError:
+                continue
+    return out
+
+
+def remove_event_files(pid: int) -> list[str]:
+    """Remove process ``pid``'s interprocess-event files: ``pid`` is this process at its exit, or a
+    rank of ours that is gone. A process that opened its events already holds them mapped, so nothing
+    in use goes with the name. Returns the paths removed."""
+    removed = []
+    for path in event_files(pid):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            _log.info("left %s alone: %s", path, exc)
+    if removed:
+        _log.debug("removed the interprocess-event files of pid %d: %s", pid, removed)
+    return removed

@@ -40,7 +40,9 @@ dropped.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
+import os
 import sys
 import weakref
 from typing import Any, Callable
@@ -50,6 +52,7 @@ import numpy as np
 from shmproxy.core import errors
 from shmproxy.core.memory import MemKind, device_array_kind, mem_word
 from shmproxy.core.ops import DTYPE_BFLOAT16, DTYPE_CODE, IN_PLACE as _IN_PLACE, SUPPORTED_DTYPES, ReduceOp
+from shmproxy.transports.cuda_driver import remove_event_files
 
 NEVENTS = 16    # interprocess events per rank and device (see the header)
 # Whether a post records its event even when the stream is idle (see DeviceMemory.record): False but
@@ -195,8 +198,7 @@ class DeviceMemory:
             s = self._streams[(handle, device)] = cp.cuda.ExternalStream(handle, device)
         return s
 
-    def alloc(self, shape: tuple[int, ...], dtype: np.dtype, device: int) -> Any:
-        """A zeroed cupy array in an allocation of its own on ``device``, registered now (see the header)."""
+    def _cupy(self) -> Any:
         global _cupy
         if _cupy is None:
             try:
@@ -205,7 +207,16 @@ class DeviceMemory:
                 raise errors.InvalidArgument(f"comm.alloc(device=...) needs cupy, which cannot be imported "
                                              f"here: {exc}") from None
             _cupy = cupy
-        cp = self.cp = _cupy
+        self.cp = _cupy
+        return _cupy
+
+    def current_device(self) -> int:
+        """This process's current CUDA device, as cupy sees it."""
+        return int(self._cupy().cuda.runtime.getDevice())
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype, device: int) -> Any:
+        """A zeroed cupy array in an allocation of its own on ``device``, registered now (see the header)."""
+        cp = self._cupy()
         if dtype.char not in DTYPE_CODE:
             raise errors.InvalidArgument(f"unsupported dtype {dtype}; supported: {SUPPORTED_DTYPES}")
         ndev = cp.cuda.runtime.getDeviceCount()
@@ -351,10 +362,30 @@ class DeviceMemory:
         ring = [cp.cuda.Event(block=False, disable_timing=True, interprocess=True) for _ in range(NEVENTS)]
         handles = [bytes(cp.cuda.runtime.ipcGetEventHandle(ev.ptr)).hex() for ev in ring]
         self._register({"buf_id": self._new_id(), "bytes": 0, "kind": "cuda", "device": device,
-                        "info": {"events": handles, "bus": self._bus_id(device)}})
+                        "info": {"events": handles, "bus": self._bus_id(device),
+                                         "pid": os.getpid()}})
         self._events[device] = ring
         self._recorded_on[device] = [0] * NEVENTS
+        _remove_event_files_at_exit()
         return ring
+
+
+_event_files_of = 0   # the pid whose exit removes its interprocess-event files (0: none made yet)
+
+
+def _remove_event_files_at_exit() -> None:
+    """The driver leaves the file of this process's interprocess events in /dev/shm after any exit
+    (transports/cuda_driver.py): remove it at ours. The progress process opened the ring when it was
+    registered, so the name is no longer needed by then."""
+    global _event_files_of
+    if _event_files_of != os.getpid():
+        _event_files_of = os.getpid()
+        atexit.register(_remove_own_event_files, _event_files_of)
+
+
+def _remove_own_event_files(pid: int) -> None:
+    if os.getpid() == pid:   # a forked child inherits the handler, not the parent's events
+        remove_event_files(pid)
 
 
 def call_key(coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:
