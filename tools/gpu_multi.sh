@@ -4,6 +4,7 @@
 #   OUT=/tmp/out tools/gpu_multi.sh        # from the repository root of a lent GPU host
 #   STEPS="limits bench" tools/gpu_multi.sh   # some steps only (default: tests limits bench): a lent
 #                                             # machine's command is bounded (10 min), so split there
+#   BENCH_TIMEOUT_S=150 (default 400) bounds each bench run; TESTS_TIMEOUT_S (default 900) the suite
 #
 #   1. the GPU suite (tools/gpu_tests.sh): ranks sharing GPU 0, then one rank per GPU
 #      (tests/test_gpu_multi.py), then the torch backend on CUDA tensors;
@@ -27,7 +28,7 @@ STEPS=${STEPS:-"tests limits bench"}
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 tests_rc=0
 if has tests; then
-    GPU_TESTS_LOG="$OUT/gpu_tests.log" timeout 900 tools/gpu_tests.sh
+    GPU_TESTS_LOG="$OUT/gpu_tests.log" timeout "${TESTS_TIMEOUT_S:-900}" tools/gpu_tests.sh
     tests_rc=$?
 fi
 
@@ -75,7 +76,7 @@ elif [ "$NGPU" -ge 2 ]; then
     for spec in "allreduce -b 8 -e 256M -f 8 --peers nccl,gloo" "pingpong -b 8 -e 64M -f 8 --peers nccl"; do
         name=bench_${spec%% *}
         # shellcheck disable=SC2086
-        OMP_NUM_THREADS=1 timeout 400 "$PY" -m torch.distributed.run --nproc-per-node "$NGPU" \
+        OMP_NUM_THREADS=1 timeout "${BENCH_TIMEOUT_S:-400}" "$PY" -m torch.distributed.run --nproc-per-node "$NGPU" \
             -m shmproxy.tools.bench $spec --device cuda --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log"
     done
 else

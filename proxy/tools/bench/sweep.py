@@ -145,8 +145,8 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
         say(f"# window {args.idle_seconds:g} s after {IDLE_SETTLE_S:g} s to settle; proxy = the progress"
             f" process (% of one core, voluntary wake-ups/s), waiting = the busiest rank blocked in recv")
     elif on_gpu:
-        say(f"# device buffers on GPU {gpu} of this rank (cupy arrays for shmproxy, torch CUDA tensors for "
-            f"gloo and nccl); time = median over iterations, max over ranks; p99 likewise")
+        say(f"# device buffers on {bench_device.placement(ctx)} (cupy arrays for shmproxy, torch CUDA "
+            f"tensors for gloo and nccl); time = median over iterations, max over ranks; p99 likewise")
         note = bench_device.nccl_note(ctx, args.peers)
         if note:
             say(note)
