@@ -21,7 +21,7 @@ and a context created then (``_Gpu``), so host-only jobs pay nothing.
 Order and completion (NCCL's stream semantics): a device op whose rank's stream had work queued at
 post time carries FLAG_STREAM_EVENT, and its rank's interprocess event recorded after that work
 (shmproxy.rank.device); the copy stream waits on the events of both ops before it copies, unless
-they have finished already. After the copies the transport records an event of its own and the
+they have finished already (transports/cuda_events.py, which also relays such a wait between GPUs). After the copies the transport records an event of its own and the
 message's one sub is done when that event is (polled by ``proxy_progress``, never a device-wide
 synchronize), so a request completes with its bytes in place. A repeated copy runs as a graph that
 also publishes the requests itself, a kernel storing each one's completion word behind the copy
@@ -45,16 +45,14 @@ from typing import Any
 from shmproxy.core import log
 from shmproxy.core.errors import InternalError, InvalidArgument, InvalidUsage, SystemError_
 from shmproxy.core.memory import mem_device, mem_kind
-from shmproxy.core.ops import FLAG_STREAM_EVENT
-from shmproxy.core.process import alive as process_alive
 from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Registration, Transport,
                                       TransportContext)
-from shmproxy.transports.cuda_driver import Driver, remove_event_files
+from shmproxy.transports.cuda_driver import Driver
+from shmproxy.transports.cuda_events import RankEvents
 from shmproxy.transports import cuda_publish
 from shmproxy.transports.cuda_publish import Publisher
 
 _log = log.get("CUDA")
-NEVENTS = 16            # the ranks' event ring (shmproxy.rank.device.NEVENTS): an op uses req_slot % NEVENTS
 HANDLE_BYTES = 64       # cudaIpcMemHandle_t and cudaIpcEventHandle_t
 GRAPHS_MAX = 64         # repeated copies kept as graphs (see _Gpu.copy)
 ROUTES_MAX = 1024       # messages' resolved buffers kept (see _Gpu.route)
@@ -103,11 +101,8 @@ class _Gpu:
         self.peer_access: dict[tuple[int, int], bool] = {}   # (device, owner's device) -> may it map it
         self.bus_ids: dict[int, str] = {}    # device -> its PCI bus id in this process (check_device)
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
-        self.events: dict[tuple[int, int], list[int]] = {}   # (local rank, device) -> the rank's opened ring
-        self.event_regs: dict[tuple[int, int], tuple[int, int]] = {}  # (local rank, buf_id) -> the ring's key
-        self.event_pids: set[int] = set()   # the processes whose rings were opened (free)
+        self.events = RankEvents(cupy, self.drv, self.lock)   # the ranks' stream events (cuda_events.py)
         self.streams: dict[int, Any] = {}
-        self.relays: dict[int, tuple[Any, Any]] = {}   # device -> (stream, event) (wait_for_rank)
         self.free_events: dict[int, list[Any]] = {}
         self.pending: dict[int, Any] = {}                # sub slot -> the event its copies end with
         self.retired: collections.deque = collections.deque()   # handles to close once nothing is in flight
@@ -143,19 +138,8 @@ class _Gpu:
         key = (reg.local_rank, reg.buf_id)
         if "events" in info:
             texts = info["events"]
-            if not isinstance(texts, list) or len(texts) != NEVENTS:
-                raise InvalidArgument(f"REGISTER of cuda memory (device {reg.device}) by rank {reg.rank}: "
-                                      f"'events' must list {NEVENTS} event handles")
-            raws = [_handle(reg, t) for t in texts]
-            with self.cp.cuda.Device(reg.device):
-                ring = [self.rt.ipcOpenEventHandle(r) for r in raws]
-            pid = info.get("pid")
-            with self.lock:
-                if isinstance(pid, int) and pid > 0:
-                    self.event_pids.add(pid)
-                old = self.events.pop((reg.local_rank, reg.device), None)
-                self.events[(reg.local_rank, reg.device)] = ring
-                self.event_regs[key] = (reg.local_rank, reg.device)
+            raws = [_handle(reg, t) for t in texts] if isinstance(texts, list) else []
+            old = self.events.register(reg, raws, info.get("pid"))
             if old is not None:
                 self.retired.append(("events", old))
             return
@@ -182,9 +166,8 @@ class _Gpu:
     def deregister(self, reg: Registration) -> None:
         key = (reg.local_rank, reg.buf_id)
         with self.lock:
-            ring_key = self.event_regs.pop(key, None)
-            if ring_key is not None:
-                return   # a ring lives as long as its rank's registrations: closed at exit
+            if self.events.forget(key):
+                return
             found = self.mem.pop(key, None)
             if found is None:
                 return
@@ -316,48 +299,8 @@ class _Gpu:
         stream = self.stream(device)
         self.use(device)
         for op in ops:
-            self.wait_for_rank(op, stream, device)
+            self.events.wait_for_rank(op, stream, device, self.use)
         return stream
-
-    def wait_for_rank(self, op: Any, stream: Any, device: int) -> None:
-        """Order ``stream`` (of ``device``, current) after the work the op's rank queued before posting
-        it: nothing when the rank's stream was idle (no FLAG_STREAM_EVENT) or the memory is the host's
-        (ready at post)."""
-        if not op.flags & FLAG_STREAM_EVENT or mem_kind(op.mem) != MemKind.CUDA:
-            return
-        owner = mem_device(op.mem)
-        ring = self.events.get((op.owner, owner))
-        if ring is None:
-            raise InvalidArgument(f"{op.describe()}: rank {op.rank} registered no stream events for device "
-                                  f"{owner}")
-        ev = ring[op.req_slot % NEVENTS]
-        # A wait on a finished event is not free where ranks share the GPU: the stream then depends on
-        # another process's context, and the GPU may switch contexts to settle it; skipping it keeps
-        # the copy in ours.
-        if self.drv.done(ev):
-            return
-        if owner == device:
-            self.drv.wait(stream.ptr, ev)
-            return
-        # The rank's interprocess event belongs to its own GPU, and cuStreamWaitEvent on another GPU's
-        # stream faulted inside the driver (2 H200s, driver 580). So a stream of ours on the rank's GPU
-        # waits for it and records an ordinary event, which the other GPU's stream waits for.
-        relay, mark = self.relay(owner)
-        self.use(owner)
-        self.drv.wait(relay.ptr, ev)
-        self.drv.record(mark.ptr, relay.ptr)
-        self.use(device)
-        self.drv.wait(stream.ptr, mark.ptr)   # takes the record just made: re-recording later is safe
-
-    def relay(self, device: int) -> tuple[Any, Any]:
-        """A stream and an event of ``device`` that pass a rank's event on to another GPU's stream
-        (wait_for_rank); a stream apart, so that the wait holds back no copy of ours on ``device``."""
-        r = self.relays.get(device)
-        if r is None:
-            with self.cp.cuda.Device(device):
-                r = self.relays[device] = (self.cp.cuda.Stream(non_blocking=True),
-                                           self.cp.cuda.Event(block=False, disable_timing=True))
-        return r
 
     def end_event(self, device: int, stream: Any) -> Any:
         """An event recorded on ``stream`` after the copies queued so far (recycled once polled done)."""
@@ -492,7 +435,7 @@ class _Gpu:
         return g
 
     def free(self) -> None:
-        for s in [*self.streams.values(), *(r for r, _e in self.relays.values())]:
+        for s in [*self.streams.values(), *self.events.relay_streams()]:
             s.synchronize()   # at exit only: nothing may still read a handle closed below, or write a slot
         self.pending.clear()
         with self.lock:
@@ -500,9 +443,7 @@ class _Gpu:
                 self.retired.append(("mem", entry))
             self.opened.clear()
             self.mem.clear()
-            for ring in self.events.values():
-                self.retired.append(("events", ring))
-            self.events.clear()
+            self.retired.extend(("events", ring) for ring in self.events.take_all())
             self.retired.extendleft(("graph", g) for g in self.live_graphs)
             self.live_graphs.clear()
             self.plans.clear()
@@ -511,20 +452,18 @@ class _Gpu:
         if self.publisher is not None:   # after the graphs whose kernels read its cells
             self.publisher.close()
             self.publisher = None
-        for pid in self.event_pids:   # a rank that died left its events' file (cuda_driver.py)
-            if not process_alive(pid):
-                remove_event_files(pid)
+        self.events.remove_files_of_the_dead()
 
     def describe(self) -> dict:
         """For the dump: the GPUs this process holds a context, mappings or streams on."""
         with self.lock:
             opened = self.opened.values()
             devices = ({e[2] for e in opened} | {d for e in opened for d, b in e[3].items() if b}
-                       | {d for _lr, d in self.events} | set(self.streams))
+                       | self.events.devices() | set(self.streams))
             return {"devices": sorted(devices), "opened_allocations": len(self.opened),
                     "peer_mappings": sum(1 for e in opened for b in e[3].values() if b),
                     "opened_bytes": sum(size for _h, size, _d in self.mem.values()),
-                    "ranks_with_events": sorted({lr for lr, _d in self.events}),
+                    "ranks_with_events": self.events.ranks(),
                     "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired),
                     "graphs": len(self.live_graphs), "planned_reductions": len(self.plans),
                     "gpu_publishes_completions": self.publisher.devices() if self.publisher else []}

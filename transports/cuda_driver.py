@@ -200,7 +200,7 @@ def _fn(lib: Any, name: str, argtypes: list) -> Any:
 # It is made with the process's first interprocess event and never removed: not when the events are
 # destroyed, nor at a clean exit (driver 580, BENCHMARKS.md). Our ranks make such events, so the file
 # is ours to remove: the rank itself at exit (rank/device.py), the progress process for a rank that
-# died (transports/cuda.py, at its exit).
+# died (transports/cuda_events.py, at its exit).
 def event_files(pid: int) -> list[str]:
     """The paths of process ``pid``'s interprocess-event files, where this user owns them."""
     tag, uid = f"{pid:x}", os.geteuid()
