@@ -154,3 +154,21 @@ def test_profile_writes_a_chrome_trace(tmp_path):
     # a collective's span says whether it was written with streaming stores (above the threshold)
     streamed = {e["name"]: e["args"]["streaming"] for e in events if e["name"].startswith("Allreduce")}
     assert streamed == {"Allreduce #1": 0, "Allreduce #2": 1}, streamed
+    msgs = [e for e in events if e["name"].startswith("msg ")]
+    assert len(msgs) == 40 and {e["args"]["via"] for e in msgs} == {"ranks"}, msgs[:3]
+
+
+def test_profile_traces_the_fast_path_messages_the_progress_process_delivers(tmp_path):
+    """A receive posted before its send (Irecv) waits in the progress process, so the sender's
+    fast-path cell is drained and delivered there, as a buffered send: its span is in the trace too,
+    marked so (it was missing: 1 span of 40 with 256 KiB cells)."""
+    import json
+    path = tmp_path / "trace-%p.json"
+    run_ranks(BODY + "profile_trace", 2, timeout=60, args=(str(path),),
+              env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(path), "SHMPROXY_FAST_BYTES": "256K"})
+    events = json.loads(next(tmp_path.glob("trace-*.json")).read_text())["traceEvents"]
+    msgs = [e for e in events if e["name"].startswith("msg ")]
+    assert sorted({e["name"] for e in msgs}) == ["msg 0->1", "msg 1->0"]
+    assert len(msgs) == 40, [(e["name"], e["args"]) for e in msgs]
+    assert "buffered" in {e["args"]["via"] for e in msgs}
+    assert all(e["args"]["bytes"] == 1 << 18 for e in msgs)

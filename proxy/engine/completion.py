@@ -40,6 +40,8 @@ class Completion:
             self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag)
             if t.send.owner == BUFFERED_OWNER:
                 self.release_buffered(t.send)   # engine/p2p.py
+            if self.profiler.enabled:
+                self._trace_msg(t)
             return
         # Both sides are published before either is woken: a woken rank may preempt this loop on
         # its CPU at once, and the other side would wait behind it (tens of microseconds).
@@ -56,10 +58,18 @@ class Completion:
         if t.nbytes > self.eager:
             self.complete_large()
         if self.profiler.enabled:
-            s, r = t.send, t.recv
-            self.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
-                               bytes=t.nbytes, tag=s.tag, fetch_ns=max(s.t_fetch, r.t_fetch),
-                               match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post))
+            self._trace_msg(t)
+
+    def _trace_msg(self, t: Transfer) -> None:
+        """A message's span, from the first post of its two halves to its delivery. ``via``: "ranks"
+        (both ops were here), "buffered" (the send was copied here first: buffered by this process or
+        a fast-path cell it drained, its sender long returned; the span still starts at its post), or
+        "node" (another node's send: its envelope's arrival here stands for its post)."""
+        s, r = t.send, t.recv
+        via = "ranks" if s.owner >= 0 else "buffered" if s.owner == BUFFERED_OWNER else "node"
+        self.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
+                           bytes=t.nbytes, tag=s.tag, via=via, fetch_ns=max(s.t_fetch, r.t_fetch),
+                           match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post))
 
     def complete(self, op: Op, status: int, nbytes: int, source: int = -1, tag: int = 0,
                  peer_dtype: int = 0, wake: bool = True) -> None:
