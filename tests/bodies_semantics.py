@@ -5,6 +5,7 @@ Each function runs in every rank of a real job (tests/rankmain.py) and raises on
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
@@ -147,6 +148,14 @@ def memory_kinds_are_checked_end_to_end() -> None:
                         or "host and device buffers mixed" in str(exc)), exc
             else:
                 raise AssertionError("a device array was accepted")
+        if importlib.util.find_spec("cupy") is None:   # device allocations need cupy: a clear refusal
+            for call in (lambda: comm.alloc_device(4), lambda: comm.alloc(4, np.float32, device=0)):
+                try:
+                    call()
+                except shmproxy.InvalidArgument as exc:
+                    assert "needs cupy" in str(exc), exc
+                else:
+                    raise AssertionError("a device allocation without cupy was accepted")
         for kind, text in (("cuda", "cuda memory (device 0) by rank"), ("tape", "unknown memory kind 'tape'")):
             try:
                 comm._control(MsgType.REGISTER, {"buf_id": 9999, "bytes": 16, "kind": kind, "device": 0})
