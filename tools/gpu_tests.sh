@@ -5,7 +5,8 @@
 # breakdown (test_bench, test_latency_breakdown).
 #   tools/gpu_tests.sh [extra pytest args]        output also in gpu_tests.log (GPU_TESTS_LOG overrides)
 #   GPU_PROBE=1 also runs tools/gpu_latency_probe.py (two bare processes: the GPU's share of a message)
-#   and tools/gpu_launch_probe.py (what an op's CUDA calls cost, separate or as one graph launch)
+#   and tools/gpu_launch_probe.py (what an op's CUDA calls cost, separate or as one graph launch), and
+#   tools/gpu_stream_order_probe.py (stream order through a host word instead of interprocess events)
 # Needs shmproxy installed (pip install -e .) and cupy for the host's CUDA; torch is optional.
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,7 @@ log=${GPU_TESTS_LOG:-gpu_tests.log}
   if [ -n "$GPU_PROBE" ]; then
     python3 tools/gpu_latency_probe.py   # where a small message's time goes
     python3 tools/gpu_launch_probe.py    # separate driver calls against one graph launch
+    timeout 300 python3 tools/gpu_stream_order_probe.py   # bounded: a stalled stream is what it looks for
   fi
   exit $rc
 } 2>&1 | tee "$log"
