@@ -165,7 +165,8 @@ def test_profile_traces_the_fast_path_messages_the_progress_process_delivers(tmp
     import json
     path = tmp_path / "trace-%p.json"
     run_ranks(BODY + "profile_trace", 2, timeout=60, args=(str(path),),
-              env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(path), "SHMPROXY_FAST_BYTES": "256K"})
+              env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(path),
+                   "SHMPROXY_FAST_BYTES": "256K"})
     events = json.loads(next(tmp_path.glob("trace-*.json")).read_text())["traceEvents"]
     msgs = [e for e in events if e["name"].startswith("msg ")]
     assert sorted({e["name"] for e in msgs}) == ["msg 0->1", "msg 1->0"]

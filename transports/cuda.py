@@ -21,8 +21,9 @@ and a context created then (``_Gpu``), so host-only jobs pay nothing.
 Order and completion (NCCL's stream semantics): a device op whose rank's stream had work queued at
 post time carries FLAG_STREAM_EVENT, and its rank's interprocess event recorded after that work
 (shmproxy.rank.device); the copy stream waits on the events of both ops before it copies, unless
-they have finished already (transports/cuda_events.py, which also relays such a wait between GPUs). After the copies the transport records an event of its own and the
-message's one sub is done when that event is (polled by ``proxy_progress``, never a device-wide
+they have finished already (transports/cuda_events.py, which also relays such a wait between GPUs).
+After the copies the transport records an event of its own and the message's one sub is done when
+that event is (polled by ``proxy_progress``, never a device-wide
 synchronize), so a request completes with its bytes in place. A repeated copy runs as a graph that
 also publishes the requests itself, a kernel storing each one's completion word behind the copy
 (transports/cuda_publish.py), so a rank spinning in Wait returns as the copy ends, not when the loop

@@ -198,7 +198,7 @@ def _fn(lib: Any, name: str, argtypes: list) -> Any:
 # The driver keeps a process's interprocess events in a file of its own in /dev/shm, named
 # cuda.shm.<n>.<the pid in hex>.<n>, which another process opens by name with the event's handle.
 # It is made with the process's first interprocess event and never removed: not when the events are
-# destroyed, nor at a clean exit (driver 580, BENCHMARKS.md). Our ranks make such events, so the file
+# destroyed, nor at a clean exit (driver 580; docs/decisions.md). Our ranks make such events, so the file
 # is ours to remove: the rank itself at exit (rank/device.py), the progress process for a rank that
 # died (transports/cuda_events.py, at its exit).
 def event_files(pid: int) -> list[str]:
