@@ -141,7 +141,8 @@ class LeakGuard:
     in which the CUDA driver keeps a process's interprocess events (the ranks' device-op events,
     which shmproxy removes: transports/cuda_driver.py); processes whose command line contains
     ``shmproxy.engine.progress`` or whose environment has SHMPROXY_JOB_ID (the harness's ranks and everything
-    they start); service sockets ``*.sock`` in the run directories. Only what belongs to this test
+    they start); service sockets ``*.sock`` and those events' marks ``*.cuda-events`` in the run
+    directories. Only what belongs to this test
     process counts: a process that descends from it, or that carries SPTEST_OWNER=<its pid> (set by
     the harness, inherited by the progress process even once it is orphaned); a segment or socket
     that no live foreign process holds. So two test sessions on one machine do not fail each other.
@@ -161,6 +162,7 @@ class LeakGuard:
         self._segments: set[str] = set()
         self._sockets: set[str] = set()
         self._dumps: set[str] = set()
+        self._marks: set[str] = set()
 
     # -- listing
     def _list_segments(self) -> set[str]:
@@ -171,6 +173,10 @@ class LeakGuard:
 
     def _list_sockets(self) -> set[str]:
         return list_sockets(self.dirs)
+
+    def _list_marks(self) -> set[str]:
+        """Marks of a rank's CUDA event files in a run directory (transports/cuda_driver.py)."""
+        return list_files(self.dirs, ".cuda-events")
 
     def _list_dumps(self) -> set[str]:
         """Dump files a progress process wrote into a run directory (tools/dump --signal): output a
@@ -191,6 +197,7 @@ class LeakGuard:
         self._segments = self._list_segments()
         self._sockets = self._list_sockets()
         self._dumps = self._list_dumps()
+        self._marks = self._list_marks()
 
     # -- ownership
     def _descendants(self) -> set[int]:
@@ -244,6 +251,12 @@ class LeakGuard:
         segments = {os.path.join(self.shm_dir, n) for n in self._list_segments() - self._segments}
         leaks += self._remove_unheld("shm segment", segments, file_holders)
         leaks += self._remove_unheld("socket", self._list_sockets() - self._sockets, socket_holders)
+        for path in sorted(self._list_marks() - self._marks):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            leaks.append(f"CUDA event mark {path} left in the run directory, removed")
         for path in sorted(self._list_dumps() - self._dumps):
             try:
                 os.unlink(path)

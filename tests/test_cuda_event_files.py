@@ -57,3 +57,48 @@ def test_a_zombie_is_not_alive():
         assert not alive(p.pid)
     finally:
         p.wait()
+
+
+def test_a_killed_jobs_marks_and_files_are_swept(tmp_path):
+    """A job killed whole leaves its ranks' event files and their marks in the run directory; the next
+    job's sweep removes those of processes that are gone, and nothing else."""
+    dead, me = _dead_pid(), os.getpid()
+    rundir = str(tmp_path)
+    cuda_driver.mark_event_files(rundir, dead)
+    cuda_driver.mark_event_files(rundir, me)
+    files = [_touch(f"cuda.shm.0.{dead:x}.1"), _touch(f"cuda.shm.0.{me:x}.1")]
+    odd = [tmp_path / "x12.cuda-events", tmp_path / f"{dead}.cuda-events.bak"]
+    for p in odd:
+        p.write_bytes(b"")
+    try:
+        removed = cuda_driver.sweep_stale_event_files(rundir)
+        assert sorted(removed) == sorted([files[0], cuda_driver.mark_path(rundir, dead)])
+        assert os.path.exists(files[1]) and os.path.exists(cuda_driver.mark_path(rundir, me))
+        assert all(p.exists() for p in odd)
+        assert cuda_driver.sweep_stale_event_files(str(tmp_path / "missing")) == []
+        # this process at its exit: its file and its mark
+        assert sorted(cuda_driver.remove_event_files(me, rundir)) == sorted([files[1],
+                                                                          cuda_driver.mark_path(rundir, me)])
+    finally:
+        for p in files:
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def test_the_first_rank_sweeps_a_killed_jobs_event_files():
+    """End to end: a mark and an event file of a dead rank in the run directory are gone once the
+    next job has started (local rank 0 sweeps at init, beside the stale sockets and pools)."""
+    from shmproxy.control import bootstrap
+    from shmproxy.core import params
+    from tests.harness import run_ranks
+    rundir = bootstrap.run_dir(params.get())   # the ranks' own, made if missing
+    dead = _dead_pid()
+    cuda_driver.mark_event_files(rundir, dead)
+    file = _touch(f"cuda.shm.0.{dead:x}.1")
+    try:
+        run_ranks("tests.bodies_p2p:self_send", 2, timeout=60)
+        assert not os.path.exists(file) and not os.path.exists(cuda_driver.mark_path(rundir, dead))
+    finally:
+        for p in (file, cuda_driver.mark_path(rundir, dead)):
+            if os.path.exists(p):
+                os.unlink(p)

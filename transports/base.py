@@ -188,6 +188,7 @@ class TransportContext(Protocol):
     timeout: float                       # TIMEOUT: the bound of every wait
     comm_id: int
     net_ip: str                          # the address this node listens on for the others
+    run_dir: str                         # the job's run directory (its sockets; marks a crash may leave)
 
     @property
     def node(self) -> int:

@@ -76,7 +76,7 @@ class _Gpu:
     """The CUDA side of the progress process: cupy, streams, opened handles, events in flight."""
 
     def __init__(self, graphs: bool = True, completes: bool = True, completes_min: int = 0,
-                 fused: bool = True) -> None:
+                 fused: bool = True, run_dir: str = "") -> None:
         import cupy   # here and only here: the first device registration of this process
         self.cp = cupy
         self.rt = cupy.cuda.runtime
@@ -102,7 +102,7 @@ class _Gpu:
         self.peer_access: dict[tuple[int, int], bool] = {}   # (device, owner's device) -> may it map it
         self.bus_ids: dict[int, str] = {}    # device -> its PCI bus id in this process (check_device)
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
-        self.events = RankEvents(cupy, self.drv, self.lock)   # the ranks' stream events (cuda_events.py)
+        self.events = RankEvents(cupy, self.drv, self.lock, run_dir)   # the ranks' stream events
         self.streams: dict[int, Any] = {}
         self.free_events: dict[int, list[Any]] = {}
         self.pending: dict[int, Any] = {}                # sub slot -> the event its copies end with
@@ -481,7 +481,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         if self.gpu is None:
             p = ctx.params
             self.gpu = _Gpu(bool(p.CUDA_GRAPHS), bool(p.CUDA_DEVICE_COMPLETES), int(p.CUDA_DEVICE_COMPLETES_MIN),
-                            bool(p.CUDA_FUSED_REDUCE))
+                            bool(p.CUDA_FUSED_REDUCE), ctx.run_dir)
         return self.gpu
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:

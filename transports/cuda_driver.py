@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from shmproxy.core import log
 from shmproxy.core.errors import InvalidArgument, SystemError_
+from shmproxy.core.process import alive as process_alive
 
 _log = log.get("CUDA")
 SHM_DIR = "/dev/shm"
@@ -198,13 +199,19 @@ def _fn(lib: Any, name: str, argtypes: list) -> Any:
 # The driver keeps a process's interprocess events in a file of its own in /dev/shm, named
 # cuda.shm.<n>.<the pid in hex>.<n>, which another process opens by name with the event's handle.
 # It is made with the process's first interprocess event and never removed: not when the events are
-# destroyed, nor at a clean exit (driver 580; docs/decisions.md). Our ranks make such events, so the file
-# is ours to remove: the rank itself at exit (rank/device.py), the progress process for a rank that
-# died (transports/cuda_events.py, at its exit).
+# destroyed, nor at a clean exit (driver 580; docs/decisions.md). Our ranks make such events, so the
+# file is ours to remove: the rank itself at exit (rank/device.py), the progress process for a rank
+# that died (transports/cuda_events.py, at its exit). A rank that makes them also leaves a mark in
+# the run directory, <pid>.cuda-events, removed with them: where the whole job was killed, nobody
+# of it is left to remove either, and the next job's first rank finds the mark of a pid that is
+# gone (sweep_stale_event_files), as it finds a killed job's socket.
+MARK_SUFFIX = ".cuda-events"
+
+
 def event_files(pid: int) -> list[str]:
     """The paths of process ``pid``'s interprocess-event files, where this user owns them."""
     tag, uid = f"{pid:x}", os.geteuid()
-    out = []
+    out: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
@@ -221,12 +228,23 @@ def event_files(pid: int) -> list[str]:
     return out
 
 
-def remove_event_files(pid: int) -> list[str]:
-    """Remove process ``pid``'s interprocess-event files: ``pid`` is this process at its exit, or a
-    rank of ours that is gone. A process that opened its events already holds them mapped, so nothing
-    in use goes with the name. Returns the paths removed."""
+def mark_path(rundir: str, pid: int) -> str:
+    return os.path.join(rundir, f"{pid}{MARK_SUFFIX}")
+
+
+def mark_event_files(rundir: str, pid: int) -> None:
+    """Leave the mark that process ``pid`` has interprocess-event files (see above)."""
+    with open(mark_path(rundir, pid), "wb"):
+        pass
+
+
+def remove_event_files(pid: int, rundir: str | None = None) -> list[str]:
+    """Remove process ``pid``'s interprocess-event files, and its mark in ``rundir`` if given: ``pid`` is
+    this process at its exit, or a rank of ours that is gone. A process that opened its events already
+    holds them mapped, so nothing in use goes with the name. Returns the paths removed."""
     removed = []
-    for path in event_files(pid):
+    paths = event_files(pid) + ([mark_path(rundir, pid)] if rundir is not None else [])
+    for path in paths:
         try:
             os.unlink(path)
             removed.append(path)
@@ -236,4 +254,29 @@ def remove_event_files(pid: int) -> list[str]:
             _log.info("left %s alone: %s", path, exc)
     if removed:
         _log.debug("removed the interprocess-event files of pid %d: %s", pid, removed)
+    return removed
+
+
+def sweep_stale_event_files(rundir: str) -> list[str]:
+    """The event files, and marks, of ranks of jobs killed whole: a mark in ``rundir`` of ours whose
+    process is gone. Returns the paths removed; anything unexpected leaves a file alone."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(rundir)
+    except OSError as exc:
+        _log.info("cannot list %s for stale event marks: %s", rundir, exc)
+        return removed
+    uid = os.geteuid()
+    for name in names:
+        head = name[:-len(MARK_SUFFIX)]
+        if not name.endswith(MARK_SUFFIX) or not head.isdigit():
+            continue
+        try:
+            if os.lstat(os.path.join(rundir, name)).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        pid = int(head)
+        if not process_alive(pid):
+            removed += remove_event_files(pid, rundir)
     return removed

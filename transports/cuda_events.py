@@ -18,7 +18,8 @@ relay event per device serves every op in turn.
 
 The driver keeps a process's interprocess events in a file of /dev/shm that it never removes
 (transports/cuda_driver.py): a rank removes its own at exit, and this process, at its exit, those
-of the ranks that died, by the pid each ring's registration names.
+of the ranks that died (and their marks in the run directory), by the pid each ring's registration
+names.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ NEVENTS = 16   # the ranks' event ring (shmproxy.rank.device.NEVENTS): an op use
 class RankEvents:
     """Every rank's opened ring, by (local rank, device); the relays between GPUs."""
 
-    def __init__(self, cp: Any, drv: Driver, lock: threading.Lock) -> None:
-        self.cp, self.rt, self.drv = cp, cp.cuda.runtime, drv
+    def __init__(self, cp: Any, drv: Driver, lock: threading.Lock, run_dir: str) -> None:
+        self.cp, self.rt, self.drv, self.run_dir = cp, cp.cuda.runtime, drv, run_dir
         self.lock = lock   # the transport's: the service thread opens and drops, the loop waits
         self.rings: dict[tuple[int, int], list[int]] = {}   # (local rank, device) -> its opened ring
         self.regs: dict[tuple[int, int], tuple[int, int]] = {}   # (local rank, buf_id) -> the ring's key
@@ -114,10 +115,11 @@ class RankEvents:
         return rings
 
     def remove_files_of_the_dead(self) -> None:
-        """At exit: the driver's event files of the ranks that died (a zombie counts as dead)."""
+        """At exit: the driver's event files, and the marks, of the ranks that died (a zombie counts as
+        dead)."""
         for pid in self.pids:
             if not process_alive(pid):
-                remove_event_files(pid)
+                remove_event_files(pid, self.run_dir)
 
     def devices(self) -> set[int]:
         return {d for _lr, d in self.rings}

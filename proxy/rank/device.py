@@ -49,11 +49,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmproxy.core import errors
+from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind, device_array_kind, mem_word
 from shmproxy.core.ops import DTYPE_BFLOAT16, DTYPE_CODE, IN_PLACE as _IN_PLACE, SUPPORTED_DTYPES, ReduceOp
-from shmproxy.transports.cuda_driver import remove_event_files
+from shmproxy.transports.cuda_driver import mark_event_files, remove_event_files
 
+_log = log.get("RANK")
 NEVENTS = 16    # interprocess events per rank and device (see the header)
 # Whether a post records its event even when the stream is idle (see DeviceMemory.record): False but
 # for measuring what the skip saves (tests/bodies_gpu.py bench).
@@ -108,8 +109,10 @@ class _Driver:
 class DeviceMemory:
     """This rank's device registrations and stream events (one per communicator)."""
 
-    def __init__(self, register: Callable[[dict], None], new_id: Callable[[], int], dead_ids: Callable[[], list]):
+    def __init__(self, register: Callable[[dict], None], new_id: Callable[[], int], dead_ids: Callable[[], list],
+                 run_dir: str):
         self._register = register     # sends one REGISTER payload (kind cuda), waits for the answer
+        self._run_dir = run_dir       # where the mark of this process's event files goes (_make_ring)
         self._new_id = new_id
         self._dead_ids = dead_ids     # the registry's DEREGISTER queue, sent with the next message
         self._allocs: dict[int, tuple[int, int, int]] = {}   # start -> (buffer id, size, buf_id)
@@ -366,26 +369,32 @@ class DeviceMemory:
                                          "pid": os.getpid()}})
         self._events[device] = ring
         self._recorded_on[device] = [0] * NEVENTS
-        _remove_event_files_at_exit()
+        _remove_event_files_at_exit(self._run_dir)
         return ring
 
 
 _event_files_of = 0   # the pid whose exit removes its interprocess-event files (0: none made yet)
 
 
-def _remove_event_files_at_exit() -> None:
+def _remove_event_files_at_exit(run_dir: str) -> None:
     """The driver leaves the file of this process's interprocess events in /dev/shm after any exit
-    (transports/cuda_driver.py): remove it at ours. The progress process opened the ring when it was
-    registered, so the name is no longer needed by then."""
+    (transports/cuda_driver.py): mark it in the run directory, for a job killed whole, and remove both
+    at our exit. The progress process opened the ring when it was registered, so the name is no
+    longer needed by then. Once per process (the first ring of any communicator)."""
     global _event_files_of
     if _event_files_of != os.getpid():
         _event_files_of = os.getpid()
-        atexit.register(_remove_own_event_files, _event_files_of)
+        try:
+            mark_event_files(run_dir, _event_files_of)
+        except OSError as exc:   # bookkeeping for a crash only: the device op goes on without it
+            _log.warning("no mark of this process's CUDA event files in %s (a job killed whole would leave "
+                         "them in /dev/shm): %s", run_dir, exc)
+        atexit.register(_remove_own_event_files, _event_files_of, run_dir)
 
 
-def _remove_own_event_files(pid: int) -> None:
+def _remove_own_event_files(pid: int, run_dir: str) -> None:
     if os.getpid() == pid:   # a forked child inherits the handler, not the parent's events
-        remove_event_files(pid)
+        remove_event_files(pid, run_dir)
 
 
 def call_key(coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:

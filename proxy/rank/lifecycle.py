@@ -37,6 +37,7 @@ from shmproxy.control.client import ServiceClient
 from shmproxy.shm import _native, _poster, pool as P, sync
 from shmproxy.shm.counters import u32_view
 from shmproxy.shm.segment import Segment
+from shmproxy.transports.cuda_driver import sweep_stale_event_files
 
 _log = log.get("INIT")
 # What shm._poster needs to read arrays itself: dtype char -> (code, itemsize), and probe arrays
@@ -137,6 +138,9 @@ class Lifecycle:
                 _log.info("removed the service socket %s of a job that did not end cleanly", stale)
             for stale in bootstrap.sweep_stale_pools(params.SHM_DIR):
                 _log.info("removed the ops pool %s of a job that did not end cleanly", stale)
+            for stale in sweep_stale_event_files(os.path.dirname(self._path)):
+                _log.info("removed %s, a CUDA event file or its mark, of a job that did not end cleanly",
+                          stale)
             env = dict(os.environ)
             env.update(params.to_env())
             cmd = [sys.executable, "-m", "shmproxy.engine.progress", "--path", self._path,

@@ -9,6 +9,8 @@ A mixin of shmproxy.rank.comm.Comm.
 """
 from __future__ import annotations
 
+import os
+
 from typing import Any
 
 import numpy as np
@@ -131,7 +133,8 @@ class Posting:
         if dev is None:
             def register(payload: dict) -> None:
                 self._control(MsgType.REGISTER, payload)
-            dev = self._device = DeviceMemory(register, self._registry.new_id, lambda: self._registry.dead_ids)
+            dev = self._device = DeviceMemory(register, self._registry.new_id, lambda: self._registry.dead_ids,
+                                              os.path.dirname(self._path))
         return dev
 
     def _post_device(self, kind: int, buf: Any, peer: Any, tag: Any, flags: int = 0,
