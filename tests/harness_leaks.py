@@ -251,18 +251,14 @@ class LeakGuard:
         segments = {os.path.join(self.shm_dir, n) for n in self._list_segments() - self._segments}
         leaks += self._remove_unheld("shm segment", segments, file_holders)
         leaks += self._remove_unheld("socket", self._list_sockets() - self._sockets, socket_holders)
-        for path in sorted(self._list_marks() - self._marks):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                continue
-            leaks.append(f"CUDA event mark {path} left in the run directory, removed")
-        for path in sorted(self._list_dumps() - self._dumps):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                continue
-            leaks.append(f"dump file {path} left in the run directory, removed")
+        for what, paths in (("CUDA event mark", self._list_marks() - self._marks),
+                            ("dump file", self._list_dumps() - self._dumps)):
+            for path in sorted(paths):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                leaks.append(f"{what} {path} left in the run directory, removed")
         return leaks
 
     def _remove_unheld(self, what: str, paths: Iterable[str], holders_of: Callable[[str], set[int]]) -> list[str]:

@@ -312,3 +312,19 @@ def test_leakguard_orphans_are_ours_by_marker_only(tmp_path: Path) -> None:
     finally:
         kill_marked(marker)
     assert _dead(foreign) and _dead(ours)
+
+
+def test_leak_guard_removes_and_reports_dumps_and_event_marks(tmp_path):
+    """A dump file or a CUDA event mark that appears in a run directory during a test is a leak:
+    reported, one line each, and removed; one there before the test is not."""
+    old = tmp_path / "1.cuda-events"
+    old.write_bytes(b"")
+    guard = LeakGuard(shm_dir=str(tmp_path / "shm"), dirs=[str(tmp_path)])
+    guard.snapshot()
+    new = [tmp_path / "k-c0-7.dump.json", tmp_path / "42.cuda-events"]
+    for p in new:
+        p.write_bytes(b"")
+    leaks = guard.check()
+    assert sorted(leaks) == sorted([f"dump file {new[0]} left in the run directory, removed",
+                                    f"CUDA event mark {new[1]} left in the run directory, removed"]), leaks
+    assert not any(p.exists() for p in new) and old.exists()

@@ -361,15 +361,17 @@ class DeviceMemory:
         return bus
 
     def _make_ring(self, device: int) -> list[Any]:
+        """This process's ring of interprocess events for ``device``, registered with the progress
+        process (which opens it there). The mark of the driver's file goes first: the file is made
+        with the first event."""
+        _remove_event_files_at_exit(self._run_dir)
         cp = self.cp
         ring = [cp.cuda.Event(block=False, disable_timing=True, interprocess=True) for _ in range(NEVENTS)]
         handles = [bytes(cp.cuda.runtime.ipcGetEventHandle(ev.ptr)).hex() for ev in ring]
         self._register({"buf_id": self._new_id(), "bytes": 0, "kind": "cuda", "device": device,
-                        "info": {"events": handles, "bus": self._bus_id(device),
-                                         "pid": os.getpid()}})
+                        "info": {"events": handles, "bus": self._bus_id(device), "pid": os.getpid()}})
         self._events[device] = ring
         self._recorded_on[device] = [0] * NEVENTS
-        _remove_event_files_at_exit(self._run_dir)
         return ring
 
 
