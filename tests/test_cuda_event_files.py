@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from shmproxy.control import bootstrap
 from shmproxy.core.process import alive
 from shmproxy.transports import cuda_driver
 
@@ -71,11 +72,11 @@ def test_a_killed_jobs_marks_and_files_are_swept(tmp_path):
     for p in odd:
         p.write_bytes(b"")
     try:
-        removed = cuda_driver.sweep_stale_event_files(rundir)
+        removed = bootstrap.sweep_stale_event_files(rundir)
         assert sorted(removed) == sorted([files[0], cuda_driver.mark_path(rundir, dead)])
         assert os.path.exists(files[1]) and os.path.exists(cuda_driver.mark_path(rundir, me))
         assert all(p.exists() for p in odd)
-        assert cuda_driver.sweep_stale_event_files(str(tmp_path / "missing")) == []
+        assert bootstrap.sweep_stale_event_files(str(tmp_path / "missing")) == []
         # this process at its exit: its file and its mark
         assert sorted(cuda_driver.remove_event_files(me, rundir)) == sorted([files[1],
                                                                           cuda_driver.mark_path(rundir, me)])
@@ -88,7 +89,6 @@ def test_a_killed_jobs_marks_and_files_are_swept(tmp_path):
 def test_the_first_rank_sweeps_a_killed_jobs_event_files():
     """End to end: a mark and an event file of a dead rank in the run directory are gone once the
     next job has started (local rank 0 sweeps at init, beside the stale sockets and pools)."""
-    from shmproxy.control import bootstrap
     from shmproxy.core import params
     from tests.harness import run_ranks
     rundir = bootstrap.run_dir(params.get())   # the ranks' own, made if missing

@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 from shmproxy.core import log
 from shmproxy.core.errors import InvalidArgument, SystemError_
-from shmproxy.core.process import alive as process_alive
 
 _log = log.get("CUDA")
 SHM_DIR = "/dev/shm"
@@ -204,7 +203,7 @@ def _fn(lib: Any, name: str, argtypes: list) -> Any:
 # that died (transports/cuda_events.py, at its exit). A rank that makes them also leaves a mark in
 # the run directory, <pid>.cuda-events, removed with them: where the whole job was killed, nobody
 # of it is left to remove either, and the next job's first rank finds the mark of a pid that is
-# gone (sweep_stale_event_files), as it finds a killed job's socket.
+# gone (control/bootstrap.py, sweep_stale_event_files), as it finds a killed job's socket.
 MARK_SUFFIX = ".cuda-events"
 
 
@@ -254,29 +253,4 @@ def remove_event_files(pid: int, rundir: str | None = None) -> list[str]:
             _log.info("left %s alone: %s", path, exc)
     if removed:
         _log.debug("removed the interprocess-event files of pid %d: %s", pid, removed)
-    return removed
-
-
-def sweep_stale_event_files(rundir: str) -> list[str]:
-    """The event files, and marks, of ranks of jobs killed whole: a mark in ``rundir`` of ours whose
-    process is gone. Returns the paths removed; anything unexpected leaves a file alone."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(rundir)
-    except OSError as exc:
-        _log.info("cannot list %s for stale event marks: %s", rundir, exc)
-        return removed
-    uid = os.geteuid()
-    for name in names:
-        head = name[:-len(MARK_SUFFIX)]
-        if not name.endswith(MARK_SUFFIX) or not head.isdigit():
-            continue
-        try:
-            if os.lstat(os.path.join(rundir, name)).st_uid != uid:
-                continue
-        except OSError:
-            continue
-        pid = int(head)
-        if not process_alive(pid):
-            removed += remove_event_files(pid, rundir)
     return removed

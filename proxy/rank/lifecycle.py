@@ -37,7 +37,6 @@ from shmproxy.control.client import ServiceClient
 from shmproxy.shm import _native, _poster, pool as P, sync
 from shmproxy.shm.counters import u32_view
 from shmproxy.shm.segment import Segment
-from shmproxy.transports.cuda_driver import sweep_stale_event_files
 
 _log = log.get("INIT")
 # What shm._poster needs to read arrays itself: dtype char -> (code, itemsize), and probe arrays
@@ -138,7 +137,7 @@ class Lifecycle:
                 _log.info("removed the service socket %s of a job that did not end cleanly", stale)
             for stale in bootstrap.sweep_stale_pools(params.SHM_DIR):
                 _log.info("removed the ops pool %s of a job that did not end cleanly", stale)
-            for stale in sweep_stale_event_files(os.path.dirname(self._path)):
+            for stale in bootstrap.sweep_stale_event_files(os.path.dirname(self._path)):
                 _log.info("removed %s, a CUDA event file or its mark, of a job that did not end cleanly",
                           stale)
             env = dict(os.environ)
