@@ -103,6 +103,7 @@ class Registration:
     buffer: Any = None
     fds: tuple[int, ...] = ()
     info: Any = None
+    pid: int = 0        # the rank's process, as the kernel told the service (0: not known)
 
 
 # Connector states, in order. A connector lives as long as its progress process.

@@ -140,7 +140,7 @@ class _Gpu:
         if "events" in info:
             texts = info["events"]
             raws = [_handle(reg, t) for t in texts] if isinstance(texts, list) else []
-            old = self.events.register(reg, raws, info.get("pid"))
+            old = self.events.register(reg, raws)
             if old is not None:
                 self.retired.append(("events", old))
             return

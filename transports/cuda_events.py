@@ -18,8 +18,8 @@ relay event per device serves every op in turn.
 
 The driver keeps a process's interprocess events in a file of /dev/shm that it never removes
 (transports/cuda_driver.py): a rank removes its own at exit, and this process, at its exit, those
-of the ranks that died (and their marks in the run directory), by the pid each ring's registration
-names.
+of the ranks that died (and their marks in the run directory), by the pid the service knows for
+the rank that registered each ring.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class RankEvents:
         self.relays: dict[int, tuple[Any, Any]] = {}     # device -> (stream, event)
 
     # ---------------------------------------------------------------- registrations (service thread)
-    def register(self, reg: Registration, raws: list[bytes], pid: Any) -> list[int] | None:
+    def register(self, reg: Registration, raws: list[bytes]) -> list[int] | None:
         """Open the ring of NEVENTS event handles ``raws`` that ``reg``'s rank registered for its device;
         returns the ring it replaces (to be destroyed once nothing is in flight), if any."""
         if len(raws) != NEVENTS:
@@ -57,8 +57,8 @@ class RankEvents:
         with self.cp.cuda.Device(reg.device):
             ring = [self.rt.ipcOpenEventHandle(r) for r in raws]
         with self.lock:
-            if isinstance(pid, int) and pid > 0:
-                self.pids.add(pid)
+            if reg.pid > 0:
+                self.pids.add(reg.pid)
             old = self.rings.pop((reg.local_rank, reg.device), None)
             self.rings[(reg.local_rank, reg.device)] = ring
             self.regs[(reg.local_rank, reg.buf_id)] = (reg.local_rank, reg.device)

@@ -369,7 +369,7 @@ class DeviceMemory:
         ring = [cp.cuda.Event(block=False, disable_timing=True, interprocess=True) for _ in range(NEVENTS)]
         handles = [bytes(cp.cuda.runtime.ipcGetEventHandle(ev.ptr)).hex() for ev in ring]
         self._register({"buf_id": self._new_id(), "bytes": 0, "kind": "cuda", "device": device,
-                        "info": {"events": handles, "bus": self._bus_id(device), "pid": os.getpid()}})
+                        "info": {"events": handles, "bus": self._bus_id(device)}})
         self._events[device] = ring
         self._recorded_on[device] = [0] * NEVENTS
         return ring
