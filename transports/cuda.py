@@ -76,7 +76,7 @@ class _Gpu:
     """The CUDA side of the progress process: cupy, streams, opened handles, events in flight."""
 
     def __init__(self, graphs: bool = True, completes: bool = True, completes_min: int = 0,
-                 fused: bool = True, run_dir: str = "") -> None:
+                 fused: bool = True, *, run_dir: str) -> None:
         import cupy   # here and only here: the first device registration of this process
         self.cp = cupy
         self.rt = cupy.cuda.runtime
@@ -481,7 +481,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         if self.gpu is None:
             p = ctx.params
             self.gpu = _Gpu(bool(p.CUDA_GRAPHS), bool(p.CUDA_DEVICE_COMPLETES), int(p.CUDA_DEVICE_COMPLETES_MIN),
-                            bool(p.CUDA_FUSED_REDUCE), ctx.run_dir)
+                            bool(p.CUDA_FUSED_REDUCE), run_dir=ctx.run_dir)
         return self.gpu
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:

@@ -43,7 +43,7 @@ class RankEvents:
         self.cp, self.rt, self.drv, self.run_dir = cp, cp.cuda.runtime, drv, run_dir
         self.lock = lock   # the transport's: the service thread opens and drops, the loop waits
         self.rings: dict[tuple[int, int], list[int]] = {}   # (local rank, device) -> its opened ring
-        self.regs: dict[tuple[int, int], tuple[int, int]] = {}   # (local rank, buf_id) -> the ring's key
+        self.regs: set[tuple[int, int]] = set()        # (local rank, buf_id) of each ring's registration
         self.pids: set[int] = set()                      # the processes whose rings were opened
         self.relays: dict[int, tuple[Any, Any]] = {}     # device -> (stream, event)
 
@@ -61,13 +61,16 @@ class RankEvents:
                 self.pids.add(reg.pid)
             old = self.rings.pop((reg.local_rank, reg.device), None)
             self.rings[(reg.local_rank, reg.device)] = ring
-            self.regs[(reg.local_rank, reg.buf_id)] = (reg.local_rank, reg.device)
+            self.regs.add((reg.local_rank, reg.buf_id))
         return old
 
     def forget(self, key: tuple[int, int]) -> bool:
         """Whether registration ``key`` (local rank, buf_id) was a ring (the caller holds the lock). A
         ring lives as long as its rank's registrations, and is destroyed at exit (take_all)."""
-        return self.regs.pop(key, None) is not None
+        if key not in self.regs:
+            return False
+        self.regs.discard(key)
+        return True
 
     # ---------------------------------------------------------------- ordering (loop thread)
     def wait_for_rank(self, op: Any, stream: Any, device: int, use: Callable[[int], None]) -> None:
