@@ -67,17 +67,21 @@ _BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE, _RANGE_START, _RANGE_SIZE = 7, 9, 10,
 _cupy: Any = None
 
 
-def cupy_module(what: str, obj: Any) -> Any:
-    """cupy, imported on first need; InvalidArgument naming the buffer when it cannot be."""
+def _import_cupy(need: str) -> Any:
+    """cupy, imported on first need; InvalidArgument saying who ``need``s it when it cannot be."""
     global _cupy
     if _cupy is None:
         try:
             import cupy
         except ImportError as exc:
-            raise errors.InvalidArgument(f"{what} is cuda device memory ({type(obj).__name__}); device buffers "
-                                         f"need cupy, which cannot be imported here: {exc}") from None
+            raise errors.InvalidArgument(f"{need}, which cannot be imported here: {exc}") from None
         _cupy = cupy
     return _cupy
+
+
+def cupy_module(what: str, obj: Any) -> Any:
+    """cupy, for a buffer that is device memory; InvalidArgument naming the buffer when it cannot be had."""
+    return _import_cupy(f"{what} is cuda device memory ({type(obj).__name__}); device buffers need cupy")
 
 
 class _Driver:
@@ -202,16 +206,8 @@ class DeviceMemory:
         return s
 
     def _cupy(self) -> Any:
-        global _cupy
-        if _cupy is None:
-            try:
-                import cupy
-            except ImportError as exc:
-                raise errors.InvalidArgument(f"comm.alloc(device=...) needs cupy, which cannot be imported "
-                                             f"here: {exc}") from None
-            _cupy = cupy
-        self.cp = _cupy
-        return _cupy
+        self.cp = _import_cupy("comm.alloc(device=...) needs cupy")
+        return self.cp
 
     def current_device(self) -> int:
         """This process's current CUDA device, as cupy sees it."""
@@ -364,7 +360,7 @@ class DeviceMemory:
         """This process's ring of interprocess events for ``device``, registered with the progress
         process (which opens it there). The mark of the driver's file goes first: the file is made
         with the first event."""
-        _remove_event_files_at_exit(self._run_dir)
+        _mark_event_files_and_remove_at_exit(self._run_dir)
         cp = self.cp
         ring = [cp.cuda.Event(block=False, disable_timing=True, interprocess=True) for _ in range(NEVENTS)]
         handles = [bytes(cp.cuda.runtime.ipcGetEventHandle(ev.ptr)).hex() for ev in ring]
@@ -378,7 +374,7 @@ class DeviceMemory:
 _event_files_of = 0   # the pid whose exit removes its interprocess-event files (0: none made yet)
 
 
-def _remove_event_files_at_exit(run_dir: str) -> None:
+def _mark_event_files_and_remove_at_exit(run_dir: str) -> None:
     """The driver leaves the file of this process's interprocess events in /dev/shm after any exit
     (transports/cuda_driver.py): mark it in the run directory, for a job killed whole, and remove both
     at our exit. The progress process opened the ring when it was registered, so the name is no
