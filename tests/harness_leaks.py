@@ -11,6 +11,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
+from shmproxy.transports import cuda_driver
 from tests.harness_env import OWNER_VAR
 from tests.harness_procs import KILL_WAIT, read_environ, wait_gone
 
@@ -142,10 +143,9 @@ class LeakGuard:
     which shmproxy removes: transports/cuda_driver.py); processes whose command line contains
     ``shmproxy.engine.progress`` or whose environment has SHMPROXY_JOB_ID (the harness's ranks and everything
     they start); service sockets ``*.sock`` and those events' marks ``*.cuda-events`` in the run
-    directories. Only what belongs to this test
-    process counts: a process that descends from it, or that carries SPTEST_OWNER=<its pid> (set by
-    the harness, inherited by the progress process even once it is orphaned); a segment or socket
-    that no live foreign process holds. So two test sessions on one machine do not fail each other.
+    directories. Only what belongs to this test process counts: a process that descends from it, or
+    that carries SPTEST_OWNER=<its pid> (set by the harness, inherited by the progress process even
+    once it is orphaned); a segment or socket that no live foreign process holds. So two test sessions on one machine do not fail each other.
 
     ``check()`` gives live processes ``grace`` seconds to exit (polled, bounded), then SIGKILLs the
     survivors and unlinks leftover segments and sockets, so that one failing test does not cascade,
@@ -176,7 +176,7 @@ class LeakGuard:
 
     def _list_marks(self) -> set[str]:
         """Marks of a rank's CUDA event files in a run directory (transports/cuda_driver.py)."""
-        return list_files(self.dirs, ".cuda-events")
+        return list_files(self.dirs, cuda_driver.MARK_SUFFIX)
 
     def _list_dumps(self) -> set[str]:
         """Dump files a progress process wrote into a run directory (tools/dump --signal): output a

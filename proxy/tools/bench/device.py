@@ -110,12 +110,14 @@ def local_gpu(ctx: Any) -> int:
 def placement(ctx: Any) -> str:
     """Where the ranks' device buffers are, for the table's header."""
     import cupy
-    ngpu = cupy.cuda.runtime.getDeviceCount()
-    if ngpu <= 1 or ctx.comm.local_size == 1:
-        return f"GPU {local_gpu(ctx)}, shared by this host's ranks" if ctx.comm.local_size > 1 else "GPU 0"
-    if ngpu >= ctx.comm.local_size:
+    n, ngpu = ctx.comm.local_size, cupy.cuda.runtime.getDeviceCount()
+    if n == 1:
+        return "GPU 0"
+    if ngpu <= 1:
+        return "GPU 0, shared by this host's ranks"
+    if ngpu >= n:
         return f"each rank's own GPU (local rank r on GPU r of {ngpu})"
-    return f"GPU (local rank modulo {ngpu}) of each rank: {ctx.comm.local_size} ranks on {ngpu} GPUs"
+    return f"GPU (local rank modulo {ngpu}) of each rank: {n} ranks on {ngpu} GPUs"
 
 
 def own_gpu_note(ctx: Any) -> str:
