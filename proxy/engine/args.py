@@ -23,12 +23,13 @@ BLOCK = 64
 class Transfer:
     """One matched message: completes both requests when its last sub is done."""
 
-    __slots__ = ("send", "recv", "nbytes", "parts_left", "t_match", "published")
+    __slots__ = ("send", "recv", "nbytes", "parts_left", "t_match", "t_started", "published")
 
     def __init__(self, send: Any, recv: Any, nbytes: int, t_match: int):
         self.send, self.recv, self.nbytes = send, recv, nbytes
         self.parts_left = 0
         self.t_match = t_match
+        self.t_started = 0       # when its transport's proxy_start returned (profiling only)
         self.published = False   # its slots are published by its transport (Completion.completion_items)
 
     def finish(self, engine: Any) -> None:

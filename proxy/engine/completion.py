@@ -64,12 +64,15 @@ class Completion:
         """A message's span, from the first post of its two halves to its delivery. ``via``: "ranks"
         (both ops were here), "buffered" (the send was copied here first: buffered by this process or
         a fast-path cell it drained, its sender long returned; the span still starts at its post), or
-        "node" (another node's send: its envelope's arrival here stands for its post)."""
+        "node" (another node's send: its envelope's arrival here stands for its post). ``started_ns``:
+        when its transport had started it (for a GPU copy: launched); the span ends when the loop
+        retired it (tools/gpu_chain_probe.py reads these against the ranks' own times)."""
         s, r = t.send, t.recv
         via = "ranks" if s.owner >= 0 else "buffered" if s.owner == BUFFERED_OWNER else "node"
         self.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
                            bytes=t.nbytes, tag=s.tag, via=via, fetch_ns=max(s.t_fetch, r.t_fetch),
-                           match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post))
+                           match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post), send_post_ns=s.t_post,
+                           recv_post_ns=r.t_post, started_ns=t.t_started)
 
     def complete(self, op: Op, status: int, nbytes: int, source: int = -1, tag: int = 0,
                  peer_dtype: int = 0, wake: bool = True) -> None:

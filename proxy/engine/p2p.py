@@ -320,6 +320,8 @@ class PointToPoint:
             self._refuse(send, recv, exc)
             return
         conn.nmsgs += 1
+        if self.profiler.enabled:
+            t.t_started = time.monotonic_ns()
         if done:
             self.finish_transfer(t)
 
