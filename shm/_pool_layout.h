@@ -25,8 +25,8 @@
 #define REC_OPCOUNT_OFF 24   /* uint64 */
 #define REC_MEM_OFF 76       /* int32: memory kind | device << 8 of the op's buffers */
 
-/* completion slots: u64 words */
-enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_WORDS };
+/* completion slots: u64 words (SLOT_STREAM_SEQ: written by the rank's GPU stream, transports/cuda_order.py) */
+enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_STREAM_SEQ, SLOT_WORDS };
 
 /* per-rank areas */
 #define RANK_AREA_BYTES 64

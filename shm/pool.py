@@ -136,12 +136,14 @@ def waiting_cpu(waiting: int) -> int:
 
 INFO_BYTES = 16384
 
-# Request completion slot (32 bytes), u64 index relative to slot start // 8.
-SLOT_BYTES = 32
+# Request completion slot (40 bytes), u64 index relative to slot start // 8.
+SLOT_BYTES = 40
 SLOT_DONE_SEQ = 0      # stored last: equals the request's seq once complete
 SLOT_NBYTES = 1        # bytes received (receives) or sent
 SLOT_STATUS = 2        # low 32 bits: 0 or an error code; high 32 bits: source rank
 SLOT_TAG = 3           # tag of the matched message (two's complement)
+SLOT_STREAM_SEQ = 4    # low 32 bits: the request's seq, stored by the rank's GPU stream once the work it
+#                        queued before a device op is done (transports/cuda_order.py); no one else writes it
 
 # Op record (128 bytes). `next` must stay at offset 0 (shm/_poster.c and shm._native.take_posted rely on it).
 RECORD = struct.Struct(

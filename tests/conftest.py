@@ -1,9 +1,9 @@
 """Fixtures shared by every test.
 
 The autouse fixture ``leak_guard`` asserts that a test leaves nothing of shmproxy's behind (docs/architecture.md,
-"Testing"): no new ``/dev/shm/shmproxy-*`` segment (nor ``cuda.shm.*``, the files of the ranks' CUDA
-events), no new progress process (or other process of a shmproxy job) started by this test session, no
-new ``*.sock`` (nor ``*.cuda-events`` mark) in the run directories. Processes get a short bounded grace period to exit (polled,
+"Testing"): no new ``/dev/shm/shmproxy-*`` segment (nor ``cuda.shm.*``, the CUDA driver's files of
+interprocess events, which shmproxy never makes), no new progress process (or other process of a shmproxy
+job) started by this test session, no new ``*.sock`` or dump file in the run directories. Processes get a short bounded grace period to exit (polled,
 never a bare sleep). What is left is then killed or unlinked, so that one failing test does not
 cascade into the next, and the test fails (as an error at teardown) with the list. The logic is
 tests.harness.LeakGuard.

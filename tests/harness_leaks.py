@@ -11,7 +11,6 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
-from shmproxy.transports import cuda_driver
 from tests.harness_env import OWNER_VAR
 from tests.harness_procs import KILL_WAIT, read_environ, wait_gone
 
@@ -139,11 +138,10 @@ class LeakGuard:
     """Records what exists before a test and, after it, finds what the test left behind and removes it.
 
     Looked at: POSIX shm segments ``<shm_dir>/shmproxy-*``, and ``<shm_dir>/cuda.shm.*``, the files
-    in which the CUDA driver keeps a process's interprocess events (the ranks' device-op events,
-    which shmproxy removes: transports/cuda_driver.py); processes whose command line contains
+    in which the CUDA driver keeps a process's interprocess events and never removes them (shmproxy
+    makes none: transports/cuda_order.py); processes whose command line contains
     ``shmproxy.engine.progress`` or whose environment has SHMPROXY_JOB_ID (the harness's ranks and everything
-    they start); service sockets ``*.sock`` and those events' marks ``*.cuda-events`` in the run
-    directories. Only what belongs to this test process counts: a process that descends from it, or
+    they start); service sockets ``*.sock`` and dump files ``*.dump.json`` in the run directories. Only what belongs to this test process counts: a process that descends from it, or
     that carries SPTEST_OWNER=<its pid> (set by the harness, inherited by the progress process even
     once it is orphaned); a segment or socket that no live foreign process holds. So two test sessions on one machine do not fail each other.
 
@@ -162,7 +160,6 @@ class LeakGuard:
         self._segments: set[str] = set()
         self._sockets: set[str] = set()
         self._dumps: set[str] = set()
-        self._marks: set[str] = set()
 
     # -- listing
     def _list_segments(self) -> set[str]:
@@ -173,10 +170,6 @@ class LeakGuard:
 
     def _list_sockets(self) -> set[str]:
         return list_sockets(self.dirs)
-
-    def _list_marks(self) -> set[str]:
-        """Marks of a rank's CUDA event files in a run directory (transports/cuda_driver.py)."""
-        return list_files(self.dirs, cuda_driver.MARK_SUFFIX)
 
     def _list_dumps(self) -> set[str]:
         """Dump files a progress process wrote into a run directory (tools/dump --signal): output a
@@ -197,7 +190,6 @@ class LeakGuard:
         self._segments = self._list_segments()
         self._sockets = self._list_sockets()
         self._dumps = self._list_dumps()
-        self._marks = self._list_marks()
 
     # -- ownership
     def _descendants(self) -> set[int]:
@@ -251,14 +243,12 @@ class LeakGuard:
         segments = {os.path.join(self.shm_dir, n) for n in self._list_segments() - self._segments}
         leaks += self._remove_unheld("shm segment", segments, file_holders)
         leaks += self._remove_unheld("socket", self._list_sockets() - self._sockets, socket_holders)
-        for what, paths in (("CUDA event mark", self._list_marks() - self._marks),
-                            ("dump file", self._list_dumps() - self._dumps)):
-            for path in sorted(paths):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    continue
-                leaks.append(f"{what} {path} left in the run directory, removed")
+        for path in sorted(self._list_dumps() - self._dumps):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            leaks.append(f"dump file {path} left in the run directory, removed")
         return leaks
 
     def _remove_unheld(self, what: str, paths: Iterable[str], holders_of: Callable[[str], set[int]]) -> list[str]:

@@ -103,7 +103,6 @@ class Registration:
     buffer: Any = None
     fds: tuple[int, ...] = ()
     info: Any = None
-    pid: int = 0        # the rank's process, as the kernel told the service (0: not known)
 
 
 # Connector states, in order. A connector lives as long as its progress process.
@@ -189,7 +188,6 @@ class TransportContext(Protocol):
     timeout: float                       # TIMEOUT: the bound of every wait
     comm_id: int
     net_ip: str                          # the address this node listens on for the others
-    run_dir: str                         # the job's run directory (its sockets; marks a crash may leave)
 
     @property
     def node(self) -> int:

@@ -19,9 +19,9 @@ Nothing of CUDA exists in a progress process until a rank registers device memor
 and a context created then (``_Gpu``), so host-only jobs pay nothing.
 
 Order and completion (NCCL's stream semantics): a device op whose rank's stream had work queued at
-post time carries FLAG_STREAM_EVENT, and its rank's interprocess event recorded after that work
-(shmproxy.rank.device); the copy stream waits on the events of both ops before it copies, unless
-they have finished already (transports/cuda_events.py, which also relays such a wait between GPUs).
+post time carries FLAG_STREAM_WORD, and that stream stores the request's sequence number into a word
+of its completion slot once the work is done (shmproxy.rank.device); the copy stream waits for the
+words of both ops before it copies, unless they hold their values already (transports/cuda_order.py).
 After the copies the transport records an event of its own and the message's one sub is done when
 that event is (polled by ``proxy_progress``, never a device-wide
 synchronize), so a request completes with its bytes in place. A repeated copy runs as a graph that
@@ -31,10 +31,9 @@ next polls the event; the event still tells the loop when the sub is done (it th
 requests and wakes any rank asleep). These per-op calls go to the CUDA driver directly
 (transports/cuda_driver.py); the loop thread keeps the device's context current.
 
-Registrations (``proxy_register``, on the service thread, before the REGISTER is answered) are of two
-kinds, told apart by ``info``: ``{"handle": hex}``, one allocation of the rank (the op names offsets
-from its start), and ``{"events": [hex, ...]}``, the rank's ring of interprocess events for a device.
-A dropped registration is closed by the loop once no copy is in flight; everything left is closed at
+Registrations (``proxy_register``, on the service thread, before the REGISTER is answered) are of
+the rank's allocations, ``info`` ``{"handle": hex}`` (the op names offsets from the start). A dropped
+registration is closed by the loop once no copy is in flight; everything left is closed at
 exit (``proxy_free``). Collectives on device memory run through shmproxy.coll.gpu on the same streams.
 """
 from __future__ import annotations
@@ -49,12 +48,12 @@ from shmproxy.core.memory import mem_device, mem_kind
 from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Registration, Transport,
                                       TransportContext)
 from shmproxy.transports.cuda_driver import Driver
-from shmproxy.transports.cuda_events import RankEvents
+from shmproxy.transports.cuda_order import HostSlots, StreamOrder
 from shmproxy.transports import cuda_publish
 from shmproxy.transports.cuda_publish import Publisher
 
 _log = log.get("CUDA")
-HANDLE_BYTES = 64       # cudaIpcMemHandle_t and cudaIpcEventHandle_t
+HANDLE_BYTES = 64       # cudaIpcMemHandle_t
 GRAPHS_MAX = 64         # repeated copies kept as graphs (see _Gpu.copy)
 ROUTES_MAX = 1024       # messages' resolved buffers kept (see _Gpu.route)
 ACK_CHECKS_EVENT = 256  # every so many polls of unacked graphs, one query of an event for a GPU fault (poll)
@@ -75,8 +74,8 @@ def _handle(reg: Registration, text: Any) -> bytes:
 class _Gpu:
     """The CUDA side of the progress process: cupy, streams, opened handles, events in flight."""
 
-    def __init__(self, graphs: bool = True, completes: bool = True, completes_min: int = 0,
-                 fused: bool = True, *, run_dir: str) -> None:
+    def __init__(self, slots: tuple[int, int, int], graphs: bool = True, completes: bool = True,
+                 completes_min: int = 0, fused: bool = True) -> None:
         import cupy   # here and only here: the first device registration of this process
         self.cp = cupy
         self.rt = cupy.cuda.runtime
@@ -102,7 +101,9 @@ class _Gpu:
         self.peer_access: dict[tuple[int, int], bool] = {}   # (device, owner's device) -> may it map it
         self.bus_ids: dict[int, str] = {}    # device -> its PCI bus id in this process (check_device)
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
-        self.events = RankEvents(cupy, self.drv, self.lock, run_dir)   # the ranks' stream events
+        self.slots_at = slots               # the ranks' completion slots here (address, bytes, per rank)
+        self.host_slots: HostSlots | None = None   # those slots pinned for the devices (slots)
+        self.order: StreamOrder | None = None      # waits for the ranks' stream words (ordered_stream)
         self.streams: dict[int, Any] = {}
         self.free_events: dict[int, list[Any]] = {}
         self.pending: dict[int, Any] = {}                # sub slot -> the event its copies end with
@@ -137,13 +138,6 @@ class _Gpu:
         info = reg.info if isinstance(reg.info, dict) else {}
         self.check_device(reg, info)
         key = (reg.local_rank, reg.buf_id)
-        if "events" in info:
-            texts = info["events"]
-            raws = [_handle(reg, t) for t in texts] if isinstance(texts, list) else []
-            old = self.events.register(reg, raws)
-            if old is not None:
-                self.retired.append(("events", old))
-            return
         raw = _handle(reg, info.get("handle"))
         with self.lock:
             if key in self.mem:
@@ -167,8 +161,6 @@ class _Gpu:
     def deregister(self, reg: Registration) -> None:
         key = (reg.local_rank, reg.buf_id)
         with self.lock:
-            if self.events.forget(key):
-                return
             found = self.mem.pop(key, None)
             if found is None:
                 return
@@ -200,14 +192,11 @@ class _Gpu:
                     self.publisher.put(x.cell)
                     x.cell = None
                 x.destroy()
-            elif what == "mem":   # its own device's mapping, then those in other devices' contexts
+            else:   # "mem": its own device's mapping, then those in other devices' contexts
                 for device, base in [(x[2], x[0]), *x[3].items()]:
                     if base:
                         with self.cp.cuda.Device(device):
                             self.rt.ipcCloseMemHandle(base)
-            else:
-                for ev in x:
-                    self.rt.eventDestroy(ev)
 
     # ------------------------------------------------------------------ resolving ops (loop thread)
     def address(self, ctx: TransportContext, op: Any, second: bool, nbytes: int, on: int = -1,
@@ -299,9 +288,19 @@ class _Gpu:
         queued before posting it: where every copy and kernel of those ops is queued."""
         stream = self.stream(device)
         self.use(device)
+        order = self.order
+        if order is None:
+            order = self.order = StreamOrder(self.drv, self.slots_at, self.slots)
         for op in ops:
-            self.events.wait_for_rank(op, stream, device, self.use)
+            order.wait_for_rank(op, stream, device)
         return stream
+
+    def slots(self) -> HostSlots:
+        """The ranks' completion slots, pinned and mapped for the devices on first need (loop thread,
+        a device current): the streams wait on their words, the GPU publishes into them."""
+        if self.host_slots is None:
+            self.host_slots = HostSlots(self.drv, self.slots_at)
+        return self.host_slots
 
     def end_event(self, device: int, stream: Any) -> Any:
         """An event recorded on ``stream`` after the copies queued so far (recycled once polled done)."""
@@ -319,7 +318,7 @@ class _Gpu:
         they are off or the driver refused (then the loop publishes every completion)."""
         if self.publisher is None and self.completes:
             try:
-                self.publisher = Publisher(self.cp, self.drv, ctx.completion_slots())
+                self.publisher = Publisher(self.cp, self.drv, self.slots())
             except SystemError_ as exc:
                 self.completes = False
                 _log.warning("the GPU cannot publish completions on this host, the loop does: %s", exc)
@@ -436,7 +435,9 @@ class _Gpu:
         return g
 
     def free(self) -> None:
-        for s in [*self.streams.values(), *self.events.relay_streams()]:
+        if self.order is not None:
+            self.order.release()   # no stream of ours waits any longer for a store that will not come
+        for s in self.streams.values():
             s.synchronize()   # at exit only: nothing may still read a handle closed below, or write a slot
         self.pending.clear()
         with self.lock:
@@ -444,7 +445,6 @@ class _Gpu:
                 self.retired.append(("mem", entry))
             self.opened.clear()
             self.mem.clear()
-            self.retired.extend(("events", ring) for ring in self.events.take_all())
             self.retired.extendleft(("graph", g) for g in self.live_graphs)
             self.live_graphs.clear()
             self.plans.clear()
@@ -453,18 +453,20 @@ class _Gpu:
         if self.publisher is not None:   # after the graphs whose kernels read its cells
             self.publisher.close()
             self.publisher = None
-        self.events.remove_files_of_the_dead()
+        if self.host_slots is not None:
+            self.host_slots.close()
+            self.host_slots = None
 
     def describe(self) -> dict:
         """For the dump: the GPUs this process holds a context, mappings or streams on."""
         with self.lock:
             opened = self.opened.values()
             devices = ({e[2] for e in opened} | {d for e in opened for d, b in e[3].items() if b}
-                       | self.events.devices() | set(self.streams))
+                       | set(self.streams))
             return {"devices": sorted(devices), "opened_allocations": len(self.opened),
                     "peer_mappings": sum(1 for e in opened for b in e[3].values() if b),
                     "opened_bytes": sum(size for _h, size, _d in self.mem.values()),
-                    "ranks_with_events": self.events.ranks(),
+                    "ranks_waited_on": self.order.waited_on() if self.order is not None else [],
                     "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired),
                     "graphs": len(self.live_graphs), "planned_reductions": len(self.plans),
                     "gpu_publishes_completions": self.publisher.devices() if self.publisher else []}
@@ -480,17 +482,17 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
     def _gpu(self, ctx: TransportContext) -> _Gpu:
         if self.gpu is None:
             p = ctx.params
-            self.gpu = _Gpu(bool(p.CUDA_GRAPHS), bool(p.CUDA_DEVICE_COMPLETES), int(p.CUDA_DEVICE_COMPLETES_MIN),
-                            bool(p.CUDA_FUSED_REDUCE), run_dir=ctx.run_dir)
+            self.gpu = _Gpu(ctx.completion_slots(), bool(p.CUDA_GRAPHS), bool(p.CUDA_DEVICE_COMPLETES),
+                            int(p.CUDA_DEVICE_COMPLETES_MIN), bool(p.CUDA_FUSED_REDUCE))
         return self.gpu
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
         return kind == MemKind.CUDA and me.host == peer.host
 
     def proxy_register(self, ctx: TransportContext, reg: Registration) -> None:  # type: ignore[override]
-        if not isinstance(reg.info, dict) or not ("handle" in reg.info or "events" in reg.info):
+        if not isinstance(reg.info, dict) or "handle" not in reg.info:
             raise InvalidArgument(f"REGISTER of cuda memory (device {reg.device}) by rank {reg.rank}: needs "
-                                  f"an IPC handle ('info': {{'handle': hex}}) or event handles")
+                                  f"an IPC handle ('info': {{'handle': hex}})")
         self._gpu(ctx).register(reg)
 
     def proxy_deregister(self, ctx: TransportContext, reg: Registration) -> None:  # type: ignore[override]

@@ -15,19 +15,18 @@ error; the progress loop then fails the communicator, as NCCL reports an asynchr
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any, Callable
 
 from shmproxy.core import log
 from shmproxy.core.errors import InvalidArgument, SystemError_
 
 _log = log.get("CUDA")
-SHM_DIR = "/dev/shm"
 
 _SUCCESS, _NOT_READY = 0, 600          # CUresult: CUDA_SUCCESS, CUDA_ERROR_NOT_READY
 _CAPTURE_THREAD_LOCAL = 1              # CUstreamCaptureMode: other threads' CUDA calls stay unrestricted
 _RECORD_EXTERNAL = 1                   # CU_EVENT_RECORD_EXTERNAL: captured as an event record node
 _HOST_PORTABLE, _HOST_DEVICEMAP = 1, 2     # CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP
+_WAIT_VALUE_EQ = 1                     # CU_STREAM_WAIT_VALUE_EQ
 _U64, _VP, _UINT = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint
 
 
@@ -58,6 +57,8 @@ class Driver:
         self._host_register = _fn(lib, "cuMemHostRegister_v2", [_VP, ctypes.c_size_t, _UINT])
         self._host_unregister = _fn(lib, "cuMemHostUnregister", [_VP])
         self._host_device_pointer = _fn(lib, "cuMemHostGetDevicePointer_v2", [ctypes.POINTER(_U64), _VP, _UINT])
+        self._write_value = _fn(lib, "cuStreamWriteValue32_v2", [_VP, _U64, _UINT, _UINT])
+        self._wait_value = _fn(lib, "cuStreamWaitValue32_v2", [_VP, _U64, _UINT, _UINT])
 
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         """cuMemcpyAsync: the direction from the pointers (unified addressing), peers included."""
@@ -86,9 +87,23 @@ class Driver:
         if rc:
             self.fail("cuStreamWaitEvent", rc)
 
+    def write_value(self, stream: int, word: int, value: int) -> None:
+        """Queue on ``stream`` the store of the 32-bit ``value`` at device address ``word`` (registered
+        host memory): it happens once the stream's earlier work is done (transports/cuda_order.py)."""
+        rc = self._write_value(stream, word, value, 0)
+        if rc:
+            self.fail("cuStreamWriteValue32", rc)
+
+    def wait_value(self, stream: int, word: int, value: int) -> None:
+        """Hold ``stream``'s later work until the 32-bit word at device address ``word`` equals ``value``."""
+        rc = self._wait_value(stream, word, value, _WAIT_VALUE_EQ)
+        if rc:
+            self.fail("cuStreamWaitValue32", rc)
+
     def host_register(self, addr: int, nbytes: int) -> None:
         """Pin ``nbytes`` of this process's memory at ``addr`` (page-aligned) and map it for every
-        context's devices, so that its kernels can store into it (transports/cuda_publish.py)."""
+        context's devices, so that its streams and kernels can store into it and wait on it
+        (transports/cuda_order.py, transports/cuda_publish.py)."""
         rc = self._host_register(addr, nbytes, _HOST_PORTABLE | _HOST_DEVICEMAP)
         if rc:
             self.fail("cuMemHostRegister", rc)
@@ -193,64 +208,3 @@ def _fn(lib: Any, name: str, argtypes: list) -> Any:
     f.argtypes = argtypes
     f.restype = ctypes.c_int
     return f
-
-
-# The driver keeps a process's interprocess events in a file of its own in /dev/shm, named
-# cuda.shm.<n>.<the pid in hex>.<n>, which another process opens by name with the event's handle.
-# It is made with the process's first interprocess event and never removed: not when the events are
-# destroyed, nor at a clean exit (driver 580; docs/decisions.md). Our ranks make such events, so the
-# file is ours to remove: the rank itself at exit (rank/device.py), the progress process for a rank
-# that died (transports/cuda_events.py, at its exit). A rank that makes them also leaves a mark in
-# the run directory, <pid>.cuda-events, removed with them: where the whole job was killed, nobody
-# of it is left to remove either, and the next job's first rank finds the mark of a pid that is
-# gone (control/bootstrap.py, sweep_stale_event_files), as it finds a killed job's socket.
-MARK_SUFFIX = ".cuda-events"
-
-
-def event_files(pid: int) -> list[str]:
-    """The paths of process ``pid``'s interprocess-event files, where this user owns them."""
-    tag, uid = f"{pid:x}", os.geteuid()
-    out: list[str] = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return out
-    for name in names:
-        parts = name.split(".")
-        if len(parts) == 5 and parts[0] == "cuda" and parts[1] == "shm" and parts[3] == tag:
-            path = os.path.join(SHM_DIR, name)
-            try:
-                if os.lstat(path).st_uid == uid:
-                    out.append(path)
-            except FileNotFoundError:
-                continue
-    return out
-
-
-def mark_path(rundir: str, pid: int) -> str:
-    return os.path.join(rundir, f"{pid}{MARK_SUFFIX}")
-
-
-def mark_event_files(rundir: str, pid: int) -> None:
-    """Leave the mark that process ``pid`` has interprocess-event files (see above)."""
-    with open(mark_path(rundir, pid), "wb"):
-        pass
-
-
-def remove_event_files(pid: int, rundir: str | None = None) -> list[str]:
-    """Remove process ``pid``'s interprocess-event files, and its mark in ``rundir`` if given: ``pid`` is
-    this process at its exit, or a rank of ours that is gone. A process that opened its events already
-    holds them mapped, so nothing in use goes with the name. Returns the paths removed."""
-    removed = []
-    paths = event_files(pid) + ([mark_path(rundir, pid)] if rundir is not None else [])
-    for path in paths:
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            _log.info("left %s alone: %s", path, exc)
-    if removed:
-        _log.debug("removed the interprocess-event files of pid %d: %s", pid, removed)
-    return removed

@@ -5,8 +5,9 @@ Published by the progress loop, that word changes only once the loop has polled 
 run its completion code: microseconds after the copy ended, more while the loop is busy elsewhere.
 Here the GPU stores it instead, in the same graph launch as the copy (transports/cuda.py, ``_Gpu.copy``):
 
-- the ranks' completion slots are pinned and mapped for the devices once (cuMemHostRegister), so a
-  kernel can store into them;
+- the ranks' completion slots are pinned and mapped for the devices once (cuMemHostRegister:
+  ``cuda_order.HostSlots``, which the streams' waits for the ranks' words use too), so a kernel can
+  store into them;
 - a *cell* is a small pinned descriptor: a count, a token, (device address, value) pairs, an ack. A
   repeated copy's graph is captured as the copy, then one launch of ``shmproxy_publish`` reading its
   own cell, then its end event. Each launch of the graph (``Publisher.launch``, one C call:
@@ -35,13 +36,13 @@ from typing import Any
 
 from shmproxy.shm import _native
 from shmproxy.transports.cuda_driver import Driver
+from shmproxy.transports.cuda_order import HostSlots
 
 CELL_PAIRS = 16                          # requests one cell can publish (a message needs two)
 _TOKEN, _ACK = 1, 2 + 2 * CELL_PAIRS     # a cell's words: count, token, pairs, ack
 CELL_BYTES = 8 * (_ACK + 2)              # and one word of padding: a multiple of 16 bytes
 assert _native.PUBLISH_CELL == (0, _TOKEN, 2)   # the cell's layout as publish_launch writes it
 NCELLS = 256                             # graphs that can publish at once (cuda.GRAPHS_MAX and retirees)
-_PAGE = mmap.PAGESIZE
 
 _SRC = r"""
 extern "C" __global__ void shmproxy_publish(unsigned long long* cell) {
@@ -75,23 +76,15 @@ def load(cp: Any, device: int) -> None:
 
 
 class Publisher:
-    """The pinned completion slots, the cells, and the publish kernel of each device."""
+    """The cells and the publish kernel of each device, over the pinned completion slots."""
 
-    def __init__(self, cp: Any, drv: Driver, slots: tuple[int, int, int]):
-        self.cp, self.drv = cp, drv
-        addr, nbytes, self.slots_per_rank = slots
-        self.slots = addr
-        start, end = addr & ~(_PAGE - 1), (addr + nbytes + _PAGE - 1) & ~(_PAGE - 1)
-        drv.host_register(start, end - start)
-        self.slots_base = start
+    def __init__(self, cp: Any, drv: Driver, slots: HostSlots):
+        self.cp, self.drv, self.host_slots = cp, drv, slots
+        self.slots, self.slots_per_rank = slots.addr, slots.per_rank
         self.mm = mmap.mmap(-1, NCELLS * CELL_BYTES)
         self.words = (ctypes.c_uint64 * (NCELLS * CELL_BYTES // 8)).from_buffer(self.mm)
         self.cells_base = ctypes.addressof(self.words)
-        try:
-            drv.host_register(self.cells_base, NCELLS * CELL_BYTES)
-        except BaseException:
-            drv.host_unregister(start)
-            raise
+        drv.host_register(self.cells_base, NCELLS * CELL_BYTES)
         self.free = list(range(NCELLS - 1, -1, -1))
         self.runs = 0                            # tokens of cell runs (launch), never reused
         self.launches: dict[int, Any] = {}      # device -> (Launch, slots' delta, cells' device address)
@@ -109,7 +102,7 @@ class Publisher:
         got = self.launches.get(device)
         if got is None:
             launch = self.drv.launcher(publish_kernel(self.cp).kernel.ptr, 1)   # the current context's
-            delta = self.drv.host_device_pointer(self.slots_base) - self.slots_base
+            delta = self.host_slots.delta(device)
             got = self.launches[device] = (launch, delta, self.drv.host_device_pointer(self.cells_base))
         return got
 
@@ -151,8 +144,8 @@ class Publisher:
         return self.words[cell * CELL_BYTES // 8 + _ACK] == token
 
     def close(self) -> None:
-        """At exit, once nothing in flight can run a kernel that reads a cell or writes a slot."""
+        """At exit, once nothing in flight can run a kernel that reads a cell (the slots are
+        HostSlots', unpinned after this)."""
         self.drv.host_unregister(self.cells_base)
-        self.drv.host_unregister(self.slots_base)
         del self.words
         self.mm.close()

@@ -43,9 +43,7 @@ from typing import Any, Callable, Iterator, Mapping
 from shmproxy.control.launcher import LAUNCHERS, LaunchInfo, detect, parse_tasks_per_node
 from shmproxy.core import log
 from shmproxy.core.errors import InvalidArgument, InvalidUsage, from_oserror
-from shmproxy.core.process import alive as process_alive
 from shmproxy.shm import pool
-from shmproxy.transports import cuda_driver
 
 __all__ = ["LAUNCHERS", "SUN_PATH_MAX", "LaunchInfo", "detect", "host_identity", "job_key",
            "parse_tasks_per_node", "run_dir", "service_path", "spans_nodes"]
@@ -372,22 +370,6 @@ def sweep_stale_pools(shm_dir: str, min_age_s: float = STALE_SOCKET_AGE_S) -> li
             removed.append(path)
         except OSError as exc:   # gone meanwhile, unreadable: not ours to judge
             _LOG.info("left %s alone: %s", path, exc)
-    return removed
-
-
-_EVENT_MARK = re.compile(r"\d+" + re.escape(cuda_driver.MARK_SUFFIX))
-
-
-def sweep_stale_event_files(rundir: str) -> list[str]:
-    """Remove the CUDA event files of ranks of jobs killed whole, and their marks: a mark
-    ``<pid>.cuda-events`` in ``rundir`` that is ours, of a process that is gone
-    (transports/cuda_driver.py). Returns the paths removed. No age: the pid's liveness is the test,
-    and a live process's mark stays."""
-    removed: list[str] = []
-    for path in _old_files_of_ours(rundir, _EVENT_MARK, stat.S_ISREG, 0.0, "event marks"):
-        pid = int(os.path.basename(path)[:-len(cuda_driver.MARK_SUFFIX)])
-        if not process_alive(pid):
-            removed += cuda_driver.remove_event_files(pid, rundir)
     return removed
 
 

@@ -193,7 +193,7 @@ class ControlHandler:
                 raise errors.InvalidArgument(f"REGISTER of {kind.name.lower()} memory (device {device}) by "
                                              f"rank {me.rank}: no allowed transport moves that memory kind")
             reg = Registration(me.rank, me.local_rank, buf_id, kind, device, size, None, tuple(fds),
-                               payload.get("info"), me.pid)
+                               payload.get("info"))
             hooked[0].proxy_register(e.ctx, reg)   # type: ignore[misc]  # it owns the fds from here
             e.registrations[(me.local_rank, buf_id)] = ([hooked[0]], reg)
             return {}, []
@@ -204,7 +204,7 @@ class ControlHandler:
         buf = MemfdBuffer.from_fd(fds[0], size)
         e.buffers[(me.local_rank, buf_id)] = buf
         if hooked:
-            reg = Registration(me.rank, me.local_rank, buf_id, kind, device, size, buf, pid=me.pid)
+            reg = Registration(me.rank, me.local_rank, buf_id, kind, device, size, buf)
             for t in hooked:
                 t.proxy_register(e.ctx, reg)   # type: ignore[misc]
             e.registrations[(me.local_rank, buf_id)] = (hooked, reg)

@@ -38,10 +38,11 @@ STATUS_NO_MESSAGE = 0x7F02  # a nonblocking probe found nothing
 FLAG_IN_PLACE = 1     # the send side is the receive buffer (shmproxy.IN_PLACE)
 FLAG_NO_RECV = 2      # no receive buffer on this rank (Reduce on a non-root rank)
 
-# Record flag of any op on device memory: the rank recorded the op's stream event at post time
-# (shmproxy.rank.device). Without it the op's stream was idle then, and the progress process orders
-# its copies after nothing of the rank's (no event query, no stream wait).
-FLAG_STREAM_EVENT = 128
+# Record flag of any op on device memory: the rank's stream will store the request's sequence number
+# into its slot's stream word once the work queued before the post is done (shmproxy.rank.device).
+# Without it the op's stream was idle then, and the progress process orders its copies after nothing
+# of the rank's (no word read, no stream wait).
+FLAG_STREAM_WORD = 128
 
 # dtype <-> 1-byte code carried in records. Only numeric types (and bool) travel.
 _DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,

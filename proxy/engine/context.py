@@ -7,8 +7,6 @@ since the engine replaces it once the CPU affinity is decided.
 """
 from __future__ import annotations
 
-import os
-
 from typing import TYPE_CHECKING, Any
 
 from shmproxy.engine.args import Args, Sub
@@ -23,8 +21,8 @@ class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
                  "start_entry", "start_schedule", "post_event", "completion_items", "completion_slots", "_argspool",
                  "_n_args", "params",
-                 "transport_state", "timeout", "comm_id", "net_ip", "run_dir", "arrive", "finish",
-                 "complete_send", "remote_closed", "fail", "note")
+                 "transport_state", "timeout", "comm_id", "net_ip", "arrive", "finish", "complete_send",
+                 "remote_closed", "fail", "note")
 
     def __init__(self, engine: "ProgressEngine"):
         self._engine = engine
@@ -47,7 +45,6 @@ class EngineContext:
         self.timeout: float = engine.params.TIMEOUT
         self.comm_id: int = engine.comm_id
         self.net_ip: str = engine.net_ip
-        self.run_dir: str = os.path.dirname(engine.path)
         self.arrive = engine.arrive
         self.finish = engine.finish_transfer
         self.complete_send = engine.complete_send

@@ -31,7 +31,7 @@ from shmproxy.coll import sched
 from shmproxy.core import errors
 from shmproxy.core.memory import mem_device
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
-                               FLAG_STREAM_EVENT, IN_PLACE, KIND_COLL, SUPPORTED_DTYPES, Coll, ReduceOp)
+                               FLAG_STREAM_WORD, IN_PLACE, KIND_COLL, SUPPORTED_DTYPES, Coll, ReduceOp)
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
 
@@ -270,8 +270,8 @@ def _emit(comm: Any, coll: int, code: int, redop: int, flags: int, root: int, me
     slot = comm._free_slots.pop() if comm._free_slots else comm._take_slot()
     index = comm._free_records.pop() if comm._free_records else comm._take_record()
     pp = comm._pp
-    if mem and comm._device.record(slot, mem_device(mem), stream):
-        flags |= FLAG_STREAM_EVENT
+    if mem and comm._device.record(slot, pp.seq + 1, mem_device(mem), stream):   # pp.write takes seq + 1
+        flags |= FLAG_STREAM_WORD
     pp.coll_seq += 1
     seq = pp.write(index, slot, KIND_COLL, code, redop, flags, root, meta, send_loc[0], send_loc[1], snb,
                    count, recv_loc[0], recv_loc[1], rnb, pp.coll_seq, coll, mem)

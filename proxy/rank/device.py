@@ -14,14 +14,16 @@ device array first appears (cupy is imported then, never for a host-only job):
   the new one registered, so the progress process can never write into memory that was freed. A cupy
   array over memory cupy owns keeps its location for as long as it lives (``DeviceMemory.locate``).
 - **Stream order, as NCCL's.** An op on device memory must see the work the rank queued on its current
-  stream before the call. At post time the rank records an interprocess event on that stream; the
-  progress process makes its own stream wait on it before it copies. Each rank has a ring of
-  ``NEVENTS`` such events per device, registered once; a request uses event ``slot % NEVENTS``. A
-  ring entry re-recorded by a later op before the progress process read the earlier one only makes
-  the earlier op wait a little longer, never too little (the later record follows the earlier work:
-  on the same stream by order, on another stream because that stream is first made to wait on the
-  entry's unfinished record). A post on an idle stream records nothing (``DeviceMemory.record``), and
-  its op goes without FLAG_STREAM_EVENT, so that the progress process orders it after nothing.
+  stream before the call. At post time the rank has that stream store the request's sequence number
+  (its low 32 bits) into the request's completion slot, in the word SLOT_STREAM_SEQ, once the work
+  queued so far is done (cuStreamWriteValue32 on host memory the rank pinned and mapped for its
+  GPUs), and flags the op FLAG_STREAM_WORD; the progress process's stream waits for that value before
+  it copies (transports/cuda_order.py, which says why a word and not an interprocess event). A post
+  on an idle stream stores nothing and goes unflagged: there is nothing to order after. The slot is
+  the request's alone until it completes, so each op has a word of its own; only a store still
+  queued on another stream from the slot's previous request (one that completed without being
+  waited for: an error, or no bytes) could land after the new one, so the new store is first made to
+  wait for it (``_Words.store``).
 - **Completion.** The progress process completes the request once the copies have finished on the
   GPU, so a blocking call returns with the data in place, and the rank's later stream work sees it.
   With ``stream=`` (another stream than cupy's current one: a cupy or torch stream, or a raw
@@ -40,9 +42,7 @@ dropped.
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
-import os
 import sys
 import weakref
 from typing import Any, Callable
@@ -52,13 +52,14 @@ import numpy as np
 from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind, device_array_kind, mem_word
 from shmproxy.core.ops import DTYPE_BFLOAT16, DTYPE_CODE, IN_PLACE as _IN_PLACE, SUPPORTED_DTYPES, ReduceOp
-from shmproxy.transports.cuda_driver import mark_event_files, remove_event_files
+from shmproxy.shm import pool as P
+from shmproxy.transports.cuda_driver import Driver
 
 _log = log.get("RANK")
-NEVENTS = 16    # interprocess events per rank and device (see the header)
-# Whether a post records its event even when the stream is idle (see DeviceMemory.record): False but
-# for measuring what the skip saves (tests/bodies_gpu.py bench).
+# Whether a post has its stream store the word even when the stream is idle (see DeviceMemory.record):
+# False but for measuring what the skip saves (tests/bodies_gpu.py bench).
 RECORD_ON_IDLE_STREAMS = False
+_PAGE = 4096
 _LOCATED_MAX = 4096     # live arrays whose location is cached (see DeviceMemory.locate)
 
 # CUpointer_attribute values of the driver API (cuda.h)
@@ -111,17 +112,17 @@ class _Driver:
 
 
 class DeviceMemory:
-    """This rank's device registrations and stream events (one per communicator)."""
+    """This rank's device registrations and its stream-order words (one per communicator)."""
 
     def __init__(self, register: Callable[[dict], None], new_id: Callable[[], int], dead_ids: Callable[[], list],
-                 run_dir: str):
+                 slots: tuple[int, int, int]):
         self._register = register     # sends one REGISTER payload (kind cuda), waits for the answer
-        self._run_dir = run_dir       # where the mark of this process's event files goes (_make_ring)
         self._new_id = new_id
         self._dead_ids = dead_ids     # the registry's DEREGISTER queue, sent with the next message
         self._allocs: dict[int, tuple[int, int, int]] = {}   # start -> (buffer id, size, buf_id)
-        self._events: dict[int, list[Any]] = {}               # device -> the ring of interprocess events
-        self._recorded_on: dict[int, list[int]] = {}          # device -> each entry's last stream
+        # this rank's completion slots in the pool: (address of the pool's slot 0, first slot, count)
+        self._slots = slots
+        self._words: _Words | None = None                     # the slots pinned for stream stores (record)
         self._bus: dict[int, str] = {}                        # device -> its PCI bus id (_bus_id)
         self._driver: _Driver | None = None
         self._streams: dict[tuple[int, int], Any] = {}        # (handle, device) -> cupy ExternalStream
@@ -320,33 +321,33 @@ class DeviceMemory:
         self._allocs[start] = (bid, size, buf_id)
         return buf_id, ptr - start, mem_word(MemKind.CUDA, dev)
 
-    def record(self, slot: int, device: int, stream: Any = None) -> bool:
-        """Order the op in request ``slot`` after the work queued on ``stream`` (None: this thread's
-        current stream of ``device``): record event ``slot % NEVENTS`` there, unless the stream is idle.
-        True if it recorded (the op then carries FLAG_STREAM_EVENT).
+    def record(self, slot: int, seq: int, device: int, stream: Any = None) -> bool:
+        """Order the op in request ``slot`` (sequence number ``seq``) after the work queued on ``stream``
+        (None: this thread's current stream of ``device``): the stream stores ``seq``'s low 32 bits into
+        the slot's word once that work is done, unless the stream is idle. True if it will (the op then
+        carries FLAG_STREAM_WORD).
 
-        An idle stream has nothing to wait for, and a record on it would still be GPU work of this
+        An idle stream has nothing to wait for, and a store on it would still be GPU work of this
         process's context, which the progress process's copy then depends on: where processes share
         a GPU without MPS, the GPU switches between their contexts to settle it, and that switch
-        dominates a small message. Skipping is safe: the event then holds an earlier record, which
-        at worst makes the copy wait for work it need not (see the header on ring reuse)."""
-        ring = self._events.get(device)
+        dominates a small message."""
         cp = self.cp
         with cp.cuda.Device(device):
-            if ring is None:
-                ring = self._make_ring(device)
             if stream is None:
                 stream = cp.cuda.get_current_stream()
-            if RECORD_ON_IDLE_STREAMS or not stream.done:
-                k = slot % NEVENTS
-                ev, last = ring[k], self._recorded_on[device]
-                if last[k] not in (0, stream.ptr) and not ev.done:
-                    # the entry's pending record is another stream's: keep it in the new record
-                    stream.wait_event(ev)
-                ev.record(stream)
-                last[k] = stream.ptr
-                return True
-        return False
+            if not (RECORD_ON_IDLE_STREAMS or not stream.done):
+                return False
+            words = self._words
+            if words is None:
+                words = self._words = _Words(*self._slots)
+            words.store(slot, seq & 0xFFFFFFFF, device, stream.ptr)
+        return True
+
+    def close(self) -> None:
+        """Before the pool is unmapped: unpin the slots once no store of ours into them is queued."""
+        if self._words is not None:
+            self._words.close(self.cp)
+            self._words = None
 
     def _bus_id(self, device: int) -> str:
         """The PCI bus id of this process's device ``device``: the progress process checks that its own
@@ -356,43 +357,48 @@ class DeviceMemory:
             bus = self._bus[device] = self.cp.cuda.runtime.deviceGetPCIBusId(device)
         return bus
 
-    def _make_ring(self, device: int) -> list[Any]:
-        """This process's ring of interprocess events for ``device``, registered with the progress
-        process (which opens it there). The mark of the driver's file goes first: the file is made
-        with the first event."""
-        _mark_event_files_and_remove_at_exit(self._run_dir)
-        cp = self.cp
-        ring = [cp.cuda.Event(block=False, disable_timing=True, interprocess=True) for _ in range(NEVENTS)]
-        handles = [bytes(cp.cuda.runtime.ipcGetEventHandle(ev.ptr)).hex() for ev in ring]
-        self._register({"buf_id": self._new_id(), "bytes": 0, "kind": "cuda", "device": device,
-                        "info": {"events": handles, "bus": self._bus_id(device)}})
-        self._events[device] = ring
-        self._recorded_on[device] = [0] * NEVENTS
-        return ring
+class _Words:
+    """This rank's completion slots pinned and mapped for its GPUs, and the stream stores into them.
 
+    ``store`` queues the store of a request's value into its slot's SLOT_STREAM_SEQ word on a stream.
+    ``last``: per slot, the stream and value of its latest store, for the one case the header names: a
+    store of the slot's previous request still queued on another stream is waited for first (a
+    host read of the word tells whether it landed)."""
 
-_event_files_of = 0   # the pid whose exit removes its interprocess-event files (0: none made yet)
+    def __init__(self, pool_slots: int, first: int, count: int, drv: Any = None):
+        self.drv = drv if drv is not None else Driver()
+        self.base = pool_slots + P.SLOT_BYTES * first   # this rank's first slot
+        self.first = first
+        start, end = self.base & ~(_PAGE - 1), (self.base + P.SLOT_BYTES * count + _PAGE - 1) & ~(_PAGE - 1)
+        self.drv.host_register(start, end - start)       # for every device: PORTABLE | DEVICEMAP
+        self.start = start
+        self.deltas: dict[int, int] = {}                 # device -> device address minus host address
+        self.last: dict[int, tuple[int, int, int]] = {}  # slot -> (stream, value, device) of its latest store
 
+    def word(self, slot: int) -> int:
+        return self.base + P.SLOT_BYTES * (slot - self.first) + 8 * P.SLOT_STREAM_SEQ
 
-def _mark_event_files_and_remove_at_exit(run_dir: str) -> None:
-    """The driver leaves the file of this process's interprocess events in /dev/shm after any exit
-    (transports/cuda_driver.py): mark it in the run directory, for a job killed whole, and remove both
-    at our exit. The progress process opened the ring when it was registered, so the name is no
-    longer needed by then. Once per process (the first ring of any communicator)."""
-    global _event_files_of
-    if _event_files_of != os.getpid():
-        _event_files_of = os.getpid()
-        try:
-            mark_event_files(run_dir, _event_files_of)
-        except OSError as exc:   # bookkeeping for a crash only: the device op goes on without it
-            _log.warning("no mark of this process's CUDA event files in %s (a job killed whole would leave "
-                         "them in /dev/shm): %s", run_dir, exc)
-        atexit.register(_remove_own_event_files, _event_files_of, run_dir)
+    def store(self, slot: int, value: int, device: int, stream: int) -> None:
+        """On ``stream`` of ``device`` (current): store ``value`` into ``slot``'s word after its work."""
+        delta = self.deltas.get(device)
+        if delta is None:
+            delta = self.deltas[device] = self.drv.host_device_pointer(self.start) - self.start
+        addr = self.word(slot)
+        last = self.last.get(slot)
+        if last is not None and last[0] != stream and ctypes.c_uint32.from_address(addr).value != last[1]:
+            self.drv.wait_value(stream, addr + delta, last[1])   # the older store lands first
+        self.drv.write_value(stream, addr + delta, value)
+        self.last[slot] = (stream, value, device)
 
-
-def _remove_own_event_files(pid: int, run_dir: str) -> None:
-    if os.getpid() == pid:   # a forked child inherits the handler, not the parent's events
-        remove_event_files(pid, run_dir)
+    def close(self, cp: Any) -> None:
+        """Unpin, after waiting for the devices whose streams still have a store of ours queued (the
+        memory stops being theirs to write)."""
+        pending = {d for slot, (_s, value, d) in self.last.items()
+                   if ctypes.c_uint32.from_address(self.word(slot)).value != value}
+        for device in sorted(pending):
+            with cp.cuda.Device(device):
+                cp.cuda.runtime.deviceSynchronize()
+        self.drv.host_unregister(self.start)
 
 
 def call_key(coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:

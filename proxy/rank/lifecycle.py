@@ -137,9 +137,6 @@ class Lifecycle:
                 _log.info("removed the service socket %s of a job that did not end cleanly", stale)
             for stale in bootstrap.sweep_stale_pools(params.SHM_DIR):
                 _log.info("removed the ops pool %s of a job that did not end cleanly", stale)
-            for stale in bootstrap.sweep_stale_event_files(os.path.dirname(self._path)):
-                _log.info("removed %s, a CUDA event file or its mark, of a job that did not end cleanly",
-                          stale)
             env = dict(os.environ)
             env.update(params.to_env())
             cmd = [sys.executable, "-m", "shmproxy.engine.progress", "--path", self._path,
@@ -469,6 +466,12 @@ class Lifecycle:
         if self._view is not None:
             self._view.release()
             self._view = None
+        device = self.__dict__.pop("_device", None)
+        if device is not None:
+            try:
+                device.close()   # unpins its completion slots (shmproxy.rank.device): before the unmap
+            except (errors.ProxyError, RuntimeError) as exc:   # cupy's too; the pool is unmapped next anyway
+                _log.warning("device memory of rank %d not released cleanly: %s", self.rank, exc)
         if self._seg is not None:
             self._seg.close()
             self._seg = None

@@ -9,7 +9,6 @@ A mixin of shmproxy.rank.comm.Comm.
 """
 from __future__ import annotations
 
-import os
 
 from typing import Any
 
@@ -20,7 +19,7 @@ from shmproxy.control.protocol import MsgType
 from shmproxy.core.memory import MemKind, device_array_kind, mem_device, mem_word
 from shmproxy.coll import sched
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_PLACE, FLAG_MPROBED, FLAG_NO_RECV,
-                               FLAG_STREAM_EVENT, IN_PLACE, KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND,
+                               FLAG_STREAM_WORD, IN_PLACE, KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND,
                                SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG)
 from shmproxy.rank import typed
 from shmproxy.rank.typed import TypedBuffer
@@ -133,8 +132,10 @@ class Posting:
         if dev is None:
             def register(payload: dict) -> None:
                 self._control(MsgType.REGISTER, payload)
+            layout, lr = self._layout, self.local_rank
             dev = self._device = DeviceMemory(register, self._registry.new_id, lambda: self._registry.dead_ids,
-                                              os.path.dirname(self._path))
+                                              (self._seg.addr + layout.slots_off, lr * layout.max_ops,
+                                               layout.max_ops))
         return dev
 
     def _post_device(self, kind: int, buf: Any, peer: Any, tag: Any, flags: int = 0,
@@ -375,8 +376,8 @@ class Posting:
         index = self._free_records.pop() if self._free_records else self._take_record()
         coll = kind == KIND_COLL
         pp = self._pp
-        if mem and self._device.record(slot, mem_device(mem), stream):
-            flags |= FLAG_STREAM_EVENT
+        if mem and self._device.record(slot, pp.seq + 1, mem_device(mem), stream):   # pp.write takes seq + 1
+            flags |= FLAG_STREAM_WORD
         seq = pp.write(index, slot, kind, code, redop, flags, peer, 0 if coll else tag, bid, off, nbytes, count,
                        bid2, off2, nbytes2, coll_seq, tag if coll else 0, mem)
         req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr, pp)
