@@ -465,6 +465,9 @@ static PyMethodDef methods[] = {
     {"watch_words", _sn_watch_words, METH_VARARGS,
      "watch_words(pool, seen_events, abort, words, timeout_ns) -> WATCH_*: the loop's wait on GPU-published work"},
     {"set_lock_spin", py_set_lock_spin, METH_O, "set_lock_spin(ns): contended pool locks retry this long first"},
+    {"bind_op", _sn_bind_op, METH_O, "bind_op(cls): the Op class unpack_ops makes (shm/_native_ops.c)"},
+    {"unpack_ops", _sn_unpack_ops, METH_VARARGS,
+     "unpack_ops(out, n, idx, ranks, t_fetch) -> [Op]: taken records as ops, as Op(index, fields, rank, t_fetch)"},
     {NULL, NULL, 0, NULL},
 };
 

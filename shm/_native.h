@@ -1,6 +1,6 @@
 /*
  * What the files of shm._native share: the entry points of shm/_native_wake.c, _native_blocks.c,
- * _native_fast.c and _native_device.c that the module's method table (shm/_native.c) lists, and
+ * _native_fast.c, _native_device.c and _native_ops.c that the module's method table (shm/_native.c) lists, and
  * their initialisation.
  */
 #ifndef SHM_NATIVE_H
@@ -15,6 +15,8 @@ PyObject *_sn_fast_take(PyObject *self, PyObject *args);     /* shm/_native_fast
 PyObject *_sn_fast_wake_coll(PyObject *self, PyObject *arg);
 PyObject *_sn_publish_launch(PyObject *self, PyObject *args);   /* shm/_native_device.c */
 PyObject *_sn_watch_words(PyObject *self, PyObject *args);
+PyObject *_sn_bind_op(PyObject *self, PyObject *cls);        /* shm/_native_ops.c */
+PyObject *_sn_unpack_ops(PyObject *self, PyObject *args);
 int _sn_wake_init(void);   /* interns the Op attribute names below; -1 with an exception */
 
 /* An Op's integer attribute (shm/_native_wake.c), by one of its names interned at init; -1 with an

@@ -66,6 +66,7 @@ from shmproxy.engine.ranks import RankInfo
 from shmproxy.transports.base import Connector, MemKind, Registration, Transport
 
 _log = log.get("PROXY")
+_native.bind_op(Op)   # the class whose instances _unpack_taken's C call makes
 AUTO_KEEP_AWAKE_US = 2000.0  # KEEP_AWAKE_US=-1 on a crowded node: covers a message's hand-offs
 AUTO_LOOP_POLL_US = 100.0    # LOOP_POLL_US=-1 where the loop runs copy jobs itself: a few 512 KiB jobs
 WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers before it looks for ops
@@ -362,15 +363,12 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
         return n
 
     def _unpack_taken(self, n: int) -> list[Op]:
-        """The ``n`` records that _take_locked copied, as Op objects (after the mutex is released)."""
+        """The ``n`` records that _take_locked copied, as Op objects (after the mutex is released), in
+        one C call (shm/_native_ops.c: what Op(index, fields, rank, t_fetch) makes, without Python
+        per record)."""
         if not n:
             return []
-        now, ranks, idx = time.monotonic_ns(), self.ranks, self.take_idx
-        ops = []
-        for k, fields in enumerate(P.RECORD.iter_unpack(memoryview(self.take_out)[:n * P.RECORD_BYTES])):
-            info = ranks.get(fields[5])
-            ops.append(Op(int(idx[k]), fields, info.rank if info else -1, now))
-        return ops
+        return _native.unpack_ops(self.take_out_addr, n, self.take_idx_addr, self.ranks, time.monotonic_ns())
 
     # ------------------------------------------------------------------ collectives
 
