@@ -4,12 +4,14 @@ and GPUs, and what does it cost against the interprocess event it would replace?
 
     python3 tools/gpu_stream_order_probe.py      # a GPU host, cupy only; 2 GPUs add the cross-GPU rows
 
-Why: the ranks' interprocess events leave a file per process in /dev/shm that only the rank or the
-progress process can remove, and a wait for one from another GPU's stream crashed the driver
-(docs/decisions.md, "What the first 2-GPU run changed"). The replacement would be
+Why: the ranks' interprocess events, which shmproxy used then, left a file per process in /dev/shm
+that only the rank or the progress process could remove, and a wait for one from another GPU's
+stream crashed the driver (docs/decisions.md, "What the first 2-GPU run changed"). The replacement:
 cuStreamWriteValue32 on the rank's stream into a word of the ops pool and cuStreamWaitValue32 on the
 progress process's. CUDA warns that such an order is invisible to its scheduler, and shmproxy's
-common case is two contexts time-sliced on one GPU: this probe checks that first.
+common case is two contexts time-sliced on one GPU: this probe checked that first, and shmproxy has
+ordered streams this way since (transports/cuda_order.py; the probe's run on 2x H200 is in
+docs/bench/h200x2-32core/session23/).
 
 Two processes, a "rank" and a "proxy", share one page (multiprocessing.shared_memory) that each
 registers with the driver (cuMemHostRegister, portable and device-mapped); they talk through words of
