@@ -8,13 +8,13 @@ local rank closed or died the loop stops. After a failure the service stays up a
 """
 from __future__ import annotations
 
+import os
 import time
 
 
 from shmproxy.engine.completion import MASK64
 from shmproxy.engine.ranks import RankInfo
 from shmproxy.core import errors, log
-from shmproxy.core.process import alive as process_alive
 from shmproxy.shm import pool as P
 
 _log = log.get("PROXY")
@@ -106,7 +106,7 @@ class Failure:
         owner's exit, before the process is a zombie, so asking now "who is dead?" can find nobody:
         stop trusting the posted chain, and let the pidfd watcher (rank_died) name the dead rank;
         tick() falls back to an anonymous report after OWNER_DEAD_GRACE_S."""
-        dead = [r for r in list(self.ranks.values()) if not process_alive(r.pid)]
+        dead = [r for r in list(self.ranks.values()) if not _alive(r.pid)]
         if dead:
             self.rank_died(dead[0], "holding the ops pool mutex")
         elif not self.owner_died_at:
@@ -124,3 +124,16 @@ class Failure:
                 items.append(f"args {a.id} {a.conn[0]}->{a.conn[1]} opCount {a.opcount} ({len(a.subs)} subs)")
         return "; ".join(items[:8]) + (f" (+{len(items) - 8} more)" if len(items) > 8 else "")
 
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

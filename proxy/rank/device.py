@@ -49,13 +49,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmproxy.core import errors, log
+from shmproxy.core import errors
 from shmproxy.core.memory import MemKind, device_array_kind, mem_word
 from shmproxy.core.ops import DTYPE_BFLOAT16, DTYPE_CODE, IN_PLACE as _IN_PLACE, SUPPORTED_DTYPES, ReduceOp
 from shmproxy.shm import pool as P
 from shmproxy.transports.cuda_driver import Driver
 
-_log = log.get("RANK")
 # Whether a post has its stream store the word even when the stream is idle (see DeviceMemory.record):
 # False but for measuring what the skip saves (tests/bodies_gpu.py bench).
 RECORD_ON_IDLE_STREAMS = False
@@ -356,6 +355,7 @@ class DeviceMemory:
         if bus is None:
             bus = self._bus[device] = self.cp.cuda.runtime.deviceGetPCIBusId(device)
         return bus
+
 
 class _Words:
     """This rank's completion slots pinned and mapped for its GPUs, and the stream stores into them.

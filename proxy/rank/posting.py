@@ -9,7 +9,6 @@ A mixin of shmproxy.rank.comm.Comm.
 """
 from __future__ import annotations
 
-
 from typing import Any
 
 import numpy as np
