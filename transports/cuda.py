@@ -103,7 +103,7 @@ class _Gpu:
         self.mem: dict[tuple[int, int], tuple[bytes, int, int]] = {}   # (local rank, buf_id) -> (handle, size, device)
         self.slots_at = slots               # the ranks' completion slots here (address, bytes, per rank)
         self.host_slots: HostSlots | None = None   # those slots pinned for the devices (slots)
-        self.order: StreamOrder | None = None      # waits for the ranks' stream words (ordered_stream)
+        self.order = StreamOrder(self.drv, slots, self.slots)   # waits for the ranks' stream words
         self.streams: dict[int, Any] = {}
         self.free_events: dict[int, list[Any]] = {}
         self.pending: dict[int, Any] = {}                # sub slot -> the event its copies end with
@@ -289,8 +289,6 @@ class _Gpu:
         stream = self.stream(device)
         self.use(device)
         order = self.order
-        if order is None:
-            order = self.order = StreamOrder(self.drv, self.slots_at, self.slots)
         for op in ops:
             order.wait_for_rank(op, stream, device)
         return stream
@@ -435,8 +433,7 @@ class _Gpu:
         return g
 
     def free(self) -> None:
-        if self.order is not None:
-            self.order.release()   # no stream of ours waits any longer for a store that will not come
+        self.order.release()   # no stream of ours waits any longer for a store that will not come
         for s in self.streams.values():
             s.synchronize()   # at exit only: nothing may still read a handle closed below, or write a slot
         self.pending.clear()
@@ -466,7 +463,7 @@ class _Gpu:
             return {"devices": sorted(devices), "opened_allocations": len(self.opened),
                     "peer_mappings": sum(1 for e in opened for b in e[3].values() if b),
                     "opened_bytes": sum(size for _h, size, _d in self.mem.values()),
-                    "ranks_waited_on": self.order.waited_on() if self.order is not None else [],
+                    "ranks_waited_on": self.order.waited_on(),
                     "copies_in_flight": len(self.pending), "handles_to_close": len(self.retired),
                     "graphs": len(self.live_graphs), "planned_reductions": len(self.plans),
                     "gpu_publishes_completions": self.publisher.devices() if self.publisher else []}

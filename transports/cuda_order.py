@@ -17,9 +17,9 @@ Why a word of host memory and not an interprocess event, which this used before 
 - the driver backs a process's interprocess events with a file in /dev/shm that it never removes;
 - a wait on another GPU's interprocess event crashed the driver; host memory every GPU reads alike.
 
-Both processes pin and map the ranks' slots for every device (cuMemHostRegister, portable and
-device-mapped): the rank its own, for its streams' stores, and this process all of them once
-(``HostSlots``), for its streams' waits and for the GPU-published completions (cuda_publish.py).
+Both processes pin and map the ranks' slots for every device, once (``HostSlots``: cuMemHostRegister,
+portable and device-mapped): the rank its own, for its streams' stores, and this process all of
+them, for its streams' waits and for the GPU-published completions (cuda_publish.py).
 
 A slot is its request's alone until the request completes, so the word a wait reads was stored for
 that request; an equal compare of 32 bits would be fooled only by a store left from 2^32 requests
@@ -44,8 +44,14 @@ _PAGE = mmap.PAGESIZE
 _WORD = 8 * P.SLOT_STREAM_SEQ   # the word's offset in a slot (its low 32 bits: little-endian)
 
 
+def word_address(slot0: int, slot: int) -> int:
+    """Where completion slot ``slot``'s stream word lies, slot 0 lying at ``slot0``."""
+    return slot0 + P.SLOT_BYTES * slot + _WORD
+
+
 class HostSlots:
-    """The ranks' completion slots, pinned and mapped for every device of this process (once)."""
+    """Completion slots pinned and mapped for every device of this process, once: all the ranks' in the
+    progress process, a rank's own in the rank (shmproxy.rank.device)."""
 
     def __init__(self, drv: Driver, slots: tuple[int, int, int]):
         self.drv = drv
@@ -88,7 +94,7 @@ class StreamOrder:
         slot = op.req_slot
         if not 0 <= slot < self.nslots or slot // self.per_rank != op.owner:
             raise InvalidArgument(f"{op.describe()}: completion slot {slot} is not its rank's")
-        addr = self.addr + P.SLOT_BYTES * slot + _WORD
+        addr = word_address(self.addr, slot)
         want = op.req_seq & 0xFFFFFFFF
         if ctypes.c_uint32.from_address(addr).value == want:
             return

@@ -54,11 +54,11 @@ from shmproxy.core.memory import MemKind, device_array_kind, mem_word
 from shmproxy.core.ops import DTYPE_BFLOAT16, DTYPE_CODE, IN_PLACE as _IN_PLACE, SUPPORTED_DTYPES, ReduceOp
 from shmproxy.shm import pool as P
 from shmproxy.transports.cuda_driver import Driver
+from shmproxy.transports.cuda_order import HostSlots, word_address
 
 # Whether a post has its stream store the word even when the stream is idle (see DeviceMemory.record):
 # False but for measuring what the skip saves (tests/bodies_gpu.py bench).
 RECORD_ON_IDLE_STREAMS = False
-_PAGE = 4096
 _LOCATED_MAX = 4096     # live arrays whose location is cached (see DeviceMemory.locate)
 
 # CUpointer_attribute values of the driver API (cuda.h)
@@ -367,22 +367,16 @@ class _Words:
 
     def __init__(self, pool_slots: int, first: int, count: int, drv: Any = None):
         self.drv = drv if drv is not None else Driver()
-        self.base = pool_slots + P.SLOT_BYTES * first   # this rank's first slot
-        self.first = first
-        start, end = self.base & ~(_PAGE - 1), (self.base + P.SLOT_BYTES * count + _PAGE - 1) & ~(_PAGE - 1)
-        self.drv.host_register(start, end - start)       # for every device: PORTABLE | DEVICEMAP
-        self.start = start
-        self.deltas: dict[int, int] = {}                 # device -> device address minus host address
+        self.first = first                               # this rank's first slot
+        self.pinned = HostSlots(self.drv, (pool_slots + P.SLOT_BYTES * first, P.SLOT_BYTES * count, count))
         self.last: dict[int, tuple[int, int, int]] = {}  # slot -> (stream, value, device) of its latest store
 
     def word(self, slot: int) -> int:
-        return self.base + P.SLOT_BYTES * (slot - self.first) + 8 * P.SLOT_STREAM_SEQ
+        return word_address(self.pinned.addr, slot - self.first)
 
     def store(self, slot: int, value: int, device: int, stream: int) -> None:
         """On ``stream`` of ``device`` (current): store ``value`` into ``slot``'s word after its work."""
-        delta = self.deltas.get(device)
-        if delta is None:
-            delta = self.deltas[device] = self.drv.host_device_pointer(self.start) - self.start
+        delta = self.pinned.delta(device)
         addr = self.word(slot)
         last = self.last.get(slot)
         if last is not None and last[0] != stream and ctypes.c_uint32.from_address(addr).value != last[1]:
@@ -398,7 +392,7 @@ class _Words:
         for device in sorted(pending):
             with cp.cuda.Device(device):
                 cp.cuda.runtime.deviceSynchronize()
-        self.drv.host_unregister(self.start)
+        self.pinned.close()
 
 
 def call_key(coll: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> tuple | None:
