@@ -18,19 +18,23 @@
 
 #include "_pool_layout.h"
 
-/* The record's fields after `next`, in Op.__init__'s order: (name, offset, size, signed). */
+/* The record's fields after `next`, in Op.__init__'s order: (name, offset, size, signed); the offsets
+ * _pool_layout.h names (which shm/pool.py checks) by their names, and tests/test_native_ops.py checks
+ * every one against shm/pool.py's RECORD. */
 typedef struct {
     const char *name;
     int off, size, is_signed;
 } Field;
 
 static const Field FIELDS[] = {
-    {"kind", 4, 1, 0},      {"dtype", 5, 1, 0},     {"redop", 6, 1, 0},     {"flags", 7, 1, 0},
-    {"owner", 8, 4, 1},     {"peer", 12, 4, 1},     {"tag", 16, 8, 1},      {"opcount", 24, 8, 0},
-    {"req_seq", 32, 8, 0},  {"req_slot", 40, 4, 0}, {"buf_id", 44, 4, 1},   {"offset", 48, 8, 0},
-    {"nbytes", 56, 8, 0},   {"count", 64, 8, 0},    {"buf2_id", 72, 4, 1},  {"mem", 76, 4, 1},
-    {"offset2", 80, 8, 0},  {"nbytes2", 88, 8, 0},  {"coll_seq", 96, 8, 0}, {"t_post", 104, 8, 0},
-    {"coll", 112, 8, 0},    {"pair_seq", 120, 8, 0},
+    {"kind", 4, 1, 0},          {"dtype", 5, 1, 0},           {"redop", 6, 1, 0},
+    {"flags", 7, 1, 0},         {"owner", REC_OWNER_OFF, 4, 1}, {"peer", 12, 4, 1},
+    {"tag", 16, 8, 1},          {"opcount", REC_OPCOUNT_OFF, 8, 0}, {"req_seq", 32, 8, 0},
+    {"req_slot", 40, 4, 0},     {"buf_id", 44, 4, 1},         {"offset", 48, 8, 0},
+    {"nbytes", 56, 8, 0},       {"count", 64, 8, 0},          {"buf2_id", 72, 4, 1},
+    {"mem", REC_MEM_OFF, 4, 1}, {"offset2", 80, 8, 0},        {"nbytes2", 88, 8, 0},
+    {"coll_seq", 96, 8, 0},     {"t_post", 104, 8, 0},        {"coll", 112, 8, 0},
+    {"pair_seq", 120, 8, 0},
 };
 enum { NFIELDS = sizeof(FIELDS) / sizeof(FIELDS[0]) };
 /* The slots Op.__init__ sets besides the record's */
@@ -50,7 +54,8 @@ static Py_ssize_t slot_offset(PyTypeObject *t, const char *name) {
         if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) off = m->offset;
     }
     Py_DECREF(d);
-    if (off < 0) PyErr_Format(PyExc_TypeError, "bind_op: %s.%s is not a writable __slots__ entry", t->tp_name, name);
+    if (off < 0)
+        PyErr_Format(PyExc_TypeError, "bind_op: %s.%s is not a writable __slots__ entry", t->tp_name, name);
     return off;
 }
 
