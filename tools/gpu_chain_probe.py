@@ -31,11 +31,7 @@ import statistics
 import sys
 import time
 
-_SIZES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def _size(text: str) -> int:
-    return int(text[:-1]) * _SIZES[text[-1]] if text[-1] in _SIZES else int(text)
+from shmproxy.core.params import parse_size
 
 
 def run(out: str, nbytes: int, iters: int, host: bool, per_gpu: bool) -> None:
@@ -117,7 +113,7 @@ def analyse(out: str) -> None:
 def main(argv: list[str]) -> None:
     if len(argv) >= 2 and argv[0] == "run":
         rest = [a for a in argv[2:] if not a.startswith("--")]
-        run(argv[1], _size(rest[0]) if rest else 64 << 20, int(rest[1]) if len(rest) > 1 else 2000,
+        run(argv[1], parse_size(rest[0]) if rest else 64 << 20, int(rest[1]) if len(rest) > 1 else 2000,
             "--host" in argv, "--per-gpu" in argv)
     elif len(argv) == 2 and argv[0] == "analyse":
         analyse(argv[1])
