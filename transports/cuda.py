@@ -311,7 +311,7 @@ class _Gpu:
         self.drv.record(ev.ptr, stream.ptr)
         return ev
 
-    def publishing(self, ctx: TransportContext) -> Publisher | None:
+    def publishing(self) -> Publisher | None:
         """The publisher of GPU completions (transports/cuda_publish.py), made on first use; None where
         they are off or the driver refused (then the loop publishes every completion)."""
         if self.publisher is None and self.completes:
@@ -512,7 +512,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
             route = gpu.route(ctx, key, send, recv, n)
         _gen, src, dst, device, on_device = route
         stream = gpu.ordered_stream(device, (send, recv))
-        pub = gpu.publishing(ctx) if on_device and gpu.publishes(n) else None
+        pub = gpu.publishing() if on_device and gpu.publishes(n) else None
         ev, owner, transfer.published = gpu.copy(dst, src, n, device, stream, on_device,
                                                  (ctx.completion_items(transfer) or ()) if pub is not None else None)
         args = ctx.args_for(conn, send.opcount)

@@ -210,7 +210,7 @@ def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
     device = plan.device
     stream = gpu.ordered_stream(device, ops)
     if plan.graph is None and plan.runs and gpu.graphs_ok:   # repeated: worth a capture (cuda.py copy)
-        pub = gpu.publishing(engine.ctx) if gpu.publishes(plan.nbytes) and len(ops) <= CELL_PAIRS else None
+        pub = gpu.publishing() if gpu.publishes(plan.nbytes) and len(ops) <= CELL_PAIRS else None
         plan.graph = gpu.publishing_graph(stream, device, lambda: plan.queue(stream.ptr), pub)
     plan.runs += 1
     g = plan.graph

@@ -334,7 +334,7 @@ class DeviceMemory:
         with cp.cuda.Device(device):
             if stream is None:
                 stream = cp.cuda.get_current_stream()
-            if not (RECORD_ON_IDLE_STREAMS or not stream.done):
+            if stream.done and not RECORD_ON_IDLE_STREAMS:
                 return False
             words = self._words
             if words is None:
