@@ -17,10 +17,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-from shmproxy.core import log
 from shmproxy.core.errors import InvalidArgument, SystemError_
-
-_log = log.get("CUDA")
 
 _SUCCESS, _NOT_READY = 0, 600          # CUresult: CUDA_SUCCESS, CUDA_ERROR_NOT_READY
 _CAPTURE_THREAD_LOCAL = 1              # CUstreamCaptureMode: other threads' CUDA calls stay unrestricted
