@@ -25,7 +25,27 @@
 /* A publish cell's u64 words (transports/cuda_publish.py checks PUBLISH_CELL against its own). */
 enum { CELL_COUNT = 0, CELL_TOKEN = 1, CELL_FIRST_PAIR = 2 };
 
-typedef int (*graph_launch_fn)(void *exe, void *stream);
+
+/*
+ * Write `n` requests' completion slots but their done_seq, then the cell: token first, the (device
+ * address of done_seq, seq) pairs, the count (0: the graph publishes nothing), and a release fence
+ * ahead of the launch call that follows. publish_launch and fire_armed (shm/_native_armed.c) share it.
+ */
+void _sn_fill_cell(uint64_t slots, uint64_t cell, uint64_t token, uint64_t delta, uint64_t nbytes, int n,
+                   const long long *slot, const long long *rseq, const long long *source, const uint64_t *tag) {
+    volatile uint64_t *c = (volatile uint64_t *)(uintptr_t)cell;
+    c[CELL_TOKEN] = token;
+    for (int i = 0; i < n; i++) {
+        uint64_t *s = (uint64_t *)(uintptr_t)(slots + (uint64_t)slot[i] * SLOT_WORDS * 8);
+        s[SLOT_NBYTES] = nbytes;
+        s[SLOT_STATUS] = ((uint64_t)(uint32_t)source[i]) << 32;   /* status 0, peer dtype 0 */
+        s[SLOT_TAG] = tag[i];
+        c[CELL_FIRST_PAIR + 2 * i] = (uint64_t)(uintptr_t)&s[SLOT_DONE_SEQ] + delta;
+        c[CELL_FIRST_PAIR + 2 * i + 1] = (uint64_t)rseq[i];
+    }
+    c[CELL_COUNT] = (uint64_t)n;
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
 
 /*
  * publish_launch(slots, max_ops, items, nbytes, cell, cell_pairs, token, delta, launch, exe, stream)
@@ -78,20 +98,7 @@ PyObject *_sn_publish_launch(PyObject *self, PyObject *args) {
         ok = owner >= 0 && slot[i] >= 0 && slot[i] / max_ops == owner;
     }
     Py_DECREF(seq);
-    volatile uint64_t *c = (volatile uint64_t *)(uintptr_t)cell;
-    c[CELL_TOKEN] = token;
-    if (ok) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t *s = (uint64_t *)(uintptr_t)(slots + (uint64_t)slot[i] * SLOT_WORDS * 8);
-            s[SLOT_NBYTES] = nbytes;
-            s[SLOT_STATUS] = ((uint64_t)(uint32_t)source[i]) << 32;   /* status 0, peer dtype 0 */
-            s[SLOT_TAG] = tag[i];
-            c[CELL_FIRST_PAIR + 2 * i] = (uint64_t)(uintptr_t)&s[SLOT_DONE_SEQ] + delta;
-            c[CELL_FIRST_PAIR + 2 * i + 1] = (uint64_t)rseq[i];
-        }
-    }
-    c[CELL_COUNT] = ok ? (uint64_t)n : 0;
-    __atomic_thread_fence(__ATOMIC_RELEASE);
+    _sn_fill_cell(slots, cell, token, delta, nbytes, ok ? (int)n : 0, slot, rseq, source, tag);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = ((graph_launch_fn)(uintptr_t)launch)((void *)(uintptr_t)exe, (void *)(uintptr_t)stream);
@@ -109,7 +116,8 @@ static uint64_t now_ns(void) {
  * watch_words(pool, seen_events, abort, words, timeout_ns) -> WATCH_*
  * Spin (GIL released) until the posted chain has a record or a rank handed a chain off (POSTED), the
  * events word moved from `seen_events` (EVENTS), the u64 at `abort` is set (ABORT), one of `words`
- * ((address, value), ...) holds its value (WORD), or `timeout_ns` passed (TIMEOUT). The loop's
+ * ((address, value), ...) holds its value or a greater one (WORD: tokens only grow), or `timeout_ns`
+ * passed (TIMEOUT). The loop's
  * other duties (heartbeat, failure checks) wait at most that bound.
  */
 enum { WATCH_TIMEOUT, WATCH_POSTED, WATCH_EVENTS, WATCH_ABORT, WATCH_WORD };
@@ -163,7 +171,7 @@ PyObject *_sn_watch_words(PyObject *self, PyObject *args) {
             break;
         }
         for (Py_ssize_t i = 0; i < n && why == WATCH_TIMEOUT; i++)
-            if (__atomic_load_n((uint64_t *)(uintptr_t)addr[i], __ATOMIC_ACQUIRE) == want[i]) why = WATCH_WORD;
+            if (__atomic_load_n((uint64_t *)(uintptr_t)addr[i], __ATOMIC_ACQUIRE) >= want[i]) why = WATCH_WORD;
         if (why != WATCH_TIMEOUT) break;
         if ((spins & 63) == 63 && now_ns() >= deadline) break;
 #if defined(__x86_64__) || defined(__i386__)

@@ -151,6 +151,24 @@ def test_repeated_collectives_on_the_same_buffers(nranks, graphs, completes):
         assert gpus[0]["graphs"] == 0 and gpus[0]["planned_reductions"] >= 5, gpus
 
 
+@pytest.mark.parametrize("armed", ["1", "0"])
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_armed_routes_keep_mpi_order(nranks, armed):
+    """Repeated device messages fired from C at fetch (proxy/engine/armed.py) deliver what MPI's
+    matching would: host messages of the same tag, alternating buffers, receives posted ahead, a
+    wildcard receive and a cancelled receive around them; and they do fire, unless turned off."""
+    res = run_ranks("tests.bodies_gpu_armed:armed_routes", nranks, timeout=180,
+                    env={"SHMPROXY_CUDA_ARMED_ROUTES": armed, "SHMPROXY_DUMP_SIGNAL": "SIGUSR1"})
+    for r in res.results:
+        assert not r["bad"], r["bad"][:10]
+    assert [r["cases"] for r in res.results] == [400, 560] + [0] * (nranks - 2)
+    got = res.results[0]["armed"]
+    if armed == "1":
+        assert got["on"] and got["fired"] >= 100 and got["armed_now"] == 0, got
+    else:
+        assert got == {"on": False}, got
+
+
 def test_device_alloc_registered_once_freed_when_dropped():
     res = run_ranks(MORE + "device_alloc", 2, timeout=180)
     print("GPU_ALLOC " + json.dumps(res.results))

@@ -115,6 +115,8 @@ def test_watch_words_returns_on_each_condition():
     assert watch(20_000_000) == _native.WATCH_TIMEOUT and time.monotonic() - t0 >= 0.019
     acks[1] = 9
     assert watch() == _native.WATCH_WORD
+    acks[1] = 10   # a later run's token: that run is done too (tokens only grow)
+    assert watch() == _native.WATCH_WORD
     acks[1] = 0
     pool.view(np.int32)[P.NEXT_OPS_OFF // 4] = 4
     assert watch() == _native.WATCH_POSTED

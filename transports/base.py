@@ -38,7 +38,10 @@ a ``Registration``, for transports that map or pin memory ahead of use; they run
 thread, before the rank's REGISTER is answered, so that no op can name the buffer first), and
 ``proxy_watch(ctx)`` (memory words, ``((address, value), ...)``, of which one takes its value when
 the transport's work in flight has moved, so that a loop with nothing else in flight waits on them in
-C instead of passing through Python; None while some of that work can only be polled). Host
+C instead of passing through Python; None while some of that work can only be polled), and
+``proxy_repeat(ctx, transfer)`` / ``proxy_fired(ctx, conn, transfer, repeat, token, rc)`` (a launch
+the engine may arm to make again from C when the same message comes back, and its bookkeeping once
+C made it: proxy/engine/armed.py; ``repeat.words()`` gives the C fire its launch). Host
 memory is offered to every allowed transport with a register hook after the engine mapped it;
 memory of another kind goes to the first allowed transport that moves that kind and has one, and a
 REGISTER that none takes is refused, naming the kind.
@@ -174,6 +177,10 @@ class TransportContext(Protocol):
         published sets ``transfer.published``; the transfer then finishes without writing its slots.
         None: complete it the usual way."""
 
+    def disarm_routes(self) -> None:
+        """Loop thread: forget every armed route (proxy/engine/armed.py) before a launch one of them
+        holds is destroyed."""
+
     def completion_slots(self) -> tuple[int, int, int]:
         """(address, bytes, slots per rank) of the ranks' completion slots in this process: what such
         a device must be able to write (pinned and mapped for it once)."""
@@ -260,6 +267,8 @@ class Transport(ABC):
     proxy_register: Callable[[TransportContext, Registration], None] | None = None
     proxy_deregister: Callable[[TransportContext, Registration], None] | None = None
     proxy_watch: Callable[[TransportContext], Any] | None = None
+    proxy_repeat: Callable[[TransportContext, Any], Any] | None = None
+    proxy_fired: Callable[[TransportContext, Connector, Any, Any, int, int], None] | None = None
     # Between nodes (see the module header).
     proxy_shared_init: Callable[[TransportContext], bytes] | None = None
     proxy_shared_connect: Callable[[TransportContext, list], None] | None = None
@@ -291,7 +300,7 @@ class OneProcessSides:
 _REQUIRED = ("can_connect", "send_setup", "recv_setup", "send_connect", "recv_connect", "proxy_start",
              "proxy_progress", "proxy_free")
 _OPTIONAL = ("proxy_progress_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister", "proxy_watch",
-             "proxy_shared_init",
+             "proxy_repeat", "proxy_fired", "proxy_shared_init",
              "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed", "proxy_abort", "proxy_note",
              "proxy_describe")
 _BETWEEN_NODES = ("proxy_shared_init", "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed",

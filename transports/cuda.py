@@ -110,6 +110,8 @@ class _Gpu:
         self.retired: collections.deque = collections.deque()   # handles to close once nothing is in flight
         self.nbusy = 0
         self.unacked = 0   # polls of a publishing graph not acked yet (poll)
+        self.last_launch: tuple | None = None   # the last publishing launch of a message (proxy_repeat)
+        self.on_retire: Any = None   # the engine's disarm of every armed route (close_retired)
         _log.info("CUDA up: cupy %s, %d device(s)", cupy.__version__, self.rt.getDeviceCount())
 
     # ------------------------------------------------------------------ registrations (service thread)
@@ -181,6 +183,8 @@ class _Gpu:
         """Loop thread (or exit): close dropped handles, once no copy that might use them is in flight."""
         if self.pending:
             return
+        if self.retired and self.on_retire is not None:
+            self.on_retire()   # no armed route may launch a graph destroyed below
         while self.retired:
             what, x = self.retired.popleft()
             if what == "graph":   # before the mappings it copies between are closed
@@ -325,13 +329,14 @@ class _Gpu:
     def watch(self, slot: int, device: int, ev: Any, owner: Any = None) -> None:
         """Complete the sub in ``slot`` with ``ev``. ``owner``: None for an event of ours (recycled once
         done), else the graph whose own event it is (True where nothing else of it needs to know)."""
-        self.pending[slot] = (device, ev, owner)
+        token = owner.token if owner is not None and owner is not True else 0   # the run just launched
+        self.pending[slot] = (device, ev, owner, token)
 
     def poll(self, slot: int) -> bool:
         """True once the copies of the sub in ``slot`` finished on the GPU."""
-        device, ev, owner = self.pending[slot]
+        device, ev, owner, token = self.pending[slot]
         if owner is not None and owner is not True and owner.cell is not None:
-            if not self.publisher.acked(owner.cell, owner.token):   # its kernel ran last in the graph
+            if not self.publisher.acked(owner.cell, token):   # its kernel ran last in the graph
                 self.unacked += 1
                 if not self.unacked % ACK_CHECKS_EVENT:
                     self.drv.done(ev.ptr)   # raises where the GPU failed the graph: no ack would ever come
@@ -341,7 +346,7 @@ class _Gpu:
         del self.pending[slot]
         if owner is None:
             self.free_events[device].append(ev)
-        elif owner is not True:
+        elif owner is not True and token == owner.token:   # not relaunched since (an armed route's fire)
             owner.busy = False   # its cell may be filled again (cuda_publish.py)
         return True
 
@@ -469,6 +474,30 @@ class _Gpu:
                     "gpu_publishes_completions": self.publisher.devices() if self.publisher else []}
 
 
+class Repeat:
+    """A publishing graph's launch as an armed route makes it again (proxy/engine/armed.py): valid while
+    no registration was dropped and the graph is not retired."""
+
+    __slots__ = ("gpu", "graph", "device", "stream", "gen")
+
+    def __init__(self, gpu: _Gpu, graph: Any, device: int, stream: int, gen: int):
+        self.gpu, self.graph, self.device, self.stream, self.gen = gpu, graph, device, stream, gen
+
+    def words(self) -> tuple | None:
+        """(device, ack word, last token, cell, slots' delta, exe, stream, tokens' word, cuGraphLaunch)
+        for the C fire (shm/_native_armed.c), or None where the graph may not be launched again."""
+        gpu, g = self.gpu, self.graph
+        pub = gpu.publisher
+        if self.gen != gpu.gen or g.cell is None or pub is None or g not in gpu.live_graphs:
+            return None
+        return (self.device, pub.ack_word(g.cell), g.token, pub.cell_addr(g.cell), pub.delta(self.device),
+                g.exe, self.stream, pub.runs_addr, gpu.drv.graph_launch_addr)
+
+    def current_device(self) -> int:
+        """The device whose context is current on the loop thread (a fire launches there)."""
+        return self.gpu.device
+
+
 class CudaTransport(OneProcessSides, Transport):   # allocations are opened here at registration
     name = "cuda"
     kinds = frozenset({MemKind.CUDA})
@@ -481,6 +510,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
             p = ctx.params
             self.gpu = _Gpu(ctx.completion_slots(), bool(p.CUDA_GRAPHS), bool(p.CUDA_DEVICE_COMPLETES),
                             int(p.CUDA_DEVICE_COMPLETES_MIN), bool(p.CUDA_FUSED_REDUCE))
+            self.gpu.on_retire = ctx.disarm_routes
         return self.gpu
 
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
@@ -510,11 +540,13 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         route = gpu.routes.get(key)
         if route is None or route[0] != gpu.gen:
             route = gpu.route(ctx, key, send, recv, n)
-        _gen, src, dst, device, on_device = route
+        gen, src, dst, device, on_device = route
         stream = gpu.ordered_stream(device, (send, recv))
         pub = gpu.publishing() if on_device and gpu.publishes(n) else None
         ev, owner, transfer.published = gpu.copy(dst, src, n, device, stream, on_device,
                                                  (ctx.completion_items(transfer) or ()) if pub is not None else None)
+        if transfer.published:   # what an armed route would launch next time (proxy_repeat)
+            gpu.last_launch = (owner, device, stream.ptr, gen)
         args = ctx.args_for(conn, send.opcount)
         sub = ctx.add_sub(args, transfer, src, dst, n, n)   # one step: the copy
         sub.posted = 1
@@ -540,6 +572,31 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
     # A device collective is one sub whose copies and kernels end with one event (shmproxy.coll.gpu).
     proxy_progress_coll = proxy_progress
 
+    def proxy_repeat(self, ctx: TransportContext, transfer: Any) -> Any:
+        """The launch of ``transfer`` (just started, published by its graph), for arming its route
+        (proxy/engine/armed.py): a Repeat, or None."""
+        gpu = self.gpu
+        got = gpu.last_launch if gpu is not None else None
+        if got is None or not transfer.published:
+            return None
+        gpu.last_launch = None
+        return Repeat(gpu, *got)
+
+    def proxy_fired(self, ctx: TransportContext, conn: Connector, transfer: Any, rep: "Repeat", token: int,
+                    rc: int) -> None:
+        """An armed route fired: C launched ``rep``'s graph for ``transfer`` with ``token`` (CUresult
+        ``rc``). What proxy_start does after its launch: the graph is busy with that run, and the
+        message's one sub ends with it."""
+        gpu, g = self.gpu, rep.graph
+        if rc:
+            gpu.drv.fail("cuGraphLaunch", rc)
+        g.busy = True
+        g.token = token
+        n = transfer.nbytes
+        sub = ctx.add_sub(ctx.args_for(conn, transfer.send.opcount), transfer, 0, 0, n, n)
+        sub.posted = 1
+        gpu.watch(sub.slot, rep.device, g.event, g)
+
     def proxy_watch(self, ctx: TransportContext) -> list | None:  # type: ignore[override]
         """The ack words of the publishing graphs in flight (transports/cuda_publish.py), with the token
         each will hold; None while other work is, whose end only an event query shows."""
@@ -548,10 +605,10 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         if pub is None:
             return None
         words = []
-        for _device, _ev, owner in gpu.pending.values():
+        for _device, _ev, owner, token in gpu.pending.values():
             if owner is None or owner is True or owner.cell is None:
                 return None
-            words.append((pub.ack_word(owner.cell), owner.token))
+            words.append((pub.ack_word(owner.cell), token))
         return words
 
     def proxy_free(self, ctx: TransportContext) -> None:

@@ -86,7 +86,10 @@ class Publisher:
         self.cells_base = ctypes.addressof(self.words)
         drv.host_register(self.cells_base, NCELLS * CELL_BYTES)
         self.free = list(range(NCELLS - 1, -1, -1))
-        self.runs = 0                            # tokens of cell runs (launch), never reused
+        # Tokens of cell runs, never reused: a word of its own, since armed routes (shm/_native_armed.c)
+        # take tokens from it too
+        self.run_word = ctypes.c_uint64(0)
+        self.runs_addr = ctypes.addressof(self.run_word)
         self.launches: dict[int, Any] = {}      # device -> (Launch, slots' delta, cells' device address)
 
     def devices(self) -> list[int]:
@@ -124,14 +127,20 @@ class Publisher:
         not a local rank's with its slot in its region, or there are more than CELL_PAIRS of them (a
         caller's bug): the cell then publishes nothing and the loop completes them. ``g.token``
         becomes the run's token, which the kernel stores last in the cell's ack word (``acked``)."""
-        self.runs += 1
-        g.token = self.runs
+        token = g.token = self.run_word.value = self.run_word.value + 1
         rc, published = _native.publish_launch(
-            self.slots, self.slots_per_rank, items, nbytes, self.cells_base + g.cell * CELL_BYTES, CELL_PAIRS,
-            self.runs, self._device(device)[1], self.drv.graph_launch_addr, g.exe, stream)
+            self.slots, self.slots_per_rank, items, nbytes, self.cell_addr(g.cell), CELL_PAIRS,
+            token, self._device(device)[1], self.drv.graph_launch_addr, g.exe, stream)
         if rc:
             self.drv.fail("cuGraphLaunch", rc)
         return published
+
+    def cell_addr(self, cell: int) -> int:
+        return self.cells_base + cell * CELL_BYTES
+
+    def delta(self, device: int) -> int:
+        """A device address minus this process's address of the pinned slots (``device`` current)."""
+        return self._device(device)[1]
 
     def ack_word(self, cell: int) -> int:
         """The address of ``cell``'s ack word (the loop waits on it in shm._native.watch_words)."""
@@ -139,9 +148,10 @@ class Publisher:
 
     def acked(self, cell: int, token: int) -> bool:
         """Whether the run of ``cell`` that ``launch`` gave ``token`` has finished: its copy (earlier in
-        the same graph) and its stores. A read of pinned memory, where an event query is a driver
-        call that the loop would make on every pass."""
-        return self.words[cell * CELL_BYTES // 8 + _ACK] == token
+        the same graph) and its stores, or a later run's (a graph runs one launch at a time, and tokens
+        only grow). A read of pinned memory, where an event query is a driver call that the loop would
+        make on every pass."""
+        return self.words[cell * CELL_BYTES // 8 + _ACK] >= token
 
     def close(self) -> None:
         """At exit, once nothing in flight can run a kernel that reads a cell (the slots are

@@ -279,6 +279,15 @@ _DECLARED: tuple[Param, ...] = (
        "CUDA_DEVICE_COMPLETES applies to messages and collectives of at least this many bytes: on a "
        "small one the kernel it adds behind the copy cost more than the loop's own publishing "
        "(BENCHMARKS.md).", 0),
+    _p("CUDA_ARMED_ROUTES", _parse_bool, True,
+       "A device message that ran last time as a publishing graph (CUDA_DEVICE_COMPLETES) is armed when "
+       "one of its halves waits in matching, and C launches it at the fetch of the other half, before "
+       "the Python match (proxy/engine/armed.py). Off: every message takes the Python path."),
+    _p("PROXY_LINGER_US", float, 20.0,
+       "When a publishing graph's ack ends the loop's wait while routes may be armed, the loop first "
+       "waits this long for the ranks' next post and fetches it, before it retires the finished work: "
+       "the ranks already saw their completions, and their next message's first half is then fetched "
+       "alone, so that its second can fire (0: retire first).", 0, 1000),
     _p("CUDA_FUSED_REDUCE", _parse_bool, True,
        "A device Allreduce or Reduce is one kernel of our own reading every input and writing every output, "
        "at every size (float16, complex, bool and bfloat16 excepted). Off: cupy ufuncs, then copies of the "

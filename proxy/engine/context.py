@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
-                 "start_entry", "start_schedule", "post_event", "completion_items", "completion_slots", "_argspool",
+                 "start_entry", "start_schedule", "post_event", "completion_items", "completion_slots", "disarm_routes",
+                 "_argspool",
                  "_n_args", "params",
                  "transport_state", "timeout", "comm_id", "net_ip", "arrive", "finish", "complete_send",
                  "remote_closed", "fail", "note")
@@ -37,6 +38,7 @@ class EngineContext:
         self.post_event = engine.post_event   # a transport's own threads wake the loop through it
         self.completion_items = engine.completion_items   # a device that publishes a message's completion
         self.completion_slots = engine.completion_slots
+        self.disarm_routes = engine.disarm_all
         self._argspool = engine.argspool
         self._n_args = P.CTRL_OFF // 8 + P.CTRL_N_ARGS
         # between nodes (engine/nodes.py)

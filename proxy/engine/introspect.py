@@ -123,7 +123,7 @@ class Introspection:
                                 self.matcher.posted(d)],
             "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in self.conns.items()},
             "nodes": self.describe_nodes(),
-            "fast_path": self.fast_describe(),
+            "fast_path": self.fast_describe(), "armed_routes": self.armed_describe(),
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name}
                         for c in self.server.connections()],
             "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in list(self.buffers.items())},

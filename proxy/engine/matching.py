@@ -66,7 +66,7 @@ def _accepts(want_src: int, want_tag: int, src: int, tag: int) -> bool:
 class Matcher:
     """Posted receives and unexpected messages of some destination ranks, matched by MPI's rules."""
 
-    __slots__ = ("_dests", "_seq", "scanned", "gauge")
+    __slots__ = ("_dests", "_seq", "scanned", "gauge", "armed", "on_armed")
 
     def __init__(self) -> None:
         self._dests: dict[int, _Dest] = {}
@@ -75,6 +75,10 @@ class Matcher:
         # gauge(dst, src, delta): told of every unexpected message from src to dst queued (+1) or
         # removed (-n) (the fast path publishes the counts: engine/fastpath.py)
         self.gauge: Callable[[int, int, int], None] | None = None
+        # Destinations with an armed route (engine/armed.py): any change to what waits for one of them
+        # calls on_armed(dst) first, which disarms it (an armed half must stay the next to match).
+        self.armed: set[int] = set()
+        self.on_armed: Callable[[int], None] | None = None
 
     # ------------------------------------------------------------------ matching
     # arrive and post run for every message: locals instead of repeated attribute loads, and the
@@ -84,6 +88,8 @@ class Matcher:
         if src < 0 or tag == ANY_TAG:
             raise errors.InvalidArgument(
                 f"a message's envelope cannot hold a wildcard (source {src}, tag {tag})")
+        if self.armed and dst in self.armed:
+            self.on_armed(dst)
         d = self._dests.get(dst)
         if d is None:
             d = self._dests[dst] = _Dest()   # kept once made: a destination's _Dest outlives its queues
@@ -119,6 +125,8 @@ class Matcher:
         """A new receive: return the unexpected message it matches (removed), else queue it as posted."""
         if src < ANY_SOURCE:
             raise errors.InvalidArgument(f"a receive's source must be a rank or ANY_SOURCE, not {src}")
+        if self.armed and dst in self.armed:
+            self.on_armed(dst)
         d = self._dests.get(dst)
         if d is None:
             d = self._dests[dst] = _Dest()   # kept once made: a destination's _Dest outlives its queues
@@ -176,6 +184,8 @@ class Matcher:
     def replace_unexpected(self, dst: int, src: int, tag: int, old: Any, new: Any) -> bool:
         """Put ``new`` in the place of the unexpected message ``old`` (a send the engine buffered),
         keeping its place in matching order."""
+        if self.armed and dst in self.armed:
+            self.on_armed(dst)
         d = self._dests.get(dst)
         q = d.unexp.get((src, tag)) if d is not None else None
         if not q:
@@ -186,9 +196,41 @@ class Matcher:
                 return True
         return False
 
+    # ------------------------------------------------------------------ armed routes (engine/armed.py)
+    def next_recv_is(self, dst: int, src: int, tag: int, item: Any) -> bool:
+        """Whether the posted specific receive ``item`` is the one a message (src, tag) to ``dst``
+        would match now: the head of its queue, with no wildcard receive pending for ``dst``."""
+        d = self._dests.get(dst)
+        q = d.recvs.get((src, tag)) if d is not None and not d.wild else None
+        return bool(q) and q[0][1] is item
+
+    def next_unexpected_is(self, dst: int, src: int, tag: int, item: Any) -> bool:
+        """Whether the unexpected message ``item`` is the one a receive (src, tag) at ``dst`` would
+        match now: the head of its queue."""
+        d = self._dests.get(dst)
+        q = d.unexp.get((src, tag)) if d is not None else None
+        return bool(q) and q[0][1] is item
+
+    def pop_next(self, dst: int, src: int, tag: int, item: Any, posted: bool) -> None:
+        """Remove ``item``, found by next_recv_is (``posted``) or next_unexpected_is when its route was
+        armed and has not been disarmed since: its queue's head still."""
+        d = self._dests[dst]
+        queues = d.recvs if posted else d.unexp
+        q = queues[(src, tag)]
+        if q[0][1] is not item:
+            raise errors.InternalError(f"an armed route's {'receive' if posted else 'message'} to rank {dst} "
+                                       f"is no longer the next to match")
+        q.popleft()
+        if not q:
+            del queues[(src, tag)]
+        if not posted and self.gauge is not None:
+            self.gauge(dst, src, -1)
+
     # ------------------------------------------------------------------ removal
     def take(self, dst: int, item: Any) -> bool:
         """Remove the unexpected message `item` (after a matched probe); False if it is not queued."""
+        if self.armed and dst in self.armed:
+            self.on_armed(dst)
         d = self._dests.get(dst)
         if d is None:
             return False
@@ -203,6 +245,8 @@ class Matcher:
 
     def cancel(self, dst: int, item: Any) -> bool:
         """Remove the posted receive `item`; False if it is not pending (already matched, say)."""
+        if self.armed and dst in self.armed:
+            self.on_armed(dst)
         d = self._dests.get(dst)
         if d is None:
             return False
@@ -223,6 +267,8 @@ class Matcher:
         """Remove every pending item (posted receives and/or unexpected messages) for which
         pred(dst, src, tag, item) is true; return them in the order they were posted or arrived."""
         out: list[Entry] = []
+        for dst in list(self.armed):
+            self.on_armed(dst)
         for dst, d in list(self._dests.items()):
             if posted:
                 keep = []

@@ -43,6 +43,7 @@ from shmproxy.engine import affinity
 from shmproxy.core import errors, log, params as params_mod
 from shmproxy.coll import sched
 from shmproxy.engine.args import PROGRESS, READY, Args, ArgsPool
+from shmproxy.engine.armed import ArmedRoutes
 from shmproxy.engine.copyengine import CopyEngine
 from shmproxy.core.ops import Op
 from shmproxy.engine.profiler import Profiler
@@ -77,7 +78,7 @@ _EVENTS_Q = P.CTRL_OFF // 8 + P.CTRL_EVENTS   # news for the loop from this proc
 _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # globals: no enum lookup per pass
 
 
-class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, Completion, Failure, Introspection):
+class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, MultiNodeColl, Completion, Failure, Introspection):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -145,6 +146,9 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
         self.fingerprints: dict[int, list] = {}   # node 0 across nodes: seq -> (node, rank, fingerprint)s
         self.init_p2p(params)   # the receive half of point-to-point, buffered sends, probes (engine/p2p.py)
         self.init_fast(layout)  # small blocking calls the ranks complete themselves (engine/fastpath.py)
+        # repeated device messages launched from C at fetch (engine/armed.py)
+        self.init_armed(bool(params.CUDA_ARMED_ROUTES and params.CUDA_GRAPHS and params.CUDA_DEVICE_COMPLETES))
+        self.linger_ns = int(params.PROXY_LINGER_US * 1000)
         self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
         # News from the other threads of this process (the service thread, transports' helper threads):
         # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.
@@ -293,9 +297,18 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
                 n = self._take_locked() if not (self.failed or self.owner_died_at) else 0
             finally:
                 view.mutex.unlock()
+        fired = self.fire_armed(n) if n and self.arm_live else None
         ops = self._unpack_taken(n)
-        for op in ops:
-            self.append(op)
+        if fired:
+            for i, op in enumerate(ops):
+                k = fired.get(i)
+                if k is None:
+                    self.append(op)
+                else:
+                    self.armed_fired(op, k)
+        else:
+            for op in ops:
+                self.append(op)
         if ops:
             self.q[P.CTRL_OFF // 8 + P.CTRL_N_FETCH] += 1
             self.q[P.CTRL_OFF // 8 + P.CTRL_N_OPS] += len(ops)
@@ -460,10 +473,21 @@ class ProgressEngine(PointToPoint, FastPath, Nodes, CollRunner, MultiNodeColl, C
             words += got
         if not words:
             return False
-        why = _native.watch_words(self.seg.addr, self.events_seen, self.seg.addr + P.CTRL_OFF + 8 * P.CTRL_ABORT,
-                                  words, self.watch_ns)
+        abort = self.seg.addr + P.CTRL_OFF + 8 * P.CTRL_ABORT
+        why = _native.watch_words(self.seg.addr, self.events_seen, abort, words, self.watch_ns)
         if why == _native.WATCH_TIMEOUT:
             os.sched_yield()   # the CPU's other threads get their turn between waits
+        elif why == _native.WATCH_WORD and self.arm_history and self.linger_ns > 0:
+            # The ranks saw their completions with this ack, and post their next message's halves now.
+            # Take the first alone, then the second, before retiring what ended: the first arms the
+            # route, the second fires it from C (engine/armed.py), and the retiring overlaps the copy.
+            for _half in range(2):
+                why = _native.watch_words(self.seg.addr, self.events_seen, abort, (), self.linger_ns)
+                if why != _native.WATCH_POSTED:
+                    break
+                self.fetch(_F_TRY)
+                if not self.arm_live:
+                    break   # nothing armed waits for a half
         return True
 
     def tick(self, now: int) -> None:
