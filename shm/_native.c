@@ -463,8 +463,8 @@ static PyMethodDef methods[] = {
      "publish_launch(slots, max_ops, items, nbytes, cell, cell_pairs, token, delta, launch, exe, stream) -> "
      "(CUresult, published): a publishing graph's slots, cell and launch (shm/_native_device.c)"},
     {"fire_armed", _sn_fire_armed, METH_VARARGS,
-     "fire_armed(table, nentries, records, n, slots, max_ops, device, launch) -> [entry fired]: armed routes "
-     "(shm/_native_armed.c)"},
+     "fire_armed(table, nentries, records, first, n, slots, max_ops, device, launch) -> ([fired], [claimed]): "
+     "armed routes (shm/_native_armed.c)"},
     {"watch_words", _sn_watch_words, METH_VARARGS,
      "watch_words(pool, seen_events, abort, words, timeout_ns) -> WATCH_*: the loop's wait on GPU-published work"},
     {"set_lock_spin", py_set_lock_spin, METH_O, "set_lock_spin(ns): contended pool locks retry this long first"},
@@ -498,9 +498,9 @@ PyMODINIT_FUNC PyInit__native(void) {
         PAIR_FETCHED_SLOW_OFF, PAIR_HDR_BYTES, CELL_HDR_BYTES, CELL_TAG_OFF, RANK_RECV_POSTED_OFF, CAREA_WORD_OFF,
         CAREA_WAITERS_OFF, CRANK_DONE_OFF, CRANK_SLOW_COLLS_OFF, CSLOT_SEQ_OFF, CSLOT_SLOW_BEFORE_OFF));
     PyModule_AddObject(m, "PUBLISH_CELL", Py_BuildValue("(iii)", 0, 1, 2));   /* count, token, first pair */
-    /* an armed entry's words (shm/_native_armed.c): state, the first of the record's fields, the armed
-     * item's slot, the graph's device, the out words' first, and how many in all */
-    PyModule_AddObject(m, "ARMED_LAYOUT", Py_BuildValue("(iiiiii)", 0, 1, 12, 19, 28, 33));
+    /* an armed entry's words (shm/_native_armed.c): state, the send's record, the receive's, the held
+     * half, the graph's device, the out words' first, and how many in all */
+    PyModule_AddObject(m, "ARMED_LAYOUT", Py_BuildValue("(iiiiiii)", 0, 1, 11, 21, 26, 35, 40));
     PyModule_AddIntConstant(m, "WATCH_TIMEOUT", 0);
     PyModule_AddIntConstant(m, "WATCH_POSTED", 1);
     PyModule_AddIntConstant(m, "WATCH_EVENTS", 2);

@@ -4,6 +4,7 @@ the bytes each receive got, with contents that change per iteration, so a route 
 buffer, out of order, or with stale data shows."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -29,9 +30,9 @@ def _dumped_state(comm: Any) -> dict:
 def armed_routes() -> dict:
     """Ranks 0 and 1 (any others idle): a blocking ping-pong, the same messages mixed with host
     messages of the same tag (fast-path cells first in order), two buffers alternating under one tag,
-    two receives posted ahead of their sends, a wildcard receive, a cancelled armed receive, and a
-    receive posted before its send and after it (a cancelled receive that still matched would take
-    the message meant for the next one, and that receive would never end)."""
+    two receives posted ahead of their sends, a wildcard receive, a cancelled armed receive (one that
+    still matched would take the message meant for the next receive, which would never end), and
+    probes before a receive (a message held out of matching would hang the blocking one)."""
     cp = _cp()
     bad: list = []
     cases = 0
@@ -133,6 +134,26 @@ def armed_routes() -> dict:
                     comm.Recv(host, 1, tag=6)
                     a.fill(9100 + i)
                     comm.Send(a, 1, tag=5)
+            # 6. a probe for a message a route may hold out of matching, before its receive: it sees
+            # it (a hidden one would hang a blocking probe); then the receive after a sleep of the
+            # receiver's, so that the send came alone, and Iprobe finding it
+            for i in range(20):
+                if me == 0:
+                    a.fill(9500 + i)
+                    comm.Send(a, 1, tag=7)
+                    comm.Recv(host, 1, tag=6)
+                else:
+                    if i % 2:
+                        st = comm.Probe(0, tag=7)
+                    else:
+                        time.sleep(0.002)
+                        st = comm.Iprobe(0, tag=7)
+                    cases += 1
+                    if st is None or st.source != 0 or st.tag != 7:
+                        bad.append(("probe", i, None if st is None else (st.source, st.tag)))
+                    comm.Recv(b, 0, tag=7)
+                    check("after probe", i, b, 9500 + i)
+                    comm.Send(host, 0, tag=6)
             cp.cuda.get_current_stream().synchronize()
         comm.Barrier()
         state = _dumped_state(comm) if me == 0 else None

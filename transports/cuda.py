@@ -181,10 +181,10 @@ class _Gpu:
 
     def close_retired(self) -> None:
         """Loop thread (or exit): close dropped handles, once no copy that might use them is in flight."""
+        if self.retired and self.on_retire is not None:
+            self.on_retire()   # no armed route may launch a graph destroyed below (it may start work)
         if self.pending:
             return
-        if self.retired and self.on_retire is not None:
-            self.on_retire()   # no armed route may launch a graph destroyed below
         while self.retired:
             what, x = self.retired.popleft()
             if what == "graph":   # before the mappings it copies between are closed
@@ -438,6 +438,7 @@ class _Gpu:
         return g
 
     def free(self) -> None:
+        self.on_retire = None   # at exit: nothing armed is started any more
         self.order.release()   # no stream of ours waits any longer for a store that will not come
         for s in self.streams.values():
             s.synchronize()   # at exit only: nothing may still read a handle closed below, or write a slot

@@ -285,9 +285,10 @@ _DECLARED: tuple[Param, ...] = (
        "the Python match (proxy/engine/armed.py). Off: every message takes the Python path."),
     _p("PROXY_LINGER_US", float, 20.0,
        "When a publishing graph's ack ends the loop's wait while routes may be armed, the loop first "
-       "waits this long for the ranks' next post and fetches it, before it retires the finished work: "
-       "the ranks already saw their completions, and their next message's first half is then fetched "
-       "alone, so that its second can fire (0: retire first).", 0, 1000),
+       "waits this long for the ranks' next post and takes it, before it retires the finished work (the "
+       "ranks already saw their completions); where that post is the first half of an armed route, it "
+       "waits as long again for the second and takes it in the same fetch, so that the route fires at "
+       "once (proxy/engine/armed.py; 0: retire first).", 0, 1000),
     _p("CUDA_FUSED_REDUCE", _parse_bool, True,
        "A device Allreduce or Reduce is one kernel of our own reading every input and writing every output, "
        "at every size (float16, complex, bool and bfloat16 excepted). Off: cupy ufuncs, then copies of the "

@@ -4,56 +4,61 @@ of ProgressEngine).
 A ping-pong or a training loop sends between the same two device buffers again and again, and each
 message's Python (fetch, match, route, launch: tens of microseconds on the slower hosts) sits between
 the second half's post and the copy. When a message ran as a publishing graph (the GPU stores both
-completions: transports/cuda_publish.py), the engine remembers its two halves. Later, when one half
-of the same message waits in matching (a posted receive, or a send that found none), the engine
-*arms* an entry in a small table: the other half's record, field for field, and the graph's launch
-(the transport's ``proxy_repeat``). The loop's fetch hands the taken records to C before it unpacks
-them (shm/_native_armed.c, ``fire_armed``): a record equal to an armed entry launches the graph there
-and then, and Python does the match's bookkeeping while the copy runs (``armed_fired``, the
-transport's ``proxy_fired``).
+completions: transports/cuda_publish.py), the engine remembers it as a *route*: both halves' records
+and the graph's launch (the transport's ``proxy_repeat``). It then arms an entry of a small table
+that C reads (shm/_native_armed.c, ``fire_armed``, called by the loop's fetch right after it took
+the posted chain and before it unpacks it):
 
-Why the launch is the one MPI's matching would have made:
+- a *pair* entry while neither half has come, from the moment the route ran (``arm_pair``). C
+  claims the first half that comes (the loop keeps that op out of matching, ``held``) and fires the
+  graph when the second comes, in the same batch or a later one;
+- a *single* entry when one half went into matching unmatched (``arm``: a receive, or a send that
+  found none); C fires it at the other half.
 
-- The armed half is the next to match: a receive at the head of its (source, tag) queue with no
-  wildcard receive pending for its rank, or a message at the head of its unexpected queue
-  (Matcher.next_recv_is, next_unexpected_is), and it names its peer and tag exactly.
-- Nothing changes that while the entry is armed: any change to what waits for the receiving rank
-  (Matcher.on_armed) disarms it, as does a send of the pair held behind a fast-path cell; C voids it
-  at any other point-to-point record of either rank taken before the firing one in the same batch,
-  and when a fast-path cell to the receiver is waiting (a cell written before the send must match
-  first).
-- The launch is the one Python would make: the same buffers (the record's buffer, offset, size,
-  memory and dtype are compared), no stream word to wait for (a record with one does not match), the
-  graph not retired (every retirement disarms all: ``disarm_all``) and not relaunched since the
-  arming (C compares the cell's token), its last run acked, and its device current on the loop.
+Python then does the match's bookkeeping while the copy runs (``armed_fired``, the transport's
+``proxy_fired``). Why the launch is the one MPI's matching would have made:
 
-A voided entry costs nothing but the Python path the message would have taken anyway.
+- The halves are the next to match each other. A pair is armed only while nothing waits for the
+  receiver that either half could meet (Matcher.route_clear: no receive of that source and tag, no
+  wildcard receive, no such unexpected message) and no probe of the receiver waits; a single entry
+  only while its half heads its queue with no wildcard receive pending (Matcher.next_recv_is,
+  next_unexpected_is). Both name their peer and tag exactly.
+- Nothing changes that while the entry is armed: any change to what waits for the receiver
+  (Matcher.on_armed), a probe of the receiver, or a send of the pair held behind a fast-path cell
+  disarms it; C voids it at any receive, probe or cancel of the receiver and any send or cancel of
+  the sender to the receiver before the firing record, and when a fast-path cell waits for the
+  receiver (a cell written before the send matches first; a receive takes the cells to its rank
+  first). A claimed half whose entry goes is put into matching in its place: before the change that
+  disarmed it, or before the batch whose record voided it (``_release``).
+- The launch is the one Python would make: the same buffers (both records' buffer, offset, size,
+  memory, dtype and flags are compared), no stream word to wait for (a record with one does not
+  match), the graph not retired (every retirement disarms all: ``disarm_all``) nor relaunched since
+  the arming (C compares the cell's token), its last run acked, its device current on the loop.
 """
 from __future__ import annotations
 
+import struct
 from typing import Any
 
-import struct
-
-from shmproxy.core.ops import FLAG_MPROBED, FLAG_STREAM_WORD, FLAG_TYPED, Op
+from shmproxy.core.ops import FLAG_MPROBED, FLAG_STREAM_WORD, FLAG_TYPED, KIND_SEND, Op
 from shmproxy.engine.args import Transfer
 from shmproxy.shm import _native
 from shmproxy.shm import pool as P
 
-ARMED_MAX = 8          # entries armed at once (a ping-pong needs one; pairs of ranks, one each)
-HISTORY_MAX = 1024     # remembered messages (halves' signatures), cleared when full
+ARMED_MAX = 8          # entries at once (a ping-pong needs two: one per direction)
+HISTORY_MAX = 1024     # remembered halves (signatures), cleared when full
 MASK64 = (1 << 64) - 1
 _NO_ARM = FLAG_STREAM_WORD | FLAG_TYPED | FLAG_MPROBED
-(A_STATE, A_FIELDS, A_ARMED_SLOT, A_DEVICE, A_POS, ARM_WORDS) = _native.ARMED_LAYOUT
-A_OTHER = A_FIELDS + 10
-A_ARMED_SEQ, A_ARMED_SOURCE, A_ARMED_TAG, A_FIRE_SOURCE, A_FIRE_TAG, A_MSG_BYTES = range(A_ARMED_SLOT + 1,
-                                                                                         A_ARMED_SLOT + 7)
+(A_STATE, A_SEND, A_RECV, A_HELD, A_DEVICE, A_POS, ARM_WORDS) = _native.ARMED_LAYOUT
+A_HELD_SLOT, A_HELD_SEQ, A_HELD_POS, A_MSG_BYTES = range(A_HELD + 1, A_HELD + 5)
 A_CELLS = A_DEVICE + 8
 A_TOKEN, A_PUBLISHED, A_RC, A_T_FIRE = range(A_POS + 1, A_POS + 5)
-ARM_FREE, ARM_ARMED, ARM_FIRED, ARM_VOID = range(4)
+ARM_FREE, ARM_ARMED, ARM_PAIR, ARM_HALF, ARM_FIRED, ARM_VOID = range(6)
+HELD_SEND, HELD_RECV = 1, 2
 assert A_MSG_BYTES + 1 == A_DEVICE and A_CELLS + 1 == A_POS and A_T_FIRE + 1 == ARM_WORDS
-_ROW = struct.Struct(f"<{A_CELLS}Q")   # an entry's words after its state, up to A_CELLS (arm)
 assert P.FRANK_CELLS_TAKEN == P.FRANK_CELLS_WRITTEN + 1 and P.FRANK_CELLS_DRAINED == P.FRANK_CELLS_WRITTEN + 2
+_ROW = struct.Struct(f"<{A_CELLS}Q")   # an entry's words after its state, up to A_CELLS (_arm_entry)
+IN_MATCHING, HELD = "matching", "held"   # where an entry's half is (None: a pair, neither came yet)
 
 
 def signature(op: Op) -> tuple:
@@ -63,9 +68,21 @@ def signature(op: Op) -> tuple:
             op.nbytes, op.mem)
 
 
+class Route:
+    """A message that ran as a publishing graph: its halves, connector and launch (the transport's)."""
+
+    __slots__ = ("send", "recv", "conn", "repeat", "nbytes", "dst", "src", "tag", "entry")
+
+    def __init__(self, send: Op, recv: Op, conn: Any, repeat: Any, nbytes: int):
+        self.send, self.recv = signature(send), signature(recv)
+        self.conn, self.repeat, self.nbytes = conn, repeat, nbytes
+        self.dst, self.src, self.tag = recv.rank, send.rank, send.tag
+        self.entry = -1   # its armed entry, if any
+
+
 class ArmedRoutes:
-    """State: the entries (``arm_buf``, shared with C, and what Python keeps of each), the halves of
-    published messages (``arm_history``), and counts for the dump."""
+    """State: the entries (``arm_buf``, shared with C, and per entry [route, half op, where it is,
+    its place in the batch being processed]), the routes by either half's signature, and counts."""
 
     # Until init_armed (engines built without a pool, in tests, have none): off, and read only.
     arm_on = False
@@ -77,12 +94,13 @@ class ArmedRoutes:
         self.arm_buf = bytearray(8 * ARMED_MAX * ARM_WORDS)
         self.arm_words = memoryview(self.arm_buf).cast("Q")   # entry k's word w: [k * ARM_WORDS + w]
         self.arm_addr = _native.buffer_info(self.arm_buf, True)[0]
-        self.arm_held: list[tuple | None] = [None] * ARMED_MAX   # (op, is_recv, dst, conn, repeat, nbytes)
+        self.arm_held: list[list | None] = [None] * ARMED_MAX
         self.arm_live: list[int] = []   # entries not free
-        self.arm_ops: dict[Op, int] = {}
-        self.arm_history: dict[tuple, tuple] = {}
+        self.arm_history: dict[tuple, Route] = {}
+        self.arm_skip: dict[int, int] = {}   # claimed records of the batch being processed: place -> entry
+        self.arm_quiet = 0   # > 0 while a held half goes into matching (_release): nothing is armed
         self.arm_launch = (0, 0)   # (cuGraphLaunch, the current device's getter) of the last arming
-        self.arm_counts = {"armed": 0, "fired": 0, "voided": 0, "disarmed": 0}
+        self.arm_counts = {"armed": 0, "pairs": 0, "claimed": 0, "fired": 0, "voided": 0, "disarmed": 0}
         self.matcher.on_armed = self.disarm_dest
 
     # ------------------------------------------------------------------ remembering and arming
@@ -96,114 +114,190 @@ class ArmedRoutes:
             return
         hist = self.arm_history
         if len(hist) >= HISTORY_MAX:
+            self.disarm_all()
             hist.clear()
-        hist[signature(recv)] = (signature(send), conn, rep, t.nbytes)
-        hist[signature(send)] = (signature(recv), conn, rep, t.nbytes)
+        old = hist.get(signature(recv))
+        if old is not None and old.entry >= 0:
+            if self.arm_words[old.entry * ARM_WORDS + A_STATE] == ARM_FIRED:
+                return   # fired in this batch, not yet seen: keep it as it is
+            self._disarm(old.entry)
+        route = hist[signature(recv)] = hist[signature(send)] = Route(send, recv, conn, rep, t.nbytes)
+        self.arm_pair(route)
+
+    def arm_pair(self, route: Route) -> None:
+        """Arm ``route`` before either half came, where nothing waiting for its receiver could meet one."""
+        if (route.entry < 0 and route.dst not in self.probes
+                and self.matcher.route_clear(route.dst, route.src, route.tag)):
+            self._arm_entry(route, ARM_PAIR, 0, None)
 
     def arm(self, op: Op, is_recv: bool) -> None:
-        """``op`` (device memory) went into matching unmatched: arm its message's other half, where
-        the same message ran before as a publishing graph and nothing may match before it."""
-        got = self.arm_history.get(signature(op))
-        if got is None or op.flags & _NO_ARM or op in self.arm_ops or len(self.arm_live) >= ARMED_MAX:
+        """``op`` (device memory) went into matching unmatched: arm its route's other half, where the
+        route ran before and nothing may match before it."""
+        route = self.arm_history.get(signature(op))
+        if route is None or op.flags & _NO_ARM or route.entry >= 0:
             return
-        fire_sig, conn, rep, n = got
         m = self.matcher
-        if is_recv:
-            dst, sender, receiver = op.rank, fire_sig[1], op.owner
-            if not m.next_recv_is(dst, op.peer, op.tag, op):
-                return
-        else:
-            dst, sender, receiver = op.peer, op.owner, fire_sig[1]
-            if not m.next_unexpected_is(dst, op.rank, op.tag, op):
-                return
+        ok = (m.next_recv_is(route.dst, op.peer, op.tag, op) if is_recv
+              else m.next_unexpected_is(route.dst, op.rank, op.tag, op))
+        if ok:
+            self._arm_entry(route, ARM_ARMED, HELD_RECV if is_recv else HELD_SEND, op)
+
+    def _arm_entry(self, route: Route, state: int, held: int, op: Op | None) -> None:
+        if len(self.arm_live) >= ARMED_MAX or self.arm_quiet:
+            return
+        sender, receiver = route.send[1], route.recv[1]
         cells = 0
         if self.fast:
             if (sender, receiver) in self.fast_held or self.fast_early or self.fast_retry:
                 return
             cells = self.seg.addr + 8 * self.f_cells[receiver][0]
-        words = rep.words()
+        words = route.repeat.words()
         if words is None:
             return
         k = self.arm_held.index(None)
-        tag = op.tag & MASK64
-        launch = words[-1]
-        _ROW.pack_into(self.arm_buf, 8 * (k * ARM_WORDS + 1), *[v & MASK64 for v in fire_sig], op.owner, op.req_slot,
-                       op.req_seq, op.peer & MASK64, tag, op.rank, tag, n, *words[:-1], cells)
-        self.arm_words[k * ARM_WORDS + A_STATE] = ARM_ARMED   # last: the entry is whole
-        self.arm_held[k] = (op, is_recv, dst, conn, rep, n)
+        _ROW.pack_into(self.arm_buf, 8 * (k * ARM_WORDS + 1), *[v & MASK64 for v in route.send],
+                       *[v & MASK64 for v in route.recv], held, op.req_slot if op else 0, op.req_seq if op else 0,
+                       MASK64, route.nbytes, *words[:-1], cells)
+        self.arm_words[k * ARM_WORDS + A_STATE] = state   # last: the entry is whole
+        self.arm_held[k] = [route, op, IN_MATCHING if op is not None else None, -1]
         self.arm_live.append(k)
-        self.arm_ops[op] = k
-        m.armed.add(dst)
-        self.arm_launch = (launch, rep.current_device)
-        self.arm_counts["armed"] += 1
+        route.entry = k
+        self.matcher.armed.add(route.dst)
+        self.arm_launch = (words[-1], route.repeat.current_device)
+        self.arm_counts["pairs" if state == ARM_PAIR else "armed"] += 1
 
     # ------------------------------------------------------------------ disarming
-    def _free(self, k: int) -> None:
+    def _free(self, k: int) -> list:
         held = self.arm_held[k]
         self.arm_held[k] = None
         self.arm_words[k * ARM_WORDS + A_STATE] = ARM_FREE
         self.arm_live.remove(k)
-        self.arm_ops.pop(held[0], None)
-        dst = held[2]
-        if not any(self.arm_held[j][2] == dst for j in self.arm_live):
-            self.matcher.armed.discard(dst)
+        route = held[0]
+        route.entry = -1
+        if not any(self.arm_held[j][0].dst == route.dst for j in self.arm_live):
+            self.matcher.armed.discard(route.dst)
+        return held
+
+    def _disarm(self, k: int) -> None:
+        """Free entry ``k`` (not a fired one) and put the half it held out of matching back in its place."""
+        self.arm_counts["disarmed"] += 1
+        self._release(self._free(k))
+
+    def _release(self, held: list) -> None:
+        _route, op, where, pos = held
+        if where != HELD:
+            return
+        if pos >= 0 and self.arm_skip.pop(pos, None) is not None:
+            return   # its place in this batch is still ahead: the loop appends it there
+        # It was posted before anything the loop has yet to process. Often from inside a change to
+        # matching (Matcher.on_armed), which goes on after this: nothing may be armed meanwhile, or
+        # it would miss that change.
+        self.arm_quiet += 1
+        try:
+            self.append(op)
+        finally:
+            self.arm_quiet -= 1
 
     def disarm_dest(self, dst: int) -> None:
-        """What waits for rank ``dst`` is about to change: its armed entries go (not one C fired and
-        the loop has yet to see, which this fetch's ``armed_fired`` completes)."""
-        for k in [k for k in self.arm_live if self.arm_held[k][2] == dst]:
-            if self.arm_words[k * ARM_WORDS + A_STATE] != ARM_FIRED:
-                self._free(k)
-                self.arm_counts["disarmed"] += 1
-        self.matcher.armed.discard(dst)
+        """What waits for rank ``dst`` is about to change: its entries go (not one C fired and the
+        loop has yet to see, which this fetch's ``armed_fired`` completes)."""
+        w = self.arm_words
+        for k in [k for k in self.arm_live if self.arm_held[k][0].dst == dst]:
+            if self.arm_held[k] is not None and w[k * ARM_WORDS + A_STATE] != ARM_FIRED:
+                self._disarm(k)
 
     def disarm_all(self) -> None:
-        """Before a launch an entry holds is destroyed (the transport's graphs retire), or at exit."""
+        """Before a launch an entry holds is destroyed (the transport's graphs retire)."""
         if self.arm_on:
-            for k in [k for k in self.arm_live if self.arm_words[k * ARM_WORDS + A_STATE] != ARM_FIRED]:
-                self._free(k)
+            w = self.arm_words
+            for k in [k for k in self.arm_live if w[k * ARM_WORDS + A_STATE] != ARM_FIRED]:
+                if self.arm_held[k] is not None:
+                    self._disarm(k)
 
-    # ------------------------------------------------------------------ firing (the loop's fetch)
-    def fire_armed(self, n: int) -> dict[int, int]:
-        """Right after ``n`` records were taken and before they are unpacked: C launches what they fire.
-        Returns {record position: entry} of the fired ones; frees the entries C voided."""
+    # ------------------------------------------------------------------ the loop's fetch
+    def fire_armed(self, start: int, n: int, out: tuple[list, list, list]) -> None:
+        """Right after records ``start`` to ``n`` were taken and before they are unpacked: C claims and
+        launches what they fire. Adds to ``out`` (ops to append before the batch: halves held since an
+        earlier fetch whose entry was voided; entries fired; entries claimed) and frees the voided."""
         launch, current_device = self.arm_launch
         slots, _nbytes, per_rank = self.completion_slots()
-        fired = _native.fire_armed(self.arm_addr, ARMED_MAX, self.take_out_addr, n, slots, per_rank,
-                                   current_device(), launch)
+        fired, claimed = _native.fire_armed(self.arm_addr, ARMED_MAX, self.take_out_addr, start, n, slots, per_rank,
+                                            current_device(), launch)
+        first, all_fired, all_claimed = out
+        all_fired += fired
+        all_claimed += claimed
         w = self.arm_words
         for k in [k for k in self.arm_live if w[k * ARM_WORDS + A_STATE] == ARM_VOID]:
-            self._free(k)
+            held = self._free(k)
             self.arm_counts["voided"] += 1
-        return {w[k * ARM_WORDS + A_POS]: k for k in fired}
+            if held[2] == HELD:   # claimed in an earlier fetch (one claimed in this one goes in its place)
+                first.append(held[1])
+
+    def claims_waiting(self, out: tuple[list, list, list]) -> bool:
+        """Whether this fetch claimed a half whose other half has not come (the loop may take it now)."""
+        w = self.arm_words
+        return any(w[k * ARM_WORDS + A_STATE] == ARM_HALF for k in out[2])
+
+    def process_armed(self, ops: list[Op], out: tuple[list, list, list]) -> None:
+        """The fetched ops, with fire_armed's outcome: held halves released first, fired records
+        completed, claimed ones held by their entries, the others appended."""
+        first, fired_k, claimed_k = out
+        w = self.arm_words
+        fired = {w[k * ARM_WORDS + A_POS]: k for k in fired_k}
+        skip = {}
+        for k in claimed_k:
+            if w[k * ARM_WORDS + A_STATE] != ARM_FREE:   # not voided by a later record of this fetch
+                skip[w[k * ARM_WORDS + A_HELD_POS]] = k
+                self.arm_counts["claimed"] += 1
+        for op in first:
+            self.append(op)
+        for pos, k in skip.items():
+            held = self.arm_held[k]
+            held[1], held[2], held[3] = ops[pos], HELD, pos
+        self.arm_skip = skip
+        try:
+            for i, op in enumerate(ops):
+                k = fired.get(i)
+                if k is not None:
+                    self.armed_fired(op, k)
+                elif i in skip:
+                    k = skip.pop(i)
+                    if self.arm_held[k] is not None:
+                        self.arm_held[k][3] = -1   # held from now on
+                else:
+                    self.append(op)
+        finally:
+            self.arm_skip = {}
 
     def armed_fired(self, op: Op, k: int) -> None:
         """``op`` fired entry ``k``: the match Python would have made, with the copy already running."""
         at = k * ARM_WORDS
         w = self.arm_words
         token, published, rc, t_fire = w[at + A_TOKEN], bool(w[at + A_PUBLISHED]), w[at + A_RC], w[at + A_T_FIRE]
-        armed, is_recv, dst, conn, rep, n = self.arm_held[k]
-        self._free(k)
-        if is_recv:
-            send, recv = op, armed
-            self.matcher.pop_next(dst, recv.peer, recv.tag, recv, True)
-            if self.fast and send.pair_seq:   # the pair's order, as send_local keeps it
-                d = self.local_of.get(dst)
+        route, held, where, _pos = self._free(k)
+        send, recv = (op, held) if op.kind == KIND_SEND else (held, op)
+        if where == IN_MATCHING:
+            self.matcher.pop_next(route.dst, route.src, route.tag, held, held is recv)
+        if self.fast:
+            if not (where == IN_MATCHING and held is send) and send.pair_seq:   # as send_local would
+                d = self.local_of.get(route.dst)
                 if d is not None:
                     self.fast_sent(send, d)
-        else:
-            send, recv = armed, op
-            self.matcher.pop_next(dst, send.rank, send.tag, send, False)
-        t = Transfer(send, recv, n, t_fire)
+            if self.fast_early:
+                self.fast_drain_to(recv.owner)
+        t = Transfer(send, recv, route.nbytes, t_fire)
         t.published = published
         if self.profiler.enabled:
             t.t_started = t_fire
+        conn = route.conn
         conn.nmsgs += 1
         self.arm_counts["fired"] += 1
-        conn.transport.proxy_fired(self.ctx, conn, t, rep, token, rc)
+        conn.transport.proxy_fired(self.ctx, conn, t, route.repeat, token, rc)
+        self.arm_pair(route)   # the same message again, next time
 
     def armed_describe(self) -> dict[str, Any]:
-        """For the signal dump: entries armed now, and how many were armed and fired so far."""
+        """For the signal dump: entries now (and the ops they hold out of matching), and counts."""
         if not self.arm_on:
             return {"on": False}
-        return {"on": True, "armed_now": len(self.arm_live), **self.arm_counts}
+        held = [h[1].describe() for h in self.arm_held if h is not None and h[2] == HELD]
+        return {"on": True, "entries_now": len(self.arm_live), "held_ops": held, **self.arm_counts}

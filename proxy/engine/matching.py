@@ -197,6 +197,12 @@ class Matcher:
         return False
 
     # ------------------------------------------------------------------ armed routes (engine/armed.py)
+    def route_clear(self, dst: int, src: int, tag: int) -> bool:
+        """Whether nothing waits for ``dst`` that a message (src, tag) or a receive (src, tag) would
+        meet: no such receive, no wildcard receive, no such unexpected message."""
+        d = self._dests.get(dst)
+        return d is None or not (d.wild or (src, tag) in d.recvs or (src, tag) in d.unexp)
+
     def next_recv_is(self, dst: int, src: int, tag: int, item: Any) -> bool:
         """Whether the posted specific receive ``item`` is the one a message (src, tag) to ``dst``
         would match now: the head of its queue, with no wildcard receive pending for ``dst``."""

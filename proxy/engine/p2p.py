@@ -412,6 +412,8 @@ class PointToPoint:
     def probe_post(self, probe: Op) -> None:
         """Probe/Iprobe/Mprobe/Improbe (see the module header): answer now, or wait for a message."""
         src, tag, dst, flags = probe.peer, probe.tag, probe.rank, probe.flags
+        if dst in self.matcher.armed:   # a message an armed route holds out of matching must show
+            self.disarm_dest(dst)
         if self.fast:
             self.fast_drain_to(probe.owner)
         if not 0 <= src < self.size and src != ANY_SOURCE:

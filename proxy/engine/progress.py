@@ -115,8 +115,8 @@ class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, Mul
         self.timeout = params.TIMEOUT
         self.batch = params.APPEND_BATCH_SIZE
         # fetch() copies records here under the mutex (shm._native.take_posted) and unpacks them after
-        self.take_out = bytearray(P.RECORD_BYTES * layout.nrecords)
-        self.take_idx = np.zeros(layout.nrecords, np.int32)
+        self.take_out = bytearray(2 * P.RECORD_BYTES * layout.nrecords)   # two takes: fetch(pair=True)
+        self.take_idx = np.zeros(2 * layout.nrecords, np.int32)
         self.take_out_addr = _native.buffer_info(self.take_out, True)[0]
         self.take_idx_addr = _native.buffer_info(self.take_idx, True)[0]
         # Per local rank: (u64 index of its COMPLETED counter, address of its futex word, u64 index of
@@ -280,7 +280,10 @@ class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, Mul
             self.fail(exc.code, f"cannot choose progress cores: {exc}")
 
     # ------------------------------------------------------------------ fetch
-    def fetch(self, mode: FetchMode) -> int:
+    def fetch(self, mode: FetchMode, pair: bool = False) -> int:
+        """Take what the ranks posted and process it. ``pair``: where this fetch claims the first half
+        of an armed route (engine/armed.py), wait up to PROXY_LINGER_US for the other half and take it
+        too, before any of it is processed, so that the route fires at once."""
         view, i32 = self.view, self.view.i32
         head_i = P.NEXT_OPS_OFF // 4
         if mode != _F_TRY:
@@ -297,15 +300,19 @@ class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, Mul
                 n = self._take_locked() if not (self.failed or self.owner_died_at) else 0
             finally:
                 view.mutex.unlock()
-        fired = self.fire_armed(n) if n and self.arm_live else None
+        armed = None
+        if n and self.arm_live:   # engine/armed.py
+            armed = ([], [], [])
+            self.fire_armed(0, n, armed)
+            if (pair and self.claims_waiting(armed) and self._wait_posted(self.linger_ns)
+                    and not (self.failed or self.owner_died_at)):
+                n2 = self._fetch_posted(False, at=n)
+                if n2:
+                    self.fire_armed(n, n + n2, armed)
+                    n += n2
         ops = self._unpack_taken(n)
-        if fired:
-            for i, op in enumerate(ops):
-                k = fired.get(i)
-                if k is None:
-                    self.append(op)
-                else:
-                    self.armed_fired(op, k)
+        if armed is not None and (armed[0] or armed[1] or armed[2]):
+            self.process_armed(ops, armed)
         else:
             for op in ops:
                 self.append(op)
@@ -339,13 +346,15 @@ class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, Mul
         if self.profiler.enabled:
             self.profiler.span("sleep", t0, time.monotonic_ns())
 
-    def _fetch_posted(self, blocking: bool) -> int:
+    def _fetch_posted(self, blocking: bool, at: int = 0) -> int:
         """_take_locked with the lock and unlock in the same C call (_native.fetch_posted): no interpreter
-        inside the critical section. 0 when a trylock lost."""
+        inside the critical section. 0 when a trylock lost. ``at``: records already taken by this
+        fetch, after which these go (take_out holds two full takes)."""
         layout = self.layout
         n, err, at, rc = _native.fetch_posted(self.seg.addr, layout.records_off, layout.rank_area_off,
-                                              layout.nrecords, layout.max_ops, self.batch, self.take_out_addr,
-                                              self.take_idx_addr, blocking, self.timeout)
+                                              layout.nrecords, layout.max_ops, self.batch,
+                                              self.take_out_addr + at * P.RECORD_BYTES, self.take_idx_addr + 4 * at,
+                                              blocking, self.timeout)
         if rc == sync.TIMEDOUT:
             raise errors.Timeout(f"pool mutex not acquired within {self.timeout:.1f} s "
                                  f"(held by a wedged process?)")
@@ -478,17 +487,17 @@ class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, Mul
         if why == _native.WATCH_TIMEOUT:
             os.sched_yield()   # the CPU's other threads get their turn between waits
         elif why == _native.WATCH_WORD and self.arm_history and self.linger_ns > 0:
-            # The ranks saw their completions with this ack, and post their next message's halves now.
-            # Take the first alone, then the second, before retiring what ended: the first arms the
-            # route, the second fires it from C (engine/armed.py), and the retiring overlaps the copy.
-            for _half in range(2):
-                why = _native.watch_words(self.seg.addr, self.events_seen, abort, (), self.linger_ns)
-                if why != _native.WATCH_POSTED:
-                    break
-                self.fetch(_F_TRY)
-                if not self.arm_live:
-                    break   # nothing armed waits for a half
+            # The ranks saw their completions with this ack and post their next message's halves now:
+            # take them before retiring what ended, so that an armed route fires at once from C
+            # (engine/armed.py) and the retiring overlaps its copy.
+            if self._wait_posted(self.linger_ns):
+                self.fetch(_F_TRY, pair=True)
         return True
+
+    def _wait_posted(self, ns: int) -> bool:
+        """Wait in C at most ``ns`` for a post (news and the abort flag end it too): True if one came."""
+        abort = self.seg.addr + P.CTRL_OFF + 8 * P.CTRL_ABORT
+        return _native.watch_words(self.seg.addr, self.events_seen, abort, (), ns) == _native.WATCH_POSTED
 
     def tick(self, now: int) -> None:
         """Housekeeping every HEARTBEAT_MS: heartbeat, affinity, retired buffers, dumps, orphaning."""

@@ -7,5 +7,5 @@ for v in "1 20" "0 20" "1 20" "0 20" "1 50"; do
   echo "== armed=$1 linger=$2"
   SHMPROXY_CUDA_ARMED_ROUTES=$1 SHMPROXY_PROXY_LINGER_US=$2 timeout 60 mpirun -n 2 --bind-to core -x PYTHONPATH \
      -x CUDA_VISIBLE_DEVICES -x SHMPROXY_DUMP_SIGNAL -x SHMPROXY_CUDA_ARMED_ROUTES -x SHMPROXY_PROXY_LINGER_US \
-     python3 .probe/armed_probe.py 2000 2>&1 | tail -4
+     python3 docs/bench/h200-16core/session24/armed_probe.py 2000 2>&1 | tail -4
 done | tee $OUT/probe.log

@@ -1,5 +1,5 @@
-# Session 24, last call (1x H200), on the final tree: the GPU suite and its torch part, then the
-# 64 MiB ping-pong with armed routes and without, interleaved, as BENCHMARKS.md measures it.
+# Session 24, eighth call (1x H200), on the final code: the GPU suite and its torch part, then the
+# bench's 64 MiB ping-pong (BENCHMARKS.md's command) with armed routes and without, interleaved.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >$OUT/install.log 2>&1 || exit 1

@@ -1,0 +1,22 @@
+# Session 24, seventh call (1x H200): a claimed half's other half taken in the same fetch (two takes).
+# The armed GPU tests, the chain probe, then the bench's 64 MiB ping-pong, on and off, interleaved.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >$OUT/install.log 2>&1 || exit 1
+export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES=0
+timeout 200 python3 -m pytest -p no:cacheprovider -q -rs -x tests/test_gpu.py -k "armed" 2>&1 | tail -5 | tee $OUT/t_armed.log
+for a in 1 0; do
+  D=/tmp/chain$a; rm -rf $D; mkdir -p $D
+  SHMPROXY_CUDA_ARMED_ROUTES=$a SHMPROXY_PROFILE=1 SHMPROXY_PROFILE_FILE=$D/trace_%p.json timeout 90 mpirun -n 2 \
+    --bind-to core -x PYTHONPATH -x CUDA_VISIBLE_DEVICES -x SHMPROXY_PROFILE -x SHMPROXY_PROFILE_FILE \
+    -x SHMPROXY_CUDA_ARMED_ROUTES python3 tools/gpu_chain_probe.py run $D 64M 2000 >/dev/null 2>&1
+  echo "== armed=$a"; python3 tools/gpu_chain_probe.py analyse $D
+done | tee $OUT/chain.txt
+for r in 1 2 3 4; do
+  for a in 1 0; do
+    echo -n "armed=$a "
+    SHMPROXY_CUDA_ARMED_ROUTES=$a timeout 60 mpirun -n 2 --bind-to core -x PYTHONPATH -x CUDA_VISIBLE_DEVICES \
+        -x SHMPROXY_CUDA_ARMED_ROUTES python3 -m shmproxy.tools.bench pingpong --device cuda -b 64M -e 64M \
+        -n 2000 --peers none 2>&1 | grep -E "^ +67108864" || echo "(failed)"
+  done
+done | tee $OUT/pingpong64.log
