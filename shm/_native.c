@@ -463,8 +463,8 @@ static PyMethodDef methods[] = {
      "publish_launch(slots, max_ops, items, nbytes, cell, cell_pairs, token, delta, launch, exe, stream) -> "
      "(CUresult, published): a publishing graph's slots, cell and launch (shm/_native_device.c)"},
     {"fire_armed", _sn_fire_armed, METH_VARARGS,
-     "fire_armed(table, nentries, records, first, n, slots, max_ops, device, launch) -> ([fired], [claimed]): "
-     "armed routes (shm/_native_armed.c)"},
+     "fire_armed(table, nentries, records, first, n, slots, max_ops, device, launch) -> "
+     "([fired], [claimed]): armed routes (shm/_native_armed.c)"},
     {"watch_words", _sn_watch_words, METH_VARARGS,
      "watch_words(pool, seen_events, abort, words, timeout_ns) -> WATCH_*: the loop's wait on GPU-published work"},
     {"set_lock_spin", py_set_lock_spin, METH_O, "set_lock_spin(ns): contended pool locks retry this long first"},

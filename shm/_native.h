@@ -1,7 +1,7 @@
 /*
  * What the files of shm._native share: the entry points of shm/_native_wake.c, _native_blocks.c,
- * _native_fast.c, _native_device.c, _native_armed.c and _native_ops.c that the module's method table (shm/_native.c) lists, and
- * their initialisation.
+ * _native_fast.c, _native_device.c, _native_armed.c and _native_ops.c that the module's method table
+ * (shm/_native.c) lists, and their initialisation.
  */
 #ifndef SHM_NATIVE_H
 #define SHM_NATIVE_H
@@ -20,7 +20,8 @@ PyObject *_sn_fire_armed(PyObject *self, PyObject *args);      /* shm/_native_ar
 /* cuGraphLaunch's signature (the caller passes its address: the extension links nothing of CUDA) */
 typedef int (*graph_launch_fn)(void *exe, void *stream);
 void _sn_fill_cell(uint64_t slots, uint64_t cell, uint64_t token, uint64_t delta, uint64_t nbytes, int n,
-                   const long long *slot, const long long *rseq, const long long *source, const uint64_t *tag);
+                   const long long *slot, const long long *rseq, const long long *source,
+                   const uint64_t *tag);
 PyObject *_sn_bind_op(PyObject *self, PyObject *cls);        /* shm/_native_ops.c */
 PyObject *_sn_unpack_ops(PyObject *self, PyObject *args);
 int _sn_wake_init(void);   /* interns the Op attribute names below; -1 with an exception */

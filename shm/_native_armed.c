@@ -26,7 +26,7 @@
 #include "_pool_layout.h"
 
 enum {
-    A_STATE,                         /* ARM_FREE; ARM_ARMED, ARM_PAIR (the loop); ARM_HALF, ARM_FIRED, ARM_VOID */
+    A_STATE,                         /* ARM_FREE; ARM_ARMED, ARM_PAIR (loop); ARM_HALF, ARM_FIRED, ARM_VOID */
     A_SEND,                          /* the send's record: kind, owner, peer, tag, dtype, flags, buffer, */
     A_RECV = A_SEND + 10,            /*   offset, bytes, memory; then the receive's */
     A_HELD = A_RECV + 10,            /* the half waiting (HELD_SEND, HELD_RECV; 0 for a pair) */
@@ -118,7 +118,8 @@ static void fire(uint64_t *e, const char *r, int half, Py_ssize_t pos, uint64_t 
     uint64_t *runs = (uint64_t *)(uintptr_t)e[A_RUNS];
     uint64_t token = ++*runs;
     _sn_fill_cell(slots, e[A_CELL], token, e[A_DELTA], e[A_MSG_BYTES], ok ? 2 : 0, slot, rseq, source, tag);
-    int rc = ((graph_launch_fn)(uintptr_t)launch)((void *)(uintptr_t)e[A_EXE], (void *)(uintptr_t)e[A_STREAM]);
+    graph_launch_fn graph_launch = (graph_launch_fn)(uintptr_t)launch;
+    int rc = graph_launch((void *)(uintptr_t)e[A_EXE], (void *)(uintptr_t)e[A_STREAM]);
     e[A_POS] = (uint64_t)pos;
     e[A_TOKEN] = token;
     e[A_PUBLISHED] = (uint64_t)ok;
@@ -135,19 +136,22 @@ static int append_index(PyObject *list, Py_ssize_t k) {
 }
 
 /*
- * fire_armed(table, nentries, records, first, n, slots, max_ops, device, launch) -> ([fired], [claimed])
+ * fire_armed(table, nentries, records, first, n, slots, max_ops, device, launch)
+ *     -> ([fired], [claimed])
  * `table`: nentries entries of ARM_WORDS u64; `records`: the records the loop took (RECORD_BYTES
- * each, in posting order), of which those from `first` to `n` are new; `slots`: the completion slots' address here; `device`: the device current
- * on the calling thread; `launch`: cuGraphLaunch. A pair entry's first half is *claimed* (ARM_HALF,
- * A_HELD_POS): the loop keeps that op out of matching while the entry holds it, and puts it in
- * matching in its place if the entry is voided. Runs with the GIL held: a launch is microseconds.
+ * each, in posting order), of which those from `first` to `n` are new (a second take of the same
+ * fetch follows the first's, and places count from the first); `slots`: the completion slots'
+ * address here; `device`: the device current on the calling thread; `launch`: cuGraphLaunch. A pair
+ * entry's first half is *claimed* (ARM_HALF, A_HELD_POS): the loop keeps that op out of matching
+ * while the entry holds it, and puts it in matching in its place if the entry is voided. Runs with
+ * the GIL held: a launch is microseconds.
  */
 PyObject *_sn_fire_armed(PyObject *self, PyObject *args) {
     unsigned long long table, records, slots, launch;
     Py_ssize_t nentries, first, n;
     long long max_ops, device;
-    if (!PyArg_ParseTuple(args, "KnKnnKLLK", &table, &nentries, &records, &first, &n, &slots, &max_ops, &device,
-                          &launch))
+    if (!PyArg_ParseTuple(args, "KnKnnKLLK", &table, &nentries, &records, &first, &n, &slots, &max_ops,
+                          &device, &launch))
         return NULL;
     if (!table || !records || !slots || !launch || max_ops <= 0 || nentries < 0 || first < 0) {
         PyErr_SetString(PyExc_ValueError, "fire_armed: null address, max_ops <= 0 or a negative count");
@@ -194,5 +198,5 @@ fail:
     return NULL;
 }
 
-_Static_assert(A_SEND == 1 && A_RECV == 11 && A_HELD == 21 && A_DEVICE == 26 && A_POS == 35 && ARM_WORDS == 40,
-               "shm/_native.c's ARMED_LAYOUT must name these words");
+_Static_assert(A_SEND == 1 && A_RECV == 11 && A_HELD == 21 && A_DEVICE == 26 && A_POS == 35 &&
+               ARM_WORDS == 40, "shm/_native.c's ARMED_LAYOUT must name these words");

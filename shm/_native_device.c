@@ -32,7 +32,8 @@ enum { CELL_COUNT = 0, CELL_TOKEN = 1, CELL_FIRST_PAIR = 2 };
  * ahead of the launch call that follows. publish_launch and fire_armed (shm/_native_armed.c) share it.
  */
 void _sn_fill_cell(uint64_t slots, uint64_t cell, uint64_t token, uint64_t delta, uint64_t nbytes, int n,
-                   const long long *slot, const long long *rseq, const long long *source, const uint64_t *tag) {
+                   const long long *slot, const long long *rseq, const long long *source,
+                   const uint64_t *tag) {
     volatile uint64_t *c = (volatile uint64_t *)(uintptr_t)cell;
     c[CELL_TOKEN] = token;
     for (int i = 0; i < n; i++) {
@@ -117,8 +118,7 @@ static uint64_t now_ns(void) {
  * Spin (GIL released) until the posted chain has a record or a rank handed a chain off (POSTED), the
  * events word moved from `seen_events` (EVENTS), the u64 at `abort` is set (ABORT), one of `words`
  * ((address, value), ...) holds its value or a greater one (WORD: tokens only grow), or `timeout_ns`
- * passed (TIMEOUT). The loop's
- * other duties (heartbeat, failure checks) wait at most that bound.
+ * passed (TIMEOUT). The loop's other duties (heartbeat, failure checks) wait at most that bound.
  */
 enum { WATCH_TIMEOUT, WATCH_POSTED, WATCH_EVENTS, WATCH_ABORT, WATCH_WORD };
 
@@ -171,7 +171,8 @@ PyObject *_sn_watch_words(PyObject *self, PyObject *args) {
             break;
         }
         for (Py_ssize_t i = 0; i < n && why == WATCH_TIMEOUT; i++)
-            if (__atomic_load_n((uint64_t *)(uintptr_t)addr[i], __ATOMIC_ACQUIRE) >= want[i]) why = WATCH_WORD;
+            if (__atomic_load_n((uint64_t *)(uintptr_t)addr[i], __ATOMIC_ACQUIRE) >= want[i])
+                why = WATCH_WORD;
         if (why != WATCH_TIMEOUT) break;
         if ((spins & 63) == 63 && now_ns() >= deadline) break;
 #if defined(__x86_64__) || defined(__i386__)

@@ -20,7 +20,8 @@ def _dumped_state(comm: Any) -> dict:
     import os
     import subprocess
     import sys
-    cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy_pid), "--json", "--signal"]
+    cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy_pid), "--json",
+           "--signal"]
     doc = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
     signalled = doc["processes"][0]
     os.unlink(signalled["dump_file"])

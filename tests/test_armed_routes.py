@@ -32,8 +32,8 @@ class _Repeat:
 
     def words(self) -> tuple:
         c = self.cell
-        return (0, c.ctypes.data + 8 * (c.size - 2), int(c[1]), c.ctypes.data, 0, 0xE1, 0x5E, self.runs.ctypes.data,
-                self.launcher.addr)
+        ack = c.ctypes.data + 8 * (c.size - 2)
+        return (0, ack, int(c[1]), c.ctypes.data, 0, 0xE1, 0x5E, self.runs.ctypes.data, self.launcher.addr)
 
     def current_device(self) -> int:
         return 0
@@ -95,9 +95,9 @@ class _Loop(A.ArmedRoutes):
     def batch(self, *ops: Op) -> None:
         """A fetch of these ops' records, as ProgressEngine.fetch runs it."""
         for i, op in enumerate(ops):
-            P.RECORD.pack_into(self.take_out, i * P.RECORD_BYTES, -1, op.kind, op.dtype, 0, op.flags, op.owner, op.peer,
-                               op.tag, 0, op.req_seq, op.req_slot, op.buf_id, op.offset, op.nbytes, 0, -1, op.mem, 0, 0,
-                               0, 0, 0, 0)
+            P.RECORD.pack_into(self.take_out, i * P.RECORD_BYTES, -1, op.kind, op.dtype, 0, op.flags,
+                               op.owner, op.peer, op.tag, 0, op.req_seq, op.req_slot, op.buf_id, op.offset,
+                               op.nbytes, 0, -1, op.mem, 0, 0, 0, 0, 0, 0)
         out: tuple[list, list, list] = ([], [], [])
         if self.arm_live:
             self.fire_armed(0, len(ops), out)
@@ -113,8 +113,9 @@ _seq = iter(range(1, 1 << 30))
 
 def _op(kind: int, owner: int, peer: int, buf: int = 3, mem: int = 1, tag: int = TAG) -> Op:
     seq = next(_seq)
-    fields = (-1, kind, 11, 0, 0, owner, peer, tag, 0, seq, owner * MAX_OPS + seq % MAX_OPS, buf, 0, NBYTES, 0, -1,
-              mem, 0, 0, 0, 0, 0, 0)
+    slot = owner * MAX_OPS + seq % MAX_OPS
+    fields = (-1, kind, 11, 0, 0, owner, peer, tag, 0, seq, slot, buf, 0, NBYTES, 0, -1, mem,
+              0, 0, 0, 0, 0, 0)
     return Op(0, fields, owner, 0)
 
 

@@ -43,7 +43,8 @@ class _Rig:
         self.runs[0] = token
         self.cell[1] = token                     # the graph's last launch
         self.cell[-2] = token                    # ... acked
-        send = [KIND_SEND, 0, 1, TAG, 11, 0, 3, 64, NBYTES, 1]   # kind, owner, peer, tag, dtype, flags, buf, ...
+        # kind, owner, peer, tag, dtype, flags, buffer, offset, bytes, memory
+        send = [KIND_SEND, 0, 1, TAG, 11, 0, 3, 64, NBYTES, 1]
         recv = [KIND_RECV, 1, 0, TAG, 11, 0, 5, 128, NBYTES, 1]
         slot, seq = {A.HELD_RECV: (MAX_OPS + 2, 31), A.HELD_SEND: (4, 17)}.get(held, (0, 0))
         row = send + recv + [held, slot, seq, 2**64 - 1, NBYTES,
@@ -56,17 +57,19 @@ class _Rig:
                buf: int = 3, slot: int = 4, seq: int = 17) -> None:
         """A taken record; by default the entry's send (rank 0's, slot 4, seq 17)."""
         offset = 64 if kind == KIND_SEND else 128
-        P.RECORD.pack_into(self.records, self.n * P.RECORD_BYTES, -1, kind, 11, 0, flags, owner, peer, tag, 0, seq,
-                           slot, buf, offset, NBYTES, NBYTES // 4, -1, 1, 0, 0, 0, 0, 0, 0)
+        P.RECORD.pack_into(self.records, self.n * P.RECORD_BYTES, -1, kind, 11, 0, flags, owner, peer, tag, 0,
+                           seq, slot, buf, offset, NBYTES, NBYTES // 4, -1, 1, 0, 0, 0, 0, 0, 0)
         self.n += 1
 
     def recv_record(self, **kw) -> None:
         """The entry's receive (rank 1's, slot MAX_OPS + 2, seq 31)."""
-        self.record(**{"kind": KIND_RECV, "owner": 1, "peer": 0, "buf": 5, "slot": MAX_OPS + 2, "seq": 31, **kw})
+        self.record(**{"kind": KIND_RECV, "owner": 1, "peer": 0, "buf": 5, "slot": MAX_OPS + 2, "seq": 31,
+                       **kw})
 
     def fire(self, device: int = DEVICE) -> tuple[list, list]:
-        return _native.fire_armed(self.table.ctypes.data, A.ARMED_MAX, _native.buffer_info(self.records, True)[0],
-                                  self.first, self.n, self.slots.ctypes.data, MAX_OPS, device, self.launcher.addr)
+        records = _native.buffer_info(self.records, True)[0]
+        return _native.fire_armed(self.table.ctypes.data, A.ARMED_MAX, records, self.first, self.n,
+                                  self.slots.ctypes.data, MAX_OPS, device, self.launcher.addr)
 
 
 def _cell_pairs(rig: _Rig, recv_slot: int, recv_seq: int, send_slot: int, send_seq: int) -> list:

@@ -155,9 +155,10 @@ class ArmedRoutes:
         if words is None:
             return
         k = self.arm_held.index(None)
+        slot, seq = (op.req_slot, op.req_seq) if op is not None else (0, 0)
         _ROW.pack_into(self.arm_buf, 8 * (k * ARM_WORDS + 1), *[v & MASK64 for v in route.send],
-                       *[v & MASK64 for v in route.recv], held, op.req_slot if op else 0, op.req_seq if op else 0,
-                       MASK64, route.nbytes, *words[:-1], cells)
+                       *[v & MASK64 for v in route.recv], held, slot, seq, MASK64, route.nbytes, *words[:-1],
+                       cells)
         self.arm_words[k * ARM_WORDS + A_STATE] = state   # last: the entry is whole
         self.arm_held[k] = [route, op, IN_MATCHING if op is not None else None, -1]
         self.arm_live.append(k)
@@ -221,8 +222,8 @@ class ArmedRoutes:
         earlier fetch whose entry was voided; entries fired; entries claimed) and frees the voided."""
         launch, current_device = self.arm_launch
         slots, _nbytes, per_rank = self.completion_slots()
-        fired, claimed = _native.fire_armed(self.arm_addr, ARMED_MAX, self.take_out_addr, start, n, slots, per_rank,
-                                            current_device(), launch)
+        fired, claimed = _native.fire_armed(self.arm_addr, ARMED_MAX, self.take_out_addr, start, n, slots,
+                                            per_rank, current_device(), launch)
         first, all_fired, all_claimed = out
         all_fired += fired
         all_claimed += claimed
@@ -273,7 +274,8 @@ class ArmedRoutes:
         """``op`` fired entry ``k``: the match Python would have made, with the copy already running."""
         at = k * ARM_WORDS
         w = self.arm_words
-        token, published, rc, t_fire = w[at + A_TOKEN], bool(w[at + A_PUBLISHED]), w[at + A_RC], w[at + A_T_FIRE]
+        token, published = w[at + A_TOKEN], bool(w[at + A_PUBLISHED])
+        rc, t_fire = w[at + A_RC], w[at + A_T_FIRE]
         route, held, where, _pos = self._free(k)
         send, recv = (op, held) if op.kind == KIND_SEND else (held, op)
         if where == IN_MATCHING:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
-                 "start_entry", "start_schedule", "post_event", "completion_items", "completion_slots", "disarm_routes",
+                 "start_entry", "start_schedule", "post_event", "completion_items", "completion_slots",
+                 "disarm_routes",
                  "_argspool",
                  "_n_args", "params",
                  "transport_state", "timeout", "comm_id", "net_ip", "arrive", "finish", "complete_send",

@@ -78,7 +78,8 @@ _EVENTS_Q = P.CTRL_OFF // 8 + P.CTRL_EVENTS   # news for the loop from this proc
 _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # globals: no enum lookup per pass
 
 
-class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, MultiNodeColl, Completion, Failure, Introspection):
+class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, MultiNodeColl, Completion,
+                     Failure, Introspection):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -147,7 +148,8 @@ class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, Mul
         self.init_p2p(params)   # the receive half of point-to-point, buffered sends, probes (engine/p2p.py)
         self.init_fast(layout)  # small blocking calls the ranks complete themselves (engine/fastpath.py)
         # repeated device messages launched from C at fetch (engine/armed.py)
-        self.init_armed(bool(params.CUDA_ARMED_ROUTES and params.CUDA_GRAPHS and params.CUDA_DEVICE_COMPLETES))
+        self.init_armed(bool(params.CUDA_ARMED_ROUTES and params.CUDA_GRAPHS
+                             and params.CUDA_DEVICE_COMPLETES))
         self.linger_ns = int(params.PROXY_LINGER_US * 1000)
         self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
         # News from the other threads of this process (the service thread, transports' helper threads):
@@ -351,10 +353,10 @@ class ProgressEngine(PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, Mul
         inside the critical section. 0 when a trylock lost. ``at``: records already taken by this
         fetch, after which these go (take_out holds two full takes)."""
         layout = self.layout
+        out, idx = self.take_out_addr + at * P.RECORD_BYTES, self.take_idx_addr + 4 * at
         n, err, at, rc = _native.fetch_posted(self.seg.addr, layout.records_off, layout.rank_area_off,
-                                              layout.nrecords, layout.max_ops, self.batch,
-                                              self.take_out_addr + at * P.RECORD_BYTES, self.take_idx_addr + 4 * at,
-                                              blocking, self.timeout)
+                                              layout.nrecords, layout.max_ops, self.batch, out, idx, blocking,
+                                              self.timeout)
         if rc == sync.TIMEDOUT:
             raise errors.Timeout(f"pool mutex not acquired within {self.timeout:.1f} s "
                                  f"(held by a wedged process?)")

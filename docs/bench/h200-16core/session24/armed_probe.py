@@ -19,7 +19,8 @@ with shmproxy.init() as comm:
             print(f"round {rnd}: one way {dt:.1f} us", flush=True)
     comm.Barrier()
     if me == 0:
-        cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy_pid), "--json", "--signal"]
+        cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy_pid), "--json",
+               "--signal"]
         doc = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
         p = doc["processes"][0]; os.unlink(p["dump_file"])
         print("armed:", p["state"]["in_process"]["armed_routes"], flush=True)
