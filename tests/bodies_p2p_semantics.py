@@ -232,8 +232,11 @@ def close_with_unmatched_sends(marker: str) -> dict:
     comm = shmproxy.init()
     comm.Barrier()
     if comm.rank == 1:
-        comm.Isend(np.zeros(4, np.int32), 0, tag=41)
+        small = comm.Isend(np.zeros(4, np.int32), 0, tag=41)
         comm.Isend(np.zeros(1 << 18), 0, tag=42)
+        # The small one completes once the progress process buffered it, a grace period after it took
+        # it; a close before that cancels it like any send no receive took (rank/lifecycle.py).
+        small.Wait()
         t0 = time.monotonic()
         comm.close()
         took = time.monotonic() - t0
