@@ -66,12 +66,17 @@ class _Loop(A.ArmedRoutes):
         self.take_out = bytearray(P.RECORD_BYTES * 16)
         self.take_out_addr = _native.buffer_info(self.take_out, True)[0]
         self.init_armed(True)
-        cell = np.zeros(cuda_publish.CELL_BYTES // 8, np.uint64)
-        self.launcher = _Launcher(cell)
-        self.transport = _Transport(_Repeat(cell, np.zeros(1, np.uint64), self.launcher))
-        self.conn = types.SimpleNamespace(transport=self.transport, nmsgs=0)
+        self.conn = self.connector()
+        self.transport, self.launcher = self.conn.transport, self.conn.transport.rep.launcher
         self.matched: list[tuple[Op, Op]] = []   # pairs matched by the Python path
         self.appended: list[Op] = []             # ops in the order they went into matching
+
+    @staticmethod
+    def connector() -> types.SimpleNamespace:
+        """A connector whose transport launches one graph of its own (a cell, a token counter)."""
+        cell = np.zeros(cuda_publish.CELL_BYTES // 8, np.uint64)
+        transport = _Transport(_Repeat(cell, np.zeros(1, np.uint64), _Launcher(cell)))
+        return types.SimpleNamespace(transport=transport, nmsgs=0)
 
     def completion_slots(self) -> tuple[int, int, int]:
         return self.slots.ctypes.data, self.slots.nbytes, MAX_OPS
@@ -188,3 +193,22 @@ def test_a_single_entry_fires_from_a_receive_in_matching():
     s = _send()
     loop.batch(s)
     assert loop.transport.fired == [(s, r, 1)] and len(loop.matcher) == 0
+
+
+def test_a_claim_of_this_batch_disarmed_while_an_earlier_held_half_goes_in_is_kept():
+    """Two routes to rank 1: X from rank 0, Y from rank 2. X holds rank 0's send from an earlier fetch.
+    In this batch another send of rank 0 to rank 1 voids X (it might match first), so X's send goes
+    into matching before the batch; that change to what waits for rank 1 disarms Y, whose send this
+    batch claimed: Y's send then goes into matching in its place, after the batch's records before it."""
+    loop = _ran_once()
+    sy, ry = _op(KIND_SEND, 2, 1, buf=4, tag=TAG + 1), _op(KIND_RECV, 1, 2, buf=6, tag=TAG + 1)
+    loop.batch(ry, sy)
+    loop.remember(types.SimpleNamespace(send=sy, recv=ry, nbytes=NBYTES), loop.connector())
+    loop.arm_pair(loop.arm_history[A.signature(_send())])   # X again (Y's receive voided it)
+    assert loop.arm_counts["pairs"] == 3 and len(loop.arm_live) == 2
+    sx = _send()
+    loop.batch(sx)                                     # X claims it
+    other, sy2 = _op(KIND_SEND, 0, 1, mem=0, tag=77), _op(KIND_SEND, 2, 1, buf=4, tag=TAG + 1)
+    loop.batch(other, sy2)                             # other voids X; Y claims sy2
+    assert loop.appended[-3:] == [sx, other, sy2] and loop.transport.fired == []
+    assert loop.matcher.is_unexpected(1, 2, TAG + 1, sy2) and loop.arm_counts["claimed"] == 2

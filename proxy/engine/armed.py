@@ -250,13 +250,13 @@ class ArmedRoutes:
             if w[k * ARM_WORDS + A_STATE] != ARM_FREE:   # not voided by a later record of this fetch
                 skip[w[k * ARM_WORDS + A_HELD_POS]] = k
                 self.arm_counts["claimed"] += 1
-        for op in first:
-            self.append(op)
         for pos, k in skip.items():
             held = self.arm_held[k]
             held[1], held[2], held[3] = ops[pos], HELD, pos
-        self.arm_skip = skip
+        self.arm_skip = skip   # first: a hook run by what follows may disarm a claim of this batch
         try:
+            for op in first:
+                self.append(op)
             for i, op in enumerate(ops):
                 k = fired.get(i)
                 if k is not None:
