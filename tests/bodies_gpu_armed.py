@@ -11,21 +11,9 @@ import numpy as np
 
 import shmproxy
 from tests.bodies_gpu import _cp
+from tests.bodies_gpu_more import _dumped_state
 
 N = 1 << 18   # float32 elements: 1 MiB, where the GPU publishes a message's completions by default
-
-
-def _dumped_state(comm: Any) -> dict:
-    import json
-    import os
-    import subprocess
-    import sys
-    cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy_pid), "--json",
-           "--signal"]
-    doc = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
-    signalled = doc["processes"][0]
-    os.unlink(signalled["dump_file"])
-    return signalled["state"]["in_process"]
 
 
 def armed_routes() -> dict:

@@ -540,6 +540,11 @@ def repeated_buffers() -> dict:
 
 def _dumped_gpus(comm: Any) -> list:
     """What the progress process's signalled dump says of its GPUs (SHMPROXY_DUMP_SIGNAL must be set)."""
+    return _dumped_state(comm)["gpus"]
+
+
+def _dumped_state(comm: Any) -> dict:
+    """The progress process's own view in its signalled dump (SHMPROXY_DUMP_SIGNAL must be set)."""
     import json
     import os
     import subprocess
@@ -548,4 +553,4 @@ def _dumped_gpus(comm: Any) -> list:
     doc = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
     signalled = doc["processes"][0]
     os.unlink(signalled["dump_file"])   # output a person asked for: the test's to remove
-    return signalled["state"]["in_process"]["gpus"]
+    return signalled["state"]["in_process"]

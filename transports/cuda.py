@@ -50,7 +50,7 @@ from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerI
 from shmproxy.transports.cuda_driver import Driver
 from shmproxy.transports.cuda_order import HostSlots, StreamOrder
 from shmproxy.transports import cuda_publish
-from shmproxy.transports.cuda_publish import Publisher
+from shmproxy.transports.cuda_publish import Publisher, Repeat
 
 _log = log.get("CUDA")
 HANDLE_BYTES = 64       # cudaIpcMemHandle_t
@@ -475,30 +475,6 @@ class _Gpu:
                     "gpu_publishes_completions": self.publisher.devices() if self.publisher else []}
 
 
-class Repeat:
-    """A publishing graph's launch as an armed route makes it again (proxy/engine/armed.py): valid while
-    no registration was dropped and the graph is not retired."""
-
-    __slots__ = ("gpu", "graph", "device", "stream", "gen")
-
-    def __init__(self, gpu: _Gpu, graph: Any, device: int, stream: int, gen: int):
-        self.gpu, self.graph, self.device, self.stream, self.gen = gpu, graph, device, stream, gen
-
-    def words(self) -> tuple | None:
-        """(device, ack word, last token, cell, slots' delta, exe, stream, tokens' word, cuGraphLaunch)
-        for the C fire (shm/_native_armed.c), or None where the graph may not be launched again."""
-        gpu, g = self.gpu, self.graph
-        pub = gpu.publisher
-        if self.gen != gpu.gen or g.cell is None or pub is None or g not in gpu.live_graphs:
-            return None
-        return (self.device, pub.ack_word(g.cell), g.token, pub.cell_addr(g.cell), pub.delta(self.device),
-                g.exe, self.stream, pub.runs_addr, gpu.drv.graph_launch_addr)
-
-    def current_device(self) -> int:
-        """The device whose context is current on the loop thread (a fire launches there)."""
-        return self.gpu.device
-
-
 class CudaTransport(OneProcessSides, Transport):   # allocations are opened here at registration
     name = "cuda"
     kinds = frozenset({MemKind.CUDA})
@@ -583,7 +559,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         gpu.last_launch = None
         return Repeat(gpu, *got)
 
-    def proxy_fired(self, ctx: TransportContext, conn: Connector, transfer: Any, rep: "Repeat", token: int,
+    def proxy_fired(self, ctx: TransportContext, conn: Connector, transfer: Any, rep: Repeat, token: int,
                     rc: int) -> None:
         """An armed route fired: C launched ``rep``'s graph for ``transfer`` with ``token`` (CUresult
         ``rc``). What proxy_start does after its launch: the graph is busy with that run, and the

@@ -159,3 +159,28 @@ class Publisher:
         self.drv.host_unregister(self.cells_base)
         del self.words
         self.mm.close()
+
+
+class Repeat:
+    """A publishing graph's launch as an armed route makes it again (proxy/engine/armed.py), over the
+    transport's ``_Gpu`` (transports/cuda.py): valid while no registration was dropped and the graph is
+    not retired."""
+
+    __slots__ = ("gpu", "graph", "device", "stream", "gen")
+
+    def __init__(self, gpu: Any, graph: Any, device: int, stream: int, gen: int):
+        self.gpu, self.graph, self.device, self.stream, self.gen = gpu, graph, device, stream, gen
+
+    def words(self) -> tuple | None:
+        """(device, ack word, last token, cell, slots' delta, exe, stream, tokens' word, cuGraphLaunch)
+        for the C fire (shm/_native_armed.c), or None where the graph may not be launched again."""
+        gpu, g = self.gpu, self.graph
+        pub = gpu.publisher
+        if self.gen != gpu.gen or g.cell is None or pub is None or g not in gpu.live_graphs:
+            return None
+        return (self.device, pub.ack_word(g.cell), g.token, pub.cell_addr(g.cell), pub.delta(self.device),
+                g.exe, self.stream, pub.runs_addr, gpu.drv.graph_launch_addr)
+
+    def current_device(self) -> int:
+        """The device whose context is current on the loop thread (a fire launches there)."""
+        return self.gpu.device

@@ -100,6 +100,8 @@ class ArmedRoutes:
         self.arm_skip: dict[int, int] = {}   # claimed records of the batch being processed: place -> entry
         self.arm_quiet = 0   # > 0 while a held half goes into matching (_release): nothing is armed
         self.arm_launch = (0, 0)   # (cuGraphLaunch, the current device's getter) of the last arming
+        slots, _nbytes, per_rank = self.completion_slots()
+        self.arm_slots = (slots, per_rank)   # where fire_armed writes the requests' slots
         self.arm_counts = {"armed": 0, "pairs": 0, "claimed": 0, "fired": 0, "voided": 0, "disarmed": 0}
         self.matcher.on_armed = self.disarm_dest
 
@@ -221,7 +223,7 @@ class ArmedRoutes:
         launches what they fire. Adds to ``out`` (ops to append before the batch: halves held since an
         earlier fetch whose entry was voided; entries fired; entries claimed) and frees the voided."""
         launch, current_device = self.arm_launch
-        slots, _nbytes, per_rank = self.completion_slots()
+        slots, per_rank = self.arm_slots
         fired, claimed = _native.fire_armed(self.arm_addr, ARMED_MAX, self.take_out_addr, start, n, slots,
                                             per_rank, current_device(), launch)
         first, all_fired, all_claimed = out
