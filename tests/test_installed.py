@@ -150,7 +150,7 @@ def _torch_version() -> str | None:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     if importlib.util.find_spec("build") is None:
-        pytest.skip("the 'build' package is not installed (it is in the test extra: pip install -e '.[test]')")
+        pytest.skip("the 'build' package is not installed (the test extra has it: pip install -e '.[test]')")
     root = tmp_path_factory.mktemp("installed")
     dist, workdir = root / "dist", root / "work"
     workdir.mkdir()
@@ -161,7 +161,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     wheel, = dist.glob("shmproxy-*.whl")
     sdist, = dist.glob("shmproxy-*.tar.gz")
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, stdin=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300,
+                   stdin=subprocess.DEVNULL)
     reqs = [f"{wheel}[mpi]"]
     torch = _torch_version()
     if torch is not None:
@@ -191,6 +192,30 @@ def test_a_package_left_out_of_the_wheel_is_named(tmp_path: Path):
     missing = missing_from_wheel(wheel)
     assert "shmproxy/mpi/comm.py" in missing and "shmproxy/mpi/__init__.py" in missing
     assert not any(m.startswith("shmproxy/rank/") for m in missing)
+
+
+def test_the_build_fails_naming_a_package_the_list_forgets(tmp_path: Path):
+    """tools/build_backend.py: pyproject.toml without shmproxy.mpi does not build at all."""
+    src = clean_copy(tmp_path / "src")
+    pyproject = src / "pyproject.toml"
+    text = pyproject.read_text()
+    assert '"shmproxy.mpi", ' in text
+    pyproject.write_text(text.replace('"shmproxy.mpi", ', "", 1))
+    res = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path / "dist"),
+                          str(src)], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert res.returncode != 0, "the build passed with shmproxy.mpi left out of the package list"
+    assert "not listed, though their folders hold an __init__.py: ['shmproxy.mpi']" in res.stdout + res.stderr
+
+
+def test_a_wheel_built_from_the_sdist_is_whole(installed: Installed, tmp_path: Path):
+    """pip install shmproxy-X.tar.gz: the sdist carries the build backend and every source."""
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+                          "--disable-pip-version-check", "--wheel-dir", str(tmp_path), str(installed.sdist)],
+                         capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, f"pip wheel of the sdist failed:\n{(res.stdout + res.stderr)[-8000:]}"
+    wheel, = tmp_path.glob("shmproxy-*.whl")
+    missing = missing_from_wheel(wheel)
+    assert not missing, f"the wheel built from {installed.sdist.name} lacks: {missing}"
 
 
 def test_the_sdist_carries_the_sources_and_the_wheel_its_metadata(installed: Installed):
@@ -239,7 +264,8 @@ if bad:
 
 def test_the_console_scripts_run(installed: Installed):
     for script in SCRIPTS:
-        _check(installed.run([str(installed.venv / "bin" / script), "--help"], timeout=120), f"{script} --help")
+        _check(installed.run([str(installed.venv / "bin" / script), "--help"], timeout=120),
+               f"{script} --help")
 
 
 @pytest.mark.parametrize("api", ["native", "mpi"])
@@ -255,6 +281,7 @@ def test_a_torchrun_job_uses_the_installed_backend(installed: Installed):
     if _torch_version() is None:
         pytest.skip("torch is not installed here, so the virtualenv has none (pip install torch==2.13.0)")
     cmd = [str(installed.python), "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--max-restarts", "0", JOB.name, "torch"]
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--max-restarts", "0",
+           JOB.name, "torch"]
     out = _check(installed.run(cmd, timeout=300), "torchrun installed_job.py torch")
     assert _oks(out, "torch") == [(r, 2) for r in range(2)], out
