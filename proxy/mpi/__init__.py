@@ -8,8 +8,8 @@ This package (import name ``shmproxy.mpi``) is the implementation, split by subj
 (error classes), datatypes.py, status.py, ops.py, buffers.py (buffer specs -> numpy views),
 request.py, group.py, comm.py (communicators, point-to-point, objects), coll.py (collectives),
 topology.py (Cartesian grids), graph.py (graph topologies), neighbor.py (neighbour collectives),
-intercomm.py (intercommunicators), env.py (COMM_WORLD, Init/Finalize, clocks). ``shmproxy.MPI``
-(proxy/MPI.py) re-exports the names below. What is not provided raises NotImplementedError (an MPI.Exception of
+intercomm.py (intercommunicators), info.py (MPI.Info), env.py (COMM_WORLD, Init/Finalize, clocks).
+``shmproxy.MPI`` (proxy/MPI.py) re-exports the names below. What is not provided raises NotImplementedError (an MPI.Exception of
 class ERR_UNSUPPORTED_OPERATION) naming what is missing; the README lists it.
 """
 from __future__ import annotations
@@ -41,8 +41,7 @@ from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.mpi.topology import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
 from shmproxy.mpi.graph import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Graphcomm
 from shmproxy.mpi.intercomm import ROOT, Intercomm
-INFO_NULL = None     # info objects are accepted and ignored where a call takes one
-INFO_ENV = None
+from shmproxy.mpi.info import INFO_ENV, INFO_NULL, MAX_INFO_KEY, MAX_INFO_VAL, Info
 
 # Every predefined datatype (MPI.INT, MPI.DOUBLE, ...) and error class (MPI.ERR_TRUNCATE, ...).
 globals().update(_datatypes.PREDEFINED)
