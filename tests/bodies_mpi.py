@@ -359,3 +359,87 @@ def cuda_array_interface_over_host_memory() -> dict:
     comm.Bcast(_HostBehindCai(b), root=0)
     comm.Barrier()
     return {"allreduce": a.tolist(), "bcast": b.tolist()}
+
+
+class _Index:
+    """An integer only through __index__ (operator.index reads it; int() would not)."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __index__(self) -> int:
+        return self.v
+
+
+def _type_error(cls: int, fn: Any, *args: Any, **kw: Any) -> None:
+    """``fn`` refuses a non-integer before posting anything: a TypeError that is an MPI.Exception."""
+    with pytest.raises(TypeError) as e:
+        fn(*args, **kw)
+    assert isinstance(e.value, MPI.Exception) and e.value.Get_error_class() == cls, e.value
+
+
+def integer_arguments() -> dict:
+    """Ranks, tags, roots, colors, keys and counts as numpy integers, numpy and Python bools and
+    __index__ objects (mpi4py reads them with operator.index); floats and strings refused on every
+    rank alike (so that no rank is left inside a call)."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    assert size == 3
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    # Split: a bool color (numpy's too), numpy keys
+    sub = comm.Split(np.True_, np.int64(-rank))
+    assert sub.size == size and sub.rank == size - 1 - rank
+    sub.Free()
+    sub = comm.Split(rank == 0, _Index(rank))
+    assert sub.size == (1 if rank == 0 else 2)
+    sub.Free()
+    sub = comm.Split(np.bool_(rank > 0), np.int8(0))
+    assert sub.size == (1 if rank == 0 else 2)
+    sub.Free()
+    # point-to-point: numpy and __index__ ranks and tags
+    out = np.zeros(2, "i")
+    comm.Sendrecv(np.full(2, rank, "i"), np.int64(nxt), np.int32(7), out, _Index(prv), np.uint8(7))
+    assert out.tolist() == [prv, prv]
+    req = comm.Irecv(out, source=np.intc(prv), tag=_Index(9))
+    comm.Send(np.full(2, 10 + rank, "i"), dest=_Index(nxt), tag=np.int16(9))
+    req.Wait()
+    assert out.tolist() == [10 + prv] * 2
+    assert comm.sendrecv(rank, dest=np.int64(nxt), source=np.int64(prv)) == prv
+    # roots: True is rank 1
+    buf = np.arange(3, dtype="d") if rank == 1 else np.zeros(3)
+    comm.Bcast(buf, root=True)
+    assert buf.tolist() == [0, 1, 2]
+    got = np.zeros(3, "i") if rank == 2 else None
+    comm.Reduce(np.full(3, rank, "i"), got, op=MPI.SUM, root=np.intc(2))
+    assert rank != 2 or got.tolist() == [3, 3, 3]
+    g = np.full(2 * size, -1, "i")
+    comm.Gatherv(np.full(1, rank, "i"), [g, (np.int64(1), np.int64(2)), MPI.INT] if rank == 1 else None,
+                 root=_Index(1))
+    if rank == 1:        # one count for every rank, blocks 2 apart
+        assert g.tolist() == [0, -1, 1, -1, 2, -1]
+    sc = np.zeros(1, "i")
+    comm.Scatter(np.arange(size, dtype="i") if rank == 0 else None, sc, root=np.False_)
+    assert sc.tolist() == [rank]
+    assert comm.bcast(rank * 10, root=np.int64(2)) == 20
+    assert comm.gather(rank, root=_Index(0)) == ([0, 1, 2] if rank == 0 else None)
+    assert comm.reduce(rank, root=np.uint64(1)) == (3 if rank == 1 else None)
+    rs = np.zeros(rank + 1)
+    comm.Reduce_scatter(np.ones(6), rs, np.array([1, 2, 3]), op=MPI.SUM)
+    assert rs.tolist() == [3.0] * (rank + 1)
+    # groups and a grid
+    grp = comm.Get_group().Incl([np.int64(2), True])
+    assert grp.Translate_ranks([np.int8(0), _Index(1)], comm.Get_group()) == [2, 1]
+    cart = comm.Create_cart([np.int64(3)], periods=[np.True_])
+    assert cart.Shift(np.int64(0), np.int32(1)) == (prv, nxt)
+    assert cart.Get_coords(_Index(2)) == [2]
+    cart.Free()
+    # non-integers: TypeError and MPI.Exception, on every rank, before anything is posted
+    _type_error(MPI.ERR_RANK, comm.Send, np.zeros(1), 1.0)
+    _type_error(MPI.ERR_TAG, comm.Recv, np.zeros(1), 0, "3")
+    _type_error(MPI.ERR_ROOT, comm.Bcast, np.zeros(1), root=0.0)
+    _type_error(MPI.ERR_ROOT, comm.bcast, 1, root="0")
+    _type_error(MPI.ERR_ARG, comm.Split, 0.5, 0)
+    _type_error(MPI.ERR_COUNT, comm.Allgatherv, np.zeros(1), [np.zeros(3), (1.0, 1), MPI.DOUBLE])
+    comm.Barrier()
+    MPI.Finalize()
+    return {"rank": rank}

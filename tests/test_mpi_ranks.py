@@ -34,3 +34,7 @@ def test_cuda_array_interface_over_host_memory_is_read_as_host_memory():
     res = run_ranks(BODY + "cuda_array_interface_over_host_memory", 2, timeout=120)
     for r in res.results:
         assert r["allreduce"] == [3.0] * 4 and r["bcast"] == [7.0] * 4, r
+
+
+def test_integer_arguments_through_index_and_type_errors_for_the_rest():
+    run_ranks(BODY + "integer_arguments", 3, timeout=120)

@@ -271,3 +271,132 @@ def test_import_forms_and_no_eager_import():
             "import shmproxy.MPI as A; from shmproxy import MPI as B; assert A is B is shmproxy.MPI; "
             "assert B.COMM_WORLD is shmproxy.mpi.COMM_WORLD; assert not B.Is_initialized()")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ------------------------------------------------------------------ vector specs as mpi4py reads them
+class _Index:
+    """An integer only through __index__ (as operator.index reads it)."""
+
+    def __init__(self, v: int):
+        self.v = v
+
+    def __index__(self) -> int:
+        return self.v
+
+
+@pytest.mark.parametrize("second, counts, displs", [
+    ((2, 3), (2, 2, 2), (0, 3, 6)),                          # one count, a displacement stride
+    ((np.int64(2), np.intc(3)), (2, 2, 2), (0, 3, 6)),
+    ((np.array(2), _Index(3)), (2, 2, 2), (0, 3, 6)),
+    ((0, 0), (0, 0, 0), (0, 0, 0)),
+    ((2, None), (2, 2, 2), (0, 2, 4)),
+    ((True, 4), (1, 1, 1), (0, 4, 8)),
+    (([1, 0, 2], 3), (1, 0, 2), (0, 3, 6)),                  # counts, a stride
+    ((2, [6, 0, 3]), (2, 2, 2), (6, 0, 3)),                  # one count, displacements
+    (([3, 0, 1], None), (3, 0, 1), (0, 3, 3)),
+    ([[3, 0, 1], [5, 0, 1]], (3, 0, 1), (5, 0, 1)),          # a list pair of sequences
+    ((np.array([1, 2, 3]), np.array([0, 1, 3])), (1, 2, 3), (0, 1, 3)),
+    ([1, 2, 3], (1, 2, 3), (0, 1, 3)),                       # counts, packed
+    ((1, 2, 3), (1, 2, 3), (0, 1, 3)),                       # a tuple of three is counts, not a pair
+    (np.array([0, 4, 1]), (0, 4, 1), (0, 0, 4)),
+    (3, (3, 3, 3), (0, 3, 6)),                               # one count, packed
+    (np.int8(1), (1, 1, 1), (0, 1, 2)),
+])
+def test_vector_spec_forms_with_a_datatype(second: Any, counts: tuple, displs: tuple):
+    a = np.zeros(10, "i")
+    v = buffers.parse_v([a, second, MPI.INT], "b", True, 3)
+    assert (v.counts, v.displs) == (counts, displs)
+    assert v.array.base is a or v.array is a
+    if not isinstance(second, np.ndarray):      # [buf, counts] with the buffer's own type reads alike
+        v = buffers.parse_v([a, second], "b", True, 3)
+        assert (v.counts, v.displs) == (counts, displs) and v.datatype == MPI.INT
+
+
+def test_vector_spec_four_items_and_buffers_alone():
+    a = np.zeros(10, "d")
+    v = buffers.parse_v([a, [1, 2, 3], [7, 0, 2], MPI.DOUBLE], "b", True, 3)
+    assert (v.counts, v.displs) == ((1, 2, 3), (7, 0, 2))
+    v = buffers.parse_v([a, (1, 2, 3), None, "d"], "b", True, 3)           # None displs: packed
+    assert (v.counts, v.displs) == ((1, 2, 3), (0, 1, 3))
+    v = buffers.parse_v([a, 2, 3, MPI.DOUBLE], "b", True, 3)                # integer count and stride
+    assert (v.counts, v.displs) == ((2, 2, 2), (0, 3, 6))
+    # no counts: the buffer split as evenly as it goes, the first ranks one more (mpi4py's rule)
+    for spec in (a, [a], [a, MPI.DOUBLE], [a, None, None, MPI.DOUBLE]):
+        v = buffers.parse_v(spec, "b", True, 3)
+        assert (v.counts, v.displs) == ((4, 3, 3), (0, 4, 7)), spec
+    v = buffers.parse_v(np.zeros(0), "b", True, 3)
+    assert (v.counts, v.displs) == ((0, 0, 0), (0, 0, 0))
+    v = buffers.parse_v([None, 0, MPI.INT], "b", True, 3)                   # zero counts need no memory
+    assert v.array.size == 0 and v.counts == (0, 0, 0)
+    # zero-count blocks may start anywhere: nothing is read or written there
+    v = buffers.parse_v([a, [0, 10, 0], [99, 0, 50], MPI.DOUBLE], "b", True, 3)
+    assert v.counts == (0, 10, 0)
+
+
+@pytest.mark.parametrize("spec, cls, typeerror", [
+    ([np.zeros(9, "i"), (2.0, 3), MPI.INT], MPI.ERR_COUNT, True),
+    ([np.zeros(9, "i"), (2, 3.0), MPI.INT], MPI.ERR_COUNT, True),
+    ([np.zeros(9, "i"), ("2", 3), MPI.INT], MPI.ERR_COUNT, True),
+    ([np.zeros(9, "i"), ([1, 2, 3.5], None), MPI.INT], MPI.ERR_COUNT, True),
+    ([np.zeros(9, "i"), (np.array([1.0, 2.0, 3.0]), None), MPI.INT], MPI.ERR_COUNT, True),
+    ([np.zeros(9, "i"), [1, 2], MPI.INT], MPI.ERR_COUNT, False),          # two counts for three ranks
+    ([np.zeros(9, "i"), ([1, 1, 1], [0, 1]), MPI.INT], MPI.ERR_COUNT, False),
+    ([np.zeros(9, "i"), (2, 4), MPI.INT], MPI.ERR_COUNT, False),          # rank 2's block: 8..9
+    ([np.zeros(9, "i"), (-1, 0), MPI.INT], MPI.ERR_COUNT, False),
+    ([np.zeros(9, "i"), 1, 2, 3, 4], MPI.ERR_BUFFER, False),
+])
+def test_bad_vector_specs(spec: Any, cls: int, typeerror: bool):
+    with pytest.raises(MPI.Exception) as e:
+        buffers.parse_v(spec, "b", True, 3)
+    assert e.value.Get_error_class() == cls, e.value
+    assert isinstance(e.value, TypeError) == typeerror, e.value
+
+
+# ------------------------------------------------------------------ integers through __index__
+@pytest.mark.parametrize("value, expect", [
+    (3, 3), (True, 1), (False, 0), (np.int64(3), 3), (np.uint8(3), 3), (np.intc(-2), -2),
+    (np.True_, 1), (np.False_, 0), (np.array(3), 3), (np.array(True), 1), (_Index(4), 4),
+])
+def test_integers_read_through_index(value: Any, expect: int):
+    from shmproxy.mpi.exceptions import as_int
+    got = as_int(value, "x")
+    assert got == expect and type(got) is int
+    if expect >= 0:
+        assert buffers.parse([np.zeros(8), value, MPI.DOUBLE], "b", True).size == expect
+
+
+@pytest.mark.parametrize("value", [2.0, np.float64(2), "2", None, [2], np.array([2]), np.array(2.0), 1j])
+def test_non_integers_are_type_errors_and_mpi_exceptions(value: Any):
+    from shmproxy.mpi.exceptions import as_int
+    with pytest.raises(TypeError) as e:
+        as_int(value, "the thing", MPI.ERR_RANK)
+    assert isinstance(e.value, MPI.Exception) and e.value.Get_error_class() == MPI.ERR_RANK
+    assert "the thing must be an integer" in str(e.value)
+
+
+def test_integer_arguments_of_the_local_calls():
+    assert MPI.Compute_dims(np.int64(6), np.int32(2)) == [3, 2]
+    assert MPI.Compute_dims(_Index(8), [np.int64(0), True]) == [8, 1]
+    with pytest.raises(TypeError):
+        MPI.Compute_dims(6.0, 2)
+    st = Status()
+    st.Set_source(np.int64(3))
+    st.Set_tag(_Index(7))
+    st.Set_error(np.intc(MPI.ERR_TAG))
+    st.Set_elements(MPI.DOUBLE, np.uint16(2))
+    assert (st.Get_source(), st.Get_tag(), st.Get_error(), st.Get_count(MPI.DOUBLE)) == (3, 7, MPI.ERR_TAG, 2)
+    with pytest.raises(TypeError):
+        st.Set_tag(1.5)
+    assert MPI.Alloc_mem(np.int64(8)).nbytes == 8
+    g = MPI.Group(range(6), me=2)
+    assert g.Incl([np.int64(4), True, _Index(0)]).members == (4, 1, 0)
+    assert g.Range_incl([(np.int64(0), np.int32(4), _Index(2))]).members == (0, 2, 4)
+    assert g.Translate_ranks([np.int8(5)], g) == [5]
+    with pytest.raises(TypeError):
+        g.Incl([1.0])
+    t = MPI.DOUBLE.Create_vector(np.int64(2), np.int32(1), _Index(3))
+    assert t.Get_extent() == (0, 32)
+    assert MPI.INT.Create_indexed([np.int64(1), True], np.array([0, 2])).Get_size() == 8
+    with pytest.raises(TypeError):
+        MPI.INT.Create_indexed([1.5], [0])
+    assert MPI.DOUBLE.Create_resized(np.int64(0), np.int64(16)).Get_extent() == (0, 16)

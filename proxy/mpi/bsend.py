@@ -17,7 +17,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_NO_MEM, error
+from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_NO_MEM, as_int, error
 
 BSEND_OVERHEAD = 64      # bytes a buffered message takes besides its data
 
@@ -72,7 +72,8 @@ def object_size(obj: Any) -> int:
 
 
 def alloc_mem(size: int, info: Any = None) -> memoryview:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+    size = as_int(size, "Alloc_mem: size", ERR_NO_MEM)
+    if size < 0:
         raise error(ERR_NO_MEM, f"Alloc_mem: size must be a non-negative int, got {size!r}")
     return memoryview(bytearray(size))
 

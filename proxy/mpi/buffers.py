@@ -13,13 +13,19 @@ NotImplementedError.
     [buf, count, datatype]
     [buf, (count, displ), datatype]       ``count`` elements from element ``displ``
     [buf, count, displ, datatype]
-    [buf, (counts, displs), datatype]     vector form, for the v-collectives (``parse_v``)
+    [buf, (counts, displs), datatype]     vector forms, for the v-collectives (``parse_v``, which reads
+    [buf, counts, displs, datatype]       every form mpi4py reads: counts and displs each a sequence of
+    [buf, counts, datatype], [buf, count] one per rank, or one integer (one count for every rank; a
+                                          displacement *stride*), or left out (counts split from the
+                                          buffer's size; displs packed))
     None, MPI.IN_PLACE, MPI.BOTTOM        kept as they are; the calls decide where they are allowed
 
 The result is a 1-D numpy view of the caller's memory (never a copy), with the datatype's dtype: a
 receive writes straight into the caller's object. Every bad spec raises MPI.Exception (ERR_BUFFER,
-ERR_TYPE, ERR_COUNT) here, before the call posts anything. Counts in collectives are per block (per
-rank), as in MPI: ``[buf, count, type]`` as Allgather's recvbuf means ``count`` elements per rank.
+ERR_TYPE, ERR_COUNT) here, before the call posts anything. Counts and displacements are read as mpi4py
+reads them, through ``__index__`` (numpy integers, bools); anything else is an ERR_COUNT that is also
+a TypeError. Counts in collectives are per block (per rank), as in MPI: ``[buf, count, type]`` as
+Allgather's recvbuf means ``count`` elements per rank.
 
 A numpy array with no datatype is the common case and takes a short path (no conversion at all);
 the calls' own fast paths test for it inline (``FAST_DTYPES``, a C-contiguous exact ndarray), so that
@@ -35,7 +41,8 @@ from shmproxy.core.memory import device_array_kind
 from shmproxy.core.ops import DTYPE_CODE, IN_PLACE
 from shmproxy.mpi.datatypes import Datatype, check_native, from_typecode, of_dtype
 from shmproxy.mpi import foreign
-from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_COUNT, ERR_TYPE, buffer_error, error, unsupported
+from shmproxy.mpi.exceptions import (ERR_BUFFER, ERR_COUNT, ERR_TYPE, as_int, buffer_error, error,
+                                     is_integral, type_error, unsupported)
 from shmproxy.mpi.foreign import is_foreign
 from shmproxy.mpi.typemap import Derived, typed_buffer
 
@@ -146,12 +153,10 @@ def _retype(arr: np.ndarray, d: Datatype | None, what: str) -> tuple[np.ndarray,
     return arr, d
 
 
-def _int(v: Any, name: str, what: str) -> int:
-    if isinstance(v, np.ndarray) and v.ndim == 0:     # numpy.array(3): one integer
-        v = v[()]
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise error(ERR_COUNT, f"{what}: {name} must be an int, got {type(v).__name__}")
-    v = int(v)
+def as_count(v: Any, name: str, what: str) -> int:
+    """A count or displacement: any integer mpi4py takes (``operator.index``: ints, bools, numpy
+    integers, 0-d integer arrays), not negative."""
+    v = as_int(v, f"{what}: {name}", ERR_COUNT)
     if v < 0:
         raise error(ERR_COUNT, f"{what}: negative {name} {v}")
     return v
@@ -218,7 +223,7 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
     if type(dtype) is Derived:   # a block list the progress process gathers/scatters (typemap.py)
         if isinstance(count, (list, tuple)) and len(count) == 2 and displ is None:
             count, displ = count
-        return typed_buffer(arr, dtype, None if count is None else _int(count, "count", what) * blocks,
+        return typed_buffer(arr, dtype, None if count is None else as_count(count, "count", what) * blocks,
                             displ, what, writable)
     arr, _d = _retype(arr, None if dtype is None else _as_datatype(dtype, what), what)
     if isinstance(count, (list, tuple)):
@@ -228,84 +233,124 @@ def parse(spec: Any, what: str, writable: bool, blocks: int = 1) -> Any:
         if isinstance(count, (list, tuple, np.ndarray)):
             raise error(ERR_BUFFER, f"{what}: a vector spec ([buf, (counts, displs), type]) is for the "
                         "v-collectives only")
-    start = 0 if displ is None else _int(displ, "displacement", what)
+    start = 0 if displ is None else as_count(displ, "displacement", what)
     if count is None:
         if start > arr.size:
             raise error(ERR_COUNT, f"{what}: displacement {start} beyond the buffer's {arr.size} elements")
         return arr[start:] if start else arr
-    n = _int(count, "count", what) * blocks
+    n = as_count(count, "count", what) * blocks
     if start + n > arr.size:
         raise error(ERR_COUNT, f"{what}: {n} elements from element {start} do not fit the buffer's "
                     f"{arr.size} elements")
     return arr[start:start + n] if (start or n != arr.size) else arr
 
 
-def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
-    """A vector spec ``[buf, (counts, displs), datatype]`` or ``[buf, counts, displs, datatype]`` (or
-    ``[buf, counts, datatype]``: displacements packed one after another) for ``size`` ranks."""
+def _is_pair(v: Any) -> bool:
+    """Whether the second item of a vector spec is a ``(counts, displs)`` pair. mpi4py reads every
+    tuple as one (so ``(count, displ)`` of two ints is a pair, never two counts); a list of two items
+    whose first is a sequence is read as one too, since a list of counts never holds sequences. A
+    tuple of another length is a tuple of counts (mpi4py refuses it; it has one meaning only)."""
+    if isinstance(v, tuple):
+        return len(v) == 2
+    return (isinstance(v, list) and len(v) == 2
+            and (isinstance(v[0], (list, tuple)) or (isinstance(v[0], np.ndarray) and v[0].ndim > 0)))
+
+
+def _split_v(spec: Any, what: str) -> tuple[Any, Any, Any, Any]:
+    """(buf, counts, displs, datatype) of a vector spec, each None where the spec leaves it out, as
+    mpi4py's ``message_vector`` unpacks it: ``buf``, ``[buf, datatype]``, ``[buf, counts]``,
+    ``[buf, (counts, displs)]``, ``[buf, counts, datatype]``, ``[buf, (counts, displs), datatype]``,
+    ``[buf, counts, displs, datatype]``."""
     if not isinstance(spec, (list, tuple)):
-        raise error(ERR_BUFFER, f"{what}: a vector collective needs [buf, (counts, displs), datatype]")
-    buf, counts, displs, dtype = _split(spec, what)
-    pair = isinstance(counts, tuple) or (isinstance(counts, list) and counts
-                                         and isinstance(counts[0], (list, tuple, np.ndarray)))
-    if displs is None and pair and len(counts) == 2:
-        counts, displs = counts      # mpi4py's (counts, displs) pair
-    if counts is None:
-        raise error(ERR_COUNT, f"{what}: a vector spec needs per-rank counts")
-    counts, displs = _per_rank(counts, size), _per_rank(displs, size, stride=True)
-    if _on_device(buf):
+        return spec, None, None, None
+    n = len(spec)
+    if n == 1:       # [buf]: as parse() reads it (mpi4py asks for 2 to 4 items)
+        return spec[0], None, None, None
+    if n not in (2, 3, 4):
+        raise error(ERR_BUFFER, f"{what}: a vector spec is [buf, counts, displs, datatype], [buf, (counts, "
+                    f"displs), datatype], [buf, counts, datatype] or [buf, counts]; got {n} items")
+    if n == 4:
+        return spec[0], spec[1], spec[2], spec[3]
+    buf, counts = spec[0], spec[1]
+    dtype = spec[2] if n == 3 else None
+    if n == 2 and isinstance(counts, (Datatype, str)):
+        return buf, None, None, counts
+    if _is_pair(counts):
+        return buf, counts[0], counts[1], dtype
+    return buf, counts, None, dtype
+
+
+def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
+    """A vector spec for ``size`` ranks (blocks), read as mpi4py reads one (``_split_v`` for its forms):
+
+    counts: a sequence (or 1-D array) of ``size`` counts; one integer, that count for every rank; or
+    left out, the buffer's elements split as evenly as they go (the first ``n % size`` ranks one more).
+    displs: a sequence of ``size`` displacements; one integer, a stride (rank r's block at r * displ);
+    or left out / None, the blocks one after another from element 0."""
+    buf, counts, displs, dtype = _split_v(spec, what)
+    if buf is not None and buf is not BOTTOM and _on_device(buf):
         unsupported(f"{what}: device buffers in the vector collectives")
-    arr = _as_array(buf, writable, what)
-    if type(dtype) is Derived:
-        return _parse_v_derived(arr, dtype, counts, displs, what, writable, size)
-    arr, d = _retype(arr, None if dtype is None else _as_datatype(dtype, what), what)
-    cs = tuple(_int(c, "count", what) for c in counts)
-    if len(cs) != size:
-        raise error(ERR_COUNT, f"{what}: {len(cs)} counts for {size} ranks")
-    if displs is None:
-        ds, acc = [], 0
-        for c in cs:
-            ds.append(acc)
-            acc += c
-        dsp = tuple(ds)
+    d = None if dtype is None else _as_datatype(dtype, what)
+    derived = type(d) is Derived
+    if buf is None or buf is BOTTOM:     # no memory: only zero counts fit in it
+        if d is None or counts is None:
+            raise error(ERR_BUFFER, f"{what}: a None/BOTTOM buffer needs counts and a datatype")
+        arr = np.empty(0, np.uint8 if derived else check_native(d, what))
     else:
-        dsp = tuple(_int(x, "displacement", what) for x in displs)
-        if len(dsp) != size:
-            raise error(ERR_COUNT, f"{what}: {len(dsp)} displacements for {size} ranks")
-    for r, (c, x) in enumerate(zip(cs, dsp)):
-        if x + c > arr.size:
+        arr = _as_array(buf, writable, what)
+    if not derived:
+        arr, d = _retype(arr, d, what)
+    if counts is None:    # in instances of the datatype (a derived one: of its extent)
+        total = arr.nbytes // max(d.extent, 1) if derived else arr.size   # type: ignore[union-attr]
+        cs = tuple(total // size + (r < total % size) for r in range(size))
+    else:
+        cs = _per_rank(counts, size, "count", what)
+    if displs is None:
+        dsp, acc = [], 0
+        for c in cs:
+            dsp.append(acc)
+            acc += c
+        ds = tuple(dsp)
+    else:
+        ds = _per_rank(displs, size, "displacement", what, stride=True)
+    if derived:
+        return _parse_v_derived(arr, d, cs, ds, what, writable)   # type: ignore[arg-type]
+    for r, (c, x) in enumerate(zip(cs, ds)):
+        if c and x + c > arr.size:
             raise error(ERR_COUNT, f"{what}: block {r} ({c} elements at {x}) does not fit the buffer's "
                         f"{arr.size} elements")
-    return VSpec(arr, cs, dsp, d)
+    return VSpec(arr, cs, ds, d)   # type: ignore[arg-type]
 
 
-def _per_rank(v: Any, size: int, stride: bool = False) -> Any:
-    """mpi4py's forms of per-rank counts or displacements: a sequence (or array) of them, or one int
-    for every rank (a count each, or a displacement stride: rank r's block at r * d); None stays."""
-    if isinstance(v, np.ndarray) and v.ndim == 0:
-        v = v[()]
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        return [int(v) * r for r in range(size)] if stride else [v] * size
-    return v
+def _per_rank(v: Any, size: int, name: str, what: str, stride: bool = False) -> tuple[int, ...]:
+    """``size`` counts or displacements from mpi4py's forms: a sequence (or 1-D array) of ``size``
+    integers, or one integer: the same for every rank, or with ``stride`` (displacements) a stride,
+    rank r's block at r * v."""
+    if is_integral(v):
+        one = as_count(v, name, what)
+        return tuple(one * r for r in range(size)) if stride else (one,) * size
+    try:
+        if isinstance(v, (str, bytes)):     # iterable, but never integers
+            raise TypeError(v)
+        items = list(v)
+    except TypeError:
+        raise type_error(ERR_COUNT, f"{what}: {name}s must be an integer or a sequence of {size}, got "
+                         f"{type(v).__name__}") from None
+    if len(items) != size:
+        raise error(ERR_COUNT, f"{what}: {len(items)} {name}s for {size} ranks")
+    return tuple(as_count(x, name, what) for x in items)
 
 
-def _parse_v_derived(arr: np.ndarray, d: Datatype, counts: Any, displs: Any, what: str, writable: bool,
-                     size: int) -> VSpec:
+def _parse_v_derived(arr: np.ndarray, d: Datatype, cs: tuple[int, ...], ds: tuple[int, ...], what: str,
+                     writable: bool) -> VSpec:
     """A vector spec of a derived type: the buffer of every instance up to the last block's end (a
     TypedBuffer, or a plain view when dense), counts and displacements scaled from instances to the
     elements of its contiguous form (shmproxy.mpi.typedcoll)."""
-    cs = [_int(c, "count", what) for c in counts]
-    if displs is None:
-        dsp = [sum(cs[:r]) for r in range(len(cs))]
-    else:
-        dsp = [_int(x, "displacement", what) for x in displs]
-    if len(cs) != size or len(dsp) != size:
-        raise error(ERR_COUNT, f"{what}: {len(cs)} counts and {len(dsp)} displacements for {size} ranks")
-    n = max((x + c for c, x in zip(cs, dsp) if c), default=0)
+    n = max((x + c for c, x in zip(cs, ds) if c), default=0)
     buf = typed_buffer(arr, d, n, None, what, writable)   # type: ignore[arg-type]
     item = buf.temp_dtype().itemsize if type(buf) is not np.ndarray else buf.dtype.itemsize
     k = d.size // item
-    return VSpec(buf, tuple(c * k for c in cs), tuple(x * k for x in dsp), d)
+    return VSpec(buf, tuple(c * k for c in cs), tuple(x * k for x in ds), d)
 
 
 def datatype_named(spec: Any) -> Datatype | None:

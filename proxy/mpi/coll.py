@@ -25,8 +25,7 @@ import numpy as np
 from shmproxy.core import errors
 from shmproxy.core.ops import IN_PLACE
 from shmproxy.mpi import buffers
-from shmproxy.mpi.datatypes import Datatype
-from shmproxy.mpi.exceptions import ERR_COUNT, convert, error, unsupported
+from shmproxy.mpi.exceptions import ERR_COUNT, ERR_ROOT, as_int, convert, error, is_integral, unsupported
 from shmproxy.mpi.ops import SUM, Op, as_op
 from shmproxy.mpi import localred, typedcoll
 from shmproxy.mpi.request import Request
@@ -59,20 +58,10 @@ def _dtype_of(*specs: Any) -> Any:
     return None
 
 
-def _seq(x: Any) -> bool:
-    return isinstance(x, (list, tuple)) or (isinstance(x, np.ndarray) and x.ndim > 0)
-
-
-def _per_rank_lists(spec: Any) -> bool:
-    """Whether a v-collective's spec gives counts or displacements per rank (``[buf, counts, type]``,
-    ``[buf, (counts, displs), type]``, ``[buf, count, displs, type]``, ...), rather than one count
-    for every rank or none (``buf``, ``[buf, type]``, ``[buf, count]``, ``[buf, (count, None)]``)."""
-    if not isinstance(spec, (list, tuple)) or len(spec) < 2 or isinstance(spec[1], (Datatype, str)):
-        return False
-    second = spec[1]
-    if isinstance(second, tuple) and len(second) == 2:
-        return any(_seq(x) for x in second)
-    return _seq(second) or (len(spec) == 4 and _seq(spec[2]))
+def _root(root: Any) -> int:
+    """A root as the native layer takes it: an int (numpy integers, bools, ``__index__`` objects read
+    as mpi4py reads them; the native layer checks the range)."""
+    return root if type(root) is int else as_int(root, "root", ERR_ROOT)
 
 
 def _fast_send(spec: Any) -> bool:
@@ -120,6 +109,7 @@ class Collectives:
         return Request(self._call(self._c.Ibarrier))
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
+        root = _root(root)
         if type(buf) is _ndarray and buf.dtype in _FAST:
             flags = buf.flags
             if flags.c_contiguous and flags.writeable:
@@ -131,7 +121,7 @@ class Collectives:
         self._call(self._c.Bcast, _parse(buf, "Bcast buffer", True), root)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
-        return Request(self._call(self._c.Ibcast, _parse(buf, "Ibcast buffer", True), root))
+        return Request(self._call(self._c.Ibcast, _parse(buf, "Ibcast buffer", True), _root(root)))
 
     # ---- reductions
     def _reduce_args(self, name: str, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
@@ -162,6 +152,7 @@ class Collectives:
             Request(out).Wait()
 
     def _reduce_call(self, name: str, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> Any:
+        root = _root(root)
         sb, rb, o = self._reduce_args(name, sendbuf, recvbuf, op)
         native = self._native_op(o, sb, rb if self._rooted(root) else None)
         if native is None:
@@ -170,6 +161,7 @@ class Collectives:
         return self._call(getattr(self._c, name), sb, rb, native, root)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM, root: int = 0) -> None:
+        root = _root(root)
         if type(op) is Op and op.native is not None and _fast_send(sendbuf) and (
                 recvbuf is None or _fast_recv(recvbuf)):
             try:
@@ -242,11 +234,14 @@ class Collectives:
             every = np.empty(size, np.int64)
             self._call(self._c.Allgather, mine, every)
             return sb, rb, [int(c) for c in every], o
-        counts = list(recvcounts) if not isinstance(recvcounts, (int, np.integer)) else None
+        try:
+            counts = None if is_integral(recvcounts) else list(recvcounts)
+        except TypeError:       # not a sequence: the error below
+            counts = None
         if counts is None or len(counts) != size:
             raise error(ERR_COUNT, f"{name}: recvcounts must be a sequence of {size} counts, got "
                         f"{recvcounts!r}")
-        counts = [int(c) for c in counts]
+        counts = [buffers.as_count(c, "recvcount", name) for c in counts]
         if type(sb) is np.ndarray and sb.size != sum(counts):    # mpi4py's check: the spec's count is all
             raise error(ERR_COUNT, f"{name}: sendbuf has {sb.size} elements, the recvcounts add up to "
                         f"{sum(counts)}")
@@ -323,6 +318,7 @@ class Collectives:
         return self._c.rank == root
 
     def _gather_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        root = _root(root)
         sb = _parse(_send(sendbuf) if self._rooted(root) else sendbuf, f"{name} sendbuf", False)
         rb = _parse(recvbuf, f"{name} recvbuf", True, blocks=self._c.size) if self._rooted(root) else None
         return sb, rb, root
@@ -334,6 +330,7 @@ class Collectives:
         return Request(self._call(self._c.Igather, *self._gather_args("Igather", sendbuf, recvbuf, root)))
 
     def _scatter_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        root = _root(root)
         sb = _parse(sendbuf, f"{name} sendbuf", False, blocks=self._c.size) if self._rooted(root) else None
         rb = _send(recvbuf) if self._rooted(root) else recvbuf
         return sb, _parse(rb, f"{name} recvbuf", True), root
@@ -345,26 +342,18 @@ class Collectives:
         return Request(self._call(self._c.Iscatter, *self._scatter_args("Iscatter", sendbuf, recvbuf, root)))
 
     def _vector(self, spec: Any, what: str, writable: bool) -> tuple:
-        """(array, counts, displs) of a vector spec, as the native layer takes them (a type it has no
-        code for travels as bytes, counts and displacements scaled to them). A plain buffer is
-        ``size`` equal blocks; ``[buf, count]`` / ``[buf, count, type]``, ``count`` per rank."""
-        size = self._c.size
-        if _per_rank_lists(spec):
-            v = buffers.parse_v(spec, what, writable, size)
-            arr, counts, displs = v.array, list(v.counts), list(v.displs)
-        else:
-            arr = _parse(spec, what, writable, blocks=size)
-            if arr.size % size:
-                raise error(ERR_COUNT, f"{what}: {arr.size} elements are not {size} equal blocks: pass "
-                            f"[buf, (counts, displs), datatype]")
-            k = arr.size // size
-            counts, displs = [k] * size, [k * r for r in range(size)]
+        """(array, counts, displs) of a vector spec in any of mpi4py's forms (buffers.parse_v), as the
+        native layer takes them (a type it has no code for travels as bytes, counts and displacements
+        scaled to them)."""
+        v = buffers.parse_v(spec, what, writable, self._c.size)
+        arr, counts, displs = v.array, list(v.counts), list(v.displs)
         if type(arr) is np.ndarray and buffers.wire(arr) is not arr:   # counted in bytes on the wire
             k = arr.dtype.itemsize
             arr, counts, displs = buffers.wire(arr), [c * k for c in counts], [x * k for x in displs]
         return arr, counts, displs
 
     def _gatherv_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        root = _root(root)
         sb = _parse(_send(sendbuf) if self._rooted(root) else sendbuf, f"{name} sendbuf", False)
         if self._rooted(root):
             rb, counts, displs = self._vector(recvbuf, f"{name} recvbuf", True)
@@ -378,6 +367,7 @@ class Collectives:
         return Request(self._call(self._c.Igatherv, *self._gatherv_args("Igatherv", sendbuf, recvbuf, root)))
 
     def _scatterv_args(self, name: str, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        root = _root(root)
         rb = _parse(_send(recvbuf) if self._rooted(root) else recvbuf, f"{name} recvbuf", True)
         if self._rooted(root):
             sb, counts, displs = self._vector(sendbuf, f"{name} sendbuf", False)

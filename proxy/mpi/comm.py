@@ -23,12 +23,10 @@ import os
 import sys
 from typing import Any
 
-import numpy as np
-
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, UNDEFINED
 from shmproxy.mpi.coll import Collectives
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_COMM, ERR_ROOT, convert, error, unsupported
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_COMM, ERR_ROOT, ERR_TAG, as_int, convert, error, unsupported
 from shmproxy.mpi.group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import SUM, as_op
 from shmproxy.mpi.status import PROC_NULL
@@ -192,6 +190,7 @@ class Comm(PointToPoint, Collectives):
     def Split(self, color: int = 0, key: int = 0) -> "Comm":
         """Collective: communicators of the ranks with the same color, ordered by (key, rank);
         UNDEFINED gives COMM_NULL."""
+        color, key = as_int(color, "Split: color"), as_int(key, "Split: key")   # a bool color too, as mpi4py
         try:
             return self._wrap(self._c.Split(color, key))
         except errors.ProxyError as exc:
@@ -200,6 +199,7 @@ class Comm(PointToPoint, Collectives):
     def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> "Comm":
         """COMM_TYPE_SHARED: the ranks of this node, which on one node is everyone."""
         from shmproxy.mpi.env import COMM_TYPE_SHARED
+        split_type = as_int(split_type, "Split_type: split_type")
         if split_type == UNDEFINED:
             return self.Split(UNDEFINED, key)
         if split_type != COMM_TYPE_SHARED:
@@ -225,6 +225,7 @@ class Comm(PointToPoint, Collectives):
         derive the same new communicator id from this communicator, the group and ``tag``, and join
         it without a collective over this communicator."""
         self._check_group(group, "Create_group")
+        tag = as_int(tag, "Create_group: tag", ERR_TAG)   # in the new id: True and 1 must agree
         me = self._wranks[self._c.rank]
         if me not in group._index:
             return COMM_NULL
@@ -253,19 +254,20 @@ class Comm(PointToPoint, Collectives):
         """Fail the communicator on every rank, then end this process with exit status ``errorcode``
         (1 for 0, so that an abort never reads as success), as MPI_Abort ends the job; the other
         ranks get Aborted errors naming this call."""
+        errorcode = as_int(errorcode, "Abort: errorcode")
         sys.stdout.flush()
         sys.stderr.flush()
         try:
             self._c.Abort(f"MPI.Abort({errorcode}) called by rank {self._c.rank}")
         finally:
-            os._exit(int(errorcode) & 0xFF or 1)
+            os._exit(errorcode & 0xFF or 1)
 
     # ------------------------------------------------------------------ objects (lower case)
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
-        return self._obj(objects.bcast, obj, root)
+        return self._obj(objects.bcast, obj, self._root(root))
 
     def gather(self, sendobj: Any, root: int = 0) -> list | None:
-        return self._obj(objects.gather, sendobj, root)
+        return self._obj(objects.gather, sendobj, self._root(root))
 
     def allgather(self, sendobj: Any) -> list:
         return self._obj(objects.allgather, sendobj)
@@ -333,9 +335,10 @@ class Comm(PointToPoint, Collectives):
         return acc
 
     def _root(self, root: Any) -> int:
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self._c.size:
+        root = as_int(root, "root", ERR_ROOT)
+        if not 0 <= root < self._c.size:
             raise error(ERR_ROOT, f"root {root!r} is not a rank of this communicator of {self._c.size}")
-        return int(root)
+        return root
 
 
 

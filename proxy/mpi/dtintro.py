@@ -16,7 +16,7 @@ import numpy as np
 
 from shmproxy.mpi import datatypes as D
 from shmproxy.mpi import typemap as TM
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_TYPE, error
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_TYPE, as_int, error
 
 COMBINER_F90_REAL, COMBINER_F90_COMPLEX, COMBINER_F90_INTEGER = 14, 15, 16
 COMBINER_VALUE_INDEX = 17
@@ -76,8 +76,8 @@ def _f90_dtype(kind: str, p: int, r: int) -> Any:
 def f90(kind: str, p: int | None = None, r: int | None = None) -> D.Datatype:
     """The F90 type ``kind`` ("F90_INTEGER", "F90_REAL", "F90_COMPLEX") of precision ``p`` and range
     ``r`` (MPI_UNDEFINED, -1 here too, where a real or complex leaves one open)."""
-    pv = -1 if p is None else int(p)
-    rv = -1 if r is None else int(r)
+    pv = -1 if p is None else as_int(p, f"Create_{kind.lower()}: p")
+    rv = -1 if r is None else as_int(r, f"Create_{kind.lower()}: r")
     params = {"r": rv} if kind == "F90_INTEGER" else {"p": pv, "r": rv}
     key = (kind, *params.values())
     if key in _F90:
@@ -112,8 +112,8 @@ _MATCH = {TYPECLASS_INTEGER: "INTEGER", TYPECLASS_REAL: "REAL", TYPECLASS_COMPLE
 
 
 def match_size(typeclass: int, size: int) -> D.Datatype:
-    prefix = _MATCH.get(typeclass)
-    t = D.PREDEFINED.get(f"{prefix}{int(size)}") if prefix else None
+    prefix = _MATCH.get(as_int(typeclass, "Match_size: typeclass"))
+    t = D.PREDEFINED.get(f"{prefix}{as_int(size, 'Match_size: size')}") if prefix else None
     if t is None:
         raise error(ERR_ARG, f"Match_size: no Fortran type of class {typeclass} and size {size}")
     return t

@@ -18,7 +18,7 @@ from typing import Any
 from shmproxy.core import errors
 from shmproxy.mpi import bsend
 from shmproxy.mpi.comm import Comm, Intracomm, _member_comm, cached_native
-from shmproxy.mpi.exceptions import ERR_OTHER, convert, error, unsupported
+from shmproxy.mpi.exceptions import ERR_OTHER, as_int, convert, error, unsupported
 
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 _PROVIDED = THREAD_SERIALIZED
@@ -159,8 +159,9 @@ def attach_world(comm: Any) -> None:
 
 def Init_thread(required: int = THREAD_MULTIPLE) -> int:
     """Init, and the thread level provided: at most THREAD_SERIALIZED (see the header)."""
+    required = as_int(required, "Init_thread: required")
     Init()
-    _state["thread_level"] = min(int(required), _PROVIDED)
+    _state["thread_level"] = min(required, _PROVIDED)
     return _state["thread_level"]
 
 

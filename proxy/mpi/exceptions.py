@@ -13,7 +13,10 @@ compare against the constants, never against numbers.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, NoReturn
+
+import numpy as np
 
 from shmproxy.core import errors
 
@@ -125,6 +128,43 @@ def buffer_error(message: str) -> Exception:
     if cls is None:
         cls = _COMBINED[BufferError] = type(base.__name__, (base, BufferError), {"__module__": "shmproxy.MPI"})
     return cls(message, ERR_BUFFER)
+
+
+def type_error(error_class: int, message: str) -> Exception:
+    """An MPI.Exception for an argument of the wrong type: also Python's TypeError (what mpi4py raises
+    for a non-integer rank or count) and ValueError (as error())."""
+    base = _combined(errors.InvalidArgument)
+    cls = _COMBINED.get(TypeError)
+    if cls is None:
+        cls = _COMBINED[TypeError] = type(base.__name__, (base, TypeError), {"__module__": "shmproxy.MPI"})
+    return cls(message, error_class)
+
+
+def as_int(v: Any, what: str, error_class: int = ERR_ARG) -> int:
+    """The integer an argument stands for, read as mpi4py reads one (``operator.index``): an int, a
+    bool, a numpy integer, a 0-d integer array, any object with ``__index__``. numpy's bool lost
+    ``__index__`` in numpy 2, yet mpi4py's C int arguments take it (``Split(color=np.True_)``), so it
+    is read too. Anything else (floats, strings, None, sequences) raises ``type_error``."""
+    if type(v) is int:
+        return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        if isinstance(v, np.bool_) or (isinstance(v, np.ndarray) and v.shape == () and v.dtype == np.bool_):
+            return int(v)
+        raise type_error(error_class, f"{what} must be an integer, got {type(v).__name__} "
+                         f"{v!r:.40}") from None
+
+
+def is_integral(v: Any) -> bool:
+    """mpi4py's ``is_integral``: one integer (an object with ``__index__`` that is not a sequence with a
+    length: an int, a numpy integer, a 0-d array), as opposed to a sequence of them; numpy's bool
+    counts as one (as_int)."""
+    if isinstance(v, (list, tuple)):
+        return False
+    if isinstance(v, np.ndarray):
+        return v.ndim == 0
+    return isinstance(v, (int, np.integer, np.bool_)) or hasattr(type(v), "__index__")
 
 
 # native class -> MPI error class; the first base found in a class's MRO decides

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from shmproxy.core import errors
 from shmproxy.core.ops import UNDEFINED
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_RANK, ERR_TOPOLOGY, convert, error
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_RANK, ERR_TOPOLOGY, as_int, convert, error
 from shmproxy.mpi.neighbor import Edge, multiplicity, occurrence_edges
 from shmproxy.mpi.topology import DIST_GRAPH, GRAPH, Topocomm
 from shmproxy.rank import objects
@@ -45,7 +45,7 @@ WEIGHTS_EMPTY = _Weights("WEIGHTS_EMPTY")
 def _ranks(values: Sequence[Any], size: int, what: str) -> list[int]:
     out = []
     for v in values:
-        v = int(v)
+        v = as_int(v, what, ERR_RANK)
         if not 0 <= v < size:
             raise error(ERR_RANK, f"{what}: rank {v} is not in a communicator of {size}")
         out.append(v)
@@ -116,7 +116,7 @@ class Graphcomm(Topocomm):
         return list(self._gedges)
 
     def Get_neighbors(self, rank: int) -> list[int]:
-        rank = int(rank)
+        rank = as_int(rank, "Get_neighbors: rank", ERR_RANK)
         if not 0 <= rank < len(self._index):
             raise error(ERR_RANK, f"Get_neighbors: rank {rank} is not in a graph of {len(self._index)}")
         lo = self._index[rank - 1] if rank else 0
@@ -189,7 +189,7 @@ class Distgraphcomm(Topocomm):
 def create_graph(comm: Any, index: Sequence[int], edges: Sequence[int], reorder: bool = False) -> Any:
     """Intracomm.Create_graph: the first len(index) ranks form the graph, the others get COMM_NULL."""
     from shmproxy.mpi.comm import COMM_NULL
-    index = [int(i) for i in index]
+    index = [as_int(i, "Create_graph: index") for i in index]
     size, rank = comm._c.size, comm._c.rank
     nnodes = len(index)
     if nnodes > size:
@@ -209,7 +209,7 @@ def _weight_list(w: Any, n: int, what: str) -> list[int] | None:
         return None
     if w is WEIGHTS_EMPTY:
         w = []
-    w = [int(x) for x in w]
+    w = [as_int(x, what) for x in w]
     if len(w) != n:
         raise error(ERR_ARG, f"{what}: {len(w)} weights for {n} edges")
     return w
@@ -247,7 +247,7 @@ def create_dist_graph(comm: Any, sources: Sequence[int], degrees: Sequence[int],
     destinations); every rank's in- and out-edges are collected from all of them."""
     size = comm._c.size
     srcs = _ranks(sources, size, "Create_dist_graph sources")
-    degs = [int(d) for d in degrees]
+    degs = [as_int(d, "Create_dist_graph: degrees") for d in degrees]
     if len(degs) != len(srcs) or any(d < 0 for d in degs):
         raise error(ERR_ARG, f"Create_dist_graph: {len(degs)} degrees for {len(srcs)} sources (each >= 0)")
     dsts = _ranks(destinations, size, "Create_dist_graph destinations")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from shmproxy.core.ops import UNDEFINED
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_GROUP, ERR_RANK, error
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_GROUP, ERR_RANK, as_int, error
 from shmproxy.mpi.status import PROC_NULL
 
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
@@ -110,11 +110,8 @@ class Group:
         return Group(members, self._me)
 
     def _check_rank(self, r: Any, null: bool = True) -> int:
-        if isinstance(r, bool) or not isinstance(r, int):
-            try:
-                r = int(r)
-            except (TypeError, ValueError):
-                raise error(ERR_ARG, f"a group rank must be an int, got {type(r).__name__}") from None
+        if type(r) is not int:
+            r = as_int(r, "a group rank")
         if null and r == PROC_NULL:
             return r
         if not 0 <= r < len(self._members):
@@ -125,10 +122,11 @@ class Group:
         out: list[int] = []
         for rng in ranges:
             try:
-                first, last, stride = (int(x) for x in rng)
+                first, last, stride = rng
             except (TypeError, ValueError):
                 raise error(ERR_ARG, f"Group.{what}: each range is (first, last, stride), "
                             f"got {rng!r}") from None
+            first, last, stride = (as_int(x, f"Group.{what}: a range's item") for x in (first, last, stride))
             if stride == 0:
                 raise error(ERR_ARG, f"Group.{what}: stride 0 in {rng!r}")
             out.extend(range(first, last + (1 if stride > 0 else -1), stride))

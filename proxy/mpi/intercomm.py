@@ -34,8 +34,8 @@ from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE
 from shmproxy.mpi import buffers, localred
 from shmproxy.mpi.comm import Comm, Intracomm
-from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_RANK, ERR_ROOT, convert, error,
-                                     unsupported)
+from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_RANK, ERR_ROOT, ERR_TAG, as_int,
+                                     convert, error, unsupported)
 from shmproxy.mpi.ops import SUM
 from shmproxy.mpi.p2p import PointToPoint
 from shmproxy.mpi.group import Group
@@ -138,9 +138,7 @@ class Intercomm(Comm):
 
     # ---- point-to-point: remote ranks <-> internal ranks
     def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
-        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
-            raise error(ERR_RANK, f"{what} must be an int, got {type(peer).__name__}")
-        peer = int(peer)
+        peer = as_int(peer, what, ERR_RANK)
         if peer == PROC_NULL or (wildcard and peer == ANY_SOURCE):
             return peer
         if not 0 <= peer < self._rsize:
@@ -218,17 +216,18 @@ class Intercomm(Comm):
         return range(self._roff, self._roff + self._rsize)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
+        root = as_int(root, "root", ERR_ROOT)
         if root == ROOT:
             b = self._bytes(buf, "Bcast buffer", False)
             return Request(self._move(b, {p: (b.size, 0) for p in self._remote()}, b[:0], {}))
         if root == PROC_NULL:
             empty = np.empty(0, np.uint8)
             return Request(self._move(empty, {}, empty, {}))
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self._rsize:
+        if not 0 <= root < self._rsize:
             raise error(ERR_ROOT, f"Bcast on an intercommunicator: root {root!r} is neither MPI.ROOT, "
                         f"MPI.PROC_NULL nor a rank of the remote group of {self._rsize}")
         b = self._bytes(buf, "Bcast buffer", True)
-        return Request(self._move(b[:0], {}, b, {self._roff + int(root): (b.size, 0)}))
+        return Request(self._move(b[:0], {}, b, {self._roff + root: (b.size, 0)}))
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         self.Ibcast(buf, root).Wait()
@@ -320,6 +319,7 @@ def create_intercomm(comm: Any, local_leader: int, peer_comm: Any, remote_leader
     from shmproxy.rank.comm import Comm as NativeComm
     c = comm._c
     local_leader = comm._peer(local_leader, "local_leader")
+    tag = as_int(tag, "Create_intercomm: tag", ERR_TAG)     # in the new id: True and 1 must agree
     counters = c.__dict__.setdefault("_mpi_intercomm_count", [0])
     counters[0] += 1
     mine = (tuple(comm._wranks), int(c._comm_id), counters[0], local_leader)

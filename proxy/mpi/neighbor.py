@@ -35,7 +35,7 @@ import numpy as np
 from shmproxy.core import errors
 from shmproxy.mpi import buffers
 from shmproxy.mpi.datatypes import Datatype
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COUNT, convert, error
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COUNT, convert, error, is_integral
 from shmproxy.mpi.request import Request
 from shmproxy.mpi.status import PROC_NULL
 
@@ -139,7 +139,7 @@ def _blocks(spec: Any, what: str, writable: bool, n: int) -> tuple[np.ndarray, l
     """(array, counts, displs) of ``n`` blocks: a vector spec, or a buffer of ``n`` equal blocks (a
     count in the spec is per block)."""
     if isinstance(spec, (list, tuple)) and len(spec) >= 2 and \
-            not isinstance(spec[1], (Datatype, str, int, np.integer)):
+            not isinstance(spec[1], (Datatype, str)) and not is_integral(spec[1]):
         v = buffers.parse_v(spec, what, writable, n)
         return v.array, list(v.counts), list(v.displs)
     arr = buffers.parse(spec, what, writable, blocks=max(n, 1))

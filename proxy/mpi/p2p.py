@@ -26,7 +26,7 @@ import numpy as np
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 from shmproxy.mpi import bsend, buffers
-from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_RANK, ERR_TAG, convert, error, unsupported
+from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_RANK, ERR_TAG, as_int, convert, error, unsupported
 from shmproxy.mpi.nativereq import Both, Done
 from shmproxy.mpi.message import MESSAGE_NO_PROC, Message
 from shmproxy.mpi.request import ObjRequest, Prequest, Request
@@ -60,19 +60,15 @@ class PointToPoint:
 
     # ------------------------------------------------------------------ point-to-point, buffers
     def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
-        if type(peer) is not int:
-            if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
-                raise error(ERR_RANK, f"{what} must be an int, got {type(peer).__name__}")
-            peer = int(peer)
+        if type(peer) is not int:      # numpy integers, bools, __index__ objects: as mpi4py reads them
+            peer = as_int(peer, what, ERR_RANK)
         if not 0 <= peer < self._c.size and peer != PROC_NULL and not (wildcard and peer == ANY_SOURCE):
             raise error(ERR_RANK, f"{what} {peer} out of range: the communicator has {self._c.size} ranks")
         return peer
 
     def _tag(self, tag: Any, wildcard: bool = False) -> int:
         if type(tag) is not int:
-            if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
-                raise error(ERR_TAG, f"tag must be an int, got {type(tag).__name__}")
-            tag = int(tag)
+            tag = as_int(tag, "tag", ERR_TAG)
         if tag == ANY_TAG and not wildcard:
             raise error(ERR_TAG, "ANY_TAG is for receives: a message needs a tag of its own")
         return tag

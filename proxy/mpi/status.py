@@ -10,7 +10,7 @@ from typing import Any
 
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, UNDEFINED
 from shmproxy.mpi.datatypes import BYTE, Datatype  # type: ignore[attr-defined]
-from shmproxy.mpi.exceptions import ERR_TYPE, SUCCESS, error
+from shmproxy.mpi.exceptions import ERR_TYPE, SUCCESS, as_int, error
 
 PROC_NULL = -2
 
@@ -45,10 +45,10 @@ class Status:
         f = self._f
         f[0], f[1], f[2], f[3], f[4] = PROC_NULL, ANY_TAG, SUCCESS, 0, 0
 
-    source = property(lambda self: self._f[0], lambda self, v: self._f.__setitem__(0, int(v)))
-    tag = property(lambda self: self._f[1], lambda self, v: self._f.__setitem__(1, int(v)))
-    error = property(lambda self: self._f[2], lambda self, v: self._f.__setitem__(2, int(v)))
-    nbytes = property(lambda self: self._f[3], lambda self, v: self._f.__setitem__(3, int(v)))
+    source = property(lambda self: self._f[0], lambda self, v: self._f.__setitem__(0, as_int(v, "source")))
+    tag = property(lambda self: self._f[1], lambda self, v: self._f.__setitem__(1, as_int(v, "tag")))
+    error = property(lambda self: self._f[2], lambda self, v: self._f.__setitem__(2, as_int(v, "error")))
+    nbytes = property(lambda self: self._f[3], lambda self, v: self._f.__setitem__(3, as_int(v, "nbytes")))
     cancelled = property(lambda self: bool(self._f[4]), lambda self, v: self._f.__setitem__(4, bool(v)))
 
     def tomemory(self) -> memoryview:
@@ -59,19 +59,19 @@ class Status:
         return self.source
 
     def Set_source(self, source: int) -> None:
-        self.source = int(source)
+        self.source = source
 
     def Get_tag(self) -> int:
         return self.tag
 
     def Set_tag(self, tag: int) -> None:
-        self.tag = int(tag)
+        self.tag = tag
 
     def Get_error(self) -> int:
         return self.error
 
     def Set_error(self, error_class: int) -> None:
-        self.error = int(error_class)
+        self.error = error_class
 
     def Get_count(self, datatype: Datatype = BYTE) -> int:
         """Elements of ``datatype`` received; UNDEFINED if the bytes are not whole elements."""
@@ -86,7 +86,7 @@ class Status:
         return self.Get_count(datatype)
 
     def Set_elements(self, datatype: Datatype, count: int) -> None:
-        self.nbytes = int(count) * _size(datatype)
+        self.nbytes = as_int(count, "Set_elements: count") * _size(datatype)
 
     def Is_cancelled(self) -> bool:
         return self.cancelled

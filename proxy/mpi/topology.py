@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from shmproxy.core.ops import UNDEFINED
 from shmproxy.mpi.comm import Intracomm
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_DIMS, ERR_RANK, ERR_TOPOLOGY, error
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_DIMS, ERR_RANK, ERR_TOPOLOGY, as_int, error, is_integral
 from shmproxy.mpi.neighbor import Edge, NeighborCollectives, Plan, make_plan, multiplicity
 from shmproxy.mpi.status import PROC_NULL
 
@@ -36,8 +36,11 @@ def Compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:
     """A balanced grid of ``nnodes`` processes: ``dims`` is a number of dimensions or a list whose
     nonzero entries are kept; the free (zero) ones get factors as equal as possible, in
     non-increasing order (MPI_Dims_create)."""
-    nnodes = int(nnodes)
-    out = [0] * int(dims) if isinstance(dims, int) else [int(d) for d in dims]
+    nnodes = as_int(nnodes, "Compute_dims: nnodes", ERR_DIMS)
+    if is_integral(dims):
+        out = [0] * as_int(dims, "Compute_dims: dims", ERR_DIMS)
+    else:
+        out = [as_int(d, "Compute_dims: dims", ERR_DIMS) for d in dims]  # type: ignore[union-attr]
     if nnodes < 0 or any(d < 0 for d in out):
         raise error(ERR_DIMS, f"Compute_dims({nnodes}, {dims}): negative value")
     fixed = 1
@@ -165,7 +168,7 @@ class Cartcomm(Topocomm):
         return sends, recvs
 
     def Get_coords(self, rank: int) -> list[int]:
-        rank = int(rank)
+        rank = as_int(rank, "Get_coords: rank", ERR_RANK)
         if not 0 <= rank < self._c.size:
             raise error(ERR_RANK, f"Get_coords: rank {rank} is not in a grid of {self._c.size}")
         coords = []
@@ -179,7 +182,7 @@ class Cartcomm(Topocomm):
             raise error(ERR_ARG, f"Get_cart_rank: {len(coords)} coordinates for {len(self._dims)} dims")
         rank = 0
         for c, d, p in zip(coords, self._dims, self._periods):
-            c = int(c)
+            c = as_int(c, "Get_cart_rank: coordinate")
             if not 0 <= c < d:
                 if not p:
                     raise error(ERR_ARG, f"Get_cart_rank: coordinate {c} outside the non-periodic dim of {d}")
@@ -189,11 +192,11 @@ class Cartcomm(Topocomm):
 
     def Shift(self, direction: int, disp: int) -> tuple[int, int]:
         """(source, dest) of a shift by ``disp`` along ``direction``; PROC_NULL past a non-periodic edge."""
-        direction = int(direction)
+        direction, disp = as_int(direction, "Shift: direction"), as_int(disp, "Shift: disp")
         if not 0 <= direction < len(self._dims):
             raise error(ERR_ARG, f"Shift: direction {direction} of a {len(self._dims)}-d grid")
         me = self.Get_coords(self._c.rank)
-        return self._neighbour(me, direction, -int(disp)), self._neighbour(me, direction, int(disp))
+        return self._neighbour(me, direction, -disp), self._neighbour(me, direction, disp)
 
     def _neighbour(self, me: list[int], direction: int, disp: int) -> int:
         c = list(me)
@@ -231,7 +234,7 @@ class Cartcomm(Topocomm):
 def create_cart(comm: Any, dims: Sequence[int], periods: Sequence[bool] | None, reorder: bool) -> Any:
     """Intracomm.Create_cart: the first prod(dims) ranks form the grid (Split), the others get COMM_NULL."""
     from shmproxy.mpi.comm import COMM_NULL
-    dims = [int(d) for d in dims]
+    dims = [as_int(d, "Create_cart: dims", ERR_DIMS) for d in dims]
     if any(d <= 0 for d in dims):
         raise error(ERR_DIMS, f"Create_cart: every dim must be positive, got {dims}")
     periods = [False] * len(dims) if periods is None else [bool(p) for p in periods]

@@ -27,7 +27,7 @@ import numpy as np
 
 from shmproxy.core.ops import DTYPE_CODE
 from shmproxy.mpi.datatypes import Datatype
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_TYPE, error
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_TYPE, as_int, error
 from shmproxy.rank.typed import TypedBuffer
 
 COMBINER_CONTIGUOUS, COMBINER_VECTOR, COMBINER_HVECTOR = 2, 3, 4
@@ -231,16 +231,20 @@ def _replicate(t: Any, offsets: np.ndarray) -> tuple[np.ndarray, int, int, int, 
 
 
 def _ints(v: Sequence[Any], what: str, nonneg: bool = True) -> np.ndarray:
-    a = np.asarray(list(v), np.int64).reshape(-1)
+    if isinstance(v, np.ndarray) and v.dtype.kind in "iu":
+        a = v.astype(np.int64).reshape(-1)
+    else:      # each item read as mpi4py reads an integer (no floats, no strings)
+        a = np.array([as_int(x, what, ERR_COUNT if nonneg else ERR_ARG) for x in v], np.int64)
     if nonneg and (a < 0).any():
         raise error(ERR_COUNT if nonneg else ERR_ARG, f"{what}: negative value in {list(v)!r}")
     return a
 
 
 def _count(v: Any, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+    n = as_int(v, what, ERR_COUNT)
+    if n < 0:
         raise error(ERR_COUNT, f"{what}: expected a non-negative int, got {v!r}")
-    return int(v)
+    return n
 
 
 def _from(parts: tuple, comb: int, contents: tuple) -> Derived:
@@ -255,16 +259,17 @@ def _extent(t: Any) -> int:
 def hvector(t: Any, count: int, bl: int, stride: int, comb: int = COMBINER_HVECTOR,
             contents: tuple | None = None) -> Derived:
     count, bl = _count(count, "count"), _count(bl, "blocklength")
+    stride = as_int(stride, "stride")
     ext = _extent(t)
     tb, lb, ub, tlb, tub, base, align = _parts(t)
-    if (len(tb) == 1 and tb[0, 0] == 0 and tb[0, 1] == ext and lb == 0 and int(stride) == bl * ext
+    if (len(tb) == 1 and tb[0, 0] == 0 and tb[0, 1] == ext and lb == 0 and stride == bl * ext
             and count * bl):   # dense pieces back to back: one block, whatever the count
         n = count * bl * ext
         return _new(np.array([[0, n]], np.int64), 0, n, 0, n, base, align, comb,
-                    contents or ((count, bl), (int(stride),), (t,)))
-    offs = (np.arange(count, dtype=np.int64)[:, None] * int(stride)
+                    contents or ((count, bl), (stride,), (t,)))
+    offs = (np.arange(count, dtype=np.int64)[:, None] * stride
             + np.arange(bl, dtype=np.int64)[None, :] * ext)
-    return _from(_replicate(t, offs), comb, contents or ((count, bl), (int(stride),), (t,)))
+    return _from(_replicate(t, offs), comb, contents or ((count, bl), (stride,), (t,)))
 
 
 def contiguous(t: Any, count: int) -> Derived:
@@ -273,8 +278,9 @@ def contiguous(t: Any, count: int) -> Derived:
 
 
 def vector(t: Any, count: int, bl: int, stride: int) -> Derived:
-    return hvector(t, count, bl, int(stride) * _extent(t), COMBINER_VECTOR,
-                   ((_count(count, "count"), _count(bl, "blocklength"), int(stride)), (), (t,)))
+    stride = as_int(stride, "stride")
+    return hvector(t, count, bl, stride * _extent(t), COMBINER_VECTOR,
+                   ((_count(count, "count"), _count(bl, "blocklength"), stride), (), (t,)))
 
 
 def hindexed(t: Any, bls: Sequence[int], displs: Sequence[int], comb: int = COMBINER_HINDEXED,
@@ -361,21 +367,23 @@ def darray(t: Any, size: int, rank: int, gsizes: Sequence[int], distribs: Sequen
     """This rank's part of a block/cyclic distributed array (MPI_Type_create_darray)."""
     from shmproxy.mpi.dtintro import darray_elements
     g = _ints(gsizes, "gsizes")
-    elems = darray_elements(_count(size, "size"), _count(rank, "rank"), g.tolist(), list(distribs),
-                            list(dargs), _ints(psizes, "psizes").tolist(), order)
+    size, rank, order = _count(size, "size"), _count(rank, "rank"), as_int(order, "order")
+    distribs, dargs = _ints(distribs, "distribs", False).tolist(), _ints(dargs, "dargs", False).tolist()
+    psizes = _ints(psizes, "psizes").tolist()
+    elems = darray_elements(size, rank, g.tolist(), distribs, dargs, psizes, order)
     ext = _extent(t)
     blocks, _lb, _ub, tlb, tub, base, align = _replicate(t, elems * ext)
     p = _parts(t)
     nd = len(g)
     return _new(blocks, p[1], p[1] + int(np.prod(g)) * ext, tlb, tub, base, align, COMBINER_DARRAY,
-                ((int(size), int(rank), nd, *g.tolist(), *[int(x) for x in distribs],
-                  *[int(x) for x in dargs], *[int(x) for x in psizes], int(order)), (), (t,)))
+                ((size, rank, nd, *g.tolist(), *distribs, *dargs, *psizes, order), (), (t,)))
 
 
 def resized(t: Any, lb: int, extent: int) -> Derived:
+    lb, extent = as_int(lb, "Create_resized: lb"), as_int(extent, "Create_resized: extent")
     blocks, _lb, _ub, tlb, tub, base, align = _parts(t)
-    return _new(blocks, int(lb), int(lb) + int(extent), tlb, tub, base, align, COMBINER_RESIZED,
-                ((), (int(lb), int(extent)), (t,)))
+    return _new(blocks, lb, lb + extent, tlb, tub, base, align, COMBINER_RESIZED,
+                ((), (lb, extent), (t,)))
 
 
 def typed_buffer(arr: np.ndarray, d: Derived, count: Any, displ: Any, what: str, out: bool = False) -> Any:
