@@ -32,6 +32,7 @@ from shmproxy.mpi.ops import SUM, as_op
 from shmproxy.mpi.status import PROC_NULL
 from shmproxy.mpi.p2p import PointToPoint
 from shmproxy.rank import objects
+from shmproxy.rank.comm import Comm as NativeComm
 
 TAG_UB = 0          # attribute keys of Get_attr
 WTIME_IS_GLOBAL = 1
@@ -47,19 +48,22 @@ _TAG_UB_VALUE = 2**63 - 1
 class Comm(PointToPoint, Collectives):
     """A communicator (mpi4py's MPI.Comm)."""
 
-    __slots__ = ("_c", "_wranks", "_name", "__weakref__")
+    __slots__ = ("_c", "_wranks", "_name", "_info", "__weakref__")
 
     def __new__(cls, *_a: Any, **_k: Any) -> "Comm":
         return object.__new__(cls)     # (mpi4py's subclasses call it with the communicator to wrap)
 
     def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = ""):
-        if isinstance(native, Comm):    # mpi4py's MPI.Intracomm(comm): a second object of comm
+        if isinstance(native, Comm):    # mpi4py's MPI.Intracomm(comm): a second handle to comm
             world_ranks, name = native._wranks, native._name
-            native = native._c
+            native = native._c if native else None     # (COMM_WORLD's first use joins the job)
+        elif native is not None and not isinstance(native, NativeComm):
+            raise TypeError(f"MPI.{type(self).__name__}() takes a communicator, not {type(native).__name__}")
         if native is not None:
             self._c = native
         self._wranks = world_ranks
         self._name = name
+        self._info: dict[str, str] = {}
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for ``_c`` when it was never set: COMM_NULL or a freed communicator.
@@ -84,14 +88,43 @@ class Comm(PointToPoint, Collectives):
         return self._c.size
 
     def Get_name(self) -> str:
+        if not self._name and cached_native(self) is None and not self:
+            return "MPI_COMM_NULL"
         return self._name
 
     def Set_name(self, name: str) -> None:
-        self._name = str(name)
+        if not isinstance(name, str):
+            raise TypeError(f"Comm.Set_name: a name is a str, not {type(name).__name__}")
+        self._name = name
 
     @property
     def name(self) -> str:
-        return self._name
+        return self.Get_name()
+
+    @name.setter
+    def name(self, name: str) -> None:
+        self.Set_name(name)
+
+    def Get_info(self) -> Any:
+        """A new Info with the hints set on this communicator (shmproxy takes none of them)."""
+        from shmproxy.mpi.info import Info
+        self._c   # COMM_NULL raises
+        return Info.Create(self._info)
+
+    def Set_info(self, info: Any) -> None:
+        from shmproxy.mpi.info import Info
+        if info is not None and not isinstance(info, Info):
+            raise TypeError(f"Comm.Set_info: expected an MPI.Info, got {type(info).__name__}")
+        self._c
+        self._info = dict(info.items()) if info else {}
+
+    @property
+    def info(self) -> Any:
+        return self.Get_info()
+
+    @info.setter
+    def info(self, info: Any) -> None:
+        self.Set_info(info)
 
     def Get_group(self) -> Group:
         c = self._c
@@ -130,12 +163,12 @@ class Comm(PointToPoint, Collectives):
             unsupported("Comm.Get_attr for user attribute keys", "only the predefined keys exist")
         return values[keyval]
 
-    @classmethod
-    def Compare(cls, comm1: "Comm", comm2: "Comm") -> int:
-        """IDENT (the same communicator), CONGRUENT (same members, same order), SIMILAR, UNEQUAL."""
-        if comm1 is comm2:
+    def Compare(self, comm: "Comm") -> int:
+        """IDENT (the same communicator), CONGRUENT (same members, same order), SIMILAR, UNEQUAL;
+        ``comm1.Compare(comm2)`` or mpi4py's ``MPI.Comm.Compare(comm1, comm2)``."""
+        if self == comm:
             return IDENT
-        a, b = comm1._wranks, comm2._wranks
+        a, b = self._wranks, comm._wranks
         if a == b:
             return CONGRUENT
         return SIMILAR if set(a) == set(b) else UNEQUAL
@@ -158,11 +191,37 @@ class Comm(PointToPoint, Collectives):
         return True
 
     def __eq__(self, other: object) -> bool:
+        """Handles compare equal when they refer to one communicator (``MPI.Comm(comm) == comm``),
+        every null handle (COMM_NULL, a freed one) to every other."""
         if not isinstance(other, Comm):
             return NotImplemented
-        return self is other or (not self and not other)
+        if self is other:
+            return True
+        if not self or not other:
+            return not self and not other
+        return self._c is other._c
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
 
     __hash__ = object.__hash__
+
+    def __reduce__(self) -> Any:
+        """As mpi4py: the predefined communicators unpickle as themselves, a second handle to one of
+        them as a handle to it, a null handle as a null handle; any other cannot be pickled."""
+        from shmproxy.mpi import env
+        for name in ("COMM_NULL", "COMM_WORLD", "COMM_SELF"):
+            predefined = COMM_NULL if name == "COMM_NULL" else getattr(env, name)
+            if self is predefined:
+                return name
+        if not self:
+            return (type(self), ())
+        for predefined in (env.COMM_WORLD, env.COMM_SELF):
+            if cached_native(predefined) is not None and self == predefined:
+                return (type(self), (predefined,))
+        raise ValueError(f"cannot pickle {self!r}: a communicator is no value to send (only the "
+                         "predefined ones pickle, by name)")
 
     def __repr__(self) -> str:
         c = cached_native(self)
@@ -179,10 +238,35 @@ class Comm(PointToPoint, Collectives):
         return (cls or Intracomm)(native, tuple(mine[r] for r in native.parent_ranks))
 
     def Dup(self, info: Any = None) -> "Comm":
+        """A new communicator of the same members; it keeps this one's hints, or ``info``'s."""
         try:
-            return self._wrap(self._c.Dup(), type(self) if type(self) in (Comm, Intracomm) else Intracomm)
+            dup = self._wrap(self._c.Dup(), type(self) if type(self) in (Comm, Intracomm) else Intracomm)
         except errors.ProxyError as exc:
             raise convert(exc) from None
+        dup._info = dict(info.items()) if info else dict(self._info)
+        return dup
+
+    def Dup_with_info(self, info: Any) -> "Comm":
+        """A Dup whose hints are ``info``'s only (none for INFO_NULL)."""
+        dup = self.Dup()
+        dup._info = dict(info.items()) if info else {}
+        return dup
+
+    def Idup(self, info: Any = None) -> tuple["Comm", Any]:
+        """The Dup, made now (the native Dup is a short collective), and a request that completes at
+        once (an active request with nothing to wait for, as a PROC_NULL operation's)."""
+        from shmproxy.mpi.request import Request
+        return self.Dup(info), Request(proc_null=True)
+
+    def Idup_with_info(self, info: Any) -> tuple["Comm", Any]:
+        from shmproxy.mpi.request import Request
+        return self.Dup_with_info(info), Request(proc_null=True)
+
+    @classmethod
+    def Get_parent(cls) -> Any:
+        """No process here was spawned (shmproxy has no Spawn): the null intercommunicator."""
+        from shmproxy.mpi.intercomm import Intercomm
+        return Intercomm()
 
     def Clone(self) -> "Comm":
         return self.Dup()
@@ -236,6 +320,20 @@ class Comm(PointToPoint, Collectives):
         except errors.ProxyError as exc:
             raise convert(exc) from None
         return Intracomm(native, tuple(group.members))
+
+    # MPI 4.1's buffers attached to one communicator: the process's buffer (MPI.Attach_buffer) serves
+    # every communicator here
+    def Attach_buffer(self, buf: Any) -> None:
+        _per_comm_buffer("Attach_buffer")
+
+    def Detach_buffer(self) -> Any:
+        _per_comm_buffer("Detach_buffer")
+
+    def Flush_buffer(self) -> None:
+        _per_comm_buffer("Flush_buffer")
+
+    def Iflush_buffer(self) -> Any:
+        _per_comm_buffer("Iflush_buffer")
 
     def Free(self) -> None:
         """Close this rank's part of the communicator (pending sends complete first)."""
@@ -341,7 +439,6 @@ class Comm(PointToPoint, Collectives):
         return root
 
 
-
 class Intracomm(Comm):
     """An intracommunicator (every communicator here is one)."""
 
@@ -367,10 +464,36 @@ class Intracomm(Comm):
         from shmproxy.mpi.intercomm import create_intercomm
         return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
 
+    @classmethod
+    def Create_from_group(cls, group: Group, stringtag: str = "org.mpi4py", info: Any = None,
+                          errhandler: Any = None) -> "Intracomm":
+        """MPI 4's communicator from a group alone, joined by the group's members only (the members
+        derive one id from the group and ``stringtag``, as Create_group does from its parent)."""
+        from shmproxy.mpi.env import _native_world
+        if not isinstance(group, Group):
+            raise error(ERR_ARG, f"Create_from_group: expected an MPI.Group, got {type(group).__name__}")
+        if not isinstance(stringtag, str):
+            raise TypeError(f"Create_from_group: stringtag is a str, not {type(stringtag).__name__}")
+        world = _native_world()
+        if world.rank not in group._index:
+            raise error(ERR_ARG, f"Create_from_group: rank {world.rank} of COMM_WORLD is not in the group")
+        try:
+            native = _member_comm(world, list(group.members), f"from_group/{stringtag}")
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        comm = cls(native, tuple(group.members))
+        comm._info = dict(info.items()) if info else {}
+        return comm
+
     def Spawn(self, *a: Any, **k: Any) -> Any:
         unsupported("Intracomm.Spawn", "dynamic processes are not part of shmproxy")
 
     Spawn_multiple = Accept = Connect = Spawn
+
+
+def _per_comm_buffer(call: str) -> None:
+    unsupported(f"Comm.{call}", "MPI 4.1's buffers of one communicator; the process's buffer "
+                "(MPI.Attach_buffer) serves every communicator")
 
 
 def cached_native(comm: Comm) -> Any:

@@ -19,10 +19,17 @@ IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
 class Group:
     """A group of processes: ``size``, ``rank`` (UNDEFINED if this process is not a member)."""
 
-    __slots__ = ("_members", "_me", "_index")
+    __slots__ = ("_members", "_me", "_index", "_null")
 
-    def __init__(self, members: Iterable[int] = (), me: int = -1):
-        self._members = tuple(int(m) for m in members)
+    def __init__(self, members: "Iterable[int] | Group | None" = None, me: int = -1):
+        """``Group()`` is a null handle and ``Group(group)`` a second handle to ``group``, as in mpi4py;
+        the layer makes groups from their members."""
+        if isinstance(members, Group):
+            members, me, null = members._members, members._me, members._null
+        else:
+            null = members is None
+        self._null = null
+        self._members = tuple(int(m) for m in (members or ()))
         if len(set(self._members)) != len(self._members):
             raise error(ERR_GROUP, f"a group lists a process twice: {self._members}")
         self._me = me
@@ -103,7 +110,27 @@ class Group:
         return self._make(self._members)
 
     def Free(self) -> None:
-        """Groups hold no resources."""
+        """The handle becomes the null group (groups hold no other resources)."""
+        if self is GROUP_NULL or self is GROUP_EMPTY:
+            raise error(ERR_GROUP, f"MPI.{'GROUP_NULL' if self is GROUP_NULL else 'GROUP_EMPTY'} is "
+                        "predefined and cannot be freed")
+        self._members, self._index, self._null = (), {}, True
+
+    def __bool__(self) -> bool:
+        return not self._null
+
+    def __reduce__(self) -> Any:
+        """As mpi4py: the predefined groups unpickle as themselves, a null handle as a null handle, an
+        empty group as a handle to GROUP_EMPTY; any other cannot be pickled (it names processes)."""
+        if self is GROUP_NULL:
+            return "GROUP_NULL"
+        if self is GROUP_EMPTY:
+            return "GROUP_EMPTY"
+        if self._null:
+            return (Group, ())
+        if not self._members:
+            return (Group, (GROUP_EMPTY,))
+        raise ValueError(f"cannot pickle {self!r}: a group of processes is no value to send")
 
     # ---- helpers
     def _make(self, members: Sequence[int]) -> "Group":
@@ -133,12 +160,21 @@ class Group:
         return out
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Group) and self._members == other._members
+        """Null handles equal each other only; groups, by their members in order."""
+        if not isinstance(other, Group):
+            return NotImplemented
+        if self._null or other._null:
+            return self._null and other._null
+        return self._members == other._members
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"<MPI.Group {list(self._members)}>"
+        return "<MPI.GROUP_NULL>" if self._null else f"<MPI.Group {list(self._members)}>"
 
 
 def _check_group(g: Any) -> None:
@@ -147,4 +183,4 @@ def _check_group(g: Any) -> None:
 
 
 GROUP_EMPTY = Group(())
-GROUP_NULL = Group(())
+GROUP_NULL = Group()
