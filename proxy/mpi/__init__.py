@@ -9,8 +9,9 @@ This package (import name ``shmproxy.mpi``) is the implementation, split by subj
 request.py, group.py, comm.py (communicators, point-to-point, objects), coll.py (collectives),
 topology.py (Cartesian grids), graph.py (graph topologies), neighbor.py (neighbour collectives),
 intercomm.py (intercommunicators), info.py (MPI.Info), env.py (COMM_WORLD, Init/Finalize, clocks).
-``shmproxy.MPI`` (proxy/MPI.py) re-exports the names below. What is not provided raises NotImplementedError (an MPI.Exception of
-class ERR_UNSUPPORTED_OPERATION) naming what is missing; the README lists it.
+``shmproxy.MPI`` (proxy/MPI.py) re-exports the names below. What is not provided raises
+NotImplementedError (an MPI.Exception of class ERR_UNSUPPORTED_OPERATION) naming what is missing; the
+README lists it.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
                               Detach_buffer, Errhandler, File, Finalize, Free_mem, Get_library_version,
                               Get_processor_name, Get_version, Init, Init_thread, attach_world, get_vendor,
                               Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Open_port,
-                              Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime)
+                              Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime,
+                              Session, SESSION_NULL, WIN_NULL, FILE_NULL)
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
 from shmproxy.mpi.group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL,

@@ -18,7 +18,8 @@ from typing import Any
 from shmproxy.core import errors
 from shmproxy.mpi import bsend
 from shmproxy.mpi.comm import Comm, Intracomm, _member_comm, cached_native
-from shmproxy.mpi.exceptions import ERR_OTHER, as_int, convert, error, unsupported
+from shmproxy.mpi.exceptions import (ERR_FILE, ERR_OTHER, ERR_SESSION, ERR_WIN, as_int, convert, error,
+                                     unsupported)
 
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 _PROVIDED = THREAD_SERIALIZED
@@ -278,6 +279,40 @@ def _missing_class(name: str, why: str) -> type:
 
 Win = _missing_class("Win", _ONE_SIDED)
 File = _missing_class("File", "MPI-IO is not part of shmproxy")
+Session = _missing_class("Session", "MPI sessions are not part of shmproxy (COMM_WORLD is the world model)")
+
+
+class _NullHandle:
+    """WIN_NULL, FILE_NULL, SESSION_NULL: the null handles of the classes shmproxy lacks, so that
+    programs (and mpi4py's tests) that compare against them or pass them along run; any call on one
+    raises MPI.Exception of its class (ERR_WIN, ...), as a call on a null handle does in MPI."""
+
+    __slots__ = ("_name", "_class")
+
+    def __init__(self, name: str, error_class: int):
+        self._name, self._class = name, error_class
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def call(*_a: Any, **_k: Any) -> Any:
+            raise error(self._class, f"MPI.{self._name}.{name}: a call on the null handle")
+        return call
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<MPI.{self._name}>"
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+WIN_NULL = _NullHandle("WIN_NULL", ERR_WIN)
+FILE_NULL = _NullHandle("FILE_NULL", ERR_FILE)
+SESSION_NULL = _NullHandle("SESSION_NULL", ERR_SESSION)
 Intercomm = _missing_class("Intercomm", "intercommunicators do not exist yet")
 _NO_GRAPH = "graph topologies need neighbour collectives the engine lacks"
 Graphcomm = _missing_class("Graphcomm", _NO_GRAPH)
