@@ -20,7 +20,9 @@ shmproxy.MPI names as missing), ``error`` (any other exception), ``hang`` (the j
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -78,12 +80,36 @@ def install_shim() -> Any:
     """Make ``import mpi4py`` / ``from mpi4py import MPI`` give shmproxy.MPI in this process."""
     from shmproxy import MPI
     pkg = types.ModuleType("mpi4py")
-    pkg.__path__ = []          # a package with no submodules: mpi4py.util & co. fail to import, loudly
+    pkg.__path__ = []          # a package with no submodules of its own: only those mapped below import
     pkg.__version__ = mpi4py_version()
     pkg.MPI = MPI              # type: ignore[attr-defined]
     sys.modules["mpi4py"] = pkg
     sys.modules["mpi4py.MPI"] = MPI
+    # mpi4py's pure-Python layers under the names a program's import change gives them (mpi4py.util ->
+    # shmproxy.util, mpi4py.futures -> shmproxy.futures): the same module objects, imported on demand
+    if not any(isinstance(f, _Alias) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Alias())
     return MPI
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``mpi4py.util...`` and ``mpi4py.futures...`` import as shmproxy's modules of the same names."""
+
+    LAYERS = ("mpi4py.util", "mpi4py.futures")
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name in self.LAYERS or name.startswith(tuple(f"{layer}." for layer in self.LAYERS)):
+            real = "shmproxy" + name[len("mpi4py"):]
+            if importlib.util.find_spec(real) is not None:
+                return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        # the real module, already initialised: importlib keeps its own __name__ and __spec__
+        return importlib.import_module("shmproxy" + spec.name[len("mpi4py"):])
+
+    def exec_module(self, module: Any) -> None:
+        return None
 
 
 class _Result(unittest.TestResult):
@@ -142,6 +168,7 @@ def run_modules(testdir: str, modules: list[str], outfile: str, skip_through: st
     rank = world.Get_rank()
     skipping = bool(skip_through)
     ran = 0
+    fixtures = _ClassFixtures()
     for name in modules:
         try:
             mod = importlib.import_module(name)
@@ -160,7 +187,9 @@ def run_modules(testdir: str, modules: list[str], outfile: str, skip_through: st
                 with open(outfile, "a", encoding="utf-8") as f:    # in case the job ends inside it
                     f.write(json.dumps({"id": tid, "started": True}) + "\n")
             res = _Result()
-            test.run(res)
+            fixtures.enter(type(test), res)
+            if res.outcome == "pass":
+                test.run(res)
             everyone = ctrl.allgather((tid, res.outcome, res.reason))
             if any(t != tid for t, _o, _r in everyone):
                 raise RuntimeError(f"ranks ran different tests: {[t for t, _o, _r in everyone]}")
@@ -177,9 +206,42 @@ def run_modules(testdir: str, modules: list[str], outfile: str, skip_through: st
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(STOP_EXIT)
+        fixtures.leave()
     ctrl.Free()
     MPI.Finalize()
     return ran
+
+
+class _ClassFixtures:
+    """setUpClass / tearDownClass around each test class's tests, as unittest's suites call them (a
+    test run alone with ``test.run`` skips them). A class whose setUpClass raises fails each of its
+    tests with that exception; one that raised unittest.SkipTest skips them."""
+
+    def __init__(self) -> None:
+        self.current: type | None = None
+        self.failure: tuple[str, Any] | None = None
+
+    def enter(self, cls: type, res: "_Result") -> None:
+        if cls is not self.current:
+            self.leave()
+            self.current, self.failure = cls, None
+            try:
+                cls.setUpClass()  # type: ignore[attr-defined]
+            except unittest.SkipTest as exc:
+                self.failure = ("skip", str(exc))
+            except Exception:  # noqa: BLE001 - recorded as each test's outcome
+                self.failure = ("error", sys.exc_info())
+        if self.failure is not None:
+            kind, detail = self.failure
+            if kind == "skip":
+                res.addSkip(None, detail)
+            else:
+                res.addError(None, detail)
+
+    def leave(self) -> None:
+        if self.current is not None and self.failure is None:
+            self.current.tearDownClass()  # type: ignore[attr-defined]
+        self.current = None
 
 
 def read_records(outfile: str) -> tuple[dict[str, dict], str | None]:
