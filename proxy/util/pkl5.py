@@ -276,21 +276,25 @@ def _mrecv_data(message: Sequence[Any], mrecv: Callable, status: Any = None) -> 
     return data, bufs
 
 
-class Request(tuple):
-    """The requests of one pkl5 send or matched receive, completed together (mpi4py's pkl5.Request)."""
+class _Handles(tuple):
+    """Several MPI handles standing for one (pkl5's Request and Message): built from None (the null
+    handle), one handle or a sequence of them; equal to a plain handle when each of its own is."""
 
-    def __new__(cls, request: Any = None) -> "Request":
-        if request is None:
-            request = (MPI.REQUEST_NULL,)
-        elif isinstance(request, MPI.Request):
-            request = (request,)
-        return super().__new__(cls, request)
+    _handle: type          # the plain handle's class
+    _null: Any             # its null handle
+
+    def __new__(cls, handles: Any = None) -> Any:
+        if handles is None:
+            handles = (cls._null,)
+        elif isinstance(handles, cls._handle):
+            handles = (handles,)
+        return super().__new__(cls, handles)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Request):
+        if isinstance(other, type(self)):
             return tuple(self) == tuple(other)
-        if isinstance(other, MPI.Request):
-            return all(r == other for r in self)
+        if isinstance(other, self._handle):
+            return all(h == other for h in self)
         return NotImplemented
 
     def __ne__(self, other: object) -> bool:
@@ -300,7 +304,13 @@ class Request(tuple):
     __hash__ = tuple.__hash__
 
     def __bool__(self) -> bool:
-        return any(bool(r) for r in self)
+        return any(bool(h) for h in self)
+
+
+class Request(_Handles):
+    """The requests of one pkl5 send or matched receive, completed together (mpi4py's pkl5.Request)."""
+
+    _handle, _null = MPI.Request, MPI.REQUEST_NULL
 
     def Free(self) -> None:
         for r in self:
@@ -363,31 +373,10 @@ class Request(tuple):
         return [req._load() for req in requests]
 
 
-class Message(tuple):
+class Message(_Handles):
     """A matched pkl5 message: its header and data messages (mpi4py's pkl5.Message)."""
 
-    def __new__(cls, message: Any = None) -> "Message":
-        if message is None:
-            message = (MPI.MESSAGE_NULL,)
-        elif isinstance(message, MPI.Message):
-            message = (message,)
-        return super().__new__(cls, message)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Message):
-            return tuple(self) == tuple(other)
-        if isinstance(other, MPI.Message):
-            return all(m == other for m in self)
-        return NotImplemented
-
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    __hash__ = tuple.__hash__
-
-    def __bool__(self) -> bool:
-        return any(bool(m) for m in self)
+    _handle, _null = MPI.Message, MPI.MESSAGE_NULL
 
     def free(self) -> None:
         for m in self:
