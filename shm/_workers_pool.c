@@ -404,6 +404,14 @@ static PyObject *Pool_get_pending(Pool *p, void *unused) {
 
 static PyObject *Pool_get_nthreads(Pool *p, void *unused) { return PyLong_FromLong(p->nthreads); }
 
+static PyObject *Pool_get_submitted(Pool *p, void *unused) {
+    if (!p->workers) return PyLong_FromLong(0);
+    pthread_mutex_lock(&p->mu);
+    unsigned long long n = p->submitted;
+    pthread_mutex_unlock(&p->mu);
+    return PyLong_FromUnsignedLongLong(n);
+}
+
 static PyMethodDef Pool_methods[] = {
     {"copy", (PyCFunction)(void (*)(void))Pool_copy, METH_FASTCALL, "copy(token, dst, src, n): one memmove"},
     {"run", (PyCFunction)(void (*)(void))Pool_run, METH_FASTCALL,
@@ -420,6 +428,7 @@ static PyMethodDef Pool_methods[] = {
 static PyGetSetDef Pool_getset[] = {
     {"pending", (getter)Pool_get_pending, NULL, "jobs submitted and not yet finished", NULL},
     {"nthreads", (getter)Pool_get_nthreads, NULL, "worker threads started", NULL},
+    {"submitted", (getter)Pool_get_submitted, NULL, "jobs handed to the workers since the start", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -91,6 +91,7 @@ CTRL_ACTIVE_SUBS = 15
 CTRL_EVENTS = 16       # threads of the progress process other than its loop: bumped with news for the loop
                        # (_native.post_event; the loop does not sleep past a change: sleep_unless_posted)
 CTRL_N_BUFFERED = 17   # progress: sends it copied into its own memory (buffered standard mode), for the dump
+CTRL_N_COPY_JOBS = 18  # progress: jobs handed to its copy workers so far, for the dump
 CTRL_COUNT = 32
 
 PROXY_STARTING, PROXY_RUNNING, PROXY_STOPPING, PROXY_EXITED = 0, 1, 2, 3

@@ -332,3 +332,41 @@ def init_only() -> None:
     if os.environ.get("SPTEST_HIDE_MPI4PY"):
         sys.modules["mpi4py"] = None   # type: ignore[assignment]  # import mpi4py now raises ImportError
     shmproxy.init()
+
+
+def collectives_across_nodes_stay_on_the_loop(nbytes: int) -> dict:
+    """Collectives between nodes hand no job to the progress process's copy workers (their chunks
+    wait on the network between local steps, and a worker woken per chunk on another CPU stalled
+    them: docs/decisions.md), and their results are right; a message within the node, as large,
+    does use the workers (so the counter the check reads moves at all)."""
+    from shmproxy.shm import pool as P
+    with shmproxy.init() as comm:
+        me, n = comm.rank, comm.size
+        jobs_q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
+        count = nbytes // 8
+        x = np.arange(count, dtype=np.float64) + me
+        y = np.empty_like(x)
+        before = int(comm._q[jobs_q])
+        comm.Allreduce(x, y)
+        assert np.array_equal(y, n * np.arange(count, dtype=np.float64) + n * (n - 1) / 2)
+        b = x.copy() if me == 1 else np.empty_like(x)
+        comm.Bcast(b, root=1)
+        assert np.array_equal(b, np.arange(count, dtype=np.float64) + 1)
+        g = np.empty(count * n)
+        comm.Allgather(x, g)
+        assert np.array_equal(g.reshape(n, count), np.arange(count) + np.arange(n)[:, None])
+        comm.Barrier()
+        across = int(comm._q[jobs_q]) - before
+        # within the node: local rank 0 sends its node's local rank 1 a message of the same size
+        layout = comm.node_layout["rank_node"]
+        mates = [r for r in range(n) if layout[r] == layout[me]]
+        before_p2p = int(comm._q[jobs_q])
+        if me == mates[0]:
+            comm.Send(x, mates[1], tag=5)
+        elif me == mates[1]:
+            got = np.empty_like(x)
+            comm.Recv(got, mates[0], tag=5)
+            assert np.array_equal(got, np.arange(count, dtype=np.float64) + mates[0])
+        comm.Barrier()
+        within = int(comm._q[jobs_q]) - before_p2p
+        return {"across": across, "within": within}

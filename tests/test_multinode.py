@@ -25,6 +25,18 @@ def test_every_collective_between_nodes(nranks, nodes, ring):
     run_ranks(BODY + "collectives", nranks, nodes=nodes, timeout=180, args=(300 << 10,), env=env)
 
 
+def test_collectives_between_nodes_run_on_the_loop_not_on_woken_workers():
+    """The stall of issue 40: chunks of a collective between nodes handed one by one to copy workers
+    spread over the progress process's CPUs waited on their wake-ups (docs/decisions.md). Between
+    nodes the loop runs the local steps itself: no worker job, while a large message within the node
+    still goes to the workers (the counter moves)."""
+    res = run_ranks(BODY + "collectives_across_nodes_stay_on_the_loop", 4, nodes=2, timeout=120,
+                    args=(4 << 20,), env={"SHMPROXY_NET_CHUNK_SIZE": "256K", "SHMPROXY_COPY_THREADS": "2"})
+    for r, out in enumerate(res.results):
+        assert out["across"] == 0, (r, out)
+    assert any(out["within"] > 0 for out in res.results), res.results
+
+
 def test_split_dup_and_objects_between_nodes():
     run_ranks(BODY + "split_and_objects", 4, nodes=2, timeout=120)
 

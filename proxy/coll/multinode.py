@@ -57,7 +57,7 @@ class MultiNodeColl:
         if nchunks == 0:
             self.finish_coll(work)
             return
-        self.run_schedules(work, builder, nchunks, chunk_bytes)
+        self.run_schedules(work, builder, nchunks, chunk_bytes, across=True)
 
     def on_note(self, node: int, kind: int, value: int, payload: bytes) -> None:
         """Loop: another node's note (transports' proxy_note)."""

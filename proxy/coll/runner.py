@@ -142,7 +142,8 @@ class CollRunner:
             work.streaming = True
         self.run_schedules(work, builder, nchunks, chunk_bytes)
 
-    def run_schedules(self, work: CollWork, builder: Any, nchunks: int, chunk_bytes: int) -> None:
+    def run_schedules(self, work: CollWork, builder: Any, nchunks: int, chunk_bytes: int,
+                      across: bool = False) -> None:
         """The collective's chunk schedules as subs of one args on the node's loopback transport."""
         op0 = work.ops[0]
         conn = (-1, -1)
@@ -159,6 +160,13 @@ class CollRunner:
         self.active.append(args)
         self.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
         channels = max(1, min(self.copy.nworkers or 1, nchunks))
+        if across:
+            # Across nodes every chunk waits on the network between its local steps: the loop runs
+            # those steps itself, one channel, and wakes no copy worker per chunk (each wake-up of a
+            # worker on another CPU stalled the chunk behind it: docs/decisions.md, "Collectives
+            # across nodes run on the loop").
+            channels = 1
+            builder = sched.on_loop_schedules(builder)
         per = -(-nchunks // channels)
         k0 = 0
         while k0 < nchunks:
@@ -341,10 +349,14 @@ class CollRunner:
                 if other is not e:
                     other_sch.entry_done(other)
             return any(other is e for _s, other in matched)
+        if sch.on_loop:
+            return self.executor.start_inline(sch, e)
         return self.executor.start(sch, e)
 
     def start_schedule(self, sch: sched.Schedule) -> bool:
         """Hand a whole chunk schedule to the executor when it can run it alone; False otherwise."""
+        if sch.on_loop:
+            return False
         return self.executor.start_schedule(sch)
 
     def start_entry_inline(self, sch: sched.Schedule, e: sched.Entry) -> bool:

@@ -168,6 +168,16 @@ def streaming_schedules(make: Callable[[int], "Schedule"]) -> Callable[[int], "S
     return make_streaming
 
 
+def on_loop_schedules(make: Callable[[int], "Schedule"]) -> Callable[[int], "Schedule"]:
+    """The builder ``make``, with every schedule it builds run by the progress loop itself (its data
+    entries inline, none handed to a copy worker): for the collectives across nodes."""
+    def make_on_loop(k: int) -> Schedule:
+        sch = make(k)
+        sch.on_loop = True
+        return sch
+    return make_on_loop
+
+
 def native_code(op: int, dtype: np.dtype) -> int:
     """The dtype code when the C kernel reduces ``dtype`` with ``op``, else 0 (a ufunc does)."""
     code = DTYPE_CODE.get(dtype.char, 0)
@@ -178,7 +188,7 @@ class Schedule:
     """The entries of one chunk, started in order up to each barrier. ``keep`` holds what must live
     as long as the schedule (scratch memory its regions point into)."""
 
-    __slots__ = ("entries", "next", "pending", "token", "streaming", "keep")
+    __slots__ = ("entries", "next", "pending", "token", "streaming", "keep", "on_loop")
 
     def __init__(self, entries: Sequence[Entry], keep: Any = None):
         self.entries = list(entries)
@@ -187,6 +197,7 @@ class Schedule:
         self.token: Any = None
         self.streaming = False   # write with non-temporal stores (streaming_schedules)
         self.keep = keep
+        self.on_loop = False     # run by the loop, no entry on a copy worker (on_loop_schedules)
 
     @property
     def complete(self) -> bool:

@@ -55,6 +55,11 @@ class CopyEngine:
     def nworkers(self) -> int:
         return self.nthreads
 
+    @property
+    def jobs(self) -> int:
+        """Jobs handed to the workers since the start (the dump's copy_jobs)."""
+        return self.pool.submitted if self.pool is not None else 0
+
     def copy(self, sub: Any, dst: int, src: int, n: int) -> bool:
         """Copy one chunk: inline when small (returns True: done now), else on a worker (False)."""
         if n < INLINE_BYTES or self.pool is None:

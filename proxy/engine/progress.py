@@ -74,6 +74,7 @@ WORKER_WAIT_S = 200e-6       # how long the idle loop blocks on copy workers bef
 SWITCH_INTERVAL_S = 100e-6   # GIL switch interval of the progress process (default 5 ms)
 
 _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # globals: no enum lookup per pass
+_COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
 class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, MultiNodeColl,
@@ -292,7 +293,10 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         if self.fast_held or self.fast_retry:
             self.fast_pass()
         if self.copy.nworkers:
-            for tok in self.copy.drain():
+            done = self.copy.drain()
+            if done:
+                self.q[_COPY_JOBS_Q] = self.copy.jobs
+            for tok in done:
                 if type(tok) is tuple:   # (schedule, entry) of a collective
                     tok[0].entry_done(tok[1])
                 elif type(tok) is sched.Schedule:  # a whole chunk schedule

@@ -30,7 +30,7 @@ STATE_NAMES = {P.PROXY_STARTING: "STARTING", P.PROXY_RUNNING: "RUNNING", P.PROXY
                P.PROXY_EXITED: "EXITED"}
 STAT_FIELDS = (("fetches", P.CTRL_N_FETCH), ("ops", P.CTRL_N_OPS), ("args", P.CTRL_N_ARGS),
                ("sleeps", P.CTRL_N_SLEEP), ("passes", P.CTRL_N_PASSES), ("active_subs", P.CTRL_ACTIVE_SUBS),
-               ("buffered_sends", P.CTRL_N_BUFFERED))
+               ("buffered_sends", P.CTRL_N_BUFFERED), ("copy_jobs", P.CTRL_N_COPY_JOBS))
 MAX_LISTED = 1024       # records / subs listed individually in one section; counts are always complete
 PRIVATE_NOTE = "not in a shared list (held privately by the rank, or leaked)"
 
