@@ -370,3 +370,14 @@ def collectives_across_nodes_stay_on_the_loop(nbytes: int) -> dict:
         comm.Barrier()
         within = int(comm._q[jobs_q]) - before_p2p
         return {"across": across, "within": within}
+
+
+def bench_with_raw_sockets(out_dir: str) -> int:
+    """shmproxy-bench across the nodes with the raw-socket peers: the ping-pong (timed against one
+    stream and against as many as shmproxy's link has), then an allreduce (which they skip)."""
+    from shmproxy.tools.bench.cli import main
+    rc = main(["pingpong", "-b", "8", "-e", "1M", "-f", "128", "-n", "20", "-w", "2", "--no-progress",
+               "--peers", "tcp,tcp-streams", "--json", f"{out_dir}/pingpong.json"])
+    rc |= main(["allreduce", "-b", "8", "-e", "64", "-f", "8", "-n", "5", "-w", "1", "--no-progress",
+                "--peers", "tcp", "--json", f"{out_dir}/allreduce.json"])
+    return rc

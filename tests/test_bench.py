@@ -27,6 +27,8 @@ import pytest
 from shmproxy.tools import bench
 from shmproxy.tools.bench import OPERATIONS, PEERS, SENTINEL
 from shmproxy.tools.bench.device import DEVICE_OPS
+from shmproxy.tools.bench import rawsock
+from shmproxy.tools.bench.libraries import RAW_PEERS
 
 
 # ---------------------------------------------------------------- sizes and iterations
@@ -156,8 +158,10 @@ def test_block_count() -> None:
 def test_operation_contract(name: str) -> None:
     op = OPERATIONS[name]
     if op.measure in (bench.measure_loop, bench.measure_coll, bench.measure_overlap):
-        # one builder per library; nccl only where device buffers can go (it takes no host buffers)
+        # one builder per library; nccl only where device buffers can go (it takes no host buffers), the
+        # raw sockets only for what they time (the sweep skips them elsewhere, saying why)
         need = {"shmproxy", *PEERS} - (set() if name in DEVICE_OPS else {"nccl"})
+        need -= set() if name in rawsock.OPS else set(RAW_PEERS)
         assert set(op.calls) >= need
     assert set(op.default_peers) <= set(PEERS)
     derived = {"algbw_GBps", "busbw_GBps"} if "time_us" in op.fields and op.sized else set()

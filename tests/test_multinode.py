@@ -37,6 +37,23 @@ def test_collectives_between_nodes_run_on_the_loop_not_on_woken_workers():
     assert any(out["within"] > 0 for out in res.results), res.results
 
 
+def test_bench_times_the_raw_sockets_between_the_nodes_in_the_same_run(tmp_path):
+    """The link's own limit beside shmproxy's ping-pong (issue 40): one stream, and as many as the
+    transport's link (SOCKET_NTHREADS x NSOCKS_PERTHREAD); collectives skip them saying why."""
+    import json
+    res = run_ranks(BODY + "bench_with_raw_sockets", 2, nodes=2, timeout=120, args=(str(tmp_path),),
+                    env={"SHMPROXY_SOCKET_IFNAME": "lo", "SHMPROXY_SOCKET_NTHREADS": "3"})
+    assert res.results == [0, 0]
+    ping = json.loads((tmp_path / "pingpong.json").read_text())
+    assert ping["ok"] is True and ping["libraries"] == ["shmproxy", "tcp", "tcp-streams"], ping["libraries"]
+    for row in ping["results"]:
+        for lib in ("tcp", "tcp-streams"):
+            assert row["results"][lib]["check"] == "ok" and row["results"][lib]["time_us"] > 0, row
+    assert "3 streams over 127.0.0.1" in json.dumps(ping), "tcp-streams uses the link's socket count"
+    coll = json.loads((tmp_path / "allreduce.json").read_text())
+    assert coll["libraries"] == ["shmproxy"] and "ping-pong only" in coll["skipped"]["tcp"], coll["skipped"]
+
+
 def test_split_dup_and_objects_between_nodes():
     run_ranks(BODY + "split_and_objects", 4, nodes=2, timeout=120)
 

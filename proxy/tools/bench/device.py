@@ -94,6 +94,8 @@ def peer_unsupported(name: str, op: str) -> str:
     """Why peer ``name`` cannot run ``op`` on device buffers ('' when it can)."""
     if name == "mpi4py":
         return "no device buffers for mpi4py (a CUDA-aware MPI is not assumed)"
+    if name in ("tcp", "tcp-streams"):
+        return "raw sockets move host memory only"
     if name == "shmproxy.MPI":
         return "the MPI layer's device buffers are the native calls' (measured as shmproxy)"
     if name == "gloo" and op not in GLOO_GPU_OPS:

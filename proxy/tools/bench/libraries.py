@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-PEERS = ("mpi4py", "gloo", "nccl", "shmproxy.MPI")
+PEERS = ("mpi4py", "gloo", "nccl", "shmproxy.MPI", "tcp", "tcp-streams")
+RAW_PEERS = ("tcp", "tcp-streams")   # plain sockets: the link's own limit (rawsock.py)
 
 
 class Library:

@@ -42,7 +42,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shmproxy.tools.bench.libraries import Library, ShmproxyLib
+from shmproxy.tools.bench import rawsock
+from shmproxy.tools.bench.libraries import RAW_PEERS, Library, ShmproxyLib
 from shmproxy.tools.bench import device as bench_device
 from shmproxy.tools.bench.measure import IDLE_SETTLE_S, RAW_TIMES, _finish_check, measure_idle, measure_post
 from shmproxy.tools.bench.operation import Ctx, Operation, row_size
@@ -111,8 +112,16 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
             skipped[name] = why
             say(f"# {name} skipped: {why}")
             continue
-        opener = {"mpi4py": open_mpi, "shmproxy.MPI": open_mpi_layer, "nccl": open_nccl}.get(name, open_gloo)
-        lib, why = opener(ctx)
+        if name in RAW_PEERS:
+            why = rawsock.unsupported(name, op.name)
+            if why:
+                skipped[name] = why
+                say(f"# {name} skipped: {why}")
+                continue
+            lib, why = rawsock.open_tcp(ctx, name)
+        else:
+            opener = {"mpi4py": open_mpi, "shmproxy.MPI": open_mpi_layer, "nccl": open_nccl}.get(name, open_gloo)
+            lib, why = opener(ctx)
         if lib is not None and on_gpu:
             bench_device.enable(lib, gpu)
         if not agree(comm, lib is not None):

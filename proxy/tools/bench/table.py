@@ -63,6 +63,11 @@ def format_value(v: Any) -> str:
     return f"{v:.2f}"
 
 
+def ratio_width(peer: str) -> int:
+    """The width of the ratio column against ``peer``: its title ('vs <peer>') never runs into the last."""
+    return max(RATIO_W, len(peer) + 4)
+
+
 def format_header(op: Operation, libs: Sequence[str]) -> list[str]:
     """The table's header (three '#' lines, nccl-tests style)."""
     lead_w = sum(w for _, _, w in LEAD)
@@ -75,8 +80,8 @@ def format_header(op: Operation, libs: Sequence[str]) -> list[str]:
         l2 += "".join(f"{c.title:>{COL_W}}" for c in op.columns)
         l3 += "".join(f"{'(' + c.unit + ')':>{COL_W}}" for c in op.columns)
     for p in peers:
-        l2 += f"{'vs ' + p:>{RATIO_W}}"
-        l3 += f"{'(ratio)':>{RATIO_W}}"
+        l2 += f"{'vs ' + p:>{ratio_width(p)}}"
+        l3 += f"{'(ratio)':>{ratio_width(p)}}"
     l2 += "  check"
     return [l1, "#" + l2[1:], "#" + l3[1:]]
 
@@ -90,7 +95,7 @@ def format_row(op: Operation, row: Mapping[str, Any], libs: Sequence[str]) -> st
     if op.ratio_key:
         for lib in libs:
             if lib != "shmproxy":
-                line += f"{format_value(row['ratio'].get(lib)):>{RATIO_W}}"
+                line += f"{format_value(row['ratio'].get(lib)):>{ratio_width(lib)}}"
     return line + "  " + check_word(row["results"])
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 # Tags of our own traffic; the measured operations use TAG_OP. Distinct tags keep a barrier or a
 # gather from ever matching a measured message.
-TAG_OP, TAG_BARRIER, TAG_GATHER, TAG_BCAST = 17, 0x5B0001, 0x5B0002, 0x5B0003
+TAG_OP, TAG_BARRIER, TAG_GATHER, TAG_BCAST, TAG_SETUP = 17, 0x5B0001, 0x5B0002, 0x5B0003, 0x5B0004
 
 
 def barrier(comm: Any) -> None:
