@@ -98,7 +98,7 @@ class TcpLib(Library):
     def _no_nonblocking(buf: Any, peer: int, tag: int) -> Any:
         raise NotImplementedError("raw sockets time the ping-pong only")
 
-    def _move(self, kind: str, buf: np.ndarray) -> None:
+    def _move(self, kind: str, buf: Any) -> None:
         view = memoryview(buf).cast("B")
         n, k = len(view), len(self.streams)
         if k == 1:
@@ -140,8 +140,8 @@ def open_tcp(ctx: Ctx, name: str) -> tuple[Library | None, str]:
             listener.bind((ip, 0))
             listener.listen(nstreams)
             listener.settimeout(CONNECT_TIMEOUT_S)
-            text = f"{ip} {listener.getsockname()[1]}".encode()
-            addr_buf[:len(text)] = np.frombuffer(text, np.uint8)
+            mine = f"{ip} {listener.getsockname()[1]}".encode()
+            addr_buf[:len(mine)] = np.frombuffer(mine, np.uint8)
         comm.Send(addr_buf, 0, TAG_SETUP)
         if listener is None:
             return None, why
