@@ -443,3 +443,64 @@ def integer_arguments() -> dict:
     comm.Barrier()
     MPI.Finalize()
     return {"rank": rank}
+
+
+def persistent_collectives() -> None:
+    """Every persistent collective (MPI 4's Xxx_init) against numpy, each started three times with
+    the buffers changed between rounds (a round reads the buffers as they are when it starts), and
+    Startall over several at once; an active one refuses a second Start."""
+    from shmproxy import MPI
+    comm = MPI.COMM_WORLD
+    me, n = comm.Get_rank(), comm.Get_size()
+    k = 5
+    send = np.zeros(k, np.int64)
+    red = np.zeros(k, np.int64)
+    gat = np.zeros(n * k, np.int64)
+    a2a_s, a2a_r = np.zeros(n * k, np.int64), np.zeros(n * k, np.int64)
+    bc = np.zeros(k, np.int64)
+    scan = np.zeros(k, np.int64)
+    rsb = np.zeros(k, np.int64)
+    big = np.zeros(n * k, np.int64)
+    sca = np.zeros(k, np.int64)
+    reqs = {
+        "allreduce": comm.Allreduce_init(send, red, op=MPI.SUM),
+        "allgather": comm.Allgather_init(send, gat),
+        "alltoall": comm.Alltoall_init(a2a_s, a2a_r),
+        "bcast": comm.Bcast_init(bc, root=n - 1),
+        "scan": comm.Scan_init(send, scan, op=MPI.SUM),
+        "reduce_scatter_block": comm.Reduce_scatter_block_init(big, rsb, op=MPI.MAX),
+        "scatter": comm.Scatter_init(big if me == 0 else None, sca, root=0),
+        "barrier": comm.Barrier_init(),
+    }
+    for rnd in range(3):
+        send[:] = np.arange(k) + 10 * me + 100 * rnd
+        a2a_s[:] = np.arange(n * k) + 1000 * me + rnd
+        big[:] = np.arange(n * k) * (me + 1) + rnd
+        if me == n - 1:
+            bc[:] = np.arange(k) * 7 + rnd
+        for name, req in reqs.items():     # one at a time, in the same order on every rank
+            req.Start()
+            req.Wait()
+        base = np.arange(k) + 100 * rnd
+        assert np.array_equal(red, n * base + 10 * sum(range(n))), red
+        assert np.array_equal(gat.reshape(n, k), base + 10 * np.arange(n)[:, None]), gat
+        assert np.array_equal(a2a_r.reshape(n, k), np.arange(me * k, (me + 1) * k) + 1000 * np.arange(n)[:, None]
+                              + rnd), a2a_r
+        assert np.array_equal(bc, np.arange(k) * 7 + rnd), bc
+        assert np.array_equal(scan, (me + 1) * base + 10 * sum(range(me + 1))), scan
+        assert np.array_equal(rsb, np.arange(me * k, (me + 1) * k) * n + rnd), rsb
+        assert np.array_equal(sca, np.arange(me * k, (me + 1) * k) + rnd), sca
+    # several in flight at once, started together
+    send[:] = me + 1
+    MPI.Prequest.Startall([reqs["allreduce"], reqs["allgather"]])
+    try:
+        reqs["allreduce"].Start()
+    except MPI.Exception as exc:
+        assert exc.Get_error_class() == MPI.ERR_REQUEST, exc
+    else:
+        raise AssertionError("a second Start of an active persistent collective was taken")
+    MPI.Request.Waitall([reqs["allreduce"], reqs["allgather"]])
+    assert (red == n * (n + 1) // 2).all() and np.array_equal(gat.reshape(n, k)[:, 0], np.arange(1, n + 1))
+    for req in reqs.values():
+        req.Free()
+        assert not req

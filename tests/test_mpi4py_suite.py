@@ -33,7 +33,7 @@ FLOOR: dict[str, int] = {
     "test_comm_topo": 0, "test_group": 50, "test_datatype": 47, "test_op": 8, "test_pack": 0,
     "test_pickle": 0, "test_objmodel": 3, "test_exceptions": 8, "test_errhandler": 0, "test_errorcode": 2,
     "test_info": 15, "test_environ": 10, "test_util_pkl5": 84, "test_util_dtlib": 17, "test_util_sync": 4,
-    "test_util_pool": 18, "test_cco_pr_buf": 0, "test_cco_pr_vec": 0, "test_cco_pr_ngh_buf": 0,
+    "test_util_pool": 18, "test_cco_pr_buf": 64, "test_cco_pr_vec": 48, "test_cco_pr_ngh_buf": 0,
     "test_p2p_buf_part": 0, "test_grequest": 0, "test_attributes": 0, "test_mpimem": 2, "test_subclass": 0,
     "test_threads": 0,
 }

@@ -2,6 +2,8 @@
 real progress processes, at 2 and 3 ranks."""
 from __future__ import annotations
 
+import pytest
+
 from tests.harness import run_ranks
 
 BODY = "tests.bodies_mpi:"
@@ -14,6 +16,11 @@ def test_send_recv_status_sendrecv_proc_null_and_objects():
 def test_persistent_requests_waitany_waitsome():
     res = run_ranks(BODY + "persistent_and_waitany", 2, timeout=120)
     assert sorted(res.results[0]["seen"]) == list(range(6))
+
+
+@pytest.mark.parametrize("nranks", [1, 3])
+def test_persistent_collectives_start_many_rounds_and_refuse_a_second_start(nranks):
+    run_ranks(BODY + "persistent_collectives", nranks, timeout=120)
 
 
 def test_collectives_under_mpi4py_signatures():

@@ -31,6 +31,7 @@ from shmproxy.mpi.group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import SUM, as_op
 from shmproxy.mpi.status import PROC_NULL
 from shmproxy.mpi.p2p import PointToPoint
+from shmproxy.mpi.persistent import PersistentCollectives
 from shmproxy.rank import objects
 from shmproxy.rank.comm import Comm as NativeComm
 
@@ -45,7 +46,7 @@ KEYVAL_INVALID = -1
 _TAG_UB_VALUE = 2**63 - 1
 
 
-class Comm(PointToPoint, Collectives):
+class Comm(PointToPoint, Collectives, PersistentCollectives):
     """A communicator (mpi4py's MPI.Comm)."""
 
     __slots__ = ("_c", "_wranks", "_name", "_info", "__weakref__")
