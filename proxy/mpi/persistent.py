@@ -23,7 +23,7 @@ class PersistentCollectives:
     """The ``Xxx_init`` calls of a communicator; each starts the communicator's own ``Ixxx``."""
 
     def _persistent(self, name: str, *args: Any, **kwargs: Any) -> Prequest:
-        post = getattr(self, "I" + name.lower(), None)
+        post: Any = getattr(self, "I" + name.lower(), None)
         if post is None:
             unsupported(f"{type(self).__name__}.{name}_init", f"this communicator has no I{name.lower()}")
         return Prequest(functools.partial(post, *args, **kwargs))
