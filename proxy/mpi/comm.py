@@ -143,6 +143,10 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         return self.Get_topology()
 
     @property
+    def is_topo(self) -> bool:
+        return self.Get_topology() != UNDEFINED
+
+    @property
     def is_inter(self) -> bool:
         return False
 
@@ -460,6 +464,14 @@ class Intracomm(Comm):
     def Create_dist_graph(self, *a: Any, **k: Any) -> Any:
         from shmproxy.mpi.graph import create_dist_graph
         return create_dist_graph(self, *a, **k)
+
+    def Cart_map(self, dims: Any, periods: Any = None) -> int:
+        from shmproxy.mpi.topology import cart_map
+        return cart_map(self, dims, periods)
+
+    def Graph_map(self, index: Any, edges: Any) -> int:
+        from shmproxy.mpi.graph import graph_map
+        return graph_map(self, index, edges)
 
     def Create_intercomm(self, local_leader: int, peer_comm: Any, remote_leader: int, tag: int = 0) -> Any:
         from shmproxy.mpi.intercomm import create_intercomm

@@ -1,19 +1,29 @@
-"""Cartesian topologies in pure Python: a Cartcomm is a native communicator (from Split) plus its
-dims and periods; coordinates, ranks, shifts and sub-grids are arithmetic on them, in row-major
-order as MPI defines. ``reorder`` is accepted and ignored (every rank keeps its rank: one node).
+"""Process topologies (MPI 4.0 chapter 8) in pure Python: Topocomm, the base of every topology, and
+Cartesian grids (Cartcomm, Create_cart, Cart_map, Compute_dims); graphs are in graph.py.
 
-Topocomm is the base of every topology (Cartcomm here, Graphcomm and Distgraphcomm in graph.py): the
-neighbourhood queries (degrees, inedges, outedges) and the neighbour collectives (neighbor.py), which
-each topology feeds with its edges. A Cartesian rank's neighbours are, per dimension, the negative
-then the positive neighbour (PROC_NULL past a non-periodic border), both as sources and destinations.
+A topology communicator is a native communicator (from Split or Dup) plus what describes its
+topology; coordinates, ranks, shifts and sub-grids are arithmetic on that, in row-major order as MPI
+defines. A grid or graph of fewer processes than the communicator has takes its first ranks; the
+others get COMM_NULL (MPI's rule). ``reorder`` is accepted and every rank keeps its rank: the
+processes of a job are interchangeable to shmproxy's transports (one progress process per node, one
+cost per pair within it), so the identity is an optimal placement, and Cart_map/Graph_map return
+that same placement (a process's rank, or UNDEFINED past the topology's size), which is what
+Create_cart/Create_graph with reorder give.
+
+Topocomm holds the neighbourhood queries (degrees, inedges, outedges) and the neighbour collectives
+(neighbor.py), which each topology feeds with its edges. A Cartesian rank's neighbours are, per
+dimension, the negative then the positive neighbour (PROC_NULL past a non-periodic border), both as
+sources and destinations. ``MPI.Cartcomm(comm)`` and the like are second handles of a communicator
+of that topology (its description is shared); any other communicator is a TypeError, as in mpi4py.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from shmproxy.core.ops import UNDEFINED
-from shmproxy.mpi.comm import Intracomm
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_DIMS, ERR_RANK, ERR_TOPOLOGY, as_int, error, is_integral
+from shmproxy.mpi.comm import Comm, Intracomm
+from shmproxy.mpi.exceptions import (ERR_ARG, ERR_DIMS, ERR_RANK, ERR_TOPOLOGY, as_int, error, is_integral,
+                                     type_error)
 from shmproxy.mpi.neighbor import Edge, NeighborCollectives, Plan, make_plan, multiplicity
 from shmproxy.mpi.status import PROC_NULL
 
@@ -32,6 +42,27 @@ def _prime_factors(n: int) -> list[int]:
     return out
 
 
+def int_list(values: Any, what: str, error_class: int = ERR_ARG) -> list[int]:
+    """A sequence of integers (mpi4py's ``getarray``), each read through ``__index__``; anything
+    else (a single integer included) an MPI.Exception that is also a TypeError."""
+    if isinstance(values, (str, bytes)) or is_integral(values):
+        raise type_error(error_class, f"{what}: expected a sequence of integers, got {type(values).__name__}")
+    try:
+        items = list(values)
+    except TypeError:
+        raise type_error(error_class, f"{what}: expected a sequence of integers, got "
+                         f"{type(values).__name__}") from None
+    return [as_int(v, what, error_class) for v in items]
+
+
+def sized_list(values: Any, n: int, what: str, error_class: int = ERR_ARG) -> list[int]:
+    """``int_list`` of exactly ``n`` items (mpi4py's ``chkarray``: another length is a ValueError)."""
+    out = int_list(values, what, error_class)
+    if len(out) != n:
+        raise error(error_class, f"{what}: expected {n} items, got {len(out)}")
+    return out
+
+
 def Compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:
     """A balanced grid of ``nnodes`` processes: ``dims`` is a number of dimensions or a list whose
     nonzero entries are kept; the free (zero) ones get factors as equal as possible, in
@@ -40,7 +71,7 @@ def Compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:
     if is_integral(dims):
         out = [0] * as_int(dims, "Compute_dims: dims", ERR_DIMS)
     else:
-        out = [as_int(d, "Compute_dims: dims", ERR_DIMS) for d in dims]  # type: ignore[union-attr]
+        out = int_list(dims, "Compute_dims: dims", ERR_DIMS)
     if nnodes < 0 or any(d < 0 for d in out):
         raise error(ERR_DIMS, f"Compute_dims({nnodes}, {dims}): negative value")
     fixed = 1
@@ -68,6 +99,30 @@ class Topocomm(NeighborCollectives, Intracomm):
     """An intracommunicator with a topology: neighbourhood queries and neighbour collectives."""
 
     __slots__ = ("_nplan",)
+    _KIND = 0        # CART, GRAPH or DIST_GRAPH in the subclasses
+
+    def __new__(cls, *a: Any, **_k: Any) -> "Topocomm":
+        # MPI.Topocomm(cart) is a handle of cart's own class (its queries need its topology)
+        if cls is Topocomm and a and isinstance(a[0], Topocomm):
+            return object.__new__(type(a[0]))
+        return object.__new__(cls)
+
+    def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = ""):
+        if isinstance(native, Comm):   # a second handle: only of a communicator of this topology
+            if native and not isinstance(native, type(self) if self._KIND else Topocomm):
+                want = {CART: "a Cartesian", GRAPH: "a general graph", DIST_GRAPH: "a distributed graph"}
+                raise TypeError(f"MPI.{type(self).__name__}(): expecting {want.get(self._KIND, 'a topology')} "
+                                f"communicator, got {type(native).__name__}")
+            other = native
+            super().__init__(native)
+            if other:
+                self._share(other)
+            return
+        super().__init__(native, world_ranks, name)
+
+    def _share(self, other: Any) -> None:
+        """Take ``other``'s topology (a second handle of it)."""
+        raise NotImplementedError
 
     def _edges(self, rank: int) -> tuple[list[Edge], list[Edge]]:
         """(sends, recvs) of ``rank``: one Edge per block of its send and receive buffers."""
@@ -87,6 +142,10 @@ class Topocomm(NeighborCollectives, Intracomm):
     def _inout(self) -> tuple[list[int], list[int]]:
         sends, recvs = self._edges(self._c.rank)
         return [e.peer for e in recvs], [e.peer for e in sends]
+
+    def Get_topology(self) -> int:
+        self._c      # a null handle raises
+        return self._KIND
 
     @property
     def degrees(self) -> tuple[int, int]:
@@ -116,40 +175,53 @@ class Topocomm(NeighborCollectives, Intracomm):
     def inoutedges(self) -> tuple[list[int], list[int]]:
         return self._inout()
 
+    def _dup_native(self, info: Any) -> tuple[Any, tuple[int, ...], dict]:
+        """A native Dup of this communicator, the world ranks of its members and the hints it keeps."""
+        native = self._call(self._c.Dup)
+        hints = dict(info.items()) if info else dict(self._info)
+        return native, tuple(self._wranks[r] for r in native.parent_ranks), hints
+
 
 class Cartcomm(Topocomm):
     """A communicator with a Cartesian grid (Create_cart)."""
 
     __slots__ = ("_dims", "_periods")
+    _KIND = CART
 
     def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = "",
                  dims: Sequence[int] = (), periods: Sequence[bool] = ()):
-        super().__init__(native, world_ranks, name)
         self._dims, self._periods = tuple(dims), tuple(bool(p) for p in periods)
+        super().__init__(native, world_ranks, name)     # (a second handle: _share replaces them)
 
-    def Get_topology(self) -> int:
-        return CART
+    def _share(self, other: Any) -> None:
+        self._dims, self._periods = other._dims, other._periods
 
     def Get_dim(self) -> int:
+        self._c
         return len(self._dims)
+
+    @property
+    def dim(self) -> int:
+        return self.Get_dim()
 
     @property
     def ndim(self) -> int:
-        return len(self._dims)
+        return self.Get_dim()
 
     @property
     def dims(self) -> list[int]:
-        return list(self._dims)
+        return self.Get_topo()[0]
 
     @property
     def periods(self) -> list[bool]:
-        return list(self._periods)
+        return self.Get_topo()[1]
 
     @property
     def coords(self) -> list[int]:
-        return self.Get_coords(self._c.rank)
+        return self.Get_topo()[2]
 
     def Get_topo(self) -> tuple[list[int], list[bool], list[int]]:
+        """(dims, periods, this rank's coordinates)."""
         return list(self._dims), list(self._periods), self.Get_coords(self._c.rank)
 
     @property
@@ -178,11 +250,11 @@ class Cartcomm(Topocomm):
         return coords[::-1]
 
     def Get_cart_rank(self, coords: Sequence[int]) -> int:
-        if len(coords) != len(self._dims):
-            raise error(ERR_ARG, f"Get_cart_rank: {len(coords)} coordinates for {len(self._dims)} dims")
+        """The rank at ``coords``; a coordinate outside a periodic dimension wraps around, outside a
+        non-periodic one is an error (MPI_Cart_rank)."""
+        coords = sized_list(coords, len(self._dims), "Get_cart_rank: coords")
         rank = 0
         for c, d, p in zip(coords, self._dims, self._periods):
-            c = as_int(c, "Get_cart_rank: coordinate")
             if not 0 <= c < d:
                 if not p:
                     raise error(ERR_ARG, f"Get_cart_rank: coordinate {c} outside the non-periodic dim of {d}")
@@ -194,7 +266,7 @@ class Cartcomm(Topocomm):
         """(source, dest) of a shift by ``disp`` along ``direction``; PROC_NULL past a non-periodic edge."""
         direction, disp = as_int(direction, "Shift: direction"), as_int(disp, "Shift: disp")
         if not 0 <= direction < len(self._dims):
-            raise error(ERR_ARG, f"Shift: direction {direction} of a {len(self._dims)}-d grid")
+            raise error(ERR_DIMS, f"Shift: direction {direction} of a {len(self._dims)}-d grid")
         me = self.Get_coords(self._c.rank)
         return self._neighbour(me, direction, -disp), self._neighbour(me, direction, disp)
 
@@ -209,10 +281,9 @@ class Cartcomm(Topocomm):
         return self.Get_cart_rank(c)
 
     def Sub(self, remain_dims: Sequence[bool]) -> "Cartcomm":
-        """Collective: the sub-grid through this rank that keeps the dims where ``remain_dims`` is true."""
-        if len(remain_dims) != len(self._dims):
-            raise error(ERR_ARG, f"Sub: {len(remain_dims)} flags for {len(self._dims)} dims")
-        keep = [bool(k) for k in remain_dims]
+        """Collective: the sub-grid through this rank that keeps the dims where ``remain_dims`` is true
+        (a 0-dimensional grid of this rank alone when none is kept)."""
+        keep = [bool(k) for k in sized_list(remain_dims, len(self._dims), "Sub: remain_dims")]
         me = self.Get_coords(self._c.rank)
         color = key = 0
         for c, d, k in zip(me, self._dims, keep):
@@ -226,27 +297,45 @@ class Cartcomm(Topocomm):
         return Cartcomm(native, tuple(self._wranks[r] for r in native.parent_ranks), "", dims, periods)
 
     def Dup(self, info: Any = None) -> "Cartcomm":
-        native = self._call(self._c.Dup)
-        members = tuple(self._wranks[r] for r in native.parent_ranks)
-        return Cartcomm(native, members, "", self._dims, self._periods)
+        native, members, hints = self._dup_native(info)
+        dup = Cartcomm(native, members, "", self._dims, self._periods)
+        dup._info = hints
+        return dup
 
 
-def create_cart(comm: Any, dims: Sequence[int], periods: Sequence[bool] | None, reorder: bool) -> Any:
-    """Intracomm.Create_cart: the first prod(dims) ranks form the grid (Split), the others get COMM_NULL."""
-    from shmproxy.mpi.comm import COMM_NULL
-    dims = [as_int(d, "Create_cart: dims", ERR_DIMS) for d in dims]
+def _cart_args(comm: Any, dims: Any, periods: Any, what: str) -> tuple[list[int], list[bool], int]:
+    """(dims, periods, number of processes) of a grid, checked against ``comm`` (mpi4py's reading:
+    periods None is all False, a bool is that for every dim, a sequence one per dim)."""
+    dims = int_list(dims, f"{what}: dims", ERR_DIMS)
     if any(d <= 0 for d in dims):
-        raise error(ERR_DIMS, f"Create_cart: every dim must be positive, got {dims}")
-    periods = [False] * len(dims) if periods is None else [bool(p) for p in periods]
-    if len(periods) != len(dims):
-        raise error(ERR_TOPOLOGY, f"Create_cart: {len(periods)} periods for {len(dims)} dims")
+        raise error(ERR_DIMS, f"{what}: every dim must be positive, got {dims}")
+    if periods is None or isinstance(periods, bool):
+        periods = [bool(periods)] * len(dims)
+    else:
+        periods = [bool(p) for p in sized_list(periods, len(dims), f"{what}: periods", ERR_TOPOLOGY)]
     n = 1
     for d in dims:
         n *= d
-    size, rank = comm._c.size, comm._c.rank
+    size = comm._c.size
     if n > size:
-        raise error(ERR_TOPOLOGY, f"Create_cart: a grid of {n} processes on a communicator of {size}")
+        raise error(ERR_TOPOLOGY, f"{what}: a grid of {n} processes on a communicator of {size}")
+    return dims, periods, n
+
+
+def create_cart(comm: Any, dims: Sequence[int], periods: Any, reorder: bool) -> Any:
+    """Intracomm.Create_cart: the first prod(dims) ranks form the grid (Split), the others get COMM_NULL."""
+    from shmproxy.mpi.comm import COMM_NULL
+    dims, periods, n = _cart_args(comm, dims, periods, "Create_cart")
+    rank = comm._c.rank
     native = comm._call(comm._c.Split, 0 if rank < n else UNDEFINED, rank)
     if native is None:
         return COMM_NULL
     return Cartcomm(native, tuple(comm._wranks[r] for r in native.parent_ranks), "", dims, periods)
+
+
+def cart_map(comm: Any, dims: Sequence[int], periods: Any = None) -> int:
+    """Intracomm.Cart_map: this process's rank in the grid Create_cart(dims, periods, reorder=True)
+    would make, UNDEFINED for a process outside it (local: no communication)."""
+    _dims, _periods, n = _cart_args(comm, dims, periods, "Cart_map")
+    rank = comm._c.rank
+    return rank if rank < n else UNDEFINED
