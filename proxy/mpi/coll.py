@@ -7,9 +7,10 @@ rank, as MPI's recvcount; a vector spec [buf, (counts, displs), datatype] gives 
 calls the native collective. Arguments only the root reads are parsed on the root only. None where a
 call takes MPI.IN_PLACE means IN_PLACE (mpi4py's rule); Alltoall(v) in place sends a copy of the
 recvbuf, which is what MPI defines it to send. A reduction with an op or type the progress process
-does not reduce is done by the ranks (localred.py), the nonblocking forms included. The collectives the engine
-lacks (Alltoallw; neighbour collectives without a topology) raise NotImplementedError naming
-themselves: they are not emulated with point-to-point here, they belong in the engine.
+does not reduce is done by the ranks (localred.py), the nonblocking forms included. Alltoallw and
+Ialltoallw travel as one byte Alltoallv (wcoll.py: each rank's datatype becomes byte runs). The
+neighbour collectives need a topology (topology.py); on a plain communicator they raise
+NotImplementedError naming themselves.
 
 Barrier, Bcast, Reduce and Allreduce try a fast path first: plain arrays the buffer parser would hand
 over as they are (buffers.FAST_DTYPES, C-contiguous, the receive side writable), IN_PLACE or None as
@@ -27,15 +28,14 @@ from shmproxy.core.ops import IN_PLACE
 from shmproxy.mpi import buffers
 from shmproxy.mpi.exceptions import ERR_COUNT, ERR_ROOT, as_int, convert, error, is_integral, unsupported
 from shmproxy.mpi.ops import SUM, Op, as_op
-from shmproxy.mpi import localred, typedcoll
+from shmproxy.mpi import localred, typedcoll, wcoll
 from shmproxy.mpi.request import Request
 from shmproxy.rank.typed import TypedBuffer
 
 _parse = buffers.parse
 _ndarray = np.ndarray
 _FAST = buffers.FAST_DTYPES
-_MISSING = "the engine has no such collective yet (it runs Barrier, Bcast, Reduce, Allreduce, Allgather, " \
-           "Alltoall, Reduce_scatter(_block), Gather(v), Scatter(v), Allgatherv, Alltoallv, Scan and Exscan)"
+_MISSING = "neighbour collectives need a topology communicator (Create_cart, Create_graph, Create_dist_graph)"
 
 
 def _send(spec: Any) -> Any:
@@ -406,15 +406,26 @@ class Collectives:
     def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:
         return Request(self._call(self._c.Ialltoallv, *self._alltoallv_args("Ialltoallv", sendbuf, recvbuf)))
 
+    # ---- the w collective: per-rank counts, byte displacements and datatypes (wcoll.py), as bytes
+    def _alltoallw(self, name: str, sendbuf: Any, recvbuf: Any) -> Any:
+        if self.Is_inter():    # type: ignore[attr-defined]
+            unsupported(f"Intercomm.{name}", "intercommunicators have Barrier, Bcast, Allgather and Allreduce")
+        size = self._c.size
+        p = wcoll.prepare(sendbuf, recvbuf, name, size, size, in_place=True)
+        req = self._call(self._c.Ialltoallv, p.sbuf, p.scounts, p.sdispls, p.rbuf, p.rcounts, p.rdispls)
+        return wcoll.wrap(req, p, list(range(size)))
+
+    def Alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Block j of sendbuf (sendcounts[j] x sendtypes[j] at byte sdispls[j]) to rank j; block i of
+        recvbuf from rank i. IN_PLACE (or None) as sendbuf sends what the receive blocks hold."""
+        Request(self._alltoallw("Alltoallw", sendbuf, recvbuf)).Wait()
+
+    def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Request:
+        return Request(self._alltoallw("Ialltoallw", sendbuf, recvbuf))
+
     # ---- what the engine lacks
     def _missing(self, name: str) -> Any:
         unsupported(f"Comm.{name}", _MISSING)
-
-    def Alltoallw(self, *a: Any, **k: Any) -> None:
-        self._missing("Alltoallw")
-
-    def Ialltoallw(self, *a: Any, **k: Any) -> Request:
-        return self._missing("Ialltoallw")
 
     def Neighbor_allgather(self, *a: Any, **k: Any) -> None:
         self._missing("Neighbor_allgather")

@@ -21,7 +21,8 @@ Cartesian grids, the block s sends in the positive direction of a dimension land
 the negative direction, and vice versa (which is what makes size-1 and size-2 periodic dims right).
 
 PROC_NULL edges (non-periodic Cartesian borders) move nothing and leave their receive block as it was.
-Sending and receiving datatypes must be the same (the native Alltoallv has one element type).
+Sending and receiving datatypes must be the same (the native Alltoallv has one element type), except
+in Neighbor_alltoallw, whose per-edge datatypes travel as bytes (wcoll.py) through the same rounds.
 The object forms (neighbor_allgather, neighbor_alltoall) pickle, exchange sizes with one
 Neighbor_alltoall of int64s, then the bytes with one Neighbor_alltoallv.
 """
@@ -33,7 +34,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from shmproxy.core import errors
-from shmproxy.mpi import buffers
+from shmproxy.mpi import buffers, wcoll
 from shmproxy.mpi.datatypes import Datatype
 from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COUNT, convert, error, is_integral
 from shmproxy.mpi.request import Request
@@ -172,6 +173,7 @@ class NeighborCollectives:
         if sb.dtype != rb.dtype:
             raise error(ERR_ARG, f"{name}: the send buffer is {sb.dtype} and the receive buffer {rb.dtype}: "
                         "neighbour collectives need one datatype")
+        sb, rb = sb.reshape(-1), rb.reshape(-1)     # (views: a plain array may come as it is, n-d)
         if buffers.wire(sb) is not sb:     # a type with no native code (long double, pairs): its bytes
             k = sb.dtype.itemsize
             sb, rb = buffers.wire(sb), buffers.wire(rb)
@@ -268,6 +270,22 @@ class NeighborCollectives:
     def Ineighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:
         return Request(self._post_rounds("Ineighbor_alltoallv",
                                          *self._alltoallv_args("Ineighbor_alltoallv", sendbuf, recvbuf)))
+
+    # ---- per-edge datatypes: a byte Neighbor_alltoallv (wcoll.py)
+    def _alltoallw(self, name: str, sendbuf: Any, recvbuf: Any) -> Any:
+        plan = self._neighbour_plan()
+        p = wcoll.prepare(sendbuf, recvbuf, name, plan.outdegree, plan.indegree, in_place=False)
+        req = self._post_rounds(name, p.sbuf, p.scounts, p.sdispls, p.rbuf, p.rcounts, p.rdispls)
+        live = sorted({slot for r in plan.recvs for slot in r.values()})   # not the PROC_NULL edges
+        return wcoll.wrap(req, p, live)
+
+    def Neighbor_alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Block j of sendbuf (sendcounts[j] x sendtypes[j] at byte sdispls[j]) to out-neighbour j;
+        block i of recvbuf from in-neighbour i."""
+        Request(self._alltoallw("Neighbor_alltoallw", sendbuf, recvbuf)).Wait()
+
+    def Ineighbor_alltoallw(self, sendbuf: Any, recvbuf: Any) -> Request:
+        return Request(self._alltoallw("Ineighbor_alltoallw", sendbuf, recvbuf))
 
     # ---- objects
     def neighbor_allgather(self, sendobj: Any) -> list:
