@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import weakref
 from typing import Any
 
 from shmproxy.core import errors
@@ -56,6 +57,9 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
 
     def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = ""):
         if isinstance(native, Comm):    # mpi4py's MPI.Intracomm(comm): a second handle to comm
+            if isinstance(self, Intracomm) and native.is_inter:
+                raise TypeError(f"MPI.{type(self).__name__}() takes an intracommunicator, not an "
+                                "intercommunicator")
             world_ranks, name = native._wranks, native._name
             native = native._c if native else None     # (COMM_WORLD's first use joins the job)
         elif native is not None and not isinstance(native, NativeComm):
@@ -173,6 +177,9 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         ``comm1.Compare(comm2)`` or mpi4py's ``MPI.Comm.Compare(comm1, comm2)``."""
         if self == comm:
             return IDENT
+        if self.is_inter or comm.is_inter:
+            from shmproxy.mpi.intercomm import compare
+            return compare(self, comm)
         a, b = self._wranks, comm._wranks
         if a == b:
             return CONGRUENT
@@ -211,6 +218,31 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         return eq if eq is NotImplemented else not eq
 
     __hash__ = object.__hash__
+
+    # handles, as mpi4py gives them: an int naming the communicator while some handle of it lives
+    # (0 names COMM_NULL); fromhandle gives a handle of the same class (Intracomm, Intercomm, ...)
+    @property
+    def handle(self) -> int:
+        if not self:
+            return 0
+        _HANDLES[id(self._c)] = self
+        return id(self._c)
+
+    def toint(self) -> int:
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromhandle(cls, handle: int) -> "Comm":
+        if int(handle) == 0:
+            return COMM_NULL
+        comm = _HANDLES.get(int(handle))
+        if comm is None or not comm:
+            raise error(ERR_COMM, f"no communicator has the handle {handle}")
+        return type(comm)(comm)
+
+    fromint = f2py = fromhandle
 
     def __reduce__(self) -> Any:
         """As mpi4py: the predefined communicators unpickle as themselves, a second handle to one of
@@ -540,3 +572,4 @@ def _member_comm(parent: Any, ranks: list[int], salt: str) -> Any:
 
 
 COMM_NULL = Comm()
+_HANDLES: "weakref.WeakValueDictionary[int, Comm]" = weakref.WeakValueDictionary()

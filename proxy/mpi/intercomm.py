@@ -1,5 +1,5 @@
-"""Intercommunicators (Intracomm.Create_intercomm, mpi4py's Intercomm) over one merged native
-communicator.
+"""Intercommunicators (Intracomm.Create_intercomm, Intercomm.Create_from_groups, mpi4py's Intercomm)
+over one merged native communicator.
 
 Create_intercomm: the two leaders swap their groups (world ranks), their local communicator's id and
 a per-communicator count over ``peer_comm`` with ``tag``; each leader broadcasts what it got over its
@@ -10,18 +10,27 @@ internal rank ``roff + r``. Everything the intercommunicator does goes through t
 
 - point-to-point: the peer (a remote rank) is mapped to its internal rank, and the source in a
   receive's status back to a remote rank (only the remote group ever sends to us on it);
-- Barrier: the internal Barrier;
-- Bcast (root MPI.ROOT on the root, MPI.PROC_NULL on the rest of its group, the root's remote rank
-  in the other group), Allgather: one internal Alltoallv whose counts are zero except between the
-  sending and receiving ranks (a PROC_NULL member takes part with zero counts, so it needs to know
-  neither the root nor the size). They move bytes, so the two groups' buffers need only agree in
-  size, as MPI requires;
-- Allreduce: each group reduces its own contributions on a native communicator of its members (a
-  Split of the internal one, made on first use: collective over both groups, like the call), then
-  one internal Alltoallv takes each group's result from its leader to every member of the other.
+- collectives (Barrier, Bcast, Gather(v), Scatter(v), Allgather(v), Alltoall(v), Reduce, Allreduce,
+  Reduce_scatter(_block), their I forms, and the object layer's): intercoll.py, whose header says
+  what each does; in short, one internal Alltoallv whose counts are zero except between the ranks
+  of one group that send and those of the other that receive;
+- Create_from_groups(local_group, local_leader, remote_group, remote_leader, stringtag): collective
+  over the members of both groups only; they join one native communicator of both (the group of the
+  lower leader first) whose id they derive from the two groups and ``stringtag``, as
+  Intracomm.Create_from_group does from one;
+- Dup: the internal communicator's Dup, the same layout;
+- Split(color, key): an internal Allgather of every rank's (color, key), then one internal Split
+  whose keys keep the first group first and each group in (key, rank) order: an intercommunicator
+  of the ranks of each group that passed the same color, COMM_NULL where a color is UNDEFINED or
+  the other group has no rank of it (MPI's rule). Split_type(COMM_TYPE_SHARED) is Split(0, key) on
+  one node; Create(group) is a Split by membership (each group passes its own subgroup);
 - Merge(high): an Allgather of the flags over the internal communicator, then a Split of it with keys
-  that put the group that passed high=False first (on a tie, the internal order).
-Collectives beyond these raise NotImplementedError naming themselves.
+  that put the group that passed high=False first (on a tie, the internal order);
+- Compare: IDENT (one communicator), CONGRUENT (same local and remote groups in the same order),
+  SIMILAR (same members), UNEQUAL.
+
+Create_group (MPI defines it on intracommunicators) raises ERR_COMM; the topologies and the
+neighbour collectives are not defined on intercommunicators either.
 """
 from __future__ import annotations
 
@@ -31,18 +40,16 @@ from typing import Any
 import numpy as np
 
 from shmproxy.core import errors
-from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE
-from shmproxy.mpi import buffers, localred
-from shmproxy.mpi.comm import Comm, Intracomm
-from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_RANK, ERR_ROOT, ERR_TAG, as_int,
-                                     convert, error, unsupported)
-from shmproxy.mpi.ops import SUM
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, UNDEFINED
+from shmproxy.mpi.comm import COMM_NULL, Comm, Intracomm, _member_comm
+from shmproxy.mpi.exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, ERR_RANK, ERR_TAG, as_int, convert, error
+from shmproxy.mpi.group import CONGRUENT, SIMILAR, UNEQUAL, Group
+from shmproxy.mpi.intercoll import ROOT, InterCollectives
 from shmproxy.mpi.p2p import PointToPoint
-from shmproxy.mpi.group import Group
 from shmproxy.mpi.request import Request
 from shmproxy.mpi.status import PROC_NULL, Status
 
-ROOT = -4      # the root's own rank argument in an intercommunicator's rooted collectives
+__all__ = ["ROOT", "Intercomm", "create_intercomm", "compare"]
 
 
 class _Shifted:
@@ -81,10 +88,21 @@ class _Shifted:
         return s
 
 
-class Intercomm(Comm):
+class Intercomm(InterCollectives, Comm):
     """Two disjoint groups; ranks name processes of the remote group (mpi4py's MPI.Intercomm)."""
 
     __slots__ = ("_iw", "_loff", "_lsize", "_roff", "_rsize", "_side")
+    _iw: tuple[int, ...]
+    _side: Any          # this group's own communicator, made on first use (intercoll.py)
+
+    def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = ""):
+        """``MPI.Intercomm(inter)``: a second handle of ``inter`` (an intracommunicator: TypeError)."""
+        if isinstance(native, Comm) and not isinstance(native, Intercomm):
+            raise TypeError(f"MPI.Intercomm() takes an intercommunicator, not {type(native).__name__}")
+        super().__init__(native, world_ranks, name)
+        if isinstance(native, Intercomm) and native:
+            self._setup(native._iw, native._loff, native._lsize, native._roff, native._rsize)
+            self._side = native._side
 
     def _setup(self, iw: tuple[int, ...], loff: int, lsize: int, roff: int, rsize: int) -> None:
         self._iw, self._loff, self._lsize, self._roff, self._rsize = iw, loff, lsize, roff, rsize
@@ -186,91 +204,6 @@ class Intercomm(Comm):
             req._r = _Shifted(req._r, self._roff)
         return req
 
-    # ---- collectives on the internal communicator
-    def Barrier(self) -> None:
-        self._call(self._c.Barrier)
-
-    def barrier(self) -> None:
-        self.Barrier()
-
-    def _bytes(self, spec: Any, what: str, writable: bool, blocks: int = 1) -> np.ndarray:
-        if spec is None:
-            return np.empty(0, np.uint8)
-        arr = buffers.parse(spec, what, writable, blocks=blocks)
-        if not isinstance(arr, np.ndarray):
-            raise error(ERR_BUFFER, f"{what}: an intercommunicator collective needs a buffer, not {arr!r}")
-        return arr.view(np.uint8)
-
-    def _move(self, sb: np.ndarray, sends: dict[int, tuple[int, int]], rb: np.ndarray,
-              recvs: dict[int, tuple[int, int]]) -> Any:
-        """One internal Alltoallv of bytes: ``sends``/``recvs`` map internal ranks to (count, displ)."""
-        n = self._c.size
-        sc, sd, rc, rd = [0] * n, [0] * n, [0] * n, [0] * n
-        for p, (c, d) in sends.items():
-            sc[p], sd[p] = c, d
-        for p, (c, d) in recvs.items():
-            rc[p], rd[p] = c, d
-        return self._call(self._c.Ialltoallv, sb, sc, sd, rb, rc, rd)
-
-    def _remote(self) -> range:
-        return range(self._roff, self._roff + self._rsize)
-
-    def Ibcast(self, buf: Any, root: int = 0) -> Request:
-        root = as_int(root, "root", ERR_ROOT)
-        if root == ROOT:
-            b = self._bytes(buf, "Bcast buffer", False)
-            return Request(self._move(b, {p: (b.size, 0) for p in self._remote()}, b[:0], {}))
-        if root == PROC_NULL:
-            empty = np.empty(0, np.uint8)
-            return Request(self._move(empty, {}, empty, {}))
-        if not 0 <= root < self._rsize:
-            raise error(ERR_ROOT, f"Bcast on an intercommunicator: root {root!r} is neither MPI.ROOT, "
-                        f"MPI.PROC_NULL nor a rank of the remote group of {self._rsize}")
-        b = self._bytes(buf, "Bcast buffer", True)
-        return Request(self._move(b[:0], {}, b, {self._roff + root: (b.size, 0)}))
-
-    def Bcast(self, buf: Any, root: int = 0) -> None:
-        self.Ibcast(buf, root).Wait()
-
-    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
-        """Block j of recvbuf = the sendbuf of remote rank j."""
-        sb = self._bytes(sendbuf, "Allgather sendbuf", False)
-        rb = self._bytes(recvbuf, "Allgather recvbuf", True, blocks=self._rsize)
-        if rb.size != sb.size * self._rsize:
-            raise error(ERR_COUNT, f"Allgather on an intercommunicator: recvbuf of {rb.size} bytes for "
-                        f"{self._rsize} remote blocks of {sb.size}")
-        k = sb.size
-        return Request(self._move(sb, {p: (k, 0) for p in self._remote()}, rb,
-                                  {p: (k, k * j) for j, p in enumerate(self._remote())}))
-
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        self.Iallgather(sendbuf, recvbuf).Wait()
-
-    def _side_comm(self) -> Any:
-        if self._side is None:
-            self._side = self._call(self._c.Split, 0 if self._loff == 0 else 1, self._c.rank)
-        return self._side
-
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = SUM) -> None:
-        """Every member of one group gets op over the other group's sendbufs."""
-        if sendbuf is IN_PLACE:
-            raise error(ERR_ARG, "Allreduce on an intercommunicator: IN_PLACE is not defined")
-        sb, rb, o = self._reduce_args("Allreduce", sendbuf, recvbuf, op)
-        side = self._side_comm()
-        partial = np.empty_like(rb)
-        native = self._native_op(o, sb, rb)
-        if native is None:      # an op or type the engine lacks: this group's ranks reduce it
-            try:
-                folding = localred.allreduce(side, sb.reshape(-1), partial.reshape(-1), o, None)
-            except errors.ProxyError as exc:
-                raise convert(exc) from None
-            Request(folding).Wait()
-        else:
-            self._call(side.Allreduce, sb, partial, native)
-        pb, rbb = partial.view(np.uint8), rb.view(np.uint8)
-        sends = {p: (pb.size, 0) for p in self._remote()} if self._c.rank == self._loff else {}
-        Request(self._move(pb, sends, rbb, {self._roff: (rbb.size, 0)})).Wait()
-
     def Merge(self, high: bool = False) -> Intracomm:
         """Collective over both groups: one intracommunicator of all, the group that passed
         high=False first (both the same: this intercommunicator's internal order)."""
@@ -283,33 +216,131 @@ class Intercomm(Comm):
         return Intracomm(native, tuple(self._iw[r] for r in native.parent_ranks))
 
     def Free(self) -> None:
-        side = self._side
+        side = self._side if self else None
         if side is not None:
             self._side = None
             self._call(side.close)
         super().Free()
 
-    def Dup(self, info: Any = None) -> Any:
-        unsupported("Intercomm.Dup", "create another intercommunicator with Create_intercomm")
+    # ---- new intercommunicators
+    def _like(self, native: Any, iw: tuple[int, ...], loff: int, lsize: int, roff: int,
+              rsize: int) -> "Intercomm":
+        inter = Intercomm(native, iw[loff:loff + lsize])
+        inter._setup(iw, loff, lsize, roff, rsize)
+        return inter
+
+    def Dup(self, info: Any = None) -> "Intercomm":
+        """Collective over both groups: the same groups in the same order, a new context; it keeps
+        this one's hints, or ``info``'s."""
+        try:
+            native = self._c.Dup()
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        dup = self._like(native, self._iw, self._loff, self._lsize, self._roff, self._rsize)
+        dup._info = dict(info.items()) if info else dict(self._info)
+        return dup
+
+    def Split(self, color: int = 0, key: int = 0) -> Any:
+        """Collective over both groups: each group splits by color, ordered by (key, rank), and the
+        parts of one color in the two groups form an intercommunicator; COMM_NULL for UNDEFINED or a
+        color the other group lacks."""
+        color, key = as_int(color, "Split: color"), as_int(key, "Split: key")
+        if color < 0 and color != UNDEFINED:
+            raise error(ERR_ARG, f"Split: color must be >= 0 or MPI.UNDEFINED, got {color}")
+        c = self._c
+        n = c.size
+        table = np.zeros((n, 2), np.int64)
+        self._call(c.Allgather, np.array([color, key], np.int64), table)
+        cut = self._lsize if self._loff == 0 else self._rsize   # internal [0, cut): the first group
+
+        def part(lo: int, hi: int) -> list[int]:
+            return sorted((r for r in range(lo, hi) if table[r, 0] == color), key=lambda r: (table[r, 1], r))
+        a, b = part(0, cut), part(cut, n)
+        if color == UNDEFINED or not a or not b:
+            self._call(c.Split, UNDEFINED, 0)
+            return COMM_NULL
+        order = a + b
+        native = self._call(c.Split, color, order.index(c.rank))
+        iw = tuple(self._iw[r] for r in native.parent_ranks)
+        mine, theirs = (a, b) if self._loff == 0 else (b, a)
+        loff, roff = (0, len(a)) if self._loff == 0 else (len(a), 0)
+        return self._like(native, iw, loff, len(mine), roff, len(theirs))
+
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Any:
+        """COMM_TYPE_SHARED: the ranks of this node in each group, which on one node is everyone."""
+        from shmproxy.mpi.env import COMM_TYPE_SHARED
+        split_type = as_int(split_type, "Split_type: split_type")
+        if split_type not in (UNDEFINED, COMM_TYPE_SHARED):
+            raise error(ERR_ARG, f"Intercomm.Split_type({split_type}): only COMM_TYPE_SHARED and UNDEFINED")
+        return self.Split(UNDEFINED if split_type == UNDEFINED else 0, key)
+
+    def Create(self, group: Group) -> Any:
+        """Collective over both groups, each passing a subgroup of its own: the intercommunicator of
+        the two subgroups (in group order) on their members, COMM_NULL elsewhere."""
+        self._check_group(group, "Create")
+        key = group._index.get(self._iw[self._c.rank])
+        return self.Split(UNDEFINED if key is None else 0, key or 0)
+
+    def Create_group(self, group: Group, tag: int = 0) -> Any:
+        raise error(ERR_COMM, "Create_group is defined on intracommunicators only (MPI); use Create")
+
+    @classmethod
+    def Create_from_groups(cls, local_group: Group, local_leader: int, remote_group: Group,
+                           remote_leader: int, stringtag: str = "org.mpi4py", info: Any = None,
+                           errhandler: Any = None) -> "Intercomm":
+        """MPI 4's intercommunicator from two groups, collective over their members only."""
+        from shmproxy.mpi.env import _native_world
+        for what, g in (("local_group", local_group), ("remote_group", remote_group)):
+            if not isinstance(g, Group):
+                raise error(ERR_GROUP, f"Create_from_groups: {what} must be an MPI.Group, got "
+                            f"{type(g).__name__}")
+        if not isinstance(stringtag, str):
+            raise TypeError(f"Create_from_groups: stringtag is a str, not {type(stringtag).__name__}")
+        mine, theirs = tuple(local_group.members), tuple(remote_group.members)
+        ll = as_int(local_leader, "Create_from_groups: local_leader", ERR_RANK)
+        rl = as_int(remote_leader, "Create_from_groups: remote_leader", ERR_RANK)
+        if not 0 <= ll < len(mine):
+            raise error(ERR_RANK, f"Create_from_groups: local_leader {ll} is not a rank of the local group "
+                        f"of {len(mine)}")
+        if not 0 <= rl < len(theirs):
+            raise error(ERR_RANK, f"Create_from_groups: remote_leader {rl} is not a rank of the remote group "
+                        f"of {len(theirs)}")
+        if set(mine) & set(theirs):
+            both = sorted(set(mine) & set(theirs))
+            raise error(ERR_GROUP, f"Create_from_groups: the groups overlap ({both})")
+        world = _native_world()
+        if world.rank not in local_group._index:
+            raise error(ERR_GROUP, f"Create_from_groups: rank {world.rank} of COMM_WORLD is not in the "
+                        "local group")
+        me_first = mine[ll] < theirs[rl]
+        iw = mine + theirs if me_first else theirs + mine
+        try:
+            native = _member_comm(world, list(iw), f"inter_from_groups/{stringtag}")
+        except errors.ProxyError as exc:
+            raise convert(exc) from None
+        loff, roff = (0, len(mine)) if me_first else (len(theirs), 0)
+        inter = cls(native, mine)
+        inter._setup(iw, loff, len(mine), roff, len(theirs))
+        inter._info = dict(info.items()) if info else {}
+        return inter
 
     def __repr__(self) -> str:
+        if not self:
+            return "<MPI.Intercomm COMM_NULL>"
         return f"<MPI.Intercomm rank {self.Get_rank()}/{self._lsize}, remote {self._rsize}>"
 
 
-def _not_inter(name: str) -> Any:
-    def call(self: Any, *_a: Any, **_k: Any) -> Any:
-        unsupported(f"Intercomm.{name}", "intercommunicators have Barrier, Bcast, Allgather and Allreduce")
-    call.__name__ = name
-    return call
-
-
-for _name in ("Reduce", "Ireduce", "Iallreduce", "Gather", "Igather", "Scatter", "Iscatter", "Gatherv",
-              "Igatherv", "Scatterv", "Iscatterv", "Allgatherv", "Iallgatherv", "Alltoall", "Ialltoall",
-              "Alltoallv", "Ialltoallv", "Reduce_scatter", "Ireduce_scatter", "Reduce_scatter_block",
-              "Ireduce_scatter_block", "Scan", "Iscan", "Exscan", "Iexscan", "Ibarrier", "bcast", "gather",
-              "allgather", "allreduce", "reduce", "scatter", "alltoall", "Split", "Split_type", "Create",
-              "Create_group"):
-    setattr(Intercomm, _name, _not_inter(_name))
+def compare(a: Comm, b: Comm) -> int:
+    """Comm.Compare where either is an intercommunicator (not the same one): CONGRUENT where both are
+    intercommunicators of the same local and remote groups in the same order, SIMILAR where the
+    members agree, else UNEQUAL."""
+    if not (isinstance(a, Intercomm) and isinstance(b, Intercomm)):
+        return UNEQUAL
+    la, lb = a.Get_group().members, b.Get_group().members
+    ra, rb = a.Get_remote_group().members, b.Get_remote_group().members
+    if la == lb and ra == rb:
+        return CONGRUENT
+    return SIMILAR if set(la) == set(lb) and set(ra) == set(rb) else UNEQUAL
 
 
 def create_intercomm(comm: Any, local_leader: int, peer_comm: Any, remote_leader: int,
