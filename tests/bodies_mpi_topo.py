@@ -188,14 +188,19 @@ def graphs() -> dict:
         expect2.append((s, [k for k, d in enumerate(outs2[s]) if d == rank][j]))
     got = dg2.neighbor_alltoall([(rank, j) for j in range(len(want_dsts))])
     assert got == expect2, (rank, got, expect2)
-    # an edge given at one end only fails on every rank at creation, not in a later collective
+    # an edge given at one end only: the queries take it (as MPI libraries do), the first neighbour
+    # collective fails on every rank before anything is posted, not in a hang
     bad = [(rank + 1) % n] if rank == 0 else []
+    lopsided = world.Create_dist_graph_adjacent([], bad)
+    assert lopsided.Get_dist_neighbors() == ([], bad, None)
     try:
-        world.Create_dist_graph_adjacent([], bad)
+        lopsided.neighbor_allgather(rank)
     except MPI.Exception as exc:
         assert exc.Get_error_class() == MPI.ERR_TOPOLOGY
     else:
-        raise AssertionError("an inconsistent dist graph was accepted")
+        raise AssertionError("a neighbour collective on an inconsistent dist graph was accepted")
+    lopsided.Barrier()      # nothing was posted: the communicator still works
+    lopsided.Free()
     MPI.Finalize()
     return {"rank": rank}
 
@@ -272,6 +277,255 @@ def intercomm() -> dict:
     assert tie.Get_group().members in (tuple(groups[0] + groups[1]), tuple(groups[1] + groups[0]))
     assert tie.allgather(rank) == list(tie.Get_group().members)
     for c in (merged, tie, inter, local):
+        c.Free()
+    MPI.Finalize()
+    return {"rank": rank}
+
+
+# ---------------------------------------------------------------- topologies in mpi4py's forms
+def _expect_raises(fn, error_class: int | None = None, kind: type = MPI.Exception) -> None:
+    try:
+        fn()
+    except kind as exc:
+        if error_class is not None:
+            assert isinstance(exc, MPI.Exception) and exc.Get_error_class() == error_class, exc
+    else:
+        raise AssertionError(f"{fn} did not raise {kind.__name__}")
+
+
+def topo_forms() -> dict:
+    """Grids and graphs of fewer processes than ranks, Cart_map/Graph_map, mpi4py's argument forms
+    and handle constructors, dist graphs with None/WEIGHTS_EMPTY."""
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    assert not world.is_topo and world.Get_topology() == MPI.UNDEFINED
+    # periods as one bool; reorder=True keeps ranks, and Cart_map says where each rank goes
+    ring = world.Create_cart([size], periods=True, reorder=True)
+    assert ring.is_topo and ring.dim == ring.ndim == 1 and ring.periods == [True]
+    assert ring.topo == ([size], [True], [rank]) and ring.degrees == (2, 2)
+    assert world.Cart_map([size], True) == ring.Get_rank() == rank
+    # handles: a second handle shares the topology; another topology's class is a TypeError
+    again = MPI.Cartcomm(ring)
+    assert again == ring and type(again) is MPI.Cartcomm and again.dims == [size]
+    assert type(MPI.Topocomm(ring)) is MPI.Cartcomm
+    for cls in (MPI.Graphcomm, MPI.Distgraphcomm):
+        _expect_raises(lambda cls=cls: cls(ring), kind=TypeError)
+    _expect_raises(lambda: MPI.Topocomm(world), kind=TypeError)
+    dup = ring.Dup()
+    assert type(dup) is MPI.Cartcomm and dup.topo == ring.topo and dup != ring
+    # Sub keeping nothing: a 0-d grid of this rank alone
+    point = ring.Sub([False])
+    assert point.Get_size() == 1 and point.dim == 0 and point.coords == [] and point.inoutedges == ([], [])
+    assert point.Get_cart_rank([]) == 0
+    # a grid of fewer processes: the last rank (when there are several) is left out
+    n = max(size - 1, 1)
+    part = world.Create_cart([n], periods=[False])
+    if rank < n:
+        assert part.Get_size() == n and part.coords == [rank]
+        assert part.Shift(0, 1) == (rank - 1 if rank else MPI.PROC_NULL, rank + 1 if rank + 1 < n else MPI.PROC_NULL)
+    else:
+        assert part == MPI.COMM_NULL
+    assert world.Cart_map([n]) == (rank if rank < n else MPI.UNDEFINED)
+    zero = world.Create_cart([])
+    assert (zero == MPI.COMM_NULL) == (rank > 0)
+    _expect_raises(lambda: world.Create_cart([size + 1]), kind=ValueError)
+    _expect_raises(lambda: world.Create_cart([size], [True, False]), kind=ValueError)
+    _expect_raises(lambda: ring.Get_cart_rank([0, 0]), kind=ValueError)
+    _expect_raises(lambda: ring.Shift(1, 1), error_class=MPI.ERR_DIMS)
+
+    # a ring graph of n nodes in the standard adjacency form (index with a leading 0)
+    lists = [[(i - 1) % n, (i + 1) % n] for i in range(n)]
+    index, edges = [0], []
+    for lst in lists:
+        index.append(index[-1] + len(lst))
+        edges += lst
+    g = world.Create_graph(index, edges, reorder=True)
+    assert world.Graph_map(index, edges) == world.Graph_map(index[1:], edges) == (rank if rank < n else MPI.UNDEFINED)
+    if rank < n:
+        assert g.nnodes == n and g.index == index[1:] and g.edges == edges and g.topo == (index[1:], edges)
+        assert g.neighbors == lists[rank] and g.inoutedges == (lists[rank], lists[rank])
+        _check_neighbour_collectives(g, _graph_expect(lists, rank), 2)
+        assert type(MPI.Graphcomm(g)) is MPI.Graphcomm
+        _expect_raises(lambda: MPI.Cartcomm(g), kind=TypeError)
+        g.Free()
+    else:
+        assert g == MPI.COMM_NULL
+    _expect_raises(lambda: world.Create_graph([2] * (size + 1), [0] * 2), error_class=MPI.ERR_TOPOLOGY)
+    _expect_raises(lambda: world.Create_graph([1], [size]), error_class=MPI.ERR_RANK)
+
+    # dist graphs: None for no neighbours, WEIGHTS_EMPTY for weighted with none
+    srcs = [(rank - 1) % size, (rank - 2) % size]
+    d = world.Create_dist_graph_adjacent(srcs, None, MPI.UNWEIGHTED, None)
+    assert d.Get_dist_neighbors_count() == (2, 0, False) and d.Get_dist_neighbors() == (srcs, [], None)
+    assert d.is_topo and d.topology == MPI.DIST_GRAPH and type(MPI.Topocomm(d)) is MPI.Distgraphcomm
+    e = world.Create_dist_graph_adjacent([], [], MPI.WEIGHTS_EMPTY, MPI.WEIGHTS_EMPTY)
+    assert e.Get_dist_neighbors_count() == (0, 0, True) and e.Get_dist_neighbors() == ([], [], ([], []))
+    assert e.neighbor_allgather(rank) == []
+    _expect_raises(lambda: world.Create_dist_graph_adjacent([0], [0], MPI.WEIGHTS_EMPTY, MPI.WEIGHTS_EMPTY),
+                   kind=ValueError)
+    for c in (ring, again, dup, point, part, zero, d, e):
+        if c != MPI.COMM_NULL and c is not again:
+            c.Free()
+    MPI.Finalize()
+    return {"rank": rank}
+
+
+# ---------------------------------------------------------------- the w collectives
+_KINDS = [("i", MPI.INT), ("d", MPI.DOUBLE), ("h", MPI.SHORT)]
+
+
+def _payload(i: int, j: int, symmetric: bool = False) -> np.ndarray:
+    """What rank i sends rank j: a kind and a count that depend on the pair (on the unordered pair
+    when ``symmetric``, for IN_PLACE)."""
+    kind = (i + j) % 3 if symmetric else (2 * i + j) % 3
+    count = 1 + ((i + j) % 3 if symmetric else (i * j + j) % 3)
+    code = _KINDS[kind][0]
+    return (np.arange(count) + 1000 * i + 10 * j).astype(code)
+
+
+def _layout(blocks: list[np.ndarray], gap: int = 3) -> tuple[np.ndarray, list[int], list[int]]:
+    """Blocks packed into one byte buffer with ``gap`` bytes of 0xEE between them: (buffer, byte
+    displacements, counts)."""
+    displs, at = [], 0
+    for b in blocks:
+        displs.append(at)
+        at += b.nbytes + gap
+    raw = np.full(max(at, 1), 0xEE, np.uint8)
+    for b, x in zip(blocks, displs):
+        raw[x:x + b.nbytes] = b.view(np.uint8)
+    return raw, displs, [b.size for b in blocks]
+
+
+def _mpitype(a: np.ndarray) -> MPI.Datatype:
+    return {c: t for c, t in _KINDS}[a.dtype.char]
+
+
+def alltoallw() -> dict:
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    # blocking, mixed datatypes, byte displacements with gaps
+    out = [_payload(rank, j) for j in range(size)]
+    want = [_payload(i, rank) for i in range(size)]
+    sbuf, sd, sc = _layout(out)
+    rbuf = np.full(sbuf.size + 64 * size, 0x11, np.uint8)
+    expect, rd, rc = _layout(want, gap=5)
+    rbuf[:expect.size] = 0x11
+    smsg = [sbuf, (sc, sd), [_mpitype(a) for a in out]]
+    rmsg = [rbuf, rc, rd, [_mpitype(a) for a in want]]
+    world.Alltoallw(smsg, rmsg)
+    for a, x in zip(want, rd):
+        assert (rbuf[x:x + a.nbytes] == a.view(np.uint8)).all(), (rank, rbuf.tolist())
+    gaps = np.ones(rbuf.size, bool)
+    for a, x in zip(want, rd):
+        gaps[x:x + a.nbytes] = False
+    assert (rbuf[gaps] == 0x11).all(), "Alltoallw wrote outside its blocks"
+
+    # a receive of a derived type: the ints of block i every other int (a vector type), the same
+    # type signature as the sender's contiguous ints; nonblocking
+    recv_types, rd2, at = [], [], 0
+    for a in want:
+        t = _mpitype(a)
+        if a.dtype.char == "i":
+            t = MPI.INT.Create_vector(a.size, 1, 2).Commit()
+        recv_types.append(t)
+        rd2.append(at)
+        at += 8 * a.size + 8
+    rb2 = np.full(at, -7, np.int32).view(np.uint8)
+    req = world.Ialltoallw(smsg, [rb2, ([1 if t is not _mpitype(a) else a.size for t, a in zip(recv_types, want)],
+                                        rd2), recv_types])
+    req.Wait()
+    ints = rb2.view(np.int32)
+    for a, x, t in zip(want, rd2, recv_types):
+        if a.dtype.char == "i":
+            got = ints[x // 4: x // 4 + 2 * a.size]
+            assert got[0::2].tolist() == a.tolist() and (got[1::2] == -7).all(), (rank, got.tolist(), a)
+            t.Free()
+        else:
+            assert (rb2[x:x + a.nbytes] == a.view(np.uint8)).all()
+
+    # IN_PLACE: what block i holds goes to rank i (symmetric signatures)
+    mine = [_payload(rank, j, True) for j in range(size)]
+    buf, d3, c3 = _layout(mine)
+    world.Alltoallw(MPI.IN_PLACE, [buf, (c3, d3), [_mpitype(a) for a in mine]])
+    for i, x in enumerate(d3):
+        a = _payload(i, rank, True)
+        assert (buf[x:x + a.nbytes] == a.view(np.uint8)).all(), (rank, i)
+
+    # MPI.BOTTOM: displacements are addresses
+    sarr = [np.array(o) for o in out]
+    rarr = [np.zeros_like(a) for a in want]
+    world.Alltoallw([MPI.BOTTOM, [a.size for a in sarr], [MPI.Get_address(a) for a in sarr],
+                     [_mpitype(a) for a in sarr]],
+                    [MPI.BOTTOM, ([a.size for a in rarr], [MPI.Get_address(a) for a in rarr]),
+                     [_mpitype(a) for a in rarr]])
+    for got, a in zip(rarr, want):
+        assert got.tolist() == a.tolist(), (rank, got, a)
+
+    # bad specs are refused before anything is posted; the next collective is unaffected
+    _expect_raises(lambda: world.Alltoallw([sbuf, sc, sd, [MPI.INT] * size, None], rmsg), MPI.ERR_BUFFER)
+    _expect_raises(lambda: world.Alltoallw([sbuf, sc, sd, [MPI.INT] * (size + 1)], rmsg), MPI.ERR_ARG)
+    _expect_raises(lambda: world.Alltoallw([sbuf, [1 << 20] * size, sd, [MPI.INT] * size], rmsg),
+                   MPI.ERR_BUFFER)
+    _expect_raises(lambda: world.Alltoallw([MPI.BOTTOM, None, sd, [MPI.INT] * size], rmsg), MPI.ERR_BUFFER)
+    rbuf[:] = 0
+    world.Alltoallw(smsg, rmsg)
+    assert all((rbuf[x:x + a.nbytes] == a.view(np.uint8)).all() for a, x in zip(want, rd))
+    MPI.Finalize()
+    return {"rank": rank}
+
+
+def neighbor_alltoallw() -> dict:
+    """Per-edge datatypes on grids (PROC_NULL edges keep their blocks) and a graph of fewer nodes."""
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    line = world.Create_cart([size], periods=[False])
+    ring = world.Create_cart([size], periods=[True])
+    n = max(size - 1, 1)
+    lists = [[(i + 1) % n, (i - 1) % n, i] for i in range(n)]
+    index = list(np.cumsum([len(x) for x in lists]))
+    g = world.Create_graph(index, [e for x in lists for e in x])
+    topos = [(line, _cart_expect(line)), (ring, _cart_expect(ring))]
+    if rank < n:
+        topos.append((g, _graph_expect(lists, rank)))
+
+    def block(src: int, slot: int) -> np.ndarray:     # what ``src`` sends on its out-edge ``slot``
+        if slot % 2:
+            return np.array([src + slot / 10.0])
+        return np.array([src * 100 + slot, -src], np.int32)
+
+    for comm, expect in topos:
+        outdeg = comm.Get_topology() == MPI.CART and 2 or len(lists[rank])
+        out = [block(rank, j) for j in range(outdeg)]
+        sbuf, sd, sc = _layout(out, gap=1)
+        # receive: the doubles as they are, the ints as every other int (a vector type)
+        vec = MPI.INT.Create_vector(2, 1, 2).Commit()
+        rtypes, rcounts, rdispls = [], [], []
+        for i, (src, slot) in enumerate(expect):
+            rdispls.append(24 * i)
+            ints = (slot % 2 == 0) if src >= 0 else (i % 2 == 0)
+            rtypes.append(vec if ints else MPI.DOUBLE)
+            rcounts.append(1)
+        for blocking in (True, False):
+            rbuf = np.full(24 * len(expect) + 8, 0x5A, np.uint8)
+            smsg = [sbuf, sc, sd, [_mpitype(a) for a in out]]
+            rmsg = [rbuf, (rcounts, rdispls), rtypes]
+            if blocking:
+                comm.Neighbor_alltoallw(smsg, rmsg)
+            else:
+                comm.Ineighbor_alltoallw(smsg, rmsg).Wait()
+            want = np.full_like(rbuf, 0x5A)
+            for (src, slot), x, t in zip(expect, rdispls, rtypes):
+                if src < 0:
+                    continue        # PROC_NULL: the block stays as it was
+                a = block(src, slot)
+                if t is vec:
+                    w = want[x:x + 12].view(np.int32)
+                    w[0], w[2] = a
+                else:
+                    want[x:x + 8] = a.view(np.uint8)
+            assert rbuf.tolist() == want.tolist(), (rank, comm.Get_topology(), blocking, rbuf, want)
+        vec.Free()
+    for c in (line, ring) + ((g,) if rank < n else ()):
         c.Free()
     MPI.Finalize()
     return {"rank": rank}
