@@ -322,7 +322,8 @@ def topo_forms() -> dict:
     part = world.Create_cart([n], periods=[False])
     if rank < n:
         assert part.Get_size() == n and part.coords == [rank]
-        assert part.Shift(0, 1) == (rank - 1 if rank else MPI.PROC_NULL, rank + 1 if rank + 1 < n else MPI.PROC_NULL)
+        left, right = rank - 1 if rank else MPI.PROC_NULL, rank + 1 if rank + 1 < n else MPI.PROC_NULL
+        assert part.Shift(0, 1) == (left, right)
     else:
         assert part == MPI.COMM_NULL
     assert world.Cart_map([n]) == (rank if rank < n else MPI.UNDEFINED)
@@ -340,7 +341,8 @@ def topo_forms() -> dict:
         index.append(index[-1] + len(lst))
         edges += lst
     g = world.Create_graph(index, edges, reorder=True)
-    assert world.Graph_map(index, edges) == world.Graph_map(index[1:], edges) == (rank if rank < n else MPI.UNDEFINED)
+    mapped = rank if rank < n else MPI.UNDEFINED
+    assert world.Graph_map(index, edges) == world.Graph_map(index[1:], edges) == mapped
     if rank < n:
         assert g.nnodes == n and g.index == index[1:] and g.edges == edges and g.topo == (index[1:], edges)
         assert g.neighbors == lists[rank] and g.inoutedges == (lists[rank], lists[rank])
@@ -431,8 +433,8 @@ def alltoallw() -> dict:
         rd2.append(at)
         at += 8 * a.size + 8
     rb2 = np.full(at, -7, np.int32).view(np.uint8)
-    req = world.Ialltoallw(smsg, [rb2, ([1 if t is not _mpitype(a) else a.size for t, a in zip(recv_types, want)],
-                                        rd2), recv_types])
+    counts2 = [1 if t is not _mpitype(a) else a.size for t, a in zip(recv_types, want)]
+    req = world.Ialltoallw(smsg, [rb2, (counts2, rd2), recv_types])
     req.Wait()
     ints = rb2.view(np.int32)
     for a, x, t in zip(want, rd2, recv_types):

@@ -409,7 +409,7 @@ class Collectives:
     # ---- the w collective: per-rank counts, byte displacements and datatypes (wcoll.py), as bytes
     def _alltoallw(self, name: str, sendbuf: Any, recvbuf: Any) -> Any:
         if self.Is_inter():    # type: ignore[attr-defined]
-            unsupported(f"Intercomm.{name}", "intercommunicators have Barrier, Bcast, Allgather and Allreduce")
+            unsupported(f"Intercomm.{name}", "the w collectives run on intracommunicators")
         size = self._c.size
         p = wcoll.prepare(sendbuf, recvbuf, name, size, size, in_place=True)
         req = self._call(self._c.Ialltoallv, p.sbuf, p.scounts, p.sdispls, p.rbuf, p.rcounts, p.rdispls)

@@ -280,7 +280,7 @@ def create_dist_graph_adjacent(comm: Any, sources: Sequence[int], destinations: 
                     "or neither")
     native, pieces = _dup_and_gather(comm, (srcs, dsts))
     return Distgraphcomm(native, tuple(comm._wranks[r] for r in native.parent_ranks), "", pieces,
-                         None if sw is None else (sw, dw))
+                         None if sw is None or dw is None else (sw, dw))
 
 
 def create_dist_graph(comm: Any, sources: Sequence[int], degrees: Sequence[int], destinations: Sequence[int],

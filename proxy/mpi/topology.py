@@ -111,8 +111,8 @@ class Topocomm(NeighborCollectives, Intracomm):
         if isinstance(native, Comm):   # a second handle: only of a communicator of this topology
             if native and not isinstance(native, type(self) if self._KIND else Topocomm):
                 want = {CART: "a Cartesian", GRAPH: "a general graph", DIST_GRAPH: "a distributed graph"}
-                raise TypeError(f"MPI.{type(self).__name__}(): expecting {want.get(self._KIND, 'a topology')} "
-                                f"communicator, got {type(native).__name__}")
+                raise TypeError(f"MPI.{type(self).__name__}(): expecting {want.get(self._KIND, 'a topology')}"
+                                f" communicator, got {type(native).__name__}")
             other = native
             super().__init__(native)
             if other:

@@ -188,7 +188,8 @@ class Unpacking:
     __slots__ = ("_req", "_after", "_keep")
 
     def __init__(self, req: Any, after: Callable[[], None], keep: tuple):
-        self._req, self._after, self._keep = req, after, keep   # keep: temporaries the op reads/writes
+        self._req, self._keep = req, keep     # keep: the temporaries the operation reads and writes
+        self._after: Callable[[], None] | None = after
 
     def _finish(self) -> None:
         after, self._after = self._after, None
