@@ -64,9 +64,6 @@ KNOWN_FAILS: dict[str, str] = {
     "test_datatype.*.testContiguousBigMPI":
         "the layer says MPI 3.1, where a count past INT_MAX decodes as a struct of vectors; shmproxy builds "
         "(and decodes) the plain contiguous type, as MPI 4 does",
-    "test_msgspec.TestMessageVectorW.*":
-        "Alltoallw is not provided (NotImplementedError); the test then falls back to a copy of its "
-        "own, which cannot copy these spec forms: no shmproxy call wrote the buffer",
     "test_msgspec.TestMessageCAIBuf.testDescrType":
         "a CUDA-array-interface object with an unknown typestr is not refused with TypeError",
     "test_exceptions.*":
