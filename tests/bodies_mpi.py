@@ -504,3 +504,31 @@ def persistent_collectives() -> None:
     for req in reqs.values():
         req.Free()
         assert not req
+
+
+def mprobe_of_own_objects() -> None:
+    """A matched probe takes an object the rank sent itself (by its rank or ANY_SOURCE, by tag or
+    ANY_TAG) out of matching, with its status; the Message's recv hands it over, once; an issend to
+    itself completes once probed; objects from other ranks still come after."""
+    from shmproxy import MPI
+    comm = MPI.COMM_WORLD
+    me, n = comm.Get_rank(), comm.Get_size()
+    comm.send({"a": me}, me, tag=3)
+    comm.send([me, 1], me, tag=4)
+    st = MPI.Status()
+    m = comm.mprobe(MPI.ANY_SOURCE, 4, st)
+    assert (st.Get_source(), st.Get_tag()) == (me, 4) and st.Get_count(MPI.BYTE) > 0
+    assert comm.iprobe(me, 3) and not comm.iprobe(me, 4)
+    assert m.recv() == [me, 1] and not m
+    m2 = comm.improbe(me, MPI.ANY_TAG)
+    assert m2 is not None and m2.recv() == {"a": me}
+    assert comm.improbe(me, MPI.ANY_TAG) is None
+    req = comm.issend("sync", me, tag=5)
+    assert not req.test()[0]
+    msg = comm.mprobe(me, 5)
+    assert req.test()[0], "an issend to itself completes once a matched probe took it"
+    assert msg.recv() == "sync"
+    if n > 1:
+        comm.send(me, (me + 1) % n, tag=6)
+        assert comm.mprobe(MPI.ANY_SOURCE, 6).recv() == (me - 1) % n
+    comm.Barrier()

@@ -76,12 +76,6 @@ KNOWN_FAILS: dict[str, str] = {
     "test_op.*.testCreateMany": "user ops are not limited in number (MPI's table of op handles is)",
     "test_comm_inter.*.testConstructor": "the constructor does not refuse an argument of another type",
     "test_comm_topo.*.testConstructor*": "the constructor does not refuse an argument of another type",
-    "test_util_pkl5.*.testMProbe": "the Message of an mprobe of PROC_NULL does not compare equal to "
-                                   "MESSAGE_NO_PROC (the received object is right)",
-    "test_util_pkl5.*.testWaitAll": "Request.waitall of object irecvs from mprobe does not fill the statuses "
-                                    "(the objects compared equal first)",
-    "test_util_pkl5.*.testBigMPI": "an object message's status after sendrecv or a matched irecv has no "
-                                   "element count (the arrays compared equal first)",
 }
 
 # (pattern of a reason, the group it belongs to), first match wins

@@ -23,6 +23,11 @@ def test_persistent_collectives_start_many_rounds_and_refuse_a_second_start(nran
     run_ranks(BODY + "persistent_collectives", nranks, timeout=120)
 
 
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_matched_probe_of_objects_a_rank_sent_itself(nranks):
+    run_ranks(BODY + "mprobe_of_own_objects", nranks, timeout=120)
+
+
 def test_collectives_under_mpi4py_signatures():
     run_ranks(BODY + "collectives", 3, timeout=180)
 

@@ -432,11 +432,11 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         """The root's ``sendobj`` (a sequence of one object per rank): this rank's item."""
         root = self._root(root)
         c = self._c
-        if c.rank == root:
-            items = list(sendobj) if sendobj is not None else None
-            if items is None or len(items) != c.size:
+        if c.rank == root:   # None stands for one None per rank, as in mpi4py
+            items = [None] * c.size if sendobj is None else list(sendobj)
+            if len(items) != c.size:
                 raise error(ERR_ARG, f"scatter: the root needs a sequence of {c.size} objects, got "
-                            f"{type(sendobj).__name__}")
+                            f"{len(items)}")
         else:
             items = None
         return self._obj(objects.bcast, items, root)[c.rank]
@@ -444,7 +444,7 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
     def alltoall(self, sendobj: Any) -> list:
         """Item j of this rank's ``sendobj`` goes to rank j; the result holds one item per rank."""
         c = self._c
-        items = list(sendobj)
+        items = [None] * c.size if sendobj is None else list(sendobj)   # None: one None per rank
         if len(items) != c.size:
             raise error(ERR_ARG, f"alltoall: expected a sequence of {c.size} objects, got {len(items)}")
         return [row[c.rank] for row in self._obj(objects.allgather, items)]

@@ -489,10 +489,10 @@ class InterCollectives:
         """Item j of the root's sequence to remote rank j; None in the root's group."""
         src = self._root_of(root, "scatter")
         if src == ROOT:
-            items = list(sendobj) if sendobj is not None else None
-            if items is None or len(items) != self._rsize:
+            items = [None] * self._rsize if sendobj is None else list(sendobj)   # None: one None each
+            if len(items) != self._rsize:
                 raise error(ERR_ARG, f"scatter: the root needs a sequence of {self._rsize} objects (one per "
-                            f"remote rank), got {type(sendobj).__name__}")
+                            f"remote rank), got {len(items)}")
             self._exchange([self._dumps(x) for x in items], {p: j for j, p in enumerate(self._remote())})
             return None
         got = self._exchange([], {})
@@ -510,7 +510,7 @@ class InterCollectives:
 
     def alltoall(self, sendobj: Any) -> list:
         """Item j of this rank's sequence to remote rank j; item j of the result from it."""
-        items = list(sendobj)
+        items = [None] * self._rsize if sendobj is None else list(sendobj)   # None: one None per rank
         if len(items) != self._rsize:
             raise error(ERR_ARG, f"alltoall: expected a sequence of {self._rsize} objects (one per remote "
                         f"rank), got {len(items)}")

@@ -90,28 +90,57 @@ class Message:
 
     def recv(self, status: Status | None = None) -> Any:
         """The object of an object-layer matched probe (Comm.mprobe)."""
-        from shmproxy.rank import objects
-        no_proc = self._no_proc
-        _m, inc = self._take()
-        if inc is None:
-            if no_proc:
-                if status is not None:
-                    status._fill_null()
-                return None
-            raise error(ERR_REQUEST, "recv of a buffer message (from Comm.Mprobe): use Recv")
-        try:
-            value, st = objects._finish_recv(self._comm, inc, f"recv from rank {inc.source} tag {inc.tag}")
-        except errors.ProxyError as exc:
-            raise convert(exc) from None
+        if self._no_proc and self._obj is None:
+            self._take()
+            if status is not None:
+                status._fill_null()
+            return None
+        value, st = self._receive()
         if status is not None:
             status._fill(st)
         return value
 
+    def _receive(self) -> tuple[Any, Any]:
+        """(object, the native status of its receive) of an object-layer matched probe."""
+        from shmproxy.rank import objects
+        _m, inc = self._take()
+        if inc is None:
+            raise error(ERR_REQUEST, "recv of a buffer message (from Comm.Mprobe): use Recv")
+        if isinstance(inc, Held):
+            value, st = inc.value, inc.status
+        else:
+            try:
+                value, st = objects._finish_recv(self._comm, inc,
+                                                 f"recv from rank {inc.source} tag {inc.tag}")
+            except errors.ProxyError as exc:
+                raise convert(exc) from None
+        return value, st
+
     def irecv(self) -> Request:
-        return ObjRequest(_Done(self.recv()))
+        if self._no_proc and self._obj is None:
+            return ObjRequest(_Done(self.recv(), None))
+        return ObjRequest(_Done(*self._receive()))
+
+    def free(self) -> None:
+        """Drop a message that needs no receive (MESSAGE_NULL, or a probe of PROC_NULL's): it becomes
+        MESSAGE_NULL. A message a matched probe took must be received; freeing it is an error."""
+        if self._m is not None or self._obj is not None:
+            raise error(ERR_REQUEST, "free of a matched message that was not received (Recv/recv it)")
+        if self._no_proc and self is not globals().get("MESSAGE_NO_PROC"):
+            self._no_proc = False
 
     def __repr__(self) -> str:
         return "<MPI.Message>" if self else "<MPI.MESSAGE_NULL>"
+
+
+class Held:
+    """An object a matched probe took whole (one a rank sent itself: it never crossed the runtime),
+    with the status of its receive; the Message's recv() hands it over."""
+
+    __slots__ = ("value", "status")
+
+    def __init__(self, value: Any, status: Any):
+        self.value, self.status = value, status
 
 
 class _Done:
@@ -119,8 +148,8 @@ class _Done:
 
     __slots__ = ("_value", "status")
 
-    def __init__(self, value: Any):
-        self._value, self.status = value, None
+    def __init__(self, value: Any, status: Any):
+        self._value, self.status = value, status
 
     def wait(self) -> Any:
         return self._value

@@ -26,9 +26,9 @@ import numpy as np
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 from shmproxy.mpi import bsend, buffers
-from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_RANK, ERR_TAG, as_int, convert, error, unsupported
+from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_RANK, ERR_TAG, as_int, convert, error
 from shmproxy.mpi.nativereq import Both, Done
-from shmproxy.mpi.message import MESSAGE_NO_PROC, Message
+from shmproxy.mpi.message import MESSAGE_NO_PROC, Held, Message
 from shmproxy.mpi.request import ObjRequest, Prequest, Request
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.rank import objects, objp2p
@@ -371,7 +371,7 @@ class PointToPoint:
         if source == PROC_NULL:
             if status is not None:
                 status._fill_null()
-            return MESSAGE_NO_PROC
+            return Message(MESSAGE_NO_PROC)   # a copy: receiving it makes it MESSAGE_NULL, not the constant
         m = self._probe_call(self._c.Mprobe, source, tag)
         if status is not None:
             status._fill(m.status)
@@ -384,7 +384,7 @@ class PointToPoint:
         if source == PROC_NULL:
             if status is not None:
                 status._fill_null()
-            return MESSAGE_NO_PROC
+            return Message(MESSAGE_NO_PROC)   # a copy: receiving it makes it MESSAGE_NULL, not the constant
         m = self._probe_call(self._c.Improbe, source, tag)
         if m is None:
             return None
@@ -515,9 +515,14 @@ class PointToPoint:
         if source == PROC_NULL:
             if status is not None:
                 status._fill_null()
-            return MESSAGE_NO_PROC
-        if source in (ANY_SOURCE, self._c.rank) and objects._from_self(self._c, source, tag, False):
-            unsupported("Comm.mprobe of an object a rank sent itself", "recv() it instead")
+            return Message(MESSAGE_NO_PROC)   # a copy: receiving it makes it MESSAGE_NULL, not the constant
+        if source in (ANY_SOURCE, self._c.rank):   # an object this rank sent itself: taken now
+            own = self._obj(objects._recv_self, source, tag, f"mprobe of rank {self._c.rank}'s own object")
+            if own is not None:
+                value, st = own
+                if status is not None:
+                    status._fill(st)
+                return Message(obj=Held(value, st), comm=self._c)
         inc = self._obj(objects._start_recv, *objects._wild_peer(self._c, source, tag), block)
         if inc is None:
             return None

@@ -135,6 +135,10 @@ class Request:
         """Forget the request: the operation still completes and the runtime reaps it."""
         self._r, self._null = None, False
 
+    def free(self) -> None:
+        """mpi4py's lower-case form of Free (every request kind's own Free)."""
+        self.Free()
+
     def Cancel(self) -> None:
         """Cancel the operation if nothing matched it yet (a posted receive, an unbuffered send): it
         then completes with Status.Is_cancelled() true; otherwise it completes as usual."""

@@ -15,8 +15,9 @@ protocol (the sizes are only known after the header arrives) and raises RuntimeE
 Collectives (bcast, gather, scatter, allgather, alltoall) run as point-to-point messages (bcast: three
 Bcasts: header size, header, data) on a duplicate of the communicator made on first use (one per
 native communicator, ``_commctx_intra``), so they never match the program's own messages. On an
-intercommunicator, point-to-point works; collectives raise NotImplementedError, because
-shmproxy.MPI's Intercomm has no Dup (and no local communicator) to run them on.
+intercommunicator they are shmproxy.MPI.Intercomm's own (intercomm semantics: root MPI.ROOT,
+MPI.PROC_NULL or a remote rank), which pickle with protocol 5 too and move each pickle through one
+native collective of the intercommunicator's, so they never match its messages either.
 """
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def _comm_lock(comm: Any, kind: str) -> threading.RLock:
 def _commctx_intra(comm: Any) -> tuple[Any, int]:
     """A duplicate of ``comm`` for collectives (collective on first use) and the next tag on it."""
     if comm.Is_inter():
-        unsupported("pkl5 collectives on an intercommunicator", "shmproxy.MPI's Intercomm has no Dup")
+        unsupported("pkl5's own collectives on an intercommunicator", "pkl5.Intercomm runs MPI.Intercomm's")
     entry = _dups.get(comm._c)
     if entry is None:
         entry = [MPI.Intracomm.Dup(comm), 0]
@@ -329,9 +330,12 @@ class Request(_Handles):
         return all(done)
 
     def _load(self) -> Any:
+        """The received object, once: a request that completed is a null request afterwards, whose
+        test/wait give None (as mpi4py's do)."""
         payload = getattr(self, "_payload", None)
         if payload is None:
             return None
+        self._payload = None   # type: ignore[assignment]
         return pickle.loads_oob(*payload)
 
     def test(self, status: Any = None) -> tuple[bool, Any]:
@@ -390,6 +394,8 @@ class Message(_Handles):
     def irecv(self) -> Request:
         reqs: list = []
         data, bufs = _mrecv_data(self, lambda m, b: reqs.append(MPI.Message.Irecv(m, b)))
+        if not reqs:   # the message of a probe of PROC_NULL: a receive from PROC_NULL, active until waited
+            reqs.append(MPI.Request(None, True))
         req = _PayloadRequest(reqs)
         req._payload = (data, bufs)
         return req
@@ -608,6 +614,10 @@ class Intercomm(Comm, MPI.Intercomm):
     """An intercommunicator with pkl5 point-to-point (its collectives: see the module doc)."""
 
     __slots__ = ()
+
+    # the collectives of shmproxy.MPI's Intercomm (the module doc says why)
+    bcast, gather, scatter = MPI.Intercomm.bcast, MPI.Intercomm.gather, MPI.Intercomm.scatter
+    allgather, alltoall = MPI.Intercomm.allgather, MPI.Intercomm.alltoall
 
     def __init__(self, inter: Any = None) -> None:
         super().__init__(inter)
