@@ -233,6 +233,9 @@ def allcoll() -> dict:
     _raises(MPI.ERR_COUNT, lambda: inter.Alltoallv([np.zeros(4, "i"), [1] * (rsize + 1), MPI.INT],
                                                    np.zeros(4, "i")))
     _raises(MPI.ERR_COUNT, lambda: inter.Reduce_scatter(np.zeros(3), np.zeros(3), [1] * (lsize + 1)))
+    # a sendbuf short of the other group's counts: seen after the count exchange, by every rank at once
+    cuts = [7 // lsize + (i < 7 % lsize) for i in range(lsize)]
+    _raises(MPI.ERR_COUNT, lambda: inter.Reduce_scatter(np.zeros(7 - t.color), np.zeros(cuts[t.lrank])))
     inter.Barrier()
     t.free()
     MPI.Finalize()

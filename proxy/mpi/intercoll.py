@@ -68,6 +68,7 @@ class InterCollectives:
 
     __slots__ = ()
     _c: Any
+    _iw: tuple[int, ...]
     _loff: int
     _lsize: int
     _roff: int
@@ -377,12 +378,18 @@ class InterCollectives:
             if mine > rb.size:
                 raise error(ERR_COUNT, f"Reduce_scatter: recvcount {mine} for a recvbuf of {rb.size} "
                             "elements")
-        every = np.empty(self._c.size, np.int64)
-        self._call(self._c.Allgather, np.array([mine], np.int64), every)   # type: ignore[attr-defined]
-        theirs = [int(c) for c in every[self._roff:self._roff + self._rsize]]
-        if sum(theirs) > sb.size:
-            raise error(ERR_COUNT, f"Reduce_scatter: sendbuf has {sb.size} elements, the remote group's "
-                        f"counts add up to {sum(theirs)}")
+        # every rank's (recvcount, sendbuf size): each rank checks every rank's sendbuf against the
+        # counts of the group it sends to, so that all raise together or none does
+        every = np.empty((self._c.size, 2), np.int64)
+        self._call(self._c.Allgather, np.array([mine, sb.size], np.int64), every)   # type: ignore
+        cut = self._lsize if self._loff == 0 else self._rsize    # internal [0, cut): the first group
+        need = (int(every[cut:, 0].sum()), int(every[:cut, 0].sum()))   # what each group's senders cut
+        short = [p for p in range(self._c.size) if every[p, 1] < need[0 if p < cut else 1]]
+        if short:
+            worlds = [self._iw[p] for p in short]
+            raise error(ERR_COUNT, f"Reduce_scatter on an intercommunicator: the sendbufs of COMM_WORLD "
+                        f"ranks {worlds} are shorter than the other group's recvcounts add up to")
+        theirs = [int(c) for c in every[self._roff:self._roff + self._rsize, 0]]
         isz = sb.dtype.itemsize
         sends, at = {}, 0
         for j, p in enumerate(self._remote()):

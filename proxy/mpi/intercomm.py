@@ -104,6 +104,12 @@ class Intercomm(InterCollectives, Comm):
             self._setup(native._iw, native._loff, native._lsize, native._roff, native._rsize)
             self._side = native._side
 
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a slot never set: the layout of a null intercommunicator (MPI.Intercomm())
+        if name in Intercomm.__slots__:
+            raise error(ERR_COMM, "invalid communicator (a null intercommunicator)")
+        return super().__getattr__(name)
+
     def _setup(self, iw: tuple[int, ...], loff: int, lsize: int, roff: int, rsize: int) -> None:
         self._iw, self._loff, self._lsize, self._roff, self._rsize = iw, loff, lsize, roff, rsize
         self._side = None
