@@ -18,22 +18,26 @@ buffers need only agree in size, as MPI requires:
 - Allgather/Allgatherv: every rank sends its sendbuf to each remote rank; block j of the recvbuf is
   remote rank j's;
 - Alltoall/Alltoallv: block j of the sendbuf goes to remote rank j, block j of the recvbuf comes from it;
-- Reduce, Iallreduce, Reduce_scatter(_block): the contributions a rank needs travel to it and it folds
-  them in remote rank order (localred's fold, every op and type localred reduces): Reduce's root gets
+- Reduce, Iallreduce, Reduce_scatter(_block) and their I forms: the contributions a rank needs travel
+  to it and it folds them in remote rank order (localred's fold, every op and type localred reduces,
+  when the Wait or a Test sees the move complete): Reduce's root gets
   every remote sendbuf; Reduce_scatter's rank i gets block i of each remote sendbuf (blocks of the
   recvbuf's size for _block; for Reduce_scatter every rank's count is learnt first by a small
   internal Allgather, since a group needs the other group's counts to cut its vectors);
 - Allreduce (blocking): each group reduces its own sendbufs on a native communicator of its members
   (a Split of the internal one, made on first use, collective over both groups like the call), and
   one internal Alltoallv takes each group's result from its leader to every member of the other;
-- Barrier/Ibarrier: the internal one;
+- Barrier/Ibarrier: the internal one; the persistent forms (persistent.py) start these I forms;
 - the object layer (bcast, gather, scatter, allgather, alltoall, allreduce, reduce, barrier): each
   object is pickled once and travels through ``_exchange`` (an internal Alltoall of byte counts, then
   one Alltoallv of the pickles); reductions fold in remote rank order;
 - Scan and Exscan are not defined on an intercommunicator (MPI): ERR_COMM.
 
 IN_PLACE is not defined on an intercommunicator: ERR_ARG. None where a buffer is not read (the root
-group's sendbuf of Gather, a PROC_NULL member's buffers) is no buffer.
+group's sendbuf of Gather, a PROC_NULL member's buffers) is no buffer. A rank's own arguments (root,
+buffer specs, block divisibility, recvcounts) are checked before anything is posted; sizes the two
+groups disagree on are seen by the native Alltoallv, which raises on both sides ("counts disagree").
+Derived datatypes and device buffers raise NotImplementedError here.
 """
 from __future__ import annotations
 
