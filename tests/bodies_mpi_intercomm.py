@@ -9,6 +9,7 @@ is never its world rank. A rank's contributions are functions of its world rank 
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -225,6 +226,16 @@ def allcoll() -> dict:
         run("Reduce_scatter", _val(me, 7, "d"), rb, None, MPI.MAX)
         want = np.maximum.reduce([_val(w, 7, "d") for w in other])[start:start + cuts[t.lrank]]
         assert rb.tolist() == want.tolist(), ("Reduce_scatter", me, rb, want)
+    # a folded reduction completed by Test alone (the fold runs when a Test sees the move complete)
+    rb = np.full(4, -1, "i")
+    req = inter.Iallreduce(_val(me, 4), rb, MPI.BXOR)
+    deadline = time.monotonic() + 60
+    while not req.Test():
+        assert time.monotonic() < deadline, "Iallreduce did not complete under Test"
+    want = _val(other[0], 4)
+    for w in other[1:]:
+        want = want ^ _val(w, 4)
+    assert rb.tolist() == want.tolist(), ("Iallreduce by Test", me, rb, want)
     inter.Ibarrier().Wait()
     # refused before anything is posted, on every rank
     _raises(MPI.ERR_COMM, lambda: inter.Scan(np.zeros(1), np.zeros(1)))
