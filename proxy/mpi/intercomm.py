@@ -42,7 +42,8 @@ import numpy as np
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, UNDEFINED
 from shmproxy.mpi.comm import COMM_NULL, Comm, Intracomm, _member_comm
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_COMM, ERR_GROUP, ERR_RANK, ERR_TAG, as_int, convert, error
+from shmproxy.mpi.exceptions import (ERR_ARG, ERR_COMM, ERR_GROUP, ERR_RANK, ERR_TAG, as_int, convert, error,
+                                     unsupported)
 from shmproxy.mpi.group import CONGRUENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.intercoll import ROOT, InterCollectives
 from shmproxy.mpi.p2p import PointToPoint
@@ -277,7 +278,7 @@ class Intercomm(InterCollectives, Comm):
         from shmproxy.mpi.env import COMM_TYPE_SHARED
         split_type = as_int(split_type, "Split_type: split_type")
         if split_type not in (UNDEFINED, COMM_TYPE_SHARED):
-            raise error(ERR_ARG, f"Intercomm.Split_type({split_type}): only COMM_TYPE_SHARED and UNDEFINED")
+            unsupported(f"Intercomm.Split_type({split_type})", "only COMM_TYPE_SHARED exists")
         return self.Split(UNDEFINED if split_type == UNDEFINED else 0, key)
 
     def Create(self, group: Group) -> Any:
