@@ -80,8 +80,8 @@ _typedict = {ch: d for ch, d in _datatypes._BY_CHAR.items()}
 def Get_address(location: Any) -> int:
     """The address of a buffer (any form buffers.py reads: the buffer protocol, DLPack, the CUDA
     array interface over host memory); with MPI.BOTTOM, the w collectives take such addresses."""
-    from shmproxy.mpi.buffers import _as_array
-    return int(_as_array(location, False, "Get_address").__array_interface__["data"][0])
+    from shmproxy.mpi.wcoll import address_of
+    return address_of(location)
 
 
 def __getattr__(name: str) -> Any:
