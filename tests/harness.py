@@ -317,13 +317,6 @@ def _skip(reason: str) -> None:
     pytest.skip(reason)
 
 
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago (the kernel's choice for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_mpiexec(target: str, nranks: int, timeout: float = 60, env: Mapping[str, str | None] | None = None,
                    args: Sequence[Any] | Mapping[str, Any] = (), expect_fail: set[int] | None = None) -> RunResult:
     """Run ``target`` under the ``mpiexec`` on PATH (MPICH Hydra from the ``mpich`` wheel, or Open MPI).

@@ -129,7 +129,24 @@ def node_env(rank: int, nranks: int, nodes: int, job: str, simulated: bool = Tru
 
 
 def free_port() -> int:
-    """A TCP port of loopback nobody listens on now (rank 0 binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port of loopback nobody listens on now, for rank 0 (or a launcher) to bind a moment later.
+
+    It is drawn from below the kernel's ephemeral range (net.ipv4.ip_local_port_range): a port the
+    kernel picked for bind(port 0) is one it also hands to outgoing connections, and one of those
+    (any test's client socket) can take it between this call and rank 0's bind (EADDRINUSE, seen in
+    CI). Below the range only another listener can collide, and that is checked here.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    low = max(low, 12000)
+    for _ in range(200):
+        port = 10000 + int.from_bytes(os.urandom(2), "little") % (low - 10000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port of loopback below the ephemeral range after 200 draws")
