@@ -23,6 +23,8 @@ void _sn_fill_cell(uint64_t slots, uint64_t cell, uint64_t token, uint64_t delta
                    const long long *slot, const long long *rseq, const long long *source,
                    const uint64_t *tag);
 PyObject *_sn_bind_op(PyObject *self, PyObject *cls);        /* shm/_native_ops.c */
+PyObject *_sn_sock_recv_into(PyObject *self, PyObject *args);   /* shm/_native_net.c */
+PyObject *_sn_sock_send_parts(PyObject *self, PyObject *args);
 PyObject *_sn_unpack_ops(PyObject *self, PyObject *args);
 int _sn_wake_init(void);   /* interns the Op attribute names below; -1 with an exception */
 

@@ -372,6 +372,27 @@ def collectives_across_nodes_stay_on_the_loop(nbytes: int) -> dict:
         return {"across": across, "within": within}
 
 
+def loop_passes_while_a_collective_waits(delay_s: float) -> dict:
+    """Node 1's rank enters an Allreduce ``delay_s`` late; node 0's progress loop, with that
+    collective in flight and nothing else, counts its Python passes meanwhile (CTRL_N_PASSES, as of
+    its last heartbeat). The result is checked too."""
+    from shmproxy.shm import pool as P
+    with shmproxy.init() as comm:
+        passes_q = P.CTRL_OFF // 8 + P.CTRL_N_PASSES
+        beat_q = P.CTRL_OFF // 8 + P.CTRL_HEARTBEAT
+        x = np.full(1 << 16, comm.rank + 1.0)
+        y = np.empty_like(x)
+        comm.Allreduce(x, y)   # links and buffers warm
+        comm.Barrier()
+        if comm.rank == 1:
+            time.sleep(delay_s)   # the wait under test, not a synchronisation
+        before, beat0 = int(comm._q[passes_q]), int(comm._q[beat_q])
+        comm.Allreduce(x, y)
+        after, beat1 = int(comm._q[passes_q]), int(comm._q[beat_q])
+        assert np.all(y == comm.size * (comm.size + 1) / 2)
+        return {"passes": after - before, "seconds": (beat1 - beat0) / 1e9}
+
+
 def bench_with_raw_sockets(out_dir: str) -> int:
     """shmproxy-bench across the nodes with the raw-socket peers: the ping-pong (timed against one
     stream and against as many as shmproxy's link has), then an allreduce (which they skip)."""

@@ -37,6 +37,20 @@ def test_collectives_between_nodes_run_on_the_loop_not_on_woken_workers():
     assert any(out["within"] > 0 for out in res.results), res.results
 
 
+def test_loop_sleeps_in_c_while_a_collective_between_nodes_waits_on_the_network():
+    """With only a collective between nodes in flight, the loop waits for the link's news in C, the
+    GIL released (NET_LOOP_WAIT), instead of passing through Python, where the link's reader and
+    writer threads queued for the GIL behind it on every chunk (docs/decisions.md, "Collectives across
+    nodes run on the loop"). Forced on here: on this small machine the automatic choice is off (a
+    spin would take the CPU the threads need). A pass every 1 ms wait at most, where a Python loop
+    spinning on sched_yield makes tens of thousands a second."""
+    res = run_ranks(BODY + "loop_passes_while_a_collective_waits", 2, nodes=2, timeout=120, args=(1.5,),
+                    env={"SHMPROXY_NET_LOOP_WAIT": "1"})
+    out = res.results[0]
+    assert out["seconds"] >= 1.0, out   # the heartbeat moved across the wait
+    assert out["passes"] < 3000 * out["seconds"], out
+
+
 def test_bench_times_the_raw_sockets_between_the_nodes_in_the_same_run(tmp_path):
     """The link's own limit beside shmproxy's ping-pong (issue 40): one stream, and as many as the
     transport's link (SOCKET_NTHREADS x NSOCKS_PERTHREAD); collectives skip them saying why."""

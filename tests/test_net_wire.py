@@ -167,3 +167,42 @@ def test_a_batch_whose_event_raises_posts_the_rest_again():
     assert seen == [1] and len(posted) == 2
     posted[1]()
     assert seen == [1, 3]
+
+
+def test_whole_frames_cross_a_socket_in_c_through_partial_writes_and_reads():
+    """The bulk path of the link's threads (shm/_native_net.c): a frame of several parts goes out with
+    one call however many partial writes the kernel makes of it (socket buffers far smaller than the
+    frame), and lands byte-exact with one call however many partial reads; an EOF inside a payload is
+    a short count, which Inbox.read_into turns into a ProtocolError."""
+    import threading
+    from shmproxy.shm import _native
+    a, b = socket.socketpair()
+    try:
+        for s in (a, b):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
+        head = W.HEADER.pack(W.COLL, 0, 3 << 20, 1, 2, 3)
+        body = np.random.default_rng(5).integers(0, 256, 3 << 20, dtype=np.uint8)
+        sender = threading.Thread(target=_native.sock_send_parts,
+                                  args=(a.fileno(), [head, b"key", memoryview(body)]))
+        sender.start()
+        got_head = bytearray(W.HEADER.size + 3)
+        assert _native.sock_recv_into(b.fileno(), _native.buffer_info(got_head, True)[0], len(got_head)) == \
+            len(got_head)
+        land = np.zeros(3 << 20, np.uint8)
+        assert _native.sock_recv_into(b.fileno(), land.ctypes.data, land.nbytes) == land.nbytes
+        sender.join(10)
+        assert bytes(got_head) == head + b"key" and np.array_equal(land, body)
+        # EOF inside a payload: the C call says how much came; the Inbox calls it a protocol error
+        a.sendall(b"x" * (W.DIRECT_BYTES + 10))
+        a.shutdown(socket.SHUT_WR)
+        inbox = W.Inbox(b, lambda fn: None)
+        with pytest.raises(W.ProtocolError, match="closed inside a frame"):
+            inbox.read_into(memoryview(bytearray(W.DIRECT_BYTES * 4)))
+        with pytest.raises(ValueError, match="at most"):
+            _native.sock_send_parts(a.fileno(), [b"x"] * 17)
+        with pytest.raises(OSError):
+            _native.sock_send_parts(a.fileno(), [b"after shutdown"])
+    finally:
+        a.close()
+        b.close()

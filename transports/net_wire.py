@@ -29,7 +29,9 @@ queued ahead of it, goes to the socket's writer thread, so frames keep their ord
 socket's reader (``Inbox``) takes whatever has arrived with one ``recv`` into its buffer and parses
 every whole frame in it; the news of one such batch reaches the loop as one event (one wake), in
 arrival order, and it is posted before the reader blocks again, so no news waits on later bytes.
-Payloads too large for the buffer are read straight into their landing.
+Payloads too large for the buffer are read straight into their landing, and bulk frames written,
+by one C loop of syscalls with the GIL released once (shm/_native_net.c): a Python ``recv_into`` or
+``sendmsg`` per partial transfer would queue for the GIL behind the loop after each.
 
 Closing: the side that is done sends BYE on every socket (behind what is queued there) and shuts
 down its write halves, then reads until the peer's EOF (bounded). A peer that reads BYE on a socket
@@ -48,6 +50,7 @@ import threading
 from typing import Callable
 
 from shmproxy.core import log
+from shmproxy.shm import _native
 
 _log = log.get("NET")
 
@@ -173,7 +176,15 @@ class Inbox:
             self.lo += got
         while got < n:
             if n - got >= DIRECT_BYTES:
-                k = self._recv(view[got:])
+                # the rest of a large payload: one C loop, the GIL released once (shm/_native_net.c)
+                self.flush()
+                rest = view[got:]
+                k = _native.sock_recv_into(self.sock.fileno(), _native.buffer_info(rest, True)[0], n - got)
+                if k < n - got:
+                    if got + k == 0:
+                        return False
+                    raise ProtocolError(f"connection closed inside a frame ({got + k} of {n} bytes)")
+                return True
             else:
                 if self.lo == self.hi:
                     self.lo = self.hi = 0
@@ -253,6 +264,7 @@ class _Writer:
         self.sock: socket.socket | None = None
         self.closing = False
         self.busy = False
+        self.fd = -1
         self.thread: threading.Thread | None = None
 
     def put(self, parts: list, on_sent: Callable[[], None] | None = None, direct: bool = False) -> None:
@@ -282,6 +294,7 @@ class _Writer:
     def start(self, sock: socket.socket) -> None:
         with self.cv:
             self.sock = sock
+            self.fd = sock.fileno()
         self.thread = threading.Thread(target=self.run, name=f"shmproxy-net-w{self.link.peer}.{self.index}",
                                        daemon=True)
         self.thread.start()
@@ -298,7 +311,8 @@ class _Writer:
                 parts, on_sent = self.queue.popleft()
                 self.busy = True
             try:
-                send_all(self.sock, parts)   # type: ignore[arg-type]
+                # the whole frame in one C loop, the GIL released once (shm/_native_net.c)
+                _native.sock_send_parts(self.fd, parts)
             except OSError as exc:
                 link.broken(f"send on socket {self.index} failed: {exc}")
                 return

@@ -167,6 +167,7 @@ class CollRunner:
             # across nodes run on the loop").
             channels = 1
             builder = sched.on_loop_schedules(builder)
+            work.event_driven = True
         per = -(-nchunks // channels)
         k0 = 0
         while k0 < nchunks:

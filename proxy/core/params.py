@@ -332,6 +332,11 @@ _DECLARED: tuple[Param, ...] = (
        "Messages between nodes up to this size travel with their envelope (the send completes at once).", 0),
     _p("NET_RING_MIN_BYTES", parse_size, 256 << 10,
        "Allreduce chunks from this size go around a ring of the nodes; smaller ones up a tree to node 0 and back.", 0),
+    _p("NET_LOOP_WAIT", int, -1,
+       "While a collective between nodes waits on the network and nothing else is in flight, the progress "
+       "loop waits for the link's news in C (spinning with the GIL released, at most 1 ms per wait) "
+       "instead of passing through Python, whose GIL the link's threads would queue for. 1 = always, "
+       "0 = never; -1 = automatic: unless the node is crowded (a spin would take the CPU they need).", -1, 1),
     _p("NET_KEEPALIVE_S", float, 5.0,
        "TCP keepalive idle time between nodes; a dead link is declared after about three times this.", 1),
     # --- shared memory ---

@@ -40,13 +40,15 @@ class CollWork:
     """One collective (every local rank's op): completes all their requests when its last sub is
     done. ``views`` keeps the numpy views over registered memory alive while schedules use them."""
 
-    __slots__ = ("ops", "nbytes", "parts_left", "views", "t_match", "send", "recv", "streaming", "published")
+    __slots__ = ("ops", "nbytes", "parts_left", "views", "t_match", "send", "recv", "streaming", "published",
+                 "event_driven")
 
     def __init__(self, ops: list, nbytes: int, views: list, t_match: int):
         self.ops, self.nbytes, self.views, self.t_match = ops, nbytes, views, t_match
         self.parts_left = 0
         self.streaming = False   # written with non-temporal stores (policy.streaming_threshold)
         self.published = False   # its slots are published by a GPU graph (Completion.coll_items)
+        self.event_driven = False   # moves only on loop events (across nodes): the loop may sleep for them
         self.send = self.recv = ops[0]  # what the sub table shows (kind, rank, peer=root, tag)
 
     def finish(self, engine: Any) -> None:

@@ -22,6 +22,9 @@ _native.bind_op(Op)   # the class whose instances _unpack_taken's C call makes
 _MASK_Q = P.PENDING_MASK_OFF // 8   # the pending mask: ranks handed chains off (shm/_pool_lock.h)
 _EVENTS_Q = P.CTRL_OFF // 8 + P.CTRL_EVENTS   # news for the loop from this process's other threads
 _F_TRY = FetchMode.TRY
+# How long the loop sleeps in C for the news of a collective across nodes when nothing else is in
+# flight: news, a post or the abort flag end it at once; the bound only keeps the heartbeat going.
+EVENT_WAIT_NS = 1_000_000
 
 
 class Fetching:
@@ -143,17 +146,28 @@ class Fetching:
         """With nothing in flight but work whose end its transports show in memory (``proxy_watch``:
         a GPU graph's ack word), wait for that, a post, news or the abort flag in one C call of at
         most PROXY_WATCH_US (GIL released), instead of Python passes whose every step costs
-        microseconds: a post then waits for no pass to end. False where it cannot (the caller yields)."""
+        microseconds: a post then waits for no pass to end. False where it cannot (the caller yields).
+
+        A collective across nodes (CollWork.event_driven) moves only when news comes (its chunks'
+        SEND/RECV end as loop events from the link's threads) and needs no word: with nothing else in
+        flight the loop sleeps in C until news, a post or the abort flag, so that it holds no GIL
+        the link's threads queue for while they move the chunks (docs/decisions.md, "Collectives
+        across nodes run on the loop")."""
         if self.watch_ns <= 0 or self.buffer_later or self.relayed or self.fast_held or self.fast_retry:
             return False
         words: list = []
-        for t in {a.transport for a in self.active}:
+        polled = {a.transport for a in self.active if a.coll is None or not a.coll.event_driven}
+        for t in polled:
             got = t.proxy_watch(self.ctx) if t.proxy_watch is not None else None
             if got is None:
                 return False
             words += got
         if not words:
-            return False
+            if polled or not self.net_loop_wait:
+                return False
+            if self._watch((), max(self.watch_ns, EVENT_WAIT_NS)) == _native.WATCH_TIMEOUT:
+                os.sched_yield()
+            return True
         why = self._watch(words, self.watch_ns)
         if why == _native.WATCH_TIMEOUT:
             os.sched_yield()   # the CPU's other threads get their turn between waits
