@@ -75,12 +75,12 @@ def p2p_every_pair() -> dict:
         return {"ok": True}
 
 
-def collectives(nbytes_big: int) -> dict:
+def collectives(nbytes_big: int, counts: tuple = ()) -> dict:
     """Every collective, blocking and nonblocking, IN_PLACE where it exists, small and over several
-    chunks, against numpy."""
+    chunks (and at ``counts``: around a chunk or algorithm switch), against numpy."""
     with shmproxy.init() as comm:
         me, n = comm.rank, comm.size
-        for count in (1, 7, nbytes_big // 8):
+        for count in (1, 7, *counts, nbytes_big // 8):
             x = np.arange(count, dtype=np.float64) + me
             y = np.zeros(count)
             comm.Allreduce(x, y)

@@ -18,11 +18,15 @@ def test_point_to_point_between_nodes(nranks, nodes):
 
 
 @pytest.mark.parametrize("ring", ["tree", "ring"])
-@pytest.mark.parametrize("nranks,nodes", [(4, 2), (5, 3)], ids=["2+2", "1+2+2"])
+@pytest.mark.parametrize("nranks,nodes", [(4, 2), (5, 3), (6, 2), (4, 4), (8, 8)],
+                         ids=["2+2", "1+2+2", "3+3", "4x1", "8x1"])
 def test_every_collective_between_nodes(nranks, nodes, ring):
-    """Allreduce between nodes goes around a ring from NET_RING_MIN_BYTES, up a tree below: both."""
+    """Allreduce between nodes goes around a ring from NET_RING_MIN_BYTES, up a tree below: both, at
+    2-8 nodes of 1-3 ranks, with counts around the 64 KiB chunk of float64, float32 and int16 (8192,
+    16384 and 32768 elements fill one exactly)."""
     env = {**SMALL_CHUNKS, "SHMPROXY_NET_RING_MIN_BYTES": "1K" if ring == "ring" else "1G"}
-    run_ranks(BODY + "collectives", nranks, nodes=nodes, timeout=180, args=(300 << 10,), env=env)
+    counts = (8191, 8192, 8193, 16384, 32769)
+    run_ranks(BODY + "collectives", nranks, nodes=nodes, timeout=240, args=(300 << 10, counts), env=env)
 
 
 def test_collectives_between_nodes_run_on_the_loop_not_on_woken_workers():
