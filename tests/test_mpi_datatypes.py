@@ -133,3 +133,19 @@ def test_buffer_collectives_with_derived_types():
 
 def test_buffer_collectives_with_derived_types_across_two_nodes():
     run_ranks(BODY + "collectives", 3, timeout=240, nodes=2)
+
+
+def test_typealign_and_f90_types_inside_derived_ones():
+    """MPI._typealign is a predefined type's C alignment (pair types: their struct's), None for a
+    struct; an F90 type inside a derived type comes back from Get_contents as itself (mpi4py's dtlib
+    walks such types)."""
+    for code in "bhilqfdFDG":
+        assert MPI._typealign(MPI.Datatype.fromcode(code)) == np.dtype(code).alignment
+    assert MPI._typealign(MPI.DOUBLE_INT) == 8 and MPI._typealign(MPI.DOUBLE.Dup()) == 8
+    st = MPI.Datatype.Create_struct([1, 1], [0, 8], [MPI.INT, MPI.DOUBLE])
+    assert MPI._typealign(st) is None
+    f90 = MPI.Datatype.Create_f90_integer(5)
+    pair = MPI.Datatype.Create_struct([1, 1], [0, 8], [MPI.INT, f90])
+    assert pair.Get_contents()[3][1] == f90
+    from shmproxy.util import dtlib
+    assert dtlib.to_numpy_dtype(pair).fields["f1"][0] == np.dtype("i4")

@@ -69,7 +69,9 @@ for _missing in ("BFLOAT16_T", "FLOAT16_T", "FLOAT32_T", "FLOAT64_T", "COMPLEX4"
                  "F_BOOL", "F_INT", "F_FLOAT", "F_DOUBLE", "F_COMPLEX", "F_FLOAT_COMPLEX",
                  "F_DOUBLE_COMPLEX"):
     globals().setdefault(_missing, _datatypes.DATATYPE_NULL)
-from shmproxy.mpi.bsend import BSEND_OVERHEAD   # noqa: E402
+from shmproxy.mpi.bsend import BSEND_OVERHEAD, Flush_buffer, Iflush_buffer   # noqa: E402
+from shmproxy.mpi.membuf import buffer, memory   # noqa: E402  (mpi4py's MPI.buffer)
+from shmproxy.mpi.dtintro import _typealign   # noqa: E402  (mpi4py.util.dtlib asks it)
 from shmproxy.mpi.pickler import Pickle, pickle   # noqa: E402
 BUFFER_AUTOMATIC = None
 

@@ -9,7 +9,7 @@ ERR_BUFFER (MPI leaves it erroneous; failing loudly is allowed). Detach_buffer w
 buffered send still in flight, as MPI's does, and gives the buffer back. The attached object itself
 is not written to (the copies live in separate memory), which no program can tell apart.
 
-Alloc_mem gives ordinary process memory (a writable memoryview of that many bytes); Free_mem
+Alloc_mem gives ordinary process memory (an MPI.buffer of that many bytes, membuf.py); Free_mem
 releases it. Nothing here is shared with other processes.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from shmproxy.mpi.exceptions import ERR_BUFFER, ERR_NO_MEM, as_int, error
+from shmproxy.mpi.exceptions import ERR_BUFFER, error
 
 BSEND_OVERHEAD = 64      # bytes a buffered message takes besides its data
 
@@ -31,7 +31,8 @@ def attach(buf: Any) -> None:
     if _attached is not None:
         raise error(ERR_BUFFER, "Attach_buffer: a buffer is already attached (Detach_buffer it first)")
     from shmproxy.mpi.buffers import parse
-    _capacity = parse(buf, "Attach_buffer", False).nbytes
+    # writable, as in MPI (the library may write the attached memory): a read-only one is BufferError
+    _capacity = parse(buf, "Attach_buffer", True).nbytes
     _attached = buf
 
 
@@ -43,6 +44,23 @@ def detach() -> Any:
         req.Wait()
     buf, _attached, _capacity = _attached, None, 0
     return buf
+
+
+def flush() -> None:
+    """MPI.Flush_buffer (MPI 4.1): wait until every buffered send in flight has gone; the buffer
+    stays attached."""
+    while _pending:
+        req, _n = _pending.pop(0)
+        req.Wait()
+
+
+def Flush_buffer() -> None:  # noqa: N802 - mpi4py's name
+    flush()
+
+
+def Iflush_buffer() -> Any:  # noqa: N802 - mpi4py's name
+    from shmproxy.mpi.exceptions import unsupported
+    unsupported("MPI.Iflush_buffer", "the layer is MPI 3.1; MPI.Flush_buffer waits for buffered sends")
 
 
 def _in_use() -> int:
@@ -71,13 +89,13 @@ def object_size(obj: Any) -> int:
     return len(pickle.dumps(obj, protocol=5))
 
 
-def alloc_mem(size: int, info: Any = None) -> memoryview:
-    size = as_int(size, "Alloc_mem: size", ERR_NO_MEM)
-    if size < 0:
-        raise error(ERR_NO_MEM, f"Alloc_mem: size must be a non-negative int, got {size!r}")
-    return memoryview(bytearray(size))
+def alloc_mem(size: int, info: Any = None) -> Any:
+    """MPI.Alloc_mem: an MPI.buffer of ``size`` bytes, as mpi4py gives (membuf.py)."""
+    from shmproxy.mpi.membuf import alloc_mem as _alloc
+    return _alloc(size, info)
 
 
 def free_mem(mem: Any) -> None:
-    if isinstance(mem, memoryview):
-        mem.release()
+    """MPI.Free_mem: the buffer is released (address 0, 0 bytes afterwards)."""
+    from shmproxy.mpi.membuf import free_mem as _free
+    _free(mem)

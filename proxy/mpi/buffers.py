@@ -108,8 +108,8 @@ def _device_dtype(obj: Any) -> np.dtype | None:
 
 
 def _checked(arr: np.ndarray, obj: Any, writable: bool, what: str) -> np.ndarray:
-    if writable and not arr.flags.writeable:
-        raise error(ERR_BUFFER, f"{what} is read-only ({type(obj).__name__})")
+    if writable and not arr.flags.writeable:   # BufferError too, as mpi4py raises for it
+        raise buffer_error(f"{what} is read-only ({type(obj).__name__})")
     if arr.ndim != 1:
         if arr.flags.c_contiguous:
             arr = arr.reshape(-1)

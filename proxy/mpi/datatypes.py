@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shmproxy.core.ops import DTYPE_CODE
-from shmproxy.mpi.exceptions import ERR_TYPE, error, unsupported
+from shmproxy.mpi.exceptions import ERR_TYPE, error
 
 
 class Datatype:
@@ -242,11 +242,24 @@ class Datatype:
     def Match_size(cls, typeclass: int, size: int) -> "Datatype":
         return _intro().match_size(typeclass, size)
 
-    def Pack(self, *a: Any, **k: Any) -> int:
-        unsupported("Datatype.Pack")
+    # ---- packing (shmproxy.mpi.pack): the signature's bytes, or external32's big-endian ones
+    def Pack(self, inbuf: Any, outbuf: Any, position: int, comm: Any) -> int:
+        return _pack().pack(self, inbuf, outbuf, position, comm)
 
-    def Unpack(self, *a: Any, **k: Any) -> int:
-        unsupported("Datatype.Unpack")
+    def Unpack(self, inbuf: Any, position: int, outbuf: Any, comm: Any) -> int:
+        return _pack().unpack(self, inbuf, position, outbuf, comm)
+
+    def Pack_size(self, count: int, comm: Any) -> int:
+        return _pack().pack_size(self, count, comm)
+
+    def Pack_external(self, datarep: str, inbuf: Any, outbuf: Any, position: int) -> int:
+        return _pack().pack_external(self, datarep, inbuf, outbuf, position)
+
+    def Unpack_external(self, datarep: str, inbuf: Any, position: int, outbuf: Any) -> int:
+        return _pack().unpack_external(self, datarep, inbuf, position, outbuf)
+
+    def Pack_external_size(self, datarep: str, count: int) -> int:
+        return _pack().pack_external_size(self, datarep, count)
 
     def __repr__(self) -> str:
         return f"<shmproxy.MPI.{self._sym}>"
@@ -319,6 +332,11 @@ _BYTES_ONLY = frozenset(("LONG_DOUBLE", "C_LONG_DOUBLE_COMPLEX", "CXX_LONG_DOUBL
 def _tm() -> Any:
     from shmproxy.mpi import typemap   # typemap subclasses Datatype: imported on first use
     return typemap
+
+
+def _pack() -> Any:
+    from shmproxy.mpi import pack
+    return pack
 
 
 def _intro() -> Any:

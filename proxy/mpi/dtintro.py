@@ -223,3 +223,16 @@ def darray_elements(size: int, rank: int, gsizes: list[int], distribs: list[int]
     for k in dims:
         offs = (offs[:, None] + owned[k][None, :] * strides[k]).reshape(-1)
     return offs
+
+
+def _typealign(datatype: D.Datatype) -> int | None:
+    """mpi4py's MPI._typealign: a predefined type's C alignment (a pair type's: its struct's; an F90
+    type's: its C type's; a dup's: the original's); None for any other derived type (its layout is
+    the program's, not a C type's)."""
+    if not isinstance(datatype, D.Datatype):
+        raise TypeError(f"_typealign: expected an MPI.Datatype, got {type(datatype).__name__}")
+    while isinstance(datatype, TM.Derived) and datatype.comb == TM.COMBINER_DUP:
+        datatype = datatype._contents[2][0]
+    if datatype.is_predefined and datatype.dtype is not None:
+        return int(datatype.dtype.alignment)
+    return None

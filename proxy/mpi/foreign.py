@@ -19,13 +19,15 @@ The result is a numpy array over the memory, never a copy, read-only where the e
 from __future__ import annotations
 
 import ctypes
+import sys
+import warnings
 from typing import Any
 
 import numpy as np
 
-from shmproxy.mpi.exceptions import ERR_BUFFER, error, unsupported
+from shmproxy.mpi.exceptions import ERR_BUFFER, buffer_error, error, unsupported
 
-_KDL_CPU, _KDL_CUDA_HOST = 1, 3
+_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 1, 2, 3, 13
 _DL_READ_ONLY = 1
 # DLDataTypeCode -> numpy kind
 _DL_KIND = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}
@@ -92,7 +94,7 @@ def _view(addr: int, nbytes: int, dtype: np.dtype, readonly: bool, keep: tuple[A
         return np.empty(0, dtype)
     raw = (ctypes.c_char * nbytes).from_address(addr)
     raw._shmproxy_keep = keep      # type: ignore[attr-defined]  # the exporter outlives the view
-    arr = np.frombuffer(raw, dtype)
+    arr = np.frombuffer(raw, dtype)   # type: ignore[call-overload]  # ctypes arrays export the protocol
     if readonly:
         arr.flags.writeable = False
     return arr
@@ -100,13 +102,18 @@ def _view(addr: int, nbytes: int, dtype: np.dtype, readonly: bool, keep: tuple[A
 
 def _from_dlpack(obj: Any, what: str) -> np.ndarray:
     dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_KDL_CPU, 0)
-    if int(dev[0]) not in (_KDL_CPU, _KDL_CUDA_HOST):
-        unsupported(f"{what} on DLPack device type {int(dev[0])}",
+    devtype = int(dev[0])
+    # CUDA device or managed memory where no CUDA driver loads is host memory (on_device)
+    host_cuda = devtype in (_KDL_CUDA, _KDL_CUDA_MANAGED) and _libcuda() is None
+    if devtype not in (_KDL_CPU, _KDL_CUDA_HOST) and not host_cuda:
+        unsupported(f"{what} on DLPack device type {devtype}",
                     "shmproxy moves host memory only (a CPU or pinned-host DLPack buffer works)")
+    # DLPack's stream argument: None for CPU memory, -1 (no synchronisation) for a CUDA device's
+    stream = None if devtype in (_KDL_CPU, _KDL_CUDA_HOST) else -1
     try:
-        capsule = obj.__dlpack__(stream=None, max_version=(1, 0))
+        capsule = obj.__dlpack__(stream=stream, max_version=(1, 0))
     except TypeError:           # an exporter of the protocol before version 1
-        capsule = obj.__dlpack__(stream=None)
+        capsule = obj.__dlpack__(stream=stream)
     readonly = False
     if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
         mv = _DLManagedVersioned.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor_versioned"))
@@ -125,23 +132,86 @@ def _from_dlpack(obj: Any, what: str) -> np.ndarray:
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = None if not t.strides else tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
     if not _contiguous(shape, strides, dtype.itemsize):
-        raise error(ERR_BUFFER, f"{what} is not contiguous (a strided DLPack tensor)")
+        raise buffer_error(f"{what} is not contiguous (a strided DLPack tensor)")
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     return _view((t.data or 0) + t.byte_offset, n * dtype.itemsize, dtype, readonly, (obj, capsule))
 
 
-def _from_cai(obj: Any, what: str) -> np.ndarray:
+# typestr kind -> the numpy kinds whose C types mpi4py gives a format ("b" bool, "i", "u", "f", "c");
+# any other kind (or size) travels as bytes
+_CAI_KINDS = {"b": "b", "i": "i", "u": "u", "f": "f", "c": "c"}
+
+
+def read_cai(obj: Any, what: str) -> tuple[int, int, bool, np.dtype]:
+    """(address, nbytes, readonly, element dtype) of a CUDA-array-interface object, checked as
+    mpi4py checks one, with its errors: KeyError for a missing data/typestr/shape, TypeError for an
+    entry of the wrong type, ValueError for a data pair of another length or a typestr without a
+    size, BufferError for a byte order not this machine's, a mask, a negative size or strides that
+    are neither C nor Fortran contiguous. A ``descr`` other than the typestr's own is a
+    RuntimeWarning; where it lists fields of one type that fill the typestr's size ("|V24" over three
+    "<f8"), the elements are read as that type (mpi4py moves their bytes). Other kinds are bytes."""
     cai = obj.__cuda_array_interface__
-    addr, readonly = cai["data"]
-    dtype = np.dtype(cai["typestr"])
-    shape = tuple(int(s) for s in cai["shape"])
-    strides = cai.get("strides")
-    if cai.get("mask") is not None:
-        raise error(ERR_BUFFER, f"{what}: a masked CUDA array interface buffer")
-    if not _contiguous(shape, None if strides is None else tuple(strides), dtype.itemsize):
-        raise error(ERR_BUFFER, f"{what} is not contiguous (a strided CUDA array interface buffer)")
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    return _view(int(addr or 0), n * dtype.itemsize, dtype, bool(readonly), (obj,))
+    if not isinstance(cai, dict):
+        raise TypeError(f"{what}: __cuda_array_interface__ is {type(cai).__name__}, not a dict")
+    data, typestr, shape = cai["data"], cai["typestr"], cai["shape"]
+    strides, descr, mask = cai.get("strides"), cai.get("descr"), cai.get("mask")
+    for name, v, t in (("data", data, tuple), ("typestr", typestr, str), ("shape", shape, tuple),
+                       ("strides", strides, tuple), ("descr", descr, list)):
+        if v is None and name in ("strides", "descr"):
+            continue
+        if not isinstance(v, t):
+            raise TypeError(f"{what}: __cuda_array_interface__[{name!r}] is {type(v).__name__}, "
+                            f"not a {t.__name__}")
+    if len(data) != 2:
+        raise ValueError(f"{what}: __cuda_array_interface__['data'] has {len(data)} items, not 2")
+    ptr, readonly = data
+    size = 1
+    for n in shape:
+        size *= int(n)
+    if ptr is None and size == 0:
+        ptr = 0
+    if not isinstance(ptr, int):
+        raise TypeError(f"{what}: __cuda_array_interface__ data pointer is {type(ptr).__name__}")
+    order, kind, itemsize = typestr[0:1], typestr[1:2], int(typestr[2:])
+    native = "<" if sys.byteorder == "little" else ">"
+    if order in "<>" and order != native:
+        raise buffer_error(f"{what}: __cuda_array_interface__ typestr {typestr!r} with non-native byte "
+                           "order")
+    if order not in ("<", ">", "|"):
+        raise buffer_error(f"{what}: __cuda_array_interface__ typestr {typestr!r} with unrecognized "
+                           "byte order")
+    if mask is not None:
+        raise buffer_error(f"{what}: __cuda_array_interface__: cannot handle masked arrays")
+    if size < 0:
+        raise buffer_error(f"{what}: __cuda_array_interface__ buffer with negative size (shape {shape})")
+    if strides is not None and not _contiguous(tuple(int(n) for n in shape), tuple(int(x) for x in strides),
+                                               itemsize):
+        raise buffer_error(f"{what} is not contiguous (shape {shape}, strides {strides}, itemsize "
+                           f"{itemsize})")
+    dtype = np.dtype(np.uint8)
+    if kind in _CAI_KINDS:
+        try:
+            dtype = np.dtype(f"{_CAI_KINDS[kind]}{itemsize}")
+        except TypeError:        # a size of no such type: its bytes
+            dtype = np.dtype(np.uint8)
+    if descr is not None and (len(descr) != 1 or tuple(descr[0]) != ("", typestr)):
+        warnings.warn(f"{what}: __cuda_array_interface__: ignoring 'descr' key", RuntimeWarning, stacklevel=3)
+        fields = {tuple(f)[1] for f in descr if len(f) >= 2}
+        if kind == "V" and len(fields) == 1 and all(tuple(f)[0] == "" for f in descr):
+            try:
+                field = np.dtype(fields.pop())
+            except TypeError:
+                field = None
+            if field is not None and field.isnative and field.itemsize * len(descr) == itemsize:
+                dtype = field
+    return int(ptr), size * itemsize, bool(readonly), dtype
+
+
+def _from_cai(obj: Any, what: str) -> np.ndarray:
+    addr, nbytes, readonly, dtype = read_cai(obj, what)
+    if nbytes % dtype.itemsize:
+        dtype = np.dtype(np.uint8)
+    return _view(addr, nbytes, dtype, readonly, (obj,))
 
 
 def as_array(obj: Any, what: str) -> np.ndarray:
@@ -171,15 +241,22 @@ def _libcuda() -> Any:
 
 def on_device(obj: Any) -> bool:
     """Whether a device-array object's memory is on a GPU (the native layer's business) rather than
-    host memory behind the CUDA array interface (this module's). DLPack says so itself."""
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is None:
-        return True   # DLPack on a CUDA device (memory.device_array_kind said so)
+    host memory behind the CUDA array interface or DLPack (this module's). Without a CUDA driver no
+    pointer can be device memory (mpi4py's own tests export host arrays as CUDA ones); with one, the
+    driver says where a CUDA-array-interface pointer is, and DLPack's device type is believed."""
     lib = _libcuda()
     if lib is None:
-        return False
+        return False   # no CUDA driver: no pointer can be device memory
+    if not hasattr(obj, "__cuda_array_interface__"):
+        return True   # DLPack on a CUDA device (memory.device_array_kind said so)
+    cai = obj.__cuda_array_interface__
+    if not isinstance(cai, dict):
+        return False   # a malformed interface: read_cai refuses it with mpi4py's error
     kind = ctypes.c_uint(0)
-    addr = int(cai["data"][0] or 0)
+    try:
+        addr = int(cai["data"][0] or 0)
+    except (KeyError, TypeError, IndexError, ValueError):
+        return False   # a malformed interface: read_cai refuses it with mpi4py's error
     if lib.cuPointerGetAttribute(ctypes.byref(kind), _CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr) != 0:
         return False   # not memory CUDA knows: plain host memory
     return kind.value == _CU_MEMORYTYPE_DEVICE

@@ -90,7 +90,9 @@ class Derived(Datatype):
         """As MPI_Type_get_contents: a derived type among the old types comes back as a new handle
         (the caller frees it), a named one as itself."""
         ints, addrs, types = self._contents
-        return list(ints), list(addrs), [], [t if t.is_named else t._newhandle() for t in types]
+        # predefined handles (named ones, and F90 types, which MPI never frees) come back as themselves
+        olds = [t if t.is_named or t.is_predefined else t._newhandle() for t in types]
+        return list(ints), list(addrs), [], olds
 
     def decode(self) -> tuple[Datatype, str, dict]:
         from shmproxy.mpi.dtintro import decode
