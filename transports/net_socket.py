@@ -415,7 +415,8 @@ class SocketTransport(Transport):
         for j, raw in enumerate(infos):
             if j == ctx.node:
                 continue
-            link = W.Link(j, net.nsocks, net.on_frame, net.on_lost, net.keepalive, ctx.post_event)
+            link = W.Link(j, net.nsocks, net.on_frame, net.on_lost, net.keepalive, ctx.post_event,
+                          ctx.params.NET_DIRECT_WRITE_BYTES)
             net.links[j] = link
             if j > ctx.node:
                 info = json.loads(raw)

@@ -339,8 +339,9 @@ class Link:
 
     def __init__(self, peer: int, nsocks: int, on_frame: Callable[..., None],
                  on_lost: Callable[["Link", str], None], keepalive_s: float,
-                 post: Callable[[Callable[[], None]], None]):
+                 post: Callable[[Callable[[], None]], None], direct_write: int = DIRECT_BYTES):
         self.peer, self.nsocks = peer, nsocks
+        self.direct_write = direct_write   # bulk frames up to this size are written by their caller when idle
         self.on_frame, self.on_lost, self.keepalive_s, self.post = on_frame, on_lost, keepalive_s, post
         self.writers = [_Writer(self, i) for i in range(nsocks)]
         self.socks: list[socket.socket | None] = [None] * nsocks
@@ -387,9 +388,10 @@ class Link:
         with self.lock:
             i = self.next_bulk
             self.next_bulk = (i + 1) % self.nsocks
-        # a small one is written at once on an idle socket (as control frames are); a large one would
-        # hold the calling thread (the loop) while the kernel copies it, so it is the writer's
-        self.writers[i].put([HEADER.pack(ftype, 0, n, a, b, 0), *parts], on_sent, direct=n <= DIRECT_BYTES)
+        # one up to ``direct_write`` is written at once on an idle socket, as control frames are (what
+        # does not fit goes to the writer); a larger one would hold the calling thread (the loop)
+        # while the kernel copies it, so it is the writer's (NET_DIRECT_WRITE_BYTES)
+        self.writers[i].put([HEADER.pack(ftype, 0, n, a, b, 0), *parts], on_sent, direct=n <= self.direct_write)
 
     # ---------------------------------------------------------------- reading (its threads)
     def _read(self, index: int, sock: socket.socket) -> None:

@@ -332,6 +332,10 @@ _DECLARED: tuple[Param, ...] = (
        "Messages between nodes up to this size travel with their envelope (the send completes at once).", 0),
     _p("NET_RING_MIN_BYTES", parse_size, 256 << 10,
        "Allreduce chunks from this size go around a ring of the nodes; smaller ones up a tree to node 0 and back.", 0),
+    _p("NET_DIRECT_WRITE_BYTES", parse_size, 16 << 10,
+       "A bulk frame between nodes up to this size is written by the thread that makes it (the loop) when "
+       "its socket is idle, without blocking, instead of waking the socket's writer thread; what does "
+       "not fit in the socket's buffer goes to the writer.", 0),
     _p("NET_LOOP_WAIT", int, -1,
        "While a collective between nodes waits on the network and nothing else is in flight, the progress "
        "loop waits for the link's news in C (spinning with the GIL released, at most 1 ms per wait) "
