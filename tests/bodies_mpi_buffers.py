@@ -80,3 +80,27 @@ def packed() -> dict:
     every2.Free()
     comm.Barrier()
     return {"rank": rank}
+
+
+def matched_long_double() -> dict:
+    """A matched probe's receive of long doubles (they travel as their bytes, as in Recv), and a bad
+    receive buffer refused before the message is taken (it stays receivable)."""
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    x = np.arange(5, dtype=np.longdouble) / 3
+    if rank == 0:
+        comm.Send([x, MPI.LONG_DOUBLE], 1, 7)
+    elif rank == 1:
+        m = comm.Mprobe(0, 7)
+        try:
+            m.Recv(b"read-only")
+        except BufferError:
+            pass
+        else:
+            raise AssertionError("a read-only receive buffer was taken")
+        assert m, "the refused receive consumed the message"
+        got = np.zeros(5, np.longdouble)
+        m.Recv(got)
+        assert (got == x).all() and not m
+    comm.Barrier()
+    return {"rank": rank}

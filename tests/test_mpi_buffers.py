@@ -99,3 +99,7 @@ def test_alloc_mem_is_a_buffer_and_free_mem_empties_it():
 
 def test_buffers_as_messages_between_ranks():
     run_ranks(BODY + "buffers", 3, timeout=120)
+
+
+def test_matched_receive_of_long_doubles():
+    run_ranks(BODY + "matched_long_double", 2, timeout=120)

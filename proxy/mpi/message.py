@@ -75,13 +75,16 @@ class Message:
         return m, obj
 
     def Irecv(self, buf: Any) -> Request:
-        from shmproxy.mpi.buffers import parse
+        from shmproxy.mpi.buffers import parse, wire
         no_proc = self._no_proc
+        # parsed before the message is taken: a bad buffer leaves the message to receive; wire() as
+        # every receive does (a long double or pair type travels as its bytes)
+        b = None if (no_proc and self._m is None) else wire(parse(buf, "receive buffer", True))
         m, _obj = self._take()
         if m is None and no_proc:
             return Request(None, True)
         try:
-            return Request(m.Irecv(parse(buf, "receive buffer", True)))
+            return Request(m.Irecv(b))
         except errors.ProxyError as exc:
             raise convert(exc) from None
 
