@@ -5,6 +5,7 @@
 #   tools/multinode_bench.sh                         # from the repository root: K = 2 and 4, 1, 2, 4 ranks per node
 #   NODES="2" PER="1 2" OUT=/tmp/mb tools/multinode_bench.sh
 #   SIZES="-b 8 -e 1M -f 64" tools/multinode_bench.sh      # a quick look
+#   PINGPONG=0 NODES="2 4" PER=1 tools/multinode_bench.sh  # Allreduce only
 #
 # Each node is a torchrun of its own (--nnodes K --node-rank k, one host's rendezvous on 127.0.0.1)
 # whose ranks carry a host identity of their own (SHMPROXY_HOSTNAME=simnode<k>-<job>): each node has
@@ -29,10 +30,11 @@ PER=${PER:-1 2 4}
 SIZES=${SIZES:--b 8 -e 64M -f 8}
 PY=${PYTHON:-python3}
 TIMEOUT_S=${TIMEOUT_S:-600}
+PINGPONG=${PINGPONG:-1}
 : >"$LOG"
 "$PY" -c "import shmproxy, torch.distributed" 2>>"$LOG" || { echo "shmproxy and torch must be importable by $PY" | tee -a "$LOG"; exit 1; }
 
-free_port() { "$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+free_port() { "$PY" -c "from tests.harness_env import free_port; print(free_port())"; }
 
 run() {   # run K P NAME ARGS...: shmproxy-bench under K torchruns of P ranks each
     local k=$1 p=$2 name=$3; shift 3
@@ -55,9 +57,12 @@ run() {   # run K P NAME ARGS...: shmproxy-bench under K torchruns of P ranks ea
 status=0
 {
     echo "=== multinode_bench: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) CPUs, shmproxy $(git rev-parse --short HEAD 2>/dev/null)"
+    env | grep '^SHMPROXY_' | sort | sed 's/^/=== /'
     for k in $NODES; do
         # shellcheck disable=SC2086  # SIZES is a list of arguments
-        run "$k" 1 pingpong pingpong $SIZES --peers gloo,tcp,tcp-streams || status=1
+        if [ "$PINGPONG" != 0 ]; then
+            run "$k" 1 pingpong pingpong $SIZES --peers gloo,tcp,tcp-streams || status=1
+        fi
         for p in $PER; do
             # shellcheck disable=SC2086
             run "$k" "$p" allreduce allreduce $SIZES --peers gloo || status=1
