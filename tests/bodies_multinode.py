@@ -122,6 +122,18 @@ def collectives(nbytes_big: int, counts: tuple = ()) -> dict:
             ip = full.copy()
             comm.Ireduce_scatter_block(shmproxy.IN_PLACE, ip).Wait()
             assert np.array_equal(ip[:count], n * full[me * count:(me + 1) * count])
+            # non-integer values, whose sums depend on the order: every rank must hold the same bits
+            rnd = np.random.default_rng(1000 + me).standard_normal(count).astype(np.float32)
+            rnd[::97] = np.nan if count > 200 else rnd[::97]
+            res = np.empty_like(rnd)
+            comm.Allreduce(rnd, res)
+            every = np.empty(count * n, np.float32)
+            comm.Allgather(res, every)
+            rows = every.reshape(n, count).view(np.uint32)
+            assert (rows == rows[0]).all(), "ranks hold different bits of one Allreduce"
+            want = sum(np.random.default_rng(1000 + q).standard_normal(count).astype(np.float64) for q in range(n))
+            finite = ~np.isnan(res)
+            assert np.allclose(res[finite], want[finite], rtol=1e-4, atol=1e-4)
         comm.Barrier()
         comm.Ibarrier().Wait()
         return {"ok": True}

@@ -7,17 +7,20 @@ node moves with COPY and REDUCE entries; between nodes with SEND/RECV entries wh
 ``(key, chunk, what, ...)`` meet their partners on the peer node (transports/net_socket.py). Every
 node must cut the same chunks: ``per`` comes from NET_CHUNK_SIZE, a parameter every node shares.
 
-The shapes, each a tree of depth one between nodes, so that a reduction's order is fixed (local ranks
-in rank order, then node 0, 1, ...) and every rank gets bit-identical results:
+The shapes. Each fixes the order of a reduction (local ranks in rank order, then the nodes' partials
+in an order every node follows), so that every rank gets bit-identical results:
 
 - Barrier: every node tells node 0 it arrived; node 0 answers all once every node did.
-- Allreduce, Reduce_scatter_block: local reduce, partials up to node 0, which combines them in node
-  order (divides for AVG) and sends the result back; each rank then takes its part.
-- Reduce: the same towards the root's node (the root's own input first there).
+- Allreduce, Reduce_scatter_block (and the v-collectives' reductions, shmproxy.coll.vector): local
+  reduce, then between nodes recursive doubling below NET_RING_MIN_BYTES per chunk (log2 rounds,
+  pairs combining the lower node's partial first) and a ring from it (reduce-scatter, then
+  allgather); each rank then takes its part.
+- Reduce: a tree of depth one to the root's node (the root's own input first there, then node order).
 - Bcast: the root's node sends its buffer to every other node's first rank, which copies it on.
 - Allgather, Alltoall: every block goes straight to the node of the rank that needs it.
 
-A ring for large messages and recursive doubling for small ones would scale better past a few nodes.
+Every chunk is a schedule of its own and up to STEPS of them are in flight, so the local reduction of
+one chunk, the network transfer of another and the local copies out of a third overlap.
 """
 from __future__ import annotations
 
@@ -60,23 +63,49 @@ def _scratch(count: int, dtype: np.dtype, keep: list) -> Region:
     return Region(buf.ctypes.data, count, dtype)
 
 
-def _tree_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple, keep: list) -> list[Entry]:
-    """After the local reduce into ``acc``: partials up to node 0, combined there in node order, the
-    result back down; ``acc`` holds the global result on every node afterwards."""
+def _combine_ordered(acc: Region, part: Region, op: int, part_first: bool) -> Entry:
+    """acc = part op acc when ``part_first``, else acc op part: both nodes of a pair put the lower
+    node's operand first, so that they compute the same bits (a NaN's payload, for one, follows the
+    first operand)."""
+    if not part_first:
+        return _combine(acc, part, op)
+    red = _sum_for(op)
+    code = native_code(red, acc.dtype)
+    if code:
+        return reduce_all(red, code, acc.count, acc.dtype.itemsize, [part.addr, acc.addr], [acc.addr], barrier=True)
+    return reduce(UFUNCS[red], part, acc, acc, barrier=True)
+
+
+def _rd_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple, keep: list) -> list[Entry]:
+    """After the local reduce into ``acc``: recursive doubling between the nodes; ``acc`` holds the
+    global result on every node afterwards (MPICH's allreduce for short messages).
+
+    With p the largest power of two <= nnodes, node p+i first hands its partial to node i (which
+    combines it) and gets the result back at the end. Among the p nodes, round r pairs node with node
+    ^ 2**r: both send their partial and combine the other's, the lower node's first, so the pair holds
+    the same bits; log2(p) rounds, each one message each way at once, where a tree to node 0 costs
+    two one-way trips and node 0 takes every partial in turn."""
     es: list[Entry] = []
-    if node == 0:
-        parts = []
-        for peer in range(1, nnodes):
-            part = _scratch(acc.count, acc.dtype, keep)
-            parts.append(part)
-            es.append(recv((*tag, "up", peer), peer, part.addr, part.nbytes))
-        for part in parts:
-            es.append(_combine(acc, part, op))
-        es += _finish_avg(acc, total, op)
-        es += [send((*tag, "down", peer), peer, acc.addr, acc.nbytes, barrier=(peer == 1)) for peer in range(1, nnodes)]
-    else:
-        es.append(send((*tag, "up", node), 0, acc.addr, acc.nbytes, barrier=True))
-        es.append(recv((*tag, "down", node), 0, acc.addr, acc.nbytes, barrier=True))
+    p = 1 << (nnodes.bit_length() - 1)
+    if node >= p:   # folded in: give the partial to node - p, take the result from it
+        es.append(send((*tag, "fold", node), node - p, acc.addr, acc.nbytes, barrier=True))
+        es.append(recv((*tag, "unfold", node), node - p, acc.addr, acc.nbytes, barrier=True))
+        return es
+    if node + p < nnodes:
+        part = _scratch(acc.count, acc.dtype, keep)
+        es.append(recv((*tag, "fold", node + p), node + p, part.addr, part.nbytes))
+        es.append(_combine(acc, part, op))
+    mask = 1
+    while mask < p:
+        peer = node ^ mask
+        part = _scratch(acc.count, acc.dtype, keep)
+        es.append(send((*tag, "rd", mask, peer), peer, acc.addr, acc.nbytes, barrier=True))
+        es.append(recv((*tag, "rd", mask, node), peer, part.addr, part.nbytes))
+        es.append(_combine_ordered(acc, part, op, part_first=peer < node))
+        mask <<= 1
+    es += _finish_avg(acc, total, op)
+    if node + p < nnodes:
+        es.append(send((*tag, "unfold", node + p), node + p, acc.addr, acc.nbytes, barrier=True))
     return es
 
 
@@ -121,14 +150,15 @@ def _ring_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag
 
 def allreduce(ins: list[Region], outs: list[Region], op: int, per: int, node: int, nnodes: int, total: int, key: Any,
               ring_min: int = 1 << 62):
-    """Local reduce, then between nodes a ring for chunks of at least ``ring_min`` bytes, a tree below."""
+    """Local reduce, then between nodes a ring for chunks of at least ``ring_min`` bytes, recursive
+    doubling below."""
     chunks = _chunks(outs[0].count, per)
 
     def make(k: int) -> Schedule:
         lo, hi = chunks[k]
         acc, keep = outs[0].part(lo, hi), []
         es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
-        exchange = _ring_exchange if acc.nbytes >= ring_min and acc.count >= nnodes else _tree_exchange
+        exchange = _ring_exchange if acc.nbytes >= ring_min and acc.count >= nnodes else _rd_exchange
         es += exchange(acc, op, node, nnodes, total, (key, k), keep)
         es += [copy(o.part(lo, hi).addr, acc.addr, acc.nbytes, barrier=(i == 0)) for i, o in enumerate(outs[1:])]
         return Schedule(es or [Entry(NOP)], keep=keep)
@@ -247,7 +277,7 @@ def reduce_scatter_block(ins: list[Region], outs: list[Region], ranks: list[int]
         keep: list = []
         acc = _scratch(hi - lo, dtype, keep)
         es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
-        es += _tree_exchange(acc, op, node, nnodes, total, (key, k), keep)
+        es += _rd_exchange(acc, op, node, nnodes, total, (key, k), keep)
         first = True
         for q, gq in enumerate(ranks):
             a, b = max(lo, gq * count), min(hi, (gq + 1) * count)

@@ -28,7 +28,7 @@ import numpy as np
 
 from shmproxy.coll import counts
 from shmproxy.coll.algorithms import _chunks, _finish_avg
-from shmproxy.coll.hierarchy import _local_reduce, _scratch, _sum_for, _tree_exchange
+from shmproxy.coll.hierarchy import _local_reduce, _rd_exchange, _scratch, _sum_for
 from shmproxy.coll.sched import (NOP, UFUNCS, Entry, Region, Schedule, copy, native_code, recv, reduce,
                                  reduce_all, send)
 from shmproxy.core import errors
@@ -230,7 +230,7 @@ def reduce_scatter(ins: list[Region], outs: list[Region], ranks: list[int], rc: 
         acc = _scratch(hi - lo, dtype, keep)
         es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
         if nnodes > 1:
-            es += _tree_exchange(acc, op, node, nnodes, world, (seq, k, total), keep)
+            es += _rd_exchange(acc, op, node, nnodes, world, (seq, k, total), keep)
         else:
             es += _finish_avg(acc, world, op)
         first = True
