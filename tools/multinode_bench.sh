@@ -34,7 +34,7 @@ PINGPONG=${PINGPONG:-1}
 : >"$LOG"
 "$PY" -c "import shmproxy, torch.distributed" 2>>"$LOG" || { echo "shmproxy and torch must be importable by $PY" | tee -a "$LOG"; exit 1; }
 
-free_port() { "$PY" -c "from tests.harness_env import free_port; print(free_port())"; }
+free_port() { "$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
 
 run() {   # run K P NAME ARGS...: shmproxy-bench under K torchruns of P ranks each
     local k=$1 p=$2 name=$3; shift 3
