@@ -104,3 +104,36 @@ def matched_long_double() -> dict:
         assert (got == x).all() and not m
     comm.Barrier()
     return {"rank": rank}
+
+
+def spec_errors() -> dict:
+    """mpi4py's errors for bad message specs, raised before anything is posted (the next message
+    between the two ranks is the right one): an unknown type code is KeyError (and ValueError), a
+    list/dict/class as the buffer TypeError, a type of negative extent commits but no message takes
+    it; None with a datatype and no counts is an empty vector spec."""
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    other = 1 - rank
+    buf = MPI.Alloc_mem(8)
+    empty = [None, 0, "B"]
+    neg = MPI.INT.Create_resized(0, -4).Commit()
+    for spec, exc in (([buf, 0, "\0"], KeyError), ([buf, 0, "\0"], ValueError),
+                      ([[1, 2], 2, 0, "i"], TypeError), ([{1: 2}, 1, 0, "i"], TypeError), (object, TypeError),
+                      ([buf, None, neg], ValueError)):
+        try:
+            comm.Sendrecv(spec, other, 3, empty, other, 3)
+        except exc as e:
+            assert isinstance(e, MPI.Exception), type(e).__mro__
+        else:
+            raise AssertionError(f"{spec!r}: no {exc.__name__}")
+    try:
+        MPI.Datatype.fromcode("\0")
+    except ValueError:
+        pass
+    neg.Free()
+    MPI.COMM_SELF.Alltoallv([None, "B"], [None, "B"])
+    got = np.zeros(2, "i")
+    comm.Sendrecv(np.array([rank, 7], "i"), other, 4, got, other, 4)
+    assert got.tolist() == [other, 7]
+    MPI.Free_mem(buf)
+    return {"rank": rank}

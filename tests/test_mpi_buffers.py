@@ -103,3 +103,7 @@ def test_buffers_as_messages_between_ranks():
 
 def test_matched_receive_of_long_doubles():
     run_ranks(BODY + "matched_long_double", 2, timeout=120)
+
+
+def test_bad_specs_raise_mpi4pys_errors_before_posting():
+    run_ranks(BODY + "spec_errors", 2, timeout=120)

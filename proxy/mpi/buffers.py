@@ -81,8 +81,8 @@ def _as_array(obj: Any, writable: bool, what: str) -> np.ndarray:
                 unsupported(f"{what}: a device buffer in this form (pass the device array itself)")
             if is_foreign(obj):
                 return _checked(foreign.as_array(obj, what), obj, writable, what)
-            raise error(ERR_BUFFER, f"{what}: expected a buffer (numpy array, bytearray, array.array, ...) "
-                        f"or an mpi4py buffer spec, got {type(obj).__name__}") from None
+            raise type_error(ERR_BUFFER, f"{what}: expected a buffer (numpy array, bytearray, array.array, "
+                             f"...) or an mpi4py buffer spec, got {type(obj).__name__}") from None
         try:
             arr = np.asarray(mv)
         except (ValueError, TypeError, NotImplementedError):  # a format numpy cannot read: its bytes
@@ -293,8 +293,8 @@ def parse_v(spec: Any, what: str, writable: bool, size: int) -> VSpec:
     d = None if dtype is None else _as_datatype(dtype, what)
     derived = type(d) is Derived
     if buf is None or buf is BOTTOM:     # no memory: only zero counts fit in it
-        if d is None or counts is None:
-            raise error(ERR_BUFFER, f"{what}: a None/BOTTOM buffer needs counts and a datatype")
+        if d is None:     # left-out counts are split from its size, 0, as mpi4py splits them
+            raise error(ERR_BUFFER, f"{what}: a None/BOTTOM buffer needs a datatype")
         arr = np.empty(0, np.uint8 if derived else check_native(d, what))
     else:
         arr = _as_array(buf, writable, what)

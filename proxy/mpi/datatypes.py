@@ -370,12 +370,27 @@ def check_native(d: Datatype, what: str) -> np.dtype:
     return dt
 
 
+_UNKNOWN_CODE: list[type] = []
+
+
+def _unknown_code(code: Any) -> Exception:
+    """An unknown type code: ERR_TYPE, a ValueError (mpi4py's fromcode raises one) and a KeyError
+    (its buffer specs look codes up in a dict: ``[buf, "\0"]`` raises KeyError)."""
+    exc = error(ERR_TYPE, f"unknown type code {code!r}")
+    if not _UNKNOWN_CODE:
+        _UNKNOWN_CODE.append(type(type(exc).__name__, (type(exc), KeyError), {"__module__": "shmproxy.MPI"}))
+    return _UNKNOWN_CODE[0](str(exc), ERR_TYPE)
+
+
 def from_typecode(code: str) -> Datatype:
-    """mpi4py's ``MPI.Datatype.fromcode`` / ``MPI._typedict``: numpy/array type characters."""
+    """mpi4py's ``MPI.Datatype.fromcode`` / ``MPI._typedict``: numpy/array type characters. numpy
+    reads some strings that are no type code ("\0" is its bool): only printable codes are asked."""
+    if not isinstance(code, str) or not code or not code.isprintable() or code != code.strip():
+        raise _unknown_code(code)
     try:
         return of_dtype(np.dtype(code))
     except TypeError:
-        raise error(ERR_TYPE, f"unknown type code {code!r}") from None
+        raise _unknown_code(code) from None
 
 
 globals().update(PREDEFINED)   # MPI.INT, MPI.DOUBLE, ... (and "2INT", which is also TWOINT)
