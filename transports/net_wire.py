@@ -135,7 +135,7 @@ def send_some(sock: socket.socket, parts: list) -> list:
     return views
 
 
-INBOX_BYTES = 1 << 16   # a reader's buffer: many small frames per recv
+INBOX_BYTES = 1 << 17   # a reader's buffer: many small frames, or a whole eager message, per recv
 # A payload remainder at least this large is read straight into its destination; a bulk frame at most
 # this large is written by its caller at once when its socket is idle.
 DIRECT_BYTES = 1 << 14
@@ -391,7 +391,8 @@ class Link:
         # one up to ``direct_write`` is written at once on an idle socket, as control frames are (what
         # does not fit goes to the writer); a larger one would hold the calling thread (the loop)
         # while the kernel copies it, so it is the writer's (NET_DIRECT_WRITE_BYTES)
-        self.writers[i].put([HEADER.pack(ftype, 0, n, a, b, 0), *parts], on_sent, direct=n <= self.direct_write)
+        self.writers[i].put([HEADER.pack(ftype, 0, n, a, b, 0), *parts], on_sent,
+                            direct=n <= self.direct_write)
 
     # ---------------------------------------------------------------- reading (its threads)
     def _read(self, index: int, sock: socket.socket) -> None:

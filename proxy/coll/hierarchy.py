@@ -72,11 +72,13 @@ def _combine_ordered(acc: Region, part: Region, op: int, part_first: bool) -> En
     red = _sum_for(op)
     code = native_code(red, acc.dtype)
     if code:
-        return reduce_all(red, code, acc.count, acc.dtype.itemsize, [part.addr, acc.addr], [acc.addr], barrier=True)
+        return reduce_all(red, code, acc.count, acc.dtype.itemsize, [part.addr, acc.addr], [acc.addr],
+                          barrier=True)
     return reduce(UFUNCS[red], part, acc, acc, barrier=True)
 
 
-def _rd_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple, keep: list) -> list[Entry]:
+def _rd_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple,
+                 keep: list) -> list[Entry]:
     """After the local reduce into ``acc``: recursive doubling between the nodes; ``acc`` holds the
     global result on every node afterwards (MPICH's allreduce for short messages).
 

@@ -328,8 +328,10 @@ _DECLARED: tuple[Param, ...] = (
     _p("NSOCKS_PERTHREAD", int, 1, "TCP sockets per helper thread.", 1, 16),
     _p("NET_CHUNK_SIZE", parse_size, 1 << 20,
        "Bytes per chunk of a message between nodes (chunks spread over the sockets).", 64 << 10),
-    _p("NET_EAGER_BYTES", parse_size, 16 << 10,
-       "Messages between nodes up to this size travel with their envelope (the send completes at once).", 0),
+    _p("NET_EAGER_BYTES", parse_size, 64 << 10,
+       "Messages between nodes up to this size travel with their envelope (the send completes at once); "
+       "a larger one pays the rendezvous (envelope, clear-to-send, data, done: four crossings). "
+       "Open MPI's TCP eager limit is 64 KiB too.", 0),
     _p("NET_RING_MIN_BYTES", parse_size, 256 << 10,
        "Allreduce chunks from this size go around a ring of the nodes; smaller ones up a tree to node 0 and back.", 0),
     _p("NET_DIRECT_WRITE_BYTES", parse_size, 16 << 10,
