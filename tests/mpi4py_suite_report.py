@@ -64,12 +64,6 @@ KNOWN_FAILS: dict[str, str] = {
     "test_datatype.*.testContiguousBigMPI":
         "the layer says MPI 3.1, where a count past INT_MAX decodes as a struct of vectors; shmproxy builds "
         "(and decodes) the plain contiguous type, as MPI 4 does",
-    "test_msgspec.TestMessageDLPackCPUBuf.test[DNV]*":
-        "MPI.Get_address of a malformed DLPack exporter (DLPack version 0, ndim -1, a __dlpack_device__ that "
-        "is not a callable giving a pair of ints) gives an address instead of refusing it: the tensor is read "
-        "through numpy's from_dlpack, which does not check these; no data moves in these tests",
-    "test_msgspec.TestMessageCAIBuf.testDescrType":
-        "a CUDA-array-interface object with an unknown typestr is not refused with TypeError",
     "test_exceptions.*":
         "a call on a null handle (COMM_NULL, GROUP_NULL, DATATYPE_NULL, REQUEST_NULL, INFO_NULL), a Status "
         "count of an unknown type or a Free of COMM_WORLD/SELF raises another error class, or none",

@@ -26,13 +26,13 @@ NRANKS = 3
 # the exact counts); lower one only with a reason.
 FLOOR: dict[str, int] = {
     "test_status": 9, "test_request": 10, "test_p2p_buf": 50, "test_p2p_obj": 82,
-    "test_p2p_buf_matched": 7, "test_p2p_obj_matched": 8, "test_msgspec": 89, "test_msgzero": 8,
-    "test_buffer": 0, "test_cco_buf": 70, "test_cco_obj": 38, "test_cco_vec": 60, "test_cco_nb_buf": 64,
+    "test_p2p_buf_matched": 9, "test_p2p_obj_matched": 8, "test_msgspec": 131, "test_msgzero": 8,
+    "test_buffer": 14, "test_cco_buf": 70, "test_cco_obj": 38, "test_cco_vec": 60, "test_cco_nb_buf": 64,
     "test_cco_nb_vec": 60, "test_cco_ngh_buf": 14, "test_cco_ngh_obj": 8, "test_cco_buf_inter": 14,
     "test_cco_obj_inter": 22, "test_cco_vec_inter": 8, "test_comm": 87, "test_comm_inter": 27,
-    "test_comm_topo": 30, "test_group": 50, "test_datatype": 47, "test_op": 8, "test_pack": 0,
+    "test_comm_topo": 30, "test_group": 50, "test_datatype": 47, "test_op": 8, "test_pack": 6,
     "test_pickle": 0, "test_objmodel": 3, "test_exceptions": 8, "test_errhandler": 0, "test_errorcode": 2,
-    "test_info": 15, "test_environ": 10, "test_util_pkl5": 109, "test_util_dtlib": 17, "test_util_sync": 4,
+    "test_info": 15, "test_environ": 10, "test_util_pkl5": 109, "test_util_dtlib": 22, "test_util_sync": 4,
     "test_util_pool": 18, "test_cco_pr_buf": 64, "test_cco_pr_vec": 48, "test_cco_pr_ngh_buf": 0,
     "test_p2p_buf_part": 0, "test_grequest": 0, "test_attributes": 0, "test_mpimem": 2, "test_subclass": 0,
     "test_threads": 0,

@@ -38,6 +38,7 @@ from shmproxy.mpi.buffers import BOTTOM
 from shmproxy.mpi.datatypes import Datatype
 from shmproxy.mpi.exceptions import (ERR_ARG, ERR_BUFFER, ERR_TYPE, as_int, buffer_error, error, type_error,
                                      unsupported)
+from shmproxy.mpi.membuf import dlpack_region
 from shmproxy.mpi.typemap import Derived
 
 _U8 = np.dtype(np.uint8)
@@ -288,52 +289,13 @@ def address_of(location: Any) -> int:
 def _foreign_address(location: Any) -> int:
     if not hasattr(location, "__dlpack__"):        # the CUDA array interface (host memory)
         return int(foreign.as_array(location, "Get_address").__array_interface__["data"][0])
-    dev = (foreign._KDL_CPU, 0)
-    if hasattr(location, "__dlpack_device__"):
-        dev = location.__dlpack_device__()      # (None as the attribute: a TypeError, as mpi4py)
-        if not isinstance(dev, tuple):
-            raise TypeError(f"Get_address: __dlpack_device__() gave {type(dev).__name__}, not a tuple")
-        if len(dev) != 2:
-            raise ValueError(f"Get_address: __dlpack_device__() gave {len(dev)} items, not 2")
-        if not all(isinstance(x, int) for x in dev):
-            raise TypeError("Get_address: __dlpack_device__() items must be integers")
-    if dev[0] not in (foreign._KDL_CPU, foreign._KDL_CUDA_HOST):
-        unsupported(f"Get_address of a buffer on DLPack device type {dev[0]}", "host memory only")
-    # The capsule lives in _dlpack_address's frame only: an exception raised there would keep it
-    # (and the exporter's tensor) alive in its traceback, so problems come back as text.
-    address, problem = _dlpack_address(location)
+    # mpi4py's checks of the device pair, the capsule and the tensor, with its errors; the capsule
+    # stays in dlpack_region's frame (an exception raised with it alive would keep the exporter's
+    # tensor in a traceback: mpi4py's tests count references to it)
+    address, _nbytes, _readonly, devtype, problem = dlpack_region(location)
     if problem is not None:
         raise buffer_error(f"Get_address: {problem}")
+    host = (foreign._KDL_CPU, foreign._KDL_CUDA_HOST)
+    if devtype not in host and not (devtype == foreign._KDL_CUDA and not foreign.on_device(location)):
+        unsupported(f"Get_address of a buffer on DLPack device type {devtype}", "host memory only")
     return address
-
-
-def _dlpack_address(obj: Any) -> tuple[int, str | None]:
-    """(address of the tensor's first byte, None), or (0, what is wrong with it), as mpi4py checks a
-    DLPack tensor: a capsule not yet used, version 1 or later, a shape of ndim >= 0 non-negative
-    sizes, contiguous strides."""
-    try:
-        capsule = obj.__dlpack__(stream=None, max_version=(1, 0))
-    except TypeError:           # an exporter of the protocol before version 1
-        capsule = obj.__dlpack__(stream=None)
-    api = foreign._api
-    if api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        m = foreign._DLManagedVersioned.from_address(api.PyCapsule_GetPointer(capsule, b"dltensor_versioned"))
-        if m.version.major < 1:
-            return 0, f"DLPack version {m.version.major}.{m.version.minor} in a versioned capsule"
-        t = m.dl_tensor
-    elif api.PyCapsule_IsValid(capsule, b"dltensor"):
-        t = foreign._DLManaged.from_address(api.PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
-    else:
-        return 0, "__dlpack__ gave no DLPack capsule (or one already used)"
-    if t.ndim < 0:
-        return 0, f"a DLPack tensor of ndim {t.ndim}"
-    if t.ndim and not t.shape:
-        return 0, "a DLPack tensor with no shape"
-    shape = tuple(int(t.shape[k]) for k in range(t.ndim))
-    if any(n < 0 for n in shape):
-        return 0, f"a DLPack tensor of shape {shape}"
-    item = max(int(t.dtype.bits) * int(t.dtype.lanes) // 8, 1)
-    strides = None if not t.strides or not t.ndim else tuple(int(t.strides[k]) * item for k in range(t.ndim))
-    if not foreign._contiguous(shape, strides, item):
-        return 0, "a strided DLPack tensor (not contiguous)"
-    return (t.data or 0) + int(t.byte_offset), None
