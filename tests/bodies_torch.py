@@ -423,3 +423,46 @@ def staged_large() -> dict[str, Any]:
     dist.barrier(group=shm)
     dist.destroy_process_group()
     return res
+
+
+def small_calls_on_their_own_thread() -> dict:
+    """Blocking small calls complete on the calling thread, with no pass of the completion thread (no
+    hand-off there and back); two threads, each on a group of its own, call at once and each gets its
+    own results; an async small call whose Future is taken is still completed by the completer."""
+    import threading
+    _, shm = _groups()
+    other = dist.new_group(backend="shmproxy")
+    me, ws = dist.get_rank(), dist.get_world_size()
+    total = float(sum(range(1, ws + 1)))
+    before = shm.completer.passes
+    t = torch.zeros(2)
+    for i in range(200):
+        t.fill_(float(me + 1 + i))
+        dist.all_reduce(t, group=shm)
+        assert float(t[0]) == total + ws * i, (i, t)
+    dist.barrier(group=shm)
+    out: dict[str, Any] = {"passes": shm.completer.passes - before}
+    got: dict[str, list] = {"a": [], "b": []}
+
+    def caller(name: str, group: Any, salt: float) -> None:
+        x = torch.zeros(4)
+        for i in range(100):
+            x.fill_(salt * (me + 1) + i)
+            if i % 2:
+                dist.all_reduce(x, group=group)
+            else:
+                dist.all_reduce(x, group=group, async_op=True).wait()
+            got[name].append(float(x[0]))
+
+    ts = [threading.Thread(target=caller, args=("a", shm, 1.0)),
+          threading.Thread(target=caller, args=("b", other, 10.0))]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join(120)
+    out["a_ok"] = got["a"] == [total + ws * i for i in range(100)]
+    out["b_ok"] = got["b"] == [10 * total + ws * i for i in range(100)]
+    w = dist.all_reduce(torch.ones(2), group=shm, async_op=True)
+    out["future"] = float(w.get_future().wait()[0][0])
+    dist.destroy_process_group()
+    return out

@@ -54,6 +54,18 @@ def test_async_ops_and_futures() -> None:
 
 
 @pytest.mark.launcher
+def test_small_blocking_calls_complete_on_the_calling_thread() -> None:
+    """Issue 43: a blocking small call's Work is completed by the thread that waits for it (no pass of
+    the completion thread, which each call used to wake and wait for), also with two threads calling
+    on two groups at once; a Future still completes with nobody waiting."""
+    res = run_ranks(f"{B}:small_calls_on_their_own_thread", 2, timeout=200, launcher="torchrun")
+    for r in res.results:
+        assert r["passes"] == 0, r
+        assert r["a_ok"] and r["b_ok"], r
+        assert r["future"] == 2.0, r
+
+
+@pytest.mark.launcher
 def test_ddp_same_weights_as_gloo() -> None:
     res = run_ranks(f"{B}:ddp_equal", 2, timeout=250, launcher="torchrun", args={"steps": 20})
     for r in res.results:

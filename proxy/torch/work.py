@@ -18,7 +18,17 @@ the previous one is still in flight.
 
 The sleep is the communicator's own bounded sleep (``Comm._sleep_slice``): the Comm has no public
 "sleep until one of my requests completes" that does not also reap, and reaping must stay under
-the lock. A Work's ``wait`` waits on an Event that the completer sets: every thread may wait.
+the lock.
+
+Who completes a Work. Posting does not wake the completer: a blocking call (torch calls ``wait``
+right after posting) of a small operation *claims* its Work (takes it out of the pending list) and
+completes it on the waiting thread, with the communicator's own Wait under the group's lock (for
+such an operation microseconds, and it takes part in the ranks' fast path): waking the completer
+and being woken by it cost far more than the operation. A Work whose Future is taken (``watch``:
+DDP), a larger one being waited for, or any Work once the completer is awake for another, is the
+completer's, which sets an Event that every waiting thread waits on. ``is_completed`` of a Work
+nobody watches tests it once (``poll``). A Work's completion runs exactly once: whoever removed it
+from the pending list under the lock completes it.
 
 Caveat: a callback chained on a Future runs on the completer; a *blocking* collective on the same
 group inside such a callback would wait for the thread that is running it. Such a call raises an
@@ -35,7 +45,11 @@ import torch
 import torch.distributed as dist
 
 from shmproxy.core import errors
+from shmproxy.rank.request import Request
 from shmproxy.torch.tensors import Staged
+
+
+SMALL_WAIT_BYTES = 64 << 10   # outputs up to this: the waiting thread completes the Work itself
 
 
 class Work(dist.Work):
@@ -60,6 +74,11 @@ class Work(dist.Work):
         self._trigger: torch.futures.Future = torch.futures.Future()
         self._future = self._trigger.then(self._outcome)
         self.deadline = time.monotonic() + pg.timeout_s
+        self._watched = False   # the completer was told of it (get_future): see Completer.add
+        # A small operation's wait completes it on the waiting thread, under the group's lock (its
+        # wait is microseconds, so other threads' posts are not held up): no hand-off to the
+        # completer and back, which cost more than the operation. A larger one is the completer's.
+        self.small = sum(t.numel() * t.element_size() for t in result) <= SMALL_WAIT_BYTES
 
     # ---- set by the completer -------------------------------------------------------------------
     def _complete(self) -> None:
@@ -99,6 +118,10 @@ class Work(dist.Work):
                     f"rank {self._pg.rank()}: a blocking wait for {self.name} on the shmproxy completion "
                     "thread (inside a Future callback): chain another callback instead of waiting")
             limit = secs if secs else max(self.deadline - time.monotonic(), 0.0) + 1.0
+            if self.small and self._pg.completer.claim(self):
+                self._finish_here(limit)   # no hand-off: this thread waits and completes it
+            else:
+                self._pg.completer.watch(self)   # the completer completes it: it must be awake
             if not self._event.wait(limit):
                 raise errors.Timeout(
                     f"rank {self._pg.rank()}: {self.name} did not complete within {limit:.1f} s")
@@ -106,16 +129,38 @@ class Work(dist.Work):
             raise self._exc
         return True
 
+    def _finish_here(self, limit: float) -> None:
+        """Complete a Work this thread claimed from the completer: the communicator's own Wait (which
+        spins in C, and takes part in a small collective of the ranks' fast path), under the group's
+        lock (a Comm serves one thread at a time), then complete it here. Other threads post on this
+        group after it; the progress process moves the requests either way, so nothing they wait on
+        waits on them."""
+        pg = self._pg
+        try:
+            with pg.lock:
+                Request.Waitall(self.requests, limit)
+                self.requests = []
+        except errors.ProxyError as exc:
+            self._fail(exc)
+            return
+        self._complete()
+
     def is_completed(self) -> bool:
+        if not self._event.is_set():
+            self._pg.completer.poll(self)
         return self._event.is_set()
 
     def is_success(self) -> bool:
-        return self._event.is_set() and self._exc is None
+        return self.is_completed() and self._exc is None
 
     def exception(self) -> BaseException | None:  # type: ignore[override]
+        self.is_completed()
         return self._exc
 
     def get_future(self) -> torch.futures.Future:
+        """The Future of the outputs; from now on the completer completes this Work even if nobody
+        waits (DDP chains its callbacks here and waits on the chained Future from C++)."""
+        self._pg.completer.watch(self)
         return self._future
 
     def result(self) -> list[torch.Tensor]:  # type: ignore[override]
@@ -141,14 +186,54 @@ class Completer:
         self._pending: list[Work] = []
         self._cond = threading.Condition(pg.lock)   # the group's lock: adding work and testing share it
         self._stop = False
+        self.passes = 0   # passes over the pending Works (a count for tests and dumps)
         self.thread = threading.Thread(target=self._run, name=f"shmproxy-completer-{pg.group_label}",
                                        daemon=True)
         self.thread.start()
 
     def add(self, work: Work) -> None:
-        """Called with the group's lock held, right after posting."""
+        """Called with the group's lock held, right after posting. The thread is not woken for it:
+        a blocking call's ``wait`` claims its Work at once and completes it itself (``claim``), and
+        waking a thread for each small call cost more than the call. It is woken when the Work's
+        Future is taken (``watch``: nobody may ever wait on that Work); when it is awake anyway, its
+        passes test every pending Work, this one too."""
         self._pending.append(work)
-        self._cond.notify()
+
+    def watch(self, work: Work) -> None:
+        with self._cond:
+            if not work._watched:
+                work._watched = True
+                self._cond.notify()
+
+    def claim(self, work: Work) -> bool:
+        """Take ``work`` out of the pending list for the calling thread to complete; False when the
+        completer has it already (its pass found it finished: it completes it)."""
+        with self._cond:
+            try:
+                self._pending.remove(work)
+            except ValueError:
+                return False
+            return True
+
+    def poll(self, work: Work) -> None:
+        """``is_completed`` of a Work nobody waits on: test it once, complete it here if it finished."""
+        with self._cond:
+            if work not in self._pending:
+                return
+            try:
+                work.requests = [r for r in work.requests if not r.Test()]
+            except errors.ProxyError as exc:
+                self._pending.remove(work)
+                failed: BaseException | None = exc
+            else:
+                if work.requests:
+                    return
+                self._pending.remove(work)
+                failed = None
+        if failed is not None:
+            work._fail(failed)
+        else:
+            work._complete()
 
     def stop(self) -> None:
         with self._cond:
@@ -179,6 +264,7 @@ class Completer:
         """Test every pending operation, complete the finished ones; sleep when none finished."""
         comm = self._pg.comm
         with self._cond:
+            self.passes += 1
             finished, failure, head = self._test_all()
         for w in finished:
             w._complete()
