@@ -3,6 +3,7 @@
 #
 #   sudo tools/netns_bench.sh            # from the repository root, as root (network namespaces)
 #   OUT=/tmp/res PER=2 tools/netns_bench.sh
+#   PINGPONG="" ALLREDUCE="-b 16M -e 64M -f 4" tools/netns_bench.sh   # sizes of each run ("" skips it)
 #
 # Two network namespaces (the hosts) are cabled to a third (a switch with a bridge), each host gets
 # 10.99.0.<i+1>/24 on a veth pair, and torchrun runs with --nnodes 2 in each: shmproxy meets through
@@ -18,6 +19,8 @@ OUT=${OUT:-./out}
 mkdir -p "$OUT"
 LOG="$OUT/netns_bench.log"
 PER=${PER:-2}
+PINGPONG=${PINGPONG--b 8 -e 16M -f 8}
+ALLREDUCE=${ALLREDUCE--b 8 -e 16M -f 8}
 PY=${PYTHON:-python3}
 BENCH=$(command -v shmproxy-bench) || { echo "shmproxy-bench is not installed" >&2; exit 1; }
 TAG=spb$$
@@ -46,10 +49,14 @@ run() {   # run NPER ARGS...: shmproxy-bench under torchrun on both hosts
 }
 {
     echo "=== netns_bench: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, shmproxy $(git rev-parse --short HEAD)"
-    echo "=== pingpong, 1 rank per host"
-    timeout 300 bash -c "$(declare -f run); TAG=$TAG PY=$PY BENCH=$BENCH; run 1 pingpong -b 8 -e 16M -f 8 --peers gloo --no-progress" \
-        || echo "pingpong failed"
-    echo "=== allreduce, $PER ranks per host"
-    timeout 300 bash -c "$(declare -f run); TAG=$TAG PY=$PY BENCH=$BENCH; run $PER allreduce -b 8 -e 16M -f 8 --peers gloo --no-progress" \
-        || echo "allreduce failed"
+    if [ -n "$PINGPONG" ]; then
+        echo "=== pingpong, 1 rank per host"
+        timeout 300 bash -c "$(declare -f run); TAG=$TAG PY=$PY BENCH=$BENCH; run 1 pingpong $PINGPONG --peers gloo --no-progress" \
+            || echo "pingpong failed"
+    fi
+    if [ -n "$ALLREDUCE" ]; then
+        echo "=== allreduce, $PER ranks per host"
+        timeout 300 bash -c "$(declare -f run); TAG=$TAG PY=$PY BENCH=$BENCH; run $PER allreduce $ALLREDUCE --peers gloo --no-progress" \
+            || echo "allreduce failed"
+    fi
 } 2>&1 | tee "$LOG"

@@ -340,9 +340,11 @@ _DECLARED: tuple[Param, ...] = (
        "not fit in the socket's buffer goes to the writer.", 0),
     _p("NET_LOOP_WAIT", int, -1,
        "While a collective between nodes waits on the network and nothing else is in flight, the progress "
-       "loop waits for the link's news in C (spinning with the GIL released, at most 1 ms per wait) "
-       "instead of passing through Python, whose GIL the link's threads would queue for. 1 = always, "
-       "0 = never; -1 = automatic: unless the node is crowded (a spin would take the CPU they need).", -1, 1),
+       "loop waits for the link's news without passing through Python, whose GIL the link's threads "
+       "would queue for: 1 = spinning in C with the GIL released (at most 1 ms per wait), 2 = asleep on "
+       "the pool's condvar (news and posts wake it), 0 = Python passes; -1 = automatic: 1, or 0 where "
+       "no core is spare (a spin takes the CPU the link's threads need; 2 was not measured apart from "
+       "0 on a loaded 2-core VM).", -1, 2),
     _p("NET_KEEPALIVE_S", float, 5.0,
        "TCP keepalive idle time between nodes; a dead link is declared after about three times this.", 1),
     # --- shared memory ---

@@ -25,6 +25,7 @@ _F_TRY = FetchMode.TRY
 # How long the loop sleeps in C for the news of a collective across nodes when nothing else is in
 # flight: news, a post or the abort flag end it at once; the bound only keeps the heartbeat going.
 EVENT_WAIT_NS = 1_000_000
+NET_WAIT_PASSES, NET_WAIT_SPIN, NET_WAIT_SLEEP = 0, 1, 2   # NET_LOOP_WAIT
 
 
 class Fetching:
@@ -150,9 +151,10 @@ class Fetching:
 
         A collective across nodes (CollWork.event_driven) moves only when news comes (its chunks'
         SEND/RECV end as loop events from the link's threads) and needs no word: with nothing else in
-        flight the loop sleeps in C until news, a post or the abort flag, so that it holds no GIL
-        the link's threads queue for while they move the chunks (docs/decisions.md, "Collectives
-        across nodes run on the loop")."""
+        flight the loop waits until news, a post or the abort flag, spinning in C or (no spare core)
+        asleep on the pool's condvar (NET_LOOP_WAIT), so that it holds no GIL the link's threads queue
+        for while they move the chunks (docs/decisions.md, "The link's threads never queue for the
+        GIL behind the loop")."""
         if self.watch_ns <= 0 or self.buffer_later or self.relayed or self.fast_held or self.fast_retry:
             return False
         words: list = []
@@ -165,7 +167,15 @@ class Fetching:
         if not words:
             if polled or not self.net_loop_wait:
                 return False
-            if self._watch((), max(self.watch_ns, EVENT_WAIT_NS)) == _native.WATCH_TIMEOUT:
+            if self.net_loop_wait == NET_WAIT_SLEEP:
+                # no spare core: sleep on the pool's condvar, which news (post_event) and posts end
+                self.view.mutex.lock(self.timeout)
+                try:
+                    if self.view.i32[P.NEXT_OPS_OFF // 4] == -1 and not self.q[_MASK_Q] and not self._should_exit():
+                        self._sleep_locked()
+                finally:
+                    self.view.mutex.unlock()
+            elif self._watch((), max(self.watch_ns, EVENT_WAIT_NS)) == _native.WATCH_TIMEOUT:
                 os.sched_yield()
             return True
         why = self._watch(words, self.watch_ns)

@@ -106,7 +106,7 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         self.spin_ns = int(params.PROXY_SPIN_US * 1000)
         self.watch_ns = int(params.PROXY_WATCH_US * 1000)
         # a crowded node's loop does not spin for the network's news: the link's threads need the CPU
-        self.net_loop_wait = bool(params.NET_LOOP_WAIT) if params.NET_LOOP_WAIT >= 0 else not self.crowded
+        self.net_loop_wait = params.NET_LOOP_WAIT if params.NET_LOOP_WAIT >= 0 else (0 if self.crowded else 1)
         # On a crowded node the loop does not spin right after it completed work of the copy
         # workers: the ranks it just woke need the CPUs to come back and post (see complete_large).
         self.spin_skip = False
