@@ -137,3 +137,61 @@ def spec_errors() -> dict:
     assert got.tolist() == [other, 7]
     MPI.Free_mem(buf)
     return {"rank": rank}
+
+
+class _CAI:
+    """A host array exporting the CUDA array interface (as mpi4py's tests' fake GPU arrays)."""
+
+    def __init__(self, arr: np.ndarray, readonly: bool = False):
+        self.arr = arr
+        self.__cuda_array_interface__ = {"version": 0, "data": (arr.__array_interface__["data"][0], readonly),
+                                         "typestr": arr.dtype.str, "shape": arr.shape, "strides": None}
+
+
+def cai_forms() -> dict:
+    """CUDA-array-interface objects over host memory as messages, with mpi4py's checks of the
+    interface: a byte order not this machine's, a mask, a bad data pair or strides are refused
+    (BufferError, ValueError, TypeError, KeyError) before anything is posted; a 'descr' that is not
+    the typestr's is a RuntimeWarning, and a |V typestr over fields of one type moves those."""
+    import warnings
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    other = 1 - rank
+    good = _CAI(np.arange(6, dtype="d") + rank)
+    bad = []
+    swapped = _CAI(np.zeros(6, "d"))
+    swapped.__cuda_array_interface__["typestr"] = ">f8" if np.little_endian else "<f8"
+    bad.append((swapped, BufferError))
+    masked = _CAI(np.zeros(6, "d"))
+    masked.__cuda_array_interface__["mask"] = True
+    bad.append((masked, BufferError))
+    short = _CAI(np.zeros(6, "d"))
+    short.__cuda_array_interface__["data"] = (short.__cuda_array_interface__["data"][0],)
+    bad.append((short, ValueError))
+    strided = _CAI(np.zeros(6, "d"))
+    strided.__cuda_array_interface__["strides"] = (16,)
+    bad.append((strided, BufferError))
+    nodata = _CAI(np.zeros(6, "d"))
+    del nodata.__cuda_array_interface__["data"]
+    bad.append((nodata, KeyError))
+    notdict = _CAI(np.zeros(6, "d"))
+    notdict.__cuda_array_interface__ = None      # type: ignore[assignment]
+    bad.append((notdict, TypeError))
+    readonly = _CAI(np.zeros(6, "d"), readonly=True)
+    bad.append((readonly, BufferError))
+    for obj, exc in bad:
+        try:
+            comm.Sendrecv(good, other, 8, obj, other, 8)
+        except exc:
+            pass
+        else:
+            raise AssertionError(f"{obj.__cuda_array_interface__!r}: no {exc.__name__}")
+    packed = _CAI(np.zeros(6, "d"))
+    cai = packed.__cuda_array_interface__
+    cai.update(typestr="|V24", shape=(2,), descr=[("", "<f8")] * 3)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        comm.Sendrecv(good, other, 9, packed, other, 9)
+    assert any(issubclass(w.category, RuntimeWarning) for w in seen)
+    assert (packed.arr == np.arange(6) + other).all()
+    return {"rank": rank}

@@ -107,3 +107,7 @@ def test_matched_receive_of_long_doubles():
 
 def test_bad_specs_raise_mpi4pys_errors_before_posting():
     run_ranks(BODY + "spec_errors", 2, timeout=120)
+
+
+def test_cuda_array_interface_objects_checked_as_mpi4py_checks_them():
+    run_ranks(BODY + "cai_forms", 2, timeout=120)
