@@ -34,6 +34,10 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
                               Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime,
                               Session, SESSION_NULL, WIN_NULL, FILE_NULL)
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
+from shmproxy.mpi.exceptions import (Add_error_class, Add_error_code, Add_error_string, Remove_error_class,
+                                     Remove_error_code, Remove_error_string)
+from shmproxy.mpi.env import (MODE_APPEND, MODE_CREATE, MODE_DELETE_ON_CLOSE, MODE_EXCL, MODE_RDONLY,
+                              MODE_RDWR, MODE_SEQUENTIAL, MODE_UNIQUE_OPEN, MODE_WRONLY)
 from shmproxy.mpi.group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL,
                               PROD, REPLACE, SUM, Op)

@@ -27,7 +27,8 @@ from typing import Any
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, UNDEFINED
 from shmproxy.mpi.coll import Collectives
-from shmproxy.mpi.exceptions import ERR_ARG, ERR_COMM, ERR_ROOT, ERR_TAG, as_int, convert, error, unsupported
+from shmproxy.mpi.exceptions import (ERR_ARG, ERR_COMM, ERR_KEYVAL, ERR_ROOT, ERR_TAG, as_int, convert, error,
+                                     attr_error, last_used_code, unsupported)
 from shmproxy.mpi.group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import SUM, as_op
 from shmproxy.mpi.status import PROC_NULL
@@ -75,6 +76,15 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         # (COMM_WORLD and COMM_SELF override this to initialise themselves on first use.)
         if name == "_c":
             raise error(ERR_COMM, "invalid communicator (MPI.COMM_NULL, or freed)")
+        if name.startswith("_") and not name.startswith("__"):
+            try:
+                object.__getattribute__(self, "_c")
+            except AttributeError:
+                # a null handle of a subclass (MPI.Intercomm(), MPI.Cartcomm()) lacks its layout's
+                # slots too: the call is on an invalid communicator (also an AttributeError, so
+                # that hasattr stays False)
+                raise attr_error(ERR_COMM, f"invalid communicator (MPI.{type(self).__name__}() null "
+                                 "handle, or freed)") from None
         raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ queries
@@ -140,6 +150,7 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         return self.Get_group()
 
     def Get_topology(self) -> int:
+        self._c   # COMM_NULL raises ERR_COMM
         return UNDEFINED
 
     @property
@@ -159,15 +170,20 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         return True
 
     def Is_inter(self) -> bool:
+        self._c   # COMM_NULL raises ERR_COMM
         return False
 
     def Is_intra(self) -> bool:
+        self._c
         return True
 
     def Get_attr(self, keyval: int) -> Any:
         """TAG_UB (tags may be any int64 but ANY_TAG), WTIME_IS_GLOBAL (no), APPNUM, UNIVERSE_SIZE."""
         values = {TAG_UB: _TAG_UB_VALUE, WTIME_IS_GLOBAL: False, HOST: PROC_NULL, IO: ANY_SOURCE,
-                  APPNUM: None, UNIVERSE_SIZE: None, LASTUSEDCODE: None}
+                  APPNUM: None, UNIVERSE_SIZE: None, LASTUSEDCODE: last_used_code()}
+        self._c   # COMM_NULL raises ERR_COMM
+        if keyval == KEYVAL_INVALID:
+            raise error(ERR_KEYVAL, "Comm.Get_attr(MPI.KEYVAL_INVALID): not an attribute key")
         if keyval not in values:
             unsupported("Comm.Get_attr for user attribute keys", "only the predefined keys exist")
         return values[keyval]
@@ -175,6 +191,9 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
     def Compare(self, comm: "Comm") -> int:
         """IDENT (the same communicator), CONGRUENT (same members, same order), SIMILAR, UNEQUAL;
         ``comm1.Compare(comm2)`` or mpi4py's ``MPI.Comm.Compare(comm1, comm2)``."""
+        if not isinstance(comm, Comm):
+            raise TypeError(f"Comm.Compare: expected an MPI.Comm, got {type(comm).__name__}")
+        self._c, comm._c   # COMM_NULL raises ERR_COMM
         if self == comm:
             return IDENT
         if self.is_inter or comm.is_inter:
@@ -185,15 +204,31 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
             return CONGRUENT
         return SIMILAR if set(a) == set(b) else UNEQUAL
 
+    def _eh_key(self) -> object:
+        """What the held error handler is filed under: the native communicator (COMM_NULL raises)."""
+        return id(self._c)
+
     def Get_errhandler(self) -> Any:
-        from shmproxy.mpi.env import ERRORS_RETURN
-        return ERRORS_RETURN
+        """A new handle to the error handler this communicator holds (ERRORS_RETURN unless set);
+        the caller Frees it. Errors are raised as MPI.Exception whatever the handler."""
+        from shmproxy.mpi import errhandler
+        return errhandler.get(self._eh_key())
 
     def Set_errhandler(self, errhandler: Any) -> None:
-        """Errors are raised as exceptions (mpi4py's default, ERRORS_RETURN); nothing else exists."""
-        from shmproxy.mpi.env import ERRORS_RETURN
-        if errhandler is not ERRORS_RETURN:
-            unsupported(f"Comm.Set_errhandler({errhandler!r})", "errors are always raised as MPI.Exception")
+        from shmproxy.mpi import errhandler as eh
+        key = self._eh_key()
+        eh.set_(key, errhandler)
+
+    def Call_errhandler(self, errorcode: int) -> None:
+        """Run the held handler for ``errorcode`` (a handler of the program's own is called with this
+        communicator; ERRORS_ARE_FATAL/ERRORS_ABORT abort on an error code; ERRORS_RETURN does nothing)."""
+        from shmproxy.mpi import errhandler
+        errhandler.call(self, self._eh_key(), errorcode)
+
+    @classmethod
+    def Create_errhandler(cls, errhandler_fn: Any) -> Any:
+        from shmproxy.mpi import errhandler
+        return errhandler.create(errhandler_fn)
 
     def __bool__(self) -> bool:
         try:
@@ -375,6 +410,8 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
     def Free(self) -> None:
         """Close this rank's part of the communicator (pending sends complete first)."""
         c = self._c
+        from shmproxy.mpi import errhandler
+        errhandler.forget(id(c))
         try:
             c.close()
         except errors.ProxyError as exc:

@@ -148,14 +148,15 @@ class Datatype:
         return self, "NAMED", {}
 
     def Commit(self) -> "Datatype":
+        if self._h is DATATYPE_NULL:
+            raise error(ERR_TYPE, "Commit of MPI.DATATYPE_NULL")    # as MPI: an invalid datatype
         return self    # predefined types need no commit
 
     def Free(self) -> None:
-        if self._h is not DATATYPE_NULL:
-            raise error(ERR_TYPE, f"the predefined datatype {self.name} cannot be freed")
+        raise error(ERR_TYPE, f"the predefined datatype {self.name} cannot be freed")   # DATATYPE_NULL too
 
     def free(self) -> None:
-        self.Free()
+        """mpi4py's safe free: a no-op on a predefined type or DATATYPE_NULL (Free raises there)."""
 
     def Dup(self) -> "Datatype":
         return _tm().dup(self)

@@ -18,7 +18,7 @@ from typing import Any
 from shmproxy.core import errors
 from shmproxy.mpi import bsend
 from shmproxy.mpi.comm import Comm, Intracomm, _member_comm, cached_native
-from shmproxy.mpi.exceptions import (ERR_FILE, ERR_OTHER, ERR_SESSION, ERR_WIN, as_int, convert, error,
+from shmproxy.mpi.exceptions import (ERR_COMM, ERR_FILE, ERR_OTHER, ERR_SESSION, ERR_WIN, as_int, convert, error,
                                      unsupported)
 
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
@@ -33,25 +33,9 @@ _state: dict[str, Any] = {"world": None, "self": None, "initialized": False, "fi
                           "thread_level": _PROVIDED}
 
 
-class Errhandler:
-    """The error handlers: errors are always raised (ERRORS_RETURN, mpi4py's default)."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def Free(self) -> None:
-        """Predefined handlers hold nothing."""
-
-    def __repr__(self) -> str:
-        return f"<MPI.{self.name}>"
-
-
-ERRORS_RETURN = Errhandler("ERRORS_RETURN")
-ERRORS_ARE_FATAL = Errhandler("ERRORS_ARE_FATAL")
-ERRORS_ABORT = Errhandler("ERRORS_ABORT")
-ERRHANDLER_NULL = Errhandler("ERRHANDLER_NULL")
+# the error handlers live in errhandler.py; MPI.ERRORS_RETURN and the others are re-exported here
+from shmproxy.mpi.errhandler import (ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL,  # noqa: E402,F401
+                                     ERRORS_RETURN, Errhandler)
 
 
 def _native_world() -> Any:
@@ -79,7 +63,7 @@ class _World(Intracomm):
         return c
 
     def Free(self) -> None:
-        raise error(ERR_OTHER, "COMM_WORLD cannot be freed (call MPI.Finalize)")
+        raise error(ERR_COMM, "COMM_WORLD cannot be freed (call MPI.Finalize)")
 
     def __bool__(self) -> bool:
         return not _state["finalized"]
@@ -124,7 +108,11 @@ class _Self(Intracomm):
         return Group((me,), me)
 
     def Free(self) -> None:
-        raise error(ERR_OTHER, "COMM_SELF cannot be freed (call MPI.Finalize)")
+        raise error(ERR_COMM, "COMM_SELF cannot be freed (call MPI.Finalize)")
+
+    def _eh_key(self) -> object:
+        # its handler is kept without making the native communicator (a progress process of its own)
+        return "COMM_SELF"
 
     def __bool__(self) -> bool:
         return not _state["finalized"]
@@ -279,6 +267,10 @@ def _missing_class(name: str, why: str) -> type:
 
 Win = _missing_class("Win", _ONE_SIDED)
 File = _missing_class("File", "MPI-IO is not part of shmproxy")
+# MPI-IO's access modes (MPICH's values), so that a program builds its mode and then meets File.Open's
+# NotImplementedError (mpi4py's tests skip on it) rather than an AttributeError
+MODE_CREATE, MODE_RDONLY, MODE_WRONLY, MODE_RDWR = 1, 2, 4, 8
+MODE_DELETE_ON_CLOSE, MODE_UNIQUE_OPEN, MODE_EXCL, MODE_APPEND, MODE_SEQUENTIAL = 16, 32, 64, 128, 256
 Session = _missing_class("Session", "MPI sessions are not part of shmproxy (COMM_WORLD is the world model)")
 
 

@@ -37,10 +37,16 @@ class Group:
 
     # ---- queries
     def Get_size(self) -> int:
+        self._valid("Get_size")
         return len(self._members)
 
     def Get_rank(self) -> int:
+        self._valid("Get_rank")
         return self._index.get(self._me, UNDEFINED)
+
+    def _valid(self, what: str) -> None:
+        if self._null:
+            raise error(ERR_GROUP, f"Group.{what}: invalid group (MPI.GROUP_NULL, or freed)")
 
     @property
     def size(self) -> int:
@@ -72,6 +78,8 @@ class Group:
     def Compare(self, other: "Group") -> int:
         """IDENT (same members, same order), SIMILAR (same members), else UNEQUAL."""
         _check_group(other)
+        self._valid("Compare")
+        other._valid("Compare")
         if self._members == other._members:
             return IDENT
         if set(self._members) == set(other._members):

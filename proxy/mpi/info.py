@@ -14,6 +14,8 @@ import socket
 import sys
 from typing import Any, Iterable, Iterator, Mapping
 
+from shmproxy.mpi.exceptions import ERR_INFO, ERR_INFO_KEY, ERR_INFO_NOKEY, error_also
+
 MAX_INFO_KEY = 255
 MAX_INFO_VAL = 1024
 
@@ -103,7 +105,7 @@ class Info:
 
     def _items(self, what: str) -> dict[str, str]:
         if self._obj is None:
-            raise KeyError(f"Info.{what} on MPI.INFO_NULL")
+            raise error_also(ERR_INFO, f"Info.{what} on MPI.INFO_NULL", KeyError)
         return self._obj.items
 
     # --- MPI's calls ---------------------------------------------------------------------
@@ -131,7 +133,7 @@ class Info:
 
     def Free(self) -> None:
         if self._name:
-            raise ValueError(f"MPI.{self._name} is predefined and cannot be freed")
+            raise error_also(ERR_INFO, f"MPI.{self._name} is predefined and cannot be freed", ValueError)
         if self._obj is not None:
             self._obj.items.clear()
         self._obj = None
@@ -152,21 +154,21 @@ class Info:
     def Delete(self, key: str) -> None:
         items = self._items("Delete")
         if _key(key) not in items:
-            raise KeyError(key)
+            raise error_also(ERR_INFO_NOKEY, f"Info.Delete: no key {key!r}", KeyError)
         del items[key]
 
     def Get_nkeys(self) -> int:
-        return len(self._obj.items) if self._obj is not None else 0
+        return len(self._items("Get_nkeys"))
 
     def Get_nthkey(self, n: int) -> str:
         keys = list(self._items("Get_nthkey"))
         if not 0 <= n < len(keys):
-            raise IndexError(f"Info.Get_nthkey({n}): the info has {len(keys)} keys")
+            raise error_also(ERR_INFO_KEY, f"Info.Get_nthkey({n}): the info has {len(keys)} keys", IndexError)
         return keys[n]
 
     # --- the mapping interface -------------------------------------------------------------
     def __len__(self) -> int:
-        return self.Get_nkeys()
+        return self.Get_nkeys() if self._obj is not None else 0   # as mpi4py: len(INFO_NULL) is 0
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())

@@ -156,9 +156,11 @@ class Intercomm(InterCollectives, Comm):
         return False
 
     def Is_inter(self) -> bool:
+        self._c   # a null handle raises ERR_COMM
         return True
 
     def Is_intra(self) -> bool:
+        self._c
         return False
 
     # ---- point-to-point: remote ranks <-> internal ranks

@@ -132,16 +132,22 @@ class Request:
         return True
 
     def Free(self) -> None:
-        """Forget the request: the operation still completes and the runtime reaps it."""
+        """Forget the request: the operation still completes and the runtime reaps it. Freeing an
+        inactive request (REQUEST_NULL) is an error, as MPI_Request_free of MPI_REQUEST_NULL."""
+        if not self._active():
+            raise error(ERR_REQUEST, "Request.Free: the request is MPI.REQUEST_NULL (inactive)")
         self._r, self._null = None, False
 
     def free(self) -> None:
-        """mpi4py's lower-case form of Free (every request kind's own Free)."""
-        self.Free()
+        """mpi4py's safe free: Free unless the request is already REQUEST_NULL (every kind's own Free)."""
+        if self:
+            self.Free()
 
     def Cancel(self) -> None:
         """Cancel the operation if nothing matched it yet (a posted receive, an unbuffered send): it
         then completes with Status.Is_cancelled() true; otherwise it completes as usual."""
+        if not self._active():
+            raise error(ERR_REQUEST, "Request.Cancel: the request is MPI.REQUEST_NULL (inactive)")
         r = self._r
         if r is not None:
             try:
@@ -389,7 +395,10 @@ class Prequest(Request):
             raise convert(exc) from None
 
     def Free(self) -> None:
-        super().Free()
+        # an inactive persistent request is still a request (not REQUEST_NULL) until freed
+        if not (self._live or self._active()):
+            raise error(ERR_REQUEST, "Request.Free: the request is MPI.REQUEST_NULL (already freed)")
+        self._r, self._null = None, False
         self._post, self._args, self._live = None, (), False
 
     def __repr__(self) -> str:

@@ -120,6 +120,8 @@ class Status:
 def _size(datatype: Any) -> int:
     if not isinstance(datatype, Datatype):
         raise error(ERR_TYPE, f"expected an MPI.Datatype, got {type(datatype).__name__}")
+    if not datatype:
+        raise error(ERR_TYPE, "MPI.DATATYPE_NULL has no size: a count of it is undefined")
     return datatype.size
 
 

@@ -1,0 +1,121 @@
+"""Rank bodies of tests/test_mpi_handles.py: mpi4py's error and handle model. Calls on null handles
+raise MPI.Exception of the handle's error class, predefined handles refuse Free, error handlers are
+kept per communicator and called by Call_errhandler, MPI.Exception behaves as mpi4py's, and error
+classes/codes the program adds have their strings. Native errors still derive from both
+MPI.Exception and the native class."""
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable
+
+import numpy as np
+
+import shmproxy
+from shmproxy import MPI
+
+
+def _raises(error_class: int, fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except MPI.Exception as exc:
+        assert exc.Get_error_class() == error_class, (fn, exc.Get_error_class(), error_class, exc)
+    else:
+        raise AssertionError(f"{fn} raised nothing")
+
+
+def null_handles() -> dict:
+    comm = MPI.COMM_WORLD
+    for method in ("Get_size", "Get_rank", "Is_inter", "Is_intra", "Get_group", "Get_topology",
+                   "Get_errhandler"):
+        _raises(MPI.ERR_COMM, getattr(MPI.COMM_NULL, method))
+    _raises(MPI.ERR_COMM, MPI.Comm.Compare, comm, MPI.COMM_NULL)
+    _raises(MPI.ERR_COMM, MPI.COMM_NULL.Get_attr, MPI.TAG_UB)
+    _raises(MPI.ERR_COMM, MPI.Intercomm().Get_remote_size)
+    _raises(MPI.ERR_COMM, comm.Free)
+    _raises(MPI.ERR_COMM, MPI.COMM_SELF.Free)
+    _raises(MPI.ERR_KEYVAL, comm.Get_attr, MPI.KEYVAL_INVALID)
+    _raises(MPI.ERR_GROUP, MPI.GROUP_NULL.Get_size)
+    _raises(MPI.ERR_GROUP, MPI.Group.Compare, MPI.GROUP_EMPTY, MPI.GROUP_NULL)
+    _raises(MPI.ERR_TYPE, MPI.DATATYPE_NULL.Commit)
+    _raises(MPI.ERR_TYPE, MPI.DATATYPE_NULL.Free)
+    MPI.DATATYPE_NULL.free()      # mpi4py's safe free: no error
+    _raises(MPI.ERR_TYPE, MPI.Status().Get_count, MPI.DATATYPE_NULL)
+    _raises(MPI.ERR_REQUEST, MPI.REQUEST_NULL.Free)
+    _raises(MPI.ERR_REQUEST, MPI.REQUEST_NULL.Cancel)
+    MPI.REQUEST_NULL.free()
+    for fn, args in ((MPI.INFO_NULL.Get_nkeys, ()), (MPI.INFO_NULL.Get, ("k",)), (MPI.INFO_NULL.Free, ())):
+        _raises(MPI.ERR_INFO, fn, *args)
+    info = MPI.Info.Create()
+    _raises(MPI.ERR_INFO_NOKEY, info.Delete, "key")
+    try:
+        info.Delete("key")          # still a KeyError, as before
+    except KeyError:
+        pass
+    _raises(MPI.ERR_INFO_KEY, info.Get_nthkey, 0)
+    info.Free()
+    assert len(MPI.INFO_NULL) == 0
+    return {"rank": comm.rank}
+
+
+def errhandlers() -> dict:
+    comm = MPI.COMM_WORLD.Dup()
+    assert not MPI.ERRHANDLER_NULL and MPI.ERRORS_RETURN and MPI.ERRORS_ARE_FATAL
+    eh = comm.Get_errhandler()
+    assert eh == MPI.ERRORS_RETURN and eh is not MPI.ERRORS_RETURN
+    comm.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+    got = comm.Get_errhandler()
+    assert got == MPI.ERRORS_ARE_FATAL
+    got.Free()
+    assert got == MPI.ERRHANDLER_NULL and MPI.ERRORS_ARE_FATAL      # the constant stays itself
+    _raises(MPI.ERR_ARG, comm.Set_errhandler, MPI.ERRHANDLER_NULL)
+    _raises(MPI.ERR_ARG, MPI.ERRHANDLER_NULL.Free)
+    seen: list[tuple[Any, int]] = []
+    mine = MPI.Comm.Create_errhandler(lambda c, code: seen.append((c, code)))
+    comm.Set_errhandler(mine)
+    comm.Call_errhandler(MPI.ERR_OTHER)
+    assert seen == [(comm, MPI.ERR_OTHER)], seen
+    assert MPI.Errhandler.fromint(mine.toint()) == mine
+    try:
+        mine.__reduce__()
+        raise AssertionError("a handler of the program's own pickled")
+    except ValueError:
+        pass
+    comm.Set_errhandler(eh)
+    comm.Call_errhandler(MPI.ERR_OTHER)       # ERRORS_RETURN: nothing happens
+    mine.Free()
+    eh.Free()
+    assert pickle.loads(pickle.dumps(MPI.ERRORS_RETURN)) is MPI.ERRORS_RETURN
+    copy = pickle.loads(pickle.dumps(MPI.Errhandler(MPI.ERRORS_RETURN)))
+    assert copy == MPI.ERRORS_RETURN and copy is not MPI.ERRORS_RETURN
+    comm.Free()
+    return {"rank": MPI.COMM_WORLD.rank}
+
+
+def exceptions() -> dict:
+    e = MPI.Exception(MPI.ERR_ARG)
+    assert repr(e) == f"MPI.Exception({MPI.ERR_ARG})" and str(e) == MPI.Get_error_string(MPI.ERR_ARG)
+    assert e == MPI.ERR_ARG and int(e) == MPI.ERR_ARG and hash(e) == hash(MPI.ERR_ARG)
+    assert MPI.Exception(MPI.SUCCESS) < e <= MPI.ERR_ARG and not MPI.Exception(MPI.SUCCESS)
+    assert MPI.Exception(-5) == MPI.ERR_UNKNOWN
+    cls = MPI.Add_error_class()
+    assert cls == MPI.COMM_WORLD.Get_attr(MPI.LASTUSEDCODE) and MPI.Get_error_string(cls) == ""
+    code = MPI.Add_error_code(cls)
+    MPI.Add_error_string(code, "mine")
+    assert MPI.Get_error_class(code) == cls and MPI.Get_error_string(code) == "mine"
+    _raises(MPI.ERR_ARG, MPI.Remove_error_class, cls)       # a code of it is left
+    MPI.Remove_error_string(code)
+    MPI.Remove_error_code(code)
+    MPI.Remove_error_class(cls)
+    # a native error is both kinds still: send to a rank that is not there
+    comm = MPI.COMM_WORLD
+    try:
+        comm.Send(np.zeros(1), dest=comm.size)
+    except MPI.Exception as exc:
+        assert isinstance(exc, ValueError) and exc.Get_error_class() == MPI.ERR_RANK, exc
+    try:
+        raise MPI.Exception(MPI.ERR_OTHER)
+    except shmproxy.Timeout:
+        raise AssertionError("MPI.Exception(ierr) is no Timeout")
+    except MPI.Exception:
+        pass
+    return {"rank": comm.rank}
