@@ -119,3 +119,28 @@ def exceptions() -> dict:
     except MPI.Exception:
         pass
     return {"rank": comm.rank}
+
+
+def pickler() -> dict:
+    """MPI.pickle.__init__(dumps, loads, protocol): the program's serializer for every object call."""
+    import json
+    import marshal
+    comm = MPI.COMM_WORLD
+    peer = (comm.rank + 1) % comm.size
+    try:
+        MPI.pickle.__init__(lambda o: json.dumps(o).encode(), lambda s: json.loads(bytes(s).decode()))
+        got = comm.sendrecv({"r": comm.rank, "t": (1, 2)}, peer, 0, None, MPI.ANY_SOURCE, 0)
+        assert got == {"r": (comm.rank - 1) % comm.size, "t": [1, 2]}, got     # json made the tuple a list
+        assert comm.bcast([comm.rank], root=0) == [0]
+        MPI.pickle.__init__(marshal.dumps, marshal.loads, 4)
+        assert MPI.pickle.loads(MPI.pickle.dumps((1, 2.5))) == (1, 2.5)
+        assert comm.allgather((comm.rank,)) == [(r,) for r in range(comm.size)]
+        MPI.pickle.__init__(protocol=2)
+        assert comm.sendrecv(np.arange(3), peer, 1, None, MPI.ANY_SOURCE, 1).tolist() == [0, 1, 2]
+    finally:
+        MPI.pickle.__init__()
+    got = comm.sendrecv((comm.rank,), peer, 2, None, MPI.ANY_SOURCE, 2)
+    assert got == ((comm.rank - 1) % comm.size,), got
+    info = MPI.Get_hw_resource_info()
+    assert isinstance(info, MPI.Info) and info.Get_nkeys() > 0
+    return {"rank": comm.rank}

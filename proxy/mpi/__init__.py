@@ -36,6 +36,7 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
 from shmproxy.mpi.exceptions import (Add_error_class, Add_error_code, Add_error_string, Remove_error_class,
                                      Remove_error_code, Remove_error_string)
+from shmproxy.mpi.env import Get_hw_resource_info  # noqa: E402
 from shmproxy.mpi.env import (MODE_APPEND, MODE_CREATE, MODE_DELETE_ON_CLOSE, MODE_EXCL, MODE_RDONLY,
                               MODE_RDWR, MODE_SEQUENTIAL, MODE_UNIQUE_OPEN, MODE_WRONLY)
 from shmproxy.mpi.group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group

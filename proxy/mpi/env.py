@@ -122,6 +122,14 @@ COMM_WORLD = _World(None, (), "MPI_COMM_WORLD")
 COMM_SELF = _Self(None, (), "MPI_COMM_SELF")
 
 
+def Get_hw_resource_info() -> Any:
+    """MPI 4.1's hardware resources of this process, as an Info: the host and its CPU count."""
+    import os
+    from shmproxy.mpi.info import Info
+    return Info.Create({"mpi_hw_resource_type": "host", "host": socket.gethostname(),
+                        "ncpus": str(os.cpu_count() or 1)})
+
+
 def Init() -> None:
     """Join the job (shmproxy.init()). Idempotent; an error after Finalize."""
     if _state["finalized"]:

@@ -183,10 +183,23 @@ def _pickle(obj: Any, what: str, min_bytes: int, limit: int, at_limit: int) -> t
     return data, bufs
 
 
+# A serializer of the program's own (shmproxy.MPI.pickle.__init__(dumps, loads), as mpi4py's): (dumps,
+# loads) of one bytes-like object, in-band; None: pickle protocol 5 with out-of-band buffers.
+CUSTOM: list[tuple[Callable[[Any], Any], Callable[[Any], Any]] | None] = [None]
+
+
 def _dumps(obj: Any, what: str) -> _Out:
     """Pickle ``obj`` with out-of-band buffers: every contiguous buffer of at least OOB_MIN_BYTES,
     but at most OOB_MAX_BUFFERS of them (the largest; the others in-band), so that one object never
     takes more than a few of the rank's request slots."""
+    custom = CUSTOM[0]
+    if custom is not None:
+        try:
+            return _Out(bytes(custom[0](obj)), [])
+        except Exception as exc:    # whatever the program's serializer raises for this object
+            raise errors.InvalidArgument(f"{what}: the program's pickler cannot serialize the object (a "
+                                         f"{type(obj).__name__}): {type(exc).__name__}: {exc}; nothing was "
+                                         "sent") from exc
     data, bufs = _pickle(obj, what, OOB_MIN_BYTES, -1, 0)
     if len(bufs) > OOB_MAX_BUFFERS:
         sizes = sorted((m.nbytes for m in bufs), reverse=True)
@@ -199,7 +212,10 @@ def _dumps(obj: Any, what: str) -> _Out:
 
 
 def _loads(data: Any, bufs: list[np.ndarray], what: str) -> Any:
+    custom = CUSTOM[0]
     try:
+        if custom is not None and not bufs:
+            return custom[1](data)
         return pickle.loads(data, buffers=bufs)
     except Exception as exc:
         raise errors.InvalidUsage(f"{what}: cannot unpickle the object: {type(exc).__name__}: {exc}") from exc
