@@ -111,3 +111,12 @@ def test_bad_specs_raise_mpi4pys_errors_before_posting():
 
 def test_cuda_array_interface_objects_checked_as_mpi4py_checks_them():
     run_ranks(BODY + "cai_forms", 2, timeout=120)
+
+
+def test_pkl5_out_of_band_buffers_are_mpi_buffers():
+    """mpi4py.util.pkl5's dumps_oob gives MPI.buffer objects over the array's own memory."""
+    from shmproxy.util import pkl5
+    a = np.arange(1 << 20, dtype="i")     # above pkl5's THRESHOLD: out of band
+    data, bufs = pkl5.pickle.dumps_oob(a)
+    assert len(bufs) == 1 and type(bufs[0]) is MPI.buffer and bufs[0].address == a.ctypes.data
+    assert (pkl5.pickle.loads_oob(data, bufs) == a).all()

@@ -76,16 +76,17 @@ class Pickle:
     def loads(self, data: Any) -> Any:
         return self._loads(data)
 
-    def dumps_oob(self, obj: Any) -> tuple[bytes, list[memoryview]]:
-        """The pickle (protocol 5 at least) and the buffers of ``THRESHOLD`` bytes or more, out of band."""
+    def dumps_oob(self, obj: Any) -> tuple[bytes, list[Any]]:
+        """The pickle (protocol 5 at least) and the buffers of ``THRESHOLD`` bytes or more, out of band,
+        each an MPI.buffer over the object's own memory (as mpi4py gives them; no copy)."""
         protocol = max(_stdpickle.HIGHEST_PROTOCOL if self._protocol is None else self._protocol, 5)
-        bufs: list[memoryview] = []
+        bufs: list[Any] = []
         threshold = self._threshold
 
         def out_of_band(pb: _stdpickle.PickleBuffer) -> bool:
             view = pb.raw()
             if view.nbytes >= threshold:
-                bufs.append(view)
+                bufs.append(MPI.buffer(view))
                 return False
             return True
         data = self._dumps(obj, protocol, buffer_callback=out_of_band)
