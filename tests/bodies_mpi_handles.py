@@ -144,3 +144,52 @@ def pickler() -> dict:
     info = MPI.Get_hw_resource_info()
     assert isinstance(info, MPI.Info) and info.Get_nkeys() > 0
     return {"rank": comm.rank}
+
+
+class MyStatus(MPI.Status):
+    """A subclass of the program's: pickling keeps its class."""
+
+
+def objmodel() -> dict:
+    """mpi4py's safe free(): constants stay, second handles and created objects become null; null
+    handles of other types refuse a constructor; a Status subclass pickles as itself."""
+    import weakref
+    created = [MPI.COMM_WORLD.Dup(), MPI.Op.Create(lambda a, b, t: None), MPI.COMM_WORLD.Get_group(),
+               MPI.COMM_WORLD.Get_errhandler(), MPI.Info.Create(), MPI.Op(MPI.SUM), MPI.Comm(MPI.COMM_WORLD),
+               MPI.Group(MPI.GROUP_EMPTY), MPI.Info(MPI.INFO_ENV),
+               MPI.COMM_WORLD.Isend((None, 0, MPI.BYTE), MPI.PROC_NULL)]
+    for obj in created:
+        assert obj, obj
+        for _ in range(2):
+            obj.free()
+            assert not obj, obj
+    for const in (MPI.SUM, MPI.GROUP_EMPTY, MPI.INFO_ENV, MPI.ERRORS_RETURN, MPI.COMM_WORLD, MPI.COMM_SELF):
+        const.free()
+        assert const, const
+    assert MPI.INFO_ENV.Get_nkeys() > 0 and MPI.COMM_WORLD.Get_size() >= 1
+    for null in (MPI.COMM_NULL, MPI.REQUEST_NULL, MPI.INFO_NULL, MPI.GROUP_NULL, MPI.OP_NULL, MPI.SESSION_NULL,
+                 MPI.WIN_NULL, MPI.ERRHANDLER_NULL):
+        null.free()
+        assert not null
+    assert not MPI.Prequest(MPI.REQUEST_NULL) and not MPI.Grequest(MPI.REQUEST_NULL)
+    weakref.ref(MPI.Status())
+    weakref.ref(MPI.FILE_NULL)
+    st = pickle.loads(pickle.dumps(MyStatus()))
+    assert type(st) is MyStatus, type(st)
+    ops = [MPI.Op.Create(lambda a, b, t: None) for _ in range(32)]    # mpi4py's table of 32 user ops
+    try:
+        MPI.Op.Create(lambda a, b, t: None)
+        raise AssertionError("a 33rd user op was made")
+    except RuntimeError:
+        pass
+    clone = MPI.Op.fromint(ops[0].toint())
+    assert clone == ops[0] and MPI.Op.fromint(MPI.SUM.toint()) == MPI.SUM
+    try:
+        clone.__reduce__()
+        raise AssertionError("an op from fromint pickled")
+    except ValueError:
+        pass
+    for op in ops:
+        op.Free()
+    MPI.Op.Create(lambda a, b, t: None).Free()
+    return {"rank": MPI.COMM_WORLD.rank}

@@ -64,16 +64,19 @@ KNOWN_FAILS: dict[str, str] = {
     "test_datatype.*.testContiguousBigMPI":
         "the layer says MPI 3.1, where a count past INT_MAX decodes as a struct of vectors; shmproxy builds "
         "(and decodes) the plain contiguous type, as MPI 4 does",
-    "test_exceptions.*":
-        "a call on a null handle (COMM_NULL, GROUP_NULL, DATATYPE_NULL, REQUEST_NULL, INFO_NULL), a Status "
-        "count of an unknown type or a Free of COMM_WORLD/SELF raises another error class, or none",
-    "test_objmodel.*": "the handle model: hashing, constructors refusing arguments, a Status subclass pickled",
-    "test_errhandler.*": "Get_errhandler gives ERRORS_RETURN (errors are always raised); ERRHANDLER_NULL is "
-                         "not a false, pickled-by-name handle",
-    "test_errorcode.*.testException": "the repr of MPI.Exception differs from mpi4py's",
-    "test_op.*.testCreateMany": "user ops are not limited in number (MPI's table of op handles is)",
-    "test_comm_inter.*.testConstructor": "the constructor does not refuse an argument of another type",
-    "test_comm_topo.*.testConstructor*": "the constructor does not refuse an argument of another type",
+    "test_exceptions.TestExcDatatype.testKeyvalInvalid":
+        "Datatype has no Get_attr (attributes on datatypes are not provided), so KEYVAL_INVALID cannot be refused",
+    "test_objmodel.*.testHash": "handles are hashable here (the layer keys its tables by datatypes, ops, requests "
+                                "and communicators); mpi4py's handles are not",
+    "test_objmodel.*.testInit": "WIN_NULL, FILE_NULL and SESSION_NULL are null handles of classes shmproxy lacks "
+                                "(no constructor), and Message()/Group() take arguments of other types",
+    "test_objmodel.*.testReduce": "a subclass of Datatype of the program's own unpickles as Datatype",
+    "test_objmodel.*.testSafeFreeConstant": "free() of a second handle of a predefined datatype (MPI.Datatype(MPI.INT)) "
+                                            "leaves it a true handle",
+    "test_objmodel.*.testHandle": "Datatype, Info, Group and Message have no handle/fromhandle numbers",
+    "test_objmodel.*.testWeakRef": "Datatype handles take no weak references",
+    "test_objmodel.*.testConstants": "MPI.BOTTOM, IN_PLACE and BUFFER_AUTOMATIC are not int-like constants",
+    "test_objmodel.*.test*Of": "C-level interop (MPI._sizeof, _addressof, _handleof)",
 }
 
 # (pattern of a reason, the group it belongs to), first match wins

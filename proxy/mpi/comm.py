@@ -419,6 +419,18 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         finally:
             object.__delattr__(self, "_c")
 
+    def free(self) -> None:
+        """mpi4py's safe free: COMM_NULL, COMM_WORLD and COMM_SELF stay themselves; a second handle of
+        one of them becomes null (the communicator stays); any other communicator is freed."""
+        from shmproxy.mpi import env
+        native = cached_native(self)
+        if native is None or self is env.COMM_WORLD or self is env.COMM_SELF:
+            return
+        if any(cached_native(p) is native for p in (env.COMM_WORLD, env.COMM_SELF)):
+            object.__delattr__(self, "_c")
+            return
+        self.Free()
+
     def Disconnect(self) -> None:
         self.Free()
 

@@ -287,10 +287,13 @@ class _NullHandle:
     programs (and mpi4py's tests) that compare against them or pass them along run; any call on one
     raises MPI.Exception of its class (ERR_WIN, ...), as a call on a null handle does in MPI."""
 
-    __slots__ = ("_name", "_class")
+    __slots__ = ("_name", "_class", "__weakref__")
 
     def __init__(self, name: str, error_class: int):
         self._name, self._class = name, error_class
+
+    def free(self) -> None:
+        """mpi4py's safe free: nothing to do on a null handle."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):

@@ -124,6 +124,12 @@ class Group:
                         "predefined and cannot be freed")
         self._members, self._index, self._null = (), {}, True
 
+    def free(self) -> None:
+        """mpi4py's safe free: GROUP_EMPTY and GROUP_NULL stay themselves; any other handle (a
+        second handle of GROUP_EMPTY too) becomes null."""
+        if self is not GROUP_NULL and self is not GROUP_EMPTY:
+            self._members, self._index, self._null = (), {}, True
+
     def __bool__(self) -> bool:
         return not self._null
 

@@ -139,8 +139,14 @@ class Info:
         self._obj = None
 
     def free(self) -> None:
-        if self._obj is not None and not self._name:
-            self.Free()
+        """mpi4py's safe free: a predefined constant stays itself; a second handle of one becomes
+        null without touching it; any other info is freed."""
+        if self._obj is None or self._name:
+            return
+        if self._obj is INFO_ENV._obj:
+            self._obj = None
+            return
+        self.Free()
 
     def Dup(self) -> Info:
         return Info.Create(self._items("Dup"))

@@ -11,26 +11,34 @@ from __future__ import annotations
 
 import inspect
 import operator
+import weakref
 from typing import Any, Callable
 
 import numpy as np
 
 from shmproxy.core.ops import ReduceOp
-from shmproxy.mpi.exceptions import ERR_OP, error, unsupported
+from shmproxy.mpi.exceptions import ERR_INTERN, ERR_OP, error, unsupported
 
 
 class Op:
     """A reduction: ``name``, the object function, and the native ReduceOp where there is one. ``_h``
     is the handle: ``MPI.Op(op)`` is a second object of it (equal, not identical), as in mpi4py."""
 
-    __slots__ = ("name", "_fn", "native", "commute", "_nargs", "_h")
+    __slots__ = ("name", "_fn", "native", "commute", "_nargs", "_h", "_pickles", "__weakref__")
+    name: str
+    _fn: Callable[..., Any]
+    native: ReduceOp | None
+    commute: bool
+    _nargs: int
+    _h: "Op"
+    _pickles: bool
 
     def __new__(cls, op: "Op | None" = None) -> "Op":
         src = OP_NULL if op is None else op
         if not isinstance(src, Op):
             raise TypeError(f"MPI.Op() takes an MPI.Op, got {type(op).__name__}")
         new = object.__new__(cls)
-        for slot in Op.__slots__:
+        for slot in _STATE:
             setattr(new, slot, getattr(src, slot))
         return new
 
@@ -42,7 +50,7 @@ class Op:
               commute: bool = True) -> "Op":
         self = object.__new__(cls)
         self.name, self._fn, self.native, self.commute = name, fn, native, commute
-        self._nargs, self._h = 2, self
+        self._nargs, self._h, self._pickles = 2, self, True
         return self
 
     @classmethod
@@ -52,14 +60,31 @@ class Op:
         two arguments only)."""
         if not callable(function):
             raise error(ERR_OP, "Op.Create needs a callable")
+        if len(_USER_OPS) >= MAX_USER_OPS:
+            raise error(ERR_INTERN, f"Op.Create: {MAX_USER_OPS} user ops are in use (Free some)")
         op = cls._make(getattr(function, "__name__", "user op"), function, None, bool(commute))
         op._nargs = _positional(function)
+        _USER_OPS.add(op)
         return op
 
     def Free(self) -> None:
-        """User ops hold nothing; predefined ones cannot be freed (as in MPI)."""
-        if self.is_predefined:
+        """The handle becomes OP_NULL (user ops hold nothing else); predefined ones and OP_NULL
+        cannot be freed (as in MPI)."""
+        if self._h is OP_NULL or self.is_predefined:
             raise error(ERR_OP, f"the predefined op MPI.{self.name} cannot be freed")
+        self._become_null()
+
+    def free(self) -> None:
+        """mpi4py's safe free: a predefined constant stays itself; any other handle (a user op, a
+        second handle of a predefined one) becomes OP_NULL."""
+        if self._h is OP_NULL or self is self._h and self.is_predefined:
+            return
+        self._become_null()
+
+    def _become_null(self) -> None:
+        _USER_OPS.discard(self._h)
+        for slot in _STATE:
+            setattr(self, slot, getattr(OP_NULL, slot))
 
     def Is_commutative(self) -> bool:
         return self.commute
@@ -102,7 +127,45 @@ class Op:
     def __reduce__(self) -> Any:
         if self.is_predefined:
             return self.name if self._h is self else (_handle_of, (self.name,))
+        if not self._pickles:
+            # as mpi4py: an op rebuilt from its handle number (fromint) has no function of its own
+            raise ValueError("cannot pickle a user op made by Op.fromint: it carries no function")
         return Op.Create, (self._fn, self.commute)     # a new op of the same function (as mpi4py)
+
+    # handles, as mpi4py gives them: a number naming the op while some object of it lives (0: OP_NULL)
+    def toint(self) -> int:
+        if self._h is OP_NULL:
+            return 0
+        _BY_INT[id(self._h)] = self._h
+        return id(self._h)
+
+    py2f = toint
+
+    @property
+    def handle(self) -> int:
+        return self.toint()
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Op":
+        n = operator.index(handle)
+        if n == 0:
+            return cls()
+        h = _BY_INT.get(n)
+        if h is None:
+            raise error(ERR_OP, f"no op has the handle {n}")
+        op = cls(h)
+        op._pickles = h.is_predefined
+        return op
+
+    f2py = fromhandle = fromint
+
+
+_STATE = ("name", "_fn", "native", "commute", "_nargs", "_h", "_pickles")   # what a handle holds (not __weakref__)
+# mpi4py keeps user ops in a table of 32 callbacks (so does MPICH's fixed table): the 33rd live one is
+# refused with an MPI.Exception (a RuntimeError). An op Freed, or dropped, frees its slot.
+MAX_USER_OPS = 32
+_USER_OPS: "weakref.WeakSet[Op]" = weakref.WeakSet()
+_BY_INT: "weakref.WeakValueDictionary[int, Op]" = weakref.WeakValueDictionary()
 
 
 def _handle_of(name: str) -> Op:

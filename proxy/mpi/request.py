@@ -363,7 +363,11 @@ class Prequest(Request):
     def __init__(self, post: Any = None, args: tuple = (), proc_null: bool = False):
         if isinstance(post, Request):      # MPI.Prequest(preq): a second object of its handle
             if not isinstance(post, Prequest):
-                raise TypeError("MPI.Prequest() takes a persistent request")
+                if post:     # an active request of another kind cannot be restarted
+                    raise TypeError("MPI.Prequest() takes a persistent request")
+                super().__init__(post)      # MPI.Prequest(MPI.REQUEST_NULL): a null handle, as mpi4py's
+                self._post, self._args, self._live = None, (), False
+                return
             super().__init__(post)
             self._post, self._args, self._live = post._post, post._args, post._live
             return
@@ -411,7 +415,8 @@ class Grequest(Request):
     __slots__ = ()
 
     def __init__(self, request: Any = None):
-        if request is not None and not isinstance(request, Grequest):
+        if request is not None and not isinstance(request, Grequest) and (
+                not isinstance(request, Request) or request):     # REQUEST_NULL: a null handle
             raise TypeError("MPI.Grequest() takes a generalized request")
         super().__init__(request)
 

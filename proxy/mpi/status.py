@@ -21,7 +21,7 @@ class Status:
     The fields live in one small int64 array so that ``tomemory()`` can hand out a writable view of
     them, as mpi4py's does (a program may fill a status through it)."""
 
-    __slots__ = ("_f",)
+    __slots__ = ("_f", "__weakref__")
 
     def __init__(self, status: "Status | None" = None):
         if status is None:
@@ -109,7 +109,8 @@ class Status:
         return isinstance(other, Status) and self._f == other._f
 
     def __reduce__(self) -> tuple:
-        return _rebuild, (list(self._f),)
+        # the class too: a subclass of the program's unpickles as itself (as mpi4py's)
+        return _rebuild, (list(self._f), type(self))
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -125,7 +126,7 @@ def _size(datatype: Any) -> int:
     return datatype.size
 
 
-def _rebuild(fields: list[int]) -> Status:
-    st = Status()
+def _rebuild(fields: list[int], cls: type = Status) -> Status:
+    st = cls()
     st._f = array("q", fields)
     return st
