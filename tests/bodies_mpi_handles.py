@@ -193,3 +193,35 @@ def objmodel() -> dict:
         op.Free()
     MPI.Op.Create(lambda a, b, t: None).Free()
     return {"rank": MPI.COMM_WORLD.rank}
+
+
+class MyComm(MPI.Intracomm):
+    def __new__(cls, comm: Any = None) -> "MyComm":
+        return super().__new__(cls, comm)
+
+
+class MyRequest(MPI.Request):
+    def __new__(cls, request: Any = None) -> "MyRequest":
+        return super().__new__(cls, request)
+
+
+class MyInfo(MPI.Info):
+    def __new__(cls, info: Any = None) -> "MyInfo":
+        return MPI.Info.__new__(cls, info)
+
+
+def subclasses() -> dict:
+    """Subclasses of the program's, as mpi4py's test_subclass writes them: __new__ with the handle,
+    Dup/Clone/Create/copy and pickling keep the subclass."""
+    comm = MyComm(MPI.COMM_WORLD)
+    dup = comm.Clone()
+    assert type(dup) is MyComm and dup.Get_size() == MPI.COMM_WORLD.Get_size()
+    dup.Free()
+    assert type(MPI.COMM_WORLD.Dup()) is MPI.Intracomm
+    req = MyRequest(MPI.REQUEST_NULL)
+    assert type(req) is MyRequest and not req
+    info = MyInfo.Create()
+    info.Set("a", "1")
+    for other in (info.Dup(), info.copy(), pickle.loads(pickle.dumps(info))):
+        assert type(other) is MyInfo and other.Get("a") == "1", type(other)
+    return {"rank": MPI.COMM_WORLD.rank}

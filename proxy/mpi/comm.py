@@ -61,8 +61,9 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
             if isinstance(self, Intracomm) and native.is_inter:
                 raise TypeError(f"MPI.{type(self).__name__}() takes an intracommunicator, not an "
                                 "intercommunicator")
-            world_ranks, name = native._wranks, native._name
-            native = native._c if native else None     # (COMM_WORLD's first use joins the job)
+            c = native._c if native else None     # first: COMM_WORLD's first use joins the job and
+            world_ranks, name = native._wranks, native._name   # only then knows its ranks
+            native = c
         elif native is not None and not isinstance(native, NativeComm):
             raise TypeError(f"MPI.{type(self).__name__}() takes a communicator, not {type(native).__name__}")
         if native is not None:
@@ -312,9 +313,17 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
     def Dup(self, info: Any = None) -> "Comm":
         """A new communicator of the same members; it keeps this one's hints, or ``info``'s."""
         try:
-            dup = self._wrap(self._c.Dup(), type(self) if type(self) in (Comm, Intracomm) else Intracomm)
+            native = self._c.Dup()
         except errors.ProxyError as exc:
             raise convert(exc) from None
+        cls = type(self)
+        if cls in (Comm, Intracomm) or not cls.__module__.startswith("shmproxy"):
+            # as mpi4py's Dup/Clone: a handle of this class, a subclass of the program's included, made
+            # by its __new__ without arguments (no __init__), as mpi4py's New(type(self)) makes it
+            dup = cls.__new__(cls)
+            Comm.__init__(dup, native, tuple(self._wranks[r] for r in native.parent_ranks))
+        else:
+            dup = self._wrap(native, Intracomm)     # COMM_WORLD's and COMM_SELF's own classes
         dup._info = dict(info.items()) if info else dict(self._info)
         return dup
 

@@ -72,6 +72,9 @@ class Info:
 
     __slots__ = ("_obj", "_name")
 
+    def __new__(cls, *_a: Any, **_k: Any) -> "Info":
+        return object.__new__(cls)     # (mpi4py's subclasses call it with the info to wrap)
+
     def __init__(self, info: Info | None = None):
         self._obj: _Items | None = None if info is None else info._obj
         self._name = ""
@@ -98,10 +101,11 @@ class Info:
         if self._name:
             return self._name
         if self._obj is None:
-            return (Info, ())
+            return (type(self), ())
         if self._obj is INFO_ENV._obj:
-            return (Info, (INFO_ENV,))
-        return (Info.Create, (self.items(),))
+            return (type(self), (INFO_ENV,))
+        # a subclass of the program's unpickles as itself (as mpi4py's)
+        return (type(self).Create, (self.items(),))
 
     def _items(self, what: str) -> dict[str, str]:
         if self._obj is None:
@@ -149,7 +153,7 @@ class Info:
         self.Free()
 
     def Dup(self) -> Info:
-        return Info.Create(self._items("Dup"))
+        return type(self).Create(self._items("Dup"))
 
     def Get(self, key: str) -> str | None:
         return self._items("Get").get(_key(key))
@@ -222,7 +226,7 @@ class Info:
         return self._items("popitem").popitem()
 
     def copy(self) -> Info:
-        return Info.Create(self._obj.items) if self._obj is not None else Info()
+        return type(self).Create(self._obj.items) if self._obj is not None else type(self)()
 
     def clear(self) -> None:
         if self._obj is not None:

@@ -32,6 +32,9 @@ class Request:
 
     __slots__ = ("_r", "_null", "_h", "__weakref__")
 
+    def __new__(cls, *_a: Any, **_k: Any) -> "Request":
+        return object.__new__(cls)     # (mpi4py's subclasses call it with the request to wrap)
+
     def __init__(self, native: Any = None, proc_null: bool = False):
         if isinstance(native, Request):   # mpi4py's MPI.Request(req): a second object of req's handle
             self._r, self._null, self._h = native._r, native._null, native._hid()
