@@ -225,3 +225,21 @@ def subclasses() -> dict:
     for other in (info.Dup(), info.copy(), pickle.loads(pickle.dumps(info))):
         assert type(other) is MyInfo and other.Get("a") == "1", type(other)
     return {"rank": MPI.COMM_WORLD.rank}
+
+
+class MyCartcomm(MPI.Cartcomm):
+    def __new__(cls, comm: Any = None) -> "MyCartcomm":
+        if comm is not None and comm != MPI.COMM_NULL:
+            comm = comm.Create_cart([comm.size])
+        return super().__new__(cls, comm)
+
+
+def topo_subclass() -> dict:
+    """mpi4py's test_subclass form: __new__ makes the grid and passes it on; Clone keeps the class."""
+    cart = MyCartcomm(MPI.COMM_WORLD)
+    assert type(cart) is MyCartcomm and cart.Get_topology() == MPI.CART and cart.dims == [MPI.COMM_WORLD.size]
+    dup = cart.Clone()
+    assert type(dup) is MyCartcomm and dup.dims == cart.dims
+    dup.Free()
+    cart.Free()
+    return {"rank": MPI.COMM_WORLD.rank}

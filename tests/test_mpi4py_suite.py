@@ -34,7 +34,7 @@ FLOOR: dict[str, int] = {
     "test_pickle": 4, "test_objmodel": 6, "test_exceptions": 36, "test_errhandler": 8, "test_errorcode": 6,
     "test_info": 15, "test_environ": 12, "test_util_pkl5": 109, "test_util_dtlib": 22, "test_util_sync": 4,
     "test_util_pool": 18, "test_cco_pr_buf": 64, "test_cco_pr_vec": 48, "test_cco_pr_ngh_buf": 0,
-    "test_p2p_buf_part": 0, "test_grequest": 0, "test_attributes": 0, "test_mpimem": 2, "test_subclass": 25,
+    "test_p2p_buf_part": 0, "test_grequest": 0, "test_attributes": 0, "test_mpimem": 2, "test_subclass": 33,
     "test_threads": 0,
 }
 

@@ -24,7 +24,8 @@ from shmproxy.core import errors
 from shmproxy.core.ops import UNDEFINED
 from shmproxy.mpi.exceptions import ERR_ARG, ERR_RANK, ERR_TOPOLOGY, as_int, convert, error
 from shmproxy.mpi.neighbor import Edge, multiplicity, occurrence_edges
-from shmproxy.mpi.topology import DIST_GRAPH, GRAPH, Topocomm, int_list
+from shmproxy.mpi.comm import Comm
+from shmproxy.mpi.topology import DIST_GRAPH, GRAPH, Topocomm, blank_of, int_list, made_in_new
 from shmproxy.rank import objects
 
 
@@ -80,6 +81,8 @@ class Graphcomm(Topocomm):
 
     def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = "",
                  index: Sequence[int] = (), edges: Sequence[int] = ()):
+        if isinstance(native, Comm) and made_in_new(self):
+            return
         self._index, self._gedges = tuple(index), tuple(edges)
         super().__init__(native, world_ranks, name)     # (a second handle: _share replaces them)
 
@@ -150,7 +153,8 @@ class Graphcomm(Topocomm):
 
     def Dup(self, info: Any = None) -> "Graphcomm":
         native, members, hints = self._dup_native(info)
-        dup = Graphcomm(native, members, "", self._index, self._gedges)
+        dup = blank_of(self)    # as mpi4py: a handle of type(self), a subclass of the program's too
+        Graphcomm.__init__(dup, native, members, "", self._index, self._gedges)
         dup._info = hints
         return dup
 
@@ -164,6 +168,8 @@ class Distgraphcomm(Topocomm):
     def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = "",
                  adjacency: Sequence[tuple[list[int], list[int]]] = (),
                  weights: tuple[list[int], list[int]] | None = None):
+        if isinstance(native, Comm) and made_in_new(self):
+            return
         self._all = tuple((list(s), list(d)) for s, d in adjacency)   # per rank: (sources, destinations)
         self._weights = weights
         super().__init__(native, world_ranks, name)     # (a second handle: _share replaces them)
@@ -195,7 +201,8 @@ class Distgraphcomm(Topocomm):
 
     def Dup(self, info: Any = None) -> "Distgraphcomm":
         native, members, hints = self._dup_native(info)
-        dup = Distgraphcomm(native, members, "", self._all, self._weights)
+        dup = blank_of(self)
+        Distgraphcomm.__init__(dup, native, members, "", self._all, self._weights)
         dup._info = hints
         return dup
 

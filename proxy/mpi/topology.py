@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from shmproxy.core.ops import UNDEFINED
-from shmproxy.mpi.comm import Comm, Intracomm
+from shmproxy.mpi.comm import Comm, Intracomm, cached_native
 from shmproxy.mpi.exceptions import (ERR_ARG, ERR_DIMS, ERR_RANK, ERR_TOPOLOGY, as_int, error, is_integral,
                                      type_error)
 from shmproxy.mpi.neighbor import Edge, NeighborCollectives, Plan, make_plan, multiplicity
@@ -95,6 +95,22 @@ def Compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:
     return out
 
 
+def _layer_class(cls: type) -> type:
+    """The first class of this layer that ``cls`` (maybe a subclass of the program's) derives from."""
+    return next(c for c in cls.__mro__ if c.__module__.startswith("shmproxy"))
+
+
+def blank_of(comm: Comm) -> Any:
+    """An unset handle of ``comm``'s class, made by its __new__ without arguments (mpi4py's New)."""
+    cls: Any = type(comm)
+    return cls.__new__(cls)
+
+
+def made_in_new(comm: Comm) -> bool:
+    """True when Topocomm.__new__ already made this handle (a subclass of the program's)."""
+    return not type(comm).__module__.startswith("shmproxy") and cached_native(comm) is not None
+
+
 class Topocomm(NeighborCollectives, Intracomm):
     """An intracommunicator with a topology: neighbourhood queries and neighbour collectives."""
 
@@ -105,11 +121,20 @@ class Topocomm(NeighborCollectives, Intracomm):
         # MPI.Topocomm(cart) is a handle of cart's own class (its queries need its topology)
         if cls is Topocomm and a and isinstance(a[0], Topocomm):
             return object.__new__(type(a[0]))
-        return object.__new__(cls)
+        obj = object.__new__(cls)
+        if a and isinstance(a[0], Comm) and not cls.__module__.startswith("shmproxy"):
+            # a subclass of the program's whose __new__ passes the communicator it made (mpi4py's
+            # test_subclass: Create_cart then super().__new__(cls, cart)): the handle is made here, as
+            # in mpi4py; the __init__ Python calls next, with the original argument, leaves it be
+            layer: Any = _layer_class(cls)
+            layer.__init__(obj, a[0])
+        return obj
 
     def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = ""):
         if isinstance(native, Comm):   # a second handle: only of a communicator of this topology
-            if native and not isinstance(native, type(self) if self._KIND else Topocomm):
+            if made_in_new(self):
+                return
+            if native and not isinstance(native, _layer_class(type(self)) if self._KIND else Topocomm):
                 want = {CART: "a Cartesian", GRAPH: "a general graph", DIST_GRAPH: "a distributed graph"}
                 raise TypeError(f"MPI.{type(self).__name__}(): expecting {want.get(self._KIND, 'a topology')}"
                                 f" communicator, got {type(native).__name__}")
@@ -190,6 +215,8 @@ class Cartcomm(Topocomm):
 
     def __init__(self, native: Any = None, world_ranks: tuple[int, ...] = (), name: str = "",
                  dims: Sequence[int] = (), periods: Sequence[bool] = ()):
+        if isinstance(native, Comm) and made_in_new(self):
+            return
         self._dims, self._periods = tuple(dims), tuple(bool(p) for p in periods)
         super().__init__(native, world_ranks, name)     # (a second handle: _share replaces them)
 
@@ -298,7 +325,8 @@ class Cartcomm(Topocomm):
 
     def Dup(self, info: Any = None) -> "Cartcomm":
         native, members, hints = self._dup_native(info)
-        dup = Cartcomm(native, members, "", self._dims, self._periods)
+        dup = blank_of(self)    # as mpi4py: a handle of type(self), a subclass of the program's too
+        Cartcomm.__init__(dup, native, members, "", self._dims, self._periods)
         dup._info = hints
         return dup
 
