@@ -13,7 +13,12 @@ import shmproxy
 def ctrl_c_in_a_loop() -> None:
     """A Ctrl-C as mpiexec delivers it, in the middle of a stream of Allreduces: the progress process's
     group hears it first (here: the progress process alone), every rank's a moment later. Rank 0's
-    timer thread sends both, so that the main threads are inside their waits."""
+    timer thread sends both, so that the main threads are inside their waits.
+
+    The rank takes Python's own SIGINT handler first: a test run started in the background of a
+    non-interactive shell inherits SIGINT ignored (POSIX, for asynchronous commands), and Python then
+    leaves it ignored, so the ranks would run their loop to its end instead of being interrupted."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with shmproxy.init() as comm:
         pids = np.zeros(comm.size, np.int64)
         comm.Allgather(np.array([os.getpid()], np.int64), pids)
