@@ -49,32 +49,25 @@ def _local_reduce(inputs: list[Region], acc: Region, op: int) -> list[Entry]:
     return _reduce_into(UFUNCS[red], acc, inputs)
 
 
-def _combine(acc: Region, part: Region, op: int) -> Entry:
+def _combine_into(out: Region, a: Region, b: Region, op: int) -> Entry:
+    """out = a op b, after every earlier entry; ``a`` is the first operand (a NaN's payload, for one,
+    follows it)."""
     red = _sum_for(op)
-    code = native_code(red, acc.dtype)
+    code = native_code(red, out.dtype)
     if code:
-        return reduce_all(red, code, acc.count, acc.dtype.itemsize, [acc.addr, part.addr], [acc.addr], barrier=True)
-    return reduce(UFUNCS[red], acc, part, acc, barrier=True)
+        return reduce_all(red, code, out.count, out.dtype.itemsize, [a.addr, b.addr], [out.addr],
+                          barrier=True)
+    return reduce(UFUNCS[red], a, b, out, barrier=True)
+
+
+def _combine(acc: Region, part: Region, op: int) -> Entry:
+    return _combine_into(acc, acc, part, op)
 
 
 def _scratch(count: int, dtype: np.dtype, keep: list) -> Region:
     buf = np.empty(count, dtype)
     keep.append(buf)
     return Region(buf.ctypes.data, count, dtype)
-
-
-def _combine_ordered(acc: Region, part: Region, op: int, part_first: bool) -> Entry:
-    """acc = part op acc when ``part_first``, else acc op part: both nodes of a pair put the lower
-    node's operand first, so that they compute the same bits (a NaN's payload, for one, follows the
-    first operand)."""
-    if not part_first:
-        return _combine(acc, part, op)
-    red = _sum_for(op)
-    code = native_code(red, acc.dtype)
-    if code:
-        return reduce_all(red, code, acc.count, acc.dtype.itemsize, [part.addr, acc.addr], [acc.addr],
-                          barrier=True)
-    return reduce(UFUNCS[red], part, acc, acc, barrier=True)
 
 
 def _rd_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple,
@@ -103,7 +96,8 @@ def _rd_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: 
         part = _scratch(acc.count, acc.dtype, keep)
         es.append(send((*tag, "rd", mask, peer), peer, acc.addr, acc.nbytes, barrier=True))
         es.append(recv((*tag, "rd", mask, node), peer, part.addr, part.nbytes))
-        es.append(_combine_ordered(acc, part, op, part_first=peer < node))
+        # the lower node's partial first on both nodes of the pair, so that both compute the same bits
+        es.append(_combine_into(acc, part, acc, op) if peer < node else _combine(acc, part, op))
         mask <<= 1
     es += _finish_avg(acc, total, op)
     if node + p < nnodes:

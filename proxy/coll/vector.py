@@ -28,9 +28,8 @@ import numpy as np
 
 from shmproxy.coll import counts
 from shmproxy.coll.algorithms import _chunks, _finish_avg
-from shmproxy.coll.hierarchy import _local_reduce, _rd_exchange, _scratch, _sum_for
-from shmproxy.coll.sched import (NOP, UFUNCS, Entry, Region, Schedule, copy, native_code, recv, reduce,
-                                 reduce_all, send)
+from shmproxy.coll.hierarchy import _combine_into, _local_reduce, _rd_exchange, _scratch
+from shmproxy.coll.sched import NOP, Entry, Region, Schedule, copy, recv, send
 from shmproxy.core import errors
 from shmproxy.core.ops import CODE_DTYPE, COLL_NAMES, COLL_WITH_COUNTS, FLAG_IN_PLACE, FLAG_NO_RECV, Coll, Op
 from shmproxy.engine.args import CollWork
@@ -242,16 +241,6 @@ def reduce_scatter(ins: list[Region], outs: list[Region], ranks: list[int], rc: 
                 first = False
         return Schedule(es or [Entry(NOP)], keep=keep)
     return len(chunks), make
-
-
-def _combine_into(out: Region, a: Region, b: Region, op: int) -> Entry:
-    """out = a op b, after every earlier entry (the prefix chain is sequential)."""
-    red = _sum_for(op)
-    code = native_code(red, out.dtype)
-    if code:
-        return reduce_all(red, code, out.count, out.dtype.itemsize, [a.addr, b.addr], [out.addr],
-                          barrier=True)
-    return reduce(UFUNCS[red], a, b, out, barrier=True)
 
 
 def scan(ins: dict[int, Region], outs: dict[int, Region], size: int, rank_node: list[int], node: int, op: int,
