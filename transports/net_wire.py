@@ -264,7 +264,6 @@ class _Writer:
         self.sock: socket.socket | None = None
         self.closing = False
         self.busy = False
-        self.fd = -1
         self.thread: threading.Thread | None = None
 
     def put(self, parts: list, on_sent: Callable[[], None] | None = None, direct: bool = False) -> None:
@@ -294,7 +293,6 @@ class _Writer:
     def start(self, sock: socket.socket) -> None:
         with self.cv:
             self.sock = sock
-            self.fd = sock.fileno()
         self.thread = threading.Thread(target=self.run, name=f"shmproxy-net-w{self.link.peer}.{self.index}",
                                        daemon=True)
         self.thread.start()
@@ -312,7 +310,7 @@ class _Writer:
                 self.busy = True
             try:
                 # the whole frame in one C loop, the GIL released once (shm/_native_net.c)
-                _native.sock_send_parts(self.fd, parts)
+                _native.sock_send_parts(self.sock.fileno(), parts)   # type: ignore[union-attr]
             except OSError as exc:
                 link.broken(f"send on socket {self.index} failed: {exc}")
                 return
