@@ -245,21 +245,13 @@ def error(error_class: int, message: str) -> Exception:
 def buffer_error(message: str) -> Exception:
     """An ERR_BUFFER MPI.Exception that is also Python's BufferError (as mpi4py raises for a buffer
     it cannot describe, e.g. one not in this machine's byte order)."""
-    base = _combined(errors.InvalidArgument)
-    cls = _COMBINED.get(BufferError)
-    if cls is None:
-        cls = _COMBINED[BufferError] = type(base.__name__, (base, BufferError), {"__module__": "shmproxy.MPI"})
-    return cls(message, ERR_BUFFER)
+    return error_also(ERR_BUFFER, message, BufferError)
 
 
 def type_error(error_class: int, message: str) -> Exception:
     """An MPI.Exception for an argument of the wrong type: also Python's TypeError (what mpi4py raises
     for a non-integer rank or count) and ValueError (as error())."""
-    base = _combined(errors.InvalidArgument)
-    cls = _COMBINED.get(TypeError)
-    if cls is None:
-        cls = _COMBINED[TypeError] = type(base.__name__, (base, TypeError), {"__module__": "shmproxy.MPI"})
-    return cls(message, error_class)
+    return error_also(error_class, message, TypeError)
 
 
 def error_also(error_class: int, message: str, pyclass: type) -> Exception:
@@ -275,12 +267,7 @@ def error_also(error_class: int, message: str, pyclass: type) -> Exception:
 def attr_error(error_class: int, message: str) -> Exception:
     """An MPI.Exception for an attribute a null handle lacks: also AttributeError, so that hasattr()
     on a null handle stays False rather than raising."""
-    base = _combined(errors.InvalidArgument)
-    cls = _COMBINED.get(AttributeError)
-    if cls is None:
-        cls = _COMBINED[AttributeError] = type(base.__name__, (base, AttributeError),
-                                               {"__module__": "shmproxy.MPI"})
-    return cls(message, error_class)
+    return error_also(error_class, message, AttributeError)
 
 
 def as_int(v: Any, what: str, error_class: int = ERR_ARG) -> int:
