@@ -1,11 +1,13 @@
 """Shared-memory segments: named POSIX shm for the ops pool, memfd for rank buffers.
 
 Lifecycle rules (docs/architecture.md, "The ops pool"):
-- A named segment is created exclusively (O_CREAT|O_EXCL), mode 0600, with a random suffix, and sized
-  up front with posix_fallocate: a full /dev/shm is an error here, at init, naming the directory and
-  its free space, instead of a SIGBUS on first touch later.
-- The creator unlinks it as soon as every local process has mapped it (or on any failed init).
-  ``close()`` (unmap) and ``unlink()`` (remove the name) are separate and both idempotent.
+- A pool segment is created exclusively (O_CREAT|O_EXCL), mode 0600, with a random suffix, and its
+  name is removed again at once, before it is even sized: the name exists for microseconds, so no
+  kill, however it lands (the whole job at once included), leaves it in /dev/shm. The ranks get the
+  fd over the service socket (SCM_RIGHTS) and map it with ``from_fd``; the name stays only as the
+  fd's link target (``/dev/shm/shmproxy-... (deleted)``), by which the dump tool finds a pool.
+- It is sized up front with posix_fallocate: a full /dev/shm is an error here, at init, naming the
+  directory and its free space, instead of a SIGBUS on first touch later.
 - Rank buffers are memfds: they never have a name, so nothing can leak in /dev/shm; their fds travel
   over the service socket (SCM_RIGHTS).
 - We never use ``multiprocessing.shared_memory``: before Python 3.13 every attacher registers the
@@ -61,13 +63,13 @@ class Segment:
         self.fd = fd
         self.size = size
         self.owner = owner
-        self._unlinked = False
         prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
         self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         self.addr = 0 if readonly else _address(self.mm)
 
     @classmethod
     def create(cls, tag: str, size: int, shm_dir: str = "/dev/shm") -> "Segment":
+        """A new segment of ``size`` bytes whose name is already gone; share it by passing ``fd``."""
         name = f"/{NAME_PREFIX}{tag}-{secrets.token_hex(4)}"
         try:
             seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
@@ -75,28 +77,25 @@ class Segment:
             raise errors.SystemError_(f"cannot create shared memory {name}: {exc}") from exc
         fd = seg.fd
         try:
+            posix_ipc.unlink_shared_memory(name)
             _fallocate(fd, size, shm_dir)
             self = cls(name, fd, size, owner=True)
         except BaseException:
             os.close(fd)
-            posix_ipc.unlink_shared_memory(name)
             raise
-        _log.info("created %s (%d bytes)", name, size)
+        _log.info("created %s (%d bytes), its name removed", name, size)
         return self
 
     @classmethod
-    def attach(cls, name: str, size: int) -> "Segment":
+    def from_fd(cls, fd: int, size: int, name: str) -> "Segment":
+        """Map a segment another process created and passed (SCM_RIGHTS); takes ownership of ``fd``."""
         try:
-            seg = posix_ipc.SharedMemory(name)
-        except posix_ipc.ExistentialError as exc:
-            raise errors.RemoteError(f"shared memory {name} is gone (its creator exited?)") from exc
-        try:
-            actual = os.fstat(seg.fd).st_size
+            actual = os.fstat(fd).st_size
             if actual < size:
                 raise errors.RemoteError(f"shared memory {name} has {actual} bytes, expected {size}")
-            return cls(name, seg.fd, size, owner=False)
+            return cls(name, fd, size, owner=False)
         except BaseException:
-            os.close(seg.fd)
+            os.close(fd)
             raise
 
     @classmethod
@@ -108,26 +107,6 @@ class Segment:
         except BaseException:
             os.close(fd)
             raise
-
-    def unlink(self) -> None:
-        """Remove the name (mappings stay valid). Idempotent; a name already gone is fine."""
-        if self._unlinked:
-            return
-        self._unlinked = True
-        try:
-            posix_ipc.unlink_shared_memory(self.name)
-            _log.info("unlinked %s", self.name)
-        except posix_ipc.ExistentialError:
-            pass  # already unlinked by a peer that saw us die: the goal is reached
-
-    @staticmethod
-    def unlink_name(name: str) -> None:
-        """Remove a segment name if it still exists (cleanup after a peer died). Idempotent."""
-        try:
-            posix_ipc.unlink_shared_memory(name)
-            _log.info("unlinked %s left by a dead process", name)
-        except posix_ipc.ExistentialError:
-            pass  # the normal case: its creator unlinked it once everybody had mapped it
 
     def close(self) -> None:
         """Unmap and close the fd. Idempotent. Views into the mapping must be released first."""

@@ -27,12 +27,12 @@ def _pool_prefix(comm: shmproxy.Comm) -> str:
 
 def shm_while_live() -> dict:
     """After every rank returned from init and passed a Barrier, list what /dev/shm holds of this job's
-    pools: the progress process unlinks the pool once every local rank mapped it."""
+    pools: none, the pool's name is gone the moment it is created."""
     with shmproxy.init() as comm:
         comm.Barrier()
         prefix = _pool_prefix(comm)
         names = sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
-        pool = comm._pool_name.lstrip("/")
+        pool = comm._seg.name.lstrip("/")
         comm.Barrier()      # nobody closes (and so unlinks anything) before every rank has looked
         return {"prefix": prefix, "pool": pool, "names": names}
 
@@ -53,6 +53,19 @@ def report_then_allreduce(addr: str, limit_s: float) -> None:
         while time.monotonic() < deadline:
             comm.Allreduce(x, out)
         raise AssertionError(f"not killed within {limit_s} s")
+
+
+def join_while_the_last_rank_stays_away(limit_s: float) -> None:
+    """Every rank but the last joins (init waits for the last one, whose pool is made by then); the
+    last never does. The test SIGKILLs every process of the job meanwhile (``limit_s``: a bound in
+    case it never does)."""
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == size - 1:
+        time.sleep(limit_s)
+    else:
+        with shmproxy.init(timeout=limit_s) as comm:
+            comm.Barrier()
+    raise AssertionError(f"not killed within {limit_s} s")
 
 
 def join_and_report_socket() -> dict:

@@ -545,7 +545,7 @@ def test_sweep_removes_only_old_service_sockets_nobody_listens_on(tmp_path: Path
 
 
 def test_sweep_removes_only_old_pools_whose_progress_process_is_gone(tmp_path: Path) -> None:
-    """A job killed outright while its ranks were still joining leaves its ops pool's name; the next
+    """A job killed outright as its progress process created the ops pool leaves the pool's name; the next
     start removes it once it is old and the progress process its header names is gone (or its pid now
     belongs to another program). A pool of a live progress process, a fresh one, and anything that is
     not a pool stay."""

@@ -46,7 +46,6 @@ def pool():
         if view is not None:
             view.release()
         seg.close()
-        seg.unlink()
     assert leftovers() == []
 
 

@@ -61,7 +61,6 @@ try:
     view.i32[P.NEXT_OPS_OFF // 4], view.i32[P.NEXT_OPS_END_OFF // 4] = 0, 2
     P.SUB.pack_into(view.buf, layout.sub_off(3), P.SUB_PROGRESS, KIND_SEND, 0, 1, 5, 1 << 20, 8,
                     4, 3, 3, 3, 12, 7)
-    seg.unlink()
     flag = []
     if signum:
         signal.signal(signum, lambda s, f: flag.append(s))
@@ -83,7 +82,6 @@ try:
 finally:
     view.release()
     seg.close()
-    seg.unlink()
 """
 
 

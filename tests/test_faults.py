@@ -1,7 +1,7 @@
 """Guards on what faults leave behind and on how fast they reach the ranks.
 
-- A live job has no name in /dev/shm: the progress process unlinks its ops pool once every local
-  process mapped it, so that no kill, however it lands, can leak the segment.
+- A job has no name in /dev/shm, live or still joining: the progress process removes its ops pool's
+  name as it creates it (the ranks get the fd), so that no kill, however it lands, can leak the segment.
 - kill -9 of every process of a job at once (ranks and progress process): nothing of ours is left
   but the service socket, which nobody alive can remove; the next start of the same job removes it.
 - Promptness: tests/test_p2p.py and tests/test_coll.py check that peer death, a read-only receive
@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,64 @@ def test_kill9_of_every_process_of_a_job_leaves_only_what_the_next_start_cleans(
     assert {r["socket"] for r in res.results} == {path}
     assert not os.path.exists(path), f"{path} outlived the next start of the job"
     assert _shm_names(prefix) == []
+
+
+@pytest.mark.timeout(240)
+def test_kill9_of_a_job_whose_ranks_are_still_joining_leaves_no_pool_name() -> None:
+    """The case a name kept until every local rank had mapped the pool leaked: the launcher kills the
+    job while a communicator is being made (here: its last rank never comes)."""
+    n, mark = 2, os.urandom(8).hex()
+    t, out = _run_in_thread(BODY + "join_while_the_last_rank_stays_away", n, 200, {MARK_VAR: mark}, (150.0,),
+                            set(range(n)))
+    pools: list[str] = []
+    sockets: set[str] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not pools and time.monotonic() < deadline:
+            for pid in pids_with_env(MARK_VAR, mark):
+                pools += _pools_open_in(pid)
+                sockets |= _service_socket_of(pid)
+            time.sleep(0.05)   # polling the job from outside: nothing to wait on
+        assert pools, "no process of the job opened an ops pool within 120 s"
+    finally:
+        procs = _kill_marked(mark)
+    assert wait_gone(procs, 30) == []
+    _joined(t, out, 60)
+    for path in sockets:   # nobody alive can remove it (the kill -9 test above: the next start does)
+        if os.path.exists(path):
+            os.unlink(path)
+    for target in pools:
+        name = target.removesuffix(" (deleted)")
+        assert target.endswith(" (deleted)"), f"the ops pool {name} had a name while ranks were joining"
+        assert not os.path.exists(name), f"kill -9 of a joining job left its ops pool {name}"
+
+
+def _service_socket_of(pid: int) -> set[str]:
+    """The service socket a progress process listens on (its --path), or nothing for other processes."""
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return set()
+    if "shmproxy.engine.progress" in cmdline and "--path" in cmdline:
+        return {cmdline[cmdline.index("--path") + 1]}
+    return set()
+
+
+def _pools_open_in(pid: int) -> list[str]:
+    """Link targets of the shmproxy ops pools ``pid`` has open (``/dev/shm/shmproxy-...``)."""
+    found = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/shm/shmproxy-") and "-c" in target:
+            found.append(target)
+    return found
 
 
 # ------------------------------------------------------------------------------------ promptness

@@ -35,7 +35,6 @@ def view():
         if v is not None:
             v.release()
         seg.close()
-        seg.unlink()
 
 
 def _hammer(v: P.PoolView, stop: float) -> None:

@@ -19,7 +19,6 @@ def pool():
     finally:
         view.release()
         seg.close()
-        seg.unlink()
 
 
 def _taker(seg, lay):

@@ -349,8 +349,9 @@ _POOL_NAME = re.compile(r"shmproxy-[0-9a-f]{8}-c\d+-[0-9a-f]{8}")
 
 def sweep_stale_pools(shm_dir: str, min_age_s: float = STALE_SOCKET_AGE_S) -> list[str]:
     """Remove the names of ops pools that jobs killed outright left in ``shm_dir``; returns their paths.
-    A pool's name is unlinked once every local rank has mapped it, so only a job killed while ranks
-    were still joining leaves one, and nobody of that job is left to remove it.
+    A pool's name is removed the moment it is created (shm/segment.py), so only a kill that lands in
+    those microseconds leaves one (or a job of a version that kept the name until every rank mapped
+    it), and nobody of that job is left to remove it.
 
     A pool is stale when its name is a pool's, it is ours, at least ``min_age_s`` old, and the progress
     process its header names is gone: no such process, or one that is not a progress process (its pid

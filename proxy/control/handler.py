@@ -3,9 +3,9 @@
     INIT        a rank introduces itself: rank, local rank, host identity, affinity. The pid comes
                 from SO_PEERCRED, never from the payload. When every local rank is in, the progress
                 process chooses its cores.
-    SHARED_INIT the pool's name and size, so the rank can map it.
-    SETUP       the rank has mapped the pool. Once every local rank has, the name is unlinked: from
-                then on nothing of ours is visible in /dev/shm, whatever happens to any process.
+    SHARED_INIT the pool's fd (SCM_RIGHTS) and size, so the rank can map it. The pool has no name in
+                /dev/shm (shm/segment.py): nothing of ours is visible there, whatever happens to any process.
+    SETUP       the rank has mapped the pool (a failure is recorded there from then on: engine/failure.py).
     CONNECT     transports for the rank's peers (first in the registry that can connect).
     REGISTER    a memfd (SCM_RIGHTS) the rank will use as a buffer; the progress process maps it.
     DEREGISTER  buffers the rank no longer uses; unmapped by the loop once nothing is in flight.
@@ -147,13 +147,10 @@ class ControlHandler:
 
     def on_shared_init(self, conn: Any, payload: dict, fds: list[int]):
         e = self.engine
-        return {"pool": e.seg.name, "bytes": e.layout.total_bytes}, []
+        return {"pool": e.seg.name, "bytes": e.layout.total_bytes}, [e.seg.fd]
 
     def on_setup(self, conn: Any, payload: dict, fds: list[int]):
-        e = self.engine
         conn.data["info"].mapped = True
-        if len(e.ranks) == e.nlocal and all(r.mapped for r in e.ranks.values()):
-            e.seg.unlink()
         return {}, []
 
     def on_connect(self, conn: Any, payload: dict, fds: list[int]):

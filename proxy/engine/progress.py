@@ -217,7 +217,6 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_EXITED)
         if self.profiler.enabled and self.params.PROFILE_FILE:
             self.profiler.write(self.params.PROFILE_FILE)
-        self.seg.unlink()
         for owners, reg in list(self.registrations.values()):
             self.deregister(owners, reg)
         self.registrations.clear()

@@ -167,9 +167,12 @@ class Lifecycle:
         except ProcessLookupError as exc:
             raise errors.PeerDiedError("the progress process exited during init", rank=-1,
                                        pid=self._proxy_pid) from exc
-        resp, _ = c.call(MsgType.SHARED_INIT, {}, timeout=self._left(deadline))
-        self._pool_name = resp["pool"]
-        self._seg = Segment.attach(resp["pool"], int(resp["bytes"]))
+        resp, fds = c.call(MsgType.SHARED_INIT, {}, timeout=self._left(deadline))
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise errors.RemoteError(f"the progress process sent {len(fds)} fds for the pool, not 1")
+        self._seg = Segment.from_fd(fds[0], int(resp["bytes"]), resp["pool"])
         c.call(MsgType.SETUP, {}, timeout=self._left(deadline))
         connect: dict[str, Any] = {"peers": list(range(self.size))}
         if multi:
@@ -498,17 +501,14 @@ class Lifecycle:
                 proc.wait(timeout=10)
             if proc.returncode is not None and proc.returncode < 0:
                 proxy_dead = True  # killed by a signal: it unlinked nothing
-        # The socket file and the pool's name are the progress process's to remove. Only if it died
-        # before doing so does the job have to: then any survivor may, idempotently (local rank 0,
-        # its parent, may be dead too).
+        # The socket file is the progress process's to remove. Only if it died before doing so does
+        # the job have to: then any survivor may, idempotently (local rank 0, its parent, may be dead
+        # too). The pool has no name to remove (shm/segment.py).
         if proxy_dead or proc is not None:
             try:
                 os.unlink(self._path)
             except FileNotFoundError:
                 pass  # it, or another survivor, got there first
-        pool = getattr(self, "_pool_name", None)
-        if pool is not None and proxy_dead:
-            Segment.unlink_name(pool)
 
     def __enter__(self) -> Any:
         return self
