@@ -215,7 +215,9 @@ def run_modules(testdir: str, modules: list[str], outfile: str, skip_through: st
 class _ClassFixtures:
     """setUpClass / tearDownClass around each test class's tests, as unittest's suites call them (a
     test run alone with ``test.run`` skips them). A class whose setUpClass raises fails each of its
-    tests with that exception; one that raised unittest.SkipTest skips them."""
+    tests with that exception; one that raised unittest.SkipTest skips them. A class a skip decorator
+    marked is not set up at all (unittest.suite's _handleClassSetUp): its setUpClass may need what
+    the decorator found missing."""
 
     def __init__(self) -> None:
         self.current: type | None = None
@@ -224,19 +226,25 @@ class _ClassFixtures:
     def enter(self, cls: type, res: "_Result") -> None:
         if cls is not self.current:
             self.leave()
-            self.current, self.failure = cls, None
-            try:
-                cls.setUpClass()  # type: ignore[attr-defined]
-            except unittest.SkipTest as exc:
-                self.failure = ("skip", str(exc))
-            except Exception:  # noqa: BLE001 - recorded as each test's outcome
-                self.failure = ("error", sys.exc_info())
+            self.current, self.failure = cls, self._set_up(cls)
         if self.failure is not None:
             kind, detail = self.failure
             if kind == "skip":
                 res.addSkip(None, detail)
             else:
                 res.addError(None, detail)
+
+    @staticmethod
+    def _set_up(cls: type) -> tuple[str, Any] | None:
+        if getattr(cls, "__unittest_skip__", False):
+            return ("skip", getattr(cls, "__unittest_skip_why__", ""))
+        try:
+            cls.setUpClass()  # type: ignore[attr-defined]
+        except unittest.SkipTest as exc:
+            return ("skip", str(exc))
+        except Exception:  # noqa: BLE001 - recorded as each test's outcome
+            return ("error", sys.exc_info())
+        return None
 
     def leave(self) -> None:
         if self.current is not None and self.failure is None:
