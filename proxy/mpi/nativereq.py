@@ -1,8 +1,9 @@
-"""Native-like requests of the point-to-point layer (p2p.py): objects with the native Request's
-Wait/Test/Cancel/status/describe, for operations that are not one native request."""
+"""Native-like requests: objects with the native Request's Wait/Test/Cancel/status/describe, for
+operations that are not one native request (p2p.py's buffered and combined sends, typedcoll.py's
+nonblocking collectives into derived datatypes)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from shmproxy.core.ops import ANY_TAG
 from shmproxy.mpi.status import PROC_NULL
@@ -63,3 +64,41 @@ class Both:
 
     def describe(self) -> str:
         return " and ".join(r.describe() for r in (self._recv, self._send) if r is not None)
+
+
+class Then:
+    """A native request and what must follow its completion in this rank (unpacking a derived
+    datatype's output, typedcoll.py): ``after`` runs once, in the Wait or Test that sees the
+    native request complete, before either returns."""
+
+    __slots__ = ("_native", "_after", "_comm")
+
+    def __init__(self, native: Any, after: Callable[[], None]):
+        self._native, self._after = native, after
+        self._comm = native._comm
+
+    def _finish(self) -> None:
+        after, self._after = self._after, None
+        if after is not None:
+            after()
+
+    def Wait(self) -> Any:
+        self._native.Wait()
+        self._finish()
+        return self.status
+
+    def Test(self) -> bool:
+        if not self._native.Test():
+            return False
+        self._finish()
+        return True
+
+    def Cancel(self) -> None:
+        self._native.Cancel()
+
+    @property
+    def status(self) -> Any:
+        return self._native.status
+
+    def describe(self) -> str:
+        return self._native.describe() + " (then unpacked into a derived datatype)"

@@ -11,8 +11,9 @@ built from one predefined type); a type mixing several travels as bytes and is r
 Vector specs (Gatherv, Scatterv, Allgatherv, Alltoallv) count whole instances of the type; buffers.py
 scales their counts and displacements to the temporary's elements.
 
-A nonblocking collective whose *output* is of a derived type is refused (the unpack needs the
-collective complete); one with typed inputs only is packed at once and posted.
+A nonblocking collective is packed at once and posted; an output of a derived type is unpacked by
+the Wait or Test that sees the collective complete (nativereq.Then), so the user's buffer is written
+only then, as MPI allows.
 
 The self-messages use tag RESERVED_TAG_LO, which ANY_TAG never accepts: a user's receive cannot
 take them.
@@ -25,7 +26,8 @@ import numpy as np
 
 from shmproxy.core import errors
 from shmproxy.core.ops import RESERVED_TAG_LO
-from shmproxy.mpi.exceptions import ERR_TYPE, convert, error, unsupported
+from shmproxy.mpi.exceptions import ERR_TYPE, convert, error
+from shmproxy.mpi.nativereq import Then
 from shmproxy.rank.typed import TypedBuffer
 
 _REDUCING = ("reduce", "scan")   # collectives that compute on elements (by the native method's name)
@@ -52,16 +54,21 @@ def call(c: Any, fn: Any, args: tuple) -> Any:
     name = getattr(fn, "__name__", "collective")
     typed = [i for i, a in enumerate(args) if type(a) is TypedBuffer]
     outs = [i for i in typed if args[i].out]
-    if outs and name.lower().startswith("i"):   # Ibcast, or the C-bound ibcast: nonblocking
-        unsupported(f"Comm.{name} with a derived datatype receive buffer",
-                    "use the blocking form, or a contiguous receive buffer")
     if any(r in name.lower() for r in _REDUCING) and any(args[i].dtype.base is None for i in typed):
         raise error(ERR_TYPE, f"{name}: a derived datatype mixing several predefined types cannot be reduced")
     try:
         temps = {i: _pack(c, args[i]) for i in typed}
         res = fn(*(temps.get(i, a) for i, a in enumerate(args)))
+        if outs and name.lower().startswith("i"):   # Ibcast, or the C-bound ibcast: nonblocking
+            return Then(res, lambda: _unpack_all(c, [(temps[i], args[i]) for i in outs]))
         for i in outs:
             _unpack(c, temps[i], args[i])
     except errors.ProxyError as exc:
         raise convert(exc) from None
     return res
+
+
+def _unpack_all(c: Any, pairs: list[tuple[np.ndarray, TypedBuffer]]) -> None:
+    """Its errors stay shmproxy's: the MPI request that waits converts them, as its own."""
+    for temp, tb in pairs:
+        _unpack(c, temp, tb)
