@@ -33,6 +33,7 @@ from shmproxy.mpi.group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import SUM, as_op
 from shmproxy.mpi.status import PROC_NULL
 from shmproxy.mpi.p2p import PointToPoint
+from shmproxy.mpi.partitioned import PartitionedP2P
 from shmproxy.mpi.persistent import PersistentCollectives
 from shmproxy.rank import objects
 from shmproxy.rank.comm import Comm as NativeComm
@@ -534,7 +535,7 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         return root
 
 
-class Intracomm(Comm):
+class Intracomm(Comm, PartitionedP2P):
     """An intracommunicator (every communicator here is one)."""
 
     __slots__ = ()
