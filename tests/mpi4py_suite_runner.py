@@ -37,6 +37,10 @@ from typing import Any
 CACHE = Path("/tmp") / f"shmproxy-mpi4py-suite-{os.getuid()}"
 STOP_EXIT = 75      # a rank's exit status when it ends its job after a test that did not pass
 WORST = ("pass", "skip", "unsupported", "error", "fail", "hang")   # later is worse
+# mpi4py's own switch for the tests that need dynamic processes (mpitestutil.disable_mpi_spawn: its
+# users set it for MPI libraries without Spawn): test_util_pool's process pool at one rank. shmproxy
+# provides no Spawn (tests/mpi4py_suite_report.py OUT_OF_SCOPE, test_spawn).
+SUITE_ENV = {"MPI4PY_TEST_SPAWN": "0"}
 
 
 class SourcesUnavailable(Exception):
@@ -282,7 +286,7 @@ def run_suite(root: Path, modules: list[str], nranks: int, workdir: Path, timeou
         failure = ""
         try:
             run_ranks("tests.mpi4py_suite_runner:run_modules", nranks, timeout=timeout,
-                      env={"SHMPROXY_TIMEOUT": str(proxy_timeout)},
+                      env={"SHMPROXY_TIMEOUT": str(proxy_timeout), **SUITE_ENV},
                       args=(str(root / "test"), modules, outfile, skip_through))
             return read_records(outfile)[0]
         except AssertionError as exc:
