@@ -260,47 +260,6 @@ def overlap() -> dict:
     return res
 
 
-def latency_breakdown() -> dict:
-    """Where an 8 B device Allreduce's time goes, rank side: the post (Iallreduce returning) and the
-    wait, with the monotonic times the progress process's trace (SHMPROXY_PROFILE) lines up with;
-    and the rank's post path under cProfile."""
-    import cProfile
-    import pstats
-    import io
-    cp = _cp()
-    with shmproxy.init() as comm:
-        x = cp.ones(2, cp.float32)
-        y = cp.zeros_like(x)
-        for _ in range(200):
-            comm.Allreduce(x, y)
-        comm.Barrier()
-        times = []
-        for _ in range(1000):
-            t0 = time.monotonic_ns()
-            r = comm.Iallreduce(x, y)
-            t1 = time.monotonic_ns()
-            r.Wait()
-            times.append((t0, t1, time.monotonic_ns()))
-        prof = ""
-        if comm.rank == 0:
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(300):
-                comm.Iallreduce(x, y).Wait()
-            pr.disable()
-            out = io.StringIO()
-            pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(14)
-            prof = out.getvalue()[-3500:]
-        else:
-            for _ in range(300):
-                comm.Iallreduce(x, y).Wait()
-    post = sorted(t1 - t0 for t0, t1, _t2 in times)
-    wait = sorted(t2 - t1 for _t0, t1, t2 in times)
-    return {"post_us": post[len(post) // 2] / 1e3, "wait_us": wait[len(wait) // 2] / 1e3,
-            "total_us": sorted(t2 - t0 for t0, _t1, t2 in times)[len(times) // 2] / 1e3,
-            "times": times[-400:], "profile": prof}
-
-
 def small_fast() -> dict:
     """Small blocking collectives on device arrays, which run between the ranks through host copies
     (shmproxy.rank.fastpath): against cupy references for several dtypes, in place and not; work

@@ -7,7 +7,6 @@ host. Rank bodies are in tests/bodies_gpu.py, tests/bodies_gpu_more.py and tests
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -193,52 +192,6 @@ def test_kill9_mid_collective_survivors_raise_and_gpu_memory_returns():
     # every process that held the job's device memory is gone, so is the memory (a CUDA context of
     # a few hundred MiB per process would show)
     assert after - before < 64 << 20, (before, after)
-
-
-@pytest.mark.skipif(not os.environ.get("SPTEST_GPU_BENCH"), reason="set SPTEST_GPU_BENCH=1 to measure")
-def test_bench():
-    res = run_ranks(BODY + "bench", 2, timeout=300)
-    print("GPU_BENCH " + json.dumps(res.results[0]))
-
-
-@pytest.mark.skipif(not os.environ.get("SPTEST_GPU_BENCH"), reason="set SPTEST_GPU_BENCH=1 to measure")
-def test_latency_breakdown(tmp_path):
-    """8 B device Allreduce: the ranks' post and wait against the progress process's trace (first
-    post, last post, fetch, done), medians over the same iterations."""
-    trace = tmp_path / "trace_%p.json"
-    res = run_ranks(MORE + "latency_breakdown", 2, timeout=300,
-                    env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(trace)})
-    import time
-    deadline = time.monotonic() + 20
-    while not list(tmp_path.glob("trace_*.json")) and time.monotonic() < deadline:
-        time.sleep(0.05)   # the progress process writes its trace as it exits, after the ranks
-    spans = []
-    for f in tmp_path.glob("trace_*.json"):
-        spans += [e for e in json.loads(f.read_text())["traceEvents"] if e["name"].startswith("Allreduce")]
-    spans.sort(key=lambda e: e["ts"])
-    ends = {}
-    for r, out in enumerate(res.results):
-        print(f"GPU_LATENCY rank {r}: post {out['post_us']:.1f} us, wait {out['wait_us']:.1f} us, "
-              f"total {out['total_us']:.1f} us")
-        ends[r] = out["times"]
-    # each of the last iterations: match the span whose first post lies in the rank-0 post window
-    split = []
-    for (a0, a1, a2), (b0, b1, b2) in zip(ends[0], ends[1]):
-        first, last_done = min(a0, b0), max(a2, b2)
-        for e in spans:
-            start = e["ts"] * 1000
-            if first - 5000 <= start <= max(a1, b1) + 5000:
-                done = start + e["dur"] * 1000
-                a = e["args"]
-                split.append((a["last_post_ns"] - first, a["fetch_ns"] - a["last_post_ns"],
-                              done - a["fetch_ns"], last_done - done))
-                break
-    if split:
-        med = [sorted(c)[len(c) // 2] / 1e3 for c in zip(*split)]
-        print(f"GPU_LATENCY split over {len(split)} iterations (us, medians): first post -> last post "
-              f"{med[0]:.1f}, last post -> fetched {med[1]:.1f}, fetched -> done on the GPU {med[2]:.1f}, "
-              f"done -> both ranks returned {med[3]:.1f}")
-    print("GPU_LATENCY rank 0 cProfile:\n" + res.results[0]["profile"])
 
 
 def test_mpi_layer_hands_device_arrays_to_the_native_layer():

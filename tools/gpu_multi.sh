@@ -12,9 +12,7 @@
 #      GPUs 0 and 1 (cupy, peer access enabled), 256 MiB, best of 20;
 #   3. shmproxy against NCCL and gloo on device buffers, one rank per GPU, under torchrun:
 #      allreduce 8 B..256 MiB and pingpong 8 B..64 MiB (gloo takes no CUDA tensors in send/recv).
-#   4. (only when STEPS names it: "probe") tools/gpu_stream_order_probe.py, bounded by 300 s.
-# Output under $OUT (default ./out): gpu_tests.log, limits.txt, bench_*.log and bench_*.json,
-# stream_order_probe.txt.
+# Output under $OUT (default ./out): gpu_tests.log, limits.txt, bench_*.log and bench_*.json.
 # Needs shmproxy importable (pip install -e . or the device_bench.sh set-up), cupy, torch with NCCL.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -71,8 +69,6 @@ if n >= 2:
                                                        cp.cuda.get_current_stream().ptr), 1)
     print(f"GPU 0 -> GPU 1 peer copy (peer access {'on' if ok else 'unavailable'}): {gbs:.0f} GB/s")
 EOF
-
-has probe && timeout 300 "$PY" tools/gpu_stream_order_probe.py 2>&1 | tee "$OUT/stream_order_probe.txt"
 
 if ! has bench; then
     :

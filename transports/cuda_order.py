@@ -10,10 +10,10 @@ nothing to wait for; otherwise its stream waits for it on the GPU (cuStreamWaitV
 Why a word of host memory and not an interprocess event, which this used before (docs/decisions.md,
 "Stream order through a word"):
 - where ranks share a GPU, a stream waiting for another process's event costs a switch of the
-  time-sliced GPU between the contexts: ~300 µs. A wait for a word is the waiting GPU reading memory;
-  the probe (tools/gpu_stream_order_probe.py) measured 38 µs for the same trip, a short kernel of the
-  rank's included, and found the order kept in every case it tried: the wait queued before the store
-  and after it, on the rank's GPU and on another;
+  time-sliced GPU between the contexts. A wait for a word is the waiting GPU reading memory, an
+  order of magnitude cheaper (the figures and the probe that took them: docs/decisions.md), and the
+  order held in every case tried: the wait queued before the store and after it, on the rank's GPU
+  and on another;
 - the driver backs a process's interprocess events with a file in /dev/shm that it never removes;
 - a wait on another GPU's interprocess event crashed the driver; host memory every GPU reads alike.
 

@@ -66,7 +66,7 @@ class Completion:
         a fast-path cell it drained, its sender long returned; the span still starts at its post), or
         "node" (another node's send: its envelope's arrival here stands for its post). ``started_ns``:
         when its transport had started it (for a GPU copy: launched); the span ends when the loop
-        retired it (tools/gpu_chain_probe.py reads these against the ranks' own times)."""
+        retired it (SHMPROXY_PROFILE traces line these up against the ranks' own times)."""
         s, r = t.send, t.recv
         via = "ranks" if s.owner >= 0 else "buffered" if s.owner == BUFFERED_OWNER else "node"
         self.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
