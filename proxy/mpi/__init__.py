@@ -28,11 +28,12 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
                               ERRORS_ARE_FATAL, ERRORS_RETURN, MAX_ERROR_STRING, MAX_LIBRARY_VERSION_STRING,
                               MAX_PROCESSOR_NAME, SUBVERSION, THREAD_FUNNELED, THREAD_MULTIPLE,
                               THREAD_SERIALIZED, THREAD_SINGLE, VERSION, Alloc_mem, Attach_buffer, Close_port,
-                              Detach_buffer, Errhandler, File, Finalize, Free_mem, Get_library_version,
+                              Detach_buffer, Errhandler, Finalize, Free_mem, Get_library_version,
                               Get_processor_name, Get_version, Init, Init_thread, attach_world, get_vendor,
                               Is_finalized, Is_initialized, Is_thread_main, Lookup_name, Open_port,
-                              Pcontrol, Publish_name, Query_thread, Unpublish_name, Win, Wtick, Wtime,
-                              Session, SESSION_NULL, WIN_NULL, FILE_NULL)
+                              Pcontrol, Publish_name, Query_thread, Unpublish_name, Wtick, Wtime)
+from shmproxy.mpi.unprovided import FILE_NULL, SESSION_NULL, WIN_NULL, File, Session, Win
+from shmproxy.mpi.handles import _addressof, _handleof, _sizeof
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
 from shmproxy.mpi.exceptions import (Add_error_class, Add_error_code, Add_error_string, Remove_error_class,
                                      Remove_error_code, Remove_error_string)

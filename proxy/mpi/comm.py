@@ -254,7 +254,7 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    __hash__ = object.__hash__
+    __hash__ = None  # type: ignore[assignment]  # as mpi4py: free() turns a handle into COMM_NULL in place
 
     # handles, as mpi4py gives them: an int naming the communicator while some handle of it lives
     # (0 names COMM_NULL); fromhandle gives a handle of the same class (Intracomm, Intercomm, ...)

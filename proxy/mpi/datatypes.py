@@ -17,6 +17,7 @@ import numpy as np
 
 from shmproxy.core.ops import DTYPE_CODE
 from shmproxy.mpi.exceptions import ERR_TYPE, error
+from shmproxy.mpi.handles import Numbers
 
 
 class Datatype:
@@ -24,14 +25,16 @@ class Datatype:
     bytes. ``_h`` is the handle: ``MPI.Datatype(d)`` is a second Python object of the same handle
     (equal, not identical), as in mpi4py; ``MPI.Datatype()`` one of DATATYPE_NULL."""
 
-    __slots__ = ("_sym", "_label", "dtype", "size", "_pair", "_h")
+    __slots__ = ("_sym", "_label", "dtype", "size", "_pair", "_h", "__weakref__")
 
     def __new__(cls, datatype: Any = None) -> "Datatype":
         if datatype is None:
-            return DATATYPE_NULL._copy()
+            datatype = DATATYPE_NULL
         if not isinstance(datatype, Datatype):
             raise TypeError(f"MPI.Datatype() takes an MPI.Datatype, got {type(datatype).__name__}")
-        return datatype._copy()
+        if type(datatype) is not Datatype and not issubclass(cls, type(datatype)):
+            return datatype._copy()    # a derived type's state lives in typemap.Derived's slots
+        return datatype._copy(cls)
 
     def __init__(self, datatype: Any = None) -> None:
         pass    # __new__ did it all
@@ -46,24 +49,46 @@ class Datatype:
         self._h = self
         return self
 
-    def _copy(self) -> "Datatype":
-        """A second Python object of this handle (mpi4py's ``MPI.Datatype(d)``)."""
-        new = object.__new__(type(self))
-        for slot in Datatype.__slots__:
+    def _copy(self, cls: type | None = None) -> "Datatype":
+        """A second Python object of this handle (mpi4py's ``MPI.Datatype(d)``), of class ``cls``
+        (a subclass of the program's) or this object's."""
+        new = object.__new__(type(self) if cls is None else cls)
+        for slot in _STATE:
             setattr(new, slot, getattr(self, slot))
         return new
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Datatype) and self._h is other._h
+        if not isinstance(other, Datatype):
+            return NotImplemented
+        return self._h is other._h
 
     def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
 
-    def __hash__(self) -> int:
-        return id(self._h)
+    # as mpi4py's handles: not hashable, since free() turns a handle into DATATYPE_NULL in place
+    __hash__ = None  # type: ignore[assignment]
 
     def __bool__(self) -> bool:
         return self._h is not DATATYPE_NULL
+
+    # handles, as mpi4py gives them: a number naming the type while some object of it lives (0 names
+    # DATATYPE_NULL); fromhandle gives another object of the same handle
+    @property
+    def handle(self) -> int:
+        return 0 if self._h is DATATYPE_NULL else _NUMBERS.number(self._h)
+
+    def toint(self) -> int:
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromhandle(cls, handle: Any) -> "Datatype":
+        h = _NUMBERS.lookup(handle)
+        return cls(DATATYPE_NULL if h is None else h)
+
+    fromint = f2py = fromhandle
 
     # ---- queries of mpi4py's Datatype
     def Get_size(self) -> int:
@@ -156,7 +181,14 @@ class Datatype:
         raise error(ERR_TYPE, f"the predefined datatype {self.name} cannot be freed")   # DATATYPE_NULL too
 
     def free(self) -> None:
-        """mpi4py's safe free: a no-op on a predefined type or DATATYPE_NULL (Free raises there)."""
+        """mpi4py's safe free: a predefined constant and DATATYPE_NULL stay what they are; any other
+        handle (a second object of a predefined type, a derived type) becomes DATATYPE_NULL."""
+        h = self._h
+        if h is DATATYPE_NULL or self is h and self.is_predefined:
+            return
+        if not h.is_predefined and not getattr(self, "freed", False):
+            self.Free()    # a derived type's own Free (typemap.py): the type is released
+        self._h = DATATYPE_NULL
 
     def Dup(self) -> "Datatype":
         return _tm().dup(self)
@@ -268,7 +300,9 @@ class Datatype:
     def __reduce__(self) -> Any:
         if self._h is self:
             return self._sym   # the module-level constant of the same name
-        return _handle_of, (self._sym,)
+        if type(self) is Datatype:
+            return _handle_of, (self._h._sym,)
+        return type(self), (self._h,)    # a subclass of the program's unpickles as itself
 
 
 def _handle_of(sym: str) -> Datatype:
@@ -276,7 +310,11 @@ def _handle_of(sym: str) -> Datatype:
     return PREDEFINED[sym]._copy()
 
 
+_STATE = ("_sym", "_label", "dtype", "size", "_pair", "_h")    # what a handle holds (not __weakref__)
+
+
 COMBINER_NAMED = 1
+_NUMBERS = Numbers("datatype", ERR_TYPE)
 
 _C_LONG = np.dtype(f"i{ctypes.sizeof(ctypes.c_long)}")
 _C_ULONG = np.dtype(f"u{ctypes.sizeof(ctypes.c_long)}")

@@ -114,10 +114,10 @@ class Errhandler:
             if self is const:
                 return name
         if self._h is None:
-            return (Errhandler, ())
+            return (type(self), ())     # type(self): a subclass of the program's unpickles as itself
         if self._h.fn is not None:
             raise ValueError(f"cannot pickle {self!r}: a handler of the program's own is no value to send")
-        return (Errhandler, (_CONSTANTS[self._h.name or ""],))
+        return (type(self), (_CONSTANTS[self._h.name or ""],))
 
     def __repr__(self) -> str:
         h = self._h

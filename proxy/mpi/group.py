@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence
 
 from shmproxy.core.ops import UNDEFINED
 from shmproxy.mpi.exceptions import ERR_ARG, ERR_GROUP, ERR_RANK, as_int, error
+from shmproxy.mpi.handles import Numbers
 from shmproxy.mpi.status import PROC_NULL
 
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
@@ -19,15 +20,19 @@ IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
 class Group:
     """A group of processes: ``size``, ``rank`` (UNDEFINED if this process is not a member)."""
 
-    __slots__ = ("_members", "_me", "_index", "_null")
+    __slots__ = ("_members", "_me", "_index", "_null", "_h", "__weakref__")
 
     def __init__(self, members: "Iterable[int] | Group | None" = None, me: int = -1):
         """``Group()`` is a null handle and ``Group(group)`` a second handle to ``group``, as in mpi4py;
         the layer makes groups from their members."""
+        # _h: the group whose handle this object is (a second handle, Group(g), shares g's number)
+        self._h: Group = self
         if isinstance(members, Group):
-            members, me, null = members._members, members._me, members._null
-        else:
+            members, me, null, self._h = members._members, members._me, members._null, members._h
+        elif members is None or isinstance(members, (tuple, list, range)):
             null = members is None
+        else:   # as mpi4py's: a handle of another class, a number or a string is no group
+            raise TypeError(f"MPI.Group() takes an MPI.Group, not {type(members).__name__}")
         self._null = null
         self._members = tuple(int(m) for m in (members or ()))
         if len(set(self._members)) != len(self._members):
@@ -141,10 +146,28 @@ class Group:
         if self is GROUP_EMPTY:
             return "GROUP_EMPTY"
         if self._null:
-            return (Group, ())
+            return (type(self), ())     # type(self): a subclass of the program's unpickles as itself
         if not self._members:
-            return (Group, (GROUP_EMPTY,))
+            return (type(self), (GROUP_EMPTY,))
         raise ValueError(f"cannot pickle {self!r}: a group of processes is no value to send")
+
+    # handles, as mpi4py gives them: a group is a value (its members), so the number names this
+    # object while it lives (0 names GROUP_NULL); fromhandle gives an equal group
+    @property
+    def handle(self) -> int:
+        return _NUMBERS.number(None if self._null else self._h)
+
+    def toint(self) -> int:
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromhandle(cls, handle: Any) -> "Group":
+        g = _NUMBERS.lookup(handle)
+        return cls() if g is None else cls(g)
+
+    fromint = f2py = fromhandle
 
     # ---- helpers
     def _make(self, members: Sequence[int]) -> "Group":
@@ -196,5 +219,6 @@ def _check_group(g: Any) -> None:
         raise error(ERR_GROUP, f"expected an MPI.Group, got {type(g).__name__}")
 
 
+_NUMBERS = Numbers("group", ERR_GROUP)
 GROUP_EMPTY = Group(())
 GROUP_NULL = Group()

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Iterable, Iterator, Mapping
 
 from shmproxy.mpi.exceptions import ERR_INFO, ERR_INFO_KEY, ERR_INFO_NOKEY, error_also
+from shmproxy.mpi.handles import Numbers
 
 MAX_INFO_KEY = 255
 MAX_INFO_VAL = 1024
@@ -23,7 +24,7 @@ MAX_INFO_VAL = 1024
 class _Items:
     """The info object a handle refers to."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "__weakref__")    # weak: a handle number must not keep it alive
 
     def __init__(self, items: dict[str, str] | None = None):
         self.items: dict[str, str] = dict(items or {})
@@ -70,14 +71,35 @@ def _launched_size() -> int:
 class Info:
     """A handle to an info object (``Info()`` is a null handle, as in mpi4py)."""
 
-    __slots__ = ("_obj", "_name")
+    __slots__ = ("_obj", "_name", "__weakref__")
 
     def __new__(cls, *_a: Any, **_k: Any) -> "Info":
         return object.__new__(cls)     # (mpi4py's subclasses call it with the info to wrap)
 
     def __init__(self, info: Info | None = None):
+        if info is not None and not isinstance(info, Info):
+            raise TypeError(f"MPI.Info() takes an MPI.Info, not {type(info).__name__}")
         self._obj: _Items | None = None if info is None else info._obj
         self._name = ""
+
+    # handles, as mpi4py gives them: a number naming the info object while some handle of it lives
+    # (0 names INFO_NULL); fromhandle gives another handle of it
+    @property
+    def handle(self) -> int:
+        return _NUMBERS.number(self._obj)
+
+    def toint(self) -> int:
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromhandle(cls, handle: Any) -> Info:
+        info = cls()
+        info._obj = _NUMBERS.lookup(handle)
+        return info
+
+    fromint = f2py = fromhandle
 
     # --- handle identity -----------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
@@ -239,5 +261,6 @@ def _predefined(name: str, obj: _Items | None) -> Info:
     return info
 
 
+_NUMBERS = Numbers("info object", ERR_INFO)
 INFO_NULL = _predefined("INFO_NULL", None)
 INFO_ENV = _predefined("INFO_ENV", Info.Create_env()._obj)

@@ -6,6 +6,7 @@ from typing import Any
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 from shmproxy.mpi.exceptions import ERR_REQUEST, convert, error
+from shmproxy.mpi.handles import Numbers
 from shmproxy.mpi.request import ObjRequest, Request
 from shmproxy.mpi.status import Status
 
@@ -14,15 +15,27 @@ class Message:
     """A message a matched probe took (Comm.Mprobe/Improbe, or mprobe/improbe for objects): only its
     Recv/Irecv (recv/irecv) receives it. MESSAGE_NO_PROC is the message of a probe of PROC_NULL."""
 
-    __slots__ = ("_m", "_obj", "_comm", "_no_proc", "_h")
+    __slots__ = ("_m", "_obj", "_comm", "_no_proc", "_h", "__weakref__")
 
-    def __init__(self, native: Any = None, obj: Any = None, comm: Any = None, no_proc: bool = False):
+    def __init__(self, message: "Message | None" = None):
+        """``Message()`` is MESSAGE_NULL's handle, ``Message(msg)`` a second object of ``msg``'s handle
+        (as mpi4py's); matched probes make the others (``_of``)."""
         self._h: Message | None = None      # the message whose handle this object is a copy of
-        if isinstance(native, Message):     # mpi4py's MPI.Message(msg): a second object of its handle
-            self._m, self._obj, self._comm = native._m, native._obj, native._comm
-            self._no_proc, self._h = native._no_proc, native._hid()
+        self._m = self._obj = self._comm = None
+        self._no_proc = False
+        if message is None:
             return
-        self._m, self._obj, self._comm, self._no_proc = native, obj, comm, no_proc
+        if not isinstance(message, Message):
+            raise TypeError(f"MPI.Message() takes an MPI.Message, not {type(message).__name__}")
+        self._m, self._obj, self._comm = message._m, message._obj, message._comm
+        self._no_proc, self._h = message._no_proc, message._hid()
+
+    @classmethod
+    def _of(cls, native: Any = None, obj: Any = None, comm: Any = None, no_proc: bool = False) -> "Message":
+        """The message of a matched probe: the native one (buffers), or the object one (``obj``)."""
+        msg = cls()
+        msg._m, msg._obj, msg._comm, msg._no_proc = native, obj, comm, no_proc
+        return msg
 
     def _hid(self) -> "Message":
         return self if self._h is None else self._h
@@ -35,13 +48,35 @@ class Message:
             return NotImplemented
         return (not self and not other) or (bool(self) and self._hid() is other._hid())
 
-    def __hash__(self) -> int:
-        return id(self._hid())
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    # as mpi4py's handles: not hashable, since a receive turns a handle into MESSAGE_NULL in place
+    __hash__ = None  # type: ignore[assignment]
+
+    # handles, as mpi4py gives them: a number naming the message while some object of it lives (0 names
+    # MESSAGE_NULL)
+    @property
+    def handle(self) -> int:
+        return _NUMBERS.number(self._hid() if self else None)
+
+    def toint(self) -> int:
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromhandle(cls, handle: Any) -> "Message":
+        h = _NUMBERS.lookup(handle)
+        return cls() if h is None else cls(h)
+
+    fromint = f2py = fromhandle
 
     def __reduce__(self) -> Any:
         for name in ("MESSAGE_NULL", "MESSAGE_NO_PROC"):
             if self._hid() is globals().get(name) and (self._no_proc or not self):
-                return name if self._h is None else (Message, (globals()[name],))
+                return name if self._h is None else (type(self), (globals()[name],))
         raise ValueError("a matched message cannot be pickled: it names a message of this process")
 
     @classmethod
@@ -161,5 +196,6 @@ class _Done:
         return True, self._value
 
 
+_NUMBERS = Numbers("message", ERR_REQUEST)
 MESSAGE_NULL = Message()
-MESSAGE_NO_PROC = Message(no_proc=True)
+MESSAGE_NO_PROC = Message._of(no_proc=True)

@@ -64,7 +64,7 @@ class Op:
             raise error(ERR_INTERN, f"Op.Create: {MAX_USER_OPS} user ops are in use (Free some)")
         op = cls._make(getattr(function, "__name__", "user op"), function, None, bool(commute))
         op._nargs = _positional(function)
-        _USER_OPS.add(op)
+        _USER_OPS[id(op)] = op
         return op
 
     def Free(self) -> None:
@@ -82,7 +82,7 @@ class Op:
         self._become_null()
 
     def _become_null(self) -> None:
-        _USER_OPS.discard(self._h)
+        _USER_OPS.pop(id(self._h), None)
         for slot in _STATE:
             setattr(self, slot, getattr(OP_NULL, slot))
 
@@ -98,10 +98,16 @@ class Op:
         return PREDEFINED.get(self.name) is self._h
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Op) and self._h is other._h
+        if not isinstance(other, Op):
+            return NotImplemented
+        return self._h is other._h
 
-    def __hash__(self) -> int:
-        return id(self._h)
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    # as mpi4py's handles: not hashable, since free() turns a handle into OP_NULL in place
+    __hash__ = None  # type: ignore[assignment]
 
     def __bool__(self) -> bool:
         return self._h is not OP_NULL
@@ -126,7 +132,10 @@ class Op:
 
     def __reduce__(self) -> Any:
         if self.is_predefined:
-            return self.name if self._h is self else (_handle_of, (self.name,))
+            if self._h is self:
+                return self.name
+            # a subclass of the program's unpickles as itself (as mpi4py's)
+            return (_handle_of, (self.name,)) if type(self) is Op else (type(self), (self._h,))
         if not self._pickles:
             # as mpi4py: an op rebuilt from its handle number (fromint) has no function of its own
             raise ValueError("cannot pickle a user op made by Op.fromint: it carries no function")
@@ -164,7 +173,7 @@ _STATE = ("name", "_fn", "native", "commute", "_nargs", "_h", "_pickles")   # wh
 # mpi4py keeps user ops in a table of 32 callbacks (so does MPICH's fixed table): the 33rd live one is
 # refused with an MPI.Exception (a RuntimeError). An op Freed, or dropped, frees its slot.
 MAX_USER_OPS = 32
-_USER_OPS: "weakref.WeakSet[Op]" = weakref.WeakSet()
+_USER_OPS: "weakref.WeakValueDictionary[int, Op]" = weakref.WeakValueDictionary()   # by id: ops do not hash
 _BY_INT: "weakref.WeakValueDictionary[int, Op]" = weakref.WeakValueDictionary()
 
 

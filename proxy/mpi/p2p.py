@@ -375,7 +375,7 @@ class PointToPoint:
         m = self._probe_call(self._c.Mprobe, source, tag)
         if status is not None:
             status._fill(m.status)
-        return Message(m)
+        return Message._of(m)
 
     def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
                 status: Status | None = None) -> Message | None:
@@ -390,7 +390,7 @@ class PointToPoint:
             return None
         if status is not None:
             status._fill(m.status)
-        return Message(m)
+        return Message._of(m)
 
     # ------------------------------------------------------------------ objects (lower case), point-to-point
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
@@ -522,14 +522,14 @@ class PointToPoint:
                 value, st = own
                 if status is not None:
                     status._fill(st)
-                return Message(obj=Held(value, st), comm=self._c)
+                return Message._of(obj=Held(value, st), comm=self._c)
         inc = self._obj(objects._start_recv, *objects._wild_peer(self._c, source, tag), block)
         if inc is None:
             return None
         if status is not None:
             status._fill(None)
             status.source, status.tag = inc.source, inc.tag
-        return Message(obj=inc, comm=self._c)
+        return Message._of(obj=inc, comm=self._c)
 
 
 class _SelfSync:

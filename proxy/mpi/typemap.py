@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from shmproxy.core.ops import DTYPE_CODE
-from shmproxy.mpi.datatypes import Datatype
+from shmproxy.mpi.datatypes import _STATE, Datatype
 from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_TYPE, as_int, error
 from shmproxy.rank.typed import TypedBuffer
 
@@ -115,10 +115,10 @@ class Derived(Datatype):
             return self._contents[2][0].typestr
         return f"V{self.extent}"
 
-    def _copy(self) -> "Derived":
+    def _copy(self, cls: type | None = None) -> "Derived":
         """A second Python object of this handle (MPI.Datatype(d)): equal to it."""
-        new = object.__new__(Derived)
-        for slot in Datatype.__slots__ + Derived.__slots__:
+        new = object.__new__(Derived if cls is None else cls)
+        for slot in _STATE + Derived.__slots__:
             setattr(new, slot, getattr(self, slot))
         return new
 

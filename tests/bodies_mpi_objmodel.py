@@ -1,0 +1,156 @@
+"""Rank bodies of tests/test_mpi_objmodel.py: handle objects as mpi4py's (test_objmodel, and
+test_msgspec's TestMessageRMA): no hashing, weak references, constructors that take only their own
+class, handle numbers that round-trip, safe free() of second handles, subclasses that pickle as
+themselves; Win, File and Session as real classes whose only objects are their null handles."""
+from __future__ import annotations
+
+import copy
+import pickle
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from shmproxy import MPI
+
+
+def _raises(exc: type, fn: Callable[..., Any], *args: Any) -> BaseException:
+    try:
+        fn(*args)
+    except exc as e:
+        return e
+    raise AssertionError(f"{fn} {args} did not raise {exc.__name__}")
+
+
+NULLS = ("DATATYPE_NULL", "INFO_NULL", "ERRHANDLER_NULL", "SESSION_NULL", "GROUP_NULL", "WIN_NULL", "OP_NULL",
+         "FILE_NULL", "MESSAGE_NULL", "COMM_NULL")
+
+
+def handle_model() -> dict:
+    comm = MPI.COMM_WORLD
+    nulls = [getattr(MPI, n) for n in NULLS]
+    for obj in nulls + [MPI.INT, MPI.SUM, MPI.GROUP_EMPTY, MPI.INFO_ENV, MPI.MESSAGE_NO_PROC, comm]:
+        _raises(TypeError, hash, obj)                     # mpi4py's handles do not hash
+        assert weakref.ref(obj)() is obj, obj
+        cls = MPI.Intracomm if obj is comm else type(obj)     # (COMM_WORLD's own class is private)
+        for other in nulls + [MPI.Status(), 1234, "abc"]:
+            if not isinstance(other, MPI.Comm if obj is comm else cls):    # Intracomm(COMM_NULL) is null
+                _raises(TypeError, cls, other)            # a constructor takes its own class only
+        assert cls(obj) == obj and not (cls(obj) != obj), obj
+        # a subclass of the program's keeps its class through pickle and copy
+        sub = type(f"My{cls.__name__}", (cls,), {"__module__": __name__})
+        globals()[sub.__name__] = sub
+        try:
+            for copier in (lambda o: pickle.loads(pickle.dumps(o)), copy.copy, copy.deepcopy):
+                dup = copier(sub(obj))
+                assert type(dup) is sub and dup == obj, (obj, type(dup))
+        finally:
+            del globals()[sub.__name__]
+
+    # handle numbers round-trip (0 is the null handle) and are read-only
+    group = comm.Get_group()
+    user_op = MPI.Op.Create(lambda a, b, t: None)
+    vec = MPI.INT.Create_vector(2, 1, 2).Commit()
+    for obj in nulls + [MPI.INT, MPI.DOUBLE, vec, MPI.INFO_ENV, MPI.GROUP_EMPTY, group, MPI.SUM, user_op,
+                        MPI.MESSAGE_NO_PROC, MPI.ERRORS_RETURN, comm]:
+        h = obj.handle
+        assert (h == 0) == (not obj) and h >= 0, (obj, h)
+        new = type(obj).fromhandle(h)
+        assert new == obj and type(new) is type(obj) and new.handle == h, (obj, new)
+        assert MPI._handleof(obj) == h
+        for attempt in (lambda o: setattr(o, "handle", None), lambda o: delattr(o, "handle")):
+            _raises(AttributeError, attempt, new)
+    _raises(MPI.Exception, MPI.Datatype.fromhandle, 12345)
+
+    # safe free(): a second handle or a Dup becomes null, the constant stays
+    for const in (MPI.INT, MPI.DOUBLE):
+        clone = MPI.Datatype(const)
+        dup = const.Dup()
+        for h in (clone, dup):
+            assert h
+            for _ in range(3):
+                h.free()
+                assert not h and h == MPI.DATATYPE_NULL, h
+        const.free()
+        assert const and const.Get_size() > 0
+    vec.free()
+    assert not vec
+
+    # the C-level helpers say why they are missing
+    for fn in (MPI._sizeof, MPI._addressof):
+        _raises(TypeError, fn, None)
+        e = _raises(NotImplementedError, fn, MPI.INT)
+        assert "C-level" in str(e), e
+
+    # what the changes must not break: user ops in reductions, matched probes, derived types by handle
+    rank, size = comm.Get_rank(), comm.Get_size()
+    op = MPI.Op.Create(lambda a, b, t: np.maximum(np.frombuffer(a, "i"), np.frombuffer(b, "i"), out=np.frombuffer(b, "i")),
+                       commute=True)
+    out = np.zeros(1, "i")
+    comm.Allreduce(np.array([rank * 7], "i"), out, op=op)
+    assert out[0] == (size - 1) * 7, out
+    op.Free()
+    vec2 = MPI.Datatype.fromhandle(MPI.INT.Create_vector(3, 1, 2).Commit().handle)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    send = np.arange(6, dtype="i") + 100 * rank
+    recv = np.full(6, -1, "i")
+    req = comm.Isend([send, 1, vec2], dest=right, tag=5)
+    msg = comm.Mprobe(source=left, tag=5)
+    assert type(msg) is MPI.Message and msg and msg.handle > 0
+    msg.Recv([recv, 1, vec2])
+    req.Wait()
+    assert not msg and msg == MPI.MESSAGE_NULL
+    expect = np.full(6, -1, "i")
+    expect[::2] = (np.arange(6, dtype="i") + 100 * left)[::2]
+    assert (recv == expect).all(), recv
+    user_op.Free()
+    ops = [MPI.Op.Create(lambda a, b, t: None) for _ in range(32)]   # the table of 32 still holds
+    _raises(RuntimeError, MPI.Op.Create, lambda a, b, t: None)
+    for o in ops:
+        o.Free()
+    return {"rank": rank}
+
+
+def comm_self_clone() -> dict:
+    """A second handle of COMM_SELF made before COMM_SELF's first use: free() makes it null."""
+    clone = MPI.Intracomm(MPI.COMM_SELF)
+    assert clone
+    for _ in range(3):
+        clone.free()
+        assert not clone
+    assert MPI.COMM_SELF and MPI.COMM_SELF.Get_size() == 1
+    return {"rank": MPI.COMM_WORLD.Get_rank()}
+
+
+def unprovided() -> dict:
+    """Win, File, Session: real classes, null handles only, operations NotImplementedError."""
+    for cls, null, ctor in ((MPI.Win, MPI.WIN_NULL, lambda: MPI.Win.Create(MPI.BOTTOM)),
+                            (MPI.File, MPI.FILE_NULL, lambda: MPI.File.Open(MPI.COMM_SELF, "/dev/null")),
+                            (MPI.Session, MPI.SESSION_NULL, MPI.Session.Init)):
+        assert type(null) is cls and isinstance(null, cls) and not null
+        assert cls() == null and cls(null) == null and pickle.loads(pickle.dumps(null)) is null
+        assert cls.fromhandle(null.handle) == null and null.handle == 0
+        e = _raises(NotImplementedError, ctor)
+        assert isinstance(e, MPI.Exception) and e.Get_error_class() == MPI.ERR_UNSUPPORTED_OPERATION, e
+        null.free()
+        assert not null
+
+        class Mine(cls):   # type: ignore[misc, valid-type]   # as mpi4py's test_subclass writes one
+            def __new__(klass, h: Any = None) -> Any:
+                return cls.__new__(klass, h)
+
+        assert Mine(null) == null and isinstance(Mine(null), cls)
+    for method, args in (("Fence", ()), ("Free", ()), ("Lock", (0,)), ("Get_group", ())):
+        e = _raises(NotImplementedError, getattr(MPI.WIN_NULL, method), *args)
+        assert "one-sided" in str(e), e
+    _raises(NotImplementedError, MPI.FILE_NULL.Close)
+    _raises(NotImplementedError, MPI.SESSION_NULL.Get_num_psets)
+    # a window's data calls read their messages first, as mpi4py's: a malformed one is a ValueError
+    _raises(ValueError, MPI.WIN_NULL.Put, [None, 0, 0, "B", None], 0, None)
+    _raises(ValueError, MPI.WIN_NULL.Get, [None, 0, "B"], 0, {1: 2})
+    _raises(ValueError, MPI.WIN_NULL.Put, [None, 0, "B"], 0, (0, 0, MPI.BYTE, None))
+    for target in (None, 0, [0, 3, MPI.BYTE]):
+        _raises(NotImplementedError, MPI.WIN_NULL.Put, b"abc", 0, target)
+        _raises(NotImplementedError, MPI.WIN_NULL.Get, bytearray(3), 0, target)
+    _raises(NotImplementedError, MPI.WIN_NULL.Get_accumulate, b"abc", bytearray(3), 0)
+    return {"rank": MPI.COMM_WORLD.Get_rank()}
