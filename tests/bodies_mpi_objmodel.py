@@ -111,17 +111,6 @@ def handle_model() -> dict:
     return {"rank": rank}
 
 
-def comm_self_clone() -> dict:
-    """A second handle of COMM_SELF made before COMM_SELF's first use: free() makes it null."""
-    clone = MPI.Intracomm(MPI.COMM_SELF)
-    assert clone
-    for _ in range(3):
-        clone.free()
-        assert not clone
-    assert MPI.COMM_SELF and MPI.COMM_SELF.Get_size() == 1
-    return {"rank": MPI.COMM_WORLD.Get_rank()}
-
-
 def unprovided() -> dict:
     """Win, File, Session: real classes, null handles only, operations NotImplementedError."""
     for cls, null, ctor in ((MPI.Win, MPI.WIN_NULL, lambda: MPI.Win.Create(MPI.BOTTOM)),
@@ -153,4 +142,25 @@ def unprovided() -> dict:
         _raises(NotImplementedError, MPI.WIN_NULL.Put, b"abc", 0, target)
         _raises(NotImplementedError, MPI.WIN_NULL.Get, bytearray(3), 0, target)
     _raises(NotImplementedError, MPI.WIN_NULL.Get_accumulate, b"abc", bytearray(3), 0)
+    return {"rank": MPI.COMM_WORLD.Get_rank()}
+
+
+def comm_lock_table() -> dict:
+    """mpi4py's per-communicator lock table: the bcast lock is made by the first bcast, every handle
+    of one communicator shares the table, a Dup has its own (test_p2p_obj's testCommLock)."""
+    import threading
+    comm = MPI.COMM_WORLD.Dup()
+    table = MPI._comm_lock_table(comm)
+    assert isinstance(table, dict) and "bcast" not in table, table
+    value = comm.bcast({"from": 0, "data": list(range(5))} if comm.Get_rank() == 0 else None, root=0)
+    assert value == {"from": 0, "data": list(range(5))}, value
+    assert isinstance(table["bcast"], type(threading.Lock())) and not table["bcast"].locked()
+    assert MPI._comm_lock_table(MPI.Intracomm(comm)) is table
+    assert MPI._comm_lock(comm, "bcast") is table["bcast"]
+    other = comm.Dup()
+    assert MPI._comm_lock_table(other) is not table and "bcast" not in MPI._comm_lock_table(other)
+    other.Free()
+    comm.Free()
+    _raises(MPI.Exception, MPI._comm_lock_table, MPI.COMM_NULL)
+    _raises(TypeError, MPI._comm_lock_table, None)
     return {"rank": MPI.COMM_WORLD.Get_rank()}

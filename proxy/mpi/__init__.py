@@ -34,6 +34,7 @@ from shmproxy.mpi.env import (COMM_SELF, COMM_TYPE_SHARED, COMM_WORLD, ERRHANDLE
                               Pcontrol, Publish_name, Query_thread, Unpublish_name, Wtick, Wtime)
 from shmproxy.mpi.unprovided import FILE_NULL, SESSION_NULL, WIN_NULL, File, Session, Win
 from shmproxy.mpi.handles import _addressof, _handleof, _sizeof
+from shmproxy.mpi.commlock import _comm_lock, _comm_lock_table
 from shmproxy.mpi.exceptions import Exception, Get_error_class, Get_error_string  # noqa: A004
 from shmproxy.mpi.exceptions import (Add_error_class, Add_error_code, Add_error_string, Remove_error_class,
                                      Remove_error_code, Remove_error_string)

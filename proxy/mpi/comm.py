@@ -458,7 +458,9 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
 
     # ------------------------------------------------------------------ objects (lower case)
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
-        return self._obj(objects.bcast, obj, self._root(root))
+        from shmproxy.mpi.commlock import _comm_lock
+        with _comm_lock(self, "bcast"):    # as mpi4py: threads' bcasts on one communicator take turns
+            return self._obj(objects.bcast, obj, self._root(root))
 
     def gather(self, sendobj: Any, root: int = 0) -> list | None:
         return self._obj(objects.gather, sendobj, self._root(root))
