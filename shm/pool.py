@@ -33,7 +33,8 @@ Fast path (shm/_fast.h holds the protocol; every line has one writer unless said
             taken by it (the rank), drained (progress)
     P       per (sender, receiver) pair, s * nlocal + d:  line 0 the sender's (cells written, slow
             sends posted), line 1 the receiver's (cells taken), line 2 progress's (cells drained, slow
-            sends fetched, messages waiting unexpected), then FAST_CELLS cells of a 64 B header and fast_bytes of payload
+            sends fetched, messages waiting unexpected), then FAST_CELLS cells of a 64 B header and
+            fast_bytes of payload
     C       small collectives: a 64 B header (futex word, waiters), then per rank a 64 B line (done,
             slow collectives posted) and two slots (by the collective's parity) of a 64 B header
             and fast_bytes of payload
@@ -166,7 +167,8 @@ assert RECORD.size == RECORD_BYTES
 # shm/_pool_layout.h hard-codes these for the C helpers (shm._native, shm._poster): it must agree.
 if _native.POOL_LAYOUT != (MUTEX_OFF, NEXT_OPS_OFF, NEXT_OPS_END_OFF, COND_OFF, PENDING_MASK_OFF,
                            CTRL_OFF + 8 * CTRL_SLEEPING, CTRL_OFF + 8 * CTRL_EVENTS, FREE_OPS_OFF, RECORD_BYTES,
-                           struct.calcsize("<iBBBB"), struct.calcsize("<iBBBBiiq"), struct.calcsize("<iBBBBiiqQQIiQQQi"), SLOT_BYTES, RANK_AREA_BYTES,
+                           struct.calcsize("<iBBBB"), struct.calcsize("<iBBBBiiq"),
+                           struct.calcsize("<iBBBBiiqQQIiQQQi"), SLOT_BYTES, RANK_AREA_BYTES,
                            8 * RANK_WAKE, 8 * RANK_WAITING, 8 * RANK_COMPLETED, 8 * RANK_PENDING):
     raise ImportError("shm/_pool_layout.h and shm/pool.py disagree on the ops pool layout (or shm._native "
                       "is stale: pip install -e .)")

@@ -173,9 +173,9 @@ def empty_and_single() -> dict:
                 comm.Reduce_scatter_block(z(0), z(0), op=op)
                 comm.Alltoall(z(0), z(0))
                 shmproxy.Request.Waitall([comm.Iallreduce(z(0), z(0), op=op), comm.Ibcast(z(0), root=0),
-                                       comm.Iallgather(z(0), z(0)), comm.Ialltoall(z(0), z(0)),
-                                       comm.Ireduce(z(0), z(0), op=op, root=0),
-                                       comm.Ireduce_scatter_block(z(0), z(0), op=op), comm.Ibarrier()])
+                                          comm.Iallgather(z(0), z(0)), comm.Ialltoall(z(0), z(0)),
+                                          comm.Ireduce(z(0), z(0), op=op, root=0),
+                                          comm.Ireduce_scatter_block(z(0), z(0), op=op), comm.Ibarrier()])
                 k += 14
         return {"calls": k}
 

@@ -221,7 +221,7 @@ def tags_and_order(order: str) -> dict:
 def zero_bytes() -> None:
     """Empty messages, from empty arrays of both kinds, into empty and non-empty buffers."""
     with shmproxy.init() as comm:
-        me, peer = comm.rank, 1 - comm.rank
+        peer = 1 - comm.rank
         for i, (salloc, ralloc, cap) in enumerate([(True, True, 0), (False, False, 0), (True, False, 16),
                                                    (False, True, 16)]):
             whole, view = _recv_buffer(comm, cap, ralloc)

@@ -149,4 +149,3 @@ def armed_routes() -> dict:
         comm.Barrier()
     return {"bad": bad, "cases": cases, "armed": state["armed_routes"] if state else None,
             "gpus": state["gpus"] if state else None}
-

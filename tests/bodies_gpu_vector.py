@@ -135,6 +135,7 @@ def _cases(comm: Any, xp: Any, dtype: str, n: int, pattern: str, bad: list, labe
             if recv is not shmproxy.IN_PLACE:
                 check(f"{form}Scatter{' in place' if in_place else ''}", out, gref[me * m:(me + 1) * m])
         # Alltoallv: rank r sends c(r, q) elements to rank q (some zero)
+
         def c(r: int, q: int) -> int:
             return 0 if pattern == "zero" else ((3 * r + 5 * q + 1) % 4) * max(1, n // 3)
         sc = [c(me, q) for q in range(size)]

@@ -11,7 +11,6 @@ import time
 import numpy as np
 
 import shmproxy
-from shmproxy.core import errors
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128"]

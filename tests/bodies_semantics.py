@@ -22,7 +22,7 @@ def wildcards_in_mpi_order() -> dict:
     that accepts it, and the Status names the real source and tag. (A standard Send would not do:
     it may return buffered, from a fast-path cell the progress process drains later, and MPI orders
     messages of one sender only, not two senders' across a Barrier.)"""
-    A, S, T = shmproxy.ANY_SOURCE, shmproxy.ANY_TAG, 0
+    A, S = shmproxy.ANY_SOURCE, shmproxy.ANY_TAG
     with shmproxy.init() as comm:
         r = comm.rank
         # (source, tag) of rank 0's receives, in posting order, and the messages in sending order

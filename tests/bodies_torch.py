@@ -337,7 +337,7 @@ def unsupported() -> dict[str, str]:
     attempt("float8", lambda: dist.all_reduce(torch.ones(4).to(torch.float8_e4m3fn), group=shm))
     attempt("meta device", lambda: dist.all_reduce(torch.ones(4, device="meta"), group=shm))
     attempt("mixed devices", lambda: dist.all_gather_into_tensor(torch.empty(4 * dist.get_world_size()),
-                                                                torch.ones(4, device="meta"), group=shm))
+                                                                 torch.ones(4, device="meta"), group=shm))
     attempt("uneven all_gather", lambda: dist.all_gather([torch.ones(3), torch.ones(4)], t, group=shm))
     ok = torch.ones(4)
     dist.all_reduce(ok, group=shm)

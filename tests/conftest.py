@@ -3,9 +3,10 @@
 The autouse fixture ``leak_guard`` asserts that a test leaves nothing of shmproxy's behind (docs/architecture.md,
 "Testing"): no new ``/dev/shm/shmproxy-*`` segment (nor ``cuda.shm.*``, the CUDA driver's files of
 interprocess events, which shmproxy never makes), no new progress process (or other process of a shmproxy
-job) started by this test session, no new ``*.sock`` or dump file in the run directories. Processes get a short bounded grace period to exit (polled,
-never a bare sleep). What is left is then killed or unlinked, so that one failing test does not
-cascade into the next, and the test fails (as an error at teardown) with the list. The logic is
+job) started by this test session, no new ``*.sock`` or dump file in the run directories. Processes get
+a short bounded grace period to exit (polled, never a bare sleep). What is left is then killed or
+unlinked, so that one failing test does not cascade into the next, and the test fails (as an error at
+teardown) with the list. The logic is
 tests.harness.LeakGuard.
 
 Nothing here changes os.environ: each harness run builds its ranks' environment itself.
@@ -24,6 +25,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from tests.harness import LeakGuard  # noqa: E402
+from tests.unit_helpers import pool  # noqa: E402,F401  (a fixture: test_pool.py, test_poster.py)
 
 
 @pytest.fixture(autouse=True)

@@ -141,9 +141,11 @@ class LeakGuard:
     in which the CUDA driver keeps a process's interprocess events and never removes them (shmproxy
     makes none: transports/cuda_order.py); processes whose command line contains
     ``shmproxy.engine.progress`` or whose environment has SHMPROXY_JOB_ID (the harness's ranks and everything
-    they start); service sockets ``*.sock`` and dump files ``*.dump.json`` in the run directories. Only what belongs to this test process counts: a process that descends from it, or
-    that carries SPTEST_OWNER=<its pid> (set by the harness, inherited by the progress process even
-    once it is orphaned); a segment or socket that no live foreign process holds. So two test sessions on one machine do not fail each other.
+    they start); service sockets ``*.sock`` and dump files ``*.dump.json`` in the run directories. Only
+    what belongs to this test process counts: a process that descends from it, or that carries
+    SPTEST_OWNER=<its pid> (set by the harness, inherited by the progress process even once it is
+    orphaned); a segment or socket that no live foreign process holds. So two test sessions on one
+    machine do not fail each other.
 
     ``check()`` gives live processes ``grace`` seconds to exit (polled, bounded), then SIGKILLs the
     survivors and unlinks leftover segments and sockets, so that one failing test does not cascade,

@@ -29,8 +29,8 @@ DEMOS: list[tuple[str, tuple[str, ...], int]] = [
     ("reductions/test_reductions.py", ("-q",), 2),
     ("sequential/test_seq.py", (), 2),
     *[(f"mpi-ref-v1/ex-{n}.py", (), 2) for n in ("2.01", "2.08", "2.16", "2.29", "2.32", "2.34", "2.35",
-                                                  "3.01", "3.02", "3.03", "3.04", "3.05", "3.06", "3.07",
-                                                  "3.08", "3.09", "3.11", "3.12", "3.13")],
+                                                 "3.01", "3.02", "3.03", "3.04", "3.05", "3.06", "3.07",
+                                                 "3.08", "3.09", "3.11", "3.12", "3.13")],
 ]
 
 # demos whose output holds timings: those numbers are masked before comparing

@@ -107,7 +107,7 @@ def _loopback() -> tuple:
 
 @pytest.mark.parametrize("ring", [False, True], ids=["tree", "ring"])
 @pytest.mark.parametrize("nnodes,local,dtype,op", [(2, 2, np.float32, ReduceOp.SUM), (3, 1, np.int64, ReduceOp.MAX),
-                                                  (4, 3, np.float16, ReduceOp.MIN), (3, 2, np.int32, ReduceOp.SUM)])
+                                                   (4, 3, np.float16, ReduceOp.MIN), (3, 2, np.int32, ReduceOp.SUM)])
 def test_allreduce_across_simulated_nodes_through_the_loopback_connector(nnodes, local, dtype, op, ring):
     """Every node's schedules (shmproxy.coll.hierarchy) run in this process, their SEND/RECV entries
     meeting on one loopback connector (what the socket transport carries between nodes): local reduce,

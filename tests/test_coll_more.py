@@ -107,7 +107,8 @@ def every_collective(n: int) -> list[dict]:
     for nb in (False, True):
         for coll in COLLS:
             dtype = "float64" if coll in ("Scan", "Exscan") else "int32"
-            c: dict = {"coll": coll, "dtype": dtype, "root": n - 1, "nb": nb, "alloc": False, "seed": 7, "inplace": nb and coll != "Alltoallv"}
+            c: dict = {"coll": coll, "dtype": dtype, "root": n - 1, "nb": nb, "alloc": False, "seed": 7,
+                       "inplace": nb and coll != "Alltoallv"}
             counts = [(2 * r + 3) * (r != 1) for r in range(n)]
             if coll in ("Gather", "Scatter", "Scan", "Exscan"):
                 c["count"] = 13

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from shmproxy.core import errors, ops as O, params as PM
+from shmproxy.core import errors, ops as opsmod, params as PM
 from shmproxy.core.memory import MemKind, mem_word
 from shmproxy.engine.progress import ProgressEngine
 from shmproxy.engine.ranks import RankInfo
@@ -38,11 +38,11 @@ def engine(tmp_path) -> Iterator[ProgressEngine]:
         eng.shutdown()       # releases the pool, the buffers and their fds now, not at a later GC
 
 
-def op(eng: ProgressEngine, kind: int, owner: int, peer: int, slot: int, tag: int = 7, mem: int = 0) -> O.Op:
+def op(eng: ProgressEngine, kind: int, owner: int, peer: int, slot: int, tag: int = 7, mem: int = 0) -> opsmod.Op:
     lay = eng.layout
     scratch = bytearray(lay.total_bytes)
-    O.pack(scratch, lay, 0, kind, O.DTYPE_CODE["B"], owner, peer, tag, 1, 1, slot, 1, 0, 8, 8, 0, mem=mem)
-    return O.Op(0, P.RECORD.unpack_from(scratch, lay.record_off(0)), owner, 0)
+    opsmod.pack(scratch, lay, 0, kind, opsmod.DTYPE_CODE["B"], owner, peer, tag, 1, 1, slot, 1, 0, 8, 8, 0, mem=mem)
+    return opsmod.Op(0, P.RECORD.unpack_from(scratch, lay.record_off(0)), owner, 0)
 
 
 def status(eng: ProgressEngine, slot: int) -> int:
@@ -51,8 +51,8 @@ def status(eng: ProgressEngine, slot: int) -> int:
 
 def pair(eng: ProgressEngine, mem_send: int = 0, mem_recv: int = 0) -> tuple[int, int]:
     rslot, sslot = eng.layout.max_ops, 0        # local rank 1's first slot, local rank 0's first
-    eng.append(op(eng, O.KIND_RECV, 1, 0, rslot, mem=mem_recv))
-    eng.append(op(eng, O.KIND_SEND, 0, 1, sslot, mem=mem_send))
+    eng.append(op(eng, opsmod.KIND_RECV, 1, 0, rslot, mem=mem_recv))
+    eng.append(op(eng, opsmod.KIND_SEND, 0, 1, sslot, mem=mem_send))
     return sslot, rslot
 
 
@@ -87,7 +87,7 @@ def test_an_unknown_memory_kind_fails_both_requests_not_the_loop(engine):
 
 
 def test_a_forged_wildcard_send_is_refused(engine):
-    engine.append(op(engine, O.KIND_SEND, 0, 1, 0, tag=O.ANY_TAG))
+    engine.append(op(engine, opsmod.KIND_SEND, 0, 1, 0, tag=opsmod.ANY_TAG))
     assert status(engine, 0) == errors.InvalidArgument.code and not engine.failed and len(engine.matcher) == 0
 
 
@@ -109,8 +109,8 @@ def test_a_closed_ranks_abandoned_receive_does_not_take_a_later_message(engine):
     process drops it, and a message sent to rank 1 afterwards fails (the peer closed first) instead
     of landing in a receive nobody waits for."""
     rslot = engine.layout.max_ops
-    engine.append(op(engine, O.KIND_RECV, 1, 0, rslot))
+    engine.append(op(engine, opsmod.KIND_RECV, 1, 0, rslot))
     engine.close_half(engine.ranks[1])
     assert len(engine.matcher) == 0 and status(engine, rslot) == 0   # dropped, not completed
-    engine.append(op(engine, O.KIND_SEND, 0, 1, 0))
+    engine.append(op(engine, opsmod.KIND_SEND, 0, 1, 0))
     assert status(engine, 0) == errors.InvalidUsage.code and len(engine.matcher) == 0

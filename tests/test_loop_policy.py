@@ -21,6 +21,7 @@ def test_streaming_threshold_follows_the_params_and_the_cache(monkeypatch):
     of its own, and on a crowded node (the loop runs copy jobs) above half the last-level cache, at
     most 16 MiB (16 MiB when the cache is unknown)."""
     from shmproxy.engine import affinity, policy
+
     def threshold(env, llc, crowded=True):
         monkeypatch.setattr(affinity, "last_level_cache_bytes", lambda cpu: llc)
         return policy.streaming_threshold(params_mod.Params(env=env), [0, 1], crowded)

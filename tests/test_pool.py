@@ -15,7 +15,7 @@ from shmproxy.core import errors, ops, params as params_mod
 from shmproxy.engine.args import ArgsPool, Transfer
 from shmproxy.shm import _native, _poster, pool as P, sync
 from shmproxy.shm.segment import MemfdBuffer, Segment
-from tests.unit_helpers import _taker, pool  # noqa: F401  (pool: a fixture the tests take by name)
+from tests.unit_helpers import _taker
 
 
 @pytest.mark.parametrize("nlocal,max_ops,max_subs", [(1, 16, 64), (2, 1024, 4096), (7, 33, 65), (64, 1024, 4096)])
@@ -167,7 +167,9 @@ def test_memfd_buffer_round_trip():
     b = MemfdBuffer.from_fd(os.dup(a.fd), 4096)
     a.mm[:5] = b"hello"
     assert bytes(b.mm[:5]) == b"hello"
-    a.close(); b.close(); a.close()  # idempotent
+    a.close()
+    b.close()
+    a.close()  # idempotent
 
 
 def test_robust_mutex_owner_death_is_repaired(pool):
@@ -191,7 +193,8 @@ def test_lock_and_condvar_waits_are_bounded(pool):
     view.mutex.lock(1.0)
     got = []
     t = threading.Thread(target=lambda: got.append(_native.lock(view.mutex.addr, 0.2)))
-    t.start(); t.join(5)
+    t.start()
+    t.join(5)
     assert got == [_native.TIMEDOUT]
     t0 = time.monotonic()
     assert view.cond.wait(0.05) is False
@@ -238,7 +241,8 @@ def test_lock_spin_is_bounded_and_validated(pool):
     _native.set_lock_spin(100_000)
     try:
         t = threading.Thread(target=lambda: got.append(_native.lock(view.mutex.addr, 0.2)))
-        t.start(); t.join(5)
+        t.start()
+        t.join(5)
     finally:
         _native.set_lock_spin(0)
         view.mutex.unlock()

@@ -13,7 +13,7 @@ from shmproxy.core import ops
 from shmproxy.coll import sched as sched_mod
 from shmproxy.shm import _native, _poster, pool as P
 from shmproxy.shm.segment import MemfdBuffer
-from tests.unit_helpers import _taker, pool  # noqa: F401  (pool: a fixture the tests take by name)
+from tests.unit_helpers import _taker
 
 
 def _make_poster(seg, view, size=2, on_splice_error=None):
@@ -122,7 +122,6 @@ def test_post_to_a_sleeping_progress_process_splices_and_signals(pool):
     locks once the sleeper is inside the condvar wait, splices its chain and signals, so the sleeper
     wakes long before its bound."""
     seg, view = pool
-    lay = view.layout
     seen, slept = [], []
     pp, *_ = _make_poster(seg, view, on_splice_error=seen.append)
 

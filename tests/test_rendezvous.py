@@ -69,7 +69,8 @@ def test_a_missing_rank_is_a_timeout_naming_the_address():
 
 def test_the_layout_groups_ranks_by_host_and_checks_the_launchers_local_ranks(monkeypatch):
     hosts = ["h0", "h1", "h0", "h1"]
-    entries = [json.dumps({"host": h, "lr": r // 2, "net": f"{r}0", **({"secret": "00" * 16} if r == 0 else {})}).encode()
+    entries = [json.dumps({"host": h, "lr": r // 2, "net": f"{r}0",
+                           **({"secret": "00" * 16} if r == 0 else {})}).encode()
                for r, h in enumerate(hosts)]
     monkeypatch.setattr(rendezvous, "allgather", lambda *a, **k: entries)
     p = PM.Params(env={})

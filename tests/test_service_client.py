@@ -65,7 +65,7 @@ def test_async_calls_are_matched_by_op_id(server: ServiceServer,
 
 
 def test_client_is_safe_from_several_threads(server: ServiceServer,
-                                            clients: Callable[..., ServiceClient]) -> None:
+                                             clients: Callable[..., ServiceClient]) -> None:
     c = clients(server.path, rank=0)
     failures: list[BaseException] = []
 

@@ -110,7 +110,6 @@ def test_too_many_fds_drops_client_and_closes_them(server: ServiceServer,
         close_fds(fds)
     clients(server.path, rank=0)
 
-
     # the fd-leak fixture checks that the server closed the fds it received
 
 

@@ -46,12 +46,13 @@ socket 0 is idle (net_wire._Writer.put), so a small message crosses with no hand
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -454,16 +455,14 @@ class SocketTransport(Transport):
         with the envelope; else ask for them with a clear-to-send naming the landing)."""
         net = self._net(ctx)
         env, recv, n = transfer.send, transfer.recv, transfer.nbytes
-        after = None
+        after: Callable[[], None] | None = None
         if recv.tmap is None:
             view = _view(ctx, recv, n)
         else:   # a derived datatype: land contiguously, then scatter on this node (shmproxy.engine.typed)
             typed.check(ctx.buffers, recv, n)
             tmp = np.empty(n, np.uint8)
             view = memoryview(tmp)
-
-            def after() -> None:
-                typed.unpack(ctx.buffers, recv, tmp, n)
+            after = functools.partial(typed.unpack, ctx.buffers, recv, tmp, n)
         if env.eager is not None:
             view[:n] = env.eager
             view.release()
@@ -575,4 +574,3 @@ def _view(ctx: TransportContext, op: Any, nbytes: int) -> memoryview:
             f"{op.describe()}: buffer {op.buf_id} offset {op.offset} + {nbytes} B is outside the registered "
             f"buffer ({'unknown' if buf is None else buf.size} B)")
     return memoryview(buf.mm)[op.offset:op.offset + nbytes]
-

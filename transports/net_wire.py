@@ -484,4 +484,3 @@ def connect(addr: tuple, family: int, deadline_s: float) -> socket.socket:
         sock.close()
         raise
     return sock
-

@@ -299,7 +299,8 @@ def _start(engine: Any, ops: list[Op]) -> None:
         total = full
         if c == Coll.ALLGATHER:
             outs = [addr(op, True, full) for op in ops]
-            ins = [o + r * blk if ip else addr(op, False, blk) for r, (op, o, ip) in enumerate(zip(ops, outs, in_place))]
+            ins = [o + r * blk if ip else addr(op, False, blk)
+                   for r, (op, o, ip) in enumerate(zip(ops, outs, in_place))]
         elif c == Coll.ALLTOALL:
             ins = [addr(op, False, full) for op in ops]
             outs = [addr(op, True, full) for op in ops]
@@ -399,4 +400,3 @@ def _watch(engine: Any, ops: list[Op], t: Any, total: int, keep: list, device: i
     sub = engine.argspool.add_sub(args, work, 0, 0, total, total)
     sub.posted = 1
     t.gpu.watch(sub.slot, device, ev, owner)
-

@@ -2,8 +2,8 @@
 
 The rendezvous story
 --------------------
-1. ``detect()`` reads the launcher's variables (docs/architecture.md, "Joining a communicator") and says which rank of how many
-   this process is, and which local rank of how many on this host.
+1. ``detect()`` reads the launcher's variables (docs/architecture.md, "Joining a communicator") and says
+   which rank of how many this process is, and which local rank of how many on this host.
 2. ``job_key()`` derives a 16-hex-digit key that every rank of the job on this host computes alike and
    that differs between two jobs of the same user. ``run_dir()`` is a private 0700 directory of ours.
 3. On one node, every local rank connects to the service socket of the progress process at the

@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 
 from shmproxy.core import errors
 from shmproxy.core import log as plog
-from shmproxy.control.protocol import (MAX_FDS, MAX_PAYLOAD, MsgType, ProtocolError, Response, ResponseReader, close_fds,
-                            encode_request, send_frame)
+from shmproxy.control.protocol import (MAX_FDS, MAX_PAYLOAD, MsgType, ProtocolError, Response, ResponseReader,
+                                       close_fds, encode_request, send_frame)
 
 log = plog.get("SERVICE")
 

@@ -357,5 +357,3 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None, siz
                       addr, port)
     _LOG.info("%s (%s)", info, ", ".join(dict.fromkeys(chosen.where.values())))
     return info
-
-

@@ -256,4 +256,3 @@ def _torch_store(info: LaunchInfo, blob: bytes, timeout: float, env: Any) -> lis
         raise Timeout(f"rank {info.rank}: torchrun's store did not see all {info.size} ranks within {timeout} s: "
                       f"{exc}") from exc
     return [bytes(store.get(k)) for k in keys]
-

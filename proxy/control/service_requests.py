@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeGuard
 from shmproxy.core import errors
 from shmproxy.core import log as plog
 from shmproxy.control.protocol import (MAX_FDS, MAX_PAYLOAD, ConnState, MsgType, Request, close_fds,
-                                       encode_payload, error_payload, next_state, pack_response)
+                                       encode_payload, next_state, pack_response)
 
 log = plog.get("SERVICE")
 

@@ -116,4 +116,3 @@ class EngineContext:
             return False
         self._engine.sub_finished(sub)
         return True
-

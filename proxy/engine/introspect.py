@@ -89,7 +89,6 @@ class Introspection:
             return None
         return {"recvs": recvs, "sends": sends, "colls": colls}
 
-
     def describe_nodes(self) -> dict | None:
         """This node among the communicator's (None on one node), with the transport's links and what
         waits on another node: looked at every heartbeat, and the info blob rewritten when it changed,
@@ -100,7 +99,6 @@ class Introspection:
         if self.net is not None and self.net.proxy_describe is not None:
             out.update(self.net.proxy_describe(self.ctx))
         return out
-
 
     def dump_state(self) -> dict:
         """Everything a person debugging a hang needs, from inside the process."""
@@ -145,5 +143,3 @@ class Introspection:
         _log.warning("state dumped to %s", path)
         print(f"shmproxy: progress process {os.getpid()} dumped its state to {path}", file=sys.stderr,
               flush=True)
-
-

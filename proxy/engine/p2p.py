@@ -28,12 +28,12 @@ own time (SEND_BUFFER_GRACE_US_PER_KIB; ``buffer_later``, due in ``buffer_due``)
 receive is often a microsecond behind the send; taken within the grace, the message costs one copy,
 not two. The Buffered takes the send's place in its unexpected queue (Matcher.replace_unexpected), so
 matching order and non-overtaking are those of the unbuffered send; the later match hands it to the
-transport like any send (its bytes are found through ``buffers``), and only the receive completes. Flow control: at most SEND_BUFFER_PER_PEER
-bytes may wait buffered for one destination; beyond it a send stays unbuffered and waits for its
-receive, as a large one does. Across nodes the same bound applies on the sender's node: a send above
-the socket transport's own eager size (NET_EAGER_BYTES, which completes at once anyway) is copied
-before its envelope leaves (engine/nodes.py remote_send) and completes then; its Buffered is what the
-transport later moves, and is freed by the transport's verdict.
+transport like any send (its bytes are found through ``buffers``), and only the receive completes.
+Flow control: at most SEND_BUFFER_PER_PEER bytes may wait buffered for one destination; beyond it a
+send stays unbuffered and waits for its receive, as a large one does. Across nodes the same bound
+applies on the sender's node: a send above the socket transport's own eager size (NET_EAGER_BYTES,
+which completes at once anyway) is copied before its envelope leaves (engine/nodes.py remote_send) and
+completes then; its Buffered is what the transport later moves, and is freed by the transport's verdict.
 
 **Probes.** A probe (KIND_PROBE) asks what a receive (source, tag) would match now. Probe/Iprobe leave
 the message in place: the answer is the first unexpected message it accepts, or, for a blocking probe,

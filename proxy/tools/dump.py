@@ -1,4 +1,5 @@
-"""Render an ops pool's state as a report (docs/architecture.md, "Observability"); the reading is shmproxy.tools.pool_reader.
+"""Render an ops pool's state as a report (docs/architecture.md, "Observability"); the reading is
+shmproxy.tools.pool_reader.
 
 ``read_pool`` (re-exported here, the name the progress process, shmproxy-dump and the tests use)
 turns a pool into a JSON-ready dict; ``format_text`` renders that dict, freshly read or loaded back

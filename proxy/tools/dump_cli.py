@@ -45,7 +45,8 @@ class DumpSignalOff(DumpError):
 # ------------------------------------------------------------------------------- finding processes
 def is_progress_cmdline(cmdline: list[str] | None) -> bool:
     cmd = cmdline or []
-    return "-mshmproxy.engine.progress" in cmd or any(a == "-m" and b == "shmproxy.engine.progress" for a, b in zip(cmd, cmd[1:]))
+    return "-mshmproxy.engine.progress" in cmd or any(a == "-m" and b == "shmproxy.engine.progress"
+                                                      for a, b in zip(cmd, cmd[1:]))
 
 
 def find_progress_processes() -> list[dict]:

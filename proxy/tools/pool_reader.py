@@ -416,4 +416,3 @@ def _read_subs(view: P.PoolView, problems: list[str]) -> dict:
             problems.append(f"sub slot {slot}: {sub['corrupt']} (or caught mid-update)")
         active.append(sub)
     return {"active": active, "count": nactive, "listed": len(active), "max_subs": layout.max_subs}
-

@@ -39,14 +39,15 @@ from shmproxy.tools.bench.libraries import PEERS
 from shmproxy.tools.bench.measure import measure_coll, measure_loop
 from shmproxy.tools.bench.operation import Operation, row_size
 from shmproxy.tools.bench.operations import OPERATIONS
-from shmproxy.tools.bench.overlap import (WORK_CHUNK_S, calibrate, measure_overlap, overlap_percent, rescale_units,
-                                 spin, work_for)
-from shmproxy.tools.bench.patterns import (_CHECK_CHUNK, _UFUNCS, SENTINEL, CheckSpec, input_period, matches_periodic,
-                                  pattern, reduction_input, reduction_period, tiled, tolerance)
+from shmproxy.tools.bench.overlap import (WORK_CHUNK_S, calibrate, measure_overlap, overlap_percent,
+                                          rescale_units, spin, work_for)
+from shmproxy.tools.bench.patterns import (_CHECK_CHUNK, _UFUNCS, SENTINEL, CheckSpec, input_period,
+                                           matches_periodic, pattern, reduction_input, reduction_period, tiled,
+                                           tolerance)
 from shmproxy.tools.bench.progress_bar import Progress
 from shmproxy.tools.bench.report import ENV_KEYS, SCHEMA, build_report, dumps_report, plot_report, validate_report
 from shmproxy.tools.bench.sizes import (block_count, default_iters, default_warmup, element_count, parse_size,
-                               size_sweep)
+                                        size_sweep)
 from shmproxy.tools.bench.stats import StealMeter, cpu_ticks, gbps, steal_note, summarize
 from shmproxy.tools.bench.table import check_word, format_header, format_row, format_value, ratios, reduce_result
 

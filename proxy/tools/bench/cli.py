@@ -94,7 +94,8 @@ def resolve(args: argparse.Namespace,
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.rounds > 1 and op.measure not in RAW_TIMES:
-        parser.error(f"--rounds applies to the timed sweeps ({', '.join(o.name for o in OPERATIONS.values() if o.measure in RAW_TIMES)}), not to {op.name}")
+        timed = ", ".join(o.name for o in OPERATIONS.values() if o.measure in RAW_TIMES)
+        parser.error(f"--rounds applies to the timed sweeps ({timed}), not to {op.name}")
     if args.group_size < 1 or not args.idle_seconds > 0:
         parser.error("--group-size must be at least 1 and --idle-seconds positive")
     reductions = ", ".join(o.name for o in OPERATIONS.values() if o.reduces)

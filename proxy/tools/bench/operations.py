@@ -34,9 +34,9 @@ from shmproxy.tools.bench.measure import measure_coll, measure_idle, measure_loo
 from shmproxy.tools.bench.operation import Builder, Column, Operation, _no_source
 from shmproxy.tools.bench.overlap import _derive_overlap, measure_overlap
 from shmproxy.tools.bench.patterns import (CheckSpec, verify_allgather, verify_allreduce, verify_alltoall,
-                                  verify_bcast, verify_nothing, verify_reduce, verify_reduce_scatter)
+                                           verify_bcast, verify_nothing, verify_reduce, verify_reduce_scatter)
 from shmproxy.tools.bench.sizes import (bus_factor_allreduce, bus_factor_gather, bus_factor_one, shape_allgather,
-                               shape_alltoall, shape_none, shape_reduce_scatter)
+                                        shape_alltoall, shape_none, shape_reduce_scatter)
 
 SWEEP_COLUMNS = (Column("time", "us", "time_us"), Column("p99", "us", "p99_us"),
                  Column("algbw", "GB/s", "algbw_GBps"), Column("busbw", "GB/s", "busbw_GBps"))
