@@ -164,3 +164,38 @@ def comm_lock_table() -> dict:
     _raises(MPI.Exception, MPI._comm_lock_table, MPI.COMM_NULL)
     _raises(TypeError, MPI._comm_lock_table, None)
     return {"rank": MPI.COMM_WORLD.Get_rank()}
+
+
+class _Retyped:
+    """A CPU DLPack exporter of ``arr`` whose tensor claims another element type (bits, lanes, code),
+    as mpi4py's test_msgspec makes them (testDtypeLanes, testDtypeCode)."""
+
+    def __init__(self, arr: np.ndarray, bits: int, lanes: int, code: int | None = None) -> None:
+        self.arr, self.bits, self.lanes, self.code = arr, bits, lanes, code
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+    def __dlpack__(self, stream: Any = None, max_version: Any = None) -> Any:
+        from shmproxy.mpi import foreign
+        capsule = self.arr.__dlpack__(stream=stream)     # the legacy, unversioned capsule
+        t = foreign._DLManaged.from_address(foreign._api.PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
+        t.dtype.bits, t.dtype.lanes = self.bits, self.lanes
+        if self.code is not None:
+            t.dtype.code = self.code
+        return capsule
+
+
+def dlpack_bytes() -> dict:
+    """A DLPack element type with no buffer format (several lanes, an opaque code) is its bytes, as in
+    mpi4py: it travels as bytes (a receive of another type is a type mismatch, erroneous in MPI)."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for arr, bits, lanes, code in ((np.arange(4, dtype=np.uint32) + 10 * rank, 16, 2, None),
+                                   (np.arange(4, dtype=np.uint16) + 10 * rank, 16, 1, 3)):
+        sbuf = _Retyped(arr, bits, lanes, code)
+        rbuf = bytearray(arr.nbytes)
+        comm.Sendrecv(sbuf, right, 3, rbuf, left, 3)
+        assert bytes(rbuf) == (np.arange(4, dtype=arr.dtype) + 10 * left).tobytes(), (bits, lanes, code)
+    return {"rank": rank}

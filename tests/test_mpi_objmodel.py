@@ -12,6 +12,6 @@ from tests.harness import run_ranks
 BODY = "tests.bodies_mpi_objmodel:"
 
 
-@pytest.mark.parametrize("body", ["handle_model", "unprovided", "comm_lock_table"])
+@pytest.mark.parametrize("body", ["handle_model", "unprovided", "comm_lock_table", "dlpack_bytes"])
 def test_objmodel(body: str) -> None:
     run_ranks(BODY + body, 3, timeout=120)

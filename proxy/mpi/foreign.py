@@ -125,16 +125,25 @@ def _from_dlpack(obj: Any, what: str) -> np.ndarray:
     kind, lanes, bits = _DL_KIND.get(t.dtype.code), t.dtype.lanes, int(t.dtype.bits)
     if kind == "f" and lanes == 2:      # a complex number as two lanes of its real type
         kind, lanes, bits = "c", 1, bits * 2
-    if kind is None or lanes != 1 or bits % 8:
+    if kind is None or lanes != 1:
+        # as mpi4py: an element type with no buffer format (an opaque code, several lanes) is its
+        # bytes, (bits * lanes + 7) // 8 of them per element
+        if not bits * lanes:
+            raise error(ERR_BUFFER, f"{what}: DLPack dtype code {t.dtype.code} bits {t.dtype.bits} lanes "
+                        f"{t.dtype.lanes} has no size")
+        dtype, itemsize = np.dtype(np.uint8), (bits * lanes + 7) // 8
+    elif bits % 8:
         raise error(ERR_BUFFER, f"{what}: DLPack dtype code {t.dtype.code} bits {t.dtype.bits} lanes "
                     f"{t.dtype.lanes} has no buffer format")
-    dtype = np.dtype(f"{kind}{bits // 8}") if kind != "b" else np.dtype(np.bool_)
+    else:
+        dtype = np.dtype(f"{kind}{bits // 8}") if kind != "b" else np.dtype(np.bool_)
+        itemsize = dtype.itemsize
     shape = tuple(t.shape[i] for i in range(t.ndim))
-    strides = None if not t.strides else tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
-    if not _contiguous(shape, strides, dtype.itemsize):
+    strides = None if not t.strides else tuple(t.strides[i] * itemsize for i in range(t.ndim))
+    if not _contiguous(shape, strides, itemsize):
         raise buffer_error(f"{what} is not contiguous (a strided DLPack tensor)")
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    return _view((t.data or 0) + t.byte_offset, n * dtype.itemsize, dtype, readonly, (obj, capsule))
+    return _view((t.data or 0) + t.byte_offset, n * itemsize, dtype, readonly, (obj, capsule))
 
 
 # typestr kind -> the numpy kinds whose C types mpi4py gives a format ("b" bool, "i", "u", "f", "c");
