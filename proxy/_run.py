@@ -18,7 +18,7 @@ from typing import Callable, NoReturn, Sequence
 USAGE = "usage: python -m {prog} [-m module | -c cmd | script.py] [args...]"
 
 
-def parse(argv: Sequence[str], prog: str) -> tuple[Callable[[], None], list[str]]:
+def parse(argv: Sequence[str], prog: str) -> tuple[Callable[[], object], list[str]]:
     """(the call that runs the program, its sys.argv) from the runner's arguments."""
     args = list(argv)
     if not args or args[0] in ("-h", "--help"):

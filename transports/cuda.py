@@ -335,8 +335,9 @@ class _Gpu:
     def poll(self, slot: int) -> bool:
         """True once the copies of the sub in ``slot`` finished on the GPU."""
         device, ev, owner, token = self.pending[slot]
-        if owner is not None and owner is not True and owner.cell is not None:
-            if not self.publisher.acked(owner.cell, token):   # its kernel ran last in the graph
+        pub = self.publisher
+        if pub is not None and owner is not None and owner is not True and owner.cell is not None:
+            if not pub.acked(owner.cell, token):   # its kernel ran last in the graph
                 self.unacked += 1
                 if not self.unacked % ACK_CHECKS_EVENT:
                     self.drv.done(ev.ptr)   # raises where the GPU failed the graph: no ack would ever come
@@ -398,16 +399,17 @@ class _Gpu:
         tag) of the requests it completes, ``nbytes`` each; None or (): none, the loop publishes them):
         True when it does (Publisher.launch)."""
         g.busy = True
-        if g.cell is None:
+        pub = self.publisher
+        if g.cell is None or pub is None:     # a graph has a cell only where there is a publisher
             g.launch(stream.ptr)
             return False
-        return self.publisher.launch(g, device, stream.ptr, items or (), nbytes)
+        return pub.launch(g, device, stream.ptr, items or (), nbytes)
 
     def publishing_graph(self, stream: Any, device: int, queue: Any, pub: Publisher | None) -> Any:
         """``graph`` of ``queue``'s work followed, with ``pub`` and a free cell, by the kernel that
         publishes the cell (transports/cuda_publish.py; the graph's ``cell``, filled before each launch)."""
         cell = pub.take() if pub is not None else None
-        if cell is None:
+        if cell is None or pub is None:
             return self.graph(stream, device, queue)
         pub.prepare(device)
 
@@ -554,7 +556,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         (proxy/engine/armed.py): a Repeat, or None."""
         gpu = self.gpu
         got = gpu.last_launch if gpu is not None else None
-        if got is None or not transfer.published:
+        if gpu is None or got is None or not transfer.published:
             return None
         gpu.last_launch = None
         return Repeat(gpu, *got)
@@ -564,7 +566,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         """An armed route fired: C launched ``rep``'s graph for ``transfer`` with ``token`` (CUresult
         ``rc``). What proxy_start does after its launch: the graph is busy with that run, and the
         message's one sub ends with it."""
-        gpu, g = self.gpu, rep.graph
+        gpu, g = self._gpu(ctx), rep.graph   # made by the launch that armed the route
         if rc:
             gpu.drv.fail("cuGraphLaunch", rc)
         g.busy = True
@@ -579,7 +581,7 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
         each will hold; None while other work is, whose end only an event query shows."""
         gpu = self.gpu
         pub = gpu.publisher if gpu is not None else None
-        if pub is None:
+        if gpu is None or pub is None:
             return None
         words = []
         for _device, _ev, owner, token in gpu.pending.values():

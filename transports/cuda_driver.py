@@ -147,6 +147,7 @@ class Driver:
         if rc:
             self._graph_destroy(graph)
             self.fail("cuGraphInstantiateWithFlags", rc)
+        assert graph.value is not None and exe.value is not None   # set by the driver when rc == 0
         return Graph(self, graph.value, exe.value, event)
 
     def fail(self, call: str, rc: int) -> None:

@@ -461,7 +461,7 @@ class SocketTransport(Transport):
         else:   # a derived datatype: land contiguously, then scatter on this node (shmproxy.engine.typed)
             typed.check(ctx.buffers, recv, n)
             tmp = np.empty(n, np.uint8)
-            view = memoryview(tmp)
+            view = tmp.data
             after = functools.partial(typed.unpack, ctx.buffers, recv, tmp, n)
         if env.eager is not None:
             view[:n] = env.eager

@@ -249,7 +249,7 @@ def _torch_store(info: LaunchInfo, blob: bytes, timeout: float, env: Any) -> lis
                           timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
     prefix = f"shmproxy/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     keys = [f"{prefix}{r}" for r in range(info.size)]
-    store.set(keys[info.rank], blob)
+    store.set(keys[info.rank], blob)  # type: ignore[arg-type]  # the store takes bytes too (its stub says str)
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout))
     except RuntimeError as exc:   # torch reports its store's timeout so

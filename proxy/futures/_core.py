@@ -145,7 +145,8 @@ class _Manager:
 class _Executor(cf.Executor):
     """concurrent.futures.Executor over a _Manager (what MPIPoolExecutor and MPICommExecutor give)."""
 
-    def __init__(self, manager: _Manager | None, on_shutdown: Callable[[], None] | None = None) -> None:
+    def __init__(self, manager: "_Manager | _SharedManager | None",
+                 on_shutdown: Callable[[], None] | None = None) -> None:
         self._manager = manager
         self._on_shutdown = on_shutdown
         self._local = cf.ThreadPoolExecutor(1) if manager is None or not manager.workers else None
@@ -323,8 +324,7 @@ class MPICommExecutor:
         self._executor = _Executor(manager, stop_workers)
         return self._executor
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-        return False

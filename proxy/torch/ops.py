@@ -38,7 +38,7 @@ TAG_ALLTOALL_LIST = -(2 ** 62) + 2
 TAG_GATHER = -(2 ** 62) + 3
 TAG_SCATTER = -(2 ** 62) + 4
 
-_RED = dist.ReduceOp.RedOpType
+_RED: Any = dist.ReduceOp.RedOpType   # its members are not in torch's stubs
 _OPS = {_RED.SUM: shmproxy.SUM, _RED.PRODUCT: shmproxy.PROD, _RED.MIN: shmproxy.MIN, _RED.MAX: shmproxy.MAX,
         _RED.AVG: shmproxy.AVG}
 

@@ -21,6 +21,7 @@ reach allreduce, broadcast, allgather, barrier and the rest that torch's trampol
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 import weakref
 from datetime import timedelta
@@ -49,7 +50,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     """A process group whose collectives and messages run on shmproxy's progress process."""
 
     def __init__(self, comm: shmproxy.Comm, rank: int, size: int, timeout: timedelta, label: str = ""):
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) form torch keeps for Python backends
         self.comm = comm
         self.timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         self.group_label = label or f"r{rank}"
@@ -99,7 +100,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
             self.completer.add(work)
         return work
 
-    def _coalesced(self, name: str, builds: list[Callable[[Staged], list]],
+    def _coalesced(self, name: str, builds: Sequence[Callable[[Staged], list]],
                    result: list[torch.Tensor], inputs: Sequence[Any] = ()) -> Work:
         def build(st: Staged) -> list:
             with self.comm.group():
@@ -107,7 +108,10 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._post(name, build, result, inputs=inputs)
 
     # ---- collectives ------------------------------------------------------------------------------
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    # torch's stubs give these overloads of the C++ ProcessGroup (opts or op/timeout forms); its Python
+    # trampoline calls a backend with the (tensors, opts) form only, the one written here: hence an
+    # ignored [override] on each.
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         t = ops.one(tensors, "allreduce")
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         return self._post("allreduce", lambda st: ops.allreduce(self, t, op, st), [t])
@@ -116,15 +120,15 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         for i, t in enumerate(tensors):
             check_tensor(t, f"allreduce_coalesced tensor {i}")
-        builds = [lambda st, t=t: ops.allreduce(self, t, op, st) for t in tensors]
+        builds = [functools.partial(ops.allreduce, self, t, op) for t in tensors]
         return self._coalesced("allreduce_coalesced", builds, list(tensors))
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         t = ops.one(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         return self._post("broadcast", lambda st: ops.broadcast(self, t, root, st), [t])
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         t = ops.one(tensors, "reduce")
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         root = opts.rootRank if opts is not None else 0
@@ -133,7 +137,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Work:
         return self._post("barrier", lambda st: ops.barrier(self, st), [])
 
-    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],  # type: ignore[override]
                   opts: Any = None) -> Work:
         inp = ops.one(inputs, "allgather")
         if len(output_lists) != 1:
@@ -146,26 +150,24 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                             opts: Any = None) -> Work:
         if len(output_lists) != len(inputs):
             raise errors.InvalidArgument("shmproxy backend: allgather_coalesced: one output list per input")
-        return self._coalesced(
-            "allgather_coalesced",
-            [lambda st, o=o, i=i: ops.allgather_list(self, o, i, st) for o, i in zip(output_lists, inputs)],
-            [t for o in output_lists for t in o], inputs)
+        builds = [functools.partial(ops.allgather_list, self, o, i) for o, i in zip(output_lists, inputs)]
+        return self._coalesced("allgather_coalesced", builds, [t for o in output_lists for t in o], inputs)
 
     def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
         return self._post("all_gather_into_tensor", lambda st: ops.all_gather_single(self, out, inp, st),
                           [out], inputs=[inp])
 
-    _allgather_base = all_gather_single
+    _allgather_base = all_gather_single  # type: ignore[assignment]
 
     def all_gather_single_coalesced(self, outs: list[torch.Tensor], ins: list[torch.Tensor],
                                     opts: Any = None) -> Work:
-        builds = [lambda st, o=o, i=i: ops.all_gather_single(self, o, i, st) for o, i in zip(outs, ins)]
+        builds = [functools.partial(ops.all_gather_single, self, o, i) for o, i in zip(outs, ins)]
         return self._coalesced("all_gather_into_tensor_coalesced", builds, list(outs), ins)
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
-                       opts: Any = None) -> Work:
+    def reduce_scatter(  # type: ignore[override]
+            self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> Work:
         out = ops.one(outputs, "reduce_scatter")
         if len(input_lists) != 1:
             raise errors.InvalidArgument("shmproxy backend: reduce_scatter takes one list of inputs")
@@ -179,17 +181,15 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._post("reduce_scatter_tensor",
                           lambda st: ops.reduce_scatter_single(self, out, inp, op, st), [out], inputs=[inp])
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def reduce_scatter_single_coalesced(self, outs: list[torch.Tensor], ins: list[torch.Tensor],
                                         opts: Any = None) -> Work:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._coalesced(
-            "reduce_scatter_tensor_coalesced",
-            [lambda st, o=o, i=i: ops.reduce_scatter_single(self, o, i, op, st) for o, i in zip(outs, ins)],
-            list(outs), ins)
+        builds = [functools.partial(ops.reduce_scatter_single, self, o, i, op) for o, i in zip(outs, ins)]
+        return self._coalesced("reduce_scatter_tensor_coalesced", builds, list(outs), ins)
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
     def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
                           in_splits: Sequence[int], opts: Any = None) -> Work:
@@ -197,13 +197,13 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                           lambda st: ops.all_to_all_single(self, out, inp, out_splits, in_splits, st), [out],
                           inputs=[inp])
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]
 
     def alltoall(self, outs: list[torch.Tensor], ins: list[torch.Tensor], opts: Any = None) -> Work:
         return self._post("all_to_all", lambda st: ops.alltoall_list(self, outs, ins, st), list(outs),
                           inputs=ins)
 
-    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],  # type: ignore[override]
                opts: Any = None) -> Work:
         inp = ops.one(inputs, "gather")
         root = opts.rootRank if opts is not None else 0
@@ -211,7 +211,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._post("gather", lambda st: ops.gather(self, outs, inp, root, st), list(outs),
                           inputs=[inp])
 
-    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],  # type: ignore[override]
                 opts: Any = None) -> Work:
         out = ops.one(outputs, "scatter")
         root = opts.rootRank if opts is not None else 0

@@ -95,7 +95,8 @@ def raw_view(t: torch.Tensor) -> np.ndarray:
     dt = np.dtype(np.int16) if t.dtype == torch.bfloat16 else _NUMPY[t.dtype]
     if nbytes == 0:
         return np.empty(0, dt)
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(t.data_ptr()), dtype=dt)
+    mem: Any = (ctypes.c_char * nbytes).from_address(t.data_ptr())   # a buffer; numpy's stubs list fewer
+    return np.frombuffer(mem, dtype=dt)
 
 
 class Adopter:
@@ -133,7 +134,8 @@ class Adopter:
         self._seen.discard(key)
         reg = torch.from_numpy(self._comm.alloc(nbytes, np.uint8))  # type: ignore[attr-defined]
         reg.copy_(torch.empty(0, dtype=torch.uint8).set_(st))
-        st._swap_data_ptr_(reg.untyped_storage())   # st now owns the registered buffer, reg the old memory
+        # st now owns the registered buffer, reg the old memory
+        st._swap_data_ptr_(reg.untyped_storage())  # type: ignore[attr-defined]
         self.adopted += 1
         return True
 
@@ -192,7 +194,7 @@ class Staged:
     process may still write them): they are freed with the Staged."""
 
     keep: list = field(default_factory=list)        # temporaries that must live until completion
-    after: list[Callable[[], None]] = field(default_factory=list)
+    after: list[Callable[[], object]] = field(default_factory=list)
     adopt: Callable[[torch.Tensor], None] | None = None
     pool: StagePool | None = None                   # the group's staging buffers (CPU calls)
     lent: list = field(default_factory=list)        # (pool, buffer) to give back once `after` ran

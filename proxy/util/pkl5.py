@@ -264,8 +264,8 @@ def _mrecv_data(message: Sequence[Any], mrecv: Callable, status: Any = None) -> 
     info = bytearray((len(message) - 1) * _INFO_SIZE)
     MPI.Message.Recv(head, [info, _INFO], status)
     if head == MPI.MESSAGE_NO_PROC or len(message) == 1:
-        data, bufs = pickle.dumps_oob(None)
-        return bytearray(data), bufs
+        none, bufs = pickle.dumps_oob(None)
+        return bytearray(none), bufs
     sizes = _unpack(info)
     data = bytearray(sizes[0])
     bufs = [bytearray(n) for n in sizes[1:]]
@@ -313,6 +313,7 @@ class Request(_Handles):
     """The requests of one pkl5 send or matched receive, completed together (mpi4py's pkl5.Request)."""
 
     _handle, _null = MPI.Request, MPI.REQUEST_NULL
+    _payload: "tuple[Any, list] | None"   # a matched receive's buffers (_PayloadRequest)
 
     def Free(self) -> None:
         for r in self:
@@ -336,7 +337,7 @@ class Request(_Handles):
         payload = getattr(self, "_payload", None)
         if payload is None:
             return None
-        self._payload = None   # type: ignore[assignment]
+        self._payload = None
         return pickle.loads_oob(*payload)
 
     def test(self, status: Any = None) -> tuple[bool, Any]:
@@ -416,16 +417,14 @@ class Message(_Handles):
 class _PayloadRequest(Request):
     """The requests of a matched receive, with the buffers the object is loaded from at completion."""
 
-    _payload: tuple[Any, list]
-
 
 # ---- collectives over the duplicate
 def _bcast(comm: Any, obj: Any, root: int) -> Any:
     dup, _tag = _commctx_intra(comm)
     rank = dup.Get_rank()
-    data, bufs = pickle.dumps_oob(obj if rank == root else None)
+    pickled, oob = pickle.dumps_oob(obj if rank == root else None)
     # shmproxy's Bcast takes writable buffers only, also at the root: copy the read-only ones
-    data, bufs = _writable(data), [_writable(b) for b in bufs]
+    data, bufs = _writable(pickled), [_writable(b) for b in oob]
     with _comm_lock(dup, "bcast"):
         if rank == root:
             info = [len(data), *(memoryview(b).nbytes for b in bufs)]
@@ -624,4 +623,4 @@ class Intercomm(Comm, MPI.Intercomm):
         super().__init__(inter)
         if isinstance(inter, MPI.Intercomm):     # the remote group's layout travels with the handle
             self._setup(inter._iw, inter._loff, inter._lsize, inter._roff, inter._rsize)
-            self._side = inter._side
+            self._side = inter._side  # type: ignore[misc]  # a slot of MPI.Intercomm

@@ -51,6 +51,8 @@ def open_mpi_layer(ctx: Ctx) -> tuple[Library | None, str]:
 
 def _torch_dist(ctx: Ctx, backend: str) -> tuple[Any, Any, str]:
     """torch and torch.distributed with ``backend`` available on every rank, or (None, None, why)."""
+    torch: Any
+    dist: Any
     try:
         import torch
         import torch.distributed as dist
