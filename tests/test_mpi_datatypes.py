@@ -1,4 +1,4 @@
-"""Derived datatypes (shmproxy.mpi.typemap, shmproxy.engine.typed): each constructor's block list
+"""Derived datatypes (shmproxy.mpi.typemap, shmproxy.shm.typed): each constructor's block list
 against numpy's view of the same layout, the C gather/scatter, and messages between ranks (one node
 and two simulated nodes) whose two sides use different types of the same signature."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from shmproxy import MPI
-from shmproxy.engine.typed import TypeMap
+from shmproxy.shm.typed import TypeMap
 from shmproxy.shm import _native
 from tests.harness import run_ranks
 

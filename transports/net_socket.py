@@ -56,10 +56,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmproxy.coll.sched import SEND
 from shmproxy.core import errors, log
-from shmproxy.core.ops import FLAG_SYNC, KIND_SEND
-from shmproxy.engine import typed
+from shmproxy.core.ops import FLAG_SYNC, KIND_SEND, SEND
+from shmproxy.shm import typed
 from shmproxy.transports import net_wire as W
 from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext
 
@@ -437,7 +436,7 @@ class SocketTransport(Transport):
         net = self._net(ctx)
         link: W.Link = conn.send_state
         n = op.nbytes
-        # a derived datatype is packed here, on the sender's node (shmproxy.engine.typed)
+        # a derived datatype is packed here, on the sender's node (shmproxy.shm.typed)
         view = _view(ctx, op, n) if op.tmap is None else memoryview(typed.pack(ctx.buffers, op))
         head = W.ENVELOPE.pack(op.rank, op.peer, op.dtype, op.mem)
         if n <= net.eager_max and not op.flags & FLAG_SYNC:   # an Ssend waits for its match
@@ -458,7 +457,7 @@ class SocketTransport(Transport):
         after: Callable[[], None] | None = None
         if recv.tmap is None:
             view = _view(ctx, recv, n)
-        else:   # a derived datatype: land contiguously, then scatter on this node (shmproxy.engine.typed)
+        else:   # a derived datatype: land contiguously, then scatter on this node (shmproxy.shm.typed)
             typed.check(ctx.buffers, recv, n)
             tmp = np.empty(n, np.uint8)
             view = tmp.data

@@ -10,7 +10,7 @@ args would be created, progressed and retired in this same pass; skipping it hal
 of a small message). A larger one becomes subs of the connection's args for its opCount, split
 over the copy workers from ``ctx.parallel_threshold`` bytes on (whole chunks per worker).
 
-A derived datatype on either side (the op's ``tmap``: shmproxy.engine.typed) is one gather/scatter
+A derived datatype on either side (the op's ``tmap``: shmproxy.shm.typed) is one gather/scatter
 over the block lists, in the loop whatever its size.
 
 Steps: a step is posted when its chunk is handed to the copy engine (inline for small chunks, a
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shmproxy.coll.sched import RECV, SEND
 from shmproxy.core.errors import InternalError, InvalidArgument
-from shmproxy.engine import typed
+from shmproxy.core.ops import RECV, SEND
+from shmproxy.shm import typed
 from shmproxy.transports.base import Connector, MemKind, OneProcessSides, PeerInfo, Transport, TransportContext
 
 

@@ -2,7 +2,7 @@
 Exscan on device memory: what shmproxy.coll.gpu queues for them on the cuda transport's stream.
 
 The counts come from the same place as on the host: each rank's counts table (a small registered
-host staging buffer, shmproxy.coll.counts), read and checked pairwise by shmproxy.coll.vector, so a
+host staging buffer, shmproxy.core.counts), read and checked pairwise by shmproxy.coll.vector, so a
 mismatch fails the communicator naming both ranks exactly as on the host. ``plan`` then resolves and
 bounds-checks every address (the blocks against each op's own buffer, the buffer against its
 allocation) before anything is queued, and returns the work as a function of the executor.
@@ -26,9 +26,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmproxy.coll import counts, vector
+from shmproxy.coll import vector
 from shmproxy.coll.sched import Region
-from shmproxy.core import errors
+from shmproxy.core import counts, errors
 from shmproxy.core.memory import mem_device
 from shmproxy.core.ops import FLAG_IN_PLACE, Coll, Op
 

@@ -20,9 +20,9 @@ import time
 
 import numpy as np
 
-from shmproxy.coll import counts, hierarchy, vector
+from shmproxy.coll import hierarchy, vector
 from shmproxy.coll.sched import Region
-from shmproxy.core import errors, log
+from shmproxy.core import counts, errors, log
 from shmproxy.core.ops import CODE_DTYPE, COLL_LAST_NATIVE, FLAG_IN_PLACE, Coll, Op
 from shmproxy.engine.args import CollWork
 

@@ -48,7 +48,7 @@ _WITH_ROOT = frozenset(map(int, (sched.Coll.BCAST, sched.Coll.REDUCE, sched.Coll
                                  sched.Coll.GATHERV, sched.Coll.SCATTERV)))
 _WITH_REDOP = _WITH_REDOP | frozenset(map(int, (sched.Coll.REDUCE_SCATTER, sched.Coll.SCAN,
                                                 sched.Coll.EXSCAN)))
-# Counts that differ per rank by design: not in the fingerprint (shmproxy.coll.counts checks them pairwise)
+# Counts that differ per rank by design: not in the fingerprint (shmproxy.core.counts checks them pairwise)
 _PER_RANK_COUNT = frozenset(map(int, (sched.Coll.GATHERV, sched.Coll.SCATTERV, sched.Coll.ALLGATHERV,
                                       sched.Coll.ALLTOALLV, sched.Coll.REDUCE_SCATTER)))
 _LAST_NATIVE = int(COLL_LAST_NATIVE)

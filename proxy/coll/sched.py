@@ -34,29 +34,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from shmproxy.core import errors
 # The collective vocabulary of op records is core's (shmproxy.core.ops), re-exported here so that
 # sched.Coll, sched.ReduceOp, ... keep working.
 from shmproxy.core.ops import COLL_NAMES, DTYPE_CODE, REDUCE_OP_NAMES, Coll, ReduceOp  # noqa: F401
+# ... and so are the entry kinds and states, and the ranks' check of an op against a dtype
+from shmproxy.core.ops import (CB, COMPLETE, COPY, FAILED, NOP, NOT_STARTED, RECV, REDUCE, SEND,  # noqa: F401
+                               STARTED, check_op)
 from shmproxy.shm import _reduce
 
-SEND, RECV, REDUCE, COPY, NOP, CB = range(6)
 KIND_NAMES = {SEND: "SEND", RECV: "RECV", REDUCE: "REDUCE", COPY: "COPY", NOP: "NOP", CB: "CB"}
-NOT_STARTED, STARTED, COMPLETE, FAILED = range(4)
 
 
 UFUNCS: dict[int, Any] = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
                           ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}
-
-
-def check_op(op: int, dtype: np.dtype) -> None:
-    """Raise InvalidArgument when ``op`` is not defined for ``dtype`` (checked before posting)."""
-    if op not in UFUNCS:
-        raise errors.InvalidArgument(f"unknown reduction op {op!r}; use shmproxy.SUM, PROD, MIN, MAX or AVG")
-    if dtype.kind == "b" and op not in (ReduceOp.MIN, ReduceOp.MAX):
-        raise errors.InvalidArgument(f"{ReduceOp(op).name} is not defined for bool; use MIN (and) or MAX (or)")
-    if op == ReduceOp.AVG and dtype.kind not in "fc":
-        raise errors.InvalidArgument(f"AVG needs a floating or complex dtype, not {dtype}")
 
 
 class Region:

@@ -8,7 +8,7 @@ REDUCE entries only, so one builder serves both: the one-node runner (shmproxy.c
 across-nodes one (shmproxy.coll.multinode).
 
 - Block movers (Gather .. Alltoallv): every (source rank, destination rank) block, from the two
-  ranks' own arguments (shmproxy.coll.counts.sends/recvs), cut in chunks of ``per_bytes``: a COPY
+  ranks' own arguments (shmproxy.core.counts.sends/recvs), cut in chunks of ``per_bytes``: a COPY
   when both ranks are local, else a SEND on the source's node and a RECV on the destination's. A
   zero-sized block moves nothing on either side; both sides agree on the size (counts.check).
 - Reduce_scatter: the whole vector reduced as Allreduce does (local ranks in rank order, partials to
@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmproxy.coll import counts
+from shmproxy.core import counts
 from shmproxy.coll.algorithms import _chunks, _finish_avg
 from shmproxy.coll.hierarchy import _combine_into, _local_reduce, _rd_exchange, _scratch
 from shmproxy.coll.sched import NOP, Entry, Region, Schedule, copy, recv, send

@@ -11,7 +11,7 @@
     DEREGISTER  buffers the rank no longer uses; unmapped by the loop once nothing is in flight.
     GETFD       a registered buffer's fd (for transports that map peers' memory themselves).
     QUERYFD     whether a buffer is registered and its size.
-    TYPE_REGISTER  a derived datatype's block list (shmproxy.engine.typed), under the rank's type id;
+    TYPE_REGISTER  a derived datatype's block list (shmproxy.shm.typed), under the rank's type id;
                 in parts ("more": true until the last), so that one message stays under MAX_PAYLOAD.
                 Registered types live as long as the communicator: ops in the pool name them by id,
                 and a free sent over this socket could overtake an op still waiting to be fetched.
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from shmproxy.core import errors, log
 from shmproxy.control.protocol import TYPE_MAX_BLOCKS, TYPE_PART_BLOCKS, MsgType, next_state
-from shmproxy.engine.typed import TypeMap
+from shmproxy.shm.typed import TypeMap
 from shmproxy.shm import pool as P
 from shmproxy.engine.ranks import RankInfo
 from shmproxy.core.memory import MAX_DEVICE, MemKind, parse_kind

@@ -11,6 +11,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from shmproxy.core import errors
 from shmproxy.shm import pool as P
 
 KIND_SEND = 1
@@ -109,7 +110,7 @@ COLL_NAMES = {Coll.BARRIER: "Barrier", Coll.BCAST: "Bcast", Coll.REDUCE: "Reduce
 # The last collective the C post path (shm/_poster.h) knows.
 COLL_LAST_NATIVE = Coll.ALLTOALL
 # Collectives whose per-rank counts and displacements travel in a counts table beside the record
-# (its buffer id in the record's tag word: shmproxy.coll.counts).
+# (its buffer id in the record's tag word: shmproxy.core.counts).
 COLL_WITH_COUNTS = frozenset((Coll.GATHERV, Coll.SCATTERV, Coll.ALLGATHERV, Coll.ALLTOALLV,
                               Coll.REDUCE_SCATTER))
 
@@ -125,6 +126,24 @@ class ReduceOp(IntEnum):
 
 
 REDUCE_OP_NAMES = {int(op): op.name for op in ReduceOp}
+
+
+def check_op(op: int, dtype: np.dtype) -> None:
+    """Raise InvalidArgument when ``op`` is not defined for ``dtype``: the ranks check before posting,
+    so that nothing a collective would refuse is ever in the pool."""
+    if op not in REDUCE_OP_NAMES:
+        raise errors.InvalidArgument(f"unknown reduction op {op!r}; use shmproxy.SUM, PROD, MIN, MAX or AVG")
+    if dtype.kind == "b" and op not in (ReduceOp.MIN, ReduceOp.MAX):
+        raise errors.InvalidArgument(f"{ReduceOp(op).name} is not defined for bool; use MIN (and) or MAX (or)")
+    if op == ReduceOp.AVG and dtype.kind not in "fc":
+        raise errors.InvalidArgument(f"AVG needs a floating or complex dtype, not {dtype}")
+
+
+# The entries of a collective's schedule (shmproxy.coll.sched) and their states: the vocabulary the
+# transports' collective hooks read (a SEND or RECV entry is theirs to move), so it lives here, below
+# both.
+SEND, RECV, REDUCE, COPY, NOP, CB = range(6)
+NOT_STARTED, STARTED, COMPLETE, FAILED = range(4)
 
 
 class _InPlace:
@@ -158,7 +177,7 @@ class Op:
          self.buf2_id, self.mem, self.offset2, self.nbytes2, self.coll_seq, self.t_post, self.coll,
          self.pair_seq) = fields   # pair_seq: a send to a local rank, its number + 1 in the pair (shm/_fast.h)
         self.index = index
-        self.tmap = None   # FLAG_TYPED: the engine's TypeMap (shmproxy.engine.typed), set at fetch
+        self.tmap = None   # FLAG_TYPED: the engine's TypeMap (shmproxy.shm.typed), set at fetch
         self.rank = rank
         self.t_fetch = t_fetch
 

@@ -199,14 +199,6 @@ def _take(spare: set[int], n: int, nodes: Mapping[int, set[int]], order: list[in
     return sorted(taken)
 
 
-def crowded(nlocal: int) -> bool:
-    """Fewer cores than local ranks + 2: the ranks, the progress loop and its copy workers share
-    cores. Then a rank sleeps at once on requests the copy workers move (proxy/rank/lifecycle.py), and
-    the loop does not spin right after completing such work (proxy/engine/completion.py,
-    complete_large)."""
-    return (os.cpu_count() or 1) < nlocal + 2
-
-
 def _cpus_spec(params: Any) -> str:
     return str(params.PROXY_CPUS).strip().lower()
 

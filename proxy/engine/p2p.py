@@ -69,7 +69,7 @@ from shmproxy.core.ops import (FLAG_MPROBED, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHE
                                KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, STATUS_CANCELLED,
                                STATUS_NO_MESSAGE, Op)
 from shmproxy.core.params import Params
-from shmproxy.engine import typed
+from shmproxy.shm import typed
 from shmproxy.engine.args import Transfer
 from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher, _accepts
 from shmproxy.shm import _native
@@ -157,7 +157,7 @@ class PointToPoint:
             self.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
             return
         kind = op.kind
-        if op.flags & FLAG_TYPED and kind <= KIND_RECV:   # a derived datatype (engine/typed.py)
+        if op.flags & FLAG_TYPED and kind <= KIND_RECV:   # a derived datatype (shm/typed.py)
             why = typed.resolve(self.types, op)
             if why is not None:
                 _log.warning("%s", why)

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shmproxy.engine import affinity
-from shmproxy.core import errors, log, params as params_mod
+from shmproxy.core import errors, host, log, params as params_mod
 from shmproxy.coll import sched
 from shmproxy.engine.args import PROGRESS, READY, Args, ArgsPool
 from shmproxy.engine.armed import ArmedRoutes
@@ -85,9 +85,9 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         self.net_ip = net_ip
         self.path, self.nlocal, self.size = path, nlocal, size
         self.job_key, self.comm_id, self.parent = job_key, comm_id, parent
-        # On a crowded node the ranks and this process share cores (affinity.crowded): the automatic
+        # On a crowded node the ranks and this process share cores (core/host.py): the automatic
         # settings differ there, the fast path's size among them.
-        self.crowded = affinity.crowded(nlocal)
+        self.crowded = host.crowded(nlocal)
         # The fast path (engine/fastpath.py) needs every rank of the communicator on this node.
         fast = params.fast_bytes(nlocal, size, self.crowded)
         layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS, fast)

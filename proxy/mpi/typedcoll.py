@@ -3,7 +3,7 @@
 The engine's collectives move contiguous buffers of one dtype. A buffer of a non-dense derived type
 (a shmproxy.rank.typed.TypedBuffer) is therefore *packed* into a contiguous temporary before the
 collective, by a message from the rank to itself (a typed send, a contiguous receive: the progress
-process gathers the blocks, shmproxy.engine.typed), and an output buffer is *unpacked* after it the
+process gathers the blocks, shmproxy.shm.typed), and an output buffer is *unpacked* after it the
 same way (a contiguous send, a typed receive). Every typed buffer is packed first, outputs included:
 an IN_PLACE or Bcast buffer is input too, and unpacking writes back, unchanged, whatever the
 collective did not write. The temporary has the type's predefined dtype (so reductions work on types

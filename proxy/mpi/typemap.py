@@ -7,7 +7,7 @@ Constructors compute the list from their old types' lists with numpy (no per-ele
 ``Commit`` only marks the type usable. Nothing here moves message bytes: a buffer spec with a derived
 type becomes a ``TypedBuffer`` (the region of the user's memory the type's instances touch, from the
 true lower bound), and the rank registers the block list with each communicator's progress process
-once (shmproxy.rank.typed), which gathers and scatters the bytes (shmproxy.engine.typed).
+once (shmproxy.rank.typed), which gathers and scatters the bytes (shmproxy.shm.typed).
 
 A type whose list is one block at 0 of its whole extent (a contiguous type of a predefined one, a
 struct without gaps) is *dense*: its buffers become plain numpy views and take the ordinary path.

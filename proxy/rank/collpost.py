@@ -3,7 +3,7 @@ Alltoallv, Reduce_scatter (with counts), Scan and Exscan. The progress process r
 (shmproxy.coll.vector); nothing here moves data between ranks.
 
 The 128-byte op record holds one count. What differs per rank (counts and displacements) travels in a
-*counts table* (shmproxy.coll.counts: 4 x size int64, in elements) at the start of a registered
+*counts table* (shmproxy.core.counts: 4 x size int64, in elements) at the start of a registered
 staging buffer whose id the record carries in its tag word, which collectives do not otherwise use.
 A send buffer outside registered memory is staged in the same buffer after the table, so the request
 gives back one staging buffer when it completes. The progress process copies the table once, checks
@@ -26,12 +26,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shmproxy.coll import counts as T
-from shmproxy.coll import sched
-from shmproxy.core import errors
+from shmproxy.core import counts as T, errors
 from shmproxy.core.memory import mem_device
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
-                               FLAG_STREAM_WORD, IN_PLACE, KIND_COLL, SUPPORTED_DTYPES, Coll, ReduceOp)
+                               FLAG_STREAM_WORD, IN_PLACE, KIND_COLL, SUPPORTED_DTYPES, Coll, ReduceOp, check_op)
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
 
@@ -140,7 +138,7 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
             raise errors.InvalidArgument(f"{name}: op must be shmproxy.SUM, PROD, MIN, MAX or AVG, got "
                                          f"{op!r} ({type(op).__name__})")
         redop = int(op)
-        sched.check_op(redop, np.dtype(np.float32) if code == DTYPE_BFLOAT16 else dtype)
+        check_op(redop, np.dtype(np.float32) if code == DTYPE_BFLOAT16 else dtype)
         if redop == ReduceOp.AVG and coll != C.REDUCE_SCATTER:
             raise errors.InvalidArgument(f"{name}: AVG is not defined for a prefix reduction")
     ssize = sendbuf.size if scode else 0

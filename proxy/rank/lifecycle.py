@@ -24,9 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from shmproxy.engine import affinity
 from shmproxy.control import bootstrap, netif, rendezvous
-from shmproxy.core import errors, log, params as params_mod
+from shmproxy.core import errors, host, log, params as params_mod
 from shmproxy.rank import fastpath
 from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
@@ -245,7 +244,7 @@ class Lifecycle:
         # crowded node only for requests the progress loop completes itself, since larger ones are
         # copied by workers that need the cores (measured: docs/decisions.md).
         p = self.params
-        crowded = affinity.crowded(self.local_size)
+        crowded = host.crowded(self.local_size)
         spin_max = p.WAIT_SPIN_MAX_BYTES or (p.eager_limit if crowded else 1 << 62)
         spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.COLL_INLINE_BYTES if crowded else 1 << 62)
         self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, p.WAIT_SPIN_US * 1e-6, spin_max,

@@ -16,10 +16,9 @@ import numpy as np
 from shmproxy.core import errors
 from shmproxy.control.protocol import MsgType
 from shmproxy.core.memory import MemKind, device_array_kind, mem_device, mem_word
-from shmproxy.coll import sched
 from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_PLACE, FLAG_MPROBED, FLAG_NO_RECV,
                                FLAG_STREAM_WORD, IN_PLACE, KIND_CANCEL, KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND,
-                               SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG)
+                               SUPPORTED_DTYPES, TAG_MAX, TAG_MIN, Coll, ANY_SOURCE, ANY_TAG, check_op)
 from shmproxy.rank import typed
 from shmproxy.rank.typed import TypedBuffer
 from shmproxy.rank.device import DeviceMemory, call_key, message_key
@@ -328,7 +327,7 @@ class Posting:
                     raise errors.InvalidArgument(f"{name}: op must be shmproxy.SUM, PROD, MIN, MAX or AVG, got "
                                                  f"{op!r} ({type(op).__name__})")
                 redop = int(op)
-                sched.check_op(redop, dtype)
+                check_op(redop, dtype)
             # element counts: count = one rank's contribution
             if coll in (C.ALLREDUCE, C.REDUCE):
                 count = recvbuf.size if in_place else sendbuf.size

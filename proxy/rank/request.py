@@ -32,7 +32,7 @@ class Request(RequestBase):
 
     def describe(self) -> str:
         if self._kind == KIND_COLL:
-            from shmproxy.coll.sched import COLL_NAMES
+            from shmproxy.core.ops import COLL_NAMES
             return f"{COLL_NAMES.get(self._tag, 'collective')} of {self._nbytes} B"
         what = KIND_NAMES.get(self._kind, "op")
         arrow = "from" if self._kind == KIND_RECV else "to"

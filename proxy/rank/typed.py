@@ -3,7 +3,7 @@
 The rank never packs: it registers the type's block list with the communicator's progress process
 once (TYPE_REGISTER, cached per communicator by the list's content, so re-creating the same layout
 costs no new registration), and posts the op with FLAG_TYPED, the type id and the instance count
-(shmproxy.core.ops; shmproxy.engine.typed does the copying). The op's buffer is the *region* the
+(shmproxy.core.ops; shmproxy.shm.typed does the copying). The op's buffer is the *region* the
 instances touch, from the type's true lower bound, registered or staged as any buffer:
 
 - a staged send copies the whole region into staging (gaps included: one plain copy);

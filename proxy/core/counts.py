@@ -57,11 +57,17 @@ class View:
     def __init__(self, rank: int, count: int, in_place: bool, table: np.ndarray | None):
         self.rank, self.count, self.in_place, self.table = rank, count, in_place, table
 
+    def counts(self) -> np.ndarray:
+        """The table, which only the collectives that carry counts have (core.ops.COLL_WITH_COUNTS)."""
+        if self.table is None:
+            raise errors.InternalError(f"rank {self.rank}: a collective without counts asked for its table")
+        return self.table
+
 
 def sends(coll: int, v: View, root: int, size: int) -> tuple[bool, list[tuple[int, int, int]]]:
     """(from_recvbuf, [(dest, element offset, count)]) of what rank ``v.rank`` sends; from_recvbuf: an
     in-place Allgatherv sends its block out of its receive buffer."""
-    r, n, t = v.rank, v.count, v.table
+    r, n = v.rank, v.count
     if coll in (Coll.GATHER, Coll.GATHERV):
         return False, [] if (r == root and v.in_place) else [(root, 0, n)]
     if coll in (Coll.SCATTER, Coll.SCATTERV):
@@ -70,31 +76,36 @@ def sends(coll: int, v: View, root: int, size: int) -> tuple[bool, list[tuple[in
         if coll == Coll.SCATTER:
             blocks = [(q, q * n, n) for q in range(size)]
         else:
+            t = v.counts()
             blocks = [(q, int(t[SDISPLS][q]), int(t[SCOUNTS][q])) for q in range(size)]
         return False, [b for b in blocks if not (v.in_place and b[0] == r)]
     if coll == Coll.ALLGATHERV:
         if v.in_place:
+            t = v.counts()
             return True, [(q, int(t[RDISPLS][r]), int(t[RCOUNTS][r])) for q in range(size) if q != r]
         return False, [(q, 0, n) for q in range(size)]
     if coll == Coll.ALLTOALLV:
+        t = v.counts()
         return False, [(q, int(t[SDISPLS][q]), int(t[SCOUNTS][q])) for q in range(size)]
     raise errors.InternalError(f"{COLL_NAMES.get(coll, coll)} moves no blocks")
 
 
 def recvs(coll: int, v: View, root: int, size: int) -> list[tuple[int, int, int]]:
     """[(source, element offset, count)] of what rank ``v.rank`` receives into its receive buffer."""
-    q, n, t = v.rank, v.count, v.table
+    q, n = v.rank, v.count
     if coll in (Coll.GATHER, Coll.GATHERV):
         if q != root:
             return []
         if coll == Coll.GATHER:
             blocks = [(r, r * n, n) for r in range(size)]
         else:
+            t = v.counts()
             blocks = [(r, int(t[RDISPLS][r]), int(t[RCOUNTS][r])) for r in range(size)]
         return [b for b in blocks if not (v.in_place and b[0] == q)]
     if coll in (Coll.SCATTER, Coll.SCATTERV):
         return [] if (q == root and v.in_place) else [(root, 0, n)]
     if coll in (Coll.ALLGATHERV, Coll.ALLTOALLV):
+        t = v.counts()
         return [(r, int(t[RDISPLS][r]), int(t[RCOUNTS][r])) for r in range(size)
                 if not (v.in_place and r == q)]
     raise errors.InternalError(f"{COLL_NAMES.get(coll, coll)} moves no blocks")
