@@ -84,8 +84,8 @@ def handle_model() -> dict:
 
     # what the changes must not break: user ops in reductions, matched probes, derived types by handle
     rank, size = comm.Get_rank(), comm.Get_size()
-    op = MPI.Op.Create(lambda a, b, t: np.maximum(np.frombuffer(a, "i"), np.frombuffer(b, "i"), out=np.frombuffer(b, "i")),
-                       commute=True)
+    op = MPI.Op.Create(lambda a, b, t: np.maximum(np.frombuffer(a, "i"), np.frombuffer(b, "i"),
+                                                  out=np.frombuffer(b, "i")), commute=True)
     out = np.zeros(1, "i")
     comm.Allreduce(np.array([rank * 7], "i"), out, op=op)
     assert out[0] == (size - 1) * 7, out

@@ -72,7 +72,8 @@ KNOWN_FAILS: dict[str, str] = {
                                 "its own handles",
     "test_objmodel.*.testReduce": "a subclass of Request of the program's unpickles as Request (request.py)",
     "test_objmodel.*.testSafeFreeConstant": "free() of a second handle of COMM_SELF (type(COMM_SELF)(COMM_SELF), "
-                                            "env.py's _Self) leaves it true: _Self.__bool__ does not look at the handle",
+                                            "env.py's _Self) leaves it true: _Self.__bool__ does not look at the "
+                                            "handle",
     "test_objmodel.*.testConstants": "MPI.BOTTOM, IN_PLACE and BUFFER_AUTOMATIC are not int-like constants",
     "test_objmodel.*.test*Of": "C-level interop: MPI._sizeof and _addressof (and _handleof of a Status) size or "
                                "address a C handle, which shmproxy's Python handles do not have (NotImplementedError)",

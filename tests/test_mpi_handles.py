@@ -10,6 +10,7 @@ from tests.harness import run_ranks
 BODY = "tests.bodies_mpi_handles:"
 
 
-@pytest.mark.parametrize("body", ["null_handles", "errhandlers", "exceptions", "pickler", "objmodel", "subclasses", "topo_subclass"])
+@pytest.mark.parametrize("body", ["null_handles", "errhandlers", "exceptions", "pickler", "objmodel", "subclasses",
+                                  "topo_subclass"])
 def test_error_and_handle_model(body):
     run_ranks(BODY + body, 2, timeout=120)

@@ -42,8 +42,6 @@ def _parse(spec: Any, what: str, writable: bool) -> Any:
     return buffers.wire(buffers.parse(spec, what, writable))
 
 
-
-
 def _ignored_buf(buf: Any, what: str) -> None:
     """mpi4py's object receives warn that a buffer argument is not used; so do these."""
     if buf is not None:

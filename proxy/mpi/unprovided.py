@@ -104,7 +104,8 @@ def _target(target: Any) -> None:
         return
     if isinstance(target, (list, tuple)):
         if len(target) > 3:
-            raise error(ERR_ARG, f"target: expecting 3 items at most (displacement, count, datatype), got {len(target)}")
+            raise error(ERR_ARG, "target: expecting 3 items at most (displacement, count, datatype), "
+                        f"got {len(target)}")
         for v, what in zip(target[:2], ("displacement", "count")):
             if v is not None:
                 operator.index(v)     # TypeError, as mpi4py's
