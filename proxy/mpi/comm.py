@@ -25,31 +25,25 @@ import weakref
 from typing import Any
 
 from shmproxy.core import errors
-from shmproxy.core.ops import ANY_SOURCE, UNDEFINED
+from shmproxy.core.ops import UNDEFINED
+from shmproxy.mpi import attributes
+from shmproxy.mpi.attributes import COMM, Cached
+# the predefined attribute keys, still importable from here (attributes.py owns attribute caching)
+from shmproxy.mpi.attributes import (APPNUM, HOST, IO, KEYVAL_INVALID, LASTUSEDCODE, TAG_UB,  # noqa: F401
+                                     UNIVERSE_SIZE, WTIME_IS_GLOBAL)
 from shmproxy.mpi.coll import Collectives
-from shmproxy.mpi.exceptions import (ERR_ARG, ERR_COMM, ERR_KEYVAL, ERR_ROOT, ERR_TAG, as_int, convert, error,
-                                     attr_error, last_used_code, unsupported)
+from shmproxy.mpi.exceptions import (ERR_ARG, ERR_COMM, ERR_ROOT, ERR_TAG, as_int, attr_error, convert, error,
+                                     unsupported)
 from shmproxy.mpi.group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
 from shmproxy.mpi.ops import SUM, as_op
-from shmproxy.mpi.status import PROC_NULL
 from shmproxy.mpi.p2p import PointToPoint
 from shmproxy.mpi.partitioned import PartitionedP2P
 from shmproxy.mpi.persistent import PersistentCollectives
 from shmproxy.rank import objects
 from shmproxy.rank.comm import Comm as NativeComm
 
-TAG_UB = 0          # attribute keys of Get_attr
-WTIME_IS_GLOBAL = 1
-HOST = 2
-IO = 3
-APPNUM = 4
-UNIVERSE_SIZE = 5
-LASTUSEDCODE = 6
-KEYVAL_INVALID = -1
-_TAG_UB_VALUE = 2**63 - 1
 
-
-class Comm(PointToPoint, Collectives, PersistentCollectives):
+class Comm(Cached, PointToPoint, Collectives, PersistentCollectives):
     """A communicator (mpi4py's MPI.Comm)."""
 
     __slots__ = ("_c", "_wranks", "_name", "_info", "__weakref__")
@@ -179,16 +173,11 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         self._c
         return True
 
-    def Get_attr(self, keyval: int) -> Any:
-        """TAG_UB (tags may be any int64 but ANY_TAG), WTIME_IS_GLOBAL (no), APPNUM, UNIVERSE_SIZE."""
-        values = {TAG_UB: _TAG_UB_VALUE, WTIME_IS_GLOBAL: False, HOST: PROC_NULL, IO: ANY_SOURCE,
-                  APPNUM: None, UNIVERSE_SIZE: None, LASTUSEDCODE: last_used_code()}
-        self._c   # COMM_NULL raises ERR_COMM
-        if keyval == KEYVAL_INVALID:
-            raise error(ERR_KEYVAL, "Comm.Get_attr(MPI.KEYVAL_INVALID): not an attribute key")
-        if keyval not in values:
-            unsupported("Comm.Get_attr for user attribute keys", "only the predefined keys exist")
-        return values[keyval]
+    # attributes (Get_attr, Set_attr, Delete_attr, Create_keyval, ...): attributes.Cached
+    _attr_kind = COMM
+
+    def _attr_owner(self) -> Any:
+        return self._c     # every handle of one communicator shares it; COMM_NULL raises ERR_COMM
 
     def Compare(self, comm: "Comm") -> int:
         """IDENT (the same communicator), CONGRUENT (same members, same order), SIMILAR, UNEQUAL;
@@ -418,7 +407,9 @@ class Comm(PointToPoint, Collectives, PersistentCollectives):
         _per_comm_buffer("Iflush_buffer")
 
     def Free(self) -> None:
-        """Close this rank's part of the communicator (pending sends complete first)."""
+        """Run the attributes' delete callbacks, then close this rank's part of the communicator
+        (pending sends complete first)."""
+        attributes.free_all(self._attr_owner(), self, f"{type(self).__name__}.Free")
         c = self._c
         from shmproxy.mpi import errhandler
         errhandler.forget(id(c))

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from shmproxy.core.ops import DTYPE_CODE
+from shmproxy.mpi.attributes import DATATYPE, Cached
 from shmproxy.mpi.exceptions import ERR_TYPE, error
 from shmproxy.mpi.handles import Numbers
 
 
-class Datatype:
+class Datatype(Cached):
     """A predefined MPI datatype: its symbol (``_sym``: "INT"), ``dtype`` (numpy), size and extent in
     bytes. ``_h`` is the handle: ``MPI.Datatype(d)`` is a second Python object of the same handle
     (equal, not identical), as in mpi4py; ``MPI.Datatype()`` one of DATATYPE_NULL."""
@@ -194,6 +195,16 @@ class Datatype:
         return _tm().dup(self)
 
     Create_dup = Dup
+
+    # attributes (Get_attr, Set_attr, Delete_attr, Create_keyval, ...): attributes.Cached, filed under
+    # the handle every object of one type shares; a derived type's Free runs their delete callbacks
+    _attr_kind = DATATYPE
+
+    def _attr_owner(self) -> Any:
+        h = self._h
+        if h is DATATYPE_NULL:
+            raise error(ERR_TYPE, "attribute call on MPI.DATATYPE_NULL (or a freed datatype)")
+        return h
 
     # ---- type codes (mpi4py's tocode/fromcode/typechar/typestr)
     def tocode(self) -> str:

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from shmproxy.core import errors
-from shmproxy.mpi import bsend
+from shmproxy.mpi import attributes, bsend
 from shmproxy.mpi.comm import Comm, Intracomm, _member_comm, cached_native
 from shmproxy.mpi.exceptions import (ERR_COMM, ERR_FILE, ERR_OTHER, ERR_SESSION, ERR_WIN, as_int, convert, error,
                                      unsupported)
@@ -69,6 +69,13 @@ class _World(Intracomm):
         return not _state["finalized"]
 
 
+class _SelfAttrs:
+    """What COMM_SELF's attributes are filed under (attributes.py), with or without its native
+    communicator."""
+
+    __slots__ = ("__weakref__",)
+
+
 class _Self(Intracomm):
     """COMM_SELF: rank 0 of 1; its native communicator is made on first communication."""
 
@@ -114,10 +121,15 @@ class _Self(Intracomm):
         # its handler is kept without making the native communicator (a progress process of its own)
         return "COMM_SELF"
 
+    def _attr_owner(self) -> Any:
+        # its attributes too (MPI programs hang finalisation hooks on COMM_SELF, run by Finalize)
+        return _SELF_ATTRS
+
     def __bool__(self) -> bool:
         return not _state["finalized"]
 
 
+_SELF_ATTRS = _SelfAttrs()
 COMM_WORLD = _World(None, (), "MPI_COMM_WORLD")
 COMM_SELF = _Self(None, (), "MPI_COMM_SELF")
 
@@ -180,9 +192,13 @@ def Is_finalized() -> bool:
 
 
 def Finalize() -> None:
-    """Close COMM_SELF and COMM_WORLD on this rank (their pending sends complete first)."""
+    """Run COMM_SELF's attribute delete callbacks, then close COMM_SELF and COMM_WORLD on this rank
+    (their pending sends complete first)."""
     if _state["finalized"]:
         return
+    # MPI_Finalize first frees COMM_SELF's attributes, while MPI is still usable: their delete
+    # callbacks are the program's finalisation hooks
+    attributes.free_all(_SELF_ATTRS, COMM_SELF, "MPI.Finalize")
     _state["finalized"] = True
     first: BaseException | None = None
     for key, comm in (("self", COMM_SELF), ("world", COMM_WORLD)):

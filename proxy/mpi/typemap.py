@@ -26,7 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from shmproxy.core.ops import DTYPE_CODE
-from shmproxy.mpi.datatypes import _STATE, Datatype
+from shmproxy.mpi import attributes
+from shmproxy.mpi.datatypes import _STATE, DATATYPE_NULL, Datatype
 from shmproxy.mpi.exceptions import ERR_ARG, ERR_BUFFER, ERR_COUNT, ERR_TYPE, as_int, error
 from shmproxy.rank.typed import TypedBuffer
 
@@ -153,7 +154,9 @@ class Derived(Datatype):
 
     def Free(self) -> None:
         self._check_live("Free")
+        attributes.free_all(self._h, self, "Datatype.Free")
         self.freed = True
+        self._h = DATATYPE_NULL     # as mpi4py's Free: this handle is the null handle now
 
     def Dup(self) -> "Derived":
         self._check_live("Dup")
