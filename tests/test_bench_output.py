@@ -178,7 +178,7 @@ def test_per_operation_defaults() -> None:
 def test_collective_defaults_and_options() -> None:
     op, sizes, dtype, args = _resolve("allreduce")
     assert dtype == np.float32 and sizes[0] == 8 and sizes[-1] == 64 << 20 and args.peers == DEFAULT_PEERS
-    assert args.redop == "sum" and args.in_place is False and args.alloc is True
+    assert args.redop == "sum" and args.in_place is False and args.alloc is None   # both rows
     _op, sizes, dtype, args = _resolve("allreduce", "--op", "avg", "--dtype", "float64", "--in-place",
                                        "--no-alloc")
     assert args.redop == "avg" and args.in_place and not args.alloc and dtype == np.float64

@@ -64,20 +64,21 @@ def test_pingpong_against_mpi4py(tmp_path: Path) -> None:
     assert _processes_of_job(job) == []
     report = json.loads(out.read_text())
     assert bench.validate_report(report) == []
-    assert report["ok"] is True and report["libraries"] == ["shmproxy", "mpi4py"]
+    assert report["ok"] is True and report["libraries"] == ["shmproxy", "shmproxy:alloc", "mpi4py"]
     assert [row["bytes"] for row in report["results"]] == [8, 64, 512, 4096]
     for row in report["results"]:
         assert row["iters"] == 20 and row["warmup"] == 5
-        for lib in ("shmproxy", "mpi4py"):
+        for lib in ("shmproxy", "shmproxy:alloc", "mpi4py"):
             r = row["results"][lib]
             assert r["time_us"] > 0 and r["p99_us"] >= r["time_us"] and r["busbw_GBps"] > 0
             assert r["check"] == "ok"
-        assert row["ratio"]["mpi4py"] > 0
+        assert set(row["ratio"]) == {"mpi4py"} and row["ratio"]["mpi4py"] > 0   # against plain arrays
     env = report["environment"]
     assert env["ranks"] == 2 and env["launcher"] == "mpich" and env["params"]["CHUNK_SIZE"]["value"] > 0
-    assert "shmproxy.tools.bench" in env["command"]
+    assert "shmproxy.tools.bench" in env["command"] and report["config"]["shmproxy_buffers"] == "plain+alloc"
     lines = proc.stdout.splitlines()
     assert sum(1 for line in lines if line.rstrip().endswith(" ok")) == 4
+    assert any(line.startswith("# shmproxy buffers: plain numpy arrays as the peers'") for line in lines)
     assert "# checks: all passed" in lines
 
 
@@ -109,14 +110,14 @@ def test_allreduce_against_mpi4py(tmp_path: Path) -> None:
     assert _processes_of_job(job) == []
     report = json.loads(out.read_text())
     assert bench.validate_report(report) == []
-    assert report["ok"] is True and report["libraries"] == ["shmproxy", "mpi4py"]
+    assert report["ok"] is True and report["libraries"] == ["shmproxy", "shmproxy:alloc", "mpi4py"]
     assert report["bus_factor"] == "2(n-1)/n" and report["config"]["redop"] == "sum"
     assert [row["bytes"] for row in report["results"]] == [8, 256, 8192, 262144, 1 << 20]
     assert report["config"]["rounds"] == 3
     for row in report["results"]:
         # -n 10 in 3 rounds: 4 iterations per round, 12 in all
         assert row["iters"] == 12 and row["warmup"] == 2 and row["count"] == row["bytes"] // 4
-        for lib in ("shmproxy", "mpi4py"):
+        for lib in ("shmproxy", "shmproxy:alloc", "mpi4py"):
             r = row["results"][lib]
             assert r["time_us"] > 0 and r["busbw_GBps"] > 0 and r["check"] == "ok"
             assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])      # 2(n-1)/n = 1 at 2 ranks
@@ -138,7 +139,7 @@ def test_overlap_against_mpi4py(tmp_path: Path) -> None:
     assert _processes_of_job(job) == []
     report = json.loads(out.read_text())
     assert bench.validate_report(report) == []
-    assert report["ok"] is True and report["libraries"] == ["shmproxy", "mpi4py"]
+    assert report["ok"] is True and report["libraries"] == ["shmproxy", "shmproxy:alloc", "mpi4py"]
     assert [c["key"] for c in report["columns"]] == ["t_comm_us", "t_compute_us", "t_total_us", "work_slowdown",
                                                      "overlap_pct"]
     assert [row["bytes"] for row in report["results"]] == [64 << 10, 256 << 10]
@@ -198,7 +199,7 @@ def test_nccl_on_host_buffers_is_skipped_saying_why(tmp_path: Path) -> None:
     assert _processes_of_job(job) == []
     assert "# nccl skipped: nccl takes device buffers only (run with --device cuda)" in proc.stdout
     report = json.loads(out.read_text())
-    assert report["ok"] is True and report["libraries"] == ["shmproxy", "mpi4py"]
+    assert report["ok"] is True and report["libraries"] == ["shmproxy", "shmproxy:alloc", "mpi4py"]
     assert "device buffers only" in report["skipped"]["nccl"]
 
 
@@ -221,5 +222,5 @@ def test_allreduce_under_torchrun_against_gloo(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _processes_of_job(job) == []
     report = json.loads(out.read_text())
-    assert report["ok"] is True and report["libraries"] == ["shmproxy", "gloo"]
+    assert report["ok"] is True and report["libraries"] == ["shmproxy", "shmproxy:alloc", "gloo"]
     assert all(row["results"]["gloo"]["check"] == "ok" for row in report["results"])

@@ -56,9 +56,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", type=_peers_arg,
                    help="comma-separated peers to compare with: mpi4py, gloo, nccl (--device cuda, a GPU "
                         "per rank), shmproxy.MPI, or none (default: mpi4py and gloo; none for idle)")
-    p.add_argument("--alloc", action=argparse.BooleanOptionalAction, default=True,
-                   help="shmproxy buffers from comm.alloc (zero-copy) or plain numpy arrays (--no-alloc: "
-                        "the staged path)")
+    p.add_argument("--alloc", action=argparse.BooleanOptionalAction, default=None,
+                   help="shmproxy's buffers: comm.alloc only (--alloc, zero-copy) or plain numpy arrays only "
+                        "(--no-alloc); default both, plain arrays as the row the ratios compare with and "
+                        "comm.alloc as the row shmproxy:alloc")
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="compare every received buffer with what was sent")
     p.add_argument("--group-size", type=int, default=GROUP_SIZE, help="posts per group for `post`")

@@ -134,7 +134,7 @@ def own_gpu_note(ctx: Any) -> str:
 
 def enable(lib: Library, device: int) -> None:
     """Give ``lib`` device buffers (see the module header)."""
-    m = Mirror("torch" if lib.name in ("gloo", "nccl") else "cupy", device)
+    m = Mirror("torch" if lib.kind in ("gloo", "nccl") else "cupy", device)
     lib.wrap = m.put            # type: ignore[method-assign]
     lib.refresh = m.refresh     # type: ignore[method-assign]
     lib.fetch = m.fetch         # type: ignore[method-assign]

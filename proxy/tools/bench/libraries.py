@@ -21,6 +21,9 @@ class Library:
 
     name = ""
     version = ""
+    kind = ""
+    """Which calls measure it (the operations' tables are by kind); its name is its row. Two shmproxy
+    rows share the kind: plain arrays ("shmproxy") and comm.alloc memory ("shmproxy:alloc")."""
     send: Callable[[Any, int, int], Any]
     recv: Callable[[Any, int, int], Any]
     isend: Callable[[Any, int, int], Any]
@@ -30,6 +33,7 @@ class Library:
     """Posts inside are batched (shmproxy's comm.group); a no-op context for the peers."""
 
     def __init__(self) -> None:
+        self.kind = self.kind or self.name
         self.waitall = self._wait_each
         self.group = contextlib.nullcontext
 
@@ -63,11 +67,17 @@ class Library:
 
 
 class ShmproxyLib(Library):
-    name = "shmproxy"
+    """shmproxy with the buffers users have (plain numpy arrays: the row "shmproxy"), or with memory
+    from ``comm.alloc``, which no post copies (``zero_copy``; the row "shmproxy:alloc" when both run,
+    else "shmproxy")."""
 
-    def __init__(self, comm: Any, zero_copy: bool):
+    name = kind = "shmproxy"
+    ALLOC_ROW = "shmproxy:alloc"
+
+    def __init__(self, comm: Any, zero_copy: bool, row: str = "shmproxy"):
         import shmproxy
         super().__init__()
+        self.name = row
         self.comm, self.zero_copy = comm, zero_copy
         self.version = shmproxy.__version__
         self.send, self.recv, self.isend, self.irecv = comm.Send, comm.Recv, comm.Isend, comm.Irecv

@@ -52,7 +52,7 @@ def _finish_check(ctx: Ctx, op: Operation, lib: Library, recv: np.ndarray, count
 def _prepare(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray) -> None:
     """Before a checked collective call: the receive buffer holds the sentinel, or, where the call
     works in place (--in-place, or a library whose call is in place by nature), the input."""
-    if _in_place(ctx) or lib.name in op.native_in_place:
+    if _in_place(ctx) or lib.kind in op.native_in_place:
         (op.place_input or _copy_input)(ctx.rank, ctx.size, send, recv)
     else:
         recv.fill(SENTINEL)
@@ -66,7 +66,7 @@ def _copy_input(rank: int, size: int, send: np.ndarray, recv: np.ndarray) -> Non
 def loop_times(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
                warmup: int) -> list[float]:
     """Per-iteration seconds of one library at one size: warm up, reset the receive buffer, time."""
-    it = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
+    it = op.calls[lib.kind](ctx, lib, lib.wrap(send), lib.wrap(recv))
     barrier(ctx.comm)
     if it is not None:
         for _ in range(warmup):
@@ -189,7 +189,7 @@ def coll_times(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np
     Warm up, barrier, ``iters`` calls each timed alone; then the receive buffer is reset (``_prepare``:
     the sentinel, or the input for a call that works in place, whose timed calls overwrote it),
     a barrier, and one call whose result ``_finish_check`` compares with the expected one."""
-    it = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
+    it = op.calls[lib.kind](ctx, lib, lib.wrap(send), lib.wrap(recv))
     _prepare(ctx, op, lib, send, recv)
     barrier(ctx.comm)
     for _ in range(warmup):

@@ -104,8 +104,8 @@ def measure_overlap(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, rec
     """[t_comm_us, t_compute_us, t_total_us, work_slowdown] at one size, as OSU's osu_iallreduce
     (see the module's "Overlap" section): means over ``iters`` iterations, each followed by the
     library's barrier; the work runs for this rank's t_comm of wall time."""
-    post, wait = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
-    lib_barrier = BARRIERS[lib.name](ctx, lib, None, None)   # OSU's MPI_Barrier, untimed
+    post, wait = op.calls[lib.kind](ctx, lib, lib.wrap(send), lib.wrap(recv))
+    lib_barrier = BARRIERS[lib.kind](ctx, lib, None, None)   # OSU's MPI_Barrier, untimed
     _prepare(ctx, op, lib, send, recv)
     barrier(ctx.comm)
     for _ in range(warmup):

@@ -147,7 +147,7 @@ def probe(ctx: Ctx, op: Operation, lib: Library, dtype: np.dtype) -> str:
     recv = np.zeros(n_recv, dtype)
     _prepare(ctx, op, lib, send, recv)
     try:
-        made = op.calls[lib.name](ctx, lib, lib.wrap(send), lib.wrap(recv))
+        made = op.calls[lib.kind](ctx, lib, lib.wrap(send), lib.wrap(recv))
         if op.measure is measure_overlap:
             post, wait = made
             wait(post())

@@ -87,7 +87,7 @@ class TcpLib(Library):
 
     def __init__(self, name: str, socks: list[socket.socket], where: str):
         super().__init__()
-        self.name = name
+        self.name = self.kind = name
         self.version = f"{len(socks)} stream{'s' if len(socks) > 1 else ''} over {where}"
         self.streams = [_Stream(s, threaded=len(socks) > 1) for s in socks]
         self.send = lambda buf, peer, tag: self._move("send", buf)

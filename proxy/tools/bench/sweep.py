@@ -15,8 +15,11 @@ How a figure is made
   the hypervisor gave to other guests while our vCPUs were ready to run) is kept in the JSON
   (``steal_pct``, per size and library) and summarized under the table: figures taken under steal
   are about the neighbours as much as about the libraries.
-- Each library gets its buffers once, at the largest size (shmproxy: ``comm.alloc``, the zero-copy
-  path, unless ``--no-alloc``; the peers: numpy arrays), and each size uses a prefix of them.
+- Each library gets its buffers once, at the largest size, and each size uses a prefix of them. The
+  peers use plain numpy arrays, and so does the row "shmproxy", the one the ratios compare with: the
+  buffers users have. On host buffers a second row, "shmproxy:alloc", measures memory from
+  ``comm.alloc`` (the zero-copy path); ``--alloc`` keeps only that (as the row "shmproxy"),
+  ``--no-alloc`` only the plain arrays.
 - A measurement is: a barrier, ``-w`` warm-up iterations, the receive buffer filled with a sentinel, a
   barrier, then ``-n`` iterations each timed alone with ``time.perf_counter``. A rank's figure is the
   median over its iterations (and the 99th percentile: with few iterations that is nearly the maximum);
@@ -83,11 +86,31 @@ def op_notes(op: Operation, args: argparse.Namespace, names: Sequence[str]) -> l
     return out
 
 
+SAY_BUFFERS = {
+    "plain+alloc": "plain numpy arrays as the peers' (shmproxy; the ratios) and comm.alloc memory (shmproxy:alloc, "
+                   "zero-copy)",
+    "plain": "plain numpy arrays, as the peers'",
+    "alloc": "comm.alloc (zero-copy)",
+}
+
+
+def shmproxy_rows(comm: Any, alloc: bool | None, one: bool) -> list[Library]:
+    """shmproxy's rows: plain arrays and comm.alloc memory (``alloc`` None), or the one asked for;
+    one row where buffers do not matter (``one``: device buffers, the idle measurement)."""
+    if alloc is None and not one:
+        return [ShmproxyLib(comm, False), ShmproxyLib(comm, True, ShmproxyLib.ALLOC_ROW)]
+    return [ShmproxyLib(comm, bool(alloc) if alloc is not None else False)]
+
+
+def buffers_of(alloc: bool | None) -> str:
+    return {None: "plain+alloc", True: "alloc", False: "plain"}[alloc]
+
+
 def run_config(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> dict[str, Any]:
     args = ctx.args
     return {"sizes": sizes, "dtype": dtype.name, "iters": args.iters, "warmup": args.warmup_iters,
             "rounds": args.rounds,
-            "zero_copy": args.alloc, "check": args.check, "peers": list(args.peers),
+            "shmproxy_buffers": buffers_of(args.alloc), "check": args.check, "peers": list(args.peers),
             "group_size": args.group_size, "idle_seconds": args.idle_seconds,
             "redop": args.redop if op.reduces else None, "in_place": bool(args.in_place), "root": op.root,
             "inject_error": args.inject_error}
@@ -100,9 +123,9 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
     pids = gather(comm, [os.getpid()])
     ctx.pids = [] if pids is None else [int(p) for p in pids[:, 0]]
 
-    libs: list[Library] = [ShmproxyLib(comm, args.alloc)]
-    skipped: dict[str, str] = {}
     on_gpu = getattr(args, "device", "host") == "cuda"
+    libs: list[Library] = shmproxy_rows(comm, args.alloc, on_gpu or op.measure is measure_idle)
+    skipped: dict[str, str] = {}
     if on_gpu:
         gpu = bench_device.local_gpu(ctx)
         bench_device.enable(libs[0], gpu)
@@ -160,7 +183,7 @@ def run(ctx: Ctx, op: Operation, sizes: list[int], dtype: np.dtype) -> int:
         if note:
             say(note)
     else:
-        say(f"# shmproxy buffers: {'comm.alloc (zero-copy)' if args.alloc else 'numpy arrays (staged)'};"
+        say(f"# shmproxy buffers: {SAY_BUFFERS[buffers_of(args.alloc)]};"
             f" time = median over iterations, max over ranks; p99 likewise"
             + (f"; group = {args.group_size} posts" if op.measure is measure_post else ""))
     for line in op_notes(op, args, names):

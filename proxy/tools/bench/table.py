@@ -30,6 +30,10 @@ def reduce_result(op: Operation, per_rank: np.ndarray, nbytes: int, nranks: int,
     return res
 
 
+# shmproxy's own rows: the ratios compare the peers with the first (the buffers users have)
+OWN_ROWS = ("shmproxy", "shmproxy:alloc")
+
+
 def ratios(op: Operation, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
     """peer figure / shmproxy figure of ``op.ratio_key`` for each peer (time: > 1 = shmproxy faster)."""
     if op.ratio_key is None:
@@ -37,7 +41,7 @@ def ratios(op: Operation, results: Mapping[str, Mapping[str, Any]]) -> dict[str,
     base = results["shmproxy"].get(op.ratio_key, math.nan)
     out: dict[str, float | None] = {}
     for lib, r in results.items():
-        if lib == "shmproxy":
+        if lib in OWN_ROWS:
             continue
         v = r.get(op.ratio_key, math.nan)
         out[lib] = v / base if base > 0 and v > 0 else None
@@ -72,7 +76,7 @@ def format_header(op: Operation, libs: Sequence[str]) -> list[str]:
     """The table's header (three '#' lines, nccl-tests style)."""
     lead_w = sum(w for _, _, w in LEAD)
     group_w = COL_W * len(op.columns)
-    peers = [lib for lib in libs if lib != "shmproxy"] if op.ratio_key else []
+    peers = [lib for lib in libs if lib not in OWN_ROWS] if op.ratio_key else []
     l1 = "#" + " " * (lead_w - 1) + "".join(f"{lib:>{group_w}}" for lib in libs)
     l2 = "".join(f"{t:>{w}}" for t, _, w in LEAD)
     l3 = "".join(f"{u:>{w}}" for _, u, w in LEAD)
@@ -94,7 +98,7 @@ def format_row(op: Operation, row: Mapping[str, Any], libs: Sequence[str]) -> st
         line += "".join(f"{format_value(r.get(c.key)):>{COL_W}}" for c in op.columns)
     if op.ratio_key:
         for lib in libs:
-            if lib != "shmproxy":
+            if lib not in OWN_ROWS:
                 line += f"{format_value(row['ratio'].get(lib)):>{ratio_width(lib)}}"
     return line + "  " + check_word(row["results"])
 
