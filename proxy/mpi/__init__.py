@@ -45,7 +45,8 @@ from shmproxy.mpi.group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILA
 from shmproxy.mpi.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, NO_OP, OP_NULL,
                               PROD, REPLACE, SUM, Op)
 from shmproxy.mpi.message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
-from shmproxy.mpi.request import REQUEST_NULL, Grequest, Prequest, Request
+from shmproxy.mpi.request import REQUEST_NULL, Prequest, Request
+from shmproxy.mpi.grequest import Grequest
 from shmproxy.mpi.status import PROC_NULL, Status
 from shmproxy.mpi.topology import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
 from shmproxy.mpi.graph import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Graphcomm

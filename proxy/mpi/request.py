@@ -1,4 +1,5 @@
-"""MPI.Request and MPI.Prequest over the native requests (shmproxy.Request).
+"""MPI.Request and MPI.Prequest over the native requests (shmproxy.Request). Generalized requests
+(MPI.Grequest) are grequest.py's: their state stands where a native request does.
 
 A Request wraps one native request, or none: a request to or from PROC_NULL completes at once
 without touching the runtime (its status says source PROC_NULL, as MPI defines), and a request that
@@ -12,6 +13,9 @@ rank bumps that word and wakes the sleeper, so a completion ends the sleep at on
 only covers a completion that lands between the test and the sleep (the sleep reads the word itself),
 and requests of other communicators, whose words this sleep does not watch. No core is burnt, every
 wait is bounded by SHMPROXY_TIMEOUT, and failures (a dead peer, an abort) are raised by the sleep.
+Generalized requests among them are seen by the same tests (a Complete lands within one short
+slice); when nothing but generalized requests is pending, the wait is grequest.py's (a condition
+variable).
 """
 from __future__ import annotations
 
@@ -412,22 +416,6 @@ class Prequest(Request):
         return "<MPI.Prequest " + ("active>" if self._active() else "inactive>")
 
 
-class Grequest(Request):
-    """Generalized requests are not provided."""
-
-    __slots__ = ()
-
-    def __init__(self, request: Any = None):
-        if request is not None and not isinstance(request, Grequest) and (
-                not isinstance(request, Request) or request):     # REQUEST_NULL: a null handle
-            raise TypeError("MPI.Grequest() takes a generalized request")
-        super().__init__(request)
-
-    @classmethod
-    def Start(cls, *_a: Any, **_k: Any) -> "Grequest":
-        unsupported("Grequest.Start", "generalized requests need a completion the runtime does not track")
-
-
 class ObjRequest(Request):
     """The request of the object layer's isend/irecv (shmproxy.rank.objp2p.ObjRequest): ``wait`` returns
     the object received (None for isend), ``test`` returns (flag, object)."""
@@ -573,11 +561,17 @@ def _wait_some(reqs: list[Request]) -> int | None:
             except errors.ProxyError:
                 return reqs.index(r)    # complete with its own error: the caller's Wait raises it
         return reqs.index(r)
+    from shmproxy.mpi.grequest import GState, wait_any
     natives = [r._r for r in active if r._r is not None]
-    owners = [n._comm for n in natives] + [r._o._comm for r in active if isinstance(r, ObjRequest)]
+    owners = [n._comm for n in natives if not isinstance(n, GState)]
+    owners += [r._o._comm for r in active if isinstance(r, ObjRequest)]
     comms = list({id(c): c for c in owners}.values())
-    if not comms:       # only PROC_NULL operations: complete already
-        return _first_done(reqs)
+    if not comms:       # only generalized requests and PROC_NULL operations (complete already)
+        i = _first_done(reqs)
+        if i is None:
+            wait_any([n for n in natives if isinstance(n, GState)])
+            i = _first_done(reqs)
+        return i
     deadline = time.monotonic() + (comms[0]._timeout if comms else 0.0)
     turn = 0
     while True:
