@@ -196,8 +196,10 @@ class Comm(Cached, PointToPoint, Collectives, PersistentCollectives):
         return SIMILAR if set(a) == set(b) else UNEQUAL
 
     def _eh_key(self) -> object:
-        """What the held error handler is filed under: the native communicator (COMM_NULL raises)."""
-        return id(self._c)
+        """What the held error handler is filed under: the native communicator (COMM_NULL raises).
+        errhandler.py files it by the id of what this returns, so it must be the object itself: the id
+        of a fresh ``id(...)`` int is no stable key."""
+        return self._c
 
     def Get_errhandler(self) -> Any:
         """A new handle to the error handler this communicator holds (ERRORS_RETURN unless set);
@@ -412,7 +414,7 @@ class Comm(Cached, PointToPoint, Collectives, PersistentCollectives):
         attributes.free_all(self._attr_owner(), self, f"{type(self).__name__}.Free")
         c = self._c
         from shmproxy.mpi import errhandler
-        errhandler.forget(id(c))
+        errhandler.forget(c)
         try:
             c.close()
         except errors.ProxyError as exc:
