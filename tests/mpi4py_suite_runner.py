@@ -90,16 +90,18 @@ def install_shim() -> Any:
     sys.modules["mpi4py"] = pkg
     sys.modules["mpi4py.MPI"] = MPI
     # mpi4py's pure-Python layers under the names a program's import change gives them (mpi4py.util ->
-    # shmproxy.util, mpi4py.futures -> shmproxy.futures): the same module objects, imported on demand
+    # shmproxy.util, mpi4py.futures -> shmproxy.futures, mpi4py.rc -> shmproxy.rc): the same module
+    # objects, imported on demand
     if not any(isinstance(f, _Alias) for f in sys.meta_path):
         sys.meta_path.insert(0, _Alias())
     return MPI
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``mpi4py.util...`` and ``mpi4py.futures...`` import as shmproxy's modules of the same names."""
+    """``mpi4py.util...``, ``mpi4py.futures...`` and ``mpi4py.rc`` (the runtime configuration) import as
+    shmproxy's modules of the same names."""
 
-    LAYERS = ("mpi4py.util", "mpi4py.futures")
+    LAYERS = ("mpi4py.util", "mpi4py.futures", "mpi4py.rc")
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name in self.LAYERS or name.startswith(tuple(f"{layer}." for layer in self.LAYERS)):

@@ -7,19 +7,24 @@ size are known without it. ``Finalize()`` closes both (pending sends complete fi
 MPI_Finalize requires); a program that never calls it is finalised at exit by the native layer.
 
 Threads: a native Comm is used by one thread at a time, so the level is THREAD_SERIALIZED;
-Init_thread returns the lower of what was asked and that.
+Init_thread returns the lower of what was asked and that, and so does a plain or implicit Init for
+the level mpi4py's runtime configuration asks for (shmproxy.rc: thread_level, threads; its
+``errors`` picks the handler COMM_WORLD and COMM_SELF hold). The main thread (Is_thread_main) is
+the one that called Init or Init_thread; when the job is joined on first use, the Python main
+thread, where mpi4py initialises MPI (at import).
 """
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from typing import Any
 
 from shmproxy.core import errors
 from shmproxy.mpi import attributes, bsend
 from shmproxy.mpi.comm import Comm, Intracomm, _member_comm, cached_native
-from shmproxy.mpi.exceptions import (ERR_COMM, ERR_FILE, ERR_OTHER, ERR_SESSION, ERR_WIN, as_int, convert, error,
-                                     unsupported)
+from shmproxy.mpi.exceptions import (ERR_ARG, ERR_COMM, ERR_FILE, ERR_OTHER, ERR_SESSION, ERR_WIN, as_int, convert,
+                                     error, unsupported)
 
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 _PROVIDED = THREAD_SERIALIZED
@@ -30,7 +35,11 @@ MAX_LIBRARY_VERSION_STRING = 8192
 COMM_TYPE_SHARED = 1
 
 _state: dict[str, Any] = {"world": None, "self": None, "initialized": False, "finalized": False,
-                          "thread_level": _PROVIDED}
+                          "thread_level": None, "main_thread": None}
+_LEVELS = {"single": THREAD_SINGLE, "funneled": THREAD_FUNNELED, "serialized": THREAD_SERIALIZED,
+           "multiple": THREAD_MULTIPLE}
+_RC_ERRHANDLERS = {"exception": "ERRORS_RETURN", "default": "ERRORS_RETURN", "abort": "ERRORS_ABORT",
+                   "fatal": "ERRORS_ARE_FATAL"}
 
 
 # the error handlers live in errhandler.py; MPI.ERRORS_RETURN and the others are re-exported here
@@ -43,7 +52,7 @@ def _native_world() -> Any:
         raise error(ERR_OTHER, "MPI was finalized: COMM_WORLD cannot be used any more")
     c = _state["world"]
     if c is None:
-        Init()
+        _init(threading.main_thread())
         c = _state["world"]
     return c
 
@@ -143,16 +152,52 @@ def Get_hw_resource_info() -> Any:
 
 
 def Init() -> None:
-    """Join the job (shmproxy.init()). Idempotent; an error after Finalize."""
+    """Join the job (shmproxy.init()), at the thread level shmproxy.rc asks for. Idempotent; an error
+    after Finalize."""
+    _init(threading.current_thread())
+
+
+def _init(main: threading.Thread) -> None:
     if _state["finalized"]:
         raise error(ERR_OTHER, "MPI.Init after MPI.Finalize")
     if _state["world"] is None:
+        level, handler = _rc_thread_level(), _rc_errhandler()   # a bad option fails before the join
         import shmproxy
         try:
             _state["world"] = shmproxy.init()
         except errors.ProxyError as exc:
             raise convert(exc) from None
-        _state["initialized"] = True
+        _started(main, level, handler)
+
+
+def _started(main: threading.Thread, level: int, handler: Any) -> None:
+    _state["initialized"] = True
+    _state["main_thread"] = main.ident
+    if _state["thread_level"] is None:
+        _state["thread_level"] = min(level, _PROVIDED)
+    if handler is not ERRORS_RETURN:    # the layer's default: nothing to file
+        from shmproxy.mpi import errhandler
+        for comm in (COMM_WORLD, COMM_SELF):
+            errhandler.set_(comm._eh_key(), handler)
+
+
+def _rc_thread_level() -> int:
+    from shmproxy import rc
+    if not rc.threads:
+        return THREAD_SINGLE
+    level = _LEVELS.get(str(rc.thread_level).lower())
+    if level is None:
+        raise error(ERR_ARG, f"shmproxy.rc.thread_level = {rc.thread_level!r}: one of {', '.join(_LEVELS)}")
+    return level
+
+
+def _rc_errhandler() -> Any:
+    from shmproxy import rc
+    from shmproxy.mpi import errhandler
+    name = _RC_ERRHANDLERS.get(str(rc.errors).lower())
+    if name is None:
+        raise error(ERR_ARG, f"shmproxy.rc.errors = {rc.errors!r}: one of {', '.join(_RC_ERRHANDLERS)}")
+    return getattr(errhandler, name)
 
 
 def attach_world(comm: Any) -> None:
@@ -162,25 +207,31 @@ def attach_world(comm: Any) -> None:
     use of COMM_WORLD; Finalize then closes ``comm``."""
     if _state["finalized"] or _state["world"] is not None:
         raise error(ERR_OTHER, "attach_world: COMM_WORLD is already joined (or finalized)")
+    level, handler = _rc_thread_level(), _rc_errhandler()
     _state["world"] = comm
-    _state["initialized"] = True
+    _started(threading.main_thread(), level, handler)
 
 
 def Init_thread(required: int = THREAD_MULTIPLE) -> int:
     """Init, and the thread level provided: at most THREAD_SERIALIZED (see the header)."""
     required = as_int(required, "Init_thread: required")
-    Init()
+    _init(threading.current_thread())
     _state["thread_level"] = min(required, _PROVIDED)
     return _state["thread_level"]
 
 
 def Query_thread() -> int:
-    return _state["thread_level"]
+    """The level provided; before the job is joined, the one Init would provide (shmproxy.rc's)."""
+    level = _state["thread_level"]
+    return min(_rc_thread_level(), _PROVIDED) if level is None else level
 
 
 def Is_thread_main() -> bool:
-    import threading
-    return threading.current_thread() is threading.main_thread()
+    """Whether this is the thread that initialised MPI (module header)."""
+    main = _state["main_thread"]
+    if main is None:
+        main = threading.main_thread().ident
+    return threading.get_ident() == main
 
 
 def Is_initialized() -> bool:
