@@ -167,6 +167,20 @@ def write(results: dict[int, dict[str, dict]], path: Path = REPORT,
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def merge(saved: list[dict]) -> dict[int, dict[str, dict]]:
+    """Records of several --json files, by rank count: a module's records come from the last file
+    that has that module at that rank count (never a mix of two runs of one module)."""
+    out: dict[int, dict[str, dict]] = {}
+    for results in saved:
+        for n, recs in results.items():
+            mine = out.setdefault(int(n), {})
+            for mod in {tid.split(".")[0] for tid in recs}:
+                for tid in [t for t in mine if t.split(".")[0] == mod]:
+                    del mine[tid]
+            mine.update(recs)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from tests.mpi4py_suite_runner import run_suite, sources
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -174,7 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modules", nargs="+", default=MODULES)
     ap.add_argument("--report", type=Path, default=REPORT)
     ap.add_argument("--json", type=Path, help="also write every record here")
+    ap.add_argument("--from-json", type=Path, nargs="+", metavar="JSON",
+                    help="write the report from records saved with --json (no run): later files replace "
+                         "earlier ones module by module, so a module run again after a change replaces its "
+                         "old records")
     args = ap.parse_args(argv)
+    if args.from_json:
+        merged = merge([json.loads(p.read_text()) for p in args.from_json])
+        write(merged, args.report)
+        return 0
     root = sources()
     results: dict[int, dict[str, dict]] = {}
     seconds: dict[int, float] = {}

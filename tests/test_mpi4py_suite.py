@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpi4py_suite_report import MODULES, counts, wrong_results
+from tests.mpi4py_suite_report import MODULES, counts, merge, wrong_results
 from tests.mpi4py_suite_runner import SourcesUnavailable, run_suite, sources
 
 NRANKS = 3
@@ -49,6 +49,17 @@ def mpi4py_sources() -> Path:
 
 def test_every_module_has_a_floor():
     assert sorted(FLOOR) == sorted(MODULES)
+
+
+def test_a_module_run_again_replaces_all_its_old_records():
+    """The report is composed from saved runs (--from-json): a module's records come from its latest
+    run only, never a mix of two runs (a test that no longer exists must not linger)."""
+    old = {"3": {"test_a.T.x": {"outcome": "fail"}, "test_a.T.gone": {"outcome": "hang"},
+                 "test_b.T.y": {"outcome": "pass"}},
+           "1": {"test_a.(job)": {"outcome": "error"}}}
+    new = {"3": {"test_a.T.x": {"outcome": "pass"}}, "1": {"test_a.T.x": {"outcome": "pass"}}}
+    assert merge([old, new]) == {3: {"test_a.T.x": {"outcome": "pass"}, "test_b.T.y": {"outcome": "pass"}},
+                                 1: {"test_a.T.x": {"outcome": "pass"}}}
 
 
 @pytest.mark.timeout(1200)
