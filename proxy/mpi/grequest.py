@@ -216,11 +216,22 @@ class Grequest(Request):
             status._f[:] = st._f
         return g.result
 
+    # the upper- and lower-case forms share _wait/_test, never calling each other: mpi4py's subclasses
+    # override the lower-case ones with other signatures (test(self) calling Test())
     def Wait(self, status: Status | None = None) -> bool:
-        self.wait(status)
+        self._wait(status)
         return True
 
     def wait(self, status: Status | None = None) -> Any:
+        return self._wait(status)
+
+    def Test(self, status: Status | None = None) -> bool:
+        return self._test(status)[0]
+
+    def test(self, status: Status | None = None) -> tuple[bool, Any]:
+        return self._test(status)
+
+    def _wait(self, status: Status | None) -> Any:
         g = self._r
         if not isinstance(g, GState):
             Request.Wait(self, status)       # inactive: an empty status, as any request's
@@ -228,10 +239,7 @@ class Grequest(Request):
         g.Wait()
         return self._end(g, status, "Grequest.Wait")
 
-    def Test(self, status: Status | None = None) -> bool:
-        return self.test(status)[0]
-
-    def test(self, status: Status | None = None) -> tuple[bool, Any]:
+    def _test(self, status: Status | None) -> tuple[bool, Any]:
         g = self._r
         if not isinstance(g, GState):
             return Request.Test(self, status), None
