@@ -75,6 +75,32 @@ def handle_model() -> dict:
         assert const and const.Get_size() > 0
     vec.free()
     assert not vec
+    for const in (MPI.COMM_SELF, comm):     # COMM_SELF's and COMM_WORLD's own classes are private
+        clone = type(const)(const)
+        assert clone and clone == const
+        for _ in range(3):
+            clone.free()
+            assert not clone and clone == MPI.COMM_NULL, clone
+        const.free()
+        assert const and const.Get_size() >= 1
+    # requests: unhashable, a second object only of a request, a subclass of the program's pickles as
+    # itself (REQUEST_NULL as itself)
+    _raises(TypeError, hash, MPI.REQUEST_NULL)
+    assert pickle.loads(pickle.dumps(MPI.REQUEST_NULL)) is MPI.REQUEST_NULL
+    sub = type("MyRequest", (MPI.Request,), {"__module__": __name__})
+    globals()["MyRequest"] = sub
+    try:
+        for copier in (lambda o: pickle.loads(pickle.dumps(o)), copy.copy, copy.deepcopy):
+            dup = copier(sub(MPI.REQUEST_NULL))
+            assert type(dup) is sub and dup == MPI.REQUEST_NULL and dup is not MPI.REQUEST_NULL, dup
+    finally:
+        del globals()["MyRequest"]
+    req = comm.Irecv(np.zeros(1), MPI.PROC_NULL)
+    _raises(TypeError, hash, req)
+    assert MPI.Request(req) == req
+    for other in (MPI.Status(), MPI.INT, 1234, "abc"):
+        _raises(TypeError, MPI.Request, other)
+    req.Wait()
 
     # the C-level helpers say why they are missing
     for fn in (MPI._sizeof, MPI._addressof):

@@ -63,7 +63,7 @@ class _World(Intracomm):
     __slots__ = ()
 
     def __getattr__(self, name: str) -> Any:
-        if name != "_c":
+        if name != "_c" or self is not COMM_WORLD:   # a second handle made null by free() stays null
             return super().__getattr__(name)
         c = _native_world()
         object.__setattr__(self, "_c", c)
@@ -75,7 +75,7 @@ class _World(Intracomm):
         raise error(ERR_COMM, "COMM_WORLD cannot be freed (call MPI.Finalize)")
 
     def __bool__(self) -> bool:
-        return not _state["finalized"]
+        return not _state["finalized"] if self is COMM_WORLD else super().__bool__()
 
 
 class _SelfAttrs:
@@ -91,7 +91,7 @@ class _Self(Intracomm):
     __slots__ = ()
 
     def __getattr__(self, name: str) -> Any:
-        if name != "_c":
+        if name != "_c" or self is not COMM_SELF:   # a second handle made null by free() stays null
             return super().__getattr__(name)
         world = _native_world()
         c = _state["self"]
@@ -135,7 +135,7 @@ class _Self(Intracomm):
         return _SELF_ATTRS
 
     def __bool__(self) -> bool:
-        return not _state["finalized"]
+        return not _state["finalized"] if self is COMM_SELF else super().__bool__()
 
 
 _SELF_ATTRS = _SelfAttrs()

@@ -43,6 +43,10 @@ class Request:
         if isinstance(native, Request):   # mpi4py's MPI.Request(req): a second object of req's handle
             self._r, self._null, self._h = native._r, native._null, native._hid()
             return
+        if native is not None and not callable(getattr(native, "describe", None)):
+            # what the layer wraps is a native request (or one of nativereq's stand-ins): every one
+            # of them describes itself; a handle of another class, a number or a string is not one
+            raise TypeError(f"MPI.{type(self).__name__}() takes an MPI.Request, not {type(native).__name__}")
         self._r = native          # the native request while active, else None
         self._null = proc_null    # an active operation with PROC_NULL: completes without the runtime
         self._h: Request | None = None    # the request whose handle this one is a copy of
@@ -182,13 +186,13 @@ class Request:
             return NotImplemented
         return self._hid() is other._hid() or (not self and not other)
 
-    def __hash__(self) -> int:
-        return id(self._hid())
+    # as mpi4py's handles: a request may be freed (or completed) in place, so its hash would change
+    __hash__ = None  # type: ignore[assignment]
 
     def __reduce__(self) -> Any:
         if self._active():
             raise ValueError("an active request cannot be pickled: it names an operation of this process")
-        return "REQUEST_NULL" if self is REQUEST_NULL else (Request, ())
+        return "REQUEST_NULL" if self is REQUEST_NULL else (type(self), ())
 
     def __repr__(self) -> str:
         if self._r is not None:
@@ -391,8 +395,7 @@ class Prequest(Request):
             return NotImplemented
         return self._hid() is other._hid() or (not self and not other)
 
-    def __hash__(self) -> int:
-        return id(self._hid())
+    __hash__ = None  # type: ignore[assignment]
 
     def Start(self) -> None:
         if self._active():
