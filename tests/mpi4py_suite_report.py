@@ -106,7 +106,9 @@ shmproxy.MPI, `mpi4py.util` to shmproxy.util) in real rank processes. A job ends
 that did not pass and the next job starts after it, so no test sees another's leftovers. `fail` is an
 assertion that did not hold; `unsupported` a NotImplementedError naming a missing feature; `error`
 any other exception; `hang` a job that ended inside the test. CI runs the same modules at 3 ranks
-(tests/test_mpi4py_suite.py) against a floor per module.
+(tests/test_mpi4py_suite.py) against a floor per module. The jobs set `MPI4PY_TEST_SPAWN=0`, mpi4py's
+own switch for MPI libraries without Spawn (its tests that spawn are skipped, not run). A table
+composed from several runs (`--from-json`) takes each module's records from its latest run.
 
 Modules not run, and why: {out_of_scope}.
 """
