@@ -64,13 +64,15 @@ def test_bench_times_the_raw_sockets_between_the_nodes_in_the_same_run(tmp_path)
                     env={"SHMPROXY_SOCKET_IFNAME": "lo", "SHMPROXY_SOCKET_NTHREADS": "3"})
     assert res.results == [0, 0]
     ping = json.loads((tmp_path / "pingpong.json").read_text())
-    assert ping["ok"] is True and ping["libraries"] == ["shmproxy", "tcp", "tcp-streams"], ping["libraries"]
+    assert ping["ok"] is True, ping["libraries"]
+    assert ping["libraries"] == ["shmproxy", "shmproxy:alloc", "tcp", "tcp-streams"], ping["libraries"]
     for row in ping["results"]:
         for lib in ("tcp", "tcp-streams"):
             assert row["results"][lib]["check"] == "ok" and row["results"][lib]["time_us"] > 0, row
     assert "3 streams over 127.0.0.1" in json.dumps(ping), "tcp-streams uses the link's socket count"
     coll = json.loads((tmp_path / "allreduce.json").read_text())
-    assert coll["libraries"] == ["shmproxy"] and "ping-pong only" in coll["skipped"]["tcp"], coll["skipped"]
+    assert coll["libraries"] == ["shmproxy", "shmproxy:alloc"] and "ping-pong only" in coll["skipped"]["tcp"], \
+        coll["skipped"]
 
 
 def test_split_dup_and_objects_between_nodes():
