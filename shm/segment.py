@@ -58,11 +58,10 @@ def _fallocate(fd: int, size: int, where: str) -> None:
 class Segment:
     """A named POSIX shared-memory segment, mapped read-write (or read-only for the dump tool)."""
 
-    def __init__(self, name: str, fd: int, size: int, owner: bool, readonly: bool = False):
+    def __init__(self, name: str, fd: int, size: int, readonly: bool = False):
         self.name = name
         self.fd = fd
         self.size = size
-        self.owner = owner
         prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
         self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         self.addr = 0 if readonly else _address(self.mm)
@@ -79,7 +78,7 @@ class Segment:
         try:
             posix_ipc.unlink_shared_memory(name)
             _fallocate(fd, size, shm_dir)
-            self = cls(name, fd, size, owner=True)
+            self = cls(name, fd, size)
         except BaseException:
             os.close(fd)
             raise
@@ -93,7 +92,7 @@ class Segment:
             actual = os.fstat(fd).st_size
             if actual < size:
                 raise errors.RemoteError(f"shared memory {name} has {actual} bytes, expected {size}")
-            return cls(name, fd, size, owner=False)
+            return cls(name, fd, size)
         except BaseException:
             os.close(fd)
             raise
@@ -103,7 +102,7 @@ class Segment:
         """Map a segment read-only from a path such as /proc/<pid>/fd/<n> (dump tool)."""
         fd = os.open(path, os.O_RDONLY)
         try:
-            return cls(path, fd, os.fstat(fd).st_size, owner=False, readonly=True)
+            return cls(path, fd, os.fstat(fd).st_size, readonly=True)
         except BaseException:
             os.close(fd)
             raise

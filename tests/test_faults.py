@@ -168,20 +168,12 @@ def _service_socket_of(pid: int) -> set[str]:
 
 
 def _pools_open_in(pid: int) -> list[str]:
-    """Link targets of the shmproxy ops pools ``pid`` has open (``/dev/shm/shmproxy-...``)."""
-    found = []
+    """Link targets of the shmproxy ops pools ``pid`` has open, as the dump tool finds them."""
+    from shmproxy.tools.dump_cli import DumpError, pool_paths
     try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return found
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("/dev/shm/shmproxy-") and "-c" in target:
-            found.append(target)
-    return found
+        return [target for _path, target in pool_paths(pid)]
+    except DumpError:   # gone meanwhile
+        return []
 
 
 # ------------------------------------------------------------------------------------ promptness

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 from shmproxy.mpi.exceptions import error, unsupported
 
@@ -79,9 +79,3 @@ def _handleof(obj: Any) -> int:
     if isinstance(obj, MPI.Status):
         unsupported("MPI._handleof of a Status", _NO_C_HANDLES)
     return int(obj.handle)
-
-
-def numbered(numbers: Numbers, state_of: Callable[[Any], Any]) -> property:
-    """A read-only ``handle`` property (mpi4py's is read-only too: setting or deleting it is an
-    AttributeError)."""
-    return property(lambda self: numbers.number(state_of(self)), doc="The handle's number (0: the null handle).")
