@@ -7,28 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import sys
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from shmproxy import MPI
-
-
-def _raises(error_class: int, fn: Callable[..., Any], *args: Any) -> None:
-    try:
-        fn(*args)
-    except MPI.Exception as exc:
-        assert exc.Get_error_class() == error_class, (fn, exc.Get_error_class(), error_class, exc)
-    else:
-        raise AssertionError(f"{fn} raised nothing")
-
-
-@contextlib.contextmanager
-def _stderr() -> Iterator[io.StringIO]:
-    saved, sys.stderr = sys.stderr, io.StringIO()
-    try:
-        yield sys.stderr
-    finally:
-        sys.stderr = saved
+from tests.mpi_checks import raises_class
 
 
 def comm_attributes() -> dict:
@@ -88,9 +70,9 @@ def comm_attributes() -> dict:
     # a freed keyval refuses new calls, but the value set with it keeps its delete callback
     comm.Set_attr(k_copy, ["kept"])
     assert MPI.Comm.Free_keyval(k_copy) == MPI.KEYVAL_INVALID
-    _raises(MPI.ERR_KEYVAL, comm.Get_attr, k_copy)
-    _raises(MPI.ERR_KEYVAL, comm.Set_attr, k_copy, 1)
-    _raises(MPI.ERR_KEYVAL, MPI.Comm.Free_keyval, k_copy)
+    raises_class(MPI.ERR_KEYVAL, comm.Get_attr, k_copy)
+    raises_class(MPI.ERR_KEYVAL, comm.Set_attr, k_copy, 1)
+    raises_class(MPI.ERR_KEYVAL, MPI.Comm.Free_keyval, k_copy)
     log.clear()
     comm.Free()
     assert log == [("deleted", ["kept"])], log
@@ -98,14 +80,14 @@ def comm_attributes() -> dict:
     # the predefined keys, and keys of another kind
     assert world.Get_attr(MPI.TAG_UB) >= 32767 and world.Get_attr(MPI.WTIME_IS_GLOBAL) is False
     assert world.Get_attr(MPI.LASTUSEDCODE) >= MPI.ERR_LASTCODE
-    _raises(MPI.ERR_KEYVAL, world.Set_attr, MPI.TAG_UB, 5)
-    _raises(MPI.ERR_KEYVAL, world.Delete_attr, MPI.TAG_UB)
-    _raises(MPI.ERR_KEYVAL, MPI.Comm.Free_keyval, MPI.TAG_UB)
-    _raises(MPI.ERR_KEYVAL, world.Get_attr, MPI.KEYVAL_INVALID)
-    _raises(MPI.ERR_COMM, MPI.COMM_NULL.Get_attr, k_same)
+    raises_class(MPI.ERR_KEYVAL, world.Set_attr, MPI.TAG_UB, 5)
+    raises_class(MPI.ERR_KEYVAL, world.Delete_attr, MPI.TAG_UB)
+    raises_class(MPI.ERR_KEYVAL, MPI.Comm.Free_keyval, MPI.TAG_UB)
+    raises_class(MPI.ERR_KEYVAL, world.Get_attr, MPI.KEYVAL_INVALID)
+    raises_class(MPI.ERR_COMM, MPI.COMM_NULL.Get_attr, k_same)
     k_type = MPI.Datatype.Create_keyval()
-    _raises(MPI.ERR_KEYVAL, world.Get_attr, k_type)
-    _raises(MPI.ERR_KEYVAL, MPI.Comm.Free_keyval, k_type)
+    raises_class(MPI.ERR_KEYVAL, world.Get_attr, k_type)
+    raises_class(MPI.ERR_KEYVAL, MPI.Comm.Free_keyval, k_type)
     MPI.Datatype.Free_keyval(k_type)
 
     # a delete callback that raises: the value goes, the error is ERR_OTHER, the traceback printed
@@ -114,8 +96,8 @@ def comm_attributes() -> dict:
 
     k_bad = MPI.Comm.Create_keyval(None, bad_delete)
     world.Set_attr(k_bad, "v")
-    with _stderr() as err:
-        _raises(MPI.ERR_OTHER, world.Delete_attr, k_bad)
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        raises_class(MPI.ERR_OTHER, world.Delete_attr, k_bad)
     assert "ValueError: delete went wrong" in err.getvalue() and world.Get_attr(k_bad) is None
     for k in (k_same, k_none, k_skip, k_int, k_bad):
         MPI.Comm.Free_keyval(k)
@@ -144,8 +126,8 @@ def datatype_attributes() -> dict:
     vec.Set_attr(k_same, "on vec")
     assert vec.Dup().Get_attr(k_same) == "on vec"
     MPI.INT.Delete_attr(k_same)
-    _raises(MPI.ERR_TYPE, MPI.DATATYPE_NULL.Get_attr, k_same)
-    _raises(MPI.ERR_KEYVAL, MPI.INT.Get_attr, MPI.KEYVAL_INVALID)
+    raises_class(MPI.ERR_TYPE, MPI.DATATYPE_NULL.Get_attr, k_same)
+    raises_class(MPI.ERR_KEYVAL, MPI.INT.Get_attr, MPI.KEYVAL_INVALID)
 
     # a copy callback that raises: Dup fails with ERR_OTHER and the half-made duplicate is freed,
     # running the delete callbacks of what it had copied
@@ -158,8 +140,8 @@ def datatype_attributes() -> dict:
     k_bad = MPI.Datatype.Create_keyval(bad_copy)
     t.Set_attr(k_first, "first")
     t.Set_attr(k_bad, "second")
-    with _stderr() as err:
-        _raises(MPI.ERR_OTHER, t.Dup)
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        raises_class(MPI.ERR_OTHER, t.Dup)
     assert "KeyError" in err.getvalue() and deleted == ["first"], (err.getvalue(), deleted)
     t.Delete_attr(k_bad)
     t.Free()

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -42,15 +41,6 @@ class _Work:
 
     def cancel(self, completed: bool, source: int, k: int) -> None:
         self.cancels.append(completed)
-
-
-@contextlib.contextmanager
-def _stderr() -> Iterator[io.StringIO]:
-    saved, sys.stderr = sys.stderr, io.StringIO()
-    try:
-        yield sys.stderr
-    finally:
-        sys.stderr = saved
 
 
 def mixed_waits() -> dict:
@@ -126,7 +116,7 @@ def mixed_waits() -> dict:
     freed: list = []
     g = MPI.Grequest.Start(bad_query, lambda: freed.append(1))
     g.Complete()
-    with _stderr() as err:
+    with contextlib.redirect_stderr(io.StringIO()) as err:
         try:
             g.Wait()
         except MPI.Exception as exc:
@@ -140,7 +130,7 @@ def mixed_waits() -> dict:
         raise MPI.Exception(MPI.ERR_PENDING)
 
     g = MPI.Grequest.Start(None, None, refuse)
-    with _stderr():
+    with contextlib.redirect_stderr(io.StringIO()):
         try:
             g.Cancel()
         except MPI.Exception as exc:

@@ -6,52 +6,44 @@ MPI.Exception and the native class."""
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 import shmproxy
 from shmproxy import MPI
-
-
-def _raises(error_class: int, fn: Callable[..., Any], *args: Any) -> None:
-    try:
-        fn(*args)
-    except MPI.Exception as exc:
-        assert exc.Get_error_class() == error_class, (fn, exc.Get_error_class(), error_class, exc)
-    else:
-        raise AssertionError(f"{fn} raised nothing")
+from tests.mpi_checks import raises_class
 
 
 def null_handles() -> dict:
     comm = MPI.COMM_WORLD
     for method in ("Get_size", "Get_rank", "Is_inter", "Is_intra", "Get_group", "Get_topology",
                    "Get_errhandler"):
-        _raises(MPI.ERR_COMM, getattr(MPI.COMM_NULL, method))
-    _raises(MPI.ERR_COMM, MPI.Comm.Compare, comm, MPI.COMM_NULL)
-    _raises(MPI.ERR_COMM, MPI.COMM_NULL.Get_attr, MPI.TAG_UB)
-    _raises(MPI.ERR_COMM, MPI.Intercomm().Get_remote_size)
-    _raises(MPI.ERR_COMM, comm.Free)
-    _raises(MPI.ERR_COMM, MPI.COMM_SELF.Free)
-    _raises(MPI.ERR_KEYVAL, comm.Get_attr, MPI.KEYVAL_INVALID)
-    _raises(MPI.ERR_GROUP, MPI.GROUP_NULL.Get_size)
-    _raises(MPI.ERR_GROUP, MPI.Group.Compare, MPI.GROUP_EMPTY, MPI.GROUP_NULL)
-    _raises(MPI.ERR_TYPE, MPI.DATATYPE_NULL.Commit)
-    _raises(MPI.ERR_TYPE, MPI.DATATYPE_NULL.Free)
+        raises_class(MPI.ERR_COMM, getattr(MPI.COMM_NULL, method))
+    raises_class(MPI.ERR_COMM, MPI.Comm.Compare, comm, MPI.COMM_NULL)
+    raises_class(MPI.ERR_COMM, MPI.COMM_NULL.Get_attr, MPI.TAG_UB)
+    raises_class(MPI.ERR_COMM, MPI.Intercomm().Get_remote_size)
+    raises_class(MPI.ERR_COMM, comm.Free)
+    raises_class(MPI.ERR_COMM, MPI.COMM_SELF.Free)
+    raises_class(MPI.ERR_KEYVAL, comm.Get_attr, MPI.KEYVAL_INVALID)
+    raises_class(MPI.ERR_GROUP, MPI.GROUP_NULL.Get_size)
+    raises_class(MPI.ERR_GROUP, MPI.Group.Compare, MPI.GROUP_EMPTY, MPI.GROUP_NULL)
+    raises_class(MPI.ERR_TYPE, MPI.DATATYPE_NULL.Commit)
+    raises_class(MPI.ERR_TYPE, MPI.DATATYPE_NULL.Free)
     MPI.DATATYPE_NULL.free()      # mpi4py's safe free: no error
-    _raises(MPI.ERR_TYPE, MPI.Status().Get_count, MPI.DATATYPE_NULL)
-    _raises(MPI.ERR_REQUEST, MPI.REQUEST_NULL.Free)
-    _raises(MPI.ERR_REQUEST, MPI.REQUEST_NULL.Cancel)
+    raises_class(MPI.ERR_TYPE, MPI.Status().Get_count, MPI.DATATYPE_NULL)
+    raises_class(MPI.ERR_REQUEST, MPI.REQUEST_NULL.Free)
+    raises_class(MPI.ERR_REQUEST, MPI.REQUEST_NULL.Cancel)
     MPI.REQUEST_NULL.free()
     for fn, args in ((MPI.INFO_NULL.Get_nkeys, ()), (MPI.INFO_NULL.Get, ("k",)), (MPI.INFO_NULL.Free, ())):
-        _raises(MPI.ERR_INFO, fn, *args)
+        raises_class(MPI.ERR_INFO, fn, *args)
     info = MPI.Info.Create()
-    _raises(MPI.ERR_INFO_NOKEY, info.Delete, "key")
+    raises_class(MPI.ERR_INFO_NOKEY, info.Delete, "key")
     try:
         info.Delete("key")          # still a KeyError, as before
     except KeyError:
         pass
-    _raises(MPI.ERR_INFO_KEY, info.Get_nthkey, 0)
+    raises_class(MPI.ERR_INFO_KEY, info.Get_nthkey, 0)
     info.Free()
     assert len(MPI.INFO_NULL) == 0
     return {"rank": comm.rank}
@@ -67,8 +59,8 @@ def errhandlers() -> dict:
     assert got == MPI.ERRORS_ARE_FATAL
     got.Free()
     assert got == MPI.ERRHANDLER_NULL and MPI.ERRORS_ARE_FATAL      # the constant stays itself
-    _raises(MPI.ERR_ARG, comm.Set_errhandler, MPI.ERRHANDLER_NULL)
-    _raises(MPI.ERR_ARG, MPI.ERRHANDLER_NULL.Free)
+    raises_class(MPI.ERR_ARG, comm.Set_errhandler, MPI.ERRHANDLER_NULL)
+    raises_class(MPI.ERR_ARG, MPI.ERRHANDLER_NULL.Free)
     seen: list[tuple[Any, int]] = []
     mine = MPI.Comm.Create_errhandler(lambda c, code: seen.append((c, code)))
     comm.Set_errhandler(mine)
@@ -102,7 +94,7 @@ def exceptions() -> dict:
     code = MPI.Add_error_code(cls)
     MPI.Add_error_string(code, "mine")
     assert MPI.Get_error_class(code) == cls and MPI.Get_error_string(code) == "mine"
-    _raises(MPI.ERR_ARG, MPI.Remove_error_class, cls)       # a code of it is left
+    raises_class(MPI.ERR_ARG, MPI.Remove_error_class, cls)       # a code of it is left
     MPI.Remove_error_string(code)
     MPI.Remove_error_code(code)
     MPI.Remove_error_class(cls)

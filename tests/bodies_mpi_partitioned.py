@@ -4,14 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from shmproxy import MPI
-
-
-def _error_class(fn) -> int:
-    try:
-        fn()
-    except MPI.Exception as exc:
-        return exc.Get_error_class()
-    raise AssertionError("no error")
+from tests.mpi_checks import raises_class
 
 
 def ring_out_of_order(parts: int, rounds: int) -> dict:
@@ -66,19 +59,19 @@ def errors_before_anything_is_posted() -> dict:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     buf = np.zeros(10)
-    assert _error_class(lambda: comm.Psend_init(buf, 3, rank, 0)) == MPI.ERR_COUNT   # 10 is not 3 parts
-    assert _error_class(lambda: comm.Psend_init(buf, 0, rank, 0)) == MPI.ERR_ARG
-    assert _error_class(lambda: comm.Precv_init(buf, 2, MPI.ANY_SOURCE, 0)) == MPI.ERR_RANK
-    assert _error_class(lambda: comm.Psend_init(buf, 2, MPI.PROC_NULL, 0)) == MPI.ERR_RANK
-    assert _error_class(lambda: comm.Psend_init(buf, 2, rank, -1)) == MPI.ERR_TAG
+    raises_class(MPI.ERR_COUNT, lambda: comm.Psend_init(buf, 3, rank, 0))   # 10 is not 3 parts
+    raises_class(MPI.ERR_ARG, lambda: comm.Psend_init(buf, 0, rank, 0))
+    raises_class(MPI.ERR_RANK, lambda: comm.Precv_init(buf, 2, MPI.ANY_SOURCE, 0))
+    raises_class(MPI.ERR_RANK, lambda: comm.Psend_init(buf, 2, MPI.PROC_NULL, 0))
+    raises_class(MPI.ERR_TAG, lambda: comm.Psend_init(buf, 2, rank, -1))
     s = comm.Psend_init(buf, 2, rank, 3)
     r = comm.Precv_init(np.empty(10), 2, rank, 3)
-    assert _error_class(lambda: s.Pready(0)) == MPI.ERR_REQUEST      # not started
+    raises_class(MPI.ERR_REQUEST, lambda: s.Pready(0))      # not started
     r.Start()
     s.Start()
     s.Pready(1)
-    assert _error_class(lambda: s.Pready(1)) == MPI.ERR_ARG          # twice in one round
-    assert _error_class(lambda: s.Pready(2)) == MPI.ERR_ARG          # out of range
+    raises_class(MPI.ERR_ARG, lambda: s.Pready(1))          # twice in one round
+    raises_class(MPI.ERR_ARG, lambda: s.Pready(2))          # out of range
     assert not s.Test() and not r.Parrived(1)    # part 1 waits for part 0: parts go in order
     try:
         s.Wait()      # would wait forever for a part only this process can mark
