@@ -241,10 +241,6 @@ class Comm(Cached, PointToPoint, Collectives, PersistentCollectives):
             return not self and not other
         return self._c is other._c
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
     __hash__ = None  # type: ignore[assignment]  # as mpi4py: free() turns a handle into COMM_NULL in place
 
     # handles, as mpi4py gives them: an int naming the communicator while some handle of it lives

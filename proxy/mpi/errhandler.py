@@ -78,10 +78,6 @@ class Errhandler:
             return NotImplemented
         return self._h is other._h
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
     __hash__ = None  # type: ignore[assignment]  # as mpi4py: a handle's handler changes under Free
 
     def toint(self) -> int:

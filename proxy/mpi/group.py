@@ -204,10 +204,6 @@ class Group:
             return self._null and other._null
         return self._members == other._members
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:

@@ -107,10 +107,6 @@ class Info:
             return NotImplemented
         return self._obj is other._obj
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
     __hash__ = None  # type: ignore[assignment]  # a handle's object changes under Free
 
     def __bool__(self) -> bool:

@@ -48,10 +48,6 @@ class Message:
             return NotImplemented
         return (not self and not other) or (bool(self) and self._hid() is other._hid())
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
     # as mpi4py's handles: not hashable, since a receive turns a handle into MESSAGE_NULL in place
     __hash__ = None  # type: ignore[assignment]
 

@@ -102,10 +102,6 @@ class Op:
             return NotImplemented
         return self._h is other._h
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
     # as mpi4py's handles: not hashable, since free() turns a handle into OP_NULL in place
     __hash__ = None  # type: ignore[assignment]
 

@@ -50,10 +50,6 @@ class _Unprovided:
             return NotImplemented
         return True     # both null handles
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
     __hash__ = None  # type: ignore[assignment]  # as mpi4py's handles
 
     def __repr__(self) -> str:
