@@ -20,6 +20,11 @@
  * A memoryview of the buffer refers to the buffer object (view->obj), as mpi4py's does; releasing the
  * buffer while such a view is alive leaves the view over memory the buffer no longer holds, which
  * mpi4py allows too (it is the program's mistake, as with MPI_Free_mem).
+ *
+ * AddressInt: the base of MPI.BOTTOM, MPI.IN_PLACE and MPI.BUFFER_AUTOMATIC (an int subclass, for
+ * the same 3.11 reason). They are addresses in MPI's C API, and mpi4py makes them int-like objects
+ * that also export an empty buffer at that address; the export has no owner (``memoryview(c).obj``
+ * is None), as nothing is behind it. Python subclasses (proxy/core/ops.py) add names and pickling.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -190,15 +195,45 @@ static PyTypeObject MemBufType = {
     .tp_as_buffer = &membuf_as_buffer,
 };
 
+static int addrint_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    Py_ssize_t addr = PyLong_AsSsize_t(self);
+    if (addr == -1 && PyErr_Occurred()) {
+        view->obj = NULL;
+        return -1;
+    }
+    return PyBuffer_FillInfo(view, NULL, (void *)addr, 0, 0, flags);
+}
+
+static PyBufferProcs addrint_as_buffer = {
+    .bf_getbuffer = (getbufferproc)addrint_getbuffer,
+    .bf_releasebuffer = NULL,
+};
+
+static PyTypeObject AddressIntType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmproxy.shm._membuf.AddressInt",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_LONG_SUBCLASS,
+    .tp_doc = "An int that exports an empty buffer at its value as address (MPI.BOTTOM's base).",
+    .tp_as_buffer = &addrint_as_buffer,
+};
+
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "shmproxy.shm._membuf", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit__membuf(void) {
     if (PyType_Ready(&MemBufType) < 0) return NULL;
+    AddressIntType.tp_base = &PyLong_Type;
+    if (PyType_Ready(&AddressIntType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     Py_INCREF(&MemBufType);
     if (PyModule_AddObject(m, "Base", (PyObject *)&MemBufType) < 0) {
         Py_DECREF(&MemBufType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&AddressIntType);
+    if (PyModule_AddObject(m, "AddressInt", (PyObject *)&AddressIntType) < 0) {
+        Py_DECREF(&AddressIntType);
         Py_DECREF(m);
         return NULL;
     }

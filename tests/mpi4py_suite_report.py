@@ -64,11 +64,6 @@ KNOWN_FAILS: dict[str, str] = {
     "test_datatype.*.testContiguousBigMPI":
         "the layer says MPI 3.1, where a count past INT_MAX decodes as a struct of vectors; shmproxy builds "
         "(and decodes) the plain contiguous type, as MPI 4 does",
-    "test_objmodel.*.testConstants": "MPI.BOTTOM, IN_PLACE and BUFFER_AUTOMATIC are not int-like constants that "
-                                     "export an empty buffer (Python 3.11 has no __buffer__: it needs a C int "
-                                     "subtype)",
-    "test_objmodel.*.test*Of": "C-level interop: MPI._sizeof and _addressof (and _handleof of a Status) size or "
-                               "address a C handle, which shmproxy's Python handles do not have (NotImplementedError)",
     "test_msgspec.*.testDtypeLanes": "a DLPack tensor whose dtype has 2 lanes is bytes to mpi4py (UNSIGNED_CHAR), "
                                      "received into an unsigned int buffer: a type-signature mismatch, erroneous in "
                                      "MPI (MPI 4.1 section 3.3.1); MPICH copies the bytes unchecked, shmproxy refuses "

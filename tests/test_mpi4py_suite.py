@@ -31,7 +31,7 @@ FLOOR: dict[str, int] = {
     "test_cco_nb_vec": 60, "test_cco_ngh_buf": 14, "test_cco_ngh_obj": 8, "test_cco_buf_inter": 14,
     "test_cco_obj_inter": 22, "test_cco_vec_inter": 8, "test_comm": 87, "test_comm_inter": 27,
     "test_comm_topo": 30, "test_group": 50, "test_datatype": 47, "test_op": 9, "test_pack": 6,
-    "test_pickle": 4, "test_objmodel": 10, "test_exceptions": 37, "test_errhandler": 8, "test_errorcode": 6,
+    "test_pickle": 4, "test_objmodel": 14, "test_exceptions": 37, "test_errhandler": 8, "test_errorcode": 6,
     "test_info": 15, "test_environ": 12, "test_util_pkl5": 109, "test_util_dtlib": 22, "test_util_sync": 4,
     "test_util_pool": 18, "test_cco_pr_buf": 68, "test_cco_pr_vec": 60, "test_cco_pr_ngh_buf": 10,
     "test_p2p_buf_part": 10, "test_grequest": 7, "test_attributes": 48, "test_mpimem": 2, "test_subclass": 33,

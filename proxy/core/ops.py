@@ -12,7 +12,7 @@ from enum import IntEnum
 import numpy as np
 
 from shmproxy.core import errors
-from shmproxy.shm import pool as P
+from shmproxy.shm import _membuf, pool as P
 
 KIND_SEND = 1
 KIND_RECV = 2
@@ -146,21 +146,49 @@ SEND, RECV, REDUCE, COPY, NOP, CB = range(6)
 NOT_STARTED, STARTED, COMPLETE, FAILED = range(4)
 
 
-class _InPlace:
-    """shmproxy.IN_PLACE: the send buffer is the receive buffer (as MPI_IN_PLACE)."""
+def _no_arithmetic(self: object, *other: object) -> object:
+    raise TypeError(f"{self!r} is an address constant: no arithmetic on it")
 
-    _instance = None
 
-    def __new__(cls) -> "_InPlace":
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
+class AddressConstant(_membuf.AddressInt):
+    """An address of MPI's C API as mpi4py makes it: an int (its C value, as MPICH's), which exports
+    an empty buffer at that address, is its one instance per class (``type(c)() is c``) and pickles
+    by name. Code tells one apart with ``is``: equality with its int value is the int's."""
+
+    _instance: "AddressConstant"
+    _name = ""
+
+    def __new__(cls) -> "AddressConstant":
+        return cls._instance
+
+    @classmethod
+    def _make(cls, name: str, value: int) -> "AddressConstant":
+        cls._name = name
+        cls._instance = int.__new__(cls, value)
         return cls._instance
 
     def __repr__(self) -> str:
-        return "shmproxy.IN_PLACE"
+        return self._name
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> str:
+        return self._name   # a global of the class's module (pickle's rule for a string)
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_arithmetic
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _no_arithmetic
+    __pow__ = __rpow__ = __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _no_arithmetic
+    __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _no_arithmetic
+    __neg__ = __pos__ = __abs__ = __invert__ = _no_arithmetic
 
 
-IN_PLACE = _InPlace()
+class InPlaceType(AddressConstant):
+    """shmproxy.IN_PLACE (and MPI.IN_PLACE): the send buffer is the receive buffer (MPI_IN_PLACE)."""
+
+    __module__ = "shmproxy"
+
+
+IN_PLACE = InPlaceType._make("IN_PLACE", -1)
 UNDEFINED = -32766  # Split color for "not in any new communicator" (MPI_UNDEFINED)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, IN_PLACE, UNDEFINED
 from shmproxy.mpi import datatypes as _datatypes
 from shmproxy.mpi import exceptions as _exceptions
-from shmproxy.mpi.buffers import BOTTOM
+from shmproxy.mpi.buffers import BOTTOM, BUFFER_AUTOMATIC
 from shmproxy.mpi.comm import (APPNUM, COMM_NULL, HOST, IO, KEYVAL_INVALID, LASTUSEDCODE, TAG_UB,
                                UNIVERSE_SIZE, WTIME_IS_GLOBAL, Comm, Intracomm)
 from shmproxy.mpi.datatypes import Datatype
@@ -81,7 +81,6 @@ from shmproxy.mpi.bsend import BSEND_OVERHEAD, Flush_buffer, Iflush_buffer   # n
 from shmproxy.mpi.membuf import buffer, memory   # noqa: E402  (mpi4py's MPI.buffer)
 from shmproxy.mpi.dtintro import _typealign   # noqa: E402  (mpi4py.util.dtlib asks it)
 from shmproxy.mpi.pickler import Pickle, pickle   # noqa: E402
-BUFFER_AUTOMATIC = None
 
 # mpi4py's type-code table (MPI._typedict): numpy/array type characters -> datatypes.
 _typedict = {ch: d for ch, d in _datatypes._BY_CHAR.items()}

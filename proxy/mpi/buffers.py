@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shmproxy.core.memory import device_array_kind
-from shmproxy.core.ops import DTYPE_CODE, IN_PLACE
+from shmproxy.core.ops import DTYPE_CODE, IN_PLACE, AddressConstant
 from shmproxy.mpi.datatypes import Datatype, check_native, from_typecode, of_dtype
 from shmproxy.mpi import foreign
 from shmproxy.mpi.exceptions import (ERR_BUFFER, ERR_COUNT, ERR_TYPE, as_int, buffer_error, error,
@@ -47,14 +47,21 @@ from shmproxy.mpi.foreign import is_foreign
 from shmproxy.mpi.typemap import Derived, typed_buffer
 
 
-class _Bottom:
-    """MPI.BOTTOM: an absolute address; meaningful only with derived datatypes, which do not exist."""
+class BottomType(AddressConstant):
+    """MPI.BOTTOM: address 0, from which the w collectives' displacements count as absolute addresses."""
 
-    def __repr__(self) -> str:
-        return "MPI.BOTTOM"
+    __module__ = "shmproxy.MPI"
 
 
-BOTTOM = _Bottom()
+class BufferAutomaticType(AddressConstant):
+    """MPI.BUFFER_AUTOMATIC (MPI 4.1): the library's own buffer for buffered sends; a constant only
+    here (Attach_buffer takes a real buffer)."""
+
+    __module__ = "shmproxy.MPI"
+
+
+BOTTOM = BottomType._make("BOTTOM", 0)
+BUFFER_AUTOMATIC = BufferAutomaticType._make("BUFFER_AUTOMATIC", -2)
 
 # The dtypes a plain array goes to the native layer with as it is: a type the native layer has a code
 # for, in this machine's byte order (a byte-swapped dtype compares unequal, so it is not in the set).

@@ -5,18 +5,17 @@ mpi4py gives every handle object a ``handle`` (an integer, 0 for the null handle
 the integer here is a number naming the Python object that holds the handle's state while some
 object of that handle lives (``id`` of it): it round-trips within this process, which is all a
 program can do with it, and it is not an address any C code could use. mpi4py's ``_sizeof`` and
-``_addressof`` exist only for ctypes/cffi (the size and address of the C handle inside the object):
-there is no C handle, so they raise NotImplementedError naming that.
+``_addressof`` (the size and address of the C handle inside the object, for ctypes/cffi) give the
+memory that holds the handle here: a status's int64 fields, or a 64-bit cell holding the number.
 """
 from __future__ import annotations
 
+import ctypes
 import operator
 import weakref
 from typing import Any
 
-from shmproxy.mpi.exceptions import error, unsupported
-
-_NO_C_HANDLES = "C-level interop: shmproxy.MPI's handles are Python objects, with no C handle to size or address"
+from shmproxy.mpi.exceptions import error
 
 
 class Numbers:
@@ -59,23 +58,53 @@ def _check(obj: Any, what: str) -> None:
 
 
 def _sizeof(obj: Any) -> int:
-    """mpi4py's size of the C handle of an object or class: there is none here."""
+    """mpi4py's size of the C handle of an object or class: a status's fields (``Status._f``, five
+    int64), else a handle number (64 bits)."""
     _check(obj, "_sizeof")
-    unsupported("MPI._sizeof", _NO_C_HANDLES)
+    from shmproxy import MPI
+    if obj is MPI.Status or isinstance(obj, MPI.Status):
+        f = MPI.Status()._f
+        return f.itemsize * len(f)
+    return ctypes.sizeof(ctypes.c_uint64)
+
+
+# id(object) -> (a weak reference to it, the cell holding its handle number): one cell per live
+# object, dropped with the object (weakref.finalize), so an address stays valid while the object lives.
+_cells: dict[int, tuple[weakref.ref, ctypes.c_uint64]] = {}
 
 
 def _addressof(obj: Any) -> int:
-    """mpi4py's address of the C handle inside an object: there is none here."""
-    _check(obj, "_addressof")
-    unsupported("MPI._addressof", _NO_C_HANDLES)
+    """mpi4py's address of the C handle inside an object, for ctypes/cffi code that reads it. A
+    status: the address of its fields (source, tag, error, bytes, cancelled; int64 each). Any other
+    handle: the address of a 64-bit cell that holds its handle number (written at each call, so it
+    follows a handle the object was given since), valid while the object lives."""
+    from shmproxy import MPI
+    if isinstance(obj, type) or not isinstance(obj, _handle_types()):
+        raise TypeError(f"MPI._addressof() takes an MPI handle object, not {type(obj).__name__}")
+    if isinstance(obj, MPI.Status):
+        return int(obj._f.buffer_info()[0])
+    key = id(obj)
+    held = _cells.get(key)
+    if held is None or held[0]() is not obj:
+        held = (weakref.ref(obj), ctypes.c_uint64())
+        _cells[key] = held
+        weakref.finalize(obj, _drop_cell, key, held[1])
+    held[1].value = int(obj.handle)
+    return ctypes.addressof(held[1])
+
+
+def _drop_cell(key: int, cell: ctypes.c_uint64) -> None:
+    held = _cells.get(key)
+    if held is not None and held[1] is cell:   # (a later object with the same id has its own)
+        del _cells[key]
 
 
 def _handleof(obj: Any) -> int:
-    """The object's handle number (its ``handle``). A status has no handle: mpi4py gives the address
-    of its C MPI_Status, which does not exist here."""
+    """The object's handle number (its ``handle``); a status has none and gives the address of its
+    fields, as mpi4py gives the address of its C MPI_Status."""
     from shmproxy import MPI
     if isinstance(obj, type) or not isinstance(obj, _handle_types()):
         raise TypeError(f"MPI._handleof() takes an MPI handle object, not {type(obj).__name__}")
     if isinstance(obj, MPI.Status):
-        unsupported("MPI._handleof of a Status", _NO_C_HANDLES)
+        return _addressof(obj)
     return int(obj.handle)

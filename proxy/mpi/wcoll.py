@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from shmproxy.core import errors
-from shmproxy.core.ops import IN_PLACE
+from shmproxy.core.ops import IN_PLACE, AddressConstant
 from shmproxy.mpi import buffers, foreign
 from shmproxy.mpi.buffers import BOTTOM
 from shmproxy.mpi.datatypes import Datatype
@@ -276,7 +276,10 @@ def wrap(req: Any, prepared: Prepared, live: list[int]) -> Any:
 
 def address_of(location: Any) -> int:
     """MPI.Get_address: the address of a buffer (the buffer protocol; DLPack and CUDA-array-interface
-    objects over host memory), as the w collectives take them with MPI.BOTTOM."""
+    objects over host memory), as the w collectives take them with MPI.BOTTOM. An address constant
+    (BOTTOM, IN_PLACE) is its own address, as in C."""
+    if isinstance(location, AddressConstant):
+        return int(location)
     try:
         mv = memoryview(location)
     except TypeError:
