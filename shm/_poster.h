@@ -159,6 +159,7 @@ PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t narg
 PyObject *_sp_Poster_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_barrier(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_allreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_try_allreduce(PosterObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *_sp_Poster_bcast(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_reduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_coll_fast(PosterObject *self, PyObject *args);

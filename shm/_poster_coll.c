@@ -250,20 +250,42 @@ PyObject *_sp_Poster_barrier(PosterObject *self, PyObject *const *args, size_t n
     return fallback(self, FAST_BARRIER, args, nargsf, kwnames);
 }
 
+/* The Allreduce of small host arrays between the ranks (a[0] sendbuf or IN_PLACE, a[1] recvbuf,
+ * a[2] op or NULL for SUM); NULL without an exception when the call is not one of those. */
+static PyObject *allreduce_small(PosterObject *self, PyObject *const *a) {
+    if (!a[0] || !a[1] || !_sp_fast_usable(self) || !self->fast) return NULL;
+    uintptr_t r, s = 0; int rc, sc; long long rn, sn, rcount, scount; long op = REDOP_SUM;
+    int in_place = self->in_place && a[0] == self->in_place;
+    if (host_array(self, a[1], 1, &r, &rc, &rn, &rcount) && (a[2] ? small_op(a[2], rc, &op) :
+                                                              kernel_for(REDOP_SUM, rc) != NULL) &&
+        (in_place || (host_array(self, a[0], 0, &s, &sc, &sn, &scount) && sc == rc && scount == rcount)))
+        return run(self, COLL_ALLREDUCE, in_place ? NULL : (const char *)s, (char *)r, (uint64_t)rn, rc,
+                   rcount, (int)op, 0);
+    return NULL;
+}
+
 /* allreduce(sendbuf, recvbuf, op=SUM, stream=None): Comm.Allreduce. */
 PyObject *_sp_Poster_allreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     static const char *const names[] = {"sendbuf", "recvbuf", "op", "stream"};
     PyObject *a[4];
-    if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0] && a[1] && _sp_fast_usable(self) && self->fast) {
-        uintptr_t r, s = 0; int rc, sc; long long rn, sn, rcount, scount; long op = REDOP_SUM;
-        int in_place = self->in_place && a[0] == self->in_place;
-        if (host_array(self, a[1], 1, &r, &rc, &rn, &rcount) && (a[2] ? small_op(a[2], rc, &op) :
-                                                                  kernel_for(REDOP_SUM, rc) != NULL) &&
-            (in_place || (host_array(self, a[0], 0, &s, &sc, &sn, &scount) && sc == rc && scount == rcount)))
-            return run(self, COLL_ALLREDUCE, in_place ? NULL : (const char *)s, (char *)r, (uint64_t)rn, rc,
-                       rcount, (int)op, 0);
+    if (_sp_args(args, nargsf, kwnames, names, 4, a)) {
+        PyObject *res = allreduce_small(self, a);
+        if (res || PyErr_Occurred()) return res;
     }
     return fallback(self, FAST_ALLREDUCE, args, nargsf, kwnames);
+}
+
+/* try_allreduce(sendbuf, recvbuf, op): the small Allreduce between the ranks, or NotImplemented
+ * where the call is not one (no fallback). For a layer above Comm (shmproxy.MPI) whose own checks
+ * of an argument cost more than this whole path: it tries here first, then checks. */
+PyObject *_sp_Poster_try_allreduce(PosterObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "try_allreduce(sendbuf, recvbuf, op)");
+        return NULL;
+    }
+    PyObject *res = allreduce_small(self, args);
+    if (res || PyErr_Occurred()) return res;
+    Py_RETURN_NOTIMPLEMENTED;
 }
 
 /* bcast(buf, root=0, stream=None): Comm.Bcast. */

@@ -320,6 +320,8 @@ static PyMethodDef Poster_methods[] = {
      "barrier() (see Comm.Barrier)"},
     {"allreduce", (PyCFunction)(void (*)(void))_sp_Poster_allreduce, METH_FASTCALL | METH_KEYWORDS,
      "allreduce(sendbuf, recvbuf, op=SUM) (see Comm.Allreduce)"},
+    {"try_allreduce", (PyCFunction)(void (*)(void))_sp_Poster_try_allreduce, METH_FASTCALL,
+     "try_allreduce(sendbuf, recvbuf, op): a small Allreduce between the ranks, or NotImplemented"},
     {"bcast", (PyCFunction)(void (*)(void))_sp_Poster_bcast, METH_FASTCALL | METH_KEYWORDS,
      "bcast(buf, root=0) (see Comm.Bcast)"},
     {"reduce", (PyCFunction)(void (*)(void))_sp_Poster_reduce, METH_FASTCALL | METH_KEYWORDS,
