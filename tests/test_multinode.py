@@ -12,9 +12,12 @@ BODY = "tests.bodies_multinode:"
 SMALL_CHUNKS = {"SHMPROXY_NET_CHUNK_SIZE": "64K", "SHMPROXY_NET_EAGER_BYTES": "4K"}
 
 
+@pytest.mark.parametrize("socks", ["1", "3"])
 @pytest.mark.parametrize("nranks,nodes", [(2, 2), (4, 2), (5, 3)], ids=["1+1", "2+2", "1+2+2"])
-def test_point_to_point_between_nodes(nranks, nodes):
-    run_ranks(BODY + "p2p_every_pair", nranks, nodes=nodes, timeout=120)
+def test_point_to_point_between_nodes(nranks, nodes, socks):
+    """Every pair, every size class; one socket per link and three, whose bulk frames take turns and
+    may overtake each other while control frames keep their order on socket 0."""
+    run_ranks(BODY + "p2p_every_pair", nranks, nodes=nodes, timeout=120, env={"SHMPROXY_SOCKET_NTHREADS": socks})
 
 
 @pytest.mark.parametrize("ring", ["tree", "ring"])
@@ -23,8 +26,10 @@ def test_point_to_point_between_nodes(nranks, nodes):
 def test_every_collective_between_nodes(nranks, nodes, ring):
     """Allreduce between nodes goes around a ring from NET_RING_MIN_BYTES, up a tree below: both, at
     2-8 nodes of 1-3 ranks, with counts around the 64 KiB chunk of float64, float32 and int16 (8192,
-    16384 and 32768 elements fill one exactly)."""
-    env = {**SMALL_CHUNKS, "SHMPROXY_NET_RING_MIN_BYTES": "1K" if ring == "ring" else "1G"}
+    16384 and 32768 elements fill one exactly). Links of three sockets under the ring, of one under
+    the tree (a collective's chunks take the last socket of a link, its control frames the first)."""
+    env = {**SMALL_CHUNKS, "SHMPROXY_NET_RING_MIN_BYTES": "1K" if ring == "ring" else "1G",
+           "SHMPROXY_SOCKET_NTHREADS": "3" if ring == "ring" else "1"}
     counts = (8191, 8192, 8193, 16384, 32769)
     run_ranks(BODY + "collectives", nranks, nodes=nodes, timeout=240, args=(300 << 10, counts), env=env)
 

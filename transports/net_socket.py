@@ -493,8 +493,10 @@ class SocketTransport(Transport):
         if len(key) > MAX_KEY:
             raise errors.InternalError(f"collective entry key {e.key!r} is too long for the wire")
         if e.kind == SEND:
+            # one socket for a collective's chunks (docs/decisions.md: each socket's threads queue
+            # for the GIL; a message's chunks spread over every socket, a collective's do not)
             link.bulk(W.COLL, len(key), 0, [key, W.address_view(e.src, e.nbytes) if e.nbytes else b""],
-                      lambda: ctx.post_event(lambda: ctx.entry_done(sch, e)))
+                      lambda: ctx.post_event(lambda: ctx.entry_done(sch, e)), spread=False)
             return []
         view = W.address_view(e.dst, e.nbytes) if e.nbytes else memoryview(b"")
         with net.lock:

@@ -20,8 +20,11 @@ before a byte of the payload is read, and every offset against the landing it na
 business): a peer that breaks the protocol loses its link, which fails the communicator.
 
 Ordering: control frames (envelopes, clear-to-send, closes, aborts) all go through socket 0, in the
-order the loop queued them, which keeps MPI's non-overtaking across nodes. Bulk frames (a message's
-data chunks, a collective's chunks) carry where they land and go round-robin over every socket.
+order the loop queued them, which keeps MPI's non-overtaking across nodes. Bulk frames carry where
+they land: a message's data chunks go round-robin over every socket (its bandwidth is that of
+several streams); a collective's chunks all take the link's last socket, since every socket busy
+adds a reader and a writer thread that queue for the GIL with the loop's per-chunk work (measured:
+docs/decisions.md, "A collective's chunks take one socket").
 
 Hand-offs. Sending: a control frame on an idle socket is written by the thread that makes it (the
 loop, or a reader answering DONE), without blocking; only what does not fit, or what finds frames
@@ -379,13 +382,18 @@ class Link:
         when the socket is idle."""
         self.writers[0].put([HEADER.pack(ftype, flags, len(payload), a, b, c), payload], on_sent, direct=True)
 
-    def bulk(self, ftype: int, a: int, b: int, parts: list, on_sent: Callable[[], None] | None) -> None:
-        """Queue a bulk frame (``parts`` after the header) on the next socket, round-robin. ``on_sent``
-        runs on whichever thread wrote its last byte (this one, when it was written at once)."""
+    def bulk(self, ftype: int, a: int, b: int, parts: list, on_sent: Callable[[], None] | None,
+             spread: bool = True) -> None:
+        """Queue a bulk frame (``parts`` after the header) on the next socket, round-robin, or, not
+        ``spread``, on the link's last socket. ``on_sent`` runs on whichever thread wrote its last byte
+        (this one, when it was written at once)."""
         n = sum(len(p) for p in parts)
-        with self.lock:
-            i = self.next_bulk
-            self.next_bulk = (i + 1) % self.nsocks
+        if not spread:
+            i = self.nsocks - 1
+        else:
+            with self.lock:
+                i = self.next_bulk
+                self.next_bulk = (i + 1) % self.nsocks
         # one up to ``direct_write`` is written at once on an idle socket, as control frames are (what
         # does not fit goes to the writer); a larger one would hold the calling thread (the loop)
         # while the kernel copies it, so it is the writer's (NET_DIRECT_WRITE_BYTES)

@@ -324,7 +324,9 @@ _DECLARED: tuple[Param, ...] = (
     _p("SOCKET_IFNAME", _parse_ifname, "",
        "Interfaces for traffic between nodes: prefixes, '^' excludes, '=' exact (NCCL's syntax); "
        "'' = the one that routes to the rendezvous address."),
-    _p("SOCKET_NTHREADS", int, 2, "Helper threads per peer node of the TCP transport.", 1, 16),
+    _p("SOCKET_NTHREADS", int, 2,
+       "Sockets per peer node of the TCP transport, each with a reader and a writer thread: a message's "
+       "chunks spread over all of them, a collective's take one (docs/decisions.md).", 1, 16),
     _p("NSOCKS_PERTHREAD", int, 1, "TCP sockets per helper thread.", 1, 16),
     _p("NET_CHUNK_SIZE", parse_size, 1 << 20,
        "Bytes per chunk of a message between nodes (chunks spread over the sockets).", 64 << 10),
