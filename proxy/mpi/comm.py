@@ -39,11 +39,12 @@ from shmproxy.mpi.ops import SUM, as_op
 from shmproxy.mpi.p2p import PointToPoint
 from shmproxy.mpi.partitioned import PartitionedP2P
 from shmproxy.mpi.persistent import PersistentCollectives
+from shmproxy.mpi.handles import HandleNumber
 from shmproxy.rank import objects
 from shmproxy.rank.comm import Comm as NativeComm
 
 
-class Comm(Cached, PointToPoint, Collectives, PersistentCollectives):
+class Comm(HandleNumber, Cached, PointToPoint, Collectives, PersistentCollectives):
     """A communicator (mpi4py's MPI.Comm)."""
 
     __slots__ = ("_c", "_wranks", "_name", "_info", "__weakref__")
@@ -252,11 +253,6 @@ class Comm(Cached, PointToPoint, Collectives, PersistentCollectives):
         _HANDLES[id(self._c)] = self
         return id(self._c)
 
-    def toint(self) -> int:
-        return self.handle
-
-    py2f = toint
-
     @classmethod
     def fromhandle(cls, handle: int) -> "Comm":
         if int(handle) == 0:
@@ -265,8 +261,6 @@ class Comm(Cached, PointToPoint, Collectives, PersistentCollectives):
         if comm is None or not comm:
             raise error(ERR_COMM, f"no communicator has the handle {handle}")
         return type(comm)(comm)
-
-    fromint = f2py = fromhandle
 
     def __reduce__(self) -> Any:
         """As mpi4py: the predefined communicators unpickle as themselves, a second handle to one of

@@ -18,10 +18,10 @@ import numpy as np
 from shmproxy.core.ops import DTYPE_CODE
 from shmproxy.mpi.attributes import DATATYPE, Cached
 from shmproxy.mpi.exceptions import ERR_TYPE, error
-from shmproxy.mpi.handles import Numbers
+from shmproxy.mpi.handles import HandleNumber, Numbers
 
 
-class Datatype(Cached):
+class Datatype(HandleNumber, Cached):
     """A predefined MPI datatype: its symbol (``_sym``: "INT"), ``dtype`` (numpy), size and extent in
     bytes. ``_h`` is the handle: ``MPI.Datatype(d)`` is a second Python object of the same handle
     (equal, not identical), as in mpi4py; ``MPI.Datatype()`` one of DATATYPE_NULL."""
@@ -75,17 +75,10 @@ class Datatype(Cached):
     def handle(self) -> int:
         return 0 if self._h is DATATYPE_NULL else _NUMBERS.number(self._h)
 
-    def toint(self) -> int:
-        return self.handle
-
-    py2f = toint
-
     @classmethod
     def fromhandle(cls, handle: Any) -> "Datatype":
         h = _NUMBERS.lookup(handle)
         return cls(DATATYPE_NULL if h is None else h)
-
-    fromint = f2py = fromhandle
 
     # ---- queries of mpi4py's Datatype
     def Get_size(self) -> int:

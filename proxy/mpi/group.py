@@ -11,13 +11,13 @@ from typing import Any, Iterable, Sequence
 
 from shmproxy.core.ops import UNDEFINED
 from shmproxy.mpi.exceptions import ERR_ARG, ERR_GROUP, ERR_RANK, as_int, error
-from shmproxy.mpi.handles import Numbers
+from shmproxy.mpi.handles import HandleNumber, Numbers
 from shmproxy.mpi.status import PROC_NULL
 
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
 
 
-class Group:
+class Group(HandleNumber):
     """A group of processes: ``size``, ``rank`` (UNDEFINED if this process is not a member)."""
 
     __slots__ = ("_members", "_me", "_index", "_null", "_h", "__weakref__")
@@ -157,17 +157,10 @@ class Group:
     def handle(self) -> int:
         return _NUMBERS.number(None if self._null else self._h)
 
-    def toint(self) -> int:
-        return self.handle
-
-    py2f = toint
-
     @classmethod
     def fromhandle(cls, handle: Any) -> "Group":
         g = _NUMBERS.lookup(handle)
         return cls() if g is None else cls(g)
-
-    fromint = f2py = fromhandle
 
     # ---- helpers
     def _make(self, members: Sequence[int]) -> "Group":

@@ -18,6 +18,30 @@ from typing import Any
 from shmproxy.mpi.exceptions import error
 
 
+class HandleNumber:
+    """mpi4py's other names of a handle object's number: ``toint`` and ``py2f`` give ``handle``;
+    ``fromint`` and ``f2py`` are the class's ``fromhandle``. A class defines those two."""
+
+    __slots__ = ()
+    handle: int
+
+    def toint(self) -> int:
+        return self.handle
+
+    def py2f(self) -> int:
+        return self.handle
+
+    @classmethod
+    def fromhandle(cls, handle: Any) -> Any:
+        raise NotImplementedError(f"{cls.__name__}.fromhandle")
+
+    @classmethod
+    def fromint(cls, handle: Any) -> Any:
+        return cls.fromhandle(handle)
+
+    f2py = fromint
+
+
 class Numbers:
     """The numbers of one handle class: ``number(state)`` names the state object a handle holds
     (None: the null handle, 0) while it lives; ``lookup(n)`` gives it back."""

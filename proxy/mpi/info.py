@@ -15,7 +15,7 @@ import sys
 from typing import Any, Iterable, Iterator, Mapping
 
 from shmproxy.mpi.exceptions import ERR_INFO, ERR_INFO_KEY, ERR_INFO_NOKEY, error_also
-from shmproxy.mpi.handles import Numbers
+from shmproxy.mpi.handles import HandleNumber, Numbers
 
 MAX_INFO_KEY = 255
 MAX_INFO_VAL = 1024
@@ -68,7 +68,7 @@ def _launched_size() -> int:
         return 1
 
 
-class Info:
+class Info(HandleNumber):
     """A handle to an info object (``Info()`` is a null handle, as in mpi4py)."""
 
     __slots__ = ("_obj", "_name", "__weakref__")
@@ -88,18 +88,11 @@ class Info:
     def handle(self) -> int:
         return _NUMBERS.number(self._obj)
 
-    def toint(self) -> int:
-        return self.handle
-
-    py2f = toint
-
     @classmethod
     def fromhandle(cls, handle: Any) -> Info:
         info = cls()
         info._obj = _NUMBERS.lookup(handle)
         return info
-
-    fromint = f2py = fromhandle
 
     # --- handle identity -----------------------------------------------------------------
     def __eq__(self, other: object) -> bool:

@@ -6,12 +6,12 @@ from typing import Any
 from shmproxy.core import errors
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 from shmproxy.mpi.exceptions import ERR_REQUEST, convert, error
-from shmproxy.mpi.handles import Numbers
+from shmproxy.mpi.handles import HandleNumber, Numbers
 from shmproxy.mpi.request import ObjRequest, Request
 from shmproxy.mpi.status import Status
 
 
-class Message:
+class Message(HandleNumber):
     """A message a matched probe took (Comm.Mprobe/Improbe, or mprobe/improbe for objects): only its
     Recv/Irecv (recv/irecv) receives it. MESSAGE_NO_PROC is the message of a probe of PROC_NULL."""
 
@@ -57,17 +57,10 @@ class Message:
     def handle(self) -> int:
         return _NUMBERS.number(self._hid() if self else None)
 
-    def toint(self) -> int:
-        return self.handle
-
-    py2f = toint
-
     @classmethod
     def fromhandle(cls, handle: Any) -> "Message":
         h = _NUMBERS.lookup(handle)
         return cls() if h is None else cls(h)
-
-    fromint = f2py = fromhandle
 
     def __reduce__(self) -> Any:
         for name in ("MESSAGE_NULL", "MESSAGE_NO_PROC"):

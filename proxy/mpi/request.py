@@ -27,11 +27,12 @@ from shmproxy.core import errors
 from shmproxy.core.ops import UNDEFINED
 from shmproxy.mpi.exceptions import ERR_REQUEST, convert, error, unsupported
 from shmproxy.mpi.status import Status
+from shmproxy.mpi.handles import HandleNumber
 
 ANY_SLICE_S = 0.002   # longest sleep of Waitany/Waitsome between two tests of every request
 
 
-class Request:
+class Request(HandleNumber):
     """A nonblocking operation: Wait, Test, Free, Get_status and the Wait/Test families."""
 
     __slots__ = ("_r", "_null", "_h", "__weakref__")
@@ -61,19 +62,12 @@ class Request:
         _HANDLES[id(h)] = h
         return id(h)
 
-    def toint(self) -> int:
-        return self.handle
-
-    py2f = toint
-
     @classmethod
     def fromhandle(cls, handle: int) -> "Request":
         h = _HANDLES.get(int(handle))
         if h is None:
             raise error(ERR_REQUEST, f"no request has the handle {handle}")
         return cls(h)
-
-    fromint = f2py = fromhandle
 
     def _active(self) -> bool:
         return self._r is not None or self._null

@@ -16,14 +16,14 @@ import operator
 from typing import Any, Callable
 
 from shmproxy.mpi.exceptions import ERR_ARG, ERR_FILE, ERR_SESSION, ERR_WIN, error, unsupported
-from shmproxy.mpi.handles import Numbers
+from shmproxy.mpi.handles import HandleNumber, Numbers
 
 _ONE_SIDED = "one-sided windows (MPI_Win) are not part of shmproxy"
 _MPI_IO = "MPI-IO is not part of shmproxy"
 _SESSIONS = "MPI sessions are not part of shmproxy (COMM_WORLD is the world model)"
 
 
-class _Unprovided:
+class _Unprovided(HandleNumber):
     """The handle model shared by the three classes (each object is a null handle: no constructor
     of a live one exists)."""
 
@@ -65,17 +65,10 @@ class _Unprovided:
     def handle(self) -> int:
         return 0
 
-    def toint(self) -> int:
-        return 0
-
-    py2f = toint
-
     @classmethod
     def fromhandle(cls, handle: Any) -> Any:
         cls._numbers.lookup(handle)    # raises for anything but 0
         return cls()
-
-    fromint = f2py = fromhandle
 
     def free(self) -> None:
         """mpi4py's safe free: nothing to do on a null handle."""
