@@ -55,6 +55,36 @@ def pkl5_roundtrip() -> dict:
     return {"rank": rank, "ok": True}
 
 
+def pkl5_duplicate_lives_and_dies_with_its_comm() -> bool:
+    """pkl5's collectives run on a duplicate of the communicator: Free of the communicator frees it
+    (every rank at the same call); the garbage collector taking a communicator dropped without Free
+    does not, since closing a communicator is collective and the GC runs at a different moment on
+    each rank (rank 0 collects here while the others wait in a Barrier)."""
+    import gc
+
+    from shmproxy import MPI
+    from shmproxy.util import pkl5
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    comm = pkl5.Intracomm(world.Split(rank % 2, rank))
+    assert comm.bcast(["x", rank], root=0) == ["x", rank % 2]   # each group's root: world rank 0 or 1
+    dup = comm.Get_attr(pkl5._dup_keyval[0])[0]
+    assert dup
+    comm.Free()
+    assert not dup, "Free left pkl5's duplicate open"
+    dropped = pkl5.Intracomm(world.Dup())
+    assert dropped.allgather(rank) == list(range(world.Get_size()))
+    dup = dropped.Get_attr(pkl5._dup_keyval[0])[0]
+    del dropped
+    if rank == 0:
+        gc.collect()
+    world.Barrier()
+    assert dup, "the garbage collector closed pkl5's duplicate"
+    dup.Barrier()
+    dup.Free()
+    return True
+
+
 def dtlib_roundtrip() -> list:
     from shmproxy import MPI
     from shmproxy.util.dtlib import from_numpy_dtype, to_numpy_dtype

@@ -20,6 +20,11 @@ def test_pkl5_point_to_point_and_collectives():
     assert [r["ok"] for r in res.results] == [True] * 3
 
 
+def test_pkl5_duplicate_is_freed_with_its_comm_never_by_the_garbage_collector():
+    res = run_ranks("tests.bodies_mpi_util:pkl5_duplicate_lives_and_dies_with_its_comm", 4, timeout=120)
+    assert res.results == [True] * 4
+
+
 def test_dtlib_round_trips():
     res = run_ranks("tests.bodies_mpi_util:dtlib_roundtrip", 1, timeout=60)
     assert len(res.results[0]) == 6

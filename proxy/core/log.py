@@ -74,5 +74,5 @@ def configure(params) -> None:
 
 
 def get(subsys: str) -> logging.Logger:
-    """The logger of one subsystem: INIT, PROXY, SHM, NET, SERVICE, BOOTSTRAP, COLL."""
+    """The logger of one subsystem: INIT, PROXY, SHM, NET, SERVICE, BOOTSTRAP, COLL, MPI."""
     return logging.getLogger("shmproxy." + subsys)

@@ -28,10 +28,12 @@ import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 from shmproxy import MPI
+from shmproxy.core import log
 from shmproxy.mpi.exceptions import unsupported
 
 ANY_SOURCE, ANY_TAG, PROC_NULL, ROOT = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.PROC_NULL, MPI.ROOT
 Status = MPI.Status
+_log = log.get("MPI")
 
 __all__ = ["Pickle", "pickle", "Request", "Message", "Comm", "Intracomm", "Intercomm"]
 
@@ -153,7 +155,7 @@ def _unpack(raw: Any) -> tuple[int, ...]:
 # ---- per-communicator state: thread locks and the duplicate for collectives, keyed by the native comm
 _state_lock = threading.Lock()
 _locks: "weakref.WeakKeyDictionary[Any, dict[str, threading.RLock]]" = weakref.WeakKeyDictionary()
-_dups: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+_dup_keyval: list[int] = []   # the keyval under which a communicator holds its duplicate (made once)
 
 
 def _comm_lock(comm: Any, kind: str) -> threading.RLock:
@@ -164,24 +166,33 @@ def _comm_lock(comm: Any, kind: str) -> threading.RLock:
 
 
 def _commctx_intra(comm: Any) -> tuple[Any, int]:
-    """A duplicate of ``comm`` for collectives (collective on first use) and the next tag on it."""
+    """A duplicate of ``comm`` for collectives (collective on first use) and the next tag on it.
+
+    The duplicate is an attribute of ``comm`` whose delete callback frees it, as mpi4py's pkl5 keeps
+    it: so it goes at ``comm.Free()``, a point every rank reaches in the same order. Freeing it when
+    the garbage collector took ``comm``'s last handle (a finalizer) ran a collective close at a
+    different moment on each rank: one rank's close waited for the others' inside whatever they
+    were doing (creating an intercommunicator, say), a deadlock. A communicator dropped without
+    Free keeps its duplicate until the job ends, as any communicator not freed."""
     if comm.Is_inter():
         unsupported("pkl5's own collectives on an intercommunicator", "pkl5.Intercomm runs MPI.Intercomm's")
-    entry = _dups.get(comm._c)
+    with _state_lock:
+        if not _dup_keyval:
+            _dup_keyval.append(MPI.Comm.Create_keyval(delete_fn=_free_dup))
+    entry = comm.Get_attr(_dup_keyval[0])
     if entry is None:
         entry = [MPI.Intracomm.Dup(comm), 0]
-        _dups[comm._c] = entry
-        weakref.finalize(comm._c, _free_quietly, entry[0])
+        comm.Set_attr(_dup_keyval[0], entry)
     entry[1] = (entry[1] + 1) % (1 << 30)
     return entry[0], entry[1]
 
 
-def _free_quietly(comm: Any) -> None:
-    # at the native communicator's end (Free or exit): its duplicate may already be gone with the job
+def _free_dup(comm: Any, keyval: int, entry: list) -> None:
+    """Delete callback of the duplicate's attribute (``comm.Free()``, or Delete_attr)."""
     try:
-        comm.Free()
-    except MPI.Exception:
-        return
+        entry[0].Free()
+    except MPI.Exception as exc:   # its job may already be failing: the parent's Free goes on
+        _log.warning("freeing pkl5's duplicate communicator: %s", exc)
 
 
 # ---- point-to-point
