@@ -225,15 +225,9 @@ PyMODINIT_FUNC PyInit__membuf(void) {
     if (PyType_Ready(&AddressIntType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
-    Py_INCREF(&MemBufType);
-    if (PyModule_AddObject(m, "Base", (PyObject *)&MemBufType) < 0) {
-        Py_DECREF(&MemBufType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&AddressIntType);
-    if (PyModule_AddObject(m, "AddressInt", (PyObject *)&AddressIntType) < 0) {
-        Py_DECREF(&AddressIntType);
+    /* PyModule_AddObjectRef (3.10) takes its own reference: nothing to undo on failure but m */
+    if (PyModule_AddObjectRef(m, "Base", (PyObject *)&MemBufType) < 0 ||
+        PyModule_AddObjectRef(m, "AddressInt", (PyObject *)&AddressIntType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

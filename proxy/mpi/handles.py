@@ -81,6 +81,11 @@ def _check(obj: Any, what: str) -> None:
         raise TypeError(f"MPI.{what}() takes an MPI handle object or class, not {type(obj).__name__}")
 
 
+def _check_object(obj: Any, what: str) -> None:
+    if isinstance(obj, type) or not isinstance(obj, _handle_types()):
+        raise TypeError(f"MPI.{what}() takes an MPI handle object, not {type(obj).__name__}")
+
+
 def _sizeof(obj: Any) -> int:
     """mpi4py's size of the C handle of an object or class: a status's fields (``Status._f``, five
     int64), else a handle number (64 bits)."""
@@ -103,8 +108,7 @@ def _addressof(obj: Any) -> int:
     handle: the address of a 64-bit cell that holds its handle number (written at each call, so it
     follows a handle the object was given since), valid while the object lives."""
     from shmproxy import MPI
-    if isinstance(obj, type) or not isinstance(obj, _handle_types()):
-        raise TypeError(f"MPI._addressof() takes an MPI handle object, not {type(obj).__name__}")
+    _check_object(obj, "_addressof")
     if isinstance(obj, MPI.Status):
         return int(obj._f.buffer_info()[0])
     key = id(obj)
@@ -127,8 +131,7 @@ def _handleof(obj: Any) -> int:
     """The object's handle number (its ``handle``); a status has none and gives the address of its
     fields, as mpi4py gives the address of its C MPI_Status."""
     from shmproxy import MPI
-    if isinstance(obj, type) or not isinstance(obj, _handle_types()):
-        raise TypeError(f"MPI._handleof() takes an MPI handle object, not {type(obj).__name__}")
+    _check_object(obj, "_handleof")
     if isinstance(obj, MPI.Status):
         return _addressof(obj)
     return int(obj.handle)
