@@ -412,13 +412,15 @@ class SocketTransport(Transport):
         the higher nodes; the lower ones connect to us)."""
         net = self._net(ctx)
         deadline = time.monotonic() + ctx.timeout
+        # This runs on the service thread while the loop thread may be describing the links for the
+        # dump: the table is built aside and published whole (one reference store), never grown in place.
+        links = {j: W.Link(j, net.nsocks, net.on_frame, net.on_lost, net.keepalive, ctx.post_event,
+                           ctx.params.NET_DIRECT_WRITE_BYTES)
+                 for j in range(len(infos)) if j != ctx.node}
+        net.links = links
         for j, raw in enumerate(infos):
-            if j == ctx.node:
-                continue
-            link = W.Link(j, net.nsocks, net.on_frame, net.on_lost, net.keepalive, ctx.post_event,
-                          ctx.params.NET_DIRECT_WRITE_BYTES)
-            net.links[j] = link
             if j > ctx.node:
+                link = links[j]
                 info = json.loads(raw)
                 fam = socket.AF_INET6 if ":" in info["ip"] else socket.AF_INET
                 t = threading.Thread(target=net.connect_to, args=(link, (info["ip"], int(info["port"])), fam,
