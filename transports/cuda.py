@@ -495,6 +495,10 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
     def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
         return kind == MemKind.CUDA and me.host == peer.host
 
+    def proxy_describe(self, ctx: TransportContext) -> dict:  # type: ignore[override]
+        """For the dump: the GPUs this process holds something on (empty before the first GPU buffer)."""
+        return self.gpu.describe() if self.gpu is not None else {}
+
     def proxy_register(self, ctx: TransportContext, reg: Registration) -> None:  # type: ignore[override]
         if not isinstance(reg.info, dict) or "handle" not in reg.info:
             raise InvalidArgument(f"REGISTER of cuda memory (device {reg.device}) by rank {reg.rank}: needs "

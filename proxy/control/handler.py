@@ -141,7 +141,7 @@ class ControlHandler:
         _log.info("rank %d (local %d, pid %d) connected", rank, local_rank, conn.pid)
         if len(e.ranks) == e.nlocal:
             e.decide_affinity()
-        e.post_write_info()   # the loop is the blob's one writer
+        e.intro.post_write_info()   # the loop is the blob's one writer
         return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal, "net": e.net_info.hex()}, (
             [e.fault_fd] if e.fault_fd >= 0 else [])
 

@@ -1,5 +1,4 @@
-"""What the progress process shows of itself (a mixin of ProgressEngine): the pool's info blob and the
-signal dump.
+"""What the progress process shows of itself: the pool's info blob and the signal dump.
 
 The info blob (shm/pool.py) is the part of the pool that the outside dump (shmproxy-dump, nothing
 prepared, no cooperation from this process) reads besides the counters and records: who this is, its
@@ -12,6 +11,9 @@ changed, so a busy job does not pay for a JSON dump every heartbeat, nor an idle
 a rewrite. The loop is its only writer (a rank's join on the service thread posts the rewrite to the
 loop), and it publishes through shmproxy.core.infoblob's seqlock, so that the outside reader never
 takes a rewrite half done.
+
+``Introspector`` is a component of the engine: it owns what it last published, and reads the engine
+(typed, never written): describing a process is reading all of it, so the engine is what it needs.
 """
 from __future__ import annotations
 
@@ -19,54 +21,66 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from shmproxy.core import infoblob, log
+from shmproxy.core.memory import MemKind
 from shmproxy.shm import pool as P
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.engine.progress import ProgressEngine
 
 _log = log.get("PROXY")
 PENDING_AGE_S = 1.0   # ops pending at least this long are listed in the info blob
 PENDING_SHOWN = 64    # at most this many of each kind
 
 
-class Introspection:
-    info_written: bytes = b""        # the blob as last published
-    nodes_shown: dict | None = None  # describe_nodes() as last published
+class Introspector:
+    def __init__(self, engine: "ProgressEngine"):
+        self.engine = engine
+        self.info_written = b""               # the blob as last published
+        self.nodes_shown: dict | None = None  # describe_nodes() as last published
+        self.pending: dict | None = None      # describe_pending() as last published
 
-    def _write_info(self) -> None:
+    def write_info(self) -> None:
         """Loop thread only (the blob's one writer): publish the blob, if its content changed."""
+        e = self.engine
         self.nodes_shown = self.describe_nodes()
         data = infoblob.encode({
-            "pid": os.getpid(), "job_key": self.job_key, "comm_id": self.comm_id, "nlocal": self.nlocal,
-            "size": self.size, "socket": self.path, "pool": self.seg.name, "cpus": self.cpus,
-            "affinity_reason": self.affinity_reason, "copy_threads": self.copy.nworkers,
-            "params": {p.env_name(): {"value": p.value, "origin": p.origin} for p in self.params.items()},
+            "pid": os.getpid(), "job_key": e.job_key, "comm_id": e.comm_id, "nlocal": e.nlocal,
+            "size": e.size, "socket": e.path, "pool": e.seg.name, "cpus": e.cpus,
+            "affinity_reason": e.affinity_reason, "copy_threads": e.copy.nworkers,
+            "params": {p.env_name(): {"value": p.value, "origin": p.origin} for p in e.params.items()},
             # list(): a snapshot taken in one C call; the service thread adds ranks as they join
             "ranks": {r.local_rank: {"rank": r.rank, "pid": r.pid, "host": r.host}
-                      for r in list(self.ranks.values())},
+                      for r in list(e.ranks.values())},
             "nodes": self.nodes_shown,
             "pending": self.pending,
         })
         if data != self.info_written:
-            infoblob.publish(self.view, data)
+            infoblob.publish(e.view, data)
             self.info_written = data
 
     def post_write_info(self) -> None:
         """Any thread: have the loop rewrite the info blob (it has one writer)."""
-        self.post_event(self._write_info)
+        self.engine.post_event(self.write_info)
 
-    def refresh_info(self) -> None:
+    def refresh(self) -> None:
         """Heartbeat: rewrite the info blob if what waits (or, across nodes, the links) changed."""
         pending = self.describe_pending(time.monotonic_ns())
         nodes = self.describe_nodes()
         if pending != self.pending or nodes != self.nodes_shown:
             self.pending = pending
-            self._write_info()
+            self.write_info()
 
     def describe_pending(self, now: int) -> dict | None:
         """Matcher entries and partly arrived collectives older than PENDING_AGE_S (None: nothing)."""
+        e = self.engine
         old = now - int(PENDING_AGE_S * 1e9)
-        recvs, sends, colls = [], [], []
-        m = self.matcher
+        recvs: list[dict] = []
+        sends: list[dict] = []
+        colls: list[dict] = []
+        m = e.matcher
         for d in m.dests():
             for src, tag, op in m.posted(d):
                 if op.t_fetch <= old and len(recvs) < PENDING_SHOWN:
@@ -76,13 +90,13 @@ class Introspection:
                 if op.t_fetch <= old and len(sends) < PENDING_SHOWN:
                     sends.append({"rank": src, "to": d, "tag": tag, "bytes": op.nbytes,
                                   "age_s": round((now - op.t_fetch) / 1e9, 1)})
-        for seq, ops in list(self.colls.items()):
+        for seq, ops in list(e.colls.items()):
             arrived = [op for op in ops if op is not None]
             if arrived and min(op.t_fetch for op in arrived) <= old and len(colls) < PENDING_SHOWN:
                 op0 = arrived[0]
-                colls.append({"seq": seq, "call": self.describe_fingerprint(self.fingerprint(op0)),
+                colls.append({"seq": seq, "call": e.describe_fingerprint(e.fingerprint(op0)),
                               "in": sorted(op.rank for op in arrived),
-                              "missing": sorted(r.rank for lr, r in list(self.ranks.items())
+                              "missing": sorted(r.rank for lr, r in list(e.ranks.items())
                                                 if ops[lr] is None),
                               "age_s": round((now - min(op.t_fetch for op in arrived)) / 1e9, 1)})
         if not (recvs or sends or colls):
@@ -93,46 +107,49 @@ class Introspection:
         """This node among the communicator's (None on one node), with the transport's links and what
         waits on another node: looked at every heartbeat, and the info blob rewritten when it changed,
         so that the outside dump shows it with no preparation."""
-        if self.nodes.nnodes < 2:
+        e = self.engine
+        if e.nodes.nnodes < 2:
             return None
-        out: dict = {"node": self.node, "nnodes": self.nodes.nnodes, "ranks_of": self.nodes.ranks_of}
-        if self.net is not None and self.net.proxy_describe is not None:
-            out.update(self.net.proxy_describe(self.ctx))
+        out: dict = {"node": e.node, "nnodes": e.nodes.nnodes, "ranks_of": e.nodes.ranks_of}
+        if e.net is not None and e.net.proxy_describe is not None:
+            out.update(e.net.proxy_describe(e.ctx))
         return out
 
     def dump_state(self) -> dict:
         """Everything a person debugging a hang needs, from inside the process."""
         from shmproxy.tools import dump
-        state = dump.read_pool(self.view)
+        e = self.engine
+        state = dump.read_pool(e.view)
         state["in_process"] = {
-            "passes": self.passes,
-            "stopping": self.stopping,
-            "failed": self.failed,
+            "passes": e.passes,
+            "stopping": e.stopping,
+            "failed": e.failed,
             "active_args": [
                 {"id": a.id, "conn": list(a.conn), "opcount": a.opcount,
                  "state": P.SUB_STATE_LETTER.get(a.state, "?"), "transport": a.transport.name,
                  "subs": [{"slot": s.slot, "nbytes": s.nbytes, "nsteps": s.nsteps, "posted": s.posted,
                            "transmitted": s.transmitted, "received": s.received, "done": s.done}
                           for s in a.subs]}
-                for a in self.active],
-            "unmatched_sends": [op.describe() for d in self.matcher.dests() for _s, _t, op in
-                                self.matcher.unexpected(d)],
-            "unmatched_recvs": [op.describe() for d in self.matcher.dests() for _s, _t, op in
-                                self.matcher.posted(d)],
-            "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in self.conns.items()},
+                for a in e.active],
+            "unmatched_sends": [op.describe() for d in e.matcher.dests() for _s, _t, op in
+                                e.matcher.unexpected(d)],
+            "unmatched_recvs": [op.describe() for d in e.matcher.dests() for _s, _t, op in
+                                e.matcher.posted(d)],
+            "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in e.conns.items()},
             "nodes": self.describe_nodes(),
-            "fast_path": self.fast_describe(), "armed_routes": self.armed_describe(),
+            "fast_path": e.fast_describe(), "armed_routes": e.armed_describe(),
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name}
-                        for c in self.server.connections()],
-            "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in list(self.buffers.items())},
-            "copy_threads": self.copy.nworkers,
-            "gpus": [t.gpu.describe() for t in self.transports if getattr(t, "gpu", None) is not None],
-            "profile_events": len(self.profiler.events),
+                        for c in e.server.connections()],
+            "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in list(e.buffers.items())},
+            "copy_threads": e.copy.nworkers,
+            "gpus": [d for d in (t.proxy_describe(e.ctx) for t in e.transports
+                                 if MemKind.CUDA in t.kinds and t.proxy_describe is not None) if d],
+            "profile_events": len(e.profiler.events),
         }
         return state
 
     def dump_path(self) -> str:
-        return self.path.removesuffix(".sock") + f"-{os.getpid()}.dump.json"
+        return self.engine.path.removesuffix(".sock") + f"-{os.getpid()}.dump.json"
 
     def write_dump(self) -> None:
         path = self.dump_path()

@@ -58,7 +58,7 @@ from shmproxy.control.service import ServiceServer
 from shmproxy.engine.completion import Completion
 from shmproxy.engine.context import EngineContext
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failure
-from shmproxy.engine.introspect import Introspection
+from shmproxy.engine.introspect import Introspector
 from shmproxy.engine.nodes import NodeMap, Nodes
 from shmproxy.engine.fastpath import FastPath
 from shmproxy.engine.fetching import _EVENTS_Q, Fetching
@@ -78,7 +78,7 @@ _COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
 class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, MultiNodeColl,
-                     Completion, Failure, Introspection):
+                     Completion, Failure):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -144,7 +144,6 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
-        self.pending: dict | None = None   # what waits, as last written to the info blob (introspect.py)
         self.fingerprints: dict[int, list] = {}   # node 0 across nodes: seq -> (node, rank, fingerprint)s
         self.init_p2p(params)   # the receive half of point-to-point, buffered sends, probes (engine/p2p.py)
         self.init_fast(layout)  # small blocking calls the ranks complete themselves (engine/fastpath.py)
@@ -179,7 +178,8 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         self.owner_died_at = 0.0
         self.passes = 0
         self.t_start = time.monotonic()
-        self._write_info()
+        self.intro = Introspector(self)   # the info blob and the dump (engine/introspect.py)
+        self.intro.write_info()
         # A handler that raises (on_process_exit is how a rank's death reaches us) fails the communicator:
         # swallowed, the death would be a hang until TIMEOUT on every survivor.
         self.server = ServiceServer(path, ControlHandler(self), token=job_key, on_handler_error=self._service_failed)
@@ -369,12 +369,12 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
             self.apply_affinity(*self.pending_affinity)
             self.pending_affinity = None
         else:
-            self.refresh_info()   # what waits, and on whom, for the outside dump
+            self.intro.refresh()   # what waits, and on whom, for the outside dump
         if self.retired and not self.active:
             self._close_retired()
         if self.dump_requested:
             self.dump_requested = False
-            self.write_dump()
+            self.intro.write_dump()
         if self.owner_died_at and not self.failed and time.monotonic() - self.owner_died_at > OWNER_DEAD_GRACE_S:
             self.fail(errors.PeerDiedError.code, "a process died holding the ops pool mutex")
         if not self.ranks and time.monotonic() - self.t_start > self.params.TIMEOUT:
@@ -402,7 +402,7 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         self.start_keep_awake(running_on)
         where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(running_on)}"
         _log.info("progress affinity: %s (%s); %d copy threads", where, reason, n)
-        self._write_info()
+        self.intro.write_info()
 
     def start_keep_awake(self, cpus: list[int]) -> None:
         """One idle-priority guard per CPU we run on (shm/_workers.c, KeepAwake), when KEEP_AWAKE_US
