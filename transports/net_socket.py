@@ -439,7 +439,7 @@ class SocketTransport(Transport):
         link: W.Link = conn.send_state
         n = op.nbytes
         # a derived datatype is packed here, on the sender's node (shmproxy.shm.typed)
-        view = _view(ctx, op, n) if op.tmap is None else memoryview(typed.pack(ctx.buffers, op))
+        view = _view(ctx, op, n) if op.tmap is None else typed.pack(ctx.buffers, op).data
         head = W.ENVELOPE.pack(op.rank, op.peer, op.dtype, op.mem)
         if n <= net.eager_max and not op.flags & FLAG_SYNC:   # an Ssend waits for its match
             payload = head + bytes(view)

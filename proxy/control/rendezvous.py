@@ -245,6 +245,8 @@ def _torch_store(info: LaunchInfo, blob: bytes, timeout: float, env: Any) -> lis
     import datetime
 
     import torch.distributed as dist
+    if info.master_addr is None:
+        raise InvalidUsage(f"rank {info.rank}: torchrun's store needs MASTER_ADDR, which is not set")
     store = dist.TCPStore(info.master_addr, int(info.master_port or 0), is_master=False,
                           timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
     prefix = f"shmproxy/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"

@@ -101,12 +101,13 @@ class Coll(IntEnum):
     EXSCAN = 16
 
 
-COLL_NAMES = {Coll.BARRIER: "Barrier", Coll.BCAST: "Bcast", Coll.REDUCE: "Reduce", Coll.ALLREDUCE: "Allreduce",
-              Coll.ALLGATHER: "Allgather", Coll.REDUCE_SCATTER_BLOCK: "Reduce_scatter_block",
-              Coll.ALLTOALL: "Alltoall", Coll.GATHER: "Gather", Coll.SCATTER: "Scatter",
-              Coll.GATHERV: "Gatherv", Coll.SCATTERV: "Scatterv", Coll.ALLGATHERV: "Allgatherv",
-              Coll.ALLTOALLV: "Alltoallv",
-              Coll.REDUCE_SCATTER: "Reduce_scatter", Coll.SCAN: "Scan", Coll.EXSCAN: "Exscan"}
+COLL_NAMES: dict[int, str] = {
+    Coll.BARRIER: "Barrier", Coll.BCAST: "Bcast", Coll.REDUCE: "Reduce", Coll.ALLREDUCE: "Allreduce",
+    Coll.ALLGATHER: "Allgather", Coll.REDUCE_SCATTER_BLOCK: "Reduce_scatter_block",
+    Coll.ALLTOALL: "Alltoall", Coll.GATHER: "Gather", Coll.SCATTER: "Scatter",
+    Coll.GATHERV: "Gatherv", Coll.SCATTERV: "Scatterv", Coll.ALLGATHERV: "Allgatherv",
+    Coll.ALLTOALLV: "Alltoallv",
+    Coll.REDUCE_SCATTER: "Reduce_scatter", Coll.SCAN: "Scan", Coll.EXSCAN: "Exscan"}
 # The last collective the C post path (shm/_poster.h) knows.
 COLL_LAST_NATIVE = Coll.ALLTOALL
 # Collectives whose per-rank counts and displacements travel in a counts table beside the record

@@ -87,6 +87,7 @@ class Lifecycle:
     """Creation, the service calls, failure state, Abort/close and teardown of a Comm."""
 
     _fast_bytes = 0   # the fast path's size limit once on (rank/fastpath.py)
+    params: params_mod.Params   # what the communicator was made with (_create)
 
     # ------------------------------------------------------------------ creation
     @classmethod

@@ -195,7 +195,7 @@ class Staged:
 
     keep: list = field(default_factory=list)        # temporaries that must live until completion
     after: list[Callable[[], object]] = field(default_factory=list)
-    adopt: Callable[[torch.Tensor], None] | None = None
+    adopt: Callable[[torch.Tensor], bool] | None = None   # True: the tensor is now in registered memory
     pool: StagePool | None = None                   # the group's staging buffers (CPU calls)
     lent: list = field(default_factory=list)        # (pool, buffer) to give back once `after` ran
     # A call on CUDA tensors (shmproxy.torch.cuda.begin): their device, the keywords of every native

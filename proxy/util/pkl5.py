@@ -567,13 +567,14 @@ class Comm(MPI.Comm):
     def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
         MPI.Request.Waitall(list(_isend(self, _M.Issend, obj, dest, tag)))
 
-    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+    # pkl5's Request and Message are tuples of MPI ones (as mpi4py's pkl5), not MPI.Request/Message
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:  # type: ignore[override]
         return _isend(self, _M.Isend, obj, dest, tag)
 
-    def ibsend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+    def ibsend(self, obj: Any, dest: int, tag: int = 0) -> Request:  # type: ignore[override]
         return _isend(self, _M.Ibsend, obj, dest, tag)
 
-    def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+    def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:  # type: ignore[override]
         return _isend(self, _M.Issend, obj, dest, tag)
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
@@ -589,19 +590,21 @@ class Comm(MPI.Comm):
         MPI.Request.Waitall(list(sreq))
         return obj
 
-    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Message:
+    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,  # type: ignore[override]
+               status: Any = None) -> Message:
         return Message.probe(self, source, tag, status)
 
-    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Message | None:
+    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,  # type: ignore[override]
+                status: Any = None) -> Message | None:
         return Message.iprobe(self, source, tag, status)
 
-    def bcast(self, obj: Any, root: int = 0) -> Any:
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
         return _bcast(self, obj, root)
 
     def gather(self, sendobj: Any, root: int = 0) -> list | None:
         return _gather(self, sendobj, root)
 
-    def scatter(self, sendobj: Any, root: int = 0) -> Any:
+    def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
         return _scatter(self, sendobj, root)
 
     def allgather(self, sendobj: Any) -> list:
@@ -621,7 +624,9 @@ class Intracomm(Comm, MPI.Intracomm):
     __slots__ = ()
 
 
-class Intercomm(Comm, MPI.Intercomm):
+# Dup and _exchange come from pkl5.Comm and MPI.Intercomm's bases alike; the MRO takes pkl5's Dup (which
+# returns this class) and the intercommunicator's _exchange, as intended.
+class Intercomm(Comm, MPI.Intercomm):  # type: ignore[misc]
     """An intercommunicator with pkl5 point-to-point (its collectives: see the module doc)."""
 
     __slots__ = ()

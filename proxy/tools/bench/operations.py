@@ -106,7 +106,7 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
                 (_alltoall_shm, _alltoall_mpi, _alltoall_gloo), bus_factor_gather, "(n-1)/n",
                 verify_alltoall, shape=shape_alltoall),
     _collective("barrier", "Barrier (no data: one row, time only)",
-                tuple(BARRIERS[name] for name in ("shmproxy", "mpi4py", "gloo")), bus_factor_one, "-",
+                (BARRIERS["shmproxy"], BARRIERS["mpi4py"], BARRIERS["gloo"]), bus_factor_one, "-",
                 verify_nothing, receives=lambda r, n: False, shape=shape_none, sized=False,
                 columns=SWEEP_COLUMNS[:2], default_sizes=("8", "8", 2)),
     Operation(
