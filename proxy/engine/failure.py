@@ -39,7 +39,8 @@ class Failure:
         """Loop thread, once a rank closed (it waited for its sends and collectives): what transports
         hold for its buffers (a device mapping opened by CUDA IPC keeps the rank's GPU memory alive)
         goes now, not when the progress process exits. A transport defers what a copy still uses."""
-        for key in [k for k in self.registrations if k[0] == local_rank]:
+        # list(): one C call, while the service thread may be adding another rank's registration
+        for key in [k for k in list(self.registrations) if k[0] == local_rank]:
             owners, reg = self.registrations.pop(key)
             self.deregister(owners, reg)
 
