@@ -253,6 +253,26 @@ def allcoll() -> dict:
     return {"rank": me}
 
 
+def p2p() -> dict:
+    """Sendrecv and Sendrecv_replace with every remote rank: peers and the status's source are
+    remote ranks (the lone rank of group 1 exchanges with each rank of group 0 in turn)."""
+    t = _Inter()
+    inter, other, me = t.inter, t.other, t.world
+    for i, w in enumerate(other):
+        got, st = np.full(5, -1, "i"), MPI.Status()
+        inter.Sendrecv(_val(me, 5, salt=w), dest=i, sendtag=3, recvbuf=got, source=i, recvtag=3, status=st)
+        assert got.tolist() == _val(w, 5, salt=me).tolist(), ("Sendrecv", me, w, got)
+        assert (st.Get_source(), st.Get_tag()) == (i, 3), ("Sendrecv status", me, st.Get_source())
+        buf, st = _val(me, 4, salt=w + 1), MPI.Status()
+        source = MPI.ANY_SOURCE if len(other) == 1 else i
+        inter.Sendrecv_replace(buf, dest=i, sendtag=4, source=source, recvtag=4, status=st)
+        assert buf.tolist() == _val(w, 4, salt=me + 1).tolist(), ("Sendrecv_replace", me, w, buf)
+        assert (st.Get_source(), st.Get_tag()) == (i, 4), ("Sendrecv_replace status", me, st.Get_source())
+    t.free()
+    MPI.Finalize()
+    return {"rank": me}
+
+
 def objects() -> dict:
     """The object layer: bcast, gather, scatter, allgather, alltoall, allreduce, reduce, barrier."""
     t = _Inter()

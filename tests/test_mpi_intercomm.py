@@ -22,6 +22,11 @@ def test_all_to_all_collectives_and_reductions(nranks: int) -> None:
     run_ranks(BODY + "allcoll", nranks, timeout=120)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_sendrecv_between_the_groups(nranks: int) -> None:
+    run_ranks(BODY + "p2p", nranks, timeout=120)
+
+
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_object_collectives(nranks: int) -> None:
     run_ranks(BODY + "objects", nranks, timeout=120)

@@ -19,7 +19,7 @@ else takes the general path below, which gives the same result for those argumen
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -433,7 +433,7 @@ class Collectives:
         return Request(self._alltoallw("Ialltoallw", sendbuf, recvbuf))
 
     # ---- what the engine lacks
-    def _missing(self, name: str) -> Any:
+    def _missing(self, name: str) -> NoReturn:
         unsupported(f"Comm.{name}", _MISSING)
 
     def Neighbor_allgather(self, *a: Any, **k: Any) -> None:
@@ -448,8 +448,8 @@ class Collectives:
     def Neighbor_alltoallv(self, *a: Any, **k: Any) -> None:
         self._missing("Neighbor_alltoallv")
 
-    def neighbor_allgather(self, *a: Any, **k: Any) -> None:
+    def neighbor_allgather(self, *a: Any, **k: Any) -> list:
         self._missing("neighbor_allgather")
 
-    def neighbor_alltoall(self, *a: Any, **k: Any) -> None:
+    def neighbor_alltoall(self, *a: Any, **k: Any) -> list:
         self._missing("neighbor_alltoall")

@@ -48,6 +48,9 @@ class Comm(HandleNumber, Cached, PointToPoint, Collectives, PersistentCollective
     """A communicator (mpi4py's MPI.Comm)."""
 
     __slots__ = ("_c", "_wranks", "_name", "_info", "__weakref__")
+    _c: Any                         # the native communicator (unset: COMM_NULL, or freed)
+    _wranks: tuple[int, ...]        # the members' ranks in COMM_WORLD
+    _name: str
 
     def __new__(cls, *_a: Any, **_k: Any) -> "Comm":
         return object.__new__(cls)     # (mpi4py's subclasses call it with the communicator to wrap)

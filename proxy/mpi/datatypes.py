@@ -11,7 +11,7 @@ lists that the progress process gathers and scatters by (see typemap.py's header
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from shmproxy.mpi.attributes import DATATYPE, Cached
 from shmproxy.mpi.exceptions import ERR_TYPE, error
 from shmproxy.mpi.handles import HandleNumber, Numbers
 
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Self     # (typing.Self: Python >= 3.11)
+
 
 class Datatype(HandleNumber, Cached):
     """A predefined MPI datatype: its symbol (``_sym``: "INT"), ``dtype`` (numpy), size and extent in
@@ -27,6 +30,12 @@ class Datatype(HandleNumber, Cached):
     (equal, not identical), as in mpi4py; ``MPI.Datatype()`` one of DATATYPE_NULL."""
 
     __slots__ = ("_sym", "_label", "dtype", "size", "_pair", "_h", "__weakref__")
+    _sym: str
+    _label: str
+    dtype: np.dtype | None
+    size: int
+    _pair: tuple[Any, Any] | None
+    _h: Datatype
 
     def __new__(cls, datatype: Any = None) -> "Datatype":
         if datatype is None:
@@ -41,7 +50,7 @@ class Datatype(HandleNumber, Cached):
         pass    # __new__ did it all
 
     @classmethod
-    def _make(cls, sym: str, dtype: Any, pair: tuple[Any, Any] | None = None) -> "Datatype":
+    def _make(cls, sym: str, dtype: Any, pair: tuple[Any, Any] | None = None) -> Self:
         self = object.__new__(cls)
         self._sym, self._label = sym, "MPI_" + sym
         self.dtype = None if dtype is None else np.dtype(dtype)
@@ -53,7 +62,7 @@ class Datatype(HandleNumber, Cached):
     def _copy(self, cls: type | None = None) -> "Datatype":
         """A second Python object of this handle (mpi4py's ``MPI.Datatype(d)``), of class ``cls``
         (a subclass of the program's) or this object's."""
-        new = object.__new__(type(self) if cls is None else cls)
+        new: Datatype = object.__new__(type(self) if cls is None else cls)
         for slot in _STATE:
             setattr(new, slot, getattr(self, slot))
         return new
@@ -362,7 +371,7 @@ for _name in ("C_BOOL", "SIGNED_CHAR", "UNSIGNED_CHAR", "SHORT", "UNSIGNED_SHORT
               "LONG", "UNSIGNED_LONG", "LONG_LONG", "UNSIGNED_LONG_LONG", "FLOAT16", "FLOAT", "DOUBLE",
               "C_FLOAT_COMPLEX", "C_DOUBLE_COMPLEX", "INT8_T", "UINT8_T", "INT16_T", "UINT16_T", "INT32_T",
               "UINT32_T", "INT64_T", "UINT64_T", "LONG_DOUBLE", "C_LONG_DOUBLE_COMPLEX"):
-    _dt = PREDEFINED[_name].dtype
+    _dt = PREDEFINED[_name].dtype  # type: ignore[assignment]  # each type named here has a dtype
     _BY_CHAR.setdefault(_dt.char, PREDEFINED[_name])
 _BY_CHAR.setdefault("c", PREDEFINED["CHAR"])   # 'c' (a 1-byte char array) travels as int8
 _BYTES_ONLY = frozenset(("LONG_DOUBLE", "C_LONG_DOUBLE_COMPLEX", "CXX_LONG_DOUBLE_COMPLEX"))
@@ -388,7 +397,8 @@ def of_dtype(dt: np.dtype) -> Datatype:
     d = _BY_CHAR.get(dt.char)
     if d is None and dt.kind in "iu":     # 'q' where 'l' is 64-bit (array.array('q')), and the like
         d = _BY_CHAR.get(np.dtype(dt.name).char)
-    if d is None or (dt.char != "c" and dt.char not in DTYPE_CODE and d.dtype.char not in DTYPE_CODE
+    if d is None or (dt.char != "c" and dt.char not in DTYPE_CODE
+                     and d.dtype.char not in DTYPE_CODE  # type: ignore[union-attr]  # _BY_CHAR's have dtypes
                      and d._sym not in _BYTES_ONLY):
         raise error(ERR_TYPE, f"no MPI datatype for the buffer's element type {dt}: pass [buf, MPI.BYTE] "
                     "to send its bytes")
@@ -402,7 +412,9 @@ def check_native(d: Datatype, what: str) -> np.dtype:
         raise error(ERR_TYPE, f"{what}: a derived datatype is not supported in this call (point-to-point "
                     "and the buffer collectives take them)")
     if d._pair is not None or d._sym in _BYTES_ONLY:
-        return dt      # travels as its bytes (buffers.wire); the ranks reduce it (localred.py)
+        # travels as its bytes (buffers.wire); the ranks reduce it (localred.py). (Not None: the pair
+        # and long double types have dtypes.)
+        return dt  # type: ignore[return-value]
     if dt is None or dt.char not in DTYPE_CODE:
         raise error(ERR_TYPE, f"{what}: {d.name} cannot travel (the native layer carries bool, "
                     "int8..uint64, float16/32/64 and complex64/128)")

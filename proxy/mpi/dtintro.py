@@ -10,7 +10,7 @@ DATATYPE_NULL where MPI has none.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -34,6 +34,8 @@ class F90Type(D.Datatype):
     """A Fortran 90 parameterised type: a predefined C type under an F90 combiner and parameters."""
 
     __slots__ = ("comb", "params")
+    comb: int                   # COMBINER_F90_INTEGER, _REAL or _COMPLEX
+    params: dict[str, int]      # {"r": range} or {"p": precision, "r": range}
 
     @property
     def is_named(self) -> bool:
@@ -196,8 +198,8 @@ def _owned(g: int, dist: int, darg: int, p: int, coord: int) -> np.ndarray:
     raise error(ERR_ARG, f"Create_darray: unknown distribution {dist}")
 
 
-def darray_elements(size: int, rank: int, gsizes: list[int], distribs: list[int], dargs: list[int],
-                    psizes: list[int], order: int) -> np.ndarray:
+def darray_elements(size: int, rank: int, gsizes: Sequence[int], distribs: Sequence[int],
+                    dargs: Sequence[int], psizes: Sequence[int], order: int) -> np.ndarray:
     """Element offsets (in array order) of the global array that ``rank`` owns."""
     nd = len(gsizes)
     if not (len(distribs) == len(dargs) == len(psizes) == nd) or not nd:

@@ -125,6 +125,7 @@ def _from_dlpack(obj: Any, what: str) -> np.ndarray:
     kind, lanes, bits = _DL_KIND.get(t.dtype.code), t.dtype.lanes, int(t.dtype.bits)
     if kind == "f" and lanes == 2:      # a complex number as two lanes of its real type
         kind, lanes, bits = "c", 1, bits * 2
+    dtype: np.dtype
     if kind is None or lanes != 1:
         # as mpi4py: an element type with no buffer format (an opaque code, several lanes) is its
         # bytes, (bits * lanes + 7) // 8 of them per element

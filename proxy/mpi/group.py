@@ -21,14 +21,19 @@ class Group(HandleNumber):
     """A group of processes: ``size``, ``rank`` (UNDEFINED if this process is not a member)."""
 
     __slots__ = ("_members", "_me", "_index", "_null", "_h", "__weakref__")
+    _members: tuple[int, ...]   # world ranks, in group order
+    _me: int                    # this process's world rank
+    _index: dict[int, int]      # world rank -> rank in the group
+    _null: bool
+    _h: Group
 
     def __init__(self, members: "Iterable[int] | Group | None" = None, me: int = -1):
         """``Group()`` is a null handle and ``Group(group)`` a second handle to ``group``, as in mpi4py;
         the layer makes groups from their members."""
         # _h: the group whose handle this object is (a second handle, Group(g), shares g's number)
-        self._h: Group = self
+        self._h = self
         if isinstance(members, Group):
-            members, me, null, self._h = members._members, members._me, members._null, members._h
+            me, null, self._h, members = members._me, members._null, members._h, members._members
         elif members is None or isinstance(members, (tuple, list, range)):
             null = members is None
         else:   # as mpi4py's: a handle of another class, a number or a string is no group

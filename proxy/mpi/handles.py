@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import operator
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmproxy.mpi.exceptions import error
 
@@ -23,7 +23,9 @@ class HandleNumber:
     ``fromint`` and ``f2py`` are the class's ``fromhandle``. A class defines those two."""
 
     __slots__ = ()
-    handle: int
+    if TYPE_CHECKING:   # each class defines it, as a read-only property
+        @property
+        def handle(self) -> int: ...
 
     def toint(self) -> int:
         return self.handle

@@ -196,6 +196,11 @@ class Intercomm(InterCollectives, Comm):
         super().Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
         self._shift(status)
 
+    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                         recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+        super().Sendrecv_replace(buf, dest, sendtag, source, recvtag, status)
+        self._shift(status)
+
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
         out = super().Probe(source, tag, status)
         self._shift(status)

@@ -46,7 +46,8 @@ def apply(op: Any, inbuf: np.ndarray, inout: np.ndarray, datatype: Any = None) -
     name = op.name if op.is_predefined else None
     dt = inout.dtype
     if name is None:                     # a user op: mpi4py's function(inbuf, inoutbuf, datatype)
-        op._fn(memoryview(inbuf), memoryview(inout), datatype)
+        # (numpy's stubs give ndarray its buffer protocol, __buffer__, for Python >= 3.12 only)
+        op._fn(memoryview(inbuf), memoryview(inout), datatype)  # type: ignore[arg-type]
         return
     if name in ("MAXLOC", "MINLOC"):
         if dt.names is None or len(dt.names) != 2:
@@ -93,6 +94,7 @@ class Folding:
     complete (its Wait, or a Test that says so) the rank folds them into the recvbuf, once."""
 
     __slots__ = ("_req", "_then", "_comm")
+    _then: Callable[[], None] | None      # None once it ran
 
     def __init__(self, comm: Any, req: Any, then: Callable[[], None]):
         self._req, self._then, self._comm = req, then, comm

@@ -72,6 +72,7 @@ class Then:
     native request complete, before either returns."""
 
     __slots__ = ("_native", "_after", "_comm")
+    _after: Callable[[], None] | None     # None once it ran
 
     def __init__(self, native: Any, after: Callable[[], None]):
         self._native, self._after = native, after

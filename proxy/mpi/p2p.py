@@ -19,7 +19,7 @@ error (ERR_RANK, ERR_TAG) and nothing is posted twice.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -55,6 +55,7 @@ class PointToPoint:
 
     __slots__ = ()
     _c: Any
+    _obj: Callable[..., Any]    # Comm._obj(fn, *args): fn(self._c, *args), native errors converted
 
     # ------------------------------------------------------------------ point-to-point, buffers
     def _peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
@@ -232,7 +233,7 @@ class PointToPoint:
             if recvbuf is None:
                 raise error(ERR_BUFFER, "Sendrecv: recvbuf is None but the source is not PROC_NULL")
             rb = _parse(recvbuf, "Sendrecv recvbuf", True)
-        self._exchange(sb, dest, sendtag, rb, source, recvtag, status)
+        self._sendrecv(sb, dest, sendtag, rb, source, recvtag, status)
 
     def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
                          recvtag: int = ANY_TAG, status: Status | None = None) -> None:
@@ -242,7 +243,7 @@ class PointToPoint:
         source, recvtag = self._peer(source, "source", True), self._tag(recvtag, True)
         b = _parse(buf, "Sendrecv_replace buffer", True)
         sb = None if dest == PROC_NULL else b.copy()
-        self._exchange(sb, dest, sendtag, None if source == PROC_NULL else b, source, recvtag, status)
+        self._sendrecv(sb, dest, sendtag, None if source == PROC_NULL else b, source, recvtag, status)
 
     def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                   source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
@@ -282,7 +283,7 @@ class PointToPoint:
             raise convert(exc) from None
         return Request(Both(rreq, sreq))
 
-    def _exchange(self, sb: Any, dest: int, sendtag: int, rb: Any, source: int, recvtag: int,
+    def _sendrecv(self, sb: Any, dest: int, sendtag: int, rb: Any, source: int, recvtag: int,
                   status: Status | None) -> None:
         c = self._c
         rreq = sreq = None
@@ -535,6 +536,7 @@ class _SelfSync:
     rank took the object (objects.send_self_sync)."""
 
     __slots__ = ("_comm", "_tag", "_token", "status")
+    status: _Cancelled | None     # what a cancel leaves (MPI's status of a cancelled send)
 
     def __init__(self, comm: Any, tag: int, token: list):
         self._comm, self._tag, self._token, self.status = comm, tag, token, None

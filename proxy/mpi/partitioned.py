@@ -46,6 +46,7 @@ class _Round:
     to ``nparts``); a receive's all at Start."""
 
     __slots__ = ("_comm", "reqs", "nparts", "status", "what")
+    reqs: list[Any]     # the parts' native requests, posted so far
 
     def __init__(self, comm: Any, nparts: int, status: Any, what: str):
         self._comm, self.reqs, self.nparts, self.status, self.what = comm, [], nparts, status, what

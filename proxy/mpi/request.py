@@ -36,6 +36,9 @@ class Request(HandleNumber):
     """A nonblocking operation: Wait, Test, Free, Get_status and the Wait/Test families."""
 
     __slots__ = ("_r", "_null", "_h", "__weakref__")
+    _r: Any                 # the native request while active (grequest.py: a GState), else None
+    _null: bool             # an active operation with PROC_NULL: completes without the runtime
+    _h: Request | None      # the request whose handle this one is a copy of
 
     def __new__(cls, *_a: Any, **_k: Any) -> "Request":
         return object.__new__(cls)     # (mpi4py's subclasses call it with the request to wrap)
@@ -50,7 +53,7 @@ class Request(HandleNumber):
             raise TypeError(f"MPI.{type(self).__name__}() takes an MPI.Request, not {type(native).__name__}")
         self._r = native          # the native request while active, else None
         self._null = proc_null    # an active operation with PROC_NULL: completes without the runtime
-        self._h: Request | None = None    # the request whose handle this one is a copy of
+        self._h = None    # the request whose handle this one is a copy of
 
     def _hid(self) -> "Request":
         return self if self._h is None else self._h

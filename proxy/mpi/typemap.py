@@ -47,6 +47,11 @@ class Derived(Datatype):
 
     __slots__ = ("blocks", "lb", "ub", "true_lb", "true_ub", "base", "align", "comb", "_contents",
                  "committed", "freed", "key")
+    # slots here, read-only properties in Datatype (a predefined type's bounds follow from its size)
+    lb: int
+    ub: int
+    true_lb: int
+    true_ub: int
 
     def _setup(self, blocks: np.ndarray, lb: int, ub: int, true_lb: int, true_ub: int, base: Any,
                align: int, combiner: int, contents: tuple) -> None:
@@ -118,7 +123,7 @@ class Derived(Datatype):
 
     def _copy(self, cls: type | None = None) -> "Derived":
         """A second Python object of this handle (MPI.Datatype(d)): equal to it."""
-        new = object.__new__(Derived if cls is None else cls)
+        new: Derived = object.__new__(Derived if cls is None else cls)
         for slot in _STATE + Derived.__slots__:
             setattr(new, slot, getattr(self, slot))
         return new
@@ -236,7 +241,7 @@ def _replicate(t: Any, offsets: np.ndarray) -> tuple[np.ndarray, int, int, int, 
     return np.stack([d, ln], axis=1), lo + lb, hi + ub, lo + tlb, hi + tub, base, align
 
 
-def _ints(v: Sequence[Any], what: str, nonneg: bool = True) -> np.ndarray:
+def _ints(v: Sequence[Any] | np.ndarray, what: str, nonneg: bool = True) -> np.ndarray:
     if isinstance(v, np.ndarray) and v.dtype.kind in "iu":
         a = v.astype(np.int64).reshape(-1)
     else:      # each item read as mpi4py reads an integer (no floats, no strings)
@@ -253,7 +258,7 @@ def _count(v: Any, what: str) -> int:
     return n
 
 
-def _from(parts: tuple, comb: int, contents: tuple) -> Derived:
+def _from(parts: tuple[np.ndarray, int, int, int, int, Any, int], comb: int, contents: tuple) -> Derived:
     return _new(*parts, comb, contents)
 
 
@@ -289,7 +294,8 @@ def vector(t: Any, count: int, bl: int, stride: int) -> Derived:
                    ((_count(count, "count"), _count(bl, "blocklength"), stride), (), (t,)))
 
 
-def hindexed(t: Any, bls: Sequence[int], displs: Sequence[int], comb: int = COMBINER_HINDEXED,
+def hindexed(t: Any, bls: Sequence[int] | np.ndarray, displs: Sequence[int] | np.ndarray,
+             comb: int = COMBINER_HINDEXED,
              contents: tuple | None = None) -> Derived:
     b, d = _ints(bls, "blocklengths"), _ints(displs, "displacements", nonneg=False)
     if len(b) != len(d):
@@ -330,7 +336,10 @@ def struct(bls: Sequence[int], displs: Sequence[int], types: Sequence[Any]) -> D
         align = max(align, al)
         if n:
             pieces.append(blocks)
-            lbs.append(lb), ubs.append(ub), tlbs.append(tlb), tubs.append(tub)
+            lbs.append(lb)
+            ubs.append(ub)
+            tlbs.append(tlb)
+            tubs.append(tub)
     blocks = np.concatenate(pieces) if pieces else _EMPTY
     lb, ub = (min(lbs), max(ubs)) if lbs else (0, 0)
     ub = lb + -(-(ub - lb) // align) * align   # MPI pads a struct's extent to its strictest alignment

@@ -156,7 +156,7 @@ _BASES: dict[str, type] = {"WIN_NULL": Win, "FILE_NULL": File, "SESSION_NULL": S
 # mpi4py's API of each class: constructors (class methods) and operations (methods)
 _ERRHANDLING = ("Get_errhandler", "Set_errhandler", "Call_errhandler", "Get_attr", "Set_attr",
                 "Delete_attr", "Get_name", "Set_name", "Get_info", "Set_info", "Get_group")
-_API: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
+_API: dict[type[_Unprovided], tuple[tuple[str, ...], tuple[str, ...]]] = {
     Win: (("Create", "Allocate", "Allocate_shared", "Create_dynamic", "Create_keyval", "Free_keyval",
            "Create_errhandler"),
           _ERRHANDLING + ("Free", "Attach", "Detach", "Shared_query", "Fence", "Start", "Complete", "Post",
@@ -198,7 +198,9 @@ for _cls, _props in ((Win, ("attrs", "flavor", "model", "info", "group", "group_
                      (File, ("size", "amode", "atomicity", "info", "group", "group_size", "group_rank")),
                      (Session, ("info",))):
     for _name in _props:
-        setattr(_cls, _name, property(lambda self, _n=_name, _c=_cls: unsupported(f"{_c.__name__}.{_n}", _c._why)))
+        # (mypy cannot infer a lambda whose defaults bind the loop variables against property's fget)
+        setattr(_cls, _name, property(lambda self, _n=_name, _c=_cls: unsupported(  # type: ignore[misc]
+            f"{_c.__name__}.{_n}", _c._why)))
 
 WIN_NULL = Win()
 FILE_NULL = File()
