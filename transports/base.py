@@ -103,7 +103,7 @@ class Registration:
     kind: MemKind
     device: int
     nbytes: int
-    buffer: Any = None
+    buffer: "MemfdBuffer | None" = None
     fds: tuple[int, ...] = ()
     info: Any = None
 
@@ -136,6 +136,17 @@ class Connector:
                 "state": CONN_STATE_NAMES[self.state], "messages": self.nmsgs}
 
 
+class HostBuffer(Protocol):
+    """Host memory mapped in the progress process, as ``ctx.buffers`` holds it: a rank's registered
+    buffer (shm.segment.MemfdBuffer), or a send the progress process buffered (engine/p2p.py)."""
+
+    addr: int    # where it is mapped here
+    size: int    # its bytes
+    mm: Any      # an object that exports those bytes (the mmap, the buffered array)
+
+    def close(self) -> None: ...
+
+
 class TransportContext(Protocol):
     """The engine as a transport sees it. Nothing else of the engine is a transport's business."""
 
@@ -143,7 +154,7 @@ class TransportContext(Protocol):
     chunk: int               # CHUNK_SIZE: bytes per step of a message
     eager: int               # messages up to this size are copied at match time
     parallel_threshold: int  # messages from this size are split over the copy workers
-    buffers: dict[tuple[int, int], "MemfdBuffer"]   # (local rank, buffer id) -> mapped host buffer
+    buffers: dict[tuple[int, int], HostBuffer]   # (local rank, buffer id) -> mapped host buffer
 
     @property
     def nworkers(self) -> int:

@@ -250,7 +250,7 @@ class ControlHandler:
         e = self.engine
         key = (_int(payload, "local_rank", 0, e.nlocal), _int(payload, "buf_id", 0, 2**31))
         buf = e.buffers.get(key)
-        if buf is None:
+        if not isinstance(buf, MemfdBuffer):   # (the registry's other entries, buffered sends, have no fd)
             raise errors.InvalidArgument(f"no buffer {key[1]} registered by local rank {key[0]}")
         return {"bytes": buf.size}, [buf.fd]
 

@@ -150,9 +150,10 @@ class ArmedRoutes:
         sender, receiver = route.send[1], route.recv[1]
         cells = 0
         if self.fast:
-            if (sender, receiver) in self.fast_held or self.fast_early or self.fast_retry:
+            fp = self.fastpath
+            if (sender, receiver) in fp.held or fp.early or fp.retry:
                 return
-            cells = self.seg.addr + 8 * self.f_cells[receiver][0]
+            cells = self.seg.addr + 8 * fp.f_cells[receiver][0]
         words = route.repeat.words()
         if words is None:
             return
@@ -286,9 +287,9 @@ class ArmedRoutes:
             if not (where == IN_MATCHING and held is send) and send.pair_seq:   # as send_local would
                 d = self.local_of.get(route.dst)
                 if d is not None:
-                    self.fast_sent(send, d)
-            if self.fast_early:
-                self.fast_drain_to(recv.owner)
+                    self.fastpath.sent(send, d)
+            if self.fastpath.early:
+                self.fastpath.drain_to(recv.owner)
         t = Transfer(send, recv, route.nbytes, t_fire)
         t.published = published
         if self.profiler.enabled:

@@ -103,7 +103,7 @@ class Completion:
             # The rank's fast Recv takes a cell only while this equals its receives posted
             # (engine/fastpath.py); one published by a GPU is counted late, which only makes a fast
             # Recv that looks in between go the slow way.
-            q[self.f_recv_done[owner]] += 1
+            q[self.fastpath.f_recv_done[owner]] += 1
 
     def completion_items(self, t: Transfer) -> tuple | None:
         """For a transport whose device publishes ``t``'s completion itself: (op, source, tag) of both

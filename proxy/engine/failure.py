@@ -97,7 +97,7 @@ class Failure:
             self.tell_nodes_failed(code, message, rank)
         q[base + P.CTRL_ABORT] = 1
         self._wake_all_ranks()
-        self.wake_fast()   # ranks asleep in a small collective (engine/fastpath.py)
+        self.fastpath.wake_coll()   # ranks asleep in a small collective (engine/fastpath.py)
 
     def _wake_all_ranks(self) -> None:
         self.wake_ranks(tuple(range(self.nlocal)))

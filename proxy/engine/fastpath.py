@@ -1,4 +1,4 @@
-"""The progress process's half of the fast path (a mixin of ProgressEngine).
+"""The progress process's half of the fast path: FastPath, a component of the engine (``engine.fastpath``).
 
 Small blocking Sends go into shared cells of their (sender, receiver) pair, and a blocking Recv with
 nothing ahead of it takes them itself (shm/_fast.h has the protocol, shm/_poster_fast.c the rank's
@@ -18,12 +18,16 @@ This half keeps the protocol's promises:
 - **Cells for a rank that waits here.** When the rank posts a receive or a probe, every cell to it
   is drained first; while it has one posted, senders ring its doorbell after writing a cell, and the
   loop drains that rank's cells when it sees the bell (``check_bells``, after CTRL_EVENTS moved).
-- **Failure.** fail() wakes the ranks sleeping in a small collective (``wake_fast``).
+- **Failure.** fail() wakes the ranks sleeping in a small collective (``wake_coll``).
+
+The component owns the fast path's state (below) and the pool's indices it reads; it takes the
+engine for the pool, the rank tables the service thread fills, and the point-to-point half that a
+drained cell enters (the buffered-send registry, delivery, the matcher's gauge).
 """
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,28 +37,33 @@ from shmproxy.engine.p2p import BUFFERED_OWNER, Buffered
 from shmproxy.shm import _native
 from shmproxy.shm import pool as P
 
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.engine.progress import ProgressEngine
+
 _log = log.get("PROXY")
 _TAKE_BUSY = _native.TAKE_BUSY
 assert P.PAIR_UNEXP == P.PAIR_FETCHED_SLOW + 1   # a pair's UNEXP is found from its FETCHED_SLOW index
 
 
 class FastPath:
-    """State: ``fast`` (the pool has the region), per local rank the u64 indices of its fields, the
+    """State: ``on`` (the pool has the region), per local rank the u64 indices of its fields, the
     pair blocks' addresses, the doorbells seen, and the slow sends held behind a cell."""
 
-    fast = False   # until init_fast (engines built without a pool, in tests, have none)
-
-    def init_fast(self, layout: P.Layout) -> None:
-        self.fast = bool(layout.fast_bytes)
-        self.fast_held: dict[tuple[int, int], collections.deque] = {}
-        self.fast_retry: set[int] = set()   # local ranks whose drain met a cell being taken
-        self.fast_early: dict[tuple[int, int], int] = {}   # (sender, rank): slow sends in before it joined
-        if not self.fast:
+    def __init__(self, engine: "ProgressEngine", layout: P.Layout):
+        self.e = engine
+        self.q = engine.q
+        self.nlocal = layout.nlocal
+        self.layout = layout
+        self.on = bool(layout.fast_bytes)
+        self.held: dict[tuple[int, int], collections.deque] = {}   # (sender, receiver): sends behind a take
+        self.retry: set[int] = set()   # local ranks whose drain met a cell being taken
+        self.early: dict[tuple[int, int], int] = {}   # (sender, rank): slow sends in before it joined
+        self.f_unexp_n: dict[tuple[int, int], int] = {}   # (src, dst): messages waiting unexpected
+        if not self.on:
             return
-        n, base = layout.nlocal, self.seg.addr
+        n, base = layout.nlocal, engine.seg.addr
         self.f_recv_done = [layout.frank_q(lr, P.FRANK_RECV_DONE) for lr in range(n)]
         self.f_recv_posted = [layout.rank_q(lr, P.RANK_RECV_POSTED) for lr in range(n)]
-        self.f_unexp_n: dict[tuple[int, int], int] = {}   # (src, dst): messages waiting unexpected
         self.f_bell = [layout.frank_q(lr, P.FRANK_DOORBELL) for lr in range(n)]
         self.f_bells_seen = [0] * n
         self.f_pair = [[base + layout.pair_off(s, d) for d in range(n)] for s in range(n)]
@@ -66,30 +75,30 @@ class FastPath:
         self.f_cells = [(layout.frank_q(d, P.FRANK_CELLS_WRITTEN), layout.frank_q(d, P.FRANK_CELLS_TAKEN),
                          layout.frank_q(d, P.FRANK_CELLS_DRAINED)) for d in range(n)]
         self.f_coll_word = base + layout.coll_off + P.CAREA_WORD_OFF
-        self.matcher.gauge = self._unexp_gauge
+        engine.matcher.gauge = self._unexp_gauge
 
     # ------------------------------------------------------------------ order of a pair's messages
-    def fast_send_in(self, send: Op, d: int) -> bool:
+    def send_in(self, send: Op, d: int) -> bool:
         """A fetched slow send to local rank ``d``: True when it may enter matching now (the cells
         written before it are in); False when it is held (a cell before it is being taken)."""
         key = (send.owner, d)
-        held = self.fast_held.get(key)
+        held = self.held.get(key)
         if held is not None:
             held.append(send)
             return False
         if not self.cells_waiting(d) or self._drain_before(send.owner, d, send.pair_seq - 1):
             return True
-        self.fast_held[key] = collections.deque((send,))
+        self.held[key] = collections.deque((send,))
         return False
 
-    def fast_sent(self, send: Op, d: int) -> None:
+    def sent(self, send: Op, d: int) -> None:
         """``send`` is in matching: cells after it may follow (UNEXP was stored before this). If its
         receiver waits here, the cells its drain found blocked behind this send go in now."""
         s, q = send.owner, self.q
         q[self.f_fetched[s][d]] = send.pair_seq
         if (self.cells_waiting(d) and q[self.f_recv_posted[d]] != q[self.f_recv_done[d]]
                 and not self._drain_before(s, d, send.pair_seq)):
-            self.fast_retry.add(d)
+            self.retry.add(d)
 
     def cells_waiting(self, d: int) -> bool:
         """Whether any cell to local rank ``d`` may be waiting: three loads, so that the common
@@ -99,7 +108,7 @@ class FastPath:
         q = self.q
         return q[w] != q[t] + q[dr]
 
-    def fast_drain_from(self, s: int) -> None:
+    def drain_from(self, s: int) -> None:
         """Local rank ``s`` closed: what it wrote into cells was sent (its Sends returned), so it goes into
         matching now, to be received or failed like its other messages."""
         q, fetched = self.q, self.f_fetched
@@ -117,61 +126,63 @@ class FastPath:
             else:
                 return got != _TAKE_BUSY
 
-    def fast_drain_to(self, d: int) -> None:
+    def drain_to(self, d: int) -> None:
         """Local rank ``d`` waits in matching (a receive or probe posted, or its doorbell rang): take
         every cell to it that may enter, in each pair's order."""
         q, fetched = self.q, self.f_fetched
-        if self.fast_early:   # slow sends taken in before this rank joined: publish the pair now
-            dst = self.ranks[d].rank
+        if self.early:   # slow sends taken in before this rank joined: publish the pair now
+            ranks = self.e.ranks
+            dst = ranks[d].rank
             for s in range(self.nlocal):
-                n = self.fast_early.pop((s, dst), 0)
+                n = self.early.pop((s, dst), 0)
                 if n:
-                    q[fetched[s][d] + 1] = self.f_unexp_n.get((self.ranks[s].rank, dst), 0)   # UNEXP first
+                    q[fetched[s][d] + 1] = self.f_unexp_n.get((ranks[s].rank, dst), 0)   # UNEXP first
                     q[fetched[s][d]] = max(n, q[fetched[s][d]])
         if not self.cells_waiting(d):
             return
         busy = False
         for s in range(self.nlocal):
-            if (s, d) in self.fast_held:
+            if (s, d) in self.held:
                 continue   # its held send goes first; the retry drains after it
             if not self._drain_before(s, d, q[fetched[s][d]]):
                 busy = True
         if busy:
-            self.fast_retry.add(d)
+            self.retry.add(d)
 
     def _cell_in(self, s: int, d: int, got: tuple) -> None:
         """A drained cell enters matching as a buffered send from local rank ``s`` to ``d``."""
         tag, code, nbytes, count, t_post, data = got
-        src, dst = self.ranks[s].rank, self.ranks[d].rank
-        self.buffered_ids += 1
-        b = Buffered.from_cell(src, dst, tag, code, nbytes, count, t_post, self.buffered_ids,
-                               np.frombuffer(data, np.uint8), self.release_buffered)
-        self.buffers[(BUFFERED_OWNER, b.buf_id)] = b
-        self.buffered[dst] = self.buffered.get(dst, 0) + nbytes
-        self.deliver_buffered(b)
+        e = self.e
+        src, dst = e.ranks[s].rank, e.ranks[d].rank
+        e.buffered_ids += 1
+        b = Buffered.from_cell(src, dst, tag, code, nbytes, count, t_post, e.buffered_ids,
+                               np.frombuffer(data, np.uint8), e.release_buffered)
+        e.buffers[(BUFFERED_OWNER, b.buf_id)] = b
+        e.buffered[dst] = e.buffered.get(dst, 0) + nbytes
+        e.deliver_buffered(b)
         # fast_take counted it in the pair's UNEXP while it was in neither a cell nor matching
         # (shm/_fast.h, "Draining"): the true count now that it is in
         self._unexp_gauge(src, dst, 0)
 
     # ------------------------------------------------------------------ the loop's share
-    def fast_pass(self) -> None:
+    def pass_(self) -> None:
         """Every pass while something waits on a cell being taken: try again."""
-        for key in list(self.fast_held):
+        for key in list(self.held):
             s, d = key
-            held = self.fast_held[key]
+            held = self.held[key]
             while held:
                 op = held[0]
                 if not self._drain_before(s, d, op.pair_seq - 1):
                     break
                 held.popleft()
-                self.send_local(op, d)
+                self.e.send_local(op, d)
             if not held:
-                del self.fast_held[key]
-        if self.fast_retry:
-            retry, self.fast_retry = self.fast_retry, set()
+                del self.held[key]
+        if self.retry:
+            retry, self.retry = self.retry, set()
             for d in retry:
-                self.fast_drain_to(d)
-        self.progressed = True   # no sleep while a take is in flight: it ends in microseconds
+                self.drain_to(d)
+        self.e.progressed = True   # no sleep while a take is in flight: it ends in microseconds
 
     def check_bells(self) -> None:
         """After CTRL_EVENTS moved: drain the cells to ranks whose doorbell rang."""
@@ -180,28 +191,28 @@ class FastPath:
             v = q[idx]
             if v != seen[d]:
                 seen[d] = v
-                self.fast_drain_to(d)
+                self.drain_to(d)
 
     def _unexp_gauge(self, dst: int, src: int, delta: int) -> None:
         """The matcher queued (+1) or removed unexpected messages of (src, dst): publish the pair's count
         (counted whatever the ranks' state, published once both are known here)."""
         n = self.f_unexp_n.get((src, dst), 0) + delta
         self.f_unexp_n[(src, dst)] = n
-        s, d = self.local_of.get(src), self.local_of.get(dst)
+        s, d = self.e.local_of.get(src), self.e.local_of.get(dst)
         if s is not None and d is not None:
             self.q[self.f_fetched[s][d] + 1] = n   # PAIR_UNEXP follows PAIR_FETCHED_SLOW
 
-    def wake_fast(self) -> None:
-        if self.fast:
+    def wake_coll(self) -> None:
+        if self.on:
             _native.fast_wake_coll(self.f_coll_word)
 
-    def fast_describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         """What the progress process holds of the fast path (the signal dump's "fast_path")."""
-        if not self.fast:
+        if not self.on:
             return {"on": False}
         q, lay = self.q, self.layout
         ranks = []
         for lr in range(self.nlocal):
             ranks.append({"local_rank": lr, "recv_posted": q[lay.rank_q(lr, P.RANK_RECV_POSTED)],
                           "recv_done": q[self.f_recv_done[lr]]})
-        return {"on": True, "bytes": lay.fast_bytes, "ranks": ranks, "held": len(self.fast_held)}
+        return {"on": True, "bytes": lay.fast_bytes, "ranks": ranks, "held": len(self.held)}

@@ -155,7 +155,7 @@ class Fetching:
         asleep on the pool's condvar (NET_LOOP_WAIT), so that it holds no GIL the link's threads queue
         for while they move the chunks (docs/decisions.md, "The link's threads never queue for the
         GIL behind the loop")."""
-        if self.watch_ns <= 0 or self.buffer_later or self.relayed or self.fast_held or self.fast_retry:
+        if self.watch_ns <= 0 or self.buffer_later or self.relayed or self.fastpath.held or self.fastpath.retry:
             return False
         words: list = []
         polled = {a.transport for a in self.active if a.coll is None or not a.coll.event_driven}

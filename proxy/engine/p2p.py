@@ -188,12 +188,12 @@ class PointToPoint:
             self.complete(send, errors.InvalidArgument.code, 0)
         elif self.nlocal == self.size or dst in self.local_of or self.nodes.rank_node[dst] == self.node:
             d = self.local_of.get(dst) if self.fast and send.pair_seq else None
-            if d is not None and not self.fast_send_in(send, d):
+            if d is not None and not self.fastpath.send_in(send, d):
                 if dst in self.matcher.armed:   # a later send of the pair must not fire before it
                     self.disarm_dest(dst)
                 return   # held behind a fast-path cell the receiver is taking (engine/fastpath.py)
             if d is None and self.fast and send.pair_seq:
-                self.fast_early[(send.owner, dst)] = send.pair_seq   # its receiver has not joined yet
+                self.fastpath.early[(send.owner, dst)] = send.pair_seq   # its receiver has not joined yet
             self.send_local(send, d)
         else:
             # The destination's receive half lives in another node's progress process: the envelope
@@ -219,7 +219,7 @@ class PointToPoint:
             if send.mem and self.arm_history:
                 self.arm(send, False)   # its receive may fire it from C (engine/armed.py)
         if d is not None:
-            self.fast_sent(op, d)
+            self.fastpath.sent(op, d)
 
     def deliver_buffered(self, b: Buffered) -> None:
         """A message buffered from its start (a fast-path cell) arrives at the matcher."""
@@ -237,8 +237,8 @@ class PointToPoint:
 
     def recv_half_post(self, recv: Op) -> None:
         """A posted receive: match it with the earliest unexpected envelope it accepts, or keep it."""
-        if self.fast and (self.fast_early or self.cells_waiting(recv.owner)):
-            self.fast_drain_to(recv.owner)   # cells to this rank come first (engine/fastpath.py)
+        if self.fast and (self.fastpath.early or self.fastpath.cells_waiting(recv.owner)):
+            self.fastpath.drain_to(recv.owner)   # cells to this rank come first (engine/fastpath.py)
         src = recv.peer
         if recv.flags & FLAG_MPROBED:
             held = self.held.pop((recv.owner, recv.tag), None)
@@ -265,7 +265,7 @@ class PointToPoint:
         gone = info.rank
         self.gone.add(gone)
         if self.fast:
-            self.fast_drain_from(info.local_rank)   # its messages in cells were sent (engine/fastpath.py)
+            self.fastpath.drain_from(info.local_rank)   # its messages in cells were sent (engine/fastpath.py)
 
         def waits_on_gone(dst: int, src: int, tag: int, op: Op) -> bool:
             # receives (and blocking matched probes) from it, its own (abandoned by its close), and
@@ -415,7 +415,7 @@ class PointToPoint:
         if dst in self.matcher.armed:   # a message an armed route holds out of matching must show
             self.disarm_dest(dst)
         if self.fast:
-            self.fast_drain_to(probe.owner)
+            self.fastpath.drain_to(probe.owner)
         if not 0 <= src < self.size and src != ANY_SOURCE:
             self.complete(probe, errors.InvalidArgument.code, 0)
             return

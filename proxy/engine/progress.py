@@ -18,8 +18,11 @@ one pair and tag from overtaking each other. A matched message goes to the conne
 memory kind (engine/p2p.py), whose transport moves it: at once, or as subs of an args keyed by
 (connection, opCount) whose step counters it advances; a finished message writes both requests'
 completion slots and wakes their ranks (engine/completion.py). Collectives are run by coll/runner.py.
-What the loop is made of: this module (lifecycle, the driver, the dump), and the mixins Fetching
-(engine/fetching.py: taking posts, the waits for them), PointToPoint, CollRunner, Completion and Failure.
+What the loop is made of: this module (lifecycle, the driver), the components it owns, each with its
+own state and typed (``fastpath``: engine/fastpath.py, the cells drained in order; ``intro``:
+engine/introspect.py, the info blob and the dump), and the mixins not yet made components (Fetching,
+PointToPoint, ArmedRoutes, Nodes, CollRunner, MultiNodeColl, Completion, Failure), which share this
+object's attributes (issue 41: each becomes a component in turn).
 
 The loop never raises into a void: the first error is stored with its context in the pool's
 asyncResult fields and the communicator is aborted, so every rank raises it at its next call.
@@ -48,7 +51,7 @@ from shmproxy.engine.copyengine import CopyEngine
 from shmproxy.core.ops import Op
 from shmproxy.engine.profiler import Profiler
 from shmproxy.shm import _native, _workers, pool as P, sync
-from shmproxy.shm.segment import MemfdBuffer, Segment
+from shmproxy.shm.segment import Segment
 from shmproxy import transports
 from shmproxy.coll.executor import CpuExecutor
 from shmproxy.coll.multinode import MultiNodeColl
@@ -65,7 +68,7 @@ from shmproxy.engine.fetching import _EVENTS_Q, Fetching
 from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode, coll_chunk_limit, fetch_mode, streaming_threshold
 from shmproxy.engine.ranks import RankInfo
-from shmproxy.transports.base import Connector, MemKind, Registration, Transport
+from shmproxy.transports.base import Connector, HostBuffer, MemKind, Registration, Transport
 
 _log = log.get("PROXY")
 AUTO_KEEP_AWAKE_US = 2000.0  # KEEP_AWAKE_US=-1 on a crowded node: covers a message's hand-offs
@@ -77,7 +80,7 @@ _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # gl
 _COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
-class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollRunner, MultiNodeColl,
+class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, MultiNodeColl,
                      Completion, Failure):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
@@ -146,7 +149,8 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
         self.fingerprints: dict[int, list] = {}   # node 0 across nodes: seq -> (node, rank, fingerprint)s
         self.init_p2p(params)   # the receive half of point-to-point, buffered sends, probes (engine/p2p.py)
-        self.init_fast(layout)  # small blocking calls the ranks complete themselves (engine/fastpath.py)
+        self.fastpath = FastPath(self, layout)  # small blocking calls the ranks complete themselves
+        self.fast = self.fastpath.on
         # repeated device messages launched from C at fetch (engine/armed.py)
         self.init_armed(bool(params.CUDA_ARMED_ROUTES and params.CUDA_GRAPHS
                              and params.CUDA_DEVICE_COMPLETES))
@@ -159,7 +163,7 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         self.ranks: dict[int, RankInfo] = {}          # by local rank
         self.local_of: dict[int, int] = {}            # global rank -> local rank
         self.conns: dict[tuple[int, int, MemKind], Connector] = {}   # (src, dst global ranks, kind)
-        self.buffers: dict[tuple[int, int], MemfdBuffer] = {}
+        self.buffers: dict[tuple[int, int], HostBuffer] = {}   # registered memfds and buffered sends
         # Buffers a transport's register hook took: (local rank, buffer id) -> (its transport(s), Registration)
         self.registrations: dict[tuple[int, int], tuple[list[Transport], Registration]] = {}
         self.ctx = EngineContext(self)   # all that transports see of this engine
@@ -290,9 +294,10 @@ class ProgressEngine(Fetching, PointToPoint, FastPath, ArmedRoutes, Nodes, CollR
         if self.q[_EVENTS_Q] != self.events_seen:
             self.run_events()
             if self.fast:
-                self.check_bells()
-        if self.fast_held or self.fast_retry:
-            self.fast_pass()
+                self.fastpath.check_bells()
+        fp = self.fastpath
+        if fp.held or fp.retry:
+            fp.pass_()
         if self.copy.nworkers:
             done = self.copy.drain()
             if done:
