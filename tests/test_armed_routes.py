@@ -65,6 +65,7 @@ class _Loop(A.ArmedRoutes):
         self.slots = np.zeros(3 * MAX_OPS * P.SLOT_BYTES // 8, np.uint64)
         self.take_out = bytearray(P.RECORD_BYTES * 16)
         self.take_out_addr = _native.buffer_info(self.take_out, True)[0]
+        self.completion = types.SimpleNamespace(completion_slots=self.completion_slots)
         self.init_armed(True)
         self.conn = self.connector()
         self.transport, self.launcher = self.conn.transport, self.conn.transport.rep.launcher

@@ -46,7 +46,7 @@ def op(eng: ProgressEngine, kind: int, owner: int, peer: int, slot: int, tag: in
 
 
 def status(eng: ProgressEngine, slot: int) -> int:
-    return int(eng.q[eng.slots_q + SLOT_WORDS * slot + P.SLOT_STATUS]) & 0xFFFF
+    return int(eng.q[eng.completion.slots_q + SLOT_WORDS * slot + P.SLOT_STATUS]) & 0xFFFF
 
 
 def pair(eng: ProgressEngine, mem_send: int = 0, mem_recv: int = 0) -> tuple[int, int]:

@@ -74,6 +74,7 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
     """After completing what the copy workers moved, a crowded node's loop sleeps at once (leaves
     the CPUs to the ranks it woke); otherwise, and the time after, it polls its spin window."""
     import types
+    from shmproxy.engine.completion import Completion
     from shmproxy.engine.progress import ProgressEngine
     i32 = np.full(P.NEXT_OPS_OFF // 4 + 1, -1, np.int32)           # an empty posted chain
     from shmproxy.shm import _workers
@@ -86,7 +87,7 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
         t0 = time.monotonic()
         ProgressEngine._spin_for_work(eng)
         return time.monotonic() - t0
-    ProgressEngine.complete_large(eng)
+    Completion.complete_large(types.SimpleNamespace(crowded=crowded, e=eng))
     assert eng.spin_skip is crowded
     if awake is not None:           # and the keep-awake guards spin through the hand-off
         assert awake.spinning

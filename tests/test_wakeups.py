@@ -261,11 +261,11 @@ def test_keep_awake_guard_wakes_the_spread_workers_pinned_to_its_cpu():
 
 
 def test_a_relayed_wake_up_the_guard_did_not_deliver_is_delivered_by_the_loop():
-    """ProgressEngine.check_relayed: a rank left to a guard to wake and still asleep on the same word
+    """Completion.check_relayed: a rank left to a guard to wake and still asleep on the same word
     after RELAY_GRACE_NS is woken by the loop (a guard preempted just after it proved live); one that
     woke is forgotten."""
     import types
-    from shmproxy.engine.progress import ProgressEngine
+    from shmproxy.engine.completion import Completion
     cpu = sorted(os.sched_getaffinity(0))[0]
     area = np.zeros(P.RANK_AREA_BYTES // 8, np.uint64)
     slept: list = []
@@ -274,30 +274,30 @@ def test_a_relayed_wake_up_the_guard_did_not_deliver_is_delivered_by_the_loop():
     _native.fetch_add_u32(wake_addr, 1)        # completed; nobody woke it
     eng = types.SimpleNamespace(q=area, relayed=[])
     eng.relayed.append((time.monotonic_ns() + 10**9, P.RANK_WAITING, int(area[P.RANK_WAITING]), wake_addr))
-    ProgressEngine.check_relayed(eng)          # within its grace: kept, not woken
+    Completion.check_relayed(eng)          # within its grace: kept, not woken
     assert len(eng.relayed) == 1 and sleeper.is_alive()
     eng.relayed[0] = (0,) + eng.relayed[0][1:]
-    ProgressEngine.check_relayed(eng)          # late: the loop wakes it itself
+    Completion.check_relayed(eng)          # late: the loop wakes it itself
     sleeper.join(10)
     assert slept and slept[0] < 5 and eng.relayed == []
     eng.relayed.append((0, P.RANK_WAITING, 12345, wake_addr))
-    ProgressEngine.check_relayed(eng)          # it woke (WAITING changed): forgotten
+    Completion.check_relayed(eng)          # it woke (WAITING changed): forgotten
     assert eng.relayed == []
 
 
 def test_the_loop_remembers_only_the_ranks_a_guard_is_to_wake():
-    """ProgressEngine._note_relayed: after a wake-up left to keep-awake guards (bits of ``relayed``),
+    """Completion._note_relayed: after a wake-up left to keep-awake guards (bits of ``relayed``),
     the ranks asleep on such a CPU are remembered for check_relayed; one asleep elsewhere (woken
     directly) or awake is not."""
     import types
-    from shmproxy.engine.progress import ProgressEngine
+    from shmproxy.engine.completion import Completion
     per = P.RANK_AREA_BYTES // 8
     area = np.zeros(3 * per, np.uint64)
     words = [(0, area.ctypes.data + 8 * (r * per + P.RANK_WAKE), r * per + P.RANK_WAITING) for r in range(3)]
     area[P.RANK_WAITING] = P.waiting_value(5, 7)            # rank 0 asleep on CPU 5: a guard's
     area[per + P.RANK_WAITING] = P.waiting_value(6, 7)      # rank 1 asleep on CPU 6: woken directly
     eng = types.SimpleNamespace(q=area, relayed=[], rank_words=words)  # rank 2 awake
-    ProgressEngine._note_relayed(eng, (0, 1, 2), 1 << 5)
+    Completion._note_relayed(eng, (0, 1, 2), 1 << 5)
     assert [(w, v, a) for _d, w, v, a in eng.relayed] == [(P.RANK_WAITING, P.waiting_value(5, 7), words[0][1])]
-    ProgressEngine._note_relayed(eng, (1, 2), 1 << 5)
+    Completion._note_relayed(eng, (1, 2), 1 << 5)
     assert len(eng.relayed) == 1

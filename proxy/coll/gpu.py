@@ -216,7 +216,7 @@ def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
     g = plan.graph
     if g is not None and not g.busy:   # in flight still (nonblocking calls): queued directly, below
         # a graph with a cell publishes the ranks' requests (transports/cuda_publish.py)
-        published = gpu.launch_graph(g, device, stream, engine.coll_items(ops), plan.nbytes)
+        published = gpu.launch_graph(g, device, stream, engine.completion.coll_items(ops), plan.nbytes)
         _watch(engine, ops, t, plan.nbytes, [], device, g.event, g, published)
     else:
         plan.queue(stream.ptr)
@@ -250,7 +250,7 @@ def start_device_coll(engine: Any, ops: list[Op]) -> None:
             _start(engine, ops)
     except errors.ProxyError as exc:
         for op in ops:
-            engine.complete(op, exc.code, 0)
+            engine.completion.complete(op, exc.code, 0)
         _log.warning("device collective #%d refused: %s", ops[0].coll_seq, exc)
 
 
@@ -270,7 +270,7 @@ def _start(engine: Any, ops: list[Op]) -> None:
         return
     blk = n * dt.itemsize
     if not blk and c != Coll.BARRIER:   # nothing to move, nothing to order
-        engine.complete_coll(ops, 0)
+        engine.completion.complete_coll(ops, 0)
         return
     t = _transport(engine)
     gpu, ctx = t.gpu, engine.ctx
@@ -368,7 +368,7 @@ def _start_vector(engine: Any, ops: list[Op], dt: Any, bf16: bool) -> None:
     t = _transport(engine)
     planned = gpu_vector.plan(engine, ops, t.gpu, dt)
     if planned is None:   # nothing to move, nothing to order
-        engine.complete_coll(ops, 0)
+        engine.completion.complete_coll(ops, 0)
         return
     _queue(engine, ops, t, bf16, planned[0], planned[1])
 

@@ -121,7 +121,7 @@ class CollRunner:
             work, builder, nchunks, chunk_bytes = self.build_coll(ops)
         except errors.ProxyError as exc:
             for op in ops:
-                self.complete(op, exc.code, 0)
+                self.completion.complete(op, exc.code, 0)
             _log.warning("collective #%d refused: %s", ops[0].coll_seq, exc)
             return
         if nchunks == 0:
@@ -186,7 +186,7 @@ class CollRunner:
         op0 = ops[0]
         c = op0.coll
         if c == _BARRIER:
-            self.complete_coll(ops, 0)
+            self.completion.complete_coll(ops, 0)
             self._profile_coll(ops, 0)
             return True
         if c > _LAST_NATIVE:   # shmproxy.coll.vector's: schedules only
@@ -235,7 +235,7 @@ class CollRunner:
                 reduce(op0.redop, op0.dtype, n, [src + d * blk for src in ins], [out], False)
         else:
             return False
-        self.complete_coll(ops, nbytes)
+        self.completion.complete_coll(ops, nbytes)
         self._profile_coll(ops, nbytes)
         return True
 
@@ -375,11 +375,11 @@ class CollRunner:
     def finish_coll(self, work: CollWork) -> None:
         if work.published:   # the GPU stored the slots (engine/completion.py, coll_items)
             for op in work.ops:
-                self.counted(op)
-            self.wake_ranks(tuple(op.owner for op in work.ops))
+                self.completion.counted(op)
+            self.completion.wake_ranks(tuple(op.owner for op in work.ops))
         else:
-            self.complete_coll(work.ops, work.nbytes)
+            self.completion.complete_coll(work.ops, work.nbytes)
         if work.nbytes > self.coll_inline:
-            self.complete_large()
+            self.completion.complete_large()
         work.views = []
         self._profile_coll(work.ops, work.nbytes, match_ns=work.t_match, streaming=int(work.streaming))

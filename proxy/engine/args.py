@@ -33,7 +33,7 @@ class Transfer:
         self.published = False   # its slots are published by its transport (Completion.completion_items)
 
     def finish(self, engine: Any) -> None:
-        engine.finish_transfer(self)
+        engine.completion.finish_transfer(self)
 
 
 class CollWork:

@@ -100,7 +100,7 @@ class ArmedRoutes:
         self.arm_skip: dict[int, int] = {}   # claimed records of the batch being processed: place -> entry
         self.arm_quiet = 0   # > 0 while a held half goes into matching (_release): nothing is armed
         self.arm_launch = (0, 0)   # (cuGraphLaunch, the current device's getter) of the last arming
-        slots, _nbytes, per_rank = self.completion_slots()
+        slots, _nbytes, per_rank = self.completion.completion_slots()
         self.arm_slots = (slots, per_rank)   # where fire_armed writes the requests' slots
         self.arm_counts = {"armed": 0, "pairs": 0, "claimed": 0, "fired": 0, "voided": 0, "disarmed": 0}
         self.matcher.on_armed = self.disarm_dest

@@ -1,4 +1,4 @@
-"""Completing requests and waking ranks (a mixin of ProgressEngine).
+"""Completing requests and waking ranks: Completion, a component of the engine (``engine.completion``).
 
 A request is complete when its completion slot carries the op's sequence number (written last: it
 publishes the other fields, shmproxy/shm/counters.py); the rank is then woken through its futex
@@ -9,11 +9,16 @@ slots again, since a rank may have taken its slot back for a later op by then. R
 after everything the pass completes is published: a woken rank may preempt the loop on its CPU at
 once. Wake-ups of ranks asleep on a CPU whose keep-awake guard wakes
 them are left to the guard and checked after RELAY_GRACE_NS (shm/_workers.c, "Relayed wake-ups").
+
+The component owns where the completion slots and the ranks' words are (``rank_words``) and the
+relayed wake-ups still to check; it takes the engine for the pool, the keep-awake guards (replaced
+when the affinity is decided), the profiler, the failure path and the point-to-point half's
+buffered sends.
 """
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 
 from shmproxy.core import errors, log
@@ -22,6 +27,9 @@ from shmproxy.engine.args import Sub, Transfer
 from shmproxy.engine.p2p import BUFFERED_OWNER
 from shmproxy.shm import _native, pool as P
 
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.engine.progress import ProgressEngine
+
 _log = log.get("PROXY")
 MASK64 = (1 << 64) - 1
 RELAY_GRACE_NS = 200_000     # a rank left to a keep-awake guard to wake and still asleep after this: wake it
@@ -29,18 +37,31 @@ _SLOT_WORDS = P.SLOT_BYTES // 8
 
 
 class Completion:
+    def __init__(self, engine: "ProgressEngine"):
+        self.e = engine
+        layout = engine.layout
+        self.q, self.layout, self.seg_addr, self.nlocal = engine.q, layout, engine.seg.addr, layout.nlocal
+        self.eager, self.crowded = engine.eager, engine.crowded
+        # Per local rank: (u64 index of its COMPLETED counter, address of its futex word, u64 index of
+        # its WAITING flag), and where the completion slots start: complete() runs for every op.
+        self.rank_words = [(layout.rank_q(lr, P.RANK_COMPLETED), self.seg_addr + layout.wake_word_offset(lr),
+                            layout.rank_q(lr, P.RANK_WAITING)) for lr in range(layout.nlocal)]
+        self.slots_q = layout.slot_q(0)
+        # Wake-ups left to a guard (wake_ranks): (deadline ns, WAITING index, its value, futex address)
+        self.relayed: list[tuple[int, int, int, int]] = []
+
     def sub_finished(self, s: Sub) -> None:
         t = s.transfer
         t.parts_left -= 1
         if t.parts_left == 0:
-            t.finish(self)
+            t.finish(self.e)
 
     def finish_transfer(self, t: Transfer) -> None:
         if t.send.owner < 0:   # from another node (engine/nodes.py), or buffered: only the receive is ours
             self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag)
             if t.send.owner == BUFFERED_OWNER:
-                self.release_buffered(t.send)   # engine/p2p.py
-            if self.profiler.enabled:
+                self.e.release_buffered(t.send)   # engine/p2p.py
+            if self.e.profiler.enabled:
                 self._trace_msg(t)
             return
         # Both sides are published before either is woken: a woken rank may preempt this loop on
@@ -57,7 +78,7 @@ class Completion:
             self.wake_rank(t.recv.owner)
         if t.nbytes > self.eager:
             self.complete_large()
-        if self.profiler.enabled:
+        if self.e.profiler.enabled:
             self._trace_msg(t)
 
     def _trace_msg(self, t: Transfer) -> None:
@@ -69,10 +90,10 @@ class Completion:
         retired it (SHMPROXY_PROFILE traces line these up against the ranks' own times)."""
         s, r = t.send, t.recv
         via = "ranks" if s.owner >= 0 else "buffered" if s.owner == BUFFERED_OWNER else "node"
-        self.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
-                           bytes=t.nbytes, tag=s.tag, via=via, fetch_ns=max(s.t_fetch, r.t_fetch),
-                           match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post), send_post_ns=s.t_post,
-                           recv_post_ns=r.t_post, started_ns=t.t_started)
+        self.e.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
+                             bytes=t.nbytes, tag=s.tag, via=via, fetch_ns=max(s.t_fetch, r.t_fetch),
+                             match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post), send_post_ns=s.t_post,
+                             recv_post_ns=r.t_post, started_ns=t.t_started)
 
     def complete(self, op: Op, status: int, nbytes: int, source: int = -1, tag: int = 0,
                  peer_dtype: int = 0, wake: bool = True) -> None:
@@ -80,11 +101,12 @@ class Completion:
         ``wake`` is False: the caller wakes it once it has published everything it completes)."""
         q = self.q
         slot, owner = op.req_slot, op.owner
-        if owner < 0:   # the envelope of another node's send: its node gets the verdict
-            op.reply(status, nbytes, peer_dtype)
+        if owner < 0:   # a stand-in for an op (another node's envelope: its node gets the verdict;
+            # a buffered send: freed), which has reply() where an Op has none
+            op.reply(status, nbytes, peer_dtype)  # type: ignore[attr-defined]
             return
         if slot // self.layout.max_ops != owner:
-            self.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
+            self.e.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
             return
         base = self.slots_q + _SLOT_WORDS * slot
         q[base + P.SLOT_NBYTES] = nbytes
@@ -99,11 +121,11 @@ class Completion:
         """The loop's own record of a completed request of this node's rank."""
         q, owner = self.q, op.owner
         q[self.rank_words[owner][0]] += 1
-        if self.fast and (op.kind == KIND_RECV or op.kind == KIND_PROBE):
+        if self.e.fast and (op.kind == KIND_RECV or op.kind == KIND_PROBE):
             # The rank's fast Recv takes a cell only while this equals its receives posted
             # (engine/fastpath.py); one published by a GPU is counted late, which only makes a fast
             # Recv that looks in between go the slow way.
-            q[self.fastpath.f_recv_done[owner]] += 1
+            q[self.e.fastpath.f_recv_done[owner]] += 1
 
     def completion_items(self, t: Transfer) -> tuple | None:
         """For a transport whose device publishes ``t``'s completion itself: (op, source, tag) of both
@@ -127,19 +149,20 @@ class Completion:
         """Where the ranks' completion slots lie in this process: (address, bytes, slots per rank; rank
         r's are r * that and on)."""
         m = self.layout.max_ops
-        return self.seg.addr + 8 * self.slots_q, self.nlocal * m * P.SLOT_BYTES, m
+        return self.seg_addr + 8 * self.slots_q, self.nlocal * m * P.SLOT_BYTES, m
 
     def complete_coll(self, ops: list[Op], nbytes: int) -> None:
         """Complete every rank's op of a collective in one C call: all slots are published before any
         rank is woken, so ranks leave together (a Python loop of publish-and-wake let each rank leave
         a little later than the one before). Same protocol as complete() and wake_rank()."""
         layout = self.layout
-        relayed = self.awake.live_mask() if self.awake is not None else 0
-        bad = _native.complete_coll(self.seg.addr, layout.slots_off, layout.rank_area_off, layout.max_ops,
+        awake = self.e.awake
+        relayed = awake.live_mask() if awake is not None else 0
+        bad = _native.complete_coll(self.seg_addr, layout.slots_off, layout.rank_area_off, layout.max_ops,
                                     ops, nbytes, relayed)
         if bad >= 0:
-            self.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot {ops[bad].req_slot} "
-                                                 f"out of range")
+            self.e.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot "
+                                                   f"{ops[bad].req_slot} out of range")
         elif relayed:
             self._note_relayed([op.owner for op in ops], relayed)
 
@@ -150,9 +173,9 @@ class Completion:
         they come back one after the other, tens of microseconds apart (docs/decisions.md). Their
         posts then wake the loop through the condvar."""
         if self.crowded:
-            self.spin_skip = True
-        if self.awake is not None:
-            self.awake.touch()
+            self.e.spin_skip = True
+        if self.e.awake is not None:
+            self.e.awake.touch()
 
     def wake_rank(self, local_rank: int) -> None:
         """Wake one rank whose completion is published: wake_ranks((local_rank,))."""
@@ -170,10 +193,10 @@ class Completion:
         publish the slot, bump the word atomically (a full barrier), then read WAITING. Either the rank
         sees the new slot, or its futex_wait sees the bump, or we (or the guard) see WAITING set.
         """
-        q, words, relayed = self.q, self.rank_words, 0
-        if self.awake is not None and any(q[words[lr][2]] for lr in local_ranks):
-            relayed = self.awake.live_mask()       # only where some rank may sleep (it costs a getcpu)
-        _native.wake_owners(self.seg.addr, self.layout.rank_area_off, local_ranks, relayed)
+        q, words, relayed, awake = self.q, self.rank_words, 0, self.e.awake
+        if awake is not None and any(q[words[lr][2]] for lr in local_ranks):
+            relayed = awake.live_mask()       # only where some rank may sleep (it costs a getcpu)
+        _native.wake_owners(self.seg_addr, self.layout.rank_area_off, local_ranks, relayed)
         if relayed:
             self._note_relayed(local_ranks, relayed)
 

@@ -37,8 +37,8 @@ class EngineContext:
         self.start_entry = engine.start_entry
         self.start_schedule = engine.start_schedule
         self.post_event = engine.post_event   # a transport's own threads wake the loop through it
-        self.completion_items = engine.completion_items   # a device that publishes a message's completion
-        self.completion_slots = engine.completion_slots
+        self.completion_items = engine.completion.completion_items   # a device that publishes a message's completion
+        self.completion_slots = engine.completion.completion_slots
         self.disarm_routes = engine.disarm_all
         self._argspool = engine.argspool
         self._n_args = P.CTRL_OFF // 8 + P.CTRL_N_ARGS
@@ -49,7 +49,7 @@ class EngineContext:
         self.comm_id: int = engine.comm_id
         self.net_ip: str = engine.net_ip
         self.arrive = engine.arrive
-        self.finish = engine.finish_transfer
+        self.finish = engine.completion.finish_transfer
         self.complete_send = engine.complete_send
         self.remote_closed = engine.remote_closed
         self.fail = engine.fail
@@ -114,5 +114,5 @@ class EngineContext:
         self._argspool.mirror(sub)
         if sub.done < sub.nsteps:
             return False
-        self._engine.sub_finished(sub)
+        self._engine.completion.sub_finished(sub)
         return True

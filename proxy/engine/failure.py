@@ -100,7 +100,7 @@ class Failure:
         self.fastpath.wake_coll()   # ranks asleep in a small collective (engine/fastpath.py)
 
     def _wake_all_ranks(self) -> None:
-        self.wake_ranks(tuple(range(self.nlocal)))
+        self.completion.wake_ranks(tuple(range(self.nlocal)))
 
     def _mutex_owner_died(self) -> None:
         """We got the pool mutex with EOWNERDEAD. The kernel releases a robust mutex early in the

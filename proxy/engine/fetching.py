@@ -91,7 +91,7 @@ class Fetching:
         t0 = time.monotonic_ns()
         # While a guard has a wake-up to deliver, wake in time to deliver it ourselves (check_relayed).
         # Not at all if a rank handed a chain off meanwhile (shm/_pool_lock.h, "Hand-off").
-        rc = _native.sleep_unless_posted(self.seg.addr, RELAY_GRACE_NS / 1e9 if self.relayed
+        rc = _native.sleep_unless_posted(self.seg.addr, RELAY_GRACE_NS / 1e9 if self.completion.relayed
                                          else self.params.PROXY_SLEEP_MS / 1000.0, self.events_seen)
         self.view.mutex._handle(rc)
         if self.profiler.enabled:
@@ -155,7 +155,8 @@ class Fetching:
         asleep on the pool's condvar (NET_LOOP_WAIT), so that it holds no GIL the link's threads queue
         for while they move the chunks (docs/decisions.md, "The link's threads never queue for the
         GIL behind the loop")."""
-        if self.watch_ns <= 0 or self.buffer_later or self.relayed or self.fastpath.held or self.fastpath.retry:
+        fp = self.fastpath
+        if self.watch_ns <= 0 or self.buffer_later or self.completion.relayed or fp.held or fp.retry:
             return False
         words: list = []
         polled = {a.transport for a in self.active if a.coll is None or not a.coll.event_driven}

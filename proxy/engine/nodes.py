@@ -103,7 +103,7 @@ class Nodes:
     def remote_send(self, send: Op) -> None:
         dst = send.peer
         if dst in self.gone:
-            self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
+            self.completion.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
             return
         n = send.nbytes
         if self.net_eager < n <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
@@ -118,18 +118,18 @@ class Nodes:
                 conn = self.connect(send.rank, dst, MemKind(kind))
             done = conn.transport.proxy_send_envelope(self.ctx, conn, send)   # type: ignore[misc]
         except errors.InvalidArgument as exc:
-            self.complete(send, exc.code, 0)
+            self.completion.complete(send, exc.code, 0)
             return
         except errors.InvalidUsage as exc:   # no transport for the pair: the job cannot work
             self.fail(exc.code, str(exc))
             return
         conn.nmsgs += 1
         if done:
-            self.complete(send, 0, send.nbytes, source=dst, tag=send.tag)
+            self.completion.complete(send, 0, send.nbytes, source=dst, tag=send.tag)
 
     def complete_send(self, op: Op, code: int, nbytes: int, peer_dtype: int = 0) -> None:
         """A transport's verdict on a send whose receiver is on another node."""
-        self.complete(op, code, nbytes, source=op.peer, tag=op.tag, peer_dtype=peer_dtype)
+        self.completion.complete(op, code, nbytes, source=op.peer, tag=op.tag, peer_dtype=peer_dtype)
 
     # ------------------------------------------------------------------ the receive half, across nodes
     def arrive(self, env: Any) -> None:
@@ -148,7 +148,7 @@ class Nodes:
         """Loop: ``rank`` of another node closed: the receives posted here for it fail."""
         self.gone.add(rank)
         for op in self.matcher.drop(lambda dst, src, tag, op: src == rank, unexpected=False):
-            self.complete(op, errors.InvalidUsage.code, 0)
+            self.completion.complete(op, errors.InvalidUsage.code, 0)
 
     # ------------------------------------------------------------------ news for the other nodes
     def tell_nodes_closed(self, rank: int) -> None:

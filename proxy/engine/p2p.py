@@ -161,7 +161,7 @@ class PointToPoint:
             why = typed.resolve(self.types, op)
             if why is not None:
                 _log.warning("%s", why)
-                self.complete(op, errors.InvalidArgument.code, 0)
+                self.completion.complete(op, errors.InvalidArgument.code, 0)
                 return
         if kind == KIND_SEND:
             self.send_half(op)
@@ -174,7 +174,7 @@ class PointToPoint:
         elif kind == KIND_CANCEL:
             self.cancel_post(op)
         else:
-            self.complete(op, errors.InternalError.code, 0)
+            self.completion.complete(op, errors.InternalError.code, 0)
 
     # ------------------------------------------------------------------ send half
     # Every message of every size passes through these few methods: they read attributes once and
@@ -185,7 +185,7 @@ class PointToPoint:
         matcher, and meets a posted receive or waits as unexpected."""
         dst = send.peer
         if not 0 <= dst < self.size or send.tag == ANY_TAG:   # the rank checks both: a bug or a forgery
-            self.complete(send, errors.InvalidArgument.code, 0)
+            self.completion.complete(send, errors.InvalidArgument.code, 0)
         elif self.nlocal == self.size or dst in self.local_of or self.nodes.rank_node[dst] == self.node:
             d = self.local_of.get(dst) if self.fast and send.pair_seq else None
             if d is not None and not self.fastpath.send_in(send, d):
@@ -210,7 +210,7 @@ class PointToPoint:
             self.match(send, recv)
         elif self.gone and dst in self.gone and dst != send.rank:
             self.matcher.take(dst, send)
-            self.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
+            self.completion.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
         else:
             if send.nbytes <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
                 self.buffer_later.append((send.t_fetch + int(send.nbytes * self.grace_ns_per_byte), send))
@@ -243,19 +243,19 @@ class PointToPoint:
         if recv.flags & FLAG_MPROBED:
             held = self.held.pop((recv.owner, recv.tag), None)
             if held is None:
-                self.complete(recv, errors.InvalidArgument.code, 0)   # no such message handle
+                self.completion.complete(recv, errors.InvalidArgument.code, 0)   # no such message handle
             else:
                 self.match(held, recv)
             return
         if not 0 <= src < self.size and src != ANY_SOURCE:
-            self.complete(recv, errors.InvalidArgument.code, 0)
+            self.completion.complete(recv, errors.InvalidArgument.code, 0)
             return
         send = self.matcher.post(recv.rank, src, recv.tag, recv)
         if send is not None:
             self.match(send, recv)
         elif self.gone and src in self.gone and src != recv.rank:
             self.matcher.cancel(recv.rank, recv)
-            self.complete(recv, errors.InvalidUsage.code, 0)   # the sender closed first
+            self.completion.complete(recv, errors.InvalidUsage.code, 0)   # the sender closed first
         elif recv.mem and self.arm_history:
             self.arm(recv, True)   # its send may fire it from C (engine/armed.py)
 
@@ -274,18 +274,18 @@ class PointToPoint:
 
         for op in self.matcher.drop(waits_on_gone):
             if op.rank != gone or op.owner == BUFFERED_OWNER:
-                self.complete(op, errors.InvalidUsage.code, 0)
+                self.completion.complete(op, errors.InvalidUsage.code, 0)
         for dst, waiting in list(self.probes.items()):
             keep = [p for p in waiting if dst != gone and p.peer != gone]
             for p in waiting:
                 if p.peer == gone and dst != gone:
-                    self.complete(p, errors.InvalidUsage.code, 0)
+                    self.completion.complete(p, errors.InvalidUsage.code, 0)
             if keep:
                 self.probes[dst] = keep
             else:
                 del self.probes[dst]
         for key in [k for k, m in self.held.items() if m.peer == gone]:
-            self.complete(self.held.pop(key), errors.InvalidUsage.code, 0)
+            self.completion.complete(self.held.pop(key), errors.InvalidUsage.code, 0)
         self.tell_nodes_closed(gone)
 
     def match(self, send: Op, recv: Op) -> None:
@@ -297,14 +297,14 @@ class PointToPoint:
             return
         n = send.nbytes
         if n > recv.nbytes:
-            self.complete(recv, errors.TruncationError.code, n, source=send.rank, tag=send.tag)
-            self.complete(send, 0, n)
+            self.completion.complete(recv, errors.TruncationError.code, n, source=send.rank, tag=send.tag)
+            self.completion.complete(send, 0, n)
             return
         if send.dtype != recv.dtype:
-            self.complete(recv, errors.InvalidUsage.code, n, source=send.rank, tag=send.tag,
-                          peer_dtype=send.dtype)
-            self.complete(send, errors.InvalidUsage.code, n, source=recv.rank, tag=send.tag,
-                          peer_dtype=recv.dtype)
+            self.completion.complete(recv, errors.InvalidUsage.code, n, source=send.rank, tag=send.tag,
+                                     peer_dtype=send.dtype)
+            self.completion.complete(send, errors.InvalidUsage.code, n, source=recv.rank, tag=send.tag,
+                                     peer_dtype=recv.dtype)
             return
         # Device memory on either side makes it a device transfer: the transport that moves device memory
         # also copies between host and device; shm moves host memory only.
@@ -329,15 +329,15 @@ class PointToPoint:
         if self.profiler.enabled:
             t.t_started = time.monotonic_ns()
         if done:
-            self.finish_transfer(t)
+            self.completion.finish_transfer(t)
         elif t.published and self.arm_on:
             self.remember(t, conn)   # the same message may come back: arm it then (engine/armed.py)
 
     def _refuse(self, send: Op, recv: Op, exc: errors.ProxyError) -> None:
         """A matched pair that cannot move (a bad buffer or record): both requests fail, nothing moved."""
         _log.warning("%s -> %s: %s", send.describe(), recv.describe(), exc)
-        self.complete(recv, exc.code, send.nbytes, source=send.rank, tag=send.tag)
-        self.complete(send, exc.code, send.nbytes)
+        self.completion.complete(recv, exc.code, send.nbytes, source=send.rank, tag=send.tag)
+        self.completion.complete(send, exc.code, send.nbytes)
 
     def connect(self, src: int, dst: int, kind: MemKind) -> Connector:
         """The connector of (src, dst, kind): the first allowed transport that can carry it, both
@@ -400,7 +400,7 @@ class PointToPoint:
         """``b`` stands in for ``send`` from now on: register its bytes, count them, complete the send."""
         self.buffers[(BUFFERED_OWNER, b.buf_id)] = b
         self.buffered[send.peer] = self.buffered.get(send.peer, 0) + send.nbytes
-        self.complete(send, 0, send.nbytes, source=send.peer, tag=send.tag)
+        self.completion.complete(send, 0, send.nbytes, source=send.peer, tag=send.tag)
 
     def release_buffered(self, b: Buffered) -> None:
         """A buffered send's bytes were delivered, or will never be: its memory goes back."""
@@ -417,7 +417,7 @@ class PointToPoint:
         if self.fast:
             self.fastpath.drain_to(probe.owner)
         if not 0 <= src < self.size and src != ANY_SOURCE:
-            self.complete(probe, errors.InvalidArgument.code, 0)
+            self.completion.complete(probe, errors.InvalidArgument.code, 0)
             return
         block = flags & FLAG_PROBE_BLOCK
         if flags & FLAG_PROBE_MATCHED:
@@ -435,20 +435,20 @@ class PointToPoint:
         else:
             send = self.matcher.probe(dst, src, tag)
             if send is not None:
-                self.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
+                self.completion.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
                 return
             if block:
                 self.probes.setdefault(dst, []).append(probe)
         if not block:
-            self.complete(probe, STATUS_NO_MESSAGE, 0)
+            self.completion.complete(probe, STATUS_NO_MESSAGE, 0)
         elif self.gone and src in self.gone and src != dst:   # nothing can come any more
             self.cancel_target(probe.owner, probe.req_slot, probe.req_seq)
-            self.complete(probe, errors.InvalidUsage.code, 0)
+            self.completion.complete(probe, errors.InvalidUsage.code, 0)
 
     def hold(self, send: Any, probe: Op) -> None:
         """A matched probe took ``send``: keep it for the receive that names the probe's handle."""
         self.held[(probe.owner, probe.req_seq)] = send
-        self.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
+        self.completion.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
 
     def wake_probes(self, dst: int, send: Any) -> None:
         """``send`` arrived unexpected for ``dst``: answer the blocking Probes that accept it."""
@@ -458,7 +458,7 @@ class PointToPoint:
         keep = []
         for p in waiting:
             if _accepts(p.peer, p.tag, send.rank, send.tag):
-                self.complete(p, 0, send.nbytes, source=send.rank, tag=send.tag)
+                self.completion.complete(p, 0, send.nbytes, source=send.rank, tag=send.tag)
             else:
                 keep.append(p)
         if keep:
@@ -470,8 +470,8 @@ class PointToPoint:
         """KIND_CANCEL: cancel the owner's request (slot = peer, sequence = tag) if nothing matched it."""
         found = self.cancel_target(op.owner, op.peer, op.tag)
         if found is not None:
-            self.complete(found, STATUS_CANCELLED, 0, source=found.peer, tag=found.tag, wake=False)
-        self.complete(op, 0, int(found is not None))
+            self.completion.complete(found, STATUS_CANCELLED, 0, source=found.peer, tag=found.tag, wake=False)
+        self.completion.complete(op, 0, int(found is not None))
 
     def cancel_target(self, owner: int, slot: int, seq: int) -> Op | None:
         """Remove the owner's pending op of request (slot, seq) from matching or the waiting probes."""

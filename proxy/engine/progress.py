@@ -19,10 +19,11 @@ memory kind (engine/p2p.py), whose transport moves it: at once, or as subs of an
 (connection, opCount) whose step counters it advances; a finished message writes both requests'
 completion slots and wakes their ranks (engine/completion.py). Collectives are run by coll/runner.py.
 What the loop is made of: this module (lifecycle, the driver), the components it owns, each with its
-own state and typed (``fastpath``: engine/fastpath.py, the cells drained in order; ``intro``:
-engine/introspect.py, the info blob and the dump), and the mixins not yet made components (Fetching,
-PointToPoint, ArmedRoutes, Nodes, CollRunner, MultiNodeColl, Completion, Failure), which share this
-object's attributes (issue 41: each becomes a component in turn).
+own state and typed (``completion``: engine/completion.py, publishing results and waking ranks;
+``fastpath``: engine/fastpath.py, the cells drained in order; ``intro``: engine/introspect.py, the
+info blob and the dump), and the mixins not yet made components (Fetching, PointToPoint,
+ArmedRoutes, Nodes, CollRunner, MultiNodeColl, Failure), which share this object's attributes
+(issue 41: each becomes a component in turn).
 
 The loop never raises into a void: the first error is stored with its context in the pool's
 asyncResult fields and the communicator is aborted, so every rank raises it at its next call.
@@ -80,8 +81,7 @@ _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # gl
 _COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
-class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, MultiNodeColl,
-                     Completion, Failure):
+class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, MultiNodeColl, Failure):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -124,11 +124,6 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
         self.take_idx = np.zeros(2 * layout.nrecords, np.int32)
         self.take_out_addr = _native.buffer_info(self.take_out, True)[0]
         self.take_idx_addr = _native.buffer_info(self.take_idx, True)[0]
-        # Per local rank: (u64 index of its COMPLETED counter, address of its futex word, u64 index of
-        # its WAITING flag), and where the completion slots start: complete() runs for every op.
-        self.rank_words = [(layout.rank_q(lr, P.RANK_COMPLETED), self.seg.addr + layout.wake_word_offset(lr),
-                            layout.rank_q(lr, P.RANK_WAITING)) for lr in range(nlocal)]
-        self.slots_q = layout.slot_q(0)
         self.transports = transports.allowed(params.TRANSPORTS)
         self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
         self.argspool = ArgsPool(self.view)
@@ -141,14 +136,13 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
         self.net: Transport | None = None
         self.net_info = b""
         self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
-        # Wake-ups left to a guard (wake_ranks): (deadline ns, WAITING index, its value, futex address)
-        self.relayed: list[tuple[int, int, int, int]] = []
         self.profiler = Profiler(params.PROFILE)
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
         self.fingerprints: dict[int, list] = {}   # node 0 across nodes: seq -> (node, rank, fingerprint)s
         self.init_p2p(params)   # the receive half of point-to-point, buffered sends, probes (engine/p2p.py)
+        self.completion = Completion(self)   # publishing results, waking ranks (engine/completion.py)
         self.fastpath = FastPath(self, layout)  # small blocking calls the ranks complete themselves
         self.fast = self.fastpath.on
         # repeated device messages launched from C at fetch (engine/armed.py)
@@ -338,8 +332,8 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
         next_tick = 0
         while not self._should_exit():
             idle = self.progress_once()
-            if self.relayed:
-                self.check_relayed()
+            if self.completion.relayed:
+                self.completion.check_relayed()
             self.passes += 1
             mode = fetch_mode(idle, len(self.active), self.passes, freq)
             if self.buffer_later:   # sends waiting out their grace (engine/p2p.py): look, never sleep
