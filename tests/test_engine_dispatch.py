@@ -34,7 +34,7 @@ def engine(tmp_path) -> Iterator[ProgressEngine]:
             eng.buffers[(lr, 1)] = MemfdBuffer.from_fd(fd, 4096)
         yield eng
     finally:
-        eng.failed = False   # nobody to tell: shutdown() must not linger for ranks that never joined
+        eng.failures.failed = False   # nobody to tell: shutdown() must not linger for ranks that never joined
         eng.shutdown()       # releases the pool, the buffers and their fds now, not at a later GC
 
 
@@ -58,7 +58,7 @@ def pair(eng: ProgressEngine, mem_send: int = 0, mem_recv: int = 0) -> tuple[int
 
 def test_a_matched_message_moves_through_its_connector(engine):
     s, r = pair(engine)
-    assert status(engine, s) == status(engine, r) == 0 and not engine.failed
+    assert status(engine, s) == status(engine, r) == 0 and not engine.failures.failed
     conn = engine.conns[(0, 1, MemKind.HOST)]
     assert conn.transport.name == "shm" and conn.nmsgs == 1 and conn.describe()["state"] == "connected"
 
@@ -71,24 +71,26 @@ def test_no_transport_for_a_pair_fails_the_communicator_naming_both_ranks_and_th
             return False
     engine.transports = (Refuses(),)
     pair(engine)
-    assert engine.failed and isinstance(engine.failure, errors.InvalidUsage)
-    assert "rank 0" in str(engine.failure) and "rank 1" in str(engine.failure) and "host memory" in str(engine.failure)
+    error = engine.failures.error
+    assert engine.failures.failed and isinstance(error, errors.InvalidUsage)
+    assert "rank 0" in str(error) and "rank 1" in str(error) and "host memory" in str(error)
 
 
 def test_device_memory_with_no_device_transport_fails_the_communicator_naming_the_kind(engine):
     engine.transports = transports.allowed("shm")
     pair(engine, mem_send=mem_word(MemKind.CUDA, 0))
-    assert engine.failed and "cuda memory" in str(engine.failure) and "tried: shm" in str(engine.failure)
+    error = engine.failures.error
+    assert engine.failures.failed and "cuda memory" in str(error) and "tried: shm" in str(error)
 
 
 def test_an_unknown_memory_kind_fails_both_requests_not_the_loop(engine):
     s, r = pair(engine, mem_recv=0x7F)
-    assert status(engine, s) == status(engine, r) == errors.InvalidArgument.code and not engine.failed
+    assert status(engine, s) == status(engine, r) == errors.InvalidArgument.code and not engine.failures.failed
 
 
 def test_a_forged_wildcard_send_is_refused(engine):
     engine.append(op(engine, opsmod.KIND_SEND, 0, 1, 0, tag=opsmod.ANY_TAG))
-    assert status(engine, 0) == errors.InvalidArgument.code and not engine.failed and len(engine.matcher) == 0
+    assert status(engine, 0) == errors.InvalidArgument.code and not engine.failures.failed and len(engine.matcher) == 0
 
 
 def test_a_transport_thread_hands_the_loop_work_through_the_context(engine):

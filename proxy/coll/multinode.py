@@ -52,7 +52,7 @@ class MultiNodeColl:
             work, builder, nchunks, chunk_bytes = self.build_coll_nodes(ops)
         except errors.ProxyError as exc:
             # A node that cannot take part would leave the others waiting: fail the communicator.
-            self.fail(exc.code, f"collective #{ops[0].coll_seq} across nodes: {exc}")
+            self.failures.fail(exc.code, f"collective #{ops[0].coll_seq} across nodes: {exc}")
             return
         if nchunks == 0:
             self.finish_coll(work)
@@ -62,14 +62,14 @@ class MultiNodeColl:
     def on_note(self, node: int, kind: int, value: int, payload: bytes) -> None:
         """Loop: another node's note (transports' proxy_note)."""
         if kind != NOTE_FINGERPRINT or self.node != 0:
-            self.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
+            self.failures.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
             return
         try:
             rank, fp, claims = json.loads(payload)
             fp = tuple(int(x) for x in fp)
             claims = [(tuple(key), int(r), int(n)) for key, r, n in claims]
         except (ValueError, TypeError) as exc:
-            self.fail(errors.InternalError.code, f"malformed fingerprint note from node {node}: {exc!r}")
+            self.failures.fail(errors.InternalError.code, f"malformed fingerprint note from node {node}: {exc!r}")
             return
         self.fingerprint_seen(value, node, int(rank), fp, claims)
 
@@ -80,15 +80,15 @@ class MultiNodeColl:
             seen_claims = self.__dict__.setdefault("_claims_seen", {}).setdefault(seq, {})
             msg = counts.check(fp[0], seq, claims, seen_claims)
             if msg is not None:
-                self.fail(errors.InvalidUsage.code, msg)
+                self.failures.fail(errors.InvalidUsage.code, msg)
                 return
         seen = self.fingerprints.setdefault(seq, [])
         for other_node, other_rank, other_fp in seen[:1]:
             if other_fp != fp:
-                self.fail(errors.InvalidUsage.code,
-                          f"collective #{seq} mismatch: rank {other_rank} (node {other_node}) called "
-                          f"{self.describe_fingerprint(other_fp)} but rank {rank} (node {node}) called "
-                          f"{self.describe_fingerprint(fp)}")
+                self.failures.fail(errors.InvalidUsage.code,
+                                   f"collective #{seq} mismatch: rank {other_rank} (node {other_node}) called "
+                                   f"{self.describe_fingerprint(other_fp)} but rank {rank} (node {node}) called "
+                                   f"{self.describe_fingerprint(fp)}")
                 return
         seen.append((node, rank, fp))
         if len(seen) == self.nodes.nnodes:

@@ -62,8 +62,8 @@ class CollRunner:
         if ops is None:
             ops = self.colls[op.coll_seq] = [None] * self.nlocal
         if ops[op.owner] is not None:
-            self.fail(errors.InternalError.code, f"{op.describe()}: local rank {op.owner} posted collective "
-                      f"#{op.coll_seq} twice")
+            self.failures.fail(errors.InternalError.code, f"{op.describe()}: local rank {op.owner} posted collective "
+                               f"#{op.coll_seq} twice")
             return
         ops[op.owner] = op
         if None not in ops:
@@ -97,15 +97,15 @@ class CollRunner:
         for other in ops[1:]:
             fp = fingerprint(other)
             if fp != first:
-                self.fail(errors.InvalidUsage.code,
-                          f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
-                          f"{self.describe_fingerprint(first)} but rank {other.rank} called "
-                          f"{self.describe_fingerprint(fp)}")
+                self.failures.fail(errors.InvalidUsage.code,
+                                   f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
+                                   f"{self.describe_fingerprint(first)} but rank {other.rank} called "
+                                   f"{self.describe_fingerprint(fp)}")
                 return
         if any(op.mem for op in ops):   # device memory: queued on the GPU whole (shmproxy.coll.gpu)
             if self.nodes.nnodes > 1:
-                self.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers in a "
-                          f"collective across nodes are not supported yet")
+                self.failures.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers in a "
+                                   f"collective across nodes are not supported yet")
                 return
             from shmproxy.coll import gpu
             gpu.start_device_coll(self, ops)
@@ -153,7 +153,7 @@ class CollRunner:
                 raise errors.InvalidUsage(f"transport {transport.name} runs no collectives between the ranks of "
                                           f"a node")
         except errors.InvalidUsage as exc:   # no allowed transport can: the job cannot work, say so loudly
-            self.fail(exc.code, str(exc))
+            self.failures.fail(exc.code, str(exc))
             return
         args = self.argspool.get_args(conn, op0.opcount, transport)
         args.coll = work

@@ -61,7 +61,7 @@ def check(runner: Any, ops: list[Op], size: int) -> bool:
         msg = f"collective #{op0.coll_seq} {COLL_NAMES.get(op0.coll, op0.coll)}: {exc}"
     if msg is None:
         return True
-    runner.fail(errors.InvalidUsage.code, msg)
+    runner.failures.fail(errors.InvalidUsage.code, msg)
     return False
 
 

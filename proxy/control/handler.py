@@ -66,7 +66,7 @@ class ControlHandler:
     # ServiceHandler protocol -------------------------------------------------------------------
     def handle(self, conn: Any, msg: MsgType, payload: dict, fds: list[int]) -> tuple[dict, list[int]]:
         try:
-            if msg in _JOINING and self.engine.failure is not None:
+            if msg in _JOINING and self.engine.failures.error is not None:
                 self._refuse_join(conn, payload)
             resp, out_fds = self.dispatch[msg](conn, payload, fds)
         except BaseException:
@@ -90,7 +90,7 @@ class ControlHandler:
     def on_process_exit(self, conn: Any) -> None:
         info = conn.data.get("info")
         if info is not None:
-            self.engine.rank_died(info)
+            self.engine.failures.rank_died(info)
         self._joined()
 
     def _refuse_join(self, conn: Any, payload: dict) -> None:
@@ -100,15 +100,16 @@ class ControlHandler:
         info = conn.data.get("info")
         lr = info.local_rank if info is not None else payload.get("local_rank")
         if isinstance(lr, int) and 0 <= lr < e.nlocal:
-            e.told.add(lr)
-        assert e.failure is not None
-        raise errors.from_code(e.failure.code, f"the communicator failed while this rank joined: {e.failure}",
-                               rank=getattr(e.failure, "rank", None), pid=getattr(e.failure, "pid", None))
+            e.failures.told.add(lr)
+        error = e.failures.error
+        assert error is not None
+        raise errors.from_code(error.code, f"the communicator failed while this rank joined: {error}",
+                               rank=getattr(error, "rank", None), pid=getattr(error, "pid", None))
 
     def _joined(self) -> None:
         """Wake ProgressEngine.wait_until_told: what it waits for may have changed."""
-        with self.engine.joins:
-            self.engine.joins.notify_all()
+        with self.engine.failures.joins:
+            self.engine.failures.joins.notify_all()
 
     # messages ----------------------------------------------------------------------------------
     def on_init(self, conn: Any, payload: dict, fds: list[int]):
@@ -261,7 +262,7 @@ class ControlHandler:
         return {"registered": buf is not None, "bytes": buf.size if buf else 0}, []
 
     def on_close(self, conn: Any, payload: dict, fds: list[int]):
-        self.engine.rank_closed(conn.data["info"])
+        self.engine.failures.rank_closed(conn.data["info"])
         return {}, []
 
     def on_abort(self, conn: Any, payload: dict, fds: list[int]):
@@ -269,12 +270,12 @@ class ControlHandler:
         code = payload.get("code")
         if type(code) is int and code in (errors.Timeout.code, errors.InvalidUsage.code):
             # a failure a rank found itself (a small collective that timed out or mismatched: rank/fastpath.py)
-            self.engine.fail(code, str(payload.get("message", ""))[:400], rank=me.rank, pid=me.pid)
+            self.engine.failures.fail(code, str(payload.get("message", ""))[:400], rank=me.rank, pid=me.pid)
             return {}, []
         reason = str(payload.get("reason", ""))[:200]
-        self.engine.fail(errors.Aborted.code,
-                         f"rank {me.rank} called Abort()" + (f": {reason}" if reason else ""),
-                         rank=me.rank, pid=me.pid)
+        self.engine.failures.fail(errors.Aborted.code,
+                                  f"rank {me.rank} called Abort()" + (f": {reason}" if reason else ""),
+                                  rank=me.rank, pid=me.pid)
         return {}, []
 
     def on_stop(self, conn: Any, payload: dict, fds: list[int]):

@@ -106,7 +106,7 @@ class Completion:
             op.reply(status, nbytes, peer_dtype)  # type: ignore[attr-defined]
             return
         if slot // self.layout.max_ops != owner:
-            self.e.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
+            self.e.failures.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
             return
         base = self.slots_q + _SLOT_WORDS * slot
         q[base + P.SLOT_NBYTES] = nbytes
@@ -161,8 +161,8 @@ class Completion:
         bad = _native.complete_coll(self.seg_addr, layout.slots_off, layout.rank_area_off, layout.max_ops,
                                     ops, nbytes, relayed)
         if bad >= 0:
-            self.e.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot "
-                                                   f"{ops[bad].req_slot} out of range")
+            self.e.failures.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot "
+                                 f"{ops[bad].req_slot} out of range")
         elif relayed:
             self._note_relayed([op.owner for op in ops], relayed)
 

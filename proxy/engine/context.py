@@ -52,7 +52,7 @@ class EngineContext:
         self.finish = engine.completion.finish_transfer
         self.complete_send = engine.complete_send
         self.remote_closed = engine.remote_closed
-        self.fail = engine.fail
+        self.fail = engine.failures.fail
         self.note = engine.on_note
 
     @property

@@ -1,55 +1,75 @@
-"""Failures and departures of ranks, seen by the progress process (a mixin of ProgressEngine).
+"""Failures and departures of ranks, seen by the progress process: Failures, a component of the engine
+(``engine.failures``).
 
 The loop never raises into a void: the first error is kept in the pool's asyncResult fields with its
 context (who, what was in flight), the abort flag is set and every rank is woken, so that each
 raises it at its next call or wait. A rank that closes cancels the receives posted to it; once every
 local rank closed or died the loop stops. After a failure the service stays up a bounded while
 (FAIL_LINGER_S) so that a rank still joining learns who failed.
+
+The component owns the failure state (``failed``, the first ``error``, who was ``told``, the mutex
+owner's death) and the service thread's condition (``joins``); it takes the engine for the pool, the
+rank table, and those it tells: completion (wake every rank), the fast path (wake its collective's
+sleepers), the other nodes, and the point-to-point half (what a closed rank leaves).
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
-
+from typing import TYPE_CHECKING
 
 from shmproxy.engine.completion import MASK64
 from shmproxy.engine.ranks import RankInfo
 from shmproxy.core import errors, log
 from shmproxy.shm import pool as P
 
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.engine.progress import ProgressEngine
+
 _log = log.get("PROXY")
 OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
 
 
-class Failure:
+class Failures:
+    def __init__(self, engine: "ProgressEngine"):
+        self.e = engine
+        self.failed = False
+        self.error: errors.ProxyError | None = None   # the first error, for ranks still joining
+        self.told: set[int] = set()     # local ranks whose join the service refused with it
+        self.joins = threading.Condition()  # notified by the service thread on every message and exit
+        self.owner_died_at = 0.0
+
     def rank_closed(self, info: RankInfo) -> None:
         """Service thread: ``info``'s rank closed. What waits on it is failed by the loop, which owns
         the matching (close_half), woken at once through an event."""
         info.closed = True
-        self.post_event(lambda: self._after_close(info))
+        self.e.post_event(lambda: self._after_close(info))
 
     def _after_close(self, info: RankInfo) -> None:
-        self.close_half(info)
+        e = self.e
+        e.close_half(info)
         self.release_registrations(info.local_rank)
-        if len(self.ranks) == self.nlocal and all(r.closed or r.dead for r in list(self.ranks.values())):
-            self.stopping = True
-            self.view.set_ctrl(P.CTRL_STOP, 1)
+        if len(e.ranks) == e.nlocal and all(r.closed or r.dead for r in list(e.ranks.values())):
+            e.stopping = True
+            e.view.set_ctrl(P.CTRL_STOP, 1)
 
     def release_registrations(self, local_rank: int) -> None:
         """Loop thread, once a rank closed (it waited for its sends and collectives): what transports
         hold for its buffers (a device mapping opened by CUDA IPC keeps the rank's GPU memory alive)
         goes now, not when the progress process exits. A transport defers what a copy still uses."""
         # list(): one C call, while the service thread may be adding another rank's registration
-        for key in [k for k in list(self.registrations) if k[0] == local_rank]:
-            owners, reg = self.registrations.pop(key)
-            self.deregister(owners, reg)
+        e = self.e
+        for key in [k for k in list(e.registrations) if k[0] == local_rank]:
+            owners, reg = e.registrations.pop(key)
+            e.deregister(owners, reg)
 
     def not_told(self) -> list[int]:
         """The local ranks that cannot yet learn of the failure without the service: none of mapping the
         pool (its error record), dying, closing, or having its join refused with the failure happened."""
         out = []
-        for lr in range(self.nlocal):
-            info = self.ranks.get(lr)
+        for lr in range(self.e.nlocal):
+            info = self.e.ranks.get(lr)
             if lr not in self.told and not (info is not None and (info.mapped or info.dead or info.closed)):
                 out.append(lr)
         return out
@@ -83,31 +103,29 @@ class Failure:
 
     def fail(self, code: int, message: str, rank: int | None = None, pid: int | None = None) -> None:
         """Keep the first error (asyncResult), abort the communicator, wake everybody."""
-        q, base = self.q, P.CTRL_OFF // 8
+        e = self.e
+        q, base = e.q, P.CTRL_OFF // 8
         if not self.failed:
             self.failed = True
-            self.failure = errors.from_code(code, message, rank=rank, pid=pid)
+            self.error = errors.from_code(code, message, rank=rank, pid=pid)
             data = message.encode("utf-8", "replace")[: P.ERR_MSG_BYTES - 1] + b"\0"
-            self.view.buf[P.ERR_MSG_OFF:P.ERR_MSG_OFF + len(data)] = data
+            e.view.buf[P.ERR_MSG_OFF:P.ERR_MSG_OFF + len(data)] = data
             q[base + P.CTRL_ERR_CODE] = code
             q[base + P.CTRL_ERR_RANK] = P.NO_RANK if rank is None else rank & MASK64
             q[base + P.CTRL_ERR_PID] = pid or 0
             q[base + P.CTRL_ERR_SEQ] = 1
             _log.warning("communicator failed: %s", message)
-            self.tell_nodes_failed(code, message, rank)
+            e.tell_nodes_failed(code, message, rank)
         q[base + P.CTRL_ABORT] = 1
-        self._wake_all_ranks()
-        self.fastpath.wake_coll()   # ranks asleep in a small collective (engine/fastpath.py)
+        e.completion.wake_ranks(tuple(range(e.nlocal)))
+        e.fastpath.wake_coll()   # ranks asleep in a small collective (engine/fastpath.py)
 
-    def _wake_all_ranks(self) -> None:
-        self.completion.wake_ranks(tuple(range(self.nlocal)))
-
-    def _mutex_owner_died(self) -> None:
+    def mutex_owner_died(self) -> None:
         """We got the pool mutex with EOWNERDEAD. The kernel releases a robust mutex early in the
         owner's exit, before the process is a zombie, so asking now "who is dead?" can find nobody:
         stop trusting the posted chain, and let the pidfd watcher (rank_died) name the dead rank;
         tick() falls back to an anonymous report after OWNER_DEAD_GRACE_S."""
-        dead = [r for r in list(self.ranks.values()) if not _alive(r.pid)]
+        dead = [r for r in list(self.e.ranks.values()) if not _alive(r.pid)]
         if dead:
             self.rank_died(dead[0], "holding the ops pool mutex")
         elif not self.owner_died_at:
@@ -115,12 +133,12 @@ class Failure:
 
     def _inflight_with(self, rank: int) -> str:
         items = []
-        m = self.matcher
+        m = self.e.matcher
         for dst in m.dests():
             for src, _tag, op in list(m.posted(dst)) + list(m.unexpected(dst)):
                 if rank in (dst, src):
                     items.append(op.describe())
-        for a in self.active:
+        for a in self.e.active:
             if rank in a.conn:
                 items.append(f"args {a.id} {a.conn[0]}->{a.conn[1]} opCount {a.opcount} ({len(a.subs)} subs)")
         return "; ".join(items[:8]) + (f" (+{len(items) - 8} more)" if len(items) > 8 else "")

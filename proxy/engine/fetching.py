@@ -39,7 +39,7 @@ class Fetching:
         head_i = P.NEXT_OPS_OFF // 4
         if mode != _F_TRY:
             self._spin_for_work()
-        if (i32[head_i] != -1 or self.q[_MASK_Q]) and not (self.failed or self.owner_died_at):
+        if (i32[head_i] != -1 or self.q[_MASK_Q]) and not (self.failures.failed or self.failures.owner_died_at):
             n = self._fetch_posted(mode != _F_TRY)   # lock, take, unlock: one C call
         elif mode == _F_TRY:
             return 0
@@ -48,7 +48,7 @@ class Fetching:
             try:
                 if i32[head_i] == -1 and not self.q[_MASK_Q] and not self._should_exit():
                     self._sleep_locked()
-                n = self._take_locked() if not (self.failed or self.owner_died_at) else 0
+                n = self._take_locked() if not (self.failures.failed or self.failures.owner_died_at) else 0
             finally:
                 view.mutex.unlock()
         armed = None
@@ -56,7 +56,7 @@ class Fetching:
             armed = ([], [], [])
             self.fire_armed(0, n, armed)
             if (pair and self.claims_waiting(armed) and self._wait_posted(self.linger_ns)
-                    and not (self.failed or self.owner_died_at)):
+                    and not (self.failures.failed or self.failures.owner_died_at)):
                 n2 = self._fetch_posted(False, at=n)
                 if n2:
                     self.fire_armed(n, n + n2, armed)
@@ -110,7 +110,7 @@ class Fetching:
             raise errors.Timeout(f"pool mutex not acquired within {self.timeout:.1f} s "
                                  f"(held by a wedged process?)")
         if rc == sync.OWNERDEAD:
-            self._mutex_owner_died()
+            self.failures.mutex_owner_died()
             return 0
         return self._check_taken(n, err, at)
 
@@ -126,12 +126,12 @@ class Fetching:
 
     def _check_taken(self, n: int, err: int, at: int) -> int:
         if err == 1:
-            self.fail(errors.InternalError.code, f"ops pool corrupt: posted chain links to record {at}")
+            self.failures.fail(errors.InternalError.code, f"ops pool corrupt: posted chain links to record {at}")
             return 0
         if err == 2:
-            self.fail(errors.InternalError.code, f"ops pool corrupt: record {at} claims owner "
-                                                 f"{self.view.read_record(at)[5]}, region of "
-                                                 f"{at // self.layout.max_ops}")
+            self.failures.fail(errors.InternalError.code, f"ops pool corrupt: record {at} claims owner "
+                               f"{self.view.read_record(at)[5]}, region of "
+                               f"{at // self.layout.max_ops}")
             return 0
         return n
 

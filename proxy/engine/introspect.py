@@ -123,7 +123,7 @@ class Introspector:
         state["in_process"] = {
             "passes": e.passes,
             "stopping": e.stopping,
-            "failed": e.failed,
+            "failed": e.failures.failed,
             "active_args": [
                 {"id": a.id, "conn": list(a.conn), "opcount": a.opcount,
                  "state": P.SUB_STATE_LETTER.get(a.state, "?"), "transport": a.transport.name,

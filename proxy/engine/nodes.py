@@ -121,7 +121,7 @@ class Nodes:
             self.completion.complete(send, exc.code, 0)
             return
         except errors.InvalidUsage as exc:   # no transport for the pair: the job cannot work
-            self.fail(exc.code, str(exc))
+            self.failures.fail(exc.code, str(exc))
             return
         conn.nmsgs += 1
         if done:

@@ -154,7 +154,7 @@ class PointToPoint:
     def append(self, op: Op) -> None:
         """A fetched op: a collective's arrival, or one half of a message."""
         if op.rank < 0:
-            self.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
+            self.failures.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
             return
         kind = op.kind
         if op.flags & FLAG_TYPED and kind <= KIND_RECV:   # a derived datatype (shm/typed.py)
@@ -317,7 +317,7 @@ class PointToPoint:
             try:
                 conn = self.connect(send.rank, recv.rank, MemKind(kind))
             except errors.InvalidUsage as exc:   # no allowed transport: the job cannot work, say so loudly
-                self.fail(exc.code, str(exc))
+                self.failures.fail(exc.code, str(exc))
                 return
         t = Transfer(send, recv, n, time.monotonic_ns())
         try:

@@ -20,10 +20,11 @@ memory kind (engine/p2p.py), whose transport moves it: at once, or as subs of an
 completion slots and wakes their ranks (engine/completion.py). Collectives are run by coll/runner.py.
 What the loop is made of: this module (lifecycle, the driver), the components it owns, each with its
 own state and typed (``completion``: engine/completion.py, publishing results and waking ranks;
-``fastpath``: engine/fastpath.py, the cells drained in order; ``intro``: engine/introspect.py, the
-info blob and the dump), and the mixins not yet made components (Fetching, PointToPoint,
-ArmedRoutes, Nodes, CollRunner, MultiNodeColl, Failure), which share this object's attributes
-(issue 41: each becomes a component in turn).
+``failures``: engine/failure.py, the first error and who learned it; ``fastpath``:
+engine/fastpath.py, the cells drained in order; ``intro``: engine/introspect.py, the info blob and
+the dump), and the mixins not yet made components (Fetching, PointToPoint, ArmedRoutes, Nodes,
+CollRunner, MultiNodeColl), which share this object's attributes (issue 41: each becomes a
+component in turn).
 
 The loop never raises into a void: the first error is stored with its context in the pool's
 asyncResult fields and the communicator is aborted, so every rank raises it at its next call.
@@ -36,7 +37,6 @@ import faulthandler
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -61,7 +61,7 @@ from shmproxy.control.handler import ControlHandler
 from shmproxy.control.service import ServiceServer
 from shmproxy.engine.completion import Completion
 from shmproxy.engine.context import EngineContext
-from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failure
+from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failures
 from shmproxy.engine.introspect import Introspector
 from shmproxy.engine.nodes import NodeMap, Nodes
 from shmproxy.engine.fastpath import FastPath
@@ -81,7 +81,7 @@ _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # gl
 _COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
-class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, MultiNodeColl, Failure):
+class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, MultiNodeColl):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -97,7 +97,8 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
         self.seg = Segment.create(f"{job_key[:8]}-c{comm_id}", layout.total_bytes, params.SHM_DIR)
         self.view = P.PoolView.initialize(self.seg.mm, self.seg.addr, layout)
         self.layout = layout
-        self.view.mutex.on_owner_dead = self._mutex_owner_died
+        self.failures = Failures(self)   # the first error, and who learned it (engine/failure.py)
+        self.view.mutex.on_owner_dead = self.failures.mutex_owner_died
         self.view.set_ctrl(P.CTRL_PROXY_PID, os.getpid())
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_STARTING)
         self.q = self.view.q
@@ -169,11 +170,6 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
         self.stopping = False
         self.dump_requested = False
         self.progressed = False
-        self.failed = False
-        self.failure: errors.ProxyError | None = None   # the first error, for ranks still joining
-        self.told: set[int] = set()     # local ranks whose join the service refused with it
-        self.joins = threading.Condition()  # notified by the service thread on every message and exit
-        self.owner_died_at = 0.0
         self.passes = 0
         self.t_start = time.monotonic()
         self.intro = Introspector(self)   # the info blob and the dump (engine/introspect.py)
@@ -190,7 +186,7 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
 
     def _service_failed(self, exc: BaseException) -> None:
         code = exc.code if isinstance(exc, errors.ProxyError) else errors.InternalError.code
-        self.fail(code, f"the service failed handling a rank: {exc!r}")
+        self.failures.fail(code, f"the service failed handling a rank: {exc!r}")
 
     def start(self) -> None:
         sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
@@ -206,8 +202,8 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
     def shutdown(self) -> None:
         """Tear everything down; safe after any failure, and nothing of ours is left behind."""
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_STOPPING)
-        if self.failed:
-            self.wait_until_told(self.params.FAIL_LINGER_S)
+        if self.failures.failed:
+            self.failures.wait_until_told(self.params.FAIL_LINGER_S)
         self.server.stop(timeout=5.0)
         self.copy.stop()
         if self.awake is not None:
@@ -277,7 +273,7 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
             floating = None if cpus else affinity.float_cpus(self.params, rank_sets, allowed)
             self.pending_affinity = (cpus, reason, floating)
         except errors.ProxyError as exc:
-            self.fail(exc.code, f"cannot choose progress cores: {exc}")
+            self.failures.fail(exc.code, f"cannot choose progress cores: {exc}")
 
     # ------------------------------------------------------------------ collectives
 
@@ -374,13 +370,14 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
         if self.dump_requested:
             self.dump_requested = False
             self.intro.write_dump()
-        if self.owner_died_at and not self.failed and time.monotonic() - self.owner_died_at > OWNER_DEAD_GRACE_S:
-            self.fail(errors.PeerDiedError.code, "a process died holding the ops pool mutex")
+        f = self.failures
+        if f.owner_died_at and not f.failed and time.monotonic() - f.owner_died_at > OWNER_DEAD_GRACE_S:
+            f.fail(errors.PeerDiedError.code, "a process died holding the ops pool mutex")
         if not self.ranks and time.monotonic() - self.t_start > self.params.TIMEOUT:
-            self.fail(errors.Timeout.code, f"no rank connected within {self.params.TIMEOUT} s")
+            self.failures.fail(errors.Timeout.code, f"no rank connected within {self.params.TIMEOUT} s")
         if not self.ranks and os.getppid() != self.parent:
-            self.fail(errors.PeerDiedError.code, f"local rank 0 (pid {self.parent}) exited before connecting",
-                      rank=None, pid=self.parent)
+            self.failures.fail(errors.PeerDiedError.code, f"local rank 0 (pid {self.parent}) exited before connecting",
+                               rank=None, pid=self.parent)
 
     def apply_affinity(self, cpus: list[int] | None, reason: str, floating: list[int] | None = None) -> None:
         """Pin every thread to ``cpus`` (CPUs of its own), or let them float over ``floating`` (the
@@ -474,8 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         engine.run()
     except BaseException as exc:  # the loop never raises into a void: record, abort, exit non-zero
         rc = 1
-        engine.fail(getattr(exc, "code", errors.InternalError.code),
-                    f"progress loop crashed: {type(exc).__name__}: {exc}")
+        engine.failures.fail(getattr(exc, "code", errors.InternalError.code),
+                             f"progress loop crashed: {type(exc).__name__}: {exc}")
         traceback.print_exc()
     finally:
         engine.shutdown()
