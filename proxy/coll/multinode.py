@@ -40,14 +40,14 @@ class MultiNodeColl:
         # The v-collectives' counts: what this node's ranks say must agree with the other nodes' ranks
         # (counts.claims), compared on node 0 with the fingerprints.
         claims = vector.claims_of(self, ops, self.size) if op0.coll > COLL_LAST_NATIVE else []
-        if self.node == 0:
+        if self.nodes.node == 0:
             self.fingerprint_seen(op0.coll_seq, 0, op0.rank, fp, claims)
         else:
             payload = json.dumps([op0.rank, list(fp), claims]).encode()
             if len(payload) > NOTE_MAX:   # too many to note: a size mismatch is still refused where it lands
                 payload = json.dumps([op0.rank, list(fp), []]).encode()
-            self.net.proxy_note(self.ctx, 0, NOTE_FINGERPRINT, op0.coll_seq,  # type: ignore[union-attr,misc]
-                                payload)
+            self.nodes.net.proxy_note(self.ctx, 0, NOTE_FINGERPRINT, op0.coll_seq,  # type: ignore[union-attr,misc]
+                                      payload)
         try:
             work, builder, nchunks, chunk_bytes = self.build_coll_nodes(ops)
         except errors.ProxyError as exc:
@@ -61,7 +61,7 @@ class MultiNodeColl:
 
     def on_note(self, node: int, kind: int, value: int, payload: bytes) -> None:
         """Loop: another node's note (transports' proxy_note)."""
-        if kind != NOTE_FINGERPRINT or self.node != 0:
+        if kind != NOTE_FINGERPRINT or self.nodes.node != 0:
             self.failures.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
             return
         try:
@@ -100,7 +100,7 @@ class MultiNodeColl:
         c, n = op0.coll, op0.count
         if c > COLL_LAST_NATIVE:
             return vector.build(self, ops, across=True)
-        nodes, node = self.nodes, self.node
+        nodes, node = self.nodes.map, self.nodes.node
         nnodes, total = nodes.nnodes, self.size
         key = op0.coll_seq
         now = time.monotonic_ns()

@@ -148,7 +148,7 @@ class CollRunner:
         op0 = work.ops[0]
         conn = (-1, -1)
         try:   # the node's collectives run on its loopback connector's transport
-            transport = self.coll_connector(self.node).transport
+            transport = self.coll_connector(self.nodes.node).transport
             if transport.proxy_progress_coll is None:
                 raise errors.InvalidUsage(f"transport {transport.name} runs no collectives between the ranks of "
                                           f"a node")
@@ -369,7 +369,7 @@ class CollRunner:
         """The connector SEND/RECV entries for ``node`` travel on: within the node its loopback
         connector (local rank 0 to itself), else the connector between the two nodes' first ranks."""
         r = self.ranks[0].rank
-        peer = r if node in (-1, self.node) else self.nodes.leader(node)
+        peer = r if node in (-1, self.nodes.node) else self.nodes.map.leader(node)
         return self.conns.get((r, peer, MemKind.HOST)) or self.connect(r, peer, MemKind.HOST)
 
     def finish_coll(self, work: CollWork) -> None:

@@ -89,7 +89,7 @@ def build(runner: Any, ops: list[Op], across: bool) -> tuple:
         raise errors.InvalidArgument(f"{op0.describe()}: unknown dtype code {op0.dtype}")
     isz = dt.itemsize
     if across:
-        size, node, nnodes, rank_node = runner.size, runner.node, runner.nodes.nnodes, runner.nodes.rank_node
+        size, node, nnodes, rank_node = runner.size, runner.nodes.node, runner.nodes.nnodes, runner.nodes.map.rank_node
         per_bytes = runner.params.NET_CHUNK_SIZE
     else:
         size, node, nnodes, rank_node = len(ops), 0, 1, [0] * len(ops)

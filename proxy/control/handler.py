@@ -143,7 +143,7 @@ class ControlHandler:
         if len(e.ranks) == e.nlocal:
             e.decide_affinity()
         e.intro.post_write_info()   # the loop is the blob's one writer
-        return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal, "net": e.net_info.hex()}, (
+        return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal, "net": e.nodes.info.hex()}, (
             [e.fault_fd] if e.fault_fd >= 0 else [])
 
     def on_shared_init(self, conn: Any, payload: dict, fds: list[int]):
@@ -164,7 +164,7 @@ class ControlHandler:
         if net is not None:   # the communicator spans nodes: the layout the rendezvous found
             if not isinstance(net, dict):
                 raise errors.InvalidArgument("CONNECT: 'net' must be an object")
-            e.setup_nodes(net, me.rank)
+            e.nodes.setup(net, me.rank)
         out = {}
         for p in peers:
             if not isinstance(p, int) or not 0 <= p < e.size:

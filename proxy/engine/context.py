@@ -48,16 +48,16 @@ class EngineContext:
         self.timeout: float = engine.params.TIMEOUT
         self.comm_id: int = engine.comm_id
         self.net_ip: str = engine.net_ip
-        self.arrive = engine.arrive
+        self.arrive = engine.nodes.arrive
         self.finish = engine.completion.finish_transfer
-        self.complete_send = engine.complete_send
-        self.remote_closed = engine.remote_closed
+        self.complete_send = engine.nodes.complete_send
+        self.remote_closed = engine.nodes.remote_closed
         self.fail = engine.failures.fail
         self.note = engine.on_note
 
     @property
     def node(self) -> int:
-        return self._engine.node
+        return self._engine.nodes.node
 
     @property
     def nnodes(self) -> int:
@@ -65,22 +65,22 @@ class EngineContext:
 
     @property
     def secret(self) -> bytes:
-        return self._engine.nodes.secret
+        return self._engine.nodes.map.secret
 
     @property
     def coll_chunk_max(self) -> int:
         return max(self._engine.coll_chunk, self._engine.params.NET_CHUNK_SIZE)
 
     def rank_node(self, rank: int) -> int:
-        rn = self._engine.nodes.rank_node
+        rn = self._engine.nodes.map.rank_node
         return rn[rank] if 0 <= rank < len(rn) else -1
 
     def node_ranks(self, node: int) -> list[int]:
-        ro = self._engine.nodes.ranks_of
+        ro = self._engine.nodes.map.ranks_of
         return ro[node] if 0 <= node < len(ro) else []
 
     def node_host(self, node: int) -> str:
-        hosts = self._engine.nodes.hosts
+        hosts = self._engine.nodes.map.hosts
         return hosts[node] if 0 <= node < len(hosts) else "?"
 
     @staticmethod

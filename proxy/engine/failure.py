@@ -115,7 +115,7 @@ class Failures:
             q[base + P.CTRL_ERR_PID] = pid or 0
             q[base + P.CTRL_ERR_SEQ] = 1
             _log.warning("communicator failed: %s", message)
-            e.tell_nodes_failed(code, message, rank)
+            e.nodes.tell_failed(code, message, rank)
         q[base + P.CTRL_ABORT] = 1
         e.completion.wake_ranks(tuple(range(e.nlocal)))
         e.fastpath.wake_coll()   # ranks asleep in a small collective (engine/fastpath.py)

@@ -110,9 +110,9 @@ class Introspector:
         e = self.engine
         if e.nodes.nnodes < 2:
             return None
-        out: dict = {"node": e.node, "nnodes": e.nodes.nnodes, "ranks_of": e.nodes.ranks_of}
-        if e.net is not None and e.net.proxy_describe is not None:
-            out.update(e.net.proxy_describe(e.ctx))
+        out: dict = {"node": e.nodes.node, "nnodes": e.nodes.nnodes, "ranks_of": e.nodes.map.ranks_of}
+        if e.nodes.net is not None and e.nodes.net.proxy_describe is not None:
+            out.update(e.nodes.net.proxy_describe(e.ctx))
         return out
 
     def dump_state(self) -> dict:

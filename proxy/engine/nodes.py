@@ -1,4 +1,5 @@
-"""The communicator's other nodes, as one node's progress process sees them (a mixin of ProgressEngine).
+"""The communicator's other nodes, as one node's progress process sees them: Nodes, a component of the
+engine (``engine.nodes``).
 
 A communicator that spans nodes has a progress process per node. The ranks learn the layout at the
 job's rendezvous (shmproxy.control.rendezvous: which node each rank runs on, every node's connect-info,
@@ -17,15 +18,23 @@ From then on the two halves of a message may live on different nodes:
 News crosses too: a local rank that closes is announced to every node (``remote_closed`` there fails
 what waits on it), and so is the first failure (``tell_nodes_failed``), so that every survivor on every
 node raises the same error. A link that breaks is a failure naming the lost node and its ranks.
+
+The component owns the layout (``map``, a NodeMap: replaced whole by the service thread at the
+first CONNECT, read by the loop) and the transport between nodes (``net``); it takes the engine for
+the rank tables, the connectors, the point-to-point half (matching, buffered sends, probes) and the
+completion and failure paths.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmproxy.core import errors, log
 from shmproxy.core.memory import mem_kind
 from shmproxy.core.ops import FLAG_SYNC, Op
 from shmproxy.transports.base import MemKind, PeerInfo, Transport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.engine.progress import ProgressEngine
 
 _log = log.get("NET")
 
@@ -56,11 +65,32 @@ class NodeMap:
 
 
 class Nodes:
-    nodes: NodeMap
-    net: Transport | None
+    def __init__(self, engine: "ProgressEngine", size: int):
+        self.e = engine
+        self.size = size
+        self.map = NodeMap(size)
+        # Across nodes: the first allowed transport that links progress processes listens at start, so
+        # that INIT can tell the ranks where (``info``).
+        self.net: Transport | None = None
+        self.info = b""
+
+    @property
+    def node(self) -> int:
+        """This progress process's node in the communicator (0 until the layout is known)."""
+        return self.map.node
+
+    @property
+    def nnodes(self) -> int:
+        return self.map.nnodes
+
+    def start(self, transports: tuple[Transport, ...] | list[Transport]) -> None:
+        """At start, when the communicator may span nodes: listen with the first transport that can."""
+        self.net = next((t for t in transports if t.proxy_shared_init is not None), None)
+        if self.net is not None:
+            self.info = self.net.proxy_shared_init(self.e.ctx)   # type: ignore[misc]
 
     # ------------------------------------------------------------------ set-up (service thread)
-    def setup_nodes(self, net: dict, rank: int) -> None:
+    def setup(self, net: dict, rank: int) -> None:
         """The layout a rank sent with CONNECT: taken from the first, checked against the others."""
         try:
             layout = NodeMap(self.size, int(net["node"]), [int(n) for n in net["rank_node"]],
@@ -70,91 +100,95 @@ class Nodes:
             raise errors.InvalidArgument(f"CONNECT from rank {rank}: malformed node layout ({exc!r})") from exc
         if len(layout.rank_node) != self.size or len(layout.infos) != layout.nnodes or len(layout.secret) != 16:
             raise errors.InvalidArgument(f"CONNECT from rank {rank}: node layout of the wrong size")
-        if self.nodes.nnodes > 1:
-            old = self.nodes
+        if self.map.nnodes > 1:
+            old = self.map
             if (old.node, old.rank_node, old.secret, old.infos) != (layout.node, layout.rank_node, layout.secret,
                                                                     layout.infos):
                 raise errors.InvalidUsage(f"rank {rank} was told another node layout than the first rank of "
                                           f"this node: the rendezvous went wrong")
             return
         mine = [r for r, n in enumerate(layout.rank_node) if n == layout.node]
-        if len(mine) != self.nlocal or rank not in mine:
+        nlocal = self.e.nlocal
+        if len(mine) != nlocal or rank not in mine:
             raise errors.InvalidUsage(f"the rendezvous put ranks {mine} on this node (node {layout.node}), but "
-                                      f"{self.nlocal} local ranks started here, rank {rank} among them")
+                                      f"{nlocal} local ranks started here, rank {rank} among them")
         if self.net is None:
             raise errors.InvalidUsage("the communicator spans nodes, but no allowed transport links nodes "
                                       "(SHMPROXY_TRANSPORTS)")
-        self.nodes = layout
-        self.node = layout.node
-        self.net.proxy_shared_connect(self.ctx, layout.infos)   # type: ignore[misc]
+        self.map = layout   # one reference store: the loop sees the old layout or the new one whole
+        self.net.proxy_shared_connect(self.e.ctx, layout.infos)   # type: ignore[misc]
         _log.info("node %d of %d: ranks %s here", layout.node, layout.nnodes, mine)
 
     def peer_info(self, rank: int) -> PeerInfo:
-        lr = self.local_of.get(rank)
+        lr = self.e.local_of.get(rank)
         if lr is not None:
-            r = self.ranks[lr]
+            r = self.e.ranks[lr]
             return PeerInfo(r.rank, r.local_rank, r.host, r.pid, self.node)
-        n = self.nodes.rank_node[rank]
+        n = self.map.rank_node[rank]
         if n == self.node:
             raise errors.InternalError(f"rank {rank} of this node has not joined")
-        return PeerInfo(rank, -1, self.nodes.hosts[n], 0, n)
+        return PeerInfo(rank, -1, self.map.hosts[n], 0, n)
 
     # ------------------------------------------------------------------ the send half, across nodes
-    def remote_send(self, send: Op) -> None:
+    def remote_send(self, send: Any) -> None:
+        """A send (an Op, or the Buffered copy that stands for it) to a rank of another node."""
+        e = self.e
         dst = send.peer
-        if dst in self.gone:
-            self.completion.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
+        if dst in e.gone:
+            e.completion.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
             return
         n = send.nbytes
-        if self.net_eager < n <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
-            b = self.buffered_copy(send)   # standard mode, buffered here (engine/p2p.py)
+        if e.net_eager < n <= e.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
+            b = e.buffered_copy(send)   # standard mode, buffered here (engine/p2p.py)
             if b is not None:
-                self.adopt_buffered(send, b)
+                e.adopt_buffered(send, b)
                 send = b
         kind = mem_kind(send.mem)
-        conn = self.conns.get((send.rank, dst, kind))
+        conn = e.conns.get((send.rank, dst, kind))
         try:
             if conn is None:
-                conn = self.connect(send.rank, dst, MemKind(kind))
-            done = conn.transport.proxy_send_envelope(self.ctx, conn, send)   # type: ignore[misc]
+                conn = e.connect(send.rank, dst, MemKind(kind))
+            done = conn.transport.proxy_send_envelope(e.ctx, conn, send)   # type: ignore[misc]
         except errors.InvalidArgument as exc:
-            self.completion.complete(send, exc.code, 0)
+            e.completion.complete(send, exc.code, 0)
             return
         except errors.InvalidUsage as exc:   # no transport for the pair: the job cannot work
-            self.failures.fail(exc.code, str(exc))
+            e.failures.fail(exc.code, str(exc))
             return
         conn.nmsgs += 1
         if done:
-            self.completion.complete(send, 0, send.nbytes, source=dst, tag=send.tag)
+            e.completion.complete(send, 0, send.nbytes, source=dst, tag=send.tag)
 
     def complete_send(self, op: Op, code: int, nbytes: int, peer_dtype: int = 0) -> None:
         """A transport's verdict on a send whose receiver is on another node."""
-        self.completion.complete(op, code, nbytes, source=op.peer, tag=op.tag, peer_dtype=peer_dtype)
+        self.e.completion.complete(op, code, nbytes, source=op.peer, tag=op.tag, peer_dtype=peer_dtype)
 
     # ------------------------------------------------------------------ the receive half, across nodes
     def arrive(self, env: Any) -> None:
         """Loop: the envelope of a send posted on another node (transports.net_socket.RemoteSend)."""
+        e = self.e
         dst = env.peer
-        if dst in self.gone:
+        if dst in e.gone:
             env.reply(errors.InvalidUsage.code, 0)   # the receiver closed first
             return
-        recv = self.matcher.arrive(dst, env.rank, env.tag, env)
+        recv = e.matcher.arrive(dst, env.rank, env.tag, env)
         if recv is not None:
-            self.match(env, recv)
-        elif self.probes:
-            self.wake_probes(dst, env)   # engine/p2p.py
+            e.match(env, recv)
+        elif e.probes:
+            e.wake_probes(dst, env)   # engine/p2p.py
 
     def remote_closed(self, rank: int) -> None:
         """Loop: ``rank`` of another node closed: the receives posted here for it fail."""
-        self.gone.add(rank)
-        for op in self.matcher.drop(lambda dst, src, tag, op: src == rank, unexpected=False):
-            self.completion.complete(op, errors.InvalidUsage.code, 0)
+        e = self.e
+        e.gone.add(rank)
+        for op in e.matcher.drop(lambda dst, src, tag, op: src == rank, unexpected=False):
+            e.completion.complete(op, errors.InvalidUsage.code, 0)
 
     # ------------------------------------------------------------------ news for the other nodes
-    def tell_nodes_closed(self, rank: int) -> None:
-        if self.nodes.nnodes > 1 and self.net is not None:
-            self.net.proxy_rank_closed(self.ctx, rank)   # type: ignore[misc]
+    def tell_closed(self, rank: int) -> None:
+        if self.map.nnodes > 1 and self.net is not None:
+            self.net.proxy_rank_closed(self.e.ctx, rank)   # type: ignore[misc]
 
-    def tell_nodes_failed(self, code: int, message: str, rank: int | None) -> None:
-        if self.nodes.nnodes > 1 and self.net is not None:
-            self.net.proxy_abort(self.ctx, code, message, rank)   # type: ignore[misc]
+    def tell_failed(self, code: int, message: str, rank: int | None) -> None:
+        if self.map.nnodes > 1 and self.net is not None:
+            self.net.proxy_abort(self.e.ctx, code, message, rank)   # type: ignore[misc]

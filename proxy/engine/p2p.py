@@ -186,7 +186,7 @@ class PointToPoint:
         dst = send.peer
         if not 0 <= dst < self.size or send.tag == ANY_TAG:   # the rank checks both: a bug or a forgery
             self.completion.complete(send, errors.InvalidArgument.code, 0)
-        elif self.nlocal == self.size or dst in self.local_of or self.nodes.rank_node[dst] == self.node:
+        elif self.nlocal == self.size or dst in self.local_of or self.nodes.map.rank_node[dst] == self.nodes.node:
             d = self.local_of.get(dst) if self.fast and send.pair_seq else None
             if d is not None and not self.fastpath.send_in(send, d):
                 if dst in self.matcher.armed:   # a later send of the pair must not fire before it
@@ -198,7 +198,7 @@ class PointToPoint:
         else:
             # The destination's receive half lives in another node's progress process: the envelope
             # travels over the pair's connector (engine/nodes.py).
-            self.remote_send(send)
+            self.nodes.remote_send(send)
 
     def send_local(self, send: Op, d: int | None) -> None:
         """A send whose receive half is this process's: the envelope arrives at the matcher, and meets
@@ -286,7 +286,7 @@ class PointToPoint:
                 del self.probes[dst]
         for key in [k for k, m in self.held.items() if m.peer == gone]:
             self.completion.complete(self.held.pop(key), errors.InvalidUsage.code, 0)
-        self.tell_nodes_closed(gone)
+        self.nodes.tell_closed(gone)
 
     def match(self, send: Op, recv: Op) -> None:
         """A send met its receive: check what only the pair can tell (truncation, dtype), then hand the
@@ -344,7 +344,7 @@ class PointToPoint:
         sides set up and connected, in this process. Within a node the connect-info blobs are handed
         over here; a transport between nodes set up the link of the two nodes beforehand
         (proxy_shared_connect), so its per-pair blobs are empty."""
-        me, peer = self.peer_info(src), self.peer_info(dst)
+        me, peer = self.nodes.peer_info(src), self.nodes.peer_info(dst)
         t = transports.select(me, peer, kind, self.transports)
         conn = Connector(t, me, peer, kind)
         send_info = t.send_setup(self.ctx, conn)

@@ -22,9 +22,9 @@ What the loop is made of: this module (lifecycle, the driver), the components it
 own state and typed (``completion``: engine/completion.py, publishing results and waking ranks;
 ``failures``: engine/failure.py, the first error and who learned it; ``fastpath``:
 engine/fastpath.py, the cells drained in order; ``intro``: engine/introspect.py, the info blob and
-the dump), and the mixins not yet made components (Fetching, PointToPoint, ArmedRoutes, Nodes,
-CollRunner, MultiNodeColl), which share this object's attributes (issue 41: each becomes a
-component in turn).
+the dump; ``nodes``: engine/nodes.py, the other nodes and the link to them), and the mixins not yet
+made components (Fetching, PointToPoint, ArmedRoutes, CollRunner, MultiNodeColl), which share this
+object's attributes (issue 41: each becomes a component in turn).
 
 The loop never raises into a void: the first error is stored with its context in the pool's
 asyncResult fields and the communicator is aborted, so every rank raises it at its next call.
@@ -63,13 +63,13 @@ from shmproxy.engine.completion import Completion
 from shmproxy.engine.context import EngineContext
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failures
 from shmproxy.engine.introspect import Introspector
-from shmproxy.engine.nodes import NodeMap, Nodes
+from shmproxy.engine.nodes import Nodes
 from shmproxy.engine.fastpath import FastPath
 from shmproxy.engine.fetching import _EVENTS_Q, Fetching
 from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode, coll_chunk_limit, fetch_mode, streaming_threshold
 from shmproxy.engine.ranks import RankInfo
-from shmproxy.transports.base import Connector, HostBuffer, MemKind, Registration, Transport
+from shmproxy.transports.base import Connector, HostBuffer, Registration, Transport
 
 _log = log.get("PROXY")
 AUTO_KEEP_AWAKE_US = 2000.0  # KEEP_AWAKE_US=-1 on a crowded node: covers a message's hand-offs
@@ -81,7 +81,7 @@ _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # gl
 _COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
-class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, MultiNodeColl):
+class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, CollRunner, MultiNodeColl):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -130,12 +130,7 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
         self.argspool = ArgsPool(self.view)
         self.copy = CopyEngine(0, None)
         self.executor = CpuExecutor(lambda: self.copy)   # runs collectives' copies and reductions
-        self.node = 0   # this progress process's node in the communicator (setup_nodes)
-        self.nodes = NodeMap(size)
-        # Across nodes: the first allowed transport that links progress processes listens now, so
-        # that INIT can tell the ranks where (engine/nodes.py).
-        self.net: Transport | None = None
-        self.net_info = b""
+        self.nodes = Nodes(self, size)   # the other nodes: layout, the link transport (engine/nodes.py)
         self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
         self.profiler = Profiler(params.PROFILE)
         self.active: list[Args] = []
@@ -157,7 +152,8 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
         self.events_seen = 0
         self.ranks: dict[int, RankInfo] = {}          # by local rank
         self.local_of: dict[int, int] = {}            # global rank -> local rank
-        self.conns: dict[tuple[int, int, MemKind], Connector] = {}   # (src, dst global ranks, kind)
+        # (src, dst global ranks, memory kind): a MemKind, or the int a record carries (equal keys)
+        self.conns: dict[tuple[int, int, int], Connector] = {}
         self.buffers: dict[tuple[int, int], HostBuffer] = {}   # registered memfds and buffered sends
         # Buffers a transport's register hook took: (local rank, buffer id) -> (its transport(s), Registration)
         self.registrations: dict[tuple[int, int], tuple[list[Transport], Registration]] = {}
@@ -191,9 +187,7 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, Nodes, CollRunner, Mul
     def start(self) -> None:
         sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
         if self.size > self.nlocal:
-            self.net = next((t for t in self.transports if t.proxy_shared_init is not None), None)
-            if self.net is not None:
-                self.net_info = self.net.proxy_shared_init(self.ctx)   # type: ignore[misc]
+            self.nodes.start(self.transports)
         self.server.start()
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_RUNNING)
         _log.info("progress process up: pool %s (%d bytes), %d local ranks, socket %s",
