@@ -3,7 +3,7 @@ engine (``engine.nodes``).
 
 A communicator that spans nodes has a progress process per node. The ranks learn the layout at the
 job's rendezvous (shmproxy.control.rendezvous: which node each rank runs on, every node's connect-info,
-the job's secret) and hand it to their progress process with CONNECT (``setup_nodes``). The transport
+the job's secret) and hand it to their progress process with CONNECT (``setup``). The transport
 between nodes (the first allowed one with ``proxy_shared_init``: socket) then links this node to
 every other one.
 
@@ -16,7 +16,7 @@ From then on the two halves of a message may live on different nodes:
   one, and the match hands it to the connector of (sender, receiver), which lands its bytes.
 
 News crosses too: a local rank that closes is announced to every node (``remote_closed`` there fails
-what waits on it), and so is the first failure (``tell_nodes_failed``), so that every survivor on every
+what waits on it), and so is the first failure (``tell_failed``), so that every survivor on every
 node raises the same error. A link that breaks is a failure naming the lost node and its ranks.
 
 The component owns the layout (``map``, a NodeMap: replaced whole by the service thread at the
