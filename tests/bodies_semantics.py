@@ -199,6 +199,24 @@ def exit_with_an_unmatched_receive_is_prompt_and_says_so() -> dict:
     return {"close_s": time.monotonic() - t0}
 
 
+def exit_after_the_sender_closed_names_the_receive() -> dict:
+    """The other order of the race above: rank 0 has closed (and the progress process failed rank 1's
+    receives from it) before rank 1 leaves its with block. A second receive's Wait is what says so;
+    the first, never tested, is then abandoned by close and named, not raised."""
+    with shmproxy.init() as comm:
+        comm.Barrier()
+        if comm.rank == 1:
+            comm.Irecv(np.zeros(4, np.int32), 0, tag=41)
+            try:
+                comm.Irecv(np.zeros(1, np.int32), 0, tag=42).Wait(timeout=30)
+            except shmproxy.InvalidUsage as exc:
+                assert "closed the communicator first" in str(exc), exc
+            else:
+                raise AssertionError("a receive from a closed rank completed")
+            t0 = time.monotonic()
+    return {"close_s": time.monotonic() - t0} if comm.rank == 1 else {}
+
+
 def a_bad_op_names_what_was_passed() -> None:
     """op="sum" (mpi4py users write strings, or MPI.SUM objects) is refused naming what was passed."""
     with shmproxy.init() as comm:

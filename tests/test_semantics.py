@@ -51,6 +51,13 @@ def test_a_rank_exiting_with_an_unmatched_receive_is_prompt_and_names_it():
     assert "pending" not in res.stderr[0]
 
 
+def test_a_rank_exiting_after_its_sender_closed_names_the_receive_and_does_not_raise():
+    res = run_ranks(BODY + "exit_after_the_sender_closed_names_the_receive", 2, timeout=90,
+                    env={"SHMPROXY_TIMEOUT": "20"})
+    assert res.results[1]["close_s"] < 5, res.results[1]
+    assert "rank 1 closed with 1 request(s) still pending, abandoned: recv of 16 B from rank 0 tag 41" in res.stderr[1]
+
+
 def test_a_bad_reduction_op_is_refused_naming_what_was_passed():
     run_ranks(BODY + "a_bad_op_names_what_was_passed", 2, timeout=60)
 

@@ -95,6 +95,11 @@ class TruncationError(InvalidArgument):
     code = 11
 
 
+class PeerClosed(InvalidUsage):
+    """A point-to-point request's peer closed the communicator before a message matched it (its
+    code is InvalidUsage's: the progress process reports it so)."""
+
+
 _BY_CODE: dict[int, type[ProxyError]] = {
     cls.code: cls
     for cls in (ProxyError, InvalidArgument, InvalidUsage, SystemError_, RemoteError, PeerDiedError,

@@ -443,9 +443,13 @@ class Lifecycle:
             try:
                 if req.Test():
                     continue
+            except errors.PeerClosed:
+                # Unmatched, and its sender closed meanwhile: abandoned like one still pending (which
+                # of the two closes reached the progress process first is a race, not a difference)
+                pass
             except errors.ProxyError:
                 if wait:
-                    raise      # a receive that failed: close reports it, as Wait would have
+                    raise      # a receive that failed otherwise (truncation, dtype): as Wait would
                 continue
             left.append(req)
         if left:

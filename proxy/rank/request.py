@@ -82,7 +82,7 @@ class Request(RequestBase):
                 f"{self.describe()} was matched by a message with dtype {CODE_DTYPE[peer_dtype].name} "
                 f"from rank {source}: the two sides disagree on the dtype")
         if code == errors.InvalidUsage.code:
-            return errors.InvalidUsage(f"{self.describe()}: the peer closed the communicator first")
+            return errors.PeerClosed(f"{self.describe()}: the peer closed the communicator first")
         return errors.from_code(code, f"{self.describe()} failed")
 
     def Cancel(self) -> bool:
