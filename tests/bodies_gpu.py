@@ -21,11 +21,14 @@ SIZES = [0, 1, 7, 1000, 1 << 20]
 
 def gpu_of_rank() -> int:
     """This rank's GPU: 0, every rank sharing it, or with SPTEST_GPU_SPREAD=1 (tests/test_gpu_multi.py)
-    its local rank modulo the GPUs, one rank per GPU where there are enough."""
-    if os.environ.get("SPTEST_GPU_SPREAD") != "1":
+    its local rank modulo the GPUs, one rank per GPU where there are enough; with SPTEST_GPU_SPREAD=rank
+    (simulated nodes on one host: tests/test_gpu_nodes.py) its rank modulo the GPUs."""
+    spread = os.environ.get("SPTEST_GPU_SPREAD")
+    if spread not in ("1", "rank"):
         return 0
     import cupy
-    return int(os.environ.get("LOCAL_RANK", "0")) % cupy.cuda.runtime.getDeviceCount()
+    which = "RANK" if spread == "rank" else "LOCAL_RANK"
+    return int(os.environ.get(which, "0")) % cupy.cuda.runtime.getDeviceCount()
 
 
 def _cp() -> Any:

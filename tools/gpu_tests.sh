@@ -14,6 +14,6 @@ log=${GPU_TESTS_LOG:-gpu_tests.log}
   nvidia-smi topo -m 2>&1   # how the GPUs are linked (NVLink, PCIe), for the multi-GPU figures
   python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" 2>&1
   python3 -m pytest -p no:cacheprovider -v -rs -s \
-    tests/test_gpu.py tests/test_gpu_multi.py tests/test_gpu_torch.py "$@"
+    tests/test_gpu.py tests/test_gpu_multi.py tests/test_gpu_nodes.py tests/test_gpu_torch.py "$@"
   exit $?
 } 2>&1 | tee "$log"

@@ -104,8 +104,9 @@ class CollRunner:
                 return
         if any(op.mem for op in ops):   # device memory: queued on the GPU whole (shmproxy.coll.gpu)
             if self.nodes.nnodes > 1:
-                self.failures.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers in a "
-                                   f"collective across nodes are not supported yet")
+                # the ranks stage device buffers through host memory across nodes (rank/devstage.py)
+                self.failures.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers "
+                                   f"reached a collective across nodes unstaged")
                 return
             from shmproxy.coll import gpu
             gpu.start_device_coll(self, ops)

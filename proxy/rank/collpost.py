@@ -119,8 +119,16 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
     dev, mem = None, 0
     if (has_send and type(sendbuf) is not np.ndarray) or (has_recv and type(recvbuf) is not np.ndarray):
         # device memory (both buffers this rank uses, one device), or the mix refused: the post path's check
+        given = (sendbuf, recvbuf)
         sendbuf, recvbuf, mem = comm._device_args(name, sendbuf if has_send else None,
                                                   recvbuf if has_recv else None)
+        if mem and comm.node_layout is not None:   # across nodes: through host memory (rank/devstage.py)
+            # the receive buffer is copied in too: blocks the call does not write keep their values
+            return comm._across_nodes().collective(
+                coll, name, sendbuf, recvbuf, True, root, me, stream,
+                lambda send, recv: post(comm, coll, given[0] if send is None else send,
+                                        given[1] if recv is None else recv, root, op, scounts, sdispls,
+                                        rcounts, rdispls))
         dev = comm._device_memory() if mem else None
         keep += (sendbuf, recvbuf)
     scode = _code(sendbuf, f"{name} sendbuf", dev) if has_send else 0

@@ -473,6 +473,12 @@ class Lifecycle:
         if self._view is not None:
             self._view.release()
             self._view = None
+        stage = self.__dict__.pop("_devstage", None)
+        if stage is not None:
+            try:
+                stage.close()   # unpins its host buffers (shmproxy.rank.devstage)
+            except (errors.ProxyError, RuntimeError) as exc:   # cupy's too
+                _log.warning("device staging of rank %d not released cleanly: %s", self.rank, exc)
         device = self.__dict__.pop("_device", None)
         if device is not None:
             try:

@@ -22,6 +22,7 @@ from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_P
 from shmproxy.rank import typed
 from shmproxy.rank.typed import TypedBuffer
 from shmproxy.rank.device import DeviceMemory, call_key, message_key
+from shmproxy.rank.devstage import DeviceStaging
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
 
@@ -136,9 +137,20 @@ class Posting:
                                                layout.max_ops))
         return dev
 
+    def _across_nodes(self) -> DeviceStaging:
+        """The staging of device buffers through host memory, on a communicator that spans nodes
+        (shmproxy.rank.devstage); made on first need."""
+        st = self.__dict__.get("_devstage")
+        if st is None:
+            layout = self.node_layout
+            st = self._devstage = DeviceStaging(self._device_memory(), self._registry, self.params.STAGING_CACHE,
+                                                layout["rank_node"], layout["node"])
+        return st
+
     def _post_device(self, kind: int, buf: Any, peer: Any, tag: Any, flags: int = 0,
                      stream: Any = None) -> Request:
-        """A message from or into device memory: never staged (shmproxy.rank.device)."""
+        """A message from or into device memory: never staged (shmproxy.rank.device), but for one
+        that may cross nodes (shmproxy.rank.devstage)."""
         dev = self._device_memory()
         key = message_key(kind, buf, flags, peer, tag) if stream is None else None
         if key is not None and dev.posts:
@@ -154,6 +166,9 @@ class Posting:
                                          f"bfloat16 (device)")
         peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source", kind == KIND_RECV)
         tag = self._check_tag(tag, kind == KIND_RECV)
+        if self.node_layout is not None and self._across_nodes().crosses(peer):   # through host memory
+            return self._across_nodes().message(lambda host: self._post(kind, host, peer, tag, flags), arr,
+                                                kind == KIND_RECV, stream)
         s = dev.as_stream(stream, arr.device.id)
         bid, off, mem = dev.locate(arr)
         req = self._emit(kind, code, 0, flags, peer, tag, bid, off, arr.nbytes, arr.size, -1, 0, 0, 0,
@@ -277,6 +292,10 @@ class Posting:
         mem = 0
         if coll != C.BARRIER and (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray):
             sendbuf, recvbuf, mem = self._device_args(name, sendbuf, recvbuf)
+            if mem and self.node_layout is not None:   # across nodes: through host memory
+                return self._across_nodes().collective(
+                    coll, name, sendbuf, recvbuf, in_place, root, me, stream,
+                    lambda send, recv: self._coll(coll, send, recv, op, root))
             keep += (sendbuf, recvbuf)
         device = bool(mem)
         dev_stream = None

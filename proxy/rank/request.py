@@ -28,7 +28,8 @@ class Request(RequestBase):
     # Request(comm, slot, seq, kind, peer, tag, nbytes, keep, stage, user_addr, poster): ``keep`` is the
     # user's array (alive until completion, as MPI requires), ``stage`` the (buf_id, MemfdBuffer)
     # staging buffer or None, ``user_addr`` where a staged receive is copied to. ``_extra`` is set by
-    # collectives: (send staging buffer or None, bytes to copy out).
+    # collectives: (send staging buffer or None, bytes to copy out), and a third item where device
+    # buffers were staged through host memory (shmproxy.rank.devstage): called (ok, nbytes) last.
 
     def describe(self) -> str:
         if self._kind == KIND_COLL:
@@ -71,6 +72,8 @@ class Request(RequestBase):
         if extra is not None and extra[0] is not None:
             self._comm._staging.put(*extra[0])
         self._keep = None
+        if extra is not None and len(extra) > 2:   # device buffers staged across nodes (rank/devstage.py)
+            extra[2](code == 0, nbytes)
 
     def _make_error(self, code: int, nbytes: int, source: int, tag: int, peer_dtype: int) -> errors.ProxyError:
         if code == errors.TruncationError.code:
