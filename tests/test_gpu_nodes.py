@@ -3,7 +3,7 @@ its own where the host has enough (rank r on GPU r % ngpus), talking over loopba
 of the GPU suite's bodies (tests/bodies_gpu.py: point-to-point, every collective, stream order,
 torch tensors, the vector collectives) runs between the nodes, through the rank's staging in pinned
 host memory (shmproxy.rank.devstage); tests/bodies_gpu_nodes.py adds the sizes around the switches
-between nodes, bfloat16 and the buffers' lifetime.
+between nodes, bfloat16 (reduced in float32) and the buffers' lifetime.
 
 Skipped, saying why, where cupy or a GPU is absent (CI). tools/gpu_tests.sh runs this file with the
 rest of the GPU suite.
@@ -54,10 +54,11 @@ def test_torch_tensors_between_nodes():
     assert all(r["ok"] for r in res.results), res.results
 
 
-def test_bfloat16_moves_and_its_reduction_is_refused_between_nodes():
+@pytest.mark.parametrize("nranks,nodes", [(2, 2), (3, 2)])
+def test_bfloat16_between_nodes(nranks, nodes):
     pytest.importorskip("torch")
-    res = run_ranks(NODES + "bfloat16_across", 2, timeout=180, env=SPREAD, nodes=2)
-    _all_correct(res, 3)
+    res = run_ranks(NODES + "bfloat16_across", nranks, timeout=300, env=SPREAD, nodes=nodes)
+    _all_correct(res, 40)
 
 
 def test_pinned_buffers_are_reused_and_given_back():

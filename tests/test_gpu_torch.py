@@ -65,6 +65,24 @@ def test_ddp_on_a_cuda_model_same_weights_as_gloo(hook: bool) -> None:
         assert r["max_diff"] <= 1e-6, r
 
 
+def test_every_op_on_cuda_between_two_nodes_equals_gloo() -> None:
+    """Each rank a simulated node of its own (both on GPU 0): the backend's CUDA tensors cross between
+    nodes through the rank's pinned host memory (shmproxy.rank.devstage)."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    res = run_ranks(f"{B}:ops_vs_gloo", 2, timeout=300, nodes=2, env=env)
+    for r in res.results:
+        assert r["diffs"] == [], r
+        assert r["ran"] >= 4 * 20 - len(r["gloo_refused"]), r
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_ddp_on_a_cuda_model_between_two_nodes_same_weights_as_gloo(hook: bool) -> None:
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    res = run_ranks(f"{B}:ddp_equal", 2, timeout=200, nodes=2, env=env, args={"steps": 20, "hook": hook})
+    for r in res.results:
+        assert r["max_diff"] <= 1e-6, r
+
+
 @pytest.mark.parametrize("ddp", [False, True])
 def test_killed_rank_mid_allreduce_makes_survivor_raise(ddp: bool) -> None:
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}

@@ -39,6 +39,15 @@ def test_every_op_and_dtype_equals_gloo() -> None:
         assert r["ran"] == 5 * 20 + 3, r   # 20 cases per dtype, AVG for the 3 floating ones
 
 
+def test_every_op_and_dtype_equals_gloo_between_two_nodes() -> None:
+    """The same, each rank a simulated node of its own: the backend over the transport between nodes."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    res = run_ranks(f"{B}:ops_vs_gloo", 2, timeout=280, nodes=2, env=env)
+    for r in res.results:
+        assert r["diffs"] == [] and r["gloo_refused"] == [], r
+        assert r["ran"] == 5 * 20 + 3, r
+
+
 @pytest.mark.launcher
 def test_async_ops_and_futures() -> None:
     res = run_ranks(f"{B}:async_futures", 2, timeout=200, launcher="torchrun")

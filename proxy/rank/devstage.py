@@ -20,9 +20,12 @@ device buffer is copied to host memory first, here, around the host path:
   pinned copy over PCIe tens), so the copies are a small share of the call (docs/decisions.md,
   "Device buffers across nodes", with the figures); done whole they need no schedule of their own,
   and every operation of the host path (vector collectives, Scan, probes) takes device buffers at once.
-- **bfloat16** moves as its 16-bit words (point-to-point, Bcast, gathers, Alltoall); a reduction of
-  it across nodes is refused before anything is posted: the host has no bfloat16 arithmetic that
-  rounds as torch's step by step (shmproxy.coll.gpu does, on the GPU).
+- **bfloat16** moves as its 16-bit words (point-to-point, Bcast, gathers, Alltoall). A reduction is
+  widened on the GPU to float32 (exact), reduced on the host in float32 and rounded back to bfloat16
+  (nearest even) once, on the GPU: the same bits on every rank, as every collective's, but not the
+  bits of the reduction within a node, which rounds after every step as torch's bfloat16 arithmetic
+  does (shmproxy.coll.gpu); one rounding is the closer to the exact sum. The bytes between nodes
+  double.
 - **The buffers** are memfds registered once (the Registry's ranges, so that the post path finds
   them) and page-locked once (cudaHostRegister), cached by power-of-two size class up to
   SHMPROXY_STAGING_CACHE bytes; one the cache cannot keep is unpinned, deregistered and unmapped when
@@ -35,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmproxy.core import errors, log
+from shmproxy.core import log
 from shmproxy.core.ops import ANY_SOURCE, DTYPE_BFLOAT16, IN_PLACE, Coll
 from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.rank.device import DeviceMemory
@@ -109,16 +112,23 @@ class _Staged:
     def __init__(self, stage: "DeviceStaging", stream: Any, device: int):
         self.stage, self.stream, self.device = stage, stream, device
         self.bufs: list[MemfdBuffer] = []
-        self.outs: list[tuple[Any, np.ndarray]] = []   # (device array, its host copy) written back
+        # (device array, its host copy, widened from bfloat16) written back
+        self.outs: list[tuple[Any, np.ndarray, bool]] = []
 
-    def host(self, arr: Any, copy_in: bool, copy_out: bool) -> np.ndarray:
-        buf = self.stage.pinned.get(arr.nbytes)
+    def host(self, arr: Any, copy_in: bool, copy_out: bool, widen: bool = False) -> np.ndarray:
+        """The host copy of device array ``arr``; ``widen``: of its bfloat16 words as float32."""
+        dtype = np.dtype(np.float32) if widen else arr.dtype
+        buf = self.stage.pinned.get(arr.size * dtype.itemsize)
         self.bufs.append(buf)
-        h = np.frombuffer(buf.mm, dtype=arr.dtype, count=arr.size).reshape(arr.shape)
-        if copy_in and arr.nbytes:
-            self.stage.copy(h.ctypes.data, arr.data.ptr, arr.nbytes, self.stream, self.device)
+        h = np.frombuffer(buf.mm, dtype=dtype, count=arr.size).reshape(arr.shape)
+        if copy_in and arr.size:
+            src = arr
+            if widen:   # exact: a bfloat16 is the high half of a float32
+                with self.stage.cp.cuda.Device(self.device), self.stream:
+                    src = (arr.astype(self.stage.cp.uint32) << 16).view(self.stage.cp.float32)
+            self.stage.copy(h.ctypes.data, src.data.ptr, h.nbytes, self.stream, self.device)
         if copy_out:
-            self.outs.append((arr, h))
+            self.outs.append((arr, h, widen))
         return h
 
     def done(self, ok: bool, nbytes: int = -1) -> None:
@@ -126,7 +136,10 @@ class _Staged:
         ``nbytes`` bounds a received message's copy (-1: the whole buffer)."""
         try:
             if ok:
-                for arr, h in self.outs:
+                for arr, h, widened in self.outs:
+                    if widened and arr.size:
+                        self.stage.narrow(arr, h, self.stream, self.device)
+                        continue
                     n = arr.nbytes if nbytes < 0 else min(nbytes, arr.nbytes)
                     if n:
                         self.stage.copy(arr.data.ptr, h.ctypes.data, n, self.stream, self.device, sync=False)
@@ -153,6 +166,7 @@ class DeviceStaging:
         self.dev, self.rank_node, self.node = device, rank_node, node
         self.cp = device.cp
         self.pinned = _Pinned(registry, limit, self.cp)
+        self._narrow: Any = None   # the bfloat16 rounding kernel, made on first need
 
     def crosses(self, peer: int) -> bool:
         """Whether a message with ``peer`` (a checked rank, or ANY_SOURCE) may cross nodes."""
@@ -171,6 +185,20 @@ class DeviceStaging:
             self.cp.cuda.runtime.memcpyAsync(dst, src, nbytes, _MEMCPY_DEFAULT, stream.ptr)
             if sync:
                 stream.synchronize()
+
+    def narrow(self, arr: Any, h: np.ndarray, stream: Any, device: int) -> None:
+        """float32 host values into bfloat16 device array ``arr``, rounded to nearest even on the GPU
+        (the kernel of shmproxy.coll.gpu's bfloat16 reductions)."""
+        cp = self.cp
+        if self._narrow is None:
+            from shmproxy.coll.gpu import _BF16_PREAMBLE
+            self._narrow = cp.ElementwiseKernel("float32 f", "uint16 o", "o = bf16_out(f)", "shmproxy_bf16_narrow",
+                                                preamble=_BF16_PREAMBLE)
+        with cp.cuda.Device(device), stream:
+            tmp = cp.empty(arr.size, cp.float32)
+            cp.cuda.runtime.memcpyAsync(tmp.data.ptr, h.ctypes.data, h.nbytes, _MEMCPY_DEFAULT, stream.ptr)
+            self._narrow(tmp, arr.reshape(-1))
+            stream.synchronize()   # tmp is freed on return: cupy's pool could hand it out again
 
     def sync(self, stream: Any, device: int) -> None:
         with self.cp.cuda.Device(device):
@@ -207,9 +235,7 @@ class DeviceStaging:
         the receive buffer is read too (in place, or blocks the call leaves alone); ``root``: a
         checked root of a rooted collective. ``post(send, recv)`` posts the host collective."""
         codes = {self.dev.dtype_code(a) for a in (send, recv) if a is not None and a is not IN_PLACE}
-        if coll in _REDUCING and DTYPE_BFLOAT16 in codes:
-            raise errors.InvalidArgument(f"{name}: a reduction of bfloat16 across nodes is not supported (the host "
-                                         f"has no bfloat16 arithmetic that rounds as torch's); reduce in float32")
+        widen = coll in _REDUCING and DTYPE_BFLOAT16 in codes   # reduced in float32 (the module header)
         arr = send if recv is None else recv
         device = arr.device.id
         staged = _Staged(self, self._stream(stream, device), device)
@@ -218,11 +244,11 @@ class DeviceStaging:
             if coll == Coll.BCAST:   # one buffer, read at the root, written elsewhere
                 hsend = staged.host(send, copy_in=me == root, copy_out=me != root)
             elif send is not None and send is not IN_PLACE:
-                hsend = staged.host(send, copy_in=True, copy_out=False)
+                hsend = staged.host(send, copy_in=True, copy_out=False, widen=widen)
             hrecv = None
             if recv is not None:
                 writes = not (coll in _ROOT_RECEIVES and me != root)
-                hrecv = staged.host(recv, copy_in=recv_in, copy_out=writes)
+                hrecv = staged.host(recv, copy_in=recv_in, copy_out=writes, widen=widen)
             req = post(hsend, hrecv)
         except BaseException:
             staged.abandon()
