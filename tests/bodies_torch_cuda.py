@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any, Callable
 
 import torch
@@ -59,8 +60,9 @@ def ops_vs_gloo(n: int = 1000) -> dict[str, Any]:
 
 
 def stream_order() -> dict[str, Any]:
-    """Work queued on a stream before the call is seen by the op; a completed Work's (and Future's)
-    result is seen from any other stream; a call on a side stream waits for that stream only."""
+    """Work queued on a stream before the call is seen by the op; after ``wait`` the result is seen by
+    the current stream and by any stream ordered after it (NCCL's contract), a Future's in its
+    callback; a call on a side stream waits for that stream only."""
     torch.cuda.set_device(0)
     _gloo, shm = _groups()
     me, ws = dist.get_rank(), dist.get_world_size()
@@ -70,7 +72,8 @@ def stream_order() -> dict[str, Any]:
     n = 1 << 22
 
     def check(name: str, t: torch.Tensor, value: float) -> None:
-        with torch.cuda.stream(other):     # read on a stream the op was never ordered with
+        other.wait_stream(torch.cuda.current_stream())   # ordered after the current stream's wait
+        with torch.cuda.stream(other):
             got = t.float().min().item(), t.float().max().item()
         if got != (value, value):
             out["bad"].append(f"{name}: {got} instead of {value}")
@@ -121,6 +124,45 @@ def stream_order() -> dict[str, Any]:
         elif me == 1:
             dist.recv(buf, src=0, group=shm)
             check(f"send/recv trial {trial}", buf, float(7 + trial))
+    dist.barrier(group=shm)
+    dist.destroy_process_group()
+    return out
+
+
+def wait_lets_the_host_go() -> dict[str, Any]:
+    """``Work.wait`` on CUDA tensors as NCCL's: with the stream busy (a long kernel queued before the
+    call), wait returns while the kernel still runs, and work queued after it sees the result; the
+    blocking call alike; a small call too."""
+    torch.cuda.set_device(0)
+    _gloo, shm = _groups()
+    me, ws = dist.get_rank(), dist.get_world_size()
+    want = float(sum(range(1, ws + 1)))
+    out: dict[str, Any] = {"bad": [], "waited_s": []}
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    torch.cuda.synchronize()
+    out["sleep_s"] = time.monotonic() - t0
+    for n in (1 << 22, 2):   # the first calls set up (registrations, the words): not timed
+        dist.all_reduce(torch.zeros(n, device="cuda"), group=shm)
+    for trial in range(3):
+        for n, form in ((1 << 22, "async"), (1 << 22, "blocking"), (2, "blocking")):
+            x = torch.zeros(n, device="cuda")
+            torch.cuda.synchronize()
+            dist.barrier(group=shm)
+            torch.cuda._sleep(SLEEP_CYCLES)
+            x.fill_(me + 1)
+            t0 = time.monotonic()
+            if form == "async":
+                dist.all_reduce(x, group=shm, async_op=True).wait()
+            else:
+                dist.all_reduce(x, group=shm)
+            out["waited_s"].append(time.monotonic() - t0)
+            y = x * 2                      # queued after the wait: runs once the result is there
+            torch.cuda.synchronize()
+            got = float(y.min().item()), float(y.max().item())
+            if got != (2 * want, 2 * want):
+                out["bad"].append(f"trial {trial} {form} n={n}: {got}, not {2 * want}")
     dist.barrier(group=shm)
     dist.destroy_process_group()
     return out
@@ -205,6 +247,9 @@ def killed_rank(kill_at: int = 5, ddp: bool = True) -> dict[str, Any]:
             loss.backward()
             opt.step()
             opt.zero_grad()
+        # wait() on CUDA lets the host go on (NCCL's semantics): a loop of all_reduce may end before
+        # the death is known, and then the group's next call raises it
+        dist.barrier()
     except Exception as exc:   # the survivor's error: what the test checks
         return {"step": step, "error": f"{type(exc).__name__}: {exc}"}
     return {"step": -1, "error": ""}

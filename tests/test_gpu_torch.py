@@ -48,6 +48,15 @@ def test_stream_order_and_completion_on_the_device() -> None:
 
 
 @pytest.mark.launcher
+def test_wait_makes_the_stream_wait_not_the_host() -> None:
+    res = run_ranks(f"{B}:wait_lets_the_host_go", 2, timeout=200, launcher="torchrun")
+    for r in res.results:
+        assert r["bad"] == [], r
+        # the kernel ahead of every call runs for sleep_s: a host that waited for it would show it
+        assert max(r["waited_s"]) < r["sleep_s"] / 4, r
+
+
+@pytest.mark.launcher
 def test_cpu_and_cuda_tensors_mixed_in_one_call_are_refused() -> None:
     res = run_ranks(f"{B}:mixed_is_refused", 2, timeout=200, launcher="torchrun")
     for r in res.results:

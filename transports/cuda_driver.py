@@ -23,6 +23,7 @@ _SUCCESS, _NOT_READY = 0, 600          # CUresult: CUDA_SUCCESS, CUDA_ERROR_NOT_
 _CAPTURE_THREAD_LOCAL = 1              # CUstreamCaptureMode: other threads' CUDA calls stay unrestricted
 _RECORD_EXTERNAL = 1                   # CU_EVENT_RECORD_EXTERNAL: captured as an event record node
 _HOST_PORTABLE, _HOST_DEVICEMAP = 1, 2     # CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP
+_WAIT_VALUE_GEQ = 0                    # CU_STREAM_WAIT_VALUE_GEQ: (int32_t)(*word - value) >= 0, wrap-safe
 _WAIT_VALUE_EQ = 1                     # CU_STREAM_WAIT_VALUE_EQ
 _U64, _VP, _UINT = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint
 
@@ -91,9 +92,10 @@ class Driver:
         if rc:
             self.fail("cuStreamWriteValue32", rc)
 
-    def wait_value(self, stream: int, word: int, value: int) -> None:
-        """Hold ``stream``'s later work until the 32-bit word at device address ``word`` equals ``value``."""
-        rc = self._wait_value(stream, word, value, _WAIT_VALUE_EQ)
+    def wait_value(self, stream: int, word: int, value: int, at_least: bool = False) -> None:
+        """Hold ``stream``'s later work until the 32-bit word at device address ``word`` equals ``value``
+        (``at_least``: has reached it, in wrap-around order)."""
+        rc = self._wait_value(stream, word, value, _WAIT_VALUE_GEQ if at_least else _WAIT_VALUE_EQ)
         if rc:
             self.fail("cuStreamWaitValue32", rc)
 

@@ -58,6 +58,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.adopter = Adopter(comm)
         self.stage_pool = StagePool(comm, comm.params.STAGING_CACHE)
         self.side_streams = cuda.SideStreams()
+        self._stream_waits: cuda.StreamWaits | None = None   # made on the first CUDA Work.wait
         self.completer = Completer(self)
         # Registered after the Comm's own exit hook, so it runs first (atexit is last-in, first-out):
         # the completion thread stops touching the communicator before the Comm is closed.
@@ -245,12 +246,22 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
             self.comm.Abort("torch.distributed abort")
         self.completer.fail_all(errors.Aborted(f"rank {self.rank()}: the process group was aborted"))
 
+    def stream_waits(self) -> cuda.StreamWaits:
+        """The words streams wait on for Work.wait on CUDA tensors (shmproxy.torch.cuda)."""
+        with self.lock:
+            if self._stream_waits is None:
+                self._stream_waits = cuda.StreamWaits()
+            return self._stream_waits
+
     def shutdown(self) -> None:
         """Close the communicator after its pending operations completed (or failed); idempotent."""
         self.completer.stop()
         self.completer.thread.join(self.timeout_s)
         with self.lock:
             self.comm.close()
+            waits, self._stream_waits = self._stream_waits, None
+        if waits is not None:
+            waits.close()
 
     def __repr__(self) -> str:
         return f"<ProcessGroupShmproxy rank {self.rank()}/{self.size()} {self.comm!r}>"

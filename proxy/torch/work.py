@@ -79,6 +79,7 @@ class Work(dist.Work):
         # wait is microseconds, so other threads' posts are not held up): no hand-off to the
         # completer and back, which cost more than the operation. A larger one is the completer's.
         self.small = sum(t.numel() * t.element_size() for t in result) <= SMALL_WAIT_BYTES
+        self._word: tuple[int, int] | None = None   # (index, value) a stream waits on (cuda.StreamWaits)
 
     # ---- set by the completer -------------------------------------------------------------------
     def _complete(self) -> None:
@@ -90,6 +91,8 @@ class Work(dist.Work):
             self._fail(exc)
             return
         self._event.set()
+        if self._word is not None:   # after the copies back (stage.done): the stream's wait ends
+            self._pg.stream_waits().store(self)
         self._trigger.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
@@ -98,6 +101,8 @@ class Work(dist.Work):
         self._exc = exc
         self.stage.after.clear()
         self._event.set()
+        if self._word is not None:   # no stream is left waiting for a Work that failed
+            self._pg.stream_waits().store(self)
         self._trigger.set_result(None)
 
     def _outcome(self, _trigger: torch.futures.Future) -> list[torch.Tensor]:
@@ -109,14 +114,17 @@ class Work(dist.Work):
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until the operation completed; raise its error (shmproxy's, naming the rank). A
         ``timeout`` (timedelta or seconds; 0 or None: the group's timeout) that expires raises
-        shmproxy.Timeout. On CUDA tensors a completed operation's result is on the device and visible
-        to every stream (shmproxy.torch.cuda), so no stream needs to be made to wait."""
+        shmproxy.Timeout. On CUDA tensors, as NCCL's: the caller's current stream waits for the
+        result and the host goes on (shmproxy.torch.cuda, "What Work.wait does"); with a
+        ``timeout`` the host waits, as on the CPU."""
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if not self._event.is_set():
             if threading.current_thread() is self._pg.completer.thread:
                 raise errors.InvalidUsage(
                     f"rank {self._pg.rank()}: a blocking wait for {self.name} on the shmproxy completion "
                     "thread (inside a Future callback): chain another callback instead of waiting")
+            if self.stage.device is not None and not secs and self._stream_wait():
+                return True
             limit = secs if secs else max(self.deadline - time.monotonic(), 0.0) + 1.0
             if self.small and self._pg.completer.claim(self):
                 self._finish_here(limit)   # no hand-off: this thread waits and completes it
@@ -127,6 +135,17 @@ class Work(dist.Work):
                     f"rank {self._pg.rank()}: {self.name} did not complete within {limit:.1f} s")
         if self._exc is not None:
             raise self._exc
+        return True
+
+    def _stream_wait(self) -> bool:
+        """Have the current stream wait for this Work instead of the host; False where the host
+        waits: a small Work on an idle stream (microseconds), or one that completed meanwhile."""
+        stream = torch.cuda.current_stream(self.stage.device)
+        if self.small and stream.query():
+            return False
+        if not self._pg.stream_waits().hold(self, stream, self._event.is_set):
+            return False
+        self._pg.completer.watch(self)   # nobody waits on the host: the completer completes it
         return True
 
     def _finish_here(self, limit: float) -> None:
