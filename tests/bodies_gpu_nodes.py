@@ -136,3 +136,34 @@ def buffers_given_back() -> dict:
         ok = bool((out == comm.size).all())
     return {"cases": 1, "bad": [] if ok and again == first else [f"pinned {first} then {again}, ok {ok}"],
             "pinned_after_close": len(stage.pinned.pinned)}
+
+
+def torch_backend_large() -> dict:
+    """The torch backend between nodes on CUDA tensors large enough, and a stream busy enough, that
+    ``wait()`` would make the stream wait within a node (shmproxy.torch.cuda): across nodes the host
+    waits (the staging synchronises the stream at the next post, under the group's lock: a stream
+    waiting for the completion thread would deadlock it), and the copies back run on the staging's
+    own stream."""
+    import torch
+    import torch.distributed as dist
+    import shmproxy.torch  # noqa: F401  (registers the backend)
+    _cp()
+    dist.init_process_group("shmproxy")
+    me, ws = dist.get_rank(), dist.get_world_size()
+    bad, cases = [], 0
+    for n in (1 << 20, 1 << 22):
+        x = torch.full((n,), float(me + 1), device="cuda")
+        torch.cuda._sleep(50_000_000)   # a busy stream: wait() takes the stream path
+        dist.all_reduce(x, async_op=True).wait()
+        y = x * 2
+        dist.all_reduce(x)
+        z = x + 0
+        torch.cuda.synchronize()
+        cases += 2
+        s = float(sum(range(1, ws + 1)))
+        if float(y.min()) != 2 * s or float(y.max()) != 2 * s:
+            bad.append(f"n={n}: after wait {float(y.min())}..{float(y.max())}, not {2 * s}")
+        if float(z.min()) != s * ws or float(z.max()) != s * ws:
+            bad.append(f"n={n}: second all_reduce {float(z.min())}, not {s * ws}")
+    dist.destroy_process_group()
+    return {"cases": cases, "bad": bad}

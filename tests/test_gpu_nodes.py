@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness import run_ranks
+from tests.harness import free_port, run_ranks
 from tests.test_gpu import BODY, REASON, VEC, _all_correct
 
 pytestmark = pytest.mark.skipif(bool(REASON), reason=f"GPU tests: {REASON}")
@@ -65,3 +65,10 @@ def test_pinned_buffers_are_reused_and_given_back():
     res = run_ranks(NODES + "buffers_given_back", 2, timeout=120, env=SPREAD, nodes=2)
     _all_correct(res)
     assert all(r["pinned_after_close"] == 0 for r in res.results), res.results
+
+
+def test_torch_backend_large_tensors_between_nodes_with_a_busy_stream():
+    pytest.importorskip("torch")
+    env = {**SPREAD, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    res = run_ranks(NODES + "torch_backend_large", 2, timeout=180, env=env, nodes=2)
+    _all_correct(res, 3)

@@ -9,9 +9,11 @@ device buffer is copied to host memory first, here, around the host path:
   current one: the call is ordered after the work queued there, as within a node) into pinned host
   buffers that are registered with the progress process, so the host path then moves them with no
   staging copy of its own. The stream is synchronised and the host operation posted. When its
-  request completes, the outputs are copied host to device on the same stream, which is
-  synchronised before Wait or Test returns: a blocking call returns with the data in place, as
-  within a node. A nonblocking call's post waits for the stream's earlier work (the copy in).
+  request completes, the outputs are copied host to device on a stream of the staging's own (the
+  call's stream may be one that waits for this completion: the torch backend's ``Work.wait``),
+  synchronised before Wait or Test returns: a blocking call returns with the data in place,
+  visible to every stream, as within a node. A nonblocking call's post waits for the stream's
+  earlier work (the copy in).
 - **Which calls.** Every collective with device buffers on a communicator that spans nodes (every
   rank of it then runs the host collective, whatever its buffers, so the ranks' calls agree), and
   a point-to-point message whose peer is on another node, or any (ANY_SOURCE). A message between two
@@ -133,18 +135,20 @@ class _Staged:
 
     def done(self, ok: bool, nbytes: int = -1) -> None:
         """The request completed (``ok``: without error): copy the outputs back, give the buffers back.
-        ``nbytes`` bounds a received message's copy (-1: the whole buffer)."""
+        ``nbytes`` bounds a received message's copy (-1: the whole buffer). The copies run on a stream
+        of the staging's own, not the call's: the caller's stream may be waiting for this very
+        completion (the torch backend's Work.wait), so a copy queued behind it would never run."""
         try:
-            if ok:
+            if ok and self.outs:
+                own = self.stage.own_stream(self.device)
                 for arr, h, widened in self.outs:
                     if widened and arr.size:
-                        self.stage.narrow(arr, h, self.stream, self.device)
+                        self.stage.narrow(arr, h, own, self.device)
                         continue
                     n = arr.nbytes if nbytes < 0 else min(nbytes, arr.nbytes)
                     if n:
-                        self.stage.copy(arr.data.ptr, h.ctypes.data, n, self.stream, self.device, sync=False)
-                if self.outs:
-                    self.stage.sync(self.stream, self.device)
+                        self.stage.copy(arr.data.ptr, h.ctypes.data, n, own, self.device, sync=False)
+                self.stage.sync(own, self.device)
         finally:
             self.outs.clear()
             for buf in self.bufs:
@@ -167,6 +171,7 @@ class DeviceStaging:
         self.cp = device.cp
         self.pinned = _Pinned(registry, limit, self.cp)
         self._narrow: Any = None   # the bfloat16 rounding kernel, made on first need
+        self._own: dict[int, Any] = {}   # device -> the stream of the copies back
 
     def crosses(self, peer: int) -> bool:
         """Whether a message with ``peer`` (a checked rank, or ANY_SOURCE) may cross nodes."""
@@ -199,6 +204,14 @@ class DeviceStaging:
             cp.cuda.runtime.memcpyAsync(tmp.data.ptr, h.ctypes.data, h.nbytes, _MEMCPY_DEFAULT, stream.ptr)
             self._narrow(tmp, arr.reshape(-1))
             stream.synchronize()   # tmp is freed on return: cupy's pool could hand it out again
+
+    def own_stream(self, device: int) -> Any:
+        """The staging's stream on ``device``, for the copies back (``_Staged.done``)."""
+        s = self._own.get(device)
+        if s is None:
+            with self.cp.cuda.Device(device):
+                s = self._own[device] = self.cp.cuda.Stream(non_blocking=True)
+        return s
 
     def sync(self, stream: Any, device: int) -> None:
         with self.cp.cuda.Device(device):

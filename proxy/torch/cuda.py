@@ -26,6 +26,9 @@ copies on its own GPU streams, never through host memory. What this module adds 
   Work (work.py, SMALL_WAIT_BYTES) on an idle stream completes in microseconds, and its waiting
   thread completes it on the host as before. A Work that fails stores its word too (no stream is
   left waiting); its error is the group's next call's, and ``exception()``/``is_success()`` say it.
+  On a group that spans nodes the host waits, as before: there each post synchronises the call's
+  stream (the staging through host memory, shmproxy.rank.devstage) while it holds the group's lock,
+  which the completion thread needs to store a word that stream might be waiting for.
 - **Lifetimes.** Every CUDA tensor of a call (inputs included) is held until completion: torch's
   caching allocator would otherwise hand a freed block to the next kernel of the same stream while
   the progress process still reads or writes it.

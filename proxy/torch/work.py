@@ -140,6 +140,12 @@ class Work(dist.Work):
     def _stream_wait(self) -> bool:
         """Have the current stream wait for this Work instead of the host; False where the host
         waits: a small Work on an idle stream (microseconds), or one that completed meanwhile."""
+        if self._pg.comm.node_layout is not None:
+            # Across nodes the rank stages device tensors through host memory and synchronises the
+            # call's stream at each post, holding the group's lock (shmproxy.rank.devstage); a stream
+            # waiting for a word that the completion thread stores only with that lock would never
+            # drain: the host waits instead (a deadlock found by test_gpu_nodes.py).
+            return False
         stream = torch.cuda.current_stream(self.stage.device)
         if self.small and stream.query():
             return False
