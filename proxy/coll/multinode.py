@@ -1,4 +1,5 @@
-"""Starting a collective whose ranks span nodes (a mixin of ProgressEngine, beside CollRunner).
+"""Starting a collective whose ranks span nodes: MultiNodeColl, the part of the collectives component
+(CollRunner.across) that does it.
 
 Once this node's ranks have all arrived (CollRunner.coll_arrive, which checked their fingerprints),
 the collective runs as chunk schedules built by shmproxy.coll.hierarchy, with SEND/RECV entries to
@@ -17,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +28,9 @@ from shmproxy.core import counts, errors, log
 from shmproxy.core.ops import CODE_DTYPE, COLL_LAST_NATIVE, FLAG_IN_PLACE, Coll, Op
 from shmproxy.engine.args import CollWork
 
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.coll.runner import CollRunner
+
 _log = log.get("COLL")
 
 
@@ -34,74 +39,82 @@ NOTE_MAX = 8000   # below the transports' largest control payload
 
 
 class MultiNodeColl:
-    def start_coll_nodes(self, ops: list[Op]) -> None:
+    def __init__(self, runner: "CollRunner"):
+        self.runner = runner
+        self.e = runner.e
+        self.fingerprints: dict[int, list] = {}   # node 0: seq -> (node, rank, fingerprint)s seen
+        self.claims_seen: dict[int, dict] = {}    # node 0: seq -> the v-collectives' counts claimed
+
+    def start(self, ops: list[Op]) -> None:
         op0 = ops[0]
-        fp = self.fingerprint(op0)
+        runner, e = self.runner, self.e
+        fp = runner.fingerprint(op0)
         # The v-collectives' counts: what this node's ranks say must agree with the other nodes' ranks
         # (counts.claims), compared on node 0 with the fingerprints.
-        claims = vector.claims_of(self, ops, self.size) if op0.coll > COLL_LAST_NATIVE else []
-        if self.nodes.node == 0:
+        claims = vector.claims_of(runner, ops, runner.size) if op0.coll > COLL_LAST_NATIVE else []
+        if e.nodes.node == 0:
             self.fingerprint_seen(op0.coll_seq, 0, op0.rank, fp, claims)
         else:
             payload = json.dumps([op0.rank, list(fp), claims]).encode()
             if len(payload) > NOTE_MAX:   # too many to note: a size mismatch is still refused where it lands
                 payload = json.dumps([op0.rank, list(fp), []]).encode()
-            self.nodes.net.proxy_note(self.ctx, 0, NOTE_FINGERPRINT, op0.coll_seq,  # type: ignore[union-attr,misc]
-                                      payload)
+            e.nodes.net.proxy_note(e.ctx, 0, NOTE_FINGERPRINT, op0.coll_seq,  # type: ignore[union-attr,misc]
+                                   payload)
         try:
-            work, builder, nchunks, chunk_bytes = self.build_coll_nodes(ops)
+            work, builder, nchunks, chunk_bytes = self.build(ops)
         except errors.ProxyError as exc:
             # A node that cannot take part would leave the others waiting: fail the communicator.
-            self.failures.fail(exc.code, f"collective #{ops[0].coll_seq} across nodes: {exc}")
+            e.failures.fail(exc.code, f"collective #{ops[0].coll_seq} across nodes: {exc}")
             return
         if nchunks == 0:
-            self.finish_coll(work)
+            runner.finish_coll(work)
             return
-        self.run_schedules(work, builder, nchunks, chunk_bytes, across=True)
+        runner.run_schedules(work, builder, nchunks, chunk_bytes, across=True)
 
     def on_note(self, node: int, kind: int, value: int, payload: bytes) -> None:
         """Loop: another node's note (transports' proxy_note)."""
-        if kind != NOTE_FINGERPRINT or self.nodes.node != 0:
-            self.failures.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
+        if kind != NOTE_FINGERPRINT or self.e.nodes.node != 0:
+            self.e.failures.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
             return
         try:
             rank, fp, claims = json.loads(payload)
             fp = tuple(int(x) for x in fp)
             claims = [(tuple(key), int(r), int(n)) for key, r, n in claims]
         except (ValueError, TypeError) as exc:
-            self.failures.fail(errors.InternalError.code, f"malformed fingerprint note from node {node}: {exc!r}")
+            self.e.failures.fail(errors.InternalError.code, f"malformed fingerprint note from node {node}: {exc!r}")
             return
         self.fingerprint_seen(value, node, int(rank), fp, claims)
 
     def fingerprint_seen(self, seq: int, node: int, rank: int, fp: tuple, claims: list | None = None) -> None:
         """Node 0: compare every node's fingerprint of collective ``seq`` with the first one seen, and
         the counts its ranks claim with the other nodes' (the v-collectives)."""
+        fail, describe = self.e.failures.fail, self.runner.describe_fingerprint
         if claims:
-            seen_claims = self.__dict__.setdefault("_claims_seen", {}).setdefault(seq, {})
+            seen_claims = self.claims_seen.setdefault(seq, {})
             msg = counts.check(fp[0], seq, claims, seen_claims)
             if msg is not None:
-                self.failures.fail(errors.InvalidUsage.code, msg)
+                fail(errors.InvalidUsage.code, msg)
                 return
         seen = self.fingerprints.setdefault(seq, [])
         for other_node, other_rank, other_fp in seen[:1]:
             if other_fp != fp:
-                self.failures.fail(errors.InvalidUsage.code,
-                                   f"collective #{seq} mismatch: rank {other_rank} (node {other_node}) called "
-                                   f"{self.describe_fingerprint(other_fp)} but rank {rank} (node {node}) called "
-                                   f"{self.describe_fingerprint(fp)}")
+                fail(errors.InvalidUsage.code,
+                     f"collective #{seq} mismatch: rank {other_rank} (node {other_node}) called "
+                     f"{describe(other_fp)} but rank {rank} (node {node}) called {describe(fp)}")
                 return
         seen.append((node, rank, fp))
-        if len(seen) == self.nodes.nnodes:
+        if len(seen) == self.e.nodes.nnodes:
             del self.fingerprints[seq]
-            self.__dict__.get("_claims_seen", {}).pop(seq, None)
+            self.claims_seen.pop(seq, None)
 
-    def build_coll_nodes(self, ops: list[Op]) -> tuple:
+    def build(self, ops: list[Op]) -> tuple:
         op0 = ops[0]
         c, n = op0.coll, op0.count
+        runner, params = self.runner, self.e.params
         if c > COLL_LAST_NATIVE:
-            return vector.build(self, ops, across=True)
-        nodes, node = self.nodes.map, self.nodes.node
-        nnodes, total = nodes.nnodes, self.size
+            return vector.build(runner, ops, across=True)
+        nodes, node = self.e.nodes.map, self.e.nodes.node
+        nnodes, total = nodes.nnodes, runner.size
         key = op0.coll_seq
         now = time.monotonic_ns()
         if c == Coll.BARRIER:
@@ -111,14 +124,14 @@ class MultiNodeColl:
         if dt is None:
             raise errors.InvalidArgument(f"{op0.describe()}: unknown dtype code {op0.dtype}")
         itemsize = dt.itemsize
-        per_bytes = self.params.NET_CHUNK_SIZE
+        per_bytes = params.NET_CHUNK_SIZE
         per = max(1, per_bytes // itemsize)
         ranks = [op.rank for op in ops]
         in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
         pins: dict = {}
 
         def reg(op: Op, second: bool, count: int) -> Region:
-            return self.region(op, second, count, pins)
+            return runner.region(op, second, count, pins)
 
         def work(nbytes: int, *keep: object) -> CollWork:
             return CollWork(ops, nbytes, [*pins.values(), *keep], now)
@@ -127,7 +140,7 @@ class MultiNodeColl:
             outs = [reg(op, True, n) for op in ops]
             ins = [outs[i] if in_place[i] else reg(op, False, n) for i, op in enumerate(ops)]
             nchunks, make = hierarchy.allreduce(ins, outs, op0.redop, per, node, nnodes, total, key,
-                                                ring_min=self.params.NET_RING_MIN_BYTES)
+                                                ring_min=params.NET_RING_MIN_BYTES)
             return work(n * itemsize), make, nchunks, per * itemsize
         if c == Coll.BCAST:
             root = op0.peer
@@ -141,7 +154,8 @@ class MultiNodeColl:
             root_node = nodes.rank_node[root]
             root_local = ranks.index(root) if root_node == node else -1
             out = reg(ops[root_local], True, n) if root_local >= 0 else None
-            ins = [out if (in_place[i] and i == root_local) else reg(op, False, n) for i, op in enumerate(ops)]
+            ins = [out if (in_place[i] and i == root_local and out is not None) else reg(op, False, n)
+                   for i, op in enumerate(ops)]
             nchunks, make = hierarchy.reduce_to_root(ins, out, op0.redop, per, node, root_node, root_local,
                                                      list(range(nnodes)), total, n, dt, key)
             return work(n * itemsize), make, nchunks, per * itemsize
@@ -164,8 +178,9 @@ class MultiNodeColl:
                 full = [reg(op, True, n * total) for op in ops]
                 # The results land in the inputs' first blocks while other chunks still read them:
                 # reduce from copies (taken now: every local rank has posted, its input is final).
-                copies = [np.frombuffer((ctypes.c_char * f.nbytes).from_address(f.addr), dtype=dt).copy()
-                          for f in full]
+                # (a ctypes array exports its buffer; numpy's stubs do not list it)
+                copies = [np.frombuffer((ctypes.c_char * f.nbytes).from_address(f.addr),  # type: ignore[call-overload]
+                                        dtype=dt).copy() for f in full]
                 keep = copies
                 ins = [Region(cp.ctypes.data, n * total, dt) for cp in copies]
                 outs = [f.part(0, n) for f in full]

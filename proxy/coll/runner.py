@@ -1,4 +1,5 @@
-"""Collectives of one node's ranks, run by the progress process (a mixin of ProgressEngine).
+"""Collectives of one node's ranks, run by the progress process: CollRunner, a component of the engine
+(``engine.coll``).
 
 Every local rank posts its op of a collective with the collective's sequence number; once all have
 arrived (``coll_arrive``) their fingerprints (collective, dtype, count, op, root) must agree, or every
@@ -14,26 +15,33 @@ corrupt memory or hang). Then one of two paths runs it:
   the chunks are subs of one args that the node's loopback transport progresses (a collective is
   ready for STEPS chunks in flight per sub, like a message).
 
-What it needs of the engine: the registered buffers, the args pool and active list, the copy
-engine, the policy values (coll_inline, coll_chunk, coll_min_chunk, streaming_min), complete_coll,
-fail and the profiler.
+The component owns the collectives in arrival (``colls``: sequence number -> each local rank's op),
+the chunking policy (coll_inline, coll_chunk, coll_min_chunk) and the executor; collectives across
+nodes are its ``across`` part (shmproxy.coll.multinode). What it takes of the engine: the registered
+buffers, the args pool and active list, the copy engine and streaming threshold (both replaced when
+the affinity is decided), the connectors, completion, failure and the profiler.
 """
 from __future__ import annotations
 
 import collections
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 from shmproxy.coll import algorithms, sched, vector
+from shmproxy.coll.executor import CpuExecutor
+from shmproxy.coll.multinode import MultiNodeColl
 from shmproxy.coll.sched import Region
 from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind
 from shmproxy.core.ops import CODE_DTYPE, COLL_LAST_NATIVE, FLAG_IN_PLACE, Coll, Op
 from shmproxy.engine.args import CollWork
+from shmproxy.engine.policy import coll_chunk_limit
 from shmproxy.shm import _native, _reduce, pool as P
-from shmproxy.shm.segment import MemfdBuffer
-from shmproxy.transports.base import Connector
+from shmproxy.transports.base import Connector, HostBuffer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.engine.progress import ProgressEngine
 
 _log = log.get("COLL")
 # Collective kinds as plain ints for the per-op path: looking up an IntEnum member costs more than a
@@ -56,14 +64,25 @@ _ITEMSIZE = {code: dt.itemsize for code, dt in CODE_DTYPE.items()}
 
 
 class CollRunner:
+    def __init__(self, engine: "ProgressEngine"):
+        self.e = engine
+        params = engine.params
+        self.nlocal, self.size = engine.nlocal, engine.size
+        self.coll_min_chunk = params.COLL_MIN_CHUNK
+        self.coll_inline = params.COLL_INLINE_BYTES
+        self.coll_chunk = coll_chunk_limit(params, engine.loop_copies)
+        self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
+        self.executor = CpuExecutor(lambda: engine.copy)   # runs collectives' copies and reductions
+        self.across = MultiNodeColl(self)   # collectives whose ranks span nodes
+
     def coll_arrive(self, op: Op) -> None:
         """Collect every local rank's op of one collective (by sequence number), then start it."""
         ops = self.colls.get(op.coll_seq)
         if ops is None:
             ops = self.colls[op.coll_seq] = [None] * self.nlocal
         if ops[op.owner] is not None:
-            self.failures.fail(errors.InternalError.code, f"{op.describe()}: local rank {op.owner} posted collective "
-                               f"#{op.coll_seq} twice")
+            self.e.failures.fail(errors.InternalError.code, f"{op.describe()}: local rank {op.owner} posted collective "
+                                 f"#{op.coll_seq} twice")
             return
         ops[op.owner] = op
         if None not in ops:
@@ -97,24 +116,24 @@ class CollRunner:
         for other in ops[1:]:
             fp = fingerprint(other)
             if fp != first:
-                self.failures.fail(errors.InvalidUsage.code,
-                                   f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
-                                   f"{self.describe_fingerprint(first)} but rank {other.rank} called "
-                                   f"{self.describe_fingerprint(fp)}")
+                self.e.failures.fail(errors.InvalidUsage.code,
+                                     f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
+                                     f"{self.describe_fingerprint(first)} but rank {other.rank} called "
+                                     f"{self.describe_fingerprint(fp)}")
                 return
         if any(op.mem for op in ops):   # device memory: queued on the GPU whole (shmproxy.coll.gpu)
-            if self.nodes.nnodes > 1:
+            if self.e.nodes.nnodes > 1:
                 # the ranks stage device buffers through host memory across nodes (rank/devstage.py)
-                self.failures.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers "
-                                   f"reached a collective across nodes unstaged")
+                self.e.failures.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers "
+                                     f"reached a collective across nodes unstaged")
                 return
             from shmproxy.coll import gpu
-            gpu.start_device_coll(self, ops)
+            gpu.start_device_coll(self.e, ops)
             return
         if op0.coll > _LAST_NATIVE and not vector.check(self, ops, self.size):
             return
-        if self.nodes.nnodes > 1:
-            self.start_coll_nodes(ops)
+        if self.e.nodes.nnodes > 1:
+            self.across.start(ops)
             return
         try:
             if self.small_coll(ops):
@@ -122,7 +141,7 @@ class CollRunner:
             work, builder, nchunks, chunk_bytes = self.build_coll(ops)
         except errors.ProxyError as exc:
             for op in ops:
-                self.completion.complete(op, exc.code, 0)
+                self.e.completion.complete(op, exc.code, 0)
             _log.warning("collective #%d refused: %s", ops[0].coll_seq, exc)
             return
         if nchunks == 0:
@@ -138,7 +157,7 @@ class CollRunner:
             return
         written = (work.nbytes if op0.coll > _LAST_NATIVE else
                    sched.written_bytes(op0.coll, op0.count, _ITEMSIZE.get(op0.dtype, 1), len(ops)))
-        if written > self.streaming_min:
+        if written > self.e.streaming_min:
             builder = sched.streaming_schedules(builder)
             work.streaming = True
         self.run_schedules(work, builder, nchunks, chunk_bytes)
@@ -149,18 +168,18 @@ class CollRunner:
         op0 = work.ops[0]
         conn = (-1, -1)
         try:   # the node's collectives run on its loopback connector's transport
-            transport = self.coll_connector(self.nodes.node).transport
+            transport = self.coll_connector(self.e.nodes.node).transport
             if transport.proxy_progress_coll is None:
                 raise errors.InvalidUsage(f"transport {transport.name} runs no collectives between the ranks of "
                                           f"a node")
         except errors.InvalidUsage as exc:   # no allowed transport can: the job cannot work, say so loudly
-            self.failures.fail(exc.code, str(exc))
+            self.e.failures.fail(exc.code, str(exc))
             return
-        args = self.argspool.get_args(conn, op0.opcount, transport)
+        args = self.e.argspool.get_args(conn, op0.opcount, transport)
         args.coll = work
-        self.active.append(args)
-        self.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
-        channels = max(1, min(self.copy.nworkers or 1, nchunks))
+        self.e.active.append(args)
+        self.e.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
+        channels = max(1, min(self.e.copy.nworkers or 1, nchunks))
         if across:
             # Across nodes every chunk waits on the network between its local steps: the loop runs
             # those steps itself, one channel, and wakes no copy worker per chunk (each wake-up of a
@@ -173,7 +192,7 @@ class CollRunner:
         k0 = 0
         while k0 < nchunks:
             n = min(per, nchunks - k0)
-            s = self.argspool.add_sub(args, work, 0, 0, n * chunk_bytes, chunk_bytes)
+            s = self.e.argspool.add_sub(args, work, 0, 0, n * chunk_bytes, chunk_bytes)
             s.nsteps, s.make, s.k0, s.inflight = n, builder, k0, collections.deque()
             k0 += n
 
@@ -187,7 +206,7 @@ class CollRunner:
         op0 = ops[0]
         c = op0.coll
         if c == _BARRIER:
-            self.completion.complete_coll(ops, 0)
+            self.e.completion.complete_coll(ops, 0)
             self._profile_coll(ops, 0)
             return True
         if c > _LAST_NATIVE:   # shmproxy.coll.vector's: schedules only
@@ -236,25 +255,25 @@ class CollRunner:
                 reduce(op0.redop, op0.dtype, n, [src + d * blk for src in ins], [out], False)
         else:
             return False
-        self.completion.complete_coll(ops, nbytes)
+        self.e.completion.complete_coll(ops, nbytes)
         self._profile_coll(ops, nbytes)
         return True
 
     def _profile_coll(self, ops: list[Op], nbytes: int, **extra: int) -> None:
         """A finished collective's span: first post to now, with the last post and fetch times."""
-        if self.profiler.enabled:
+        if self.e.profiler.enabled:
             op0 = ops[0]
-            self.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
-                               min(op.t_post for op in ops), time.monotonic_ns(), bytes=nbytes,
-                               last_post_ns=max(op.t_post for op in ops), fetch_ns=max(op.t_fetch for op in ops),
-                               **extra)
+            self.e.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
+                                 min(op.t_post for op in ops), time.monotonic_ns(), bytes=nbytes,
+                                 last_post_ns=max(op.t_post for op in ops), fetch_ns=max(op.t_fetch for op in ops),
+                                 **extra)
 
-    def buffer_of(self, op: Op, second: bool, nbytes: int) -> tuple[MemfdBuffer, int]:
+    def buffer_of(self, op: Op, second: bool, nbytes: int) -> tuple[HostBuffer, int]:
         """(registered buffer, offset) of ``nbytes`` of an op's send (second=False) or receive
         buffer, bounds-checked."""
         key = (op.owner, op.buf2_id if second else op.buf_id)
         off = op.offset2 if second else op.offset
-        buf = self.buffers.get(key)
+        buf = self.e.buffers.get(key)
         if buf is None or off + nbytes > buf.size:
             raise errors.InvalidArgument(f"{op.describe()}: buffer {key[1]} offset {off} + {nbytes} B is "
                                          f"outside the registered buffer")
@@ -262,9 +281,9 @@ class CollRunner:
 
     def buffer_addr(self, op: Op, second: bool, nbytes: int) -> int:
         if second:
-            buf, off = self.buffers.get((op.owner, op.buf2_id)), op.offset2
+            buf, off = self.e.buffers.get((op.owner, op.buf2_id)), op.offset2
         else:
-            buf, off = self.buffers.get((op.owner, op.buf_id)), op.offset
+            buf, off = self.e.buffers.get((op.owner, op.buf_id)), op.offset
         if buf is None or off + nbytes > buf.size:
             buf, off = self.buffer_of(op, second, nbytes)  # raises the error
         return buf.addr + off
@@ -291,7 +310,7 @@ class CollRunner:
         itemsize = dt.itemsize if dt is not None else 1
         # COLL_CHUNK_SIZE, or less when that would leave copy workers idle (a 2 MiB Allreduce in
         # 512 KiB chunks would keep 4 of 8 busy); chunks of a reduction are per rank's buffer.
-        workers = max(1, self.copy.nworkers)
+        workers = max(1, self.e.copy.nworkers)
         chunk_bytes = max(self.coll_min_chunk, min(self.coll_chunk, -(-n * itemsize // workers)))
         per = max(1, chunk_bytes // itemsize)
         now = time.monotonic_ns()
@@ -346,7 +365,8 @@ class CollRunner:
         to their peer node (this node's loopback connector within a node); the executor runs the rest."""
         if e.kind == sched.SEND or e.kind == sched.RECV:
             conn = self.coll_connector(e.peer)
-            matched = conn.transport.proxy_coll_entry(self.ctx, conn, sch, e)
+            # (the connector's transport runs collectives: coll_connector found it so)
+            matched = conn.transport.proxy_coll_entry(self.e.ctx, conn, sch, e)  # type: ignore[misc]
             for other_sch, other in matched:
                 if other is not e:
                     other_sch.entry_done(other)
@@ -369,18 +389,18 @@ class CollRunner:
     def coll_connector(self, node: int) -> Connector:
         """The connector SEND/RECV entries for ``node`` travel on: within the node its loopback
         connector (local rank 0 to itself), else the connector between the two nodes' first ranks."""
-        r = self.ranks[0].rank
-        peer = r if node in (-1, self.nodes.node) else self.nodes.map.leader(node)
-        return self.conns.get((r, peer, MemKind.HOST)) or self.connect(r, peer, MemKind.HOST)
+        r = self.e.ranks[0].rank
+        peer = r if node in (-1, self.e.nodes.node) else self.e.nodes.map.leader(node)
+        return self.e.conns.get((r, peer, MemKind.HOST)) or self.e.connect(r, peer, MemKind.HOST)
 
     def finish_coll(self, work: CollWork) -> None:
         if work.published:   # the GPU stored the slots (engine/completion.py, coll_items)
             for op in work.ops:
-                self.completion.counted(op)
-            self.completion.wake_ranks(tuple(op.owner for op in work.ops))
+                self.e.completion.counted(op)
+            self.e.completion.wake_ranks(tuple(op.owner for op in work.ops))
         else:
-            self.completion.complete_coll(work.ops, work.nbytes)
+            self.e.completion.complete_coll(work.ops, work.nbytes)
         if work.nbytes > self.coll_inline:
-            self.completion.complete_large()
+            self.e.completion.complete_large()
         work.views = []
         self._profile_coll(work.ops, work.nbytes, match_ns=work.t_match, streaming=int(work.streaming))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -34,24 +34,27 @@ from shmproxy.core import errors
 from shmproxy.core.ops import CODE_DTYPE, COLL_NAMES, COLL_WITH_COUNTS, FLAG_IN_PLACE, FLAG_NO_RECV, Coll, Op
 from shmproxy.engine.args import CollWork
 
+if TYPE_CHECKING:  # pragma: no cover
+    from shmproxy.coll.runner import CollRunner
+
 
 # ------------------------------------------------------------------------------ the runner's side
-def views(runner: Any, ops: list[Op], size: int) -> list[counts.View]:
+def views(runner: "CollRunner", ops: list[Op], size: int) -> list[counts.View]:
     """Every op's arguments, its counts table copied out of the rank's staging buffer."""
     out = []
     for op in ops:
         table = None
         if op.coll in COLL_WITH_COUNTS:
-            table = counts.read(runner.buffers.get((op.owner, op.tag)), size, op.describe())
+            table = counts.read(runner.e.buffers.get((op.owner, op.tag)), size, op.describe())
         out.append(counts.View(op.rank, op.count, bool(op.flags & FLAG_IN_PLACE), table))
     return out
 
 
-def claims_of(runner: Any, ops: list[Op], size: int) -> list[tuple]:
+def claims_of(runner: "CollRunner", ops: list[Op], size: int) -> list[tuple]:
     return counts.claims(ops[0].coll, views(runner, ops, size), ops[0].peer, size)
 
 
-def check(runner: Any, ops: list[Op], size: int) -> bool:
+def check(runner: "CollRunner", ops: list[Op], size: int) -> bool:
     """The counts of these (local) ranks agree with each other; else the communicator fails naming
     both ranks (their sequences of collectives cannot be trusted to line up any more)."""
     op0 = ops[0]
@@ -61,7 +64,7 @@ def check(runner: Any, ops: list[Op], size: int) -> bool:
         msg = f"collective #{op0.coll_seq} {COLL_NAMES.get(op0.coll, op0.coll)}: {exc}"
     if msg is None:
         return True
-    runner.failures.fail(errors.InvalidUsage.code, msg)
+    runner.e.failures.fail(errors.InvalidUsage.code, msg)
     return False
 
 
@@ -80,7 +83,7 @@ def regions(resolve: Callable[[Op, bool, int], Region]) -> Callable[[Op, bool], 
     return reg
 
 
-def build(runner: Any, ops: list[Op], across: bool) -> tuple:
+def build(runner: "CollRunner", ops: list[Op], across: bool) -> tuple:
     """(work, make, nchunks, chunk_bytes) of one of these collectives, for this node's ranks."""
     op0 = ops[0]
     c = op0.coll
@@ -89,11 +92,12 @@ def build(runner: Any, ops: list[Op], across: bool) -> tuple:
         raise errors.InvalidArgument(f"{op0.describe()}: unknown dtype code {op0.dtype}")
     isz = dt.itemsize
     if across:
-        size, node, nnodes, rank_node = runner.size, runner.nodes.node, runner.nodes.nnodes, runner.nodes.map.rank_node
-        per_bytes = runner.params.NET_CHUNK_SIZE
+        nodes = runner.e.nodes
+        size, node, nnodes, rank_node = runner.size, nodes.node, nodes.nnodes, nodes.map.rank_node
+        per_bytes = runner.e.params.NET_CHUNK_SIZE
     else:
         size, node, nnodes, rank_node = len(ops), 0, 1, [0] * len(ops)
-        workers = max(1, runner.copy.nworkers)
+        workers = max(1, runner.e.copy.nworkers)
         per_bytes = max(runner.coll_min_chunk, min(runner.coll_chunk, -(-max(op0.count, 1) * isz // workers)))
     per = max(1, per_bytes // isz)
     vs = views(runner, ops, size)
@@ -120,8 +124,9 @@ def build(runner: Any, ops: list[Op], across: bool) -> tuple:
                 raise errors.InvalidArgument(f"{op.describe()}: {full.count} elements, the counts add up to "
                                              f"{total}")
             if v.in_place:   # outputs overwrite inputs that other chunks still read: reduce from a copy
-                cp = np.frombuffer((ctypes.c_char * (total * isz)).from_address(full.addr), dtype=dt).copy() \
-                    if total else np.empty(0, dt)
+                # (a ctypes array exports its buffer; numpy's stubs do not list it)
+                raw = (ctypes.c_char * (total * isz)).from_address(full.addr)
+                cp = np.frombuffer(raw, dtype=dt).copy() if total else np.empty(0, dt)  # type: ignore[call-overload]
                 keep.append(cp)
                 ins.append(Region(cp.ctypes.data, total, dt))
             else:

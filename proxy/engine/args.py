@@ -52,7 +52,7 @@ class CollWork:
         self.send = self.recv = ops[0]  # what the sub table shows (kind, rank, peer=root, tag)
 
     def finish(self, engine: Any) -> None:
-        engine.finish_coll(self)
+        engine.coll.finish_coll(self)
 
 
 class Sub:
@@ -68,9 +68,9 @@ class Sub:
         self.nsteps = (nbytes + chunk - 1) // chunk
         self.posted = self.transmitted = self.received = self.done = 0
         self.mirrored = (0, 0, 0, 0)   # the counters as the sub table holds them (add_sub, mirror)
-        self.make = None
+        self.make: Any = None   # a collective's: chunk k -> its schedule
         self.k0 = 0
-        self.inflight = None
+        self.inflight: Any = None   # a collective's: its chunk schedules in flight, in order (a deque)
 
     def chunk_done(self) -> None:
         """A copy worker finished one of this sub's chunks (called by the loop, single writer)."""

@@ -34,8 +34,8 @@ class EngineContext:
         self.parallel_threshold: int = engine.params.PARALLEL_THRESHOLD
         self.buffers = engine.buffers            # the registry itself: registrations show at once
         self.memcopy = _native.memcopy
-        self.start_entry = engine.start_entry
-        self.start_schedule = engine.start_schedule
+        self.start_entry = engine.coll.start_entry
+        self.start_schedule = engine.coll.start_schedule
         self.post_event = engine.post_event   # a transport's own threads wake the loop through it
         self.completion_items = engine.completion.completion_items   # a device that publishes a message's completion
         self.completion_slots = engine.completion.completion_slots
@@ -53,7 +53,7 @@ class EngineContext:
         self.complete_send = engine.nodes.complete_send
         self.remote_closed = engine.nodes.remote_closed
         self.fail = engine.failures.fail
-        self.note = engine.on_note
+        self.note = engine.coll.across.on_note
 
     @property
     def node(self) -> int:
@@ -69,7 +69,7 @@ class EngineContext:
 
     @property
     def coll_chunk_max(self) -> int:
-        return max(self._engine.coll_chunk, self._engine.params.NET_CHUNK_SIZE)
+        return max(self._engine.coll.coll_chunk, self._engine.params.NET_CHUNK_SIZE)
 
     def rank_node(self, rank: int) -> int:
         rn = self._engine.nodes.map.rank_node

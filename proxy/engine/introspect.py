@@ -90,11 +90,11 @@ class Introspector:
                 if op.t_fetch <= old and len(sends) < PENDING_SHOWN:
                     sends.append({"rank": src, "to": d, "tag": tag, "bytes": op.nbytes,
                                   "age_s": round((now - op.t_fetch) / 1e9, 1)})
-        for seq, ops in list(e.colls.items()):
+        for seq, ops in list(e.coll.colls.items()):
             arrived = [op for op in ops if op is not None]
             if arrived and min(op.t_fetch for op in arrived) <= old and len(colls) < PENDING_SHOWN:
                 op0 = arrived[0]
-                colls.append({"seq": seq, "call": e.describe_fingerprint(e.fingerprint(op0)),
+                colls.append({"seq": seq, "call": e.coll.describe_fingerprint(e.coll.fingerprint(op0)),
                               "in": sorted(op.rank for op in arrived),
                               "missing": sorted(r.rank for lr, r in list(e.ranks.items())
                                                 if ops[lr] is None),

@@ -168,7 +168,7 @@ class PointToPoint:
         elif kind == KIND_RECV:
             self.recv_half_post(op)
         elif kind == KIND_COLL:
-            self.coll_arrive(op)
+            self.coll.coll_arrive(op)
         elif kind == KIND_PROBE:
             self.probe_post(op)
         elif kind == KIND_CANCEL:

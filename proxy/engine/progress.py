@@ -22,9 +22,10 @@ What the loop is made of: this module (lifecycle, the driver), the components it
 own state and typed (``completion``: engine/completion.py, publishing results and waking ranks;
 ``failures``: engine/failure.py, the first error and who learned it; ``fastpath``:
 engine/fastpath.py, the cells drained in order; ``intro``: engine/introspect.py, the info blob and
-the dump; ``nodes``: engine/nodes.py, the other nodes and the link to them), and the mixins not yet
-made components (Fetching, PointToPoint, ArmedRoutes, CollRunner, MultiNodeColl), which share this
-object's attributes (issue 41: each becomes a component in turn).
+the dump; ``nodes``: engine/nodes.py, the other nodes and the link to them; ``coll``:
+coll/runner.py, the collectives, with coll/multinode.py for those across nodes), and the mixins not
+yet made components (Fetching, PointToPoint, ArmedRoutes), which share this object's attributes
+(issue 41: each becomes a component in turn).
 
 The loop never raises into a void: the first error is stored with its context in the pool's
 asyncResult fields and the communicator is aborted, so every rank raises it at its next call.
@@ -49,13 +50,10 @@ from shmproxy.coll import sched
 from shmproxy.engine.args import PROGRESS, READY, Args, ArgsPool
 from shmproxy.engine.armed import ArmedRoutes
 from shmproxy.engine.copyengine import CopyEngine
-from shmproxy.core.ops import Op
 from shmproxy.engine.profiler import Profiler
 from shmproxy.shm import _native, _workers, pool as P, sync
 from shmproxy.shm.segment import Segment
 from shmproxy import transports
-from shmproxy.coll.executor import CpuExecutor
-from shmproxy.coll.multinode import MultiNodeColl
 from shmproxy.coll.runner import CollRunner
 from shmproxy.control.handler import ControlHandler
 from shmproxy.control.service import ServiceServer
@@ -67,7 +65,7 @@ from shmproxy.engine.nodes import Nodes
 from shmproxy.engine.fastpath import FastPath
 from shmproxy.engine.fetching import _EVENTS_Q, Fetching
 from shmproxy.engine.p2p import PointToPoint
-from shmproxy.engine.policy import FetchMode, coll_chunk_limit, fetch_mode, streaming_threshold
+from shmproxy.engine.policy import FetchMode, fetch_mode, streaming_threshold
 from shmproxy.engine.ranks import RankInfo
 from shmproxy.transports.base import Connector, HostBuffer, Registration, Transport
 
@@ -81,7 +79,7 @@ _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # gl
 _COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
-class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, CollRunner, MultiNodeColl):
+class ProgressEngine(Fetching, PointToPoint, ArmedRoutes):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -104,9 +102,7 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, CollRunner, MultiNodeC
         self.q = self.view.q
         self.steps = params.STEPS
         self.chunk = params.CHUNK_SIZE
-        self.coll_min_chunk = params.COLL_MIN_CHUNK
         self.eager = params.eager_limit
-        self.coll_inline = params.COLL_INLINE_BYTES
         self.spin_ns = int(params.PROXY_SPIN_US * 1000)
         self.watch_ns = int(params.PROXY_WATCH_US * 1000)
         # a crowded node's loop does not spin for the network's news: the link's threads need the CPU
@@ -114,10 +110,9 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, CollRunner, MultiNodeC
         # On a crowded node the loop does not spin right after it completed work of the copy
         # workers: the ranks it just woke need the CPUs to come back and post (see complete_large).
         self.spin_skip = False
-        self.loop_copies = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else self.crowded
+        self.loop_copies: bool = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else self.crowded
         poll_us = params.LOOP_POLL_US if params.LOOP_POLL_US >= 0 else (AUTO_LOOP_POLL_US if self.loop_copies else 0.0)
         self.loop_poll_s = poll_us / 1e6
-        self.coll_chunk = coll_chunk_limit(params, self.loop_copies)
         self.timeout = params.TIMEOUT
         self.batch = params.APPEND_BATCH_SIZE
         # fetch() copies records here under the mutex (shm._native.take_posted) and unpacks them after
@@ -128,17 +123,15 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, CollRunner, MultiNodeC
         self.transports = transports.allowed(params.TRANSPORTS)
         self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
         self.argspool = ArgsPool(self.view)
-        self.copy = CopyEngine(0, None)
-        self.executor = CpuExecutor(lambda: self.copy)   # runs collectives' copies and reductions
+        self.copy: CopyEngine = CopyEngine(0, None)
         self.nodes = Nodes(self, size)   # the other nodes: layout, the link transport (engine/nodes.py)
         self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
         self.profiler = Profiler(params.PROFILE)
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
-        self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
-        self.fingerprints: dict[int, list] = {}   # node 0 across nodes: seq -> (node, rank, fingerprint)s
         self.init_p2p(params)   # the receive half of point-to-point, buffered sends, probes (engine/p2p.py)
         self.completion = Completion(self)   # publishing results, waking ranks (engine/completion.py)
+        self.coll = CollRunner(self)   # collectives: this node's ranks, and across nodes (coll/runner.py)
         self.fastpath = FastPath(self, layout)  # small blocking calls the ranks complete themselves
         self.fast = self.fastpath.on
         # repeated device messages launched from C at fetch (engine/armed.py)
@@ -211,7 +204,7 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes, CollRunner, MultiNodeC
         for t in self.transports:
             t.proxy_free(self.ctx)
         self.active.clear()  # schedules hold numpy views of the buffers closed below
-        self.colls.clear()
+        self.coll.colls.clear()
         self.retired.extend(self.buffers.values())
         self.buffers.clear()
         self._close_retired()
