@@ -73,7 +73,12 @@ class Request(RequestBase):
             self._comm._staging.put(*extra[0])
         self._keep = None
         if extra is not None and len(extra) > 2:   # device buffers staged across nodes (rank/devstage.py)
-            extra[2](code == 0, nbytes)
+            try:
+                extra[2](code == 0, nbytes)
+            except Exception as exc:   # a copy back that failed (a CUDA error) is this request's error
+                if self._error is None:
+                    self._error = errors.InternalError(f"{self.describe()}: the copy of the result back "
+                                                       f"to device memory failed: {type(exc).__name__}: {exc}")
 
     def _make_error(self, code: int, nbytes: int, source: int, tag: int, peer_dtype: int) -> errors.ProxyError:
         if code == errors.TruncationError.code:
