@@ -88,9 +88,9 @@ class _Pinned:
             self.free.setdefault(buf.size, []).append(buf)
             self.cached += buf.size
         else:
-            self._drop(buf)
+            self.drop(buf)
 
-    def _drop(self, buf: MemfdBuffer) -> None:
+    def drop(self, buf: MemfdBuffer) -> None:
         """Unpin and deregister now; the mapping goes with its last view (a request may still hold one)."""
         if buf.addr in self.pinned:
             self.pinned.discard(buf.addr)
@@ -103,7 +103,7 @@ class _Pinned:
     def close(self) -> None:
         for lst in self.free.values():
             for buf in lst:
-                self._drop(buf)
+                self.drop(buf)
         self.free.clear()
         self.cached = 0
 
@@ -150,14 +150,22 @@ class _Staged:
                         self.stage.copy(arr.data.ptr, h.ctypes.data, n, own, self.device, sync=False)
                 self.stage.sync(own, self.device)
         finally:
-            self.outs.clear()
-            for buf in self.bufs:
+            self.give_back(reuse=ok)
+
+    def give_back(self, reuse: bool) -> None:
+        """The buffers back to the cache, or (not ``reuse``: the operation failed, and the progress
+        process may still write a late chunk into them) out of it."""
+        self.outs.clear()
+        for buf in self.bufs:
+            if reuse:
                 self.stage.pinned.put(buf)
-            self.bufs.clear()
+            else:
+                self.stage.pinned.drop(buf)
+        self.bufs.clear()
 
     def abandon(self) -> None:
-        """The host call raised before it posted: nothing to copy back."""
-        self.done(False)
+        """The host call raised before it posted: nothing to copy back, nothing wrote the buffers."""
+        self.give_back(reuse=True)
 
 
 class DeviceStaging:
