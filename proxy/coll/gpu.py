@@ -39,23 +39,13 @@ from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind, mem_device, mem_kind
 from shmproxy.core.ops import CODE_DTYPE, DTYPE_BFLOAT16, FLAG_IN_PLACE, FLAG_NO_RECV, Coll, Op, ReduceOp
 from shmproxy.engine.args import CollWork
+from shmproxy.transports.cuda_bf16 import BF16_PREAMBLE
 from shmproxy.transports.cuda_publish import CELL_PAIRS
 from shmproxy.shm import pool as P
 
 _log = log.get("COLL")
 _UFUNC_NAMES = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MIN: "minimum",
                 ReduceOp.MAX: "maximum", ReduceOp.AVG: "add"}
-_BF16_PREAMBLE = r"""
-__device__ __forceinline__ float bf16_in(unsigned short h) {
-    return __uint_as_float(((unsigned int)h) << 16);
-}
-__device__ __forceinline__ unsigned short bf16_out(float f) {
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);   /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                                   /* nearest even */
-    return (unsigned short)(u >> 16);
-}
-"""
 # x, y: the two float32 operands (NaN propagates through MIN and MAX, as in torch)
 _BF16_EXPR = {ReduceOp.SUM: "x + y", ReduceOp.AVG: "x + y", ReduceOp.PROD: "x * y",
               ReduceOp.MIN: "(x != x || x < y) ? x : y", ReduceOp.MAX: "(x != x || x > y) ? x : y"}
@@ -68,11 +58,11 @@ def bf16_kernel(cp: Any, redop: int) -> Any:
     if k is None:
         if redop == -1:
             k = cp.ElementwiseKernel("uint16 a, float32 d", "uint16 o", "o = bf16_out(bf16_in(a) / d)",
-                                     "shmproxy_bf16_div", preamble=_BF16_PREAMBLE)
+                                     "shmproxy_bf16_div", preamble=BF16_PREAMBLE)
         else:
             body = f"float x = bf16_in(a), y = bf16_in(b); o = bf16_out({_BF16_EXPR[redop]})"
             k = cp.ElementwiseKernel("uint16 a, uint16 b", "uint16 o", body,
-                                     f"shmproxy_bf16_{ReduceOp(redop).name.lower()}", preamble=_BF16_PREAMBLE)
+                                     f"shmproxy_bf16_{ReduceOp(redop).name.lower()}", preamble=BF16_PREAMBLE)
         _bf16_kernels[redop] = k
     return k
 

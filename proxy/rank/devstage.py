@@ -46,6 +46,7 @@ from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.rank.device import DeviceMemory
 from shmproxy.rank.request import Request
 from shmproxy.shm.segment import MemfdBuffer
+from shmproxy.transports.cuda_bf16 import BF16_PREAMBLE
 
 _log = log.get("GPU")
 
@@ -201,12 +202,11 @@ class DeviceStaging:
 
     def narrow(self, arr: Any, h: np.ndarray, stream: Any, device: int) -> None:
         """float32 host values into bfloat16 device array ``arr``, rounded to nearest even on the GPU
-        (the kernel of shmproxy.coll.gpu's bfloat16 reductions)."""
+        (the rounding of shmproxy.coll.gpu's bfloat16 reductions: transports/cuda_bf16.py)."""
         cp = self.cp
         if self._narrow is None:
-            from shmproxy.coll.gpu import _BF16_PREAMBLE
             self._narrow = cp.ElementwiseKernel("float32 f", "uint16 o", "o = bf16_out(f)", "shmproxy_bf16_narrow",
-                                                preamble=_BF16_PREAMBLE)
+                                                preamble=BF16_PREAMBLE)
         with cp.cuda.Device(device), stream:
             tmp = cp.empty(arr.size, cp.float32)
             cp.cuda.runtime.memcpyAsync(tmp.data.ptr, h.ctypes.data, h.nbytes, _MEMCPY_DEFAULT, stream.ptr)
