@@ -156,6 +156,75 @@ def test_allreduce_across_simulated_nodes_through_the_loopback_connector(nnodes,
             assert np.array_equal(o, want), (node, o[:3], want[:3])
 
 
+def _run_nodes(built: list) -> None:
+    """Run every node's schedules of one collective (``built``: (nchunks, make) per node) in this
+    process, their SEND/RECV entries meeting on one loopback connector, until all complete."""
+    conn, ctx = _loopback()
+
+    def start(sch, e):
+        if e.kind in (sched.SEND, sched.RECV):
+            matched = conn.transport.proxy_coll_entry(ctx, conn, sch, e)
+            for osch, oe in matched:
+                if oe is not e:
+                    osch.entry_done(oe)
+            return any(oe is e for _s, oe in matched)
+        return EXEC.start_inline(sch, e)
+
+    schedules = [make(k) for nchunks, make in built for k in range(nchunks)]
+    for _ in range(200):
+        if all([s.advance(start) for s in schedules]):
+            break
+    else:
+        raise AssertionError("the nodes' schedules did not complete")
+    assert not conn.send_state   # every SEND met its RECV
+
+
+@pytest.mark.parametrize("nnodes", [1, 2, 3, 4, 5, 8, 9])
+def test_binomial_tree_reaches_every_node_once_in_log_steps(nnodes):
+    for root in range(nnodes):
+        seen, depth = {0}, {0: 0}
+        for rel in range(nnodes):
+            parent, children = hierarchy.binomial(rel, nnodes)
+            assert (parent < 0) == (rel == 0)
+            if parent >= 0:
+                assert rel in hierarchy.binomial(parent, nnodes)[1]
+            assert len(children) <= max(1, nnodes - 1).bit_length()
+        order = [0]
+        for rel in order:
+            for c in hierarchy.binomial(rel, nnodes)[1]:
+                assert c not in seen
+                seen.add(c)
+                depth[c] = depth[rel] + 1
+                order.append(c)
+        assert seen == set(range(nnodes)) and max(depth.values()) <= (nnodes - 1).bit_length()
+
+
+@pytest.mark.parametrize("nnodes,local", [(2, 1), (3, 2), (4, 1), (5, 2), (8, 1), (9, 1)])
+def test_bcast_reduce_and_barrier_between_simulated_nodes(nnodes, local):
+    """Bcast and Reduce over the binomial tree from every root node (and root rank within it), and the
+    dissemination barrier, every node's schedules in this process (chunks of 100 elements, 777)."""
+    n, per = 777, 100
+    total = nnodes * local
+    for root_node in range(nnodes):
+        root_local = root_node % local
+        data = np.arange(n, dtype=np.int64) * 3 + root_node
+        bufs = [[data.copy() if (node, i) == (root_node, root_local) else np.zeros(n, np.int64)
+                 for i in range(local)] for node in range(nnodes)]
+        _run_nodes([hierarchy.bcast([region(b) for b in bufs[node]], node, root_node, root_local, nnodes, per * 8,
+                                    key=("b", root_node)) for node in range(nnodes)])
+        for node in range(nnodes):
+            for b in bufs[node]:
+                assert np.array_equal(b, data), (root_node, node)
+        ins = [ranks_data(n, local, np.float64, seed=10 * node + 1) for node in range(nnodes)]
+        out = np.zeros(n)
+        _run_nodes([hierarchy.reduce_to_root([region(x) for x in ins[node]],
+                                             region(out) if node == root_node else None, ReduceOp.SUM, per, node,
+                                             root_node, root_local, nnodes, total, n, np.dtype(np.float64),
+                                             key=("r", root_node)) for node in range(nnodes)])
+        assert np.allclose(out, sum(x for node in ins for x in node)), root_node
+    _run_nodes([hierarchy.barrier(node, nnodes, key="bar") for node in range(nnodes)])
+
+
 def test_loopback_rendezvous_refuses_a_mismatched_pair():
     conn, ctx = _loopback()
     a = np.zeros(4, np.uint8)

@@ -10,13 +10,15 @@ node must cut the same chunks: ``per`` comes from NET_CHUNK_SIZE, a parameter ev
 The shapes. Each fixes the order of a reduction (local ranks in rank order, then the nodes' partials
 in an order every node follows), so that every rank gets bit-identical results:
 
-- Barrier: every node tells node 0 it arrived; node 0 answers all once every node did.
+- Barrier: dissemination (round r: tell node + 2**r, hear node - 2**r), ceil(log2 n) rounds.
 - Allreduce, Reduce_scatter_block (and the v-collectives' reductions, shmproxy.coll.vector): local
   reduce, then between nodes recursive doubling below NET_RING_MIN_BYTES per chunk (log2 rounds,
   pairs combining the lower node's partial first) and a ring from it (reduce-scatter, then
   allgather); each rank then takes its part.
-- Reduce: a tree of depth one to the root's node (the root's own input first there, then node order).
-- Bcast: the root's node sends its buffer to every other node's first rank, which copies it on.
+- Reduce: a binomial tree to the root's node (the root's own input first there; each node combines
+  its children nearest first).
+- Bcast: a binomial tree from the root's node; each node's first rank takes the chunk, which is
+  passed on to the node's children and copied to its other ranks.
 - Allgather, Alltoall: every block goes straight to the node of the rank that needs it.
 
 Every chunk is a schedule of its own and up to STEPS of them are in flight, so the local reduction of
@@ -105,13 +107,39 @@ def _rd_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: 
     return es
 
 
+def binomial(rel: int, n: int) -> tuple[int, list[int]]:
+    """(parent, children) of node ``rel`` in the binomial tree of ``n`` nodes rooted at 0 (MPICH's),
+    numbered relative to the root; parent -1 at the root; children farthest first (the largest
+    subtree first: the order a broadcast sends in; a reduction combines them nearest first). A node
+    sends or takes at most log2(n) messages, where a tree of depth one puts n - 1 on the root."""
+    parent, mask = -1, 1
+    while mask < n:
+        if rel & mask:
+            parent = rel - mask
+            break
+        mask <<= 1
+    children = []
+    mask >>= 1
+    while mask > 0:
+        if rel + mask < n:
+            children.append(rel + mask)
+        mask >>= 1
+    return parent, children
+
+
 def barrier(node: int, nnodes: int, key: Any):
+    """The dissemination barrier: in round r every node tells node + 2**r and waits for node - 2**r;
+    after ceil(log2 n) rounds each has heard, directly or not, from every other. One one-way trip at
+    2 nodes, where a round trip through node 0 was two, and no node takes n - 1 messages."""
     def make(k: int) -> Schedule:
-        if node == 0:
-            es = [recv((key, "in", peer), peer, 0, 0) for peer in range(1, nnodes)]
-            es += [send((key, "out", peer), peer, 0, 0, barrier=(peer == 1)) for peer in range(1, nnodes)]
-        else:
-            es = [send((key, "in", node), 0, 0, 0), recv((key, "out", node), 0, 0, 0, barrier=True)]
+        es: list[Entry] = []
+        dist, r = 1, 0
+        while dist < nnodes:
+            to, frm = (node + dist) % nnodes, (node - dist) % nnodes
+            es.append(send((key, "d", r, to), to, 0, 0, barrier=True))   # after the previous round's news
+            es.append(recv((key, "d", r, node), frm, 0, 0))
+            dist, r = dist << 1, r + 1
+        es.append(Entry(NOP, True))
         return Schedule(es)
     return 1, make
 
@@ -162,9 +190,14 @@ def allreduce(ins: list[Region], outs: list[Region], op: int, per: int, node: in
 
 
 def reduce_to_root(ins: list[Region], out: Region | None, op: int, per: int, node: int, root_node: int,
-                   root_local: int, nodes_order: list[int], total: int, count: int, dtype: np.dtype, key: Any):
-    """``out``: the root's receive buffer (on the root's node only). ``nodes_order``: every node."""
+                   root_local: int, nnodes: int, total: int, count: int, dtype: np.dtype, key: Any):
+    """``out``: the root's receive buffer (on the root's node only). A binomial tree between the nodes
+    (``binomial``, numbered from the root's node): each node reduces its ranks (the root's own input
+    first on its node), combines its children's partials nearest first, and sends the result to its
+    parent; a fixed order, so the same bits every run."""
     chunks = _chunks(count, per)
+    rel = (node - root_node) % nnodes
+    parent, children = binomial(rel, nnodes)
 
     def make(k: int) -> Schedule:
         lo, hi = chunks[k]
@@ -174,37 +207,45 @@ def reduce_to_root(ins: list[Region], out: Region | None, op: int, per: int, nod
             acc = out.part(lo, hi)
             order = [root_local] + [r for r in range(len(ins)) if r != root_local]
             es = _local_reduce([ins[r].part(lo, hi) for r in order], acc, op)
-            parts = []
-            for peer in nodes_order:
-                if peer != root_node:
-                    part = _scratch(hi - lo, dtype, keep)
-                    parts.append(part)
-                    es.append(recv((key, k, "r", peer), peer, part.addr, part.nbytes))
-            es += [_combine(acc, part, op) for part in parts]
-            es += _finish_avg(acc, total, op)
         else:
             acc = _scratch(hi - lo, dtype, keep)
             es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
-            es.append(send((key, k, "r", node), root_node, acc.addr, acc.nbytes, barrier=True))
+        for child in reversed(children):   # nearest first
+            src = (child + root_node) % nnodes
+            part = _scratch(hi - lo, dtype, keep)
+            es.append(recv((key, k, "r", src), src, part.addr, part.nbytes))
+            es.append(_combine(acc, part, op))
+        if parent < 0:
+            es += _finish_avg(acc, total, op)
+        else:
+            es.append(send((key, k, "r", node), (parent + root_node) % nnodes, acc.addr, acc.nbytes, barrier=True))
         return Schedule(es or [Entry(NOP)], keep=keep)
     return len(chunks), make
 
 
 def bcast(bufs: list[Region], node: int, root_node: int, root_local: int, nnodes: int, per_bytes: int, key: Any):
+    """A binomial tree between the nodes (``binomial``, numbered from the root's node): a node takes
+    the chunk from its parent into its first rank's buffer, passes it to its children, farthest
+    first, and copies it to its other ranks meanwhile."""
     nbytes = bufs[0].nbytes
     chunks = _chunks(nbytes, per_bytes)
+    rel = (node - root_node) % nnodes
+    parent, children = binomial(rel, nnodes)
+    kids = [(c + root_node) % nnodes for c in children]
 
     def make(k: int) -> Schedule:
         lo, hi = chunks[k]
         n = hi - lo
         if node == root_node:
             src = bufs[root_local].addr + lo
-            es = [send((key, k, "b", j), j, src, n) for j in range(nnodes) if j != root_node]
+            es = [send((key, k, "b", j), j, src, n) for j in kids]
             es += [copy(b.addr + lo, src, n) for i, b in enumerate(bufs) if i != root_local]
         else:
             dst = bufs[0].addr + lo
-            es = [recv((key, k, "b", node), root_node, dst, n)]
-            es += [copy(b.addr + lo, dst, n, barrier=(i == 0)) for i, b in enumerate(bufs[1:])]
+            es = [recv((key, k, "b", node), (parent + root_node) % nnodes, dst, n)]
+            # after the chunk is in (the first entry past the receive waits for it), all at once
+            es += [send((key, k, "b", j), j, dst, n, barrier=(i == 0)) for i, j in enumerate(kids)]
+            es += [copy(b.addr + lo, dst, n, barrier=(i == 0 and not kids)) for i, b in enumerate(bufs[1:])]
         return Schedule(es or [Entry(NOP)])
     return len(chunks), make
 

@@ -157,7 +157,7 @@ class MultiNodeColl:
             ins = [out if (in_place[i] and i == root_local and out is not None) else reg(op, False, n)
                    for i, op in enumerate(ops)]
             nchunks, make = hierarchy.reduce_to_root(ins, out, op0.redop, per, node, root_node, root_local,
-                                                     list(range(nnodes)), total, n, dt, key)
+                                                     nnodes, total, n, dt, key)
             return work(n * itemsize), make, nchunks, per * itemsize
         if c == Coll.ALLGATHER:
             outs = [reg(op, True, n * total) for op in ops]
