@@ -105,57 +105,6 @@ def _loopback() -> tuple:
     return conn, ctx
 
 
-@pytest.mark.parametrize("ring", [False, True], ids=["tree", "ring"])
-@pytest.mark.parametrize("nnodes,local,dtype,op", [(2, 2, np.float32, ReduceOp.SUM), (3, 1, np.int64, ReduceOp.MAX),
-                                                   (4, 3, np.float16, ReduceOp.MIN), (3, 2, np.int32, ReduceOp.SUM)])
-def test_allreduce_across_simulated_nodes_through_the_loopback_connector(nnodes, local, dtype, op, ring):
-    """Every node's schedules (shmproxy.coll.hierarchy) run in this process, their SEND/RECV entries
-    meeting on one loopback connector (what the socket transport carries between nodes): local reduce,
-    a tree through node 0 or a ring between the nodes, local copy-out. Every rank of every node gets
-    the same bits: the reduction over all ranks (in node order for the tree; the ring reduces each
-    segment once from another start, equal for these exact cases)."""
-    n, per = 777, 100
-    conn, ctx = _loopback()
-    transport = conn.transport
-    ins = [ranks_data(n, local, dtype, seed=node) for node in range(nnodes)]
-    outs = [[np.zeros(n, dtype) for _ in range(local)] for _ in range(nnodes)]
-    built = [hierarchy.allreduce([region(x) for x in ins[node]], [region(o) for o in outs[node]], op, per, node,
-                                 nnodes, nnodes * local, key=7, ring_min=0 if ring else 1 << 62)
-             for node in range(nnodes)]
-    nchunks = built[0][0]
-    assert all(b[0] == nchunks for b in built)
-
-    def start(sch, e):
-        if e.kind in (sched.SEND, sched.RECV):
-            matched = transport.proxy_coll_entry(ctx, conn, sch, e)
-            for osch, oe in matched:
-                if oe is not e:
-                    osch.entry_done(oe)
-            return any(oe is e for _s, oe in matched)
-        return EXEC.start_inline(sch, e)
-
-    schedules = [make(k) for _n, make in built for k in range(nchunks)]
-    for _ in range(100):
-        if all([s.advance(start) for s in schedules]):   # a list: every node's schedules advance each round
-            break
-    else:
-        raise AssertionError("the nodes' schedules did not complete")
-    assert not conn.send_state   # every SEND met its RECV
-    ufunc = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum, ReduceOp.PROD: np.multiply}[op]
-    partial = []
-    for node in range(nnodes):
-        acc = ins[node][0].copy()
-        for x in ins[node][1:]:
-            acc = ufunc(acc, x)
-        partial.append(acc)
-    want = partial[0]
-    for p in partial[1:]:
-        want = ufunc(want, p)
-    for node in range(nnodes):
-        for o in outs[node]:
-            assert np.array_equal(o, want), (node, o[:3], want[:3])
-
-
 def _run_nodes(built: list) -> None:
     """Run every node's schedules of one collective (``built``: (nchunks, make) per node) in this
     process, their SEND/RECV entries meeting on one loopback connector, until all complete."""
@@ -177,6 +126,38 @@ def _run_nodes(built: list) -> None:
     else:
         raise AssertionError("the nodes' schedules did not complete")
     assert not conn.send_state   # every SEND met its RECV
+
+
+@pytest.mark.parametrize("ring", [False, True], ids=["tree", "ring"])
+@pytest.mark.parametrize("nnodes,local,dtype,op", [(2, 2, np.float32, ReduceOp.SUM), (3, 1, np.int64, ReduceOp.MAX),
+                                                   (4, 3, np.float16, ReduceOp.MIN), (3, 2, np.int32, ReduceOp.SUM)])
+def test_allreduce_across_simulated_nodes_through_the_loopback_connector(nnodes, local, dtype, op, ring):
+    """Every node's schedules (shmproxy.coll.hierarchy) run in this process, their SEND/RECV entries
+    meeting on one loopback connector (what the socket transport carries between nodes): local reduce,
+    a tree through node 0 or a ring between the nodes, local copy-out. Every rank of every node gets
+    the same bits: the reduction over all ranks (in node order for the tree; the ring reduces each
+    segment once from another start, equal for these exact cases)."""
+    n, per = 777, 100
+    ins = [ranks_data(n, local, dtype, seed=node) for node in range(nnodes)]
+    outs = [[np.zeros(n, dtype) for _ in range(local)] for _ in range(nnodes)]
+    built = [hierarchy.allreduce([region(x) for x in ins[node]], [region(o) for o in outs[node]], op, per, node,
+                                 nnodes, nnodes * local, key=7, ring_min=0 if ring else 1 << 62)
+             for node in range(nnodes)]
+    assert all(b[0] == built[0][0] for b in built)
+    _run_nodes(built)
+    ufunc = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum, ReduceOp.PROD: np.multiply}[op]
+    partial = []
+    for node in range(nnodes):
+        acc = ins[node][0].copy()
+        for x in ins[node][1:]:
+            acc = ufunc(acc, x)
+        partial.append(acc)
+    want = partial[0]
+    for p in partial[1:]:
+        want = ufunc(want, p)
+    for node in range(nnodes):
+        for o in outs[node]:
+            assert np.array_equal(o, want), (node, o[:3], want[:3])
 
 
 @pytest.mark.parametrize("nnodes", [1, 2, 3, 4, 5, 8, 9])
