@@ -209,7 +209,7 @@ class DeviceStaging:
                                                 preamble=BF16_PREAMBLE)
         with cp.cuda.Device(device), stream:
             tmp = cp.empty(arr.size, cp.float32)
-            cp.cuda.runtime.memcpyAsync(tmp.data.ptr, h.ctypes.data, h.nbytes, _MEMCPY_DEFAULT, stream.ptr)
+            self.copy(tmp.data.ptr, h.ctypes.data, h.nbytes, stream, device, sync=False)
             self._narrow(tmp, arr.reshape(-1))
             stream.synchronize()   # tmp is freed on return: cupy's pool could hand it out again
 

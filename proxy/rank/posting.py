@@ -166,9 +166,11 @@ class Posting:
                                          f"bfloat16 (device)")
         peer = self._check_peer(peer, "destination" if kind == KIND_SEND else "source", kind == KIND_RECV)
         tag = self._check_tag(tag, kind == KIND_RECV)
-        if self.node_layout is not None and self._across_nodes().crosses(peer):   # through host memory
-            return self._across_nodes().message(lambda host: self._post(kind, host, peer, tag, flags), arr,
-                                                kind == KIND_RECV, stream)
+        if self.node_layout is not None:
+            across = self._across_nodes()
+            if across.crosses(peer):   # through host memory
+                return across.message(lambda host: self._post(kind, host, peer, tag, flags), arr,
+                                      kind == KIND_RECV, stream)
         s = dev.as_stream(stream, arr.device.id)
         bid, off, mem = dev.locate(arr)
         req = self._emit(kind, code, 0, flags, peer, tag, bid, off, arr.nbytes, arr.size, -1, 0, 0, 0,

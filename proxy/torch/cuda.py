@@ -43,7 +43,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -161,11 +161,11 @@ class StreamWaits:
         self.free = list(range(self.NWORDS))
         self.lock = threading.Lock()            # arming against completion (``hold``, ``store``)
 
-    def hold(self, work: Any, stream: torch.cuda.Stream, done: Callable[[], bool]) -> bool:
-        """Have ``stream`` wait for ``work``'s completion; False when it completed meanwhile (``done``)
-        or no word is free (the caller then waits as before)."""
+    def hold(self, work: Any, stream: torch.cuda.Stream) -> bool:
+        """Have ``stream`` wait for ``work``'s completion; False when it completed meanwhile or no
+        word is free (the caller then waits as before)."""
         with self.lock:
-            if done() or not self.free:
+            if work._event.is_set() or not self.free:
                 return False
             i = self.free.pop()
             value = (self.words[i] + 1) & 0xFFFFFFFF

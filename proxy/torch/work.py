@@ -149,7 +149,7 @@ class Work(dist.Work):
         stream = torch.cuda.current_stream(self.stage.device)
         if self.small and stream.query():
             return False
-        if not self._pg.stream_waits().hold(self, stream, self._event.is_set):
+        if not self._pg.stream_waits().hold(self, stream):
             return False
         self._pg.completer.watch(self)   # nobody waits on the host: the completer completes it
         return True
