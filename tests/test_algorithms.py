@@ -160,6 +160,29 @@ def test_allreduce_across_simulated_nodes_through_the_loopback_connector(nnodes,
             assert np.array_equal(o, want), (node, o[:3], want[:3])
 
 
+@pytest.mark.parametrize("ring", [False, True], ids=["tree", "ring"])
+@pytest.mark.parametrize("nnodes", [2, 4, 5])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_allreduce_with_one_rank_per_node_reads_its_input_where_it_is(nnodes, ring, in_place):
+    """One rank per node, out of place: the exchange reads the rank's input itself (no copy into the
+    output first), and must still leave that input as it was; in place the output is the input. Sums
+    of floats whose order matters, so a segment combined from the wrong buffer or twice shows."""
+    n, per = 1000, 300
+    rng = np.random.default_rng(5)
+    ins = [rng.standard_normal(n).astype(np.float32) for _ in range(nnodes)]
+    before = [x.copy() for x in ins]
+    outs = ins if in_place else [np.full(n, np.nan, np.float32) for _ in range(nnodes)]
+    built = [hierarchy.allreduce([region(ins[node])], [region(outs[node])], ReduceOp.SUM, per, node, nnodes,
+                                 nnodes, key=3, ring_min=0 if ring else 1 << 62)
+             for node in range(nnodes)]
+    _run_nodes(built)
+    for node in range(nnodes):
+        assert np.array_equal(outs[node], outs[0]), node   # the same bits on every node
+        if not in_place:
+            assert np.array_equal(ins[node], before[node]), node
+    assert np.allclose(outs[0], np.sum(before, axis=0), atol=1e-4)
+
+
 @pytest.mark.parametrize("nnodes", [1, 2, 3, 4, 5, 8, 9])
 def test_binomial_tree_reaches_every_node_once_in_log_steps(nnodes):
     for root in range(nnodes):

@@ -73,9 +73,11 @@ def _scratch(count: int, dtype: np.dtype, keep: list) -> Region:
 
 
 def _rd_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple,
-                 keep: list) -> list[Entry]:
+                 keep: list, src: Region | None = None) -> list[Entry]:
     """After the local reduce into ``acc``: recursive doubling between the nodes; ``acc`` holds the
-    global result on every node afterwards (MPICH's allreduce for short messages).
+    global result on every node afterwards (MPICH's allreduce for short messages). ``src``: where this
+    node's partial is when no local reduce wrote it into ``acc`` (one rank, out of place: ``_partial``);
+    its first send and combine then read it there, and no copy is made.
 
     With p the largest power of two <= nnodes, node p+i first hands its partial to node i (which
     combines it) and gets the result back at the end. Among the p nodes, round r pairs node with node
@@ -83,24 +85,29 @@ def _rd_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: 
     the same bits; log2(p) rounds, each one message each way at once, where a tree to node 0 costs
     two one-way trips and node 0 takes every partial in turn."""
     es: list[Entry] = []
+    cur = acc if src is None else src   # where this node's partial is now
     p = 1 << (nnodes.bit_length() - 1)
     if node >= p:   # folded in: give the partial to node - p, take the result from it
-        es.append(send((*tag, "fold", node), node - p, acc.addr, acc.nbytes, barrier=True))
+        es.append(send((*tag, "fold", node), node - p, cur.addr, acc.nbytes, barrier=True))
         es.append(recv((*tag, "unfold", node), node - p, acc.addr, acc.nbytes, barrier=True))
         return es
     if node + p < nnodes:
         part = _scratch(acc.count, acc.dtype, keep)
         es.append(recv((*tag, "fold", node + p), node + p, part.addr, part.nbytes))
-        es.append(_combine(acc, part, op))
+        es.append(_combine_into(acc, cur, part, op))
+        cur = acc
     mask = 1
     while mask < p:
         peer = node ^ mask
         part = _scratch(acc.count, acc.dtype, keep)
-        es.append(send((*tag, "rd", mask, peer), peer, acc.addr, acc.nbytes, barrier=True))
+        es.append(send((*tag, "rd", mask, peer), peer, cur.addr, acc.nbytes, barrier=True))
         es.append(recv((*tag, "rd", mask, node), peer, part.addr, part.nbytes))
         # the lower node's partial first on both nodes of the pair, so that both compute the same bits
-        es.append(_combine_into(acc, part, acc, op) if peer < node else _combine(acc, part, op))
+        es.append(_combine_into(acc, part, cur, op) if peer < node else _combine_into(acc, cur, part, op))
+        cur = acc
         mask <<= 1
+    if cur is not acc:   # no round wrote the result (one node)
+        es.append(copy(acc.addr, cur.addr, acc.nbytes, barrier=True))
     es += _finish_avg(acc, total, op)
     if node + p < nnodes:
         es.append(send((*tag, "unfold", node + p), node + p, acc.addr, acc.nbytes, barrier=True))
@@ -144,23 +151,31 @@ def barrier(node: int, nnodes: int, key: Any):
     return 1, make
 
 
-def _ring_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple, keep: list) -> list[Entry]:
+def _ring_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag: tuple, keep: list,
+                   src: Region | None = None) -> list[Entry]:
     """After the local reduce into ``acc``: a ring between the nodes. ``acc`` is cut into one segment
     per node; in nnodes-1 steps each node passes a segment to the next and reduces the one it gets
     from the previous (reduce-scatter: segment s ends complete on node s-1), then nnodes-1 steps pass
     the complete segments on (allgather). Every link carries 2(n-1)/n of the chunk, at once in both
     directions, where the tree sends the whole chunk up and then down. Each segment is reduced in ring
-    order from a different start, once, then copied: every rank still gets the same bits."""
+    order from a different start, once, then copied: every rank still gets the same bits.
+
+    ``src`` (one rank, out of place: ``_partial``): this node's partial, read where it is. The first
+    send and every combine of the reduce-scatter touch a segment of it for the first time (each
+    segment is combined once, and the one sent first never is: it comes back complete in the
+    allgather), so the ring writes ``acc`` without a copy of the input into it first."""
     nxt, prv = (node + 1) % nnodes, (node - 1) % nnodes
     bounds = [acc.count * s // nnodes for s in range(nnodes + 1)]
     seg = [acc.part(bounds[s], bounds[s + 1]) for s in range(nnodes)]
+    mine = seg if src is None else [src.part(bounds[s], bounds[s + 1]) for s in range(nnodes)]
     es: list[Entry] = []
     for step in range(nnodes - 1):       # reduce-scatter
         out_s, in_s = (node - step) % nnodes, (node - step - 1) % nnodes
         part = _scratch(seg[in_s].count, acc.dtype, keep)
-        es.append(send((*tag, "rs", step, nxt), nxt, seg[out_s].addr, seg[out_s].nbytes, barrier=True))
+        out = mine[out_s] if step == 0 else seg[out_s]   # later steps pass on what the last one combined
+        es.append(send((*tag, "rs", step, nxt), nxt, out.addr, out.nbytes, barrier=True))
         es.append(recv((*tag, "rs", step, node), prv, part.addr, part.nbytes))
-        es.append(_combine(seg[in_s], part, op) if seg[in_s].count else Entry(NOP, True))
+        es.append(_combine_into(seg[in_s], mine[in_s], part, op) if seg[in_s].count else Entry(NOP, True))
     done = (node + 1) % nnodes          # the segment this node completed
     if op == ReduceOp.AVG and seg[done].count:
         es += _finish_avg(seg[done], total, op)
@@ -172,6 +187,15 @@ def _ring_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag
     return es
 
 
+def _partial(inputs: list[Region], acc: Region, op: int) -> tuple[list[Entry], Region | None]:
+    """This node's partial of one chunk: (entries of the local reduce into ``acc``, None), or, for one
+    rank out of place, ([], its input): the exchange then reads the input itself (the copy into
+    ``acc`` was a pass over the chunk on the loop for nothing)."""
+    if len(inputs) == 1 and inputs[0].addr != acc.addr and inputs[0].count == acc.count:
+        return [], inputs[0]
+    return _local_reduce(inputs, acc, op), None
+
+
 def allreduce(ins: list[Region], outs: list[Region], op: int, per: int, node: int, nnodes: int, total: int, key: Any,
               ring_min: int = 1 << 62):
     """Local reduce, then between nodes a ring for chunks of at least ``ring_min`` bytes, recursive
@@ -181,9 +205,9 @@ def allreduce(ins: list[Region], outs: list[Region], op: int, per: int, node: in
     def make(k: int) -> Schedule:
         lo, hi = chunks[k]
         acc, keep = outs[0].part(lo, hi), []
-        es = _local_reduce([x.part(lo, hi) for x in ins], acc, op)
+        es, src = _partial([x.part(lo, hi) for x in ins], acc, op)
         exchange = _ring_exchange if acc.nbytes >= ring_min and acc.count >= nnodes else _rd_exchange
-        es += exchange(acc, op, node, nnodes, total, (key, k), keep)
+        es += exchange(acc, op, node, nnodes, total, (key, k), keep, src)
         es += [copy(o.part(lo, hi).addr, acc.addr, acc.nbytes, barrier=(i == 0)) for i, o in enumerate(outs[1:])]
         return Schedule(es or [Entry(NOP)], keep=keep)
     return len(chunks), make
