@@ -53,7 +53,10 @@ those exceed what overlap saves; the interval figure above does not depend on th
 
 ``--device cuda``: the tensors and the model are on CUDA device rank % (number of devices) (one
 node), so ranks may share one GPU (gloo copies through host memory; NCCL refuses two ranks on one
-GPU). Each timed call then ends with ``torch.cuda.synchronize()``; no "registered" column.
+GPU). Each timed call then ends with ``torch.cuda.synchronize()``; no "registered" column; a
+"native" column instead: shmproxy's own ``comm.Allreduce`` of the same CUDA tensor (the figure the
+backend's all_reduce should reach). ``--peers gloo,nccl`` (one rank per GPU) times NCCL too, a group
+over the same ranks; every ratio is a peer's time / shmproxy's (above 1: shmproxy faster).
 
 ``--trace`` prints, for rank 0, the per-bucket timeline of the last timed DDP step of each backend,
 and a timeline of one all_reduce per size and of one DDP step on shmproxy: per Work, when torch
@@ -73,6 +76,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import shmproxy
 import shmproxy.torch  # noqa: F401  (registers the backend)
 from shmproxy.torch import work as _work
 from shmproxy.torch.process_group import ProcessGroupShmproxy
@@ -163,9 +167,17 @@ def bench_allreduce(groups: dict[str, Any], nbytes: int, iters: int, trace: bool
         reg = shm.alloc_tensor(nbytes // 4)
         reg.fill_(1.0)
         cases.append(("registered", shm, reg))
+    else:   # shmproxy's own Allreduce of a CUDA tensor, in place as torch's, on the current stream
+        cases.append(("native", shm, torch.ones(max(nbytes // 4, 1), device=DEVICE[0])))
     for name, g, t in cases:
-        dist.all_reduce(t, group=g)  # warm-up: staging buffers, first-touch pages
-        out[name] = _median(lambda: dist.all_reduce(t, group=g), iters, g)
+        if name == "native":
+            def call(t: torch.Tensor = t) -> None:
+                shm.comm.Allreduce(shmproxy.IN_PLACE, t)
+        else:
+            def call(t: torch.Tensor = t, g: Any = g) -> None:
+                dist.all_reduce(t, group=g)
+        call()  # warm-up: staging buffers, first-touch pages, the peers' connections
+        out[name] = _median(call, iters, g)
         if trace and g is shm:
             dist.barrier(group=g)
             TRACE.clear()
@@ -399,14 +411,21 @@ def main() -> None:
     ap.add_argument("--no-adopt", action="store_true",
                     help="stage every tensor (never move reused tensors into registered memory)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--peers", default="gloo",
+                    help="the libraries timed beside shmproxy: gloo (the default group, always there), nccl "
+                         "(--device cuda, one rank per GPU)")
     a = ap.parse_args()
+    peers = [p for p in a.peers.split(",") if p]
+    if not peers or set(peers) - {"gloo", "nccl"} or ("nccl" in peers and a.device != "cuda"):
+        ap.error(f"--peers {a.peers}: gloo and/or nccl (nccl with --device cuda)")
     DEVICE[0] = a.device
     if a.trace:
         _install_trace()
     dist.init_process_group("gloo")
     if a.device == "cuda":   # one node: the rank picks its device as LOCAL_RANK would
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
-    groups = {"gloo": dist.group.WORLD, "shmproxy": dist.new_group(backend="shmproxy")}
+    groups = {p: dist.group.WORLD if p == "gloo" else dist.new_group(backend=p) for p in peers}
+    groups["shmproxy"] = dist.new_group(backend="shmproxy")
     if a.no_adopt:
         groups["shmproxy"].adopter.enabled = False
     me = dist.get_rank()
@@ -415,10 +434,12 @@ def main() -> None:
         r = bench_allreduce(groups, _size(s), a.iters, a.trace)
         report["allreduce"][s] = r
         if me == 0:
-            reg = (f"  (registered tensor {r['registered'] * 1e3:.2f} ms, {r['gloo'] / r['registered']:.2f}x)"
-                   if "registered" in r else "")
-            print(f"all_reduce {s:>5}: gloo {r['gloo'] * 1e3:9.3f} ms  shmproxy {r['shmproxy'] * 1e3:9.3f} ms"
-                  f"  speed-up {r['gloo'] / r['shmproxy']:5.2f}x{reg}", flush=True)
+            ref = peers[0]
+            extra = "".join(f"  ({what} {r[what] * 1e3:.3f} ms, {r[ref] / r[what]:.2f}x {ref})"
+                            for what in ("registered", "native") if what in r)
+            print(f"all_reduce {s:>5}: shmproxy {r['shmproxy'] * 1e3:9.3f} ms"
+                  + "".join(f"  {p} {r[p] * 1e3:9.3f} ms ({r[p] / r['shmproxy']:5.2f}x)" for p in peers)
+                  + extra, flush=True)
     if _size(a.overlap_size):
         o = report["overlap"] = bench_overlap(groups, _size(a.overlap_size), a.iters, a.overlap_idle)
         if me == 0:
@@ -441,7 +462,8 @@ def main() -> None:
             print(f"    {'':>8}  no communication {v['no_comm_step_s'] * 1e3:.1f} ms, all gradients'"
                   f" all_reduce {v['allreduce_all_grads_s'] * 1e3:.1f} ms, hidden (step-based)"
                   f" {v['hidden_step_based']:.2f}; {v['params'] / 1e6:.1f}M parameters in {a.layers} layers")
-        print(f"DDP step time shmproxy/gloo: {d['shmproxy']['step_s'] / d['gloo']['step_s']:.2f}", flush=True)
+        for p in peers:
+            print(f"DDP step time shmproxy/{p}: {d['shmproxy']['step_s'] / d[p]['step_s']:.2f}", flush=True)
     _finish(report, a.json, groups["shmproxy"])
 
 
