@@ -168,6 +168,27 @@ def wait_lets_the_host_go() -> dict[str, Any]:
     return out
 
 
+def blocking_loop(iters: int = 300, nbytes: int = 1 << 20) -> dict[str, Any]:
+    """A training loop's plainest shape: blocking all_reduce calls one after another, each followed
+    by torch.cuda.synchronize(), one rank per GPU where there are two. Each wait() arms a word its
+    stream waits on while the completion thread may be completing the same Work: a word armed after
+    the completion looked would leave the stream waiting forever (the harness's timeout says so)."""
+    torch.cuda.set_device(int(os.environ["RANK"]) % torch.cuda.device_count())   # torchrun's
+    _gloo, shm = _groups()
+    # MAX keeps the values as they are from the first call on: no kernel of ours between the calls,
+    # so each call finds its stream idle, as after a synchronize (the window of the race)
+    t = torch.full((nbytes // 4,), float(dist.get_rank() + 1), device="cuda")
+    bad = []
+    for i in range(iters):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=shm)
+        torch.cuda.synchronize()
+        if i % 50 == 0 and not bool((t == 2.0).all()):
+            bad.append(f"call {i}: {t[:4].tolist()}")
+    dist.barrier(group=shm)
+    dist.destroy_process_group()
+    return {"bad": bad, "device": torch.cuda.current_device()}
+
+
 def mixed_is_refused() -> dict[str, str]:
     """CPU and CUDA tensors in one call: a clear error, nothing posted; the group stays usable."""
     torch.cuda.set_device(0)

@@ -57,6 +57,13 @@ def test_wait_makes_the_stream_wait_not_the_host() -> None:
 
 
 @pytest.mark.launcher
+def test_a_loop_of_blocking_all_reduce_and_synchronize_never_hangs() -> None:
+    res = run_ranks(f"{B}:blocking_loop", 2, timeout=120, launcher="torchrun")
+    for r in res.results:
+        assert r["bad"] == [], r
+
+
+@pytest.mark.launcher
 def test_cpu_and_cuda_tensors_mixed_in_one_call_are_refused() -> None:
     res = run_ranks(f"{B}:mixed_is_refused", 2, timeout=200, launcher="torchrun")
     for r in res.results:

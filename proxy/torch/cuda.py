@@ -163,7 +163,9 @@ class StreamWaits:
 
     def hold(self, work: Any, stream: torch.cuda.Stream) -> bool:
         """Have ``stream`` wait for ``work``'s completion; False when it completed meanwhile or no
-        word is free (the caller then waits as before)."""
+        word is free (the caller then waits as before). The look at the Work's event and the arming
+        are one step under ``lock``, which its completion's ``store`` takes after setting the event
+        (Work._release_streams): either this sees the event set, or that store sees the word."""
         with self.lock:
             if work._event.is_set() or not self.free:
                 return False

@@ -91,8 +91,7 @@ class Work(dist.Work):
             self._fail(exc)
             return
         self._event.set()
-        if self._word is not None:   # after the copies back (stage.done): the stream's wait ends
-            self._pg.stream_waits().store(self)
+        self._release_streams()   # after the copies back (stage.done): the stream's wait ends
         self._trigger.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
@@ -101,9 +100,20 @@ class Work(dist.Work):
         self._exc = exc
         self.stage.after.clear()
         self._event.set()
-        if self._word is not None:   # no stream is left waiting for a Work that failed
-            self._pg.stream_waits().store(self)
+        self._release_streams()   # no stream is left waiting for a Work that failed
         self._trigger.set_result(None)
+
+    def _release_streams(self) -> None:
+        """Store the word a stream waits on for this Work, if one was armed. Decided under the words'
+        lock, never by reading ``_word`` here: a ``wait()`` on another thread may be inside
+        StreamWaits.hold, past its look at ``_event`` (not set then) and about to arm its word; the
+        lock makes this store come after that arming (a stream that waited forever on a word nobody
+        stored: the hang of a loop of blocking all_reduce calls, one rank per GPU). ``_event`` is set
+        before this: a hold that starts later sees it and arms nothing. The words exist once a hold
+        began (ProcessGroupShmproxy.stream_waits), so none yet means no stream waits for this Work."""
+        waits = self._pg._stream_waits
+        if waits is not None and self.stage.device is not None:
+            waits.store(self)
 
     def _outcome(self, _trigger: torch.futures.Future) -> list[torch.Tensor]:
         if self._exc is not None:
