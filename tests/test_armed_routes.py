@@ -106,7 +106,7 @@ class _Loop(A.ArmedRoutes):
                                op.nbytes, 0, -1, op.mem, 0, 0, 0, 0, 0, 0)
         out: tuple[list, list, list] = ([], [], [])
         if self.arm_live:
-            self.fire_armed(0, len(ops), out)
+            self.fire_armed(self.take_out_addr, 0, len(ops), out)
         if out[0] or out[1] or out[2]:
             self.process_armed(list(ops), out)
         else:

@@ -75,25 +75,27 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
     the CPUs to the ranks it woke); otherwise, and the time after, it polls its spin window."""
     import types
     from shmproxy.engine.completion import Completion
-    from shmproxy.engine.progress import ProgressEngine
+    from shmproxy.engine.fetching import Fetcher
     i32 = np.full(P.NEXT_OPS_OFF // 4 + 1, -1, np.int32)           # an empty posted chain
     from shmproxy.shm import _workers
     awake = _workers.KeepAwake(sorted(os.sched_getaffinity(0))[:1], 1.0) if crowded else None
     q = np.zeros(P.CTRL_OFF // 8 + P.CTRL_COUNT, np.uint64)        # nothing handed off, no event
-    eng = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, crowded=crowded, awake=awake, events_seen=0,
-                                view=types.SimpleNamespace(i32=i32), q=q, _should_exit=lambda: False)
+    eng = types.SimpleNamespace(crowded=crowded, awake=awake, events_seen=0, _should_exit=lambda: False)
+    fetcher = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, view=types.SimpleNamespace(i32=i32), q=q,
+                                    e=eng)
+    eng.fetcher = fetcher
 
     def spin() -> float:
         t0 = time.monotonic()
-        ProgressEngine._spin_for_work(eng)
+        Fetcher.spin_for_work(fetcher)   # type: ignore[arg-type]
         return time.monotonic() - t0
     Completion.complete_large(types.SimpleNamespace(crowded=crowded, e=eng))
-    assert eng.spin_skip is crowded
+    assert fetcher.spin_skip is crowded
     if awake is not None:           # and the keep-awake guards spin through the hand-off
         assert awake.spinning
         awake.stop()
     first, second = spin(), spin()
-    assert (first < 0.015) is crowded and second >= 0.03 and not eng.spin_skip
+    assert (first < 0.015) is crowded and second >= 0.03 and not fetcher.spin_skip
     q[P.PENDING_MASK_OFF // 8] = 1 << 1           # a chain handed off ends the spin
     assert spin() < 0.015
     q[P.PENDING_MASK_OFF // 8] = 0

@@ -219,13 +219,14 @@ class ArmedRoutes:
                     self._disarm(k)
 
     # ------------------------------------------------------------------ the loop's fetch
-    def fire_armed(self, start: int, n: int, out: tuple[list, list, list]) -> None:
-        """Right after records ``start`` to ``n`` were taken and before they are unpacked: C claims and
+    def fire_armed(self, records: int, start: int, n: int, out: tuple[list, list, list]) -> None:
+        """Right after records ``start`` to ``n`` were taken into ``records`` (the fetch's take buffer,
+        engine/fetching.py) and before they are unpacked: C claims and
         launches what they fire. Adds to ``out`` (ops to append before the batch: halves held since an
         earlier fetch whose entry was voided; entries fired; entries claimed) and frees the voided."""
         launch, current_device = self.arm_launch
         slots, per_rank = self.arm_slots
-        fired, claimed = _native.fire_armed(self.arm_addr, ARMED_MAX, self.take_out_addr, start, n, slots,
+        fired, claimed = _native.fire_armed(self.arm_addr, ARMED_MAX, records, start, n, slots,
                                             per_rank, current_device(), launch)
         first, all_fired, all_claimed = out
         all_fired += fired

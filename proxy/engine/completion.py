@@ -173,7 +173,7 @@ class Completion:
         they come back one after the other, tens of microseconds apart (docs/decisions.md). Their
         posts then wake the loop through the condvar."""
         if self.crowded:
-            self.e.spin_skip = True
+            self.e.fetcher.spin_skip = True
         if self.e.awake is not None:
             self.e.awake.touch()
 

@@ -8,10 +8,10 @@ that moves every byte (docs/architecture.md, "The progress loop"):
     while not abort and not (stop and nothing active):
         idle = progress_once()            # advance every active args through its transport
         mode = fetch_mode(idle, len(active), passes, PROGRESS_APPENDOP_FREQ)
-        fetch(mode)                       # NONE | TRY (trylock) | BLOCK (spin, then condvar sleep)
+        fetcher.fetch(mode)               # NONE | TRY (trylock) | BLOCK (spin, then condvar sleep)
         sched_yield() when idle and nothing was added
 
-Fetching copies posted records out of the pool under the mutex (at most APPEND_BATCH_SIZE opCount
+The fetch copies posted records out of the pool under the mutex (at most APPEND_BATCH_SIZE opCount
 groups), returns each record to its owner's free list in the same critical section, then matches
 sends with receives per (source, destination, tag) in FIFO order, which is what keeps messages of
 one pair and tag from overtaking each other. A matched message goes to the connector of its pair and
@@ -19,12 +19,13 @@ memory kind (engine/p2p.py), whose transport moves it: at once, or as subs of an
 (connection, opCount) whose step counters it advances; a finished message writes both requests'
 completion slots and wakes their ranks (engine/completion.py). Collectives are run by coll/runner.py.
 What the loop is made of: this module (lifecycle, the driver), the components it owns, each with its
-own state and typed (``completion``: engine/completion.py, publishing results and waking ranks;
+own state and typed (``fetcher``: engine/fetching.py, taking the ranks' posts and the loop's waits
+for them; ``completion``: engine/completion.py, publishing results and waking ranks;
 ``failures``: engine/failure.py, the first error and who learned it; ``fastpath``:
 engine/fastpath.py, the cells drained in order; ``intro``: engine/introspect.py, the info blob and
 the dump; ``nodes``: engine/nodes.py, the other nodes and the link to them; ``coll``:
 coll/runner.py, the collectives, with coll/multinode.py for those across nodes), and the mixins not
-yet made components (Fetching, PointToPoint, ArmedRoutes), which share this object's attributes
+yet made components (PointToPoint, ArmedRoutes), which share this object's attributes
 (issue 41: each becomes a component in turn).
 
 The loop never raises into a void: the first error is stored with its context in the pool's
@@ -42,7 +43,6 @@ import time
 import traceback
 from typing import Any, Callable
 
-import numpy as np
 
 from shmproxy.engine import affinity
 from shmproxy.core import errors, host, log, params as params_mod
@@ -63,7 +63,7 @@ from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failures
 from shmproxy.engine.introspect import Introspector
 from shmproxy.engine.nodes import Nodes
 from shmproxy.engine.fastpath import FastPath
-from shmproxy.engine.fetching import _EVENTS_Q, Fetching
+from shmproxy.engine.fetching import _EVENTS_Q, Fetcher
 from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode, fetch_mode, streaming_threshold
 from shmproxy.engine.ranks import RankInfo
@@ -79,7 +79,7 @@ _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # gl
 _COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
-class ProgressEngine(Fetching, PointToPoint, ArmedRoutes):
+class ProgressEngine(PointToPoint, ArmedRoutes):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -103,23 +103,11 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes):
         self.steps = params.STEPS
         self.chunk = params.CHUNK_SIZE
         self.eager = params.eager_limit
-        self.spin_ns = int(params.PROXY_SPIN_US * 1000)
-        self.watch_ns = int(params.PROXY_WATCH_US * 1000)
-        # a crowded node's loop does not spin for the network's news: the link's threads need the CPU
-        self.net_loop_wait = params.NET_LOOP_WAIT if params.NET_LOOP_WAIT >= 0 else (0 if self.crowded else 1)
-        # On a crowded node the loop does not spin right after it completed work of the copy
-        # workers: the ranks it just woke need the CPUs to come back and post (see complete_large).
-        self.spin_skip = False
         self.loop_copies: bool = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else self.crowded
         poll_us = params.LOOP_POLL_US if params.LOOP_POLL_US >= 0 else (AUTO_LOOP_POLL_US if self.loop_copies else 0.0)
         self.loop_poll_s = poll_us / 1e6
         self.timeout = params.TIMEOUT
-        self.batch = params.APPEND_BATCH_SIZE
-        # fetch() copies records here under the mutex (shm._native.take_posted) and unpacks them after
-        self.take_out = bytearray(2 * P.RECORD_BYTES * layout.nrecords)   # two takes: fetch(pair=True)
-        self.take_idx = np.zeros(2 * layout.nrecords, np.int32)
-        self.take_out_addr = _native.buffer_info(self.take_out, True)[0]
-        self.take_idx_addr = _native.buffer_info(self.take_idx, True)[0]
+        self.fetcher = Fetcher(self, params, self.crowded)   # taking the ranks' posts (engine/fetching.py)
         self.transports = transports.allowed(params.TRANSPORTS)
         self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
         self.argspool = ArgsPool(self.view)
@@ -137,7 +125,6 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes):
         # repeated device messages launched from C at fetch (engine/armed.py)
         self.init_armed(bool(params.CUDA_ARMED_ROUTES and params.CUDA_GRAPHS
                              and params.CUDA_DEVICE_COMPLETES))
-        self.linger_ns = int(params.PROXY_LINGER_US * 1000)
         self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
         # News from the other threads of this process (the service thread, transports' helper threads):
         # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.
@@ -321,7 +308,7 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes):
             mode = fetch_mode(idle, len(self.active), self.passes, freq)
             if self.buffer_later:   # sends waiting out their grace (engine/p2p.py): look, never sleep
                 mode = _F_TRY if mode == _F_BLOCK else mode
-            added = self.fetch(mode) if mode else 0
+            added = self.fetcher.fetch(mode) if mode else 0
             if self.buffer_later:
                 self.buffer_due(time.monotonic_ns())
             if self.copy.in_flight and self.awake is not None:
@@ -332,7 +319,7 @@ class ProgressEngine(Fetching, PointToPoint, ArmedRoutes):
                     # CPU to workers that would take turns on the other one (shm/_workers.c help()).
                     if not (self.loop_copies and self.copy.help()):
                         self.copy.wait(WORKER_WAIT_S, self.loop_poll_s)  # GIL released: copyengine.py
-                elif not self.wait_watched():
+                elif not self.fetcher.wait_watched():
                     os.sched_yield()
             now = time.monotonic_ns()
             # An affinity decided (the last rank connected) is applied at once, not a heartbeat later:
