@@ -71,6 +71,19 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     def name(self) -> str:  # type: ignore[override]
         return BACKEND_NAME
 
+    # What torch reads of a device's backend: this group has no per-device backends (a Python
+    # process group is used as it is: torch registers none for it), so it answers for itself.
+    supports_coalescing = False   # batch_isend_irecv then posts each op alone (NCCL's coalescing is not ours)
+    supports_splitting = False
+    supports_time_estimate = False
+
+    def _get_backend(self, device: Any) -> "ProcessGroupShmproxy":  # type: ignore[override]
+        """This group, for every device (CPU and CUDA). torch 2.14's batch_isend_irecv asks any
+        ProcessGroup for the backend of the tensors' device, where 2.13 asked plain ProcessGroups
+        only; for a Python group the C++ lookup raises ("No backend type associated with device type
+        cpu"), so every batch_isend_irecv on a shmproxy group failed there."""
+        return self
+
     def alloc_tensor(self, shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A zeroed CPU tensor in this group's registered shared memory (no staging copy when it is
         sent, received or reduced through this group)."""
