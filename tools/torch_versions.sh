@@ -5,6 +5,7 @@
 #
 #   tools/torch_versions.sh                       # from anywhere: VERSIONS="2.10.0" (the oldest supported)
 #   VERSIONS="2.10.0 2.14.1" OUT=/tmp/tv tools/torch_versions.sh
+#   VERSIONS=2.15.0 PIP_ARGS=--isolated tools/torch_versions.sh   # past a pip constraints file that caps torch
 #
 # For each version: a venv under ${VENVS:-/tmp/shmproxy-torch-venvs}/torch-<version> (kept: a CUDA
 # build of torch from PyPI is several GB; the CPU runs here use it on the CPU), `pip install
@@ -30,7 +31,9 @@ for v in $VERSIONS; do
     if [ ! -x "$venv/bin/python" ]; then
         "$PY" -m venv "$venv" >>"$log" 2>&1 || { echo "torch $v: venv failed" | tee -a "$SUMMARY"; status=1; continue; }
     fi
-    if ! "$venv/bin/python" -m pip install --progress-bar off -q "torch==$v" "$ROOT[test]" >>"$log" 2>&1; then
+    # PIP_ARGS: e.g. --isolated, past a pip configuration that caps torch (a machine's constraints file)
+    # shellcheck disable=SC2086
+    if ! "$venv/bin/python" -m pip install ${PIP_ARGS:-} --progress-bar off -q "torch==$v" "$ROOT[test]" >>"$log" 2>&1; then
         echo "torch $v: install failed (see $log)" | tee -a "$SUMMARY"
         status=1
         continue
