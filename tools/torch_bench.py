@@ -5,12 +5,14 @@ hidden behind backward.
 
     torchrun --nproc-per-node 2 tools/torch_bench.py [--sizes 1M,4M,16M,64M] [--iters 10]
                  [--overlap-size 16M] [--params 10M] [--layers 16] [--batch 32] [--bucket-cap-mb 25]
-                 [--steps 6] [--json FILE] [--trace] [--no-adopt] [--device cuda]
+                 [--steps 6] [--json FILE] [--trace] [--no-adopt] [--device cuda] [--peers gloo,nccl] [--loop]
 
 gloo is the default group and shmproxy a group over the same ranks; every figure below is taken on
 both, the same way. Each all_reduce figure is the median of ``--iters`` timed calls of float32 SUM
-(after a barrier of the same group). "registered" is shmproxy's all_reduce of a tensor in the group's
-registered memory (``alloc_tensor``: no staging copy).
+(after a barrier of the same group); with ``--loop``, the mean of ``--iters`` calls back to back
+after one barrier, the slowest rank's (how a training loop calls: a rank that comes first waits
+inside the call). "registered" is shmproxy's all_reduce of a tensor in the group's registered memory
+(``alloc_tensor``: no staging copy).
 
 **Overlap of one all_reduce** (OSU style, ``--overlap-size``; 0 skips it): t_comm is a blocking
 all_reduce; the computation is a loop of 128x128 matmuls calibrated to last about t_comm (the largest
@@ -147,7 +149,12 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+LOOP = [False]     # --loop
+
+
 def _median(fn: Any, iters: int, group: Any) -> float:
+    if LOOP[0]:
+        return _loop_mean(fn, iters, group)
     times = []
     for _ in range(iters):
         _sync()
@@ -157,6 +164,19 @@ def _median(fn: Any, iters: int, group: Any) -> float:
         _sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _loop_mean(fn: Any, iters: int, group: Any) -> float:
+    """``iters`` calls back to back, each ending with the device synchronized, after one barrier: the
+    mean per call, the slowest rank's (a training loop's shape: no barrier lines the ranks up, so a
+    rank that arrives first waits for the other inside the call)."""
+    _sync()
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+        _sync()
+    return _agree((time.perf_counter() - t0) / iters)
 
 
 def bench_allreduce(groups: dict[str, Any], nbytes: int, iters: int, trace: bool) -> dict[str, float]:
@@ -411,6 +431,9 @@ def main() -> None:
     ap.add_argument("--no-adopt", action="store_true",
                     help="stage every tensor (never move reused tensors into registered memory)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--loop", action="store_true",
+                    help="time each figure as --iters calls back to back (the mean per call, slowest rank), "
+                         "not as the median of calls each after a barrier")
     ap.add_argument("--peers", default="gloo",
                     help="the libraries timed beside shmproxy: gloo (the default group, always there), nccl "
                          "(--device cuda, one rank per GPU)")
@@ -419,6 +442,7 @@ def main() -> None:
     if not peers or set(peers) - {"gloo", "nccl"} or ("nccl" in peers and a.device != "cuda"):
         ap.error(f"--peers {a.peers}: gloo and/or nccl (nccl with --device cuda)")
     DEVICE[0] = a.device
+    LOOP[0] = a.loop
     if a.trace:
         _install_trace()
     dist.init_process_group("gloo")
