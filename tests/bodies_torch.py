@@ -305,6 +305,45 @@ def ddp_equal(steps: int = 20, no_sync_every: int = 0, hook: bool = False) -> di
     return {"max_diff": diff, "params": len(a)}
 
 
+def _train_fsdp2(group: Any, steps: int) -> tuple[list[float], list[torch.Tensor]]:
+    """fully_shard (FSDP2) on a CPU mesh over ``group``: each Linear a unit, then the whole model;
+    the mean loss of every step and the full weights at the end."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = DeviceMesh.from_group(group, "cpu")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(3) for m in (torch.nn.Linear(48, 48), torch.nn.ReLU())])
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1 + dist.get_rank())
+    losses = []
+    for _ in range(steps):
+        loss = model(torch.randn(16, 48, generator=g)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        t = loss.detach().clone()
+        dist.all_reduce(t, group=group)
+        losses.append(float(t))
+    weights = [p.full_tensor().detach().clone() for p in model.parameters()]   # DTensor shards, gathered
+    return losses, weights
+
+
+def fsdp2_equal(steps: int = 8) -> dict[str, Any]:
+    """The same FSDP2 training over gloo and over shmproxy (all_gather_into_tensor and
+    reduce_scatter_tensor of the shards, found through the group's name): losses and weights."""
+    gloo, shm = _groups()
+    la, wa = _train_fsdp2(gloo, steps)
+    lb, wb = _train_fsdp2(shm, steps)
+    diff = max(float((x - y).abs().max()) for x, y in zip(wa, wb))
+    dist.barrier(group=shm)
+    dist.destroy_process_group()
+    return {"losses_gloo": la, "losses_shmproxy": lb, "max_diff": diff, "params": len(wa)}
+
+
 def killed_rank(kill_at: int = 5, ddp: bool = True) -> dict[str, Any]:
     """DDP over shmproxy as the default group; rank 1 kills itself with SIGKILL mid-training; the
     survivor must raise (the test runs it under a deadline: a hang fails)."""

@@ -89,6 +89,17 @@ def test_ddp_no_sync_and_comm_hook() -> None:
         assert r["max_diff"] == 0.0, r
 
 
+@pytest.mark.launcher
+def test_fsdp2_fully_shard_same_losses_and_weights_as_gloo() -> None:
+    """Issue 43: FSDP2 (fully_shard on a DeviceMesh made from the group) trains over shmproxy, with
+    gloo's losses and weights bit for bit; the mesh finds the group by its name, which a Python
+    process group could not give before."""
+    res = run_ranks(f"{B}:fsdp2_equal", 2, timeout=250, launcher="torchrun")
+    for r in res.results:
+        assert r["losses_shmproxy"] == r["losses_gloo"], r
+        assert r["max_diff"] == 0.0 and r["params"] == 6, r
+
+
 def test_killed_rank_makes_survivor_raise() -> None:
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     res = run_ranks(f"{B}:killed_rank", 2, timeout=200, env=env, expect_fail={1})

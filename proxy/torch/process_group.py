@@ -77,6 +77,29 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     supports_splitting = False
     supports_time_estimate = False
 
+    # The group's name and description, which torch sets at creation and reads back (DeviceMesh, and
+    # so FSDP2's fully_shard, finds a group by its name). A C++ ProcessGroup keeps them on its
+    # per-device backends, of which a Python group has none: there ``group_name`` raised "ProcessGroup
+    # name not set" however often torch set it. Kept here instead.
+    _shm_group_name = ""
+    _shm_group_desc = ""
+
+    def _set_group_name(self, name: str) -> None:  # type: ignore[override]
+        self._shm_group_name = name
+
+    def _set_group_desc(self, desc: str) -> None:  # type: ignore[override]
+        self._shm_group_desc = desc
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        if not self._shm_group_name:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._shm_group_name
+
+    @property
+    def group_desc(self) -> str:  # type: ignore[override]
+        return self._shm_group_desc or "undefined"
+
     def _get_backend(self, device: Any) -> "ProcessGroupShmproxy":  # type: ignore[override]
         """This group, for every device (CPU and CUDA). torch 2.14's batch_isend_irecv asks any
         ProcessGroup for the backend of the tensors' device, where 2.13 asked plain ProcessGroups
