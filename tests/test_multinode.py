@@ -20,16 +20,19 @@ def test_point_to_point_between_nodes(nranks, nodes, socks):
     run_ranks(BODY + "p2p_every_pair", nranks, nodes=nodes, timeout=120, env={"SHMPROXY_SOCKET_NTHREADS": socks})
 
 
-@pytest.mark.parametrize("ring", ["tree", "ring"])
+@pytest.mark.parametrize("ring", ["tree", "ring", "ring-py"])
 @pytest.mark.parametrize("nranks,nodes", [(4, 2), (5, 3), (6, 2), (4, 4), (8, 8)],
                          ids=["2+2", "1+2+2", "3+3", "4x1", "8x1"])
 def test_every_collective_between_nodes(nranks, nodes, ring):
-    """Allreduce between nodes goes around a ring from NET_RING_MIN_BYTES, up a tree below: both, at
-    2-8 nodes of 1-3 ranks, with counts around the 64 KiB chunk of float64, float32 and int16 (8192,
-    16384 and 32768 elements fill one exactly). Links of three sockets under the ring, of one under
-    the tree (a collective's chunks take the last socket of a link, its control frames the first)."""
-    env = {**SMALL_CHUNKS, "SHMPROXY_NET_RING_MIN_BYTES": "1K" if ring == "ring" else "1G",
-           "SHMPROXY_SOCKET_NTHREADS": "3" if ring == "ring" else "1"}
+    """Allreduce between nodes goes around a ring from NET_RING_MIN_BYTES (its reduce-scatter folding
+    each segment as it lands), up a tree below: both, at 2-8 nodes of 1-3 ranks, with counts around
+    the 64 KiB chunk of float64, float32 and int16 (8192, 16384 and 32768 elements fill one exactly).
+    The collectives' frames take the link's C-driven sockets (shm/_wire.c: three, each frame split
+    in parts of 4 KiB and more), or, without them ("ring-py", "tree"), the last of the Python-threaded
+    sockets (three, one), whose first carries the control frames."""
+    env = {**SMALL_CHUNKS, "SHMPROXY_NET_RING_MIN_BYTES": "1G" if ring == "tree" else "1K",
+           "SHMPROXY_SOCKET_NTHREADS": "1" if ring == "tree" else "3",
+           "SHMPROXY_NET_COLL_SOCKETS": "3" if ring == "ring" else "0", "SHMPROXY_NET_COLL_PART_BYTES": "4K"}
     counts = (8191, 8192, 8193, 16384, 32769)
     run_ranks(BODY + "collectives", nranks, nodes=nodes, timeout=240, args=(300 << 10, counts), env=env)
 

@@ -71,6 +71,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 from shmproxy.core.memory import MemKind
+from shmproxy.core.ops import CODE_DTYPE
+from shmproxy.shm import _reduce
 
 if TYPE_CHECKING:  # pragma: no cover
     from shmproxy.engine.args import Args, Sub, Transfer
@@ -147,6 +149,14 @@ class HostBuffer(Protocol):
     def close(self) -> None: ...
 
 
+def land_folded(e: Any, src: int) -> None:
+    """A collective's folding RECV entry (shmproxy.coll.sched.recv's ``fold`` = (op, dtype code, a)),
+    its bytes arrived at ``src``: ``e.dst = a op src``, in the C kernel, a before src (the schedule's
+    order of operands, so every node computes the same bits)."""
+    op, code, a = e.fold
+    _reduce.reduce(op, code, e.nbytes // CODE_DTYPE[code].itemsize, [a, src], [e.dst], False)
+
+
 class TransportContext(Protocol):
     """The engine as a transport sees it. Nothing else of the engine is a transport's business."""
 
@@ -180,6 +190,13 @@ class TransportContext(Protocol):
     def post_event(self, fn: Callable[[], None]) -> None:
         """From any thread of the progress process (a transport's helper thread watching sockets or
         device events): have the loop run ``fn`` soon, on its own thread, waking it if it sleeps."""
+
+    wake_pool: int   # the ops pool's address: C helper threads wake the loop through its EVENTS word
+
+    def on_events(self, fn: Callable[[], None]) -> None:
+        """Have the loop run ``fn`` every time news came (the EVENTS word moved), after what was
+        posted: for helper threads in C, which cannot post a callable and bump EVENTS themselves
+        (shm/_wire.c)."""
 
     def completion_items(self, transfer: Any) -> tuple | None:
         """For a transport whose device writes a message's completion itself: (op, source, tag) of

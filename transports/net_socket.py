@@ -29,8 +29,12 @@ Control frames all travel on socket 0 in queue order, so two messages of one pai
 the order they were sent (non-overtaking); bulk frames say where they land and may take any socket.
 
 Collectives across nodes are schedules (shmproxy.coll.algorithms) whose SEND and RECV entries meet
-here by key: a SEND is one bulk frame from the entry's region; a RECV waits for the frame of its key
-(or takes it from the stash, when the frame came first) and lands it in its region.
+here by key: a SEND is one frame from the entry's region; a RECV waits for the frame of its key (or
+takes it from the stash, when the frame came first) and lands it in its region, or, a folding RECV
+(sched.recv's ``fold``), lands its first operand op the frame there. Their frames take the link's
+wire (shm/_wire.c: C threads, each frame split over NET_COLL_SOCKETS sockets, folded as it is read,
+the finished ones' tokens drained by the loop after news: ``drain``), or without one the link's
+last Python-threaded socket (``on_frame``, COLL).
 
 Failures: a link that breaks without a goodbye (the peer's progress process died, the cable was
 cut: keepalive and TCP_USER_TIMEOUT bound that) fails the communicator naming the node and its
@@ -58,9 +62,9 @@ import numpy as np
 
 from shmproxy.core import errors, log
 from shmproxy.core.ops import FLAG_SYNC, KIND_SEND, SEND
-from shmproxy.shm import typed
+from shmproxy.shm import _wire, typed
 from shmproxy.transports import net_wire as W
-from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext
+from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext, land_folded
 
 _log = log.get("NET")
 MAX_KEY = 512   # bytes of a collective entry's key on the wire
@@ -160,6 +164,8 @@ class _Net:
         p = ctx.params
         self.ctx = ctx
         self.nsocks = p.SOCKET_NTHREADS * p.NSOCKS_PERTHREAD
+        self.wire_socks, self.part_min = p.NET_COLL_SOCKETS, p.NET_COLL_PART_BYTES
+        self.total = self.nsocks + self.wire_socks   # a link's sockets, as its HELLOs count them
         self.chunk, self.eager_max = p.NET_CHUNK_SIZE, p.NET_EAGER_BYTES
         self.keepalive = p.NET_KEEPALIVE_S
         self.listener: socket.socket | None = None
@@ -171,8 +177,9 @@ class _Net:
         self.sends: dict[int, tuple[Any, memoryview, W.Link]] = {}
         self.outgoing: dict[int, _Outgoing] = {}       # sid -> a matched message's chunks, until DONE
         self.landings: dict[int, _Landing] = {}       # rid -> landing (readers use it: under lock)
-        self.coll_recvs: dict[bytes, tuple] = {}       # key -> (schedule, entry, view): RECV started
+        self.coll_recvs: dict[bytes, tuple] = {}       # key -> (schedule, entry, view, scratch): RECV started
         self.coll_stash: dict[bytes, bytes] = {}       # key -> bytes: arrived before its RECV
+        self.coll_tokens: dict[int, tuple] = {}        # wire token -> (schedule, entry) in flight
         self.lock = threading.Lock()
         self.stopping = False
         self.threads: list[threading.Thread] = []
@@ -207,9 +214,9 @@ class _Net:
             if not self.ready.wait(ctx.timeout):
                 raise W.ProtocolError("the node layout never came")
             node, index, nsocks = W.check_hello(bytes(data), ctx.secret, ctx.comm_id, ctx.nnodes, ctx.node)
-            if nsocks != self.nsocks:
-                raise W.ProtocolError(f"{nsocks} sockets per link, we use {self.nsocks} (SOCKET_NTHREADS, "
-                                      f"NSOCKS_PERTHREAD must agree on every node)")
+            if nsocks != self.total:
+                raise W.ProtocolError(f"{nsocks} sockets per link, we use {self.total} (SOCKET_NTHREADS, "
+                                      f"NSOCKS_PERTHREAD, NET_COLL_SOCKETS must agree on every node)")
             link = self.links.get(node)
             if link is None:
                 raise W.ProtocolError(f"no link to node {node}")
@@ -223,7 +230,7 @@ class _Net:
         """Open every socket of ``link`` (we are the lower node), each with its HELLO."""
         ctx = self.ctx
         try:
-            for i in range(self.nsocks):
+            for i in range(self.total):
                 while True:
                     try:
                         sock = W.connect(addr, family, max(0.1, deadline - time.monotonic()))
@@ -232,7 +239,7 @@ class _Net:
                         if time.monotonic() >= deadline:
                             raise OSError(f"cannot connect to node {link.peer} at {addr}: {exc}") from exc
                         time.sleep(0.05)  # bounded retry of a refused connect, not a synchronisation
-                W.send_all(sock, [W.make_hello(ctx.secret, ctx.comm_id, ctx.node, i, self.nsocks)])
+                W.send_all(sock, [W.make_hello(ctx.secret, ctx.comm_id, ctx.node, i, self.total)])
                 link.attach(i, sock)
         except (OSError, W.ProtocolError) as exc:
             link.broken(f"connecting: {exc}")
@@ -269,13 +276,19 @@ class _Net:
                 if waiting is None:
                     self.coll_stash[key] = rd.payload(nbytes)
                     return
-            sch, e, view = waiting
+            sch, e, view, scratch = waiting
             if nbytes != e.nbytes:
                 raise W.ProtocolError(f"collective chunk {key!r}: {nbytes} B for a {e.nbytes} B receive "
                                       f"(the nodes called different collectives)")
             if nbytes and not rd.read_into(view):
                 raise W.ProtocolError("connection closed inside a frame")
-            rd.later(lambda: ctx.entry_done(sch, e))
+            if scratch is not None:   # a folding receive: the loop reduces what landed in its scratch
+                def folded() -> None:
+                    land_folded(e, scratch.ctypes.data)
+                    ctx.entry_done(sch, e)
+                rd.later(folded)
+            else:
+                rd.later(lambda: ctx.entry_done(sch, e))
         elif ftype == W.RTS:
             eager = bool(flags & W.F_EAGER)
             if (n < W.ENVELOPE.size or n != W.ENVELOPE.size + (c if eager else 0)
@@ -347,6 +360,21 @@ class _Net:
         out.view.release()   # released already unless the message was empty
         self.ctx.complete_send(out.op, 0, out.op.nbytes, 0)
 
+    def drain(self) -> None:
+        """Loop, after news: the collective frames the links' wires sent or landed (shm/_wire.c), and
+        why a wire broke."""
+        for link in list(self.links.values()):
+            wire = link.wire
+            if wire is None:
+                continue
+            tokens, lost = wire.poll()
+            for tok in tokens:
+                done = self.coll_tokens.pop(tok, None)
+                if done is not None:   # (None: the receive was cancelled by a failure)
+                    self.ctx.entry_done(*done)
+            if lost is not None:
+                link.broken(f"collective sockets: {lost}")
+
 
 class SocketTransport(Transport):
     name = "socket"
@@ -415,9 +443,14 @@ class SocketTransport(Transport):
         # This runs on the service thread while the loop thread may be describing the links for the
         # dump: the table is built aside and published whole (one reference store), never grown in place.
         links = {j: W.Link(j, net.nsocks, net.on_frame, net.on_lost, net.keepalive, ctx.post_event,
-                           ctx.params.NET_DIRECT_WRITE_BYTES)
+                           ctx.params.NET_DIRECT_WRITE_BYTES,
+                           _wire.Wire(j, net.wire_socks, ctx.wake_pool, net.part_min,
+                                      max(net.chunk, ctx.coll_chunk_max)) if net.wire_socks else None,
+                           net.wire_socks)
                  for j in range(len(infos)) if j != ctx.node}
         net.links = links
+        if net.wire_socks:
+            ctx.on_events(net.drain)
         for j, raw in enumerate(infos):
             if j > ctx.node:
                 link = links[j]
@@ -494,22 +527,44 @@ class SocketTransport(Transport):
         key = repr(e.key).encode()
         if len(key) > MAX_KEY:
             raise errors.InternalError(f"collective entry key {e.key!r} is too long for the wire")
+        wire = link.wire
+        if wire is not None:   # the link's collective sockets, driven by C threads (shm/_wire.c)
+            tok = next(net.ids)
+            net.coll_tokens[tok] = (sch, e)
+            if e.kind == SEND:
+                wire.send(key, e.src, e.nbytes, tok)
+                return []
+            try:
+                done = wire.recv(key, e.dst, e.nbytes, tok, *(e.fold or ()))
+            except ValueError as exc:
+                del net.coll_tokens[tok]
+                raise errors.InvalidUsage(f"collective chunk {e.key!r}: {exc} (the nodes called different "
+                                          f"collectives)") from exc
+            if done:
+                del net.coll_tokens[tok]
+                return [(sch, e)]
+            return []
         if e.kind == SEND:
-            # one socket for a collective's chunks (docs/decisions.md: each socket's threads queue
-            # for the GIL; a message's chunks spread over every socket, a collective's do not)
+            # without a wire, one socket for a collective's chunks (docs/decisions.md: each socket's
+            # Python threads queue for the GIL)
             link.bulk(W.COLL, len(key), 0, [key, W.address_view(e.src, e.nbytes) if e.nbytes else b""],
                       lambda: ctx.post_event(lambda: ctx.entry_done(sch, e)), spread=False)
             return []
-        view = W.address_view(e.dst, e.nbytes) if e.nbytes else memoryview(b"")
+        # a folding receive lands in a scratch that the loop reduces from (the wire folds as it reads)
+        scratch = np.empty(e.nbytes, np.uint8) if e.fold is not None else None
+        view = (memoryview(scratch.data) if scratch is not None else
+                W.address_view(e.dst, e.nbytes) if e.nbytes else memoryview(b""))
         with net.lock:
             data = net.coll_stash.pop(key, None)
             if data is None:
-                net.coll_recvs[key] = (sch, e, view)
+                net.coll_recvs[key] = (sch, e, view, scratch)
                 return []
         if len(data) != e.nbytes:
             raise errors.InvalidUsage(f"collective chunk {e.key!r}: {len(data)} B arrived for a {e.nbytes} B "
                                       f"receive (the nodes called different collectives)")
-        if data:
+        if scratch is not None:
+            land_folded(e, np.frombuffer(data, np.uint8).ctypes.data if data else 0)
+        elif data:
             view[:] = data
         return [(sch, e)]
 
@@ -523,6 +578,8 @@ class SocketTransport(Transport):
         data = message.encode("utf-8", "replace")[:W.MAX_CONTROL]
         for link in self._net(ctx).links.values():
             link.control(W.ABORT, code, -1 if rank is None else rank, 0, data)
+            if link.wire is not None:   # no frame lands in a failed collective's buffers from now on
+                link.wire.cancel()
 
     def proxy_note(self, ctx: TransportContext, node: int, kind: int, value: int,  # type: ignore[override]
                    payload: bytes) -> None:
@@ -547,7 +604,9 @@ class SocketTransport(Transport):
                                                        f"rank {t.send.rank}'s message arrived"})
         for out in list(net.outgoing.values()):
             waits.append({"node": out.link.peer, "what": out.describe()})
-        for _sch, e, _view in colls:
+        colls_e = [e for _sch, e, _view, _scratch in colls]
+        colls_e += [e for _sch, e in list(net.coll_tokens.values()) if e.kind != SEND]
+        for e in colls_e:
             seq = e.key[0] if isinstance(e.key, tuple) and e.key else e.key
             waits.append({"node": e.peer, "what": f"collective #{seq} waits for {e.nbytes} B {e.key!r}"})
         return {"listening": list(net.addr), "links": [lk.describe() for lk in net.links.values()],

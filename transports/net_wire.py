@@ -22,9 +22,11 @@ business): a peer that breaks the protocol loses its link, which fails the commu
 Ordering: control frames (envelopes, clear-to-send, closes, aborts) all go through socket 0, in the
 order the loop queued them, which keeps MPI's non-overtaking across nodes. Bulk frames carry where
 they land: a message's data chunks go round-robin over every socket (its bandwidth is that of
-several streams); a collective's chunks all take the link's last socket, since every socket busy
-adds a reader and a writer thread that queue for the GIL with the loop's per-chunk work (measured:
-docs/decisions.md, "A collective's chunks take one socket").
+several streams). A collective's chunks take sockets of their own, numbered after these and driven
+by C threads that never take the GIL (shm/_wire.c, the link's ``wire``: each chunk split over all of
+them); without a wire (NET_COLL_SOCKETS=0) they take the last of the sockets here, since every
+Python thread busy queues for the GIL with the loop's per-chunk work (docs/decisions.md, "A
+collective's chunks between nodes: C threads, split over sockets, folded as they land").
 
 Hand-offs. Sending: a control frame on an idle socket is written by the thread that makes it (the
 loop, or a reader answering DONE), without blocking; only what does not fit, or what finds frames
@@ -50,7 +52,7 @@ import collections
 import socket
 import struct
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from shmproxy.core import log
 from shmproxy.shm import _native
@@ -336,12 +338,19 @@ class Link:
     thread per socket. ``on_frame(link, index, header, inbox)`` is called on a reader thread for every
     frame; it must consume exactly the frame's payload from the ``Inbox`` and hands its news for the
     loop to ``inbox.later``, which ``post`` delivers in batches. ``on_lost(link, reason)`` once, when
-    the link broke without a BYE (after the news read before it)."""
+    the link broke without a BYE (after the news read before it).
+
+    ``wire``, when given (a ``shm._wire.Wire`` of ``wire.nsocks`` sockets), carries the collectives'
+    frames on sockets of its own, numbered after the ``nsocks`` above and driven by C threads
+    (shm/_wire.c); the link only hands it those sockets and closes it."""
 
     def __init__(self, peer: int, nsocks: int, on_frame: Callable[..., None],
                  on_lost: Callable[["Link", str], None], keepalive_s: float,
-                 post: Callable[[Callable[[], None]], None], direct_write: int = DIRECT_BYTES):
+                 post: Callable[[Callable[[], None]], None], direct_write: int = DIRECT_BYTES,
+                 wire: Any = None, wire_socks: int = 0):
         self.peer, self.nsocks = peer, nsocks
+        self.wire, self.wire_socks = wire, wire_socks
+        self.total = nsocks + wire_socks   # sockets a HELLO counts
         self.direct_write = direct_write   # bulk frames up to this size are written by their caller when idle
         self.on_frame, self.on_lost, self.keepalive_s, self.post = on_frame, on_lost, keepalive_s, post
         self.writers = [_Writer(self, i) for i in range(nsocks)]
@@ -358,15 +367,27 @@ class Link:
         self.ready = threading.Event()
 
     def attach(self, index: int, sock: socket.socket) -> None:
-        """Socket ``index`` of this link is connected and past the handshake: start its threads."""
+        """Socket ``index`` of this link is connected and past the handshake: start its threads (the
+        wire's, from ``nsocks`` on)."""
         tune(sock, self.keepalive_s)
         sock.settimeout(None)
+        if index >= self.nsocks:
+            try:
+                self.wire.attach(index - self.nsocks, sock.fileno())
+            except ValueError as exc:
+                raise ProtocolError(f"socket {index} of the link to node {self.peer}: {exc}") from exc
+            sock.detach()   # the wire owns the descriptor now
+            with self.lock:
+                self.nattached += 1
+                if self.nattached == self.total:
+                    self.ready.set()
+            return
         with self.lock:
             if self.socks[index] is not None:
                 raise ProtocolError(f"socket {index} of the link to node {self.peer} connected twice")
             self.socks[index] = sock
             self.nattached += 1
-            full = self.nattached == self.nsocks
+            full = self.nattached == self.total
         self.writers[index].start(sock)
         t = threading.Thread(target=self._read, args=(index, sock), name=f"shmproxy-net-r{self.peer}.{index}",
                              daemon=True)
@@ -469,6 +490,8 @@ class Link:
                     s.shutdown(socket.SHUT_WR)
                 except OSError:
                     continue
+        if self.wire is not None:   # its writers and readers drain beside ours, within the same bound
+            self.wire.close(bounded_s)
         for t in self.readers:
             t.join(bounded_s)
         for s in self.socks:
@@ -476,11 +499,14 @@ class Link:
                 s.close()
 
     def describe(self) -> dict:
-        return {"node": self.peer, "sockets": sum(s is not None for s in self.socks), "of": self.nsocks,
-                "bytes_out": self.bytes_out, "bytes_in": self.bytes_in,
-                "queued": sum(len(w.queue) for w in self.writers),
-                "state": "lost" if self.lost else ("closed" if self.got_bye or self.closing
-                                                   else ("up" if self.ready.is_set() else "connecting"))}
+        d = {"node": self.peer, "sockets": sum(s is not None for s in self.socks), "of": self.nsocks,
+             "bytes_out": self.bytes_out, "bytes_in": self.bytes_in,
+             "queued": sum(len(w.queue) for w in self.writers),
+             "state": "lost" if self.lost else ("closed" if self.got_bye or self.closing
+                                                else ("up" if self.ready.is_set() else "connecting"))}
+        if self.wire is not None:
+            d["collectives"] = self.wire.describe()
+        return d
 
 
 def connect(addr: tuple, family: int, deadline_s: float) -> socket.socket:

@@ -29,7 +29,8 @@ from typing import Any
 from shmproxy.core.errors import InternalError, InvalidArgument
 from shmproxy.core.ops import RECV, SEND
 from shmproxy.shm import typed
-from shmproxy.transports.base import Connector, MemKind, OneProcessSides, PeerInfo, Transport, TransportContext
+from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerInfo, Transport, TransportContext,
+                                      land_folded)
 
 
 class ShmTransport(OneProcessSides, Transport):   # the receiver's buffers are mapped here already
@@ -135,7 +136,10 @@ class ShmTransport(OneProcessSides, Transport):   # the receiver's buffers are m
         snd, rcv = (e, oe) if e.kind == SEND else (oe, e)
         if snd.kind != SEND or rcv.kind != RECV or snd.nbytes != rcv.nbytes:
             raise InternalError(f"schedule rendezvous {e.key!r} pairs {snd!r} with {rcv!r}")
-        ctx.memcopy(rcv.dst, snd.src, snd.nbytes)
+        if rcv.fold is not None:
+            land_folded(rcv, snd.src)
+        else:
+            ctx.memcopy(rcv.dst, snd.src, snd.nbytes)
         return [(sch, e), (osch, oe)]
 
     def proxy_free(self, ctx: TransportContext) -> None:

@@ -169,11 +169,17 @@ def _ring_exchange(acc: Region, op: int, node: int, nnodes: int, total: int, tag
     seg = [acc.part(bounds[s], bounds[s + 1]) for s in range(nnodes)]
     mine = seg if src is None else [src.part(bounds[s], bounds[s + 1]) for s in range(nnodes)]
     es: list[Entry] = []
+    red = _sum_for(op)
+    code = native_code(red, acc.dtype)
     for step in range(nnodes - 1):       # reduce-scatter
         out_s, in_s = (node - step) % nnodes, (node - step - 1) % nnodes
-        part = _scratch(seg[in_s].count, acc.dtype, keep)
         out = mine[out_s] if step == 0 else seg[out_s]   # later steps pass on what the last one combined
         es.append(send((*tag, "rs", step, nxt), nxt, out.addr, out.nbytes, barrier=True))
+        if code:   # the segment combined as it lands (sched.recv's fold): no scratch, no pass after
+            es.append(recv((*tag, "rs", step, node), prv, seg[in_s].addr, seg[in_s].nbytes,
+                           fold=(red, code, mine[in_s].addr)))
+            continue
+        part = _scratch(seg[in_s].count, acc.dtype, keep)
         es.append(recv((*tag, "rs", step, node), prv, part.addr, part.nbytes))
         es.append(_combine_into(seg[in_s], mine[in_s], part, op) if seg[in_s].count else Entry(NOP, True))
     done = (node + 1) % nnodes          # the segment this node completed

@@ -78,13 +78,14 @@ class Region:
 
 class Entry:
     __slots__ = ("kind", "is_barrier", "status", "dst", "src", "nbytes", "ufunc", "a", "b", "out", "kw", "fn",
-                 "key", "peer", "args")
+                 "key", "peer", "args", "fold")
 
     def __init__(self, kind: int, is_barrier: bool = False):
         self.kind, self.is_barrier, self.status = kind, is_barrier, NOT_STARTED
         self.dst = self.src = self.nbytes = 0
         self.peer = -1
         self.ufunc = self.a = self.b = self.out = self.fn = self.key = self.args = None
+        self.fold: tuple[int, int, int] | None = None   # RECV: (op, dtype code, first operand's address)
         self.kw: dict = {}
 
     def __repr__(self) -> str:
@@ -128,10 +129,13 @@ def send(key: Any, peer: int, src: int, nbytes: int, barrier: bool = False) -> E
     return e
 
 
-def recv(key: Any, peer: int, dst: int, nbytes: int, barrier: bool = False) -> Entry:
-    """Receive ``nbytes`` into ``dst`` from the SEND of node ``peer`` with the same key."""
+def recv(key: Any, peer: int, dst: int, nbytes: int, barrier: bool = False,
+         fold: tuple[int, int, int] | None = None) -> Entry:
+    """Receive ``nbytes`` into ``dst`` from the SEND of node ``peer`` with the same key. ``fold`` =
+    (op, dtype code, address a): land ``a op incoming`` instead (the C kernel's op and dtype: a
+    receive and the reduction after it as one step, which a transport may do as the bytes arrive)."""
     e = Entry(RECV, barrier)
-    e.key, e.peer, e.dst, e.nbytes = key, peer, dst, nbytes
+    e.key, e.peer, e.dst, e.nbytes, e.fold = key, peer, dst, nbytes, fold
     return e
 
 

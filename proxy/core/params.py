@@ -326,7 +326,14 @@ _DECLARED: tuple[Param, ...] = (
        "'' = the one that routes to the rendezvous address."),
     _p("SOCKET_NTHREADS", int, 2,
        "Sockets per peer node of the TCP transport, each with a reader and a writer thread: a message's "
-       "chunks spread over all of them, a collective's take one (docs/decisions.md).", 1, 16),
+       "chunks spread over all of them (a collective's take the NET_COLL_SOCKETS).", 1, 16),
+    _p("NET_COLL_SOCKETS", int, 4,
+       "Sockets per peer node for collectives' frames, besides SOCKET_NTHREADS, driven by C threads "
+       "that never take the GIL (shm/_wire.c); a chunk is split over them. 0 = collectives' frames on "
+       "the last of the Python-threaded sockets. Every node must use the same value.", 0, 16),
+    _p("NET_COLL_PART_BYTES", parse_size, 256 << 10,
+       "A collective's frame between nodes is split over the NET_COLL_SOCKETS in parts of at least "
+       "this size.", 4096),
     _p("NSOCKS_PERTHREAD", int, 1, "TCP sockets per helper thread.", 1, 16),
     _p("NET_CHUNK_SIZE", parse_size, 1 << 20,
        "Bytes per chunk of a message between nodes (chunks spread over the sockets).", 64 << 10),

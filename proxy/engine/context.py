@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
-                 "start_entry", "start_schedule", "post_event", "completion_items", "completion_slots",
+                 "start_entry", "start_schedule", "post_event", "on_events", "wake_pool", "completion_items",
+                 "completion_slots",
                  "disarm_routes",
                  "_argspool",
                  "_n_args", "params",
@@ -37,6 +38,8 @@ class EngineContext:
         self.start_entry = engine.coll.start_entry
         self.start_schedule = engine.coll.start_schedule
         self.post_event = engine.post_event   # a transport's own threads wake the loop through it
+        self.on_events = engine.on_events     # ... or, C threads, through the pool's EVENTS word
+        self.wake_pool: int = engine.seg.addr
         self.completion_items = engine.completion.completion_items   # a device that publishes a message's completion
         self.completion_slots = engine.completion.completion_slots
         self.disarm_routes = engine.disarm_all

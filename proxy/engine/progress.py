@@ -130,6 +130,7 @@ class ProgressEngine(PointToPoint, ArmedRoutes):
         # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.
         self.events: collections.deque = collections.deque()
         self.events_seen = 0
+        self.event_polls: list[Callable[[], None]] = []   # run after the events (on_events)
         self.ranks: dict[int, RankInfo] = {}          # by local rank
         self.local_of: dict[int, int] = {}            # global rank -> local rank
         # (src, dst global ranks, memory kind): a MemKind, or the int a record carries (equal keys)
@@ -231,12 +232,20 @@ class ProgressEngine(PointToPoint, ArmedRoutes):
             _log.warning("pool mutex not acquired within %.1f s to wake the loop; it wakes at its bound",
                          self.timeout)
 
+    def on_events(self, fn: Callable[[], None]) -> None:
+        """Have the loop run ``fn`` after the posted events, every time news came: C threads of a
+        transport queue their news in C and bump EVENTS (shm/_wire.c); ``fn`` collects it."""
+        self.event_polls.append(fn)
+
     def run_events(self) -> None:
-        """Loop thread: run what other threads posted (post_event), oldest first."""
+        """Loop thread: run what other threads posted (post_event), oldest first, then the polls of
+        on_events."""
         self.events_seen = self.q[_EVENTS_Q]   # read before draining: a later post is seen next time
         events = self.events
         while events:
             events.popleft()()
+        for poll in self.event_polls:
+            poll()
         self.progressed = True
 
     def decide_affinity(self) -> None:

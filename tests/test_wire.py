@@ -1,0 +1,223 @@
+"""The collective sockets of a link (shm/_wire.c), in-process over socketpairs: frames split over the
+sockets land byte-exact whether their receive was posted first or last, folding receives reduce as
+numpy does in the schedule's operand order, and every broken protocol or connection is a reason the
+loop gets once (never a hang, never a write outside a receive). Jobs across nodes that use the wire
+are in tests/test_multinode.py."""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from shmproxy.core.ops import DTYPE_CODE, ReduceOp
+from shmproxy.shm import _wire
+from shmproxy.transports import net_wire as W
+
+BOUND_S = 10.0
+
+
+def wires(nsocks: int, part_min: int = 4096, max_total: int = 1 << 24) -> tuple[_wire.Wire, _wire.Wire, list]:
+    """Two wires joined by ``nsocks`` socketpairs (no pool: the tests poll)."""
+    a, b = _wire.Wire(1, nsocks, 0, part_min, max_total), _wire.Wire(0, nsocks, 0, part_min, max_total)
+    for i in range(nsocks):
+        x, y = socket.socketpair()
+        for s in (x, y):   # small buffers: every part crosses in many partial transfers
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 << 10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
+        a.attach(i, x.detach())
+        b.attach(i, y.detach())
+    return a, b, []
+
+
+def collect(w: _wire.Wire, want: int) -> list[int]:
+    """Tokens until ``want`` came (bounded); the link must not break meanwhile."""
+    got: list[int] = []
+    deadline = time.monotonic() + BOUND_S
+    while len(got) < want:
+        tokens, lost = w.poll()
+        assert lost is None, lost
+        got += tokens
+        assert time.monotonic() < deadline, f"{len(got)} of {want} tokens in {BOUND_S} s"
+    return got
+
+
+def lost_reason(w: _wire.Wire) -> str:
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        _tokens, lost = w.poll()
+        if lost is not None:
+            return lost
+    raise AssertionError("the wire never said it was lost")
+
+
+@pytest.mark.parametrize("nsocks", [1, 3])
+def test_frames_land_byte_exact_whether_posted_first_or_last(nsocks):
+    a, b, _ = wires(nsocks)
+    rng = np.random.default_rng(1)
+    sizes = [0, 1, 4095, 4096, 4097, 100_000, 1 << 20, (1 << 20) + 3] * 3
+    srcs = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    dsts = [np.zeros(n + 64, np.uint8) for n in sizes]   # 64 B of guard after each
+    early = set(range(0, len(sizes), 2))
+    done_now = set()
+    try:
+        for i, d in enumerate(dsts):
+            if i not in early:
+                assert not b.recv(b"k%d" % i, d.ctypes.data, sizes[i], 100 + i)
+        for i, s in enumerate(srcs):
+            a.send(b"k%d" % i, s.ctypes.data, s.nbytes, 200 + i)
+        assert sorted(collect(a, len(srcs))) == [200 + i for i in range(len(srcs))]
+        for i in sorted(early):
+            if b.recv(b"k%d" % i, dsts[i].ctypes.data, sizes[i], 100 + i):
+                done_now.add(100 + i)
+        got = set(collect(b, len(sizes) - len(done_now))) | done_now
+        assert got == {100 + i for i in range(len(sizes))}
+        for s, d in zip(srcs, dsts):
+            assert np.array_equal(d[:s.nbytes], s) and not d[s.nbytes:].any()
+        assert b.describe()["frames_early"] == 0 and b.describe()["receives_posted"] == 0
+        assert a.describe()["bytes_out"] == b.describe()["bytes_in"]
+    finally:
+        a.close(BOUND_S)
+        b.close(BOUND_S)
+    assert a.poll() == ([], None) and b.poll() == ([], None), "a clean close is no loss"
+
+
+@pytest.mark.parametrize("dtype,op", [(np.float32, ReduceOp.SUM), (np.float64, ReduceOp.PROD),
+                                      (np.int32, ReduceOp.MAX), (np.uint8, ReduceOp.SUM)])
+def test_a_folding_receive_lands_first_operand_op_frame_as_numpy_does(dtype, op):
+    """Posted first (the reader folds as it reads) and last (the copier folds what the stash held),
+    with a count that does not fill the reader's 64 KiB pieces evenly."""
+    ufunc = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum}[op]
+    a, b, _ = wires(2)
+    rng = np.random.default_rng(2)
+    n = 300_007
+    x = (rng.random(n) * 100).astype(dtype)
+    y = (rng.random(n) * 100).astype(dtype)
+    code = DTYPE_CODE[np.dtype(dtype).char]
+    try:
+        for when in ("posted first", "posted last"):
+            out = np.zeros(n + 8, dtype)
+            key = when.encode()
+            if when == "posted first":
+                assert not b.recv(key, out.ctypes.data, x.nbytes, 1, int(op), code, x.ctypes.data)
+            a.send(key, y.ctypes.data, y.nbytes, 2)
+            collect(a, 1)
+            if when == "posted last":
+                deadline = time.monotonic() + BOUND_S
+                while b.describe()["frames_early"] == 0:   # (parts still arriving are landed either way)
+                    assert time.monotonic() < deadline
+                assert not b.recv(key, out.ctypes.data, x.nbytes, 1, int(op), code, x.ctypes.data)
+            assert collect(b, 1) == [1]
+            assert np.array_equal(out[:n], ufunc(x, y)), when
+            assert not out[n:].any()
+    finally:
+        a.close(BOUND_S)
+        b.close(BOUND_S)
+
+
+def test_a_frame_of_another_size_than_its_receive_is_refused():
+    a, b, _ = wires(1)
+    src, dst = np.ones(1000, np.uint8), np.zeros(2000, np.uint8)
+    try:
+        a.send(b"k", src.ctypes.data, 1000, 1)
+        collect(a, 1)
+        deadline = time.monotonic() + BOUND_S
+        while b.describe()["frames_early"] == 0:
+            assert time.monotonic() < deadline
+        with pytest.raises(ValueError, match="1000 B arrived for a 2000 B receive"):
+            b.recv(b"k", dst.ctypes.data, 2000, 2)
+        # posted first, then a frame of another size: the link is lost, the buffer untouched
+        assert not b.recv(b"j", dst.ctypes.data, 2000, 3)
+        a.send(b"j", src.ctypes.data, 1000, 4)
+        assert "different collectives" in lost_reason(b)
+        assert not dst.any()
+    finally:
+        a.close(1.0)
+        b.close(1.0)
+
+
+@pytest.mark.parametrize("junk", ["type", "key", "bounds", "eof-inside"])
+def test_a_peer_that_breaks_the_protocol_loses_the_link_once(junk):
+    x, y = socket.socketpair()
+    b = _wire.Wire(0, 1, 0, 4096, 1 << 20)
+    b.attach(0, y.detach())
+    dst = np.zeros(4096, np.uint8)
+    try:
+        assert not b.recv(b"k", dst.ctypes.data, 4096, 1)
+        head = {"type": W.HEADER.pack(W.RTS, 0, 0, 0, 0, 0),
+                "key": W.HEADER.pack(W.COLL, 0, 10, 0, 0, 10),
+                "bounds": W.HEADER.pack(W.COLL, 0, 1 + 4096, 1, 4096, 4096),
+                "eof-inside": W.HEADER.pack(W.COLL, 0, 1 + 4096, 1, 0, 4096) + b"k" + b"x" * 100}[junk]
+        x.sendall(head)
+        x.shutdown(socket.SHUT_WR)
+        reason = lost_reason(b)
+        assert ("protocol error" in reason) or ("closed inside" in reason), reason
+        assert b.poll() == ([], None), "told once"
+        assert not dst[100:].any()
+    finally:
+        x.close()
+        b.close(1.0)
+
+
+def test_an_eof_without_goodbye_is_a_loss_and_close_is_bounded_when_the_peer_never_closes():
+    x, y = socket.socketpair()
+    b = _wire.Wire(0, 1, 0, 4096, 1 << 20)
+    b.attach(0, y.detach())
+    try:
+        x.shutdown(socket.SHUT_WR)
+        assert "without a goodbye" in lost_reason(b)
+    finally:
+        b.close(1.0)
+        x.close()
+    # a peer that never says goodbye nor closes: our close waits its bound, no more
+    x, y = socket.socketpair()
+    b = _wire.Wire(0, 1, 0, 4096, 1 << 20)
+    b.attach(0, y.detach())
+    t = time.monotonic()
+    b.close(0.5)
+    took = time.monotonic() - t
+    x.close()
+    assert took < 3.0, f"close took {took:.2f} s with a 0.5 s bound"
+
+
+def test_cancelled_receives_take_no_more_bytes():
+    a, b, _ = wires(2)
+    dst = np.zeros(1 << 20, np.uint8)
+    src = np.ones(1 << 20, np.uint8)
+    try:
+        assert not b.recv(b"k", dst.ctypes.data, dst.nbytes, 1)
+        assert b.cancel() == 1
+        a.send(b"k", src.ctypes.data, src.nbytes, 2)
+        collect(a, 1)
+        deadline = time.monotonic() + BOUND_S
+        while b.describe()["frames_early"] == 0:
+            assert time.monotonic() < deadline
+        assert b.poll() == ([], None) and not dst.any()
+    finally:
+        a.close(BOUND_S)
+        b.close(BOUND_S)
+
+
+def test_bad_arguments_are_refused_before_anything_moves():
+    w = _wire.Wire(0, 1, 0, 4096, 1 << 20)
+    try:
+        with pytest.raises(ValueError):
+            w.send(b"", 1, 1, 1)
+        with pytest.raises(ValueError):
+            w.send(b"k" * (_wire.MAX_KEY + 1), 1, 1, 1)
+        with pytest.raises(ValueError):
+            w.send(b"k", 0, 8, 1)
+        with pytest.raises(ValueError):
+            w.send(b"k", 1, (1 << 20) + 1, 1)
+        with pytest.raises(ValueError):
+            w.recv(b"k", 1, 6, 1, int(ReduceOp.SUM), DTYPE_CODE["f"], 8)   # not whole float32s
+        with pytest.raises(ValueError):
+            w.attach(1, 0)
+        assert w.describe()["queued"] == 0
+    finally:
+        w.close(1.0)
+    with pytest.raises(ValueError):
+        _wire.Wire(0, 0, 0, 4096, 1 << 20)
+    assert struct.calcsize("<HHIqqq") == W.HEADER.size == 32
