@@ -66,10 +66,12 @@ def test_loop_sleeps_in_c_while_a_collective_between_nodes_waits_on_the_network(
 
 def test_bench_times_the_raw_sockets_between_the_nodes_in_the_same_run(tmp_path):
     """The link's own limit beside shmproxy's ping-pong (issue 40): one stream, and as many as the
-    transport's link (SOCKET_NTHREADS x NSOCKS_PERTHREAD); collectives skip them saying why."""
+    transport moves a message or a collective's chunk on (SOCKET_NTHREADS x NSOCKS_PERTHREAD or
+    NET_COLL_SOCKETS, whichever is more); collectives skip them saying why."""
     import json
     res = run_ranks(BODY + "bench_with_raw_sockets", 2, nodes=2, timeout=120, args=(str(tmp_path),),
-                    env={"SHMPROXY_SOCKET_IFNAME": "lo", "SHMPROXY_SOCKET_NTHREADS": "3"})
+                    env={"SHMPROXY_SOCKET_IFNAME": "lo", "SHMPROXY_SOCKET_NTHREADS": "2",
+                         "SHMPROXY_NET_COLL_SOCKETS": "3"})
     assert res.results == [0, 0]
     ping = json.loads((tmp_path / "pingpong.json").read_text())
     assert ping["ok"] is True, ping["libraries"]
@@ -77,7 +79,7 @@ def test_bench_times_the_raw_sockets_between_the_nodes_in_the_same_run(tmp_path)
     for row in ping["results"]:
         for lib in ("tcp", "tcp-streams"):
             assert row["results"][lib]["check"] == "ok" and row["results"][lib]["time_us"] > 0, row
-    assert "3 streams over 127.0.0.1" in json.dumps(ping), "tcp-streams uses the link's socket count"
+    assert "3 streams over 127.0.0.1" in json.dumps(ping), "tcp-streams uses the collective sockets' count"
     coll = json.loads((tmp_path / "allreduce.json").read_text())
     assert coll["libraries"] == ["shmproxy", "shmproxy:alloc"] and "ping-pong only" in coll["skipped"]["tcp"], \
         coll["skipped"]

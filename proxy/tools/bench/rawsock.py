@@ -1,8 +1,8 @@
 """The link's own limit, in the same run: plain TCP sockets between ranks 0 and 1, no library between.
 
-Peers ``tcp`` (one stream) and ``tcp-streams`` (as many streams as shmproxy's link between two nodes
-has: SOCKET_NTHREADS x NSOCKS_PERTHREAD, each carrying an equal share of a message, as the transport's
-bulk frames do) time the ping-pong over the interface shmproxy's transport listens on
+Peers ``tcp`` (one stream) and ``tcp-streams`` (as many streams as shmproxy moves one message or
+one collective's chunk on between two nodes: SOCKET_NTHREADS x NSOCKS_PERTHREAD or NET_COLL_SOCKETS,
+whichever is more, each carrying an equal share of a message, as the transport's frames do) time the ping-pong over the interface shmproxy's transport listens on
 (SOCKET_IFNAME, else the first that is not loopback or a container bridge: shmproxy.control.netif).
 Across nodes that is the wire shmproxy uses, so shmproxy's ping-pong can be read against what the
 sockets themselves move. Ping-pong only: a collective has no raw-socket counterpart to time.
@@ -122,7 +122,8 @@ def open_tcp(ctx: Ctx, name: str) -> tuple[Library | None, str]:
     """The raw-socket peer ``name`` ('tcp': one stream; 'tcp-streams': as many as shmproxy's link)."""
     comm = ctx.comm
     params = comm.params
-    nstreams = 1 if name == "tcp" else params.SOCKET_NTHREADS * params.NSOCKS_PERTHREAD
+    nstreams = 1 if name == "tcp" else max(params.SOCKET_NTHREADS * params.NSOCKS_PERTHREAD,
+                                           params.NET_COLL_SOCKETS)
     if ctx.rank > 1:
         return TcpLib(name, [], "-"), ""   # ranks past 1 take no part in the ping-pong
     addr_buf = np.zeros(64, np.uint8)
