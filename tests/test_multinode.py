@@ -32,7 +32,8 @@ def test_every_collective_between_nodes(nranks, nodes, ring):
     sockets (three, one), whose first carries the control frames."""
     env = {**SMALL_CHUNKS, "SHMPROXY_NET_RING_MIN_BYTES": "1G" if ring == "tree" else "1K",
            "SHMPROXY_SOCKET_NTHREADS": "1" if ring == "tree" else "3",
-           "SHMPROXY_NET_COLL_SOCKETS": "3" if ring == "ring" else "0", "SHMPROXY_NET_COLL_PART_BYTES": "4K"}
+           "SHMPROXY_NET_COLL_SOCKETS": "3" if ring == "ring" else "0", "SHMPROXY_NET_COLL_PART_BYTES": "4K",
+           "SHMPROXY_NET_LOCAL_WORKERS": "1" if ring == "ring" else "0"}
     counts = (8191, 8192, 8193, 16384, 32769)
     run_ranks(BODY + "collectives", nranks, nodes=nodes, timeout=240, args=(300 << 10, counts), env=env)
 
@@ -40,13 +41,18 @@ def test_every_collective_between_nodes(nranks, nodes, ring):
 def test_collectives_between_nodes_run_on_the_loop_not_on_woken_workers():
     """The stall of issue 40: chunks of a collective between nodes handed one by one to copy workers
     spread over the progress process's CPUs waited on their wake-ups (docs/decisions.md). Between
-    nodes the loop runs the local steps itself: no worker job, while a large message within the node
-    still goes to the workers (the counter moves)."""
+    nodes the loop runs the chunks itself: with NET_LOCAL_WORKERS=0 no worker job, while a large
+    message within the node still goes to the workers (the counter moves); with 1, a node's local
+    reductions and copies (two ranks per node) go to the workers and its frames stay on the loop."""
+    env = {"SHMPROXY_NET_CHUNK_SIZE": "256K", "SHMPROXY_COPY_THREADS": "2"}
     res = run_ranks(BODY + "collectives_across_nodes_stay_on_the_loop", 4, nodes=2, timeout=120,
-                    args=(4 << 20,), env={"SHMPROXY_NET_CHUNK_SIZE": "256K", "SHMPROXY_COPY_THREADS": "2"})
+                    args=(4 << 20,), env={**env, "SHMPROXY_NET_LOCAL_WORKERS": "0"})
     for r, out in enumerate(res.results):
         assert out["across"] == 0, (r, out)
     assert any(out["within"] > 0 for out in res.results), res.results
+    res = run_ranks(BODY + "collectives_across_nodes_stay_on_the_loop", 4, nodes=2, timeout=120,
+                    args=(4 << 20,), env={**env, "SHMPROXY_NET_LOCAL_WORKERS": "1"})
+    assert all(out["across"] > 0 for out in res.results), res.results
 
 
 def test_loop_sleeps_in_c_while_a_collective_between_nodes_waits_on_the_network():

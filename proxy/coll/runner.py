@@ -73,6 +73,8 @@ class CollRunner:
         self.coll_chunk = coll_chunk_limit(params, engine.loop_copies)
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
         self.executor = CpuExecutor(lambda: engine.copy)   # runs collectives' copies and reductions
+        # across nodes: a chunk's local steps on the copy workers (docs/decisions.md, "... on the workers")
+        self.local_workers = bool(params.NET_LOCAL_WORKERS if params.NET_LOCAL_WORKERS >= 0 else not engine.crowded)
         self.across = MultiNodeColl(self)   # collectives whose ranks span nodes
 
     def coll_arrive(self, op: Op) -> None:
@@ -371,7 +373,7 @@ class CollRunner:
                 if other is not e:
                     other_sch.entry_done(other)
             return any(other is e for _s, other in matched)
-        if sch.on_loop:
+        if sch.on_loop and not (self.local_workers and e.nbytes >= self.executor.inline_bytes):
             return self.executor.start_inline(sch, e)
         return self.executor.start(sch, e)
 

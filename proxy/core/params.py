@@ -347,6 +347,10 @@ _DECLARED: tuple[Param, ...] = (
        "A bulk frame between nodes up to this size is written by the thread that makes it (the loop) when "
        "its socket is idle, without blocking, instead of waking the socket's writer thread; what does "
        "not fit in the socket's buffer goes to the writer.", 0),
+    _p("NET_LOCAL_WORKERS", int, -1,
+       "Collectives between nodes: a chunk's local reductions and copies (those of a node with several "
+       "ranks) on the copy workers (1) or on the loop (0); its frames stay the loop's and the wire's. "
+       "-1 = automatic: the workers, unless the node is crowded (no core spare for them).", -1, 1),
     _p("NET_LOOP_WAIT", int, -1,
        "While a collective between nodes waits on the network and nothing else is in flight, the progress "
        "loop waits for the link's news without passing through Python, whose GIL the link's threads "

@@ -2,8 +2,9 @@
 
 Peers ``tcp`` (one stream) and ``tcp-streams`` (as many streams as shmproxy moves one message or
 one collective's chunk on between two nodes: SOCKET_NTHREADS x NSOCKS_PERTHREAD or NET_COLL_SOCKETS,
-whichever is more, each carrying an equal share of a message, as the transport's frames do) time the ping-pong over the interface shmproxy's transport listens on
-(SOCKET_IFNAME, else the first that is not loopback or a container bridge: shmproxy.control.netif).
+whichever is more, each carrying an equal share of a message, as the transport's frames do) time
+the ping-pong over the interface shmproxy's transport listens on (SOCKET_IFNAME, else the first that
+is not loopback or a container bridge: shmproxy.control.netif).
 Across nodes that is the wire shmproxy uses, so shmproxy's ping-pong can be read against what the
 sockets themselves move. Ping-pong only: a collective has no raw-socket counterpart to time.
 
