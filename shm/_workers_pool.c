@@ -338,14 +338,23 @@ static PyObject *Pool_drain(Pool *p, PyObject *unused) {
 }
 
 static PyObject *Pool_wait(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "wait(timeout, poll=0)");
+    if (nargs < 1 || nargs > 4 || nargs == 3) {
+        PyErr_SetString(PyExc_TypeError, "wait(timeout, poll=0[, word, seen])");
         return NULL;
     }
     double timeout = PyFloat_AsDouble(args[0]);
     if (timeout == -1.0 && PyErr_Occurred()) return NULL;
     double poll = nargs > 1 ? PyFloat_AsDouble(args[1]) : 0.0;
     if (poll == -1.0 && PyErr_Occurred()) return NULL;
+    /* word, seen: the poll also ends when the u64 at `word` differs from `seen` (the pool's EVENTS: news
+     * for the loop, e.g. the collective wire's tokens, shm/_wire.c); the sleep after it does not */
+    const uint64_t *word = NULL;
+    uint64_t seen = 0;
+    if (nargs == 4) {
+        word = (const uint64_t *)PyLong_AsVoidPtr(args[2]);
+        seen = PyLong_AsUnsignedLongLongMask(args[3]);
+        if (PyErr_Occurred()) return NULL;
+    }
     if (!p->workers) Py_RETURN_FALSE;
     int ready;
     Py_BEGIN_ALLOW_THREADS
@@ -358,8 +367,12 @@ static PyObject *Pool_wait(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
     kick(p, 0);
     if (poll > 0) {   /* a hint read without the mutex; the mutex below decides */
         uint64_t t0 = mono_ns(), limit = (uint64_t)(poll * 1e9);
-        while (!__atomic_load_n(&p->done_head, __ATOMIC_ACQUIRE) && mono_ns() - t0 < limit)
+        while (!__atomic_load_n(&p->done_head, __ATOMIC_ACQUIRE) && mono_ns() - t0 < limit) {
+            if (word && __atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) break;
             for (int i = 0; i < 16; i++) __builtin_ia32_pause();
+        }
+        if (word && __atomic_load_n(word, __ATOMIC_ACQUIRE) != seen)
+            clock_gettime(CLOCK_MONOTONIC, &ts);   /* the news first: no sleep below */
     }
     pthread_mutex_lock(&p->mu);
     p->loop_waiting++;
@@ -419,7 +432,8 @@ static PyMethodDef Pool_methods[] = {
     {"done", (PyCFunction)Pool_done, METH_O, "done(token): report a job finished outside the pool"},
     {"drain", (PyCFunction)Pool_drain, METH_NOARGS, "drain() -> tokens of the jobs finished since the last call"},
     {"wait", (PyCFunction)(void (*)(void))Pool_wait, METH_FASTCALL,
-     "wait(timeout, poll=0) -> True once a job has finished (GIL released; polls `poll` s first)"},
+     "wait(timeout, poll=0[, word, seen]) -> True once a job has finished (GIL released; polls `poll` s "
+     "first, ending early when the u64 at word differs from seen)"},
     {"help", (PyCFunction)Pool_help, METH_O, "help(max_jobs) -> how many queued jobs the caller ran itself"},
     {"stop", (PyCFunction)Pool_stop, METH_NOARGS, "stop(): workers exit after their current job"},
     {NULL, NULL, 0, NULL},

@@ -166,6 +166,27 @@ def test_worker_pool_rejects_bad_jobs_before_queueing_and_stops_cleanly():
         _workers.Workers(-1)
 
 
+def test_worker_pool_wait_ends_on_news_in_the_watched_word():
+    """The loop's wait on its workers also watches the pool's EVENTS word (the collective wire's
+    tokens, shm/_wire.c): a word that differs from what the loop saw ends the poll, and the sleep,
+    at once; an unchanged one leaves the wait to its bound."""
+    from shmproxy.shm import _workers
+    pool = _workers.Workers(1, [0])
+    word = np.zeros(1, np.uint64)
+    try:
+        t0 = time.monotonic()
+        assert pool.wait(0.2, 0.2, word.ctypes.data, 0) is False
+        assert time.monotonic() - t0 >= 0.15, "an unchanged word does not end the wait"
+        word[0] = 7
+        t0 = time.monotonic()
+        assert pool.wait(5.0, 5.0, word.ctypes.data, 0) is False
+        assert time.monotonic() - t0 < 2.0, "news ends the wait at once"
+        with pytest.raises(TypeError):
+            pool.wait(0.1, 0.1, word.ctypes.data)
+    finally:
+        pool.stop()
+
+
 def test_worker_pool_help_runs_queued_jobs_on_the_caller():
     """Caller-runs: help(k) takes up to k queued jobs off the queue and runs them on the calling thread
     (GIL released), in order, reporting through the same finished list; with no threads of its own

@@ -116,11 +116,15 @@ class CopyEngine:
         self.in_flight -= len(out)
         return out
 
-    def wait(self, timeout: float, poll: float = 0.0) -> None:
+    def wait(self, timeout: float, poll: float = 0.0, watch: tuple[int, int] | None = None) -> None:
         """Block (GIL released) until a job has finished or ``timeout`` s pass, polling the first
-        ``poll`` s; the finished job stays for the next ``drain``."""
+        ``poll`` s; the finished job stays for the next ``drain``. ``watch`` = (address, seen): the
+        poll ends too once that u64 differs from ``seen`` (the pool's EVENTS word)."""
         if self.pool is not None:
-            self.pool.wait(timeout, poll)
+            if watch is not None:
+                self.pool.wait(timeout, poll, *watch)
+            else:
+                self.pool.wait(timeout, poll)
 
     def help(self) -> bool:
         """Run one queued job on this thread, GIL released, as a worker would (its token comes back

@@ -131,6 +131,7 @@ class ProgressEngine(PointToPoint, ArmedRoutes):
         self.events: collections.deque = collections.deque()
         self.events_seen = 0
         self.event_polls: list[Callable[[], None]] = []   # run after the events (on_events)
+        self.events_addr = self.seg.addr + P.CTRL_OFF + 8 * P.CTRL_EVENTS   # the EVENTS word
         self.ranks: dict[int, RankInfo] = {}          # by local rank
         self.local_of: dict[int, int] = {}            # global rank -> local rank
         # (src, dst global ranks, memory kind): a MemKind, or the int a record carries (equal keys)
@@ -327,7 +328,12 @@ class ProgressEngine(PointToPoint, ArmedRoutes):
                     # With no core of its own the loop runs queued jobs itself rather than leave its
                     # CPU to workers that would take turns on the other one (shm/_workers.c help()).
                     if not (self.loop_copies and self.copy.help()):
-                        self.copy.wait(WORKER_WAIT_S, self.loop_poll_s)  # GIL released: copyengine.py
+                        if self.event_polls and not self.crowded:
+                            # C threads' news (the collective wire's tokens) ends the wait too: poll
+                            # for it all along, on a core that is spare (shm/_workers_pool.c)
+                            self.copy.wait(WORKER_WAIT_S, WORKER_WAIT_S, (self.events_addr, self.events_seen))
+                        else:
+                            self.copy.wait(WORKER_WAIT_S, self.loop_poll_s)  # GIL released: copyengine.py
                 elif not self.fetcher.wait_watched():
                     os.sched_yield()
             now = time.monotonic_ns()
