@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import hmac
+import os
 import collections
 import socket
 import struct
@@ -372,11 +373,12 @@ class Link:
         tune(sock, self.keepalive_s)
         sock.settimeout(None)
         if index >= self.nsocks:
+            fd = sock.detach()   # the wire owns the descriptor from here (it closes it on OSError too)
             try:
-                self.wire.attach(index - self.nsocks, sock.fileno())
-            except ValueError as exc:
+                self.wire.attach(index - self.nsocks, fd)
+            except ValueError as exc:   # refused before it took the descriptor
+                os.close(fd)
                 raise ProtocolError(f"socket {index} of the link to node {self.peer}: {exc}") from exc
-            sock.detach()   # the wire owns the descriptor now
             with self.lock:
                 self.nattached += 1
                 if self.nattached == self.total:

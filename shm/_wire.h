@@ -1,0 +1,103 @@
+/*
+ * shm._wire's parts (shm/_wire.c, the Python type; shm/_wire_threads.c, the threads and the frame
+ * protocol): the wire's state, one struct per frame part, receive, send and socket. The protocols
+ * (frames, the lock, closing) are described at the top of shm/_wire.c.
+ */
+#ifndef SHM_WIRE_H
+#define SHM_WIRE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define MAX_SOCKS 16
+#define MAX_KEY 512
+#define HDR 32
+#define PART_ALIGN 4096
+#define FOLD_BYTES (64 * 1024)   /* a folding reader reads this much, then reduces it (L2-sized) */
+enum { T_COLL = 4, T_BYE = 7 };   /* transports/net_wire.py's frame types */
+
+typedef struct Part {             /* a part that arrived before its receive was posted */
+    struct Part *next;
+    uint64_t off, len;
+    char *data;
+} Part;
+
+typedef struct Recv {             /* a posted receive, or (posted 0) a stash entry */
+    struct Recv *next;
+    uint32_t keylen;
+    char key[MAX_KEY];
+    char *addr;
+    uint64_t nbytes, got;
+    int inflight, arrived, posted, cancelled;
+    long long token;
+    Part *parts;
+    struct Recv *job_next;        /* on the copier's queue */
+    int fold, op, code;           /* fold: addr = a (op) the frame, element by element (_kernel.h's codes) */
+    const char *a;
+} Recv;
+
+typedef struct Send {
+    long long token;
+    int left;                     /* parts not written yet */
+    uint32_t keylen;
+    char key[MAX_KEY];
+} Send;
+
+typedef struct Out {              /* one part queued on a socket (send NULL: the BYE) */
+    struct Out *next;
+    unsigned char hdr[HDR];
+    const char *data;
+    uint64_t len;
+    Send *send;
+} Out;
+
+struct Wire;
+typedef struct {
+    struct Wire *w;
+    int index, fd, started;
+    pthread_t reader, writer;
+    pthread_cond_t cv;            /* the writer waits on it (with mu) */
+    Out *head, *tail;
+    int queued, peer_bye;
+} Sock;
+
+typedef struct Wire {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    int peer, nsocks, closed;
+    pthread_t copier;             /* lands what arrived before its receive was posted */
+    pthread_cond_t copier_cv;
+    Recv *jobs, *jobs_tail;
+    int copier_started;
+    Sock s[MAX_SOCKS];
+    uint64_t part_min, max_total;
+    char *pool;
+    Recv *posted, *stash;
+    long long *done;
+    size_t ndone, cap;
+    int closing;
+    char lost[256];
+    int lost_told;
+    unsigned rr;
+    uint64_t bytes_in, bytes_out;
+} Wire;
+
+/* shm/_wire_threads.c */
+void _sw_kernels_init(void);
+int _sw_can_fold(int op, int code, uint64_t nbytes);   /* the C kernel reduces it, whole elements */
+void _sw_wake_loop(Wire *w);
+void _sw_push_done(Wire *w, long long token);
+void _sw_set_lost(Wire *w, const char *fmt, int a, const char *b);   /* the first failure, unless closing */
+Recv *_sw_find(Recv *list, const char *key, uint32_t keylen);
+void _sw_unlink_recv(Recv **list, Recv *r);
+void _sw_free_parts(Part *p);
+int _sw_settle(Wire *w, Recv *r);
+void _sw_make_header(unsigned char *h, int type, uint32_t length, uint64_t a, uint64_t b, uint64_t c);
+void *_sw_reader_main(void *arg);
+void *_sw_writer_main(void *arg);
+void *_sw_copier_main(void *arg);
+
+#endif

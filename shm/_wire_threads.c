@@ -1,0 +1,434 @@
+/*
+ * shm._wire, continued: the threads of a link's collective sockets and the frame protocol they speak
+ * (the reader, the writer, the copier; the wake-up of the loop). What they share with the Python
+ * type is in shm/_wire.h; why and how, at the top of shm/_wire.c. The reduction kernel (_kernel.h,
+ * whose tables are this file's) is used only here.
+ */
+#define _GNU_SOURCE
+#include "_wire.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "_kernel.h"
+#include "_pool_layout.h"
+
+void _sw_kernels_init(void) { init_tables(); }
+
+int _sw_can_fold(int op, int code, uint64_t nbytes) {
+    return kernel_for(op, code) != NULL && nbytes % itemsize[code] == 0;
+}
+
+void _sw_wake_loop(Wire *w) {
+    char *p = w->pool;
+    if (!p) return;
+    __atomic_add_fetch((uint64_t *)(p + POOL_EVENTS_OFF), 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n((uint64_t *)(p + POOL_SLEEPING_OFF), __ATOMIC_SEQ_CST)) return;
+    pthread_mutex_t *m = (pthread_mutex_t *)(p + POOL_MUTEX_OFF);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += 1;   /* should the lock time out, the loop's bounded sleep finds EVENTS moved */
+    int r = pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
+    if (r == EOWNERDEAD) pthread_mutex_consistent(m);   /* the loop learns who died through its watcher */
+    if (r == 0 || r == EOWNERDEAD) {
+        pthread_cond_broadcast((pthread_cond_t *)(p + POOL_COND_OFF));
+        pthread_mutex_unlock(m);
+    }
+}
+
+/* Under mu. */
+void _sw_push_done(Wire *w, long long token) {
+    if (w->ndone == w->cap) {
+        size_t cap = w->cap ? 2 * w->cap : 64;
+        long long *d = realloc(w->done, cap * sizeof *d);
+        if (!d) {   /* no memory for a token: the collective would hang, so the link fails instead */
+            if (!w->lost[0]) snprintf(w->lost, sizeof w->lost, "out of memory queueing a completion");
+            return;
+        }
+        w->cap = cap;
+        w->done = d;
+    }
+    w->done[w->ndone++] = token;
+}
+
+/* Under mu: the first failure names the link's loss (unless closing: then EOF and errors are expected). */
+void _sw_set_lost(Wire *w, const char *fmt, int a, const char *b) {
+    if (w->closing || w->lost[0]) return;
+    snprintf(w->lost, sizeof w->lost, fmt, a, b);
+}
+
+Recv *_sw_find(Recv *list, const char *key, uint32_t keylen) {
+    for (Recv *r = list; r; r = r->next)
+        if (r->keylen == keylen && memcmp(r->key, key, keylen) == 0) return r;
+    return NULL;
+}
+
+void _sw_unlink_recv(Recv **list, Recv *r) {
+    for (Recv **p = list; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            return;
+        }
+}
+
+void _sw_free_parts(Part *p) {
+    while (p) {
+        Part *n = p->next;
+        free(p->data);
+        free(p);
+        p = n;
+    }
+}
+
+/* Under mu, after a writer of `r` dropped its inflight count: finish it if it is complete (1), free
+ * it if it was cancelled and nobody writes into it any more. */
+int _sw_settle(Wire *w, Recv *r) {
+    if (r->cancelled) {
+        if (r->inflight == 0) free(r);
+        return 0;
+    }
+    if (!(r->posted && r->arrived && r->got == r->nbytes && r->inflight == 0)) return 0;
+    _sw_unlink_recv(&w->posted, r);
+    return 1;
+}
+
+/* Fill n bytes at p: n, or fewer on EOF, or -errno. */
+static long long read_full(int fd, char *p, uint64_t n) {
+    uint64_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, p + got, (size_t)(n - got), 0);
+        if (k > 0) got += (uint64_t)k;
+        else if (k == 0) break;
+        else if (errno != EINTR) return -errno;
+    }
+    return (long long)got;
+}
+
+static int write_all(int fd, struct iovec *iov, int niov) {
+    struct msghdr msg = {0};
+    while (niov > 0) {
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)niov;
+        ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        size_t left = (size_t)k;
+        while (niov > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            niov--;
+        }
+        if (niov > 0) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+static uint64_t le64(const unsigned char *b) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
+    return v;
+}
+
+static void put64(unsigned char *b, uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+
+void _sw_make_header(unsigned char *h, int type, uint32_t length, uint64_t a, uint64_t b, uint64_t c) {
+    memset(h, 0, HDR);
+    h[0] = (unsigned char)type;
+    h[1] = (unsigned char)(type >> 8);
+    for (int i = 0; i < 4; i++) h[4 + i] = (unsigned char)(length >> (8 * i));
+    put64(h + 8, a);
+    put64(h + 16, b);
+    put64(h + 24, c);
+}
+
+/* ------------------------------------------------------------------ the threads */
+
+/* Land `len` bytes of a frame at offset `off` of receive `e` from `src`: a copy, or for a folding
+ * receive the reduction of its first operand and `src` (in that order: the schedule's bits). */
+static void land(const Recv *e, uint64_t off, const char *src, uint64_t len) {
+    if (!e->fold) {
+        memcpy(e->addr + off, src, len);
+        return;
+    }
+    char *srcs[2] = {(char *)e->a + off, (char *)src};
+    char *dst = e->addr + off;
+    reduce_run(kernel_for(e->op, e->code), e->op, e->code, (size_t)(len / itemsize[e->code]), srcs, 2, &dst, 1, 0);
+}
+
+/* Read `part` bytes of a frame straight into folding receive `e` at `off`: FOLD_BYTES at a time into
+ * `bounce`, each reduced into place before the next is read. Bytes read, or -errno. */
+static long long read_folding(int fd, const Recv *e, uint64_t off, uint64_t part, char *bounce) {
+    uint64_t done = 0;
+    while (done < part) {
+        uint64_t n = part - done < FOLD_BYTES ? part - done : FOLD_BYTES;
+        long long r = read_full(fd, bounce, n);
+        if (r != (long long)n) return r < 0 ? r : (long long)done + r;
+        land(e, off + done, bounce, n);
+        done += n;
+    }
+    return (long long)done;
+}
+
+/* The copier: parts that arrived before their receive was posted, landed off the loop (recv() queues
+ * the entry, holding one inflight count on it, with its parts). */
+void *_sw_copier_main(void *arg) {
+    Wire *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->jobs && !w->closing) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&w->copier_cv, &w->mu, &ts);
+        }
+        Recv *e = w->jobs;
+        if (!e) {
+            pthread_mutex_unlock(&w->mu);
+            return NULL;
+        }
+        w->jobs = e->job_next;
+        if (!w->jobs) w->jobs_tail = NULL;
+        Part *parts = e->parts;
+        e->parts = NULL;
+        int cancelled = e->cancelled;
+        pthread_mutex_unlock(&w->mu);
+        uint64_t sum = 0;
+        for (Part *p = parts; p; p = p->next) {
+            if (!cancelled) land(e, p->off, p->data, p->len);
+            sum += p->len;
+        }
+        _sw_free_parts(parts);
+        pthread_mutex_lock(&w->mu);
+        e->got += sum;
+        e->inflight--;
+        long long token = e->token;
+        int finished = _sw_settle(w, e);
+        if (finished) {
+            _sw_push_done(w, token);
+            free(e);
+        }
+        pthread_mutex_unlock(&w->mu);
+        if (finished) _sw_wake_loop(w);
+    }
+}
+
+void *_sw_reader_main(void *arg) {
+    Sock *s = arg;
+    Wire *w = s->w;
+    unsigned char h[HDR];
+    char key[MAX_KEY];
+    char *bounce = malloc(FOLD_BYTES);
+    if (!bounce) {
+        pthread_mutex_lock(&w->mu);
+        _sw_set_lost(w, "socket %d: out of memory for a reader%s", s->index, "");
+        pthread_mutex_unlock(&w->mu);
+        _sw_wake_loop(w);
+        return NULL;
+    }
+    for (;;) {
+        long long r = read_full(s->fd, (char *)h, HDR);
+        if (r != HDR) {
+            pthread_mutex_lock(&w->mu);
+            if (r < 0)
+                _sw_set_lost(w, "socket %d of the collective link: %s", s->index, strerror((int)-r));
+            else if (r > 0)
+                _sw_set_lost(w, "socket %d: protocol error: connection closed inside a header%s", s->index, "");
+            else if (!s->peer_bye)
+                _sw_set_lost(w, "socket %d: connection closed without a goodbye%s", s->index, "");
+            int tell = w->lost[0] && !w->lost_told;
+            pthread_mutex_unlock(&w->mu);
+            if (tell) _sw_wake_loop(w);
+            free(bounce);
+            return NULL;
+        }
+        int type = h[0] | (h[1] << 8);
+        uint64_t length = (uint64_t)h[4] | ((uint64_t)h[5] << 8) | ((uint64_t)h[6] << 16) | ((uint64_t)h[7] << 24);
+        uint64_t keylen = le64(h + 8), off = le64(h + 16), total = le64(h + 24);
+        const char *bad = NULL;
+        if (type == T_BYE) {
+            pthread_mutex_lock(&w->mu);
+            s->peer_bye = 1;
+            pthread_cond_broadcast(&s->cv);   /* its writer sends what is queued and says goodbye too */
+            pthread_mutex_unlock(&w->mu);
+            continue;
+        }
+        if (type != T_COLL) bad = "a frame that is not a collective's";
+        else if (keylen == 0 || keylen > MAX_KEY || length < keylen) bad = "a bad key length";
+        else if (total > w->max_total || off > total || length - keylen > total - off)
+            bad = "a part outside its frame";
+        uint64_t part = bad ? 0 : length - keylen;
+        if (!bad && read_full(s->fd, key, keylen) != (long long)keylen) bad = "EOF or error inside a key";
+        if (bad) {
+            pthread_mutex_lock(&w->mu);
+            _sw_set_lost(w, "socket %d: protocol error: %s", s->index, bad);
+            pthread_mutex_unlock(&w->mu);
+            _sw_wake_loop(w);
+            free(bounce);
+            return NULL;
+        }
+        pthread_mutex_lock(&w->mu);
+        w->bytes_in += HDR + length;
+        Recv *e = _sw_find(w->posted, key, (uint32_t)keylen);
+        if (!e) e = _sw_find(w->stash, key, (uint32_t)keylen);
+        if (!e) {
+            e = calloc(1, sizeof *e);
+            if (!e) bad = "out of memory for an early frame";
+            else {
+                e->keylen = (uint32_t)keylen;
+                memcpy(e->key, key, keylen);
+                e->nbytes = total;
+                e->next = w->stash;
+                w->stash = e;
+            }
+        } else if (e->nbytes != total) {
+            bad = "a frame whose size differs from its receive's (the nodes called different collectives)";
+        }
+        if (bad) {
+            _sw_set_lost(w, "socket %d: %s", s->index, bad);
+            pthread_mutex_unlock(&w->mu);
+            _sw_wake_loop(w);
+            free(bounce);
+            return NULL;
+        }
+        e->inflight++;
+        e->arrived = 1;
+        int direct = e->posted && !e->cancelled;
+        pthread_mutex_unlock(&w->mu);
+
+        char *buf = NULL;
+        long long got;
+        if (direct) {   /* (e's fields are the loop's until settled: read without the lock) */
+            got = e->fold ? read_folding(s->fd, e, off, part, bounce) : read_full(s->fd, e->addr + off, part);
+        } else {
+            buf = malloc(part ? part : 1);
+            got = buf ? read_full(s->fd, buf, part) : -ENOMEM;
+        }
+        int finished = 0;
+        pthread_mutex_lock(&w->mu);
+        if (got != (long long)part) {
+            e->inflight--;
+            _sw_settle(w, e);   /* (a cancelled entry is freed; a live one is left to the failure) */
+            if (got < 0) _sw_set_lost(w, "socket %d of the collective link: %s", s->index, strerror((int)-got));
+            else _sw_set_lost(w, "socket %d: connection closed inside a frame%s", s->index, "");
+            pthread_mutex_unlock(&w->mu);
+            free(buf);
+            _sw_wake_loop(w);
+            free(bounce);
+            return NULL;
+        }
+        if (buf && !e->posted) {   /* still early: keep the part for recv() */
+            Part *p = malloc(sizeof *p);
+            if (p) {
+                p->off = off;
+                p->len = part;
+                p->data = buf;
+                p->next = e->parts;
+                e->parts = p;
+                e->got += part;
+                buf = NULL;
+            } else {
+                _sw_set_lost(w, "socket %d: out of memory for an early frame%s", s->index, "");
+            }
+            e->inflight--;
+        } else {
+            if (buf && !e->cancelled) {   /* posted while we read: land the part, out of the lock */
+                pthread_mutex_unlock(&w->mu);
+                land(e, off, buf, part);
+                pthread_mutex_lock(&w->mu);
+            }
+            e->got += part;
+            e->inflight--;
+            if (e->got > e->nbytes) _sw_set_lost(w, "socket %d: protocol error: %s", s->index, "parts overlap");
+            long long token = e->token;
+            int cancelled = e->cancelled;
+            finished = _sw_settle(w, e);
+            if (finished) {
+                _sw_push_done(w, token);
+                free(e);
+            } else if (cancelled) {
+                finished = 0;
+            }
+        }
+        int tell = finished || (w->lost[0] && !w->lost_told);
+        pthread_mutex_unlock(&w->mu);
+        free(buf);
+        if (tell) _sw_wake_loop(w);
+    }
+}
+
+void *_sw_writer_main(void *arg) {
+    Sock *s = arg;
+    Wire *w = s->w;
+    int failed = 0;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!s->head && !w->closing && !s->peer_bye && !w->lost[0]) {
+            struct timespec ts;   /* bounded: closing always broadcasts, but never wait on that alone */
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&s->cv, &w->mu, &ts);
+        }
+        Out *o = s->head;
+        if (!o || w->lost[0]) {
+            pthread_mutex_unlock(&w->mu);
+            break;
+        }
+        s->head = o->next;
+        if (!s->head) s->tail = NULL;
+        s->queued--;
+        pthread_mutex_unlock(&w->mu);
+
+        struct iovec iov[3];
+        int n = 0;
+        iov[n].iov_base = o->hdr;
+        iov[n++].iov_len = HDR;
+        if (o->send) {
+            iov[n].iov_base = o->send->key;
+            iov[n++].iov_len = o->send->keylen;
+        }
+        if (o->len) {
+            iov[n].iov_base = (void *)o->data;
+            iov[n++].iov_len = (size_t)o->len;
+        }
+        int rc = write_all(s->fd, iov, n);
+        int finished = 0;
+        pthread_mutex_lock(&w->mu);
+        if (rc < 0) {
+            _sw_set_lost(w, "send on socket %d of the collective link failed: %s", s->index, strerror(-rc));
+            failed = 1;
+        } else {
+            w->bytes_out += HDR + (o->send ? o->send->keylen : 0) + o->len;
+            if (o->send && --o->send->left == 0) {
+                _sw_push_done(w, o->send->token);
+                free(o->send);
+                finished = 1;
+            }
+        }
+        if (failed && o->send && --o->send->left == 0) free(o->send);   /* (its token never comes: lost) */
+        int tell = finished || (failed && w->lost[0] && !w->lost_told);
+        pthread_mutex_unlock(&w->mu);
+        free(o);
+        if (tell) _sw_wake_loop(w);
+        if (failed) return NULL;
+    }
+    if (!w->lost[0]) {   /* goodbye behind everything queued, then our half shuts down */
+        unsigned char bye[HDR];
+        _sw_make_header(bye, T_BYE, 0, 0, 0, 0);
+        struct iovec iov = {bye, HDR};
+        write_all(s->fd, &iov, 1);
+    }
+    shutdown(s->fd, SHUT_WR);
+    return NULL;
+}
