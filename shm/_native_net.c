@@ -11,10 +11,11 @@
  * once, when the whole frame is in or out.
  *
  * The sockets are blocking (the threads own them; a peer's death or a shutdown ends a blocked call
- * with EOF or an error). EINTR retries: these threads are never the main thread, so no Python signal
- * handler waits on them.
+ * with EOF or an error). The loops themselves are shm/_sockio.h's, shared with the collective wire's
+ * threads (shm/_wire_threads.c).
  */
 #include "_native.h"
+#include "_sockio.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -30,27 +31,16 @@ PyObject *_sn_sock_recv_into(PyObject *self, PyObject *args) {
     unsigned long long addr, n;
     if (!PyArg_ParseTuple(args, "iKK", &fd, &addr, &n))
         return NULL;
-    char *p = (char *)(uintptr_t)addr;
-    uint64_t got = 0;
-    int err = 0;
+    long long got;
     Py_BEGIN_ALLOW_THREADS
-    while (got < n) {
-        ssize_t k = recv(fd, p + got, (size_t)(n - got), 0);
-        if (k > 0) {
-            got += (uint64_t)k;
-        } else if (k == 0) {
-            break;
-        } else if (errno != EINTR) {
-            err = errno;
-            break;
-        }
-    }
+    got = sock_read_full(fd, (char *)(uintptr_t)addr, n);
     Py_END_ALLOW_THREADS
+    int err = got < 0 ? (int)-got : 0;
     if (err) {
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    return PyLong_FromUnsignedLongLong(got);
+    return PyLong_FromUnsignedLongLong((unsigned long long)got);
 }
 
 /* sock_send_parts(fd, parts) -> None: sendmsg every part (objects with the buffer protocol: bytes,
@@ -82,31 +72,9 @@ PyObject *_sn_sock_send_parts(PyObject *self, PyObject *args) {
             niov++;
         }
     }
-    int err = 0;
+    int err;
     Py_BEGIN_ALLOW_THREADS
-    struct msghdr msg = {0};
-    struct iovec *cur = iov;
-    while (niov > 0) {
-        msg.msg_iov = cur;
-        msg.msg_iovlen = (size_t)niov;
-        ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            err = errno;
-            break;
-        }
-        size_t left = (size_t)k;
-        while (niov > 0 && left >= cur->iov_len) {   /* drop what went out whole */
-            left -= cur->iov_len;
-            cur++;
-            niov--;
-        }
-        if (niov > 0) {                               /* and the front of a part cut short */
-            cur->iov_base = (char *)cur->iov_base + left;
-            cur->iov_len -= left;
-        }
-    }
+    err = -sock_write_all(fd, iov, niov);
     Py_END_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < nviews; i++)
         PyBuffer_Release(&views[i]);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "_kernel.h"
+#include "_sockio.h"
 #include "_pool_layout.h"
 
 void _sw_kernels_init(void) { init_tables(); }
@@ -97,42 +98,6 @@ int _sw_settle(Wire *w, Recv *r) {
     return 1;
 }
 
-/* Fill n bytes at p: n, or fewer on EOF, or -errno. */
-static long long read_full(int fd, char *p, uint64_t n) {
-    uint64_t got = 0;
-    while (got < n) {
-        ssize_t k = recv(fd, p + got, (size_t)(n - got), 0);
-        if (k > 0) got += (uint64_t)k;
-        else if (k == 0) break;
-        else if (errno != EINTR) return -errno;
-    }
-    return (long long)got;
-}
-
-static int write_all(int fd, struct iovec *iov, int niov) {
-    struct msghdr msg = {0};
-    while (niov > 0) {
-        msg.msg_iov = iov;
-        msg.msg_iovlen = (size_t)niov;
-        ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        size_t left = (size_t)k;
-        while (niov > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++;
-            niov--;
-        }
-        if (niov > 0) {
-            iov->iov_base = (char *)iov->iov_base + left;
-            iov->iov_len -= left;
-        }
-    }
-    return 0;
-}
-
 static uint64_t le64(const unsigned char *b) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
@@ -173,7 +138,7 @@ static long long read_folding(int fd, const Recv *e, uint64_t off, uint64_t part
     uint64_t done = 0;
     while (done < part) {
         uint64_t n = part - done < FOLD_BYTES ? part - done : FOLD_BYTES;
-        long long r = read_full(fd, bounce, n);
+        long long r = sock_read_full(fd, bounce, n);
         if (r != (long long)n) return r < 0 ? r : (long long)done + r;
         land(e, off + done, bounce, n);
         done += n;
@@ -238,7 +203,7 @@ void *_sw_reader_main(void *arg) {
         return NULL;
     }
     for (;;) {
-        long long r = read_full(s->fd, (char *)h, HDR);
+        long long r = sock_read_full(s->fd, (char *)h, HDR);
         if (r != HDR) {
             pthread_mutex_lock(&w->mu);
             if (r < 0)
@@ -269,7 +234,7 @@ void *_sw_reader_main(void *arg) {
         else if (total > w->max_total || off > total || length - keylen > total - off)
             bad = "a part outside its frame";
         uint64_t part = bad ? 0 : length - keylen;
-        if (!bad && read_full(s->fd, key, keylen) != (long long)keylen) bad = "EOF or error inside a key";
+        if (!bad && sock_read_full(s->fd, key, keylen) != (long long)keylen) bad = "EOF or error inside a key";
         if (bad) {
             pthread_mutex_lock(&w->mu);
             _sw_set_lost(w, "socket %d: protocol error: %s", s->index, bad);
@@ -310,10 +275,10 @@ void *_sw_reader_main(void *arg) {
         char *buf = NULL;
         long long got;
         if (direct) {   /* (e's fields are the loop's until settled: read without the lock) */
-            got = e->fold ? read_folding(s->fd, e, off, part, bounce) : read_full(s->fd, e->addr + off, part);
+            got = e->fold ? read_folding(s->fd, e, off, part, bounce) : sock_read_full(s->fd, e->addr + off, part);
         } else {
             buf = malloc(part ? part : 1);
-            got = buf ? read_full(s->fd, buf, part) : -ENOMEM;
+            got = buf ? sock_read_full(s->fd, buf, part) : -ENOMEM;
         }
         int finished = 0;
         pthread_mutex_lock(&w->mu);
@@ -402,7 +367,7 @@ void *_sw_writer_main(void *arg) {
             iov[n].iov_base = (void *)o->data;
             iov[n++].iov_len = (size_t)o->len;
         }
-        int rc = write_all(s->fd, iov, n);
+        int rc = sock_write_all(s->fd, iov, n);
         int finished = 0;
         pthread_mutex_lock(&w->mu);
         if (rc < 0) {
@@ -427,7 +392,7 @@ void *_sw_writer_main(void *arg) {
         unsigned char bye[HDR];
         _sw_make_header(bye, T_BYE, 0, 0, 0, 0);
         struct iovec iov = {bye, HDR};
-        write_all(s->fd, &iov, 1);
+        sock_write_all(s->fd, &iov, 1);
     }
     shutdown(s->fd, SHUT_WR);
     return NULL;
