@@ -7,8 +7,13 @@
  *   w.attach(index, fd)            socket `index` is connected: the wire owns the fd and starts its
  *                                  reader and writer threads
  *   w.send(key, addr, n, token)    send n bytes at addr as the frame of `key`
- *   w.recv(key, addr, n, token) -> bool
- *                                  land the frame of `key` at addr; True: it had arrived, done now
+ *   w.recv(key, addr, n, token[, op, code, a[, then, then_key, then_token]]) -> bool
+ *                                  land the frame of `key` at addr (op >= 0: fold, addr = a op frame);
+ *                                  True: it had arrived, done now. `then` (a Wire, this one or
+ *                                  another link's): once every byte is in, that wire sends the n
+ *                                  bytes at addr as the frame of then_key, token then_token, from
+ *                                  the thread that finished the receive (a ring's next step, without
+ *                                  the loop between)
  *   w.poll() -> ([token, ...], lost or None)
  *                                  sends and receives finished since the last call; why the link
  *                                  broke, once
@@ -40,6 +45,12 @@
  * malloc'd parts (the stash entry, the same struct); recv() turns the entry into the posted receive
  * in place, so a reader holding it finds it posted and copies its part over itself.
  *
+ * Forwarding (recv's `then`): the thread that finishes a receive (its last part's reader, the
+ * copier, or recv() itself) queues the chained send on the other wire after dropping this one's
+ * mutex, so no two wires' mutexes are ever held at once. The chain holds a reference on the other
+ * wire, taken under the GIL in recv(); threads cannot drop it, so a fired or dropped chain waits on
+ * the `spent` list until poll(), cancel() or dealloc (all under the GIL) release it.
+ *
  * Waking the loop: a finished token bumps the pool's EVENTS word and, if the loop may sleep, signals
  * its condvar under the pool mutex (shm/_native.c, post_event: the same protocol, without Python).
  *
@@ -61,6 +72,27 @@
 /* ------------------------------------------------------------------ the object */
 
 static void wire_close(Wire *w, double bound);
+static PyTypeObject WireType;
+
+static void drop_chain(Chain *c) {   /* GIL held */
+    if (!c) return;
+    Py_XDECREF(c->ref);
+    free(c);
+}
+
+/* Drop the references of the spent chains (GIL held; takes mu). */
+static void release_spent(Wire *w) {
+    pthread_mutex_lock(&w->mu);
+    Chain *c = w->spent;
+    w->spent = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (c) {
+        Chain *n = c->next;
+        Py_XDECREF(c->ref);
+        free(c);
+        c = n;
+    }
+}
 
 static int Wire_init(Wire *w, PyObject *args, PyObject *kw) {
     int peer, nsocks;
@@ -127,9 +159,10 @@ static void Wire_dealloc(Wire *w) {
             for (Recv *r = lists[k]; r;) {
                 Recv *n = r->next;
                 _sw_free_parts(r->parts);
-                free(r);
+                _sw_free_recv(w, r);
                 r = n;
             }
+        release_spent(w);
         free(w->done);
         pthread_mutex_destroy(&w->mu);
     }
@@ -196,54 +229,15 @@ static PyObject *Wire_send(Wire *w, PyObject *args) {
     unsigned long long addr, n;
     long long token;
     if (parse_entry(args, &key, &keylen, &addr, &n, &token) < 0) return NULL;
-    if (n > w->max_total) return PyErr_Format(PyExc_ValueError, "a frame of %llu bytes (at most %llu)", n,
-                                              (unsigned long long)w->max_total);
-    uint64_t parts = n / w->part_min;
-    if (parts < 1) parts = 1;
-    if (parts > (uint64_t)w->nsocks) parts = (uint64_t)w->nsocks;
-    uint64_t each = (n + parts - 1) / parts;
-    each = (each + PART_ALIGN - 1) / PART_ALIGN * PART_ALIGN;
-    Send *snd = malloc(sizeof *snd);
-    Out *outs[MAX_SOCKS];
-    int nout = 0;
-    if (!snd) return PyErr_NoMemory();
-    snd->token = token;
-    snd->keylen = (uint32_t)keylen;
-    memcpy(snd->key, key, (size_t)keylen);
-    for (uint64_t off = 0; nout == 0 || off < n; off += each) {
-        uint64_t len = n - off < each ? n - off : each;
-        Out *o = malloc(sizeof *o);
-        if (!o) {
-            for (int i = 0; i < nout; i++) free(outs[i]);
-            free(snd);
-            return PyErr_NoMemory();
-        }
-        o->next = NULL;
-        o->data = (const char *)(uintptr_t)addr + off;
-        o->len = len;
-        o->send = snd;
-        _sw_make_header(o->hdr, T_COLL, (uint32_t)(keylen + len), (uint64_t)keylen, off, n);
-        outs[nout++] = o;
-    }
-    snd->left = nout;
-    pthread_mutex_lock(&w->mu);
-    if (w->closing) {
-        pthread_mutex_unlock(&w->mu);
-        for (int i = 0; i < nout; i++) free(outs[i]);
-        free(snd);
+    int rc = _sw_queue_send(w, key, (uint32_t)keylen, (const char *)(uintptr_t)addr, n, token);
+    if (rc == -E2BIG)
+        return PyErr_Format(PyExc_ValueError, "a frame of %llu bytes (at most %llu)", n,
+                            (unsigned long long)w->max_total);
+    if (rc == -EPIPE) {
         PyErr_SetString(PyExc_RuntimeError, "Wire.send after close");
         return NULL;
     }
-    for (int i = 0; i < nout; i++) {
-        Sock *s = &w->s[(w->rr + (unsigned)i) % (unsigned)w->nsocks];
-        if (s->tail) s->tail->next = outs[i];
-        else s->head = outs[i];
-        s->tail = outs[i];
-        s->queued++;
-        pthread_cond_signal(&s->cv);
-    }
-    w->rr++;
-    pthread_mutex_unlock(&w->mu);
+    if (rc < 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -253,7 +247,14 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
     unsigned long long addr, n, a = 0;
     long long token;
     int op = -1, code = 0;
-    if (!PyArg_ParseTuple(args, "y#KKL|iiK", &key, &keylen, &addr, &n, &token, &op, &code, &a)) return NULL;
+    PyObject *then = Py_None;
+    const char *then_key = NULL;
+    Py_ssize_t then_keylen = 0;
+    long long then_token = 0;
+    if (!PyArg_ParseTuple(args, "y#KKL|iiKOy#L", &key, &keylen, &addr, &n, &token, &op, &code, &a, &then,
+                          &then_key, &then_keylen, &then_token))
+        return NULL;
+
     if (op >= 0) {
         if (!_sw_can_fold(op, code, n) || !a)
             return PyErr_Format(PyExc_ValueError, "Wire.recv: cannot fold op %d on dtype code %d over %llu B", op,
@@ -262,15 +263,37 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
     if (keylen <= 0 || keylen > MAX_KEY)
         return PyErr_Format(PyExc_ValueError, "a key of %zd bytes (1 to %d)", keylen, MAX_KEY);
     if (n && !addr) return PyErr_Format(PyExc_ValueError, "a null address");
+    Chain *chain = NULL;
+    if (then != Py_None) {
+        if (!PyObject_TypeCheck(then, &WireType))
+            return PyErr_Format(PyExc_TypeError, "Wire.recv: then must be a Wire, not %s", Py_TYPE(then)->tp_name);
+        if (!then_key || then_keylen <= 0 || then_keylen > MAX_KEY)
+            return PyErr_Format(PyExc_ValueError, "a forwarded key of %zd bytes (1 to %d)", then_keylen, MAX_KEY);
+        if (n > ((Wire *)then)->max_total)
+            return PyErr_Format(PyExc_ValueError, "a forwarded frame of %llu bytes (at most %llu)", n,
+                                (unsigned long long)((Wire *)then)->max_total);
+        chain = calloc(1, sizeof *chain);
+        if (!chain) return PyErr_NoMemory();
+        chain->to = (Wire *)then;
+        if (then != (PyObject *)w) {   /* no reference on ourselves: it would keep us alive */
+            Py_INCREF(then);
+            chain->ref = then;
+        }
+        chain->keylen = (uint32_t)then_keylen;
+        memcpy(chain->key, then_key, (size_t)then_keylen);
+        chain->token = then_token;
+    }
     pthread_mutex_lock(&w->mu);
     if (_sw_find(w->posted, key, (uint32_t)keylen)) {
         pthread_mutex_unlock(&w->mu);
+        drop_chain(chain);
         return PyErr_Format(PyExc_ValueError, "a receive for key %.*s is posted already", (int)keylen, key);
     }
     Recv *e = _sw_find(w->stash, key, (uint32_t)keylen);
     if (e && e->nbytes != n) {
         uint64_t had = e->nbytes;
         pthread_mutex_unlock(&w->mu);
+        drop_chain(chain);
         return PyErr_Format(PyExc_ValueError, "%llu B arrived for a %llu B receive",
                             (unsigned long long)had, n);
     }
@@ -278,6 +301,7 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
         e = calloc(1, sizeof *e);
         if (!e) {
             pthread_mutex_unlock(&w->mu);
+            drop_chain(chain);
             return PyErr_NoMemory();
         }
         e->keylen = (uint32_t)keylen;
@@ -293,6 +317,7 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
     e->op = op;
     e->code = code;
     e->a = (const char *)(uintptr_t)a;
+    e->then = chain;
     e->next = w->posted;
     w->posted = e;
     int finished = 0;
@@ -306,13 +331,24 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
         pthread_cond_signal(&w->copier_cv);
     } else {          /* nothing yet, or an empty frame that is all there */
         finished = _sw_settle(w, e);
-        if (finished) free(e);
+        if (finished) {
+            e->then = NULL;   /* fired below, the frame being all there */
+            w->chained += chain != NULL;
+            free(e);
+        }
     }
+    if (!finished) chain = NULL;   /* the receive's now: whoever finishes it fires it */
     pthread_mutex_unlock(&w->mu);
+    if (chain) {
+        Py_BEGIN_ALLOW_THREADS
+        _sw_fire(w, chain, (const char *)(uintptr_t)addr, n);
+        Py_END_ALLOW_THREADS
+    }
     return PyBool_FromLong(finished);
 }
 
 static PyObject *Wire_poll(Wire *w, PyObject *unused) {
+    if (__atomic_load_n(&w->spent, __ATOMIC_RELAXED)) release_spent(w);   /* (one spent meanwhile: next poll) */
     pthread_mutex_lock(&w->mu);
     PyObject *list = PyList_New((Py_ssize_t)w->ndone);
     if (!list) {
@@ -357,11 +393,12 @@ static PyObject *Wire_cancel(Wire *w, PyObject *unused) {
         Recv *next = r->next;
         r->cancelled = 1;
         r->next = NULL;
-        if (r->inflight == 0) free(r);   /* else its reader frees it (_sw_settle) */
+        if (r->inflight == 0) _sw_free_recv(w, r);   /* else its reader frees it (_sw_settle) */
         r = next;
         n++;
     }
     pthread_mutex_unlock(&w->mu);
+    release_spent(w);
     return PyLong_FromLong(n);
 }
 
@@ -425,21 +462,22 @@ static PyObject *Wire_describe(Wire *w, PyObject *unused) {
     }
     for (Recv *r = w->posted; r; r = r->next) posted++;
     for (Recv *r = w->stash; r; r = r->next) stashed++;
-    unsigned long long in = w->bytes_in, out = w->bytes_out;
+    unsigned long long in = w->bytes_in, out = w->bytes_out, chained = w->chained;
     char lost[sizeof w->lost];
     memcpy(lost, w->lost, sizeof lost);
     const char *state = lost[0] ? "lost" : (w->closing ? "closed" : (attached == w->nsocks ? "up" : "connecting"));
     pthread_mutex_unlock(&w->mu);
-    return Py_BuildValue("{s:i,s:i,s:K,s:K,s:i,s:i,s:i,s:s,s:s}", "sockets", attached, "of", w->nsocks,
+    return Py_BuildValue("{s:i,s:i,s:K,s:K,s:i,s:i,s:i,s:K,s:s,s:s}", "sockets", attached, "of", w->nsocks,
                          "bytes_out", out, "bytes_in", in, "queued", queued, "receives_posted", posted,
-                         "frames_early", stashed, "state", state, "lost", lost);
+                         "frames_early", stashed, "forwarded", chained, "state", state, "lost", lost);
 }
 
 static PyMethodDef Wire_methods[] = {
     {"attach", (PyCFunction)Wire_attach, METH_VARARGS, "attach(index, fd): the wire owns fd from now"},
     {"send", (PyCFunction)Wire_send, METH_VARARGS, "send(key, addr, nbytes, token)"},
     {"recv", (PyCFunction)Wire_recv, METH_VARARGS,
-     "recv(key, addr, nbytes, token, op=-1, code=0, a=0) -> done now; op >= 0: land a (op) the frame"},
+     "recv(key, addr, nbytes, token, op=-1, code=0, a=0, then=None, then_key=b'', then_token=0) -> done now; "
+     "op >= 0: land a (op) the frame; then: that wire sends what landed once it is all in"},
     {"poll", (PyCFunction)Wire_poll, METH_NOARGS, "poll() -> ([token, ...], lost reason or None)"},
     {"cancel", (PyCFunction)Wire_cancel, METH_NOARGS, "cancel() -> receives forgotten"},
     {"close", (PyCFunction)Wire_close, METH_VARARGS, "close(bound_s=2.0): goodbye, drain, join"},

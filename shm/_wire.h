@@ -25,6 +25,16 @@ typedef struct Part {             /* a part that arrived before its receive was 
     char *data;
 } Part;
 
+struct Wire;
+typedef struct Chain {            /* a send a receive starts once it is complete (recv's `then`) */
+    struct Chain *next;           /* on the receiving wire's `spent` list once fired or dropped */
+    struct Wire *to;              /* the wire it goes out on (this one or another link's) */
+    PyObject *ref;                /* our reference on `to` (NULL when `to` is the receiving wire) */
+    uint32_t keylen;
+    char key[MAX_KEY];
+    long long token;
+} Chain;
+
 typedef struct Recv {             /* a posted receive, or (posted 0) a stash entry */
     struct Recv *next;
     uint32_t keylen;
@@ -37,6 +47,7 @@ typedef struct Recv {             /* a posted receive, or (posted 0) a stash ent
     struct Recv *job_next;        /* on the copier's queue */
     int fold, op, code;           /* fold: addr = a (op) the frame, element by element (_kernel.h's codes) */
     const char *a;
+    Chain *then;                  /* sent from addr once every byte is in (and folded) */
 } Recv;
 
 typedef struct Send {
@@ -54,7 +65,6 @@ typedef struct Out {              /* one part queued on a socket (send NULL: the
     Send *send;
 } Out;
 
-struct Wire;
 typedef struct {
     struct Wire *w;
     int index, fd, started;
@@ -83,6 +93,8 @@ typedef struct Wire {
     int lost_told;
     unsigned rr;
     uint64_t bytes_in, bytes_out;
+    Chain *spent;                 /* fired or dropped chains whose reference poll() releases (GIL) */
+    uint64_t chained;             /* chains fired */
 } Wire;
 
 /* shm/_wire_threads.c */
@@ -95,6 +107,9 @@ Recv *_sw_find(Recv *list, const char *key, uint32_t keylen);
 void _sw_unlink_recv(Recv **list, Recv *r);
 void _sw_free_parts(Part *p);
 int _sw_settle(Wire *w, Recv *r);
+void _sw_free_recv(Wire *w, Recv *r);   /* under mu: its chain, unfired, goes to `spent` */
+int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, uint64_t n, long long token);
+void _sw_fire(Wire *w, Chain *c, const char *addr, uint64_t n);   /* not under mu */
 void _sw_make_header(unsigned char *h, int type, uint32_t length, uint64_t a, uint64_t b, uint64_t c);
 void *_sw_reader_main(void *arg);
 void *_sw_writer_main(void *arg);

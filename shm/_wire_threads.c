@@ -90,12 +90,90 @@ void _sw_free_parts(Part *p) {
  * it if it was cancelled and nobody writes into it any more. */
 int _sw_settle(Wire *w, Recv *r) {
     if (r->cancelled) {
-        if (r->inflight == 0) free(r);
+        if (r->inflight == 0) _sw_free_recv(w, r);
         return 0;
     }
     if (!(r->posted && r->arrived && r->got == r->nbytes && r->inflight == 0)) return 0;
     _sw_unlink_recv(&w->posted, r);
     return 1;
+}
+
+void _sw_free_recv(Wire *w, Recv *r) {
+    if (r->then) {
+        r->then->next = w->spent;
+        w->spent = r->then;
+    }
+    free(r);
+}
+
+/* Queue a frame of n bytes at addr on w's sockets, split in parts (shm/_wire.c, "Frames"): 0, or
+ * -EPIPE once the wire is closing, -E2BIG past its frame limit, -ENOMEM. Takes w->mu. */
+int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, uint64_t n, long long token) {
+    if (n > w->max_total) return -E2BIG;
+    uint64_t parts = n / w->part_min;
+    if (parts < 1) parts = 1;
+    if (parts > (uint64_t)w->nsocks) parts = (uint64_t)w->nsocks;
+    uint64_t each = (n + parts - 1) / parts;
+    each = (each + PART_ALIGN - 1) / PART_ALIGN * PART_ALIGN;
+    Send *snd = malloc(sizeof *snd);
+    Out *outs[MAX_SOCKS];
+    int nout = 0;
+    if (!snd) return -ENOMEM;
+    snd->token = token;
+    snd->keylen = keylen;
+    memcpy(snd->key, key, keylen);
+    for (uint64_t off = 0; nout == 0 || off < n; off += each) {
+        uint64_t len = n - off < each ? n - off : each;
+        Out *o = malloc(sizeof *o);
+        if (!o) {
+            for (int i = 0; i < nout; i++) free(outs[i]);
+            free(snd);
+            return -ENOMEM;
+        }
+        o->next = NULL;
+        o->data = addr + off;
+        o->len = len;
+        o->send = snd;
+        _sw_make_header(o->hdr, T_COLL, (uint32_t)(keylen + len), (uint64_t)keylen, off, n);
+        outs[nout++] = o;
+    }
+    snd->left = nout;
+    pthread_mutex_lock(&w->mu);
+    if (w->closing) {
+        pthread_mutex_unlock(&w->mu);
+        for (int i = 0; i < nout; i++) free(outs[i]);
+        free(snd);
+        return -EPIPE;
+    }
+    for (int i = 0; i < nout; i++) {
+        Sock *s = &w->s[(w->rr + (unsigned)i) % (unsigned)w->nsocks];
+        if (s->tail) s->tail->next = outs[i];
+        else s->head = outs[i];
+        s->tail = outs[i];
+        s->queued++;
+        pthread_cond_signal(&s->cv);
+    }
+    w->rr++;
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+/* A receive of w finished with chain c: send what it landed (addr, n) on c->to, from this thread,
+ * without the loop. A send that cannot be queued fails c->to's link (unless it is closing: the
+ * communicator is going down anyway). The chain then waits on w's `spent` list for poll(). */
+void _sw_fire(Wire *w, Chain *c, const char *addr, uint64_t n) {
+    int rc = _sw_queue_send(c->to, c->key, c->keylen, addr, n, c->token);
+    if (rc < 0 && rc != -EPIPE) {
+        pthread_mutex_lock(&c->to->mu);
+        _sw_set_lost(c->to, "a collective's frame forwarded from another link could not be queued (errno %d)%s",
+                     -rc, "");
+        pthread_mutex_unlock(&c->to->mu);
+        _sw_wake_loop(c->to);
+    }
+    pthread_mutex_lock(&w->mu);
+    c->next = w->spent;
+    w->spent = c;
+    pthread_mutex_unlock(&w->mu);
 }
 
 static uint64_t le64(const unsigned char *b) {
@@ -179,12 +257,19 @@ void *_sw_copier_main(void *arg) {
         e->got += sum;
         e->inflight--;
         long long token = e->token;
-        int finished = _sw_settle(w, e);
+        Chain *then = NULL;
+        const char *addr = e->addr;
+        uint64_t n = e->nbytes;
+        int finished = _sw_settle(w, e);   /* (frees a cancelled e) */
         if (finished) {
             _sw_push_done(w, token);
+            then = e->then;
+            e->then = NULL;
+            w->chained += then != NULL;
             free(e);
         }
         pthread_mutex_unlock(&w->mu);
+        if (then) _sw_fire(w, then, addr, n);
         if (finished) _sw_wake_loop(w);
     }
 }
@@ -281,6 +366,9 @@ void *_sw_reader_main(void *arg) {
             got = buf ? sock_read_full(s->fd, buf, part) : -ENOMEM;
         }
         int finished = 0;
+        Chain *then = NULL;
+        const char *then_addr = NULL;
+        uint64_t then_n = 0;
         pthread_mutex_lock(&w->mu);
         if (got != (long long)part) {
             e->inflight--;
@@ -317,18 +405,21 @@ void *_sw_reader_main(void *arg) {
             e->inflight--;
             if (e->got > e->nbytes) _sw_set_lost(w, "socket %d: protocol error: %s", s->index, "parts overlap");
             long long token = e->token;
-            int cancelled = e->cancelled;
+            then_addr = e->addr;
+            then_n = e->nbytes;
             finished = _sw_settle(w, e);
             if (finished) {
                 _sw_push_done(w, token);
+                then = e->then;
+                e->then = NULL;
+                w->chained += then != NULL;
                 free(e);
-            } else if (cancelled) {
-                finished = 0;
             }
         }
         int tell = finished || (w->lost[0] && !w->lost_told);
         pthread_mutex_unlock(&w->mu);
         free(buf);
+        if (then) _sw_fire(w, then, then_addr, then_n);
         if (tell) _sw_wake_loop(w);
     }
 }

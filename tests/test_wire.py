@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import sys
 import time
 
 import numpy as np
@@ -115,6 +116,73 @@ def test_a_folding_receive_lands_first_operand_op_frame_as_numpy_does(dtype, op)
     finally:
         a.close(BOUND_S)
         b.close(BOUND_S)
+
+
+@pytest.mark.parametrize("when", ["posted first", "posted last"])
+@pytest.mark.parametrize("fold", [False, True])
+def test_a_receive_forwards_what_it_landed_on_another_wire(when, fold):
+    """Three nodes in a line, a -> (b | c) -> d: b's receive names c's wire as ``then``, so what lands
+    in b (folded, when it folds) goes on to d the moment it is all in, from the thread that landed it
+    (the reader, or the copier for a frame that came first), and both b's and c's tokens come."""
+    a, b, _ = wires(3)
+    c, d, _ = wires(2)
+    n = 300_001
+    rng = np.random.default_rng(3)
+    x, y = rng.random(n).astype(np.float32), rng.random(n).astype(np.float32)
+    mid, out = np.zeros(n, np.float32), np.zeros(n + 16, np.float32)
+    fold_args = (int(ReduceOp.SUM), DTYPE_CODE["f"], x.ctypes.data) if fold else (-1, 0, 0)
+    refs = sys.getrefcount(c)
+    try:
+        assert not d.recv(b"k2", out.ctypes.data, x.nbytes, 40)
+        if when == "posted last":
+            a.send(b"k1", y.ctypes.data, y.nbytes, 10)
+            collect(a, 1)
+            deadline = time.monotonic() + BOUND_S
+            while b.describe()["frames_early"] == 0:
+                assert time.monotonic() < deadline
+        assert not b.recv(b"k1", mid.ctypes.data, x.nbytes, 20, *fold_args, c, b"k2", 30)
+        if when == "posted first":
+            a.send(b"k1", y.ctypes.data, y.nbytes, 10)
+            collect(a, 1)
+        assert collect(b, 1) == [20]
+        assert collect(c, 1) == [30]
+        assert collect(d, 1) == [40]
+        want = x + y if fold else y
+        assert np.array_equal(mid, want) and np.array_equal(out[:n], want) and not out[n:].any()
+        assert b.describe()["forwarded"] == 1 and c.describe()["bytes_out"] == d.describe()["bytes_in"]
+        b.poll()
+        assert sys.getrefcount(c) == refs, "the chain's reference on the other wire is released"
+    finally:
+        for w in (a, b, c, d):
+            w.close(BOUND_S)
+
+
+def test_a_receive_forwards_back_on_its_own_wire_and_an_unfired_chain_lets_go():
+    """Two nodes: the ring's next step goes back to the node it came from (then = the same wire).
+    A chain whose receive is cancelled, or whose wire is closed, never fires and holds no reference."""
+    a, b, _ = wires(2)
+    src, mid, back = np.arange(1000, dtype=np.uint8), np.zeros(1000, np.uint8), np.zeros(1000, np.uint8)
+    other = _wire.Wire(9, 1, 0, 4096, 1 << 20)
+    refs = sys.getrefcount(other)
+    try:
+        assert not a.recv(b"back", back.ctypes.data, 1000, 1)
+        assert not b.recv(b"go", mid.ctypes.data, 1000, 2, -1, 0, 0, b, b"back", 3)
+        a.send(b"go", src.ctypes.data, 1000, 4)
+        assert sorted(collect(a, 2)) == [1, 4]
+        assert sorted(collect(b, 2)) == [2, 3]
+        assert np.array_equal(back, src)
+        assert not b.recv(b"never", mid.ctypes.data, 1000, 5, -1, 0, 0, other, b"x", 6)
+        assert sys.getrefcount(other) == refs + 1
+        assert b.cancel() == 1
+        assert sys.getrefcount(other) == refs
+        with pytest.raises(TypeError):
+            b.recv(b"k", mid.ctypes.data, 1000, 7, -1, 0, 0, object(), b"x", 8)
+        with pytest.raises(ValueError):
+            b.recv(b"k", mid.ctypes.data, 2 << 20, 7, -1, 0, 0, other, b"x", 8)   # past other's frame limit
+        assert sys.getrefcount(other) == refs
+    finally:
+        for w in (a, b, other):
+            w.close(BOUND_S)
 
 
 def test_a_frame_of_another_size_than_its_receive_is_refused():

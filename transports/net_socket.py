@@ -34,7 +34,9 @@ takes it from the stash, when the frame came first) and lands it in its region, 
 (sched.recv's ``fold``), lands its first operand op the frame there. Their frames take the link's
 wire (shm/_wire.c: C threads, each frame split over NET_COLL_SOCKETS sockets, folded as it is read,
 the finished ones' tokens drained by the loop after news: ``drain``), or without one the link's
-last Python-threaded socket (``on_frame``, COLL).
+last Python-threaded socket (``on_frame``, COLL). A SEND that passes on what the RECV before it
+landed (a ring's next step) is handed to that RECV's wire (``forward_of``), which sends it the moment
+the bytes are in: the data moves from step to step at the wire's pace, and the loop only counts.
 
 Failures: a link that breaks without a goodbye (the peer's progress process died, the cable was
 cut: keepalive and TCP_USER_TIMEOUT bound that) fails the communicator naming the node and its
@@ -61,7 +63,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shmproxy.core import errors, log
-from shmproxy.core.ops import FLAG_SYNC, KIND_SEND, SEND
+from shmproxy.core.ops import FLAG_SYNC, FORWARDED, FORWARDING, KIND_SEND, NOT_STARTED, RECV, SEND, STARTED
 from shmproxy.shm import _wire, typed
 from shmproxy.transports import net_wire as W
 from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext, land_folded
@@ -180,6 +182,7 @@ class _Net:
         self.coll_recvs: dict[bytes, tuple] = {}       # key -> (schedule, entry, view, scratch): RECV started
         self.coll_stash: dict[bytes, bytes] = {}       # key -> bytes: arrived before its RECV
         self.coll_tokens: dict[int, tuple] = {}        # wire token -> (schedule, entry) in flight
+        self.forward = bool(p.NET_COLL_FORWARD)          # a ring's next step sent by the wire (forward_of)
         self.lock = threading.Lock()
         self.stopping = False
         self.threads: list[threading.Thread] = []
@@ -325,6 +328,80 @@ class _Net:
         else:
             raise W.ProtocolError(f"unknown frame type {ftype}")
 
+    def forward_of(self, sch: Any, e: Any) -> tuple:
+        """RECV ``e`` is starting on a wire. When the entries after it pass on what the one before
+        landed (a ring's steps: SEND of exactly the bytes the RECV before it lands, then the next
+        RECV, ...), hand them to the wires now: each SEND to the wire of the RECV before it, which
+        sends it from the thread that landed the bytes, the moment they are in; each RECV posted
+        ahead, so that the frame its peer forwards the same way lands in place (not in the stash).
+        Returns ``then`` for ``e`` ((wire, key, token) of the SEND after it) or ().
+
+        The schedule's barriers are whole (a SEND waits for every entry before it); what they protect
+        here is memory, so an entry is handed over early only where nothing still in flight touches
+        its bytes: no other kind of entry may still run, a SEND reads only what the RECV before it
+        wrote, and a RECV writes (and folds from) memory that no SEND in flight reads and no other
+        RECV in flight writes. The walk stops at the first entry that fails this (in a ring: the
+        allgather's first receive, whose segment the reduce-scatter's first send still reads)."""
+        ents, i = sch.entries, sch.next
+        if not self.forward or not e.nbytes or i >= len(ents):
+            return ()
+        reads: list[tuple[int, int]] = []
+        for x in ents[:i]:
+            if x.status == STARTED and x is not e:
+                if x.kind != SEND:
+                    return ()
+                reads.append((x.src, x.nbytes))
+        writes = [(e.dst, e.nbytes)]
+        prev: Any = e
+        then: tuple = ()
+        ahead: list[list[Any]] = []   # [RECV, its then, its wire, its key], posted after the walk
+        while i + 1 < len(ents):
+            s, r = ents[i], ents[i + 1]
+            if (s.kind != SEND or s.status != NOT_STARTED or s.chain or s.src != prev.dst
+                    or s.nbytes != prev.nbytes or _touches(s.src, s.nbytes, writes[:-1])):
+                break
+            s_wire, s_key = self._wire_key(s)
+            if s_wire is None:
+                break
+            tok = next(self.ids)
+            self.coll_tokens[tok] = (sch, s)
+            s.chain = FORWARDING
+            if prev is e:
+                then = (s_wire, s_key, tok)
+            else:
+                ahead[-1][1] = (s_wire, s_key, tok)
+            reads.append((s.src, s.nbytes))
+            if (r.kind != RECV or r.status != NOT_STARTED or r.chain or not r.nbytes
+                    or _touches(r.dst, r.nbytes, reads + writes)
+                    or (r.fold is not None and r.fold[2] != r.dst and _touches(r.fold[2], r.nbytes, writes))):
+                break
+            r_wire, r_key = self._wire_key(r)
+            if r_wire is None:
+                break
+            ahead.append([r, (), r_wire, r_key])
+            writes.append((r.dst, r.nbytes))
+            prev, i = r, i + 2
+        for r, r_then, r_wire, r_key in ahead:   # (each knows its forward before it is posted)
+            tok = next(self.ids)
+            self.coll_tokens[tok] = (sch, r)
+            r.chain = FORWARDING
+            try:
+                if r_wire.recv(r_key, r.dst, r.nbytes, tok, *(r.fold or (-1, 0, 0)), *r_then):
+                    del self.coll_tokens[tok]
+                    r.chain = FORWARDED
+            except ValueError as exc:
+                raise errors.InvalidUsage(f"collective chunk {r.key!r}: {exc} (the nodes called different "
+                                          f"collectives)") from exc
+        return then
+
+    def _wire_key(self, e: Any) -> tuple:
+        """(the wire to e's peer node, e's key on it), or (None, b"") where there is none."""
+        link = self.links.get(e.peer)
+        key = repr(e.key).encode()
+        if link is None or link.wire is None or len(key) > MAX_KEY:
+            return None, b""
+        return link.wire, key
+
     def on_lost(self, link: W.Link, reason: str) -> None:
         ctx = self.ctx
         ranks = ctx.node_ranks(link.peer)
@@ -370,8 +447,13 @@ class _Net:
             tokens, lost = wire.poll()
             for tok in tokens:
                 done = self.coll_tokens.pop(tok, None)
-                if done is not None:   # (None: the receive was cancelled by a failure)
-                    self.ctx.entry_done(*done)
+                if done is None:   # the receive was cancelled by a failure
+                    continue
+                sch, e = done
+                if e.status == NOT_STARTED:   # a forwarded send, sent before its schedule reached it
+                    e.chain = FORWARDED
+                    continue
+                self.ctx.entry_done(sch, e)
             if lost is not None:
                 link.broken(f"collective sockets: {lost}")
 
@@ -529,13 +611,16 @@ class SocketTransport(Transport):
             raise errors.InternalError(f"collective entry key {e.key!r} is too long for the wire")
         wire = link.wire
         if wire is not None:   # the link's collective sockets, driven by C threads (shm/_wire.c)
+            if e.chain:   # handed to the wires already, when the receive before it started (forward_of)
+                return [(sch, e)] if e.chain == FORWARDED else []
             tok = next(net.ids)
             net.coll_tokens[tok] = (sch, e)
             if e.kind == SEND:
                 wire.send(key, e.src, e.nbytes, tok)
                 return []
+            then = net.forward_of(sch, e)
             try:
-                done = wire.recv(key, e.dst, e.nbytes, tok, *(e.fold or ()))
+                done = wire.recv(key, e.dst, e.nbytes, tok, *(e.fold or (-1, 0, 0)), *then)
             except ValueError as exc:
                 del net.coll_tokens[tok]
                 raise errors.InvalidUsage(f"collective chunk {e.key!r}: {exc} (the nodes called different "
@@ -623,6 +708,11 @@ class SocketTransport(Transport):
             net.listener.close()
         for t in net.threads:
             t.join(1.0)
+
+
+def _touches(addr: int, n: int, ranges: list[tuple[int, int]]) -> bool:
+    """True when [addr, addr + n) overlaps one of ``ranges`` ((address, bytes) each)."""
+    return any(a < addr + n and addr < a + m for a, m in ranges)
 
 
 def _view(ctx: TransportContext, op: Any, nbytes: int) -> memoryview:

@@ -78,7 +78,7 @@ class Region:
 
 class Entry:
     __slots__ = ("kind", "is_barrier", "status", "dst", "src", "nbytes", "ufunc", "a", "b", "out", "kw", "fn",
-                 "key", "peer", "args", "fold")
+                 "key", "peer", "args", "fold", "chain")
 
     def __init__(self, kind: int, is_barrier: bool = False):
         self.kind, self.is_barrier, self.status = kind, is_barrier, NOT_STARTED
@@ -86,6 +86,7 @@ class Entry:
         self.peer = -1
         self.ufunc = self.a = self.b = self.out = self.fn = self.key = self.args = None
         self.fold: tuple[int, int, int] | None = None   # RECV: (op, dtype code, first operand's address)
+        self.chain = 0   # SEND: started by its transport after the RECV before it (core.ops.FORWARDING)
         self.kw: dict = {}
 
     def __repr__(self) -> str:

@@ -334,6 +334,10 @@ _DECLARED: tuple[Param, ...] = (
     _p("NET_COLL_PART_BYTES", parse_size, 256 << 10,
        "A collective's frame between nodes is split over the NET_COLL_SOCKETS in parts of at least "
        "this size.", 4096),
+    _p("NET_COLL_FORWARD", int, 1,
+       "A collective's step between nodes that sends on what the step before it received (a ring's next "
+       "segment) is sent by the collective wire's thread that landed it, not by the loop after it "
+       "(shm/_wire.c, recv's then). 0 = the loop starts every send.", 0, 1),
     _p("NSOCKS_PERTHREAD", int, 1, "TCP sockets per helper thread.", 1, 16),
     _p("NET_CHUNK_SIZE", parse_size, 1 << 20,
        "Bytes per chunk of a message between nodes (chunks spread over the sockets).", 64 << 10),
