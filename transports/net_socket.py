@@ -28,15 +28,9 @@ A message across nodes is MPI's rendezvous, split between the two halves of the 
 Control frames all travel on socket 0 in queue order, so two messages of one pair and tag arrive in
 the order they were sent (non-overtaking); bulk frames say where they land and may take any socket.
 
-Collectives across nodes are schedules (shmproxy.coll.algorithms) whose SEND and RECV entries meet
-here by key: a SEND is one frame from the entry's region; a RECV waits for the frame of its key (or
-takes it from the stash, when the frame came first) and lands it in its region, or, a folding RECV
-(sched.recv's ``fold``), lands its first operand op the frame there. Their frames take the link's
-wire (shm/_wire.c: C threads, each frame split over NET_COLL_SOCKETS sockets, folded as it is read,
-the finished ones' tokens drained by the loop after news: ``drain``), or without one the link's
-last Python-threaded socket (``on_frame``, COLL). A SEND that passes on what the RECV before it
-landed (a ring's next step) is handed to that RECV's wire (``forward_of``), which sends it the moment
-the bytes are in: the data moves from step to step at the wire's pace, and the loop only counts.
+Collectives across nodes are schedules (shmproxy.coll.hierarchy) whose SEND and RECV entries meet
+by key in transports/net_coll.py (``_Net.colls``): on the link's collective wire (shm/_wire.c, C
+threads), or without one on the link's last Python-threaded socket (COLL frames).
 
 Failures: a link that breaks without a goodbye (the peer's progress process died, the cable was
 cut: keepalive and TCP_USER_TIMEOUT bound that) fails the communicator naming the node and its
@@ -63,13 +57,13 @@ from typing import Any, Callable
 import numpy as np
 
 from shmproxy.core import errors, log
-from shmproxy.core.ops import FLAG_SYNC, FORWARDED, FORWARDING, KIND_SEND, NOT_STARTED, RECV, SEND, STARTED
+from shmproxy.core.ops import FLAG_SYNC, KIND_SEND
 from shmproxy.shm import _wire, typed
 from shmproxy.transports import net_wire as W
-from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext, land_folded
+from shmproxy.transports.base import Connector, MemKind, PeerInfo, Transport, TransportContext
+from shmproxy.transports.net_coll import CollFrames
 
 _log = log.get("NET")
-MAX_KEY = 512   # bytes of a collective entry's key on the wire
 
 
 class RemoteSend:
@@ -179,11 +173,8 @@ class _Net:
         self.sends: dict[int, tuple[Any, memoryview, W.Link]] = {}
         self.outgoing: dict[int, _Outgoing] = {}       # sid -> a matched message's chunks, until DONE
         self.landings: dict[int, _Landing] = {}       # rid -> landing (readers use it: under lock)
-        self.coll_recvs: dict[bytes, tuple] = {}       # key -> (schedule, entry, view, scratch): RECV started
-        self.coll_stash: dict[bytes, bytes] = {}       # key -> bytes: arrived before its RECV
-        self.coll_tokens: dict[int, tuple] = {}        # wire token -> (schedule, entry) in flight
-        self.forward = bool(p.NET_COLL_FORWARD)          # a ring's next step sent by the wire (forward_of)
         self.lock = threading.Lock()
+        self.colls = CollFrames(ctx, self.lock, self.ids, self.chunk)   # collectives' frames (net_coll.py)
         self.stopping = False
         self.threads: list[threading.Thread] = []
         self.dropped = 0   # connections refused at the handshake
@@ -270,28 +261,7 @@ class _Net:
                 link.control(W.DONE, landing.transfer.send.sid)
                 rd.later(lambda: landing.landed(ctx))
         elif ftype == W.COLL:
-            if not 0 < a <= MAX_KEY or n < a or n - a > max(self.chunk, ctx.coll_chunk_max):
-                raise W.ProtocolError(f"COLL frame with a {a} B key and {n} B")
-            key = rd.payload(a)
-            nbytes = n - a
-            with self.lock:
-                waiting = self.coll_recvs.pop(key, None)
-                if waiting is None:
-                    self.coll_stash[key] = rd.payload(nbytes)
-                    return
-            sch, e, view, scratch = waiting
-            if nbytes != e.nbytes:
-                raise W.ProtocolError(f"collective chunk {key!r}: {nbytes} B for a {e.nbytes} B receive "
-                                      f"(the nodes called different collectives)")
-            if nbytes and not rd.read_into(view):
-                raise W.ProtocolError("connection closed inside a frame")
-            if scratch is not None:   # a folding receive: the loop reduces what landed in its scratch
-                def folded() -> None:
-                    land_folded(e, scratch.ctypes.data)
-                    ctx.entry_done(sch, e)
-                rd.later(folded)
-            else:
-                rd.later(lambda: ctx.entry_done(sch, e))
+            self.colls.on_frame(a, n, rd)
         elif ftype == W.RTS:
             eager = bool(flags & W.F_EAGER)
             if (n < W.ENVELOPE.size or n != W.ENVELOPE.size + (c if eager else 0)
@@ -328,80 +298,6 @@ class _Net:
         else:
             raise W.ProtocolError(f"unknown frame type {ftype}")
 
-    def forward_of(self, sch: Any, e: Any) -> tuple:
-        """RECV ``e`` is starting on a wire. When the entries after it pass on what the one before
-        landed (a ring's steps: SEND of exactly the bytes the RECV before it lands, then the next
-        RECV, ...), hand them to the wires now: each SEND to the wire of the RECV before it, which
-        sends it from the thread that landed the bytes, the moment they are in; each RECV posted
-        ahead, so that the frame its peer forwards the same way lands in place (not in the stash).
-        Returns ``then`` for ``e`` ((wire, key, token) of the SEND after it) or ().
-
-        The schedule's barriers are whole (a SEND waits for every entry before it); what they protect
-        here is memory, so an entry is handed over early only where nothing still in flight touches
-        its bytes: no other kind of entry may still run, a SEND reads only what the RECV before it
-        wrote, and a RECV writes (and folds from) memory that no SEND in flight reads and no other
-        RECV in flight writes. The walk stops at the first entry that fails this (in a ring: the
-        allgather's first receive, whose segment the reduce-scatter's first send still reads)."""
-        ents, i = sch.entries, sch.next
-        if not self.forward or not e.nbytes or i >= len(ents):
-            return ()
-        reads: list[tuple[int, int]] = []
-        for x in ents[:i]:
-            if x.status == STARTED and x is not e:
-                if x.kind != SEND:
-                    return ()
-                reads.append((x.src, x.nbytes))
-        writes = [(e.dst, e.nbytes)]
-        prev: Any = e
-        then: tuple = ()
-        ahead: list[list[Any]] = []   # [RECV, its then, its wire, its key], posted after the walk
-        while i + 1 < len(ents):
-            s, r = ents[i], ents[i + 1]
-            if (s.kind != SEND or s.status != NOT_STARTED or s.chain or s.src != prev.dst
-                    or s.nbytes != prev.nbytes or _touches(s.src, s.nbytes, writes[:-1])):
-                break
-            s_wire, s_key = self._wire_key(s)
-            if s_wire is None:
-                break
-            tok = next(self.ids)
-            self.coll_tokens[tok] = (sch, s)
-            s.chain = FORWARDING
-            if prev is e:
-                then = (s_wire, s_key, tok)
-            else:
-                ahead[-1][1] = (s_wire, s_key, tok)
-            reads.append((s.src, s.nbytes))
-            if (r.kind != RECV or r.status != NOT_STARTED or r.chain or not r.nbytes
-                    or _touches(r.dst, r.nbytes, reads + writes)
-                    or (r.fold is not None and r.fold[2] != r.dst and _touches(r.fold[2], r.nbytes, writes))):
-                break
-            r_wire, r_key = self._wire_key(r)
-            if r_wire is None:
-                break
-            ahead.append([r, (), r_wire, r_key])
-            writes.append((r.dst, r.nbytes))
-            prev, i = r, i + 2
-        for r, r_then, r_wire, r_key in ahead:   # (each knows its forward before it is posted)
-            tok = next(self.ids)
-            self.coll_tokens[tok] = (sch, r)
-            r.chain = FORWARDING
-            try:
-                if r_wire.recv(r_key, r.dst, r.nbytes, tok, *(r.fold or (-1, 0, 0)), *r_then):
-                    del self.coll_tokens[tok]
-                    r.chain = FORWARDED
-            except ValueError as exc:
-                raise errors.InvalidUsage(f"collective chunk {r.key!r}: {exc} (the nodes called different "
-                                          f"collectives)") from exc
-        return then
-
-    def _wire_key(self, e: Any) -> tuple:
-        """(the wire to e's peer node, e's key on it), or (None, b"") where there is none."""
-        link = self.links.get(e.peer)
-        key = repr(e.key).encode()
-        if link is None or link.wire is None or len(key) > MAX_KEY:
-            return None, b""
-        return link.wire, key
-
     def on_lost(self, link: W.Link, reason: str) -> None:
         ctx = self.ctx
         ranks = ctx.node_ranks(link.peer)
@@ -436,26 +332,6 @@ class _Net:
             return
         out.view.release()   # released already unless the message was empty
         self.ctx.complete_send(out.op, 0, out.op.nbytes, 0)
-
-    def drain(self) -> None:
-        """Loop, after news: the collective frames the links' wires sent or landed (shm/_wire.c), and
-        why a wire broke."""
-        for link in list(self.links.values()):
-            wire = link.wire
-            if wire is None:
-                continue
-            tokens, lost = wire.poll()
-            for tok in tokens:
-                done = self.coll_tokens.pop(tok, None)
-                if done is None:   # the receive was cancelled by a failure
-                    continue
-                sch, e = done
-                if e.status == NOT_STARTED:   # a forwarded send, sent before its schedule reached it
-                    e.chain = FORWARDED
-                    continue
-                self.ctx.entry_done(sch, e)
-            if lost is not None:
-                link.broken(f"collective sockets: {lost}")
 
 
 class SocketTransport(Transport):
@@ -530,9 +406,9 @@ class SocketTransport(Transport):
                                       max(net.chunk, ctx.coll_chunk_max)) if net.wire_socks else None,
                            net.wire_socks)
                  for j in range(len(infos)) if j != ctx.node}
-        net.links = links
+        net.links = net.colls.links = links
         if net.wire_socks:
-            ctx.on_events(net.drain)
+            ctx.on_events(net.colls.drain)
         for j, raw in enumerate(infos):
             if j > ctx.node:
                 link = links[j]
@@ -603,55 +479,8 @@ class SocketTransport(Transport):
 
     def proxy_coll_entry(self, ctx: TransportContext, conn: Connector, sch: Any,  # type: ignore[override]
                          e: Any) -> list:
-        """A collective's SEND (one bulk frame from its region) or RECV (land the frame of its key)."""
-        net = self._net(ctx)
-        link: W.Link = conn.send_state
-        key = repr(e.key).encode()
-        if len(key) > MAX_KEY:
-            raise errors.InternalError(f"collective entry key {e.key!r} is too long for the wire")
-        wire = link.wire
-        if wire is not None:   # the link's collective sockets, driven by C threads (shm/_wire.c)
-            if e.chain:   # handed to the wires already, when the receive before it started (forward_of)
-                return [(sch, e)] if e.chain == FORWARDED else []
-            tok = next(net.ids)
-            net.coll_tokens[tok] = (sch, e)
-            if e.kind == SEND:
-                wire.send(key, e.src, e.nbytes, tok)
-                return []
-            then = net.forward_of(sch, e)
-            try:
-                done = wire.recv(key, e.dst, e.nbytes, tok, *(e.fold or (-1, 0, 0)), *then)
-            except ValueError as exc:
-                del net.coll_tokens[tok]
-                raise errors.InvalidUsage(f"collective chunk {e.key!r}: {exc} (the nodes called different "
-                                          f"collectives)") from exc
-            if done:
-                del net.coll_tokens[tok]
-                return [(sch, e)]
-            return []
-        if e.kind == SEND:
-            # without a wire, one socket for a collective's chunks (docs/decisions.md: each socket's
-            # Python threads queue for the GIL)
-            link.bulk(W.COLL, len(key), 0, [key, W.address_view(e.src, e.nbytes) if e.nbytes else b""],
-                      lambda: ctx.post_event(lambda: ctx.entry_done(sch, e)), spread=False)
-            return []
-        # a folding receive lands in a scratch that the loop reduces from (the wire folds as it reads)
-        scratch = np.empty(e.nbytes, np.uint8) if e.fold is not None else None
-        view = (memoryview(scratch.data) if scratch is not None else
-                W.address_view(e.dst, e.nbytes) if e.nbytes else memoryview(b""))
-        with net.lock:
-            data = net.coll_stash.pop(key, None)
-            if data is None:
-                net.coll_recvs[key] = (sch, e, view, scratch)
-                return []
-        if len(data) != e.nbytes:
-            raise errors.InvalidUsage(f"collective chunk {e.key!r}: {len(data)} B arrived for a {e.nbytes} B "
-                                      f"receive (the nodes called different collectives)")
-        if scratch is not None:
-            land_folded(e, np.frombuffer(data, np.uint8).ctypes.data if data else 0)
-        elif data:
-            view[:] = data
-        return [(sch, e)]
+        """A collective's SEND (one frame from its region) or RECV (land the frame of its key)."""
+        return self._net(ctx).colls.entry(conn.send_state, sch, e)
 
     # ---------------------------------------------------------------- news for every node
     def proxy_rank_closed(self, ctx: TransportContext, rank: int) -> None:  # type: ignore[override]
@@ -681,16 +510,13 @@ class SocketTransport(Transport):
                           "what": f"{op.describe()}: waits for its receiver's clear-to-send"})
         with net.lock:
             landings = list(net.landings.values())
-            colls = list(net.coll_recvs.values())
-            stashed = len(net.coll_stash)
         for ld in landings:
             t = ld.transfer
             waits.append({"node": t.send.node, "what": f"{t.recv.describe()}: {ld.got} of {ld.nbytes} B of "
                                                        f"rank {t.send.rank}'s message arrived"})
         for out in list(net.outgoing.values()):
             waits.append({"node": out.link.peer, "what": out.describe()})
-        colls_e = [e for _sch, e, _view, _scratch in colls]
-        colls_e += [e for _sch, e in list(net.coll_tokens.values()) if e.kind != SEND]
+        colls_e, stashed = net.colls.waiting()
         for e in colls_e:
             seq = e.key[0] if isinstance(e.key, tuple) and e.key else e.key
             waits.append({"node": e.peer, "what": f"collective #{seq} waits for {e.nbytes} B {e.key!r}"})
@@ -708,11 +534,6 @@ class SocketTransport(Transport):
             net.listener.close()
         for t in net.threads:
             t.join(1.0)
-
-
-def _touches(addr: int, n: int, ranges: list[tuple[int, int]]) -> bool:
-    """True when [addr, addr + n) overlaps one of ``ranges`` ((address, bytes) each)."""
-    return any(a < addr + n and addr < a + m for a, m in ranges)
 
 
 def _view(ctx: TransportContext, op: Any, nbytes: int) -> memoryview:

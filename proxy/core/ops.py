@@ -146,7 +146,7 @@ def check_op(op: int, dtype: np.dtype) -> None:
 SEND, RECV, REDUCE, COPY, NOP, CB = range(6)
 NOT_STARTED, STARTED, COMPLETE, FAILED = range(4)
 # A SEND entry's ``chain``: its transport sends it itself once the RECV before it has landed
-# (transports/net_socket.py, forward_of): in flight, or done before the schedule reached it
+# (transports/net_coll.py, forward_of): in flight, or done before the schedule reached it
 FORWARDING, FORWARDED = 1, 2
 
 
