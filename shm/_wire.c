@@ -1,12 +1,15 @@
 /*
  * shm._wire: a collective's frames between two nodes, moved by C threads that never take the GIL.
  *
- *   w = Wire(peer, nsocks, pool, part_min, max_total)
+ *   w = Wire(peer, nsocks, pool, part_min, max_total, direct_max=0)
  *                                  one link's collective sockets (transports/net_wire.py, Link); pool:
- *                                  the ops pool's address, whose EVENTS word wakes the loop (0: none)
+ *                                  the ops pool's address, whose EVENTS word wakes the loop (0: none);
+ *                                  direct_max: see "Direct writes" below
  *   w.attach(index, fd)            socket `index` is connected: the wire owns the fd and starts its
  *                                  reader and writer threads
- *   w.send(key, addr, n, token)    send n bytes at addr as the frame of `key`
+ *   w.send(key, addr, n, token) -> bool
+ *                                  send n bytes at addr as the frame of `key`; True: it went now (no
+ *                                  token will come)
  *   w.recv(key, addr, n, token[, op, code, a[, then, then_key, then_token]]) -> bool
  *                                  land the frame of `key` at addr (op >= 0: fold, addr = a op frame);
  *                                  True: it had arrived, done now. `then` (a Wire, this one or
@@ -50,6 +53,14 @@
  * mutex, so no two wires' mutexes are ever held at once. The chain holds a reference on the other
  * wire, taken under the GIL in recv(); threads cannot drop it, so a fired or dropped chain waits on
  * the `spent` list until poll(), cancel() or dealloc (all under the GIL) release it.
+ *
+ * Direct writes: a frame of one part up to direct_max bytes whose socket has nothing queued is
+ * written by its sender (the loop's send(), or the thread that fires a chain) with MSG_DONTWAIT,
+ * the socket claimed meanwhile (`writing`: its writer waits); what does not fit in the socket's
+ * buffer goes to the head of its queue, the writer resuming at the byte it stopped at. A small
+ * frame so crosses without waking the writer thread, and a send that went whole is done at once.
+ * Likewise recv() lands a frame of at most direct_max bytes that arrived whole before it itself,
+ * rather than handing it to the copier.
  *
  * Waking the loop: a finished token bumps the pool's EVENTS word and, if the loop may sleep, signals
  * its condvar under the pool mutex (shm/_native.c, post_event: the same protocol, without Python).
@@ -96,8 +107,9 @@ static void release_spent(Wire *w) {
 
 static int Wire_init(Wire *w, PyObject *args, PyObject *kw) {
     int peer, nsocks;
-    unsigned long long pool, part_min, max_total;
-    if (!PyArg_ParseTuple(args, "iiKKK", &peer, &nsocks, &pool, &part_min, &max_total)) return -1;
+    unsigned long long pool, part_min, max_total, direct_max = 0;
+    if (!PyArg_ParseTuple(args, "iiKKK|K", &peer, &nsocks, &pool, &part_min, &max_total, &direct_max))
+        return -1;
     if (nsocks < 1 || nsocks > MAX_SOCKS) {
         PyErr_Format(PyExc_ValueError, "Wire: %d sockets (1 to %d)", nsocks, MAX_SOCKS);
         return -1;
@@ -116,6 +128,7 @@ static int Wire_init(Wire *w, PyObject *args, PyObject *kw) {
     w->pool = (char *)(uintptr_t)pool;
     w->part_min = part_min ? part_min : 1;
     w->max_total = max_total;
+    w->direct_max = direct_max;
     for (int i = 0; i < nsocks; i++) {
         w->s[i].w = w;
         w->s[i].index = i;
@@ -229,7 +242,9 @@ static PyObject *Wire_send(Wire *w, PyObject *args) {
     unsigned long long addr, n;
     long long token;
     if (parse_entry(args, &key, &keylen, &addr, &n, &token) < 0) return NULL;
-    int rc = _sw_queue_send(w, key, (uint32_t)keylen, (const char *)(uintptr_t)addr, n, token);
+    /* with the GIL: nothing here blocks (a direct write is MSG_DONTWAIT, of at most direct_max), and
+     * giving the GIL away for a few microseconds cost the loop a turn behind the Python threads */
+    int rc = _sw_queue_send(w, key, (uint32_t)keylen, (const char *)(uintptr_t)addr, n, token, 1);
     if (rc == -E2BIG)
         return PyErr_Format(PyExc_ValueError, "a frame of %llu bytes (at most %llu)", n,
                             (unsigned long long)w->max_total);
@@ -237,8 +252,8 @@ static PyObject *Wire_send(Wire *w, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "Wire.send after close");
         return NULL;
     }
-    if (rc < 0) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    if (rc == -ENOMEM) return PyErr_NoMemory();
+    return PyBool_FromLong(rc == 1);   /* (a failed direct write is the link's loss, told by poll) */
 }
 
 static PyObject *Wire_recv(Wire *w, PyObject *args) {
@@ -321,6 +336,18 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
     e->next = w->posted;
     w->posted = e;
     int finished = 0;
+    if (e->parts && e->inflight == 0 && e->arrived && e->got == n && w->direct_max && n <= w->direct_max) {
+        /* a small frame all here: landed now, by us (a hand-off to the copier costs more than it) */
+        _sw_unlink_recv(&w->posted, e);
+        w->direct_in++;
+        w->chained += chain != NULL;
+        pthread_mutex_unlock(&w->mu);
+        for (Part *p = e->parts; p; p = p->next) _sw_land(e, p->off, p->data, p->len);   /* (GIL: as send) */
+        if (chain) _sw_fire(w, chain, (const char *)(uintptr_t)addr, n);
+        _sw_free_parts(e->parts);
+        free(e);
+        Py_RETURN_TRUE;
+    }
     if (e->parts) {   /* what arrived early: the copier lands it, holding one inflight count */
         e->got = 0;
         e->inflight++;
@@ -339,11 +366,7 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
     }
     if (!finished) chain = NULL;   /* the receive's now: whoever finishes it fires it */
     pthread_mutex_unlock(&w->mu);
-    if (chain) {
-        Py_BEGIN_ALLOW_THREADS
-        _sw_fire(w, chain, (const char *)(uintptr_t)addr, n);
-        Py_END_ALLOW_THREADS
-    }
+    if (chain) _sw_fire(w, chain, (const char *)(uintptr_t)addr, n);
     return PyBool_FromLong(finished);
 }
 
@@ -461,15 +484,22 @@ static PyObject *Wire_describe(Wire *w, PyObject *unused) {
         queued += w->s[i].queued;
     }
     for (Recv *r = w->posted; r; r = r->next) posted++;
-    for (Recv *r = w->stash; r; r = r->next) stashed++;
+    unsigned long long early = 0;   /* bytes of the early frames read whole so far */
+    for (Recv *r = w->stash; r; r = r->next) {
+        stashed++;
+        early += r->inflight ? 0 : r->got;
+    }
     unsigned long long in = w->bytes_in, out = w->bytes_out, chained = w->chained;
+    unsigned long long direct_out = w->direct_out, direct_in = w->direct_in;
     char lost[sizeof w->lost];
     memcpy(lost, w->lost, sizeof lost);
     const char *state = lost[0] ? "lost" : (w->closing ? "closed" : (attached == w->nsocks ? "up" : "connecting"));
     pthread_mutex_unlock(&w->mu);
-    return Py_BuildValue("{s:i,s:i,s:K,s:K,s:i,s:i,s:i,s:K,s:s,s:s}", "sockets", attached, "of", w->nsocks,
-                         "bytes_out", out, "bytes_in", in, "queued", queued, "receives_posted", posted,
-                         "frames_early", stashed, "forwarded", chained, "state", state, "lost", lost);
+    return Py_BuildValue("{s:i,s:i,s:K,s:K,s:i,s:i,s:i,s:K,s:K,s:K,s:K,s:s,s:s}", "sockets", attached, "of",
+                         w->nsocks, "bytes_out", out, "bytes_in", in, "queued", queued,
+                         "receives_posted", posted, "frames_early", stashed, "bytes_early", early,
+                         "forwarded", chained, "written_direct", direct_out,
+                         "landed_by_recv", direct_in, "state", state, "lost", lost);
 }
 
 static PyMethodDef Wire_methods[] = {

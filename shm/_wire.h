@@ -62,6 +62,7 @@ typedef struct Out {              /* one part queued on a socket (send NULL: the
     unsigned char hdr[HDR];
     const char *data;
     uint64_t len;
+    uint64_t skip;                /* bytes of it (header, key, data) a direct write sent already */
     Send *send;
 } Out;
 
@@ -72,6 +73,8 @@ typedef struct {
     pthread_cond_t cv;            /* the writer waits on it (with mu) */
     Out *head, *tail;
     int queued, peer_bye;
+    int writing;                  /* a direct write is on the socket: its writer waits */
+    int busy;                     /* its writer is writing a part: no direct write */
 } Sock;
 
 typedef struct Wire {
@@ -84,6 +87,7 @@ typedef struct Wire {
     int copier_started;
     Sock s[MAX_SOCKS];
     uint64_t part_min, max_total;
+    uint64_t direct_max;          /* a one-part frame up to this is written by its sender when idle */
     char *pool;
     Recv *posted, *stash;
     long long *done;
@@ -95,6 +99,7 @@ typedef struct Wire {
     uint64_t bytes_in, bytes_out;
     Chain *spent;                 /* fired or dropped chains whose reference poll() releases (GIL) */
     uint64_t chained;             /* chains fired */
+    uint64_t direct_out, direct_in;   /* frames written by their sender, receives landed by recv() */
 } Wire;
 
 /* shm/_wire_threads.c */
@@ -108,7 +113,10 @@ void _sw_unlink_recv(Recv **list, Recv *r);
 void _sw_free_parts(Part *p);
 int _sw_settle(Wire *w, Recv *r);
 void _sw_free_recv(Wire *w, Recv *r);   /* under mu: its chain, unfired, goes to `spent` */
-int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, uint64_t n, long long token);
+/* 1: written whole by the caller (direct: no token comes), 0: queued, or -errno */
+int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, uint64_t n, long long token,
+                   int direct);
+void _sw_land(const Recv *e, uint64_t off, const char *src, uint64_t len);
 void _sw_fire(Wire *w, Chain *c, const char *addr, uint64_t n);   /* not under mu */
 void _sw_make_header(unsigned char *h, int type, uint32_t length, uint64_t a, uint64_t b, uint64_t c);
 void *_sw_reader_main(void *arg);

@@ -106,9 +106,79 @@ void _sw_free_recv(Wire *w, Recv *r) {
     free(r);
 }
 
-/* Queue a frame of n bytes at addr on w's sockets, split in parts (shm/_wire.c, "Frames"): 0, or
- * -EPIPE once the wire is closing, -E2BIG past its frame limit, -ENOMEM. Takes w->mu. */
-int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, uint64_t n, long long token) {
+/* Build the iovec of `o` (header, key, data) past its first `o->skip` bytes; returns the count. */
+static int out_iov(const Out *o, struct iovec *iov) {
+    int n = 0;
+    iov[n].iov_base = (void *)o->hdr;
+    iov[n++].iov_len = HDR;
+    if (o->send) {
+        iov[n].iov_base = o->send->key;
+        iov[n++].iov_len = o->send->keylen;
+    }
+    if (o->len) {
+        iov[n].iov_base = (void *)o->data;
+        iov[n++].iov_len = (size_t)o->len;
+    }
+    uint64_t skip = o->skip;
+    int k = 0;
+    while (k < n && skip >= iov[k].iov_len) skip -= iov[k++].iov_len;
+    if (k == n) return 0;
+    iov[k].iov_base = (char *)iov[k].iov_base + skip;
+    iov[k].iov_len -= skip;
+    for (int i = 0; i < n - k; i++) iov[i] = iov[i + k];
+    return n - k;
+}
+
+/* The direct write (shm/_wire.c, "Direct writes"): `o`, the one part of a frame, on socket `s` that
+ * the caller claimed (s->writing) with nothing queued, without blocking. 1: all of it went; 0: the
+ * rest is queued at the head for the writer (o->skip says how much went); -errno: the socket failed
+ * (o is freed, the link lost). Takes w->mu after the write. */
+static int write_direct(Wire *w, Sock *s, Out *o) {
+    struct iovec iov[3];
+    int niov = out_iov(o, iov);
+    struct msghdr msg = {0};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = (size_t)niov;
+    ssize_t k;
+    do k = sendmsg(s->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (k < 0 && errno == EINTR);
+    int err = k < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
+    uint64_t total = HDR + o->send->keylen + o->len;
+    pthread_mutex_lock(&w->mu);
+    s->writing = 0;
+    if (err) {
+        _sw_set_lost(w, "send on socket %d of the collective link failed: %s", s->index, strerror(err));
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&w->mu);
+        free(o->send);
+        free(o);
+        return -err;
+    }
+    if (k > 0 && (uint64_t)k == total) {
+        w->bytes_out += total;
+        w->direct_out++;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&w->mu);
+        free(o->send);
+        free(o);
+        return 1;
+    }
+    o->skip = k > 0 ? (uint64_t)k : 0;   /* the writer sends the rest, before anything queued since */
+    o->next = s->head;
+    s->head = o;
+    if (!s->tail) s->tail = o;
+    s->queued++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+/* Queue a frame of n bytes at addr on w's sockets, split in parts (shm/_wire.c, "Frames"), or with
+ * `direct`, a frame of one part up to direct_max bytes whose socket is idle, write it now (1: no token
+ * comes). 0: queued; -EPIPE once the wire is closing, -E2BIG past its frame limit, -ENOMEM, or the
+ * direct write's -errno. Takes w->mu. */
+int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, uint64_t n, long long token,
+                   int direct) {
     if (n > w->max_total) return -E2BIG;
     uint64_t parts = n / w->part_min;
     if (parts < 1) parts = 1;
@@ -133,6 +203,7 @@ int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, 
         o->next = NULL;
         o->data = addr + off;
         o->len = len;
+        o->skip = 0;
         o->send = snd;
         _sw_make_header(o->hdr, T_COLL, (uint32_t)(keylen + len), (uint64_t)keylen, off, n);
         outs[nout++] = o;
@@ -144,6 +215,15 @@ int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, 
         for (int i = 0; i < nout; i++) free(outs[i]);
         free(snd);
         return -EPIPE;
+    }
+    if (direct && nout == 1 && w->direct_max && n <= w->direct_max) {
+        Sock *s = &w->s[w->rr % (unsigned)w->nsocks];
+        if (s->fd >= 0 && !s->head && !s->writing && !s->busy && !s->peer_bye && !w->lost[0]) {
+            s->writing = 1;
+            w->rr++;
+            pthread_mutex_unlock(&w->mu);
+            return write_direct(w, s, outs[0]);
+        }
     }
     for (int i = 0; i < nout; i++) {
         Sock *s = &w->s[(w->rr + (unsigned)i) % (unsigned)w->nsocks];
@@ -162,8 +242,13 @@ int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, 
  * without the loop. A send that cannot be queued fails c->to's link (unless it is closing: the
  * communicator is going down anyway). The chain then waits on w's `spent` list for poll(). */
 void _sw_fire(Wire *w, Chain *c, const char *addr, uint64_t n) {
-    int rc = _sw_queue_send(c->to, c->key, c->keylen, addr, n, c->token);
-    if (rc < 0 && rc != -EPIPE) {
+    int rc = _sw_queue_send(c->to, c->key, c->keylen, addr, n, c->token, 1);
+    if (rc == 1) {   /* written here: its token is ours to queue */
+        pthread_mutex_lock(&c->to->mu);
+        _sw_push_done(c->to, c->token);
+        pthread_mutex_unlock(&c->to->mu);
+        _sw_wake_loop(c->to);
+    } else if (rc < 0 && rc != -EPIPE) {
         pthread_mutex_lock(&c->to->mu);
         _sw_set_lost(c->to, "a collective's frame forwarded from another link could not be queued (errno %d)%s",
                      -rc, "");
@@ -200,7 +285,7 @@ void _sw_make_header(unsigned char *h, int type, uint32_t length, uint64_t a, ui
 
 /* Land `len` bytes of a frame at offset `off` of receive `e` from `src`: a copy, or for a folding
  * receive the reduction of its first operand and `src` (in that order: the schedule's bits). */
-static void land(const Recv *e, uint64_t off, const char *src, uint64_t len) {
+void _sw_land(const Recv *e, uint64_t off, const char *src, uint64_t len) {
     if (!e->fold) {
         memcpy(e->addr + off, src, len);
         return;
@@ -218,7 +303,7 @@ static long long read_folding(int fd, const Recv *e, uint64_t off, uint64_t part
         uint64_t n = part - done < FOLD_BYTES ? part - done : FOLD_BYTES;
         long long r = sock_read_full(fd, bounce, n);
         if (r != (long long)n) return r < 0 ? r : (long long)done + r;
-        land(e, off + done, bounce, n);
+        _sw_land(e, off + done, bounce, n);
         done += n;
     }
     return (long long)done;
@@ -249,7 +334,7 @@ void *_sw_copier_main(void *arg) {
         pthread_mutex_unlock(&w->mu);
         uint64_t sum = 0;
         for (Part *p = parts; p; p = p->next) {
-            if (!cancelled) land(e, p->off, p->data, p->len);
+            if (!cancelled) _sw_land(e, p->off, p->data, p->len);
             sum += p->len;
         }
         _sw_free_parts(parts);
@@ -398,7 +483,7 @@ void *_sw_reader_main(void *arg) {
         } else {
             if (buf && !e->cancelled) {   /* posted while we read: land the part, out of the lock */
                 pthread_mutex_unlock(&w->mu);
-                land(e, off, buf, part);
+                _sw_land(e, off, buf, part);
                 pthread_mutex_lock(&w->mu);
             }
             e->got += part;
@@ -430,8 +515,14 @@ void *_sw_writer_main(void *arg) {
     int failed = 0;
     for (;;) {
         pthread_mutex_lock(&w->mu);
-        while (!s->head && !w->closing && !s->peer_bye && !w->lost[0]) {
+        while ((!s->head || s->writing) && !w->closing && !s->peer_bye && !w->lost[0]) {
             struct timespec ts;   /* bounded: closing always broadcasts, but never wait on that alone */
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&s->cv, &w->mu, &ts);
+        }
+        while (s->writing) {   /* closing or a goodbye: the direct write ends first (it never blocks) */
+            struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
             ts.tv_sec += 1;
             pthread_cond_timedwait(&s->cv, &w->mu, &ts);
@@ -444,23 +535,15 @@ void *_sw_writer_main(void *arg) {
         s->head = o->next;
         if (!s->head) s->tail = NULL;
         s->queued--;
+        s->busy = 1;
         pthread_mutex_unlock(&w->mu);
 
         struct iovec iov[3];
-        int n = 0;
-        iov[n].iov_base = o->hdr;
-        iov[n++].iov_len = HDR;
-        if (o->send) {
-            iov[n].iov_base = o->send->key;
-            iov[n++].iov_len = o->send->keylen;
-        }
-        if (o->len) {
-            iov[n].iov_base = (void *)o->data;
-            iov[n++].iov_len = (size_t)o->len;
-        }
+        int n = out_iov(o, iov);
         int rc = sock_write_all(s->fd, iov, n);
         int finished = 0;
         pthread_mutex_lock(&w->mu);
+        s->busy = 0;
         if (rc < 0) {
             _sw_set_lost(w, "send on socket %d of the collective link failed: %s", s->index, strerror(-rc));
             failed = 1;

@@ -20,9 +20,12 @@ from shmproxy.transports import net_wire as W
 BOUND_S = 10.0
 
 
-def wires(nsocks: int, part_min: int = 4096, max_total: int = 1 << 24) -> tuple[_wire.Wire, _wire.Wire, list]:
-    """Two wires joined by ``nsocks`` socketpairs (no pool: the tests poll)."""
-    a, b = _wire.Wire(1, nsocks, 0, part_min, max_total), _wire.Wire(0, nsocks, 0, part_min, max_total)
+def wires(nsocks: int, part_min: int = 4096, max_total: int = 1 << 24,
+          direct: int = 0) -> tuple[_wire.Wire, _wire.Wire, list]:
+    """Two wires joined by ``nsocks`` socketpairs (no pool: the tests poll); ``direct``: their
+    direct_max (frames up to it written by the sender, landed by recv())."""
+    a = _wire.Wire(1, nsocks, 0, part_min, max_total, direct)
+    b = _wire.Wire(0, nsocks, 0, part_min, max_total, direct)
     for i in range(nsocks):
         x, y = socket.socketpair()
         for s in (x, y):   # small buffers: every part crosses in many partial transfers
@@ -183,6 +186,63 @@ def test_a_receive_forwards_back_on_its_own_wire_and_an_unfired_chain_lets_go():
     finally:
         for w in (a, b, other):
             w.close(BOUND_S)
+
+
+@pytest.mark.parametrize("nsocks", [1, 2])
+def test_small_frames_go_out_and_land_without_the_wires_threads_and_never_interleave(nsocks):
+    """Frames up to direct_max are written by send() itself when their socket is idle (done at once:
+    no token), the rest of one that does not fit in the socket's buffer by its writer, after it and
+    before anything queued behind; one that came whole before its receive is landed by recv(). Small
+    and large frames (queued, written by the writer threads) mixed on the same sockets land
+    byte-exact, so a direct write never cuts into a part the writer is writing."""
+    direct = 48 << 10   # above the test sockets' 32 KiB buffers: some direct writes end part-way
+    a, b, _ = wires(nsocks, part_min=64 << 10, direct=direct)
+    rng = np.random.default_rng(4)
+    sizes = [int(x) for x in rng.choice([1, 8, 4096, 40_000, direct, 300_000, 1 << 20], 120)]
+    srcs = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    dsts = [np.zeros(n + 32, np.uint8) for n in sizes]
+    late = set(range(0, len(sizes), 3))
+    try:
+        for i in range(len(sizes)):
+            if i not in late:
+                assert not b.recv(b"k%d" % i, dsts[i].ctypes.data, sizes[i], 1000 + i)
+        queued, sent = [], []
+        for i, x in enumerate(srcs):
+            if i % 4 == 0:   # now and then the sockets go idle (a direct write's chance), else they are busy
+                sent += collect(a, len(queued) - len(sent))
+            if not a.send(b"k%d" % i, x.ctypes.data, x.nbytes, i):
+                queued.append(i)
+        assert all(sizes[i] <= direct for i in set(range(len(sizes))) - set(queued))
+        assert sorted(sent + collect(a, len(queued) - len(sent))) == queued
+        landed = set()
+        for i in sorted(late):
+            if b.recv(b"k%d" % i, dsts[i].ctypes.data, sizes[i], 1000 + i):
+                landed.add(1000 + i)
+        got = set(collect(b, len(sizes) - len(landed))) | landed
+        assert got == {1000 + i for i in range(len(sizes))}
+        for x, d in zip(srcs, dsts):
+            assert np.array_equal(d[:x.nbytes], x) and not d[x.nbytes:].any()
+        da, db = a.describe(), b.describe()
+        assert da["written_direct"] > 0 and da["bytes_out"] == db["bytes_in"] and db["frames_early"] == 0
+    finally:
+        a.close(BOUND_S)
+        b.close(BOUND_S)
+
+
+def test_a_small_frame_that_came_first_is_landed_by_recv_itself():
+    a, b, _ = wires(1, direct=16 << 10)
+    src, dst = np.arange(4096, dtype=np.uint8), np.zeros(4096, np.uint8)
+    try:
+        assert a.send(b"k", src.ctypes.data, src.nbytes, 1), "an idle socket takes a small frame at once"
+        deadline = time.monotonic() + BOUND_S
+        while b.describe()["bytes_early"] < src.nbytes:   # read whole, not just begun
+            assert time.monotonic() < deadline
+        assert b.recv(b"k", dst.ctypes.data, dst.nbytes, 2), "all there: landed by recv(), done now"
+        assert np.array_equal(dst, src) and b.describe()["landed_by_recv"] == 1
+        assert a.poll() == ([], None) and b.poll() == ([], None), "no token for what was done at once"
+    finally:
+        a.close(BOUND_S)
+        b.close(BOUND_S)
 
 
 def test_a_frame_of_another_size_than_its_receive_is_refused():

@@ -59,7 +59,9 @@ class CollFrames:
             tok = next(self.ids)
             self.tokens[tok] = (sch, e)
             if e.kind == SEND:
-                wire.send(key, e.src, e.nbytes, tok)
+                if wire.send(key, e.src, e.nbytes, tok):   # written now, by us (no token comes)
+                    del self.tokens[tok]
+                    return [(sch, e)]
                 return []
             then = self.forward_of(sch, e)
             try:

@@ -403,7 +403,8 @@ class SocketTransport(Transport):
         links = {j: W.Link(j, net.nsocks, net.on_frame, net.on_lost, net.keepalive, ctx.post_event,
                            ctx.params.NET_DIRECT_WRITE_BYTES,
                            _wire.Wire(j, net.wire_socks, ctx.wake_pool, net.part_min,
-                                      max(net.chunk, ctx.coll_chunk_max)) if net.wire_socks else None,
+                                      max(net.chunk, ctx.coll_chunk_max), ctx.params.NET_DIRECT_WRITE_BYTES)
+                           if net.wire_socks else None,
                            net.wire_socks)
                  for j in range(len(infos)) if j != ctx.node}
         net.links = net.colls.links = links

@@ -8,10 +8,15 @@ their ranks. There is no inline path: a SEND or RECV completes when another proc
 collective goes through the args the loop progresses. Chunks are NET_CHUNK_SIZE, the same on every
 node, so that the entries of one chunk meet.
 
-Mismatches between nodes: every other node sends node 0 the fingerprint of each collective (and its
-first rank) as a note when it starts it; node 0 compares them with its own and fails the communicator
-naming both calls and ranks. A chunk whose size differs from its partner's is refused where it lands
-too (transports/net_socket.py), so a mismatch never writes past a buffer.
+Mismatches between nodes: every other node tells node 0 the fingerprint of each collective it starts
+(and its first rank); node 0 compares them with its own and fails the communicator naming both calls
+and ranks. The fingerprints go in batches (``flush_notes``: at each heartbeat, before this node's
+ranks' CLOSED, or once a note is full), not one note per collective: a note cost the sender's loop
+~30 us before its first frame and the receiver's loop a reader thread's turn on the GIL, on every
+small collective's path (docs/decisions.md). The check never held a collective back (a node never
+waits for node 0's verdict); it now comes up to a heartbeat later. A chunk whose size differs from
+its partner's is refused where it lands too (transports/net_coll.py), so a mismatch never writes
+past a buffer.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ _log = log.get("COLL")
 
 NOTE_FINGERPRINT = 1
 NOTE_MAX = 8000   # below the transports' largest control payload
+NOTE_BATCH = 64   # fingerprints a node holds before it notes them (else at the next heartbeat)
 
 
 class MultiNodeColl:
@@ -44,6 +50,7 @@ class MultiNodeColl:
         self.e = runner.e
         self.fingerprints: dict[int, list] = {}   # node 0: seq -> (node, rank, fingerprint)s seen
         self.claims_seen: dict[int, dict] = {}    # node 0: seq -> the v-collectives' counts claimed
+        self.unsent: list[list] = []              # other nodes: [seq, rank, fingerprint, claims] not noted yet
 
     def start(self, ops: list[Op]) -> None:
         op0 = ops[0]
@@ -55,11 +62,9 @@ class MultiNodeColl:
         if e.nodes.node == 0:
             self.fingerprint_seen(op0.coll_seq, 0, op0.rank, fp, claims)
         else:
-            payload = json.dumps([op0.rank, list(fp), claims]).encode()
-            if len(payload) > NOTE_MAX:   # too many to note: a size mismatch is still refused where it lands
-                payload = json.dumps([op0.rank, list(fp), []]).encode()
-            e.nodes.net.proxy_note(e.ctx, 0, NOTE_FINGERPRINT, op0.coll_seq,  # type: ignore[union-attr,misc]
-                                   payload)
+            self.unsent.append([op0.coll_seq, op0.rank, fp, claims])
+            if len(self.unsent) >= NOTE_BATCH:
+                self.flush_notes()
         try:
             work, builder, nchunks, chunk_bytes = self.build(ops)
         except errors.ProxyError as exc:
@@ -71,19 +76,46 @@ class MultiNodeColl:
             return
         runner.run_schedules(work, builder, nchunks, chunk_bytes, across=True)
 
+    def flush_notes(self) -> None:
+        """Loop, on a node but node 0: note the fingerprints not noted yet, as few notes as fit them."""
+        if not self.unsent:
+            return
+        items = []
+        for seq, rank, fp, claims in self.unsent:
+            item = json.dumps([seq, rank, list(fp), claims])
+            if len(item) > NOTE_MAX - 2:   # too many counts to note: a size mismatch is still refused where it lands
+                item = json.dumps([seq, rank, list(fp), []])
+            items.append(item)
+        self.unsent = []
+        net, ctx = self.e.nodes.net, self.e.ctx
+        batch: list[str] = []
+        size = 2
+        for item in items + [""]:
+            if batch and (not item or size + len(item) + 1 > NOTE_MAX):
+                net.proxy_note(ctx, 0, NOTE_FINGERPRINT, len(batch),  # type: ignore[union-attr,misc]
+                               ("[" + ",".join(batch) + "]").encode())
+                batch, size = [], 2
+            if item:
+                batch.append(item)
+                size += len(item) + 1
+
     def on_note(self, node: int, kind: int, value: int, payload: bytes) -> None:
-        """Loop: another node's note (transports' proxy_note)."""
+        """Loop: another node's note (transports' proxy_note): ``value`` fingerprints."""
         if kind != NOTE_FINGERPRINT or self.e.nodes.node != 0:
             self.e.failures.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
             return
         try:
-            rank, fp, claims = json.loads(payload)
-            fp = tuple(int(x) for x in fp)
-            claims = [(tuple(key), int(r), int(n)) for key, r, n in claims]
+            seen = []
+            for seq, rank, fp, claims in json.loads(payload):
+                seen.append((int(seq), int(rank), tuple(int(x) for x in fp),
+                             [(tuple(key), int(r), int(n)) for key, r, n in claims]))
+            if len(seen) != value:
+                raise ValueError(f"{len(seen)} fingerprints in a note of {value}")
         except (ValueError, TypeError) as exc:
             self.e.failures.fail(errors.InternalError.code, f"malformed fingerprint note from node {node}: {exc!r}")
             return
-        self.fingerprint_seen(value, node, int(rank), fp, claims)
+        for seq, rank, fp, claims in seen:
+            self.fingerprint_seen(seq, node, rank, fp, claims)
 
     def fingerprint_seen(self, seq: int, node: int, rank: int, fp: tuple, claims: list | None = None) -> None:
         """Node 0: compare every node's fingerprint of collective ``seq`` with the first one seen, and

@@ -190,6 +190,12 @@ class CollRunner:
             channels = 1
             builder = sched.on_loop_schedules(builder)
             work.event_driven = True
+            if nchunks == 1:
+                # One chunk (every small collective): its first entries start now, not a loop pass
+                # later; the sub takes the schedule as it stands (advance resumes where it stopped).
+                first = builder(0)
+                first.advance(self.start_entry)
+                builder = lambda _k: first   # noqa: E731
         per = -(-nchunks // channels)
         k0 = 0
         while k0 < nchunks:

@@ -350,7 +350,9 @@ _DECLARED: tuple[Param, ...] = (
     _p("NET_DIRECT_WRITE_BYTES", parse_size, 16 << 10,
        "A bulk frame between nodes up to this size is written by the thread that makes it (the loop) when "
        "its socket is idle, without blocking, instead of waking the socket's writer thread; what does "
-       "not fit in the socket's buffer goes to the writer.", 0),
+       "not fit in the socket's buffer goes to the writer. The collective wire's frames too (shm/_wire.c), "
+       "and a frame of at most this much that came before its receive is landed by the loop, not the "
+       "wire's copier thread.", 0),
     _p("NET_LOCAL_WORKERS", int, -1,
        "Collectives between nodes: a chunk's local reductions and copies (those of a node with several "
        "ranks) on the copy workers (1) or on the loop (0); its frames stay the loop's and the wire's. "

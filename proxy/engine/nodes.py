@@ -187,6 +187,7 @@ class Nodes:
     # ------------------------------------------------------------------ news for the other nodes
     def tell_closed(self, rank: int) -> None:
         if self.map.nnodes > 1 and self.net is not None:
+            self.e.coll.across.flush_notes()   # its last collectives are checked too (coll/multinode.py)
             self.net.proxy_rank_closed(self.e.ctx, rank)   # type: ignore[misc]
 
     def tell_failed(self, code: int, message: str, rank: int | None) -> None:

@@ -349,6 +349,7 @@ class ProgressEngine(PointToPoint, ArmedRoutes):
         self.q[base + P.CTRL_HEARTBEAT] = now
         self.q[base + P.CTRL_N_PASSES] = self.passes
         self.q[base + P.CTRL_ACTIVE_SUBS] = sum(len(a.subs) for a in self.active)
+        self.coll.across.flush_notes()   # the fingerprints for node 0's mismatch check (coll/multinode.py)
         if self.pending_affinity is not None:
             self.apply_affinity(*self.pending_affinity)
             self.pending_affinity = None
