@@ -146,12 +146,13 @@ static int write_direct(Wire *w, Sock *s, Out *o) {
     uint64_t total = HDR + o->send->keylen + o->len;
     pthread_mutex_lock(&w->mu);
     s->writing = 0;
-    if (err) {
+    if (err) {   /* (the token never comes: the loop learns of the loss from poll) */
         _sw_set_lost(w, "send on socket %d of the collective link failed: %s", s->index, strerror(err));
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&w->mu);
         free(o->send);
         free(o);
+        _sw_wake_loop(w);
         return -err;
     }
     if (k > 0 && (uint64_t)k == total) {
