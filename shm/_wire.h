@@ -16,7 +16,9 @@
 #define MAX_KEY 512
 #define HDR 32
 #define PART_ALIGN 4096
+#ifndef FOLD_BYTES   /* (a build may set it: -DFOLD_BYTES=..., to measure another) */
 #define FOLD_BYTES (64 * 1024)   /* a folding reader reads this much, then reduces it (L2-sized) */
+#endif
 enum { T_COLL = 4, T_BYE = 7 };   /* transports/net_wire.py's frame types */
 
 typedef struct Part {             /* a part that arrived before its receive was posted */
