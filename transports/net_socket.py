@@ -40,9 +40,10 @@ news between nodes (a collective's fingerprint, for the mismatch check) travels 
 
 Threads: the link's reader and writer threads never touch the engine. What they learn they hand
 to the loop with ``ctx.post_event``, a reader one event for all the frames one ``recv`` brought
-(net_wire.Inbox); the loop owns matching, completion and every table here except the landing and
-stash tables, which readers use under ``_Net.lock``. The loop writes its own control frames when
-socket 0 is idle (net_wire._Writer.put), so a small message crosses with no hand-off on the sender.
+(net_wire.Inbox); the loop owns matching, completion and every table here except the landing table
+(and net_coll.py's receives and stash), which readers use under ``_Net.lock``. The loop writes its
+own control frames when socket 0 is idle (net_wire._Writer.put), so a small message crosses with no
+hand-off on the sender.
 """
 from __future__ import annotations
 
