@@ -336,6 +336,7 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
     e->next = w->posted;
     w->posted = e;
     int finished = 0;
+    Chain *fire = NULL;
     if (e->parts && e->inflight == 0 && e->arrived && e->got == n && w->direct_max && n <= w->direct_max) {
         /* a small frame all here: landed now, by us (a hand-off to the copier costs more than it) */
         _sw_unlink_recv(&w->posted, e);
@@ -343,7 +344,11 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
         w->chained += chain != NULL;
         pthread_mutex_unlock(&w->mu);
         for (Part *p = e->parts; p; p = p->next) _sw_land(e, p->off, p->data, p->len);   /* (GIL: as send) */
-        if (chain) _sw_fire(w, chain, (const char *)(uintptr_t)addr, n);
+        if (chain) {
+            chain->addr = e->addr;
+            chain->n = n;
+            _sw_fire(w, chain);
+        }
         _sw_free_parts(e->parts);
         free(e);
         Py_RETURN_TRUE;
@@ -356,17 +361,11 @@ static PyObject *Wire_recv(Wire *w, PyObject *args) {
         else w->jobs = e;
         w->jobs_tail = e;
         pthread_cond_signal(&w->copier_cv);
-    } else {          /* nothing yet, or an empty frame that is all there */
-        finished = _sw_settle(w, e);
-        if (finished) {
-            e->then = NULL;   /* fired below, the frame being all there */
-            w->chained += chain != NULL;
-            free(e);
-        }
+    } else {          /* nothing yet, or an empty frame that is all there (done now: no token) */
+        finished = _sw_finish(w, e, 0, &fire);
     }
-    if (!finished) chain = NULL;   /* the receive's now: whoever finishes it fires it */
-    pthread_mutex_unlock(&w->mu);
-    if (chain) _sw_fire(w, chain, (const char *)(uintptr_t)addr, n);
+    pthread_mutex_unlock(&w->mu);   /* (unfinished, the chain is the receive's: whoever finishes it fires it) */
+    if (fire) _sw_fire(w, fire);
     return PyBool_FromLong(finished);
 }
 

@@ -35,6 +35,8 @@ typedef struct Chain {            /* a send a receive starts once it is complete
     uint32_t keylen;
     char key[MAX_KEY];
     long long token;
+    const char *addr;             /* what the receive landed, set when it finishes (_sw_finish) */
+    uint64_t n;
 } Chain;
 
 typedef struct Recv {             /* a posted receive, or (posted 0) a stash entry */
@@ -114,12 +116,13 @@ Recv *_sw_find(Recv *list, const char *key, uint32_t keylen);
 void _sw_unlink_recv(Recv **list, Recv *r);
 void _sw_free_parts(Part *p);
 int _sw_settle(Wire *w, Recv *r);
+int _sw_finish(Wire *w, Recv *r, int push, Chain **then);   /* under mu: settle, and if done, finish */
 void _sw_free_recv(Wire *w, Recv *r);   /* under mu: its chain, unfired, goes to `spent` */
 /* 1: written whole by the caller (direct: no token comes), 0: queued, or -errno */
 int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, uint64_t n, long long token,
                    int direct);
 void _sw_land(const Recv *e, uint64_t off, const char *src, uint64_t len);
-void _sw_fire(Wire *w, Chain *c, const char *addr, uint64_t n);   /* not under mu */
+void _sw_fire(Wire *w, Chain *c);   /* not under mu */
 void _sw_make_header(unsigned char *h, int type, uint32_t length, uint64_t a, uint64_t b, uint64_t c);
 void *_sw_reader_main(void *arg);
 void *_sw_writer_main(void *arg);

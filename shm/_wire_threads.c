@@ -98,6 +98,27 @@ int _sw_settle(Wire *w, Recv *r) {
     return 1;
 }
 
+/* Under mu, after a writer of `r` dropped its inflight count (or recv() found it all there): 1 when
+ * it is done (_sw_settle), its token then queued (`push`: recv() returns done instead) and the entry
+ * freed; *then gets its chain, holding what it landed, for the caller to fire once mu is dropped. */
+int _sw_finish(Wire *w, Recv *r, int push, Chain **then) {
+    long long token = r->token;   /* (read first: _sw_settle frees a cancelled r) */
+    Chain *c = r->then;
+    const char *addr = r->addr;
+    uint64_t n = r->nbytes;
+    *then = NULL;
+    if (!_sw_settle(w, r)) return 0;
+    if (push) _sw_push_done(w, token);
+    if (c) {
+        c->addr = addr;
+        c->n = n;
+        w->chained++;
+        *then = c;
+    }
+    free(r);
+    return 1;
+}
+
 void _sw_free_recv(Wire *w, Recv *r) {
     if (r->then) {
         r->then->next = w->spent;
@@ -239,11 +260,11 @@ int _sw_queue_send(Wire *w, const char *key, uint32_t keylen, const char *addr, 
     return 0;
 }
 
-/* A receive of w finished with chain c: send what it landed (addr, n) on c->to, from this thread,
+/* A receive of w finished with chain c: send what it landed (c->addr, c->n) on c->to, from this thread,
  * without the loop. A send that cannot be queued fails c->to's link (unless it is closing: the
  * communicator is going down anyway). The chain then waits on w's `spent` list for poll(). */
-void _sw_fire(Wire *w, Chain *c, const char *addr, uint64_t n) {
-    int rc = _sw_queue_send(c->to, c->key, c->keylen, addr, n, c->token, 1);
+void _sw_fire(Wire *w, Chain *c) {
+    int rc = _sw_queue_send(c->to, c->key, c->keylen, c->addr, c->n, c->token, 1);
     if (rc == 1) {   /* written here: its token is ours to queue */
         pthread_mutex_lock(&c->to->mu);
         _sw_push_done(c->to, c->token);
@@ -342,20 +363,10 @@ void *_sw_copier_main(void *arg) {
         pthread_mutex_lock(&w->mu);
         e->got += sum;
         e->inflight--;
-        long long token = e->token;
-        Chain *then = NULL;
-        const char *addr = e->addr;
-        uint64_t n = e->nbytes;
-        int finished = _sw_settle(w, e);   /* (frees a cancelled e) */
-        if (finished) {
-            _sw_push_done(w, token);
-            then = e->then;
-            e->then = NULL;
-            w->chained += then != NULL;
-            free(e);
-        }
+        Chain *then;
+        int finished = _sw_finish(w, e, 1, &then);
         pthread_mutex_unlock(&w->mu);
-        if (then) _sw_fire(w, then, addr, n);
+        if (then) _sw_fire(w, then);
         if (finished) _sw_wake_loop(w);
     }
 }
@@ -453,8 +464,6 @@ void *_sw_reader_main(void *arg) {
         }
         int finished = 0;
         Chain *then = NULL;
-        const char *then_addr = NULL;
-        uint64_t then_n = 0;
         pthread_mutex_lock(&w->mu);
         if (got != (long long)part) {
             e->inflight--;
@@ -490,22 +499,12 @@ void *_sw_reader_main(void *arg) {
             e->got += part;
             e->inflight--;
             if (e->got > e->nbytes) _sw_set_lost(w, "socket %d: protocol error: %s", s->index, "parts overlap");
-            long long token = e->token;
-            then_addr = e->addr;
-            then_n = e->nbytes;
-            finished = _sw_settle(w, e);
-            if (finished) {
-                _sw_push_done(w, token);
-                then = e->then;
-                e->then = NULL;
-                w->chained += then != NULL;
-                free(e);
-            }
+            finished = _sw_finish(w, e, 1, &then);
         }
         int tell = finished || (w->lost[0] && !w->lost_told);
         pthread_mutex_unlock(&w->mu);
         free(buf);
-        if (then) _sw_fire(w, then, then_addr, then_n);
+        if (then) _sw_fire(w, then);
         if (tell) _sw_wake_loop(w);
     }
 }

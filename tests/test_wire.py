@@ -48,6 +48,20 @@ def collect(w: _wire.Wire, want: int) -> list[int]:
     return got
 
 
+def post_late_and_check(b: _wire.Wire, late: set, srcs: list, dsts: list, tok0: int) -> None:
+    """Frame i (key k<i>, bytes srcs[i]) was sent to ``b``, whose receive into dsts[i] (token tok0 + i)
+    is posted already unless i is in ``late``: post those now, take every receive's token (or its
+    done-now), and check that each destination holds its frame and nothing past it."""
+    done_now = set()
+    for i in sorted(late):
+        if b.recv(b"k%d" % i, dsts[i].ctypes.data, srcs[i].nbytes, tok0 + i):
+            done_now.add(tok0 + i)
+    got = set(collect(b, len(srcs) - len(done_now))) | done_now
+    assert got == {tok0 + i for i in range(len(srcs))}
+    for s, d in zip(srcs, dsts):
+        assert np.array_equal(d[:s.nbytes], s) and not d[s.nbytes:].any()
+
+
 def lost_reason(w: _wire.Wire) -> str:
     deadline = time.monotonic() + BOUND_S
     while time.monotonic() < deadline:
@@ -65,7 +79,6 @@ def test_frames_land_byte_exact_whether_posted_first_or_last(nsocks):
     srcs = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
     dsts = [np.zeros(n + 64, np.uint8) for n in sizes]   # 64 B of guard after each
     early = set(range(0, len(sizes), 2))
-    done_now = set()
     try:
         for i, d in enumerate(dsts):
             if i not in early:
@@ -73,13 +86,7 @@ def test_frames_land_byte_exact_whether_posted_first_or_last(nsocks):
         for i, s in enumerate(srcs):
             a.send(b"k%d" % i, s.ctypes.data, s.nbytes, 200 + i)
         assert sorted(collect(a, len(srcs))) == [200 + i for i in range(len(srcs))]
-        for i in sorted(early):
-            if b.recv(b"k%d" % i, dsts[i].ctypes.data, sizes[i], 100 + i):
-                done_now.add(100 + i)
-        got = set(collect(b, len(sizes) - len(done_now))) | done_now
-        assert got == {100 + i for i in range(len(sizes))}
-        for s, d in zip(srcs, dsts):
-            assert np.array_equal(d[:s.nbytes], s) and not d[s.nbytes:].any()
+        post_late_and_check(b, early, srcs, dsts, 100)
         assert b.describe()["frames_early"] == 0 and b.describe()["receives_posted"] == 0
         assert a.describe()["bytes_out"] == b.describe()["bytes_in"]
     finally:
@@ -214,14 +221,7 @@ def test_small_frames_go_out_and_land_without_the_wires_threads_and_never_interl
                 queued.append(i)
         assert all(sizes[i] <= direct for i in set(range(len(sizes))) - set(queued))
         assert sorted(sent + collect(a, len(queued) - len(sent))) == queued
-        landed = set()
-        for i in sorted(late):
-            if b.recv(b"k%d" % i, dsts[i].ctypes.data, sizes[i], 1000 + i):
-                landed.add(1000 + i)
-        got = set(collect(b, len(sizes) - len(landed))) | landed
-        assert got == {1000 + i for i in range(len(sizes))}
-        for x, d in zip(srcs, dsts):
-            assert np.array_equal(d[:x.nbytes], x) and not d[x.nbytes:].any()
+        post_late_and_check(b, late, srcs, dsts, 1000)
         da, db = a.describe(), b.describe()
         assert da["written_direct"] > 0 and da["bytes_out"] == db["bytes_in"] and db["frames_early"] == 0
     finally:
