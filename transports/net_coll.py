@@ -49,30 +49,27 @@ class CollFrames:
 
     def entry(self, link: W.Link, sch: Any, e: Any) -> list:
         """Loop: start SEND or RECV ``e`` on ``link``; the (schedule, entry) pairs done now."""
+        if e.chain:   # handed to the wires already, when the receive before it started (forward_of)
+            return [(sch, e)] if e.chain == FORWARDED else []
         key = repr(e.key).encode()
         if len(key) > MAX_KEY:
             raise errors.InternalError(f"collective entry key {e.key!r} is too long for the wire")
         wire = link.wire
         if wire is not None:   # the link's collective sockets, driven by C threads (shm/_wire.c)
-            if e.chain:   # handed to the wires already, when the receive before it started (forward_of)
-                return [(sch, e)] if e.chain == FORWARDED else []
+            # (its token is registered after the call: only this thread's drain ever reads the tokens)
             tok = next(self.ids)
-            self.tokens[tok] = (sch, e)
             if e.kind == SEND:
-                if wire.send(key, e.src, e.nbytes, tok):   # written now, by us (no token comes)
-                    del self.tokens[tok]
-                    return [(sch, e)]
-                return []
-            then = self.forward_of(sch, e)
-            try:
-                done = wire.recv(key, e.dst, e.nbytes, tok, *(e.fold or (-1, 0, 0)), *then)
-            except ValueError as exc:
-                del self.tokens[tok]
-                raise errors.InvalidUsage(f"collective chunk {e.key!r}: {exc} (the nodes called different "
-                                          f"collectives)") from exc
+                done = wire.send(key, e.src, e.nbytes, tok)   # True: written now, by us (no token comes)
+            else:
+                then = self.forward_of(sch, e)
+                try:
+                    done = wire.recv(key, e.dst, e.nbytes, tok, *(e.fold or (-1, 0, 0)), *then)
+                except ValueError as exc:
+                    raise errors.InvalidUsage(f"collective chunk {e.key!r}: {exc} (the nodes called different "
+                                              f"collectives)") from exc
             if done:
-                del self.tokens[tok]
                 return [(sch, e)]
+            self.tokens[tok] = (sch, e)
             return []
         if e.kind == SEND:
             # without a wire, one socket for a collective's chunks (docs/decisions.md: each socket's

@@ -80,24 +80,25 @@ class MultiNodeColl:
         """Loop, on a node but node 0: note the fingerprints not noted yet, as few notes as fit them."""
         if not self.unsent:
             return
-        items = []
-        for seq, rank, fp, claims in self.unsent:
+        unsent, self.unsent = self.unsent, []
+        net, ctx = self.e.nodes.net, self.e.ctx
+
+        def note(batch: list[str]) -> None:
+            net.proxy_note(ctx, 0, NOTE_FINGERPRINT, len(batch),  # type: ignore[union-attr,misc]
+                           ("[" + ",".join(batch) + "]").encode())
+
+        batch: list[str] = []
+        size = 2   # the brackets
+        for seq, rank, fp, claims in unsent:
             item = json.dumps([seq, rank, list(fp), claims])
             if len(item) > NOTE_MAX - 2:   # too many counts to note: a size mismatch is still refused where it lands
                 item = json.dumps([seq, rank, list(fp), []])
-            items.append(item)
-        self.unsent = []
-        net, ctx = self.e.nodes.net, self.e.ctx
-        batch: list[str] = []
-        size = 2
-        for item in items + [""]:
-            if batch and (not item or size + len(item) + 1 > NOTE_MAX):
-                net.proxy_note(ctx, 0, NOTE_FINGERPRINT, len(batch),  # type: ignore[union-attr,misc]
-                               ("[" + ",".join(batch) + "]").encode())
+            if batch and size + len(item) + 1 > NOTE_MAX:
+                note(batch)
                 batch, size = [], 2
-            if item:
-                batch.append(item)
-                size += len(item) + 1
+            batch.append(item)
+            size += len(item) + 1
+        note(batch)
 
     def on_note(self, node: int, kind: int, value: int, payload: bytes) -> None:
         """Loop: another node's note (transports' proxy_note): ``value`` fingerprints."""

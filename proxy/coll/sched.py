@@ -86,7 +86,7 @@ class Entry:
         self.peer = -1
         self.ufunc = self.a = self.b = self.out = self.fn = self.key = self.args = None
         self.fold: tuple[int, int, int] | None = None   # RECV: (op, dtype code, first operand's address)
-        self.chain = 0   # SEND: started by its transport after the RECV before it (core.ops.FORWARDING)
+        self.chain = 0   # SEND, RECV: handed to its transport ahead of the schedule (core.ops.FORWARDING)
         self.kw: dict = {}
 
     def __repr__(self) -> str:

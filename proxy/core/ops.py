@@ -145,8 +145,9 @@ def check_op(op: int, dtype: np.dtype) -> None:
 # both.
 SEND, RECV, REDUCE, COPY, NOP, CB = range(6)
 NOT_STARTED, STARTED, COMPLETE, FAILED = range(4)
-# A SEND entry's ``chain``: its transport sends it itself once the RECV before it has landed
-# (transports/net_coll.py, forward_of): in flight, or done before the schedule reached it
+# A SEND or RECV entry's ``chain``: handed to its transport before the schedule reached it (a SEND
+# sent once the RECV before it has landed, a RECV posted ahead: transports/net_coll.py, forward_of),
+# in flight, or done before the schedule reached it
 FORWARDING, FORWARDED = 1, 2
 
 
