@@ -515,3 +515,65 @@ def small_calls_on_their_own_thread() -> dict:
     out["future"] = float(w.get_future().wait()[0][0])
     dist.destroy_process_group()
     return out
+
+
+def blocking_direct() -> dict:
+    """Blocking small calls (opts.asyncOp False, as torch's functions pass) run on the calling thread and
+    give a completed Work whose Future holds the outputs (strided tensors too, through a copy); async
+    ones are posted, and so are CPU tensors above the limit and bfloat16; results equal gloo's."""
+    gloo, shm = _groups()
+    me, ws = dist.get_rank(), dist.get_world_size()
+    out: dict[str, Any] = {}
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    t = torch.full((4,), float(me + 1))
+    w = shm.allreduce([t], opts)
+    out["blocking"] = type(w).__name__
+    out["value"] = float(t[0])
+    out["future"] = float(w.get_future().wait()[0][0])
+    out["completed"] = w.is_completed() and w.is_success() and w.exception() is None
+    opts.asyncOp = True
+    w = shm.allreduce([t], opts)
+    w.wait()
+    out["async"] = type(w).__name__
+    kinds = {}
+    for name, x in [("large", torch.ones(1 << 15, dtype=torch.float32)),   # 128 KiB
+                    ("strided", torch.ones(8, 2)[:, 0]), ("bfloat16", torch.ones(4, dtype=torch.bfloat16))]:
+        opts.asyncOp = False
+        w = shm.allreduce([x], opts)
+        w.wait()
+        kinds[name] = (type(w).__name__, float(x[0]))
+    out["kinds"] = kinds
+    # Reduce to each root, broadcast from each root and a barrier, against gloo, through torch's functions.
+    same = []
+    for root in range(ws):
+        for op in (R.SUM, R.MAX):
+            a, b = _data(torch.float64, 33, root), _data(torch.float64, 33, root)
+            dist.reduce(a, dst=root, op=op, group=gloo)
+            dist.reduce(b, dst=root, op=op, group=shm)
+            same.append(torch.equal(a, b) if me == root else True)
+        a, b = _data(torch.int32, 17, 5), _data(torch.int32, 17, 5)
+        dist.broadcast(a, src=root, group=gloo)
+        dist.broadcast(b, src=root, group=shm)
+        same.append(torch.equal(a, b))
+        dist.barrier(group=shm)
+    out["same"] = all(same)
+    dist.destroy_process_group()
+    return out
+
+
+def async_op_mismatch() -> dict:
+    """Rank 0 calls a small all_reduce blocking, the others async: a blocking collective never matches a
+    nonblocking one, so every rank gets an error saying so (not a hang)."""
+    _, shm = _groups()
+    me = dist.get_rank()
+    t = torch.ones(4)
+    try:
+        if me == 0:
+            dist.all_reduce(t, group=shm)
+        else:
+            dist.all_reduce(t, group=shm, async_op=True).wait()
+        err = ""
+    except Exception as exc:   # what each rank sees is the result
+        err = f"{type(exc).__name__}: {exc}"
+    return {"error": err}

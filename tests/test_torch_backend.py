@@ -32,8 +32,12 @@ def test_import_shmproxy_does_not_import_torch() -> None:
 
 
 @pytest.mark.launcher
-def test_every_op_and_dtype_equals_gloo() -> None:
-    res = run_ranks(f"{B}:ops_vs_gloo", 2, timeout=280, launcher="torchrun")
+@pytest.mark.parametrize("direct", ["1", "0"], ids=["blocking-direct", "all-posted"])
+def test_every_op_and_dtype_equals_gloo(direct: str) -> None:
+    """Every case is a blocking call: with TORCH_BLOCKING_DIRECT the small ones run directly, without
+    it every one is posted and waited for; both paths give gloo's bits."""
+    res = run_ranks(f"{B}:ops_vs_gloo", 2, timeout=280, launcher="torchrun",
+                    env={"SHMPROXY_TORCH_BLOCKING_DIRECT": direct})
     for r in res.results:
         assert r["diffs"] == [] and r["gloo_refused"] == [], r
         assert r["ran"] == 5 * 20 + 3, r   # 20 cases per dtype, AVG for the 3 floating ones
@@ -72,6 +76,31 @@ def test_small_blocking_calls_complete_on_the_calling_thread() -> None:
         assert r["passes"] == 0, r
         assert r["a_ok"] and r["b_ok"], r
         assert r["future"] == 2.0, r
+
+
+@pytest.mark.launcher
+def test_blocking_small_calls_run_directly() -> None:
+    """Issue 43: torch's blocking calls of small contiguous CPU tensors run the communicator's blocking
+    collective on the calling thread (a completed Work, its Future holding the outputs), strided ones
+    through a copy; async calls, large and bfloat16 tensors are posted; reduce, broadcast and barrier
+    equal gloo's."""
+    res = run_ranks(f"{B}:blocking_direct", 2, timeout=200, launcher="torchrun")
+    for r in res.results:
+        assert r["blocking"] == "Completed" and r["async"] == "Work", r
+        assert r["value"] == 3.0 and r["future"] == 3.0 and r["completed"], r
+        assert r["kinds"] == {"large": ["Work", 2.0], "strided": ["Completed", 2.0], "bfloat16": ["Work", 2.0]}, r
+        assert r["same"], r
+
+
+@pytest.mark.launcher
+def test_ranks_disagreeing_on_async_op_fail_every_rank() -> None:
+    """A blocking small all_reduce on one rank against an async one on the other cannot match (the
+    first runs between the ranks, the second through the progress process): every rank raises,
+    saying why, well inside the test's bound."""
+    res = run_ranks(f"{B}:async_op_mismatch", 2, timeout=120, launcher="torchrun")
+    r0, r1 = (r["error"] for r in res.results)
+    assert r0.startswith("InvalidUsage") and "async_op" in r0 and "nonblocking" in r0, r0
+    assert "mismatch" in r1, r1
 
 
 @pytest.mark.launcher

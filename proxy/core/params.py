@@ -311,6 +311,13 @@ _DECLARED: tuple[Param, ...] = (
        "COLL_INLINE_BYTES for collectives (what the progress loop completes itself), else no limit.", 0),
     _p("WAIT_SLICE_MS", float, 200.0,
        "Bound of one sleep in Wait(); between sleeps the rank checks abort and the progress process.", 1),
+    _p("TORCH_BLOCKING_DIRECT", _parse_bool, True,
+       "The torch backend runs a blocking (async_op=False) all_reduce, broadcast, reduce or barrier of "
+       "at most 64 KiB of contiguous CPU tensors as the communicator's blocking call on the calling "
+       "thread, which on one node is the fast path between the ranks. Ranks must then agree on async_op "
+       "for such calls (a blocking collective never matches a nonblocking one: the group fails on every "
+       "rank with InvalidUsage). Off: every call is posted and its Work waited for. Every rank must use "
+       "the same value."),
     _p("STAGING_CACHE", parse_size, 256 << 20,
        "Bytes of staging buffers (for arrays not from comm.alloc) a rank keeps registered.", 0),
     _p("TIMEOUT", float, 600.0,

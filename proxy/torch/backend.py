@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 import shmproxy
 from shmproxy.control import bootstrap
+from shmproxy.core import params
 from shmproxy.torch.process_group import BACKEND_NAME, ProcessGroupShmproxy
 
 _JOB_KEY = "shmproxy/job_id"
@@ -48,8 +49,11 @@ def create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroup
         store.set(_JOB_KEY, uuid.uuid4().hex)
     job = store.get(_JOB_KEY).decode()
     local_rank, local_size = _local(store, rank, size)
-    # The communicator's own waits are bounded by SHMPROXY_TIMEOUT; torch's timeout bounds each Work.
-    comm = shmproxy.init(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+    # torch's timeout bounds each operation of the group: a Work's wait, and the communicator's own
+    # waits (a blocking call the group runs directly), unless SHMPROXY_TIMEOUT is shorter.
+    secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    limit = min(secs, params.get().TIMEOUT)
+    comm = shmproxy.init(timeout=limit, rank=rank, size=size, local_rank=local_rank, local_size=local_size,
                          job_id=f"torch-{job}")
     return ProcessGroupShmproxy(comm, rank, size, timeout, label=job[:8])
 

@@ -22,7 +22,7 @@ See shmproxy.torch.cuda for the stream order and completion.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -39,25 +39,29 @@ TAG_GATHER = -(2 ** 62) + 3
 TAG_SCATTER = -(2 ** 62) + 4
 
 _RED: Any = dist.ReduceOp.RedOpType   # its members are not in torch's stubs
-_OPS = {_RED.SUM: shmproxy.SUM, _RED.PRODUCT: shmproxy.PROD, _RED.MIN: shmproxy.MIN, _RED.MAX: shmproxy.MAX,
-        _RED.AVG: shmproxy.AVG}
+# Keyed by the op's number: hashing and comparing torch's enum members costs more than the small call.
+_OPS = {int(_RED.SUM): shmproxy.SUM, int(_RED.PRODUCT): shmproxy.PROD, int(_RED.MIN): shmproxy.MIN,
+        int(_RED.MAX): shmproxy.MAX, int(_RED.AVG): shmproxy.AVG}
+_AVG, _MIN, _MAX = int(_RED.AVG), int(_RED.MIN), int(_RED.MAX)
 
 
 def redop(op: Any, t: torch.Tensor) -> shmproxy.ReduceOp:
     """shmproxy's op for torch's ReduceOp; a clear error for the ones this backend has not."""
     kind = getattr(op, "op", op)
-    if kind not in _OPS:
+    code = int(kind)
+    rop = _OPS.get(code)
+    if rop is None:
         name = str(kind).split(".")[-1]
         raise errors.InvalidArgument(
             f"shmproxy backend: ReduceOp.{name} is not supported (supported: SUM, PRODUCT, MIN, MAX, AVG)")
-    if kind == _RED.AVG and not (t.is_floating_point() or t.is_complex()):
+    if code == _AVG and not (t.is_floating_point() or t.is_complex()):
         raise errors.InvalidArgument(
             f"shmproxy backend: ReduceOp.AVG needs a floating-point tensor, got {t.dtype}"
             " (use SUM and divide)")
-    if t.dtype == torch.bool and kind not in (_RED.MIN, _RED.MAX):
+    if t.dtype == torch.bool and code != _MIN and code != _MAX:
         raise errors.InvalidArgument(
             f"shmproxy backend: bool tensors reduce with MIN or MAX only, not {kind}")
-    return _OPS[kind]
+    return rop
 
 
 def one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
@@ -170,6 +174,39 @@ def reduce_scatter_list(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor],
     for r, x in enumerate(ins):
         tmp[r * k:(r + 1) * k].copy_(x.reshape(-1))
     return [pg.comm.Ireduce_scatter_block(tarr, T.for_reduce(out, st, output=True), rop, **st.kw)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Blocking calls run on the calling thread (ProcessGroupShmproxy._direct: small CPU tensors, no
+# bfloat16), as the communicator's blocking collectives: no Staged, nothing after.
+
+def _in_place(t: torch.Tensor, run: Callable[[np.ndarray], object]) -> None:
+    """``run`` on an array over ``t``; a strided ``t`` through a contiguous copy, copied back after."""
+    if t.is_contiguous():
+        run(T.small_view(t))
+        return
+    tmp = t.contiguous()
+    run(T.small_view(tmp))
+    t.copy_(tmp)
+
+
+def allreduce_now(pg: Any, t: torch.Tensor, op: Any) -> None:
+    rop = redop(op, t)
+    _in_place(t, lambda a: pg.comm.Allreduce(shmproxy.IN_PLACE, a, rop))
+
+
+def broadcast_now(pg: Any, t: torch.Tensor, root: int) -> None:
+    root = _root(pg, root, "broadcast")
+    _in_place(t, lambda a: pg.comm.Bcast(a, root))
+
+
+def reduce_now(pg: Any, t: torch.Tensor, op: Any, root: int) -> None:
+    rop = redop(op, t)
+    root = _root(pg, root, "reduce")
+    if pg.rank() == root:
+        _in_place(t, lambda a: pg.comm.Reduce(shmproxy.IN_PLACE, a, rop, root))
+    else:
+        _in_place(t, lambda a: pg.comm.Reduce(a, None, rop, root))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import shmproxy
 from shmproxy.core import errors
 from shmproxy.torch import cuda, ops
 from shmproxy.torch.tensors import Adopter, Staged, StagePool, alloc_tensor, check_tensor
-from shmproxy.torch.work import Completer, Work
+from shmproxy.torch.work import SMALL_WAIT_BYTES, Completed, Completer, Work
 
 BACKEND_NAME = "shmproxy"
 
@@ -60,6 +60,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.side_streams = cuda.SideStreams()
         self._stream_waits: cuda.StreamWaits | None = None   # made on the first CUDA Work.wait
         self.completer = Completer(self)
+        self.direct = bool(comm.params.TORCH_BLOCKING_DIRECT)
         # Registered after the Comm's own exit hook, so it runs first (atexit is last-in, first-out):
         # the completion thread stops touching the communicator before the Comm is closed.
         atexit.register(_stop_at_exit, weakref.ref(self))
@@ -144,13 +145,50 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                 return [r for b in builds for r in b(st)]
         return self._post(name, build, result, inputs=inputs)
 
+    # ---- blocking calls ---------------------------------------------------------------------------
+    # torch says when it will wait on a Work at once: ``opts.asyncOp`` is False for a blocking call
+    # made through torch.distributed's Python functions (True by default, so C++ callers such as DDP's
+    # reducer, and torch releases without the field, keep the posted path). Such a call of small CPU
+    # tensors (not bfloat16, which reduces through float32 temporaries) runs the communicator's
+    # *blocking* call here, under the group's lock (for these sizes microseconds, as
+    # Work._finish_here's wait), and returns a Completed Work: on one node
+    # that is the ranks' fast path (a few µs), where posting it meant a trip through the progress
+    # process and a Work, an Event and two Futures per call. The cost of the choice: a blocking
+    # collective never matches a nonblocking one (MPI's rule), so ranks must agree on async_op for
+    # these calls; where they do not, the group fails on every rank with InvalidUsage instead of
+    # hanging (TORCH_BLOCKING_DIRECT=0 posts every call).
+    def _direct(self, opts: Any, tensors: Sequence[torch.Tensor]) -> bool:
+        if not self.direct or getattr(opts, "asyncOp", True):
+            return False
+        nbytes = 0
+        for t in tensors:   # decided by what every rank passes alike (a strided tensor goes through a copy)
+            if t.is_cuda or t.dtype == torch.bfloat16:
+                return False
+            nbytes += t.numel() * t.element_size()
+        return nbytes <= SMALL_WAIT_BYTES
+
+    def _run_now(self, name: str, run: Callable[[], object], result: list[torch.Tensor]) -> Completed:
+        with self.lock:
+            try:
+                run()
+            except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
+                return Completed(name, result, exc)   # as _post: a failed communicator gives a failed Work
+            except errors.InvalidUsage as exc:
+                raise errors.InvalidUsage(
+                    f"{exc} (torch: a blocking {name} of small CPU tensors runs as a blocking collective; "
+                    "if ranks passed different async_op, make them agree or set "
+                    "SHMPROXY_TORCH_BLOCKING_DIRECT=0 on every rank)") from exc
+        return Completed(name, result)
+
     # ---- collectives ------------------------------------------------------------------------------
     # torch's stubs give these overloads of the C++ ProcessGroup (opts or op/timeout forms); its Python
     # trampoline calls a backend with the (tensors, opts) form only, the one written here: hence an
     # ignored [override] on each.
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work | Completed:  # type: ignore[override]
         t = ops.one(tensors, "allreduce")
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if self._direct(opts, tensors):
+            return self._run_now("allreduce", lambda: ops.allreduce_now(self, t, op), [t])
         return self._post("allreduce", lambda st: ops.allreduce(self, t, op, st), [t])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -160,18 +198,24 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         builds = [functools.partial(ops.allreduce, self, t, op) for t in tensors]
         return self._coalesced("allreduce_coalesced", builds, list(tensors))
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work | Completed:  # type: ignore[override]
         t = ops.one(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
+        if self._direct(opts, tensors):
+            return self._run_now("broadcast", lambda: ops.broadcast_now(self, t, root), [t])
         return self._post("broadcast", lambda st: ops.broadcast(self, t, root, st), [t])
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work | Completed:  # type: ignore[override]
         t = ops.one(tensors, "reduce")
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         root = opts.rootRank if opts is not None else 0
+        if self._direct(opts, tensors):
+            return self._run_now("reduce", lambda: ops.reduce_now(self, t, op, root), [t])
         return self._post("reduce", lambda st: ops.reduce(self, t, op, root, st), [t])
 
-    def barrier(self, opts: Any = None) -> Work:
+    def barrier(self, opts: Any = None) -> Work | Completed:
+        if self._direct(opts, ()):
+            return self._run_now("barrier", self.comm.Barrier, [])
         return self._post("barrier", lambda st: ops.barrier(self, st), [])
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],  # type: ignore[override]

@@ -87,6 +87,13 @@ def bits_view(t: torch.Tensor) -> np.ndarray:
     return t.detach().reshape(-1).numpy()
 
 
+def small_view(t: torch.Tensor) -> np.ndarray:
+    """``bits_view`` of a contiguous CPU tensor that is not bfloat16, in fewer steps (a blocking small
+    call's: torch's reshape costs as much as the call between the ranks)."""
+    arr = (t.detach() if t.requires_grad else t).numpy()
+    return arr if arr.ndim == 1 else arr.reshape(-1)
+
+
 def raw_view(t: torch.Tensor) -> np.ndarray:
     """``bits_view`` made from the tensor's address: ``Tensor.numpy()`` would mark the storage not
     resizable, which is the Adopter's sign that something outside torch aliases it. The array does not

@@ -30,6 +30,11 @@ completer's, which sets an Event that every waiting thread waits on. ``is_comple
 nobody watches tests it once (``poll``). A Work's completion runs exactly once: whoever removed it
 from the pending list under the lock completes it.
 
+A blocking call that torch announces (``opts.asyncOp`` False: torch waits on its Work right away)
+of a small contiguous CPU tensor does not get a Work of this kind at all when TORCH_BLOCKING_DIRECT
+is on: the group runs the communicator's blocking call on the calling thread, under its lock, and
+returns a ``Completed`` Work (process_group.py, "Blocking calls"). No Event, no Future until asked.
+
 Caveat: a callback chained on a Future runs on the completer; a *blocking* collective on the same
 group inside such a callback would wait for the thread that is running it. Such a call raises an
 InvalidUsage saying so instead of hanging.
@@ -211,6 +216,52 @@ class Work(dist.Work):
     def __repr__(self) -> str:
         state = "failed" if self._exc is not None else ("done" if self._event.is_set() else "pending")
         return f"<shmproxy.torch.Work {self.name} {state}>"
+
+
+class Completed(dist.Work):
+    """A call the group ran to its end on the calling thread (a blocking call run directly:
+    ProcessGroupShmproxy._run_now): nothing to wait for; its Future is made when asked for."""
+
+    def __init__(self, name: str, result: list[torch.Tensor], exc: BaseException | None = None):
+        super().__init__()
+        self.name = name
+        self.result_tensors = result
+        self._exc = exc
+        self._future: torch.futures.Future | None = None
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return self._exc is None
+
+    def exception(self) -> BaseException | None:  # type: ignore[override]
+        return self._exc
+
+    def get_future(self) -> torch.futures.Future:
+        """A completed Future of the outputs (failed with the call's error), chained as Work's is."""
+        if self._future is None:
+            trigger: torch.futures.Future = torch.futures.Future()
+            self._future = trigger.then(self._outcome)
+            trigger.set_result(None)
+        return self._future
+
+    def _outcome(self, _trigger: torch.futures.Future) -> list[torch.Tensor]:
+        if self._exc is not None:
+            raise self._exc
+        return self.result_tensors
+
+    def result(self) -> list[torch.Tensor]:  # type: ignore[override]
+        self.wait()
+        return self.result_tensors
+
+    def __repr__(self) -> str:
+        return f"<shmproxy.torch.Work {self.name} {'failed' if self._exc is not None else 'done'}>"
 
 
 class Completer:
