@@ -55,6 +55,7 @@ from shmproxy.torch.tensors import Staged
 
 
 SMALL_WAIT_BYTES = 64 << 10   # outputs up to this: the waiting thread completes the Work itself
+_FUTURES = threading.Lock()   # a Work's Future made (get_future) against its completion (Work._resolve)
 
 
 class Work(dist.Work):
@@ -76,8 +77,12 @@ class Work(dist.Work):
         # The Future that torch sees is chained on a private one: a callback that raises marks the
         # chained Future failed in C++ (torch.futures.Future.set_exception would instead complete it
         # *successfully* with the exception object as its value, which DDP's reducer reads as tensors).
-        self._trigger: torch.futures.Future = torch.futures.Future()
-        self._future = self._trigger.then(self._outcome)
+        # Both are made when asked for (get_future): the pair cost more than a small call's whole
+        # trip on a CUDA host, and a blocking call never asks. ``_resolved`` under _FUTURES says
+        # whether the completion came first; whichever of the two comes second sets the result.
+        self._trigger: torch.futures.Future | None = None
+        self._future: torch.futures.Future | None = None
+        self._resolved = False
         self.deadline = time.monotonic() + pg.timeout_s
         self._watched = False   # the completer was told of it (get_future): see Completer.add
         # A small operation's wait completes it on the waiting thread, under the group's lock (its
@@ -97,7 +102,7 @@ class Work(dist.Work):
             return
         self._event.set()
         self._release_streams()   # after the copies back (stage.done): the stream's wait ends
-        self._trigger.set_result(None)
+        self._resolve()
 
     def _fail(self, exc: BaseException) -> None:
         if self._event.is_set():
@@ -106,7 +111,14 @@ class Work(dist.Work):
         self.stage.after.clear()
         self._event.set()
         self._release_streams()   # no stream is left waiting for a Work that failed
-        self._trigger.set_result(None)
+        self._resolve()
+
+    def _resolve(self) -> None:
+        with _FUTURES:
+            self._resolved = True
+            trigger = self._trigger
+        if trigger is not None:
+            trigger.set_result(None)
 
     def _release_streams(self) -> None:
         """Store the word a stream waits on for this Work, if one was armed. Decided under the words'
@@ -161,6 +173,13 @@ class Work(dist.Work):
             # waiting for a word that the completion thread stores only with that lock would never
             # drain: the host waits instead (a deadlock found by test_gpu_nodes.py).
             return False
+        if self.stage.after:
+            # Copies back (a strided output, a list of outputs) are launched by the completion thread
+            # before it stores the word. A caller that goes on to a synchronous copy out of the waiting
+            # stream (``t.cpu()``, ``.item()``) blocks inside the driver until the word is stored, and
+            # the completion thread's launch waited behind it: both ranks hung, one run in three
+            # (tests/test_gpu_torch.py, ops_vs_gloo). The host waits for such a Work instead.
+            return False
         stream = torch.cuda.current_stream(self.stage.device)
         if self.small and stream.query():
             return False
@@ -201,6 +220,16 @@ class Work(dist.Work):
         """The Future of the outputs; from now on the completer completes this Work even if nobody
         waits (DDP chains its callbacks here and waits on the chained Future from C++)."""
         self._pg.completer.watch(self)
+        with _FUTURES:
+            if self._future is None:
+                trigger: torch.futures.Future = torch.futures.Future()
+                self._future = trigger.then(self._outcome)
+                self._trigger = trigger
+                resolved = self._resolved
+            else:
+                resolved = False
+        if resolved:
+            trigger.set_result(None)
         return self._future
 
     def result(self) -> list[torch.Tensor]:  # type: ignore[override]
