@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 import shmproxy
 from shmproxy.core import errors
+from shmproxy.torch import cuda
 from shmproxy.torch import tensors as T
 
 # Tags of the collectives made of point-to-point messages: far from any tag a torch user passes.
@@ -93,22 +94,23 @@ def _same(ts: Sequence[torch.Tensor], ref: torch.Tensor, what: str) -> None:
 
 def allreduce(pg: Any, t: torch.Tensor, op: Any, st: T.Staged) -> list:
     rop = redop(op, t)
-    arr = T.for_reduce(t, st, output=True)
+    arr = cuda.native_view(T.for_reduce(t, st, output=True))
     return [pg.comm.Iallreduce(shmproxy.IN_PLACE, arr, rop, **st.kw)]
 
 
 def broadcast(pg: Any, t: torch.Tensor, root: int, st: T.Staged) -> list:
     root = _root(pg, root, "broadcast")
-    arr = T.for_move(t, st, output=pg.rank() != root)
+    arr = cuda.native_view(T.for_move(t, st, output=pg.rank() != root))
     return [pg.comm.Ibcast(arr, root, **st.kw)]
 
 
 def reduce(pg: Any, t: torch.Tensor, op: Any, root: int, st: T.Staged) -> list:
     rop = redop(op, t)
     root = _root(pg, root, "reduce")
+    arr = cuda.native_view(T.for_reduce(t, st, output=pg.rank() == root))
     if pg.rank() == root:
-        return [pg.comm.Ireduce(shmproxy.IN_PLACE, T.for_reduce(t, st, output=True), rop, root, **st.kw)]
-    return [pg.comm.Ireduce(T.for_reduce(t, st, output=False), None, rop, root, **st.kw)]
+        return [pg.comm.Ireduce(shmproxy.IN_PLACE, arr, rop, root, **st.kw)]
+    return [pg.comm.Ireduce(arr, None, rop, root, **st.kw)]
 
 
 def barrier(pg: Any, st: T.Staged) -> list:
@@ -123,11 +125,11 @@ def all_gather_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, st: T.Stage
         raise errors.InvalidArgument(
             f"shmproxy backend: all_gather_into_tensor: output {out.dtype} x {out.numel()} must be the"
             f" input's dtype and {n} x its {inp.numel()} elements")
-    rarr = T.for_move(out, st, output=True)
+    rarr = cuda.native_view(T.for_move(out, st, output=True))
     blk = inp.numel() * inp.element_size()
     if out.is_contiguous() and inp.is_contiguous() and inp.data_ptr() == out.data_ptr() + pg.rank() * blk:
         return [pg.comm.Iallgather(shmproxy.IN_PLACE, rarr, **st.kw)]
-    return [pg.comm.Iallgather(T.for_move(inp, st, output=False), rarr, **st.kw)]
+    return [pg.comm.Iallgather(cuda.native_view(T.for_move(inp, st, output=False)), rarr, **st.kw)]
 
 
 def allgather_list(pg: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, st: T.Staged) -> list:
@@ -156,8 +158,9 @@ def reduce_scatter_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, op: Any
         raise errors.InvalidArgument(
             f"shmproxy backend: reduce_scatter_tensor: input {inp.dtype} x {inp.numel()} must be the"
             f" output's dtype and {n} x its {out.numel()} elements")
-    sarr = T.for_reduce(inp, st, output=False)
-    return [pg.comm.Ireduce_scatter_block(sarr, T.for_reduce(out, st, output=True), rop, **st.kw)]
+    sarr = cuda.native_view(T.for_reduce(inp, st, output=False))
+    rarr = cuda.native_view(T.for_reduce(out, st, output=True))
+    return [pg.comm.Ireduce_scatter_block(sarr, rarr, rop, **st.kw)]
 
 
 def reduce_scatter_list(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], op: Any,
