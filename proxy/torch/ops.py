@@ -18,7 +18,10 @@ Mapping onto the native API (shmproxy.Comm), and where the native has no equival
 
 CUDA tensors take the same builders: ``tensors.for_move`` and friends give flat CUDA tensors instead of
 numpy arrays, and every native call gets ``**st.kw`` (torch's current stream; empty for CPU calls).
-See shmproxy.torch.cuda for the stream order and completion.
+The one-buffer collectives hand the native call ``cuda.native_view`` of them (a cached cupy view:
+converting a tensor at every post was most of a small call's cost); the point-to-point forms keep
+tensors, whose own-block copies must run on torch's stream, not cupy's. See shmproxy.torch.cuda for
+the stream order and completion.
 """
 from __future__ import annotations
 
