@@ -151,9 +151,9 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     # reducer, and torch releases without the field, keep the posted path). Such a call of small CPU
     # tensors (not bfloat16, which reduces through float32 temporaries) runs the communicator's
     # *blocking* call here, under the group's lock (for these sizes microseconds, as
-    # Work._finish_here's wait), and returns a Completed Work: on one node
-    # that is the ranks' fast path (a few µs), where posting it meant a trip through the progress
-    # process and a Work, an Event and two Futures per call. The cost of the choice: a blocking
+    # Work._finish_here's wait), and returns a Completed Work: on one node that is the ranks' fast
+    # path (a few µs), where posting it meant a trip through the progress process and a Work and an
+    # Event per call. The cost of the choice: a blocking
     # collective never matches a nonblocking one (MPI's rule), so ranks must agree on async_op for
     # these calls; where they do not, the group fails on every rank with InvalidUsage instead of
     # hanging (TORCH_BLOCKING_DIRECT=0 posts every call).

@@ -31,7 +31,7 @@ nobody watches tests it once (``poll``). A Work's completion runs exactly once: 
 from the pending list under the lock completes it.
 
 A blocking call that torch announces (``opts.asyncOp`` False: torch waits on its Work right away)
-of a small contiguous CPU tensor does not get a Work of this kind at all when TORCH_BLOCKING_DIRECT
+of small CPU tensors (not bfloat16) does not get a Work of this kind at all when TORCH_BLOCKING_DIRECT
 is on: the group runs the communicator's blocking call on the calling thread, under its lock, and
 returns a ``Completed`` Work (process_group.py, "Blocking calls"). No Event, no Future until asked.
 
