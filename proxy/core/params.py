@@ -313,7 +313,7 @@ _DECLARED: tuple[Param, ...] = (
        "Bound of one sleep in Wait(); between sleeps the rank checks abort and the progress process.", 1),
     _p("TORCH_BLOCKING_DIRECT", _parse_bool, True,
        "The torch backend runs a blocking (async_op=False) all_reduce, broadcast, reduce or barrier of "
-       "at most 64 KiB of contiguous CPU tensors as the communicator's blocking call on the calling "
+       "at most 64 KiB of CPU tensors (not bfloat16) as the communicator's blocking call on the calling "
        "thread, which on one node is the fast path between the ranks. Ranks must then agree on async_op "
        "for such calls (a blocking collective never matches a nonblocking one: the group fails on every "
        "rank with InvalidUsage). Off: every call is posted and its Work waited for. Every rank must use "

@@ -129,43 +129,6 @@ def move_view(t: torch.Tensor, stage: Any, output: bool) -> torch.Tensor:
     return tmp.reshape(-1)
 
 
-# cupy views of CUDA tensors' memory, by (address, elements, dtype, device): see native_view.
-_VIEWS: dict[tuple[int, int, torch.dtype, int], Any] = {}
-_VIEWS_MAX = 1024
-_CUPY_DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
-                torch.int8: "int8", torch.uint8: "uint8", torch.int16: "int16", torch.int32: "int32",
-                torch.int64: "int64", torch.bool: "bool", torch.complex64: "complex64",
-                torch.complex128: "complex128"}
-
-
-def native_view(t: Any) -> Any:
-    """What a native call gets for a flat contiguous CUDA tensor: a cupy array over its bytes, made
-    once per (address, elements, dtype, device) and kept *without* a reference to the tensor (the
-    call's Staged holds the tensor until completion; a later tensor at the same address is the same
-    bytes, and the native call looks the allocation up again for memory cupy does not own). The
-    native post otherwise read torch's ``__cuda_array_interface__`` and built a cupy array from it
-    at every call, the largest share of a small call's post on the 2x H200 host (BENCHMARKS.md).
-    Anything else (CPU arrays, bfloat16, which the native path must see as a tensor to know it is
-    bfloat16, an empty tensor) is returned as it is."""
-    if not isinstance(t, torch.Tensor) or not t.is_cuda:
-        return t
-    dtype = _CUPY_DTYPES.get(t.dtype)
-    n = t.numel()
-    if dtype is None or not n:
-        return t
-    key = (t.data_ptr(), n, t.dtype, t.device.index or 0)
-    arr = _VIEWS.get(key)
-    if arr is None:
-        from shmproxy.rank.device import cupy_module
-        cp = cupy_module("a CUDA tensor", t)
-        mem = cp.cuda.UnownedMemory(key[0], n * t.element_size(), None, key[3])
-        arr = cp.ndarray((n,), dtype, cp.cuda.MemoryPointer(mem, 0))
-        if len(_VIEWS) >= _VIEWS_MAX:
-            _VIEWS.clear()
-        _VIEWS[key] = arr
-    return arr
-
-
 def scratch(numel: int, like: torch.Tensor, stage: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """A contiguous CUDA temporary of ``numel`` elements of ``like``'s dtype on its device."""
     tmp = torch.empty(numel, dtype=like.dtype, device=like.device)

@@ -18,7 +18,7 @@ Mapping onto the native API (shmproxy.Comm), and where the native has no equival
 
 CUDA tensors take the same builders: ``tensors.for_move`` and friends give flat CUDA tensors instead of
 numpy arrays, and every native call gets ``**st.kw`` (torch's current stream; empty for CPU calls).
-The one-buffer collectives hand the native call ``cuda.native_view`` of them (a cached cupy view:
+The one-buffer collectives hand the native call ``tensors.native_view`` of them (a cached cupy view:
 converting a tensor at every post was most of a small call's cost); the point-to-point forms keep
 tensors, whose own-block copies must run on torch's stream, not cupy's. See shmproxy.torch.cuda for
 the stream order and completion.
@@ -33,7 +33,6 @@ import torch.distributed as dist
 
 import shmproxy
 from shmproxy.core import errors
-from shmproxy.torch import cuda
 from shmproxy.torch import tensors as T
 
 # Tags of the collectives made of point-to-point messages: far from any tag a torch user passes.
@@ -97,20 +96,20 @@ def _same(ts: Sequence[torch.Tensor], ref: torch.Tensor, what: str) -> None:
 
 def allreduce(pg: Any, t: torch.Tensor, op: Any, st: T.Staged) -> list:
     rop = redop(op, t)
-    arr = cuda.native_view(T.for_reduce(t, st, output=True))
+    arr = T.native_view(T.for_reduce(t, st, output=True))
     return [pg.comm.Iallreduce(shmproxy.IN_PLACE, arr, rop, **st.kw)]
 
 
 def broadcast(pg: Any, t: torch.Tensor, root: int, st: T.Staged) -> list:
     root = _root(pg, root, "broadcast")
-    arr = cuda.native_view(T.for_move(t, st, output=pg.rank() != root))
+    arr = T.native_view(T.for_move(t, st, output=pg.rank() != root))
     return [pg.comm.Ibcast(arr, root, **st.kw)]
 
 
 def reduce(pg: Any, t: torch.Tensor, op: Any, root: int, st: T.Staged) -> list:
     rop = redop(op, t)
     root = _root(pg, root, "reduce")
-    arr = cuda.native_view(T.for_reduce(t, st, output=pg.rank() == root))
+    arr = T.native_view(T.for_reduce(t, st, output=pg.rank() == root))
     if pg.rank() == root:
         return [pg.comm.Ireduce(shmproxy.IN_PLACE, arr, rop, root, **st.kw)]
     return [pg.comm.Ireduce(arr, None, rop, root, **st.kw)]
@@ -128,11 +127,11 @@ def all_gather_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, st: T.Stage
         raise errors.InvalidArgument(
             f"shmproxy backend: all_gather_into_tensor: output {out.dtype} x {out.numel()} must be the"
             f" input's dtype and {n} x its {inp.numel()} elements")
-    rarr = cuda.native_view(T.for_move(out, st, output=True))
+    rarr = T.native_view(T.for_move(out, st, output=True))
     blk = inp.numel() * inp.element_size()
     if out.is_contiguous() and inp.is_contiguous() and inp.data_ptr() == out.data_ptr() + pg.rank() * blk:
         return [pg.comm.Iallgather(shmproxy.IN_PLACE, rarr, **st.kw)]
-    return [pg.comm.Iallgather(cuda.native_view(T.for_move(inp, st, output=False)), rarr, **st.kw)]
+    return [pg.comm.Iallgather(T.native_view(T.for_move(inp, st, output=False)), rarr, **st.kw)]
 
 
 def allgather_list(pg: Any, outs: Sequence[torch.Tensor], inp: torch.Tensor, st: T.Staged) -> list:
@@ -161,8 +160,8 @@ def reduce_scatter_single(pg: Any, out: torch.Tensor, inp: torch.Tensor, op: Any
         raise errors.InvalidArgument(
             f"shmproxy backend: reduce_scatter_tensor: input {inp.dtype} x {inp.numel()} must be the"
             f" output's dtype and {n} x its {out.numel()} elements")
-    sarr = cuda.native_view(T.for_reduce(inp, st, output=False))
-    rarr = cuda.native_view(T.for_reduce(out, st, output=True))
+    sarr = T.native_view(T.for_reduce(inp, st, output=False))
+    rarr = T.native_view(T.for_reduce(out, st, output=True))
     return [pg.comm.Ireduce_scatter_block(sarr, rarr, rop, **st.kw)]
 
 
@@ -189,10 +188,10 @@ def reduce_scatter_list(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor],
 def _in_place(t: torch.Tensor, run: Callable[[np.ndarray], object]) -> None:
     """``run`` on an array over ``t``; a strided ``t`` through a contiguous copy, copied back after."""
     if t.is_contiguous():
-        run(T.small_view(t))
+        run(T.bits_view(t))
         return
     tmp = t.contiguous()
-    run(T.small_view(tmp))
+    run(T.bits_view(tmp))
     t.copy_(tmp)
 
 

@@ -81,17 +81,46 @@ def check_tensor(t: torch.Tensor, what: str) -> None:
 
 
 def bits_view(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a contiguous CPU tensor's bytes, of a dtype with the same bits (bfloat16 -> int16)."""
+    """A flat numpy view of a contiguous CPU tensor's bytes, of a dtype with the same bits (bfloat16 ->
+    int16). In as few torch calls as it takes: for a small blocking call, torch's detach and reshape
+    cost as much as the collective between the ranks."""
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return t.detach().reshape(-1).numpy()
-
-
-def small_view(t: torch.Tensor) -> np.ndarray:
-    """``bits_view`` of a contiguous CPU tensor that is not bfloat16, in fewer steps (a blocking small
-    call's: torch's reshape costs as much as the call between the ranks)."""
     arr = (t.detach() if t.requires_grad else t).numpy()
     return arr if arr.ndim == 1 else arr.reshape(-1)
+
+
+# cupy views of CUDA tensors' memory, by (address, elements, dtype, device): see native_view.
+_VIEWS: dict[tuple[int, int, torch.dtype, int], Any] = {}
+_VIEWS_MAX = 1024
+
+
+def native_view(t: Any) -> Any:
+    """What a native call gets for a flat contiguous CUDA tensor: a cupy array over its bytes, made
+    once per (address, elements, dtype, device) and kept *without* a reference to the tensor (the
+    call's Staged holds the tensor until completion; a later tensor at the same address is the same
+    bytes, and the native call looks the allocation up again for memory cupy does not own). The
+    native post otherwise read torch's ``__cuda_array_interface__`` and built a cupy array from it
+    at every call, the largest share of a small call's post on the 2x H200 host (BENCHMARKS.md).
+    Anything else (CPU arrays, bfloat16, which the native path must see as a tensor to know it is
+    bfloat16, an empty tensor) is returned as it is."""
+    if not isinstance(t, torch.Tensor) or not t.is_cuda:
+        return t
+    dtype = _NUMPY.get(t.dtype)
+    n = t.numel()
+    if dtype is None or not n:
+        return t
+    key = (t.data_ptr(), n, t.dtype, t.device.index or 0)
+    arr = _VIEWS.get(key)
+    if arr is None:
+        from shmproxy.rank.device import cupy_module
+        cp = cupy_module("a CUDA tensor", t)
+        mem = cp.cuda.UnownedMemory(key[0], n * t.element_size(), None, key[3])
+        arr = cp.ndarray((n,), dtype.name, cp.cuda.MemoryPointer(mem, 0))
+        if len(_VIEWS) >= _VIEWS_MAX:
+            _VIEWS.clear()
+        _VIEWS[key] = arr
+    return arr
 
 
 def raw_view(t: torch.Tensor) -> np.ndarray:
