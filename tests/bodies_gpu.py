@@ -281,3 +281,129 @@ def victim_dies_in_device_allreduce() -> dict:
         except shmproxy.PeerDiedError as exc:
             return {"raised": type(exc).__name__, "message": str(exc)[:200]}
     return {"raised": None}
+
+
+def wait_on_stream(rounds: int = 40) -> dict:
+    """Request.wait_on_stream: another stream waits on the GPU for a collective and the host goes on.
+    The last rank's input is written by a kernel that spins ~100 ms first, so the Allreduce completes
+    late on every rank; each rank's second stream waits for it and doubles the result: the host
+    returns from wait_on_stream at once and the doubled values are right. Then ``rounds`` calls in a
+    row, each waited for on the second stream only (the slots are reused meanwhile; nothing waits on
+    the host until the end)."""
+    cp = _cp()
+    kern = cp.RawKernel(_SPIN, "spin_then_fill")
+    n = 1 << 20
+    bad: list[str] = []
+    with shmproxy.init() as comm:
+        me, size = comm.rank, comm.size
+        want = size * (size + 1) / 2
+        s, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+        x = cp.zeros(n, cp.float32)
+        warm = comm.Iallreduce(shmproxy.IN_PLACE, x, shmproxy.SUM, stream=s)
+        warm.wait_on_stream(other)   # the first pins this rank's completion slots for the device
+        warm.Wait()
+        cp.cuda.Device().synchronize()
+        comm.Barrier()
+        cycles = 200_000_000 if me == size - 1 else 0
+        kern((64,), (256,), (x, cp.int64(n), cp.float32(me + 1), cp.int64(cycles)), stream=s)
+        req = comm.Iallreduce(shmproxy.IN_PLACE, x, shmproxy.SUM, stream=s)
+        t0 = time.monotonic()
+        armed = req.wait_on_stream(other)
+        host_s = time.monotonic() - t0
+        with other:
+            y = x * 2
+        other.synchronize()
+        if not armed:
+            bad.append("wait_on_stream declined a pending device Allreduce")
+        if float(y.min()) != 2 * want or float(y.max()) != 2 * want:
+            bad.append(f"the stream ran ahead of the Allreduce: {float(y.min())}..{float(y.max())}, not {2 * want}")
+        req.Wait()
+        if req.wait_on_stream(other):
+            bad.append("wait_on_stream armed a wait for a request already complete")
+        acc = cp.zeros(n, cp.float32)
+        reqs = []
+        for i in range(rounds):
+            with s:
+                x.fill(me + 1 + i)
+            r = comm.Iallreduce(shmproxy.IN_PLACE, x, shmproxy.SUM, stream=s)
+            r.wait_on_stream(other)
+            with other:
+                acc += x
+                other_done = cp.cuda.Event()
+                other_done.record(other)
+            s.wait_event(other_done)   # the next fill waits until this round's sum was read
+            reqs.append(r)
+        shmproxy.Request.Waitall(reqs)
+        other.synchronize()
+        expect = sum(want + size * i for i in range(rounds))
+        if float(acc.min()) != expect or float(acc.max()) != expect:
+            bad.append(f"{rounds} rounds waited on the stream: {float(acc.min())}..{float(acc.max())}, not {expect}")
+    return {"bad": bad, "host_s": host_s}
+
+
+def stream_let_go_when_peer_dies() -> dict:
+    """A stream waits (Request.wait_on_stream) for an Allreduce whose last rank SIGKILLs itself
+    instead of posting its part (once rank 0 told it its stream waits): the survivors' Wait raises
+    PeerDiedError, and their waiting stream is let go (its synchronize returns) instead of holding
+    the GPU forever."""
+    import signal
+    cp = _cp()
+    with shmproxy.init() as comm:
+        x = cp.ones(1 << 16, cp.float32)
+        other = cp.cuda.Stream(non_blocking=True)
+        comm.Allreduce(shmproxy.IN_PLACE, x)
+        cp.cuda.Device().synchronize()
+        comm.Barrier()
+        if comm.rank == comm.size - 1:
+            comm.Recv(np.zeros(1), 0, tag=3)   # rank 0's stream waits by now
+            os.kill(os.getpid(), signal.SIGKILL)
+        req = comm.Iallreduce(shmproxy.IN_PLACE, x)
+        armed = req.wait_on_stream(other)
+        if comm.rank == 0:
+            comm.Send(np.zeros(1), comm.size - 1, tag=3)
+        try:
+            req.Wait()
+        except shmproxy.PeerDiedError as exc:
+            raised = type(exc).__name__
+        else:
+            raised = None
+        t0 = time.monotonic()
+        other.synchronize()
+        return {"raised": raised, "armed": armed, "sync_s": time.monotonic() - t0}
+
+
+def remembered_call_after_realloc(rounds: int = 6) -> dict:
+    """The same cupy array object over memory it does not own (as the torch backend's cached views of
+    tensors are), whose allocation is freed and allocated again at the same address between calls:
+    a repeated call reuses its checked record (DeviceMemory.posted), so the new allocation must be
+    told from the old by its buffer id and registered afresh; through the old registration the
+    progress process would write the freed allocation, and the array would keep its old values."""
+    cp = _cp()
+    rt = cp.cuda.runtime
+    n = 1 << 20
+    nbytes = 4 * n
+    bad: list[str] = []
+    same = 0
+    with shmproxy.init() as comm:
+        me, size = comm.rank, comm.size
+        want = size * (size + 1) / 2
+        ptr = rt.malloc(nbytes)
+        v = cp.ndarray((n,), cp.float32, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr, nbytes, None), 0))
+        for i in range(rounds):
+            for k in range(2):
+                v.fill(me + 1 + k)
+                comm.Allreduce(shmproxy.IN_PLACE, v, shmproxy.SUM)
+                got = float(v.min()), float(v.max())
+                if got != (want + size * k,) * 2:
+                    bad.append(f"round {i} call {k}: {got}, not {want + size * k}")
+            cp.cuda.Device().synchronize()
+            rt.free(ptr)
+            again = rt.malloc(nbytes)
+            if again == ptr:
+                same += 1
+            else:   # not the case this is about: a new array over the new address
+                ptr = again
+                v = cp.ndarray((n,), cp.float32,
+                               cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr, nbytes, None), 0))
+        rt.free(ptr)
+    return {"bad": bad, "same_address": same}

@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from shmproxy.core.errors import InvalidArgument
+from shmproxy.core.errors import Closed, InvalidArgument
 from shmproxy.core.memory import MemKind, mem_word
 from shmproxy.core.ops import FLAG_STREAM_WORD
 from shmproxy.rank import device as rank_device
@@ -33,8 +33,8 @@ class _Driver:
     def write_value(self, stream: int, word: int, value: int) -> None:
         self.calls.append(("write", stream, word, value))
 
-    def wait_value(self, stream: int, word: int, value: int) -> None:
-        self.calls.append(("wait", stream, word, value))
+    def wait_value(self, stream: int, word: int, value: int, at_least: bool = False) -> None:
+        self.calls.append(("wait_geq" if at_least else "wait", stream, word, value))
 
     def host_register(self, addr: int, nbytes: int) -> None:
         self.registered.append((addr, nbytes))
@@ -140,3 +140,29 @@ def test_the_ranks_store_waits_for_an_older_store_of_its_slot_still_queued_on_an
     first = slots.ctypes.data + P.SLOT_BYTES * lr * MAX_OPS
     start, end = first & ~4095, (first + P.SLOT_BYTES * MAX_OPS + 4095) & ~4095
     assert drv.registered == [(start, end - start)] and drv.unregistered == [start]
+
+
+def test_a_streams_wait_for_a_completion_and_its_release_when_the_communicator_fails():
+    """Request.wait_on_stream's bookkeeping (rank/device.py, _Words): the wait is for the slot's done_seq
+    to reach the request's seq (low 32 bits, wrap-around order); a communicator that fails completes,
+    failed, each awaited request whose completion did not come, and leaves the others alone."""
+    slots = _slots()
+    drv = _Driver()
+    lr = 1
+    words = rank_device._Words(slots.ctypes.data, lr * MAX_OPS, MAX_OPS, drv)
+
+    def q(slot: int, field: int) -> int:
+        return slot * P.SLOT_BYTES // 8 + field
+
+    a, b, c = lr * MAX_OPS + 2, lr * MAX_OPS + 5, lr * MAX_OPS + 6
+    words.wait_done(a, (1 << 32) + 7, 0, 0xA)
+    assert drv.calls == [("wait_geq", 0xA, slots.ctypes.data + 8 * q(a, P.SLOT_DONE_SEQ) + DELTA, 7)]
+    words.wait_done(b, 9, 0, 0xB)
+    words.wait_done(c, 11, 0, 0xB)
+    slots[q(a, P.SLOT_DONE_SEQ)] = (1 << 32) + 7    # a completed
+    slots[q(c, P.SLOT_DONE_SEQ)] = 12               # c's slot went on to a later request
+    words.release(Closed.code)
+    assert slots[q(b, P.SLOT_DONE_SEQ)] == 9 and slots[q(b, P.SLOT_STATUS)] == Closed.code
+    assert slots[q(a, P.SLOT_STATUS)] == 0 and slots[q(a, P.SLOT_DONE_SEQ)] == (1 << 32) + 7
+    assert slots[q(c, P.SLOT_STATUS)] == 0 and slots[q(c, P.SLOT_DONE_SEQ)] == 12
+    assert words.awaited == {}

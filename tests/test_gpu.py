@@ -194,6 +194,29 @@ def test_kill9_mid_collective_survivors_raise_and_gpu_memory_returns():
     assert after - before < 64 << 20, (before, after)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_stream_waits_on_the_gpu_for_a_request(nranks):
+    res = run_ranks(BODY + "wait_on_stream", nranks, timeout=180)
+    _all_correct(res)
+    for r in res.results:
+        # the last rank's input kernel spins ~100 ms: a host that waited for the Allreduce would show it
+        assert r["host_s"] < 0.03, r
+
+
+def test_a_remembered_call_sees_its_memory_freed_and_allocated_again():
+    res = run_ranks(BODY + "remembered_call_after_realloc", 2, timeout=120)
+    _all_correct(res)
+    for r in res.results:
+        assert r["same_address"] >= 1, r   # the case this is about happened
+
+
+def test_a_waiting_stream_is_let_go_when_a_peer_dies():
+    res = run_ranks(BODY + "stream_let_go_when_peer_dies", 2, timeout=120, expect_fail={1})
+    r = res.results[0]
+    assert r["armed"] is True and r["raised"] == "PeerDiedError", r
+    assert r["sync_s"] < 5.0, r
+
+
 def test_mpi_layer_hands_device_arrays_to_the_native_layer():
     res = run_ranks(MORE + "mpi_layer_device_arrays", 2, timeout=180)
     _all_correct(res)

@@ -13,6 +13,10 @@ device array first appears (cupy is imported then, never for a host-only job):
   changed is a new allocation at a reused address: the old registration is dropped (DEREGISTER) and
   the new one registered, so the progress process can never write into memory that was freed. A cupy
   array over memory cupy owns keeps its location for as long as it lives (``DeviceMemory.locate``).
+  A call repeated on the same arrays reuses the record its first call checked (``posted``); over
+  memory cupy does not own (the torch backend's views of tensors), once the driver's buffer id says
+  the allocation under the address is still the registered one (one attribute query, where the
+  checks and the lookup cost a torch call's post more than the rest of it).
 - **Stream order, as NCCL's.** An op on device memory must see the work the rank queued on its current
   stream before the call. At post time the rank has that stream store the request's sequence number
   (its low 32 bits) into the request's completion slot, in the word SLOT_STREAM_SEQ, once the work
@@ -29,7 +33,9 @@ device array first appears (cupy is imported then, never for a host-only job):
   With ``stream=`` (another stream than cupy's current one: a cupy or torch stream, or a raw
   cudaStream_t) the op is ordered after that stream's work instead; its result is visible to every
   stream once ``Wait``/``Test`` reported completion (the wait is the synchronisation: work queued on
-  the stream before that is not ordered after the op, unlike NCCL's stream-enqueued kernels).
+  the stream before that is not ordered after the op, unlike NCCL's stream-enqueued kernels). Or a
+  stream waits on the GPU for the completion (``Request.wait_on_stream``: for the slot's done_seq,
+  ``_Words``) while the host goes on, as after NCCL's ``work.wait()``.
 
 bfloat16 has no cupy dtype: a torch bfloat16 tensor (or an array whose dtype is named bfloat16) is
 viewed as 16-bit words, which the copies move as they are, and the op record carries
@@ -98,6 +104,15 @@ class _Driver:
         self._out = (ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_uint64(), ctypes.c_int(), ctypes.c_int())
         self._attrs = (ctypes.c_int * 5)(_RANGE_START, _RANGE_SIZE, _BUFFER_ID, _DEVICE_ORDINAL, _IPC_CAPABLE)
         self._data = (ctypes.c_void_p * 5)(*(ctypes.addressof(x) for x in self._out))
+        self.lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+        self._bid_ref = ctypes.addressof(self._out[2])
+
+    def buffer_id(self, ptr: int) -> int:
+        """The buffer id of the allocation holding ``ptr`` (0: none): one attribute, for ``posted``."""
+        bid = self._out[2]
+        bid.value = 0
+        self.lib.cuPointerGetAttribute(self._bid_ref, _BUFFER_ID, ptr)
+        return bid.value
 
     def allocation(self, ptr: int) -> tuple[int, int, int, int, bool]:
         """(start, size, buffer id, device, IPC-capable) of the allocation holding ``ptr``."""
@@ -264,29 +279,41 @@ class DeviceMemory:
     def posted(self, key: tuple | None, sendbuf: Any, recvbuf: Any = None) -> tuple | None:
         """The record fields of an earlier call with this key (``call_key``, ``message_key``) on these
         same live cupy arrays (``remember_post``), or None. Such a call passed every check then, and
-        passes them now: a live array keeps its dtype, size, device and location (see ``locate``)."""
+        passes them now: a live array keeps its dtype, size, device and location (see ``locate``);
+        an array over memory cupy does not own (a torch tensor's) keeps its location for as long as
+        the allocation under it is the one registered, which its buffer id tells (one driver call)."""
         hit = self.posts.get(key) if key is not None else None
         if hit is None or (hit[0] is not None and hit[0]() is not sendbuf) or (
                 hit[1] is not None and hit[1]() is not recvbuf):
             return None
+        for ptr, bid in hit[3]:
+            if self._driver is None or self._driver.buffer_id(ptr) != bid:
+                return None
         return hit[2]
 
     def remember_post(self, key: tuple | None, sendbuf: Any, recvbuf: Any, fields: tuple) -> None:
         """After a call on device arrays was checked and posted: its record fields, for ``posted``
-        (cupy arrays over memory cupy owns only, as for ``locate``)."""
+        (cupy arrays; over memory cupy does not own, with the buffer id to check: see ``posted``)."""
         if key is None:
             return
         refs = []
+        checks = []
         for b in (sendbuf, recvbuf):
             if b is None or b is _IN_PLACE:   # immortal sentinels: their ids in the key say it all
                 refs.append(None)
-            elif type(b) is self.cp.ndarray and type(b.data.mem) is not self.cp.cuda.UnownedMemory:
+            elif type(b) is self.cp.ndarray:
                 refs.append(weakref.ref(b))
+                if type(b.data.mem) is self.cp.cuda.UnownedMemory and b.nbytes:
+                    ptr = b.data.ptr
+                    known = self._allocs.get(self._driver.allocation(ptr)[0]) if self._driver else None
+                    if known is None:
+                        return
+                    checks.append((ptr, known[0]))
             else:
                 return
         if len(self.posts) >= _LOCATED_MAX:
             self.posts.clear()
-        self.posts[key] = (refs[0], refs[1], fields)
+        self.posts[key] = (refs[0], refs[1], fields, tuple(checks))
 
     def is_cupy_array(self, obj: Any) -> bool:
         """Whether ``obj`` is a cupy array, known without probing (cupy builds an array's
@@ -342,9 +369,36 @@ class DeviceMemory:
             words.store(slot, seq & 0xFFFFFFFF, device, stream.ptr)
         return True
 
-    def close(self) -> None:
-        """Before the pool is unmapped: unpin the slots once no store of ours into them is queued."""
+    def stream_device(self, stream: Any) -> int:
+        """The device of a ``stream=`` argument (a raw cudaStream_t: the current device)."""
+        cp = self.cp if self.cp is not None else self._cupy()
+        if isinstance(stream, (cp.cuda.Stream, cp.cuda.ExternalStream)):
+            return int(stream.device_id)
+        dev = getattr(getattr(stream, "device", None), "index", None)   # a torch.cuda.Stream
+        return int(dev) if dev is not None else self.current_device()
+
+    def wait_done(self, slot: int, seq: int, device: int, stream: Any) -> None:
+        """Have ``stream`` (a cupy stream of ``device``; None: the current one) wait on the GPU until
+        request ``seq`` in ``slot`` completed (Request.wait_on_stream)."""
+        words = self._words
+        if words is None:
+            words = self._words = _Words(*self._slots)
+        with self.cp.cuda.Device(device):
+            if stream is None:
+                stream = self.cp.cuda.get_current_stream()
+            words.wait_done(slot, seq, device, stream.ptr)
+
+    def release_waits(self, code: int) -> None:
+        """The communicator failed or is closing: no stream may wait any longer for a completion that
+        may never come (``_Words.release``)."""
         if self._words is not None:
+            self._words.release(code)
+
+    def close(self) -> None:
+        """Before the pool is unmapped: unpin the slots once no store of ours into them is queued (no
+        stream waits for a completion by then: ``release_waits``)."""
+        if self._words is not None:
+            self._words.release(errors.Closed.code)
             self._words.close(self.cp)
             self._words = None
 
@@ -358,21 +412,52 @@ class DeviceMemory:
 
 
 class _Words:
-    """This rank's completion slots pinned and mapped for its GPUs, and the stream stores into them.
+    """This rank's completion slots pinned and mapped for its GPUs: the stream stores into them, and
+    the streams' waits for their completions.
 
     ``store`` queues the store of a request's value into its slot's SLOT_STREAM_SEQ word on a stream.
     ``last``: per slot, the stream and value of its latest store, for the one case the header names: a
     store of the slot's previous request still queued on another stream is waited for first (a
-    host read of the word tells whether it landed)."""
+    host read of the word tells whether it landed).
+
+    ``wait_done`` queues on a stream a wait for a request's completion: for its slot's done_seq to
+    reach the request's sequence number (the low 32 bits, compared in wrap-around order), which the
+    progress process stores, or its GPU behind the copy (transports/cuda_publish.py). done_seq only
+    ever grows within a slot (each request's completion stores its own, later, number, and a post
+    does not clear it), so a wait still queued when the slot has passed to a later request is
+    satisfied all the same. A completion that never comes (the progress process died) would hold the
+    stream forever: ``awaited`` keeps each slot's latest wait, and ``release`` completes those not
+    reached, with an error, once the communicator failed or closes."""
 
     def __init__(self, pool_slots: int, first: int, count: int, drv: Any = None):
         self.drv = drv if drv is not None else Driver()
         self.first = first                               # this rank's first slot
         self.pinned = HostSlots(self.drv, (pool_slots + P.SLOT_BYTES * first, P.SLOT_BYTES * count, count))
         self.last: dict[int, tuple[int, int, int]] = {}  # slot -> (stream, value, device) of its latest store
+        self.awaited: dict[int, int] = {}                # slot -> the seq of its latest stream wait
 
     def word(self, slot: int) -> int:
         return word_address(self.pinned.addr, slot - self.first)
+
+    def _slot_word(self, slot: int, field: int) -> int:
+        return self.pinned.addr + P.SLOT_BYTES * (slot - self.first) + 8 * field
+
+    def wait_done(self, slot: int, seq: int, device: int, stream: int) -> None:
+        """On ``stream`` of ``device`` (current): hold the stream's later work until request ``seq`` in
+        ``slot`` completed."""
+        addr = self._slot_word(slot, P.SLOT_DONE_SEQ)
+        self.drv.wait_value(stream, addr + self.pinned.delta(device), seq & 0xFFFFFFFF, at_least=True)
+        self.awaited[slot] = seq
+
+    def release(self, code: int) -> None:
+        """Complete with error ``code`` every request a stream waits for whose completion has not come
+        (the communicator failed or is closing: no request is posted into these slots again)."""
+        for slot, seq in self.awaited.items():
+            done = ctypes.c_int64.from_address(self._slot_word(slot, P.SLOT_DONE_SEQ))
+            if done.value < seq:
+                ctypes.c_uint64.from_address(self._slot_word(slot, P.SLOT_STATUS)).value = code
+                done.value = seq   # after the status: the rank reads the status once it sees this
+        self.awaited.clear()
 
     def store(self, slot: int, value: int, device: int, stream: int) -> None:
         """On ``stream`` of ``device`` (current): store ``value`` into ``slot``'s word after its work."""

@@ -363,6 +363,9 @@ class Lifecycle:
         pp = self.__dict__.get("_pp")
         if pp is not None:
             pp.usable = 0   # the fast path declines, so the full path raises this
+        device = self.__dict__.get("_device")
+        if device is not None:
+            device.release_waits(exc.code)   # no GPU stream waits for a completion that may never come
 
     # ------------------------------------------------------------------ errors, abort, close
     def get_async_error(self) -> errors.ProxyError | None:

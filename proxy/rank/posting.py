@@ -152,12 +152,13 @@ class Posting:
         """A message from or into device memory: never staged (shmproxy.rank.device), but for one
         that may cross nodes (shmproxy.rank.devstage)."""
         dev = self._device_memory()
-        key = message_key(kind, buf, flags, peer, tag) if stream is None else None
+        key = message_key(kind, buf, flags, peer, tag)
         if key is not None and dev.posts:
             fields = dev.posted(key, buf)
             if fields is not None:   # the same live device array, peer and tag as a checked call
+                s = None if stream is None else dev.as_stream(stream, mem_device(fields[-1]))
                 return self._emit(kind, fields[0], 0, flags, peer, tag, *fields[1:-1], -1, 0, 0, 0, (buf, buf),
-                                  None, 0, fields[-1])
+                                  None, 0, fields[-1], s)
         dev.begin_call()
         arr = dev.as_array(buf, "buffer")
         code = dev.dtype_code(arr)
@@ -273,13 +274,15 @@ class Posting:
         ``stream``: as for _post (device buffers only)."""
         self._check_usable()
         dev = self.__dict__.get("_device")
-        key = call_key(coll, sendbuf, recvbuf, op, root) if dev is not None and dev.posts and stream is None else None
+        key = call_key(coll, sendbuf, recvbuf, op, root) if dev is not None and dev.posts else None
         if key is not None:
             fields = dev.posted(key, sendbuf, recvbuf)
             if fields is not None:   # the same live device arrays as a call that passed every check
+                s = None if stream is None else dev.as_stream(stream, mem_device(fields[-1]))
                 pp = self._pp
                 pp.coll_seq += 1
-                return self._emit(KIND_COLL, *fields[:-1], pp.coll_seq, (sendbuf, recvbuf), None, 0, fields[-1])
+                return self._emit(KIND_COLL, *fields[:-1], pp.coll_seq, (sendbuf, recvbuf), None, 0, fields[-1],
+                                  s)
         args_in, root_in = (sendbuf, recvbuf), root   # as the caller passed them: the key of a remembered call
         C = Coll
         size, me = self.size, self.rank
@@ -377,7 +380,7 @@ class Posting:
         req = self._emit(KIND_COLL, code, redop, flags, root, coll, send_loc[0], send_loc[1], snb, count,
                          recv_loc[0], recv_loc[1], rnb, pp.coll_seq, keep, recv_loc[2], recv_loc[3], mem,
                          dev_stream)
-        if mem and stream is None:
+        if mem:
             self._device.remember_post(call_key(coll, *args_in, op, root_in), *args_in,
                                        (code, redop, flags, root, coll, send_loc[0], send_loc[1], snb, count,
                                         recv_loc[0], recv_loc[1], rnb, mem))

@@ -8,7 +8,7 @@ user never waits on does not leak anything.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from shmproxy.core import errors
 from shmproxy.core.ops import (CODE_DTYPE, KIND_COLL, KIND_NAMES, KIND_RECV, KIND_SEND, STATUS_CANCELLED,
@@ -104,6 +104,23 @@ class Request(RequestBase):
         if self._kind not in (KIND_SEND, KIND_RECV):
             raise errors.InvalidUsage(f"{self.describe()}: only point-to-point requests can be cancelled")
         return self._comm._cancel(self)
+
+    def wait_on_stream(self, stream: Any) -> bool:
+        """Have a CUDA ``stream`` (cupy's or torch's, or a cudaStream_t on the current device) wait on
+        the GPU until this request completes, and return at once: work queued on the stream from now
+        on runs after the operation, as after NCCL's ``work.wait()``. No thread of this process takes
+        part: the stream waits for the request's completion word in its slot, which the progress
+        process stores (shmproxy.rank.device, ``_Words``). False where the stream cannot (the request
+        already completed, or its result is copied into place when it is reaped: a host buffer staged
+        for the call, device buffers staged through host memory across nodes): wait on the host then.
+        The request must still be completed (Wait, Test) as any other; if the communicator fails
+        first, the stream is let go at the failure, its request failed."""
+        if self._done or self._stage is not None or self._extra is not None:
+            return False
+        dev = self._comm._device_memory()
+        device = dev.stream_device(stream)
+        dev.wait_done(self._slot, self._seq, device, dev.as_stream(stream, device))
+        return True
 
     # ---- the Python halves of Wait() and Test() (shm/_poster.c) -----------------------------------
     def _test_slow(self) -> bool:
