@@ -132,7 +132,8 @@ def stream_order() -> dict[str, Any]:
 def wait_lets_the_host_go() -> dict[str, Any]:
     """``Work.wait`` on CUDA tensors as NCCL's: with the stream busy (a long kernel queued before the
     call), wait returns while the kernel still runs, and work queued after it sees the result; the
-    blocking call alike; a small call too."""
+    blocking call alike; a small call too; and the Work's Future with a callback chained (DDP's
+    way), whose wait lets the host go too."""
     torch.cuda.set_device(0)
     _gloo, shm = _groups()
     me, ws = dist.get_rank(), dist.get_world_size()
@@ -143,22 +144,33 @@ def wait_lets_the_host_go() -> dict[str, Any]:
     torch.cuda._sleep(SLEEP_CYCLES)
     torch.cuda.synchronize()
     out["sleep_s"] = time.monotonic() - t0
-    for n in (1 << 22, 2):   # the first calls set up (registrations, the words): not timed
+    for n in (1 << 22, 2):   # the first calls set up (registrations, the words, streams): not timed
         dist.all_reduce(torch.zeros(n, device="cuda"), group=shm)
+        fut = dist.all_reduce(torch.zeros(n, device="cuda"), group=shm, async_op=True).get_future()
+        fut.then(lambda f: f.value()[0] * 2).wait()
+    out["forms"] = []
     for trial in range(3):
-        for n, form in ((1 << 22, "async"), (1 << 22, "blocking"), (2, "blocking")):
+        for n, form in ((1 << 22, "async"), (1 << 22, "blocking"), (2, "blocking"), (1 << 22, "future")):
             x = torch.zeros(n, device="cuda")
             torch.cuda.synchronize()
             dist.barrier(group=shm)
             torch.cuda._sleep(SLEEP_CYCLES)
             x.fill_(me + 1)
             t0 = time.monotonic()
+            doubled = None
             if form == "async":
                 dist.all_reduce(x, group=shm, async_op=True).wait()
+            elif form == "future":
+                # DDP's way: a callback chained on the Work's Future, then a wait on the chained one
+                fut = dist.all_reduce(x, group=shm, async_op=True).get_future()
+                doubled = fut.then(lambda f: f.value()[0] * 2)
+                doubled.wait()
             else:
                 dist.all_reduce(x, group=shm)
             out["waited_s"].append(time.monotonic() - t0)
-            y = x * 2                      # queued after the wait: runs once the result is there
+            out["forms"].append(f"{form} {n}")
+            # queued after the wait: runs once the result is there
+            y = x * 2 if doubled is None else doubled.value()
             torch.cuda.synchronize()
             got = float(y.min().item()), float(y.max().item())
             if got != (2 * want, 2 * want):

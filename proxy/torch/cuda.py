@@ -19,16 +19,20 @@ copies on its own GPU streams, never through host memory. What this module adds 
   side stream of the group, which the completion thread synchronizes. Only then are the Work and
   its Future completed: a completed Work's result is on the device, visible to every stream.
 - **What ``Work.wait`` does** (NCCL's semantics): it makes the caller's current stream wait for the
-  result and returns, without blocking the host. The stream waits on a word of pinned host memory
-  (``StreamWaits``: cuStreamWaitValue32) that the Work's completion stores, after its copies back;
-  so kernels queued after ``wait`` see the result, and ``synchronize()`` (or the stream's) blocks
-  until it is there. One exception saves the GPU work of such a wait where it buys nothing: a small
-  Work (work.py, SMALL_WAIT_BYTES) on an idle stream completes in microseconds, and its waiting
-  thread completes it on the host as before. A Work that fails stores its word too (no stream is
-  left waiting); its error is the group's next call's, and ``exception()``/``is_success()`` say it.
-  On a group that spans nodes the host waits, as before: there each post synchronises the call's
-  stream (the staging through host memory, shmproxy.rank.devstage) while it holds the group's lock,
-  which the completion thread needs to store a word that stream might be waiting for.
+  result and returns, without blocking the host. The stream waits on the GPU for each request's
+  completion word in its slot of the pool (``Request.wait_on_stream``: cuStreamWaitValue32 on pinned
+  memory), which the progress process stores, or its GPU right behind the copy: no thread of this
+  process is between the operation's end and the stream's next kernel. So kernels queued after
+  ``wait`` see the result, and ``synchronize()`` (or the stream's) blocks until it is there; the
+  completion thread completes the Work and its Future on the host meanwhile. Where the host waits
+  instead: a small Work (work.py, SMALL_WAIT_BYTES) on an idle stream completes in microseconds and
+  its waiting thread completes it; a Work with copies back (non-contiguous outputs, lists), whose
+  result is in place only once the completion thread ran them; and a group that spans nodes, where
+  each request's result is copied back from host memory when the rank reaps it (the staging of
+  shmproxy.rank.devstage). A Work that fails lets its streams go too: a communicator's failure
+  completes every request a stream waits for, failed; a Work that times out while a stream waits for
+  it aborts the group (as NCCL's watchdog does), since its completion may never come.
+  ``exception()``/``is_success()`` say what failed.
 - **Lifetimes.** Every CUDA tensor of a call (inputs included) is held until completion: torch's
   caching allocator would otherwise hand a freed block to the next kernel of the same stream while
   the progress process still reads or writes it.
@@ -40,9 +44,6 @@ anything is posted.
 """
 from __future__ import annotations
 
-import ctypes
-import mmap
-import threading
 from typing import Any, Iterable
 
 import torch
@@ -70,7 +71,7 @@ def common_device(tensors: Iterable[Any], what: str) -> torch.device | None:
 
 
 class SideStreams:
-    """One side stream per device for a group's copies back at completion (completion thread only)."""
+    """One side stream per device of a group (made on first use; ``get`` from one thread at a time)."""
 
     def __init__(self) -> None:
         self._streams: dict[int, torch.cuda.Stream] = {}
@@ -134,63 +135,3 @@ def scratch(numel: int, like: torch.Tensor, stage: Any) -> tuple[torch.Tensor, t
     tmp = torch.empty(numel, dtype=like.dtype, device=like.device)
     stage.keep.append(tmp)
     return tmp, tmp
-
-
-class StreamWaits:
-    """Words of pinned host memory that streams wait on until a Work's completion stores them (the
-    module header, "What Work.wait does"). A word is armed per wait with the next value of its own
-    counter, and the wait holds until the word reaches that value (wrap-safe), so a word goes back
-    to the free list as soon as its Work stored it: a wait still queued behind other GPU work is
-    satisfied by that value or any later one. Made on a group's first CUDA wait."""
-
-    # Works a group's streams wait on at once; past that a wait blocks the host, as before. The bound
-    # is what keeps a host from running ahead of the GPU without limit: each wait and each post queues
-    # a stream operation, and a full queue blocks the posting thread inside the driver while it holds
-    # the group's lock, which the completion thread needs to store the words (a deadlock, seen with a
-    # loop of 1,000 all_reduce calls and 1,024 words).
-    NWORDS = 64
-
-    def __init__(self) -> None:
-        from shmproxy.transports.cuda_driver import Driver
-        self.drv = Driver()
-        self.mem = mmap.mmap(-1, mmap.PAGESIZE)   # cuMemHostRegister takes whole pages
-        self.words = (ctypes.c_uint32 * self.NWORDS).from_buffer(self.mem)
-        self.addr = ctypes.addressof(self.words)
-        self.drv.host_register(self.addr, mmap.PAGESIZE)
-        self.device_addr: dict[int, int] = {}   # device -> where the words lie for it
-        self.free = list(range(self.NWORDS))
-        self.lock = threading.Lock()            # arming against completion (``hold``, ``store``)
-
-    def hold(self, work: Any, stream: torch.cuda.Stream) -> bool:
-        """Have ``stream`` wait for ``work``'s completion; False when it completed meanwhile or no
-        word is free (the caller then waits as before). The look at the Work's event and the arming
-        are one step under ``lock``, which its completion's ``store`` takes after setting the event
-        (Work._release_streams): either this sees the event set, or that store sees the word."""
-        with self.lock:
-            if work._event.is_set() or not self.free:
-                return False
-            i = self.free.pop()
-            value = (self.words[i] + 1) & 0xFFFFFFFF
-            dev = stream.device.index
-            base = self.device_addr.get(dev)
-            with torch.cuda.device(dev):
-                if base is None:
-                    base = self.device_addr[dev] = self.drv.host_device_pointer(self.addr)
-                self.drv.wait_value(stream.cuda_stream, base + 4 * i, value, at_least=True)
-            work._word = (i, value)
-        return True
-
-    def store(self, work: Any) -> None:
-        """At ``work``'s completion or failure: let the streams that wait for it go on."""
-        with self.lock:
-            w, work._word = work._word, None
-            if w is not None:
-                self.words[w[0]] = w[1]
-                self.free.append(w[0])
-
-    def close(self) -> None:
-        """With the group, once no Work is pending (every word stored): unpin the words, once no
-        stream can still be about to read one."""
-        for dev in self.device_addr:
-            torch.cuda.synchronize(dev)
-        self.drv.host_unregister(self.addr)

@@ -57,8 +57,8 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.lock = threading.RLock()
         self.adopter = Adopter(comm)
         self.stage_pool = StagePool(comm, comm.params.STAGING_CACHE)
-        self.side_streams = cuda.SideStreams()
-        self._stream_waits: cuda.StreamWaits | None = None   # made on the first CUDA Work.wait
+        self.side_streams = cuda.SideStreams()    # the completion thread's copies back
+        self.order_streams = cuda.SideStreams()   # where CUDA Futures complete (Work._stream_future)
         self.completer = Completer(self)
         self.direct = bool(comm.params.TORCH_BLOCKING_DIRECT)
         # Registered after the Comm's own exit hook, so it runs first (atexit is last-in, first-out):
@@ -122,21 +122,27 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         stage = (Staged(adopt=self.adopter, pool=self.stage_pool) if device is None else Staged())
         if device is not None:
             cuda.begin(stage, device, self.side_streams)
-        with self.lock:
-            try:
-                reqs = build(stage)
-                if device is not None:
-                    cuda.seal(stage)
-            except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
-                # A failed communicator gives a failed Work, not an exception at the call: DDP's reducer
-                # posts from an autograd hook and is not made to survive a throw there (gloo and nccl
-                # report such failures through the Work too). Bad arguments still raise at once.
-                work = Work(self, name, [], stage, result, on_done)
-                work._fail(exc)
-                return work
-            work = Work(self, name, reqs, stage, result, on_done)
-            self.completer.add(work)
-        return work
+        finished: list[Work] = []
+        try:
+            with self.lock:
+                finished = self.completer.reap()
+                try:
+                    reqs = build(stage)
+                    if device is not None:
+                        cuda.seal(stage)
+                except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
+                    # A failed communicator gives a failed Work, not an exception at the call: DDP's
+                    # reducer posts from an autograd hook and is not made to survive a throw there (gloo
+                    # and nccl report such failures through the Work too). Bad arguments still raise.
+                    work = Work(self, name, [], stage, result, on_done)
+                    work._fail(exc)
+                    return work
+                work = Work(self, name, reqs, stage, result, on_done)
+                self.completer.add(work)
+            return work
+        finally:
+            for w in finished:   # outside the lock, as the completer completes
+                w._complete()
 
     def _coalesced(self, name: str, builds: Sequence[Callable[[Staged], list]],
                    result: list[torch.Tensor], inputs: Sequence[Any] = ()) -> Work:
@@ -320,18 +326,14 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self.recv(tensors, shmproxy.ANY_SOURCE, tag)
 
     # ---- lifecycle --------------------------------------------------------------------------------
-    def abort(self) -> None:
-        """Fail the communicator on every rank now (pending Works raise shmproxy.Aborted)."""
+    def abort(self, cause: BaseException | None = None) -> None:
+        """Fail the communicator on every rank now (pending Works raise shmproxy.Aborted; ``cause``: the
+        error that made this rank abort, which the other ranks see as the reason)."""
+        reason = "torch.distributed abort" if cause is None else f"{type(cause).__name__}: {cause}"
         with self.lock:
-            self.comm.Abort("torch.distributed abort")
-        self.completer.fail_all(errors.Aborted(f"rank {self.rank()}: the process group was aborted"))
-
-    def stream_waits(self) -> cuda.StreamWaits:
-        """The words streams wait on for Work.wait on CUDA tensors (shmproxy.torch.cuda)."""
-        with self.lock:
-            if self._stream_waits is None:
-                self._stream_waits = cuda.StreamWaits()
-            return self._stream_waits
+            self.comm.Abort(reason)
+        self.completer.fail_all(errors.Aborted(f"rank {self.rank()}: the process group was aborted"
+                                               + ("" if cause is None else f" ({reason})")))
 
     def shutdown(self) -> None:
         """Close the communicator after its pending operations completed (or failed); idempotent."""
@@ -339,9 +341,6 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.completer.thread.join(self.timeout_s)
         with self.lock:
             self.comm.close()
-            waits, self._stream_waits = self._stream_waits, None
-        if waits is not None:
-            waits.close()
 
     def __repr__(self) -> str:
         return f"<ProcessGroupShmproxy rank {self.rank()}/{self.size()} {self.comm!r}>"

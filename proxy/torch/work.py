@@ -30,6 +30,17 @@ completer's, which sets an Event that every waiting thread waits on. ``is_comple
 nobody watches tests it once (``poll``). A Work's completion runs exactly once: whoever removed it
 from the pending list under the lock completes it.
 
+CUDA Works whose requests a stream can wait for on the GPU (Request.wait_on_stream; not across
+nodes, no copies back) take the completer off the path to the result. ``wait`` makes the current
+stream wait for the requests' completion words and returns; ``get_future`` returns NCCL's kind of
+Future, completed at once on a stream of the group that waits for the requests, so DDP's callbacks
+and its final wait queue their kernels behind the all_reduce instead of holding its thread until
+the completer saw the completion. Such a Work is still completed on the host (its tensors let go,
+its slots reaped), but lazily: the group's next post completes those whose requests finished
+(``Completer.reap``), unless someone watches it (``is_completed``, the completer's Future). Waking
+the completer for each of them cost more than the operation: its passes took the lock the next
+post needs, and the GIL.
+
 A blocking call that torch announces (``opts.asyncOp`` False: torch waits on its Work right away)
 of small CPU tensors (not bfloat16) does not get a Work of this kind at all when TORCH_BLOCKING_DIRECT
 is on: the group runs the communicator's blocking call on the calling thread, under its lock, and
@@ -89,7 +100,7 @@ class Work(dist.Work):
         # wait is microseconds, so other threads' posts are not held up): no hand-off to the
         # completer and back, which cost more than the operation. A larger one is the completer's.
         self.small = sum(t.numel() * t.element_size() for t in result) <= SMALL_WAIT_BYTES
-        self._word: tuple[int, int] | None = None   # (index, value) a stream waits on (cuda.StreamWaits)
+        self._on_stream = False   # a stream waits on the GPU for this Work's requests (_stream_wait)
 
     # ---- set by the completer -------------------------------------------------------------------
     def _complete(self) -> None:
@@ -101,7 +112,6 @@ class Work(dist.Work):
             self._fail(exc)
             return
         self._event.set()
-        self._release_streams()   # after the copies back (stage.done): the stream's wait ends
         self._resolve()
 
     def _fail(self, exc: BaseException) -> None:
@@ -110,8 +120,12 @@ class Work(dist.Work):
         self._exc = exc
         self.stage.after.clear()
         self._event.set()
-        self._release_streams()   # no stream is left waiting for a Work that failed
         self._resolve()
+        if self._on_stream and isinstance(exc, errors.Timeout):
+            # A stream waits on the GPU for a completion that did not come in time and may never come:
+            # the group fails (as NCCL's watchdog aborts its communicator), which lets every waiting
+            # stream go (Request.wait_on_stream) and fails the group's other Works.
+            self._pg.abort(exc)
 
     def _resolve(self) -> None:
         with _FUTURES:
@@ -119,18 +133,6 @@ class Work(dist.Work):
             trigger = self._trigger
         if trigger is not None:
             trigger.set_result(None)
-
-    def _release_streams(self) -> None:
-        """Store the word a stream waits on for this Work, if one was armed. Decided under the words'
-        lock, never by reading ``_word`` here: a ``wait()`` on another thread may be inside
-        StreamWaits.hold, past its look at ``_event`` (not set then) and about to arm its word; the
-        lock makes this store come after that arming (a stream that waited forever on a word nobody
-        stored: the hang of a loop of blocking all_reduce calls, one rank per GPU). ``_event`` is set
-        before this: a hold that starts later sees it and arms nothing. The words exist once a hold
-        began (ProcessGroupShmproxy.stream_waits), so none yet means no stream waits for this Work."""
-        waits = self._pg._stream_waits
-        if waits is not None and self.stage.device is not None:
-            waits.store(self)
 
     def _outcome(self, _trigger: torch.futures.Future) -> list[torch.Tensor]:
         if self._exc is not None:
@@ -165,27 +167,32 @@ class Work(dist.Work):
         return True
 
     def _stream_wait(self) -> bool:
-        """Have the current stream wait for this Work instead of the host; False where the host
-        waits: a small Work on an idle stream (microseconds), or one that completed meanwhile."""
+        """Have the current stream wait on the GPU for this Work's requests instead of the host; False
+        where the host waits: a small Work on an idle stream (microseconds), a Work with copies back,
+        or one whose requests complete only when reaped (Request.wait_on_stream)."""
         if self._pg.comm.node_layout is not None:
-            # Across nodes the rank stages device tensors through host memory and synchronises the
-            # call's stream at each post, holding the group's lock (shmproxy.rank.devstage); a stream
-            # waiting for a word that the completion thread stores only with that lock would never
-            # drain: the host waits instead (a deadlock found by test_gpu_nodes.py).
+            # Across nodes the rank stages device tensors through host memory: a request's result is
+            # copied back when the rank reaps it, which a stream cannot wait for.
             return False
         if self.stage.after:
             # Copies back (a strided output, a list of outputs) are launched by the completion thread
-            # before it stores the word. A caller that goes on to a synchronous copy out of the waiting
-            # stream (``t.cpu()``, ``.item()``) blocks inside the driver until the word is stored, and
-            # the completion thread's launch waited behind it: both ranks hung, one run in three
-            # (tests/test_gpu_torch.py, ops_vs_gloo). The host waits for such a Work instead.
+            # once the requests completed: a stream waiting for the requests alone would run ahead of
+            # them. The host waits for such a Work.
             return False
         stream = torch.cuda.current_stream(self.stage.device)
         if self.small and stream.query():
             return False
-        if not self._pg.stream_waits().hold(self, stream):
-            return False
-        self._pg.completer.watch(self)   # nobody waits on the host: the completer completes it
+        with self._pg.lock:   # the requests are the communicator's: one thread at a time
+            if self._event.is_set():
+                return False
+            if not all(r.wait_on_stream(stream) for r in self.requests if not r._done):
+                return False   # those armed wait for requests the host now waits for too: harmless
+            if self.stage.posted is not None:
+                stream.wait_event(self.stage.posted)   # the call's own copies, queued after its posts
+            self._on_stream = True
+        # Nobody waits for it on the host, and the completer is not woken for it: the group's next
+        # post completes it once its requests did (Completer.reap), unless its Future is taken
+        # (get_future: the completer's then) or someone asks (is_completed).
         return True
 
     def _finish_here(self, limit: float) -> None:
@@ -218,7 +225,12 @@ class Work(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         """The Future of the outputs; from now on the completer completes this Work even if nobody
-        waits (DDP chains its callbacks here and waits on the chained Future from C++)."""
+        waits (DDP chains its callbacks here and waits on the chained Future from C++). On CUDA
+        tensors, NCCL's Future where the requests allow it (``_stream_future``)."""
+        if self.stage.device is not None:
+            fut = self._stream_future()
+            if fut is not None:
+                return fut
         self._pg.completer.watch(self)
         with _FUTURES:
             if self._future is None:
@@ -231,6 +243,38 @@ class Work(dist.Work):
         if resolved:
             trigger.set_result(None)
         return self._future
+
+    def _stream_future(self) -> torch.futures.Future | None:
+        """NCCL's Future of an operation on CUDA tensors: completed at once, its value ordered on the
+        GPU after the operation. A stream of the group's (``order_streams``) waits for the requests'
+        completion words (Request.wait_on_stream) and the Future is completed on it: torch records an
+        event there, which every stream that waits on the Future or runs its callbacks waits for. So
+        DDP's hooks and its wait at the end of backward queue their work behind the all_reduce and go
+        on, where a Future completed by the completion thread held DDP's thread until the completer
+        had seen the completion. None where the requests do not allow it (the cases of
+        ``_stream_wait``) or the Work failed: the completer's Future then. As NCCL's, the Future
+        does not see a failure after the post: the group's next call raises it."""
+        if self._future is not None:
+            return self._future
+        pg = self._pg
+        device = self.stage.device
+        if device is None or pg.comm.node_layout is not None or self.stage.after or self._exc is not None:
+            return None
+        with pg.lock:
+            order = pg.order_streams.get(device)
+            if not self._event.is_set():
+                if not all(r.wait_on_stream(order) for r in self.requests if not r._done):
+                    return None
+                if self.stage.posted is not None:
+                    order.wait_event(self.stage.posted)
+                self._on_stream = True
+        fut: torch.futures.Future = torch.futures.Future(devices=[device])
+        with torch.cuda.stream(order):
+            fut.set_result(self.result_tensors)
+        with _FUTURES:
+            if self._future is None:
+                self._future = fut
+            return self._future
 
     def result(self) -> list[torch.Tensor]:  # type: ignore[override]
         self.wait()
@@ -329,6 +373,30 @@ class Completer:
             except ValueError:
                 return False
             return True
+
+    def reap(self) -> list[Work]:
+        """With the group's lock held, before a post: take out the Works that streams wait for on the
+        GPU and nobody watches (Work._stream_wait), whose requests completed; the caller completes
+        them once it released the lock. Waking this thread for each of them cost a blocking call on
+        CUDA tensors more than the operation: its passes took the lock that the next post needs, and
+        the GIL. A communicator's failure seen here is left to this thread, woken for it."""
+        done: list[Work] = []
+        keep: list[Work] = []
+        for w in self._pending:
+            if w._on_stream and not w._watched:
+                try:
+                    w.requests = [r for r in w.requests if not r.Test()]
+                except errors.ProxyError:
+                    w._watched = True   # _test_all sorts out what failed
+                    self._cond.notify()
+                else:
+                    if not w.requests:
+                        done.append(w)
+                        continue
+            keep.append(w)
+        if done:
+            self._pending = keep
+        return done
 
     def poll(self, work: Work) -> None:
         """``is_completed`` of a Work nobody waits on: test it once, complete it here if it finished."""
