@@ -349,7 +349,7 @@ def _start_vector(engine: Any, ops: list[Op], dt: Any, bf16: bool) -> None:
     """The rooted, vector and prefix collectives (shmproxy.coll.gpu_vector): counts checked between
     the ranks as on the host (a mismatch fails the communicator), then planned and queued."""
     op0 = ops[0]
-    if not vector.check(engine, ops, len(ops)):
+    if not vector.check(engine.coll, ops, len(ops)):   # the collectives' component owns the checks
         return
     if op0.coll in (Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN):
         sched.check_op(op0.redop, np.dtype(np.float32) if bf16 else dt)

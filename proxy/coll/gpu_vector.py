@@ -44,7 +44,7 @@ def plan(engine: Any, ops: list[Op], gpu: Any, dt: np.dtype) -> tuple[int, Body]
     op0 = ops[0]
     c, size, isz = op0.coll, len(ops), dt.itemsize
     ctx = engine.ctx
-    vs = vector.views(engine, ops, size)
+    vs = vector.views(engine.coll, ops, size)
     # mapped in the context of the device the collective runs on (shmproxy.coll.gpu, _queue)
     on, kernel = mem_device(op0.mem), c in (Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN)
     reg = vector.regions(lambda op, second, nbytes: Region(
