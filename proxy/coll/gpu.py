@@ -30,7 +30,7 @@ between themselves through host copies (shmproxy.rank.fastpath), where host and 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -43,12 +43,15 @@ from shmproxy.transports.cuda_bf16 import BF16_PREAMBLE
 from shmproxy.transports.cuda_publish import CELL_PAIRS
 from shmproxy.shm import pool as P
 
+if TYPE_CHECKING:
+    from shmproxy.engine.progress import ProgressEngine
+
 _log = log.get("COLL")
-_UFUNC_NAMES = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MIN: "minimum",
-                ReduceOp.MAX: "maximum", ReduceOp.AVG: "add"}
+_UFUNC_NAMES: dict[int, str] = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MIN: "minimum",
+                                ReduceOp.MAX: "maximum", ReduceOp.AVG: "add"}
 # x, y: the two float32 operands (NaN propagates through MIN and MAX, as in torch)
-_BF16_EXPR = {ReduceOp.SUM: "x + y", ReduceOp.AVG: "x + y", ReduceOp.PROD: "x * y",
-              ReduceOp.MIN: "(x != x || x < y) ? x : y", ReduceOp.MAX: "(x != x || x > y) ? x : y"}
+_BF16_EXPR: dict[int, str] = {ReduceOp.SUM: "x + y", ReduceOp.AVG: "x + y", ReduceOp.PROD: "x * y",
+                              ReduceOp.MIN: "(x != x || x < y) ? x : y", ReduceOp.MAX: "(x != x || x > y) ? x : y"}
 _bf16_kernels: dict = {}
 
 
@@ -74,8 +77,8 @@ FUSED_MAX_RANKS = 16           # kernels are written out per count of buffers: b
 _C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
             "int32": "int", "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long",
             "float32": "float", "float64": "double"}
-_FUSED_EXPR = {ReduceOp.SUM: "a + b", ReduceOp.AVG: "a + b", ReduceOp.PROD: "a * b",
-               ReduceOp.MIN: "(a != a || a < b) ? a : b", ReduceOp.MAX: "(a != a || a > b) ? a : b"}
+_FUSED_EXPR: dict[int, str] = {ReduceOp.SUM: "a + b", ReduceOp.AVG: "a + b", ReduceOp.PROD: "a * b",
+                               ReduceOp.MIN: "(a != a || a < b) ? a : b", ReduceOp.MAX: "(a != a || a > b) ? a : b"}
 _FUSED_SRC = r"""
 extern "C" __global__ void shmproxy_fused(%(params)s, long long n) {
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
@@ -195,7 +198,7 @@ def _fused_plan(gpu: Any, redop: int, dtype: Any, count: int, ins: list[int], ou
                  device, nbytes)
 
 
-def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
+def _run_plan(engine: "ProgressEngine", ops: list[Op], t: Any, plan: _Plan) -> None:
     gpu = t.gpu
     device = plan.device
     stream = gpu.ordered_stream(device, ops)
@@ -213,14 +216,14 @@ def _run_plan(engine: Any, ops: list[Op], t: Any, plan: _Plan) -> None:
         _watch(engine, ops, t, plan.nbytes, [], device, gpu.end_event(device, stream))
 
 
-def _cuda_transport(engine: Any) -> Any:
+def _cuda_transport(engine: "ProgressEngine") -> Any:
     for t in engine.transports:
         if MemKind.CUDA in t.kinds and getattr(t, "gpu", None) is not None:
             return t
     return None
 
 
-def _transport(engine: Any) -> Any:
+def _transport(engine: "ProgressEngine") -> Any:
     t = _cuda_transport(engine)
     if t is None:
         raise errors.InvalidUsage("a collective on device memory, but no allowed transport has device memory "
@@ -228,7 +231,7 @@ def _transport(engine: Any) -> Any:
     return t
 
 
-def start_device_coll(engine: Any, ops: list[Op]) -> None:
+def start_device_coll(engine: "ProgressEngine", ops: list[Op]) -> None:
     """Queue a collective on device memory (see the module header); its requests fail, nothing moved,
     when a buffer is wrong."""
     try:
@@ -244,7 +247,7 @@ def start_device_coll(engine: Any, ops: list[Op]) -> None:
         _log.warning("device collective #%d refused: %s", ops[0].coll_seq, exc)
 
 
-def _start(engine: Any, ops: list[Op]) -> None:
+def _start(engine: "ProgressEngine", ops: list[Op]) -> None:
     op0 = ops[0]
     c, n, size = op0.coll, op0.count, len(ops)
     bf16 = op0.dtype == DTYPE_BFLOAT16
@@ -345,7 +348,7 @@ def _start(engine: Any, ops: list[Op]) -> None:
     _queue(engine, ops, t, bf16, total, body)
 
 
-def _start_vector(engine: Any, ops: list[Op], dt: Any, bf16: bool) -> None:
+def _start_vector(engine: "ProgressEngine", ops: list[Op], dt: Any, bf16: bool) -> None:
     """The rooted, vector and prefix collectives (shmproxy.coll.gpu_vector): counts checked between
     the ranks as on the host (a mismatch fails the communicator), then planned and queued."""
     op0 = ops[0]
@@ -363,7 +366,7 @@ def _start_vector(engine: Any, ops: list[Op], dt: Any, bf16: bool) -> None:
     _queue(engine, ops, t, bf16, planned[0], planned[1])
 
 
-def _queue(engine: Any, ops: list[Op], t: Any, bf16: bool, total: int,
+def _queue(engine: "ProgressEngine", ops: list[Op], t: Any, bf16: bool, total: int,
            body: Callable[[GpuExecutor, list], None]) -> None:
     """Queue ``body`` on the stream of the ops' device after every rank's post-time event, then the
     collective's end event, and hand it to the cuda transport to watch."""
@@ -377,7 +380,7 @@ def _queue(engine: Any, ops: list[Op], t: Any, bf16: bool, total: int,
     _watch(engine, ops, t, total, keep, device, gpu.end_event(device, stream))
 
 
-def _watch(engine: Any, ops: list[Op], t: Any, total: int, keep: list, device: int, ev: Any,
+def _watch(engine: "ProgressEngine", ops: list[Op], t: Any, total: int, keep: list, device: int, ev: Any,
            owner: Any = None, published: bool = False) -> None:
     """The queued collective as one sub of one args of the cuda transport, done with ``ev`` (``owner``:
     the graph whose own event it is, transports/cuda.py ``watch``; ``published``: by that graph)."""

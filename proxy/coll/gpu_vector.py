@@ -22,7 +22,7 @@ Scratch is device memory of the progress process, held by the collective until i
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -32,13 +32,16 @@ from shmproxy.core import counts, errors
 from shmproxy.core.memory import mem_device
 from shmproxy.core.ops import FLAG_IN_PLACE, Coll, Op
 
+if TYPE_CHECKING:
+    from shmproxy.engine.progress import ProgressEngine
+
 COLLS = frozenset((Coll.GATHER, Coll.SCATTER, Coll.GATHERV, Coll.SCATTERV, Coll.ALLGATHERV, Coll.ALLTOALLV,
                    Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN))
 
 Body = Callable[[Any, list], None]   # (GpuExecutor, keep list for scratch) -> queues the work
 
 
-def plan(engine: Any, ops: list[Op], gpu: Any, dt: np.dtype) -> tuple[int, Body] | None:
+def plan(engine: "ProgressEngine", ops: list[Op], gpu: Any, dt: np.dtype) -> tuple[int, Body] | None:
     """(bytes moved, body) of one of these collectives; None when there is nothing to queue (the ops
     are completed here then). Raises ProxyError for a wrong buffer, nothing queued."""
     op0 = ops[0]
