@@ -30,7 +30,7 @@ def host_view(r: Region) -> np.ndarray:
     if not r.count:
         return np.empty(0, r.dtype)
     raw = (ctypes.c_char * r.nbytes).from_address(r.addr)
-    return np.frombuffer(raw, dtype=r.dtype, count=r.count)
+    return np.frombuffer(memoryview(raw), dtype=r.dtype, count=r.count)
 
 
 class CpuExecutor:
@@ -57,10 +57,13 @@ class CpuExecutor:
             if e.args is not None:
                 _reduce.reduce(*e.args, streaming)
             else:
-                e.ufunc(host_view(e.a), e.b if e.b is not None and not isinstance(e.b, Region) else
-                        host_view(e.b), out=host_view(e.out), **e.kw)
+                a, b, out = e.a, e.b, e.out
+                assert a is not None and b is not None and out is not None   # sched.reduce set them
+                e.ufunc(host_view(a), host_view(b) if isinstance(b, Region) else b, out=host_view(out), **e.kw)
         elif k == CB:
-            e.fn()
+            fn = e.fn
+            assert fn is not None   # sched.callback set it
+            fn()
         elif k != NOP:
             raise errors.InternalError(f"entry {e!r} cannot be executed by the {self.name} executor")
 

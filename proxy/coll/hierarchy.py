@@ -210,7 +210,8 @@ def allreduce(ins: list[Region], outs: list[Region], op: int, per: int, node: in
 
     def make(k: int) -> Schedule:
         lo, hi = chunks[k]
-        acc, keep = outs[0].part(lo, hi), []
+        acc = outs[0].part(lo, hi)
+        keep: list[Any] = []
         es, src = _partial([x.part(lo, hi) for x in ins], acc, op)
         exchange = _ring_exchange if acc.nbytes >= ring_min and acc.count >= nnodes else _rd_exchange
         es += exchange(acc, op, node, nnodes, total, (key, k), keep, src)

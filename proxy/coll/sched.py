@@ -84,7 +84,13 @@ class Entry:
         self.kind, self.is_barrier, self.status = kind, is_barrier, NOT_STARTED
         self.dst = self.src = self.nbytes = 0
         self.peer = -1
-        self.ufunc = self.a = self.b = self.out = self.fn = self.key = self.args = None
+        self.ufunc: Any = None
+        self.a: Region | None = None                   # REDUCE (ufunc form): out = ufunc(a, b)
+        self.b: Region | int | None = None
+        self.out: Region | None = None
+        self.fn: Callable[[], None] | None = None      # CB
+        self.key: Any = None
+        self.args: tuple[int, int, int, list[int], list[int]] | None = None   # REDUCE (C form)
         self.fold: tuple[int, int, int] | None = None   # RECV: (op, dtype code, first operand's address)
         self.chain = 0   # SEND, RECV: handed to its transport ahead of the schedule (core.ops.FORWARDING)
         self.kw: dict = {}

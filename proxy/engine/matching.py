@@ -57,6 +57,10 @@ class _Dest:
         return not (self.recvs or self.wild or self.unexp)
 
 
+def _not_armed(dst: int) -> None:
+    raise errors.InternalError(f"destination {dst} is marked armed, but no armed routes are set up")
+
+
 def _accepts(want_src: int, want_tag: int, src: int, tag: int) -> bool:
     # ANY_TAG leaves the runtime's reserved tags alone (core/ops.py)
     return ((want_src == src or want_src == ANY_SOURCE)
@@ -78,7 +82,7 @@ class Matcher:
         # Destinations with an armed route (engine/armed.py): any change to what waits for one of them
         # calls on_armed(dst) first, which disarms it (an armed half must stay the next to match).
         self.armed: set[int] = set()
-        self.on_armed: Callable[[int], None] | None = None
+        self.on_armed: Callable[[int], None] = _not_armed   # set with the first armed route
 
     # ------------------------------------------------------------------ matching
     # arrive and post run for every message: locals instead of repeated attribute loads, and the
@@ -134,15 +138,14 @@ class Matcher:
         key = (src, tag)
         unexp = d.unexp
         if unexp:
-            if not specific:
-                key = self._earliest(d, src, tag)
-            q = unexp.get(key) if key is not None else None
-            if q:
+            found = key if specific else self._earliest(d, src, tag)
+            q = unexp.get(found) if found is not None else None
+            if q and found is not None:
                 send = q.popleft()[1]
                 if not q:
-                    del unexp[key]
+                    del unexp[found]
                 if self.gauge is not None:
-                    self.gauge(dst, key[0], -1)
+                    self.gauge(dst, found[0], -1)
                 return send
         self._seq = seq = self._seq + 1
         if specific:
@@ -179,7 +182,7 @@ class Matcher:
         """``item`` waits in the unexpected queue of (dst, src, tag)."""
         d = self._dests.get(dst)
         q = d.unexp.get((src, tag)) if d is not None else None
-        return bool(q) and any(e[1] is item for e in q)
+        return q is not None and any(e[1] is item for e in q)
 
     def replace_unexpected(self, dst: int, src: int, tag: int, old: Any, new: Any) -> bool:
         """Put ``new`` in the place of the unexpected message ``old`` (a send the engine buffered),
@@ -208,14 +211,14 @@ class Matcher:
         would match now: the head of its queue, with no wildcard receive pending for ``dst``."""
         d = self._dests.get(dst)
         q = d.recvs.get((src, tag)) if d is not None and not d.wild else None
-        return bool(q) and q[0][1] is item
+        return q is not None and bool(q) and q[0][1] is item
 
     def next_unexpected_is(self, dst: int, src: int, tag: int, item: Any) -> bool:
         """Whether the unexpected message ``item`` is the one a receive (src, tag) at ``dst`` would
         match now: the head of its queue."""
         d = self._dests.get(dst)
         q = d.unexp.get((src, tag)) if d is not None else None
-        return bool(q) and q[0][1] is item
+        return q is not None and bool(q) and q[0][1] is item
 
     def pop_next(self, dst: int, src: int, tag: int, item: Any, posted: bool) -> None:
         """Remove ``item``, found by next_recv_is (``posted``) or next_unexpected_is when its route was

@@ -49,6 +49,7 @@ dropped.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import weakref
 from typing import Any, Callable
@@ -273,7 +274,7 @@ class DeviceMemory:
             if len(self._located) >= _LOCATED_MAX:
                 self._located.clear()
             key = id(arr)
-            self._located[key] = (weakref.ref(arr, lambda _r, k=key: self._forget(k)), loc)
+            self._located[key] = (weakref.ref(arr, functools.partial(self._forget_ref, key)), loc)
         return loc
 
     def posted(self, key: tuple | None, sendbuf: Any, recvbuf: Any = None) -> tuple | None:
@@ -296,8 +297,8 @@ class DeviceMemory:
         (cupy arrays; over memory cupy does not own, with the buffer id to check: see ``posted``)."""
         if key is None:
             return
-        refs = []
-        checks = []
+        refs: list[weakref.ref | None] = []
+        checks: list[tuple[int, int]] = []
         for b in (sendbuf, recvbuf):
             if b is None or b is _IN_PLACE:   # immortal sentinels: their ids in the key say it all
                 refs.append(None)
@@ -319,6 +320,9 @@ class DeviceMemory:
         """Whether ``obj`` is a cupy array, known without probing (cupy builds an array's
         ``__cuda_array_interface__`` on every access); False before cupy was first needed."""
         return self.cp is not None and type(obj) is self.cp.ndarray
+
+    def _forget_ref(self, key: int, _ref: Any) -> None:
+        self._forget(key)
 
     def _forget(self, key: int) -> None:
         hit = self._located.get(key)

@@ -138,7 +138,8 @@ def reduce(comm: Any, sendobj: Any, op: Any = "SUM", root: int = 0) -> Any:
 
 
 def _prefixes(fn: Callable[[Any, Any], Any], values: list[Any], exclusive: bool) -> list[Any]:
-    out, acc = [], None
+    out: list[Any] = []
+    acc = None
     for r, v in enumerate(values):
         if exclusive:
             out.append(acc)

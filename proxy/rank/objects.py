@@ -346,7 +346,10 @@ def send_self_sync(comm: Any, obj: Any, tag: int = 0) -> list:
 
 def cancel_self_sync(comm: Any, tag: int, token: list) -> bool:
     """Take back an issend to itself that no receive took yet; True if it was still queued."""
-    for entry in list(q := (getattr(comm, _SELF_ATTR, None) or {}).get(tag) or ()):
+    q = (getattr(comm, _SELF_ATTR, None) or {}).get(tag)
+    if not q:
+        return False
+    for entry in list(q):
         if len(entry) > 2 and entry[2] is token:
             q.remove(entry)
             token[1] = True

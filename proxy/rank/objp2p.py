@@ -31,7 +31,8 @@ class ObjRequest:
 
     def __init__(self, comm: Any, sends: list[Request] | None = None, recv: tuple[int, int] | None = None):
         self._comm, self._sends, self._recv = comm, sends, recv
-        self._done, self._value, self.status = False, None, None
+        self._done, self._value = False, None
+        self.status: Status | None = None
 
     def wait(self, status: Any = None) -> Any:
         if not self._done:
