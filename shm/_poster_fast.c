@@ -250,6 +250,21 @@ PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t narg
     return post_and_wait(self, _sp_Poster_isend, args, nargsf, kwnames);
 }
 
+/* send_or_isend(buf, dest, tag=0, stream=None): a Send through a cell of the pair when the fast path
+ * takes it (None: done, the bytes are in the cell), else Comm.Isend's Request, posted and never
+ * waited for here. For a caller whose send must not block, which a declined Send would (its Isend
+ * is waited for): the torch backend's send, which torch's isend returns unwaited. */
+PyObject *_sp_Poster_send_or_isend(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    static const char *const names[] = {"buf", "dest", "tag", "stream"};
+    static PyObject *zero = NULL;
+    if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
+    PyObject *a[4];
+    if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0] && a[1] &&
+        fast_send(self, a[0], a[1], a[2] ? a[2] : zero))
+        Py_RETURN_NONE;
+    return _sp_Poster_isend(self, args, nargsf, kwnames);
+}
+
 static int tag_accepts(long long want, long long tag) {
     return want == tag || (want == LLONG_MIN && !(tag >= RESERVED_TAG_LO && tag < RESERVED_TAG_HI));
 }

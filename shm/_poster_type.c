@@ -314,6 +314,8 @@ static PyMethodDef Poster_methods[] = {
      "set_fast(pool, fast_off, fast_bytes, rank_area_off, nlocal, slice_s, fallbacks, failed, check, proxy_fd)"},
     {"send", (PyCFunction)(void (*)(void))_sp_Poster_send, METH_FASTCALL | METH_KEYWORDS,
      "send(buf, dest, tag=0) (see Comm.Send)"},
+    {"send_or_isend", (PyCFunction)(void (*)(void))_sp_Poster_send_or_isend, METH_FASTCALL | METH_KEYWORDS,
+     "send_or_isend(buf, dest, tag=0) -> None when sent through a cell at once, else Isend's Request"},
     {"recv", (PyCFunction)(void (*)(void))_sp_Poster_recv, METH_FASTCALL | METH_KEYWORDS,
      "recv(buf, source=ANY_SOURCE, tag=ANY_TAG) -> Status (see Comm.Recv)"},
     {"barrier", (PyCFunction)(void (*)(void))_sp_Poster_barrier, METH_FASTCALL | METH_KEYWORDS,

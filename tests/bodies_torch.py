@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -577,3 +578,95 @@ def async_op_mismatch() -> dict:
     except Exception as exc:   # what each rank sees is the result
         err = f"{type(exc).__name__}: {exc}"
     return {"error": err}
+
+
+def p2p_small(n: int = 300) -> dict:
+    """Small CPU send and recv (issue 43): a send goes through the ranks' fast path at once, a receive
+    is deferred to its wait (or posted as soon as anything else needs it). MPI's order holds under
+    every mix of send/isend and recv/irecv, waited in either order; Futures, is_completed, ANY_SOURCE,
+    strided and bfloat16 tensors, a deferred irecv across a blocking barrier, a large message."""
+    _gloo, shm = _groups()
+    me = dist.get_rank()
+    out: dict[str, Any] = {"bad": []}
+
+    def bad(msg: str) -> None:
+        out["bad"].append(msg)
+
+    t = torch.zeros(4)
+    for i in range(n):   # a ping-pong of blocking calls
+        if me == 0:
+            t.fill_(i)
+            dist.send(t, 1, group=shm)
+            dist.recv(t, 1, group=shm)
+            if float(t[0]) != i + 0.5:
+                bad(f"ping-pong {i}: {float(t[0])}")
+        else:
+            dist.recv(t, 0, group=shm)
+            t += 0.5
+            dist.send(t, 0, group=shm)
+    # order on one (source, tag): rank 1 sends 1, 2, 3; rank 0 posts a, b, waits b first, then c
+    if me == 1:
+        ws = [dist.isend(torch.full((3,), 1.0), 0, group=shm, tag=5)]
+        out["isend"] = type(ws[0]).__name__
+        dist.send(torch.full((3,), 2.0), 0, group=shm, tag=5)
+        ws.append(dist.isend(torch.full((3,), 3.0), 0, group=shm, tag=5))
+        for w in ws:
+            w.wait()
+    else:
+        a, b, c = torch.zeros(3), torch.zeros(3), torch.zeros(3)
+        wa = dist.irecv(a, 1, group=shm, tag=5)
+        wb = dist.irecv(b, 1, group=shm, tag=5)
+        wb.wait()
+        wa.wait()
+        dist.recv(c, 1, group=shm, tag=5)
+        if (float(a[0]), float(b[0]), float(c[0])) != (1.0, 2.0, 3.0):
+            bad(f"order: {float(a[0])}, {float(b[0])}, {float(c[0])}, not 1, 2, 3")
+    # a deferred irecv across a blocking barrier, then one through its Future, one polled
+    x = torch.zeros(2)
+    if me == 0:
+        w = dist.irecv(x, 1, group=shm, tag=6)
+        dist.barrier(group=shm)
+        w.wait()
+        if float(x[0]) != 6.0:
+            bad(f"across a barrier: {float(x[0])}")
+        fut = dist.irecv(x, 1, group=shm, tag=7).get_future()
+        got = fut.wait()
+        if float(got[0][0]) != 7.0:
+            bad(f"future: {float(got[0][0])}")
+        w = dist.irecv(x, 1, group=shm, tag=8)
+        deadline = time.monotonic() + 30
+        while not w.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if not w.is_completed() or float(x[0]) != 8.0:
+            bad(f"polled: completed {w.is_completed()}, {float(x[0])}")
+    else:
+        dist.send(torch.full((2,), 6.0), 0, group=shm, tag=6)
+        dist.barrier(group=shm)
+        dist.send(torch.full((2,), 7.0), 0, group=shm, tag=7)
+        dist.send(torch.full((2,), 8.0), 0, group=shm, tag=8)
+    # any source, strided and bfloat16 tensors, a large message (through the progress process)
+    if me == 1:
+        dist.send(torch.full((2,), 9.0), 0, group=shm, tag=9)
+        dist.send(torch.arange(8.0)[::2], 0, group=shm, tag=10)
+        dist.send(torch.full((4,), 3.0, dtype=torch.bfloat16), 0, group=shm, tag=11)
+        dist.send(torch.arange(float(1 << 18)), 0, group=shm, tag=12)
+    else:
+        y = torch.zeros(2)
+        out["any_source"] = dist.recv(y, group=shm, tag=9)
+        if float(y[0]) != 9.0:
+            bad(f"any source: {float(y[0])}")
+        z = torch.zeros(8)[::2]
+        dist.recv(z, 1, group=shm, tag=10)
+        if z.tolist() != [0.0, 2.0, 4.0, 6.0]:
+            bad(f"strided: {z.tolist()}")
+        h = torch.zeros(4, dtype=torch.bfloat16)
+        dist.recv(h, 1, group=shm, tag=11)
+        if h.float().tolist() != [3.0] * 4:
+            bad(f"bfloat16: {h.float().tolist()}")
+        big = torch.zeros(1 << 18)
+        dist.recv(big, 1, group=shm, tag=12)
+        if not torch.equal(big, torch.arange(float(1 << 18))):
+            bad("large message differs")
+    dist.barrier(group=shm)
+    dist.destroy_process_group()
+    return out

@@ -93,6 +93,18 @@ def test_blocking_small_calls_run_directly() -> None:
 
 
 @pytest.mark.launcher
+def test_small_send_and_recv_take_the_fast_path_in_mpi_order() -> None:
+    """Issue 43: small CPU sends complete at once through the ranks' fast path (a completed Work),
+    receives are deferred to their wait; order, Futures, polling, any source, strided, bfloat16, a
+    deferred receive across a barrier and a large message all come out right."""
+    res = run_ranks(f"{B}:p2p_small", 2, timeout=200, launcher="torchrun")
+    r0, r1 = res.results
+    assert r0["bad"] == [] and r1["bad"] == [], (r0, r1)
+    assert r1["isend"] == "Completed", r1
+    assert r0["any_source"] == 1, r0
+
+
+@pytest.mark.launcher
 def test_ranks_disagreeing_on_async_op_fail_every_rank() -> None:
     """A blocking small all_reduce on one rank against an async one on the other cannot match (the
     first runs between the ranks, the second through the progress process): every rank raises,

@@ -109,6 +109,13 @@ class Comm(Lifecycle, Posting, Waiting):
         (the wait is the synchronisation point). Host buffers ignore it."""
         return self._post(KIND_SEND, buf, dest, tag, stream=stream)
 
+    def _send_or_isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Request | None:
+        """A small send done at once through a cell of the ranks' fast path (None), else Isend's
+        request, posted and not waited for: for a caller whose send must not block (the torch
+        backend's, which torch's isend returns unwaited; a declined Send would wait for its Isend).
+        Bound to the C entry where the fast path is on (rank/fastpath.py); without it, Isend."""
+        return self.Isend(buf, dest, tag)
+
     def Irecv(self, buf: np.ndarray, source: int, tag: int = 0, stream: Any = None) -> Request:
         """Post a receive into ``buf`` (writable, C-contiguous) from ``source``; returns a Request.
         (The C path bound per communicator falls back to this method, as for Isend.)"""

@@ -315,6 +315,20 @@ def scatter(pg: Any, out: torch.Tensor, ins: Sequence[torch.Tensor], root: int, 
 # ---------------------------------------------------------------------------------------------------
 # Point-to-point
 
+def send_or_isend(pg: Any, t: torch.Tensor, dst: int, tag: int) -> Any:
+    """A small CPU send: through the ranks' fast path at once (None: sent, the bytes copied), else the
+    posted Isend's request (which holds its array)."""
+    return pg.comm._send_or_isend(T.bits_view(t if t.is_contiguous() else t.contiguous()), dst, tag)
+
+
+def recv_now(pg: Any, t: torch.Tensor, src: int, tag: int) -> Any:
+    """A small CPU receive, blocking: the communicator's Recv (the ranks' fast path when it can take
+    the message itself); its Status."""
+    got: list = []
+    _in_place(t, lambda a: got.append(pg.comm.Recv(a, src, tag)))
+    return got[0]
+
+
 def send(pg: Any, t: torch.Tensor, dst: int, tag: int, st: T.Staged) -> list:
     return [pg.comm.Isend(T.for_move(t, st, output=False), dst, tag, **st.kw)]
 

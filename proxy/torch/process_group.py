@@ -61,6 +61,11 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.order_streams = cuda.SideStreams()   # where CUDA Futures complete (Work._stream_future)
         self.completer = Completer(self)
         self.direct = bool(comm.params.TORCH_BLOCKING_DIRECT)
+        # Small CPU messages (send, recv): the ranks' fast path, up to its cell size, and receives
+        # deferred only where a send of that size completes without its receive (buffered).
+        self.eager_bytes = comm._fast_bytes if self.direct else 0
+        self.defer_bytes = min(self.eager_bytes, comm.params.SEND_BUFFER_BYTES)
+        self.deferred_recv: Work | None = None   # the one receive not posted yet (recv, "Deferred")
         # Registered after the Comm's own exit hook, so it runs first (atexit is last-in, first-out):
         # the completion thread stops touching the communicator before the Comm is closed.
         atexit.register(_stop_at_exit, weakref.ref(self))
@@ -306,21 +311,74 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._post("scatter", lambda st: ops.scatter(self, out, ins, root, st), [out], inputs=ins)
 
     # ---- point-to-point ---------------------------------------------------------------------------
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
+    # torch's send and recv call these and then ``wait()`` (isend and irecv return the Work), and the
+    # group cannot tell which. Small CPU messages on one node use the ranks' fast path either way:
+    # - **send**: through a cell of the pair at once when one is free (a completed Work: the bytes
+    #   are copied, as a buffered send's), else the posted Isend, never waited for here.
+    # - **recv, deferred**: the receive is not posted at the call. ``wait()`` runs the communicator's
+    #   blocking Recv on the waiting thread, which takes the message from its cell itself; anything
+    #   else that needs the receive posted posts it first as an Irecv: another receive on the group
+    #   (so receives keep their order: at most one is deferred, the latest), ``get_future``,
+    #   ``is_completed``, the completion thread. Deferring never holds a sender up: it is done only
+    #   for sizes a send completes without its receive (SEND_BUFFER_BYTES), and a blocking wait
+    #   elsewhere in the program meanwhile finds those sends complete, as they would be.
+    # Both only where the fast path is on and TORCH_BLOCKING_DIRECT is (its switch).
+    def _eager(self, t: torch.Tensor, limit: int) -> bool:
+        return not t.is_cuda and 0 < t.numel() * t.element_size() <= limit
+
+    def flush_deferred(self) -> None:
+        """Post the deferred receive, if any (the group's lock held)."""
+        w = self.deferred_recv
+        if w is not None:
+            w.post_deferred()
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work | Completed:
         t = ops.one(tensors, "send")
-        return self._post(f"send to rank {dst} tag {tag}", lambda st: ops.send(self, t, dst, tag, st), [t])
+        name = f"send to rank {dst} tag {tag}"
+        if self._eager(t, self.eager_bytes):
+            with self.lock:
+                try:
+                    req = ops.send_or_isend(self, t, dst, tag)
+                except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
+                    return Completed(name, [t], exc)
+                if req is None:
+                    return Completed(name, [t])
+                work = Work(self, name, [req], Staged(), [t])
+                self.completer.add(work)
+            return work
+        return self._post(name, lambda st: ops.send(self, t, dst, tag, st), [t])
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
         t = ops.one(tensors, "recv")
-        holder: list = []
+        name = f"recv from rank {src} tag {tag}"
+
+        def source(w: Work) -> None:
+            if w._recv_req is not None:
+                w.source = w._recv_req.status.source
+
+        if self._eager(t, self.defer_bytes):
+            if src != shmproxy.ANY_SOURCE and not 0 <= src < self.size():
+                raise errors.InvalidArgument(f"shmproxy backend: recv: source {src} is not a rank of this group"
+                                             f" (size {self.size()})")
+            with self.lock:
+                self.flush_deferred()   # an earlier deferred receive is posted first: receives keep order
+                work = Work(self, name, [], Staged(), [t], source)
+                work._deferred = (src, tag)
+                self.deferred_recv = work
+                self.completer.add(work)
+            return work
 
         def build(st: Staged) -> list:
-            holder.extend(ops.recv(self, t, src, tag, st))
-            return list(holder)
+            self.flush_deferred()
+            reqs = ops.recv(self, t, src, tag, st)
+            work_req.extend(reqs)
+            return reqs
+
+        work_req: list = []
 
         def done(w: Work) -> None:
-            w.source = holder[0].status.source
-        return self._post(f"recv from rank {src} tag {tag}", build, [t], done)
+            w.source = work_req[0].status.source
+        return self._post(name, build, [t], done)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
         return self.recv(tensors, shmproxy.ANY_SOURCE, tag)

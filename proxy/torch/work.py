@@ -62,6 +62,7 @@ import torch.distributed as dist
 
 from shmproxy.core import errors
 from shmproxy.rank.request import Request
+from shmproxy.torch import ops
 from shmproxy.torch.tensors import Staged
 
 
@@ -101,6 +102,10 @@ class Work(dist.Work):
         # completer and back, which cost more than the operation. A larger one is the completer's.
         self.small = sum(t.numel() * t.element_size() for t in result) <= SMALL_WAIT_BYTES
         self._on_stream = False   # a stream waits on the GPU for this Work's requests (_stream_wait)
+        # A small CPU receive not posted yet, (source, tag): received by ``wait`` itself, or posted as
+        # an Irecv as soon as anything else needs it to be (ProcessGroupShmproxy.recv, "Deferred").
+        self._deferred: tuple[int, int] | None = None
+        self._recv_req: Any = None   # a receive's request once posted (its Status names the source)
 
     # ---- set by the completer -------------------------------------------------------------------
     def _complete(self) -> None:
@@ -154,6 +159,13 @@ class Work(dist.Work):
                     "thread (inside a Future callback): chain another callback instead of waiting")
             if self.stage.device is not None and not secs and self._stream_wait():
                 return True
+            if self._deferred is not None:
+                if not secs and self._receive_here():
+                    if self._exc is not None:
+                        raise self._exc
+                    return True
+                with self._pg.lock:
+                    self.post_deferred()   # the usual wait below needs it posted
             limit = secs if secs else max(self.deadline - time.monotonic(), 0.0) + 1.0
             if self.small and self._pg.completer.claim(self):
                 self._finish_here(limit)   # no hand-off: this thread waits and completes it
@@ -193,6 +205,44 @@ class Work(dist.Work):
         # Nobody waits for it on the host, and the completer is not woken for it: the group's next
         # post completes it once its requests did (Completer.reap), unless its Future is taken
         # (get_future: the completer's then) or someone asks (is_completed).
+        return True
+
+    def post_deferred(self) -> None:
+        """Post a deferred receive as the Irecv it stands for (the group's lock held); a failed
+        communicator fails the Work."""
+        d, self._deferred = self._deferred, None
+        if d is None:
+            return
+        pg = self._pg
+        if pg.deferred_recv is self:
+            pg.deferred_recv = None
+        try:
+            self.requests = ops.recv(pg, self.result_tensors[0], d[0], d[1], self.stage)
+        except errors.ProxyError as exc:
+            self._fail(exc)
+            return
+        self._recv_req = self.requests[0]
+
+    def _receive_here(self) -> bool:
+        """``wait`` of a deferred receive: the communicator's blocking Recv on this thread, under the
+        group's lock (the ranks' fast path takes the message from its cell, where a posted Irecv
+        would have waited for the progress process to deliver it). False where it was posted
+        meanwhile (the usual wait then)."""
+        pg = self._pg
+        with pg.lock:
+            d = self._deferred
+            if d is None or not pg.completer.claim(self):
+                return False
+            self._deferred = None
+            if pg.deferred_recv is self:
+                pg.deferred_recv = None
+            try:
+                status = ops.recv_now(pg, self.result_tensors[0], d[0], d[1])
+            except errors.ProxyError as exc:
+                self._fail(exc)
+                return True
+        self.source = status.source
+        self._complete()
         return True
 
     def _finish_here(self, limit: float) -> None:
@@ -403,6 +453,10 @@ class Completer:
         with self._cond:
             if work not in self._pending:
                 return
+            work.post_deferred()
+            if work._event.is_set():   # its post failed
+                self._pending.remove(work)
+                return
             try:
                 work.requests = [r for r in work.requests if not r.Test()]
             except errors.ProxyError as exc:
@@ -477,6 +531,10 @@ class Completer:
         keep: list[Work] = []
         failure: BaseException | None = None
         for w in self._pending:
+            if w._deferred is not None:
+                w.post_deferred()   # this thread completes it: it must be posted
+                if w._event.is_set():
+                    continue
             try:
                 left = [r for r in w.requests if not r.Test()]
             except (errors.PeerDiedError, errors.Aborted, errors.Closed) as exc:
