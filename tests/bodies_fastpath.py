@@ -24,7 +24,7 @@ def _plan(seed: int, nmsg: int) -> list[tuple[int, int, str]]:
     rng = random.Random(seed)
     out = []
     for _ in range(nmsg):
-        mode = rng.choice(["Send", "Send", "Send", "Isend", "Issend", "Send_medium", "Isend_large"])
+        mode = rng.choice(["Send", "Send", "Send", "Isend", "Issend", "Send_medium", "Isend_large", "Send_or_isend"])
         n = {"Send_medium": MEDIUM // 8, "Isend_large": LARGE // 8}.get(mode, rng.choice([0, 1, SMALL]))
         out.append((rng.choice([0, 1, 2]), n, mode))
     return out
@@ -32,9 +32,9 @@ def _plan(seed: int, nmsg: int) -> list[tuple[int, int, str]]:
 
 def order_mixed(seed: int, nmsg: int) -> dict:
     """Rank 0 sends ``nmsg`` messages to rank 1 on three tags, each through the fast path or the progress
-    process (small blocking Sends, Isend, Issend, medium buffered and large rendezvous sends); rank 1
-    receives them with blocking Recv (specific tag, ANY_TAG, ANY_SOURCE), Irecv + Wait, two Irecvs
-    posted together, Probe + Recv, in an order drawn from the same seed. Every message carries its
+    process (small blocking Sends, Isend, Issend, send_or_isend, medium buffered and large rendezvous
+    sends); rank 1 receives them with blocking Recv (specific tag, ANY_TAG, ANY_SOURCE), Irecv + Wait,
+    two Irecvs posted together, Probe + Recv, in an order drawn from the same seed. Every message carries its
     number: each receive must get the earliest unreceived message it accepts (MPI's non-overtaking),
     checked against that model."""
     with shmproxy.init() as comm:
@@ -47,6 +47,10 @@ def order_mixed(seed: int, nmsg: int) -> dict:
                     comm.Send(data, 1, tag)
                 elif mode == "Issend":
                     pending.append(comm.Issend(data, 1, tag))
+                elif mode == "Send_or_isend":   # the torch backend's send: a cell at once, else Isend
+                    r = comm._send_or_isend(data, 1, tag)
+                    if r is not None:
+                        pending.append(r)
                 else:
                     pending.append(comm.Isend(data, 1, tag))
             for r in pending:
