@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""torch.distributed on shmproxy against gloo, in the same job: all_reduce time by size, the overlap of
-one async all_reduce with computation, and a DDP training step with the share of its communication
-hidden behind backward.
+"""torch.distributed on shmproxy against gloo, in the same job: all_reduce time by size, a send/recv
+ping-pong, the overlap of one async all_reduce with computation, and a DDP training step with the
+share of its communication hidden behind backward.
 
-    torchrun --nproc-per-node 2 tools/torch_bench.py [--sizes 1M,4M,16M,64M] [--iters 10]
+    torchrun --nproc-per-node 2 tools/torch_bench.py [--sizes 1M,4M,16M,64M] [--iters 10] [--pingpong 8,4K]
                  [--overlap-size 16M] [--params 10M] [--layers 16] [--batch 32] [--bucket-cap-mb 25]
                  [--steps 6] [--json FILE] [--trace] [--no-adopt] [--device cuda] [--peers gloo,nccl] [--loop]
 
@@ -12,7 +12,8 @@ both, the same way. Each all_reduce figure is the median of ``--iters`` timed ca
 (after a barrier of the same group); with ``--loop``, the mean of ``--iters`` calls back to back
 after one barrier, the slowest rank's (how a training loop calls: a rank that comes first waits
 inside the call). "registered" is shmproxy's all_reduce of a tensor in the group's registered memory
-(``alloc_tensor``: no staging copy).
+(``alloc_tensor``: no staging copy). ``--pingpong``: one way of blocking ``dist.send``/``dist.recv``
+between ranks 0 and 1, half the mean round trip of ``--iters`` round trips.
 
 **Overlap of one all_reduce** (OSU style, ``--overlap-size``; 0 skips it): t_comm is a blocking
 all_reduce; the computation is a loop of 128x128 matmuls calibrated to last about t_comm (the largest
@@ -208,6 +209,33 @@ def bench_allreduce(groups: dict[str, Any], nbytes: int, iters: int, trace: bool
             _tracing[0] = False
             if dist.get_rank() == 0:
                 _print_trace(f"all_reduce {nbytes >> 20} MiB, {name}", t0, {"returned": t1})
+    return out
+
+
+def bench_pingpong(groups: dict[str, Any], nbytes: int, iters: int) -> dict[str, float]:
+    """One way of a blocking ``dist.send``/``dist.recv`` ping-pong between ranks 0 and 1 (the others
+    wait): half the mean round trip of ``iters`` round trips after a barrier, on each group."""
+    me = dist.get_rank()
+    out = {}
+    for name, g in groups.items():
+        t = torch.zeros(max(nbytes // 4, 1), device=DEVICE[0])
+
+        def round_trip(t: torch.Tensor = t, g: Any = g) -> None:
+            if me == 0:
+                dist.send(t, 1, group=g)
+                dist.recv(t, 1, group=g)
+            elif me == 1:
+                dist.recv(t, 0, group=g)
+                dist.send(t, 0, group=g)
+        for _ in range(10):
+            round_trip()
+        _sync()
+        dist.barrier(group=g)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            round_trip()
+        _sync()
+        out[name] = _agree((time.perf_counter() - t0) / iters / 2)
     return out
 
 
@@ -417,6 +445,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1M,4M,16M,64M", help="all_reduce sizes ('' skips them)")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--pingpong", default="", help="sizes of a send/recv ping-pong between ranks 0 and 1 ('': none)")
     ap.add_argument("--overlap-size", default="16M",
                     help="size of the overlap figure's all_reduce (0 skips it)")
     ap.add_argument("--params", default="10M", help="parameters of the DDP model (0 skips the DDP step)")
@@ -464,6 +493,12 @@ def main() -> None:
             print(f"all_reduce {s:>5}: shmproxy {r['shmproxy'] * 1e3:9.3f} ms"
                   + "".join(f"  {p} {r[p] * 1e3:9.3f} ms ({r[p] / r['shmproxy']:5.2f}x)" for p in peers)
                   + extra, flush=True)
+    for s in filter(None, a.pingpong.split(",")):
+        r = bench_pingpong(groups, _size(s), a.iters)
+        report.setdefault("pingpong", {})[s] = r
+        if me == 0:
+            print(f"send/recv {s:>5}: shmproxy {r['shmproxy'] * 1e6:9.1f} us one way"
+                  + "".join(f"  {p} {r[p] * 1e6:9.1f} us ({r[p] / r['shmproxy']:5.2f}x)" for p in peers), flush=True)
     if _size(a.overlap_size):
         o = report["overlap"] = bench_overlap(groups, _size(a.overlap_size), a.iters, a.overlap_idle)
         if me == 0:

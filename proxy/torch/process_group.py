@@ -4,6 +4,9 @@
 Every torch call validates its tensors, posts the communicator's nonblocking requests and returns a
 Work at once (ops.py builds the requests, work.py completes them); ``async_op=False`` is torch
 calling ``wait()`` on that Work. So the progress process moves a DDP bucket while backward computes.
+Small CPU calls on one node take the ranks' fast path instead: blocking collectives run directly
+("Blocking calls"), sends go through a cell, receives wait for their message themselves
+("Point-to-point").
 CUDA tensors take the same path with torch's stream order (cuda.py); one call's tensors are all CPU
 or all on one CUDA device.
 
@@ -311,7 +314,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._post("scatter", lambda st: ops.scatter(self, out, ins, root, st), [out], inputs=ins)
 
     # ---- point-to-point ---------------------------------------------------------------------------
-    # torch's send and recv call these and then ``wait()`` (isend and irecv return the Work), and the
+    # Point-to-point. torch's send and recv call these and then ``wait()`` (isend and irecv return the Work), and the
     # group cannot tell which. Small CPU messages on one node use the ranks' fast path either way:
     # - **send**: through a cell of the pair at once when one is free (a completed Work: the bytes
     #   are copied, as a buffered send's), else the posted Isend, never waited for here.
