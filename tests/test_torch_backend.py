@@ -200,7 +200,7 @@ def test_torch_bench_reports_overlap_of_both_backends(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
            str(free_port()), str(REPO / "tools" / "torch_bench.py"), "--sizes", "256K", "--iters", "3",
-           "--overlap-size", "1M", "--params", "1M", "--layers", "6", "--bucket-cap-mb", "0.5",
+           "--pingpong", "8", "--overlap-size", "1M", "--params", "1M", "--layers", "6", "--bucket-cap-mb", "0.5",
            "--steps", "3", "--json", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
@@ -213,6 +213,7 @@ def test_torch_bench_reports_overlap_of_both_backends(tmp_path: Path) -> None:
         assert d["buckets"] >= 3 and d["exposed_s"] <= d["in_flight_s"], d
         assert d["compute_s"] <= d["backward_s"], d
     assert "hidden" in proc.stdout and "overlap 1M" in proc.stdout, proc.stdout
+    assert all(rep["pingpong"]["8"][name] > 0 for name in ("gloo", "shmproxy")), rep["pingpong"]
 
 
 @pytest.mark.launcher
