@@ -158,6 +158,7 @@ PyObject *_sp_Poster_set_fast(PosterObject *self, PyObject *args);
 PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_send_or_isend(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *_sp_Poster_try_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_barrier(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_allreduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_try_allreduce(PosterObject *self, PyObject *const *args, Py_ssize_t nargs);

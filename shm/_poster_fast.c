@@ -379,6 +379,23 @@ static PyObject *fast_recv(PosterObject *self, PyObject *buf, PyObject *src_o, P
     }
 }
 
+/* try_recv(buf, source=ANY_SOURCE, tag=ANY_TAG): Recv's fast path alone, its bounded spin for a cell
+ * included: the Status when it took the message, else None, and nothing posted. For a caller that
+ * must not wait inside the communicator (the torch backend's deferred receive, whose wait holds its
+ * group's lock only this long). */
+PyObject *_sp_Poster_try_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    static const char *const names[] = {"buf", "source", "tag"};
+    static PyObject *any_source = NULL, *any_tag = NULL;
+    if (!any_source && !(any_source = PyLong_FromLong(ANY_SOURCE))) return NULL;
+    if (!any_tag && !(any_tag = PyLong_FromLongLong(LLONG_MIN))) return NULL;
+    PyObject *a[3];
+    if (_sp_args(args, nargsf, kwnames, names, 3, a) && a[0]) {
+        PyObject *st = fast_recv(self, a[0], a[1] ? a[1] : any_source, a[2] ? a[2] : any_tag);
+        if (st || PyErr_Occurred()) return st;
+    }
+    Py_RETURN_NONE;
+}
+
 /* recv(buf, source=ANY_SOURCE, tag=ANY_TAG, stream=None): Comm.Recv. */
 PyObject *_sp_Poster_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     static const char *const names[] = {"buf", "source", "tag", "stream"};

@@ -318,6 +318,8 @@ static PyMethodDef Poster_methods[] = {
      "send_or_isend(buf, dest, tag=0) -> None when sent through a cell at once, else Isend's Request"},
     {"recv", (PyCFunction)(void (*)(void))_sp_Poster_recv, METH_FASTCALL | METH_KEYWORDS,
      "recv(buf, source=ANY_SOURCE, tag=ANY_TAG) -> Status (see Comm.Recv)"},
+    {"try_recv", (PyCFunction)(void (*)(void))_sp_Poster_try_recv, METH_FASTCALL | METH_KEYWORDS,
+     "try_recv(buf, source=ANY_SOURCE, tag=ANY_TAG) -> Status when the fast path took it, else None"},
     {"barrier", (PyCFunction)(void (*)(void))_sp_Poster_barrier, METH_FASTCALL | METH_KEYWORDS,
      "barrier() (see Comm.Barrier)"},
     {"allreduce", (PyCFunction)(void (*)(void))_sp_Poster_allreduce, METH_FASTCALL | METH_KEYWORDS,

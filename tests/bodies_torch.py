@@ -670,3 +670,30 @@ def p2p_small(n: int = 300) -> dict:
     dist.barrier(group=shm)
     dist.destroy_process_group()
     return out
+
+
+def p2p_two_threads(rounds: int = 20) -> dict:
+    """Two threads of rank 0 on one group: A receives what rank 1 sends only after it got B's message.
+    A receive's wait must not hold the group's lock (B's send needs it): each round deadlocked, until
+    the timeout, when the wait held it."""
+    import threading
+    _gloo, shm = _groups()
+    me = dist.get_rank()
+    out: dict[str, Any] = {"bad": []}
+    for i in range(rounds):
+        if me == 0:
+            x = torch.zeros(2)
+            a = threading.Thread(target=lambda: dist.recv(x, 1, group=shm, tag=21))
+            a.start()
+            dist.send(torch.full((2,), float(i)), 1, group=shm, tag=22)
+            a.join(60)
+            if a.is_alive() or float(x[0]) != i + 1:
+                out["bad"].append(f"round {i}: receiver {'hung' if a.is_alive() else float(x[0])}")
+                break
+        else:
+            y = torch.zeros(2)
+            dist.recv(y, 0, group=shm, tag=22)
+            dist.send(y + 1, 0, group=shm, tag=21)
+    dist.barrier(group=shm)
+    dist.destroy_process_group()
+    return out

@@ -105,6 +105,15 @@ def test_small_send_and_recv_take_the_fast_path_in_mpi_order() -> None:
 
 
 @pytest.mark.launcher
+def test_a_receive_waits_without_the_groups_lock() -> None:
+    """A thread receiving on a group while another thread of the rank sends on it (what the peer waits
+    for before it sends back): no hang."""
+    res = run_ranks(f"{B}:p2p_two_threads", 2, timeout=200, launcher="torchrun")
+    for r in res.results:
+        assert r["bad"] == [], r
+
+
+@pytest.mark.launcher
 def test_ranks_disagreeing_on_async_op_fail_every_rank() -> None:
     """A blocking small all_reduce on one rank against an async one on the other cannot match (the
     first runs between the ranks, the second through the progress process): every rank raises,

@@ -116,6 +116,12 @@ class Comm(Lifecycle, Posting, Waiting):
         Bound to the C entry where the fast path is on (rank/fastpath.py); without it, Isend."""
         return self.Isend(buf, dest, tag)
 
+    def _try_recv(self, buf: np.ndarray, source: int, tag: int = 0) -> Status | None:
+        """Recv's fast path alone (a cell of the ranks' fast path taken, after its bounded spin): the
+        Status, or None with nothing posted. Bound to the C entry where the fast path is on
+        (rank/fastpath.py); without it, None."""
+        return None
+
     def Irecv(self, buf: np.ndarray, source: int, tag: int = 0, stream: Any = None) -> Request:
         """Post a receive into ``buf`` (writable, C-contiguous) from ``source``; returns a Request.
         (The C path bound per communicator falls back to this method, as for Isend.)"""

@@ -6,7 +6,8 @@ Comm binds Send, Recv, Barrier, Allreduce, Bcast and Reduce to C entry points of
 
 - Send and Recv go to the progress process as before (Isend/Irecv and a Wait): declining a message
   is always correct (the C path only declines before it changed anything). ``_send_or_isend``
-  (the torch backend's send) is Send's cell without the wait: declined, it returns the Isend.
+  (the torch backend's send) is Send's cell without the wait: declined, it returns the Isend;
+  ``_try_recv`` is Recv's cell without the post: declined, None.
 - A collective is small or not by what every rank passes alike (its kind, bytes per rank, dtype and
   op: ``small``), never by where a rank's buffer lies, since all ranks must take the same path. So a
   small collective the C path declined for a rank-local reason (a strided input, which is copied
@@ -75,7 +76,7 @@ def bind(comm: "Comm", seg_addr: int, layout: P.Layout) -> None:
                 lambda: fast_check(comm), comm._pidfd)
     comm._fast_bytes = layout.fast_bytes
     comm.Send, comm.Recv, comm.Barrier = pp.send, pp.recv, pp.barrier
-    comm._send_or_isend = pp.send_or_isend
+    comm._send_or_isend, comm._try_recv = pp.send_or_isend, pp.try_recv
     comm.Allreduce, comm.Bcast, comm.Reduce = pp.allreduce, pp.bcast, pp.reduce
 
 

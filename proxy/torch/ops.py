@@ -321,12 +321,16 @@ def send_or_isend(pg: Any, t: torch.Tensor, dst: int, tag: int) -> Any:
     return pg.comm._send_or_isend(T.bits_view(t if t.is_contiguous() else t.contiguous()), dst, tag)
 
 
-def recv_now(pg: Any, t: torch.Tensor, src: int, tag: int) -> Any:
-    """A small CPU receive, blocking: the communicator's Recv (the ranks' fast path when it can take
-    the message itself); its Status."""
-    got: list = []
-    _in_place(t, lambda a: got.append(pg.comm.Recv(a, src, tag)))
-    return got[0]
+def try_recv(pg: Any, t: torch.Tensor, src: int, tag: int) -> Any:
+    """A small CPU receive through the ranks' fast path if it takes the message within its spin:
+    the Status, else None with nothing posted (and ``t`` unchanged)."""
+    if t.is_contiguous():
+        return pg.comm._try_recv(T.bits_view(t), src, tag)
+    tmp = t.contiguous()
+    status = pg.comm._try_recv(T.bits_view(tmp), src, tag)
+    if status is not None:
+        t.copy_(tmp)
+    return status
 
 
 def send(pg: Any, t: torch.Tensor, dst: int, tag: int, st: T.Staged) -> list:

@@ -318,9 +318,11 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     # group cannot tell which. Small CPU messages on one node use the ranks' fast path either way:
     # - **send**: through a cell of the pair at once when one is free (a completed Work: the bytes
     #   are copied, as a buffered send's), else the posted Isend, never waited for here.
-    # - **recv, deferred**: the receive is not posted at the call. ``wait()`` runs the communicator's
-    #   blocking Recv on the waiting thread, which takes the message from its cell itself; anything
-    #   else that needs the receive posted posts it first as an Irecv: another receive on the group
+    # - **recv, deferred**: the receive is not posted at the call. ``wait()`` takes the message from
+    #   its cell itself if it comes within the fast path's spin (else posts it and waits without the
+    #   group's lock, as every receive does: another thread's send on the group may be what the peer
+    #   waits for). Anything else that needs the receive posted posts it first as an Irecv: another
+    #   receive on the group
     #   (so receives keep their order: at most one is deferred, the latest), ``get_future``,
     #   ``is_completed``, the completion thread. Deferring never holds a sender up: it is done only
     #   for sizes a send completes without its receive (SEND_BUFFER_BYTES), and a blocking wait
@@ -366,6 +368,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
             with self.lock:
                 self.flush_deferred()   # an earlier deferred receive is posted first: receives keep order
                 work = Work(self, name, [], Staged(), [t], source)
+                work.small = False   # a receive's wait never holds the lock (Work._receive_here)
                 work._deferred = (src, tag)
                 self.deferred_recv = work
                 self.completer.add(work)
@@ -381,7 +384,9 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
 
         def done(w: Work) -> None:
             w.source = work_req[0].status.source
-        return self._post(name, build, [t], done)
+        work = self._post(name, build, [t], done)
+        work.small = False   # a receive's wait never holds the lock (Work._receive_here)
+        return work
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
         return self.recv(tensors, shmproxy.ANY_SOURCE, tag)

@@ -166,6 +166,10 @@ class Work(dist.Work):
                     return True
                 with self._pg.lock:
                     self.post_deferred()   # the usual wait below needs it posted
+                if self._event.is_set():   # its post failed
+                    if self._exc is not None:
+                        raise self._exc
+                    return True
             limit = secs if secs else max(self.deadline - time.monotonic(), 0.0) + 1.0
             if self.small and self._pg.completer.claim(self):
                 self._finish_here(limit)   # no hand-off: this thread waits and completes it
@@ -224,23 +228,28 @@ class Work(dist.Work):
         self._recv_req = self.requests[0]
 
     def _receive_here(self) -> bool:
-        """``wait`` of a deferred receive: the communicator's blocking Recv on this thread, under the
-        group's lock (the ranks' fast path takes the message from its cell, where a posted Irecv
-        would have waited for the progress process to deliver it). False where it was posted
-        meanwhile (the usual wait then)."""
+        """``wait`` of a deferred receive: the ranks' fast path takes the message on this thread if it
+        comes within the fast path's spin (the group's lock held that long, no longer). False where
+        it did not, or the Work was posted meanwhile: the receive is then posted and waited for as
+        any other (``wait``, below; a receive's wait never holds the lock: another thread's send on
+        this group may be what its peer waits for before sending)."""
         pg = self._pg
         with pg.lock:
             d = self._deferred
             if d is None or not pg.completer.claim(self):
                 return False
+            try:
+                status = ops.try_recv(pg, self.result_tensors[0], d[0], d[1])
+            except errors.ProxyError as exc:
+                self._deferred = None
+                self._fail(exc)
+                return True
+            if status is None:
+                pg.completer.add(self)   # back among the pending, for the completer to finish
+                return False
             self._deferred = None
             if pg.deferred_recv is self:
                 pg.deferred_recv = None
-            try:
-                status = ops.recv_now(pg, self.result_tensors[0], d[0], d[1])
-            except errors.ProxyError as exc:
-                self._fail(exc)
-                return True
         self.source = status.source
         self._complete()
         return True
