@@ -24,7 +24,10 @@ Who completes a Work. Posting does not wake the completer: a blocking call (torc
 right after posting) of a small operation *claims* its Work (takes it out of the pending list) and
 completes it on the waiting thread, with the communicator's own Wait under the group's lock (for
 such an operation microseconds, and it takes part in the ranks' fast path): waking the completer
-and being woken by it cost far more than the operation. A Work whose Future is taken (``watch``:
+and being woken by it cost far more than the operation. Not a receive, which waits for its peer:
+holding the lock meanwhile hung a rank whose other thread's send on the group was what the peer
+waited for (a small receive takes its message itself first: ``_receive_here``, process_group.py
+"Point-to-point"). A Work whose Future is taken (``watch``:
 DDP), a larger one being waited for, or any Work once the completer is awake for another, is the
 completer's, which sets an Event that every waiting thread waits on. ``is_completed`` of a Work
 nobody watches tests it once (``poll``). A Work's completion runs exactly once: whoever removed it
