@@ -238,15 +238,22 @@ static PyObject *post_and_wait(PosterObject *self,
     return res;
 }
 
-/* send(buf, dest, tag=0, stream=None): Comm.Send. */
-PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+/* Send's cell, with send's arguments as passed: 1 when the message went into one, 0 when the fast path
+ * declined it, -1 on an error (set). */
+static int send_cell(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     static const char *const names[] = {"buf", "dest", "tag", "stream"};
     static PyObject *zero = NULL;
-    if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
+    if (!zero && !(zero = PyLong_FromLong(0))) return -1;
     PyObject *a[4];
-    if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0] && a[1] &&
-        fast_send(self, a[0], a[1], a[2] ? a[2] : zero))
-        Py_RETURN_NONE;
+    return _sp_args(args, nargsf, kwnames, names, 4, a) && a[0] && a[1] &&
+           fast_send(self, a[0], a[1], a[2] ? a[2] : zero);
+}
+
+/* send(buf, dest, tag=0, stream=None): Comm.Send. */
+PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    int r = send_cell(self, args, nargsf, kwnames);
+    if (r < 0) return NULL;
+    if (r) Py_RETURN_NONE;
     return post_and_wait(self, _sp_Poster_isend, args, nargsf, kwnames);
 }
 
@@ -255,13 +262,9 @@ PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t narg
  * waited for here. For a caller whose send must not block, which a declined Send would (its Isend
  * is waited for): the torch backend's send, which torch's isend returns unwaited. */
 PyObject *_sp_Poster_send_or_isend(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    static const char *const names[] = {"buf", "dest", "tag", "stream"};
-    static PyObject *zero = NULL;
-    if (!zero && !(zero = PyLong_FromLong(0))) return NULL;
-    PyObject *a[4];
-    if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0] && a[1] &&
-        fast_send(self, a[0], a[1], a[2] ? a[2] : zero))
-        Py_RETURN_NONE;
+    int r = send_cell(self, args, nargsf, kwnames);
+    if (r < 0) return NULL;
+    if (r) Py_RETURN_NONE;
     return _sp_Poster_isend(self, args, nargsf, kwnames);
 }
 
@@ -379,34 +382,32 @@ static PyObject *fast_recv(PosterObject *self, PyObject *buf, PyObject *src_o, P
     }
 }
 
-/* try_recv(buf, source=ANY_SOURCE, tag=ANY_TAG): Recv's fast path alone, its bounded spin for a cell
- * included: the Status when it took the message, else None, and nothing posted. For a caller that
- * must not wait inside the communicator (the torch backend's deferred receive, whose wait holds its
- * group's lock only this long). */
-PyObject *_sp_Poster_try_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    static const char *const names[] = {"buf", "source", "tag"};
-    static PyObject *any_source = NULL, *any_tag = NULL;
-    if (!any_source && !(any_source = PyLong_FromLong(ANY_SOURCE))) return NULL;
-    if (!any_tag && !(any_tag = PyLong_FromLongLong(LLONG_MIN))) return NULL;
-    PyObject *a[3];
-    if (_sp_args(args, nargsf, kwnames, names, 3, a) && a[0]) {
-        PyObject *st = fast_recv(self, a[0], a[1] ? a[1] : any_source, a[2] ? a[2] : any_tag);
-        if (st || PyErr_Occurred()) return st;
-    }
-    Py_RETURN_NONE;
-}
-
-/* recv(buf, source=ANY_SOURCE, tag=ANY_TAG, stream=None): Comm.Recv. */
-PyObject *_sp_Poster_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+/* Recv's cell, with recv's arguments as passed: the Status when the fast path took the message, else
+ * NULL (an error set only on a failure). */
+static PyObject *recv_cell(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     static const char *const names[] = {"buf", "source", "tag", "stream"};
     static PyObject *any_source = NULL, *any_tag = NULL;
     if (!any_source && !(any_source = PyLong_FromLong(ANY_SOURCE))) return NULL;
     if (!any_tag && !(any_tag = PyLong_FromLongLong(LLONG_MIN))) return NULL;
     PyObject *a[4];
-    if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0]) {
-        PyObject *st = fast_recv(self, a[0], a[1] ? a[1] : any_source, a[2] ? a[2] : any_tag);
-        if (st) return st;
-        if (PyErr_Occurred()) return NULL;
-    }
+    if (_sp_args(args, nargsf, kwnames, names, 4, a) && a[0])
+        return fast_recv(self, a[0], a[1] ? a[1] : any_source, a[2] ? a[2] : any_tag);
+    return NULL;
+}
+
+/* try_recv(buf, source=ANY_SOURCE, tag=ANY_TAG): Recv's fast path alone, its bounded spin for a cell
+ * included: the Status when it took the message, else None, and nothing posted. For a caller that
+ * must not wait inside the communicator (the torch backend's deferred receive, whose wait holds its
+ * group's lock only this long). */
+PyObject *_sp_Poster_try_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *st = recv_cell(self, args, nargsf, kwnames);
+    if (st || PyErr_Occurred()) return st;
+    Py_RETURN_NONE;
+}
+
+/* recv(buf, source=ANY_SOURCE, tag=ANY_TAG, stream=None): Comm.Recv. */
+PyObject *_sp_Poster_recv(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *st = recv_cell(self, args, nargsf, kwnames);
+    if (st || PyErr_Occurred()) return st;
     return post_and_wait(self, _sp_Poster_irecv, args, nargsf, kwnames);
 }

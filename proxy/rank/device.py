@@ -274,7 +274,7 @@ class DeviceMemory:
             if len(self._located) >= _LOCATED_MAX:
                 self._located.clear()
             key = id(arr)
-            self._located[key] = (weakref.ref(arr, functools.partial(self._forget_ref, key)), loc)
+            self._located[key] = (weakref.ref(arr, functools.partial(self._forget, key)), loc)
         return loc
 
     def posted(self, key: tuple | None, sendbuf: Any, recvbuf: Any = None) -> tuple | None:
@@ -321,10 +321,8 @@ class DeviceMemory:
         ``__cuda_array_interface__`` on every access); False before cupy was first needed."""
         return self.cp is not None and type(obj) is self.cp.ndarray
 
-    def _forget_ref(self, key: int, _ref: Any) -> None:
-        self._forget(key)
-
-    def _forget(self, key: int) -> None:
+    def _forget(self, key: int, _ref: Any = None) -> None:
+        """The weakref callback of a located array (its key bound): drop its entry if it is gone."""
         hit = self._located.get(key)
         if hit is not None and hit[0]() is None:
             del self._located[key]
