@@ -214,7 +214,8 @@ def bench_allreduce(groups: dict[str, Any], nbytes: int, iters: int, trace: bool
 
 def bench_pingpong(groups: dict[str, Any], nbytes: int, iters: int) -> dict[str, float]:
     """One way of a blocking ``dist.send``/``dist.recv`` ping-pong between ranks 0 and 1 (the others
-    wait): half the mean round trip of ``iters`` round trips after a barrier, on each group."""
+    wait): half the mean round trip of ``iters`` round trips back to back (``_loop_mean``), on each
+    group."""
     me = dist.get_rank()
     out = {}
     for name, g in groups.items():
@@ -229,13 +230,7 @@ def bench_pingpong(groups: dict[str, Any], nbytes: int, iters: int) -> dict[str,
                 dist.send(t, 0, group=g)
         for _ in range(10):
             round_trip()
-        _sync()
-        dist.barrier(group=g)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            round_trip()
-        _sync()
-        out[name] = _agree((time.perf_counter() - t0) / iters / 2)
+        out[name] = _loop_mean(round_trip, iters, g) / 2
     return out
 
 

@@ -323,14 +323,10 @@ def send_or_isend(pg: Any, t: torch.Tensor, dst: int, tag: int) -> Any:
 
 def try_recv(pg: Any, t: torch.Tensor, src: int, tag: int) -> Any:
     """A small CPU receive through the ranks' fast path if it takes the message within its spin:
-    the Status, else None with nothing posted (and ``t`` unchanged)."""
-    if t.is_contiguous():
-        return pg.comm._try_recv(T.bits_view(t), src, tag)
-    tmp = t.contiguous()
-    status = pg.comm._try_recv(T.bits_view(tmp), src, tag)
-    if status is not None:
-        t.copy_(tmp)
-    return status
+    the Status, else None with nothing posted (and ``t``'s values unchanged)."""
+    got: list = []
+    _in_place(t, lambda a: got.append(pg.comm._try_recv(a, src, tag)))
+    return got[0]
 
 
 def send(pg: Any, t: torch.Tensor, dst: int, tag: int, st: T.Staged) -> list:

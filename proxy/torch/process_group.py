@@ -124,7 +124,8 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
 
     # ---- posting ----------------------------------------------------------------------------------
     def _post(self, name: str, build: Callable[[Staged], list], result: list[torch.Tensor],
-              on_done: Callable[[Work], None] | None = None, inputs: Sequence[Any] = ()) -> Work:
+              on_done: Callable[[Work], None] | None = None, inputs: Sequence[Any] = (),
+              receive: bool = False) -> Work:
         """Post one torch call (``result``: its outputs, ``inputs``: its other tensors; all on one device)."""
         device = cuda.common_device([*result, *inputs], name)
         stage = (Staged(adopt=self.adopter, pool=self.stage_pool) if device is None else Staged())
@@ -142,10 +143,10 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                     # A failed communicator gives a failed Work, not an exception at the call: DDP's
                     # reducer posts from an autograd hook and is not made to survive a throw there (gloo
                     # and nccl report such failures through the Work too). Bad arguments still raise.
-                    work = Work(self, name, [], stage, result, on_done)
+                    work = Work(self, name, [], stage, result, on_done, receive)
                     work._fail(exc)
                     return work
-                work = Work(self, name, reqs, stage, result, on_done)
+                work = Work(self, name, reqs, stage, result, on_done, receive)
                 self.completer.add(work)
             return work
         finally:
@@ -314,19 +315,19 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._post("scatter", lambda st: ops.scatter(self, out, ins, root, st), [out], inputs=ins)
 
     # ---- point-to-point ---------------------------------------------------------------------------
-    # Point-to-point. torch's send and recv call these and then ``wait()`` (isend and irecv return the Work), and the
-    # group cannot tell which. Small CPU messages on one node use the ranks' fast path either way:
+    # Point-to-point. torch's send and recv call these and then ``wait()`` (isend and irecv return the
+    # Work), and the group cannot tell which. Small CPU messages on one node use the ranks' fast path
+    # either way:
     # - **send**: through a cell of the pair at once when one is free (a completed Work: the bytes
     #   are copied, as a buffered send's), else the posted Isend, never waited for here.
     # - **recv, deferred**: the receive is not posted at the call. ``wait()`` takes the message from
     #   its cell itself if it comes within the fast path's spin (else posts it and waits without the
     #   group's lock, as every receive does: another thread's send on the group may be what the peer
     #   waits for). Anything else that needs the receive posted posts it first as an Irecv: another
-    #   receive on the group
-    #   (so receives keep their order: at most one is deferred, the latest), ``get_future``,
-    #   ``is_completed``, the completion thread. Deferring never holds a sender up: it is done only
-    #   for sizes a send completes without its receive (SEND_BUFFER_BYTES), and a blocking wait
-    #   elsewhere in the program meanwhile finds those sends complete, as they would be.
+    #   receive on the group (so receives keep their order: at most one is deferred, the latest),
+    #   ``get_future``, ``is_completed``, the completion thread. Deferring never holds a sender up:
+    #   it is done only for sizes a send completes without its receive (SEND_BUFFER_BYTES), and a
+    #   blocking wait elsewhere in the program meanwhile finds those sends complete, as they would be.
     # Both only where the fast path is on and TORCH_BLOCKING_DIRECT is (its switch).
     def _eager(self, t: torch.Tensor, limit: int) -> bool:
         return not t.is_cuda and 0 < t.numel() * t.element_size() <= limit
@@ -367,8 +368,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                                              f" (size {self.size()})")
             with self.lock:
                 self.flush_deferred()   # an earlier deferred receive is posted first: receives keep order
-                work = Work(self, name, [], Staged(), [t], source)
-                work.small = False   # a receive's wait never holds the lock (Work._receive_here)
+                work = Work(self, name, [], Staged(), [t], source, receive=True)
                 work._deferred = (src, tag)
                 self.deferred_recv = work
                 self.completer.add(work)
@@ -384,9 +384,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
 
         def done(w: Work) -> None:
             w.source = work_req[0].status.source
-        work = self._post(name, build, [t], done)
-        work.small = False   # a receive's wait never holds the lock (Work._receive_here)
-        return work
+        return self._post(name, build, [t], done, receive=True)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
         return self.recv(tensors, shmproxy.ANY_SOURCE, tag)

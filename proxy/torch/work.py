@@ -78,7 +78,7 @@ class Work(dist.Work):
     the value of its Future (the output tensors, as torch's backends give)."""
 
     def __init__(self, pg: Any, name: str, requests: list, stage: Staged, result: list[torch.Tensor],
-                 on_done: Callable[["Work"], None] | None = None):
+                 on_done: Callable[["Work"], None] | None = None, receive: bool = False):
         super().__init__()
         self._pg = pg
         self.name = name
@@ -103,7 +103,8 @@ class Work(dist.Work):
         # A small operation's wait completes it on the waiting thread, under the group's lock (its
         # wait is microseconds, so other threads' posts are not held up): no hand-off to the
         # completer and back, which cost more than the operation. A larger one is the completer's.
-        self.small = sum(t.numel() * t.element_size() for t in result) <= SMALL_WAIT_BYTES
+        # Not a receive, which waits for its peer, not microseconds: see "Who completes a Work".
+        self.small = not receive and sum(t.numel() * t.element_size() for t in result) <= SMALL_WAIT_BYTES
         self._on_stream = False   # a stream waits on the GPU for this Work's requests (_stream_wait)
         # A small CPU receive not posted yet, (source, tag): received by ``wait`` itself, or posted as
         # an Irecv as soon as anything else needs it to be (ProcessGroupShmproxy.recv, "Deferred").
@@ -185,44 +186,60 @@ class Work(dist.Work):
             raise self._exc
         return True
 
-    def _stream_wait(self) -> bool:
-        """Have the current stream wait on the GPU for this Work's requests instead of the host; False
-        where the host waits: a small Work on an idle stream (microseconds), a Work with copies back,
-        or one whose requests complete only when reaped (Request.wait_on_stream)."""
+    def _streamable(self) -> bool:
+        """Whether a stream can wait for this Work on the GPU: not where its result is in place only
+        once the host did something at completion."""
         if self._pg.comm.node_layout is not None:
             # Across nodes the rank stages device tensors through host memory: a request's result is
             # copied back when the rank reaps it, which a stream cannot wait for.
             return False
-        if self.stage.after:
-            # Copies back (a strided output, a list of outputs) are launched by the completion thread
-            # once the requests completed: a stream waiting for the requests alone would run ahead of
-            # them. The host waits for such a Work.
+        # Copies back (a strided output, a list of outputs) are launched by the completion thread once
+        # the requests completed: a stream waiting for the requests alone would run ahead of them.
+        return not self.stage.after
+
+    def _arm(self, stream: Any) -> bool:
+        """Have ``stream`` wait on the GPU for this Work's requests and the call's own copies (the
+        group's lock held: the requests are the communicator's); False where a request declined
+        (those armed wait for requests the host then waits for too: harmless)."""
+        if not all(r.wait_on_stream(stream) for r in self.requests if not r._done):
+            return False
+        if self.stage.posted is not None:
+            stream.wait_event(self.stage.posted)   # the call's own copies, queued after its posts
+        self._on_stream = True
+        return True
+
+    def _stream_wait(self) -> bool:
+        """Have the current stream wait on the GPU for this Work's requests instead of the host; False
+        where the host waits: a small Work on an idle stream (microseconds), or one a stream cannot
+        wait for (``_streamable``, Request.wait_on_stream)."""
+        if not self._streamable():
             return False
         stream = torch.cuda.current_stream(self.stage.device)
         if self.small and stream.query():
             return False
-        with self._pg.lock:   # the requests are the communicator's: one thread at a time
-            if self._event.is_set():
+        with self._pg.lock:
+            if self._event.is_set() or not self._arm(stream):
                 return False
-            if not all(r.wait_on_stream(stream) for r in self.requests if not r._done):
-                return False   # those armed wait for requests the host now waits for too: harmless
-            if self.stage.posted is not None:
-                stream.wait_event(self.stage.posted)   # the call's own copies, queued after its posts
-            self._on_stream = True
         # Nobody waits for it on the host, and the completer is not woken for it: the group's next
         # post completes it once its requests did (Completer.reap), unless its Future is taken
         # (get_future: the completer's then) or someone asks (is_completed).
         return True
 
+    def _take_deferred(self) -> tuple[int, int] | None:
+        """The deferred receive's (source, tag), no longer deferred (the group's lock held); None if
+        it was not."""
+        d, self._deferred = self._deferred, None
+        if self._pg.deferred_recv is self:
+            self._pg.deferred_recv = None
+        return d
+
     def post_deferred(self) -> None:
         """Post a deferred receive as the Irecv it stands for (the group's lock held); a failed
         communicator fails the Work."""
-        d, self._deferred = self._deferred, None
+        d = self._take_deferred()
         if d is None:
             return
         pg = self._pg
-        if pg.deferred_recv is self:
-            pg.deferred_recv = None
         try:
             self.requests = ops.recv(pg, self.result_tensors[0], d[0], d[1], self.stage)
         except errors.ProxyError as exc:
@@ -250,9 +267,7 @@ class Work(dist.Work):
             if status is None:
                 pg.completer.add(self)   # back among the pending, for the completer to finish
                 return False
-            self._deferred = None
-            if pg.deferred_recv is self:
-                pg.deferred_recv = None
+            self._take_deferred()
         self.source = status.source
         self._complete()
         return True
@@ -313,23 +328,19 @@ class Work(dist.Work):
         event there, which every stream that waits on the Future or runs its callbacks waits for. So
         DDP's hooks and its wait at the end of backward queue their work behind the all_reduce and go
         on, where a Future completed by the completion thread held DDP's thread until the completer
-        had seen the completion. None where the requests do not allow it (the cases of
-        ``_stream_wait``) or the Work failed: the completer's Future then. As NCCL's, the Future
+        had seen the completion. None where the requests do not allow it
+        (``_streamable``) or the Work failed: the completer's Future then. As NCCL's, the Future
         does not see a failure after the post: the group's next call raises it."""
         if self._future is not None:
             return self._future
         pg = self._pg
         device = self.stage.device
-        if device is None or pg.comm.node_layout is not None or self.stage.after or self._exc is not None:
+        if device is None or self._exc is not None or not self._streamable():
             return None
         with pg.lock:
             order = pg.order_streams.get(device)
-            if not self._event.is_set():
-                if not all(r.wait_on_stream(order) for r in self.requests if not r._done):
-                    return None
-                if self.stage.posted is not None:
-                    order.wait_event(self.stage.posted)
-                self._on_stream = True
+            if not self._event.is_set() and not self._arm(order):
+                return None
         fut: torch.futures.Future = torch.futures.Future(devices=[device])
         with torch.cuda.stream(order):
             fut.set_result(self.result_tensors)
