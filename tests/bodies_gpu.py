@@ -341,11 +341,13 @@ def wait_on_stream(rounds: int = 40) -> dict:
     return {"bad": bad, "host_s": host_s}
 
 
-def stream_let_go_when_peer_dies() -> dict:
+def stream_let_go_when_peer_dies(host_waits: bool = True) -> dict:
     """A stream waits (Request.wait_on_stream) for an Allreduce whose last rank SIGKILLs itself
     instead of posting its part (once rank 0 told it its stream waits): the survivors' Wait raises
     PeerDiedError, and their waiting stream is let go (its synchronize returns) instead of holding
-    the GPU forever."""
+    the GPU forever. Without ``host_waits`` the survivors synchronize the stream first, making no call
+    of ours that would learn of the death (as DDP's reducer does behind work.wait()): the stream must
+    be let go all the same, and the next call raise."""
     import signal
     cp = _cp()
     with shmproxy.init() as comm:
@@ -361,14 +363,18 @@ def stream_let_go_when_peer_dies() -> dict:
         armed = req.wait_on_stream(other)
         if comm.rank == 0:
             comm.Send(np.zeros(1), comm.size - 1, tag=3)
+        t0 = time.monotonic()
+        if not host_waits:
+            other.synchronize()
         try:
             req.Wait()
         except shmproxy.PeerDiedError as exc:
             raised = type(exc).__name__
         else:
             raised = None
-        t0 = time.monotonic()
-        other.synchronize()
+        if host_waits:
+            t0 = time.monotonic()
+            other.synchronize()
         return {"raised": raised, "armed": armed, "sync_s": time.monotonic() - t0}
 
 

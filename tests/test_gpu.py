@@ -210,8 +210,10 @@ def test_a_remembered_call_sees_its_memory_freed_and_allocated_again():
         assert r["same_address"] >= 1, r   # the case this is about happened
 
 
-def test_a_waiting_stream_is_let_go_when_a_peer_dies():
-    res = run_ranks(BODY + "stream_let_go_when_peer_dies", 2, timeout=120, expect_fail={1})
+@pytest.mark.parametrize("host_waits", [True, False])
+def test_a_waiting_stream_is_let_go_when_a_peer_dies(host_waits):
+    res = run_ranks(BODY + "stream_let_go_when_peer_dies", 2, timeout=120, expect_fail={1},
+                    args={"host_waits": host_waits})
     r = res.results[0]
     assert r["armed"] is True and r["raised"] == "PeerDiedError", r
     assert r["sync_s"] < 5.0, r

@@ -310,7 +310,9 @@ _DECLARED: tuple[Param, ...] = (
        "local ranks + 2 (the ranks and the progress process share cores), EAGER_BYTES for messages and "
        "COLL_INLINE_BYTES for collectives (what the progress loop completes itself), else no limit.", 0),
     _p("WAIT_SLICE_MS", float, 200.0,
-       "Bound of one sleep in Wait(); between sleeps the rank checks abort and the progress process.", 1),
+       "Bound of one sleep in Wait(); between sleeps the rank checks abort and the progress process. "
+       "Also how often a rank whose GPU streams wait for its requests checks for the communicator's "
+       "failure on a thread of its own (its host may be held by those streams).", 1),
     _p("TORCH_BLOCKING_DIRECT", _parse_bool, True,
        "The torch backend runs a blocking (async_op=False) all_reduce, broadcast, reduce or barrier of "
        "at most 64 KiB of CPU tensors (not bfloat16) as the communicator's blocking call on the calling "

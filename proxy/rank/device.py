@@ -51,6 +51,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -130,8 +131,12 @@ class DeviceMemory:
     """This rank's device registrations and its stream-order words (one per communicator)."""
 
     def __init__(self, register: Callable[[dict], None], new_id: Callable[[], int], dead_ids: Callable[[], list],
-                 slots: tuple[int, int, int]):
+                 slots: tuple[int, int, int], failed: Callable[[], bool], slice_s: float):
         self._register = register     # sends one REGISTER payload (kind cuda), waits for the answer
+        # whether the communicator failed (recording it, which lets the streams go), and how often a
+        # _FailureWatch asks
+        self._failed, self._slice_s = failed, slice_s
+        self._watch: _FailureWatch | None = None
         self._new_id = new_id
         self._dead_ids = dead_ids     # the registry's DEREGISTER queue, sent with the next message
         self._allocs: dict[int, tuple[int, int, int]] = {}   # start -> (buffer id, size, buf_id)
@@ -385,6 +390,8 @@ class DeviceMemory:
         words = self._words
         if words is None:
             words = self._words = _Words(*self._slots)
+        if self._watch is None:
+            self._watch = _FailureWatch(self._failed, self._slice_s)
         with self.cp.cuda.Device(device):
             if stream is None:
                 stream = self.cp.cuda.get_current_stream()
@@ -396,9 +403,16 @@ class DeviceMemory:
         if self._words is not None:
             self._words.release(code)
 
+    def stop_watch(self) -> None:
+        """Before the communicator's views of the pool go: the failure watch asks no more."""
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
     def close(self) -> None:
         """Before the pool is unmapped: unpin the slots once no store of ours into them is queued (no
         stream waits for a completion by then: ``release_waits``)."""
+        self.stop_watch()
         if self._words is not None:
             self._words.release(errors.Closed.code)
             self._words.close(self.cp)
@@ -411,6 +425,38 @@ class DeviceMemory:
         if bus is None:
             bus = self._bus[device] = self.cp.cuda.runtime.deviceGetPCIBusId(device)
         return bus
+
+
+class _FailureWatch:
+    """A thread that learns of the communicator's failure for a rank whose host is held by the GPU.
+
+    A stream that waits for a request (``wait_done``) holds the GPU's later work until the request
+    completes. If the communicator fails first (a peer died, an abort, the progress process died),
+    the rank lets such streams go once it learns of the failure (``_Words.release``), and it learns at
+    its next call. A host that waits for that GPU work instead (DDP's reducer synchronizing an
+    iteration's events behind ``work.wait()``, a stream's synchronize) makes no next call: this thread
+    asks in its place, every WAIT_SLICE_MS, from the first stream wait until the communicator closes
+    or fails. NCCL's watchdog thread does the same for its kernels."""
+
+    def __init__(self, failed: Callable[[], bool], slice_s: float):
+        self._failed, self._slice_s = failed, slice_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shmproxy-stream-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # No exception is caught here: one from the check would be a bug, which the thread's excepthook
+        # prints; the rank's own calls still find the failure as before.
+        while not self._stop.wait(self._slice_s):
+            if self._failed():
+                return
+
+    def stop(self) -> None:
+        """Ends the thread; on return it reads the communicator no more (its check takes microseconds,
+        and a failure it found released the waits under their lock)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 class _Words:
@@ -437,6 +483,8 @@ class _Words:
         self.pinned = HostSlots(self.drv, (pool_slots + P.SLOT_BYTES * first, P.SLOT_BYTES * count, count))
         self.last: dict[int, tuple[int, int, int]] = {}  # slot -> (stream, value, device) of its latest store
         self.awaited: dict[int, int] = {}                # slot -> the seq of its latest stream wait
+        # ``release`` may run on the failure watch's thread while the rank queues a wait
+        self._lock = threading.Lock()
 
     def word(self, slot: int) -> int:
         return word_address(self.pinned.addr, slot - self.first)
@@ -448,18 +496,20 @@ class _Words:
         """On ``stream`` of ``device`` (current): hold the stream's later work until request ``seq`` in
         ``slot`` completed."""
         addr = self._slot_word(slot, P.SLOT_DONE_SEQ)
-        self.drv.wait_value(stream, addr + self.pinned.delta(device), seq & 0xFFFFFFFF, at_least=True)
-        self.awaited[slot] = seq
+        with self._lock:
+            self.drv.wait_value(stream, addr + self.pinned.delta(device), seq & 0xFFFFFFFF, at_least=True)
+            self.awaited[slot] = seq
 
     def release(self, code: int) -> None:
         """Complete with error ``code`` every request a stream waits for whose completion has not come
         (the communicator failed or is closing: no request is posted into these slots again)."""
-        for slot, seq in self.awaited.items():
-            done = ctypes.c_int64.from_address(self._slot_word(slot, P.SLOT_DONE_SEQ))
-            if done.value < seq:
-                ctypes.c_uint64.from_address(self._slot_word(slot, P.SLOT_STATUS)).value = code
-                done.value = seq   # after the status: the rank reads the status once it sees this
-        self.awaited.clear()
+        with self._lock:
+            for slot, seq in self.awaited.items():
+                done = ctypes.c_int64.from_address(self._slot_word(slot, P.SLOT_DONE_SEQ))
+                if done.value < seq:
+                    ctypes.c_uint64.from_address(self._slot_word(slot, P.SLOT_STATUS)).value = code
+                    done.value = seq   # after the status: the rank reads the status once it sees this
+            self.awaited.clear()
 
     def store(self, slot: int, value: int, device: int, stream: int) -> None:
         """On ``stream`` of ``device`` (current): store ``value`` into ``slot``'s word after its work."""

@@ -367,6 +367,11 @@ class Lifecycle:
         if device is not None:
             device.release_waits(exc.code)   # no GPU stream waits for a completion that may never come
 
+    def _failed_now(self) -> bool:
+        """Whether the communicator failed, recorded if so (for the device memory's failure watch, on a
+        thread of its own: it stops before the views it reads go, in _teardown)."""
+        return self._failure is not None or self.get_async_error() is not None
+
     # ------------------------------------------------------------------ errors, abort, close
     def get_async_error(self) -> errors.ProxyError | None:
         """The communicator's error if it failed (a peer died, abort, progress crash), else None."""
@@ -464,6 +469,9 @@ class Lifecycle:
     def _teardown(self, wait_proxy: bool) -> None:
         """Release everything this process holds; safe to call in any state."""
         proxy_dead = self._pidfd >= 0 and self._proxy_doomed()
+        device = self.__dict__.get("_device")
+        if device is not None:
+            device.stop_watch()   # it reads the views released below
         pp = self.__dict__.get("_pp")
         if pp is not None:
             pp.detach()   # it holds raw pool addresses: never again after this

@@ -134,7 +134,7 @@ class Posting:
             layout, lr = self._layout, self.local_rank
             dev = self._device = DeviceMemory(register, self._registry.new_id, lambda: self._registry.dead_ids,
                                               (self._seg.addr + layout.slots_off, lr * layout.max_ops,
-                                               layout.max_ops))
+                                               layout.max_ops), self._failed_now, self._slice_s)
         return dev
 
     def _across_nodes(self) -> DeviceStaging:
