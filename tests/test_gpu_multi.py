@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness import run_ranks
+from tests.harness import free_port, run_ranks
 from tests.test_gpu import BODY, MORE, REASON as ONE_GPU_REASON, VEC, _all_correct
 
 
@@ -81,7 +81,7 @@ def test_repeated_collectives_across_gpus(nranks, graphs, completes):
     """Graphs, planned reductions and GPU-published completions with each rank on its own GPU; the
     progress process says in its dump that it holds every GPU the ranks use."""
     res = run_ranks(MORE + "repeated_buffers", nranks, timeout=240,
-                    env={**SPREAD, "SHMPROXY_CUDA_GRAPHS": graphs,
+                    env={**SPREAD, "SHMPROXY_CUDA_GRAPHS": graphs, "SHMPROXY_DEVICE_ONESHOT_BYTES": "0",
                          "SHMPROXY_CUDA_DEVICE_COMPLETES": completes, "SHMPROXY_CUDA_DEVICE_COMPLETES_MIN": "0",
                          "SHMPROXY_DUMP_SIGNAL": "SIGUSR1"})
     for r in res.results:
@@ -108,3 +108,43 @@ def test_kill9_across_gpus_survivors_raise_and_memory_returns_on_every_gpu():
         assert r["raised"] == "PeerDiedError", r
     after = _used_bytes_all()
     assert after - before < 64 << 20, (before, after)
+
+
+ONESHOT = "tests.bodies_gpu_oneshot:"
+
+
+def test_oneshot_allreduce_matches_numpy_bit_for_bit():
+    """Each rank on a GPU of its own: a small device Allreduce is the ranks' own kernels
+    (shmproxy.rank.devcoll), every element type and op of theirs, around the block slices and the
+    size limit (one element past it goes to the progress process), in place or not, on two streams in
+    turn."""
+    res = run_ranks(ONESHOT + "oneshot_results", 2, timeout=300, env=SPREAD)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["path"] == "oneshot", r
+        assert r["cases"] > 100 and r["launched"] > 0.8 * r["cases"], r
+
+
+def test_oneshot_allreduce_with_ranks_sharing_a_gpu_stays_with_the_progress_process():
+    """3 ranks on 2 GPUs: two share one, so the set-up declines on every rank alike; results right."""
+    res = run_ranks(ONESHOT + "oneshot_results", 3, timeout=400, env=SPREAD)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["path"] == "progress" and r["launched"] == 0, r
+
+
+def test_oneshot_allreduce_survivor_raises_when_a_peer_dies():
+    res = run_ranks(ONESHOT + "oneshot_peer_dies", 2, timeout=120, expect_fail={1},
+                    env={**SPREAD, "SHMPROXY_TIMEOUT": "60"})
+    r = res.results[0]
+    assert r["path"] == "oneshot" and r["raised"] == "PeerDiedError", r
+    assert r["s"] < 10, r   # the failure watch's slice and the kernel's abort word, not TIMEOUT
+
+
+def test_oneshot_allreduce_through_torch():
+    pytest.importorskip("torch")
+    env = {**SPREAD, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    res = run_ranks(ONESHOT + "oneshot_torch", 2, timeout=240, env=env)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["path"] == "oneshot", r

@@ -36,6 +36,7 @@ import numpy as np
 
 from shmproxy.coll import gpu_vector, sched, vector
 from shmproxy.core import errors, log
+from shmproxy.core.kernels import AVG_FINISH, C_TYPES, REDUCE_EXPR
 from shmproxy.core.memory import MemKind, mem_device, mem_kind
 from shmproxy.core.ops import CODE_DTYPE, DTYPE_BFLOAT16, FLAG_IN_PLACE, FLAG_NO_RECV, Coll, Op, ReduceOp
 from shmproxy.engine.args import CollWork
@@ -74,11 +75,6 @@ def bf16_kernel(cp: Any, redop: int) -> Any:
 # written by it, instead of cupy ufuncs over fresh views and a copy per further rank. For a small
 # message the progress process's Python per launch is most of the cost, not the GPU.
 FUSED_MAX_RANKS = 16           # kernels are written out per count of buffers: bounded
-_C_TYPES = {"int8": "signed char", "uint8": "unsigned char", "int16": "short", "uint16": "unsigned short",
-            "int32": "int", "uint32": "unsigned int", "int64": "long long", "uint64": "unsigned long long",
-            "float32": "float", "float64": "double"}
-_FUSED_EXPR: dict[int, str] = {ReduceOp.SUM: "a + b", ReduceOp.AVG: "a + b", ReduceOp.PROD: "a * b",
-                               ReduceOp.MIN: "(a != a || a < b) ? a : b", ReduceOp.MAX: "(a != a || a > b) ? a : b"}
 _FUSED_SRC = r"""
 extern "C" __global__ void shmproxy_fused(%(params)s, long long n) {
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
@@ -103,14 +99,14 @@ def fused_kernel(cp: Any, redop: int, dtype: Any, nin: int, nout: int) -> Any:
     place, an output aliases an input at the same index only, which its thread has read already."""
     key = (redop, dtype.name, nin, nout)
     k = _fused_kernels.get(key)
-    if k is None and dtype.name in _C_TYPES:
+    if k is None and dtype.name in C_TYPES:
         params = ", ".join([f"unsigned long long i{r}" for r in range(nin)] +
                            [f"unsigned long long o{r}" for r in range(nout)])
-        expr = _FUSED_EXPR[redop]
+        expr = REDUCE_EXPR[redop]
         steps = "\n".join(f"        b = ((const T*)i{r})[k]; a = {expr};" for r in range(1, nin))
         stores = "\n".join(f"        ((T*)o{r})[k] = a;" for r in range(nout))
-        finish = f"        a = a / (T){nin};" if redop == ReduceOp.AVG else ""
-        src = f"typedef {_C_TYPES[dtype.name]} T;\n" + _FUSED_SRC % {
+        finish = "        " + AVG_FINISH % nin if redop == ReduceOp.AVG else ""
+        src = f"typedef {C_TYPES[dtype.name]} T;\n" + _FUSED_SRC % {
             "params": params, "steps": steps, "finish": finish, "stores": stores}
         k = _fused_kernels[key] = cp.RawKernel(src, "shmproxy_fused")
     return k

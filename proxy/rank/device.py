@@ -390,8 +390,7 @@ class DeviceMemory:
         words = self._words
         if words is None:
             words = self._words = _Words(*self._slots)
-        if self._watch is None:
-            self._watch = _FailureWatch(self._failed, self._slice_s)
+        self.watch()
         with self.cp.cuda.Device(device):
             if stream is None:
                 stream = self.cp.cuda.get_current_stream()
@@ -402,6 +401,12 @@ class DeviceMemory:
         may never come (``_Words.release``)."""
         if self._words is not None:
             self._words.release(code)
+
+    def watch(self) -> None:
+        """From now until close, a failure of the communicator reaches the GPU's waits even while the
+        host is held by them (``_FailureWatch``)."""
+        if self._watch is None:
+            self._watch = _FailureWatch(self._failed, self._slice_s)
 
     def stop_watch(self) -> None:
         """Before the communicator's views of the pool go: the failure watch asks no more."""

@@ -23,6 +23,8 @@ Comm binds Send, Recv, Barrier, Allreduce, Bcast and Reduce to C entry points of
   the caller's later work on any stream sees it. The host copy is used in place (one buffer; the
   fingerprint does not tell in-place from not, and the reduction's order and kernel are the host's),
   so a device rank and a host rank of the same small call meet in one collective with the same bits.
+  A small **Allreduce** of device arrays runs as the ranks' own kernels first, where each rank has a
+  GPU of its own (shmproxy.rank.devcoll); where they share one:
   **Allreduce and Reduce** of device arrays take the same way only with FAST_DEVICE_REDUCTIONS: off,
   because each rank then queues two copies per call, and where the ranks share a GPU without MPS
   the GPU switching between their contexts made that slower than the progress process's path
@@ -52,6 +54,7 @@ from shmproxy.control.protocol import MsgType
 from shmproxy.core import errors, log
 from shmproxy.core.ops import (CODE_DTYPE, COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, IN_PLACE, REDUCE_OP_NAMES,
                                Coll, ReduceOp)
+from shmproxy.rank import devcoll
 from shmproxy.shm import _poster, pool as P
 
 if TYPE_CHECKING:
@@ -128,9 +131,11 @@ def _allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM,
             and small(comm, Coll.ALLREDUCE, recvbuf.nbytes, recvbuf.dtype, o)):
         _run(comm, Coll.ALLREDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf, o, 0)
         return
-    if (o is not None and comm.params.FAST_DEVICE_REDUCTIONS and _not_host(sendbuf, recvbuf)
-            and _device(comm, Coll.ALLREDUCE, sendbuf, recvbuf, o, 0, stream)):
-        return
+    if o is not None and _not_host(sendbuf, recvbuf):
+        if devcoll.allreduce(comm, sendbuf, recvbuf, o, stream):
+            return
+        if comm.params.FAST_DEVICE_REDUCTIONS and _device(comm, Coll.ALLREDUCE, sendbuf, recvbuf, o, 0, stream):
+            return
     comm.Iallreduce(sendbuf, recvbuf, op, **({} if stream is None else {"stream": stream})).Wait()
 
 

@@ -366,6 +366,9 @@ class Lifecycle:
         device = self.__dict__.get("_device")
         if device is not None:
             device.release_waits(exc.code)   # no GPU stream waits for a completion that may never come
+        shot = self.__dict__.get("_oneshot")
+        if shot:
+            shot.release()   # nor a one-shot kernel for its peers (shmproxy.rank.devcoll)
 
     def _failed_now(self) -> bool:
         """Whether the communicator failed, recorded if so (for the device memory's failure watch, on a
@@ -422,6 +425,9 @@ class Lifecycle:
         first: BaseException | None = None
         if self._failure is None and self._client is not None:
             try:
+                shot = self.__dict__.get("_oneshot")
+                if shot and wait:
+                    shot.close(barrier=self.Barrier)   # every rank's kernels ended: the scratch goes
                 self._settle_pending(wait)
                 self._control(MsgType.CLOSE, {})
             except errors.ProxyError as exc:
@@ -469,6 +475,9 @@ class Lifecycle:
     def _teardown(self, wait_proxy: bool) -> None:
         """Release everything this process holds; safe to call in any state."""
         proxy_dead = self._pidfd >= 0 and self._proxy_doomed()
+        shot = self.__dict__.pop("_oneshot", None)
+        if shot:
+            shot.close(barrier=None)   # if not closed above: its kernels end, its memory is the exit's
         device = self.__dict__.get("_device")
         if device is not None:
             device.stop_watch()   # it reads the views released below

@@ -135,3 +135,15 @@ def scratch(numel: int, like: torch.Tensor, stage: Any) -> tuple[torch.Tensor, t
     tmp = torch.empty(numel, dtype=like.dtype, device=like.device)
     stage.keep.append(tmp)
     return tmp, tmp
+
+
+# torch's current stream as a raw cudaStream_t without a Stream object (microseconds a call): a private
+# function of torch's C module since 1.x, which triton uses; where it is missing, the public way.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream_handle(device: int) -> int:
+    """The current stream of CUDA device ``device`` (an index), as its cudaStream_t."""
+    if _raw_stream is not None:
+        return int(_raw_stream(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)

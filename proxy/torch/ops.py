@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 import shmproxy
 from shmproxy.core import errors
-from shmproxy.torch import tensors as T
+from shmproxy.rank import devcoll
+from shmproxy.torch import cuda, tensors as T
 
 # Tags of the collectives made of point-to-point messages: far from any tag a torch user passes.
 TAG_ALLTOALLV = -(2 ** 62) + 1
@@ -93,6 +94,28 @@ def _same(ts: Sequence[torch.Tensor], ref: torch.Tensor, what: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # Native collectives
+
+def allreduce_on_gpus(pg: Any, t: torch.Tensor, op: Any) -> bool:
+    """A small all_reduce of a CUDA tensor as the ranks' own kernels on the current stream
+    (shmproxy.rank.devcoll): ordered after the stream's queued work, and the stream's later work after
+    it, as NCCL's; nothing for the host to wait for. False where the call does not take that path
+    (decided by what every rank passes alike). The group's lock held."""
+    dt = T.numpy_dtype(t.dtype)
+    if dt is None or not t.is_contiguous():
+        return False
+    comm = pg.comm
+    rop = int(redop(op, t))
+    if not devcoll.eligible(comm, t.numel() * t.element_size(), dt, rop):
+        return False
+    comm._check_usable()   # the group's error, before a set-up or a kernel that would wait for nobody
+    shot = devcoll.shared(comm, t.device.index)
+    if shot is None:
+        return False
+    shot.check(comm)       # a kernel of an earlier call that failed: its error now
+    dev = t.device.index
+    shot.launch(t.data_ptr(), t.data_ptr(), t.numel(), dt, rop, cuda.current_stream_handle(dev))
+    return True
+
 
 def allreduce(pg: Any, t: torch.Tensor, op: Any, st: T.Staged) -> list:
     rop = redop(op, t)

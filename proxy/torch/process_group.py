@@ -195,6 +195,23 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                     "SHMPROXY_TORCH_BLOCKING_DIRECT=0 on every rank)") from exc
         return Completed(name, result)
 
+    def _on_gpus(self, name: str, run: Callable[[], bool], t: torch.Tensor) -> Completed | None:
+        """A call queued on the current stream as the ranks' own kernels (``run``; False: it is not
+        one), as a completed Work whose Future is the device's; None where the call is posted."""
+        finished: list[Work] = []
+        try:
+            with self.lock:
+                finished = self.completer.reap()
+                try:
+                    if not run():
+                        return None
+                except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
+                    return Completed(name, [t], exc)   # as _post: a failed communicator gives a failed Work
+        finally:
+            for w in finished:   # outside the lock, as the completer completes
+                w._complete()
+        return Completed(name, [t], device=t.device)
+
     # ---- collectives ------------------------------------------------------------------------------
     # torch's stubs give these overloads of the C++ ProcessGroup (opts or op/timeout forms); its Python
     # trampoline calls a backend with the (tensors, opts) form only, the one written here: hence an
@@ -204,6 +221,10 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if self._direct(opts, tensors):
             return self._run_now("allreduce", lambda: ops.allreduce_now(self, t, op), [t])
+        if t.is_cuda:
+            done = self._on_gpus("allreduce", lambda: ops.allreduce_on_gpus(self, t, op), t)
+            if done is not None:
+                return done
         return self._post("allreduce", lambda st: ops.allreduce(self, t, op, st), [t])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:

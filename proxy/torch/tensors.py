@@ -60,6 +60,13 @@ _NUMPY: dict[torch.dtype, np.dtype] = {
     torch.float64: np.dtype(np.float64), torch.complex64: np.dtype(np.complex64),
     torch.complex128: np.dtype(np.complex128),
 }
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    """The numpy dtype holding the same bits as ``dtype`` (None: bfloat16, or one numpy lacks)."""
+    return _NUMPY.get(dtype)
+
+
 SUPPORTED = ", ".join(str(d).replace("torch.", "") for d in [*_NUMPY, torch.bfloat16])
 
 

@@ -366,13 +366,17 @@ class Work(dist.Work):
 
 class Completed(dist.Work):
     """A call the group ran to its end on the calling thread (a blocking call run directly:
-    ProcessGroupShmproxy._run_now): nothing to wait for; its Future is made when asked for."""
+    ProcessGroupShmproxy._run_now), or queued on the current stream of ``device`` (the ranks' own
+    kernels: ProcessGroupShmproxy._on_gpus): nothing to wait for on the host; its Future is made when
+    asked for, on the device a CUDA Future of the stream (as NCCL's)."""
 
-    def __init__(self, name: str, result: list[torch.Tensor], exc: BaseException | None = None):
+    def __init__(self, name: str, result: list[torch.Tensor], exc: BaseException | None = None,
+                 device: torch.device | None = None):
         super().__init__()
         self.name = name
         self.result_tensors = result
         self._exc = exc
+        self._device = device
         self._future: torch.futures.Future | None = None
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
@@ -392,6 +396,11 @@ class Completed(dist.Work):
     def get_future(self) -> torch.futures.Future:
         """A completed Future of the outputs (failed with the call's error), chained as Work's is."""
         if self._future is None:
+            if self._device is not None and self._exc is None:
+                # completed on the current stream: its users wait on the GPU for what is queued there
+                self._future = torch.futures.Future(devices=[self._device])
+                self._future.set_result(self.result_tensors)
+                return self._future
             trigger: torch.futures.Future = torch.futures.Future()
             self._future = trigger.then(self._outcome)
             trigger.set_result(None)

@@ -1,0 +1,366 @@
+"""One-shot device Allreduce: each rank's own kernel on its own stream, between GPUs of their own.
+
+A device Allreduce through the progress process costs the post, the loop's fetch and launch, and
+the completion's way back: tens of microseconds before and after the GPU's few (BENCHMARKS.md). A
+small all-reduce of NCCL is one kernel per rank that reads its peers' buffers over the GPUs' link.
+This is that kernel, for an Allreduce of at most DEVICE_ONESHOT_BYTES of device memory on a
+communicator of one node whose ranks each have a GPU of their own:
+
+- **Set-up, once per communicator**, at its first such call, which every rank makes alike (a
+  collective, as the call is): each rank allocates a *scratch* on its device (per peer and block a
+  flag and a signature, and two data halves of DEVICE_ONESHOT_BYTES), the ranks exchange the
+  scratches' CUDA IPC handles and their GPUs' PCI bus ids (an object allgather), and each maps its
+  peers' scratches. If two ranks share a GPU (their kernels would spin against each other on one GPU
+  that runs one process's work at a time) or a rank cannot map a peer's memory, every rank learns it
+  from a second allgather, and the communicator never takes this path again.
+- **A call** launches one kernel on the caller's stream, after its queued work, as NCCL's kernels
+  are. Each block copies its slice of the input into half ``epoch & 1`` of this rank's scratch, then,
+  after a system-scope fence, stores the call's signature and (a release) its epoch into its slots in
+  every peer's scratch; it waits in its own scratch until every peer's flag for that block reached
+  the epoch (an acquire), then reduces the slice from every rank's scratch in rank order into the
+  output: every rank gets the same bits, and the same as the progress process's fused kernel
+  (shmproxy.core.kernels).
+- **Why two halves are enough**: a rank writes half ``e & 1`` (and its signature slots of that
+  parity) again at epoch e + 2 only after its kernel of epoch e + 1 saw every peer's flag of e + 1,
+  which each peer stored after its kernel of epoch e had read what it needed. So a rank's kernels
+  must run one after another: a call on another stream than the last call's first makes its stream
+  wait for the last kernel (an event recorded behind each).
+- **Bounds**: a waiting block reads, every thousand spins, a host-mapped abort word, set once the
+  communicator failed (``release``: from the rank's failure path, which its failure watch thread
+  runs when the host is held by the GPU: shmproxy.rank.device), and the GPU's clock against TIMEOUT;
+  either ends the kernel with a status in host-mapped memory. A peer whose signature (count, dtype,
+  op) differs ends it at once. A blocking call reads the status after its synchronize; the torch
+  backend at the group's next call. A rank that finds a kernel failed fails the communicator (Abort)
+  before it raises, so no peer waits for a bound of its own. A rank that passed host memory where its
+  peers passed device memory posts to the progress process while they wait in their kernels: they
+  end at TIMEOUT (mismatched calls, as any collective MPI cannot match).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from shmproxy.core import errors, log
+from shmproxy.core.kernels import AVG_FINISH, C_TYPES, REDUCE_EXPR
+from shmproxy.core.ops import DTYPE_BFLOAT16, IN_PLACE, ReduceOp
+from shmproxy.transports.cuda_driver import Driver
+
+_log = log.get("RANK")
+
+MAX_RANKS = 8          # kernels are written out per count of ranks (each peer's scratch is a parameter)
+MAX_BLOCKS = 128       # flag and signature slots per peer
+BLOCK = 512            # threads per block
+PER_THREAD = 2         # elements a thread copies and reduces, up to MAX_BLOCKS blocks: the loads of a
+                       # peer's memory are each a round trip over the link, so they go wide, not deep
+_C_TYPE = {np.dtype(name): ctype for name, ctype in C_TYPES.items()}   # by dtype (its .name is slow)
+# scratch layout, in 64-bit words: flags [peer][block], then signatures [parity][peer][block], then the
+# two data halves (at a byte offset that keeps them 256-byte aligned)
+_SIGS = MAX_RANKS * MAX_BLOCKS
+_DATA = 8 * 3 * MAX_RANKS * MAX_BLOCKS
+# host-mapped words: the abort word (host -> GPU), then a failed kernel's status and peer (GPU -> host)
+W_ABORT, W_STATUS, W_PEER = 0, 1, 2
+ST_TIMEOUT, ST_ABORTED, ST_MISMATCH = 1, 2, 3
+_MAPPED = 3            # cudaHostAllocPortable | cudaHostAllocMapped
+_LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
+
+_SRC = r"""
+typedef %(ctype)s T;
+#define NR %(nranks)d
+#define MAXB %(maxb)d
+#define SIGS %(sigs)d
+#define DATA %(data)d
+__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %%0, [%%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.sys.global.u64 [%%0], %%1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long clock_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %%0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+extern "C" __global__ void shmproxy_oneshot(
+        unsigned long long in_, unsigned long long out_, unsigned long long n, unsigned long long epoch,
+        unsigned long long me, unsigned long long cap, unsigned long long words_,
+        unsigned long long timeout_ns, unsigned long long sig, %(params)s) {
+    const unsigned long long sc[NR] = {%(scratch)s};
+    __shared__ int failed;
+    const unsigned long long per = (n + gridDim.x - 1) / gridDim.x;
+    const unsigned long long lo = per * blockIdx.x;
+    const unsigned long long hi = lo + per < n ? lo + per : n;
+    const unsigned long long half = DATA + (epoch & 1) * cap;
+    const unsigned long long sigs = SIGS + (epoch & 1) * NR * MAXB;
+    const unsigned int t = threadIdx.x;
+    T* mine = (T*)(sc[me] + half);
+    for (unsigned long long k = lo + t; k < hi; k += blockDim.x)
+        mine[k] = ((const T*)in_)[k];
+    if (t == 0)
+        failed = 0;
+    __syncthreads();
+    if (t < NR && t != me) {
+        /* the block's copies (ordered before this thread's next stores by the barrier), before any
+           peer can see the flag */
+        __threadfence_system();
+        unsigned long long* peer = (unsigned long long*)sc[t];
+        peer[sigs + me * MAXB + blockIdx.x] = sig;
+        st_release(peer + me * MAXB + blockIdx.x, epoch);
+    }
+    if (t < NR && t != me) {
+        const unsigned long long* own = (const unsigned long long*)sc[me];
+        volatile unsigned long long* words = (volatile unsigned long long*)words_;
+        unsigned long long start = 0;
+        unsigned int spins = 0;
+        unsigned long long why = 0;
+        while (ld_acquire(own + t * MAXB + blockIdx.x) < epoch) {
+            if (++spins & 1023)
+                continue;
+            if (words[0]) { why = 2; break; }
+            const unsigned long long now = clock_ns();
+            if (start == 0) start = now;
+            else if (now - start > timeout_ns) { why = 1; break; }
+        }
+        if (!why && own[sigs + t * MAXB + blockIdx.x] != sig)
+            why = 3;
+        if (why) {
+            words[2] = t;
+            __threadfence_system();
+            words[1] = why;
+            failed = 1;
+        }
+    }
+    __syncthreads();
+    if (failed)
+        return;
+    for (unsigned long long k = lo + t; k < hi; k += blockDim.x) {
+        T a = ((const T*)(sc[0] + half))[k], b;
+%(steps)s
+%(finish)s
+        ((T*)out_)[k] = a;
+    }
+}
+"""
+
+
+def kernel_source(ctype: str, redop: int, nranks: int) -> str:
+    """The one-shot kernel's CUDA C for one element type, op and count of ranks."""
+    expr = REDUCE_EXPR[redop]
+    return _SRC % {
+        "ctype": ctype, "nranks": nranks, "maxb": MAX_BLOCKS, "sigs": _SIGS, "data": _DATA,
+        "params": ", ".join(f"unsigned long long s{r}" for r in range(nranks)),
+        "scratch": ", ".join(f"s{r}" for r in range(nranks)),
+        "steps": "\n".join(f"        b = ((const T*)(sc[{r}] + half))[k]; a = {expr};" for r in range(1, nranks)),
+        "finish": "        " + AVG_FINISH % nranks if redop == ReduceOp.AVG else ""}
+
+
+def eligible(comm: Any, nbytes: int, dtype: np.dtype, op: int) -> bool:
+    """Whether an Allreduce of this signature takes the one-shot kernel, if its buffers are device
+    memory: the same answer on every rank of a correct program (nothing here is the rank's own)."""
+    return (0 < nbytes <= comm.params.DEVICE_ONESHOT_BYTES and comm.local_size == comm.size
+            and 2 <= comm.size <= MAX_RANKS and dtype in _C_TYPE and op in REDUCE_EXPR
+            and comm.__dict__.get("_oneshot") is not False)
+
+
+def allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream: Any) -> bool:
+    """A blocking Allreduce of device arrays through the one-shot kernel, done on return (the data
+    in place, as after the progress process's path); False where the call does not take it (the
+    caller posts it). Host and device mixed in one call raise here, as on the posted path."""
+    send, recv, mem = comm._device_args("Allreduce", sendbuf, recvbuf)
+    if not mem or recv is None:
+        return False
+    dev = comm._device
+    if dev.dtype_code(recv) == DTYPE_BFLOAT16:
+        return False
+    in_place = sendbuf is IN_PLACE
+    if not in_place and (send is None or send.dtype != recv.dtype or send.size != recv.size):
+        return False   # the posted path names what is wrong
+    if not eligible(comm, recv.nbytes, recv.dtype, op):
+        return False
+    did = recv.device.id
+    shot = shared(comm, did)
+    if shot is None:
+        return False
+    s = dev.as_stream(stream, did)
+    sp = (s if s is not None else dev.cp.cuda.get_current_stream()).ptr
+    shot.launch(recv.data.ptr if in_place else send.data.ptr, recv.data.ptr, recv.size, recv.dtype, op, sp)
+    shot.synchronize(sp)
+    shot.check(comm)
+    return True
+
+
+def shared(comm: Any, device: int) -> "OneShot | None":
+    """The communicator's one-shot state, set up at its first call (a collective); None where its
+    ranks cannot use it, which every rank learns alike."""
+    shot: OneShot | None | bool = comm.__dict__.get("_oneshot")
+    if shot is None:
+        shot = comm.__dict__["_oneshot"] = OneShot.set_up(comm, device) or False
+    if not isinstance(shot, OneShot):
+        return None
+    if device != shot.device:
+        raise errors.InvalidArgument(
+            f"Allreduce: the buffers are on GPU {device}, and this communicator's device Allreduce runs on "
+            f"GPU {shot.device}, where its first one's buffers were: a rank keeps one GPU per communicator")
+    return shot
+
+
+class OneShot:
+    """A rank's scratch, its peers' mapped scratches, its kernels and the host-mapped words."""
+
+    def __init__(self, cp: Any, device: int, rank: int, nranks: int, cap: int, timeout_s: float):
+        self.cp, self.device, self.rank, self.nranks, self.cap = cp, device, rank, nranks, cap
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.drv = Driver()
+        rt = cp.cuda.runtime
+        self.epoch = 0
+        self.peers: list[int] = []      # every rank's scratch as this device sees it (ours included)
+        self._opened: list[int] = []    # the peers' mappings, closed at close
+        self._kernels: dict[tuple[str, int], Any] = {}   # (dtype char, op) -> its driver Launch
+        self._modules: list[Any] = []   # the compiled kernels, loaded as long as their launches live
+        self._last_stream: int | None = None
+        self.failed = False
+        self.closed = False
+        with cp.cuda.Device(device):
+            self.scratch = rt.malloc(_DATA + 2 * cap)
+            rt.memset(self.scratch, 0, _DATA + 2 * cap)
+            self.words_host = rt.hostAlloc(64, _MAPPED)
+            ctypes.memset(self.words_host, 0, 64)
+            self.words = self.drv.host_device_pointer(self.words_host)
+            rt.deviceSynchronize()   # the zeroed flags, before any peer maps them
+            self.handle = bytes(rt.ipcGetMemHandle(self.scratch))
+            self.bus_id = rt.deviceGetPCIBusId(device)
+            self._after = cp.cuda.Event(disable_timing=True)   # recorded behind each kernel
+
+    @classmethod
+    def set_up(cls, comm: Any, device: int) -> "OneShot | None":
+        """Every rank's part of the set-up (see the header): the state, or None on every rank alike."""
+        dev = comm._device_memory()
+        shot: OneShot | None = None
+        mine: tuple[str, bytes] | None = None
+        try:
+            cp = dev.cp if dev.cp is not None else dev._cupy()
+            shot = cls(cp, device, comm.rank, comm.size, comm.params.DEVICE_ONESHOT_BYTES, comm.params.TIMEOUT)
+            mine = (shot.bus_id, shot.handle)
+        except Exception as exc:   # whatever cupy raises for memory it cannot allocate or export
+            _log.info("rank %d: no one-shot device Allreduce on GPU %d: %s", comm.rank, device, exc)
+        infos = comm.allgather(mine)
+        ok = shot is not None and all(i is not None for i in infos) and len({i[0] for i in infos}) == comm.size
+        if shot is not None and ok:
+            try:
+                shot.map_peers([i[1] for i in infos])
+            except Exception as exc:   # whatever cupy raises for a peer's memory it cannot map
+                _log.info("rank %d: cannot map its peers' one-shot scratch: %s", comm.rank, exc)
+                ok = False
+        if not all(comm.allgather(ok)):
+            if shot is not None:
+                shot.close(barrier=None)
+            _log.info("rank %d: device Allreduce stays with the progress process (%s)", comm.rank,
+                      "ranks share a GPU" if all(i is not None for i in infos) else "a rank has no scratch")
+            return None
+        assert shot is not None
+        dev.watch()   # a failure must reach kernels that wait while the host is held by the GPU
+        return shot
+
+    def map_peers(self, handles: list[bytes]) -> None:
+        rt = self.cp.cuda.runtime
+        with self.cp.cuda.Device(self.device):
+            for r, h in enumerate(handles):
+                if r == self.rank:
+                    self.peers.append(self.scratch)
+                    continue
+                ptr = rt.ipcOpenMemHandle(h, _LAZY_PEER_ACCESS)
+                self._opened.append(ptr)
+                self.peers.append(ptr)
+
+    def _kernel(self, dtype: np.dtype, op: int) -> Any:
+        key = (dtype.char, op)
+        launch = self._kernels.get(key)
+        if launch is None:
+            k = self.cp.RawKernel(kernel_source(_C_TYPE[dtype], op, self.nranks), "shmproxy_oneshot")
+            launch = self._kernels[key] = self.drv.launcher(k.kernel.ptr, 9 + self.nranks)
+            launch.set((0, 0, 0, 0, self.rank, self.cap, self.words, self.timeout_ns, 0, *self.peers))
+            self._modules.append(k)
+        return launch
+
+    def launch(self, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int) -> None:
+        """Queue one Allreduce of ``count`` elements from ``src`` into ``dst`` on ``stream`` (this
+        device's); ``check`` before, so a kernel that failed is reported before another is queued."""
+        launch = self._kernel(dtype, op)
+        rt = self.cp.cuda.runtime
+        prev = rt.getDevice()
+        if prev != self.device:
+            rt.setDevice(self.device)
+        try:
+            if self._last_stream is not None and stream != self._last_stream:
+                # one kernel after another (see the header): the new stream waits for the last kernel
+                self.drv.wait(stream, self._after.ptr)
+            self._last_stream = stream
+            self.epoch += 1
+            v = launch.values   # the call's own; the rest were set with the kernel (_kernel)
+            v[0], v[1], v[2], v[3] = src, dst, count, self.epoch
+            v[8] = (count << 16) | (dtype.num << 8) | op   # the signature the peers compare
+            launch(min((count + BLOCK * PER_THREAD - 1) // (BLOCK * PER_THREAD), MAX_BLOCKS), BLOCK, stream)
+            self.drv.record(self._after.ptr, stream)
+        finally:
+            if prev != self.device:
+                rt.setDevice(prev)
+
+    def synchronize(self, stream: int) -> None:
+        self.cp.cuda.runtime.streamSynchronize(stream)
+
+    def status(self) -> tuple[int, int]:
+        """(status, peer) of a kernel that failed; status 0 while none did."""
+        words = (ctypes.c_uint64 * 3).from_address(self.words_host)
+        st = words[W_STATUS]
+        return (st, words[W_PEER]) if st else (0, 0)
+
+    def check(self, comm: Any) -> None:
+        """Raise a kernel's failure: the communicator's own error when it failed (ST_ABORTED), else
+        the kernel's, after failing the communicator on every rank."""
+        st, peer = self.status()
+        if not st:
+            return
+        self.failed = True
+        if st == ST_ABORTED:
+            comm._check_usable()
+        if st == ST_MISMATCH:
+            exc: errors.ProxyError = errors.InvalidUsage(
+                f"rank {comm.rank}: device Allreduce #{self.epoch}: rank {peer} passed another count, dtype or op")
+        else:
+            exc = errors.Timeout(
+                f"rank {comm.rank}: device Allreduce #{self.epoch}: rank {peer} did not join within "
+                f"{self.timeout_ns / 1e9:.0f} s (a rank that passed host memory, or called another collective)")
+        comm.Abort(str(exc))
+        raise exc
+
+    def release(self) -> None:
+        """The communicator failed: every kernel of ours still waiting ends (ST_ABORTED)."""
+        self.failed = True
+        if self.closed:
+            return
+        ctypes.c_uint64.from_address(self.words_host + 8 * W_ABORT).value = 1
+
+    def close(self, barrier: Any) -> None:
+        """Free the scratch once no kernel may read it: this rank's ended (the device synchronized) and
+        every peer's (``barrier``, the communicator's, after each peer synchronized too). Without one
+        (a failed communicator) a peer may still read ours until it learns of the failure: the
+        memory is then left to the process's exit, unless no kernel ever ran (a declined set-up)."""
+        if self.closed:
+            return
+        if self.epoch and (barrier is None or self.failed):
+            self.release()
+            return
+        rt = self.cp.cuda.runtime
+        with self.cp.cuda.Device(self.device):
+            if self.epoch:
+                rt.deviceSynchronize()
+                barrier()
+            for ptr in self._opened:
+                rt.ipcCloseMemHandle(ptr)
+            self._opened.clear()
+            self.closed = True
+            rt.free(self.scratch)
+            rt.freeHost(self.words_host)

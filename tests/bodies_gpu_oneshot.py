@@ -1,0 +1,140 @@
+"""Rank bodies for the one-shot device Allreduce (shmproxy.rank.devcoll): results against numpy in
+rank order, bit for bit, at every element type and op of the kernel, around its block slices and its
+size limit, in place or not, on two streams in turn; a peer killed while the kernels wait; torch's
+all_reduce on CUDA tensors through it. Each says which path ran ("oneshot": the ranks' kernels,
+"progress": ranks that share a GPU, which the set-up declines)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+
+import shmproxy
+from shmproxy.core import params as params_mod
+from shmproxy.rank import devcoll
+from tests.bodies_gpu import _cp
+
+_OPS = {"SUM": shmproxy.SUM, "PROD": shmproxy.PROD, "MIN": shmproxy.MIN, "MAX": shmproxy.MAX,
+        "AVG": shmproxy.ReduceOp.AVG}
+
+
+def _path(comm: Any) -> str:
+    shot = comm.__dict__.get("_oneshot")
+    return "oneshot" if isinstance(shot, devcoll.OneShot) else "progress"
+
+
+def _values(n: int, dtype: str, rank: int, salt: int) -> np.ndarray:
+    x = (np.arange(n, dtype=np.int64) * 7 + rank * 3 + salt) % 5 + 1
+    if np.dtype(dtype).kind == "f":
+        return (x.astype(np.float64) * (1.25 + 0.5 * rank) - 2.0).astype(dtype)
+    return x.astype(dtype)
+
+
+def _reference(n: int, dtype: str, nranks: int, op: str, salt: int) -> np.ndarray:
+    """op over the ranks' inputs in rank order, as the kernels combine them (AVG: sum, then divide)."""
+    a = _values(n, dtype, 0, salt)
+    fn = {"SUM": np.add, "AVG": np.add, "PROD": np.multiply, "MIN": np.fmin, "MAX": np.fmax}[op]
+    for r in range(1, nranks):
+        a = fn(a, _values(n, dtype, r, salt)).astype(dtype)
+    if op == "AVG":
+        a = (a / np.array(nranks, dtype=dtype)).astype(dtype)
+    return a
+
+
+def oneshot_results() -> dict:
+    cp = _cp()
+    bad: list[str] = []
+    cases = 0
+    limit = params_mod.get().DEVICE_ONESHOT_BYTES
+    with shmproxy.init() as comm:
+        streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
+        for dtype in ("float32", "float64", "int32", "int64", "uint8"):
+            item = np.dtype(dtype).itemsize
+            for n in (1, 7, 4099, (16 << 10) // item + 1, (256 << 10) // item, limit // item, limit // item + 3):
+                for op in ("SUM", "PROD", "MIN", "MAX", "AVG"):
+                    if op == "AVG" and np.dtype(dtype).kind != "f":
+                        continue
+                    if op == "PROD" and n > 4099:
+                        continue   # the sizes above tell nothing more about PROD
+                    for in_place in (False, True):
+                        cases += 1
+                        salt = cases % 11
+                        s = streams[cases % 2]
+                        with s:
+                            x = cp.asarray(_values(n, dtype, comm.rank, salt))
+                            out = cp.full(n, 99, dtype)
+                            if in_place:
+                                comm.Allreduce(shmproxy.IN_PLACE, x, _OPS[op])
+                                got = x
+                            else:
+                                comm.Allreduce(x, out, _OPS[op])
+                                got = out
+                            host = cp.asnumpy(got, stream=s)
+                        s.synchronize()
+                        want = _reference(n, dtype, comm.size, op, salt)
+                        if not np.array_equal(host, want, equal_nan=True):
+                            k = int(np.flatnonzero(host != want)[0])
+                            bad.append(f"{dtype} n={n} {op} in_place={in_place}: [{k}] {host[k]} != {want[k]}")
+        shot = comm.__dict__.get("_oneshot")
+        launched = shot.epoch if isinstance(shot, devcoll.OneShot) else 0
+        return {"bad": bad[:10], "cases": cases, "path": _path(comm), "launched": launched}
+
+
+def oneshot_peer_dies() -> dict:
+    """The last rank SIGKILLs itself instead of joining a one-shot Allreduce: the others' kernels wait
+    until their failure watch learns of it, and the call raises PeerDiedError well inside TIMEOUT."""
+    cp = _cp()
+    with shmproxy.init() as comm:
+        x = cp.ones(1 << 10, cp.float32)
+        for _ in range(3):
+            comm.Allreduce(shmproxy.IN_PLACE, x)
+        comm.Barrier()
+        if comm.rank == comm.size - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            comm.Allreduce(shmproxy.IN_PLACE, x)
+        except shmproxy.PeerDiedError as exc:
+            return {"raised": type(exc).__name__, "s": time.monotonic() - t0, "path": _path(comm)}
+        return {"raised": None, "s": time.monotonic() - t0, "path": _path(comm)}
+
+
+def oneshot_torch(rounds: int = 50) -> dict:
+    """torch's all_reduce of CUDA tensors through the ranks' kernels: blocking, async with wait(), and
+    through get_future (the device's Future), against the values every rank can compute."""
+    import torch
+    import torch.distributed as dist
+    import shmproxy.torch  # noqa: F401  (registers the backend)
+    cp = _cp()
+    dev = cp.cuda.runtime.getDevice()
+    bad: list[str] = []
+    dist.init_process_group("shmproxy")
+    try:
+        me, n = dist.get_rank(), dist.get_world_size()
+        total = n * (n + 1) / 2
+        for i in range(rounds):
+            for numel, dtype in ((1, torch.float32), (1000, torch.int64), (65536, torch.float32)):
+                t = torch.full((numel,), me + 1, dtype=dtype, device=f"cuda:{dev}")
+                if i % 3 == 0:
+                    dist.all_reduce(t)
+                elif i % 3 == 1:
+                    dist.all_reduce(t, async_op=True).wait()
+                else:
+                    fut = dist.all_reduce(t, async_op=True).get_future()
+                    t = fut.wait()[0]
+                t2 = t * 2   # the stream's next work sees the result
+                if not bool((t2 == 2 * total).all()):
+                    bad.append(f"round {i} {dtype} x {numel}: {t2[0].item()} != {2 * total}")
+            x = torch.full((4096,), float(me + 1), device=f"cuda:{dev}")
+            dist.all_reduce(x, op=dist.ReduceOp.AVG)
+            if not bool((x == total / n).all()):
+                bad.append(f"round {i} AVG: {x[0].item()} != {total / n}")
+        torch.cuda.synchronize()
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device(f"cuda:{dev}"))
+        comm = getattr(backend, "comm", None)
+        return {"bad": bad[:10], "path": _path(comm) if comm is not None else f"unknown ({type(backend).__name__})"}
+    finally:
+        dist.destroy_process_group()
