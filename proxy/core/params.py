@@ -205,12 +205,15 @@ _DECLARED: tuple[Param, ...] = (
        "'The fast path'). Every rank must use the same value. auto (-1): as large as keeps the cells of "
        "every pair within FAST_AUTO_POOL_BYTES, between 512 B and FAST_AUTO_MAX_BYTES "
        "(FAST_AUTO_CROWDED_MAX_BYTES on a crowded node). 0 = off.", -1, 1 << 20),
-    _p("DEVICE_ONESHOT_BYTES", parse_size, 4 << 20,
+    _p("DEVICE_ONESHOT_BYTES", parse_size, 16 << 20,
        "An Allreduce of device arrays up to this size, on a communicator of one node whose ranks each have "
        "a GPU of their own, runs as one kernel per rank on the caller's stream, reading the peers' GPUs "
        "(shmproxy.rank.devcoll); larger ones, and every one where ranks share a GPU, go through the "
        "progress process. Each rank keeps twice this much device memory for it. 0 = off. Every rank "
        "must use the same value.", 0),
+    _p("DEVICE_ONESHOT_BLOCKS", int, 128,
+       "Most thread blocks of one DEVICE_ONESHOT_BYTES kernel (at most 128): the reads of the peers' memory "
+       "in flight at once, against the SMs the kernel takes from the work it overlaps.", 1),
     _p("FAST_DEVICE_REDUCTIONS", _parse_bool, False,
        "Small blocking Allreduce and Reduce of device arrays run between the ranks through host copies, as "
        "a small device Bcast does. Off by default: on a GPU shared by ranks without MPS the two copies per "

@@ -52,8 +52,9 @@ _log = log.get("RANK")
 MAX_RANKS = 8          # kernels are written out per count of ranks (each peer's scratch is a parameter)
 MAX_BLOCKS = 128       # flag and signature slots per peer
 BLOCK = 512            # threads per block
-PER_THREAD = 2         # elements a thread copies and reduces, up to MAX_BLOCKS blocks: the loads of a
-                       # peer's memory are each a round trip over the link, so they go wide, not deep
+PER_THREAD = 2         # 16-byte packs a thread copies and reduces, up to DEVICE_ONESHOT_BLOCKS blocks:
+                       # the loads of a peer's memory are each a round trip over the link, so they go
+                       # wide (blocks, then the unrolled loop's loads in flight together), not deep
 _C_TYPE = {np.dtype(name): ctype for name, ctype in C_TYPES.items()}   # by dtype (its .name is slow)
 # scratch layout, in 64-bit words: flags [peer][block], then signatures [parity][peer][block], then the
 # two data halves (at a byte offset that keeps them 256-byte aligned)
@@ -71,6 +72,8 @@ typedef %(ctype)s T;
 #define MAXB %(maxb)d
 #define SIGS %(sigs)d
 #define DATA %(data)d
+#define VEC (16 / sizeof(T))
+union Pack { uint4 v; T e[VEC]; };
 __device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
     unsigned long long v;
     asm volatile("ld.acquire.sys.global.u64 %%0, [%%1];" : "=l"(v) : "l"(p) : "memory");
@@ -84,20 +87,48 @@ __device__ __forceinline__ unsigned long long clock_ns() {
     asm volatile("mov.u64 %%0, %%globaltimer;" : "=l"(t));
     return t;
 }
+__device__ __forceinline__ T combine(const unsigned long long* sc, unsigned long long half, unsigned long long k) {
+    T a = ((const T*)(sc[0] + half))[k], b;
+%(steps)s
+%(finish)s
+    return a;
+}
+__device__ __forceinline__ uint4 combine_pack(const unsigned long long* sc, unsigned long long half,
+                                              unsigned long long k) {
+    Pack p[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)   /* every rank's load first: one round trip for all of them */
+        p[r].v = ((const uint4*)(sc[r] + half))[k];
+#pragma unroll
+    for (int j = 0; j < VEC; j++) {
+        T a = p[0].e[j], b;
+%(pack_steps)s
+%(finish)s
+        p[0].e[j] = a;
+    }
+    return p[0].v;
+}
+/* Slices of a multiple of VEC elements per block; with ``vec`` (the input and the output 16-byte
+   aligned) a slice moves in 16-byte packs, the rest of the last one element by element. */
 extern "C" __global__ void shmproxy_oneshot(
         unsigned long long in_, unsigned long long out_, unsigned long long n, unsigned long long epoch,
         unsigned long long me, unsigned long long cap, unsigned long long words_,
-        unsigned long long timeout_ns, unsigned long long sig, %(params)s) {
+        unsigned long long timeout_ns, unsigned long long sig, unsigned long long vec, %(params)s) {
     const unsigned long long sc[NR] = {%(scratch)s};
     __shared__ int failed;
-    const unsigned long long per = (n + gridDim.x - 1) / gridDim.x;
-    const unsigned long long lo = per * blockIdx.x;
+    unsigned long long per = (n + gridDim.x - 1) / gridDim.x;
+    per = (per + VEC - 1) / VEC * VEC;
+    const unsigned long long lo = per * blockIdx.x < n ? per * blockIdx.x : n;
     const unsigned long long hi = lo + per < n ? lo + per : n;
+    const unsigned long long packs_end = vec ? lo + (hi - lo) / VEC * VEC : lo;
     const unsigned long long half = DATA + (epoch & 1) * cap;
     const unsigned long long sigs = SIGS + (epoch & 1) * NR * MAXB;
     const unsigned int t = threadIdx.x;
     T* mine = (T*)(sc[me] + half);
-    for (unsigned long long k = lo + t; k < hi; k += blockDim.x)
+#pragma unroll 4
+    for (unsigned long long k = lo / VEC + t; k < packs_end / VEC; k += blockDim.x)
+        ((uint4*)mine)[k] = ((const uint4*)in_)[k];
+    for (unsigned long long k = packs_end + t; k < hi; k += blockDim.x)
         mine[k] = ((const T*)in_)[k];
     if (t == 0)
         failed = 0;
@@ -136,12 +167,11 @@ extern "C" __global__ void shmproxy_oneshot(
     __syncthreads();
     if (failed)
         return;
-    for (unsigned long long k = lo + t; k < hi; k += blockDim.x) {
-        T a = ((const T*)(sc[0] + half))[k], b;
-%(steps)s
-%(finish)s
-        ((T*)out_)[k] = a;
-    }
+#pragma unroll 4
+    for (unsigned long long k = lo / VEC + t; k < packs_end / VEC; k += blockDim.x)
+        ((uint4*)out_)[k] = combine_pack(sc, half, k);
+    for (unsigned long long k = packs_end + t; k < hi; k += blockDim.x)
+        ((T*)out_)[k] = combine(sc, half, k);
 }
 """
 
@@ -153,8 +183,9 @@ def kernel_source(ctype: str, redop: int, nranks: int) -> str:
         "ctype": ctype, "nranks": nranks, "maxb": MAX_BLOCKS, "sigs": _SIGS, "data": _DATA,
         "params": ", ".join(f"unsigned long long s{r}" for r in range(nranks)),
         "scratch": ", ".join(f"s{r}" for r in range(nranks)),
-        "steps": "\n".join(f"        b = ((const T*)(sc[{r}] + half))[k]; a = {expr};" for r in range(1, nranks)),
-        "finish": "        " + AVG_FINISH % nranks if redop == ReduceOp.AVG else ""}
+        "steps": "\n".join(f"    b = ((const T*)(sc[{r}] + half))[k]; a = {expr};" for r in range(1, nranks)),
+        "pack_steps": "\n".join(f"        b = p[{r}].e[j]; a = {expr};" for r in range(1, nranks)),
+        "finish": "    " + AVG_FINISH % nranks if redop == ReduceOp.AVG else ""}
 
 
 def eligible(comm: Any, nbytes: int, dtype: np.dtype, op: int) -> bool:
@@ -210,8 +241,10 @@ def shared(comm: Any, device: int) -> "OneShot | None":
 class OneShot:
     """A rank's scratch, its peers' mapped scratches, its kernels and the host-mapped words."""
 
-    def __init__(self, cp: Any, device: int, rank: int, nranks: int, cap: int, timeout_s: float):
-        self.cp, self.device, self.rank, self.nranks, self.cap = cp, device, rank, nranks, cap
+    def __init__(self, cp: Any, device: int, rank: int, nranks: int, cap: int, blocks: int, timeout_s: float):
+        self.cp, self.device, self.rank, self.nranks = cp, device, rank, nranks
+        self.cap = (cap + 255) // 256 * 256   # the halves stay 256-byte aligned
+        self.blocks = min(max(blocks, 1), MAX_BLOCKS)
         self.timeout_ns = int(timeout_s * 1e9)
         self.drv = Driver()
         rt = cp.cuda.runtime
@@ -224,8 +257,8 @@ class OneShot:
         self.failed = False
         self.closed = False
         with cp.cuda.Device(device):
-            self.scratch = rt.malloc(_DATA + 2 * cap)
-            rt.memset(self.scratch, 0, _DATA + 2 * cap)
+            self.scratch = rt.malloc(_DATA + 2 * self.cap)
+            rt.memset(self.scratch, 0, _DATA + 2 * self.cap)
             self.words_host = rt.hostAlloc(64, _MAPPED)
             ctypes.memset(self.words_host, 0, 64)
             self.words = self.drv.host_device_pointer(self.words_host)
@@ -233,6 +266,7 @@ class OneShot:
             self.handle = bytes(rt.ipcGetMemHandle(self.scratch))
             self.bus_id = rt.deviceGetPCIBusId(device)
             self._after = cp.cuda.Event(disable_timing=True)   # recorded behind each kernel
+            self._before = cp.cuda.Event(disable_timing=True)  # on the caller's stream (``after``)
 
     @classmethod
     def set_up(cls, comm: Any, device: int) -> "OneShot | None":
@@ -242,7 +276,8 @@ class OneShot:
         mine: tuple[str, bytes] | None = None
         try:
             cp = dev.cp if dev.cp is not None else dev._cupy()
-            shot = cls(cp, device, comm.rank, comm.size, comm.params.DEVICE_ONESHOT_BYTES, comm.params.TIMEOUT)
+            p = comm.params
+            shot = cls(cp, device, comm.rank, comm.size, p.DEVICE_ONESHOT_BYTES, p.DEVICE_ONESHOT_BLOCKS, p.TIMEOUT)
             mine = (shot.bus_id, shot.handle)
         except Exception as exc:   # whatever cupy raises for memory it cannot allocate or export
             _log.info("rank %d: no one-shot device Allreduce on GPU %d: %s", comm.rank, device, exc)
@@ -280,20 +315,26 @@ class OneShot:
         launch = self._kernels.get(key)
         if launch is None:
             k = self.cp.RawKernel(kernel_source(_C_TYPE[dtype], op, self.nranks), "shmproxy_oneshot")
-            launch = self._kernels[key] = self.drv.launcher(k.kernel.ptr, 9 + self.nranks)
-            launch.set((0, 0, 0, 0, self.rank, self.cap, self.words, self.timeout_ns, 0, *self.peers))
+            launch = self._kernels[key] = self.drv.launcher(k.kernel.ptr, 10 + self.nranks)
+            launch.set((0, 0, 0, 0, self.rank, self.cap, self.words, self.timeout_ns, 0, 0, *self.peers))
             self._modules.append(k)
         return launch
 
-    def launch(self, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int) -> None:
+    def launch(self, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int,
+               after: int | None = None) -> None:
         """Queue one Allreduce of ``count`` elements from ``src`` into ``dst`` on ``stream`` (this
-        device's); ``check`` before, so a kernel that failed is reported before another is queued."""
+        device's), after the work queued so far on stream ``after`` too (the caller's, where the
+        kernel runs on a stream of its own, as NCCL's do); ``check`` before, so a kernel that failed
+        is reported before another is queued."""
         launch = self._kernel(dtype, op)
         rt = self.cp.cuda.runtime
         prev = rt.getDevice()
         if prev != self.device:
             rt.setDevice(self.device)
         try:
+            if after is not None:
+                self.drv.record(self._before.ptr, after)
+                self.drv.wait(stream, self._before.ptr)
             if self._last_stream is not None and stream != self._last_stream:
                 # one kernel after another (see the header): the new stream waits for the last kernel
                 self.drv.wait(stream, self._after.ptr)
@@ -302,7 +343,9 @@ class OneShot:
             v = launch.values   # the call's own; the rest were set with the kernel (_kernel)
             v[0], v[1], v[2], v[3] = src, dst, count, self.epoch
             v[8] = (count << 16) | (dtype.num << 8) | op   # the signature the peers compare
-            launch(min((count + BLOCK * PER_THREAD - 1) // (BLOCK * PER_THREAD), MAX_BLOCKS), BLOCK, stream)
+            v[9] = not ((src | dst) & 15)                   # 16-byte packs
+            per_block = BLOCK * PER_THREAD * 16 // dtype.itemsize
+            launch(min((count + per_block - 1) // per_block, self.blocks), BLOCK, stream)
             self.drv.record(self._after.ptr, stream)
         finally:
             if prev != self.device:

@@ -95,11 +95,12 @@ def _same(ts: Sequence[torch.Tensor], ref: torch.Tensor, what: str) -> None:
 # ---------------------------------------------------------------------------------------------------
 # Native collectives
 
-def allreduce_on_gpus(pg: Any, t: torch.Tensor, op: Any) -> bool:
-    """A small all_reduce of a CUDA tensor as the ranks' own kernels on the current stream
-    (shmproxy.rank.devcoll): ordered after the stream's queued work, and the stream's later work after
-    it, as NCCL's; nothing for the host to wait for. False where the call does not take that path
-    (decided by what every rank passes alike). The group's lock held."""
+def allreduce_on_gpus(pg: Any, t: torch.Tensor, op: Any, side: torch.cuda.Stream | None) -> bool:
+    """A small all_reduce of a CUDA tensor as the ranks' own kernels (shmproxy.rank.devcoll), ordered
+    after the current stream's queued work, as NCCL's: on the current stream itself (a blocking call:
+    the stream's later work follows it, nothing for the host to wait for), or on ``side`` (an async
+    one, which the caller's later kernels overlap until Work.wait). False where the call does not
+    take that path (decided by what every rank passes alike). The group's lock held."""
     dt = T.numpy_dtype(t.dtype)
     if dt is None or not t.is_contiguous():
         return False
@@ -112,8 +113,12 @@ def allreduce_on_gpus(pg: Any, t: torch.Tensor, op: Any) -> bool:
     if shot is None:
         return False
     shot.check(comm)       # a kernel of an earlier call that failed: its error now
-    dev = t.device.index
-    shot.launch(t.data_ptr(), t.data_ptr(), t.numel(), dt, rop, cuda.current_stream_handle(dev))
+    cur = cuda.current_stream_handle(t.device.index)
+    if side is None:
+        shot.launch(t.data_ptr(), t.data_ptr(), t.numel(), dt, rop, cur)
+    else:
+        shot.launch(t.data_ptr(), t.data_ptr(), t.numel(), dt, rop, side.cuda_stream, after=cur)
+        t.record_stream(side)   # the allocator keeps its memory until the side stream is past the kernel
     return True
 
 

@@ -61,6 +61,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.adopter = Adopter(comm)
         self.stage_pool = StagePool(comm, comm.params.STAGING_CACHE)
         self.side_streams = cuda.SideStreams()    # the completion thread's copies back
+        self.kernel_streams = cuda.SideStreams()  # async calls' kernels of the ranks' own (ops.allreduce_on_gpus)
         self.order_streams = cuda.SideStreams()   # where CUDA Futures complete (Work._stream_future)
         self.completer = Completer(self)
         self.direct = bool(comm.params.TORCH_BLOCKING_DIRECT)
@@ -195,9 +196,11 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                     "SHMPROXY_TORCH_BLOCKING_DIRECT=0 on every rank)") from exc
         return Completed(name, result)
 
-    def _on_gpus(self, name: str, run: Callable[[], bool], t: torch.Tensor) -> Completed | None:
-        """A call queued on the current stream as the ranks' own kernels (``run``; False: it is not
-        one), as a completed Work whose Future is the device's; None where the call is posted."""
+    def _on_gpus(self, name: str, run: Callable[[], bool], t: torch.Tensor,
+                 side: torch.cuda.Stream | None) -> Completed | None:
+        """A call queued as the ranks' own kernels (``run``; False: it is not one) on the current
+        stream or ``side``, as a completed Work whose Future is the device's; None where the call is
+        posted."""
         finished: list[Work] = []
         try:
             with self.lock:
@@ -210,7 +213,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         finally:
             for w in finished:   # outside the lock, as the completer completes
                 w._complete()
-        return Completed(name, [t], device=t.device)
+        return Completed(name, [t], device=t.device, stream=side)
 
     # ---- collectives ------------------------------------------------------------------------------
     # torch's stubs give these overloads of the C++ ProcessGroup (opts or op/timeout forms); its Python
@@ -222,7 +225,10 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         if self._direct(opts, tensors):
             return self._run_now("allreduce", lambda: ops.allreduce_now(self, t, op), [t])
         if t.is_cuda:
-            done = self._on_gpus("allreduce", lambda: ops.allreduce_on_gpus(self, t, op), t)
+            # an async call's kernel runs on a stream of the group's, which the caller's later kernels
+            # overlap (NCCL's); a blocking one's on the current stream, which waits for it at once anyway
+            side = self.kernel_streams.get(t.device) if getattr(opts, "asyncOp", True) else None
+            done = self._on_gpus("allreduce", lambda: ops.allreduce_on_gpus(self, t, op, side), t, side)
             if done is not None:
                 return done
         return self._post("allreduce", lambda st: ops.allreduce(self, t, op, st), [t])

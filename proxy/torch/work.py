@@ -371,17 +371,21 @@ class Completed(dist.Work):
     asked for, on the device a CUDA Future of the stream (as NCCL's)."""
 
     def __init__(self, name: str, result: list[torch.Tensor], exc: BaseException | None = None,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, stream: torch.cuda.Stream | None = None):
         super().__init__()
         self.name = name
         self.result_tensors = result
         self._exc = exc
         self._device = device
+        self._stream = stream   # the group's stream its kernels were queued on (None: the current one)
         self._future: torch.futures.Future | None = None
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """As NCCL's: the caller's current stream waits for the call's kernels (on ``stream``)."""
         if self._exc is not None:
             raise self._exc
+        if self._stream is not None:
+            torch.cuda.current_stream(self._device).wait_stream(self._stream)
         return True
 
     def is_completed(self) -> bool:
@@ -397,9 +401,13 @@ class Completed(dist.Work):
         """A completed Future of the outputs (failed with the call's error), chained as Work's is."""
         if self._future is None:
             if self._device is not None and self._exc is None:
-                # completed on the current stream: its users wait on the GPU for what is queued there
+                # completed on the stream of its kernels: its users wait on the GPU for what is queued there
                 self._future = torch.futures.Future(devices=[self._device])
-                self._future.set_result(self.result_tensors)
+                if self._stream is None:
+                    self._future.set_result(self.result_tensors)
+                else:
+                    with torch.cuda.stream(self._stream):
+                        self._future.set_result(self.result_tensors)
                 return self._future
             trigger: torch.futures.Future = torch.futures.Future()
             self._future = trigger.then(self._outcome)
