@@ -52,21 +52,18 @@ class _Transport:
         rep.cell[1] = rep.cell[-2] = token   # launched and, by the next batch, done
 
 
-class _Loop(A.ArmedRoutes):
-    """The engine's share around the mixin: matching, a record buffer, and the p2p half in brief."""
+class _Loop:
+    """The engine's share around the component: matching, a record buffer, and the p2p half in brief."""
 
     def __init__(self) -> None:
         self.matcher = Matcher()
         self.probes: dict = {}
-        self.fast = False
-        self.local_of = {0: 0, 1: 1, 2: 2}
-        self.profiler = types.SimpleNamespace(enabled=False)
-        self.ctx = None
         self.slots = np.zeros(3 * MAX_OPS * P.SLOT_BYTES // 8, np.uint64)
         self.take_out = bytearray(P.RECORD_BYTES * 16)
         self.take_out_addr = _native.buffer_info(self.take_out, True)[0]
-        self.completion = types.SimpleNamespace(completion_slots=self.completion_slots)
-        self.init_armed(True)
+        self.armed = A.ArmedRoutes(True, self.matcher, None, types.SimpleNamespace(on=False), 0,
+                                   (self.slots.ctypes.data, MAX_OPS), self.probes, {0: 0, 1: 1, 2: 2},
+                                   types.SimpleNamespace(enabled=False), self.append)
         self.conn = self.connector()
         self.transport, self.launcher = self.conn.transport, self.conn.transport.rep.launcher
         self.matched: list[tuple[Op, Op]] = []   # pairs matched by the Python path
@@ -79,9 +76,6 @@ class _Loop(A.ArmedRoutes):
         transport = _Transport(_Repeat(cell, np.zeros(1, np.uint64), _Launcher(cell)))
         return types.SimpleNamespace(transport=transport, nmsgs=0)
 
-    def completion_slots(self) -> tuple[int, int, int]:
-        return self.slots.ctypes.data, self.slots.nbytes, MAX_OPS
-
     def append(self, op: Op) -> None:
         m = self.matcher
         if op.kind == KIND_RECV:
@@ -89,13 +83,13 @@ class _Loop(A.ArmedRoutes):
             if send is not None:
                 self.matched.append((send, op))
             elif op.mem:
-                self.arm(op, True)
+                self.armed.arm(op, True)
         else:
             recv = m.arrive(op.peer, op.rank, op.tag, op)
             if recv is not None:
                 self.matched.append((op, recv))
             elif op.mem:
-                self.arm(op, False)
+                self.armed.arm(op, False)
         self.appended.append(op)   # once in matching: the order ops went in
 
     def batch(self, *ops: Op) -> None:
@@ -105,10 +99,10 @@ class _Loop(A.ArmedRoutes):
                                op.owner, op.peer, op.tag, 0, op.req_seq, op.req_slot, op.buf_id, op.offset,
                                op.nbytes, 0, -1, op.mem, 0, 0, 0, 0, 0, 0)
         out: tuple[list, list, list] = ([], [], [])
-        if self.arm_live:
-            self.fire_armed(self.take_out_addr, 0, len(ops), out)
+        if self.armed.live:
+            self.armed.fire(self.take_out_addr, 0, len(ops), out)
         if out[0] or out[1] or out[2]:
-            self.process_armed(list(ops), out)
+            self.armed.process(list(ops), out)
         else:
             for op in ops:
                 self.append(op)
@@ -139,8 +133,8 @@ def _ran_once() -> _Loop:
     s, r = _send(), _recv()
     loop.batch(r, s)
     assert loop.matched == [(s, r)]
-    loop.remember(types.SimpleNamespace(send=s, recv=r, nbytes=NBYTES), loop.conn)
-    assert loop.arm_counts["pairs"] == 1 and loop.matcher.armed == {1}
+    loop.armed.remember(types.SimpleNamespace(send=s, recv=r, nbytes=NBYTES), loop.conn)
+    assert loop.armed.counts["pairs"] == 1 and loop.matcher.armed == {1}
     return loop
 
 
@@ -148,10 +142,10 @@ def test_a_pair_claims_a_half_then_fires_at_the_other_and_is_armed_again():
     loop = _ran_once()
     s, r = _send(), _recv()
     loop.batch(s)
-    assert loop.armed_describe()["held_ops"] == [s.describe()] and len(loop.matched) == 1
+    assert loop.armed.describe()["held_ops"] == [s.describe()] and len(loop.matched) == 1
     loop.batch(r)
     assert loop.transport.fired == [(s, r, 1)] and not loop.launcher.calls[1:]
-    assert loop.arm_counts["fired"] == 1 and loop.arm_counts["pairs"] == 2   # armed again for the next time
+    assert loop.armed.counts["fired"] == 1 and loop.armed.counts["pairs"] == 2   # armed again for the next time
     assert len(loop.matcher) == 0
 
 
@@ -162,7 +156,7 @@ def test_a_held_half_goes_into_matching_before_a_change_to_what_its_rank_waits_f
     other = _op(KIND_SEND, 2, 1, mem=0)   # rank 2's host message to rank 1 reaches matching first, in Python
     loop.append(other)
     assert loop.appended[-2:] == [s, other] and loop.matcher.is_unexpected(1, 0, TAG, s)
-    assert loop.arm_live == [] and loop.matcher.armed == set()   # nothing armed while it went in
+    assert loop.armed.live == [] and loop.matcher.armed == set()   # nothing armed while it went in
     r = _recv()
     loop.batch(r)
     assert loop.matched[-1] == (s, r) and loop.transport.fired == []
@@ -175,7 +169,7 @@ def test_a_record_that_voids_a_pair_finds_the_held_half_in_matching_before_it():
     r2 = _recv(buf=7)   # another receive of the same message: C voids the pair at it
     loop.batch(r2)
     assert loop.appended[-2:] == [s, r2] and loop.matched[-1] == (s, r2) and loop.transport.fired == []
-    assert loop.arm_counts["voided"] == 1
+    assert loop.armed.counts["voided"] == 1
 
 
 def test_a_claim_and_its_void_in_one_batch_leave_the_half_in_its_place():
@@ -187,10 +181,10 @@ def test_a_claim_and_its_void_in_one_batch_leave_the_half_in_its_place():
 
 def test_a_single_entry_fires_from_a_receive_in_matching():
     loop = _ran_once()
-    loop.disarm_all()   # the pair goes: the receive below goes into matching as a Python path would
+    loop.armed.disarm_all()   # the pair goes: the receive below goes into matching as a Python path would
     r = _recv()
     loop.append(r)
-    assert loop.arm_counts["armed"] == 1 and loop.matcher.armed == {1}
+    assert loop.armed.counts["armed"] == 1 and loop.matcher.armed == {1}
     s = _send()
     loop.batch(s)
     assert loop.transport.fired == [(s, r, 1)] and len(loop.matcher) == 0
@@ -204,12 +198,12 @@ def test_a_claim_of_this_batch_disarmed_while_an_earlier_held_half_goes_in_is_ke
     loop = _ran_once()
     sy, ry = _op(KIND_SEND, 2, 1, buf=4, tag=TAG + 1), _op(KIND_RECV, 1, 2, buf=6, tag=TAG + 1)
     loop.batch(ry, sy)
-    loop.remember(types.SimpleNamespace(send=sy, recv=ry, nbytes=NBYTES), loop.connector())
-    loop.arm_pair(loop.arm_history[A.signature(_send())])   # X again (Y's receive voided it)
-    assert loop.arm_counts["pairs"] == 3 and len(loop.arm_live) == 2
+    loop.armed.remember(types.SimpleNamespace(send=sy, recv=ry, nbytes=NBYTES), loop.connector())
+    loop.armed.arm_pair(loop.armed.history[A.signature(_send())])   # X again (Y's receive voided it)
+    assert loop.armed.counts["pairs"] == 3 and len(loop.armed.live) == 2
     sx = _send()
     loop.batch(sx)                                     # X claims it
     other, sy2 = _op(KIND_SEND, 0, 1, mem=0, tag=77), _op(KIND_SEND, 2, 1, buf=4, tag=TAG + 1)
     loop.batch(other, sy2)                             # other voids X; Y claims sy2
     assert loop.appended[-3:] == [sx, other, sy2] and loop.transport.fired == []
-    assert loop.matcher.is_unexpected(1, 2, TAG + 1, sy2) and loop.arm_counts["claimed"] == 2
+    assert loop.matcher.is_unexpected(1, 2, TAG + 1, sy2) and loop.armed.counts["claimed"] == 2

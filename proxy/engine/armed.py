@@ -1,5 +1,5 @@
-"""Armed routes: a repeated device message launched from C at the fetch of its second half (a mixin
-of ProgressEngine).
+"""Armed routes: a repeated device message launched from C at the fetch of its second half (a
+component of ProgressEngine: ``engine.armed``).
 
 A ping-pong or a training loop sends between the same two device buffers again and again, and each
 message's Python (fetch, match, route, launch: tens of microseconds on the slower hosts) sits between
@@ -38,10 +38,11 @@ Python then does the match's bookkeeping while the copy runs (``armed_fired``, t
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Callable
 
 from shmproxy.core.ops import FLAG_MPROBED, FLAG_STREAM_WORD, FLAG_TYPED, KIND_SEND, Op
 from shmproxy.engine.args import Transfer
+from shmproxy.engine.matching import Matcher
 from shmproxy.shm import _native
 from shmproxy.shm import pool as P
 
@@ -59,6 +60,10 @@ assert A_MSG_BYTES + 1 == A_DEVICE and A_CELLS + 1 == A_POS and A_T_FIRE + 1 == 
 assert P.FRANK_CELLS_TAKEN == P.FRANK_CELLS_WRITTEN + 1 and P.FRANK_CELLS_DRAINED == P.FRANK_CELLS_WRITTEN + 2
 _ROW = struct.Struct(f"<{A_CELLS}Q")   # an entry's words after its state, up to A_CELLS (_arm_entry)
 IN_MATCHING, HELD = "matching", "held"   # where an entry's half is (None: a pair, neither came yet)
+
+
+def _no_device() -> int:
+    return -1   # no route armed yet: fire finds no entry to launch
 
 
 def signature(op: Op) -> tuple:
@@ -81,29 +86,34 @@ class Route:
 
 
 class ArmedRoutes:
-    """State: the entries (``arm_buf``, shared with C, and per entry [route, half op, where it is,
-    its place in the batch being processed]), the routes by either half's signature, and counts."""
+    """The engine's armed routes. State: the entries (``buf``, shared with C, and per entry [route,
+    half op, where it is, its place in the batch being processed]), the routes by either half's
+    signature (``history``), and counts. What it needs of the engine comes to its constructor: the
+    matcher (whose changes disarm), the transports' context, the fast path (whose cells a firing
+    must not overtake), the pool's address and the requests' slots (which C writes), the engine's
+    probes and ranks (read, never rebound by the engine), and ``append``, which puts an op into
+    matching as the loop's fetch would."""
 
-    # Until init_armed (engines built without a pool, in tests, have none): off, and read only.
-    arm_on = False
-    arm_history: dict = {}
-    arm_live: list = []
-
-    def init_armed(self, on: bool) -> None:
-        self.arm_on = on
-        self.arm_buf = bytearray(8 * ARMED_MAX * ARM_WORDS)
-        self.arm_words = memoryview(self.arm_buf).cast("Q")   # entry k's word w: [k * ARM_WORDS + w]
-        self.arm_addr = _native.buffer_info(self.arm_buf, True)[0]
-        self.arm_held: list[list | None] = [None] * ARMED_MAX
-        self.arm_live: list[int] = []   # entries not free
-        self.arm_history: dict[tuple, Route] = {}
-        self.arm_skip: dict[int, int] = {}   # claimed records of the batch being processed: place -> entry
-        self.arm_quiet = 0   # > 0 while a held half goes into matching (_release): nothing is armed
-        self.arm_launch = (0, 0)   # (cuGraphLaunch, the current device's getter) of the last arming
-        slots, _nbytes, per_rank = self.completion.completion_slots()
-        self.arm_slots = (slots, per_rank)   # where fire_armed writes the requests' slots
-        self.arm_counts = {"armed": 0, "pairs": 0, "claimed": 0, "fired": 0, "voided": 0, "disarmed": 0}
-        self.matcher.on_armed = self.disarm_dest
+    def __init__(self, on: bool, matcher: Matcher, ctx: Any, fastpath: Any, seg_addr: int,
+                 slots: tuple[int, int], probes: dict[int, list[Op]], local_of: dict[int, int], profiler: Any,
+                 append: Callable[[Op], None]):
+        self.on = on
+        self.matcher, self.ctx, self.fastpath, self.seg_addr = matcher, ctx, fastpath, seg_addr
+        self.slots = slots                   # (address of the pool's slot 0, slots per rank): fire's
+        self.probes, self.local_of, self.profiler, self.append = probes, local_of, profiler, append
+        self.buf = bytearray(8 * ARMED_MAX * ARM_WORDS)
+        self.words = memoryview(self.buf).cast("Q")   # entry k's word w: [k * ARM_WORDS + w]
+        self.addr = _native.buffer_info(self.buf, True)[0]
+        self.held: list[list | None] = [None] * ARMED_MAX
+        self.live: list[int] = []   # entries not free
+        self.history: dict[tuple, Route] = {}
+        self.skip: dict[int, int] = {}   # claimed records of the batch being processed: place -> entry
+        self.quiet = 0   # > 0 while a held half goes into matching (_release): nothing is armed
+        self.launch: tuple[int, Callable[[], int]] = (0, _no_device)   # (cuGraphLaunch, the current
+        #                                                                device's getter) of the last arming
+        self.counts = {"armed": 0, "pairs": 0, "claimed": 0, "fired": 0, "voided": 0, "disarmed": 0}
+        if on:
+            matcher.on_armed = self.disarm_dest
 
     # ------------------------------------------------------------------ remembering and arming
     def remember(self, t: Transfer, conn: Any) -> None:
@@ -114,13 +124,13 @@ class ArmedRoutes:
         rep = conn.transport.proxy_repeat(self.ctx, t)
         if rep is None:
             return
-        hist = self.arm_history
+        hist = self.history
         if len(hist) >= HISTORY_MAX:
             self.disarm_all()
             hist.clear()
         old = hist.get(signature(recv))
         if old is not None and old.entry >= 0:
-            if self.arm_words[old.entry * ARM_WORDS + A_STATE] == ARM_FIRED:
+            if self.words[old.entry * ARM_WORDS + A_STATE] == ARM_FIRED:
                 return   # fired in this batch, not yet seen: keep it as it is
             self._disarm(old.entry)
         route = hist[signature(recv)] = hist[signature(send)] = Route(send, recv, conn, rep, t.nbytes)
@@ -135,7 +145,7 @@ class ArmedRoutes:
     def arm(self, op: Op, is_recv: bool) -> None:
         """``op`` (device memory) went into matching unmatched: arm its route's other half, where the
         route ran before and nothing may match before it."""
-        route = self.arm_history.get(signature(op))
+        route = self.history.get(signature(op))
         if route is None or op.flags & _NO_ARM or route.entry >= 0:
             return
         m = self.matcher
@@ -145,146 +155,152 @@ class ArmedRoutes:
             self._arm_entry(route, ARM_ARMED, HELD_RECV if is_recv else HELD_SEND, op)
 
     def _arm_entry(self, route: Route, state: int, held: int, op: Op | None) -> None:
-        if len(self.arm_live) >= ARMED_MAX or self.arm_quiet:
+        if len(self.live) >= ARMED_MAX or self.quiet:
             return
         sender, receiver = route.send[1], route.recv[1]
         cells = 0
-        if self.fast:
+        if self.fastpath.on:
             fp = self.fastpath
             if (sender, receiver) in fp.held or fp.early or fp.retry:
                 return
-            cells = self.seg.addr + 8 * fp.f_cells[receiver][0]
+            cells = self.seg_addr + 8 * fp.f_cells[receiver][0]
         words = route.repeat.words()
         if words is None:
             return
-        k = self.arm_held.index(None)
+        k = self.held.index(None)
         slot, seq = (op.req_slot, op.req_seq) if op is not None else (0, 0)
-        _ROW.pack_into(self.arm_buf, 8 * (k * ARM_WORDS + 1), *[v & MASK64 for v in route.send],
+        _ROW.pack_into(self.buf, 8 * (k * ARM_WORDS + 1), *[v & MASK64 for v in route.send],
                        *[v & MASK64 for v in route.recv], held, slot, seq, MASK64, route.nbytes, *words[:-1],
                        cells)
-        self.arm_words[k * ARM_WORDS + A_STATE] = state   # last: the entry is whole
-        self.arm_held[k] = [route, op, IN_MATCHING if op is not None else None, -1]
-        self.arm_live.append(k)
+        self.words[k * ARM_WORDS + A_STATE] = state   # last: the entry is whole
+        self.held[k] = [route, op, IN_MATCHING if op is not None else None, -1]
+        self.live.append(k)
         route.entry = k
         self.matcher.armed.add(route.dst)
-        self.arm_launch = (words[-1], route.repeat.current_device)
-        self.arm_counts["pairs" if state == ARM_PAIR else "armed"] += 1
+        self.launch = (words[-1], route.repeat.current_device)
+        self.counts["pairs" if state == ARM_PAIR else "armed"] += 1
 
     # ------------------------------------------------------------------ disarming
+    def _entry(self, k: int) -> list:
+        """Live entry ``k``'s [route, half op, where it is, its place in the batch]."""
+        held = self.held[k]
+        assert held is not None, f"entry {k} is not live"
+        return held
+
     def _free(self, k: int) -> list:
-        held = self.arm_held[k]
-        self.arm_held[k] = None
-        self.arm_words[k * ARM_WORDS + A_STATE] = ARM_FREE
-        self.arm_live.remove(k)
+        held = self._entry(k)
+        self.held[k] = None
+        self.words[k * ARM_WORDS + A_STATE] = ARM_FREE
+        self.live.remove(k)
         route = held[0]
         route.entry = -1
-        if not any(self.arm_held[j][0].dst == route.dst for j in self.arm_live):
+        if not any(self._entry(j)[0].dst == route.dst for j in self.live):
             self.matcher.armed.discard(route.dst)
         return held
 
     def _disarm(self, k: int) -> None:
         """Free entry ``k`` (not a fired one) and put the half it held out of matching back in its place."""
-        self.arm_counts["disarmed"] += 1
+        self.counts["disarmed"] += 1
         self._release(self._free(k))
 
     def _release(self, held: list) -> None:
         _route, op, where, pos = held
         if where != HELD:
             return
-        if pos >= 0 and self.arm_skip.pop(pos, None) is not None:
+        if pos >= 0 and self.skip.pop(pos, None) is not None:
             return   # its place in this batch is still ahead: the loop appends it there
         # It was posted before anything the loop has yet to process. Often from inside a change to
         # matching (Matcher.on_armed), which goes on after this: nothing may be armed meanwhile, or
         # it would miss that change.
-        self.arm_quiet += 1
+        self.quiet += 1
         try:
             self.append(op)
         finally:
-            self.arm_quiet -= 1
+            self.quiet -= 1
 
     def disarm_dest(self, dst: int) -> None:
         """What waits for rank ``dst`` is about to change: its entries go (not one C fired and the
         loop has yet to see, which this fetch's ``armed_fired`` completes)."""
-        w = self.arm_words
-        for k in [k for k in self.arm_live if self.arm_held[k][0].dst == dst]:
-            if self.arm_held[k] is not None and w[k * ARM_WORDS + A_STATE] != ARM_FIRED:
+        w = self.words
+        for k in [k for k in self.live if self._entry(k)[0].dst == dst]:
+            if self.held[k] is not None and w[k * ARM_WORDS + A_STATE] != ARM_FIRED:
                 self._disarm(k)
 
     def disarm_all(self) -> None:
         """Before a launch an entry holds is destroyed (the transport's graphs retire)."""
-        if self.arm_on:
-            w = self.arm_words
-            for k in [k for k in self.arm_live if w[k * ARM_WORDS + A_STATE] != ARM_FIRED]:
-                if self.arm_held[k] is not None:
+        if self.on:
+            w = self.words
+            for k in [k for k in self.live if w[k * ARM_WORDS + A_STATE] != ARM_FIRED]:
+                if self.held[k] is not None:
                     self._disarm(k)
 
     # ------------------------------------------------------------------ the loop's fetch
-    def fire_armed(self, records: int, start: int, n: int, out: tuple[list, list, list]) -> None:
+    def fire(self, records: int, start: int, n: int, out: tuple[list, list, list]) -> None:
         """Right after records ``start`` to ``n`` were taken into ``records`` (the fetch's take buffer,
         engine/fetching.py) and before they are unpacked: C claims and
         launches what they fire. Adds to ``out`` (ops to append before the batch: halves held since an
         earlier fetch whose entry was voided; entries fired; entries claimed) and frees the voided."""
-        launch, current_device = self.arm_launch
-        slots, per_rank = self.arm_slots
-        fired, claimed = _native.fire_armed(self.arm_addr, ARMED_MAX, records, start, n, slots,
+        launch, current_device = self.launch
+        slots, per_rank = self.slots
+        fired, claimed = _native.fire_armed(self.addr, ARMED_MAX, records, start, n, slots,
                                             per_rank, current_device(), launch)
         first, all_fired, all_claimed = out
         all_fired += fired
         all_claimed += claimed
-        w = self.arm_words
-        for k in [k for k in self.arm_live if w[k * ARM_WORDS + A_STATE] == ARM_VOID]:
+        w = self.words
+        for k in [k for k in self.live if w[k * ARM_WORDS + A_STATE] == ARM_VOID]:
             held = self._free(k)
-            self.arm_counts["voided"] += 1
+            self.counts["voided"] += 1
             if held[2] == HELD:   # claimed in an earlier fetch (one claimed in this one goes in its place)
                 first.append(held[1])
 
     def claims_waiting(self, out: tuple[list, list, list]) -> bool:
         """Whether this fetch claimed a half whose other half has not come (the loop may take it now)."""
-        w = self.arm_words
+        w = self.words
         return any(w[k * ARM_WORDS + A_STATE] == ARM_HALF for k in out[2])
 
-    def process_armed(self, ops: list[Op], out: tuple[list, list, list]) -> None:
+    def process(self, ops: list[Op], out: tuple[list, list, list]) -> None:
         """The fetched ops, with fire_armed's outcome: held halves released first, fired records
         completed, claimed ones held by their entries, the others appended."""
         first, fired_k, claimed_k = out
-        w = self.arm_words
+        w = self.words
         fired = {w[k * ARM_WORDS + A_POS]: k for k in fired_k}
         skip = {}
         for k in claimed_k:
             if w[k * ARM_WORDS + A_STATE] != ARM_FREE:   # not voided by a later record of this fetch
                 skip[w[k * ARM_WORDS + A_HELD_POS]] = k
-                self.arm_counts["claimed"] += 1
+                self.counts["claimed"] += 1
         for pos, k in skip.items():
-            held = self.arm_held[k]
+            held = self.held[k]
             held[1], held[2], held[3] = ops[pos], HELD, pos
-        self.arm_skip = skip   # first: a hook run by what follows may disarm a claim of this batch
+        self.skip = skip   # first: a hook run by what follows may disarm a claim of this batch
         try:
             for op in first:
                 self.append(op)
             for i, op in enumerate(ops):
                 k = fired.get(i)
                 if k is not None:
-                    self.armed_fired(op, k)
+                    self.fired(op, k)
                 elif i in skip:
                     k = skip.pop(i)
-                    if self.arm_held[k] is not None:
-                        self.arm_held[k][3] = -1   # held from now on
+                    if self.held[k] is not None:
+                        self.held[k][3] = -1   # held from now on
                 else:
                     self.append(op)
         finally:
-            self.arm_skip = {}
+            self.skip = {}
 
-    def armed_fired(self, op: Op, k: int) -> None:
+    def fired(self, op: Op, k: int) -> None:
         """``op`` fired entry ``k``: the match Python would have made, with the copy already running."""
         at = k * ARM_WORDS
-        w = self.arm_words
+        w = self.words
         token, published = w[at + A_TOKEN], bool(w[at + A_PUBLISHED])
         rc, t_fire = w[at + A_RC], w[at + A_T_FIRE]
         route, held, where, _pos = self._free(k)
         send, recv = (op, held) if op.kind == KIND_SEND else (held, op)
         if where == IN_MATCHING:
             self.matcher.pop_next(route.dst, route.src, route.tag, held, held is recv)
-        if self.fast:
+        if self.fastpath.on:
             if not (where == IN_MATCHING and held is send) and send.pair_seq:   # as send_local would
                 d = self.local_of.get(route.dst)
                 if d is not None:
@@ -297,13 +313,13 @@ class ArmedRoutes:
             t.t_started = t_fire
         conn = route.conn
         conn.nmsgs += 1
-        self.arm_counts["fired"] += 1
+        self.counts["fired"] += 1
         conn.transport.proxy_fired(self.ctx, conn, t, route.repeat, token, rc)
         self.arm_pair(route)   # the same message again, next time
 
-    def armed_describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         """For the signal dump: entries now (and the ops they hold out of matching), and counts."""
-        if not self.arm_on:
+        if not self.on:
             return {"on": False}
-        held = [h[1].describe() for h in self.arm_held if h is not None and h[2] == HELD]
-        return {"on": True, "entries_now": len(self.arm_live), "held_ops": held, **self.arm_counts}
+        held = [h[1].describe() for h in self.held if h is not None and h[2] == HELD]
+        return {"on": True, "entries_now": len(self.live), "held_ops": held, **self.counts}

@@ -21,7 +21,6 @@ class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
                  "start_entry", "start_schedule", "post_event", "on_events", "wake_pool", "completion_items",
                  "completion_slots",
-                 "disarm_routes",
                  "_argspool",
                  "_n_args", "params",
                  "transport_state", "timeout", "comm_id", "net_ip", "arrive", "finish", "complete_send",
@@ -42,7 +41,6 @@ class EngineContext:
         self.wake_pool: int = engine.seg.addr
         self.completion_items = engine.completion.completion_items   # a device that publishes a message's completion
         self.completion_slots = engine.completion.completion_slots
-        self.disarm_routes = engine.disarm_all
         self._argspool = engine.argspool
         self._n_args = P.CTRL_OFF // 8 + P.CTRL_N_ARGS
         # between nodes (engine/nodes.py)
@@ -57,6 +55,10 @@ class EngineContext:
         self.remote_closed = engine.nodes.remote_closed
         self.fail = engine.failures.fail
         self.note = engine.coll.across.on_note
+
+    def disarm_routes(self) -> None:
+        """Forget every armed route (engine/armed.py) before a launch one of them holds is destroyed."""
+        self._engine.armed.disarm_all()
 
     @property
     def node(self) -> int:

@@ -90,17 +90,17 @@ class Fetcher:
             finally:
                 view.mutex.unlock()
         armed: tuple[list, list, list] | None = None
-        if n and e.arm_live:   # engine/armed.py
+        if n and e.armed.live:   # engine/armed.py
             armed = ([], [], [])
-            e.fire_armed(self.take_out_addr, 0, n, armed)
-            if pair and e.claims_waiting(armed) and self.wait_posted(self.linger_ns) and not self._stopped():
+            e.armed.fire(self.take_out_addr, 0, n, armed)
+            if pair and e.armed.claims_waiting(armed) and self.wait_posted(self.linger_ns) and not self._stopped():
                 n2 = self._fetch_posted(False, at=n)
                 if n2:
-                    e.fire_armed(self.take_out_addr, n, n + n2, armed)
+                    e.armed.fire(self.take_out_addr, n, n + n2, armed)
                     n += n2
         ops = self._unpack_taken(n)
         if armed is not None and (armed[0] or armed[1] or armed[2]):
-            e.process_armed(ops, armed)
+            e.armed.process(ops, armed)
         else:
             for op in ops:
                 e.append(op)
@@ -222,7 +222,7 @@ class Fetcher:
         why = self._watch(words, self.watch_ns)
         if why == _native.WATCH_TIMEOUT:
             os.sched_yield()   # the CPU's other threads get their turn between waits
-        elif why == _native.WATCH_WORD and e.arm_history and self.linger_ns > 0:
+        elif why == _native.WATCH_WORD and e.armed.history and self.linger_ns > 0:
             # The ranks saw their completions with this ack and post their next message's halves now:
             # take them before retiring what ended, so that an armed route fires at once from C
             # (engine/armed.py) and the retiring overlaps its copy.

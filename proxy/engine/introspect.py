@@ -137,7 +137,7 @@ class Introspector:
                                 e.matcher.posted(d)],
             "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in e.conns.items()},
             "nodes": self.describe_nodes(),
-            "fast_path": e.fastpath.describe(), "armed_routes": e.armed_describe(),
+            "fast_path": e.fastpath.describe(), "armed_routes": e.armed.describe(),
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name}
                         for c in e.server.connections()],
             "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in list(e.buffers.items())},

@@ -190,7 +190,7 @@ class PointToPoint:
             d = self.local_of.get(dst) if self.fast and send.pair_seq else None
             if d is not None and not self.fastpath.send_in(send, d):
                 if dst in self.matcher.armed:   # a later send of the pair must not fire before it
-                    self.disarm_dest(dst)
+                    self.armed.disarm_dest(dst)
                 return   # held behind a fast-path cell the receiver is taking (engine/fastpath.py)
             if d is None and self.fast and send.pair_seq:
                 self.fastpath.early[(send.owner, dst)] = send.pair_seq   # its receiver has not joined yet
@@ -216,8 +216,8 @@ class PointToPoint:
                 self.buffer_later.append((send.t_fetch + int(send.nbytes * self.grace_ns_per_byte), send))
             if self.probes:
                 self.wake_probes(dst, send)
-            if send.mem and self.arm_history:
-                self.arm(send, False)   # its receive may fire it from C (engine/armed.py)
+            if send.mem and self.armed.history:
+                self.armed.arm(send, False)   # its receive may fire it from C (engine/armed.py)
         if d is not None:
             self.fastpath.sent(op, d)
 
@@ -256,8 +256,8 @@ class PointToPoint:
         elif self.gone and src in self.gone and src != recv.rank:
             self.matcher.cancel(recv.rank, recv)
             self.completion.complete(recv, errors.InvalidUsage.code, 0)   # the sender closed first
-        elif recv.mem and self.arm_history:
-            self.arm(recv, True)   # its send may fire it from C (engine/armed.py)
+        elif recv.mem and self.armed.history:
+            self.armed.arm(recv, True)   # its send may fire it from C (engine/armed.py)
 
     def close_half(self, info: RankInfo) -> None:
         """Loop thread, once ``info``'s rank closed: fail what waits on it (see the module header), and
@@ -330,8 +330,8 @@ class PointToPoint:
             t.t_started = time.monotonic_ns()
         if done:
             self.completion.finish_transfer(t)
-        elif t.published and self.arm_on:
-            self.remember(t, conn)   # the same message may come back: arm it then (engine/armed.py)
+        elif t.published and self.armed.on:
+            self.armed.remember(t, conn)   # the same message may come back: arm it then (engine/armed.py)
 
     def _refuse(self, send: Op, recv: Op, exc: errors.ProxyError) -> None:
         """A matched pair that cannot move (a bad buffer or record): both requests fail, nothing moved."""
@@ -413,7 +413,7 @@ class PointToPoint:
         """Probe/Iprobe/Mprobe/Improbe (see the module header): answer now, or wait for a message."""
         src, tag, dst, flags = probe.peer, probe.tag, probe.rank, probe.flags
         if dst in self.matcher.armed:   # a message an armed route holds out of matching must show
-            self.disarm_dest(dst)
+            self.armed.disarm_dest(dst)
         if self.fast:
             self.fastpath.drain_to(probe.owner)
         if not 0 <= src < self.size and src != ANY_SOURCE:

@@ -24,9 +24,9 @@ for them; ``completion``: engine/completion.py, publishing results and waking ra
 ``failures``: engine/failure.py, the first error and who learned it; ``fastpath``:
 engine/fastpath.py, the cells drained in order; ``intro``: engine/introspect.py, the info blob and
 the dump; ``nodes``: engine/nodes.py, the other nodes and the link to them; ``coll``:
-coll/runner.py, the collectives, with coll/multinode.py for those across nodes), and the mixins not
-yet made components (PointToPoint, ArmedRoutes), which share this object's attributes
-(issue 41: each becomes a component in turn).
+coll/runner.py, the collectives, with coll/multinode.py for those across nodes; ``armed``:
+engine/armed.py, repeated device messages launched from C at fetch), and the one mixin not yet made
+a component (PointToPoint: engine/p2p.py), which shares this object's attributes (issue 41).
 
 The loop never raises into a void: the first error is stored with its context in the pool's
 asyncResult fields and the communicator is aborted, so every rank raises it at its next call.
@@ -79,7 +79,7 @@ _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # gl
 _COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
-class ProgressEngine(PointToPoint, ArmedRoutes):
+class ProgressEngine(PointToPoint):
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -122,9 +122,6 @@ class ProgressEngine(PointToPoint, ArmedRoutes):
         self.coll = CollRunner(self)   # collectives: this node's ranks, and across nodes (coll/runner.py)
         self.fastpath = FastPath(self, layout)  # small blocking calls the ranks complete themselves
         self.fast = self.fastpath.on
-        # repeated device messages launched from C at fetch (engine/armed.py)
-        self.init_armed(bool(params.CUDA_ARMED_ROUTES and params.CUDA_GRAPHS
-                             and params.CUDA_DEVICE_COMPLETES))
         self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
         # News from the other threads of this process (the service thread, transports' helper threads):
         # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.
@@ -140,6 +137,11 @@ class ProgressEngine(PointToPoint, ArmedRoutes):
         # Buffers a transport's register hook took: (local rank, buffer id) -> (its transport(s), Registration)
         self.registrations: dict[tuple[int, int], tuple[list[Transport], Registration]] = {}
         self.ctx = EngineContext(self)   # all that transports see of this engine
+        # repeated device messages launched from C at fetch (engine/armed.py)
+        slots, _nbytes, per_rank = self.completion.completion_slots()
+        armed_on = bool(params.CUDA_ARMED_ROUTES and params.CUDA_GRAPHS and params.CUDA_DEVICE_COMPLETES)
+        self.armed = ArmedRoutes(armed_on, self.matcher, self.ctx, self.fastpath, self.seg.addr, (slots, per_rank),
+                                 self.probes, self.local_of, self.profiler, self.append)
         self.fault_fd = -1   # the memfd a fatal signal's stacks go to (main), given to every rank at INIT
         self.retired: collections.deque = collections.deque()
         self.cpus: list[int] | None = None
