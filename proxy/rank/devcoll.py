@@ -32,8 +32,9 @@ communicator of one node whose ranks each have a GPU of their own:
   op) differs ends it at once. A blocking call reads the status after its synchronize; the torch
   backend at the group's next call. A rank that finds a kernel failed fails the communicator (Abort)
   before it raises, so no peer waits for a bound of its own. A rank that passed host memory where its
-  peers passed device memory posts to the progress process while they wait in their kernels: they
-  end at TIMEOUT (mismatched calls, as any collective MPI cannot match).
+  peers passed device memory, or called Iallreduce (which stays with the progress process) where
+  they called Allreduce, posts to the progress process while they wait in their kernels: they end at
+  TIMEOUT (mismatched calls, which no side can see before it starts).
 """
 from __future__ import annotations
 
