@@ -10,7 +10,7 @@ import numpy as np
 
 import shmproxy
 from shmproxy.core import errors
-from shmproxy.rank import objects
+from shmproxy.rank import objcoll, objects
 
 BIG = 1 << 20  # float64 elements: 8 MiB
 
@@ -184,17 +184,17 @@ def bad_args() -> dict:
                      lambda: objects.send(comm, 1, comm.size),
                      lambda: objects.recv(comm, -2),       # -1 is ANY_SOURCE
                      lambda: objects.send(comm, 1, 0, tag=1.5),
-                     lambda: objects.bcast(comm, 1, root=comm.size),
-                     lambda: objects.gather(comm, 1, root=-1),
-                     lambda: objects.allreduce(comm, 1, "AVG"),
-                     lambda: objects.allreduce(comm, 1, 42)):
+                     lambda: objcoll.bcast(comm, 1, root=comm.size),
+                     lambda: objcoll.gather(comm, 1, root=-1),
+                     lambda: objcoll.allreduce(comm, 1, "AVG"),
+                     lambda: objcoll.allreduce(comm, 1, 42)):
             try:
                 call()
             except errors.InvalidArgument:
                 raised += 1
         assert raised == 9, raised
         # and the communicator works
-        assert objects.allreduce(comm, comm.rank, "SUM") == comm.size * (comm.size - 1) // 2
+        assert objcoll.allreduce(comm, comm.rank, "SUM") == comm.size * (comm.size - 1) // 2
         return {"raised": raised}
 
 
@@ -214,7 +214,7 @@ def collectives() -> dict:
         for root in range(n):
             obj = {"root": root, "arr": np.arange(BIG // 4, dtype=np.float64) * root, "s": "x" * root} \
                 if r == root else None
-            got = objects.bcast(comm, obj, root=root)
+            got = objcoll.bcast(comm, obj, root=root)
             assert got["root"] == root and got["s"] == "x" * root, got
             assert np.array_equal(got["arr"], np.arange(BIG // 4, dtype=np.float64) * root)
             if r == root:
@@ -222,7 +222,7 @@ def collectives() -> dict:
                 got["arr"][0] = -1.0
                 assert obj["arr"][0] == 0.0
         for root in range(n):
-            got = objects.gather(comm, (r, [r] * r, np.full(20000, r, np.int32)), root=root)
+            got = objcoll.gather(comm, (r, [r] * r, np.full(20000, r, np.int32)), root=root)
             if r == root:
                 assert isinstance(got, list) and len(got) == n, got
                 for i, item in enumerate(got):
@@ -230,7 +230,7 @@ def collectives() -> dict:
                     assert np.all(item[2] == i) and item[2].size == 20000
             else:
                 assert got is None, got
-        got = objects.allgather(comm, {"r": r, "a": np.full(30000, r, np.int16)})
+        got = objcoll.allgather(comm, {"r": r, "a": np.full(30000, r, np.int16)})
         assert [g["r"] for g in got] == list(range(n)), got
         assert all(np.all(g["a"] == i) for i, g in enumerate(got))
 
@@ -238,24 +238,24 @@ def collectives() -> dict:
         mine = vals[r]
         expect = {"SUM": sum(vals), "PROD": math.prod(vals), "MIN": min(vals), "MAX": max(vals)}
         for name, want in expect.items():
-            assert objects.allreduce(comm, mine, name) == want, name
-            assert objects.allreduce(comm, mine, Op[name]) == want, name
-            assert objects.allreduce(comm, mine, getattr(shmproxy, name)) == want, name   # shmproxy.SUM, ...
-            assert objects.allreduce(comm, mine, name.lower()) == want, name
+            assert objcoll.allreduce(comm, mine, name) == want, name
+            assert objcoll.allreduce(comm, mine, Op[name]) == want, name
+            assert objcoll.allreduce(comm, mine, getattr(shmproxy, name)) == want, name   # shmproxy.SUM, ...
+            assert objcoll.allreduce(comm, mine, name.lower()) == want, name
         # numpy arrays go through np.add / np.multiply / np.minimum / np.maximum
         arr = np.array([r, n - r, 5, -r], np.float64)
         stack = np.array([[i, n - i, 5, -i] for i in range(n)], np.float64)
         for name, f in (("SUM", np.sum), ("PROD", np.prod), ("MIN", np.min), ("MAX", np.max)):
-            got = objects.allreduce(comm, arr, Op[name])
+            got = objcoll.allreduce(comm, arr, Op[name])
             assert isinstance(got, np.ndarray) and np.array_equal(got, f(stack, axis=0)), (name, got)
         # lists concatenate in rank order; a lambda sees rank order too
-        assert objects.allreduce(comm, [r], "SUM") == list(range(n))
-        assert objects.allreduce(comm, str(r), lambda a, b: a + "," + b) == ",".join(map(str, range(n)))
-        assert objects.allreduce(comm, (r, r), lambda a, b: max(a, b, key=lambda t: t[0])) == (n - 1, n - 1)
+        assert objcoll.allreduce(comm, [r], "SUM") == list(range(n))
+        assert objcoll.allreduce(comm, str(r), lambda a, b: a + "," + b) == ",".join(map(str, range(n)))
+        assert objcoll.allreduce(comm, (r, r), lambda a, b: max(a, b, key=lambda t: t[0])) == (n - 1, n - 1)
         # the reducer's result may hold out-of-band buffers; every rank gets the identical result
-        got = objects.allreduce(comm, {"v": np.full(10000, r + 1.0)}, lambda a, b: {"v": a["v"] * b["v"]})
+        got = objcoll.allreduce(comm, {"v": np.full(10000, r + 1.0)}, lambda a, b: {"v": a["v"] * b["v"]})
         assert np.all(got["v"] == math.factorial(n)), got["v"][:4]
-        objects.barrier(comm)
+        objcoll.barrier(comm)
         return {"rank": r, "ok": True}
 
 
@@ -265,17 +265,17 @@ def barrier_orders() -> dict:
     import os
     import time
     with _comm() as comm:
-        path = objects.bcast(comm, f"/tmp/sptest-barrier-{os.getpid()}" if comm.rank == 0 else None)
+        path = objcoll.bcast(comm, f"/tmp/sptest-barrier-{os.getpid()}" if comm.rank == 0 else None)
         for rnd in range(3):
             if comm.rank == 0:
                 time.sleep(0.3)
                 with open(path, "w") as f:
                     f.write(str(rnd))
-            objects.barrier(comm)
+            objcoll.barrier(comm)
             with open(path) as f:
                 seen = f.read()
             assert seen == str(rnd), (rnd, seen)   # rank 0 wrote it before entering
-            objects.barrier(comm)                  # nobody rewrites it before all have read
+            objcoll.barrier(comm)                  # nobody rewrites it before all have read
         if comm.rank == 0:
             os.unlink(path)
         return {"rounds": 3}
@@ -304,7 +304,7 @@ def unpicklable() -> dict:
         for root in range(n):
             # bcast: the root cannot pickle
             try:
-                objects.bcast(comm, threading.Lock() if r == root else None, root=root)
+                objcoll.bcast(comm, threading.Lock() if r == root else None, root=root)
             except errors.InvalidArgument:
                 assert r == root
                 seen.append("bcast-root")
@@ -315,7 +315,7 @@ def unpicklable() -> dict:
                 raise AssertionError(f"bcast from {root} did not raise at rank {r}")
             # gather: one rank cannot pickle; only it and the root raise
             try:
-                got = objects.gather(comm, threading.Lock() if r == victim else r, root=root)
+                got = objcoll.gather(comm, threading.Lock() if r == victim else r, root=root)
             except errors.InvalidArgument:
                 assert r == victim
                 seen.append("gather-victim")
@@ -324,7 +324,7 @@ def unpicklable() -> dict:
                 seen.append("gather-root")
             else:
                 assert r not in (root, victim) and got is None, (r, root, got)
-        for fn in (lambda o: objects.allgather(comm, o), lambda o: objects.allreduce(comm, o, "SUM")):
+        for fn in (lambda o: objcoll.allgather(comm, o), lambda o: objcoll.allreduce(comm, o, "SUM")):
             try:
                 fn(threading.Lock() if r == victim else r)
             except errors.InvalidArgument:
@@ -337,7 +337,7 @@ def unpicklable() -> dict:
                 raise AssertionError(f"rank {r}: a collective with an unpicklable contribution did not raise")
         # a reducer that fails on rank 0 fails everywhere
         try:
-            objects.allreduce(comm, r, lambda a, b: a + "x")
+            objcoll.allreduce(comm, r, lambda a, b: a + "x")
         except TypeError:
             assert r == 0 and n > 1
             seen.append("reduce-root")
@@ -347,9 +347,9 @@ def unpicklable() -> dict:
         else:
             assert n == 1, "a failing reducer did not raise"
         # still usable, and in step
-        assert objects.allgather(comm, r) == list(range(n))
-        assert objects.bcast(comm, "fine" if r == n - 1 else None, root=n - 1) == "fine"
-        objects.barrier(comm)
+        assert objcoll.allgather(comm, r) == list(range(n))
+        assert objcoll.bcast(comm, "fine" if r == n - 1 else None, root=n - 1) == "fine"
+        objcoll.barrier(comm)
         return {"seen": seen}
 
 
@@ -361,9 +361,9 @@ def misuse() -> dict:
         assert comm.size == 2
         try:
             if comm.rank == 0:
-                objects.bcast(comm, "x", root=0)   # buffered: returns; rank 1 consumes the message
+                objcoll.bcast(comm, "x", root=0)   # buffered: returns; rank 1 consumes the message
             else:
-                objects.gather(comm, "y", root=1)
+                objcoll.gather(comm, "y", root=1)
         except errors.InvalidUsage as exc:
             assert "bcast" in str(exc) and "gather" in str(exc), str(exc)
             out["mismatch"] = True
@@ -390,13 +390,13 @@ def misuse() -> dict:
             except errors.InvalidUsage:
                 out["dtype"] = True
         try:
-            objects.barrier(comm)
+            objcoll.barrier(comm)
         except errors.InvalidUsage as exc:
             assert comm.rank == 0 and "send" in str(exc) and "float64" in str(exc), str(exc)
             assert "deferred" not in out
             out["deferred"] = True
         # still in step afterwards
-        assert objects.allgather(comm, comm.rank * 10) == [0, 10]
+        assert objcoll.allgather(comm, comm.rank * 10) == [0, 10]
         return out
 
 
@@ -405,14 +405,14 @@ def size_one_and_closed() -> dict:
     with _comm() as comm:
         assert comm.size == 1
         obj = {"a": np.arange(100000.0), "b": [1, 2]}
-        got = objects.bcast(comm, obj)
+        got = objcoll.bcast(comm, obj)
         same(got, obj)
         assert got["a"] is not obj["a"]
-        same(objects.gather(comm, obj), [obj])
-        same(objects.allgather(comm, obj), [obj])
-        assert objects.allreduce(comm, 5, "PROD") == 5
-        assert objects.allreduce(comm, [1], lambda a, b: 1 / 0) == [1]  # one value: never called
-        objects.barrier(comm)
+        same(objcoll.gather(comm, obj), [obj])
+        same(objcoll.allgather(comm, obj), [obj])
+        assert objcoll.allreduce(comm, 5, "PROD") == 5
+        assert objcoll.allreduce(comm, [1], lambda a, b: 1 / 0) == [1]  # one value: never called
+        objcoll.barrier(comm)
         objects.send(comm, obj, 0, tag=1)
         objects.send(comm, "second", 0, tag=1)
         objects.send(comm, "other tag", 0, tag=2)
@@ -424,21 +424,21 @@ def size_one_and_closed() -> dict:
         # pickling errors do not depend on the size: every operation refuses a lock, even alone
         lock = threading.Lock()
         refused = 0
-        for call in (lambda: objects.send(comm, lock, 0), lambda: objects.bcast(comm, lock),
-                     lambda: objects.gather(comm, lock), lambda: objects.allgather(comm, lock),
-                     lambda: objects.allreduce(comm, lock, "SUM")):
+        for call in (lambda: objects.send(comm, lock, 0), lambda: objcoll.bcast(comm, lock),
+                     lambda: objcoll.gather(comm, lock), lambda: objcoll.allgather(comm, lock),
+                     lambda: objcoll.allreduce(comm, lock, "SUM")):
             try:
                 call()
             except errors.InvalidArgument as exc:
                 assert "cannot pickle" in str(exc), str(exc)
                 refused += 1
         assert refused == 5, refused
-        assert objects.allgather(comm, "still fine") == ["still fine"]
+        assert objcoll.allgather(comm, "still fine") == ["still fine"]
     closed = 0
     for call in (lambda: objects.send(comm, 1, 0), lambda: objects.recv(comm, 0),
-                 lambda: objects.bcast(comm, 1), lambda: objects.gather(comm, 1),
-                 lambda: objects.allgather(comm, 1), lambda: objects.allreduce(comm, 1, "SUM"),
-                 lambda: objects.barrier(comm)):
+                 lambda: objcoll.bcast(comm, 1), lambda: objcoll.gather(comm, 1),
+                 lambda: objcoll.allgather(comm, 1), lambda: objcoll.allreduce(comm, 1, "SUM"),
+                 lambda: objcoll.barrier(comm)):
         try:
             call()
         except errors.Closed:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from shmproxy.core import errors
-from shmproxy.rank import objects
+from shmproxy.rank import objects, objstate
 from tests.harness import run_ranks
 
 BODY = "tests.bodies_objects:"
@@ -50,14 +50,14 @@ def test_unpicklable_is_invalid_argument_with_cause(bad):
 
 
 def test_reducers():
-    assert objects._reducer("SUM")(2, 3) == 5 and objects._reducer("prod")(2, 3) == 6
-    assert np.array_equal(objects._reducer("MIN")(np.array([1, 5]), np.array([3, 2])), [1, 2])
-    assert np.array_equal(objects._reducer("MAX")(np.array([1, 5]), np.array([3, 2])), [3, 5])
+    assert objstate._reducer("SUM")(2, 3) == 5 and objstate._reducer("prod")(2, 3) == 6
+    assert np.array_equal(objstate._reducer("MIN")(np.array([1, 5]), np.array([3, 2])), [1, 2])
+    assert np.array_equal(objstate._reducer("MAX")(np.array([1, 5]), np.array([3, 2])), [3, 5])
     fn = lambda a, b: a  # noqa: E731
-    assert objects._reducer(fn) is fn
+    assert objstate._reducer(fn) is fn
     for bad in ("AVG", 3, None):
         with pytest.raises(errors.InvalidArgument):
-            objects._reducer(bad)
+            objstate._reducer(bad)
 
 
 class _FakeComm:

@@ -40,7 +40,7 @@ from shmproxy.mpi.p2p import PointToPoint
 from shmproxy.mpi.partitioned import PartitionedP2P
 from shmproxy.mpi.persistent import PersistentCollectives
 from shmproxy.mpi.handles import HandleNumber
-from shmproxy.rank import objects
+from shmproxy.rank import objcoll
 from shmproxy.rank.comm import Comm as NativeComm
 
 
@@ -446,26 +446,26 @@ class Comm(HandleNumber, Cached, PointToPoint, Collectives, PersistentCollective
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         from shmproxy.mpi.commlock import _comm_lock
         with _comm_lock(self, "bcast"):    # as mpi4py: threads' bcasts on one communicator take turns
-            return self._obj(objects.bcast, obj, self._root(root))
+            return self._obj(objcoll.bcast, obj, self._root(root))
 
     def gather(self, sendobj: Any, root: int = 0) -> list | None:
-        return self._obj(objects.gather, sendobj, self._root(root))
+        return self._obj(objcoll.gather, sendobj, self._root(root))
 
     def allgather(self, sendobj: Any) -> list:
-        return self._obj(objects.allgather, sendobj)
+        return self._obj(objcoll.allgather, sendobj)
 
     def allreduce(self, sendobj: Any, op: Any = SUM) -> Any:
-        return self._obj(objects.allreduce, sendobj, as_op(op, "allreduce"))
+        return self._obj(objcoll.allreduce, sendobj, as_op(op, "allreduce"))
 
     def reduce(self, sendobj: Any, op: Any = SUM, root: int = 0) -> Any:
         """The native object layer has allreduce only: every rank computes the same reduction (in rank
         order), the root returns it, the others None."""
         root = self._root(root)
-        value = self._obj(objects.allreduce, sendobj, as_op(op, "reduce"))
+        value = self._obj(objcoll.allreduce, sendobj, as_op(op, "reduce"))
         return value if self._c.rank == root else None
 
     def barrier(self) -> None:
-        self._obj(objects.barrier)
+        self._obj(objcoll.barrier)
 
     def _obj(self, fn: Any, *args: Any) -> Any:
         try:
@@ -486,7 +486,7 @@ class Comm(HandleNumber, Cached, PointToPoint, Collectives, PersistentCollective
                             f"{len(items)}")
         else:
             items = None
-        return self._obj(objects.bcast, items, root)[c.rank]
+        return self._obj(objcoll.bcast, items, root)[c.rank]
 
     def alltoall(self, sendobj: Any) -> list:
         """Item j of this rank's ``sendobj`` goes to rank j; the result holds one item per rank."""
@@ -494,12 +494,12 @@ class Comm(HandleNumber, Cached, PointToPoint, Collectives, PersistentCollective
         items = [None] * c.size if sendobj is None else list(sendobj)   # None: one None per rank
         if len(items) != c.size:
             raise error(ERR_ARG, f"alltoall: expected a sequence of {c.size} objects, got {len(items)}")
-        return [row[c.rank] for row in self._obj(objects.allgather, items)]
+        return [row[c.rank] for row in self._obj(objcoll.allgather, items)]
 
     def scan(self, sendobj: Any, op: Any = SUM) -> Any:
         """The reduction of ranks 0..rank's objects (inclusive), in rank order."""
         o = as_op(op, "scan")
-        values = self._obj(objects.allgather, sendobj)[:self._c.rank + 1]
+        values = self._obj(objcoll.allgather, sendobj)[:self._c.rank + 1]
         acc = values[0]
         for v in values[1:]:
             acc = o(acc, v)
@@ -508,7 +508,7 @@ class Comm(HandleNumber, Cached, PointToPoint, Collectives, PersistentCollective
     def exscan(self, sendobj: Any, op: Any = SUM) -> Any:
         """The reduction of ranks 0..rank-1's objects; None on rank 0."""
         o = as_op(op, "exscan")
-        values = self._obj(objects.allgather, sendobj)[:self._c.rank]
+        values = self._obj(objcoll.allgather, sendobj)[:self._c.rank]
         if not values:
             return None
         acc = values[0]

@@ -26,7 +26,7 @@ from shmproxy.mpi.exceptions import ERR_ARG, ERR_RANK, ERR_TOPOLOGY, as_int, con
 from shmproxy.mpi.neighbor import Edge, multiplicity, occurrence_edges
 from shmproxy.mpi.comm import Comm
 from shmproxy.mpi.topology import DIST_GRAPH, GRAPH, Topocomm, blank_of, int_list, made_in_new
-from shmproxy.rank import objects
+from shmproxy.rank import objcoll
 
 
 class _Weights:
@@ -256,7 +256,7 @@ def _weight_list(w: Any, n: int, what: str) -> list[int] | None:
 def _dup_and_gather(comm: Any, piece: Any) -> tuple[Any, list]:
     native = comm._call(comm._c.Dup)
     try:
-        return native, objects.allgather(native, piece)
+        return native, objcoll.allgather(native, piece)
     except errors.ProxyError as exc:
         raise convert(exc) from None
 

@@ -359,20 +359,20 @@ class Comm(Lifecycle, Posting, Waiting):
         return objp2p.iprobe(self, source, tag)
 
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
-        return objects.bcast(self, obj, root)
+        return objcoll.bcast(self, obj, root)
 
     def gather(self, obj: Any, root: int = 0) -> list | None:
-        return objects.gather(self, obj, root)
+        return objcoll.gather(self, obj, root)
 
     def allgather(self, obj: Any) -> list:
-        return objects.allgather(self, obj)
+        return objcoll.allgather(self, obj)
 
     def allreduce(self, obj: Any, op: Any = ReduceOp.SUM) -> Any:
         """Reduce objects in rank order (op: shmproxy.SUM/PROD/MIN/MAX or a callable); same result everywhere."""
-        return objects.allreduce(self, obj, op)
+        return objcoll.allreduce(self, obj, op)
 
     def barrier(self) -> None:
-        objects.barrier(self)
+        objcoll.barrier(self)
 
     def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
         """Item r of the root's sequence of ``size`` objects to rank r."""
