@@ -51,8 +51,8 @@ def status(eng: ProgressEngine, slot: int) -> int:
 
 def pair(eng: ProgressEngine, mem_send: int = 0, mem_recv: int = 0) -> tuple[int, int]:
     rslot, sslot = eng.layout.max_ops, 0        # local rank 1's first slot, local rank 0's first
-    eng.append(op(eng, opsmod.KIND_RECV, 1, 0, rslot, mem=mem_recv))
-    eng.append(op(eng, opsmod.KIND_SEND, 0, 1, sslot, mem=mem_send))
+    eng.p2p.append(op(eng, opsmod.KIND_RECV, 1, 0, rslot, mem=mem_recv))
+    eng.p2p.append(op(eng, opsmod.KIND_SEND, 0, 1, sslot, mem=mem_send))
     return sslot, rslot
 
 
@@ -89,8 +89,9 @@ def test_an_unknown_memory_kind_fails_both_requests_not_the_loop(engine):
 
 
 def test_a_forged_wildcard_send_is_refused(engine):
-    engine.append(op(engine, opsmod.KIND_SEND, 0, 1, 0, tag=opsmod.ANY_TAG))
-    assert status(engine, 0) == errors.InvalidArgument.code and not engine.failures.failed and len(engine.matcher) == 0
+    engine.p2p.append(op(engine, opsmod.KIND_SEND, 0, 1, 0, tag=opsmod.ANY_TAG))
+    assert status(engine, 0) == errors.InvalidArgument.code and not engine.failures.failed
+    assert len(engine.p2p.matcher) == 0
 
 
 def test_a_transport_thread_hands_the_loop_work_through_the_context(engine):
@@ -111,8 +112,8 @@ def test_a_closed_ranks_abandoned_receive_does_not_take_a_later_message(engine):
     process drops it, and a message sent to rank 1 afterwards fails (the peer closed first) instead
     of landing in a receive nobody waits for."""
     rslot = engine.layout.max_ops
-    engine.append(op(engine, opsmod.KIND_RECV, 1, 0, rslot))
-    engine.close_half(engine.ranks[1])
-    assert len(engine.matcher) == 0 and status(engine, rslot) == 0   # dropped, not completed
-    engine.append(op(engine, opsmod.KIND_SEND, 0, 1, 0))
-    assert status(engine, 0) == errors.InvalidUsage.code and len(engine.matcher) == 0
+    engine.p2p.append(op(engine, opsmod.KIND_RECV, 1, 0, rslot))
+    engine.p2p.close_half(engine.ranks[1])
+    assert len(engine.p2p.matcher) == 0 and status(engine, rslot) == 0   # dropped, not completed
+    engine.p2p.append(op(engine, opsmod.KIND_SEND, 0, 1, 0))
+    assert status(engine, 0) == errors.InvalidUsage.code and len(engine.p2p.matcher) == 0

@@ -399,7 +399,7 @@ class CollRunner:
         connector (local rank 0 to itself), else the connector between the two nodes' first ranks."""
         r = self.e.ranks[0].rank
         peer = r if node in (-1, self.e.nodes.node) else self.e.nodes.map.leader(node)
-        return self.e.conns.get((r, peer, MemKind.HOST)) or self.e.connect(r, peer, MemKind.HOST)
+        return self.e.conns.get((r, peer, MemKind.HOST)) or self.e.p2p.connect(r, peer, MemKind.HOST)
 
     def finish_coll(self, work: CollWork) -> None:
         if work.published:   # the GPU stored the slots (engine/completion.py, coll_items)

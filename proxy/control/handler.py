@@ -172,7 +172,7 @@ class ControlHandler:
             if p in e.local_of:
                 for src, dst in ((me.rank, p), (p, me.rank)):
                     if (src, dst, MemKind.HOST) not in e.conns:
-                        e.connect(src, dst, MemKind.HOST)
+                        e.p2p.connect(src, dst, MemKind.HOST)
                 out[str(p)] = e.conns[(me.rank, p, MemKind.HOST)].transport.name
             else:
                 out[str(p)] = "pending"  # selected when the peer connects and the first message flows
@@ -234,17 +234,17 @@ class ControlHandler:
             raise errors.InvalidArgument(f"TYPE_REGISTER needs 'blocks' (a list of at most "
                                          f"{TYPE_PART_BLOCKS} "
                                          "(displacement, length) int pairs)")
-        if key in e.types:
+        if key in e.p2p.types:
             raise errors.InvalidUsage(f"datatype {key[1]} of rank {me.rank} is already registered")
-        parts = e.types_pending.setdefault(key, [])
+        parts = e.p2p.types_pending.setdefault(key, [])
         parts.extend(blocks)
         if len(parts) > 2 * TYPE_MAX_BLOCKS:
-            del e.types_pending[key]
+            del e.p2p.types_pending[key]
             raise errors.InvalidArgument(f"datatype {key[1]} of rank {me.rank}: more than {TYPE_MAX_BLOCKS} "
                                          "blocks")
         if not payload.get("more"):
-            del e.types_pending[key]
-            e.types[key] = TypeMap(parts, extent)   # raises InvalidArgument naming a bad table
+            del e.p2p.types_pending[key]
+            e.p2p.types[key] = TypeMap(parts, extent)   # raises InvalidArgument naming a bad table
         return {}, []
 
     def on_getfd(self, conn: Any, payload: dict, fds: list[int]):

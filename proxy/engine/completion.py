@@ -18,7 +18,7 @@ buffered sends.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 
 from shmproxy.core import errors, log
@@ -29,6 +29,7 @@ from shmproxy.shm import _native, pool as P
 
 if TYPE_CHECKING:  # pragma: no cover
     from shmproxy.engine.progress import ProgressEngine
+    from shmproxy.engine.p2p import Buffered
 
 _log = log.get("PROXY")
 MASK64 = (1 << 64) - 1
@@ -60,7 +61,7 @@ class Completion:
         if t.send.owner < 0:   # from another node (engine/nodes.py), or buffered: only the receive is ours
             self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag)
             if t.send.owner == BUFFERED_OWNER:
-                self.e.release_buffered(t.send)   # engine/p2p.py
+                self.e.p2p.release_buffered(t.send)   # engine/p2p.py
             if self.e.profiler.enabled:
                 self._trace_msg(t)
             return
@@ -95,7 +96,7 @@ class Completion:
                              match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post), send_post_ns=s.t_post,
                              recv_post_ns=r.t_post, started_ns=t.t_started)
 
-    def complete(self, op: Op, status: int, nbytes: int, source: int = -1, tag: int = 0,
+    def complete(self, op: "Op | Buffered", status: int, nbytes: int, source: int = -1, tag: int = 0,
                  peer_dtype: int = 0, wake: bool = True) -> None:
         """Publish a request's result in its completion slot, then wake its rank if it sleeps (unless
         ``wake`` is False: the caller wakes it once it has published everything it completes)."""
@@ -103,8 +104,9 @@ class Completion:
         slot, owner = op.req_slot, op.owner
         if owner < 0:   # a stand-in for an op (another node's envelope: its node gets the verdict;
             # a buffered send: freed), which has reply() where an Op has none
-            op.reply(status, nbytes, peer_dtype)  # type: ignore[attr-defined]
+            op.reply(status, nbytes, peer_dtype)  # type: ignore[union-attr]
             return
+        op = cast(Op, op)   # a request of this node's ranks (a stand-in has no slot: above)
         if slot // self.layout.max_ops != owner:
             self.e.failures.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
             return

@@ -48,7 +48,7 @@ class Failures:
 
     def _after_close(self, info: RankInfo) -> None:
         e = self.e
-        e.close_half(info)
+        e.p2p.close_half(info)
         self.release_registrations(info.local_rank)
         if len(e.ranks) == e.nlocal and all(r.closed or r.dead for r in list(e.ranks.values())):
             e.stopping = True
@@ -133,7 +133,7 @@ class Failures:
 
     def _inflight_with(self, rank: int) -> str:
         items = []
-        m = self.e.matcher
+        m = self.e.p2p.matcher
         for dst in m.dests():
             for src, _tag, op in list(m.posted(dst)) + list(m.unexpected(dst)):
                 if rank in (dst, src):

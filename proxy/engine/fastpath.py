@@ -75,7 +75,7 @@ class FastPath:
         self.f_cells = [(layout.frank_q(d, P.FRANK_CELLS_WRITTEN), layout.frank_q(d, P.FRANK_CELLS_TAKEN),
                          layout.frank_q(d, P.FRANK_CELLS_DRAINED)) for d in range(n)]
         self.f_coll_word = base + layout.coll_off + P.CAREA_WORD_OFF
-        engine.matcher.gauge = self._unexp_gauge
+        engine.p2p.matcher.gauge = self._unexp_gauge
 
     # ------------------------------------------------------------------ order of a pair's messages
     def send_in(self, send: Op, d: int) -> bool:
@@ -154,12 +154,12 @@ class FastPath:
         tag, code, nbytes, count, t_post, data = got
         e = self.e
         src, dst = e.ranks[s].rank, e.ranks[d].rank
-        e.buffered_ids += 1
-        b = Buffered.from_cell(src, dst, tag, code, nbytes, count, t_post, e.buffered_ids,
-                               np.frombuffer(data, np.uint8), e.release_buffered)
+        e.p2p.buffered_ids += 1
+        b = Buffered.from_cell(src, dst, tag, code, nbytes, count, t_post, e.p2p.buffered_ids,
+                               np.frombuffer(data, np.uint8), e.p2p.release_buffered)
         e.buffers[(BUFFERED_OWNER, b.buf_id)] = b
-        e.buffered[dst] = e.buffered.get(dst, 0) + nbytes
-        e.deliver_buffered(b)
+        e.p2p.buffered[dst] = e.p2p.buffered.get(dst, 0) + nbytes
+        e.p2p.deliver_buffered(b)
         # fast_take counted it in the pair's UNEXP while it was in neither a cell nor matching
         # (shm/_fast.h, "Draining"): the true count now that it is in
         self._unexp_gauge(src, dst, 0)
@@ -175,7 +175,7 @@ class FastPath:
                 if not self._drain_before(s, d, op.pair_seq - 1):
                     break
                 held.popleft()
-                self.e.send_local(op, d)
+                self.e.p2p.send_local(op, d)
             if not held:
                 del self.held[key]
         if self.retry:

@@ -103,7 +103,7 @@ class Fetcher:
             e.armed.process(ops, armed)
         else:
             for op in ops:
-                e.append(op)
+                e.p2p.append(op)
         if ops:
             self.q[P.CTRL_OFF // 8 + P.CTRL_N_FETCH] += 1
             self.q[P.CTRL_OFF // 8 + P.CTRL_N_OPS] += len(ops)
@@ -196,7 +196,7 @@ class Fetcher:
         GIL behind the loop")."""
         e = self.e
         fp = e.fastpath
-        if self.watch_ns <= 0 or e.buffer_later or e.completion.relayed or fp.held or fp.retry:
+        if self.watch_ns <= 0 or e.p2p.buffer_later or e.completion.relayed or fp.held or fp.retry:
             return False
         words: list = []
         polled = {a.transport for a in e.active if a.coll is None or not a.coll.event_driven}

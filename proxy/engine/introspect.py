@@ -80,7 +80,7 @@ class Introspector:
         recvs: list[dict] = []
         sends: list[dict] = []
         colls: list[dict] = []
-        m = e.matcher
+        m = e.p2p.matcher
         for d in m.dests():
             for src, tag, op in m.posted(d):
                 if op.t_fetch <= old and len(recvs) < PENDING_SHOWN:
@@ -131,10 +131,10 @@ class Introspector:
                            "transmitted": s.transmitted, "received": s.received, "done": s.done}
                           for s in a.subs]}
                 for a in e.active],
-            "unmatched_sends": [op.describe() for d in e.matcher.dests() for _s, _t, op in
-                                e.matcher.unexpected(d)],
-            "unmatched_recvs": [op.describe() for d in e.matcher.dests() for _s, _t, op in
-                                e.matcher.posted(d)],
+            "unmatched_sends": [op.describe() for d in e.p2p.matcher.dests() for _s, _t, op in
+                                e.p2p.matcher.unexpected(d)],
+            "unmatched_recvs": [op.describe() for d in e.p2p.matcher.dests() for _s, _t, op in
+                                e.p2p.matcher.posted(d)],
             "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in e.conns.items()},
             "nodes": self.describe_nodes(),
             "fast_path": e.fastpath.describe(), "armed_routes": e.armed.describe(),

@@ -138,16 +138,16 @@ class Nodes:
             e.completion.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
             return
         n = send.nbytes
-        if e.net_eager < n <= e.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
-            b = e.buffered_copy(send)   # standard mode, buffered here (engine/p2p.py)
+        if e.p2p.net_eager < n <= e.p2p.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
+            b = e.p2p.buffered_copy(send)   # standard mode, buffered here (engine/p2p.py)
             if b is not None:
-                e.adopt_buffered(send, b)
+                e.p2p.adopt_buffered(send, b)
                 send = b
         kind = mem_kind(send.mem)
         conn = e.conns.get((send.rank, dst, kind))
         try:
             if conn is None:
-                conn = e.connect(send.rank, dst, MemKind(kind))
+                conn = e.p2p.connect(send.rank, dst, MemKind(kind))
             done = conn.transport.proxy_send_envelope(e.ctx, conn, send)   # type: ignore[misc]
         except errors.InvalidArgument as exc:
             e.completion.complete(send, exc.code, 0)
@@ -171,17 +171,17 @@ class Nodes:
         if dst in e.gone:
             env.reply(errors.InvalidUsage.code, 0)   # the receiver closed first
             return
-        recv = e.matcher.arrive(dst, env.rank, env.tag, env)
+        recv = e.p2p.matcher.arrive(dst, env.rank, env.tag, env)
         if recv is not None:
-            e.match(env, recv)
-        elif e.probes:
-            e.wake_probes(dst, env)   # engine/p2p.py
+            e.p2p.match(env, recv)
+        elif e.p2p.probes:
+            e.p2p.wake_probes(dst, env)   # engine/p2p.py
 
     def remote_closed(self, rank: int) -> None:
         """Loop: ``rank`` of another node closed: the receives posted here for it fail."""
         e = self.e
         e.gone.add(rank)
-        for op in e.matcher.drop(lambda dst, src, tag, op: src == rank, unexpected=False):
+        for op in e.p2p.matcher.drop(lambda dst, src, tag, op: src == rank, unexpected=False):
             e.completion.complete(op, errors.InvalidUsage.code, 0)
 
     # ------------------------------------------------------------------ news for the other nodes

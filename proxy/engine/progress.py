@@ -25,8 +25,8 @@ for them; ``completion``: engine/completion.py, publishing results and waking ra
 engine/fastpath.py, the cells drained in order; ``intro``: engine/introspect.py, the info blob and
 the dump; ``nodes``: engine/nodes.py, the other nodes and the link to them; ``coll``:
 coll/runner.py, the collectives, with coll/multinode.py for those across nodes; ``armed``:
-engine/armed.py, repeated device messages launched from C at fetch), and the one mixin not yet made
-a component (PointToPoint: engine/p2p.py), which shares this object's attributes (issue 41).
+engine/armed.py, repeated device messages launched from C at fetch; ``p2p``: engine/p2p.py, the
+two halves of a message, matching, buffered sends and probes).
 
 The loop never raises into a void: the first error is stored with its context in the pool's
 asyncResult fields and the communicator is aborted, so every rank raises it at its next call.
@@ -79,7 +79,7 @@ _F_NONE, _F_TRY, _F_BLOCK = FetchMode.NONE, FetchMode.TRY, FetchMode.BLOCK  # gl
 _COPY_JOBS_Q = P.CTRL_OFF // 8 + P.CTRL_N_COPY_JOBS
 
 
-class ProgressEngine(PointToPoint):
+class ProgressEngine:
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
@@ -117,7 +117,7 @@ class ProgressEngine(PointToPoint):
         self.profiler = Profiler(params.PROFILE)
         self.active: list[Args] = []
         self.ready: dict[tuple, Args] = {}
-        self.init_p2p(params)   # the receive half of point-to-point, buffered sends, probes (engine/p2p.py)
+        self.p2p = PointToPoint(self, params)   # matching, buffered sends, probes (engine/p2p.py)
         self.completion = Completion(self)   # publishing results, waking ranks (engine/completion.py)
         self.coll = CollRunner(self)   # collectives: this node's ranks, and across nodes (coll/runner.py)
         self.fastpath = FastPath(self, layout)  # small blocking calls the ranks complete themselves
@@ -140,8 +140,9 @@ class ProgressEngine(PointToPoint):
         # repeated device messages launched from C at fetch (engine/armed.py)
         slots, _nbytes, per_rank = self.completion.completion_slots()
         armed_on = bool(params.CUDA_ARMED_ROUTES and params.CUDA_GRAPHS and params.CUDA_DEVICE_COMPLETES)
-        self.armed = ArmedRoutes(armed_on, self.matcher, self.ctx, self.fastpath, self.seg.addr, (slots, per_rank),
-                                 self.probes, self.local_of, self.profiler, self.append)
+        p2p = self.p2p
+        self.armed = ArmedRoutes(armed_on, p2p.matcher, self.ctx, self.fastpath, self.seg.addr, (slots, per_rank),
+                                 p2p.probes, self.local_of, self.profiler, p2p.append)
         self.fault_fd = -1   # the memfd a fatal signal's stacks go to (main), given to every rank at INIT
         self.retired: collections.deque = collections.deque()
         self.cpus: list[int] | None = None
@@ -318,11 +319,11 @@ class ProgressEngine(PointToPoint):
                 self.completion.check_relayed()
             self.passes += 1
             mode = fetch_mode(idle, len(self.active), self.passes, freq)
-            if self.buffer_later:   # sends waiting out their grace (engine/p2p.py): look, never sleep
+            if self.p2p.buffer_later:   # sends waiting out their grace (engine/p2p.py): look, never sleep
                 mode = _F_TRY if mode == _F_BLOCK else mode
             added = self.fetcher.fetch(mode) if mode else 0
-            if self.buffer_later:
-                self.buffer_due(time.monotonic_ns())
+            if self.p2p.buffer_later:
+                self.p2p.buffer_due(time.monotonic_ns())
             if self.copy.in_flight and self.awake is not None:
                 self.awake.touch()
             if idle and not added and mode != _F_BLOCK:
