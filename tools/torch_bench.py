@@ -4,6 +4,7 @@ ping-pong, the overlap of one async all_reduce with computation, and a DDP train
 share of its communication hidden behind backward.
 
     torchrun --nproc-per-node 2 tools/torch_bench.py [--sizes 1M,4M,16M,64M] [--iters 10] [--pingpong 8,4K]
+                 [--host-cost 8,64K]
                  [--overlap-size 16M] [--params 10M] [--layers 16] [--batch 32] [--bucket-cap-mb 25]
                  [--steps 6] [--json FILE] [--trace] [--no-adopt] [--device cuda] [--peers gloo,nccl] [--loop]
 
@@ -13,7 +14,9 @@ both, the same way. Each all_reduce figure is the median of ``--iters`` timed ca
 after one barrier, the slowest rank's (how a training loop calls: a rank that comes first waits
 inside the call). "registered" is shmproxy's all_reduce of a tensor in the group's registered memory
 (``alloc_tensor``: no staging copy). ``--pingpong``: one way of blocking ``dist.send``/``dist.recv``
-between ranks 0 and 1, half the mean round trip of ``--iters`` round trips.
+between ranks 0 and 1, half the mean round trip of ``--iters`` round trips. ``--host-cost``: the
+calling thread's time per all_reduce over ``--iters`` calls back to back, unsynchronized, and the
+time per call until the device was synchronized after them.
 
 **Overlap of one all_reduce** (OSU style, ``--overlap-size``; 0 skips it): t_comm is a blocking
 all_reduce; the computation is a loop of 128x128 matmuls calibrated to last about t_comm (the largest
@@ -209,6 +212,29 @@ def bench_allreduce(groups: dict[str, Any], nbytes: int, iters: int, trace: bool
             _tracing[0] = False
             if dist.get_rank() == 0:
                 _print_trace(f"all_reduce {nbytes >> 20} MiB, {name}", t0, {"returned": t1})
+    return out
+
+
+def bench_host_cost(groups: dict[str, Any], nbytes: int, iters: int) -> dict[str, tuple[float, float]]:
+    """What one ``dist.all_reduce`` costs the calling thread: ``iters`` calls back to back with nothing
+    synchronized between them, after one barrier; per group (the host's time per call until the last
+    returned, the time per call until the device was synchronized too), the slowest rank's. On CUDA
+    a call the host queues faster than the GPU runs it shows as the second figure growing past the
+    first."""
+    out = {}
+    for name, g in groups.items():
+        t = torch.ones(max(nbytes // 4, 1), device=DEVICE[0])
+        for _ in range(20):
+            dist.all_reduce(t, group=g)   # warm-up
+        _sync()
+        dist.barrier(group=g)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t, group=g)
+        t1 = time.perf_counter()
+        _sync()
+        t2 = time.perf_counter()
+        out[name] = (_agree((t1 - t0) / iters), _agree((t2 - t0) / iters))
     return out
 
 
@@ -441,6 +467,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1M,4M,16M,64M", help="all_reduce sizes ('' skips them)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--pingpong", default="", help="sizes of a send/recv ping-pong between ranks 0 and 1 ('': none)")
+    ap.add_argument("--host-cost", default="",
+                    help="sizes of all_reduce timed back to back, unsynchronized: the host's cost of a call ('': none)")
     ap.add_argument("--overlap-size", default="16M",
                     help="size of the overlap figure's all_reduce (0 skips it)")
     ap.add_argument("--params", default="10M", help="parameters of the DDP model (0 skips the DDP step)")
@@ -488,6 +516,13 @@ def main() -> None:
             print(f"all_reduce {s:>5}: shmproxy {r['shmproxy'] * 1e3:9.3f} ms"
                   + "".join(f"  {p} {r[p] * 1e3:9.3f} ms ({r[p] / r['shmproxy']:5.2f}x)" for p in peers)
                   + extra, flush=True)
+    for s in filter(None, a.host_cost.split(",")):
+        h = bench_host_cost(groups, _size(s), a.iters)
+        report.setdefault("host_cost", {})[s] = h
+        if me == 0:
+            print(f"host cost {s:>5}: " + "  ".join(
+                f"{p} {h[p][0] * 1e6:6.1f} us a call ({h[p][1] * 1e6:6.1f} until synchronized)"
+                for p in ["shmproxy", *peers]), flush=True)
     for s in filter(None, a.pingpong.split(",")):
         r = bench_pingpong(groups, _size(s), a.iters)
         report.setdefault("pingpong", {})[s] = r
