@@ -3,7 +3,7 @@ receives of shmproxy.rank.objects, as module functions that take the communicato
 
 - One result for every rank: bcast, gather, allgather, allreduce, barrier. allgather, allreduce and
   barrier gather to rank 0, which combines in rank order and broadcasts the result
-  (``_rooted_result``).
+  (``_rooted_result``, over the gather-and-deliver skeleton ``_at_root``).
 - Each rank its own result: scatter, alltoall, reduce, scan and exscan. Every contribution goes to one
   rank (the root, or rank 0), which computes the results in rank order (a reduction folds
   op(op(o0, o1), o2)..., so every run gives the same result) and sends each rank its own.
@@ -126,39 +126,53 @@ def gather(comm: Any, obj: Any, root: int = 0) -> list | None:
     return values
 
 
-def _rooted_result(comm: Any, obj: Any, op: int, what: str,
-                   combine: Callable[[list[Any]], Any]) -> Any:
-    """Gather to rank 0, ``combine`` the values there, broadcast the result: the skeleton of
-    allgather, allreduce and barrier. Every rank raises if any contribution or the combination
+def _at_root(comm: Any, obj: Any, root: int, op: int, what: str, compute: Callable[[list[Any]], Any],
+             failed: str, deliver: Callable[[Any, BaseException | None, str, int], tuple[BaseException | None, Any]]
+             ) -> Any:
+    """Gather every rank's ``obj`` to ``root``, ``compute`` there from the values in rank order, and
+    ``deliver`` the outcome (or the error text) to the other ranks, which receive it as one message
+    from ``root``: the skeleton of every collective below but bcast, gather and scatter. ``failed``
+    names a ``compute`` that raised; ``deliver(computed, error, text, seq)`` returns the error (its own
+    too) and the root's result. Every rank raises if any contribution, the computation or a result
     failed, after the protocol completed (the communicator stays usable)."""
     seq = _next_seq(comm)
     out, mine = _contribution(comm, obj, what)
-    items = _gather(comm, out, 0, op, seq, what)
-    if comm.rank != 0:
-        inc = _bcast_in(comm, 0, op, seq, what)
+    items = _gather(comm, out, root, op, seq, what)
+    if comm.rank != root:
+        inc = _bcast_in(comm, root, op, seq, what)
         if mine is not None:
             raise mine
         return inc.load(what)
     assert items is not None
     values, first, text = _collect(comm, items, what)
-    result = None
+    computed = None
     if first is None:
         try:
-            result = combine(values)
-        except Exception as exc:  # the user's reducer: every rank must hear of it
-            first, text = exc, f"the reduction failed on rank 0: {type(exc).__name__}: {exc}"
-    if first is None:
-        res_out, res_err = _contribution(comm, result, what + " (its result)")
-        if res_err is not None:
-            first, text = res_err, f"rank 0 cannot pickle the result: {res_err.__cause__}"
-    if first is not None:
-        res_out = _Out.error(text)
-    _bcast_out(comm, res_out, 0, op, seq)
+            computed = compute(values)
+        except Exception as exc:  # the user's reducer or a malformed argument: every rank must hear of it
+            first, text = exc, f"{failed}: {type(exc).__name__}: {exc}"
+    first, result = deliver(computed, first, text, seq)
     if mine is not None:
         raise mine
     if first is not None:
         raise first
     return result
+
+
+def _rooted_result(comm: Any, obj: Any, op: int, what: str,
+                   combine: Callable[[list[Any]], Any]) -> Any:
+    """Gather to rank 0, ``combine`` the values there, broadcast the result: allgather, allreduce and
+    barrier."""
+    def broadcast(result: Any, first: BaseException | None, text: str, seq: int) -> tuple[BaseException | None, Any]:
+        if first is None:
+            res_out, res_err = _contribution(comm, result, what + " (its result)")
+            if res_err is not None:
+                first, text = res_err, f"rank 0 cannot pickle the result: {res_err.__cause__}"
+        if first is not None:
+            res_out = _Out.error(text)
+        _bcast_out(comm, res_out, 0, op, seq)
+        return first, result
+    return _at_root(comm, obj, 0, op, what, combine, "the reduction failed on rank 0", broadcast)
 
 
 @_public
@@ -219,30 +233,11 @@ def _results_out(comm: Any, root: int, results: list[Any] | None, first: BaseExc
 def _each_from_root(comm: Any, obj: Any, root: int, op: int, what: str,
                     compute: Callable[[list[Any]], list[Any]]) -> Any:
     """Gather every rank's ``obj`` to ``root``, ``compute`` one result per rank there (in rank order),
-    send each rank its own: the skeleton of alltoall, scan and exscan. Every rank raises if any
-    contribution or the computation failed, after the protocol completed."""
-    seq = _next_seq(comm)
-    out, mine = _contribution(comm, obj, what)
-    items = _gather(comm, out, root, op, seq, what)
-    if comm.rank != root:
-        inc = _bcast_in(comm, root, op, seq, what)
-        if mine is not None:
-            raise mine
-        return inc.load(what)
-    assert items is not None
-    values, first, text = _collect(comm, items, what)
-    results = None
-    if first is None:
-        try:
-            results = compute(values)
-        except Exception as exc:  # the user's reducer or a malformed argument: every rank must hear of it
-            first, text = exc, f"{what} failed on rank {root}: {type(exc).__name__}: {exc}"
-    first, mine_result = _results_out(comm, root, results, first, text, op, seq, what)
-    if mine is not None:
-        raise mine
-    if first is not None:
-        raise first
-    return mine_result
+    send each rank its own: alltoall, scan and exscan."""
+    def scatter_results(results: Any, first: BaseException | None, text: str,
+                        seq: int) -> tuple[BaseException | None, Any]:
+        return _results_out(comm, root, results, first, text, op, seq, what)
+    return _at_root(comm, obj, root, op, what, compute, f"{what} failed on rank {root}", scatter_results)
 
 
 def _per_rank(values: Any, size: int, who: str, what: str) -> list[Any]:
