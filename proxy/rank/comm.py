@@ -29,7 +29,7 @@ import numpy as np
 
 from shmproxy.control import bootstrap
 from shmproxy.core import errors, log, params as params_mod
-from shmproxy.rank import collpost, devcoll, objcoll, objects, objp2p, splitting
+from shmproxy.rank import collpost, fastpath, objcoll, objects, objp2p, splitting
 from shmproxy.core.ops import (ANY_SOURCE, ANY_TAG, DTYPE_CODE, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED,
                                FLAG_SYNC, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll, ReduceOp)
 # _DTYPES and _probes: what a Poster is built with (tests build one from this module's names).
@@ -185,13 +185,9 @@ class Comm(Lifecycle, Posting, Waiting):
     def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
                   stream: Any = None) -> None:
         """recvbuf = op over every rank's sendbuf (or recvbuf, with IN_PLACE), on every rank. (A
-        communicator of one node binds its own to the fast path's, shmproxy.rank.fastpath; a small one
-        of device arrays may run as the ranks' own kernels: shmproxy.rank.devcoll.)"""
-        if (type(recvbuf) is not np.ndarray and isinstance(op, (int, np.integer))
-                and int(op) in ReduceOp._value2member_map_
-                and devcoll.allreduce(self, sendbuf, recvbuf, int(op), stream)):
-            return
-        self.Iallreduce(sendbuf, recvbuf, op, **_stream_kw(stream)).Wait()
+        communicator of one node binds its own to the fast path's C entry, which falls back to the
+        same function: shmproxy.rank.fastpath.allreduce.)"""
+        fastpath.allreduce(self, sendbuf, recvbuf, op, stream)
 
     def Ireduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = ReduceOp.SUM, root: int = 0,
                 stream: Any = None) -> Request:

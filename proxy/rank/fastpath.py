@@ -72,7 +72,7 @@ def bind(comm: "Comm", seg_addr: int, layout: P.Layout) -> None:
     if not layout.fast_bytes or comm.local_size != comm.size:
         return
     pp = comm._pp
-    fallbacks = (lambda: _barrier(comm), lambda *a, **k: _allreduce(comm, *a, **k),
+    fallbacks = (lambda: _barrier(comm), lambda *a, **k: allreduce(comm, *a, **k),
                  lambda *a, **k: _bcast(comm, *a, **k), lambda *a, **k: _reduce(comm, *a, **k))
     pp.set_fast(seg_addr, layout.fast_off, layout.fast_bytes, layout.rank_area_off, layout.nlocal,
                 comm.params.WAIT_SLICE_MS * 1e-3, fallbacks, lambda code, detail: fast_failed(comm, code, detail),
@@ -123,7 +123,11 @@ def _not_host(*bufs: Any) -> bool:
     return any(b is not None and b is not IN_PLACE and type(b) is not np.ndarray for b in bufs)
 
 
-def _allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, stream: Any = None) -> None:
+def allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, stream: Any = None) -> None:
+    """A blocking Allreduce, whichever way it runs: between the ranks (small host arrays), as the
+    ranks' own kernels (device arrays: shmproxy.rank.devcoll), through host copies
+    (FAST_DEVICE_REDUCTIONS), or posted. The C entry's fallback, and Comm.Allreduce's where the fast
+    path is off (nothing then runs between the ranks: ``small`` says no)."""
     o = _op(op)
     if (o is not None and _out(recvbuf)
             and (sendbuf is IN_PLACE or (_host(sendbuf) and sendbuf.dtype == recvbuf.dtype
