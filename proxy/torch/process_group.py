@@ -40,6 +40,9 @@ from shmproxy.torch.tensors import Adopter, Staged, StagePool, alloc_tensor, che
 from shmproxy.torch.work import SMALL_WAIT_BYTES, Completed, Completer, Work
 
 BACKEND_NAME = "shmproxy"
+# A failed communicator: the call's Work fails (as gloo's and NCCL's report it) instead of the call
+# raising; DDP's reducer posts from an autograd hook and is not made to survive a throw there.
+GROUP_FAILED = (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout)
 
 
 def _stop_at_exit(ref: "weakref.ref[ProcessGroupShmproxy]") -> None:
@@ -140,10 +143,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                     reqs = build(stage)
                     if device is not None:
                         cuda.seal(stage)
-                except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
-                    # A failed communicator gives a failed Work, not an exception at the call: DDP's
-                    # reducer posts from an autograd hook and is not made to survive a throw there (gloo
-                    # and nccl report such failures through the Work too). Bad arguments still raise.
+                except GROUP_FAILED as exc:   # a failed Work, not an exception; bad arguments still raise
                     work = Work(self, name, [], stage, result, on_done, receive)
                     work._fail(exc)
                     return work
@@ -187,8 +187,8 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         with self.lock:
             try:
                 run()
-            except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
-                return Completed(name, result, exc)   # as _post: a failed communicator gives a failed Work
+            except GROUP_FAILED as exc:
+                return Completed(name, result, exc)
             except errors.InvalidUsage as exc:
                 raise errors.InvalidUsage(
                     f"{exc} (torch: a blocking {name} of small CPU tensors runs as a blocking collective; "
@@ -208,8 +208,8 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                 try:
                     if not run():
                         return None
-                except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
-                    return Completed(name, [t], exc)   # as _post: a failed communicator gives a failed Work
+                except GROUP_FAILED as exc:
+                    return Completed(name, [t], exc)
         finally:
             for w in finished:   # outside the lock, as the completer completes
                 w._complete()
@@ -372,7 +372,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
             with self.lock:
                 try:
                     req = ops.send_or_isend(self, t, dst, tag)
-                except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout) as exc:
+                except GROUP_FAILED as exc:
                     return Completed(name, [t], exc)
                 if req is None:
                     return Completed(name, [t])
