@@ -44,28 +44,30 @@ def _reference(n: int, dtype: str, nranks: int, op: str, salt: int) -> np.ndarra
     return a
 
 
-def oneshot_results() -> dict:
+def _check_allreduce(comm: Any, sizes: Any, prod_up_to: int, offsets: tuple = (0,)) -> tuple[list, int]:
+    """Allreduce of ``_values`` at every element type and op, each size of ``sizes(itemsize)``, in place
+    or not, on two streams in turn, from arrays starting ``offsets`` elements into their allocation
+    (1: not 16-byte aligned, the kernels' element-by-element path); the mismatches, and the count."""
     cp = _cp()
     bad: list[str] = []
     cases = 0
-    limit = params_mod.get().DEVICE_ONESHOT_BYTES
-    with shmproxy.init() as comm:
-        streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
-        for dtype in ("float32", "float64", "int32", "int64", "uint8"):
-            item = np.dtype(dtype).itemsize
-            for n in (1, 7, 4099, (16 << 10) // item + 1, (256 << 10) // item, limit // item, limit // item + 3):
-                for op in ("SUM", "PROD", "MIN", "MAX", "AVG"):
-                    if op == "AVG" and np.dtype(dtype).kind != "f":
-                        continue
-                    if op == "PROD" and n > 4099:
-                        continue   # the sizes above tell nothing more about PROD
-                    for in_place in (False, True):
+    streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
+    for dtype in ("float32", "float64", "int32", "int64", "uint8"):
+        for n in sizes(np.dtype(dtype).itemsize):
+            for op in ("SUM", "PROD", "MIN", "MAX", "AVG"):
+                if op == "AVG" and np.dtype(dtype).kind != "f":
+                    continue
+                if op == "PROD" and n > prod_up_to:
+                    continue   # the sizes above tell nothing more about PROD
+                for in_place in (False, True):
+                    for off in offsets:
                         cases += 1
                         salt = cases % 11
                         s = streams[cases % 2]
                         with s:
-                            x = cp.asarray(_values(n, dtype, comm.rank, salt))
-                            out = cp.full(n, 99, dtype)
+                            x = cp.empty(n + off, dtype)[off:]
+                            x[...] = cp.asarray(_values(n, dtype, comm.rank, salt))
+                            out = cp.full(n + off, 99, dtype)[off:]
                             if in_place:
                                 comm.Allreduce(shmproxy.IN_PLACE, x, _OPS[op])
                                 got = x
@@ -77,18 +79,49 @@ def oneshot_results() -> dict:
                         want = _reference(n, dtype, comm.size, op, salt)
                         if not np.array_equal(host, want, equal_nan=True):
                             k = int(np.flatnonzero(host != want)[0])
-                            bad.append(f"{dtype} n={n} {op} in_place={in_place}: [{k}] {host[k]} != {want[k]}")
-        shot = comm.__dict__.get("_oneshot")
-        launched = shot.epoch if isinstance(shot, devcoll.OneShot) else 0
-        return {"bad": bad[:10], "cases": cases, "path": _path(comm), "launched": launched}
+                            bad.append(f"{dtype} n={n} {op} in_place={in_place} offset={off}: "
+                                       f"[{k}] {host[k]} != {want[k]}")
+    return bad, cases
 
 
-def oneshot_peer_dies() -> dict:
-    """The last rank SIGKILLs itself instead of joining a one-shot Allreduce: the others' kernels wait
-    until their failure watch learns of it, and the call raises PeerDiedError well inside TIMEOUT."""
+def _launched(comm: Any) -> int:
+    shot = comm.__dict__.get("_oneshot")
+    return shot.epoch if isinstance(shot, devcoll.OneShot) else 0
+
+
+def oneshot_results() -> dict:
+    limit = params_mod.get().DEVICE_ONESHOT_BYTES
+    with shmproxy.init(DEVICE_TWOSHOT_BYTES=0) as comm:   # one past the limit: the progress process's
+        bad, cases = _check_allreduce(comm, lambda item: (1, 7, 4099, (16 << 10) // item + 1, (256 << 10) // item,
+                                                          limit // item, limit // item + 3), 4099)
+        return {"bad": bad[:10], "cases": cases, "path": _path(comm), "launched": _launched(comm)}
+
+
+def twoshot_results() -> dict:
+    """Sizes around the switch from one-shot to two-shot kernels (DEVICE_ONESHOT_BYTES, small here),
+    around a two-shot window and its packs, several windows, with aligned and unaligned arrays."""
+    p = params_mod.get()
+    one, window = p.DEVICE_ONESHOT_BYTES, p.DEVICE_TWOSHOT_WINDOW
+    with shmproxy.init() as comm:
+        shot = devcoll.shared(comm, _cp().cuda.runtime.getDevice())
+        step = shot.window_count if shot is not None else (lambda item: window // item)
+
+        def sizes(item: int) -> tuple:
+            w = step(item)
+            return (one // item, one // item + 1, one // item + 16 // item * comm.size + 3, w - 1, w, w + 5,
+                    3 * w + 7)
+        bad, cases = _check_allreduce(comm, sizes, one // 4 + 1, offsets=(0, 1))
+        return {"bad": bad[:10], "cases": cases, "path": _path(comm), "launched": _launched(comm),
+                "windows": {i: step(i) for i in (1, 4, 8)}}
+
+
+def oneshot_peer_dies(count: int = 1 << 10) -> dict:
+    """The last rank SIGKILLs itself instead of joining a device Allreduce of ``count`` floats (one-shot,
+    or two-shot above DEVICE_ONESHOT_BYTES): the others' kernels wait until their failure watch learns
+    of it, and the call raises PeerDiedError well inside TIMEOUT."""
     cp = _cp()
     with shmproxy.init() as comm:
-        x = cp.ones(1 << 10, cp.float32)
+        x = cp.ones(count, cp.float32)
         for _ in range(3):
             comm.Allreduce(shmproxy.IN_PLACE, x)
         comm.Barrier()

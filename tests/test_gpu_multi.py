@@ -125,6 +125,28 @@ def test_oneshot_allreduce_matches_numpy_bit_for_bit():
         assert r["cases"] > 100 and r["launched"] > 0.8 * r["cases"], r
 
 
+TWOSHOT_ENV = {**SPREAD, "SHMPROXY_DEVICE_ONESHOT_BYTES": "64K", "SHMPROXY_DEVICE_TWOSHOT_WINDOW": "1M"}
+
+
+def test_twoshot_allreduce_matches_numpy_bit_for_bit():
+    """Above DEVICE_ONESHOT_BYTES the ranks' kernels are two-shot (each reduces a share, written into
+    its scratch by its peers): every element type and op, around the switch, a window and its packs,
+    several windows, aligned and not, in place or not (the limits made small to reach them)."""
+    res = run_ranks(ONESHOT + "twoshot_results", 2, timeout=400, env=TWOSHOT_ENV)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["path"] == "oneshot", r
+        assert r["cases"] > 300 and r["launched"] > 1.3 * r["cases"], r   # several windows per large call
+
+
+def test_twoshot_allreduce_survivor_raises_when_a_peer_dies():
+    res = run_ranks(ONESHOT + "oneshot_peer_dies", 2, timeout=120, expect_fail={1}, args=(1 << 20,),
+                    env={**TWOSHOT_ENV, "SHMPROXY_TIMEOUT": "60"})
+    r = res.results[0]
+    assert r["path"] == "oneshot" and r["raised"] == "PeerDiedError", r
+    assert r["s"] < 10, r
+
+
 def test_oneshot_allreduce_with_ranks_sharing_a_gpu_stays_with_the_progress_process():
     """3 ranks on 2 GPUs: two share one, so the set-up declines on every rank alike; results right."""
     res = run_ranks(ONESHOT + "oneshot_results", 3, timeout=400, env=SPREAD)

@@ -211,8 +211,19 @@ _DECLARED: tuple[Param, ...] = (
        "(shmproxy.rank.devcoll); larger ones, and every one where ranks share a GPU, go through the "
        "progress process. Each rank keeps twice this much device memory for it. 0 = off. Every rank "
        "must use the same value.", 0),
+    _p("DEVICE_TWOSHOT_BYTES", parse_size, 1 << 40,
+       "An Allreduce of device arrays above DEVICE_ONESHOT_BYTES and up to this size, where the one-shot "
+       "kernel would run, runs as two-shot kernels instead: each rank reduces a 1/N share, written into it "
+       "by its peers, and writes the result into theirs (shmproxy.rank.devcoll). 0 = off (such calls go "
+       "through the progress process). Every rank must use the same value.", 0),
+    _p("DEVICE_TWOSHOT_WINDOW", parse_size, 64 << 20,
+       "The most bytes of one two-shot kernel; a larger Allreduce is several, one after another. Each rank "
+       "keeps 4 (N - 1) / N times this much device memory for them (N ranks).", 1 << 20),
+    _p("DEVICE_TWOSHOT_BLOCKS", int, 128,
+       "Most thread blocks of one two-shot kernel (at most 512): more than the GPU's SMs lets blocks that wait "
+       "for a peer's flag leave the SM to blocks that copy.", 1),
     _p("DEVICE_ONESHOT_BLOCKS", int, 128,
-       "Most thread blocks of one DEVICE_ONESHOT_BYTES kernel (at most 128): the reads of the peers' memory "
+       "Most thread blocks of one DEVICE_ONESHOT_BYTES kernel (at most 512): the reads of the peers' memory "
        "in flight at once, against the SMs the kernel takes from the work it overlaps.", 1),
     _p("FAST_DEVICE_REDUCTIONS", _parse_bool, False,
        "Small blocking Allreduce and Reduce of device arrays run between the ranks through host copies, as "

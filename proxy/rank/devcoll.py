@@ -51,16 +51,18 @@ from shmproxy.transports.cuda_driver import Driver
 _log = log.get("RANK")
 
 MAX_RANKS = 8          # kernels are written out per count of ranks (each peer's scratch is a parameter)
-MAX_BLOCKS = 128       # flag and signature slots per peer
+MAX_BLOCKS = 512       # flag and signature slots per peer
 BLOCK = 512            # threads per block
 PER_THREAD = 2         # 16-byte packs a thread copies and reduces, up to DEVICE_ONESHOT_BLOCKS blocks:
                        # the loads of a peer's memory are each a round trip over the link, so they go
                        # wide (blocks, then the unrolled loop's loads in flight together), not deep
 _C_TYPE = {np.dtype(name): ctype for name, ctype in C_TYPES.items()}   # by dtype (its .name is slow)
-# scratch layout, in 64-bit words: flags [peer][block], then signatures [parity][peer][block], then the
-# two data halves (at a byte offset that keeps them 256-byte aligned)
-_SIGS = MAX_RANKS * MAX_BLOCKS
-_DATA = 8 * 3 * MAX_RANKS * MAX_BLOCKS
+# scratch layout, in 64-bit words: flags [peer][block] (the one-shot's, and the two-shot's first), the
+# two-shot's second flags [peer][block], signatures [parity][peer][block], then the two data halves (at a
+# byte offset that keeps them 256-byte aligned)
+_FLAGS2 = MAX_RANKS * MAX_BLOCKS
+_SIGS = 2 * MAX_RANKS * MAX_BLOCKS
+_DATA = 8 * 4 * MAX_RANKS * MAX_BLOCKS
 # host-mapped words: the abort word (host -> GPU), then a failed kernel's status and peer (GPU -> host)
 W_ABORT, W_STATUS, W_PEER = 0, 1, 2
 ST_TIMEOUT, ST_ABORTED, ST_MISMATCH = 1, 2, 3
@@ -71,35 +73,62 @@ _SRC = r"""
 typedef %(ctype)s T;
 #define NR %(nranks)d
 #define MAXB %(maxb)d
+#define FLAGS2 %(flags2)d
 #define SIGS %(sigs)d
 #define DATA %(data)d
 #define VEC (16 / sizeof(T))
+typedef unsigned long long u64;
 union Pack { uint4 v; T e[VEC]; };
-__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
-    unsigned long long v;
+__device__ __forceinline__ u64 ld_acquire(const u64* p) {
+    u64 v;
     asm volatile("ld.acquire.sys.global.u64 %%0, [%%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
-__device__ __forceinline__ void st_release(unsigned long long* p, unsigned long long v) {
+__device__ __forceinline__ void st_release(u64* p, u64 v) {
     asm volatile("st.release.sys.global.u64 [%%0], %%1;" :: "l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ unsigned long long clock_ns() {
-    unsigned long long t;
+__device__ __forceinline__ u64 clock_ns() {
+    u64 t;
     asm volatile("mov.u64 %%0, %%globaltimer;" : "=l"(t));
     return t;
 }
-__device__ __forceinline__ T combine(const unsigned long long* sc, unsigned long long half, unsigned long long k) {
-    T a = ((const T*)(sc[0] + half))[k], b;
+/* One thread's wait for peer ``t``'s flag of this block to reach ``epoch`` (an acquire); ``sig_at``:
+   where the peer stored its signature, compared once the flag is there (0: none to compare). On a
+   failure (the abort word, the GPU clock past the timeout, another signature) the status goes to
+   the host-mapped words and the block is told through ``failed``. */
+__device__ __forceinline__ void wait_flag(const u64* flag, const u64* sig_at, u64 sig, u64 epoch,
+                                          volatile u64* words, u64 timeout_ns, unsigned t, int* failed) {
+    u64 start = 0, why = 0;
+    unsigned int spins = 0;
+    while (ld_acquire(flag) < epoch) {
+        if (++spins & 1023)
+            continue;
+        if (words[0]) { why = 2; break; }
+        const u64 now = clock_ns();
+        if (start == 0) start = now;
+        else if (now - start > timeout_ns) { why = 1; break; }
+    }
+    if (!why && sig_at && *sig_at != sig)
+        why = 3;
+    if (why) {
+        words[2] = t;
+        __threadfence_system();
+        words[1] = why;
+        *failed = 1;
+    }
+}
+/* a: the value so far, b: the next rank's, in rank order (the progress process's expressions) */
+__device__ __forceinline__ T combine(const T* const* src, u64 k) {
+    T a = src[0][k], b;
 %(steps)s
 %(finish)s
     return a;
 }
-__device__ __forceinline__ uint4 combine_pack(const unsigned long long* sc, unsigned long long half,
-                                              unsigned long long k) {
+__device__ __forceinline__ uint4 combine_pack(const T* const* src, u64 k) {
     Pack p[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++)   /* every rank's load first: one round trip for all of them */
-        p[r].v = ((const uint4*)(sc[r] + half))[k];
+        p[r].v = ((const uint4*)src[r])[k];
 #pragma unroll
     for (int j = 0; j < VEC; j++) {
         T a = p[0].e[j], b;
@@ -109,27 +138,26 @@ __device__ __forceinline__ uint4 combine_pack(const unsigned long long* sc, unsi
     }
     return p[0].v;
 }
-/* Slices of a multiple of VEC elements per block; with ``vec`` (the input and the output 16-byte
-   aligned) a slice moves in 16-byte packs, the rest of the last one element by element. */
+/* One-shot. Slices of a multiple of VEC elements per block; with ``vec`` (the input and the output
+   16-byte aligned) a slice moves in 16-byte packs, the rest of the last one element by element. */
 extern "C" __global__ void shmproxy_oneshot(
-        unsigned long long in_, unsigned long long out_, unsigned long long n, unsigned long long epoch,
-        unsigned long long me, unsigned long long cap, unsigned long long words_,
-        unsigned long long timeout_ns, unsigned long long sig, unsigned long long vec, %(params)s) {
-    const unsigned long long sc[NR] = {%(scratch)s};
+        u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
+        u64 timeout_ns, u64 sig, u64 vec, %(params)s) {
+    const u64 sc[NR] = {%(scratch)s};
     __shared__ int failed;
-    unsigned long long per = (n + gridDim.x - 1) / gridDim.x;
+    u64 per = (n + gridDim.x - 1) / gridDim.x;
     per = (per + VEC - 1) / VEC * VEC;
-    const unsigned long long lo = per * blockIdx.x < n ? per * blockIdx.x : n;
-    const unsigned long long hi = lo + per < n ? lo + per : n;
-    const unsigned long long packs_end = vec ? lo + (hi - lo) / VEC * VEC : lo;
-    const unsigned long long half = DATA + (epoch & 1) * cap;
-    const unsigned long long sigs = SIGS + (epoch & 1) * NR * MAXB;
+    const u64 lo = per * blockIdx.x < n ? per * blockIdx.x : n;
+    const u64 hi = lo + per < n ? lo + per : n;
+    const u64 packs_end = vec ? lo + (hi - lo) / VEC * VEC : lo;
+    const u64 half = DATA + (epoch & 1) * cap;
+    const u64 sigs = SIGS + (epoch & 1) * NR * MAXB;
     const unsigned int t = threadIdx.x;
     T* mine = (T*)(sc[me] + half);
 #pragma unroll 4
-    for (unsigned long long k = lo / VEC + t; k < packs_end / VEC; k += blockDim.x)
+    for (u64 k = lo / VEC + t; k < packs_end / VEC; k += blockDim.x)
         ((uint4*)mine)[k] = ((const uint4*)in_)[k];
-    for (unsigned long long k = packs_end + t; k < hi; k += blockDim.x)
+    for (u64 k = packs_end + t; k < hi; k += blockDim.x)
         mine[k] = ((const T*)in_)[k];
     if (t == 0)
         failed = 0;
@@ -138,53 +166,131 @@ extern "C" __global__ void shmproxy_oneshot(
         /* the block's copies (ordered before this thread's next stores by the barrier), before any
            peer can see the flag */
         __threadfence_system();
-        unsigned long long* peer = (unsigned long long*)sc[t];
+        u64* peer = (u64*)sc[t];
         peer[sigs + me * MAXB + blockIdx.x] = sig;
         st_release(peer + me * MAXB + blockIdx.x, epoch);
-    }
-    if (t < NR && t != me) {
-        const unsigned long long* own = (const unsigned long long*)sc[me];
-        volatile unsigned long long* words = (volatile unsigned long long*)words_;
-        unsigned long long start = 0;
-        unsigned int spins = 0;
-        unsigned long long why = 0;
-        while (ld_acquire(own + t * MAXB + blockIdx.x) < epoch) {
-            if (++spins & 1023)
-                continue;
-            if (words[0]) { why = 2; break; }
-            const unsigned long long now = clock_ns();
-            if (start == 0) start = now;
-            else if (now - start > timeout_ns) { why = 1; break; }
-        }
-        if (!why && own[sigs + t * MAXB + blockIdx.x] != sig)
-            why = 3;
-        if (why) {
-            words[2] = t;
-            __threadfence_system();
-            words[1] = why;
-            failed = 1;
-        }
+        const u64* own = (const u64*)sc[me];
+        wait_flag(own + t * MAXB + blockIdx.x, own + sigs + t * MAXB + blockIdx.x, sig, epoch,
+                  (volatile u64*)words_, timeout_ns, t, &failed);
     }
     __syncthreads();
     if (failed)
         return;
+    const T* src[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        src[r] = (const T*)(sc[r] + half);
 #pragma unroll 4
-    for (unsigned long long k = lo / VEC + t; k < packs_end / VEC; k += blockDim.x)
-        ((uint4*)out_)[k] = combine_pack(sc, half, k);
-    for (unsigned long long k = packs_end + t; k < hi; k += blockDim.x)
-        ((T*)out_)[k] = combine(sc, half, k);
+    for (u64 k = lo / VEC + t; k < packs_end / VEC; k += blockDim.x)
+        ((uint4*)out_)[k] = combine_pack(src, k);
+    for (u64 k = packs_end + t; k < hi; k += blockDim.x)
+        ((T*)out_)[k] = combine(src, k);
+}
+/* Copy ``len`` elements, in 16-byte packs where ``vec`` (both ends aligned: ``len`` past its packs
+   is the buffer's tail), element by element otherwise. */
+__device__ __forceinline__ void copy_run(T* dst, const T* s, u64 len, u64 vec) {
+    const u64 packs = vec ? len / VEC : 0;
+#pragma unroll 4
+    for (u64 k = threadIdx.x; k < packs; k += blockDim.x)
+        ((uint4*)dst)[k] = ((const uint4*)s)[k];
+    for (u64 k = packs * VEC + threadIdx.x; k < len; k += blockDim.x)
+        dst[k] = s[k];
+}
+/* Two-shot (reduce-scatter, then all-gather, through the peers' scratches). The block's slice of
+   ``per`` elements is cut in NR parts; rank q reduces part q. In rank r's scratch, slot d (of
+   ``slot`` elements) holds rank q's values of r's parts, and slot NR-1+d rank q's reduced parts,
+   d = (q - r + NR) %% NR - 1; within a slot, block b's part starts at b * sub.
+   1. the parts of the peers are written into their scratches (over the link), then a flag per peer;
+   2. once every peer's values are here: this rank's part reduced in rank order (its own values from
+      its input), into its output and into every peer's scratch, then a second flag per peer;
+   3. once every peer's reduced part is here: copied into the output. */
+extern "C" __global__ void shmproxy_twoshot(
+        u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
+        u64 timeout_ns, u64 sig, u64 vec, %(params)s) {
+    const u64 sc[NR] = {%(scratch)s};
+    __shared__ int failed;
+    u64 per = (n + gridDim.x - 1) / gridDim.x;
+    per = (per + NR * VEC - 1) / (NR * VEC) * (NR * VEC);
+    const u64 sub = per / NR, slot = sub * gridDim.x;
+    const u64 lo = per * blockIdx.x < n ? per * blockIdx.x : n;
+    const u64 hi = lo + per < n ? lo + per : n;
+    const u64 half = DATA + (epoch & 1) * cap;
+    const u64 sigs = SIGS + (epoch & 1) * NR * MAXB;
+    const unsigned int t = threadIdx.x;
+    const T* in = (const T*)in_;
+    T* out = (T*)out_;
+#define PART_LO(q) (lo + (q) * sub < hi ? lo + (q) * sub : hi)
+#define PART_HI(q) (lo + ((q) + 1) * sub < hi ? lo + ((q) + 1) * sub : hi)
+#define SLOT(r, d) ((T*)(sc[r] + half) + (d) * slot + blockIdx.x * sub)
+    for (int q = 0; q < NR; q++) {
+        if (q == me)
+            continue;
+        copy_run(SLOT(q, (me - q + NR) %% NR - 1), in + PART_LO(q), PART_HI(q) - PART_LO(q), vec);
+    }
+    if (t == 0)
+        failed = 0;
+    __syncthreads();
+    volatile u64* words = (volatile u64*)words_;
+    const u64* own = (const u64*)sc[me];
+    if (t < NR && t != me) {
+        __threadfence_system();
+        u64* peer = (u64*)sc[t];
+        peer[sigs + me * MAXB + blockIdx.x] = sig;
+        st_release(peer + me * MAXB + blockIdx.x, epoch);
+        wait_flag(own + t * MAXB + blockIdx.x, own + sigs + t * MAXB + blockIdx.x, sig, epoch, words,
+                  timeout_ns, t, &failed);
+    }
+    __syncthreads();
+    if (failed)
+        return;
+    const u64 mlo = PART_LO(me), mlen = PART_HI(me) - mlo;
+    const T* src[NR];
+    T* dst[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        src[r] = r == me ? in + mlo : SLOT(me, (r - me + NR) %% NR - 1);
+        dst[r] = r == me ? out + mlo : SLOT(r, NR - 1 + (me - r + NR) %% NR - 1);
+    }
+    const u64 packs = vec ? mlen / VEC : 0;
+#pragma unroll 2
+    for (u64 k = t; k < packs; k += blockDim.x) {
+        const uint4 v = combine_pack(src, k);
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            ((uint4*)dst[r])[k] = v;
+    }
+    for (u64 k = packs * VEC + t; k < mlen; k += blockDim.x) {
+        const T v = combine(src, k);
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            dst[r][k] = v;
+    }
+    __syncthreads();
+    if (t < NR && t != me) {
+        __threadfence_system();
+        st_release((u64*)sc[t] + FLAGS2 + me * MAXB + blockIdx.x, epoch);
+        wait_flag(own + FLAGS2 + t * MAXB + blockIdx.x, 0, 0, epoch, words, timeout_ns, t, &failed);
+    }
+    __syncthreads();
+    if (failed)
+        return;
+    for (int q = 0; q < NR; q++) {
+        if (q == me)
+            continue;
+        copy_run(out + PART_LO(q), SLOT(me, NR - 1 + (q - me + NR) %% NR - 1), PART_HI(q) - PART_LO(q), vec);
+    }
 }
 """
 
 
 def kernel_source(ctype: str, redop: int, nranks: int) -> str:
-    """The one-shot kernel's CUDA C for one element type, op and count of ranks."""
+    """Both kernels' CUDA C for one element type, op and count of ranks."""
     expr = REDUCE_EXPR[redop]
     return _SRC % {
-        "ctype": ctype, "nranks": nranks, "maxb": MAX_BLOCKS, "sigs": _SIGS, "data": _DATA,
-        "params": ", ".join(f"unsigned long long s{r}" for r in range(nranks)),
+        "ctype": ctype, "nranks": nranks, "maxb": MAX_BLOCKS, "flags2": _FLAGS2, "sigs": _SIGS, "data": _DATA,
+        "params": ", ".join(f"u64 s{r}" for r in range(nranks)),
         "scratch": ", ".join(f"s{r}" for r in range(nranks)),
-        "steps": "\n".join(f"    b = ((const T*)(sc[{r}] + half))[k]; a = {expr};" for r in range(1, nranks)),
+        "steps": "\n".join(f"    b = src[{r}][k]; a = {expr};" for r in range(1, nranks)),
         "pack_steps": "\n".join(f"        b = p[{r}].e[j]; a = {expr};" for r in range(1, nranks)),
         "finish": "    " + AVG_FINISH % nranks if redop == ReduceOp.AVG else ""}
 
@@ -192,7 +298,8 @@ def kernel_source(ctype: str, redop: int, nranks: int) -> str:
 def eligible(comm: Any, nbytes: int, dtype: np.dtype, op: int) -> bool:
     """Whether an Allreduce of this signature takes the one-shot kernel, if its buffers are device
     memory: the same answer on every rank of a correct program (nothing here is the rank's own)."""
-    return (0 < nbytes <= comm.params.DEVICE_ONESHOT_BYTES and comm.local_size == comm.size
+    p = comm.params
+    return (0 < nbytes <= max(p.DEVICE_ONESHOT_BYTES, p.DEVICE_TWOSHOT_BYTES) and comm.local_size == comm.size
             and 2 <= comm.size <= MAX_RANKS and dtype in _C_TYPE and op in REDUCE_EXPR
             and comm.__dict__.get("_oneshot") is not False)
 
@@ -242,17 +349,24 @@ def shared(comm: Any, device: int) -> "OneShot | None":
 class OneShot:
     """A rank's scratch, its peers' mapped scratches, its kernels and the host-mapped words."""
 
-    def __init__(self, cp: Any, device: int, rank: int, nranks: int, cap: int, blocks: int, timeout_s: float):
+    def __init__(self, cp: Any, device: int, rank: int, nranks: int, oneshot_bytes: int, twoshot_bytes: int,
+                 window: int, blocks: int, blocks2: int, timeout_s: float):
         self.cp, self.device, self.rank, self.nranks = cp, device, rank, nranks
-        self.cap = (cap + 255) // 256 * 256   # the halves stay 256-byte aligned
-        self.blocks = min(max(blocks, 1), MAX_BLOCKS)
+        self.oneshot_bytes = oneshot_bytes
+        self.window = min(window, twoshot_bytes) if twoshot_bytes > oneshot_bytes else 0
+        # a half holds one one-shot call's data, or one two-shot window's slots: 2 (NR - 1) of them, each
+        # a 1/NR share of the window (and a pack per block of rounding)
+        twoshot_half = 2 * (nranks - 1) * (self.window // nranks + MAX_BLOCKS * 16) if self.window else 0
+        self.cap = (max(oneshot_bytes, twoshot_half) + 255) // 256 * 256   # the halves stay 256-byte aligned
+        self.blocks = min(max(blocks, 1), MAX_BLOCKS)     # a one-shot kernel's most
+        self.blocks2 = min(max(blocks2, 1), MAX_BLOCKS)   # a two-shot kernel's
         self.timeout_ns = int(timeout_s * 1e9)
         self.drv = Driver()
         rt = cp.cuda.runtime
         self.epoch = 0
         self.peers: list[int] = []      # every rank's scratch as this device sees it (ours included)
         self._opened: list[int] = []    # the peers' mappings, closed at close
-        self._kernels: dict[tuple[str, int], Any] = {}   # (dtype char, op) -> its driver Launch
+        self._kernels: dict[tuple[str, int, str], Any] = {}   # (dtype char, op, kernel) -> its Launch
         self._modules: list[Any] = []   # the compiled kernels, loaded as long as their launches live
         self._last_stream: int | None = None
         self.failed = False
@@ -278,7 +392,8 @@ class OneShot:
         try:
             cp = dev.cp if dev.cp is not None else dev._cupy()
             p = comm.params
-            shot = cls(cp, device, comm.rank, comm.size, p.DEVICE_ONESHOT_BYTES, p.DEVICE_ONESHOT_BLOCKS, p.TIMEOUT)
+            shot = cls(cp, device, comm.rank, comm.size, p.DEVICE_ONESHOT_BYTES, p.DEVICE_TWOSHOT_BYTES,
+                       p.DEVICE_TWOSHOT_WINDOW, p.DEVICE_ONESHOT_BLOCKS, p.DEVICE_TWOSHOT_BLOCKS, p.TIMEOUT)
             mine = (shot.bus_id, shot.handle)
         except Exception as exc:   # whatever cupy raises for memory it cannot allocate or export
             _log.info("rank %d: no one-shot device Allreduce on GPU %d: %s", comm.rank, device, exc)
@@ -311,23 +426,36 @@ class OneShot:
                 self._opened.append(ptr)
                 self.peers.append(ptr)
 
-    def _kernel(self, dtype: np.dtype, op: int) -> Any:
-        key = (dtype.char, op)
+    def _kernel(self, dtype: np.dtype, op: int, name: str) -> Any:
+        key = (dtype.char, op, name)
         launch = self._kernels.get(key)
         if launch is None:
-            k = self.cp.RawKernel(kernel_source(_C_TYPE[dtype], op, self.nranks), "shmproxy_oneshot")
+            k = self.cp.RawKernel(kernel_source(_C_TYPE[dtype], op, self.nranks), name)
             launch = self._kernels[key] = self.drv.launcher(k.kernel.ptr, 10 + self.nranks)
             launch.set((0, 0, 0, 0, self.rank, self.cap, self.words, self.timeout_ns, 0, 0, *self.peers))
             self._modules.append(k)
         return launch
+
+    @staticmethod
+    def _grid(count: int, itemsize: int, most: int) -> int:
+        per_block = BLOCK * PER_THREAD * 16 // itemsize
+        return min((count + per_block - 1) // per_block, most)
+
+    def window_count(self, itemsize: int) -> int:
+        """The most elements of one two-shot kernel: its 2 (NR - 1) slots, of a 1/NR share of each of
+        the most blocks' slices (rounded up to NR packs: the kernel's rounding), fit in a half."""
+        vec = 16 // itemsize
+        nr = self.nranks
+        sub = self.cap // (2 * (nr - 1) * self.blocks2 * itemsize) // vec * vec   # a part per block
+        return min(sub * nr * self.blocks2, self.window // itemsize)
 
     def launch(self, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int,
                after: int | None = None) -> None:
         """Queue one Allreduce of ``count`` elements from ``src`` into ``dst`` on ``stream`` (this
         device's), after the work queued so far on stream ``after`` too (the caller's, where the
         kernel runs on a stream of its own, as NCCL's do); ``check`` before, so a kernel that failed
-        is reported before another is queued."""
-        launch = self._kernel(dtype, op)
+        is reported before another is queued. Up to DEVICE_ONESHOT_BYTES one one-shot kernel, above
+        it two-shot kernels of a window each (the same choice on every rank: it is the call's size)."""
         rt = self.cp.cuda.runtime
         prev = rt.getDevice()
         if prev != self.device:
@@ -340,17 +468,28 @@ class OneShot:
                 # one kernel after another (see the header): the new stream waits for the last kernel
                 self.drv.wait(stream, self._after.ptr)
             self._last_stream = stream
-            self.epoch += 1
-            v = launch.values   # the call's own; the rest were set with the kernel (_kernel)
-            v[0], v[1], v[2], v[3] = src, dst, count, self.epoch
-            v[8] = (count << 16) | (dtype.num << 8) | op   # the signature the peers compare
-            v[9] = not ((src | dst) & 15)                   # 16-byte packs
-            per_block = BLOCK * PER_THREAD * 16 // dtype.itemsize
-            launch(min((count + per_block - 1) // per_block, self.blocks), BLOCK, stream)
+            isz = dtype.itemsize
+            if count * isz <= self.oneshot_bytes or not self.window:
+                self._queue(self._kernel(dtype, op, "shmproxy_oneshot"), src, dst, count, dtype, op, stream,
+                            self.blocks)
+            else:
+                launch, step = self._kernel(dtype, op, "shmproxy_twoshot"), self.window_count(isz)
+                for off in range(0, count, step):
+                    self._queue(launch, src + off * isz, dst + off * isz, min(step, count - off), dtype, op,
+                                stream, self.blocks2)
             self.drv.record(self._after.ptr, stream)
         finally:
             if prev != self.device:
                 rt.setDevice(prev)
+
+    def _queue(self, launch: Any, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int,
+               blocks: int) -> None:
+        self.epoch += 1
+        v = launch.values   # the call's own; the rest were set with the kernel (_kernel)
+        v[0], v[1], v[2], v[3] = src, dst, count, self.epoch
+        v[8] = (count << 16) | (dtype.num << 8) | op   # the signature the peers compare
+        v[9] = not ((src | dst) & 15)                   # 16-byte packs
+        launch(self._grid(count, dtype.itemsize, blocks), BLOCK, stream)
 
     def synchronize(self, stream: int) -> None:
         self.cp.cuda.runtime.streamSynchronize(stream)
