@@ -1,4 +1,4 @@
-"""Rank bodies for the one-shot device Allreduce (shmproxy.rank.devcoll): results against numpy in
+"""Rank bodies for the ranks' own device Allreduce kernels (shmproxy.rank.devcoll): results against numpy in
 rank order, bit for bit, at every element type and op of the kernel, around its block slices and its
 size limit, in place or not, on two streams in turn; a peer killed while the kernels wait; torch's
 all_reduce on CUDA tensors through it. Each says which path ran ("oneshot": the ranks' kernels,
@@ -23,7 +23,7 @@ _OPS = {"SUM": shmproxy.SUM, "PROD": shmproxy.PROD, "MIN": shmproxy.MIN, "MAX": 
 
 def _path(comm: Any) -> str:
     shot = comm.__dict__.get("_oneshot")
-    return "oneshot" if isinstance(shot, devcoll.OneShot) else "progress"
+    return "oneshot" if isinstance(shot, devcoll.PeerKernels) else "progress"
 
 
 def _values(n: int, dtype: str, rank: int, salt: int) -> np.ndarray:
@@ -86,7 +86,7 @@ def _check_allreduce(comm: Any, sizes: Any, prod_up_to: int, offsets: tuple = (0
 
 def _launched(comm: Any) -> int:
     shot = comm.__dict__.get("_oneshot")
-    return shot.epoch if isinstance(shot, devcoll.OneShot) else 0
+    return shot.epoch if isinstance(shot, devcoll.PeerKernels) else 0
 
 
 def oneshot_results() -> dict:

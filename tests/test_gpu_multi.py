@@ -125,13 +125,16 @@ def test_oneshot_allreduce_matches_numpy_bit_for_bit():
         assert r["cases"] > 100 and r["launched"] > 0.8 * r["cases"], r
 
 
-TWOSHOT_ENV = {**SPREAD, "SHMPROXY_DEVICE_ONESHOT_BYTES": "64K", "SHMPROXY_DEVICE_TWOSHOT_WINDOW": "1M"}
+# small limits, so that the sizes around them are quick; a chunk of a few per block's part
+TWOSHOT_ENV = {**SPREAD, "SHMPROXY_DEVICE_ONESHOT_BYTES": "64K", "SHMPROXY_DEVICE_TWOSHOT_WINDOW": "1M",
+               "SHMPROXY_DEVICE_TWOSHOT_CHUNK": "1K"}
 
 
 def test_twoshot_allreduce_matches_numpy_bit_for_bit():
     """Above DEVICE_ONESHOT_BYTES the ranks' kernels are two-shot (each reduces a share, written into
     its scratch by its peers): every element type and op, around the switch, a window and its packs,
-    several windows, aligned and not, in place or not (the limits made small to reach them)."""
+    several windows, aligned and not, in place or not, parts of several chunks and of a partial one
+    (the limits made small to reach them)."""
     res = run_ranks(ONESHOT + "twoshot_results", 2, timeout=400, env=TWOSHOT_ENV)
     for r in res.results:
         assert not r["bad"], r["bad"]

@@ -205,12 +205,12 @@ _DECLARED: tuple[Param, ...] = (
        "'The fast path'). Every rank must use the same value. auto (-1): as large as keeps the cells of "
        "every pair within FAST_AUTO_POOL_BYTES, between 512 B and FAST_AUTO_MAX_BYTES "
        "(FAST_AUTO_CROWDED_MAX_BYTES on a crowded node). 0 = off.", -1, 1 << 20),
-    _p("DEVICE_ONESHOT_BYTES", parse_size, 16 << 20,
+    _p("DEVICE_ONESHOT_BYTES", parse_size, 8 << 20,
        "An Allreduce of device arrays up to this size, on a communicator of one node whose ranks each have "
        "a GPU of their own, runs as one kernel per rank on the caller's stream, reading the peers' GPUs "
-       "(shmproxy.rank.devcoll); larger ones, and every one where ranks share a GPU, go through the "
-       "progress process. Each rank keeps twice this much device memory for it. 0 = off. Every rank "
-       "must use the same value.", 0),
+       "(shmproxy.rank.devcoll); larger ones take the two-shot kernels (DEVICE_TWOSHOT_BYTES), and every one "
+       "where ranks share a GPU goes through the progress process. Each rank keeps twice this much device "
+       "memory for it (or the two-shot window's, if more). 0 = off. Every rank must use the same value.", 0),
     _p("DEVICE_TWOSHOT_BYTES", parse_size, 1 << 40,
        "An Allreduce of device arrays above DEVICE_ONESHOT_BYTES and up to this size, where the one-shot "
        "kernel would run, runs as two-shot kernels instead: each rank reduces a 1/N share, written into it "
@@ -222,6 +222,9 @@ _DECLARED: tuple[Param, ...] = (
     _p("DEVICE_TWOSHOT_BLOCKS", int, 128,
        "Most thread blocks of one two-shot kernel (at most 512): more than the GPU's SMs lets blocks that wait "
        "for a peer's flag leave the SM to blocks that copy.", 1),
+    _p("DEVICE_TWOSHOT_CHUNK", parse_size, 128 << 10,
+       "The bytes a two-shot kernel's block moves in one step of its pipeline (a multiple of 16): smaller "
+       "overlaps more of the steps, larger waits for fewer flags.", 16),
     _p("DEVICE_ONESHOT_BLOCKS", int, 128,
        "Most thread blocks of one DEVICE_ONESHOT_BYTES kernel (at most 512): the reads of the peers' memory "
        "in flight at once, against the SMs the kernel takes from the work it overlaps.", 1),

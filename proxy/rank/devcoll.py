@@ -1,30 +1,40 @@
-"""One-shot device Allreduce: each rank's own kernel on its own stream, between GPUs of their own.
+"""Device Allreduce as the ranks' own kernels on their own streams, between GPUs of their own.
 
 A device Allreduce through the progress process costs the post, the loop's fetch and launch, and
-the completion's way back: tens of microseconds before and after the GPU's few (BENCHMARKS.md). A
-small all-reduce of NCCL is one kernel per rank that reads its peers' buffers over the GPUs' link.
-This is that kernel, for an Allreduce of at most DEVICE_ONESHOT_BYTES of device memory on a
-communicator of one node whose ranks each have a GPU of their own:
+the completion's way back: tens of microseconds before and after the GPU's few (BENCHMARKS.md); and
+there one kernel on one GPU does the whole reduction. NCCL's all-reduce is one kernel per rank that
+moves data over the GPUs' link itself. These are such kernels, for an Allreduce of device memory on
+a communicator of one node whose ranks each have a GPU of their own: up to DEVICE_ONESHOT_BYTES the
+*one-shot* kernel (every rank reads every peer's input and reduces all of it: one exchange, for
+latency), above it *two-shot* kernels (each rank reduces a 1/N share, then hands it to its peers:
+each byte crosses the link twice in all, for bandwidth), up to DEVICE_TWOSHOT_BYTES.
 
 - **Set-up, once per communicator**, at its first such call, which every rank makes alike (a
-  collective, as the call is): each rank allocates a *scratch* on its device (per peer and block a
-  flag and a signature, and two data halves of DEVICE_ONESHOT_BYTES), the ranks exchange the
-  scratches' CUDA IPC handles and their GPUs' PCI bus ids (an object allgather), and each maps its
-  peers' scratches. If two ranks share a GPU (their kernels would spin against each other on one GPU
-  that runs one process's work at a time) or a rank cannot map a peer's memory, every rank learns it
-  from a second allgather, and the communicator never takes this path again.
-- **A call** launches one kernel on the caller's stream, after its queued work, as NCCL's kernels
-  are. Each block copies its slice of the input into half ``epoch & 1`` of this rank's scratch, then,
-  after a system-scope fence, stores the call's signature and (a release) its epoch into its slots in
-  every peer's scratch; it waits in its own scratch until every peer's flag for that block reached
-  the epoch (an acquire), then reduces the slice from every rank's scratch in rank order into the
-  output: every rank gets the same bits, and the same as the progress process's fused kernel
-  (shmproxy.core.kernels).
-- **Why two halves are enough**: a rank writes half ``e & 1`` (and its signature slots of that
-  parity) again at epoch e + 2 only after its kernel of epoch e + 1 saw every peer's flag of e + 1,
-  which each peer stored after its kernel of epoch e had read what it needed. So a rank's kernels
-  must run one after another: a call on another stream than the last call's first makes its stream
-  wait for the last kernel (an event recorded behind each).
+  collective, as the call is): each rank allocates a *scratch* on its device (per peer and block
+  two flags and a signature, and two data halves), the ranks exchange the scratches' CUDA IPC handles
+  and their GPUs' PCI bus ids (an object allgather), and each maps its peers' scratches. If two
+  ranks share a GPU (their kernels would spin against each other on one GPU that runs one process's
+  work at a time) or a rank cannot map a peer's memory, every rank learns it from a second
+  allgather, and the communicator never takes this path again.
+- **A one-shot call** launches one kernel on the caller's stream, after its queued work, as NCCL's
+  kernels are. Each block copies its slice of the input into half ``epoch & 1`` of this rank's
+  scratch, then, after a system-scope fence, stores the call's signature and (a release) its flag
+  into its slots in every peer's scratch; it waits in its own scratch until every peer's flag for
+  that block reached the call's (an acquire), then reduces the slice from every rank's scratch in
+  rank order into the output: every rank gets the same bits, and the same as the progress
+  process's fused kernel (shmproxy.core.kernels).
+- **A two-shot call** is one kernel per window of DEVICE_TWOSHOT_WINDOW bytes. Each block's slice is
+  cut in N parts, rank q reducing part q: the block writes each peer's part of its input into that
+  peer's scratch and flags it; once its peers' values of its own part are there it reduces them in
+  rank order with its own input's into its output and into every peer's scratch, and flags that;
+  once its peers' reduced parts are there it copies them into its output. A block moves its parts in
+  chunks of DEVICE_TWOSHOT_CHUNK, the steps of successive chunks overlapping. A flag's value is the
+  epoch above 20 bits and the chunks delivered below, so it only grows, whichever kernel stored it.
+- **Why two halves are enough**: a rank writes half ``e & 1`` of its own scratch or a peer's (and
+  its signature slots of that parity) again at epoch e + 2 only after its kernel of epoch e + 1 saw
+  every peer's first flag of e + 1, which each peer stored after its kernel of epoch e had read what
+  it needed. So a rank's kernels must run one after another: a call on another stream than the last
+  call's first makes its stream wait for the last kernel (an event recorded behind each).
 - **Bounds**: a waiting block reads, every thousand spins, a host-mapped abort word, set once the
   communicator failed (``release``: from the rank's failure path, which its failure watch thread
   runs when the host is held by the GPU: shmproxy.rank.device), and the GPU's clock against TIMEOUT;
@@ -35,6 +45,9 @@ communicator of one node whose ranks each have a GPU of their own:
   peers passed device memory, or called Iallreduce (which stays with the progress process) where
   they called Allreduce, posts to the progress process while they wait in their kernels: they end at
   TIMEOUT (mismatched calls, which no side can see before it starts).
+- **Deadlock freedom** needs a block to wait only for the same block of its peers, and GPUs to start
+  a kernel's blocks in index order (they do), so that the lowest unfinished block of every rank is
+  running.
 """
 from __future__ import annotations
 
@@ -77,6 +90,10 @@ typedef %(ctype)s T;
 #define SIGS %(sigs)d
 #define DATA %(data)d
 #define VEC (16 / sizeof(T))
+/* a flag's value: the call's epoch above FLAG_SHIFT bits, and the chunks delivered below them
+   (one-shot: 1), so that it only grows from call to call whichever kernel stored it */
+#define FLAG_SHIFT 20
+#define CHUNK (%(chunk)d / sizeof(T))
 typedef unsigned long long u64;
 union Pack { uint4 v; T e[VEC]; };
 __device__ __forceinline__ u64 ld_acquire(const u64* p) {
@@ -92,15 +109,15 @@ __device__ __forceinline__ u64 clock_ns() {
     asm volatile("mov.u64 %%0, %%globaltimer;" : "=l"(t));
     return t;
 }
-/* One thread's wait for peer ``t``'s flag of this block to reach ``epoch`` (an acquire); ``sig_at``:
+/* One thread's wait for peer ``t``'s flag of this block to reach ``value`` (an acquire); ``sig_at``:
    where the peer stored its signature, compared once the flag is there (0: none to compare). On a
    failure (the abort word, the GPU clock past the timeout, another signature) the status goes to
    the host-mapped words and the block is told through ``failed``. */
-__device__ __forceinline__ void wait_flag(const u64* flag, const u64* sig_at, u64 sig, u64 epoch,
+__device__ __forceinline__ void wait_flag(const u64* flag, const u64* sig_at, u64 sig, u64 value,
                                           volatile u64* words, u64 timeout_ns, unsigned t, int* failed) {
     u64 start = 0, why = 0;
     unsigned int spins = 0;
-    while (ld_acquire(flag) < epoch) {
+    while (ld_acquire(flag) < value) {
         if (++spins & 1023)
             continue;
         if (words[0]) { why = 2; break; }
@@ -168,9 +185,9 @@ extern "C" __global__ void shmproxy_oneshot(
         __threadfence_system();
         u64* peer = (u64*)sc[t];
         peer[sigs + me * MAXB + blockIdx.x] = sig;
-        st_release(peer + me * MAXB + blockIdx.x, epoch);
+        st_release(peer + me * MAXB + blockIdx.x, (epoch << FLAG_SHIFT) + 1);
         const u64* own = (const u64*)sc[me];
-        wait_flag(own + t * MAXB + blockIdx.x, own + sigs + t * MAXB + blockIdx.x, sig, epoch,
+        wait_flag(own + t * MAXB + blockIdx.x, own + sigs + t * MAXB + blockIdx.x, sig, (epoch << FLAG_SHIFT) + 1,
                   (volatile u64*)words_, timeout_ns, t, &failed);
     }
     __syncthreads();
@@ -199,11 +216,23 @@ __device__ __forceinline__ void copy_run(T* dst, const T* s, u64 len, u64 vec) {
 /* Two-shot (reduce-scatter, then all-gather, through the peers' scratches). The block's slice of
    ``per`` elements is cut in NR parts; rank q reduces part q. In rank r's scratch, slot d (of
    ``slot`` elements) holds rank q's values of r's parts, and slot NR-1+d rank q's reduced parts,
-   d = (q - r + NR) %% NR - 1; within a slot, block b's part starts at b * sub.
-   1. the parts of the peers are written into their scratches (over the link), then a flag per peer;
-   2. once every peer's values are here: this rank's part reduced in rank order (its own values from
-      its input), into its output and into every peer's scratch, then a second flag per peer;
-   3. once every peer's reduced part is here: copied into the output. */
+   d = (q - r + NR) %% NR - 1; within a slot, block b's part starts at b * sub. A part moves in
+   chunks of CHUNK elements, each through three steps:
+   1. the chunk of each peer's part is written into that peer's scratch (over the link), then a flag;
+   2. once every peer's chunk of this rank's part is here: reduced in rank order (this rank's own
+      values from its input), into its output and into every peer's scratch, then a second flag;
+   3. once every peer's reduced chunk is here: copied into the output.
+   A block runs step 1 of chunk c, 2 of chunk c - 1 and 3 of chunk c - 2 in turn, so the link
+   carries step 1's and step 2's writes while step 3 copies and the flags travel. */
+__device__ __forceinline__ void signal(const u64* sc, u64 me, u64 at, u64 value) {
+    /* the block's stores (ordered before this thread's next ones by the barrier before), then the
+       flag at ``at`` of every peer's scratch: thread t signals rank t */
+    const unsigned t = threadIdx.x;
+    if (t < NR && t != me) {
+        __threadfence_system();
+        st_release((u64*)sc[t] + at + me * MAXB + blockIdx.x, value);
+    }
+}
 extern "C" __global__ void shmproxy_twoshot(
         u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
         u64 timeout_ns, u64 sig, u64 vec, %(params)s) {
@@ -216,78 +245,95 @@ extern "C" __global__ void shmproxy_twoshot(
     const u64 hi = lo + per < n ? lo + per : n;
     const u64 half = DATA + (epoch & 1) * cap;
     const u64 sigs = SIGS + (epoch & 1) * NR * MAXB;
+    const u64 base = epoch << FLAG_SHIFT;
+    const u64 chunks = (sub + CHUNK - 1) / CHUNK;   /* the same on every rank and block */
     const unsigned int t = threadIdx.x;
     const T* in = (const T*)in_;
     T* out = (T*)out_;
+    volatile u64* words = (volatile u64*)words_;
+    const u64* own = (const u64*)sc[me];
 #define PART_LO(q) (lo + (q) * sub < hi ? lo + (q) * sub : hi)
 #define PART_HI(q) (lo + ((q) + 1) * sub < hi ? lo + ((q) + 1) * sub : hi)
 #define SLOT(r, d) ((T*)(sc[r] + half) + (d) * slot + blockIdx.x * sub)
-    for (int q = 0; q < NR; q++) {
-        if (q == me)
-            continue;
-        copy_run(SLOT(q, (me - q + NR) %% NR - 1), in + PART_LO(q), PART_HI(q) - PART_LO(q), vec);
-    }
+/* chunk c of part q: its offset in the part, and its length (0 past the part's end) */
+#define C_LO(c) ((c) * CHUNK)
+#define C_LEN(q, c) (PART_HI(q) - PART_LO(q) > C_LO(c) ? \
+    (PART_HI(q) - PART_LO(q) - C_LO(c) < CHUNK ? PART_HI(q) - PART_LO(q) - C_LO(c) : CHUNK) : 0)
     if (t == 0)
         failed = 0;
-    __syncthreads();
-    volatile u64* words = (volatile u64*)words_;
-    const u64* own = (const u64*)sc[me];
-    if (t < NR && t != me) {
-        __threadfence_system();
-        u64* peer = (u64*)sc[t];
-        peer[sigs + me * MAXB + blockIdx.x] = sig;
-        st_release(peer + me * MAXB + blockIdx.x, epoch);
-        wait_flag(own + t * MAXB + blockIdx.x, own + sigs + t * MAXB + blockIdx.x, sig, epoch, words,
-                  timeout_ns, t, &failed);
-    }
-    __syncthreads();
-    if (failed)
-        return;
-    const u64 mlo = PART_LO(me), mlen = PART_HI(me) - mlo;
+    if (t < NR && t != me)
+        ((u64*)sc[t])[sigs + me * MAXB + blockIdx.x] = sig;   /* before the first flag (signal's fence) */
+    const u64 mlo = PART_LO(me);
     const T* src[NR];
     T* dst[NR];
+    for (u64 it = 0; it < chunks + 2; it++) {
+        if (it < chunks) {                       /* step 1 of chunk ``it`` */
+            const u64 c = it;
+            for (int q = 0; q < NR; q++) {
+                if (q == me)
+                    continue;
+                copy_run(SLOT(q, (me - q + NR) %% NR - 1) + C_LO(c), in + PART_LO(q) + C_LO(c), C_LEN(q, c), vec);
+            }
+            __syncthreads();
+            signal(sc, me, 0, base + c + 1);
+        }
+        if (it >= 1 && it <= chunks) {           /* step 2 of chunk ``it - 1`` */
+            const u64 c = it - 1;
+            if (t < NR && t != me)
+                wait_flag(own + t * MAXB + blockIdx.x, c == 0 ? own + sigs + t * MAXB + blockIdx.x : 0, sig,
+                          base + c + 1, words, timeout_ns, t, &failed);
+            __syncthreads();
+            if (failed)
+                return;
+            const u64 len = C_LEN(me, c);
 #pragma unroll
-    for (int r = 0; r < NR; r++) {
-        src[r] = r == me ? in + mlo : SLOT(me, (r - me + NR) %% NR - 1);
-        dst[r] = r == me ? out + mlo : SLOT(r, NR - 1 + (me - r + NR) %% NR - 1);
-    }
-    const u64 packs = vec ? mlen / VEC : 0;
+            for (int r = 0; r < NR; r++) {
+                src[r] = r == me ? in + mlo + C_LO(c) : SLOT(me, (r - me + NR) %% NR - 1) + C_LO(c);
+                dst[r] = r == me ? out + mlo + C_LO(c) : SLOT(r, NR - 1 + (me - r + NR) %% NR - 1) + C_LO(c);
+            }
+            const u64 packs = vec ? len / VEC : 0;
 #pragma unroll 2
-    for (u64 k = t; k < packs; k += blockDim.x) {
-        const uint4 v = combine_pack(src, k);
+            for (u64 k = t; k < packs; k += blockDim.x) {
+                const uint4 v = combine_pack(src, k);
 #pragma unroll
-        for (int r = 0; r < NR; r++)
-            ((uint4*)dst[r])[k] = v;
-    }
-    for (u64 k = packs * VEC + t; k < mlen; k += blockDim.x) {
-        const T v = combine(src, k);
+                for (int r = 0; r < NR; r++)
+                    ((uint4*)dst[r])[k] = v;
+            }
+            for (u64 k = packs * VEC + t; k < len; k += blockDim.x) {
+                const T v = combine(src, k);
 #pragma unroll
-        for (int r = 0; r < NR; r++)
-            dst[r][k] = v;
-    }
-    __syncthreads();
-    if (t < NR && t != me) {
-        __threadfence_system();
-        st_release((u64*)sc[t] + FLAGS2 + me * MAXB + blockIdx.x, epoch);
-        wait_flag(own + FLAGS2 + t * MAXB + blockIdx.x, 0, 0, epoch, words, timeout_ns, t, &failed);
-    }
-    __syncthreads();
-    if (failed)
-        return;
-    for (int q = 0; q < NR; q++) {
-        if (q == me)
-            continue;
-        copy_run(out + PART_LO(q), SLOT(me, NR - 1 + (q - me + NR) %% NR - 1), PART_HI(q) - PART_LO(q), vec);
+                for (int r = 0; r < NR; r++)
+                    dst[r][k] = v;
+            }
+            __syncthreads();
+            signal(sc, me, FLAGS2, base + c + 1);
+        }
+        if (it >= 2) {                           /* step 3 of chunk ``it - 2`` */
+            const u64 c = it - 2;
+            if (t < NR && t != me)
+                wait_flag(own + FLAGS2 + t * MAXB + blockIdx.x, 0, 0, base + c + 1, words, timeout_ns, t, &failed);
+            __syncthreads();
+            if (failed)
+                return;
+            for (int q = 0; q < NR; q++) {
+                if (q == me)
+                    continue;
+                copy_run(out + PART_LO(q) + C_LO(c), SLOT(me, NR - 1 + (q - me + NR) %% NR - 1) + C_LO(c),
+                         C_LEN(q, c), vec);
+            }
+        }
     }
 }
 """
 
 
-def kernel_source(ctype: str, redop: int, nranks: int) -> str:
-    """Both kernels' CUDA C for one element type, op and count of ranks."""
+def kernel_source(ctype: str, redop: int, nranks: int, chunk: int = 128 << 10) -> str:
+    """Both kernels' CUDA C for one element type, op and count of ranks; ``chunk``: the bytes of a
+    two-shot step."""
     expr = REDUCE_EXPR[redop]
     return _SRC % {
-        "ctype": ctype, "nranks": nranks, "maxb": MAX_BLOCKS, "flags2": _FLAGS2, "sigs": _SIGS, "data": _DATA,
+        "ctype": ctype, "chunk": chunk, "nranks": nranks, "maxb": MAX_BLOCKS, "flags2": _FLAGS2, "sigs": _SIGS,
+        "data": _DATA,
         "params": ", ".join(f"u64 s{r}" for r in range(nranks)),
         "scratch": ", ".join(f"s{r}" for r in range(nranks)),
         "steps": "\n".join(f"    b = src[{r}][k]; a = {expr};" for r in range(1, nranks)),
@@ -305,7 +351,7 @@ def eligible(comm: Any, nbytes: int, dtype: np.dtype, op: int) -> bool:
 
 
 def allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream: Any) -> bool:
-    """A blocking Allreduce of device arrays through the one-shot kernel, done on return (the data
+    """A blocking Allreduce of device arrays through the ranks' kernels, done on return (the data
     in place, as after the progress process's path); False where the call does not take it (the
     caller posts it). Host and device mixed in one call raise here, as on the posted path."""
     send, recv, mem = comm._device_args("Allreduce", sendbuf, recvbuf)
@@ -331,13 +377,13 @@ def allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream: Any) -> bo
     return True
 
 
-def shared(comm: Any, device: int) -> "OneShot | None":
+def shared(comm: Any, device: int) -> "PeerKernels | None":
     """The communicator's one-shot state, set up at its first call (a collective); None where its
     ranks cannot use it, which every rank learns alike."""
-    shot: OneShot | None | bool = comm.__dict__.get("_oneshot")
+    shot: PeerKernels | None | bool = comm.__dict__.get("_oneshot")
     if shot is None:
-        shot = comm.__dict__["_oneshot"] = OneShot.set_up(comm, device) or False
-    if not isinstance(shot, OneShot):
+        shot = comm.__dict__["_oneshot"] = PeerKernels.set_up(comm, device) or False
+    if not isinstance(shot, PeerKernels):
         return None
     if device != shot.device:
         raise errors.InvalidArgument(
@@ -346,11 +392,12 @@ def shared(comm: Any, device: int) -> "OneShot | None":
     return shot
 
 
-class OneShot:
-    """A rank's scratch, its peers' mapped scratches, its kernels and the host-mapped words."""
+class PeerKernels:
+    """A rank's scratch, its peers' mapped scratches, its one-shot and two-shot kernels and the host-mapped
+    words."""
 
     def __init__(self, cp: Any, device: int, rank: int, nranks: int, oneshot_bytes: int, twoshot_bytes: int,
-                 window: int, blocks: int, blocks2: int, timeout_s: float):
+                 window: int, blocks: int, blocks2: int, chunk: int, timeout_s: float):
         self.cp, self.device, self.rank, self.nranks = cp, device, rank, nranks
         self.oneshot_bytes = oneshot_bytes
         self.window = min(window, twoshot_bytes) if twoshot_bytes > oneshot_bytes else 0
@@ -360,6 +407,7 @@ class OneShot:
         self.cap = (max(oneshot_bytes, twoshot_half) + 255) // 256 * 256   # the halves stay 256-byte aligned
         self.blocks = min(max(blocks, 1), MAX_BLOCKS)     # a one-shot kernel's most
         self.blocks2 = min(max(blocks2, 1), MAX_BLOCKS)   # a two-shot kernel's
+        self.chunk = max(chunk // 16 * 16, 16)            # a two-shot step's bytes
         self.timeout_ns = int(timeout_s * 1e9)
         self.drv = Driver()
         rt = cp.cuda.runtime
@@ -384,16 +432,17 @@ class OneShot:
             self._before = cp.cuda.Event(disable_timing=True)  # on the caller's stream (``after``)
 
     @classmethod
-    def set_up(cls, comm: Any, device: int) -> "OneShot | None":
+    def set_up(cls, comm: Any, device: int) -> "PeerKernels | None":
         """Every rank's part of the set-up (see the header): the state, or None on every rank alike."""
         dev = comm._device_memory()
-        shot: OneShot | None = None
+        shot: PeerKernels | None = None
         mine: tuple[str, bytes] | None = None
         try:
             cp = dev.cp if dev.cp is not None else dev._cupy()
             p = comm.params
             shot = cls(cp, device, comm.rank, comm.size, p.DEVICE_ONESHOT_BYTES, p.DEVICE_TWOSHOT_BYTES,
-                       p.DEVICE_TWOSHOT_WINDOW, p.DEVICE_ONESHOT_BLOCKS, p.DEVICE_TWOSHOT_BLOCKS, p.TIMEOUT)
+                       p.DEVICE_TWOSHOT_WINDOW, p.DEVICE_ONESHOT_BLOCKS, p.DEVICE_TWOSHOT_BLOCKS,
+                       p.DEVICE_TWOSHOT_CHUNK, p.TIMEOUT)
             mine = (shot.bus_id, shot.handle)
         except Exception as exc:   # whatever cupy raises for memory it cannot allocate or export
             _log.info("rank %d: no one-shot device Allreduce on GPU %d: %s", comm.rank, device, exc)
@@ -430,7 +479,7 @@ class OneShot:
         key = (dtype.char, op, name)
         launch = self._kernels.get(key)
         if launch is None:
-            k = self.cp.RawKernel(kernel_source(_C_TYPE[dtype], op, self.nranks), name)
+            k = self.cp.RawKernel(kernel_source(_C_TYPE[dtype], op, self.nranks, self.chunk), name)
             launch = self._kernels[key] = self.drv.launcher(k.kernel.ptr, 10 + self.nranks)
             launch.set((0, 0, 0, 0, self.rank, self.cap, self.words, self.timeout_ns, 0, 0, *self.peers))
             self._modules.append(k)

@@ -368,7 +368,7 @@ class Lifecycle:
             device.release_waits(exc.code)   # no GPU stream waits for a completion that may never come
         shot = self.__dict__.get("_oneshot")
         if shot:
-            shot.release()   # nor a one-shot kernel for its peers (shmproxy.rank.devcoll)
+            shot.release()   # nor a kernel of the ranks' own for its peers (shmproxy.rank.devcoll)
 
     def _failed_now(self) -> bool:
         """Whether the communicator failed, recorded if so (for the device memory's failure watch, on a

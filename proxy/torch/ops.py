@@ -96,7 +96,7 @@ def _same(ts: Sequence[torch.Tensor], ref: torch.Tensor, what: str) -> None:
 # Native collectives
 
 def allreduce_on_gpus(pg: Any, t: torch.Tensor, op: Any, side: torch.cuda.Stream | None) -> bool:
-    """A small all_reduce of a CUDA tensor as the ranks' own kernels (shmproxy.rank.devcoll), ordered
+    """An all_reduce of a CUDA tensor as the ranks' own kernels (shmproxy.rank.devcoll), ordered
     after the current stream's queued work, as NCCL's: on the current stream itself (a blocking call:
     the stream's later work follows it, nothing for the host to wait for), or on ``side`` (an async
     one, which the caller's later kernels overlap until Work.wait). False where the call does not
