@@ -115,6 +115,68 @@ def twoshot_results() -> dict:
                 "windows": {i: step(i) for i in (1, 4, 8)}}
 
 
+def shares_results() -> dict:
+    """Reduce_scatter_block (bit for bit against numpy in rank order) and Allgather (IN_PLACE too) as
+    the ranks' kernels: every element type, SUM/MIN/AVG, shares of 1 element to several windows,
+    aligned and not (offset 1: the element-by-element path), on two streams in turn."""
+    cp = _cp()
+    bad: list[str] = []
+    cases = 0
+    with shmproxy.init() as comm:
+        n = comm.size
+        shot = devcoll.shared(comm, cp.cuda.runtime.getDevice())
+        launched0 = _launched(comm)
+        streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
+        for dtype in ("float32", "float64", "int32", "int64", "uint8"):
+            item = np.dtype(dtype).itemsize
+            w = shot.share_window(item) if shot is not None else 1 << 16
+            for count in (1, 7, 4099, w - 1, w, 2 * w + 5):
+                for off in (0, 1):
+                    cases += 1
+                    salt = cases % 7
+                    s = streams[cases % 2]
+                    full = [_values(count * n, dtype, r, salt) for r in range(n)]
+                    for opname in ("SUM", "MIN", "AVG"):
+                        if opname == "AVG" and np.dtype(dtype).kind != "f":
+                            continue
+                        with s:
+                            x = cp.empty(count * n + off, dtype)[off:]
+                            x[...] = cp.asarray(full[comm.rank])
+                            out = cp.full(count + off, 99, dtype)[off:]
+                            comm.Reduce_scatter_block(x, out, _OPS[opname])
+                            got = cp.asnumpy(out, stream=s)
+                        s.synchronize()
+                        fn = {"SUM": np.add, "AVG": np.add, "MIN": np.fmin}[opname]
+                        want = full[0][comm.rank * count:(comm.rank + 1) * count]
+                        for r in range(1, n):
+                            want = fn(want, full[r][comm.rank * count:(comm.rank + 1) * count]).astype(dtype)
+                        if opname == "AVG":
+                            want = (want / np.array(n, dtype=dtype)).astype(dtype)
+                        if not np.array_equal(got, want):
+                            k = int(np.flatnonzero(got != want)[0])
+                            bad.append(f"Reduce_scatter_block {dtype} count={count} {opname} offset={off}: "
+                                       f"[{k}] {got[k]} != {want[k]}")
+                    for in_place in (False, True):
+                        mine = full[comm.rank][:count]
+                        with s:
+                            out = cp.full(count * n + off, 99, dtype)[off:]
+                            if in_place:
+                                out[comm.rank * count:(comm.rank + 1) * count] = cp.asarray(mine)
+                                comm.Allgather(shmproxy.IN_PLACE, out)
+                            else:
+                                x = cp.empty(count + off, dtype)[off:]
+                                x[...] = cp.asarray(mine)
+                                comm.Allgather(x, out)
+                            got = cp.asnumpy(out, stream=s)
+                        s.synchronize()
+                        want = np.concatenate([full[r][:count] for r in range(n)])
+                        if not np.array_equal(got, want):
+                            k = int(np.flatnonzero(got != want)[0])
+                            bad.append(f"Allgather {dtype} count={count} in_place={in_place} offset={off}: "
+                                       f"[{k}] {got[k]} != {want[k]}")
+        return {"bad": bad[:10], "cases": cases, "path": _path(comm), "launched": _launched(comm) - launched0}
+
+
 def oneshot_peer_dies(count: int = 1 << 10) -> dict:
     """The last rank SIGKILLs itself instead of joining a device Allreduce of ``count`` floats (one-shot,
     or two-shot above DEVICE_ONESHOT_BYTES): the others' kernels wait until their failure watch learns

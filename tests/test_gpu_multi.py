@@ -142,6 +142,16 @@ def test_twoshot_allreduce_matches_numpy_bit_for_bit():
         assert r["cases"] > 300 and r["launched"] > 1.3 * r["cases"], r   # several windows per large call
 
 
+def test_reduce_scatter_and_allgather_as_the_ranks_kernels():
+    """Reduce_scatter_block and Allgather of device arrays, a GPU per rank, run as the ranks' own
+    kernels: bit for bit, around a window and past several, aligned or not, IN_PLACE Allgather."""
+    res = run_ranks(ONESHOT + "shares_results", 2, timeout=400, env=TWOSHOT_ENV)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["path"] == "oneshot", r
+        assert r["launched"] >= 4 * r["cases"], r   # every call a kernel, the largest several
+
+
 def test_twoshot_allreduce_survivor_raises_when_a_peer_dies():
     res = run_ranks(ONESHOT + "oneshot_peer_dies", 2, timeout=120, expect_fail={1}, args=(1 << 20,),
                     env={**TWOSHOT_ENV, "SHMPROXY_TIMEOUT": "60"})

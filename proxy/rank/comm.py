@@ -14,9 +14,11 @@ the whole group, and one opCount, so the progress process batches them into one 
 Waiting spins briefly in C (Request.Wait/Test in shm/_poster.c), then sleeps on the rank's futex
 word in bounded slices that check for failures between them: never a silent hang (waiting.py).
 
-The Comm's private halves are mixins: lifecycle.py (start and attach to the progress process,
-failure, Abort/close, teardown), posting.py (validation, buffer location, the Python post path),
-waiting.py (the sleep of Wait/Test, free records and slots). The public calls are here.
+The Comm's private parts: lifecycle.py (start and attach to the progress process, failure,
+Abort/close, teardown), posting.py (validation, buffer location, the Python post path), waiting.py
+(the sleep of Wait/Test, free records and slots), over the state they share, declared with its
+types in state.py. The public calls are here, and so is which of them each communicator binds to
+C entry points (POSTER_ENTRIES, FAST_ENTRIES).
 
 A Comm is meant to be used by one thread at a time (like MPI_THREAD_SERIALIZED).
 """
@@ -29,9 +31,10 @@ import numpy as np
 
 from shmproxy.control import bootstrap
 from shmproxy.core import errors, log, params as params_mod
-from shmproxy.rank import collpost, fastpath, objcoll, objects, objp2p, splitting
+from shmproxy.rank import collpost, devcoll, fastpath, objcoll, objects, objp2p, splitting
 from shmproxy.core.ops import (ANY_SOURCE, ANY_TAG, DTYPE_CODE, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED,
-                               FLAG_SYNC, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll, ReduceOp)
+                               FLAG_SYNC, IN_PLACE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll,
+                               ReduceOp)
 # _DTYPES and _probes: what a Poster is built with (tests build one from this module's names).
 from shmproxy.rank.lifecycle import Lifecycle, _DTYPES, _probes  # noqa: F401
 from shmproxy.rank.posting import Posting
@@ -41,6 +44,8 @@ from shmproxy import transports
 
 
 _NO_KW: dict = {}
+_NONBLOCKING = {Coll.BCAST: "Ibcast", Coll.REDUCE: "Ireduce", Coll.ALLGATHER: "Iallgather",
+                Coll.REDUCE_SCATTER_BLOCK: "Ireduce_scatter_block", Coll.ALLTOALL: "Ialltoall"}
 
 
 def _stream_kw(stream: Any) -> dict:
@@ -70,6 +75,34 @@ def init(timeout: float | None = None, **overrides: Any) -> "Comm":
 
 class Comm(Lifecycle, Posting, Waiting):
     """A communicator. Attributes: rank, size, local_rank, local_size."""
+
+    # ------------------------------------------------------------------ what a call runs
+    # Each communicator binds these calls of its own to C entry points of its poster (shm/_poster.c):
+    # a post then costs no Python frame, a large share of a sub-microsecond post. What an entry
+    # declines (anything uncommon) falls back to the method of the same name below, the full path
+    # with every check and its message.
+    POSTER_ENTRIES = ("Isend", "Irecv", "Iallreduce", "Ibarrier", "Ibcast", "Ireduce", "Iallgather",
+                      "Ireduce_scatter_block", "Ialltoall")
+    # ... and, on a communicator whose ranks are all on this node, these to the fast path's entries
+    # (rank/fastpath.py): a small blocking call the ranks complete between themselves, anything else
+    # through the posted path (Allreduce: shmproxy.rank.fastpath.allreduce, which runs a device
+    # Allreduce as the ranks' own kernels where it can: shmproxy.rank.devcoll).
+    FAST_ENTRIES = ("Send", "Recv", "Barrier", "Allreduce", "Bcast", "Reduce", "_send_or_isend", "_try_recv")
+
+    def _bind_entries(self, seg_addr: int, layout: Any) -> None:
+        pp, cls = self._pp, type(self)
+        pp.send_fallback, pp.recv_fallback = cls.Isend.__get__(self), cls.Irecv.__get__(self)
+        pp.allreduce_fallback, pp.in_place = cls.Iallreduce.__get__(self), IN_PLACE
+        pp.barrier_fallback = cls.Ibarrier.__get__(self)
+        pp.rank = self.rank
+        for coll in (Coll.BCAST, Coll.REDUCE, Coll.ALLGATHER, Coll.REDUCE_SCATTER_BLOCK, Coll.ALLTOALL):
+            name = _NONBLOCKING[coll]
+            pp.set_coll_fallback(coll, getattr(cls, name).__get__(self))
+        for name in self.POSTER_ENTRIES:
+            setattr(self, name, getattr(pp, name.lower()))
+        if fastpath.bind(self, seg_addr, layout):
+            for name in self.FAST_ENTRIES:
+                setattr(self, name, getattr(pp, name.lower().lstrip("_")))
 
     # ------------------------------------------------------------------ buffers
     def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32, device: int | None = None) -> Any:
@@ -150,7 +183,9 @@ class Comm(Lifecycle, Posting, Waiting):
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status:
         """Wait for a message that a receive (source, tag) would match and return its Status
         (source, tag, nbytes), leaving it to be received."""
-        return self._probe(source, tag, FLAG_PROBE_BLOCK).Wait()
+        st = self._probe(source, tag, FLAG_PROBE_BLOCK).Wait()
+        assert st is not None   # a blocking probe returns a message's
+        return st
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
         """The Status of a message a receive (source, tag) would match now, or None (a round trip to
@@ -161,7 +196,9 @@ class Comm(Lifecycle, Posting, Waiting):
         """Wait for a message a receive (source, tag) would match and take it out of matching: only
         the returned Message's Recv can receive it (no other receive or probe sees it any more)."""
         req = self._probe(source, tag, FLAG_PROBE_BLOCK | FLAG_PROBE_MATCHED)
-        return Message(self, req._seq, req.Wait())
+        st = req.Wait()
+        assert st is not None   # a blocking probe returns a message's
+        return Message(self, req._seq, st)
 
     def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Message | None:
         """Mprobe that answers at once: a Message, or None when nothing matches now."""
@@ -209,7 +246,10 @@ class Comm(Lifecycle, Posting, Waiting):
         return self._coll(Coll.ALLGATHER, sendbuf, recvbuf, 0, 0, stream)
 
     def Allgather(self, sendbuf: Any, recvbuf: np.ndarray, stream: Any = None) -> None:
-        """Block r of every rank's recvbuf = rank r's sendbuf (IN_PLACE: already in block r)."""
+        """Block r of every rank's recvbuf = rank r's sendbuf (IN_PLACE: already in block r). Device
+        arrays, a GPU per rank: the ranks' own kernels (shmproxy.rank.devcoll), else posted."""
+        if type(recvbuf) is not np.ndarray and devcoll.allgather(self, sendbuf, recvbuf, stream):
+            return
         self.Iallgather(sendbuf, recvbuf, **_stream_kw(stream)).Wait()
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
@@ -218,7 +258,12 @@ class Comm(Lifecycle, Posting, Waiting):
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
                              stream: Any = None) -> None:
-        """Rank r's recvbuf = op over every rank's block r of sendbuf."""
+        """Rank r's recvbuf = op over every rank's block r of sendbuf. Device arrays, a GPU per rank:
+        the ranks' own kernels (shmproxy.rank.devcoll), else posted."""
+        if type(recvbuf) is not np.ndarray:
+            o = fastpath.reduce_op(op)
+            if o is not None and devcoll.reduce_scatter_block(self, sendbuf, recvbuf, o, stream):
+                return
         self.Ireduce_scatter_block(sendbuf, recvbuf, op, **_stream_kw(stream)).Wait()
 
     def Ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray, stream: Any = None) -> Request:

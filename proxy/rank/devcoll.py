@@ -51,8 +51,9 @@ each byte crosses the link twice in all, for bandwidth), up to DEVICE_TWOSHOT_BY
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -324,7 +325,93 @@ extern "C" __global__ void shmproxy_twoshot(
         }
     }
 }
+/* Reduce_scatter_block and Allgather: every rank's share is ``n`` elements (this window's), ``stride``
+   apart in the buffer that holds one per rank; block b moves elements [b * sub, b * sub + sub) of
+   each share. Rank r's scratch slot d holds rank q's values for r, d = (q - r + NR) %% NR - 1. */
+#define BLO (blockIdx.x * sub < n ? blockIdx.x * sub : n)
+#define BLEN ((blockIdx.x + 1) * sub < n ? sub : n - BLO)
+#define SHARE_SLOT(r, d) ((T*)(sc[r] + half) + (d) * sub * gridDim.x + blockIdx.x * sub)
+/* The flag of this block to every peer, then the wait for theirs (see the one-shot's). */
+__device__ __forceinline__ bool exchange_flags(const u64* sc, u64 me, u64 sigs, u64 sig, u64 value,
+                                               volatile u64* words, u64 timeout_ns, int* failed) {
+    const unsigned t = threadIdx.x;
+    if (t == 0)
+        *failed = 0;
+    __syncthreads();
+    if (t < NR && t != me) {
+        __threadfence_system();
+        u64* peer = (u64*)sc[t];
+        peer[sigs + me * MAXB + blockIdx.x] = sig;
+        st_release(peer + me * MAXB + blockIdx.x, value);
+        const u64* own = (const u64*)sc[me];
+        wait_flag(own + t * MAXB + blockIdx.x, own + sigs + t * MAXB + blockIdx.x, sig, value, words,
+                  timeout_ns, t, failed);
+    }
+    __syncthreads();
+    return !*failed;
+}
+/* Each rank's share of ``in`` is written into its rank's scratch; this rank's own share is then
+   reduced, in rank order, from its input and the peers' values into ``out``. */
+extern "C" __global__ void shmproxy_reduce_scatter(
+        u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
+        u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 stride) {
+    const u64 sc[NR] = {%(scratch)s};
+    __shared__ int failed;
+    u64 sub = (n + gridDim.x - 1) / gridDim.x;
+    sub = (sub + VEC - 1) / VEC * VEC;
+    const u64 half = DATA + (epoch & 1) * cap;
+    const u64 sigs = SIGS + (epoch & 1) * NR * MAXB;
+    const T* in = (const T*)in_;
+    for (int q = 0; q < NR; q++)
+        if (q != me)
+            copy_run(SHARE_SLOT(q, (me - q + NR) %% NR - 1), in + q * stride + BLO, BLEN, vec);
+    if (!exchange_flags(sc, me, sigs, sig, (epoch << FLAG_SHIFT) + 1, (volatile u64*)words_, timeout_ns,
+                        &failed))
+        return;
+    const T* src[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        src[r] = r == me ? in + me * stride + BLO : SHARE_SLOT(me, (r - me + NR) %% NR - 1);
+    T* out = (T*)out_ + BLO;
+    const u64 len = BLEN, packs = vec ? len / VEC : 0;
+#pragma unroll 2
+    for (u64 k = threadIdx.x; k < packs; k += blockDim.x)
+        ((uint4*)out)[k] = combine_pack(src, k);
+    for (u64 k = packs * VEC + threadIdx.x; k < len; k += blockDim.x)
+        out[k] = combine(src, k);
+}
+/* This rank's input is written into every peer's scratch and its own share of ``out``; the peers'
+   are then copied from the scratch into theirs. */
+extern "C" __global__ void shmproxy_allgather(
+        u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
+        u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 stride) {
+    const u64 sc[NR] = {%(scratch)s};
+    __shared__ int failed;
+    u64 sub = (n + gridDim.x - 1) / gridDim.x;
+    sub = (sub + VEC - 1) / VEC * VEC;
+    const u64 half = DATA + (epoch & 1) * cap;
+    const u64 sigs = SIGS + (epoch & 1) * NR * MAXB;
+    const T* in = (const T*)in_ + BLO;
+    T* out = (T*)out_;
+    for (int q = 0; q < NR; q++)
+        if (q != me)
+            copy_run(SHARE_SLOT(q, (me - q + NR) %% NR - 1), in, BLEN, vec);
+    if (in != out + me * stride + BLO)   /* IN_PLACE: the share is there already */
+        copy_run(out + me * stride + BLO, in, BLEN, vec);
+    if (!exchange_flags(sc, me, sigs, sig, (epoch << FLAG_SHIFT) + 1, (volatile u64*)words_, timeout_ns,
+                        &failed))
+        return;
+    for (int q = 0; q < NR; q++)
+        if (q != me)
+            copy_run(out + q * stride + BLO, SHARE_SLOT(me, (q - me + NR) %% NR - 1), BLEN, vec);
+}
 """
+
+# the kernels' parameters past the scratches: the stride between the ranks' shares
+_STRIDED = ("shmproxy_reduce_scatter", "shmproxy_allgather")
+# a signature's op byte for the kernels that take no op (the peers compare whole signatures)
+_SIG_ALLGATHER = 0xA0
+_SIG_REDUCE_SCATTER = 0x40   # | the op
 
 
 def kernel_source(ctype: str, redop: int, nranks: int, chunk: int = 128 << 10) -> str:
@@ -372,6 +459,51 @@ def allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream: Any) -> bo
     s = dev.as_stream(stream, did)
     sp = (s if s is not None else dev.cp.cuda.get_current_stream()).ptr
     shot.launch(recv.data.ptr if in_place else send.data.ptr, recv.data.ptr, recv.size, recv.dtype, op, sp)
+    shot.synchronize(sp)
+    shot.check(comm)
+    return True
+
+
+def allgather(comm: Any, sendbuf: Any, recvbuf: Any, stream: Any) -> bool:
+    """A blocking Allgather of device arrays through the ranks' kernels, as ``allreduce``."""
+    send, recv, mem = comm._device_args("Allgather", sendbuf, recvbuf)
+    if not mem or recv is None:
+        return False
+    count, in_place = recv.size // comm.size, sendbuf is IN_PLACE
+    fits = in_place or (send is not None and send.dtype == recv.dtype and send.size == count)
+    if recv.size != count * comm.size or not fits:
+        return False   # the posted path names what is wrong
+    src = recv.data.ptr + comm.rank * count * recv.dtype.itemsize if in_place else send.data.ptr
+    return _run_shares(comm, "shmproxy_allgather", src, recv, count, ReduceOp.SUM, stream)
+
+
+def reduce_scatter_block(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream: Any) -> bool:
+    """A blocking Reduce_scatter_block of device arrays through the ranks' kernels, as ``allreduce``
+    (IN_PLACE stays with the progress process: a rank's result would overwrite the first share of
+    its input while its peers' may still be read)."""
+    if sendbuf is IN_PLACE:
+        return False
+    send, recv, mem = comm._device_args("Reduce_scatter_block", sendbuf, recvbuf)
+    if not mem or recv is None or send is None:
+        return False
+    if send.dtype != recv.dtype or send.size != recv.size * comm.size:
+        return False
+    return _run_shares(comm, "shmproxy_reduce_scatter", send.data.ptr, recv, recv.size, op, stream)
+
+
+def _run_shares(comm: Any, name: str, src: int, recv: Any, count: int, op: int, stream: Any) -> bool:
+    dev = comm._device
+    if count == 0 or dev.dtype_code(recv) == DTYPE_BFLOAT16:
+        return False
+    if not eligible(comm, count * recv.dtype.itemsize, recv.dtype, op):
+        return False
+    did = recv.device.id
+    shot = shared(comm, did)
+    if shot is None:
+        return False
+    s = dev.as_stream(stream, did)
+    sp = (s if s is not None else dev.cp.cuda.get_current_stream()).ptr
+    shot.launch_shares(name, src, recv.data.ptr, count, recv.dtype, op, sp)
     shot.synchronize(sp)
     shot.check(comm)
     return True
@@ -480,8 +612,10 @@ class PeerKernels:
         launch = self._kernels.get(key)
         if launch is None:
             k = self.cp.RawKernel(kernel_source(_C_TYPE[dtype], op, self.nranks, self.chunk), name)
-            launch = self._kernels[key] = self.drv.launcher(k.kernel.ptr, 10 + self.nranks)
-            launch.set((0, 0, 0, 0, self.rank, self.cap, self.words, self.timeout_ns, 0, 0, *self.peers))
+            strided = name in _STRIDED
+            launch = self._kernels[key] = self.drv.launcher(k.kernel.ptr, 10 + self.nranks + strided)
+            launch.set((0, 0, 0, 0, self.rank, self.cap, self.words, self.timeout_ns, 0, 0, *self.peers)
+                       + ((0,) if strided else ()))
             self._modules.append(k)
         return launch
 
@@ -498,6 +632,13 @@ class PeerKernels:
         sub = self.cap // (2 * (nr - 1) * self.blocks2 * itemsize) // vec * vec   # a part per block
         return min(sub * nr * self.blocks2, self.window // itemsize)
 
+    def share_window(self, itemsize: int) -> int:
+        """The most elements of each rank's share in one Reduce_scatter_block or Allgather kernel: its
+        N - 1 slots, each of the share and a pack of rounding per block, fit in a half."""
+        vec = 16 // itemsize
+        room = self.cap // ((self.nranks - 1) * itemsize) - self.blocks2 * vec   # a slot, less the rounding
+        return room // vec * vec
+
     def launch(self, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int,
                after: int | None = None) -> None:
         """Queue one Allreduce of ``count`` elements from ``src`` into ``dst`` on ``stream`` (this
@@ -505,6 +646,38 @@ class PeerKernels:
         kernel runs on a stream of its own, as NCCL's do); ``check`` before, so a kernel that failed
         is reported before another is queued. Up to DEVICE_ONESHOT_BYTES one one-shot kernel, above
         it two-shot kernels of a window each (the same choice on every rank: it is the call's size)."""
+        with self._ordered(stream, after):
+            isz = dtype.itemsize
+            if count * isz <= self.oneshot_bytes or not self.window:
+                self._queue(self._kernel(dtype, op, "shmproxy_oneshot"), src, dst, count, dtype, op, stream,
+                            self.blocks)
+            else:
+                launch, step = self._kernel(dtype, op, "shmproxy_twoshot"), self.window_count(isz)
+                for off in range(0, count, step):
+                    self._queue(launch, src + off * isz, dst + off * isz, min(step, count - off), dtype, op,
+                                stream, self.blocks2)
+
+    def launch_shares(self, name: str, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int,
+                      after: int | None = None) -> None:
+        """Queue a Reduce_scatter_block (``op``) or an Allgather (``op`` None) of ``count`` elements
+        per rank, as ``launch`` queues an Allreduce; in windows of ``share_window`` elements of each
+        share."""
+        reduce = name == "shmproxy_reduce_scatter"
+        isz = dtype.itemsize
+        stride = count * isz
+        with self._ordered(stream, after):
+            launch, step = self._kernel(dtype, op if reduce else ReduceOp.SUM, name), self.share_window(isz)
+            for off in range(0, count, step):
+                n = min(step, count - off)
+                launch.values[10 + self.nranks] = count   # in elements: the kernel's strides
+                self._queue(launch, src + off * isz, dst + off * isz, n, dtype,
+                            (_SIG_REDUCE_SCATTER | op) if reduce else _SIG_ALLGATHER, stream, self.blocks2,
+                            aligned=not stride & 15)
+
+    @contextlib.contextmanager
+    def _ordered(self, stream: int, after: int | None) -> Iterator[None]:
+        """This device current, ``stream`` after ``after``'s work and after our last kernel (see the
+        header) for what is queued inside; the last kernel's event recorded behind it."""
         rt = self.cp.cuda.runtime
         prev = rt.getDevice()
         if prev != self.device:
@@ -517,27 +690,19 @@ class PeerKernels:
                 # one kernel after another (see the header): the new stream waits for the last kernel
                 self.drv.wait(stream, self._after.ptr)
             self._last_stream = stream
-            isz = dtype.itemsize
-            if count * isz <= self.oneshot_bytes or not self.window:
-                self._queue(self._kernel(dtype, op, "shmproxy_oneshot"), src, dst, count, dtype, op, stream,
-                            self.blocks)
-            else:
-                launch, step = self._kernel(dtype, op, "shmproxy_twoshot"), self.window_count(isz)
-                for off in range(0, count, step):
-                    self._queue(launch, src + off * isz, dst + off * isz, min(step, count - off), dtype, op,
-                                stream, self.blocks2)
+            yield
             self.drv.record(self._after.ptr, stream)
         finally:
             if prev != self.device:
                 rt.setDevice(prev)
 
     def _queue(self, launch: Any, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int,
-               blocks: int) -> None:
+               blocks: int, aligned: bool = True) -> None:
         self.epoch += 1
         v = launch.values   # the call's own; the rest were set with the kernel (_kernel)
         v[0], v[1], v[2], v[3] = src, dst, count, self.epoch
         v[8] = (count << 16) | (dtype.num << 8) | op   # the signature the peers compare
-        v[9] = not ((src | dst) & 15)                   # 16-byte packs
+        v[9] = aligned and not ((src | dst) & 15)       # 16-byte packs
         launch(self._grid(count, dtype.itemsize, blocks), BLOCK, stream)
 
     def synchronize(self, stream: int) -> None:

@@ -67,10 +67,11 @@ _H2D, _D2H = 1, 2   # cudaMemcpyKind
 _DTYPE_NAMES = {code: dt.name for code, dt in CODE_DTYPE.items()}
 
 
-def bind(comm: "Comm", seg_addr: int, layout: P.Layout) -> None:
-    """Turn the fast path on for ``comm`` if its pool has the region (every rank on this node)."""
+def bind(comm: "Comm", seg_addr: int, layout: P.Layout) -> bool:
+    """Turn the fast path on in ``comm``'s poster if its pool has the region (every rank on this
+    node); whether it did (Comm._bind_entries then binds the calls to its entries)."""
     if not layout.fast_bytes or comm.local_size != comm.size:
-        return
+        return False
     pp = comm._pp
     fallbacks = (lambda: _barrier(comm), lambda *a, **k: allreduce(comm, *a, **k),
                  lambda *a, **k: _bcast(comm, *a, **k), lambda *a, **k: _reduce(comm, *a, **k))
@@ -78,9 +79,7 @@ def bind(comm: "Comm", seg_addr: int, layout: P.Layout) -> None:
                 comm.params.WAIT_SLICE_MS * 1e-3, fallbacks, lambda code, detail: fast_failed(comm, code, detail),
                 lambda: fast_check(comm), comm._pidfd)
     comm._fast_bytes = layout.fast_bytes
-    comm.Send, comm.Recv, comm.Barrier = pp.send, pp.recv, pp.barrier
-    comm._send_or_isend, comm._try_recv = pp.send_or_isend, pp.try_recv
-    comm.Allreduce, comm.Bcast, comm.Reduce = pp.allreduce, pp.bcast, pp.reduce
+    return True
 
 
 def small(comm: "Comm", coll: int, nbytes: int, dtype: np.dtype, op: int) -> bool:
@@ -98,7 +97,8 @@ def _host(a: Any) -> bool:
     return type(a) is np.ndarray
 
 
-def _op(op: Any) -> int | None:
+def reduce_op(op: Any) -> int | None:
+    """``op`` as a ReduceOp value, or None where it is none (a callable, a bad value: the posted path says)."""
     if isinstance(op, (int, np.integer)) and not isinstance(op, bool):
         return int(op) if int(op) in ReduceOp._value2member_map_ else None
     return None
@@ -128,7 +128,7 @@ def allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, 
     ranks' own kernels (device arrays: shmproxy.rank.devcoll), through host copies
     (FAST_DEVICE_REDUCTIONS), or posted. The C entry's fallback, and Comm.Allreduce's where the fast
     path is off (nothing then runs between the ranks: ``small`` says no)."""
-    o = _op(op)
+    o = reduce_op(op)
     if (o is not None and _out(recvbuf)
             and (sendbuf is IN_PLACE or (_host(sendbuf) and sendbuf.dtype == recvbuf.dtype
                                          and sendbuf.size == recvbuf.size))
@@ -155,7 +155,7 @@ def _bcast(comm: "Comm", buf: Any, root: int = 0, stream: Any = None) -> None:
 
 def _reduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, root: int = 0,
             stream: Any = None) -> None:
-    o = _op(op)
+    o = reduce_op(op)
     ok_root = isinstance(root, (int, np.integer)) and 0 <= int(root) < comm.size
     at_root = ok_root and int(root) == comm.rank
     sig = recvbuf if sendbuf is IN_PLACE else sendbuf

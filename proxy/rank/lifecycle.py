@@ -6,8 +6,8 @@ its poster (shm/_poster.c). From then on the rank watches the progress process t
 the pool's error and abort words, so that every call raises the communicator's named error once it
 failed. Abort, close and the teardown that releases everything in any state are here too.
 
-A mixin of shmproxy.rank.comm.Comm: it uses the posting and waiting halves (posting.py, waiting.py)
-through ``self``.
+A part of shmproxy.rank.comm.Comm: the state it sets and the calls it makes into the other parts
+(posting.py, waiting.py, comm.py) are declared in shmproxy.rank.state.
 """
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ import numpy as np
 
 from shmproxy.control import bootstrap, netif, rendezvous
 from shmproxy.core import errors, host, log, params as params_mod
-from shmproxy.rank import fastpath
 from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
-                               IN_PLACE, KIND_COLL, KIND_RECV, KIND_SEND, Coll)
+                               KIND_COLL, KIND_RECV, KIND_SEND, Coll)
 from shmproxy.control.protocol import MsgType
 from shmproxy.rank.request import Request
+from shmproxy.rank.state import CommState
 from shmproxy.control.client import ServiceClient
 from shmproxy.shm import _native, _poster, pool as P, sync
 from shmproxy.shm.counters import u32_view
@@ -49,7 +49,7 @@ _PENDING_SHOWN = 8      # requests a close names when it abandons them
 # other `shmproxy` package found there (another checkout, a decoy) instead of the code this rank runs.
 # (The folder that holds the `shmproxy` package, or for an editable install the repository, where
 # no folder of that name shadows the installed finder.)
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["shmproxy"].__file__)))
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(str(sys.modules["shmproxy"].__file__))))
 
 
 def _probes() -> list[tuple]:
@@ -83,7 +83,7 @@ def _cwd_args() -> list[str]:
 _JOINED: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
 
-class Lifecycle:
+class Lifecycle(CommState):
     """Creation, the service calls, failure state, Abort/close and teardown of a Comm."""
 
     _fast_bytes = 0   # the fast path's size limit once on (rank/fastpath.py)
@@ -97,15 +97,15 @@ class Lifecycle:
         self.node_layout = None            # the nodes' layout, when the communicator spans nodes
         self._split_layout = split_layout  # where a Split child across nodes gets it (rank/splitting.py)
         self._closed = False
-        self._failure: errors.ProxyError | None = None
+        self._failure = None
         self.rank, self.size = info.rank, info.size
         self.local_rank, self.local_size = info.local_rank, info.local_size
         self.params = params
         self._timeout = params.TIMEOUT
-        self._proc: subprocess.Popen | None = None
-        self._client: ServiceClient | None = None
-        self._seg: Segment | None = None
-        self._view: P.PoolView | None = None
+        self._proc = None
+        self._client = None
+        self._seg = None
+        self._view = None
         self._pidfd = self._fault_fd = -1
         key = key or bootstrap.job_key(info, params)
         self._job_key, self._comm_id, self._nchildren = key, comm_id, 0
@@ -222,25 +222,6 @@ class Lifecycle:
         if not self._pp.fast:
             _log.warning("numpy's array layout is not the one shm/_poster.c reads: every post takes "
                          "the slower Python path")
-        # Isend/Irecv of this instance are the poster's C entry points (a post then costs no Python
-        # frame, a large share of a sub-microsecond post); what they decline goes to the methods below.
-        cls = type(self)
-        self._pp.send_fallback, self._pp.recv_fallback = cls.Isend.__get__(self), cls.Irecv.__get__(self)
-        self.Isend, self.Irecv = self._pp.isend, self._pp.irecv
-        # ... and so is Iallreduce, for buffers in registered memory.
-        self._pp.allreduce_fallback, self._pp.in_place = cls.Iallreduce.__get__(self), IN_PLACE
-        self.Iallreduce = self._pp.iallreduce
-        # ... and Ibarrier (several times cheaper in C; Barrier() goes through it).
-        self._pp.barrier_fallback = cls.Ibarrier.__get__(self)
-        self.Ibarrier = self._pp.ibarrier
-        # ... and the other buffer collectives (their Python posts cost microseconds each). The
-        # blocking forms go through these instance attributes too.
-        self._pp.rank = self.rank
-        C = Coll
-        for coll, name in ((C.BCAST, "Ibcast"), (C.REDUCE, "Ireduce"), (C.ALLGATHER, "Iallgather"),
-                           (C.REDUCE_SCATTER_BLOCK, "Ireduce_scatter_block"), (C.ALLTOALL, "Ialltoall")):
-            self._pp.set_coll_fallback(coll, getattr(cls, name).__get__(self))
-            setattr(self, name, getattr(self._pp, name.lower()))
         # How Request.Wait spins before it sleeps (the spin is in C): up to WAIT_SPIN_US, and on a
         # crowded node only for requests the progress loop completes itself, since larger ones are
         # copied by workers that need the cores (measured: docs/decisions.md).
@@ -251,8 +232,7 @@ class Lifecycle:
         self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, p.WAIT_SPIN_US * 1e-6, spin_max,
                           spin_max_coll)
         self._slice_s = p.WAIT_SLICE_MS * 1e-3
-        # Small blocking calls the rank completes itself, on a communicator all on this node (rank/fastpath.py)
-        fastpath.bind(self, seg.addr, layout)
+        self._bind_entries(seg.addr, layout)   # which calls of this instance are C entry points (comm.py)
         self._registry = Registry(self._register, self._pp.set_ranges)
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
 

@@ -5,7 +5,7 @@ Isend/Irecv and the buffer collectives of each communicator are bound to the C p
 uncommon, with every check and its message. The collective checks run identically on every rank,
 so that a call passes or fails everywhere alike and the ranks' sequences of collectives stay in step.
 
-A mixin of shmproxy.rank.comm.Comm.
+A part of shmproxy.rank.comm.Comm; what it reads is declared in shmproxy.rank.state.
 """
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ from shmproxy.rank.typed import TypedBuffer
 from shmproxy.rank.device import DeviceMemory, call_key, message_key
 from shmproxy.rank.devstage import DeviceStaging
 from shmproxy.rank.request import Request
+from shmproxy.rank.state import CommState
 from shmproxy.shm import _native
 
 _buffer_info = _native.buffer_info
 _DTYPE_CODE = DTYPE_CODE
 
 
-class Posting:
+class Posting(CommState):
     """Argument checks, buffer location and staging, and the record a post fills."""
 
     def _check_peer(self, peer: Any, what: str, wildcard: bool = False) -> int:
@@ -131,9 +132,10 @@ class Posting:
         if dev is None:
             def register(payload: dict) -> None:
                 self._control(MsgType.REGISTER, payload)
-            layout, lr = self._layout, self.local_rank
+            layout, lr, seg = self._layout, self.local_rank, self._seg
+            assert seg is not None   # attached
             dev = self._device = DeviceMemory(register, self._registry.new_id, lambda: self._registry.dead_ids,
-                                              (self._seg.addr + layout.slots_off, lr * layout.max_ops,
+                                              (seg.addr + layout.slots_off, lr * layout.max_ops,
                                                layout.max_ops), self._failed_now, self._slice_s)
         return dev
 
@@ -143,6 +145,7 @@ class Posting:
         st = self.__dict__.get("_devstage")
         if st is None:
             layout = self.node_layout
+            assert layout is not None   # a communicator across nodes
             st = self._devstage = DeviceStaging(self._device_memory(), self._registry, self.params.STAGING_CACHE,
                                                 layout["rank_node"], layout["node"])
         return st
@@ -154,11 +157,11 @@ class Posting:
         dev = self._device_memory()
         key = message_key(kind, buf, flags, peer, tag)
         if key is not None and dev.posts:
-            fields = dev.posted(key, buf)
+            fields: tuple[Any, ...] | None = dev.posted(key, buf)
             if fields is not None:   # the same live device array, peer and tag as a checked call
                 s = None if stream is None else dev.as_stream(stream, mem_device(fields[-1]))
-                return self._emit(kind, fields[0], 0, flags, peer, tag, *fields[1:-1], -1, 0, 0, 0, (buf, buf),
-                                  None, 0, fields[-1], s)
+                return self._emit(kind, fields[0], 0, flags, peer, tag, *fields[1:-1],  # type: ignore[call-arg]
+                                  -1, 0, 0, 0, (buf, buf), None, 0, fields[-1], s)   # (bid, off, nbytes, count)
         dev.begin_call()
         arr = dev.as_array(buf, "buffer")
         code = dev.dtype_code(arr)
@@ -273,16 +276,16 @@ class Posting:
         """Validate one collective call (before anything is posted), locate its buffers, post it.
         ``stream``: as for _post (device buffers only)."""
         self._check_usable()
-        dev = self.__dict__.get("_device")
+        dev: DeviceMemory | None = self.__dict__.get("_device")
         key = call_key(coll, sendbuf, recvbuf, op, root) if dev is not None and dev.posts else None
-        if key is not None:
-            fields = dev.posted(key, sendbuf, recvbuf)
+        if dev is not None and key is not None:
+            fields: tuple[Any, ...] | None = dev.posted(key, sendbuf, recvbuf)
             if fields is not None:   # the same live device arrays as a call that passed every check
                 s = None if stream is None else dev.as_stream(stream, mem_device(fields[-1]))
                 pp = self._pp
                 pp.coll_seq += 1
-                return self._emit(KIND_COLL, *fields[:-1], pp.coll_seq, (sendbuf, recvbuf), None, 0, fields[-1],
-                                  s)
+                return self._emit(KIND_COLL, *fields[:-1],  # type: ignore[call-arg]
+                                  pp.coll_seq, (sendbuf, recvbuf), None, 0, fields[-1], s)
         args_in, root_in = (sendbuf, recvbuf), root   # as the caller passed them: the key of a remembered call
         C = Coll
         size, me = self.size, self.rank
@@ -336,13 +339,13 @@ class Posting:
                 if coll in (C.ALLTOALL,) or (coll == C.REDUCE and me != root):
                     raise errors.InvalidArgument(f"{name}: IN_PLACE is not allowed here"
                                                  + (" (only on the root)" if coll == C.REDUCE else ""))
+                if rcode is None:
+                    raise errors.InvalidArgument(f"{name}: IN_PLACE needs a recvbuf")
                 code = rcode
             else:
                 code = self._check_buf(sendbuf, f"{name} sendbuf", device)
                 if rcode is not None and rcode != code:
                     raise errors.InvalidArgument(f"{name}: sendbuf is {sendbuf.dtype}, recvbuf {recvbuf.dtype}")
-            if in_place and rcode is None:
-                raise errors.InvalidArgument(f"{name}: IN_PLACE needs a recvbuf")
             dtype = (recvbuf if in_place else sendbuf).dtype
             if code == DTYPE_BFLOAT16:
                 dtype = np.dtype(np.float32)   # reduced through float32: the float rules apply

@@ -7,7 +7,8 @@ rank's futex word in slices of SHMPROXY_WAIT_SLICE_MS, and between slices checks
 error, the abort flag and that the progress process is alive. So every wait is bounded and sees
 failures: never a silent hang. Running out of records or slots waits the same way.
 
-A mixin of shmproxy.rank.comm.Comm (the failure state it raises is lifecycle.py's).
+A part of shmproxy.rank.comm.Comm (the failure state it raises is lifecycle.py's); what it reads is
+declared in shmproxy.rank.state.
 """
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import time
 
 from shmproxy.core import errors
 from shmproxy.rank.request import Request
+from shmproxy.rank.state import CommState
 from shmproxy.shm import _native, pool as P
 
 OWNER_DEAD_REPORT_S = 5.0  # how long a rank that repaired the pool mutex waits to learn who died
 
 
-class Waiting:
+class Waiting(CommState):
     """The sleeping half of Wait/Test, and the reaping of completed requests."""
 
     def _splice_failed(self, rc: int) -> None:
@@ -36,9 +38,9 @@ class Waiting:
                     self._sleep_slice(deadline, "the report of who died holding the pool mutex")
             except errors.Timeout:
                 self._q[self._abort_q] = 1
-                self._set_failure(errors.PeerDiedError(
-                    f"rank {self.rank}: a process died holding the ops pool mutex"))
-                raise self._failure from None
+                exc = errors.PeerDiedError(f"rank {self.rank}: a process died holding the ops pool mutex")
+                self._set_failure(exc)
+                raise exc from None
         if rc == _native.TIMEDOUT:
             raise errors.Timeout(f"rank {self.rank}: the ops pool mutex was not released within "
                                  f"{self._timeout} s (a wedged process holds it)")
