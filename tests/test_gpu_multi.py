@@ -82,6 +82,7 @@ def test_repeated_collectives_across_gpus(nranks, graphs, completes):
     progress process says in its dump that it holds every GPU the ranks use."""
     res = run_ranks(MORE + "repeated_buffers", nranks, timeout=240,
                     env={**SPREAD, "SHMPROXY_CUDA_GRAPHS": graphs, "SHMPROXY_DEVICE_ONESHOT_BYTES": "0",
+                         "SHMPROXY_DEVICE_TWOSHOT_BYTES": "0",   # the progress process's path, which this tests
                          "SHMPROXY_CUDA_DEVICE_COMPLETES": completes, "SHMPROXY_CUDA_DEVICE_COMPLETES_MIN": "0",
                          "SHMPROXY_DUMP_SIGNAL": "SIGUSR1"})
     for r in res.results:
