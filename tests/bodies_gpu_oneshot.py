@@ -199,7 +199,8 @@ def oneshot_peer_dies(count: int = 1 << 10) -> dict:
 
 def oneshot_torch(rounds: int = 50) -> dict:
     """torch's all_reduce of CUDA tensors through the ranks' kernels: blocking, async with wait(), and
-    through get_future (the device's Future), against the values every rank can compute."""
+    through get_future (the device's Future), against the values every rank can compute; and
+    all_gather_into_tensor (in place too) and reduce_scatter_tensor, blocking and async."""
     import torch
     import torch.distributed as dist
     import shmproxy.torch  # noqa: F401  (registers the backend)
@@ -227,6 +228,31 @@ def oneshot_torch(rounds: int = 50) -> dict:
             dist.all_reduce(x, op=dist.ReduceOp.AVG)
             if not bool((x == total / n).all()):
                 bad.append(f"round {i} AVG: {x[0].item()} != {total / n}")
+            # all_gather_into_tensor (and in place, from the output's block) and reduce_scatter_tensor
+            for numel in (3, 1 << 16):
+                src = torch.arange(numel, dtype=torch.float32, device=f"cuda:{dev}") + 1000 * me
+                out = torch.empty(numel * n, dtype=torch.float32, device=f"cuda:{dev}")
+                w = dist.all_gather_into_tensor(out, src, async_op=i % 2 == 1)
+                if w is not None:
+                    w.wait()
+                want = torch.cat([torch.arange(numel, dtype=torch.float32, device=f"cuda:{dev}") + 1000 * r
+                                  for r in range(n)])
+                if not bool((out * 1 == want).all()):
+                    bad.append(f"round {i} all_gather_into_tensor x {numel}")
+                inplace = torch.zeros(numel * n, dtype=torch.float32, device=f"cuda:{dev}")
+                inplace[me * numel:(me + 1) * numel] = src
+                dist.all_gather_into_tensor(inplace, inplace[me * numel:(me + 1) * numel])
+                if not bool((inplace == want).all()):
+                    bad.append(f"round {i} all_gather_into_tensor in place x {numel}")
+                rs_in = torch.arange(numel * n, dtype=torch.float32, device=f"cuda:{dev}") * (me + 1)
+                rs_out = torch.empty(numel, dtype=torch.float32, device=f"cuda:{dev}")
+                w = dist.reduce_scatter_tensor(rs_out, rs_in, async_op=i % 2 == 1)
+                if w is not None:
+                    w.wait()
+                rs_want = torch.arange(me * numel, (me + 1) * numel, dtype=torch.float32,
+                                       device=f"cuda:{dev}") * total
+                if not bool((rs_out * 1 == rs_want).all()):
+                    bad.append(f"round {i} reduce_scatter_tensor x {numel}")
         torch.cuda.synchronize()
         backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device(f"cuda:{dev}"))
         comm = getattr(backend, "comm", None)

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 import shmproxy
 from shmproxy.core import errors
+from shmproxy.core.ops import ReduceOp
 from shmproxy.rank import devcoll
 from shmproxy.torch import cuda, tensors as T
 
@@ -104,10 +105,54 @@ def allreduce_on_gpus(pg: Any, t: torch.Tensor, op: Any, side: torch.cuda.Stream
     dt = T.numpy_dtype(t.dtype)
     if dt is None or not t.is_contiguous():
         return False
-    comm = pg.comm
     rop = int(redop(op, t))
-    if not devcoll.eligible(comm, t.numel() * t.element_size(), dt, rop):
+    if not devcoll.eligible(pg.comm, t.numel() * t.element_size(), dt, rop):
         return False
+    return _on_gpus(pg, lambda shot, s, after: shot.launch(t.data_ptr(), t.data_ptr(), t.numel(), dt, rop, s, after),
+                    (t,), side)
+
+
+def all_gather_on_gpus(pg: Any, out: torch.Tensor, inp: torch.Tensor, side: torch.cuda.Stream | None) -> bool:
+    """all_gather_into_tensor of CUDA tensors as the ranks' own kernels, as ``allreduce_on_gpus``
+    (the input may be the output's block of this rank: in place)."""
+    dt = T.numpy_dtype(out.dtype)
+    count = inp.numel()
+    if (dt is None or inp.dtype != out.dtype or not inp.is_cuda or inp.device != out.device
+            or not (inp.is_contiguous() and out.is_contiguous()) or out.numel() != count * pg.size()):
+        return False   # the posted path names what is wrong
+    if not devcoll.eligible(pg.comm, count * out.element_size(), dt, int(ReduceOp.SUM)):
+        return False
+    return _on_gpus(pg, lambda shot, s, after: shot.launch_shares(
+        "shmproxy_allgather", inp.data_ptr(), out.data_ptr(), count, dt, int(ReduceOp.SUM), s, after),
+        (out, inp), side)
+
+
+def reduce_scatter_on_gpus(pg: Any, out: torch.Tensor, inp: torch.Tensor, op: Any,
+                           side: torch.cuda.Stream | None) -> bool:
+    """reduce_scatter_tensor of CUDA tensors as the ranks' own kernels, as ``allreduce_on_gpus``; an
+    output that overlaps the input stays with the progress process (the kernels would overwrite a
+    share a peer still reads)."""
+    dt = T.numpy_dtype(out.dtype)
+    count = out.numel()
+    if (dt is None or inp.dtype != out.dtype or not inp.is_cuda or inp.device != out.device
+            or not (inp.is_contiguous() and out.is_contiguous()) or inp.numel() != count * pg.size()):
+        return False
+    o_lo, i_lo = out.data_ptr(), inp.data_ptr()
+    if o_lo < i_lo + inp.numel() * inp.element_size() and i_lo < o_lo + count * out.element_size():
+        return False
+    rop = int(redop(op, inp))
+    if not devcoll.eligible(pg.comm, count * out.element_size(), dt, rop):
+        return False
+    return _on_gpus(pg, lambda shot, s, after: shot.launch_shares(
+        "shmproxy_reduce_scatter", i_lo, o_lo, count, dt, rop, s, after), (out, inp), side)
+
+
+def _on_gpus(pg: Any, launch: Any, tensors: tuple, side: torch.cuda.Stream | None) -> bool:
+    """Queue ``launch(kernels, stream, after)`` on the current stream, or on ``side`` after it, with
+    ``tensors`` kept by the allocator until ``side`` is past them; False where the communicator's
+    ranks declined the kernels (a collective set-up at the first call)."""
+    comm = pg.comm
+    t = tensors[0]
     comm._check_usable()   # the group's error, before a set-up or a kernel that would wait for nobody
     shot = devcoll.shared(comm, t.device.index)
     if shot is None:
@@ -115,10 +160,11 @@ def allreduce_on_gpus(pg: Any, t: torch.Tensor, op: Any, side: torch.cuda.Stream
     shot.check(comm)       # a kernel of an earlier call that failed: its error now
     cur = cuda.current_stream_handle(t.device.index)
     if side is None:
-        shot.launch(t.data_ptr(), t.data_ptr(), t.numel(), dt, rop, cur)
+        launch(shot, cur, None)
     else:
-        shot.launch(t.data_ptr(), t.data_ptr(), t.numel(), dt, rop, side.cuda_stream, after=cur)
-        t.record_stream(side)   # the allocator keeps its memory until the side stream is past the kernel
+        launch(shot, side.cuda_stream, cur)
+        for x in tensors:
+            x.record_stream(side)   # the allocator keeps its memory until the side stream is past the kernel
     return True
 
 

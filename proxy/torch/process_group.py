@@ -276,7 +276,13 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         builds = [functools.partial(ops.allgather_list, self, o, i) for o, i in zip(output_lists, inputs)]
         return self._coalesced("allgather_coalesced", builds, [t for o in output_lists for t in o], inputs)
 
-    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
+    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work | Completed:
+        if out.is_cuda:
+            side = self.kernel_streams.get(out.device) if getattr(opts, "asyncOp", True) else None
+            done = self._on_gpus("all_gather_into_tensor",
+                                 lambda: ops.all_gather_on_gpus(self, out, inp, side), out, side)
+            if done is not None:
+                return done
         return self._post("all_gather_into_tensor", lambda st: ops.all_gather_single(self, out, inp, st),
                           [out], inputs=[inp])
 
@@ -299,8 +305,15 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._post("reduce_scatter", lambda st: ops.reduce_scatter_list(self, out, ins, op, st), [out],
                           inputs=ins)
 
-    def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
+    def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor,
+                              opts: Any = None) -> Work | Completed:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if out.is_cuda:
+            side = self.kernel_streams.get(out.device) if getattr(opts, "asyncOp", True) else None
+            done = self._on_gpus("reduce_scatter_tensor",
+                                 lambda: ops.reduce_scatter_on_gpus(self, out, inp, op, side), out, side)
+            if done is not None:
+                return done
         return self._post("reduce_scatter_tensor",
                           lambda st: ops.reduce_scatter_single(self, out, inp, op, st), [out], inputs=[inp])
 
