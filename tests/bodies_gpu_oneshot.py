@@ -259,3 +259,28 @@ def oneshot_torch(rounds: int = 50) -> dict:
         return {"bad": bad[:10], "path": _path(comm) if comm is not None else f"unknown ({type(backend).__name__})"}
     finally:
         dist.destroy_process_group()
+
+
+def fsdp2_against_nccl(steps: int = 8) -> dict:
+    """fully_shard (FSDP2) of a CUDA model, a GPU per rank, trained over NCCL and then over shmproxy
+    (whose all_gather_into_tensor and reduce_scatter_tensor of the shards are the ranks' own kernels):
+    the losses of both and the largest weight difference."""
+    import torch
+    import torch.distributed as dist
+    import shmproxy.torch  # noqa: F401  (registers the backend)
+    from tests.bodies_torch import _train_fsdp2
+    torch.cuda.set_device(_cp().cuda.runtime.getDevice())
+    dist.init_process_group("nccl")
+    try:
+        shm = dist.new_group(backend="shmproxy")
+        la, wa = _train_fsdp2(dist.group.WORLD, steps, "cuda")
+        lb, wb = _train_fsdp2(shm, steps, "cuda")
+        torch.cuda.synchronize()
+        backend = shm._get_backend(torch.device("cuda"))
+        comm = getattr(backend, "comm", None)
+        diff = max(float((x - y).abs().max()) for x, y in zip(wa, wb))
+        dist.barrier(group=shm)
+        return {"losses_nccl": la, "losses_shmproxy": lb, "max_diff": diff, "params": len(wa),
+                "path": _path(comm) if comm is not None else f"unknown ({type(backend).__name__})"}
+    finally:
+        dist.destroy_process_group()

@@ -306,14 +306,15 @@ def ddp_equal(steps: int = 20, no_sync_every: int = 0, hook: bool = False) -> di
     return {"max_diff": diff, "params": len(a)}
 
 
-def _train_fsdp2(group: Any, steps: int) -> tuple[list[float], list[torch.Tensor]]:
-    """fully_shard (FSDP2) on a CPU mesh over ``group``: each Linear a unit, then the whole model;
-    the mean loss of every step and the full weights at the end."""
+def _train_fsdp2(group: Any, steps: int, device: str = "cpu") -> tuple[list[float], list[torch.Tensor]]:
+    """fully_shard (FSDP2) on a mesh of ``device`` ("cpu", "cuda") over ``group``: each Linear a unit,
+    then the whole model; the mean loss of every step and the full weights at the end (on the CPU)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
-    mesh = DeviceMesh.from_group(group, "cpu")
+    mesh = DeviceMesh.from_group(group, device)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[m for _ in range(3) for m in (torch.nn.Linear(48, 48), torch.nn.ReLU())])
+    model = model.to(device)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -322,14 +323,14 @@ def _train_fsdp2(group: Any, steps: int) -> tuple[list[float], list[torch.Tensor
     g = torch.Generator().manual_seed(1 + dist.get_rank())
     losses = []
     for _ in range(steps):
-        loss = model(torch.randn(16, 48, generator=g)).square().mean()
+        loss = model(torch.randn(16, 48, generator=g).to(device)).square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
         t = loss.detach().clone()
         dist.all_reduce(t, group=group)
         losses.append(float(t))
-    weights = [p.full_tensor().detach().clone() for p in model.parameters()]   # DTensor shards, gathered
+    weights = [p.full_tensor().detach().cpu() for p in model.parameters()]   # DTensor shards, gathered
     return losses, weights
 
 

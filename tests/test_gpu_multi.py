@@ -153,6 +153,18 @@ def test_reduce_scatter_and_allgather_as_the_ranks_kernels():
         assert r["launched"] >= 4 * r["cases"], r   # every call a kernel, the largest several
 
 
+def test_fsdp2_on_gpus_of_their_own_matches_nccl():
+    """FSDP2 (fully_shard) of a CUDA model, a GPU per rank: shmproxy's run (its shard collectives the
+    ranks' own kernels) ends with NCCL's weights and losses."""
+    pytest.importorskip("torch")
+    env = {**SPREAD, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    res = run_ranks(ONESHOT + "fsdp2_against_nccl", 2, timeout=240, env=env)
+    for r in res.results:
+        assert r["path"] == "oneshot", r
+        assert r["max_diff"] <= 1e-5, r
+        assert all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(r["losses_nccl"], r["losses_shmproxy"])), r
+
+
 def test_twoshot_allreduce_survivor_raises_when_a_peer_dies():
     res = run_ranks(ONESHOT + "oneshot_peer_dies", 2, timeout=120, expect_fail={1}, args=(1 << 20,),
                     env={**TWOSHOT_ENV, "SHMPROXY_TIMEOUT": "60"})
