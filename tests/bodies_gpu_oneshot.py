@@ -104,7 +104,7 @@ def twoshot_results() -> dict:
     one, window = p.DEVICE_ONESHOT_BYTES, p.DEVICE_TWOSHOT_WINDOW
     with shmproxy.init() as comm:
         shot = devcoll.shared(comm, _cp().cuda.runtime.getDevice())
-        step = shot.window_count if shot is not None else (lambda item: window // item)
+        step = shot.sizing.window_count if shot is not None else (lambda item: window // item)
 
         def sizes(item: int) -> tuple:
             w = step(item)
@@ -129,7 +129,7 @@ def shares_results() -> dict:
         streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
         for dtype in ("float32", "float64", "int32", "int64", "uint8"):
             item = np.dtype(dtype).itemsize
-            w = shot.share_window(item) if shot is not None else 1 << 16
+            w = shot.sizing.share_window(item) if shot is not None else 1 << 16
             for count in (1, 7, 4099, w - 1, w, 2 * w + 5):
                 for off in (0, 1):
                     cases += 1
