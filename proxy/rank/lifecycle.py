@@ -173,12 +173,20 @@ class Lifecycle(CommState):
                 os.close(fd)
             raise errors.RemoteError(f"the progress process sent {len(fds)} fds for the pool, not 1")
         self._seg = Segment.from_fd(fds[0], int(resp["bytes"]), resp["pool"])
-        c.call(MsgType.SETUP, {}, timeout=self._left(deadline))
-        connect: dict[str, Any] = {"peers": list(range(self.size))}
-        if multi:
-            connect["net"] = self.node_layout = self._meet_nodes(info, host, bytes.fromhex(resp0.get("net", "")),
-                                                                 deadline)
-        c.call(MsgType.CONNECT, connect, timeout=self._left(deadline))
+        try:
+            c.call(MsgType.SETUP, {}, timeout=self._left(deadline))
+            connect: dict[str, Any] = {"peers": list(range(self.size))}
+            if multi:
+                connect["net"] = self.node_layout = self._meet_nodes(info, host, bytes.fromhex(resp0.get("net", "")),
+                                                                     deadline)
+            c.call(MsgType.CONNECT, connect, timeout=self._left(deadline))
+        except errors.RemoteError as exc:
+            # Once this rank mapped the pool (SETUP), a failed communicator's progress process stops
+            # answering it (engine/failure.py, not_told): the pool's record names who failed.
+            recorded = self._recorded_failure()
+            if recorded is not None:
+                raise recorded from exc
+            raise
         self._attach_pool()
 
     def _meet_nodes(self, info: bootstrap.LaunchInfo, host: str, net_info: bytes, deadline: float) -> dict:
@@ -283,17 +291,31 @@ class Lifecycle(CommState):
             return self._failure
         view = self._view
         assert view is not None
-        if view.ctrl(P.CTRL_ERR_SEQ):
-            rank = view.ctrl(P.CTRL_ERR_RANK)
-            exc = errors.from_code(view.ctrl(P.CTRL_ERR_CODE), view.error_message(),
-                                   rank=None if rank == P.NO_RANK else rank, pid=view.ctrl(P.CTRL_ERR_PID))
-        elif view.ctrl(P.CTRL_ABORT):
-            exc = errors.Aborted(f"rank {self.rank}: the communicator was aborted")
-        else:
-            exc = errors.PeerDiedError(f"the progress process (pid {self._proxy_pid}) died"
-                                       + self._proxy_death(), rank=-1, pid=self._proxy_pid)
+        exc = self._failure_in(view) or errors.PeerDiedError(
+            f"the progress process (pid {self._proxy_pid}) died" + self._proxy_death(), rank=-1, pid=self._proxy_pid)
         self._set_failure(exc)
         return exc
+
+    def _failure_in(self, view: P.PoolView) -> errors.ProxyError | None:
+        """The failure the pool records (asyncResult, or the abort flag), or None."""
+        if view.ctrl(P.CTRL_ERR_SEQ):
+            rank = view.ctrl(P.CTRL_ERR_RANK)
+            return errors.from_code(view.ctrl(P.CTRL_ERR_CODE), view.error_message(),
+                                    rank=None if rank == P.NO_RANK else rank, pid=view.ctrl(P.CTRL_ERR_PID))
+        if view.ctrl(P.CTRL_ABORT):
+            return errors.Aborted(f"rank {self.rank}: the communicator was aborted")
+        return None
+
+    def _recorded_failure(self) -> errors.ProxyError | None:
+        """While joining, before the pool is attached: the failure its mapping records, or None."""
+        seg = self._seg
+        if seg is None:
+            return None
+        view = P.PoolView(seg.mm)   # no address: it only reads
+        try:
+            return self._failure_in(view)
+        finally:
+            view.release()
 
     def _proxy_death(self) -> str:
         """What is known of how the progress process died: its exit status (its parent, local rank 0,
