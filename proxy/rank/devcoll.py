@@ -78,8 +78,9 @@ _LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
 
 
 def eligible(comm: Any, nbytes: int, dtype: np.dtype, op: int) -> bool:
-    """Whether an Allreduce of this signature takes the one-shot kernel, if its buffers are device
-    memory: the same answer on every rank of a correct program (nothing here is the rank's own)."""
+    """Whether a collective of this signature (an Allreduce's, or a share's of Reduce_scatter_block or
+    Allgather) takes the ranks' kernels, if its buffers are device memory: the same answer on every
+    rank of a correct program (nothing here is the rank's own)."""
     p = comm.params
     return (0 < nbytes <= max(p.DEVICE_ONESHOT_BYTES, p.DEVICE_TWOSHOT_BYTES) and comm.local_size == comm.size
             and 2 <= comm.size <= MAX_RANKS and dtype in _C_TYPE and op in REDUCE_EXPR
@@ -101,16 +102,9 @@ def allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream: Any) -> bo
         return False   # the posted path names what is wrong
     if not eligible(comm, recv.nbytes, recv.dtype, op):
         return False
-    did = recv.device.id
-    shot = shared(comm, did)
-    if shot is None:
-        return False
-    s = dev.as_stream(stream, did)
-    sp = (s if s is not None else dev.cp.cuda.get_current_stream()).ptr
-    shot.launch(recv.data.ptr if in_place else send.data.ptr, recv.data.ptr, recv.size, recv.dtype, op, sp)
-    shot.synchronize(sp)
-    shot.check(comm)
-    return True
+    src = recv.data.ptr if in_place else send.data.ptr
+    return _blocking(comm, recv, stream,
+                     lambda shot, sp: shot.launch(src, recv.data.ptr, recv.size, recv.dtype, op, sp))
 
 
 def allgather(comm: Any, sendbuf: Any, recvbuf: Any, stream: Any) -> bool:
@@ -146,21 +140,29 @@ def _run_shares(comm: Any, name: str, src: int, recv: Any, count: int, op: int, 
         return False
     if not eligible(comm, count * recv.dtype.itemsize, recv.dtype, op):
         return False
+    return _blocking(comm, recv, stream,
+                     lambda shot, sp: shot.launch_shares(name, src, recv.data.ptr, count, recv.dtype, op, sp))
+
+
+def _blocking(comm: Any, recv: Any, stream: Any, launch: Any) -> bool:
+    """Queue ``launch(kernels, stream pointer)`` on ``stream`` (else cupy's current one) of the
+    output's GPU and wait for it, raising a kernel's failure; False where the ranks declined."""
     did = recv.device.id
     shot = shared(comm, did)
     if shot is None:
         return False
+    dev = comm._device
     s = dev.as_stream(stream, did)
     sp = (s if s is not None else dev.cp.cuda.get_current_stream()).ptr
-    shot.launch_shares(name, src, recv.data.ptr, count, recv.dtype, op, sp)
+    launch(shot, sp)
     shot.synchronize(sp)
     shot.check(comm)
     return True
 
 
 def shared(comm: Any, device: int) -> "PeerKernels | None":
-    """The communicator's one-shot state, set up at its first call (a collective); None where its
-    ranks cannot use it, which every rank learns alike."""
+    """The communicator's kernels and scratch, set up at its first call that takes them (a collective);
+    None where its ranks cannot use them, which every rank learns alike."""
     shot: PeerKernels | None | bool = comm.__dict__.get("_oneshot")
     if shot is None:
         shot = comm.__dict__["_oneshot"] = PeerKernels.set_up(comm, device) or False
