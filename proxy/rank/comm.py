@@ -44,6 +44,7 @@ from shmproxy import transports
 
 
 _NO_KW: dict = {}
+# the collectives whose C entry falls back to its method by the collective's code
 _NONBLOCKING = {Coll.BCAST: "Ibcast", Coll.REDUCE: "Ireduce", Coll.ALLGATHER: "Iallgather",
                 Coll.REDUCE_SCATTER_BLOCK: "Ireduce_scatter_block", Coll.ALLTOALL: "Ialltoall"}
 
@@ -95,8 +96,7 @@ class Comm(Lifecycle, Posting, Waiting):
         pp.allreduce_fallback, pp.in_place = cls.Iallreduce.__get__(self), IN_PLACE
         pp.barrier_fallback = cls.Ibarrier.__get__(self)
         pp.rank = self.rank
-        for coll in (Coll.BCAST, Coll.REDUCE, Coll.ALLGATHER, Coll.REDUCE_SCATTER_BLOCK, Coll.ALLTOALL):
-            name = _NONBLOCKING[coll]
+        for coll, name in _NONBLOCKING.items():
             pp.set_coll_fallback(coll, getattr(cls, name).__get__(self))
         for name in self.POSTER_ENTRIES:
             setattr(self, name, getattr(pp, name.lower()))

@@ -115,10 +115,9 @@ def allreduce_on_gpus(pg: Any, t: torch.Tensor, op: Any, side: torch.cuda.Stream
 def all_gather_on_gpus(pg: Any, out: torch.Tensor, inp: torch.Tensor, side: torch.cuda.Stream | None) -> bool:
     """all_gather_into_tensor of CUDA tensors as the ranks' own kernels, as ``allreduce_on_gpus``
     (the input may be the output's block of this rank: in place)."""
-    dt = T.numpy_dtype(out.dtype)
+    dt = _shares_dtype(pg, inp, out)
     count = inp.numel()
-    if (dt is None or inp.dtype != out.dtype or not inp.is_cuda or inp.device != out.device
-            or not (inp.is_contiguous() and out.is_contiguous()) or out.numel() != count * pg.size()):
+    if dt is None:
         return False   # the posted path names what is wrong
     if not devcoll.eligible(pg.comm, count * out.element_size(), dt, int(ReduceOp.SUM)):
         return False
@@ -132,10 +131,9 @@ def reduce_scatter_on_gpus(pg: Any, out: torch.Tensor, inp: torch.Tensor, op: An
     """reduce_scatter_tensor of CUDA tensors as the ranks' own kernels, as ``allreduce_on_gpus``; an
     output that overlaps the input stays with the progress process (the kernels would overwrite a
     share a peer still reads)."""
-    dt = T.numpy_dtype(out.dtype)
+    dt = _shares_dtype(pg, out, inp)
     count = out.numel()
-    if (dt is None or inp.dtype != out.dtype or not inp.is_cuda or inp.device != out.device
-            or not (inp.is_contiguous() and out.is_contiguous()) or inp.numel() != count * pg.size()):
+    if dt is None:
         return False
     o_lo, i_lo = out.data_ptr(), inp.data_ptr()
     if o_lo < i_lo + inp.numel() * inp.element_size() and i_lo < o_lo + count * out.element_size():
@@ -145,6 +143,16 @@ def reduce_scatter_on_gpus(pg: Any, out: torch.Tensor, inp: torch.Tensor, op: An
         return False
     return _on_gpus(pg, lambda shot, s, after: shot.launch_shares(
         "shmproxy_reduce_scatter", i_lo, o_lo, count, dt, rop, s, after), (out, inp), side)
+
+
+def _shares_dtype(pg: Any, share: torch.Tensor, shares: torch.Tensor) -> Any:
+    """The numpy dtype of a (one rank's share, every rank's shares) pair of CUDA tensors the kernels
+    take: one dtype, one device, contiguous, ``shares`` the group's size times ``share``; else None."""
+    dt = T.numpy_dtype(shares.dtype)
+    if (dt is None or share.dtype != shares.dtype or not share.is_cuda or share.device != shares.device
+            or not (share.is_contiguous() and shares.is_contiguous()) or shares.numel() != share.numel() * pg.size()):
+        return None
+    return dt
 
 
 def _on_gpus(pg: Any, launch: Any, tensors: tuple, side: torch.cuda.Stream | None) -> bool:

@@ -196,17 +196,22 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
                     "SHMPROXY_TORCH_BLOCKING_DIRECT=0 on every rank)") from exc
         return Completed(name, result)
 
-    def _on_gpus(self, name: str, run: Callable[[], bool], t: torch.Tensor,
-                 side: torch.cuda.Stream | None) -> Completed | None:
-        """A call queued as the ranks' own kernels (``run``; False: it is not one) on the current
-        stream or ``side``, as a completed Work whose Future is the device's; None where the call is
-        posted."""
+    def _on_gpus(self, name: str, run: Callable[[torch.cuda.Stream | None], bool], t: torch.Tensor,
+                 opts: Any) -> Completed | None:
+        """A call on CUDA tensors (``t`` its result) queued as the ranks' own kernels (``run(side)``;
+        False: it is not one), as a completed Work whose Future is the device's; None where the call
+        is posted. An async call's kernel runs on a stream of the group's, ``side``, which the
+        caller's later kernels overlap (NCCL's); a blocking one's on the current stream (None), which
+        waits for it at once anyway."""
+        if not t.is_cuda:
+            return None
+        side = self.kernel_streams.get(t.device) if getattr(opts, "asyncOp", True) else None
         finished: list[Work] = []
         try:
             with self.lock:
                 finished = self.completer.reap()
                 try:
-                    if not run():
+                    if not run(side):
                         return None
                 except GROUP_FAILED as exc:
                     return Completed(name, [t], exc)
@@ -224,13 +229,9 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if self._direct(opts, tensors):
             return self._run_now("allreduce", lambda: ops.allreduce_now(self, t, op), [t])
-        if t.is_cuda:
-            # an async call's kernel runs on a stream of the group's, which the caller's later kernels
-            # overlap (NCCL's); a blocking one's on the current stream, which waits for it at once anyway
-            side = self.kernel_streams.get(t.device) if getattr(opts, "asyncOp", True) else None
-            done = self._on_gpus("allreduce", lambda: ops.allreduce_on_gpus(self, t, op, side), t, side)
-            if done is not None:
-                return done
+        done = self._on_gpus("allreduce", lambda side: ops.allreduce_on_gpus(self, t, op, side), t, opts)
+        if done is not None:
+            return done
         return self._post("allreduce", lambda st: ops.allreduce(self, t, op, st), [t])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -277,12 +278,10 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         return self._coalesced("allgather_coalesced", builds, [t for o in output_lists for t in o], inputs)
 
     def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work | Completed:
-        if out.is_cuda:
-            side = self.kernel_streams.get(out.device) if getattr(opts, "asyncOp", True) else None
-            done = self._on_gpus("all_gather_into_tensor",
-                                 lambda: ops.all_gather_on_gpus(self, out, inp, side), out, side)
-            if done is not None:
-                return done
+        done = self._on_gpus("all_gather_into_tensor", lambda side: ops.all_gather_on_gpus(self, out, inp, side),
+                             out, opts)
+        if done is not None:
+            return done
         return self._post("all_gather_into_tensor", lambda st: ops.all_gather_single(self, out, inp, st),
                           [out], inputs=[inp])
 
@@ -308,12 +307,10 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
     def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor,
                               opts: Any = None) -> Work | Completed:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        if out.is_cuda:
-            side = self.kernel_streams.get(out.device) if getattr(opts, "asyncOp", True) else None
-            done = self._on_gpus("reduce_scatter_tensor",
-                                 lambda: ops.reduce_scatter_on_gpus(self, out, inp, op, side), out, side)
-            if done is not None:
-                return done
+        done = self._on_gpus("reduce_scatter_tensor",
+                             lambda side: ops.reduce_scatter_on_gpus(self, out, inp, op, side), out, opts)
+        if done is not None:
+            return done
         return self._post("reduce_scatter_tensor",
                           lambda st: ops.reduce_scatter_single(self, out, inp, op, st), [out], inputs=[inp])
 
