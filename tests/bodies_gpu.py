@@ -102,7 +102,9 @@ extern "C" __global__ void spin_then_fill(float* x, long long n, float v, long l
 
 def stream_order() -> dict:
     """Work queued on a non-default stream before the call is seen: the sender's kernel spins for
-    ~100 ms before writing the data, and the send is posted right after, with no synchronize."""
+    ~100 ms before writing the data, and the send is posted right after, with no synchronize; and a
+    receiver's kernel still writing its output buffer when the call is made does not overwrite the
+    result."""
     cp = _cp()
     kern = cp.RawKernel(_SPIN, "spin_then_fill")
     n = 1 << 20
@@ -128,6 +130,23 @@ def stream_order() -> dict:
             expect = comm.size * (comm.size + 1) / 2
             if not bool((out == expect).all()):
                 bad.append(f"Allreduce saw inputs before they were written: {float(out[0])} != {expect}")
+            # outputs too: a buffer the stream is still writing when the call is made ends with the
+            # call's result, not the kernel's late value (write after write); the root's input is ready
+            z = cp.full(n, 7.0, cp.float32) if comm.rank == 0 else cp.zeros(n, cp.float32)
+            if comm.rank != 0:
+                kern((64,), (256,), (z, cp.int64(n), cp.float32(-1.0), cp.int64(100_000_000)))
+            comm.Bcast(z, 0)
+            if not bool((z == 7.0).all()):
+                bad.append(f"Bcast's result overwritten by the stream's earlier work: {float(z[0])} != 7")
+            if comm.rank < 2:
+                r = cp.full(n, 9.0, cp.float32) if comm.rank == 0 else cp.zeros(n, cp.float32)
+                if comm.rank == 0:
+                    comm.Send(r, 1, tag=3)
+                else:
+                    kern((64,), (256,), (r, cp.int64(n), cp.float32(-1.0), cp.int64(100_000_000)))
+                    comm.Recv(r, 0, tag=3)
+                    if not bool((r == 9.0).all()):
+                        bad.append(f"Recv's message overwritten by the stream's earlier work: {float(r[0])} != 9")
             dt = time.monotonic() - t0
     return {"bad": bad, "seconds": dt}
 

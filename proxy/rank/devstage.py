@@ -13,7 +13,10 @@ device buffer is copied to host memory first, here, around the host path:
   call's stream may be one that waits for this completion: the torch backend's ``Work.wait``),
   synchronised before Wait or Test returns: a blocking call returns with the data in place,
   visible to every stream, as within a node. A nonblocking call's post waits for the stream's
-  earlier work (the copy in).
+  earlier work (the copy in). A call with nothing to copy in (a receive, Bcast away from the root)
+  records an event on the call's stream instead, which the copies back wait for: the stream may
+  still be writing the output buffer when the call is made, and the result must land after that
+  write, not under it.
 - **Which calls.** Every collective with device buffers on a communicator that spans nodes (every
   rank of it then runs the host collective, whatever its buffers, so the ranks' calls agree), and
   a point-to-point message whose peer is on another node, or any (ANY_SOURCE). A message between two
@@ -117,6 +120,8 @@ class _Staged:
         self.bufs: list[MemfdBuffer] = []
         # (device array, its host copy, widened from bfloat16) written back
         self.outs: list[tuple[Any, np.ndarray, bool]] = []
+        self.synced = False   # an input was copied in: the call's stream has run its earlier work
+        self.issued: Any = None   # else an event after that work, which the copies back wait for
 
     def host(self, arr: Any, copy_in: bool, copy_out: bool, widen: bool = False) -> np.ndarray:
         """The host copy of device array ``arr``; ``widen``: of its bfloat16 words as float32."""
@@ -130,9 +135,18 @@ class _Staged:
                 with self.stage.cp.cuda.Device(self.device), self.stream:
                     src = (arr.astype(self.stage.cp.uint32) << 16).view(self.stage.cp.float32)
             self.stage.copy(h.ctypes.data, src.data.ptr, h.nbytes, self.stream, self.device)
+            self.synced = True
         if copy_out:
             self.outs.append((arr, h, widen))
         return h
+
+    def ready(self) -> None:
+        """Before the post: the copies back will follow the work queued on the call's stream so far
+        (the module header): synchronised already where an input was copied in, else an event."""
+        if self.outs and not self.synced:
+            with self.stage.cp.cuda.Device(self.device):
+                self.issued = self.stage.cp.cuda.Event(block=False, disable_timing=True)
+                self.issued.record(self.stream)
 
     def done(self, ok: bool, nbytes: int = -1) -> None:
         """The request completed (``ok``: without error): copy the outputs back, give the buffers back.
@@ -142,6 +156,9 @@ class _Staged:
         try:
             if ok and self.outs:
                 own = self.stage.own_stream(self.device)
+                if self.issued is not None:
+                    with self.stage.cp.cuda.Device(self.device):
+                        own.wait_event(self.issued)
                 for arr, h, widened in self.outs:
                     if widened and arr.size:
                         self.stage.narrow(arr, h, own, self.device)
@@ -242,6 +259,7 @@ class DeviceStaging:
         staged = _Staged(self, self._stream(stream, device), device)
         try:
             h = staged.host(arr, copy_in=not receive, copy_out=receive)
+            staged.ready()
             req = post(h)
         except BaseException:
             staged.abandon()
@@ -270,6 +288,7 @@ class DeviceStaging:
             if recv is not None:
                 writes = not (coll in _ROOT_RECEIVES and me != root)
                 hrecv = staged.host(recv, copy_in=recv_in, copy_out=writes, widen=widen)
+            staged.ready()
             req = post(hsend, hrecv)
         except BaseException:
             staged.abandon()
