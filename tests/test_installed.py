@@ -45,7 +45,7 @@ pytestmark = pytest.mark.slow
 
 # checkout folder -> its import name; pyproject.toml maps the same ([tool.setuptools] package-dir)
 ROOTS = {"proxy": "shmproxy", "shm": "shmproxy.shm", "transports": "shmproxy.transports"}
-EXTENSIONS = ("_native", "_poster", "_reduce", "_workers", "_membuf", "_wire")
+EXTENSIONS = ("_native", "_poster", "_reduce", "_workers", "_membuf", "_wire", "_arena")
 SCRIPTS = ("shmproxy-dump", "shmproxy-bench", "shmproxy-params", "shmproxy-host-probe")
 JOB = Path(__file__).with_name("installed_job.py")
 

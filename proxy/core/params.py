@@ -343,6 +343,18 @@ _DECLARED: tuple[Param, ...] = (
        "for such calls (a blocking collective never matches a nonblocking one: the group fails on every "
        "rank with InvalidUsage). Off: every call is posted and its Work waited for. Every rank must use "
        "the same value."),
+    _p("NUMPY_ARENA", _parse_bool, True,
+       "numpy arrays of at least NUMPY_ARENA_MIN_BYTES made after init (in the thread that called it) "
+       "are allocated in registered memory, so that operations on them copy nothing at the rank, as "
+       "with comm.alloc (shmproxy.rank.arena). Off: numpy's own allocator; such arrays are staged."),
+    _p("NUMPY_ARENA_MIN_BYTES", parse_size, 64 << 10,
+       "The smallest numpy array (bytes) the arena places; smaller ones come from numpy's allocator.", 0),
+    _p("NUMPY_ARENA_BYTES", parse_size, 0,
+       "Address space of the arena (sparse: only pages arrays touch take memory). 0 = twice the "
+       "node's memory.", 0),
+    _p("NUMPY_ARENA_KEEP_BYTES", parse_size, 256 << 20,
+       "Bytes of freed arena blocks that keep their pages for the next array; the rest go back to "
+       "the system at once.", 0),
     _p("STAGING_CACHE", parse_size, 256 << 20,
        "Bytes of staging buffers (for arrays not from comm.alloc) a rank keeps registered.", 0),
     _p("TIMEOUT", float, 600.0,

@@ -57,6 +57,14 @@ class Registry:
             raise
         return bid, buf
 
+    def adopt(self, fd: int, start: int, nbytes: int) -> int:
+        """Register memory this rank mapped already (the numpy arena: shmproxy.rank.arena) at
+        ``start``; ``fd`` stays the caller's. Returns its buf_id."""
+        bid = self.new_id()
+        self._register(bid, fd, nbytes)
+        self.add(start, nbytes, bid)
+        return bid
+
     def add(self, start: int, nbytes: int, buf_id: int) -> None:
         bisect.insort(self._starts, start)
         self._ranges[start] = (start + nbytes, buf_id)

@@ -26,6 +26,7 @@ import numpy as np
 
 from shmproxy.control import bootstrap, netif, rendezvous
 from shmproxy.core import errors, host, log, params as params_mod
+from shmproxy.rank import arena
 from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
                                KIND_COLL, KIND_RECV, KIND_SEND, Coll)
@@ -243,6 +244,8 @@ class Lifecycle(CommState):
         self._bind_entries(seg.addr, layout)   # which calls of this instance are C entry points (comm.py)
         self._registry = Registry(self._register, self._pp.set_ranges)
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
+        # numpy arrays born in registered memory (shmproxy.rank.arena): this communicator maps it too
+        self._arena_held = arena.attach(self._registry, self.params)
 
     # ------------------------------------------------------------------ small helpers
     @staticmethod
@@ -488,6 +491,8 @@ class Lifecycle(CommState):
             pp.detach()   # it holds raw pool addresses: never again after this
         if getattr(self, "_staging", None) is not None:
             self._staging.close()
+        if self.__dict__.pop("_arena_held", False):
+            arena.detach()   # the last communicator gives numpy its allocator back
         for name in ("_q", "_i32", "_u32"):
             mv = self.__dict__.pop(name, None)
             if mv is not None:

@@ -70,6 +70,7 @@ class CommState(abc.ABC):
     _pp: Any                        # the C poster (shm/_poster.c)
     _slice_s: float                 # WAIT_SLICE_MS, in seconds
     _registry: Registry
+    _arena_held: bool   # registered the numpy arena (shmproxy.rank.arena) and holds its handler
     _staging: StagingCache
 
     # lifecycle.py

@@ -1,0 +1,38 @@
+"""numpy arrays born in registered memory (shmproxy.rank.arena, shm/_arena.c): arrays made after init
+are zero-copy to every operation, arrays made before are staged as before, the allocator's reuse,
+zeroing, growth and threads, arrays alive across close, the parameter that turns it off, and fork."""
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import run_ranks
+
+B = "tests.bodies_arena:"
+
+
+def _clean(res) -> None:
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_arrays_made_after_init_are_zero_copy_and_exact(nranks):
+    res = run_ranks(B + "operations", nranks, timeout=120)
+    _clean(res)
+    assert all(r["stats"]["live_blocks"] > 0 and r["stats"]["fallbacks"] == 0 for r in res.results)
+
+
+def test_an_array_outlives_its_communicator():
+    _clean(run_ranks(B + "lifetime", 2, timeout=120))
+
+
+def test_the_parameter_turns_it_off():
+    _clean(run_ranks(B + "turned_off", 2, timeout=120, env={"SHMPROXY_NUMPY_ARENA": "0"}))
+
+
+def test_the_allocator_reuses_zeroes_grows_and_takes_threads():
+    _clean(run_ranks(B + "allocator", 1, timeout=120, env={"SHMPROXY_NUMPY_ARENA_KEEP_BYTES": str(2 << 20)}))
+
+
+def test_a_forked_child_has_arena_arrays_of_its_own():
+    _clean(run_ranks(B + "fork_child", 2, timeout=120))
