@@ -54,16 +54,15 @@ the root, which posts all header receives at once; allgather = gather to rank 0 
 allreduce = gather to rank 0, reduce in rank order there, bcast of the result (so every rank gets the
 identical result, and the reducer runs once); barrier = gather + bcast of empty headers.
 
-Sends are buffered where the runtime allows it: an array outside comm.alloc memory is copied into
-staging memory when its message is posted, so once every message of an object is posted the caller's
-memory is free and send (and the sending side of a collective) returns without waiting for the
-receiver, like an eager MPI_Send; only messages sent zero-copy from comm.alloc memory are waited
-for. So receives may pick tags in any order (within the rank's SHMPROXY_MAX_OPS_PER_RANK requests
-in flight: a sender out of request slots waits for its receiver). The error of a buffered send that
-fails later (the receiver closed first) is raised at the end of the next object call on the
-communicator. An object a rank sends to itself never enters the runtime: it waits, pickled, in a
-FIFO per tag on the Comm (MPI's self channel), so sending to oneself cannot wait for request slots
-that only its own receive would free.
+Sends are buffered: every array (registered memory's too: comm.alloc, the numpy arena) is copied
+into staging memory when its message is posted, so once every message of an object is posted the
+caller's memory is free and send (and the sending side of a collective) returns without waiting for
+the receiver, like an eager MPI_Send. So receives may pick tags in any order (within the rank's
+SHMPROXY_MAX_OPS_PER_RANK requests in flight: a sender out of request slots waits for its receiver).
+The error of a buffered send that fails later (the receiver closed first) is raised at the end of
+the next object call on the communicator. An object a rank sends to itself never enters the
+runtime: it waits, pickled, in a FIFO per tag on the Comm (MPI's self channel), so sending to
+oneself cannot wait for request slots that only its own receive would free.
 
 One object is at most OOB_MAX_BUFFERS + 3 messages: when more buffers qualify, the largest
 OOB_MAX_BUFFERS go out-of-band and the rest in-band.
@@ -92,7 +91,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shmproxy.core import errors
-from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
+from shmproxy.core.ops import ANY_SOURCE, ANY_TAG, KIND_SEND
 from shmproxy.rank.objstate import (OBJ_COLL_TAG, OBJ_TAG_BASE, _SELF_ATTR, _complete_sends, _enter, _peer,
                                     _public, _user_tag)
 from shmproxy.rank.request import Request, Status
@@ -245,8 +244,8 @@ def _post_send(comm: Any, out: _Out, dest: int, tag: int, op: int, seq: int) -> 
         reqs.append(comm.Isend(np.array(lens, np.int64), dest, tag))
     if not flags & FLAG_INLINE:
         reqs.append(comm.Isend(np.frombuffer(data, np.uint8), dest, tag))
-    for m in bufs:
-        reqs.append(comm.Isend(np.frombuffer(m, np.uint8), dest, tag))
+    for m in bufs:   # buffered whatever memory holds them (the numpy arena too): _complete_sends
+        reqs.append(comm._post(KIND_SEND, np.frombuffer(m, np.uint8), dest, tag, buffered=True))
     return reqs
 
 
@@ -360,11 +359,10 @@ def cancel_self_sync(comm: Any, tag: int, token: list) -> bool:
 def send(comm: Any, obj: Any, dest: int, tag: int = 0, _token: list | None = None) -> None:
     """Send a picklable object to ``dest`` (``comm.rank`` itself included).
 
-    Returns once the object no longer needs the caller's memory: at once when the runtime copied
-    every message into its staging memory when posting (all arrays outside comm.alloc memory), else
-    once delivered. So a send does not wait for its receive, unless the object holds arrays in
-    comm.alloc memory (then it behaves like a rendezvous MPI_Send). Raises InvalidArgument, with
-    nothing sent, if ``obj`` cannot be pickled or an argument is bad."""
+    Returns once the object no longer needs the caller's memory: at once, since every message is
+    copied into staging memory when posted, whatever memory its arrays live in (comm.alloc's and the
+    numpy arena's too), so a send does not wait for its receive, as MPI's buffered eager sends.
+    Raises InvalidArgument, with nothing sent, if ``obj`` cannot be pickled or an argument is bad."""
     _enter(comm)
     dest = _peer(comm, dest, "destination")
     tag = _user_tag(tag)

@@ -90,9 +90,9 @@ def _check_buffered(comm: Any) -> None:
 
 def _complete_sends(comm: Any, reqs: list[Request]) -> None:
     """Return once no request still needs the caller's memory: those whose buffer the runtime copied
-    into staging memory at post time (every array outside comm.alloc memory) are left to complete
-    on their own, like MPI's buffered eager sends; the others (zero-copy from registered memory) are
-    waited for. Errors of the former are raised at the end of a later object call (_public)."""
+    into staging memory at post time (every array: shmproxy.rank.objects) are left to complete on
+    their own, like MPI's buffered eager sends; any other (a header in registered memory) is waited
+    for. Errors of the former are raised at the end of a later object call (_public)."""
     wait = [r for r in reqs if getattr(r, "_stage", None) is None]
     if len(wait) < len(reqs):
         buffered = [r for r in reqs if getattr(r, "_stage", None) is not None]

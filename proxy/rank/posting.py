@@ -58,11 +58,14 @@ class Posting(CommState):
             raise errors.InvalidArgument(f"tag {tag} does not fit in 64 bits")
         return tag
 
-    def _post(self, kind: int, buf: Any, peer: int, tag: int, flags: int = 0, stream: Any = None) -> Request:
+    def _post(self, kind: int, buf: Any, peer: int, tag: int, flags: int = 0, stream: Any = None,
+              buffered: bool = False) -> Request:
         """The full post path: every check with its message, and staging. Isend/Irecv come here only
         when shm._poster's fast path declined (the uncommon cases: see shm/_poster.c); Issend (FLAG_SYNC)
         and the receive of a matched probe's message (FLAG_MPROBED) always do. ``stream`` orders a
-        device buffer's op after that stream's work (shmproxy.rank.device); host memory ignores it."""
+        device buffer's op after that stream's work (shmproxy.rank.device); host memory ignores it.
+        ``buffered``: a send's host array is copied into staging memory even where it is registered
+        (the pickle layer's sends are buffered, whatever memory their arrays live in)."""
         self._check_usable()
         if type(buf) is not np.ndarray:
             if type(buf) is TypedBuffer:   # a derived datatype (shmproxy.rank.typed)
@@ -94,7 +97,7 @@ class Posting(CommState):
         else:
             try:
                 addr = _buffer_info(buf, False)[0]
-                found = self._registry.find(addr, nbytes)
+                found = None if buffered else self._registry.find(addr, nbytes)
             except (BufferError, ValueError):
                 addr, found = 0, None
             if found is None:
