@@ -302,6 +302,29 @@ static PyObject *py_owns(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(owns((void *)(uintptr_t)addr));
 }
 
+static PyObject *py_block(PyObject *self, PyObject *args) {
+    unsigned long long n;
+    int zero;
+    if (!PyArg_ParseTuple(args, "Kp", &n, &zero)) return NULL;
+    int c = class_of(n ? n : 1), resident = 0;
+    char *p = NULL;
+    if (A.base && c >= 0) {
+        pthread_mutex_lock(&A.lock);
+        p = take(c, &resident);
+        pthread_mutex_unlock(&A.lock);
+    }
+    if (!p) { PyErr_SetString(PyExc_MemoryError, "no room in the arena"); return NULL; }
+    if (zero && (resident || A.forked)) memset(p, 0, n);
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)p);
+}
+
+static PyObject *py_release(PyObject *self, PyObject *arg) {
+    unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    arena_free(NULL, (void *)(uintptr_t)addr, 0);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_after_fork_child(PyObject *self, PyObject *unused) {
     pthread_mutex_init(&A.lock, NULL);
     if (!A.base || A.forked) Py_RETURN_NONE;
@@ -324,6 +347,8 @@ static PyMethodDef methods[] = {
     {"configure", py_configure, METH_VARARGS, "configure(min_bytes, keep_bytes)"},
     {"stats", py_stats, METH_NOARGS, "the allocator's counters"},
     {"owns", py_owns, METH_O, "owns(addr) -> whether addr lies in the arena"},
+    {"block", py_block, METH_VARARGS, "block(nbytes, zero) -> the address of a block of the arena, for shmproxy"},
+    {"release", py_release, METH_O, "release(addr): a block back"},
     {"after_fork_child", py_after_fork_child, METH_NOARGS, "make the arena private in a forked child"},
     {NULL, NULL, 0, NULL},
 };

@@ -71,8 +71,15 @@ enum { CELL_EMPTY = 0, CELL_FULL = 1, CELL_TAKING = 2, CELL_DRAINING = 3 };
 #define CRANK_SLOW_COLLS_OFF 8   /* u64, the rank: collectives it posted to the progress process */
 #define CRANK_SLOW_FP_OFF 16     /* u64, the rank: the last of them (kind, op, dtype, root; CRANK_SLOW_COLLS */
 #define CRANK_SLOW_COUNT_OFF 24  /*   publishes it) and its element count, named by a mismatch */
+#define CRANK_ARENA_OFF 32       /* u64, the rank: its numpy arena (shm/_arena.c) as pid << 32 | fd + 1; 0 not
+                                  * yet told, ARENA_NONE none (the middle collectives: shm/_poster_coll.c) */
+#define CRANK_ARENA_SIZE_OFF 40  /* u64, the rank: the arena's bytes (stored before CRANK_ARENA_OFF) */
+#define ARENA_NONE (~(uint64_t)0)
 #define CSLOT_SEQ_OFF 0          /* u64, stored last: the small collective this slot holds */
 #define CSLOT_FP_OFF 8           /* u64 what it is (kind, op, dtype, bytes, root) */
 #define CSLOT_SLOW_BEFORE_OFF 16 /* u64 the rank's slow collectives before it */
+#define CSLOT_IN_OFF 24          /* u64 a middle collective's: where the rank's input lies in its arena */
+#define CSLOT_OUT_OFF 32         /* u64   and its output */
+#define CSLOT_MAPPED_OFF 40      /* u64   1: the rank maps every rank's arena (else every rank declines) */
 
 #endif

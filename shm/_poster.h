@@ -94,6 +94,15 @@ typedef struct {
     uint64_t coll_n;        /* small collectives this rank ran on the fast path */
     double slice_s;         /* a sleep's bound between checks (WAIT_SLICE_MS) */
     unsigned rr;            /* where an ANY_SOURCE Recv starts looking, for fairness */
+    /* the middle collectives through the ranks' numpy arenas (shm/_poster_coll.c): off until set_arena() */
+    uint64_t mapped_bytes;  /* the largest taken that way (bytes per rank); 0: off */
+    uint64_t mapped_min;    /* and the largest the cells keep */
+    char *arena;            /* this process's arena, NULL where it has none */
+    uint64_t arena_size;
+    char *scratch;          /* 2 * mapped_bytes in the arena: an input and an output that lie outside it */
+    char **peer_arena;      /* comm rank -> its arena mapped here (this rank's own: arena), NULL until then */
+    uint64_t *peer_arena_size;
+    PyObject *fast_posted[FAST_CALLS];  /* the collectives posted: where every rank declined the middle way */
     int proxy_fd;           /* a pidfd of the progress process (-1: none), and when it was last seen alive */
     long long proxy_checked;
 } PosterObject;
@@ -165,6 +174,8 @@ PyObject *_sp_Poster_try_allreduce(PosterObject *self, PyObject *const *args, Py
 PyObject *_sp_Poster_bcast(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_reduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_coll_fast(PosterObject *self, PyObject *args);
+PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args);
+void _sp_unmap_arenas(PosterObject *self);
 int _sp_coll_init(void);
 PyObject *_sp_fast_kernel(PyObject *self, PyObject *args);
 

@@ -23,6 +23,19 @@
  * size): that is a mismatch, reported as the progress process reports one, and the communicator
  * fails on every rank.
  *
+ * The middle collectives. An Allreduce, Bcast or Reduce of more than mapped_min (where the cells
+ * would take it, they cost a handshake less below that) and at most mapped_bytes per rank runs
+ * between the ranks, through their numpy arenas (shm/_arena.c): each
+ * rank maps every other's arena (/proc/<pid>/fd/<fd>, as its line publishes them), and a slot carries
+ * where the rank's input and output lie in its arena instead of the data (an array outside the arena
+ * is copied into the rank's scratch block there, and out of it). Allreduce and Reduce: rank r reduces
+ * share r of every input, in the order of step 4, and writes it into every output (the root's alone,
+ * for a Reduce): each byte is read once and written once, and every rank works. Bcast: each rank
+ * copies the root's. Then DONE, and a rank returns only once every rank is DONE (its input was read
+ * and its output written by the others). Whether a rank maps every arena is its own state (an arena
+ * it cannot open), so its slot says; where one does not, every rank sees it in the slots and declines
+ * alike after the handshake, and the call is posted to the progress process (fast_posted).
+ *
  * Waits spin (yielding) for WAIT_SPIN_US, then sleep on the futex word in slices of WAIT_SLICE_MS;
  * each wake-up re-checks the slots, the communicator's error and abort flags (the progress process
  * also wakes this word when it fails the communicator) and, between slices, that the progress
@@ -30,10 +43,13 @@
  */
 #include "_poster.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -173,11 +189,187 @@ static PyObject *failed(PosterObject *self, int code, CollWait *w, int coll) {
     return NULL;
 }
 
+/* 1: every rank is DONE with collective n (a middle one: it read its inputs and wrote its outputs). */
+static int finished(CollWait *w) {
+    FastLayout *f = &w->self->fl;
+    for (long x = 0; x < w->self->size; x++)
+        if (__atomic_load_n(FAST_Q(coll_rank(f, x), CRANK_DONE_OFF), __ATOMIC_ACQUIRE) < w->n) return 0;
+    return 1;
+}
+
+/* Rank x's arena mapped here: 1, or 0 where it has none, has not published it yet, or cannot be
+ * opened (a restricted /proc): the collective is then declined, and tried again next time. */
+static int map_arena(PosterObject *self, long x) {
+    if (self->peer_arena[x]) return 1;
+    if (x == self->rank) {
+        self->peer_arena[x] = self->arena;
+        self->peer_arena_size[x] = self->arena_size;
+        return self->arena != NULL;
+    }
+    char *line = coll_rank(&self->fl, x);
+    uint64_t who = __atomic_load_n(FAST_Q(line, CRANK_ARENA_OFF), __ATOMIC_ACQUIRE);
+    if (!who || who == ARENA_NONE) return 0;
+    uint64_t size = __atomic_load_n(FAST_Q(line, CRANK_ARENA_SIZE_OFF), __ATOMIC_ACQUIRE);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/fd/%u", (unsigned)(who >> 32), (unsigned)(who & 0xFFFFFFFFu) - 1);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return 0;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return 0;
+    self->peer_arena[x] = m;
+    self->peer_arena_size[x] = size;
+    return 1;
+}
+
+void _sp_unmap_arenas(PosterObject *self) {
+    if (!self->peer_arena) return;
+    for (long x = 0; x < self->size; x++)
+        if (self->peer_arena[x] && self->peer_arena[x] != self->arena) munmap(self->peer_arena[x], self->peer_arena_size[x]);
+    PyMem_Free(self->peer_arena);
+    PyMem_Free(self->peer_arena_size);
+    self->peer_arena = NULL;
+    self->peer_arena_size = NULL;
+    self->mapped_bytes = 0;
+}
+
+static int in_arena(PosterObject *self, const char *p, uint64_t nb) {
+    return self->arena && p >= self->arena && p + nb <= self->arena + self->arena_size;
+}
+
+/* A middle collective (the header): arguments as run's. Returns None, Ellipsis where every rank
+ * declined it (the caller posts it: declined), or NULL with an exception. */
+static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char *recv, uint64_t nb, int code,
+                            long long count, int op, long root) {
+    FastLayout *f = &self->fl;
+    long me = self->rank, size = self->size;
+    uint64_t n = self->coll_n + 1;
+    CollWait w = {.self = self, .n = n, .fp = fingerprint(coll, op, code, nb, root),
+                  .slow_before = slow_colls(f, me), .bad = -1};
+    int rc;
+    if (n > 2 && (rc = coll_wait(self, reusable, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    self->coll_n = n;
+    int ok = self->arena != NULL;
+    for (long x = 0; ok && x < size; x++) ok = map_arena(self, x);
+    /* what this rank offers: its input (Allreduce, Reduce, a Bcast's root), its output (Allreduce,
+     * a Reduce's root; a Bcast's others copy into theirs themselves) */
+    const char *in = send ? send : recv;
+    int reads = coll != COLL_BCAST || me == root;
+    int out = coll == COLL_ALLREDUCE || (coll == COLL_REDUCE && me == root);
+    char *in_at = NULL, *out_at = NULL, *copy_out = NULL;
+    if (ok && reads) {
+        in_at = (char *)in;
+        if (!in_arena(self, in, nb)) {
+            in_at = self->scratch;
+            memcpy(in_at, in, nb);
+        }
+    }
+    if (ok && out) {
+        out_at = recv;
+        if (!send && in_at) out_at = in_at;   /* in place: the output is the input, wherever it lies */
+        else if (!in_arena(self, recv, nb)) out_at = self->scratch + self->mapped_bytes;
+        if (out_at != recv) copy_out = out_at;
+    }
+    char *slot = coll_slot(f, me, n);
+    *FAST_Q(slot, CSLOT_FP_OFF) = w.fp;
+    *FAST_Q(slot, CSLOT_SLOW_BEFORE_OFF) = w.slow_before;
+    *FAST_Q(slot, CSLOT_IN_OFF) = in_at ? (uint64_t)(in_at - self->arena) : 0;
+    *FAST_Q(slot, CSLOT_OUT_OFF) = out_at ? (uint64_t)(out_at - self->arena) : 0;
+    *FAST_Q(slot, CSLOT_MAPPED_OFF) = (uint64_t)ok;
+    __atomic_store_n(FAST_Q(slot, CSLOT_SEQ_OFF), n, __ATOMIC_RELEASE);
+    notify(f);
+    if ((rc = coll_wait(self, arrived, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    int all = 1;
+    for (long x = 0; x < size; x++) all &= *FAST_Q(coll_slot(f, x, n), CSLOT_MAPPED_OFF) == 1;
+    if (all && coll == COLL_BCAST) {
+        if (me != root)
+            memcpy(recv, self->peer_arena[root] + *FAST_Q(coll_slot(f, root, n), CSLOT_IN_OFF), nb);
+    } else if (all && count) {
+        /* this rank's share, whole cache lines of elements: the same split on every rank */
+        size_t isz = (size_t)(nb / (uint64_t)count), line = isz < 64 ? 64 / isz : 1;
+        size_t per = ((size_t)count + (size_t)size - 1) / (size_t)size;
+        per = (per + line - 1) / line * line;
+        size_t lo = per * (size_t)me < (size_t)count ? per * (size_t)me : (size_t)count;
+        size_t hi = lo + per < (size_t)count ? lo + per : (size_t)count;
+        if (hi > lo) {
+            char *srcs[64], *dsts[64];
+            char **s = srcs, **d = dsts;
+            if (size > 64) {
+                s = PyMem_Malloc(sizeof(char *) * (size_t)size);
+                d = PyMem_Malloc(sizeof(char *) * (size_t)size);
+                if (!s || !d) {   /* give the collective up as a failure: the others wait for this share */
+                    PyMem_Free(s); PyMem_Free(d);
+                    return PyErr_NoMemory();
+                }
+            }
+            long k = 0, nd = 0;
+            if (coll == COLL_REDUCE)   /* step 4's order: a Reduce's root first */
+                s[k++] = self->peer_arena[root] + *FAST_Q(coll_slot(f, root, n), CSLOT_IN_OFF) + lo * isz;
+            for (long x = 0; x < size; x++) {
+                char *sl = coll_slot(f, x, n);
+                if (!(coll == COLL_REDUCE && x == root)) s[k++] = self->peer_arena[x] + *FAST_Q(sl, CSLOT_IN_OFF) + lo * isz;
+                if (coll == COLL_ALLREDUCE || x == root) d[nd++] = self->peer_arena[x] + *FAST_Q(sl, CSLOT_OUT_OFF) + lo * isz;
+            }
+            reduce_run(kernel_for(op, code), op, code, hi - lo, s, (size_t)size, d, (size_t)nd, 0);
+            if (s != srcs) { PyMem_Free(s); PyMem_Free(d); }
+        }
+    }
+    __atomic_store_n(FAST_Q(coll_rank(f, me), CRANK_DONE_OFF), n, __ATOMIC_RELEASE);
+    notify(f);
+    if (!all) return Py_NewRef(Py_Ellipsis);
+    /* the others read this rank's input and write its output until they are DONE */
+    if ((rc = coll_wait(self, finished, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    if (copy_out) memcpy(recv, copy_out, nb);
+    Py_RETURN_NONE;
+}
+
+/* set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch, posted): the middle
+ * collectives, above mapped_min (the cells keep those, where fast_bytes allows) and up to
+ * mapped_bytes per rank (0: off; every rank passes the same, with or without an arena: arena 0);
+ * posted: the Python calls that post Allreduce, Bcast and Reduce (indexed as the fast fallbacks),
+ * for a collective every rank declined. Publishes the arena in this rank's line. After set_fast. */
+PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args) {
+    unsigned long long mapped, mapped_min, arena, arena_size, scratch;
+    int fd;
+    PyObject *posted;
+    if (!PyArg_ParseTuple(args, "KKKKiKO", &mapped, &mapped_min, &arena, &arena_size, &fd, &scratch, &posted))
+        return NULL;
+    if (!_sp_check_mapped(self)) return NULL;
+    if (!self->fl.fast || !PyTuple_Check(posted) || PyTuple_GET_SIZE(posted) != FAST_CALLS) {
+        PyErr_SetString(PyExc_ValueError, "set_arena: after set_fast, with one posted call per fast call");
+        return NULL;
+    }
+    _sp_unmap_arenas(self);
+    self->peer_arena = PyMem_Calloc((size_t)self->size, sizeof(char *));
+    self->peer_arena_size = PyMem_Calloc((size_t)self->size, sizeof(uint64_t));
+    if (!self->peer_arena || !self->peer_arena_size) {
+        _sp_unmap_arenas(self);
+        return PyErr_NoMemory();
+    }
+    for (int i = 0; i < FAST_CALLS; i++) {
+        PyObject *fn = PyTuple_GET_ITEM(posted, i);
+        Py_INCREF(fn);
+        Py_XSETREF(self->fast_posted[i], fn);
+    }
+    self->arena = arena && scratch ? (char *)(uintptr_t)arena : NULL;
+    self->arena_size = arena_size;
+    self->scratch = (char *)(uintptr_t)scratch;
+    self->mapped_bytes = mapped > mapped_min ? mapped : 0;
+    self->mapped_min = mapped_min;
+    char *line = coll_rank(&self->fl, self->rank);
+    __atomic_store_n(FAST_Q(line, CRANK_ARENA_SIZE_OFF), (uint64_t)arena_size, __ATOMIC_RELEASE);
+    __atomic_store_n(FAST_Q(line, CRANK_ARENA_OFF),
+                     self->arena ? ((uint64_t)getpid() << 32) | (uint64_t)(fd + 1) : ARENA_NONE, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
 /* Run one small collective (arguments checked: contiguous host arrays of the same dtype, nbytes of
  * at most fast_bytes, a kernel for (op, code)). send: NULL in place (Allreduce, Reduce at the root);
  * recv: the output (the buffer of a Bcast), NULL where a rank has none. */
 static PyObject *run(PosterObject *self, int coll, const char *send, char *recv, uint64_t nb, int code,
                      long long count, int op, long root) {
+    if (nb > self->fl.fast_bytes || (self->mapped_bytes && nb > self->mapped_min))
+        return run_mapped(self, coll, send, recv, nb, code, count, op, root);
     FastLayout *f = &self->fl;
     long me = self->rank;
     uint64_t n = self->coll_n + 1;
@@ -219,7 +411,7 @@ static PyObject *run(PosterObject *self, int coll, const char *send, char *recv,
 static int host_array(PosterObject *self, PyObject *o, int writable, uintptr_t *addr, int *code,
                       long long *nb, long long *count) {
     return Py_TYPE(o) == self->ndarray && _sp_read_array(self, o, writable, addr, code, nb, count) &&
-           (uint64_t)*nb <= self->fl.fast_bytes;
+           ((uint64_t)*nb <= self->fl.fast_bytes || (uint64_t)*nb <= self->mapped_bytes);
 }
 
 static int small_op(PyObject *op_o, int code, long *op) {
@@ -241,6 +433,15 @@ static int small_root(PosterObject *self, PyObject *o, long *root) {
 
 static PyObject *fallback(PosterObject *self, int which, PyObject *const *args, size_t nargsf, PyObject *kw) {
     return PyObject_Vectorcall(self->fast_fallback[which], args, nargsf, kw);
+}
+
+/* run's result, where every rank declined a middle collective (Ellipsis), posted instead with the
+ * call's own arguments: never the fallback, which would run the handshake a second time. */
+static PyObject *declined(PosterObject *self, int which, PyObject *res, PyObject *const *args, size_t nargsf,
+                          PyObject *kw) {
+    if (res != Py_Ellipsis) return res;
+    Py_DECREF(res);
+    return PyObject_Vectorcall(self->fast_posted[which], args, nargsf, kw);
 }
 
 /* barrier(): Comm.Barrier. */
@@ -270,7 +471,7 @@ PyObject *_sp_Poster_allreduce(PosterObject *self, PyObject *const *args, size_t
     PyObject *a[4];
     if (_sp_args(args, nargsf, kwnames, names, 4, a)) {
         PyObject *res = allreduce_small(self, a);
-        if (res || PyErr_Occurred()) return res;
+        if (res || PyErr_Occurred()) return declined(self, FAST_ALLREDUCE, res, args, nargsf, kwnames);
     }
     return fallback(self, FAST_ALLREDUCE, args, nargsf, kwnames);
 }
@@ -284,7 +485,7 @@ PyObject *_sp_Poster_try_allreduce(PosterObject *self, PyObject *const *args, Py
         return NULL;
     }
     PyObject *res = allreduce_small(self, args);
-    if (res || PyErr_Occurred()) return res;
+    if (res || PyErr_Occurred()) return declined(self, FAST_ALLREDUCE, res, args, 3, NULL);
     Py_RETURN_NOTIMPLEMENTED;
 }
 
@@ -295,7 +496,8 @@ PyObject *_sp_Poster_bcast(PosterObject *self, PyObject *const *args, size_t nar
     if (_sp_args(args, nargsf, kwnames, names, 3, a) && a[0] && _sp_fast_usable(self) && self->fast) {
         uintptr_t p; int code; long long nb, count; long root = 0;
         if (host_array(self, a[0], 1, &p, &code, &nb, &count) && (!a[1] || small_root(self, a[1], &root)))
-            return run(self, COLL_BCAST, NULL, (char *)p, (uint64_t)nb, code, count, 0, root);
+            return declined(self, FAST_BCAST, run(self, COLL_BCAST, NULL, (char *)p, (uint64_t)nb, code, count, 0, root),
+                            args, nargsf, kwnames);
     }
     return fallback(self, FAST_BCAST, args, nargsf, kwnames);
 }
@@ -328,14 +530,16 @@ PyObject *_sp_Poster_reduce(PosterObject *self, PyObject *const *args, size_t na
         goto slow;
     }
     if (a[2] ? !small_op(a[2], sc, &op) : !kernel_for(REDOP_SUM, sc)) goto slow;
-    return run(self, COLL_REDUCE, in_place ? NULL : (const char *)s, at_root ? (char *)r : NULL,
-               (uint64_t)sn, sc, scount, (int)op, root);
+    return declined(self, FAST_REDUCE, run(self, COLL_REDUCE, in_place ? NULL : (const char *)s,
+                                           at_root ? (char *)r : NULL, (uint64_t)sn, sc, scount, (int)op, root),
+                    args, nargsf, kwnames);
 slow:
     return fallback(self, FAST_REDUCE, args, nargsf, kwnames);
 }
 
 /* coll_fast(coll, sendbuf, recvbuf, op, root): the Python fallbacks' way in, with arguments they
- * made contiguous (sendbuf None: in place; recvbuf None where the rank has no output). */
+ * made contiguous (sendbuf None: in place; recvbuf None where the rank has no output). Returns
+ * None, or Ellipsis where every rank declined a middle collective (the caller then posts it). */
 PyObject *_sp_Poster_coll_fast(PosterObject *self, PyObject *args) {
     int coll, op; long root; PyObject *so, *ro;
     if (!PyArg_ParseTuple(args, "iOOil", &coll, &so, &ro, &op, &root)) return NULL;
@@ -347,7 +551,7 @@ PyObject *_sp_Poster_coll_fast(PosterObject *self, PyObject *args) {
     if ((so != Py_None && !host_array(self, so, 0, &s, &sc, &sn, &scount)) ||
         (ro != Py_None && !host_array(self, ro, 1, &r, &rc, &rn, &rcount))) {
         PyErr_SetString(PyExc_ValueError,
-                        "coll_fast: buffers must be contiguous host arrays within FAST_BYTES");
+                        "coll_fast: buffers must be contiguous host arrays within FAST_BYTES or the middle limit");
         return NULL;
     }
     int code = so != Py_None ? sc : rc;

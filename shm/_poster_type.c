@@ -32,6 +32,7 @@ static int Poster_traverse(PosterObject *self, visitproc visit, void *arg) {
     for (int i = 0; i <= COLL_ALLTOALL; i++) Py_VISIT(self->coll_fallback[i]);
     Py_VISIT(self->in_place);
     for (int i = 0; i < FAST_CALLS; i++) Py_VISIT(self->fast_fallback[i]);
+    for (int i = 0; i < FAST_CALLS; i++) Py_VISIT(self->fast_posted[i]);
     Py_VISIT(self->fast_failed);
     Py_VISIT(self->fast_check);
     return 0;
@@ -53,6 +54,7 @@ static int Poster_clear(PosterObject *self) {
     for (int i = 0; i <= COLL_ALLTOALL; i++) Py_CLEAR(self->coll_fallback[i]);
     Py_CLEAR(self->in_place);
     for (int i = 0; i < FAST_CALLS; i++) Py_CLEAR(self->fast_fallback[i]);
+    for (int i = 0; i < FAST_CALLS; i++) Py_CLEAR(self->fast_posted[i]);
     Py_CLEAR(self->fast_failed);
     Py_CLEAR(self->fast_check);
     self->fl.fast = NULL;
@@ -65,6 +67,7 @@ static void Poster_dealloc(PosterObject *self) {
     PyMem_Free(self->ranges);
     PyMem_Free(self->local_of);
     PyMem_Free(self->slow_to);
+    _sp_unmap_arenas(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -271,6 +274,7 @@ static PyObject *Poster_detach(PosterObject *self, PyObject *unused) {
     self->mapped = 0;
     self->usable = 0;
     self->chain_first = self->chain_last = -1;
+    _sp_unmap_arenas(self);   /* the peers' arenas: the middle collectives end with the pool */
     Py_RETURN_NONE;
 }
 
@@ -330,6 +334,8 @@ static PyMethodDef Poster_methods[] = {
      "bcast(buf, root=0) (see Comm.Bcast)"},
     {"reduce", (PyCFunction)(void (*)(void))_sp_Poster_reduce, METH_FASTCALL | METH_KEYWORDS,
      "reduce(sendbuf, recvbuf, op=SUM, root=0) (see Comm.Reduce)"},
+    {"set_arena", (PyCFunction)_sp_Poster_set_arena, METH_VARARGS,
+     "set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch, posted): the middle collectives"},
     {"coll_fast", (PyCFunction)_sp_Poster_coll_fast, METH_VARARGS,
      "coll_fast(coll, sendbuf, recvbuf, op, root): a small collective between the ranks"},
     {"write", (PyCFunction)Poster_write, METH_VARARGS, "Fill a record; returns the request's seq."},

@@ -77,7 +77,7 @@ def lifetime() -> dict:
         if not (out == sum(r + 1.0 for r in range(comm.size))).all() or _staged(dup) != staged:
             bad.append("an array made before Dup, on the Dup: wrong or staged")
         dup.close()
-        live = arena.stats()["live_blocks"]
+    live = arena.stats()["live_blocks"]
     after = np.ones(MIB)
     if arena.owns(after.ctypes.data):
         bad.append("made after close: still in the arena")
@@ -180,4 +180,110 @@ def fork_child() -> dict:
         comm.Allreduce(a, out)
         if not (out == 5.0 * comm.size).all() or _staged(comm) != staged:
             bad.append("the parent's array after the fork: wrong or staged")
+    return {"bad": bad}
+
+
+def _fold(xs: list, op: str, order: list[int]) -> np.ndarray:
+    """The reduction in the ranks' order (a Reduce's root first), as every path of shmproxy does it."""
+    acc = xs[order[0]].copy()
+    for r in order[1:]:
+        x = xs[r]
+        acc = {"SUM": acc + x, "PROD": acc * x, "MAX": np.maximum(acc, x), "MIN": np.minimum(acc, x),
+               "AVG": acc + x}[op]
+    if op == "AVG":
+        acc = acc / acc.dtype.type(len(xs))
+    return acc.astype(xs[0].dtype)
+
+
+def middle() -> dict:
+    """The middle collectives (shm/_poster_coll.c): Allreduce, Reduce and Bcast above the fast path's
+    cells, bit for bit against the fold in rank order, around the shares' cache lines and the limits,
+    in place, arrays outside the arena (made before init: through the scratch block), strided inputs
+    (the Python fallback's way in), every rank's arena mapped, nothing staged or posted."""
+    before = np.arange(300001, dtype=np.float32)
+    out_before = np.empty(300001, np.float32)   # outputs outside the arena: copied out of the scratch
+    inplace_before = np.arange(300001, dtype=np.float32)
+    bad: list[str] = []
+    cases = 0
+    with shmproxy.init() as comm:
+        me, size = comm.rank, comm.size
+        fast, mid = comm._fast_bytes, comm._mapped_bytes
+        if not mid or mid <= fast:
+            return {"bad": [f"the middle collectives are off: cells {fast}, middle {mid}"], "cases": 0}
+        rng = np.random.default_rng(7)
+        for dtype in ("float32", "float64", "int32", "uint8"):
+            isz = np.dtype(dtype).itemsize
+            for nbytes in (fast + isz, fast + 64 * size + isz, 3 * fast + 5 * isz, mid):
+                n = nbytes // isz
+                if dtype == "uint8":
+                    xs = [rng.integers(0, 3, n).astype(dtype) for _ in range(size)]
+                else:
+                    xs = [(rng.integers(-50, 50, n) / 8).astype(dtype) for _ in range(size)]
+                ops = ["SUM", "MAX", "PROD"] + (["AVG"] if dtype.startswith("float") else [])
+                for op in ops:
+                    o = getattr(shmproxy, op)
+                    out = np.empty(n, dtype)
+                    comm.Allreduce(xs[me], out, o)
+                    ip = xs[me].copy()
+                    comm.Allreduce(shmproxy.IN_PLACE, ip, o)
+                    want = _fold(xs, op, list(range(size)))
+                    root = n % size
+                    rout = np.empty(n, dtype) if me == root else None
+                    comm.Reduce(xs[me], rout, o, root=root)
+                    cases += 3
+                    for what, got, w in (("Allreduce", out, want), ("Allreduce in place", ip, want)):
+                        if not np.array_equal(got, w):
+                            bad.append(f"{what} {op} {dtype} {nbytes} B")
+                    if me == root and not np.array_equal(rout, _fold(xs, op, [root] + [r for r in range(size)
+                                                                                       if r != root])):
+                        bad.append(f"Reduce {op} {dtype} {nbytes} B root {root}")
+                for root in range(size):
+                    b = xs[me].copy()
+                    comm.Bcast(b, root)
+                    cases += 1
+                    if not np.array_equal(b, xs[root]):
+                        bad.append(f"Bcast {dtype} {nbytes} B root {root}")
+        # outside the arena: made before init (through the scratch block), and a strided input
+        out = np.empty_like(before)
+        comm.Allreduce(before, out)
+        comm.Allreduce(before, out_before)
+        comm.Allreduce(shmproxy.IN_PLACE, inplace_before)
+        cases += 2
+        if not np.array_equal(out_before, before * size) or not np.array_equal(inplace_before, before * size):
+            bad.append("Allreduce into an array made before init (in place too)")
+        strided = np.arange(2 * 300001, dtype=np.float32)[::2] + me
+        sout = np.empty(300001, np.float32)
+        comm.Allreduce(strided, sout)
+        cases += 2
+        if not np.array_equal(out, before * size):
+            bad.append("Allreduce of an array made before init")
+        if not np.array_equal(sout, np.arange(0, 600002, 2, dtype=np.float32) * size + sum(range(size))):
+            bad.append("Allreduce of a strided input")
+        maps = sum(1 for line in open("/proc/self/maps") if "shmproxy-arena" in line)
+        if maps != size:
+            bad.append(f"{maps} arenas mapped, {size} ranks")
+    return {"bad": bad, "cases": cases}
+
+
+def middle_declined() -> dict:
+    """Rank 1 has no arena (NUMPY_ARENA=0 for it alone): every rank declines the middle collectives
+    alike after the handshake and posts them, with the same results, over many calls."""
+    if os.environ.get("RANK") == "1":
+        os.environ["SHMPROXY_NUMPY_ARENA"] = "0"
+    bad: list[str] = []
+    with shmproxy.init() as comm:
+        me, size = comm.rank, comm.size
+        n = (comm._fast_bytes + 4096) // 4
+        for i in range(20):
+            a = np.full(n, float(me + i), np.float32)
+            out = np.empty_like(a)
+            comm.Allreduce(a, out)
+            b = a.copy()
+            comm.Bcast(b, i % size)
+            r = np.empty_like(a) if me == 0 else None
+            comm.Reduce(a, r, shmproxy.MAX, root=0)
+            if not (out == sum(r + i for r in range(size))).all() or not (b == i % size + i).all():
+                bad.append(f"call {i}: Allreduce or Bcast wrong")
+            if me == 0 and not (r == size - 1 + i).all():
+                bad.append(f"call {i}: Reduce wrong")
     return {"bad": bad}

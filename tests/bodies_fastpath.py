@@ -264,8 +264,8 @@ def small_collective_timeout() -> dict:
 
 def killed_while_waiting(where: str) -> dict:
     """Rank 0 is SIGKILLed while rank 1 waits for it in a blocking Recv (spinning on the pair's cell,
-    then in the progress process) or a small Allreduce (between the ranks): rank 1 raises PeerDiedError
-    within the usual bound."""
+    then in the progress process), a small Allreduce (between the ranks) or a middle one (through
+    the ranks' arenas, 1 MiB): rank 1 raises PeerDiedError within the usual bound."""
     with shmproxy.init() as comm:
         comm.Barrier()
         if comm.rank == 0:
@@ -275,6 +275,8 @@ def killed_while_waiting(where: str) -> dict:
         try:
             if where == "recv":
                 comm.Recv(np.zeros(1), 0, 3)
+            elif where == "middle":
+                comm.Allreduce(np.ones(1 << 17), np.zeros(1 << 17))
             else:
                 comm.Allreduce(np.ones(1), np.zeros(1))
             return {"error": None}

@@ -36,3 +36,14 @@ def test_the_allocator_reuses_zeroes_grows_and_takes_threads():
 
 def test_a_forked_child_has_arena_arrays_of_its_own():
     _clean(run_ranks(B + "fork_child", 2, timeout=120))
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_middle_collectives_through_the_arenas_are_bit_exact(nranks):
+    res = run_ranks(B + "middle", nranks, timeout=240)
+    _clean(res)
+    assert all(r["cases"] > 100 for r in res.results)
+
+
+def test_middle_collectives_a_rank_cannot_map_are_declined_by_every_rank():
+    _clean(run_ranks(B + "middle_declined", 3, timeout=120))

@@ -64,7 +64,7 @@ def test_small_collective_timeout_fails_the_communicator_once():
     assert r1["later"] is not None and r1["seconds"] < 10, r1
 
 
-@pytest.mark.parametrize("where", ["recv", "allreduce"])
+@pytest.mark.parametrize("where", ["recv", "allreduce", "middle"])
 def test_peer_killed_while_a_rank_waits_on_the_fast_path(where):
     res = run_ranks(BODY + "killed_while_waiting", 2, timeout=90, args=(where,), expect_fail={0},
                     env={"SHMPROXY_TIMEOUT": "60"})

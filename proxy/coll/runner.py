@@ -69,7 +69,7 @@ class CollRunner:
         params = engine.params
         self.nlocal, self.size = engine.nlocal, engine.size
         self.coll_min_chunk = params.COLL_MIN_CHUNK
-        self.coll_inline = params.COLL_INLINE_BYTES
+        self.coll_inline = params.coll_inline_bytes(engine.nlocal)
         self.coll_chunk = coll_chunk_limit(params, engine.loop_copies)
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
         self.executor = CpuExecutor(lambda: engine.copy)   # runs collectives' copies and reductions

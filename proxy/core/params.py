@@ -242,11 +242,28 @@ _DECLARED: tuple[Param, ...] = (
        "FAST_AUTO_MAX_BYTES where the node is crowded (fewer cores than local ranks + 2: the progress "
        "process has no core of its own), still within FAST_AUTO_POOL_BYTES (256 KiB at 2 ranks, 64 KiB "
        "at 4): there a trip through the progress process also waits for a CPU.", 512, 1 << 20),
+    _p("FAST_MAPPED_BYTES", parse_size, 2 << 20,
+       "The middle collectives: a blocking Allreduce, Bcast or Reduce of host arrays above "
+       "FAST_MAPPED_MIN_BYTES and up to this many bytes per rank runs between the ranks, reading and "
+       "writing their numpy arenas (NUMPY_ARENA) in place of the fast path's cells or the progress "
+       "process; an array outside the arena is copied through a scratch block. 0 = off. Every rank "
+       "must use the same value.", 0),
+    _p("FAST_MAPPED_MIN_BYTES", _parse_size_or_auto, -1,
+       "Collectives up to this many bytes per rank keep the fast path's cells (one handshake fewer, "
+       "but every rank reads every cell) where the middle collectives are on. -1 = automatic: 8 KiB "
+       "over the node's ranks (4 KiB at 2, 1 KiB at 8; measured: BENCHMARKS.md). Every rank must use "
+       "the same value."),
     _p("FAST_MAX_RANKS", int, 64,
        "The fast path's shared memory grows with the square of the ranks on a node: above this many it is "
        "off.", 1, 1024),
-    _p("COLL_INLINE_BYTES", parse_size, 64 << 10,
-       "Collectives of at most this many bytes per rank run in the progress loop itself, not on workers.", 0),
+    _p("COLL_INLINE_BYTES", _parse_size_or_auto, -1,
+       "Collectives of at most this many bytes per rank run in the progress loop itself, not on workers. "
+       "-1 = automatic: COLL_INLINE_AUTO_BYTES over the square of the node's ranks, between 64 KiB and "
+       "1 MiB (1 MiB at 2 ranks, 128 KiB at 8)."),
+    _p("COLL_INLINE_AUTO_BYTES", parse_size, 8 << 20,
+       "With COLL_INLINE_BYTES=auto: the loop's pass grows with the ranks and so does the workers' "
+       "parallelism, so the bytes per rank below which the loop alone beats handing a collective to "
+       "workers fall with their square (measured at 2, 8 and 16 ranks: BENCHMARKS.md).", 0),
     _p("COPY_STREAMING", _parse_bool, True,
        "Collectives that write more than STREAMING_MIN_BYTES use non-temporal stores (no read for "
        "ownership, less memory traffic once their outputs outgrow the cache); 0 = never."),
@@ -476,6 +493,14 @@ class Params:
         more than one chunk. The loop (proxy/engine/progress.py) and Wait's spin limit
         (proxy/rank/lifecycle.py) must agree on it, so it is derived here once."""
         return min(self.EAGER_BYTES, self.CHUNK_SIZE)
+
+    def coll_inline_bytes(self, nlocal: int) -> int:
+        """The largest collective (bytes per rank) the progress loop runs itself on a node of ``nlocal``
+        ranks: COLL_INLINE_BYTES, or its automatic value. The loop (proxy/coll/runner.py) and Wait's
+        spin limit (proxy/rank/lifecycle.py) must agree on it."""
+        if self.COLL_INLINE_BYTES >= 0:
+            return self.COLL_INLINE_BYTES
+        return max(64 << 10, min(1 << 20, self.COLL_INLINE_AUTO_BYTES // max(nlocal * nlocal, 1)))
 
     def fast_bytes(self, nlocal: int, size: int, crowded: bool = False) -> int:
         """The fast path's message limit on a communicator of ``size`` ranks, ``nlocal`` on this node:

@@ -22,10 +22,13 @@ array is zero-copy to every operation and the post path finds it by the same ran
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
+import weakref
 from typing import Any
 
+import numpy as np
 import psutil
 
 from shmproxy.core import log
@@ -97,6 +100,33 @@ def detach() -> None:
         _users -= 1
         if _users == 0:
             _arena().uninstall()
+
+
+def held() -> tuple[int, int, int]:
+    """The arena (base, bytes, fd), where attach said this process has one: the middle collectives
+    publish it to their peers, which map it (shm/_poster_coll.c)."""
+    return _made["base"], _made["size"], _made["fd"]
+
+
+def block(nbytes: int, zero: bool = False) -> int:
+    """The address of ``nbytes`` of the arena for shmproxy's own use (a communicator's scratch)."""
+    return int(_arena().block(nbytes, zero))
+
+
+def array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zeroed array of its own block of the arena, the block given back with the array's last view:
+    comm.alloc's, where there is an arena (registered with every communicator, and the middle
+    collectives read it in place)."""
+    count = int(np.prod(shape, dtype=np.int64)) if shape != () else 1
+    nbytes = max(count * dtype.itemsize, 1)
+    addr = block(nbytes, zero=True)
+    buf = (ctypes.c_char * nbytes).from_address(addr)
+    weakref.finalize(buf, release, addr)
+    return np.frombuffer(memoryview(buf), dtype=dtype, count=count).reshape(shape)
+
+
+def release(addr: int) -> None:
+    _arena().release(addr)
 
 
 def stats() -> dict[str, Any]:

@@ -31,7 +31,7 @@ import numpy as np
 
 from shmproxy.control import bootstrap
 from shmproxy.core import errors, log, params as params_mod
-from shmproxy.rank import collpost, devcoll, fastpath, objcoll, objects, objp2p, splitting
+from shmproxy.rank import arena, collpost, devcoll, fastpath, objcoll, objects, objp2p, splitting
 from shmproxy.core.ops import (ANY_SOURCE, ANY_TAG, DTYPE_CODE, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED,
                                FLAG_SYNC, IN_PLACE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll,
                                ReduceOp)
@@ -104,9 +104,15 @@ class Comm(Lifecycle, Posting, Waiting):
             for name in self.FAST_ENTRIES:
                 setattr(self, name, getattr(pp, name.lower().lstrip("_")))
 
+    def _bind_arena(self) -> None:
+        """Once the numpy arena is registered (or not): the middle collectives of the fast path's
+        Allreduce, Bcast and Reduce (fastpath.bind_arena)."""
+        fastpath.bind_arena(self, arena.held() if self._arena_held else None)
+
     # ------------------------------------------------------------------ buffers
     def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32, device: int | None = None) -> Any:
-        """A zeroed numpy array in registered shared memory: the zero-copy path for Send/Recv.
+        """A zeroed numpy array in registered shared memory: the zero-copy path for Send/Recv (a block of
+        the numpy arena where there is one, else a memfd of its own registered with this communicator).
         ``device=N``: a zeroed cupy array on GPU N in an allocation of its own, registered with the
         progress process once, deregistered and freed when the last array over it is dropped."""
         self._check_usable()
@@ -118,6 +124,8 @@ class Comm(Lifecycle, Posting, Waiting):
             raise errors.InvalidArgument(f"negative dimension in shape {shp}")
         if device is not None:
             return self._device_memory().alloc(tuple(int(s) for s in shp), dt, device)
+        if self._arena_held:   # registered with every communicator: one arena (shmproxy.rank.arena)
+            return arena.array(tuple(int(s) for s in shp), dt)
         return self._registry.alloc(tuple(int(s) for s in shp), dt)
 
     def alloc_device(self, shape: int | tuple[int, ...], dtype: Any = np.float32,

@@ -54,7 +54,7 @@ from shmproxy.control.protocol import MsgType
 from shmproxy.core import errors, log
 from shmproxy.core.ops import (CODE_DTYPE, COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, IN_PLACE, REDUCE_OP_NAMES,
                                Coll, ReduceOp)
-from shmproxy.rank import devcoll
+from shmproxy.rank import arena, devcoll
 from shmproxy.shm import _poster, pool as P
 
 if TYPE_CHECKING:
@@ -82,10 +82,36 @@ def bind(comm: "Comm", seg_addr: int, layout: P.Layout) -> bool:
     return True
 
 
-def small(comm: "Comm", coll: int, nbytes: int, dtype: np.dtype, op: int) -> bool:
+def bind_arena(comm: "Comm", held: tuple[int, int, int] | None) -> None:
+    """Turn on the middle collectives (shm/_poster_coll.c): an Allreduce, Bcast or Reduce of host
+    arrays above the fast path's cells and up to FAST_MAPPED_BYTES per rank runs between the ranks
+    through their numpy arenas (shmproxy.rank.arena). ``held``: this rank's arena (base, size, fd),
+    None where it has none (every rank then declines such a collective alike, and posts it). Every
+    rank turns it on alike (a parameter), whatever its own arena, so that ``small`` agrees."""
+    mapped, least = comm.params.FAST_MAPPED_BYTES, comm.params.FAST_MAPPED_MIN_BYTES
+    if least < 0:
+        least = (8 << 10) // comm.size
+    if not comm._fast_bytes or mapped <= least:
+        return
+    base = size = scratch = 0
+    fd = -1
+    if held is not None:
+        base, size, fd = held
+        scratch = comm._arena_scratch = arena.block(2 * mapped)
+    posted = (lambda: comm.Ibarrier().Wait(),
+              lambda *a, **k: comm.Iallreduce(*a, **k).Wait(),
+              lambda *a, **k: comm.Ibcast(*a, **k).Wait(),
+              lambda *a, **k: comm.Ireduce(*a, **k).Wait())
+    comm._pp.set_arena(mapped, least, base, size, fd, scratch, posted)
+    comm._mapped_bytes = mapped
+
+
+def small(comm: "Comm", coll: int, nbytes: int, dtype: np.dtype, op: int, middle: bool = True) -> bool:
     """Whether a collective of this signature runs between the ranks (the same answer on every rank
-    of a correct program)."""
-    if not comm._fast_bytes or nbytes > comm._fast_bytes:
+    of a correct program): through the fast path's cells, or (``middle``: host arrays) through the
+    ranks' arenas (``bind_arena``)."""
+    limit = max(comm._fast_bytes, comm._mapped_bytes) if middle else comm._fast_bytes
+    if not comm._fast_bytes or nbytes > limit:
         return False
     if coll in (Coll.ALLREDUCE, Coll.REDUCE):
         code = DTYPE_CODE.get(dtype.char)
@@ -109,9 +135,11 @@ def _out(a: Any) -> bool:
     return _host(a) and a.flags.writeable and a.flags.c_contiguous
 
 
-def _run(comm: "Comm", coll: int, send: np.ndarray | None, recv: np.ndarray | None, op: int, root: int) -> None:
-    """coll_fast with a contiguous copy of a strided input (as the progress process's path stages it)."""
-    comm._pp.coll_fast(int(coll), None if send is None else np.ascontiguousarray(send), recv, op, root)
+def _run(comm: "Comm", coll: int, send: np.ndarray | None, recv: np.ndarray | None, op: int, root: int) -> bool:
+    """coll_fast with a contiguous copy of a strided input (as the progress process's path stages it);
+    False where every rank declined a middle collective (the caller posts it)."""
+    return comm._pp.coll_fast(int(coll), None if send is None else np.ascontiguousarray(send), recv, op,
+                              root) is not Ellipsis
 
 
 def _barrier(comm: "Comm") -> None:
@@ -133,7 +161,9 @@ def allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, 
             and (sendbuf is IN_PLACE or (_host(sendbuf) and sendbuf.dtype == recvbuf.dtype
                                          and sendbuf.size == recvbuf.size))
             and small(comm, Coll.ALLREDUCE, recvbuf.nbytes, recvbuf.dtype, o)):
-        _run(comm, Coll.ALLREDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf, o, 0)
+        if _run(comm, Coll.ALLREDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf, o, 0):
+            return
+        comm.Iallreduce(sendbuf, recvbuf, op).Wait()
         return
     if o is not None and _not_host(sendbuf, recvbuf):
         if devcoll.allreduce(comm, sendbuf, recvbuf, o, stream):
@@ -146,7 +176,8 @@ def allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, 
 def _bcast(comm: "Comm", buf: Any, root: int = 0, stream: Any = None) -> None:
     ok_root = isinstance(root, (int, np.integer)) and 0 <= int(root) < comm.size
     if ok_root and _out(buf) and small(comm, Coll.BCAST, buf.nbytes, buf.dtype, 0):
-        _run(comm, Coll.BCAST, None, buf, 0, int(root))
+        if not _run(comm, Coll.BCAST, None, buf, 0, int(root)):
+            comm.Ibcast(buf, root).Wait()
         return
     if ok_root and _not_host(buf) and _device(comm, Coll.BCAST, buf, None, 0, int(root), stream):
         return
@@ -165,8 +196,9 @@ def _reduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, ro
             and (sendbuf is not IN_PLACE or at_root)
             and (at_root or recvbuf is None or _out(recvbuf))   # checked as the root's (Comm._coll)
             and small(comm, Coll.REDUCE, sig.nbytes, sig.dtype, o)):
-        _run(comm, Coll.REDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf if at_root else None, o,
-             int(root))
+        if not _run(comm, Coll.REDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf if at_root else None, o,
+                    int(root)):
+            comm.Ireduce(sendbuf, recvbuf, op, root).Wait()
         return
     if (o is not None and comm.params.FAST_DEVICE_REDUCTIONS and ok_root and _not_host(sendbuf, recvbuf)
             and _device(comm, Coll.REDUCE, sendbuf, recvbuf, o, int(root), stream)):
@@ -202,8 +234,8 @@ def _device(comm: "Comm", coll: int, sendbuf: Any, recvbuf: Any, op: int, root: 
         src, dst = sig, (recv if at_root else None)
     arr = send if coll == Coll.BCAST else sig
     nbytes = arr.nbytes
-    if not small(comm, coll, nbytes, arr.dtype, op):
-        return False
+    if not small(comm, coll, nbytes, arr.dtype, op, middle=False):   # the cells only: device arrays keep
+        return False                                                   # their own path above them
     cp = dev.cp
     rt = cp.cuda.runtime
     did = arr.device.id
@@ -282,7 +314,7 @@ def fast_failed(comm: "Comm", code: int, detail: tuple[int, ...]) -> None:
             f"collective mismatch: rank {comm.rank} called a blocking {describe(fp)}, which runs between the "
             f"ranks, but rank {other} posted {what} to the progress process instead (a nonblocking "
             f"collective, which never matches a blocking one, a device Allreduce or Reduce, bfloat16, or one "
-            f"above SHMPROXY_FAST_BYTES)")
+            f"above SHMPROXY_FAST_BYTES and SHMPROXY_FAST_MAPPED_BYTES)")
     fail_everywhere(comm, exc)
     raise exc
 

@@ -88,6 +88,8 @@ class Lifecycle(CommState):
     """Creation, the service calls, failure state, Abort/close and teardown of a Comm."""
 
     _fast_bytes = 0   # the fast path's size limit once on (rank/fastpath.py)
+    _mapped_bytes = 0   # the middle collectives' once on (fastpath.bind_arena)
+    _arena_scratch = 0   # their scratch block in the arena
     params: params_mod.Params   # what the communicator was made with (_create)
 
     # ------------------------------------------------------------------ creation
@@ -237,7 +239,7 @@ class Lifecycle(CommState):
         p = self.params
         crowded = host.crowded(self.local_size)
         spin_max = p.WAIT_SPIN_MAX_BYTES or (p.eager_limit if crowded else 1 << 62)
-        spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.COLL_INLINE_BYTES if crowded else 1 << 62)
+        spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.coll_inline_bytes(self.local_size) if crowded else 1 << 62)
         self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, p.WAIT_SPIN_US * 1e-6, spin_max,
                           spin_max_coll)
         self._slice_s = p.WAIT_SLICE_MS * 1e-3
@@ -246,6 +248,7 @@ class Lifecycle(CommState):
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
         # numpy arrays born in registered memory (shmproxy.rank.arena): this communicator maps it too
         self._arena_held = arena.attach(self._registry, self.params)
+        self._bind_arena()   # the middle collectives read the ranks' arenas (comm.py)
 
     # ------------------------------------------------------------------ small helpers
     @staticmethod
@@ -491,6 +494,9 @@ class Lifecycle(CommState):
             pp.detach()   # it holds raw pool addresses: never again after this
         if getattr(self, "_staging", None) is not None:
             self._staging.close()
+        scratch = self.__dict__.pop("_arena_scratch", 0)
+        if scratch:
+            arena.release(scratch)   # the poster is detached: no collective reads it any more
         if self.__dict__.pop("_arena_held", False):
             arena.detach()   # the last communicator gives numpy its allocator back
         for name in ("_q", "_i32", "_u32"):
