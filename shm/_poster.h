@@ -175,6 +175,7 @@ PyObject *_sp_Poster_bcast(PosterObject *self, PyObject *const *args, size_t nar
 PyObject *_sp_Poster_reduce(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *_sp_Poster_coll_fast(PosterObject *self, PyObject *args);
 PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args);
+PyObject *_sp_Poster_coll_decline(PosterObject *self, PyObject *args);
 void _sp_unmap_arenas(PosterObject *self);
 int _sp_coll_init(void);
 PyObject *_sp_fast_kernel(PyObject *self, PyObject *args);

@@ -240,7 +240,7 @@ static int in_arena(PosterObject *self, const char *p, uint64_t nb) {
 /* A middle collective (the header): arguments as run's. Returns None, Ellipsis where every rank
  * declined it (the caller posts it: declined), or NULL with an exception. */
 static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char *recv, uint64_t nb, int code,
-                            long long count, int op, long root) {
+                            long long count, int op, long root, int decline) {
     FastLayout *f = &self->fl;
     long me = self->rank, size = self->size;
     uint64_t n = self->coll_n + 1;
@@ -249,7 +249,7 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
     int rc;
     if (n > 2 && (rc = coll_wait(self, reusable, &w)) != CW_OK) return failed(self, rc, &w, coll);
     self->coll_n = n;
-    int ok = self->arena != NULL;
+    int ok = self->arena != NULL && !decline;
     for (long x = 0; ok && x < size; x++) ok = map_arena(self, x);
     /* what this rank offers: its input (Allreduce, Reduce, a Bcast's root), its output (Allreduce,
      * a Reduce's root; a Bcast's others copy into theirs themselves) */
@@ -323,6 +323,23 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
     Py_RETURN_NONE;
 }
 
+/* coll_decline(coll, nbytes, code, count, op, root): this rank's part of a middle collective it
+ * cannot run this way (device arrays, which go to the progress process): the handshake, saying so,
+ * so that every rank declines alike; returns Ellipsis (the caller posts the call), or raises what
+ * a failed handshake raises. */
+PyObject *_sp_Poster_coll_decline(PosterObject *self, PyObject *args) {
+    int coll, code, op;
+    unsigned long long nb;
+    long long count;
+    long root;
+    if (!PyArg_ParseTuple(args, "iKiLil", &coll, &nb, &code, &count, &op, &root)) return NULL;
+    if (!_sp_fast_usable(self) || !self->fast || !self->mapped_bytes) {
+        CollWait w = {.self = self, .bad = -1};
+        return failed(self, self->mapped ? CW_FAILED : CW_GONE, &w, coll);
+    }
+    return run_mapped(self, coll, NULL, NULL, nb, code, count, op, root, 1);
+}
+
 /* set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch, posted): the middle
  * collectives, above mapped_min (the cells keep those, where fast_bytes allows) and up to
  * mapped_bytes per rank (0: off; every rank passes the same, with or without an arena: arena 0);
@@ -369,7 +386,7 @@ PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args) {
 static PyObject *run(PosterObject *self, int coll, const char *send, char *recv, uint64_t nb, int code,
                      long long count, int op, long root) {
     if (nb > self->fl.fast_bytes || (self->mapped_bytes && nb > self->mapped_min))
-        return run_mapped(self, coll, send, recv, nb, code, count, op, root);
+        return run_mapped(self, coll, send, recv, nb, code, count, op, root, 0);
     FastLayout *f = &self->fl;
     long me = self->rank;
     uint64_t n = self->coll_n + 1;

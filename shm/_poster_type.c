@@ -336,6 +336,8 @@ static PyMethodDef Poster_methods[] = {
      "reduce(sendbuf, recvbuf, op=SUM, root=0) (see Comm.Reduce)"},
     {"set_arena", (PyCFunction)_sp_Poster_set_arena, METH_VARARGS,
      "set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch, posted): the middle collectives"},
+    {"coll_decline", (PyCFunction)_sp_Poster_coll_decline, METH_VARARGS,
+     "coll_decline(coll, nbytes, code, count, op, root): decline a middle collective with every rank"},
     {"coll_fast", (PyCFunction)_sp_Poster_coll_fast, METH_VARARGS,
      "coll_fast(coll, sendbuf, recvbuf, op, root): a small collective between the ranks"},
     {"write", (PyCFunction)Poster_write, METH_VARARGS, "Fill a record; returns the request's seq."},

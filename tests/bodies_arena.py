@@ -287,3 +287,35 @@ def middle_declined() -> dict:
             if me == 0 and not (r == size - 1 + i).all():
                 bad.append(f"call {i}: Reduce wrong")
     return {"bad": bad}
+
+
+def middle_declined_by_a_device_rank() -> dict:
+    """A rank whose buffers are device arrays takes no middle collective: it declines the host ranks'
+    handshake (fastpath._decline_middle; here rank 1 plays it on host arrays, the GPU suite runs it on
+    device ones) and every rank posts the call: same results, for Allreduce, Bcast and Reduce."""
+    from shmproxy.core.ops import DTYPE_CODE, Coll
+    bad: list[str] = []
+    with shmproxy.init() as comm:
+        me, size = comm.rank, comm.size
+        n = (comm._fast_bytes + 8192) // 4
+        code = DTYPE_CODE[np.dtype(np.float32).char]
+        for i in range(5):
+            a = np.full(n, float(me + i), np.float32)
+            out, b = np.empty_like(a), a.copy()
+            r = np.empty_like(a) if me == 0 else None
+            if me == 1:
+                comm._pp.coll_decline(int(Coll.ALLREDUCE), a.nbytes, code, n, int(shmproxy.SUM), 0)
+                comm.Iallreduce(a, out).Wait()
+                comm._pp.coll_decline(int(Coll.BCAST), a.nbytes, code, n, 0, 0)
+                comm.Ibcast(b, 0).Wait()
+                comm._pp.coll_decline(int(Coll.REDUCE), a.nbytes, code, n, int(shmproxy.MAX), 0)
+                comm.Ireduce(a, r, shmproxy.MAX, 0).Wait()
+            else:
+                comm.Allreduce(a, out)
+                comm.Bcast(b, 0)
+                comm.Reduce(a, r, shmproxy.MAX, root=0)
+            if not (out == sum(x + i for x in range(size))).all() or not (b == i).all():
+                bad.append(f"call {i}: Allreduce or Bcast wrong")
+            if me == 0 and not (r == size - 1 + i).all():
+                bad.append(f"call {i}: Reduce wrong")
+    return {"bad": bad}

@@ -47,3 +47,7 @@ def test_middle_collectives_through_the_arenas_are_bit_exact(nranks):
 
 def test_middle_collectives_a_rank_cannot_map_are_declined_by_every_rank():
     _clean(run_ranks(B + "middle_declined", 3, timeout=120))
+
+
+def test_middle_collectives_declined_by_a_device_rank_are_posted_by_every_rank():
+    _clean(run_ranks(B + "middle_declined_by_a_device_rank", 3, timeout=120))

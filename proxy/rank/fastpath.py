@@ -103,7 +103,22 @@ def bind_arena(comm: "Comm", held: tuple[int, int, int] | None) -> None:
               lambda *a, **k: comm.Ibcast(*a, **k).Wait(),
               lambda *a, **k: comm.Ireduce(*a, **k).Wait())
     comm._pp.set_arena(mapped, least, base, size, fd, scratch, posted)
-    comm._mapped_bytes = mapped
+    comm._mapped_bytes, comm._mapped_min = mapped, least
+
+
+def _decline_middle(comm: "Comm", coll: int, arr: Any, op: int, root: int) -> None:
+    """A device rank's part of what host ranks run as a middle collective (``bind_arena``): their
+    handshake, declined, so that every rank posts the call alike and the progress process decides
+    (it refuses host and device mixed in one collective on every rank, and the communicator goes on).
+    Nothing where the signature is not a middle one."""
+    if not comm._mapped_bytes or arr is None or arr is IN_PLACE:
+        return
+    a = comm._device_args(COLL_NAMES[coll], arr, None)[0]
+    code = DTYPE_CODE.get(a.dtype.char) if a is not None else None
+    if (code is None or code == DTYPE_BFLOAT16 or not (a.nbytes > comm._fast_bytes or a.nbytes > comm._mapped_min)
+            or not small(comm, coll, a.nbytes, a.dtype, op)):
+        return
+    comm._pp.coll_decline(int(coll), a.nbytes, code, a.size, op, root)
 
 
 def small(comm: "Comm", coll: int, nbytes: int, dtype: np.dtype, op: int, middle: bool = True) -> bool:
@@ -170,6 +185,7 @@ def allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, 
             return
         if comm.params.FAST_DEVICE_REDUCTIONS and _device(comm, Coll.ALLREDUCE, sendbuf, recvbuf, o, 0, stream):
             return
+        _decline_middle(comm, Coll.ALLREDUCE, recvbuf if sendbuf is IN_PLACE else sendbuf, o, 0)
     comm.Iallreduce(sendbuf, recvbuf, op, **({} if stream is None else {"stream": stream})).Wait()
 
 
@@ -179,8 +195,10 @@ def _bcast(comm: "Comm", buf: Any, root: int = 0, stream: Any = None) -> None:
         if not _run(comm, Coll.BCAST, None, buf, 0, int(root)):
             comm.Ibcast(buf, root).Wait()
         return
-    if ok_root and _not_host(buf) and _device(comm, Coll.BCAST, buf, None, 0, int(root), stream):
-        return
+    if ok_root and _not_host(buf):
+        if _device(comm, Coll.BCAST, buf, None, 0, int(root), stream):
+            return
+        _decline_middle(comm, Coll.BCAST, buf, 0, int(root))
     comm.Ibcast(buf, root, **({} if stream is None else {"stream": stream})).Wait()
 
 
@@ -200,9 +218,10 @@ def _reduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, ro
                     int(root)):
             comm.Ireduce(sendbuf, recvbuf, op, root).Wait()
         return
-    if (o is not None and comm.params.FAST_DEVICE_REDUCTIONS and ok_root and _not_host(sendbuf, recvbuf)
-            and _device(comm, Coll.REDUCE, sendbuf, recvbuf, o, int(root), stream)):
-        return
+    if o is not None and ok_root and _not_host(sendbuf, recvbuf):
+        if comm.params.FAST_DEVICE_REDUCTIONS and _device(comm, Coll.REDUCE, sendbuf, recvbuf, o, int(root), stream):
+            return
+        _decline_middle(comm, Coll.REDUCE, recvbuf if sendbuf is IN_PLACE else sendbuf, o, int(root))
     comm.Ireduce(sendbuf, recvbuf, op, root, **({} if stream is None else {"stream": stream})).Wait()
 
 
