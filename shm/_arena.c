@@ -146,10 +146,9 @@ static void give(char *p) {
     fl->items[fl->n++] = (uint64_t)off | (uint64_t)resident;
 }
 
-static void *arena_malloc(void *ctx, size_t n) {
-    (void)ctx;
-    if (n < A.min_bytes || !A.base) return malloc(n ? n : 1);
-    int c = class_of(n), resident;
+/* A block of at least n bytes, zeroed if asked, or NULL where the arena has no room. */
+static char *block(size_t n, int zero) {
+    int c = class_of(n ? n : 1), resident = 0;
     char *p = NULL;
     if (c >= 0) {
         pthread_mutex_lock(&A.lock);
@@ -157,25 +156,22 @@ static void *arena_malloc(void *ctx, size_t n) {
         if (!p) A.fallbacks++;
         pthread_mutex_unlock(&A.lock);
     }
-    return p ? p : malloc(n);
+    if (p && zero && (resident || A.forked)) memset(p, 0, n);   /* else fresh or punched: zero already */
+    return p;
+}
+
+static void *arena_malloc(void *ctx, size_t n) {
+    (void)ctx;
+    char *p = n >= A.min_bytes && A.base ? block(n, 0) : NULL;
+    return p ? p : malloc(n ? n : 1);
 }
 
 static void *arena_calloc(void *ctx, size_t nelem, size_t elsize) {
     (void)ctx;
     if (elsize && nelem > SIZE_MAX / elsize) return NULL;
     size_t n = nelem * elsize;
-    if (n < A.min_bytes || !A.base) return calloc(nelem ? nelem : 1, elsize ? elsize : 1);
-    int c = class_of(n), resident = 0;
-    char *p = NULL;
-    if (c >= 0) {
-        pthread_mutex_lock(&A.lock);
-        p = take(c, &resident);
-        if (!p) A.fallbacks++;
-        pthread_mutex_unlock(&A.lock);
-    }
-    if (!p) return calloc(nelem, elsize);
-    if (resident || A.forked) memset(p, 0, n);   /* else fresh or punched: zero already */
-    return p;
+    char *p = n >= A.min_bytes && A.base ? block(n, 1) : NULL;
+    return p ? p : calloc(nelem ? nelem : 1, elsize ? elsize : 1);
 }
 
 static void arena_free(void *ctx, void *p, size_t n) {
@@ -306,15 +302,8 @@ static PyObject *py_block(PyObject *self, PyObject *args) {
     unsigned long long n;
     int zero;
     if (!PyArg_ParseTuple(args, "Kp", &n, &zero)) return NULL;
-    int c = class_of(n ? n : 1), resident = 0;
-    char *p = NULL;
-    if (A.base && c >= 0) {
-        pthread_mutex_lock(&A.lock);
-        p = take(c, &resident);
-        pthread_mutex_unlock(&A.lock);
-    }
+    char *p = A.base ? block(n, zero) : NULL;
     if (!p) { PyErr_SetString(PyExc_MemoryError, "no room in the arena"); return NULL; }
-    if (zero && (resident || A.forked)) memset(p, 0, n);
     return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)p);
 }
 

@@ -189,6 +189,18 @@ static PyObject *failed(PosterObject *self, int code, CollWait *w, int coll) {
     return NULL;
 }
 
+/* The start of collective n, small or middle: its wait, once the slots of n - 2 are free again (a
+ * rank about to write them has finished n - 1, so this rarely waits); CW_OK, or why not. */
+static int begin(PosterObject *self, int coll, int op, int code, uint64_t nb, long root, CollWait *w) {
+    FastLayout *f = &self->fl;
+    uint64_t n = self->coll_n + 1;
+    *w = (CollWait){.self = self, .n = n, .fp = fingerprint(coll, op, code, nb, root),
+                    .slow_before = slow_colls(f, self->rank), .bad = -1};
+    int rc = n > 2 ? coll_wait(self, reusable, w) : CW_OK;
+    if (rc == CW_OK) self->coll_n = n;
+    return rc;
+}
+
 /* 1: every rank is DONE with collective n (a middle one: it read its inputs and wrote its outputs). */
 static int finished(CollWait *w) {
     FastLayout *f = &w->self->fl;
@@ -243,12 +255,10 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
                             long long count, int op, long root, int decline) {
     FastLayout *f = &self->fl;
     long me = self->rank, size = self->size;
-    uint64_t n = self->coll_n + 1;
-    CollWait w = {.self = self, .n = n, .fp = fingerprint(coll, op, code, nb, root),
-                  .slow_before = slow_colls(f, me), .bad = -1};
-    int rc;
-    if (n > 2 && (rc = coll_wait(self, reusable, &w)) != CW_OK) return failed(self, rc, &w, coll);
-    self->coll_n = n;
+    CollWait w;
+    int rc = begin(self, coll, op, code, nb, root, &w);
+    if (rc != CW_OK) return failed(self, rc, &w, coll);
+    uint64_t n = w.n;
     int ok = self->arena != NULL && !decline;
     for (long x = 0; ok && x < size; x++) ok = map_arena(self, x);
     /* what this rank offers: its input (Allreduce, Reduce, a Bcast's root), its output (Allreduce,
@@ -389,12 +399,10 @@ static PyObject *run(PosterObject *self, int coll, const char *send, char *recv,
         return run_mapped(self, coll, send, recv, nb, code, count, op, root, 0);
     FastLayout *f = &self->fl;
     long me = self->rank;
-    uint64_t n = self->coll_n + 1;
-    CollWait w = {.self = self, .n = n, .fp = fingerprint(coll, op, code, nb, root),
-                  .slow_before = slow_colls(f, me), .bad = -1};
-    int rc;
-    if (n > 2 && (rc = coll_wait(self, reusable, &w)) != CW_OK) return failed(self, rc, &w, coll);
-    self->coll_n = n;
+    CollWait w;
+    int rc = begin(self, coll, op, code, nb, root, &w);
+    if (rc != CW_OK) return failed(self, rc, &w, coll);
+    uint64_t n = w.n;
     char *slot = coll_slot(f, me, n);
     int writes = coll != COLL_BARRIER && !(coll == COLL_BCAST && me != root);
     if (writes && nb) memcpy(slot + CELL_HDR_BYTES, send ? send : recv, nb);
