@@ -319,3 +319,28 @@ def middle_declined_by_a_device_rank() -> dict:
             if me == 0 and not (r == size - 1 + i).all():
                 bad.append(f"call {i}: Reduce wrong")
     return {"bad": bad}
+
+
+def arena_unmappable() -> dict:
+    """Rank 0 runs under an address-space limit (RLIMIT_AS) that its progress process inherits: room
+    for rank 0's own 8 GiB arena there, not for rank 1's too, and not for rank 0 to map rank 1's.
+    Rank 1's registration of its arena fails (a warning; its arrays are staged), the middle
+    collectives are declined by every rank alike, and every result is still right."""
+    import resource
+    if os.environ.get("RANK") == "0":
+        vm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:"))
+        limit = (vm << 10) + (12 << 30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    bad: list[str] = []
+    with shmproxy.init() as comm:
+        me, size = comm.rank, comm.size
+        held = comm._arena_held
+        for n in (1 << 10, 1 << 15, 1 << 18):
+            a = np.full(n, float(me + 1))
+            out = np.empty_like(a)
+            comm.Allreduce(a, out)
+            b = a.copy()
+            comm.Bcast(b, 1)
+            if not (out == sum(range(1, size + 1))).all() or not (b == 2.0).all():
+                bad.append(f"{8 * n} B: wrong")
+    return {"bad": bad, "held": held}

@@ -51,3 +51,11 @@ def test_middle_collectives_a_rank_cannot_map_are_declined_by_every_rank():
 
 def test_middle_collectives_declined_by_a_device_rank_are_posted_by_every_rank():
     _clean(run_ranks(B + "middle_declined_by_a_device_rank", 3, timeout=120))
+
+
+def test_a_progress_process_that_cannot_map_an_arena_leaves_it_staged():
+    res = run_ranks(B + "arena_unmappable", 2, timeout=120,
+                    env={"SHMPROXY_NUMPY_ARENA_BYTES": "8G", "SHMPROXY_DEBUG": "WARN", "SHMPROXY_DEBUG_SUBSYS": "SHM"})
+    _clean(res)
+    assert [r["held"] for r in res.results] == [True, False], res.results
+    assert "cannot map the arena" in res.stderr[1], res.stderr[1]

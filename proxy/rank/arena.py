@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from shmproxy.core import log
+from shmproxy.core import errors, log
 from shmproxy.rank.buffers import Registry
 
 _log = log.get("SHM")
@@ -81,7 +81,14 @@ def attach(registry: Registry, params: Any) -> bool:
     with _lock:
         if not _make(params) or _arena().stats()["forked"]:
             return False
-        registry.adopt(_made["fd"], _made["base"], _made["size"])
+        try:
+            registry.adopt(_made["fd"], _made["base"], _made["size"])
+        except (errors.PeerDiedError, errors.Aborted, errors.Closed, errors.Timeout):
+            raise
+        except errors.ProxyError as exc:   # e.g. an address-space limit (ulimit -v) in the progress process
+            _log.warning("numpy arrays are staged on this communicator: its progress process cannot map "
+                         "the arena: %s", exc)
+            return False
         if _users == 0:
             try:
                 _arena().configure(params.NUMPY_ARENA_MIN_BYTES, params.NUMPY_ARENA_KEEP_BYTES)
