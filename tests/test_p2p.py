@@ -142,10 +142,12 @@ def test_profile_writes_a_chrome_trace(tmp_path):
     import json
     path = tmp_path / "trace-%p.json"
     # the fast path off: its messages and collectives (up to 256 KiB on a crowded node) never reach
-    # the progress process whose trace this is
+    # the progress process whose trace this is; and the collectives on the workers' path, which
+    # streams (the loop's own, up to COLL_INLINE_BYTES, does not)
     run_ranks(BODY + "profile_trace", 2, timeout=60, args=(str(path),),
               env={"SHMPROXY_PROFILE": "1", "SHMPROXY_PROFILE_FILE": str(path),
-                   "SHMPROXY_STREAMING_MIN_BYTES": "1M", "SHMPROXY_FAST_BYTES": "0"})
+                   "SHMPROXY_STREAMING_MIN_BYTES": "1M", "SHMPROXY_FAST_BYTES": "0",
+                   "SHMPROXY_COLL_INLINE_BYTES": "64K"})
     files = list(tmp_path.glob("trace-*.json"))
     assert len(files) == 1
     events = json.loads(files[0].read_text())["traceEvents"]

@@ -111,8 +111,8 @@ def _decline_middle(comm: "Comm", coll: int, arr: Any, op: int, root: int) -> No
     handshake, declined, so that every rank posts the call alike and the progress process decides
     (it refuses host and device mixed in one collective on every rank, and the communicator goes on).
     Nothing where the signature is not a middle one."""
-    if not comm._mapped_bytes or arr is None or arr is IN_PLACE:
-        return
+    if not comm._mapped_bytes or arr is None or arr is IN_PLACE or not comm._is_device_array(arr):
+        return   # not a device array (a derived datatype, a bad argument): the posted path judges it
     a = comm._device_args(COLL_NAMES[coll], arr, None)[0]
     code = DTYPE_CODE.get(a.dtype.char) if a is not None else None
     if (code is None or code == DTYPE_BFLOAT16 or not (a.nbytes > comm._fast_bytes or a.nbytes > comm._mapped_min)
