@@ -323,8 +323,8 @@ def middle_declined_by_a_device_rank() -> dict:
 
 def arena_unmappable() -> dict:
     """Rank 0 runs under an address-space limit (RLIMIT_AS) that its progress process inherits: room
-    for rank 0's own 8 GiB arena there, not for rank 1's too, and not for rank 0 to map rank 1's.
-    Rank 1's registration of its arena fails (a warning; its arrays are staged), the middle
+    for one 8 GiB arena there, not for both, and not for rank 0 to map rank 1's. The rank that
+    registers second fails to (a warning; its arrays are staged), the middle
     collectives are declined by every rank alike, and every result is still right."""
     import resource
     if os.environ.get("RANK") == "0":

@@ -57,5 +57,7 @@ def test_a_progress_process_that_cannot_map_an_arena_leaves_it_staged():
     res = run_ranks(B + "arena_unmappable", 2, timeout=120,
                     env={"SHMPROXY_NUMPY_ARENA_BYTES": "8G", "SHMPROXY_DEBUG": "WARN", "SHMPROXY_DEBUG_SUBSYS": "SHM"})
     _clean(res)
-    assert [r["held"] for r in res.results] == [True, False], res.results
-    assert "cannot map the arena" in res.stderr[1], res.stderr[1]
+    # whichever rank registers second finds no room left (the two register in either order)
+    held = [r["held"] for r in res.results]
+    assert sorted(held) == [False, True], res.results
+    assert "cannot map the arena" in res.stderr[held.index(False)], res.stderr
