@@ -102,7 +102,6 @@ typedef struct {
     char *scratch;          /* 2 * mapped_bytes in the arena: an input and an output that lie outside it */
     char **peer_arena;      /* comm rank -> its arena mapped here (this rank's own: arena), NULL until then */
     uint64_t *peer_arena_size;
-    PyObject *fast_posted[FAST_CALLS];  /* the collectives posted: where every rank declined the middle way */
     int proxy_fd;           /* a pidfd of the progress process (-1: none), and when it was last seen alive */
     long long proxy_checked;
 } PosterObject;

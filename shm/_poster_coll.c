@@ -34,7 +34,7 @@
  * copies the root's. Then DONE, and a rank returns only once every rank is DONE (its input was read
  * and its output written by the others). Whether a rank maps every arena is its own state (an arena
  * it cannot open), so its slot says; where one does not, every rank sees it in the slots and declines
- * alike after the handshake, and the call is posted to the progress process (fast_posted).
+ * alike after the handshake, and the call is posted to the progress process (declined).
  *
  * Waits spin (yielding) for WAIT_SPIN_US, then sleep on the futex word in slices of WAIT_SLICE_MS;
  * each wake-up re-checks the slots, the communicator's error and abort flags (the progress process
@@ -350,20 +350,17 @@ PyObject *_sp_Poster_coll_decline(PosterObject *self, PyObject *args) {
     return run_mapped(self, coll, NULL, NULL, nb, code, count, op, root, 1);
 }
 
-/* set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch, posted): the middle
- * collectives, above mapped_min (the cells keep those, where fast_bytes allows) and up to
- * mapped_bytes per rank (0: off; every rank passes the same, with or without an arena: arena 0);
- * posted: the Python calls that post Allreduce, Bcast and Reduce (indexed as the fast fallbacks),
- * for a collective every rank declined. Publishes the arena in this rank's line. After set_fast. */
+/* set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch): the middle collectives,
+ * above mapped_min (the cells keep those, where fast_bytes allows) and up to mapped_bytes per rank
+ * (0: off; every rank passes the same, with or without an arena: arena 0). Publishes the arena in
+ * this rank's line. After set_fast. */
 PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args) {
     unsigned long long mapped, mapped_min, arena, arena_size, scratch;
     int fd;
-    PyObject *posted;
-    if (!PyArg_ParseTuple(args, "KKKKiKO", &mapped, &mapped_min, &arena, &arena_size, &fd, &scratch, &posted))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "KKKKiK", &mapped, &mapped_min, &arena, &arena_size, &fd, &scratch)) return NULL;
     if (!_sp_check_mapped(self)) return NULL;
-    if (!self->fl.fast || !PyTuple_Check(posted) || PyTuple_GET_SIZE(posted) != FAST_CALLS) {
-        PyErr_SetString(PyExc_ValueError, "set_arena: after set_fast, with one posted call per fast call");
+    if (!self->fl.fast) {
+        PyErr_SetString(PyExc_ValueError, "set_arena: after set_fast");
         return NULL;
     }
     _sp_unmap_arenas(self);
@@ -372,11 +369,6 @@ PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args) {
     if (!self->peer_arena || !self->peer_arena_size) {
         _sp_unmap_arenas(self);
         return PyErr_NoMemory();
-    }
-    for (int i = 0; i < FAST_CALLS; i++) {
-        PyObject *fn = PyTuple_GET_ITEM(posted, i);
-        Py_INCREF(fn);
-        Py_XSETREF(self->fast_posted[i], fn);
     }
     self->arena = arena && scratch ? (char *)(uintptr_t)arena : NULL;
     self->arena_size = arena_size;
@@ -461,12 +453,22 @@ static PyObject *fallback(PosterObject *self, int which, PyObject *const *args, 
 }
 
 /* run's result, where every rank declined a middle collective (Ellipsis), posted instead with the
- * call's own arguments: never the fallback, which would run the handshake a second time. */
+ * call's own arguments through the collective's nonblocking form (Iallreduce, Ibcast, Ireduce: the
+ * C posts' own fallbacks) and waited for: never the fast fallback, which would run the handshake a
+ * second time. */
 static PyObject *declined(PosterObject *self, int which, PyObject *res, PyObject *const *args, size_t nargsf,
                           PyObject *kw) {
     if (res != Py_Ellipsis) return res;
     Py_DECREF(res);
-    return PyObject_Vectorcall(self->fast_posted[which], args, nargsf, kw);
+    PyObject *post = which == FAST_ALLREDUCE ? self->allreduce_fallback
+                     : self->coll_fallback[which == FAST_BCAST ? COLL_BCAST : COLL_REDUCE];
+    PyObject *req = PyObject_Vectorcall(post, args, nargsf, kw);
+    if (!req) return NULL;
+    PyObject *st = PyObject_CallMethod(req, "Wait", NULL);
+    Py_DECREF(req);
+    if (!st) return NULL;
+    Py_DECREF(st);
+    Py_RETURN_NONE;
 }
 
 /* barrier(): Comm.Barrier. */

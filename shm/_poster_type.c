@@ -32,7 +32,6 @@ static int Poster_traverse(PosterObject *self, visitproc visit, void *arg) {
     for (int i = 0; i <= COLL_ALLTOALL; i++) Py_VISIT(self->coll_fallback[i]);
     Py_VISIT(self->in_place);
     for (int i = 0; i < FAST_CALLS; i++) Py_VISIT(self->fast_fallback[i]);
-    for (int i = 0; i < FAST_CALLS; i++) Py_VISIT(self->fast_posted[i]);
     Py_VISIT(self->fast_failed);
     Py_VISIT(self->fast_check);
     return 0;
@@ -54,7 +53,6 @@ static int Poster_clear(PosterObject *self) {
     for (int i = 0; i <= COLL_ALLTOALL; i++) Py_CLEAR(self->coll_fallback[i]);
     Py_CLEAR(self->in_place);
     for (int i = 0; i < FAST_CALLS; i++) Py_CLEAR(self->fast_fallback[i]);
-    for (int i = 0; i < FAST_CALLS; i++) Py_CLEAR(self->fast_posted[i]);
     Py_CLEAR(self->fast_failed);
     Py_CLEAR(self->fast_check);
     self->fl.fast = NULL;
@@ -335,7 +333,7 @@ static PyMethodDef Poster_methods[] = {
     {"reduce", (PyCFunction)(void (*)(void))_sp_Poster_reduce, METH_FASTCALL | METH_KEYWORDS,
      "reduce(sendbuf, recvbuf, op=SUM, root=0) (see Comm.Reduce)"},
     {"set_arena", (PyCFunction)_sp_Poster_set_arena, METH_VARARGS,
-     "set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch, posted): the middle collectives"},
+     "set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch): the middle collectives"},
     {"coll_decline", (PyCFunction)_sp_Poster_coll_decline, METH_VARARGS,
      "coll_decline(coll, nbytes, code, count, op, root): decline a middle collective with every rank"},
     {"coll_fast", (PyCFunction)_sp_Poster_coll_fast, METH_VARARGS,

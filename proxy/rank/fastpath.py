@@ -98,11 +98,7 @@ def bind_arena(comm: "Comm", held: tuple[int, int, int] | None) -> None:
     if held is not None:
         base, size, fd = held
         scratch = comm._arena_scratch = arena.block(2 * mapped)
-    posted = (lambda: comm.Ibarrier().Wait(),
-              lambda *a, **k: comm.Iallreduce(*a, **k).Wait(),
-              lambda *a, **k: comm.Ibcast(*a, **k).Wait(),
-              lambda *a, **k: comm.Ireduce(*a, **k).Wait())
-    comm._pp.set_arena(mapped, least, base, size, fd, scratch, posted)
+    comm._pp.set_arena(mapped, least, base, size, fd, scratch)
     comm._mapped_bytes, comm._mapped_min = mapped, least
 
 
@@ -177,9 +173,7 @@ def allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, 
                                          and sendbuf.size == recvbuf.size))
             and small(comm, Coll.ALLREDUCE, recvbuf.nbytes, recvbuf.dtype, o)):
         if _run(comm, Coll.ALLREDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf, o, 0):
-            return
-        comm.Iallreduce(sendbuf, recvbuf, op).Wait()
-        return
+            return   # else every rank declined a middle one: posted below
     if o is not None and _not_host(sendbuf, recvbuf):
         if devcoll.allreduce(comm, sendbuf, recvbuf, o, stream):
             return
@@ -191,10 +185,9 @@ def allreduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, 
 
 def _bcast(comm: "Comm", buf: Any, root: int = 0, stream: Any = None) -> None:
     ok_root = isinstance(root, (int, np.integer)) and 0 <= int(root) < comm.size
-    if ok_root and _out(buf) and small(comm, Coll.BCAST, buf.nbytes, buf.dtype, 0):
-        if not _run(comm, Coll.BCAST, None, buf, 0, int(root)):
-            comm.Ibcast(buf, root).Wait()
-        return
+    if (ok_root and _out(buf) and small(comm, Coll.BCAST, buf.nbytes, buf.dtype, 0)
+            and _run(comm, Coll.BCAST, None, buf, 0, int(root))):
+        return   # else every rank declined a middle one: posted below
     if ok_root and _not_host(buf):
         if _device(comm, Coll.BCAST, buf, None, 0, int(root), stream):
             return
@@ -214,10 +207,9 @@ def _reduce(comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, ro
             and (sendbuf is not IN_PLACE or at_root)
             and (at_root or recvbuf is None or _out(recvbuf))   # checked as the root's (Comm._coll)
             and small(comm, Coll.REDUCE, sig.nbytes, sig.dtype, o)):
-        if not _run(comm, Coll.REDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf if at_root else None, o,
-                    int(root)):
-            comm.Ireduce(sendbuf, recvbuf, op, root).Wait()
-        return
+        if _run(comm, Coll.REDUCE, None if sendbuf is IN_PLACE else sendbuf, recvbuf if at_root else None, o,
+                int(root)):
+            return   # else every rank declined a middle one: posted below
     if o is not None and ok_root and _not_host(sendbuf, recvbuf):
         if comm.params.FAST_DEVICE_REDUCTIONS and _device(comm, Coll.REDUCE, sendbuf, recvbuf, o, int(root), stream):
             return
