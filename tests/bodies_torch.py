@@ -6,6 +6,7 @@ difference at once instead of the first assertion.
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -405,7 +406,7 @@ def adoption() -> dict[str, Any]:
     import threading
     gloo, shm = _groups()
     me, ws = dist.get_rank(), dist.get_world_size()
-    out: dict[str, Any] = {"can_adopt": shm.adopter.enabled}
+    out: dict[str, Any] = {"how": shm.adopter.how}
 
     a, b = _train_wide(gloo, 384, 3, 200 + me, 8), _train_wide(shm, 384, 3, 200 + me, 8)
     out["ddp_max_diff"] = max(float((x - y).abs().max()) for x, y in zip(a, b))
@@ -417,6 +418,18 @@ def adoption() -> dict[str, Any]:
         dist.all_reduce(t, group=shm)
         seen.append(float(t[-1]))
     out["reused"] = seen
+    # The adopted storage's memory is registered while it lives, and only then: a view keeps it alive.
+    registry = shm.comm._registry
+    view, start, nbytes = t[5:9], t.data_ptr(), t.numel() * t.element_size()
+    out["registered"] = registry.find(start, nbytes) is not None
+    out["shared"] = t.untyped_storage().is_shared()
+    del t
+    gc.collect()
+    out["registered with a view left"] = registry.find(start, nbytes) is not None
+    out["view"] = [float(x) for x in view]
+    del view
+    gc.collect()
+    out["registered after its death"] = registry.find(start, nbytes) is not None
     kept = torch.zeros(1 << 17)
     view = kept.numpy()
     before = shm.adopter.adopted

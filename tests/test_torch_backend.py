@@ -173,16 +173,25 @@ def test_unsupported_ops_and_dtypes_are_clear_errors() -> None:
 
 
 @pytest.mark.launcher
-def test_reused_tensors_move_to_registered_memory() -> None:
-    res = run_ranks(f"{B}:adoption", 2, timeout=250, launcher="torchrun")
+@pytest.mark.parametrize("how", ["auto", "share"])
+def test_reused_tensors_move_to_registered_memory(how: str) -> None:
+    """auto is the swap on a torch that has it (CI's), share on older ones; share is every torch's."""
+    res = run_ranks(f"{B}:adoption", 2, timeout=250, launcher="torchrun", env={"SHMPROXY_TORCH_ADOPT": how})
+    swap = hasattr(importlib.import_module("torch").UntypedStorage, "_swap_data_ptr_")
     for r in res.results:
+        assert r["how"] == ("swap" if how == "auto" and swap else "share"), r
         assert r["ddp_max_diff"] == 0.0, r
+        assert r["ddp_adopted"] >= 1, r
         n = r["ws"]
         assert r["reused"] == [float(sum(range(i, i + n))) for i in range(4)], r
+        top = float(sum(range(3, 3 + n)))
+        assert r["registered"] is True and r["registered with a view left"] is True, r
+        assert r["view"] == [top] * 4, r
+        assert r["shared"] is (r["how"] == "share"), r
+        if r["how"] == "share":   # the swap's memory is comm.alloc's, which deregisters as its array dies
+            assert r["registered after its death"] is False, r
         assert r["numpy_viewed_moved"] is False and r["numpy_view"] == float(n), r
         assert r["completed_unwaited"] is True, r
-        if r["can_adopt"]:   # torch >= 2.13: a DDP bucket moved
-            assert r["ddp_adopted"] >= 1, r
 
 
 def _torch_bench() -> Any:

@@ -75,6 +75,13 @@ def _parse_level(text: str) -> str:
 SUBSYSTEMS = ("INIT", "PROXY", "SHM", "NET", "SERVICE", "BOOTSTRAP", "COLL", "ALL")
 
 
+def _parse_adopt(text: str) -> str:
+    t = text.strip().lower()
+    if t not in ("auto", "swap", "share", "off"):
+        raise ValueError("expected one of auto, swap, share, off")
+    return t
+
+
 def _parse_subsys(text: str) -> str:
     parts = [p.strip().upper() for p in text.split(",") if p.strip()]
     bad = [p.lstrip("^") for p in parts if p.lstrip("^") not in SUBSYSTEMS]
@@ -360,6 +367,13 @@ _DECLARED: tuple[Param, ...] = (
        "for such calls (a blocking collective never matches a nonblocking one: the group fails on every "
        "rank with InvalidUsage). Off: every call is posted and its Work waited for. Every rank must use "
        "the same value."),
+    _p("TORCH_ADOPT", _parse_adopt, "auto",
+       "How the torch backend moves a large CPU tensor it sees a second time (DDP's buckets) into "
+       "registered memory (shmproxy.torch.tensors): swap (its storage swaps memory with a comm.alloc "
+       "block; torch >= 2.13), share (its storage is moved into shared memory with share_memory_(), "
+       "the file-descriptor strategy of torch.multiprocessing, whose descriptor is then registered; "
+       "every torch of the supported range), auto (swap where torch has it, else share) or off "
+       "(such tensors are staged at every call)."),
     _p("NUMPY_ARENA", _parse_bool, True,
        "numpy arrays of at least NUMPY_ARENA_MIN_BYTES made after init (in the thread that called it) "
        "are allocated in registered memory, so that operations on them copy nothing at the rank, as "

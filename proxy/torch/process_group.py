@@ -61,7 +61,7 @@ class ProcessGroupShmproxy(dist.ProcessGroup):
         self.timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         self.group_label = label or f"r{rank}"
         self.lock = threading.RLock()
-        self.adopter = Adopter(comm)
+        self.adopter = Adopter(comm, comm.params.TORCH_ADOPT)
         self.stage_pool = StagePool(comm, comm.params.STAGING_CACHE)
         self.side_streams = cuda.SideStreams()    # the completion thread's copies back
         self.kernel_streams = cuda.SideStreams()  # async calls' kernels of the ranks' own (ops.allreduce_on_gpus)

@@ -22,15 +22,22 @@ memory: ``alloc_tensor`` gives such tensors). The rules, each the reason for a c
 copy in at every post and out at every completion, on the rank's cores; for large tensors those two
 copies take longer than the collective itself. DDP's buckets (and most tensors a training loop
 reduces) are allocated once and reduced every step, so the second time a group sees the same large
-tensor it moves the tensor's *storage* into registered memory once: a ``comm.alloc`` buffer of the
-storage's size gets the bytes, and the two storages swap their memory (``_swap_data_ptr_``), so every
-view of the storage (DDP's per-parameter bucket views included) now lies in registered memory, and
-the old memory is freed with the throwaway storage. From then on the C post path finds the tensor
-registered: no staging copy in either direction. Only storages torch's own allocator made (resizable),
-wholly covered by the contiguous tensor, are adopted: numpy-backed, memory-mapped or shared storages
-are left alone (their memory belongs to someone else). The adopted storage is no longer resizable
-(``resize_`` beyond its size raises, as for a tensor from numpy); its memory is returned to the
-communicator when the storage dies. A tensor adopted by one group is staged by any other group.
+tensor it moves the tensor's *storage* into registered memory once, in one of two ways (TORCH_ADOPT):
+
+- *swap* (torch >= 2.13): a ``comm.alloc`` buffer of the storage's size gets the bytes, and the two
+  storages swap their memory (``_swap_data_ptr_``); the old memory is freed with the throwaway storage.
+  The adopted storage is no longer resizable (``resize_`` beyond its size raises, as for a tensor from
+  numpy); its memory is returned to the communicator when the storage dies.
+- *share* (every torch of the supported range; the default where swap is missing): torch's own
+  ``share_memory_()`` moves the storage into an unlinked shared-memory file (torch.multiprocessing's
+  file-descriptor strategy), and the file's descriptor, which the storage holds for its life, is
+  registered with the progress process; a finalizer on the storage deregisters it when it dies.
+
+Either way every view of the storage (DDP's per-parameter bucket views included) now lies in registered
+memory, and from then on the C post path finds the tensor registered: no staging copy in either
+direction. Only storages torch's own allocator made (resizable, not shared), wholly covered by the
+contiguous tensor, are adopted: numpy-backed, memory-mapped or shared storages are left alone (their
+memory belongs to someone else). A tensor adopted by one group is staged by any other group.
 
 **Staging by the group** (``StagePool``). A large tensor that is not (yet) in registered memory (seen
 once, a view at an offset of a larger storage, numpy-backed) is copied into one of the group's own
@@ -43,14 +50,17 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from shmproxy.core import errors
+from shmproxy.core import errors, log
 from shmproxy.torch import cuda
+
+_log = log.get("COLL")
 
 # torch dtype -> numpy dtype that holds the same bits. bfloat16 is handled apart (see the header).
 _NUMPY: dict[torch.dtype, np.dtype] = {
@@ -149,12 +159,12 @@ class Adopter:
     MIN_BYTES = 256 << 10      # below this a staging copy costs less than the bookkeeping
     MAX_SEEN = 4096            # remembered candidates; forgotten all at once past this
 
-    def __init__(self, comm: object):
+    def __init__(self, comm: Any, how: str = "auto"):
         self._comm = comm
         self._seen: set[tuple[int, int]] = set()
-        # False: never adopt (tensors whose address is shared outside torch, e.g. through DLPack). Off
-        # on a torch without UntypedStorage._swap_data_ptr_ (before 2.13): every tensor is staged there.
-        self.enabled = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+        self.how = _adopt_how(how)
+        # False: never adopt (tensors whose address is shared outside torch, e.g. through DLPack).
+        self.enabled = self.how != "off"
         self.adopted = 0        # storages moved (for tests and the benchmark's trace)
 
     def __call__(self, t: torch.Tensor) -> bool:
@@ -165,7 +175,9 @@ class Adopter:
             return False
         st = t.untyped_storage()
         # Not resizable: numpy-backed, memory-mapped, viewed by numpy (Tensor.numpy() clears the flag,
-        # so a view the user holds is never left pointing at freed memory), or adopted already.
+        # so a view the user holds is never left pointing at freed memory), or swapped already.
+        # Shared: someone else's memory, or shared already (by this group: registered, so the C post
+        # path finds it; by another group: staged here, as the module header says).
         if not st.resizable() or st.is_shared() or st.nbytes() != nbytes or t.storage_offset() != 0:
             return False
         key = (st.data_ptr(), nbytes)
@@ -175,12 +187,48 @@ class Adopter:
             self._seen.add(key)
             return True
         self._seen.discard(key)
-        reg = torch.from_numpy(self._comm.alloc(nbytes, np.uint8))  # type: ignore[attr-defined]
+        if self.how == "swap":
+            self._swap(st, nbytes)
+        else:
+            self._share(st)
+        self.adopted += 1
+        return True
+
+    def _swap(self, st: torch.UntypedStorage, nbytes: int) -> None:
+        reg = torch.from_numpy(self._comm.alloc(nbytes, np.uint8))
         reg.copy_(torch.empty(0, dtype=torch.uint8).set_(st))
         # st now owns the registered buffer, reg the old memory
         st._swap_data_ptr_(reg.untyped_storage())  # type: ignore[attr-defined]
-        self.adopted += 1
-        return True
+
+    def _share(self, st: torch.UntypedStorage) -> None:
+        # share_memory_() copies the bytes into an unlinked POSIX shm file and points the storage (and so
+        # every view of it) there; the storage keeps the file's descriptor open for its life, and
+        # _share_fd_cpu_() on a storage shared so hands it out (what torch.multiprocessing sends to
+        # other processes). The mapping starts at the storage's data. A storage shared so cannot be
+        # resized (torch has no allocator for it), so the range stays what was registered until the
+        # storage dies, when the finalizer (the storage's Python object lives as long as its memory)
+        # deregisters it before anything else can be mapped there.
+        st.share_memory_()
+        fd, size = st._share_fd_cpu_()  # type: ignore[attr-defined]
+        start = st.data_ptr()
+        registry = self._comm._registry
+        registry.adopt(fd, start, size)
+        weakref.finalize(st, registry.remove, start)
+
+
+def _adopt_how(how: str) -> str:
+    """The TORCH_ADOPT setting this torch can do (module header): "swap", "share" or "off"."""
+    can_swap = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+    # share needs torch.multiprocessing's file-descriptor strategy (the default on Linux): under
+    # "file_system" share_memory_() makes a named file without a descriptor to register.
+    can_share = (hasattr(torch.UntypedStorage, "_share_fd_cpu_")
+                 and torch.multiprocessing.get_sharing_strategy() == "file_descriptor")
+    if how == "auto":
+        return "swap" if can_swap else "share" if can_share else "off"
+    if (how == "swap" and not can_swap) or (how == "share" and not can_share):
+        _log.warning("TORCH_ADOPT=%s: this torch (%s) cannot; large tensors are staged", how, torch.__version__)
+        return "off"
+    return how
 
 
 class StagePool:
