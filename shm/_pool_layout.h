@@ -65,7 +65,7 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_STREAM_SEQ, SLOT_
 #define CELL_TPOST_OFF 48
 #define CELL_HDR_BYTES 64
 enum { CELL_EMPTY = 0, CELL_FULL = 1, CELL_TAKING = 2, CELL_DRAINING = 3 };
-#define CAREA_WORD_OFF 0         /* u32 futex word of the small collectives (atomic add on every arrival) */
+#define CAREA_WORD_OFF 0         /* u32 futex word of the small collectives (bumped to wake sleepers) */
 #define CAREA_WAITERS_OFF 8      /* u64 ranks that may sleep on it (atomic) */
 #define CRANK_DONE_OFF 0         /* u64, the rank: the last small collective it finished reading */
 #define CRANK_SLOW_COLLS_OFF 8   /* u64, the rank: collectives it posted to the progress process */

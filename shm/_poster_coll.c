@@ -10,14 +10,14 @@
  *      same slots; a rank about to write them has finished n - 1, so this rarely waits;
  *   2. write its contribution (Allreduce, Reduce, the root of a Bcast), the collective's fingerprint
  *      and the number of collectives it posted to the progress process before this one, then the
- *      slot's SEQ = n (release), and bump the area's futex word, waking sleepers;
+ *      slot's SEQ = n (release), and wake sleepers (notify);
  *   3. wait for every rank's slot to say SEQ = n, comparing fingerprints (also where a rank reads
  *      nothing, as a Bcast's root does: so a mismatch is found on every rank, as the progress
  *      process finds it for its collectives);
  *   4. reduce the slots in rank order (a Reduce's root first) into its output: the order of the
  *      progress process's collectives, so every rank and both paths give the same bits; or copy the
  *      root's;
- *   5. DONE = n, and bump the word again.
+ *   5. DONE = n, and notify again.
  * A rank whose slot lags while it posted more collectives to the progress process than this rank
  * had when it wrote its own went the other way for this collective (a device buffer, a different
  * size): that is a mismatch, reported as the progress process reports one, and the communicator
@@ -76,10 +76,19 @@ static uint64_t fingerprint(int coll, int op, int code, uint64_t nbytes, long ro
            (nbytes << 32);
 }
 
+/* Wake the ranks sleeping in coll_wait, after this rank's store of its slot or DONE. The futex word
+ * is bumped only when someone may sleep: a bump on every arrival made each rank take the area's line
+ * for an atomic twice per collective, which at 16 ranks cost as much as the collective. Ordering
+ * (Dekker's): this rank stores its state, fences, loads WAITERS; a sleeper adds itself to WAITERS
+ * (a full barrier) after reading the word, then re-checks the slots before FUTEX_WAIT. So either
+ * the sleeper sees the new state and does not sleep, or this rank sees it waiting and bumps the
+ * word it waits on, which ends or prevents the sleep. */
 static void notify(FastLayout *f) {
-    __atomic_add_fetch((uint32_t *)(f->coll + CAREA_WORD_OFF), 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(FAST_Q(f->coll, CAREA_WAITERS_OFF), __ATOMIC_SEQ_CST))
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(FAST_Q(f->coll, CAREA_WAITERS_OFF), __ATOMIC_SEQ_CST)) {
+        __atomic_add_fetch((uint32_t *)(f->coll + CAREA_WORD_OFF), 1, __ATOMIC_SEQ_CST);
         syscall(SYS_futex, f->coll + CAREA_WORD_OFF, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
 }
 
 typedef struct {

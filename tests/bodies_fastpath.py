@@ -224,6 +224,42 @@ def small_collectives(seed: int, steps: int) -> dict:
         return {"small": int(comm._pp.coll_n)}
 
 
+def sleepers_woken(seed: int, steps: int) -> dict:
+    """Small collectives (cells and the middle way) whose ranks sleep on the futex word at once
+    (WAIT_SPIN_US=0), arriving at random times, so that some rank is always asleep when another
+    arrives: each call must end as soon as the last rank arrives, never a sleep's slice later."""
+    rng = random.Random(seed)
+    with shmproxy.init() as comm:
+        me, n = comm.rank, comm.size
+        big = np.ones(16 << 10, np.float32)   # 64 KiB: the middle collectives, through the arena
+        out = np.zeros_like(big)
+        worst = 0.0
+        for i in range(steps):
+            if rng.random() < 0.5:
+                time.sleep(rng.random() * 0.002 * ((me + i) % n))
+            t0 = time.monotonic()
+            kind = i % 5
+            if kind == 0:
+                comm.Barrier()
+            elif kind == 1:
+                x = np.array([me + i], np.int64)
+                comm.Allreduce(x, y := np.zeros(1, np.int64))
+                assert y[0] == sum(range(i, i + n)), (i, y)
+            elif kind == 2:
+                b = np.array([i if me == i % n else -1], np.int64)
+                comm.Bcast(b, root=i % n)
+                assert b[0] == i, (i, b)
+            elif kind == 3:
+                r = np.zeros(1, np.int64)
+                comm.Reduce(np.array([1], np.int64), r, root=i % n)
+                assert me != i % n or r[0] == n, (i, r)
+            else:
+                comm.Allreduce(big, out)
+                assert out[7] == n, (i, out[7])
+            worst = max(worst, time.monotonic() - t0)
+        return {"worst": worst, "steps": steps}
+
+
 def blocking_against_nonblocking() -> dict:
     """Rank 0 calls Iallreduce where the others call a small blocking Allreduce: every rank raises
     InvalidUsage (the two never match, as in MPI) within seconds, naming the collective."""

@@ -50,6 +50,15 @@ def test_results_are_the_same_with_the_fast_path_off():
     assert [r["digest"] for r in on.results] == [r["digest"] for r in off.results]
 
 
+def test_small_collectives_wake_every_sleeper():
+    """A lost wake-up would leave a rank asleep for the slice (30 s here); the random delays before
+    the calls are at most a few ms, so every call's wait stays far below it."""
+    res = run_ranks(BODY + "sleepers_woken", 3, timeout=120, args=(3, 400),
+                    env={"SHMPROXY_WAIT_SPIN_US": "0", "SHMPROXY_WAIT_SLICE_MS": "30000"})
+    for r in res.results:
+        assert r["worst"] < 10, r
+
+
 def test_blocking_collective_against_nonblocking_is_a_mismatch_on_every_rank():
     res = run_ranks(BODY + "blocking_against_nonblocking", 3, timeout=90, env={"SHMPROXY_TIMEOUT": "60"})
     for rank, r in enumerate(res.results):
