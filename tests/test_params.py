@@ -51,8 +51,18 @@ def test_fast_path_size_by_ranks_crowding_and_settings():
     process share cores; off across nodes and above FAST_MAX_RANKS; FAST_BYTES set wins."""
     p = params_mod.Params(env={})
     sizes = {n: (p.fast_bytes(n, n), p.fast_bytes(n, n, crowded=True)) for n in (2, 3, 4, 8, 16, 64)}
+    # no memory known: the pool's floor, 4 MiB
     assert sizes == {2: (64 << 10, 256 << 10), 3: (64 << 10, 64 << 10), 4: (64 << 10, 64 << 10),
                      8: (16 << 10, 16 << 10), 16: (4 << 10, 4 << 10), 64: (512, 512)}
+    # the pool scales with the node's memory (1/4096), up to 64 MiB: 24 GiB keeps 16 KiB at 8 ranks,
+    # 256 GiB gives 8 and 16 ranks the whole 64 KiB
+    gib = 1 << 30
+    assert [p.fast_bytes(n, n, mem_bytes=24 * gib) for n in (2, 8, 16)] == [64 << 10, 16 << 10, 4 << 10]
+    big = [p.fast_bytes(n, n, mem_bytes=256 * gib) for n in (2, 8, 16, 32)]
+    assert big == [64 << 10, 64 << 10, 64 << 10, 16 << 10]
+    assert p.fast_bytes(16, 16, mem_bytes=1 << 50) == 64 << 10
+    assert params_mod.Params(env={"SHMPROXY_FAST_AUTO_POOL_BYTES": "4M"}).fast_bytes(
+        16, 16, mem_bytes=256 * gib) == 4 << 10
     assert p.fast_bytes(2, 4) == 0 and p.fast_bytes(65, 65) == 0   # across nodes; too many ranks
     fixed = params_mod.Params(env={"SHMPROXY_FAST_BYTES": "1K"})
     assert fixed.fast_bytes(2, 2, crowded=True) == 1024 and fixed.fast_bytes(16, 16) == 1024

@@ -10,3 +10,8 @@ def crowded(nlocal: int) -> bool:
     the loop does not spin right after completing such work (proxy/engine/completion.py,
     complete_large)."""
     return (os.cpu_count() or 1) < nlocal + 2
+
+
+def memory_bytes() -> int:
+    """The node's memory (what automatic sizes that take memory of every communicator scale with)."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 from shmproxy.core.errors import InvalidArgument
 
 PREFIX = "SHMPROXY_"
+FAST_AUTO_POOL_MIN, FAST_AUTO_POOL_MAX = 4 << 20, 64 << 20   # FAST_AUTO_POOL_BYTES=-1's bounds
 
 
 def _parse_bool(text: str) -> bool:
@@ -239,8 +240,10 @@ _DECLARED: tuple[Param, ...] = (
        "Small blocking Allreduce and Reduce of device arrays run between the ranks through host copies, as "
        "a small device Bcast does. Off by default: on a GPU shared by ranks without MPS the two copies per "
        "call cost more than the progress process's path (BENCHMARKS.md). Every rank must use the same value."),
-    _p("FAST_AUTO_POOL_BYTES", parse_size, 4 << 20,
-       "With FAST_BYTES=auto: the shared memory the fast path's cells of a communicator may take.", 0),
+    _p("FAST_AUTO_POOL_BYTES", _parse_size_or_auto, -1,
+       "With FAST_BYTES=auto: the shared memory the fast path's cells of a communicator may take. "
+       "-1 = automatic: the node's memory / 4096, between 4 MiB and 64 MiB (so 64 KiB cells at 16 ranks "
+       "on a node of 256 GiB, 16 KiB at 8 ranks on one of 24 GiB; measured: BENCHMARKS.md)."),
     _p("FAST_AUTO_MAX_BYTES", parse_size, 64 << 10,
        "With FAST_BYTES=auto: the largest message the fast path takes, where FAST_AUTO_POOL_BYTES allows "
        "it (2 to 4 ranks per node; 16 KiB at 8, 4 KiB at 16). Up to 64 KiB, two copies between the ranks "
@@ -516,16 +519,20 @@ class Params:
             return self.COLL_INLINE_BYTES
         return max(64 << 10, min(1 << 20, self.COLL_INLINE_AUTO_BYTES // max(nlocal * nlocal, 1)))
 
-    def fast_bytes(self, nlocal: int, size: int, crowded: bool = False) -> int:
+    def fast_bytes(self, nlocal: int, size: int, crowded: bool = False, mem_bytes: int = 0) -> int:
         """The fast path's message limit on a communicator of ``size`` ranks, ``nlocal`` on this node:
         0 (off) unless they all are, and no more than FAST_MAX_RANKS; FAST_BYTES, or its automatic
-        value (a power of two: the cells of nlocal**2 pairs, FAST_CELLS each, in FAST_AUTO_POOL_BYTES,
-        at most FAST_AUTO_MAX_BYTES, or FAST_AUTO_CROWDED_MAX_BYTES on a ``crowded`` node)."""
+        value (a power of two: the cells of nlocal**2 pairs, FAST_CELLS each, in FAST_AUTO_POOL_BYTES
+        (automatic: from the node's ``mem_bytes``), at most FAST_AUTO_MAX_BYTES, or
+        FAST_AUTO_CROWDED_MAX_BYTES on a ``crowded`` node)."""
         if nlocal != size or nlocal > self.FAST_MAX_RANKS or self.FAST_BYTES == 0:
             return 0
         if self.FAST_BYTES > 0:
             return self.FAST_BYTES
-        per = self.FAST_AUTO_POOL_BYTES // (4 * nlocal * nlocal)
+        pool = self.FAST_AUTO_POOL_BYTES
+        if pool < 0:
+            pool = max(FAST_AUTO_POOL_MIN, min(FAST_AUTO_POOL_MAX, mem_bytes // 4096))
+        per = pool // (4 * nlocal * nlocal)
         b = 512
         cap = self.FAST_AUTO_CROWDED_MAX_BYTES if crowded else self.FAST_AUTO_MAX_BYTES
         while b * 2 <= min(per, cap):

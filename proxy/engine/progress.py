@@ -90,7 +90,7 @@ class ProgressEngine:
         # settings differ there, the fast path's size among them.
         self.crowded = host.crowded(nlocal)
         # The fast path (engine/fastpath.py) needs every rank of the communicator on this node.
-        fast = params.fast_bytes(nlocal, size, self.crowded)
+        fast = params.fast_bytes(nlocal, size, self.crowded, host.memory_bytes())
         layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS, fast)
         self.seg = Segment.create(f"{job_key[:8]}-c{comm_id}", layout.total_bytes, params.SHM_DIR)
         self.view = P.PoolView.initialize(self.seg.mm, self.seg.addr, layout)
