@@ -97,6 +97,7 @@ typedef struct {
     /* the middle collectives through the ranks' numpy arenas (shm/_poster_coll.c): off until set_arena() */
     uint64_t mapped_bytes;  /* the largest taken that way (bytes per rank); 0: off */
     uint64_t mapped_min;    /* and the largest the cells keep */
+    uint64_t mapped_min_reduce;   /* the same for a Reduce (its root alone reads every cell) */
     char *arena;            /* this process's arena, NULL where it has none */
     uint64_t arena_size;
     char *scratch;          /* 2 * mapped_bytes in the arena: an input and an output that lie outside it */

@@ -23,8 +23,9 @@
  * size): that is a mismatch, reported as the progress process reports one, and the communicator
  * fails on every rank.
  *
- * The middle collectives. An Allreduce, Bcast or Reduce of more than mapped_min (where the cells
- * would take it, they cost a handshake less below that) and at most mapped_bytes per rank runs
+ * The middle collectives. An Allreduce, Bcast or Reduce of more than mapped_min (a Reduce:
+ * mapped_min_reduce, lower: its root alone would read every cell; where the cells would take it,
+ * they cost a handshake less below that) and at most mapped_bytes per rank runs
  * between the ranks, through their numpy arenas (shm/_arena.c): each
  * rank maps every other's arena (/proc/<pid>/fd/<fd>, as its line publishes them), and a slot carries
  * where the rank's input and output lie in its arena instead of the data (an array outside the arena
@@ -359,14 +360,17 @@ PyObject *_sp_Poster_coll_decline(PosterObject *self, PyObject *args) {
     return run_mapped(self, coll, NULL, NULL, nb, code, count, op, root, 1);
 }
 
-/* set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch): the middle collectives,
- * above mapped_min (the cells keep those, where fast_bytes allows) and up to mapped_bytes per rank
+/* set_arena(mapped_bytes, mapped_min, mapped_min_reduce, arena, arena_size, arena_fd, scratch): the
+ * middle collectives, above mapped_min (mapped_min_reduce for a Reduce: the cells keep those, where
+ * fast_bytes allows) and up to mapped_bytes per rank
  * (0: off; every rank passes the same, with or without an arena: arena 0). Publishes the arena in
  * this rank's line. After set_fast. */
 PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args) {
-    unsigned long long mapped, mapped_min, arena, arena_size, scratch;
+    unsigned long long mapped, mapped_min, mapped_min_reduce, arena, arena_size, scratch;
     int fd;
-    if (!PyArg_ParseTuple(args, "KKKKiK", &mapped, &mapped_min, &arena, &arena_size, &fd, &scratch)) return NULL;
+    if (!PyArg_ParseTuple(args, "KKKKKiK", &mapped, &mapped_min, &mapped_min_reduce, &arena, &arena_size, &fd,
+                          &scratch))
+        return NULL;
     if (!_sp_check_mapped(self)) return NULL;
     if (!self->fl.fast) {
         PyErr_SetString(PyExc_ValueError, "set_arena: after set_fast");
@@ -384,6 +388,7 @@ PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args) {
     self->scratch = (char *)(uintptr_t)scratch;
     self->mapped_bytes = mapped > mapped_min ? mapped : 0;
     self->mapped_min = mapped_min;
+    self->mapped_min_reduce = mapped_min_reduce;
     char *line = coll_rank(&self->fl, self->rank);
     __atomic_store_n(FAST_Q(line, CRANK_ARENA_SIZE_OFF), (uint64_t)arena_size, __ATOMIC_RELEASE);
     __atomic_store_n(FAST_Q(line, CRANK_ARENA_OFF),
@@ -396,7 +401,8 @@ PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args) {
  * recv: the output (the buffer of a Bcast), NULL where a rank has none. */
 static PyObject *run(PosterObject *self, int coll, const char *send, char *recv, uint64_t nb, int code,
                      long long count, int op, long root) {
-    if (nb > self->fl.fast_bytes || (self->mapped_bytes && nb > self->mapped_min))
+    if (nb > self->fl.fast_bytes ||
+        (self->mapped_bytes && nb > (coll == COLL_REDUCE ? self->mapped_min_reduce : self->mapped_min)))
         return run_mapped(self, coll, send, recv, nb, code, count, op, root, 0);
     FastLayout *f = &self->fl;
     long me = self->rank;

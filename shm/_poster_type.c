@@ -333,7 +333,7 @@ static PyMethodDef Poster_methods[] = {
     {"reduce", (PyCFunction)(void (*)(void))_sp_Poster_reduce, METH_FASTCALL | METH_KEYWORDS,
      "reduce(sendbuf, recvbuf, op=SUM, root=0) (see Comm.Reduce)"},
     {"set_arena", (PyCFunction)_sp_Poster_set_arena, METH_VARARGS,
-     "set_arena(mapped_bytes, mapped_min, arena, arena_size, arena_fd, scratch): the middle collectives"},
+     "set_arena(mapped_bytes, mapped_min, mapped_min_reduce, arena, arena_size, arena_fd, scratch): the middle collectives"},
     {"coll_decline", (PyCFunction)_sp_Poster_coll_decline, METH_VARARGS,
      "coll_decline(coll, nbytes, code, count, op, root): decline a middle collective with every rank"},
     {"coll_fast", (PyCFunction)_sp_Poster_coll_fast, METH_VARARGS,

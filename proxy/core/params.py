@@ -261,7 +261,8 @@ _DECLARED: tuple[Param, ...] = (
     _p("FAST_MAPPED_MIN_BYTES", _parse_size_or_auto, -1,
        "Collectives up to this many bytes per rank keep the fast path's cells (one handshake fewer, "
        "but every rank reads every cell) where the middle collectives are on. -1 = automatic: 8 KiB "
-       "over the node's ranks (4 KiB at 2, 1 KiB at 8; measured: BENCHMARKS.md). Every rank must use "
+       "over the node's ranks (4 KiB at 2, 1 KiB at 8), for a Reduce 2 KiB over them (its root alone "
+       "reads every cell: 1 KiB at 2, 128 B at 16; measured: BENCHMARKS.md). Every rank must use "
        "the same value."),
     _p("FAST_MAX_RANKS", int, 64,
        "The fast path's shared memory grows with the square of the ranks on a node: above this many it is "

@@ -89,8 +89,9 @@ def bind_arena(comm: "Comm", held: tuple[int, int, int] | None) -> None:
     None where it has none (every rank then declines such a collective alike, and posts it). Every
     rank turns it on alike (a parameter), whatever its own arena, so that ``small`` agrees."""
     mapped, least = comm.params.FAST_MAPPED_BYTES, comm.params.FAST_MAPPED_MIN_BYTES
-    if least < 0:
-        least = (8 << 10) // comm.size
+    least_reduce = least
+    if least < 0:   # automatic (FAST_MAPPED_MIN_BYTES): measured crossovers, lower for a Reduce
+        least, least_reduce = (8 << 10) // comm.size, (2 << 10) // comm.size
     if not comm._fast_bytes or mapped <= least:
         return
     base = size = scratch = 0
@@ -98,8 +99,8 @@ def bind_arena(comm: "Comm", held: tuple[int, int, int] | None) -> None:
     if held is not None:
         base, size, fd = held
         scratch = comm._arena_scratch = arena.block(2 * mapped)
-    comm._pp.set_arena(mapped, least, base, size, fd, scratch)
-    comm._mapped_bytes, comm._mapped_min = mapped, least
+    comm._pp.set_arena(mapped, least, least_reduce, base, size, fd, scratch)
+    comm._mapped_bytes, comm._mapped_min, comm._mapped_min_reduce = mapped, least, least_reduce
 
 
 def _decline_middle(comm: "Comm", coll: int, arr: Any, op: int, root: int) -> None:
@@ -111,7 +112,8 @@ def _decline_middle(comm: "Comm", coll: int, arr: Any, op: int, root: int) -> No
         return   # not a device array (a derived datatype, a bad argument): the posted path judges it
     a = comm._device_args(COLL_NAMES[coll], arr, None)[0]
     code = DTYPE_CODE.get(a.dtype.char) if a is not None else None
-    if (code is None or code == DTYPE_BFLOAT16 or not (a.nbytes > comm._fast_bytes or a.nbytes > comm._mapped_min)
+    least = comm._mapped_min_reduce if coll == Coll.REDUCE else comm._mapped_min
+    if (code is None or code == DTYPE_BFLOAT16 or not (a.nbytes > comm._fast_bytes or a.nbytes > least)
             or not small(comm, coll, a.nbytes, a.dtype, op)):
         return
     comm._pp.coll_decline(int(coll), a.nbytes, code, a.size, op, root)

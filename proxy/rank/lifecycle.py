@@ -90,6 +90,7 @@ class Lifecycle(CommState):
     _fast_bytes = 0   # the fast path's size limit once on (rank/fastpath.py)
     _mapped_bytes = 0   # the middle collectives' once on (fastpath.bind_arena), and their minimum
     _mapped_min = 0
+    _mapped_min_reduce = 0
     _arena_scratch = 0   # their scratch block in the arena
     params: params_mod.Params   # what the communicator was made with (_create)
 
