@@ -29,9 +29,8 @@ import weakref
 from typing import Any
 
 import numpy as np
-import psutil
 
-from shmproxy.core import errors, log
+from shmproxy.core import errors, host, log
 from shmproxy.rank.buffers import Registry
 
 _log = log.get("SHM")
@@ -54,7 +53,7 @@ def _make(params: Any) -> bool:
     if _failed:
         return False
     mod = _arena()
-    size = params.NUMPY_ARENA_BYTES or 2 * psutil.virtual_memory().total
+    size = params.NUMPY_ARENA_BYTES or 2 * host.memory_bytes()
     try:
         fd, base = mod.create(size, params.NUMPY_ARENA_MIN_BYTES, params.NUMPY_ARENA_KEEP_BYTES)
     except OSError as exc:
