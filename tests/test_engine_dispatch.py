@@ -4,6 +4,7 @@ request's error or the communicator's failure, never an exception out of its loo
 from __future__ import annotations
 
 import os
+import time
 from typing import Iterator
 
 import pytest
@@ -117,3 +118,75 @@ def test_a_closed_ranks_abandoned_receive_does_not_take_a_later_message(engine):
     assert len(engine.p2p.matcher) == 0 and status(engine, rslot) == 0   # dropped, not completed
     engine.p2p.append(op(engine, opsmod.KIND_SEND, 0, 1, 0))
     assert status(engine, 0) == errors.InvalidUsage.code and len(engine.p2p.matcher) == 0
+
+
+def test_a_service_request_changes_engine_state_on_the_loop_thread_before_its_answer(engine):
+    """REGISTER handled on the service thread: the buffer table and the transports' register hooks
+    change on the loop's thread (engine/loopcall.py), and the answer leaves only once they did."""
+    import threading
+    from shmproxy.control.handler import ControlHandler
+    from shmproxy.control.protocol import ConnState, MsgType
+    from shmproxy.control.service_requests import ConnInfo
+
+    hooked: list = []
+
+    class Hooks(ShmTransport):
+        name = "hooks"
+
+        def proxy_register(self, ctx, reg):
+            hooked.append((threading.get_ident(), reg.buf_id))
+
+        def proxy_deregister(self, ctx, reg):
+            hooked.append((threading.get_ident(), -reg.buf_id))
+
+    engine.transports = (Hooks(),)
+    engine.calls.started()   # this thread is the loop
+    conn = ConnInfo(1, -1, os.getpid(), 0, 0, 0, 0, ConnState.CONNECTED, {"info": engine.ranks[0]})
+    handler = ControlHandler(engine)
+    fd = os.memfd_create("registered")
+    os.ftruncate(fd, 4096)
+    answers: list = []
+    service = threading.Thread(target=lambda: answers.append(
+        handler.handle(conn, MsgType.REGISTER, {"buf_id": 9, "bytes": 4096}, [fd])))
+    service.start()
+    deadline = time.monotonic() + 10
+    while not engine.events and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert engine.events and not answers and (0, 9) not in engine.buffers   # waiting for the loop
+    while not answers and time.monotonic() < deadline:
+        engine.progress_once()
+    service.join(10)
+    assert answers == [({}, [])] and (0, 9) in engine.buffers
+    assert hooked == [(threading.get_ident(), 9)]
+
+
+def test_a_device_collective_goes_to_the_transport_of_its_memory_through_the_contract(engine):
+    """The engine hands a collective on device memory to the first allowed transport that moves that
+    kind and has proxy_start_coll, with the context (never itself); without one, every request fails
+    with InvalidUsage and the communicator goes on."""
+    dev = mem_word(MemKind.CUDA, 0)
+    r1 = engine.layout.max_ops   # local rank 1's first slot
+    ops = [op(engine, opsmod.KIND_SEND, 0, 1, 0, mem=dev), op(engine, opsmod.KIND_SEND, 1, 0, r1, mem=dev)]
+    engine.coll.start_on_device(ops)
+    assert [status(engine, s) for s in (0, r1)] == [errors.InvalidUsage.code] * 2
+    assert not engine.failures.failed
+
+    started: list = []
+
+    class DeviceColl(ShmTransport):
+        name = "devcoll"
+        kinds = frozenset({MemKind.HOST, MemKind.CUDA})
+
+        def proxy_start_coll(self, ctx, got):
+            started.append((ctx, got))
+            ctx.refuse_coll(got, errors.InvalidArgument.code)
+
+        def proxy_progress_coll(self, ctx, args):
+            return True
+
+    transports.check_transport(DeviceColl())
+    engine.transports = (ShmTransport(), DeviceColl())
+    ops = [op(engine, opsmod.KIND_SEND, 0, 1, 1, mem=dev), op(engine, opsmod.KIND_SEND, 1, 0, r1 + 1, mem=dev)]
+    engine.coll.start_on_device(ops)
+    assert started == [(engine.ctx, ops)]
+    assert [status(engine, s) for s in (1, r1 + 1)] == [errors.InvalidArgument.code] * 2

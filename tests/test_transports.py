@@ -83,6 +83,14 @@ def test_contract_check_rejects_incomplete_transports():
     with pytest.raises(TypeError, match="is not a"):
         check_transport(object())   # type: ignore[arg-type]
 
+    class StartsOnly(_Complete):   # a collective it starts would never finish
+        name = "startsonly"
+
+        def proxy_start_coll(self, ctx, ops):
+            return None
+    with pytest.raises(TypeError, match="proxy_start_coll needs proxy_progress_coll"):
+        check_transport(StartsOnly())
+
     class Abstract(Transport):
         name = "abstract"
 

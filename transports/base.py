@@ -33,9 +33,12 @@ Optional hooks are ``None`` on the base class, never silent no-ops: ``proxy_prog
 ``proxy_coll_entry(ctx, conn, schedule, entry)`` (start a SEND or RECV entry of a collective's schedule
 on this connector; returns the (schedule, entry) pairs it completed now: within a node, a SEND and
 the RECV of the same key meet and become one copy; across nodes the chunk travels), and
+``proxy_start_coll(ctx, ops)`` (a collective on memory of the transport's kind, every local rank's
+op arrived and checked against the others: run it whole, ``ctx.coll_sub`` giving the sub its progress
+then settles, or ``ctx.refuse_coll`` failing its requests; the cuda transport's device collectives),
 ``proxy_register(ctx, reg)`` / ``proxy_deregister(ctx, reg)`` (a buffer a rank registered or dropped,
-a ``Registration``, for transports that map or pin memory ahead of use; they run on the service
-thread, before the rank's REGISTER is answered, so that no op can name the buffer first), and
+a ``Registration``, for transports that map or pin memory ahead of use; they run on the loop thread
+before the rank's REGISTER is answered, so that no op can name the buffer first), and
 ``proxy_watch(ctx)`` (memory words, ``((address, value), ...)``, of which one takes its value when
 the transport's work in flight has moved, so that a loop with nothing else in flight waits on them in
 C instead of passing through Python; None while some of that work can only be polled), and
@@ -216,6 +219,21 @@ class TransportContext(Protocol):
     start_entry: Callable[..., bool]     # collectives: start one schedule entry (True: done inline)
     start_schedule: Callable[..., bool]  # collectives: hand a whole chunk schedule to one worker
 
+    # A collective the transport runs whole (proxy_start_coll).
+    def coll_sub(self, t: "Transport", ops: list, nbytes: int, keep: list, published: bool = False) -> "Sub":
+        """The one sub of the collective of ``ops`` (``nbytes`` moved), in an args of ``t`` made active:
+        ``t``'s proxy_progress_coll finishes it; ``keep`` stays alive until then (scratch memory);
+        ``published``: the transport's device wrote the requests' completions itself."""
+
+    def coll_items(self, ops: list) -> list:
+        """completion_items for every op of a collective whose completion the device writes."""
+
+    def complete_coll(self, ops: list, nbytes: int) -> None:
+        """Complete every op of a collective now (nothing to move)."""
+
+    def refuse_coll(self, ops: list, code: int) -> None:
+        """Fail every request of a collective with ``code`` (a wrong buffer: nothing was moved)."""
+
     # What a transport between nodes needs besides (engine/nodes.py); the loop runs every one of these
     # callables, so a helper thread reaches them through post_event.
     params: Any                          # the resolved shmproxy.core.params.Params (read-only)
@@ -291,6 +309,7 @@ class Transport(ABC):
 
     # Optional hooks: None where a transport has no such thing to do.
     proxy_progress_coll: Callable[[TransportContext, "Args"], bool] | None = None
+    proxy_start_coll: Callable[[TransportContext, list], None] | None = None
     proxy_coll_entry: Callable[[TransportContext, Connector, Any, Any], list] | None = None
     proxy_register: Callable[[TransportContext, Registration], None] | None = None
     proxy_deregister: Callable[[TransportContext, Registration], None] | None = None
@@ -327,8 +346,8 @@ class OneProcessSides:
 
 _REQUIRED = ("can_connect", "send_setup", "recv_setup", "send_connect", "recv_connect", "proxy_start",
              "proxy_progress", "proxy_free")
-_OPTIONAL = ("proxy_progress_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister", "proxy_watch",
-             "proxy_repeat", "proxy_fired", "proxy_shared_init",
+_OPTIONAL = ("proxy_progress_coll", "proxy_start_coll", "proxy_coll_entry", "proxy_register", "proxy_deregister",
+             "proxy_watch", "proxy_repeat", "proxy_fired", "proxy_shared_init",
              "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed", "proxy_abort", "proxy_note",
              "proxy_describe")
 _BETWEEN_NODES = ("proxy_shared_init", "proxy_shared_connect", "proxy_send_envelope", "proxy_rank_closed",
@@ -351,6 +370,8 @@ def check_transport(t: Transport) -> Transport:
             raise TypeError(f"transport {t.name}: {m} must be a method or None")
     if (t.proxy_register is None) != (t.proxy_deregister is None):
         raise TypeError(f"transport {t.name}: proxy_register and proxy_deregister come together")
+    if t.proxy_start_coll is not None and t.proxy_progress_coll is None:
+        raise TypeError(f"transport {t.name}: proxy_start_coll needs proxy_progress_coll, which finishes its subs")
     between = [m for m in _BETWEEN_NODES if getattr(t, m) is not None]
     if between and len(between) != len(_BETWEEN_NODES):
         raise TypeError(f"transport {t.name}: a transport between nodes needs all of {', '.join(_BETWEEN_NODES)}")

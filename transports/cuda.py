@@ -31,10 +31,11 @@ next polls the event; the event still tells the loop when the sub is done (it th
 requests and wakes any rank asleep). These per-op calls go to the CUDA driver directly
 (transports/cuda_driver.py); the loop thread keeps the device's context current.
 
-Registrations (``proxy_register``, on the service thread, before the REGISTER is answered) are of
+Registrations (``proxy_register``, on the loop thread, before the REGISTER is answered) are of
 the rank's allocations, ``info`` ``{"handle": hex}`` (the op names offsets from the start). A dropped
 registration is closed by the loop once no copy is in flight; everything left is closed at
-exit (``proxy_free``). Collectives on device memory run through shmproxy.coll.gpu on the same streams.
+exit (``proxy_free``). Collectives on device memory (``proxy_start_coll``) are transports/cuda_coll.py's,
+on the same streams.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ from shmproxy.transports.base import (Connector, MemKind, OneProcessSides, PeerI
                                       TransportContext)
 from shmproxy.transports.cuda_driver import Driver
 from shmproxy.transports.cuda_order import HostSlots, StreamOrder
-from shmproxy.transports import cuda_publish
+from shmproxy.transports import cuda_coll, cuda_publish
 from shmproxy.transports.cuda_publish import Publisher, Repeat
 
 _log = log.get("CUDA")
@@ -82,7 +83,7 @@ class _Gpu:
         self.drv = Driver()                 # the per-op calls (transports/cuda_driver.py)
         self.device = -1                    # the device whose context is current on the loop thread (use)
         self.gen = 0                        # bumped when a registration is dropped (cached launches re-resolve)
-        self.plans: dict = {}               # small reductions' launches by their buffers (shmproxy.coll.gpu)
+        self.plans: dict = {}               # small reductions' launches by their buffers (cuda_coll.py)
         self.routes: dict = {}              # messages' resolved buffers (route)
         # Repeated work as CUDA graphs (one launch call, started sooner: see copy): copies by their
         # addresses, seen-once copies, and every live graph (destroyed once retired and idle, or at exit).
@@ -92,10 +93,12 @@ class _Gpu:
         self.graphs_ok = graphs             # CUDA_GRAPHS, and False after a capture failed
         self.completes = completes          # CUDA_DEVICE_COMPLETES, and False where the driver cannot
         self.completes_min = completes_min  # CUDA_DEVICE_COMPLETES_MIN: smaller work is published by the loop
-        self.fused = fused                  # CUDA_FUSED_REDUCE: reductions as one kernel of ours (coll/gpu.py)
+        self.fused = fused                  # CUDA_FUSED_REDUCE: reductions as one kernel of ours (cuda_coll.py)
         self.publisher: Publisher | None = None   # GPU-published completions (publishing)
         self.loaded: set[int] = set()       # devices the publish kernel was loaded for (register)
-        self.lock = threading.Lock()   # the service thread opens and drops; the loop resolves
+        # REGISTER/DEREGISTER open and drop, copies resolve: the loop's, but for the requests a lingering
+        # service answers after the loop ended (proxy/control/handler.py)
+        self.lock = threading.Lock()
         # IPC handle -> [base pointer, references, device, {other device: base there, or 0: no peer access}]
         self.opened: dict[bytes, list] = {}
         self.peer_access: dict[tuple[int, int], bool] = {}   # (device, owner's device) -> may it map it
@@ -114,7 +117,7 @@ class _Gpu:
         self.on_retire: Any = None   # the engine's disarm of every armed route (close_retired)
         _log.info("CUDA up: cupy %s, %d device(s)", cupy.__version__, self.rt.getDeviceCount())
 
-    # ------------------------------------------------------------------ registrations (service thread)
+    # ------------------------------------------------------------------ registrations (REGISTER)
     def check_device(self, reg: Registration, info: dict) -> None:
         """A rank names its GPUs by its own device numbers, which depend on its CUDA_VISIBLE_DEVICES;
         this process uses them as its own. Where the two disagree (a launcher that gives each rank a
@@ -247,7 +250,7 @@ class _Gpu:
                     base = self.rt.ipcOpenMemHandle(raw, _LAZY_PEER_ACCESS)
             except self.rt.CUDARuntimeError as exc:
                 raise SystemError_(f"mapping GPU {owner}'s memory for GPU {device}: {exc}") from exc
-        with self.lock:   # the service thread retires entries (deregister)
+        with self.lock:   # deregister retires entries
             entry[3][device] = base
         return base
 
@@ -435,7 +438,7 @@ class _Gpu:
             self.graphs_ok = False
             _log.warning("CUDA graphs unavailable, launching directly from now on: %s", exc)
             return None
-        with self.lock:   # the service thread retires them (deregister)
+        with self.lock:   # deregister retires them
             self.live_graphs.add(g)
         return g
 
@@ -552,7 +555,11 @@ class CudaTransport(OneProcessSides, Transport):   # allocations are opened here
             gpu.close_retired()
         return all_done
 
-    # A device collective is one sub whose copies and kernels end with one event (shmproxy.coll.gpu).
+    def proxy_start_coll(self, ctx: TransportContext, ops: list) -> None:
+        """A collective on device memory, every local rank's op in: queued whole (cuda_coll.py)."""
+        cuda_coll.start(ctx, self, self.gpu, ops)
+
+    # A device collective is one sub whose copies and kernels end with one event (cuda_coll.py).
     proxy_progress_coll = proxy_progress
 
     def proxy_repeat(self, ctx: TransportContext, transfer: Any) -> Any:

@@ -1,5 +1,5 @@
 """bfloat16 on the GPU: the two device functions every bfloat16 kernel of shmproxy is written with
-(the progress process's reductions, shmproxy.coll.gpu; the rank's staging across nodes,
+(the progress process's reductions, shmproxy.transports.cuda_coll; the rank's staging across nodes,
 shmproxy.rank.devstage), so that both round alike. cupy has no bfloat16: a value is its 16-bit
 word, widened to float32 exactly (the high half) and rounded back to nearest even; a NaN stays NaN."""
 

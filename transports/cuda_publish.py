@@ -68,9 +68,9 @@ def publish_kernel(cp: Any) -> Any:
 
 
 def load(cp: Any, device: int) -> None:
-    """Compile and load the kernel for ``device`` ahead of its first use: the service thread does it
-    when a rank first registers memory there, so that the loop never waits for a compile (tens of ms
-    on a cold cache) in the middle of a job's messages."""
+    """Compile and load the kernel for ``device`` ahead of its first use: done when a rank first
+    registers memory there (REGISTER, which the loop runs before it answers), so that a compile (tens
+    of ms on a cold cache) is paid at set-up and never in the middle of a job's messages."""
     with cp.cuda.Device(device):
         _ = publish_kernel(cp).kernel   # compiled (or read from the cache), then loaded
 

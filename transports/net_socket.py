@@ -399,8 +399,7 @@ class SocketTransport(Transport):
         the higher nodes; the lower ones connect to us)."""
         net = self._net(ctx)
         deadline = time.monotonic() + ctx.timeout
-        # This runs on the service thread while the loop thread may be describing the links for the
-        # dump: the table is built aside and published whole (one reference store), never grown in place.
+        # The connect threads below and the dump read the table: built aside, published whole.
         links = {j: W.Link(j, net.nsocks, net.on_frame, net.on_lost, net.keepalive, ctx.post_event,
                            ctx.params.NET_DIRECT_WRITE_BYTES,
                            _wire.Wire(j, net.wire_socks, ctx.wake_pool, net.part_min,

@@ -33,7 +33,7 @@ from shmproxy.coll.executor import CpuExecutor
 from shmproxy.coll.multinode import MultiNodeColl
 from shmproxy.coll.sched import Region
 from shmproxy.core import errors, log
-from shmproxy.core.memory import MemKind
+from shmproxy.core.memory import MemKind, mem_kind
 from shmproxy.core.ops import CODE_DTYPE, COLL_LAST_NATIVE, FLAG_IN_PLACE, Coll, Op
 from shmproxy.engine.args import CollWork
 from shmproxy.engine.policy import coll_chunk_limit
@@ -123,16 +123,10 @@ class CollRunner:
                                      f"{self.describe_fingerprint(first)} but rank {other.rank} called "
                                      f"{self.describe_fingerprint(fp)}")
                 return
-        if any(op.mem for op in ops):   # device memory: queued on the GPU whole (shmproxy.coll.gpu)
-            if self.e.nodes.nnodes > 1:
-                # the ranks stage device buffers through host memory across nodes (rank/devstage.py)
-                self.e.failures.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers "
-                                     f"reached a collective across nodes unstaged")
-                return
-            from shmproxy.coll import gpu
-            gpu.start_device_coll(self.e, ops)
-            return
         if op0.coll > _LAST_NATIVE and not vector.check(self, ops, self.size):
+            return
+        if any(op.mem for op in ops):   # device memory: the transport of that memory runs it whole
+            self.start_on_device(ops)
             return
         if self.e.nodes.nnodes > 1:
             self.across.start(ops)
@@ -163,6 +157,24 @@ class CollRunner:
             builder = sched.streaming_schedules(builder)
             work.streaming = True
         self.run_schedules(work, builder, nchunks, chunk_bytes)
+
+    def start_on_device(self, ops: list[Op]) -> None:
+        """A collective on device memory: handed whole to the first allowed transport that moves that
+        kind and runs collectives (``proxy_start_coll``: the cuda transport, transports/cuda_coll.py)."""
+        if self.e.nodes.nnodes > 1:
+            # the ranks stage device buffers through host memory across nodes (rank/devstage.py)
+            self.e.failures.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers "
+                                 f"reached a collective across nodes unstaged")
+            return
+        kind = next(mem_kind(op.mem) for op in ops if op.mem)
+        t = next((t for t in self.e.transports if kind in t.kinds and t.proxy_start_coll is not None), None)
+        if t is None:
+            for op in ops:
+                self.e.completion.complete(op, errors.InvalidUsage.code, 0)
+            _log.warning("collective #%d refused: no allowed transport runs collectives on %s memory "
+                         "(SHMPROXY_TRANSPORTS)", ops[0].coll_seq, MemKind(kind).name.lower())
+            return
+        t.proxy_start_coll(self.e.ctx, ops)   # type: ignore[misc]  # a hook, not None here
 
     def run_schedules(self, work: CollWork, builder: Any, nchunks: int, chunk_bytes: int,
                       across: bool = False) -> None:

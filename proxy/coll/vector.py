@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -39,19 +39,20 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 # ------------------------------------------------------------------------------ the runner's side
-def views(runner: "CollRunner", ops: list[Op], size: int) -> list[counts.View]:
-    """Every op's arguments, its counts table copied out of the rank's staging buffer."""
+def views(buffers: Mapping[tuple[int, int], Any], ops: list[Op], size: int) -> list[counts.View]:
+    """Every op's arguments, its counts table copied out of the rank's staging buffer (in ``buffers``,
+    the registered buffers, under the op's tag)."""
     out = []
     for op in ops:
         table = None
         if op.coll in COLL_WITH_COUNTS:
-            table = counts.read(runner.e.buffers.get((op.owner, op.tag)), size, op.describe())
+            table = counts.read(buffers.get((op.owner, op.tag)), size, op.describe())
         out.append(counts.View(op.rank, op.count, bool(op.flags & FLAG_IN_PLACE), table))
     return out
 
 
 def claims_of(runner: "CollRunner", ops: list[Op], size: int) -> list[tuple]:
-    return counts.claims(ops[0].coll, views(runner, ops, size), ops[0].peer, size)
+    return counts.claims(ops[0].coll, views(runner.e.buffers, ops, size), ops[0].peer, size)
 
 
 def check(runner: "CollRunner", ops: list[Op], size: int) -> bool:
@@ -100,7 +101,7 @@ def build(runner: "CollRunner", ops: list[Op], across: bool) -> tuple:
         workers = max(1, runner.e.copy.nworkers)
         per_bytes = max(runner.coll_min_chunk, min(runner.coll_chunk, -(-max(op0.count, 1) * isz // workers)))
     per = max(1, per_bytes // isz)
-    vs = views(runner, ops, size)
+    vs = views(runner.e.buffers, ops, size)
     now = time.monotonic_ns()
     pins: dict = {}
     reg = regions(lambda op, second, nbytes: runner.region(op, second, nbytes // isz, pins))

@@ -18,8 +18,12 @@
     CLOSE       the rank is done; when every local rank is, the loop drains and exits.
     ABORT       fail the communicator now; STOP stops it as if every rank had closed.
 
-The loop reads the dicts written here (ranks, buffers, conns); each update is a single dict store,
-atomic under the GIL, and a buffer is only ever unmapped by the loop itself.
+Threads. Requests arrive on the service thread, but what they change (the rank table, buffers,
+registrations, connections, datatypes, the stop flag) is the loop's: every message but ABORT is run on
+the loop thread (``engine.calls``, engine/loopcall.py), and its answer leaves once it ran, so a rank's
+next op always finds what its request set up. ABORT and a rank's death (``on_process_exit``) go to
+the failures component straight from this thread: a failure must end the job even while the loop is
+busy (engine/failure.py). Only the join bookkeeping (``failures.told``, ``joins``) is this thread's.
 """
 from __future__ import annotations
 
@@ -68,13 +72,19 @@ class ControlHandler:
         try:
             if msg in _JOINING and self.engine.failures.error is not None:
                 self._refuse_join(conn, payload)
-            resp, out_fds = self.dispatch[msg](conn, payload, fds)
+            if msg is MsgType.ABORT:
+                return self._answer(conn, msg, payload, fds)
+            return self.engine.calls.run(lambda: self._answer(conn, msg, payload, fds))
         except BaseException:
             for fd in fds:
                 _close_quietly(fd)
             raise
         finally:
             self._joined()
+
+    def _answer(self, conn: Any, msg: MsgType, payload: dict, fds: list[int]) -> tuple[dict, list[int]]:
+        """The loop thread (but for ABORT): serve one message, and publish the connection's new state."""
+        resp, out_fds = self.dispatch[msg](conn, payload, fds)
         info = conn.data.get("info")
         if info is not None:
             e = self.engine
@@ -282,7 +292,6 @@ class ControlHandler:
         e = self.engine
         e.stopping = True
         e.view.set_ctrl(P.CTRL_STOP, 1)
-        e.wake_loop()
         return {}, []
 
 

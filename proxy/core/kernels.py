@@ -1,7 +1,7 @@
 """What the device kernels of both processes share: the element types they are written for and the
 reduction each op stands for, as CUDA C.
 
-The progress process's fused reduction (shmproxy.coll.gpu) and the ranks' own Allreduce kernels
+The progress process's fused reduction (shmproxy.transports.cuda_coll) and the ranks' own Allreduce kernels
 (shmproxy.rank.devcoll) combine the same values in the same order with these expressions, so a
 collective's result has the same bits whichever of them ran it.
 """

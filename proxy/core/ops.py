@@ -62,7 +62,7 @@ for _ch in "bBhHiIlLqQpP":
 SUPPORTED_DTYPES = ", ".join(np.dtype(t).name for t in _DTYPES)
 # bfloat16 of device arrays only (numpy has no such dtype, so it is not in CODE_DTYPE: a host path that
 # meets the code refuses it as unknown). The device collectives reduce it as 16-bit words through
-# float32 (shmproxy.coll.gpu); the rank views such tensors as uint16 (shmproxy.rank.device).
+# float32 (shmproxy.transports.cuda_coll); the rank views such tensors as uint16 (shmproxy.rank.device).
 DTYPE_BFLOAT16 = len(_DTYPES) + 1
 
 # Wildcards of a receive (MPI's MPI_ANY_SOURCE and MPI_ANY_TAG): tags are int64 and the most negative

@@ -143,7 +143,7 @@ class Completion:
 
     @staticmethod
     def coll_items(ops: list[Op]) -> list[tuple[Op, int, int]]:
-        """completion_items for every rank's op of a collective a GPU graph completes (shmproxy.coll.gpu):
+        """completion_items for every rank's op of a collective a GPU graph completes (shmproxy.transports.cuda_coll):
         what complete_coll writes (status 0 with the op's peer as source, tag 0)."""
         return [(op, op.peer, 0) for op in ops]
 

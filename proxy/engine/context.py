@@ -7,11 +7,13 @@ since the engine replaces it once the CPU affinity is decided.
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
-from shmproxy.engine.args import Args, Sub
+from shmproxy.core.ops import Op
+from shmproxy.engine.args import Args, CollWork, Sub
 from shmproxy.shm import _native, pool as P
-from shmproxy.transports.base import Connector
+from shmproxy.transports.base import Connector, Transport
 
 if TYPE_CHECKING:  # pragma: no cover
     from shmproxy.engine.progress import ProgressEngine
@@ -20,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
                  "start_entry", "start_schedule", "post_event", "on_events", "wake_pool", "completion_items",
-                 "completion_slots",
+                 "completion_slots", "coll_items", "complete_coll",
                  "_argspool",
                  "_n_args", "params",
                  "transport_state", "timeout", "comm_id", "net_ip", "arrive", "finish", "complete_send",
@@ -41,6 +43,8 @@ class EngineContext:
         self.wake_pool: int = engine.seg.addr
         self.completion_items = engine.completion.completion_items   # a device that publishes a message's completion
         self.completion_slots = engine.completion.completion_slots
+        self.coll_items = engine.completion.coll_items
+        self.complete_coll = engine.completion.complete_coll
         self._argspool = engine.argspool
         self._n_args = P.CTRL_OFF // 8 + P.CTRL_N_ARGS
         # between nodes (engine/nodes.py)
@@ -109,6 +113,21 @@ class EngineContext:
             engine.active.append(args)
             engine.q[self._n_args] += 1
         return args
+
+    def coll_sub(self, t: Transport, ops: list[Op], nbytes: int, keep: list, published: bool = False) -> Sub:
+        work = CollWork(ops, nbytes, keep, time.monotonic_ns())
+        work.published = published
+        args = self._argspool.get_args((-1, -1), ops[0].opcount, t)
+        args.coll = work
+        self._engine.active.append(args)
+        self._engine.q[self._n_args] += 1
+        sub = self._argspool.add_sub(args, work, 0, 0, nbytes, nbytes)
+        sub.posted = 1
+        return sub
+
+    def refuse_coll(self, ops: list[Op], code: int) -> None:
+        for op in ops:
+            self._engine.completion.complete(op, code, 0)
 
     def add_sub(self, args: Args, work: Any, src: int, dst: int, nbytes: int, chunk: int) -> Sub:
         return self._argspool.add_sub(args, work, src, dst, nbytes, chunk)

@@ -11,6 +11,13 @@ The component owns the failure state (``failed``, the first ``error``, who was `
 owner's death) and the service thread's condition (``joins``); it takes the engine for the pool, the
 rank table, and those it tells: completion (wake every rank), the fast path (wake its collective's
 sleepers), the other nodes, and the point-to-point half (what a closed rank leaves).
+
+Threads. ``fail`` is the one entry any thread may call (a rank's ABORT on the service thread, a
+handler's error): a failure must end the job even while the loop is busy, so it does not wait for
+the loop; it writes only the pool's error record and abort flag and wakes sleepers, and its lock
+keeps the first error the one recorded. A rank's death is reported through the loop (``rank_died``),
+which owns what the report lists in flight, unless the loop does not take it within DEATH_REPORT_S.
+CLOSE runs on the loop (proxy/control/handler.py). ``told`` and ``joins`` are the service thread's.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _log = log.get("PROXY")
 OWNER_DEAD_GRACE_S = 2.0     # how long the pidfd watcher may take to name who died holding the mutex
+DEATH_REPORT_S = 1.0         # how long a death waits for the loop to list what was in flight with it
 
 
 class Failures:
@@ -39,15 +47,13 @@ class Failures:
         self.told: set[int] = set()     # local ranks whose join the service refused with it
         self.joins = threading.Condition()  # notified by the service thread on every message and exit
         self.owner_died_at = 0.0
+        self._first = threading.Lock()      # fail(): one first error, whichever thread gets there first
 
     def rank_closed(self, info: RankInfo) -> None:
-        """Service thread: ``info``'s rank closed. What waits on it is failed by the loop, which owns
-        the matching (close_half), woken at once through an event."""
-        info.closed = True
-        self.e.post_event(lambda: self._after_close(info))
-
-    def _after_close(self, info: RankInfo) -> None:
+        """The loop (CLOSE): ``info``'s rank closed; what waits on it fails (close_half), what transports
+        hold for its buffers goes, and once every local rank closed or died the loop stops."""
         e = self.e
+        info.closed = True
         e.p2p.close_half(info)
         self.release_registrations(info.local_rank)
         if len(e.ranks) == e.nlocal and all(r.closed or r.dead for r in list(e.ranks.values())):
@@ -58,7 +64,6 @@ class Failures:
         """Loop thread, once a rank closed (it waited for its sends and collectives): what transports
         hold for its buffers (a device mapping opened by CUDA IPC keeps the rank's GPU memory alive)
         goes now, not when the progress process exits. A transport defers what a copy still uses."""
-        # list(): one C call, while the service thread may be adding another rank's registration
         e = self.e
         for key in [k for k in list(e.registrations) if k[0] == local_rank]:
             owners, reg = e.registrations.pop(key)
@@ -89,24 +94,32 @@ class Failures:
                 self.joins.wait(left)
 
     def rank_died(self, info: RankInfo, how: str = "") -> None:
+        """A rank's process exited (the service thread's pidfd watch; the loop for a dead mutex owner)."""
+        try:
+            self.e.calls.run(lambda: self._died(info, how), bound_s=DEATH_REPORT_S)
+        except errors.Timeout:   # the loop is busy: the failure cannot wait for the list of what was in flight
+            self._died(info, how, inflight=False)
+
+    def _died(self, info: RankInfo, how: str, inflight: bool = True) -> None:
         if info.closed or info.dead:
             return
         info.dead = True
-        inflight = self._inflight_with(info.rank)
+        listed = self._inflight_with(info.rank) if inflight else ""
         if self.owner_died_at and not how:
             how = "holding the ops pool mutex"
         self.fail(errors.PeerDiedError.code,
                   f"rank {info.rank} (local rank {info.local_rank}, pid {info.pid}) died"
                   + (f" {how}" if how else "")
-                  + (f"; in flight with it: {inflight}" if inflight else ""),
+                  + (f"; in flight with it: {listed}" if listed else ""),
                   rank=info.rank, pid=info.pid)
 
     def fail(self, code: int, message: str, rank: int | None = None, pid: int | None = None) -> None:
         """Keep the first error (asyncResult), abort the communicator, wake everybody."""
         e = self.e
         q, base = e.q, P.CTRL_OFF // 8
-        if not self.failed:
-            self.failed = True
+        with self._first:
+            first, self.failed = not self.failed, True
+        if first:
             self.error = errors.from_code(code, message, rank=rank, pid=pid)
             data = message.encode("utf-8", "replace")[: P.ERR_MSG_BYTES - 1] + b"\0"
             e.view.buf[P.ERR_MSG_OFF:P.ERR_MSG_OFF + len(data)] = data

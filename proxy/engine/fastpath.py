@@ -21,7 +21,7 @@ This half keeps the protocol's promises:
 - **Failure.** fail() wakes the ranks sleeping in a small collective (``wake_coll``).
 
 The component owns the fast path's state (below) and the pool's indices it reads; it takes the
-engine for the pool, the rank tables the service thread fills, and the point-to-point half that a
+engine for the pool, the rank tables INIT fills, and the point-to-point half that a
 drained cell enters (the buffered-send registry, delivery, the matcher's gauge).
 """
 from __future__ import annotations

@@ -8,9 +8,9 @@ for what from whom), collectives that some local ranks have entered and others n
 communicator across nodes its links and what waits on which node. The dump tool turns those into
 problems (near-matches, collectives not joined). The blob is rewritten only when that summary
 changed, so a busy job does not pay for a JSON dump every heartbeat, nor an idle job across nodes for
-a rewrite. The loop is its only writer (a rank's join on the service thread posts the rewrite to the
-loop), and it publishes through shmproxy.core.infoblob's seqlock, so that the outside reader never
-takes a rewrite half done.
+a rewrite. The loop is its only writer (a rank's join posts the rewrite as an event: a join handled
+after the loop ended must not write beside the dump), and it publishes through shmproxy.core.infoblob's
+seqlock, so that the outside reader never takes a rewrite half done.
 
 ``Introspector`` is a component of the engine: it owns what it last published, and reads the engine
 (typed, never written): describing a process is reading all of it, so the engine is what it needs.
@@ -51,7 +51,6 @@ class Introspector:
             "size": e.size, "socket": e.path, "pool": e.seg.name, "cpus": e.cpus,
             "affinity_reason": e.affinity_reason, "copy_threads": e.copy.nworkers,
             "params": {p.env_name(): {"value": p.value, "origin": p.origin} for p in e.params.items()},
-            # list(): a snapshot taken in one C call; the service thread adds ranks as they join
             "ranks": {r.local_rank: {"rank": r.rank, "pid": r.pid, "host": r.host}
                       for r in list(e.ranks.values())},
             "nodes": self.nodes_shown,

@@ -19,8 +19,8 @@ News crosses too: a local rank that closes is announced to every node (``remote_
 what waits on it), and so is the first failure (``tell_failed``), so that every survivor on every
 node raises the same error. A link that breaks is a failure naming the lost node and its ranks.
 
-The component owns the layout (``map``, a NodeMap: replaced whole by the service thread at the
-first CONNECT, read by the loop) and the transport between nodes (``net``); it takes the engine for
+The component owns the layout (``map``, a NodeMap: replaced whole at the first CONNECT, which the
+loop runs for the service thread) and the transport between nodes (``net``); it takes the engine for
 the rank tables, the connectors, the point-to-point half (matching, buffered sends, probes) and the
 completion and failure paths.
 """
@@ -89,7 +89,7 @@ class Nodes:
         if self.net is not None:
             self.info = self.net.proxy_shared_init(self.e.ctx)   # type: ignore[misc]
 
-    # ------------------------------------------------------------------ set-up (service thread)
+    # ------------------------------------------------------------------ set-up (CONNECT)
     def setup(self, net: dict, rank: int) -> None:
         """The layout a rank sent with CONNECT: taken from the first, checked against the others."""
         try:

@@ -61,6 +61,7 @@ from shmproxy.engine.completion import Completion
 from shmproxy.engine.context import EngineContext
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failures
 from shmproxy.engine.introspect import Introspector
+from shmproxy.engine.loopcall import LoopCalls
 from shmproxy.engine.nodes import Nodes
 from shmproxy.engine.fastpath import FastPath
 from shmproxy.engine.fetching import _EVENTS_Q, Fetcher
@@ -129,6 +130,8 @@ class ProgressEngine:
         self.events_seen = 0
         self.event_polls: list[Callable[[], None]] = []   # run after the events (on_events)
         self.events_addr = self.seg.addr + P.CTRL_OFF + 8 * P.CTRL_EVENTS   # the EVENTS word
+        # The service thread's requests change engine state on this thread, answered after (engine/loopcall.py).
+        self.calls = LoopCalls(self.post_event, self.timeout)
         self.ranks: dict[int, RankInfo] = {}          # by local rank
         self.local_of: dict[int, int] = {}            # global rank -> local rank
         # (src, dst global ranks, memory kind): a MemKind, or the int a record carries (equal keys)
@@ -173,6 +176,7 @@ class ProgressEngine:
         sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
         if self.size > self.nlocal:
             self.nodes.start(self.transports)
+        self.calls.started()   # main() runs the loop on this thread next: requests wait for it
         self.server.start()
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_RUNNING)
         _log.info("progress process up: pool %s (%d bytes), %d local ranks, socket %s",
@@ -181,6 +185,7 @@ class ProgressEngine:
     def shutdown(self) -> None:
         """Tear everything down; safe after any failure, and nothing of ours is left behind."""
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_STOPPING)
+        self.calls.ended()   # the service thread's requests run on its own thread from here
         if self.failures.failed:
             self.failures.wait_until_told(self.params.FAIL_LINGER_S)
         self.server.stop(timeout=5.0)
@@ -217,15 +222,7 @@ class ProgressEngine:
             _log.info("%d deregistered buffer(s) still referenced; unmapping later", len(keep))
             self.retired.extend(keep)
 
-    # ------------------------------------------------------------------ called by the control thread
-    def wake_loop(self) -> None:
-        """Wake the loop if it sleeps on the condvar (after stop/abort/state changes)."""
-        self.view.mutex.lock(self.params.TIMEOUT)
-        try:
-            self.view.cond.broadcast()
-        finally:
-            self.view.mutex.unlock()
-
+    # ------------------------------------------------------------------ news from the other threads
     def post_event(self, fn: Callable[[], None]) -> None:
         """Any thread of this process: have the loop run ``fn`` soon, on its own thread (which owns the
         matching, the args and the transports' progress), waking it if it sleeps. The wake-up cannot

@@ -13,7 +13,7 @@ between them.
 Device arrays (both buffers this rank uses on one device; a host/device mix is refused here) are
 never staged: they are located in the rank's own allocation (shmproxy.rank.device), the record carries
 their memory word, and the progress process queues the collective on its GPU stream
-(shmproxy.coll.gpu_vector). The counts table stays in host staging memory even then: only the
+(shmproxy.transports.cuda_coll_vector). The counts table stays in host staging memory even then: only the
 progress process's Python reads it.
 
 Every check that can fail raises here, before anything is posted. Arguments that only the root reads

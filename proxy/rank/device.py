@@ -39,7 +39,7 @@ device array first appears (cupy is imported then, never for a host-only job):
 
 bfloat16 has no cupy dtype: a torch bfloat16 tensor (or an array whose dtype is named bfloat16) is
 viewed as 16-bit words, which the copies move as they are, and the op record carries
-``DTYPE_BFLOAT16`` so that the progress process reduces it with its own kernels (shmproxy.coll.gpu).
+``DTYPE_BFLOAT16`` so that the progress process reduces it with its own kernels (shmproxy.transports.cuda_coll).
 Host bfloat16 is not supported (numpy has no such dtype).
 
 ``alloc`` is the device counterpart of ``comm.alloc``: an allocation of its own (cudaMalloc, not

@@ -29,7 +29,7 @@ device buffer is copied to host memory first, here, around the host path:
   widened on the GPU to float32 (exact), reduced on the host in float32 and rounded back to bfloat16
   (nearest even) once, on the GPU: the same bits on every rank, as every collective's, but not the
   bits of the reduction within a node, which rounds after every step as torch's bfloat16 arithmetic
-  does (shmproxy.coll.gpu); one rounding is the closer to the exact sum. The bytes between nodes
+  does (shmproxy.transports.cuda_coll); one rounding is the closer to the exact sum. The bytes between nodes
   double.
 - **The buffers** are memfds registered once (the Registry's ranges, so that the post path finds
   them) and page-locked once (cudaHostRegister), cached by power-of-two size class up to
@@ -219,7 +219,7 @@ class DeviceStaging:
 
     def narrow(self, arr: Any, h: np.ndarray, stream: Any, device: int) -> None:
         """float32 host values into bfloat16 device array ``arr``, rounded to nearest even on the GPU
-        (the rounding of shmproxy.coll.gpu's bfloat16 reductions: transports/cuda_bf16.py)."""
+        (the rounding of shmproxy.transports.cuda_coll's bfloat16 reductions: transports/cuda_bf16.py)."""
         cp = self.cp
         if self._narrow is None:
             self._narrow = cp.ElementwiseKernel("float32 f", "uint16 o", "o = bf16_out(f)", "shmproxy_bf16_narrow",

@@ -1,9 +1,10 @@
 """Gather, Scatter, Gatherv, Scatterv, Allgatherv, Alltoallv, Reduce_scatter (with counts), Scan and
-Exscan on device memory: what shmproxy.coll.gpu queues for them on the cuda transport's stream.
+Exscan on device memory: what transports/cuda_coll.py queues for them on the cuda transport's stream.
 
 The counts come from the same place as on the host: each rank's counts table (a small registered
-host staging buffer, shmproxy.core.counts), read and checked pairwise by shmproxy.coll.vector, so a
-mismatch fails the communicator naming both ranks exactly as on the host. ``plan`` then resolves and
+host staging buffer, shmproxy.core.counts), checked pairwise by the engine (shmproxy.coll.vector) before
+the collective reaches the transport, so a mismatch fails the communicator naming both ranks exactly
+as on the host. ``plan`` then resolves and
 bounds-checks every address (the blocks against each op's own buffer, the buffer against its
 allocation) before anything is queued, and returns the work as a function of the executor.
 
@@ -33,7 +34,7 @@ from shmproxy.core.memory import mem_device
 from shmproxy.core.ops import FLAG_IN_PLACE, Coll, Op
 
 if TYPE_CHECKING:
-    from shmproxy.engine.progress import ProgressEngine
+    from shmproxy.transports.base import TransportContext
 
 COLLS = frozenset((Coll.GATHER, Coll.SCATTER, Coll.GATHERV, Coll.SCATTERV, Coll.ALLGATHERV, Coll.ALLTOALLV,
                    Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN))
@@ -41,14 +42,13 @@ COLLS = frozenset((Coll.GATHER, Coll.SCATTER, Coll.GATHERV, Coll.SCATTERV, Coll.
 Body = Callable[[Any, list], None]   # (GpuExecutor, keep list for scratch) -> queues the work
 
 
-def plan(engine: "ProgressEngine", ops: list[Op], gpu: Any, dt: np.dtype) -> tuple[int, Body] | None:
+def plan(ctx: "TransportContext", ops: list[Op], gpu: Any, dt: np.dtype) -> tuple[int, Body] | None:
     """(bytes moved, body) of one of these collectives; None when there is nothing to queue (the ops
     are completed here then). Raises ProxyError for a wrong buffer, nothing queued."""
     op0 = ops[0]
     c, size, isz = op0.coll, len(ops), dt.itemsize
-    ctx = engine.ctx
-    vs = vector.views(engine.coll, ops, size)
-    # mapped in the context of the device the collective runs on (shmproxy.coll.gpu, _queue)
+    vs = vector.views(ctx.buffers, ops, size)
+    # mapped in the context of the device the collective runs on (transports/cuda_coll.py, _queue)
     on, kernel = mem_device(op0.mem), c in (Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN)
     reg = vector.regions(lambda op, second, nbytes: Region(
         gpu.address(ctx, op, second, nbytes, on, kernel) if nbytes else 0, nbytes // isz, dt))

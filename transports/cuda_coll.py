@@ -1,8 +1,9 @@
-"""Collectives on device memory: the GPU executor, and how the progress process starts one.
+"""Collectives on device memory: the GPU executor, and how the cuda transport starts one.
 
 The simplest honest path, beside the host's chunk schedules: once every local rank's op of a
-collective has arrived and one of them names device memory, the whole collective is queued at once
-on the cuda transport's stream of that device (``start_device_coll``): the stream waits on each
+collective has arrived and one of them names device memory, the engine hands the collective to the
+transport of that memory (``proxy_start_coll``, transports/base.py), which queues it whole on its
+stream of that device (``start``, through the TransportContext only): the stream waits on each
 rank's post-time event, then the executor queues the copies (cudaMemcpyAsync) and reductions (cupy
 ufuncs writing with ``out=`` into the destination, no temporaries) in the same order as the host
 algorithms, and records one event. The collective is one sub of one args of the cuda transport,
@@ -29,23 +30,21 @@ between themselves through host copies (shmproxy.rank.fastpath), where host and 
 """
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from shmproxy.coll import gpu_vector, sched, vector
+from shmproxy.coll import sched
 from shmproxy.core import errors, log
 from shmproxy.core.kernels import AVG_FINISH, C_TYPES, REDUCE_EXPR
 from shmproxy.core.memory import MemKind, mem_device, mem_kind
 from shmproxy.core.ops import CODE_DTYPE, DTYPE_BFLOAT16, FLAG_IN_PLACE, FLAG_NO_RECV, Coll, Op, ReduceOp
-from shmproxy.engine.args import CollWork
+from shmproxy.transports import cuda_coll_vector
 from shmproxy.transports.cuda_bf16 import BF16_PREAMBLE
 from shmproxy.transports.cuda_publish import CELL_PAIRS
-from shmproxy.shm import pool as P
 
 if TYPE_CHECKING:
-    from shmproxy.engine.progress import ProgressEngine
+    from shmproxy.transports.base import Transport, TransportContext
 
 _log = log.get("COLL")
 _UFUNC_NAMES: dict[int, str] = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MIN: "minimum",
@@ -194,8 +193,7 @@ def _fused_plan(gpu: Any, redop: int, dtype: Any, count: int, ins: list[int], ou
                  device, nbytes)
 
 
-def _run_plan(engine: "ProgressEngine", ops: list[Op], t: Any, plan: _Plan) -> None:
-    gpu = t.gpu
+def _run_plan(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op], plan: _Plan) -> None:
     device = plan.device
     stream = gpu.ordered_stream(device, ops)
     if plan.graph is None and plan.runs and gpu.graphs_ok:   # repeated: worth a capture (cuda.py copy)
@@ -205,45 +203,32 @@ def _run_plan(engine: "ProgressEngine", ops: list[Op], t: Any, plan: _Plan) -> N
     g = plan.graph
     if g is not None and not g.busy:   # in flight still (nonblocking calls): queued directly, below
         # a graph with a cell publishes the ranks' requests (transports/cuda_publish.py)
-        published = gpu.launch_graph(g, device, stream, engine.completion.coll_items(ops), plan.nbytes)
-        _watch(engine, ops, t, plan.nbytes, [], device, g.event, g, published)
+        published = gpu.launch_graph(g, device, stream, ctx.coll_items(ops), plan.nbytes)
+        _watch(ctx, t, gpu, ops, plan.nbytes, [], device, g.event, g, published)
     else:
         plan.queue(stream.ptr)
-        _watch(engine, ops, t, plan.nbytes, [], device, gpu.end_event(device, stream))
+        _watch(ctx, t, gpu, ops, plan.nbytes, [], device, gpu.end_event(device, stream))
 
 
-def _cuda_transport(engine: "ProgressEngine") -> Any:
-    for t in engine.transports:
-        if MemKind.CUDA in t.kinds and getattr(t, "gpu", None) is not None:
-            return t
-    return None
-
-
-def _transport(engine: "ProgressEngine") -> Any:
-    t = _cuda_transport(engine)
-    if t is None:
-        raise errors.InvalidUsage("a collective on device memory, but no allowed transport has device memory "
-                                  "registered (SHMPROXY_TRANSPORTS)")
-    return t
-
-
-def start_device_coll(engine: "ProgressEngine", ops: list[Op]) -> None:
-    """Queue a collective on device memory (see the module header); its requests fail, nothing moved,
+def start(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op]) -> None:
+    """Queue a collective on device memory (see the module header) with ``gpu``, the state of ``t``,
+    the cuda transport (None: no device memory was registered); its requests fail, nothing moved,
     when a buffer is wrong."""
     try:
-        t = _cuda_transport(engine)
-        plan = t.gpu.plans.get(plan_key(ops)) if t is not None and t.gpu.plans else None
-        if plan is not None and plan.gen == t.gpu.gen:
-            _run_plan(engine, ops, t, plan)
+        if gpu is None:
+            raise errors.InvalidUsage("a collective on device memory, but no rank registered device memory "
+                                      "with this progress process")
+        plan = gpu.plans.get(plan_key(ops)) if gpu.plans else None
+        if plan is not None and plan.gen == gpu.gen:
+            _run_plan(ctx, t, gpu, ops, plan)
         else:
-            _start(engine, ops)
+            _start(ctx, t, gpu, ops)
     except errors.ProxyError as exc:
-        for op in ops:
-            engine.completion.complete(op, exc.code, 0)
+        ctx.refuse_coll(ops, exc.code)
         _log.warning("device collective #%d refused: %s", ops[0].coll_seq, exc)
 
 
-def _start(engine: "ProgressEngine", ops: list[Op]) -> None:
+def _start(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op]) -> None:
     op0 = ops[0]
     c, n, size = op0.coll, op0.count, len(ops)
     bf16 = op0.dtype == DTYPE_BFLOAT16
@@ -254,15 +239,13 @@ def _start(engine: "ProgressEngine", ops: list[Op]) -> None:
     if hosts:
         raise errors.InvalidArgument(f"{op0.describe()}: ranks {hosts} passed host buffers where other ranks "
                                      f"passed device memory; a collective takes one kind on every rank")
-    if c in gpu_vector.COLLS:
-        _start_vector(engine, ops, dt, bf16)
+    if c in cuda_coll_vector.COLLS:
+        _start_vector(ctx, t, gpu, ops, dt, bf16)
         return
     blk = n * dt.itemsize
     if not blk and c != Coll.BARRIER:   # nothing to move, nothing to order
-        engine.completion.complete_coll(ops, 0)
+        ctx.complete_coll(ops, 0)
         return
-    t = _transport(engine)
-    gpu, ctx = t.gpu, engine.ctx
     in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
     device = mem_device(op0.mem)   # where the whole collective runs (_queue): every buffer mapped there
     kernel = c in (Coll.ALLREDUCE, Coll.REDUCE, Coll.REDUCE_SCATTER_BLOCK)
@@ -315,7 +298,7 @@ def _start(engine: "ProgressEngine", ops: list[Op]) -> None:
             if len(gpu.plans) >= PLANS_MAX:
                 gpu.plans.clear()
             gpu.plans[plan_key(ops)] = plan
-            _run_plan(engine, ops, t, plan)
+            _run_plan(ctx, t, gpu, ops, plan)
             return
 
     def body(x: GpuExecutor, keep: list) -> None:
@@ -341,51 +324,40 @@ def _start(engine: "ProgressEngine", ops: list[Op]) -> None:
             # only rank 0's result reads: rank 0's is computed first
             for d, o in enumerate(outs):
                 x.reduce(op0.redop, dt, n, [src + d * blk for src in ins], o, size)
-    _queue(engine, ops, t, bf16, total, body)
+    _queue(ctx, t, gpu, ops, bf16, total, body)
 
 
-def _start_vector(engine: "ProgressEngine", ops: list[Op], dt: Any, bf16: bool) -> None:
-    """The rooted, vector and prefix collectives (shmproxy.coll.gpu_vector): counts checked between
-    the ranks as on the host (a mismatch fails the communicator), then planned and queued."""
+def _start_vector(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op], dt: Any, bf16: bool) -> None:
+    """The rooted, vector and prefix collectives (transports/cuda_coll_vector.py), their counts checked
+    between the ranks by the engine already, as on the host: planned and queued."""
     op0 = ops[0]
-    if not vector.check(engine.coll, ops, len(ops)):   # the collectives' component owns the checks
-        return
     if op0.coll in (Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN):
         sched.check_op(op0.redop, np.dtype(np.float32) if bf16 else dt)
         if op0.redop == ReduceOp.AVG and op0.coll != Coll.REDUCE_SCATTER:
             raise errors.InvalidArgument(f"{op0.describe()}: AVG is not defined for a prefix reduction")
-    t = _transport(engine)
-    planned = gpu_vector.plan(engine, ops, t.gpu, dt)
+    planned = cuda_coll_vector.plan(ctx, ops, gpu, dt)
     if planned is None:   # nothing to move, nothing to order
-        engine.completion.complete_coll(ops, 0)
+        ctx.complete_coll(ops, 0)
         return
-    _queue(engine, ops, t, bf16, planned[0], planned[1])
+    _queue(ctx, t, gpu, ops, bf16, planned[0], planned[1])
 
 
-def _queue(engine: "ProgressEngine", ops: list[Op], t: Any, bf16: bool, total: int,
+def _queue(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op], bf16: bool, total: int,
            body: Callable[[GpuExecutor, list], None]) -> None:
     """Queue ``body`` on the stream of the ops' device after every rank's post-time event, then the
-    collective's end event, and hand it to the cuda transport to watch."""
+    collective's end event, and watch it."""
     op0 = ops[0]
-    gpu = t.gpu
     device = mem_device(op0.mem)
     stream = gpu.ordered_stream(device, ops)
     x = GpuExecutor(gpu, stream, device, bf16)
     keep: list = []   # device scratch, alive until the collective is done
     body(x, keep)
-    _watch(engine, ops, t, total, keep, device, gpu.end_event(device, stream))
+    _watch(ctx, t, gpu, ops, total, keep, device, gpu.end_event(device, stream))
 
 
-def _watch(engine: "ProgressEngine", ops: list[Op], t: Any, total: int, keep: list, device: int, ev: Any,
-           owner: Any = None, published: bool = False) -> None:
+def _watch(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op], total: int, keep: list, device: int,
+           ev: Any, owner: Any = None, published: bool = False) -> None:
     """The queued collective as one sub of one args of the cuda transport, done with ``ev`` (``owner``:
     the graph whose own event it is, transports/cuda.py ``watch``; ``published``: by that graph)."""
-    work = CollWork(ops, total, keep, time.monotonic_ns())
-    work.published = published
-    args = engine.argspool.get_args((-1, -1), ops[0].opcount, t)
-    args.coll = work
-    engine.active.append(args)
-    engine.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
-    sub = engine.argspool.add_sub(args, work, 0, 0, total, total)
-    sub.posted = 1
-    t.gpu.watch(sub.slot, device, ev, owner)
+    sub = ctx.coll_sub(t, ops, total, keep, published)
+    gpu.watch(sub.slot, device, ev, owner)
