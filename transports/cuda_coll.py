@@ -215,10 +215,7 @@ def start(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op]) -> N
     the cuda transport (None: no device memory was registered); its requests fail, nothing moved,
     when a buffer is wrong."""
     try:
-        if gpu is None:
-            raise errors.InvalidUsage("a collective on device memory, but no rank registered device memory "
-                                      "with this progress process")
-        plan = gpu.plans.get(plan_key(ops)) if gpu.plans else None
+        plan = gpu.plans.get(plan_key(ops)) if gpu is not None and gpu.plans else None
         if plan is not None and plan.gen == gpu.gen:
             _run_plan(ctx, t, gpu, ops, plan)
         else:
@@ -226,6 +223,12 @@ def start(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op]) -> N
     except errors.ProxyError as exc:
         ctx.refuse_coll(ops, exc.code)
         _log.warning("device collective #%d refused: %s", ops[0].coll_seq, exc)
+
+
+def _check_registered(gpu: Any) -> None:
+    if gpu is None:
+        raise errors.InvalidUsage("a collective on device memory, but no rank registered device memory with "
+                                  "this progress process")
 
 
 def _start(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op]) -> None:
@@ -246,6 +249,7 @@ def _start(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[Op]) -> 
     if not blk and c != Coll.BARRIER:   # nothing to move, nothing to order
         ctx.complete_coll(ops, 0)
         return
+    _check_registered(gpu)
     in_place = [bool(op.flags & FLAG_IN_PLACE) for op in ops]
     device = mem_device(op0.mem)   # where the whole collective runs (_queue): every buffer mapped there
     kernel = c in (Coll.ALLREDUCE, Coll.REDUCE, Coll.REDUCE_SCATTER_BLOCK)
@@ -335,6 +339,7 @@ def _start_vector(ctx: "TransportContext", t: "Transport", gpu: Any, ops: list[O
         sched.check_op(op0.redop, np.dtype(np.float32) if bf16 else dt)
         if op0.redop == ReduceOp.AVG and op0.coll != Coll.REDUCE_SCATTER:
             raise errors.InvalidArgument(f"{op0.describe()}: AVG is not defined for a prefix reduction")
+    _check_registered(gpu)
     planned = cuda_coll_vector.plan(ctx, ops, gpu, dt)
     if planned is None:   # nothing to move, nothing to order
         ctx.complete_coll(ops, 0)
