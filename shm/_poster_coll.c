@@ -103,24 +103,32 @@ static uint64_t slow_colls(FastLayout *f, long r) {
     return __atomic_load_n(FAST_Q(coll_rank(f, r), CRANK_SLOW_COLLS_OFF), __ATOMIC_ACQUIRE);
 }
 
+/* A lagging rank x posted more collectives to the progress process than this one had: a mismatch, unless
+ * x went on since its slot or line was read. Between that load and the load of its count, x may have
+ * arrived, finished collective n (this rank's slot was written already) and posted the next
+ * nonblocking collective (a rank preempted between the two loads sees exactly that, and failed the
+ * communicator). x stores SEQ = n (or DONE) before it counts a later post, both with release; the
+ * acquire load of the count orders the second look after it. */
+static int went_other_way(FastLayout *f, CollWait *w, long x, volatile uint64_t *seen, uint64_t ok_at) {
+    if (slow_colls(f, x) <= w->slow_before) return 0;
+    if (__atomic_load_n(seen, __ATOMIC_ACQUIRE) >= ok_at) return 0;   /* it went on: look again next time */
+    w->bad = x; w->bad_fp = 0;
+    return 1;
+}
+
 /* 1: every slot this rank reads holds collective n; 0: not yet; -1: a mismatch (w->bad). */
 static int arrived(CollWait *w) {
     FastLayout *f = &w->self->fl;
     for (long x = 0; x < w->self->size; x++) {
         char *slot = coll_slot(f, x, w->n);
-        if (__atomic_load_n(FAST_Q(slot, CSLOT_SEQ_OFF), __ATOMIC_ACQUIRE) == w->n) {
-            uint64_t fp = *FAST_Q(slot, CSLOT_FP_OFF);
-            if (fp != w->fp) {
-                w->bad = x; w->bad_fp = fp;
-                return -1;
-            }
-            continue;
-        }
-        if (slow_colls(f, x) > w->slow_before) {
-            w->bad = x; w->bad_fp = 0;
+        /* no other value than n - 2 or n is possible here: x writes n + 2 only after this rank is DONE */
+        if (__atomic_load_n(FAST_Q(slot, CSLOT_SEQ_OFF), __ATOMIC_ACQUIRE) != w->n)
+            return went_other_way(f, w, x, FAST_Q(slot, CSLOT_SEQ_OFF), w->n) ? -1 : 0;
+        uint64_t fp = *FAST_Q(slot, CSLOT_FP_OFF);
+        if (fp != w->fp) {
+            w->bad = x; w->bad_fp = fp;
             return -1;
         }
-        return 0;
     }
     return 1;
 }
@@ -129,12 +137,9 @@ static int arrived(CollWait *w) {
 static int reusable(CollWait *w) {
     FastLayout *f = &w->self->fl;
     for (long x = 0; x < w->self->size; x++) {
-        if (__atomic_load_n(FAST_Q(coll_rank(f, x), CRANK_DONE_OFF), __ATOMIC_ACQUIRE) + 2 >= w->n) continue;
-        if (slow_colls(f, x) > w->slow_before) {
-            w->bad = x; w->bad_fp = 0;
-            return -1;
-        }
-        return 0;
+        volatile uint64_t *done = FAST_Q(coll_rank(f, x), CRANK_DONE_OFF);
+        if (__atomic_load_n(done, __ATOMIC_ACQUIRE) + 2 >= w->n) continue;
+        return went_other_way(f, w, x, done, w->n - 2) ? -1 : 0;
     }
     return 1;
 }

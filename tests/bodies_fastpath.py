@@ -393,3 +393,18 @@ def cell_behind_slow_send(rounds: int) -> dict:
                 assert np.all(big == i), (src, i, big[:2])
         comm.Barrier()
         return {"rounds": rounds}
+
+
+def nonblocking_then_small(iters: int, pin: bool = True) -> dict:
+    """Each rank alternates an Iallreduce (the progress process's) with a small Barrier, all ranks on
+    one CPU (pin) so that a rank may be preempted in the middle of its arrival check: a rank that finished
+    the Barrier and posted its next Iallreduce while a slower one was between reading its slot and its
+    count of posted collectives must not be taken for a rank that went the other way."""
+    if pin:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    with shmproxy.init() as comm:
+        x, y = np.ones(2), np.zeros(2)
+        for _ in range(iters):
+            comm.Iallreduce(x, y).Wait()
+            comm.Barrier()
+        return {"sum": float(y[0])}

@@ -117,3 +117,14 @@ def test_a_drained_cell_counts_as_unexpected_before_the_next_cell_can_be_taken()
     assert q[P.PAIR_F_DRAINED] == 1 and line.view(np.uint64)[P.FRANK_CELLS_DRAINED] == 1
     assert q[P.PAIR_UNEXP] == 1, "the drained message is not counted while it is on its way to matching"
     assert P.CELL.unpack_from(pair, P.PAIR_HDR_BYTES)[0] == P.CELL_EMPTY
+
+
+def test_a_rank_that_went_on_is_not_a_mismatch():
+    """A rank preempted between its look at a peer's slot and at its count of posted collectives,
+    while the peer finished the Barrier and posted its next Iallreduce, read that as a rank that went
+    the other way and failed the communicator (shm/_poster_coll.c, went_other_way). Found by the
+    overlap benchmark at 8 ranks on a 16-core host (once in a few runs); the window is two loads wide,
+    so this stress of the same pattern catches it only by chance: a regression check, not a proof."""
+    res = run_ranks(BODY + "nonblocking_then_small", 4, timeout=240, args=(5000,),
+                    env={"SHMPROXY_WAIT_SPIN_US": "200"})
+    assert [r["sum"] for r in res.results] == [4.0] * 4
