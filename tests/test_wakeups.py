@@ -291,13 +291,17 @@ def test_the_loop_remembers_only_the_ranks_a_guard_is_to_wake():
     directly) or awake is not."""
     import types
     from shmproxy.engine.completion import Completion
+    from shmproxy.engine.hooks import PollHooks
     per = P.RANK_AREA_BYTES // 8
     area = np.zeros(3 * per, np.uint64)
     words = [(0, area.ctypes.data + 8 * (r * per + P.RANK_WAKE), r * per + P.RANK_WAITING) for r in range(3)]
     area[P.RANK_WAITING] = P.waiting_value(5, 7)            # rank 0 asleep on CPU 5: a guard's
     area[per + P.RANK_WAITING] = P.waiting_value(6, 7)      # rank 1 asleep on CPU 6: woken directly
-    eng = types.SimpleNamespace(q=area, relayed=[], rank_words=words)  # rank 2 awake
+    hooks = PollHooks()
+    eng = types.SimpleNamespace(q=area, relayed=[], rank_words=words, e=types.SimpleNamespace(hooks=hooks))
+    eng.hook = hooks.register("relayed", lambda: Completion.check_relayed(eng))   # rank 2 awake
     Completion._note_relayed(eng, (0, 1, 2), 1 << 5)
     assert [(w, v, a) for _d, w, v, a in eng.relayed] == [(P.RANK_WAITING, P.waiting_value(5, 7), words[0][1])]
+    assert hooks.armed == [eng.hook]   # the loop checks it from its next pass
     Completion._note_relayed(eng, (1, 2), 1 << 5)
     assert len(eng.relayed) == 1

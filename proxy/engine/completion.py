@@ -50,6 +50,7 @@ class Completion:
         self.slots_q = layout.slot_q(0)
         # Wake-ups left to a guard (wake_ranks): (deadline ns, WAITING index, its value, futex address)
         self.relayed: list[tuple[int, int, int, int]] = []
+        self.hook = engine.hooks.register("relayed wake-ups to check", self.check_relayed)
 
     def sub_finished(self, s: Sub) -> None:
         t = s.transfer
@@ -214,9 +215,11 @@ class Completion:
             cpu = P.waiting_cpu(w)
             if 0 <= cpu < 64 and (relayed >> cpu) & 1:
                 self.relayed.append((time.monotonic_ns() + RELAY_GRACE_NS, waiting, w, wake_addr))
+                self.e.hooks.arm(self.hook)
 
-    def check_relayed(self) -> None:
-        """Forget the relayed wake-ups whose rank woke; wake those still asleep after RELAY_GRACE_NS."""
+    def check_relayed(self) -> bool:
+        """The loop's poll hook: forget the relayed wake-ups whose rank woke; wake those still asleep
+        after RELAY_GRACE_NS. True while some are left to check."""
         now, q, keep = time.monotonic_ns(), self.q, []
         for item in self.relayed:
             deadline, waiting, w, wake_addr = item
@@ -228,3 +231,4 @@ class Completion:
             else:
                 keep.append(item)
         self.relayed = keep
+        return bool(keep)

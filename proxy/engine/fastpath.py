@@ -57,6 +57,7 @@ class FastPath:
         self.on = bool(layout.fast_bytes)
         self.held: dict[tuple[int, int], collections.deque] = {}   # (sender, receiver): sends behind a take
         self.retry: set[int] = set()   # local ranks whose drain met a cell being taken
+        self.hook = engine.hooks.register("fast path: held sends, drains to retry", self.pass_)
         self.early: dict[tuple[int, int], int] = {}   # (sender, rank): slow sends in before it joined
         self.f_unexp_n: dict[tuple[int, int], int] = {}   # (src, dst): messages waiting unexpected
         if not self.on:
@@ -89,6 +90,7 @@ class FastPath:
         if not self.cells_waiting(d) or self._drain_before(send.owner, d, send.pair_seq - 1):
             return True
         self.held[key] = collections.deque((send,))
+        self.e.hooks.arm(self.hook)
         return False
 
     def sent(self, send: Op, d: int) -> None:
@@ -99,6 +101,7 @@ class FastPath:
         if (self.cells_waiting(d) and q[self.f_recv_posted[d]] != q[self.f_recv_done[d]]
                 and not self._drain_before(s, d, send.pair_seq)):
             self.retry.add(d)
+            self.e.hooks.arm(self.hook)
 
     def cells_waiting(self, d: int) -> bool:
         """Whether any cell to local rank ``d`` may be waiting: three loads, so that the common
@@ -148,6 +151,7 @@ class FastPath:
                 busy = True
         if busy:
             self.retry.add(d)
+            self.e.hooks.arm(self.hook)
 
     def _cell_in(self, s: int, d: int, got: tuple) -> None:
         """A drained cell enters matching as a buffered send from local rank ``s`` to ``d``."""
@@ -165,8 +169,9 @@ class FastPath:
         self._unexp_gauge(src, dst, 0)
 
     # ------------------------------------------------------------------ the loop's share
-    def pass_(self) -> None:
-        """Every pass while something waits on a cell being taken: try again."""
+    def pass_(self) -> bool:
+        """The loop's poll hook, every pass while something waits on a cell being taken: try again.
+        True while something still waits."""
         for key in list(self.held):
             s, d = key
             held = self.held[key]
@@ -183,6 +188,7 @@ class FastPath:
             for d in retry:
                 self.drain_to(d)
         self.e.progressed = True   # no sleep while a take is in flight: it ends in microseconds
+        return bool(self.held or self.retry)
 
     def check_bells(self) -> None:
         """After CTRL_EVENTS moved: drain the cells to ranks whose doorbell rang."""

@@ -195,8 +195,7 @@ class Fetcher:
         for while they move the chunks (docs/decisions.md, "The link's threads never queue for the
         GIL behind the loop")."""
         e = self.e
-        fp = e.fastpath
-        if self.watch_ns <= 0 or e.p2p.buffer_later or e.completion.relayed or fp.held or fp.retry:
+        if self.watch_ns <= 0 or e.hooks.armed:   # deferred work (engine/hooks.py) is polled, not watched
             return False
         words: list = []
         polled = {a.transport for a in e.active if a.coll is None or not a.coll.event_driven}

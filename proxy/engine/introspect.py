@@ -123,6 +123,7 @@ class Introspector:
             "passes": e.passes,
             "stopping": e.stopping,
             "failed": e.failures.failed,
+            "armed_hooks": e.hooks.describe(),   # work deferred to the next passes (engine/hooks.py)
             "active_args": [
                 {"id": a.id, "conn": list(a.conn), "opcount": a.opcount,
                  "state": P.SUB_STATE_LETTER.get(a.state, "?"), "transport": a.transport.name,

@@ -154,6 +154,9 @@ class PointToPoint:
         self.buffered_ids = 0
         self.grace_ns_per_byte = params.SEND_BUFFER_GRACE_US_PER_KIB * 1e3 / 1024
         self.buffer_later: collections.deque = collections.deque()   # (due ns, send): to buffer then
+        # while sends wait out their grace the loop looks for posts without sleeping
+        self.hook = engine.hooks.register("sends waiting out their buffering grace", self._buffer_due_now,
+                                          no_sleep=True)
         self.probes: dict[int, list[Op]] = {}      # destination rank -> blocking Probes waiting
         self.held: dict[tuple[int, int], Any] = {}  # (owner, probe's sequence) -> what a matched probe took
         self.types: dict[tuple[int, int], typed.TypeMap] = {}   # (local rank, type id) -> derived datatype
@@ -223,6 +226,7 @@ class PointToPoint:
         else:
             if send.nbytes <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
                 self.buffer_later.append((send.t_fetch + int(send.nbytes * self.grace_ns_per_byte), send))
+                self.e.hooks.arm(self.hook)
             if self.probes:
                 self.wake_probes(dst, send)
             if send.mem and self.e.armed.history:
@@ -367,6 +371,11 @@ class PointToPoint:
         return conn
 
     # ------------------------------------------------------------------ buffered sends
+    def _buffer_due_now(self) -> bool:
+        """The loop's poll hook while sends wait out their grace: True while some still do."""
+        self.buffer_due(time.monotonic_ns())
+        return bool(self.buffer_later)
+
     def buffer_due(self, now: int) -> None:
         """Buffer the sends of ``buffer_later`` in arrival order, up to the first whose grace is not
         over at ``now``."""

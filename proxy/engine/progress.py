@@ -6,7 +6,7 @@ It creates the ops pool, serves the control socket (shmproxy.control.handler, on
 that moves every byte (docs/architecture.md, "The progress loop"):
 
     while not abort and not (stop and nothing active):
-        idle = progress_once()            # advance every active args through its transport
+        idle = progress_once()            # news, armed poll hooks (engine/hooks.py), every active args
         mode = fetch_mode(idle, len(active), passes, PROGRESS_APPENDOP_FREQ)
         fetcher.fetch(mode)               # NONE | TRY (trylock) | BLOCK (spin, then condvar sleep)
         sched_yield() when idle and nothing was added
@@ -60,6 +60,7 @@ from shmproxy.control.service import ServiceServer
 from shmproxy.engine.completion import Completion
 from shmproxy.engine.context import EngineContext
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failures
+from shmproxy.engine.hooks import PollHooks
 from shmproxy.engine.introspect import Introspector
 from shmproxy.engine.loopcall import LoopCalls
 from shmproxy.engine.nodes import Nodes
@@ -108,6 +109,8 @@ class ProgressEngine:
         poll_us = params.LOOP_POLL_US if params.LOOP_POLL_US >= 0 else (AUTO_LOOP_POLL_US if self.loop_copies else 0.0)
         self.loop_poll_s = poll_us / 1e6
         self.timeout = params.TIMEOUT
+        # work components defer to the next passes, polled while they have some (engine/hooks.py)
+        self.hooks = PollHooks()
         self.fetcher = Fetcher(self, params, self.crowded)   # taking the ranks' posts (engine/fetching.py)
         self.transports = transports.allowed(params.TRANSPORTS)
         self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
@@ -269,9 +272,8 @@ class ProgressEngine:
             self.run_events()
             if self.fast:
                 self.fastpath.check_bells()
-        fp = self.fastpath
-        if fp.held or fp.retry:
-            fp.pass_()
+        if self.hooks.armed:
+            self.hooks.run()
         if self.copy.nworkers:
             done = self.copy.drain()
             if done:
@@ -312,15 +314,11 @@ class ProgressEngine:
         next_tick = 0
         while not self._should_exit():
             idle = self.progress_once()
-            if self.completion.relayed:
-                self.completion.check_relayed()
             self.passes += 1
             mode = fetch_mode(idle, len(self.active), self.passes, freq)
-            if self.p2p.buffer_later:   # sends waiting out their grace (engine/p2p.py): look, never sleep
+            if self.hooks.no_sleep:   # e.g. sends waiting out their grace (engine/p2p.py): look, never sleep
                 mode = _F_TRY if mode == _F_BLOCK else mode
             added = self.fetcher.fetch(mode) if mode else 0
-            if self.p2p.buffer_later:
-                self.p2p.buffer_due(time.monotonic_ns())
             if self.copy.in_flight and self.awake is not None:
                 self.awake.touch()
             if idle and not added and mode != _F_BLOCK:
