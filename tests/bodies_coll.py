@@ -486,7 +486,7 @@ def _pool_clean(comm) -> dict:
         lr = comm.local_rank
         max_ops = st["layout"]["max_ops"]
         mine = ranks[lr]
-        private = len(getattr(comm, "_free_records", []))
+        private = len(comm._waiter.free_records)
         summary = {
             "in_posted_chain": [x["in_posted_chain"] for x in ranks],
             "subs_active": st["subs"]["count"],
@@ -495,7 +495,7 @@ def _pool_clean(comm) -> dict:
             "my_private_free": private,
             "my_unlisted": mine["not_in_shared_list"]["count"],
             "max_ops": max_ops,
-            "pending_requests": len(getattr(comm, "_pending", {})),
+            "pending_requests": len(comm._waiter.pending),
             "problems": st["problems"],
             "posted": [x["posted"] for x in ranks],
         }

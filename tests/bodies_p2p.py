@@ -167,7 +167,7 @@ def wait_and_test_in_c() -> dict:
     (errors, a Wait inside a group, bad arguments) still behaves."""
     with shmproxy.init(max_ops_per_rank=16) as comm:
         me, peer = comm.rank, 1 - comm.rank
-        slots0 = len(comm._free_slots)
+        slots0 = len(comm._waiter.free_slots)
         send, recv = comm.alloc(3, np.int64), comm.alloc(3, np.int64)
         for i in range(300):
             send[:] = (me, i, -i)
@@ -183,7 +183,8 @@ def wait_and_test_in_c() -> dict:
             assert (st.source, st.tag, st.nbytes) == (peer, i, 24), st
             assert rq.Wait() is st and rq.Test() is True and rq.status is st
             assert recv.tolist() == [peer, i, -i], recv
-        assert len(comm._free_slots) == slots0 and not comm._pending, (len(comm._free_slots), comm._pending)
+        w = comm._waiter
+        assert len(w.free_slots) == slots0 and not w.pending, (len(w.free_slots), w.pending)
         for args, kwargs in (((1, 2), {}), ((), {"bogus": 1}), ((1,), {"timeout": 1})):
             try:
                 rq.Wait(*args, **kwargs)
@@ -209,7 +210,7 @@ def wait_and_test_in_c() -> dict:
                 raise AssertionError("Wait inside comm.group() did not raise")
             sq = comm.Isend(send, peer, tag=2000)
         shmproxy.Request.Waitall([rq, sq])
-        assert len(comm._free_slots) == slots0 and not comm._pending
+        assert len(comm._waiter.free_slots) == slots0 and not comm._waiter.pending
         return {"status": repr(st)}
 
 

@@ -157,7 +157,8 @@ def wait_any(states: list[GState], timeout: float | None = None) -> None:
     if limit is None:
         from shmproxy.core import params
         limit = params.get().TIMEOUT
-    slice_s = getattr(world, "_slice_s", _DEFAULT_SLICE_S)
+    waiter = getattr(world, "_waiter", None)
+    slice_s = waiter.slice_s if waiter is not None else _DEFAULT_SLICE_S
     deadline = time.monotonic() + limit
     while True:
         with _CV:

@@ -7,7 +7,7 @@ completed becomes inactive, like MPI_REQUEST_NULL: Waitany and friends skip it, 
 returns at once with an empty status.
 
 Waitany/Waitsome have no native counterpart yet. They test every request, then sleep on the futex
-word of a communicator the requests belong to (Comm._sleep_slice, the same bounded sleep that
+word of a communicator the requests belong to (Comm._waiter.sleep_slice, the same bounded sleep that
 native Wait uses) for at most ANY_SLICE_S: every completion the progress process publishes for this
 rank bumps that word and wakes the sleeper, so a completion ends the sleep at once; the short bound
 only covers a completion that lands between the test and the sleep (the sleep reads the word itself),
@@ -589,7 +589,7 @@ def _wait_some(reqs: list[Request]) -> int | None:
             raise convert(errors.Timeout(f"rank {comm.rank}: timed out waiting for any of {len(natives)} "
                                          f"requests ({pending})"))
         try:
-            comm._sleep_slice(min(deadline, now + ANY_SLICE_S), f"any of {len(natives)} requests")
+            comm._waiter.sleep_slice(min(deadline, now + ANY_SLICE_S), f"any of {len(natives)} requests")
         except errors.Timeout:
             continue    # our short slice ran out: test again (the overall deadline is checked above)
         except errors.ProxyError as exc:

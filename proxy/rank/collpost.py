@@ -273,8 +273,7 @@ def _emit(comm: Any, coll: int, code: int, redop: int, flags: int, root: int, me
           stream: Any = None) -> Request:
     """Fill the record (the counts table's buffer id in the tag word) and post it. Device memory
     (``mem``): the request's event is recorded first on ``stream`` (None: the current one)."""
-    slot = comm._free_slots.pop() if comm._free_slots else comm._take_slot()
-    index = comm._free_records.pop() if comm._free_records else comm._take_record()
+    slot, index = comm._waiter.claim()
     pp = comm._pp
     if mem and comm._device.record(slot, pp.seq + 1, mem_device(mem), stream):   # pp.write takes seq + 1
         flags |= FLAG_STREAM_WORD
@@ -284,6 +283,6 @@ def _emit(comm: Any, coll: int, code: int, redop: int, flags: int, root: int, me
     req = Request(comm, slot, seq, KIND_COLL, root, coll, max(snb, rnb), keep, recv_loc[2], recv_loc[3], pp)
     if aux is not None or recv_loc[2] is not None:
         req._extra = (aux, rnb)
-    comm._pending[slot] = req
+    comm._waiter.pending[slot] = req
     pp.enqueue(index)
     return req

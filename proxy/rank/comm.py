@@ -15,10 +15,11 @@ Waiting spins briefly in C (Request.Wait/Test in shm/_poster.c), then sleeps on 
 word in bounded slices that check for failures between them: never a silent hang (waiting.py).
 
 The Comm's private parts: lifecycle.py (start and attach to the progress process, failure,
-Abort/close, teardown), posting.py (validation, buffer location, the Python post path), waiting.py
-(the sleep of Wait/Test, free records and slots), over the state they share, declared with its
-types in state.py. The public calls are here, and so is which of them each communicator binds to
-C entry points (POSTER_ENTRIES, FAST_ENTRIES).
+Abort/close, teardown) and posting.py (validation, buffer location, the Python post path), over the
+state they share, declared with its types in state.py; and its waiter (``_waiter``, waiting.py: the
+sleep of Wait/Test, the free records and slots and the pending requests, which it owns). The public
+calls are here, and so is which of them each communicator binds to C entry points (POSTER_ENTRIES,
+FAST_ENTRIES).
 
 A Comm is meant to be used by one thread at a time (like MPI_THREAD_SERIALIZED).
 """
@@ -39,7 +40,6 @@ from shmproxy.core.ops import (ANY_SOURCE, ANY_TAG, DTYPE_CODE, FLAG_PROBE_BLOCK
 from shmproxy.rank.lifecycle import Lifecycle, _DTYPES, _probes  # noqa: F401
 from shmproxy.rank.posting import Posting
 from shmproxy.rank.request import Message, Request, Status
-from shmproxy.rank.waiting import Waiting
 from shmproxy import transports
 
 
@@ -74,7 +74,7 @@ def init(timeout: float | None = None, **overrides: Any) -> "Comm":
     return Comm._create(info, params, comm_id=0)
 
 
-class Comm(Lifecycle, Posting, Waiting):
+class Comm(Lifecycle, Posting):
     """A communicator. Attributes: rank, size, local_rank, local_size."""
 
     # ------------------------------------------------------------------ what a call runs

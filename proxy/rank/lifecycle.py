@@ -7,7 +7,8 @@ the pool's error and abort words, so that every call raises the communicator's n
 failed. Abort, close and the teardown that releases everything in any state are here too.
 
 A part of shmproxy.rank.comm.Comm: the state it sets and the calls it makes into the other parts
-(posting.py, waiting.py, comm.py) are declared in shmproxy.rank.state.
+(posting.py, comm.py) are declared in shmproxy.rank.state. It makes the Comm's waiting component
+(rank/waiting.py) when the pool is mapped, and answers its questions about failures.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN
 from shmproxy.control.protocol import MsgType
 from shmproxy.rank.request import Request
 from shmproxy.rank.state import CommState
+from shmproxy.rank.waiting import Failure, Waiter
 from shmproxy.control.client import ServiceClient
 from shmproxy.shm import _native, _poster, pool as P, sync
 from shmproxy.shm.counters import u32_view
@@ -211,17 +213,14 @@ class Lifecycle(CommState):
             raise errors.InternalError(f"pool built for {layout.nlocal} local ranks, we have {self.local_size}")
         self._view, self._layout, self._q, self._i32 = view, layout, view.q, view.i32
         self._u32 = u32_view(seg.mm)
-        lr, max_ops = self.local_rank, layout.max_ops
-        self._rec_base = lr * max_ops
-        self._free_records: list[int] = []
-        self._free_slots = list(range(self._rec_base + max_ops - 1, self._rec_base - 1, -1))
-        self._pending: dict[int, Request] = {}
+        lr, p = self.local_rank, self.params
         self._abort_q = P.CTRL_OFF // 8 + P.CTRL_ABORT
         self._err_q = P.CTRL_OFF // 8 + P.CTRL_ERR_SEQ
-        self._waiting_q = layout.rank_q(lr, P.RANK_WAITING)
         self._posted_q = layout.rank_q(lr, P.RANK_POSTED)
-        self._wake_addr = seg.addr + layout.wake_word_offset(lr)
-        self._wake_u32 = layout.wake_word_offset(lr) // 4
+        # Waiting, and the records and slots a post takes (rank/waiting.py)
+        w = self._waiter = Waiter(self.rank, lr, view, self._u32, seg.addr, self._timeout, p.WAIT_SLICE_MS * 1e-3,
+                                  Failure(lambda: self._failure, self._record_failure, self._set_failure,
+                                          self._proxy_dead))
         # The post path (shm/_poster.c): sequence numbers, opCount, groups, and the fast post.
         self._pp = _poster.Poster(
             self, Request, np.ndarray, seg.addr + layout.records_off, seg.addr + P.MUTEX_OFF,
@@ -229,8 +228,9 @@ class Lifecycle(CommState):
             seg.addr + P.PENDING_MASK_OFF, seg.addr + layout.rank_area_off,
             seg.addr + P.CTRL_OFF + 8 * P.CTRL_SLEEPING, seg.addr + 8 * self._err_q,
             seg.addr + 8 * self._abort_q, seg.addr + 8 * self._posted_q, lr,
-            self.size, self._timeout, self._free_slots, self._free_records, self._pending, _DTYPES,
-            _probes(), self._splice_failed)
+            self.size, self._timeout, w.free_slots, w.free_records, w.pending, _DTYPES,
+            _probes(), w.splice_failed)
+        w.attach(self._pp)
         sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
         if not self._pp.fast:
             _log.warning("numpy's array layout is not the one shm/_poster.c reads: every post takes "
@@ -238,13 +238,11 @@ class Lifecycle(CommState):
         # How Request.Wait spins before it sleeps (the spin is in C): up to WAIT_SPIN_US, and on a
         # crowded node only for requests the progress loop completes itself, since larger ones are
         # copied by workers that need the cores (measured: docs/decisions.md).
-        p = self.params
         crowded = host.crowded(self.local_size)
         spin_max = p.WAIT_SPIN_MAX_BYTES or (p.eager_limit if crowded else 1 << 62)
         spin_max_coll = p.WAIT_SPIN_MAX_BYTES or (p.coll_inline_bytes(self.local_size) if crowded else 1 << 62)
         self._pp.set_wait(seg.addr + layout.slots_off, layout.nrecords, p.WAIT_SPIN_US * 1e-6, spin_max,
                           spin_max_coll)
-        self._slice_s = p.WAIT_SLICE_MS * 1e-3
         self._bind_entries(seg.addr, layout)   # which calls of this instance are C entry points (comm.py)
         self._registry = Registry(self._register, self._pp.set_ranges)
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
@@ -456,7 +454,7 @@ class Lifecycle(CommState):
         # other send no receive took yet is cancelled (engine/p2p.py), so that a peer that never
         # receives it does not hold this close for the whole timeout; a matched one completes.
         promised = {id(r) for r in self.__dict__.get("_objects_unwaited", ())}
-        for req in list(self._pending.values()):
+        for req in list(self._waiter.pending.values()):
             if wait and req._kind != KIND_RECV:
                 if req._kind == KIND_SEND and id(req) not in promised and not req.Test() and self._cancel(req):
                     req.Wait()

@@ -139,7 +139,7 @@ class Posting(CommState):
             assert seg is not None   # attached
             dev = self._device = DeviceMemory(register, self._registry.new_id, lambda: self._registry.dead_ids,
                                               (seg.addr + layout.slots_off, lr * layout.max_ops,
-                                               layout.max_ops), self._failed_now, self._slice_s)
+                                               layout.max_ops), self._failed_now, self._waiter.slice_s)
         return dev
 
     def _across_nodes(self) -> DeviceStaging:
@@ -400,8 +400,7 @@ class Posting(CommState):
         """Fill a record and its request and post it (or link it into the open group). Device memory
         (``mem``): the request's event is recorded first on ``stream`` (None: the current one;
         shmproxy.rank.device)."""
-        slot = self._free_slots.pop() if self._free_slots else self._take_slot()
-        index = self._free_records.pop() if self._free_records else self._take_record()
+        slot, index = self._waiter.claim()
         coll = kind == KIND_COLL
         pp = self._pp
         if mem and self._device.record(slot, pp.seq + 1, mem_device(mem), stream):   # pp.write takes seq + 1
@@ -409,7 +408,7 @@ class Posting(CommState):
         seq = pp.write(index, slot, kind, code, redop, flags, peer, 0 if coll else tag, bid, off, nbytes, count,
                        bid2, off2, nbytes2, coll_seq, tag if coll else 0, mem)
         req = Request(self, slot, seq, kind, peer, tag, max(nbytes, nbytes2), keep, stage, user_addr, pp)
-        self._pending[slot] = req
+        self._waiter.pending[slot] = req
         pp.enqueue(index)
         return req
 

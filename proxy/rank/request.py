@@ -125,14 +125,14 @@ class Request(RequestBase):
     # ---- the Python halves of Wait() and Test() (shm/_poster.c) -----------------------------------
     def _test_slow(self) -> bool:
         if not self._done:
-            self._comm._test(self)
+            self._comm._waiter.test(self)
         if self._done and self._error is not None:
             raise self._error
         return self._done
 
     def _wait_slow(self, timeout: float | None) -> Status | None:
         if not self._done:
-            self._comm._wait(self, timeout)
+            self._comm._waiter.wait(self, timeout)
         if self._error is not None:
             raise self._error
         return self.status

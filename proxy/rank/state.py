@@ -1,12 +1,13 @@
 """What the parts of a Comm share, declared in one place.
 
-A Comm is its public calls (comm.py) over three parts: its lifecycle (lifecycle.py: it starts or
-finds the progress process, attaches to the ops pool and sets everything below), its posting
-(posting.py: checks, buffers, the record a post fills) and its waiting (waiting.py: the futex
-sleep, free records and slots). They share one object, the communicator, so that a post is one
-attribute read away from the pool. What they share is declared here with its type, and the calls
-one part makes into another are abstract methods here, so that mypy checks each part against the
-others and a reader sees, in one page, what a part may touch.
+A Comm is its public calls (comm.py) over two parts, its lifecycle (lifecycle.py: it starts or
+finds the progress process, attaches to the ops pool and sets everything below) and its posting
+(posting.py: checks, buffers, the record a post fills), and a component, its waiter (waiting.py:
+the futex sleep, the free records and slots and the pending requests, state it owns). The two
+parts share one object, the communicator, so that a post is one attribute read away from the pool.
+What they share is declared here with its type, and the calls one part makes into another are
+abstract methods here, so that mypy checks each part against the other and a reader sees, in one
+page, what a part may touch.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from shmproxy.control.protocol import MsgType
 from shmproxy.core import errors, params as params_mod
 from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.rank.request import Request
+from shmproxy.rank.waiting import Waiter
 from shmproxy.shm import pool as P
 from shmproxy.shm.segment import Segment
 
@@ -59,16 +61,9 @@ class CommState(abc.ABC):
     _u32: memoryview
     _abort_q: int                   # word indices of the control block's abort and error words,
     _err_q: int
-    _waiting_q: int                 # and of this rank's waiting and posted words
-    _posted_q: int
-    _wake_addr: int                 # this rank's futex word
-    _wake_u32: int
-    _rec_base: int                  # this rank's first op record
-    _free_records: list[int]
-    _free_slots: list[int]
-    _pending: dict[int, Request]    # request slot -> the request, while it may complete
+    _posted_q: int                  # and of this rank's posted word
+    _waiter: Waiter                 # waiting, and the records, slots and pending requests (waiting.py)
     _pp: Any                        # the C poster (shm/_poster.c)
-    _slice_s: float                 # WAIT_SLICE_MS, in seconds
     _registry: Registry
     _arena_held: bool   # registered the numpy arena (shmproxy.rank.arena) and holds its handler
     _staging: StagingCache
@@ -94,19 +89,6 @@ class CommState(abc.ABC):
 
     @abc.abstractmethod
     def _control(self, msg: MsgType, payload: dict, fds: tuple = ()) -> dict: ...
-
-    # waiting.py
-    @abc.abstractmethod
-    def _splice_failed(self, rc: int) -> None: ...
-
-    @abc.abstractmethod
-    def _take_record(self) -> int: ...
-
-    @abc.abstractmethod
-    def _take_slot(self) -> int: ...
-
-    @abc.abstractmethod
-    def _sleep_slice(self, deadline: float, what: str, sq: int = -1, seq: int = 0) -> None: ...
 
     # posting.py
     @abc.abstractmethod

@@ -16,7 +16,7 @@ process, so a dead peer fails every pending Work within a slice. Posting threads
 threads included) only take the lock to post, never to wait, so a bucket's allreduce is posted while
 the previous one is still in flight.
 
-The sleep is the communicator's own bounded sleep (``Comm._sleep_slice``): the Comm has no public
+The sleep is the communicator's own bounded sleep (``Comm._waiter.sleep_slice``): the Comm has no public
 "sleep until one of my requests completes" that does not also reap, and reaping must stay under
 the lock.
 
@@ -553,8 +553,8 @@ class Completer:
         work, req = head
         try:
             # The lock is not held: posting threads go on while this one sleeps.
-            comm._sleep_slice(work.deadline, f"{work.name} ({req.describe()})",
-                              comm._layout.slot_q(req._slot), req._seq)
+            comm._waiter.sleep_slice(work.deadline, f"{work.name} ({req.describe()})",
+                                     comm._layout.slot_q(req._slot), req._seq)
         except errors.Timeout as exc:
             with self._cond:
                 if work in self._pending:
