@@ -7,9 +7,9 @@ converts and packs every argument on each call). For an 8-byte collective those 
 progress process's time, so the hot path calls the driver directly (BENCHMARKS.md has the figures).
 cupy still does everything that is not per op: contexts, streams, events, IPC handles, compiling kernels.
 
-Every call acts on the calling thread's current context: the caller (transports/cuda.py) makes the
-device's primary context current first (``_Gpu.use``), which is the context cupy's streams, events and
-kernels of that device belong to. A failed call raises SystemError_ naming the call and the driver's
+Every call acts on the calling thread's current context: the caller (transports/cuda_gpu.py) makes
+the device's primary context current first (``Gpu.use``), which is the context cupy's streams, events
+and kernels of that device belong to. A failed call raises SystemError_ naming the call and the driver's
 error; the progress loop then fails the communicator, as NCCL reports an asynchronous CUDA error.
 """
 from __future__ import annotations

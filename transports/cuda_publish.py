@@ -3,7 +3,7 @@
 A rank waiting on a device message spins on its completion slot's ``done_seq`` (shm/_poster_request.c).
 Published by the progress loop, that word changes only once the loop has polled the copy's event and
 run its completion code: microseconds after the copy ended, more while the loop is busy elsewhere.
-Here the GPU stores it instead, in the same graph launch as the copy (transports/cuda.py, ``_Gpu.copy``):
+Here the GPU stores it instead, in the same graph launch as the copy (transports/cuda_gpu.py, ``Gpu.copy``):
 
 - the ranks' completion slots are pinned and mapped for the devices once (cuMemHostRegister:
   ``cuda_order.HostSlots``, which the streams' waits for the ranks' words use too), so a kernel can
@@ -163,7 +163,7 @@ class Publisher:
 
 class Repeat:
     """A publishing graph's launch as an armed route makes it again (proxy/engine/armed.py), over the
-    transport's ``_Gpu`` (transports/cuda.py): valid while no registration was dropped and the graph is
+    transport's ``Gpu`` (transports/cuda_gpu.py): valid while no registration was dropped and the graph is
     not retired."""
 
     __slots__ = ("gpu", "graph", "device", "stream", "gen")

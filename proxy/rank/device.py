@@ -425,7 +425,7 @@ class DeviceMemory:
 
     def _bus_id(self, device: int) -> str:
         """The PCI bus id of this process's device ``device``: the progress process checks that its own
-        device of that number is the same GPU (transports/cuda.py, ``_Gpu.check_device``)."""
+        device of that number is the same GPU (transports/cuda_gpu.py, ``Gpu.check_device``)."""
         bus = self._bus.get(device)
         if bus is None:
             bus = self._bus[device] = self.cp.cuda.runtime.deviceGetPCIBusId(device)
