@@ -136,8 +136,7 @@ class CollRunner:
                 return
             work, builder, nchunks, chunk_bytes = self.build_coll(ops)
         except errors.ProxyError as exc:
-            for op in ops:
-                self.e.completion.complete(op, exc.code, 0)
+            self.e.completion.refuse_coll(ops, exc.code)
             _log.warning("collective #%d refused: %s", ops[0].coll_seq, exc)
             return
         if nchunks == 0:
@@ -169,8 +168,7 @@ class CollRunner:
         kind = next(mem_kind(op.mem) for op in ops if op.mem)
         t = next((t for t in self.e.transports if kind in t.kinds and t.proxy_start_coll is not None), None)
         if t is None:
-            for op in ops:
-                self.e.completion.complete(op, errors.InvalidUsage.code, 0)
+            self.e.completion.refuse_coll(ops, errors.InvalidUsage.code)
             _log.warning("collective #%d refused: no allowed transport runs collectives on %s memory "
                          "(SHMPROXY_TRANSPORTS)", ops[0].coll_seq, MemKind(kind).name.lower())
             return

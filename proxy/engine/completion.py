@@ -169,6 +169,11 @@ class Completion:
         elif relayed:
             self._note_relayed([op.owner for op in ops], relayed)
 
+    def refuse_coll(self, ops: list[Op], code: int) -> None:
+        """Fail every rank's request of a collective with ``code`` (refused: nothing was moved)."""
+        for op in ops:
+            self.complete(op, code, 0)
+
     def complete_large(self) -> None:
         """After completing work the copy workers did: on a crowded node, sleep at once the next time
         the loop runs out of work instead of spinning. Its ranks slept on such requests and were just

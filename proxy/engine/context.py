@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class EngineContext:
     __slots__ = ("_engine", "steps", "chunk", "eager", "parallel_threshold", "buffers", "memcopy",
                  "start_entry", "start_schedule", "post_event", "on_events", "wake_pool", "completion_items",
-                 "completion_slots", "coll_items", "complete_coll",
+                 "completion_slots", "coll_items", "complete_coll", "refuse_coll",
                  "_argspool",
                  "_n_args", "params",
                  "transport_state", "timeout", "comm_id", "net_ip", "arrive", "finish", "complete_send",
@@ -45,6 +45,7 @@ class EngineContext:
         self.completion_slots = engine.completion.completion_slots
         self.coll_items = engine.completion.coll_items
         self.complete_coll = engine.completion.complete_coll
+        self.refuse_coll = engine.completion.refuse_coll
         self._argspool = engine.argspool
         self._n_args = P.CTRL_OFF // 8 + P.CTRL_N_ARGS
         # between nodes (engine/nodes.py)
@@ -124,10 +125,6 @@ class EngineContext:
         sub = self._argspool.add_sub(args, work, 0, 0, nbytes, nbytes)
         sub.posted = 1
         return sub
-
-    def refuse_coll(self, ops: list[Op], code: int) -> None:
-        for op in ops:
-            self._engine.completion.complete(op, code, 0)
 
     def add_sub(self, args: Args, work: Any, src: int, dst: int, nbytes: int, chunk: int) -> Sub:
         return self._argspool.add_sub(args, work, src, dst, nbytes, chunk)

@@ -28,17 +28,14 @@ class Hook:
 
 
 class PollHooks:
-    """The registered hooks and the armed ones, in arming order."""
+    """The armed hooks, in arming order."""
 
     def __init__(self) -> None:
-        self.hooks: list[Hook] = []
         self.armed: list[Hook] = []
         self.no_sleep = False       # some armed hook is no_sleep
 
     def register(self, name: str, poll: Callable[[], bool], no_sleep: bool = False) -> Hook:
-        hook = Hook(name, poll, no_sleep)
-        self.hooks.append(hook)
-        return hook
+        return Hook(name, poll, no_sleep)
 
     def arm(self, hook: Hook) -> None:
         """The hook's component deferred work: run its poll from the next pass on."""

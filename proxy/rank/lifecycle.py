@@ -214,13 +214,12 @@ class Lifecycle(CommState):
         self._view, self._layout, self._q, self._i32 = view, layout, view.q, view.i32
         self._u32 = u32_view(seg.mm)
         lr, p = self.local_rank, self.params
-        self._abort_q = P.CTRL_OFF // 8 + P.CTRL_ABORT
-        self._err_q = P.CTRL_OFF // 8 + P.CTRL_ERR_SEQ
-        self._posted_q = layout.rank_q(lr, P.RANK_POSTED)
         # Waiting, and the records and slots a post takes (rank/waiting.py)
         w = self._waiter = Waiter(self.rank, lr, view, self._u32, seg.addr, self._timeout, p.WAIT_SLICE_MS * 1e-3,
                                   Failure(lambda: self._failure, self._record_failure, self._set_failure,
                                           self._proxy_dead))
+        self._abort_q, self._err_q = w.abort_q, w.err_q   # the control block's abort and error words
+        self._posted_q = layout.rank_q(lr, P.RANK_POSTED)
         # The post path (shm/_poster.c): sequence numbers, opCount, groups, and the fast post.
         self._pp = _poster.Poster(
             self, Request, np.ndarray, seg.addr + layout.records_off, seg.addr + P.MUTEX_OFF,
