@@ -113,8 +113,7 @@ class ControlHandler:
             e.failures.told.add(lr)
         error = e.failures.error
         assert error is not None
-        raise errors.from_code(error.code, f"the communicator failed while this rank joined: {error}",
-                               rank=getattr(error, "rank", None), pid=getattr(error, "pid", None))
+        raise errors.while_joining(error)
 
     def _joined(self) -> None:
         """Wake ProgressEngine.wait_until_told: what it waits for may have changed."""

@@ -115,6 +115,14 @@ def from_code(code: int, message: str, rank: int | None = None, pid: int | None 
     return cls(message)
 
 
+def while_joining(failure: ProxyError) -> ProxyError:
+    """The failure a rank still joining the communicator meets, whichever way it learns it: the
+    service refusing its join (control/handler.py) or the pool's record once the service is gone
+    (rank/lifecycle.py). Same class, who and pid as ``failure``."""
+    return from_code(failure.code, f"the communicator failed while this rank joined: {failure}",
+                     rank=getattr(failure, "rank", None), pid=getattr(failure, "pid", None))
+
+
 def from_oserror(what: str, exc: OSError) -> SystemError_:
     """Wrap an OSError, keeping errno and the cause."""
     err = SystemError_(f"{what}: {exc.strerror or exc}", errno=exc.errno)

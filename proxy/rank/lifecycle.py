@@ -189,12 +189,19 @@ class Lifecycle(CommState):
             c.call(MsgType.CONNECT, connect, timeout=self._left(deadline))
         except errors.RemoteError as exc:
             # Once this rank mapped the pool (SETUP), a failed communicator's progress process stops
-            # answering it (engine/failure.py, not_told): the pool's record names who failed.
+            # answering it (engine/failure.py, not_told): the pool's record names who failed. Said as
+            # the service says it to a join it refuses (control/handler.py, _refuse_join): which of
+            # the two a joining rank meets is a race with the failure.
             recorded = self._recorded_failure()
             if recorded is not None:
-                raise recorded from exc
+                raise errors.while_joining(recorded) from exc
             raise
-        self._attach_pool()
+        try:
+            self._attach_pool()   # registers the numpy arena: still the join
+        except errors.ProxyError as exc:
+            if exc is self._failure:   # the communicator's, read from the pool (_record_failure)
+                raise errors.while_joining(exc) from exc
+            raise
 
     def _meet_nodes(self, info: bootstrap.LaunchInfo, host: str, net_info: bytes, deadline: float) -> dict:
         """The node layout (control/rendezvous.py): through the job's rendezvous for the world, through
