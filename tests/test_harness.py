@@ -258,11 +258,21 @@ def test_leakguard_socket_is_reported_and_unlinked(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+def _until_execed(pid: int) -> None:
+    """Until ``pid`` runs the stand-in: between fork and exec it still shows pytest's command line,
+    which the guard rightly does not take for ours (a loaded machine once checked in that window)."""
+    deadline = time.monotonic() + 10
+    while "shmproxy.engine.progress" not in " ".join(psutil.Process(pid).cmdline()):
+        assert time.monotonic() < deadline, "the stand-in never started"
+        time.sleep(0.01)
+
+
 def test_leakguard_process_is_killed_and_reported(tmp_path: Path) -> None:
     guard = LeakGuard(dirs=[str(tmp_path)], grace=0.5)
     guard.snapshot()
     child = subprocess.Popen(STANDIN, stdin=subprocess.DEVNULL)
     try:
+        _until_execed(child.pid)
         leaks = guard.check()
         assert len(leaks) == 1 and f"process {child.pid} still running" in leaks[0], leaks
         assert child.wait(timeout=10) == -signal.SIGKILL
