@@ -28,11 +28,11 @@ def engine(tmp_path) -> Iterator[ProgressEngine]:
     eng = ProgressEngine(params, str(tmp_path / "c.sock"), 2, 2, "0123456789abcdef", 0, os.getpid())
     try:
         for lr in range(2):
-            eng.ranks[lr] = RankInfo(lr, lr, os.getpid(), "h", [0])
-            eng.local_of[lr] = lr
+            eng.st.ranks[lr] = RankInfo(lr, lr, os.getpid(), "h", [0])
+            eng.st.local_of[lr] = lr
             fd = os.memfd_create("dispatch")
             os.ftruncate(fd, 4096)
-            eng.buffers[(lr, 1)] = MemfdBuffer.from_fd(fd, 4096)
+            eng.st.buffers[(lr, 1)] = MemfdBuffer.from_fd(fd, 4096)
         yield eng
     finally:
         eng.failures.failed = False   # nobody to tell: shutdown() must not linger for ranks that never joined
@@ -60,7 +60,7 @@ def pair(eng: ProgressEngine, mem_send: int = 0, mem_recv: int = 0) -> tuple[int
 def test_a_matched_message_moves_through_its_connector(engine):
     s, r = pair(engine)
     assert status(engine, s) == status(engine, r) == 0 and not engine.failures.failed
-    conn = engine.conns[(0, 1, MemKind.HOST)]
+    conn = engine.connections.conns[(0, 1, MemKind.HOST)]
     assert conn.transport.name == "shm" and conn.nmsgs == 1 and conn.describe()["state"] == "connected"
 
 
@@ -70,7 +70,7 @@ def test_no_transport_for_a_pair_fails_the_communicator_naming_both_ranks_and_th
 
         def can_connect(self, me: PeerInfo, peer: PeerInfo, kind: MemKind) -> bool:
             return False
-    engine.transports = (Refuses(),)
+    engine.st.transports = (Refuses(),)
     pair(engine)
     error = engine.failures.error
     assert engine.failures.failed and isinstance(error, errors.InvalidUsage)
@@ -78,7 +78,7 @@ def test_no_transport_for_a_pair_fails_the_communicator_naming_both_ranks_and_th
 
 
 def test_device_memory_with_no_device_transport_fails_the_communicator_naming_the_kind(engine):
-    engine.transports = transports.allowed("shm")
+    engine.st.transports = transports.allowed("shm")
     pair(engine, mem_send=mem_word(MemKind.CUDA, 0))
     error = engine.failures.error
     assert engine.failures.failed and "cuda memory" in str(error) and "tried: shm" in str(error)
@@ -105,7 +105,7 @@ def test_a_transport_thread_hands_the_loop_work_through_the_context(engine):
     t.join(10)
     assert not ran   # queued, not run by the posting thread
     engine.progress_once()
-    assert ran == [threading.get_ident()] and engine.events_seen == 1
+    assert ran == [threading.get_ident()] and engine.events.seen == 1
 
 
 def test_a_closed_ranks_abandoned_receive_does_not_take_a_later_message(engine):
@@ -114,7 +114,7 @@ def test_a_closed_ranks_abandoned_receive_does_not_take_a_later_message(engine):
     of landing in a receive nobody waits for."""
     rslot = engine.layout.max_ops
     engine.p2p.append(op(engine, opsmod.KIND_RECV, 1, 0, rslot))
-    engine.p2p.close_half(engine.ranks[1])
+    engine.p2p.close_half(engine.st.ranks[1])
     assert len(engine.p2p.matcher) == 0 and status(engine, rslot) == 0   # dropped, not completed
     engine.p2p.append(op(engine, opsmod.KIND_SEND, 0, 1, 0))
     assert status(engine, 0) == errors.InvalidUsage.code and len(engine.p2p.matcher) == 0
@@ -139,9 +139,9 @@ def test_a_service_request_changes_engine_state_on_the_loop_thread_before_its_an
         def proxy_deregister(self, ctx, reg):
             hooked.append((threading.get_ident(), -reg.buf_id))
 
-    engine.transports = (Hooks(),)
+    engine.st.transports = (Hooks(),)
     engine.calls.started()   # this thread is the loop
-    conn = ConnInfo(1, -1, os.getpid(), 0, 0, 0, 0, ConnState.CONNECTED, {"info": engine.ranks[0]})
+    conn = ConnInfo(1, -1, os.getpid(), 0, 0, 0, 0, ConnState.CONNECTED, {"info": engine.st.ranks[0]})
     handler = ControlHandler(engine)
     fd = os.memfd_create("registered")
     os.ftruncate(fd, 4096)
@@ -150,13 +150,13 @@ def test_a_service_request_changes_engine_state_on_the_loop_thread_before_its_an
         handler.handle(conn, MsgType.REGISTER, {"buf_id": 9, "bytes": 4096}, [fd])))
     service.start()
     deadline = time.monotonic() + 10
-    while not engine.events and time.monotonic() < deadline:
+    while not engine.events.queue and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert engine.events and not answers and (0, 9) not in engine.buffers   # waiting for the loop
+    assert engine.events.queue and not answers and (0, 9) not in engine.st.buffers   # waiting for the loop
     while not answers and time.monotonic() < deadline:
         engine.progress_once()
     service.join(10)
-    assert answers == [({}, [])] and (0, 9) in engine.buffers
+    assert answers == [({}, [])] and (0, 9) in engine.st.buffers
     assert hooked == [(threading.get_ident(), 9)]
 
 
@@ -185,7 +185,7 @@ def test_a_device_collective_goes_to_the_transport_of_its_memory_through_the_con
             return True
 
     transports.check_transport(DeviceColl())
-    engine.transports = (ShmTransport(), DeviceColl())
+    engine.st.transports = (ShmTransport(), DeviceColl())
     ops = [op(engine, opsmod.KIND_SEND, 0, 1, 1, mem=dev), op(engine, opsmod.KIND_SEND, 1, 0, r1 + 1, mem=dev)]
     engine.coll.start_on_device(ops)
     assert started == [(engine.ctx, ops)]

@@ -54,3 +54,26 @@ def test_the_check_sees_nested_imports_and_skips_type_checking_ones(tmp_path: Pa
     mods = [m for _line, m in _runtime_imports(src)]
     assert "shmproxy.coll" in mods and "shmproxy.engine.typed" in mods
     assert not any(m.startswith("shmproxy.engine.args") for m in mods)
+
+
+# The progress engine's components take the loop's state and the siblings they call (engine/progress.py's
+# header), never the engine: only these name it (the driver, the dump that reads all of it, and the control
+# plane that fills its tables on the loop thread).
+TAKES_THE_ENGINE = {"proxy/engine/progress.py", "proxy/engine/introspect.py", "proxy/control/handler.py"}
+
+
+def test_engine_components_do_not_take_the_engine() -> None:
+    files = sorted((REPO / "proxy/engine").rglob("*.py")) + sorted((REPO / "proxy/coll").rglob("*.py"))
+    bad = []
+    for p in files:
+        rel = str(p.relative_to(REPO))
+        if rel in TAKES_THE_ENGINE:
+            continue
+        tree = ast.parse(p.read_text(), rel)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "shmproxy.engine.progress":
+                bad.append(f"{rel}:{node.lineno}: imports shmproxy.engine.progress")
+            elif isinstance(node, ast.arg) and node.annotation is not None and \
+                    "ProgressEngine" in ast.unparse(node.annotation):
+                bad.append(f"{rel}:{node.lineno}: takes a ProgressEngine ({node.arg})")
+    assert not bad, "engine components reach the engine instead of taking what they need:\n" + "\n".join(bad)

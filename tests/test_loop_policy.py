@@ -80,22 +80,21 @@ def test_idle_spin_is_skipped_once_after_large_work_on_a_crowded_node(crowded):
     from shmproxy.shm import _workers
     awake = _workers.KeepAwake(sorted(os.sched_getaffinity(0))[:1], 1.0) if crowded else None
     q = np.zeros(P.CTRL_OFF // 8 + P.CTRL_COUNT, np.uint64)        # nothing handed off, no event
-    eng = types.SimpleNamespace(crowded=crowded, awake=awake, events_seen=0, _should_exit=lambda: False)
-    fetcher = types.SimpleNamespace(spin_ns=30_000_000, spin_skip=False, view=types.SimpleNamespace(i32=i32), q=q,
-                                    e=eng)
-    eng.fetcher = fetcher
+    st = types.SimpleNamespace(awake=awake, spin_skip=False, should_exit=lambda: False)   # the loop's state
+    fetcher = types.SimpleNamespace(spin_ns=30_000_000, view=types.SimpleNamespace(i32=i32), q=q, st=st,
+                                    events=types.SimpleNamespace(seen=0))
 
     def spin() -> float:
         t0 = time.monotonic()
         Fetcher.spin_for_work(fetcher)   # type: ignore[arg-type]
         return time.monotonic() - t0
-    Completion.complete_large(types.SimpleNamespace(crowded=crowded, e=eng))
-    assert fetcher.spin_skip is crowded
+    Completion.complete_large(types.SimpleNamespace(crowded=crowded, st=st))
+    assert st.spin_skip is crowded
     if awake is not None:           # and the keep-awake guards spin through the hand-off
         assert awake.spinning
         awake.stop()
     first, second = spin(), spin()
-    assert (first < 0.015) is crowded and second >= 0.03 and not fetcher.spin_skip
+    assert (first < 0.015) is crowded and second >= 0.03 and not st.spin_skip
     q[P.PENDING_MASK_OFF // 8] = 1 << 1           # a chain handed off ends the spin
     assert spin() < 0.015
     q[P.PENDING_MASK_OFF // 8] = 0

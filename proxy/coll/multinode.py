@@ -47,19 +47,19 @@ NOTE_BATCH = 64   # fingerprints a node holds before it notes them (else at the 
 class MultiNodeColl:
     def __init__(self, runner: "CollRunner"):
         self.runner = runner
-        self.e = runner.e
+        self.failures, self.nodes, self.ctx, self.params = runner.failures, runner.nodes, runner.ctx, runner.params
         self.fingerprints: dict[int, list] = {}   # node 0: seq -> (node, rank, fingerprint)s seen
         self.claims_seen: dict[int, dict] = {}    # node 0: seq -> the v-collectives' counts claimed
         self.unsent: list[list] = []              # other nodes: [seq, rank, fingerprint, claims] not noted yet
 
     def start(self, ops: list[Op]) -> None:
         op0 = ops[0]
-        runner, e = self.runner, self.e
+        runner = self.runner
         fp = runner.fingerprint(op0)
         # The v-collectives' counts: what this node's ranks say must agree with the other nodes' ranks
         # (counts.claims), compared on node 0 with the fingerprints.
         claims = vector.claims_of(runner, ops, runner.size) if op0.coll > COLL_LAST_NATIVE else []
-        if e.nodes.node == 0:
+        if self.nodes.node == 0:
             self.fingerprint_seen(op0.coll_seq, 0, op0.rank, fp, claims)
         else:
             self.unsent.append([op0.coll_seq, op0.rank, fp, claims])
@@ -69,7 +69,7 @@ class MultiNodeColl:
             work, builder, nchunks, chunk_bytes = self.build(ops)
         except errors.ProxyError as exc:
             # A node that cannot take part would leave the others waiting: fail the communicator.
-            e.failures.fail(exc.code, f"collective #{ops[0].coll_seq} across nodes: {exc}")
+            self.failures.fail(exc.code, f"collective #{ops[0].coll_seq} across nodes: {exc}")
             return
         if nchunks == 0:
             runner.finish_coll(work)
@@ -81,7 +81,7 @@ class MultiNodeColl:
         if not self.unsent:
             return
         unsent, self.unsent = self.unsent, []
-        net, ctx = self.e.nodes.net, self.e.ctx
+        net, ctx = self.nodes.net, self.ctx
 
         def note(batch: list[str]) -> None:
             net.proxy_note(ctx, 0, NOTE_FINGERPRINT, len(batch),  # type: ignore[union-attr,misc]
@@ -102,8 +102,8 @@ class MultiNodeColl:
 
     def on_note(self, node: int, kind: int, value: int, payload: bytes) -> None:
         """Loop: another node's note (transports' proxy_note): ``value`` fingerprints."""
-        if kind != NOTE_FINGERPRINT or self.e.nodes.node != 0:
-            self.e.failures.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
+        if kind != NOTE_FINGERPRINT or self.nodes.node != 0:
+            self.failures.fail(errors.InternalError.code, f"unexpected note {kind} from node {node}")
             return
         try:
             seen = []
@@ -113,7 +113,7 @@ class MultiNodeColl:
             if len(seen) != value:
                 raise ValueError(f"{len(seen)} fingerprints in a note of {value}")
         except (ValueError, TypeError) as exc:
-            self.e.failures.fail(errors.InternalError.code, f"malformed fingerprint note from node {node}: {exc!r}")
+            self.failures.fail(errors.InternalError.code, f"malformed fingerprint note from node {node}: {exc!r}")
             return
         for seq, rank, fp, claims in seen:
             self.fingerprint_seen(seq, node, rank, fp, claims)
@@ -121,7 +121,7 @@ class MultiNodeColl:
     def fingerprint_seen(self, seq: int, node: int, rank: int, fp: tuple, claims: list | None = None) -> None:
         """Node 0: compare every node's fingerprint of collective ``seq`` with the first one seen, and
         the counts its ranks claim with the other nodes' (the v-collectives)."""
-        fail, describe = self.e.failures.fail, self.runner.describe_fingerprint
+        fail, describe = self.failures.fail, self.runner.describe_fingerprint
         if claims:
             seen_claims = self.claims_seen.setdefault(seq, {})
             msg = counts.check(fp[0], seq, claims, seen_claims)
@@ -136,17 +136,17 @@ class MultiNodeColl:
                      f"{describe(other_fp)} but rank {rank} (node {node}) called {describe(fp)}")
                 return
         seen.append((node, rank, fp))
-        if len(seen) == self.e.nodes.nnodes:
+        if len(seen) == self.nodes.nnodes:
             del self.fingerprints[seq]
             self.claims_seen.pop(seq, None)
 
     def build(self, ops: list[Op]) -> tuple:
         op0 = ops[0]
         c, n = op0.coll, op0.count
-        runner, params = self.runner, self.e.params
+        runner, params = self.runner, self.params
         if c > COLL_LAST_NATIVE:
             return vector.build(runner, ops, across=True)
-        nodes, node = self.e.nodes.map, self.e.nodes.node
+        nodes, node = self.nodes.map, self.nodes.node
         nnodes, total = nodes.nnodes, runner.size
         key = op0.coll_seq
         now = time.monotonic_ns()

@@ -17,15 +17,16 @@ corrupt memory or hang). Then one of two paths runs it:
 
 The component owns the collectives in arrival (``colls``: sequence number -> each local rank's op),
 the chunking policy (coll_inline, coll_chunk, coll_min_chunk) and the executor; collectives across
-nodes are its ``across`` part (shmproxy.coll.multinode). What it takes of the engine: the registered
-buffers, the args pool and active list, the copy engine and streaming threshold (both replaced when
-the affinity is decided), the connectors, completion, failure and the profiler.
+nodes are its ``across`` part (shmproxy.coll.multinode). It takes the loop's state (registered buffers,
+args pool and active list, copy engine and streaming threshold, profiler), the failure and completion
+paths (registering with the latter how a collective's work finishes), the other nodes, the
+connections and the transports' context.
 """
 from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 
 from shmproxy.coll import algorithms, sched, vector
@@ -36,12 +37,15 @@ from shmproxy.core import errors, log
 from shmproxy.core.memory import MemKind, mem_kind
 from shmproxy.core.ops import CODE_DTYPE, COLL_LAST_NATIVE, FLAG_IN_PLACE, Coll, Op
 from shmproxy.engine.args import CollWork
+from shmproxy.engine.completion import Completion
+from shmproxy.engine.connections import Connections
+from shmproxy.engine.context import EngineContext
+from shmproxy.engine.failure import Failures
+from shmproxy.engine.nodes import Nodes
 from shmproxy.engine.policy import coll_chunk_limit
+from shmproxy.engine.state import LoopState
 from shmproxy.shm import _native, _reduce, pool as P
 from shmproxy.transports.base import Connector, HostBuffer
-
-if TYPE_CHECKING:  # pragma: no cover
-    from shmproxy.engine.progress import ProgressEngine
 
 _log = log.get("COLL")
 # Collective kinds as plain ints for the per-op path: looking up an IntEnum member costs more than a
@@ -64,18 +68,21 @@ _ITEMSIZE = {code: dt.itemsize for code, dt in CODE_DTYPE.items()}
 
 
 class CollRunner:
-    def __init__(self, engine: "ProgressEngine"):
-        self.e = engine
-        params = engine.params
-        self.nlocal, self.size = engine.nlocal, engine.size
+    def __init__(self, st: LoopState, failures: Failures, completion: Completion, nodes: Nodes,
+                 connections: Connections, ctx: EngineContext):
+        self.st, self.failures, self.completion, self.nodes = st, failures, completion, nodes
+        self.connections, self.ctx = connections, ctx
+        params = self.params = st.params
+        self.nlocal, self.size = st.nlocal, st.size
         self.coll_min_chunk = params.COLL_MIN_CHUNK
-        self.coll_inline = params.coll_inline_bytes(engine.nlocal)
-        self.coll_chunk = coll_chunk_limit(params, engine.loop_copies)
+        self.coll_inline = params.coll_inline_bytes(st.nlocal)
+        self.coll_chunk = coll_chunk_limit(params, st.loop_copies)
         self.colls: dict[int, list[Op | None]] = {}   # collective seq -> each local rank's op
-        self.executor = CpuExecutor(lambda: engine.copy)   # runs collectives' copies and reductions
+        self.executor = CpuExecutor(lambda: st.copy)   # runs collectives' copies and reductions
         # across nodes: a chunk's local steps on the copy workers (docs/decisions.md, "... on the workers")
-        self.local_workers = bool(params.NET_LOCAL_WORKERS if params.NET_LOCAL_WORKERS >= 0 else not engine.crowded)
+        self.local_workers = bool(params.NET_LOCAL_WORKERS if params.NET_LOCAL_WORKERS >= 0 else not st.crowded)
         self.across = MultiNodeColl(self)   # collectives whose ranks span nodes
+        completion.coll_finished = self.finish_coll
 
     def coll_arrive(self, op: Op) -> None:
         """Collect every local rank's op of one collective (by sequence number), then start it."""
@@ -83,8 +90,8 @@ class CollRunner:
         if ops is None:
             ops = self.colls[op.coll_seq] = [None] * self.nlocal
         if ops[op.owner] is not None:
-            self.e.failures.fail(errors.InternalError.code, f"{op.describe()}: local rank {op.owner} posted collective "
-                                 f"#{op.coll_seq} twice")
+            self.failures.fail(errors.InternalError.code, f"{op.describe()}: local rank {op.owner} posted collective "
+                               f"#{op.coll_seq} twice")
             return
         ops[op.owner] = op
         if None not in ops:
@@ -118,17 +125,17 @@ class CollRunner:
         for other in ops[1:]:
             fp = fingerprint(other)
             if fp != first:
-                self.e.failures.fail(errors.InvalidUsage.code,
-                                     f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
-                                     f"{self.describe_fingerprint(first)} but rank {other.rank} called "
-                                     f"{self.describe_fingerprint(fp)}")
+                self.failures.fail(errors.InvalidUsage.code,
+                                   f"collective #{ops[0].coll_seq} mismatch: rank {ops[0].rank} called "
+                                   f"{self.describe_fingerprint(first)} but rank {other.rank} called "
+                                   f"{self.describe_fingerprint(fp)}")
                 return
         if op0.coll > _LAST_NATIVE and not vector.check(self, ops, self.size):
             return
         if any(op.mem for op in ops):   # device memory: the transport of that memory runs it whole
             self.start_on_device(ops)
             return
-        if self.e.nodes.nnodes > 1:
+        if self.nodes.nnodes > 1:
             self.across.start(ops)
             return
         try:
@@ -136,7 +143,7 @@ class CollRunner:
                 return
             work, builder, nchunks, chunk_bytes = self.build_coll(ops)
         except errors.ProxyError as exc:
-            self.e.completion.refuse_coll(ops, exc.code)
+            self.completion.refuse_coll(ops, exc.code)
             _log.warning("collective #%d refused: %s", ops[0].coll_seq, exc)
             return
         if nchunks == 0:
@@ -152,7 +159,7 @@ class CollRunner:
             return
         written = (work.nbytes if op0.coll > _LAST_NATIVE else
                    sched.written_bytes(op0.coll, op0.count, _ITEMSIZE.get(op0.dtype, 1), len(ops)))
-        if written > self.e.streaming_min:
+        if written > self.st.streaming_min:
             builder = sched.streaming_schedules(builder)
             work.streaming = True
         self.run_schedules(work, builder, nchunks, chunk_bytes)
@@ -160,19 +167,19 @@ class CollRunner:
     def start_on_device(self, ops: list[Op]) -> None:
         """A collective on device memory: handed whole to the first allowed transport that moves that
         kind and runs collectives (``proxy_start_coll``: the cuda transport, transports/cuda_coll.py)."""
-        if self.e.nodes.nnodes > 1:
+        if self.nodes.nnodes > 1:
             # the ranks stage device buffers through host memory across nodes (rank/devstage.py)
-            self.e.failures.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers "
-                                 f"reached a collective across nodes unstaged")
+            self.failures.fail(errors.InvalidUsage.code, f"collective #{ops[0].coll_seq}: device buffers "
+                               f"reached a collective across nodes unstaged")
             return
         kind = next(mem_kind(op.mem) for op in ops if op.mem)
-        t = next((t for t in self.e.transports if kind in t.kinds and t.proxy_start_coll is not None), None)
+        t = next((t for t in self.st.transports if kind in t.kinds and t.proxy_start_coll is not None), None)
         if t is None:
-            self.e.completion.refuse_coll(ops, errors.InvalidUsage.code)
+            self.completion.refuse_coll(ops, errors.InvalidUsage.code)
             _log.warning("collective #%d refused: no allowed transport runs collectives on %s memory "
                          "(SHMPROXY_TRANSPORTS)", ops[0].coll_seq, MemKind(kind).name.lower())
             return
-        t.proxy_start_coll(self.e.ctx, ops)   # type: ignore[misc]  # a hook, not None here
+        t.proxy_start_coll(self.ctx, ops)   # type: ignore[misc]  # a hook, not None here
 
     def run_schedules(self, work: CollWork, builder: Any, nchunks: int, chunk_bytes: int,
                       across: bool = False) -> None:
@@ -180,18 +187,18 @@ class CollRunner:
         op0 = work.ops[0]
         conn = (-1, -1)
         try:   # the node's collectives run on its loopback connector's transport
-            transport = self.coll_connector(self.e.nodes.node).transport
+            transport = self.coll_connector(self.nodes.node).transport
             if transport.proxy_progress_coll is None:
                 raise errors.InvalidUsage(f"transport {transport.name} runs no collectives between the ranks of "
                                           f"a node")
         except errors.InvalidUsage as exc:   # no allowed transport can: the job cannot work, say so loudly
-            self.e.failures.fail(exc.code, str(exc))
+            self.failures.fail(exc.code, str(exc))
             return
-        args = self.e.argspool.get_args(conn, op0.opcount, transport)
+        args = self.st.argspool.get_args(conn, op0.opcount, transport)
         args.coll = work
-        self.e.active.append(args)
-        self.e.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
-        channels = max(1, min(self.e.copy.nworkers or 1, nchunks))
+        self.st.active.append(args)
+        self.st.q[P.CTRL_OFF // 8 + P.CTRL_N_ARGS] += 1
+        channels = max(1, min(self.st.copy.nworkers or 1, nchunks))
         if across:
             # Across nodes every chunk waits on the network between its local steps: the loop runs
             # those steps itself, one channel, and wakes no copy worker per chunk (each wake-up of a
@@ -210,7 +217,7 @@ class CollRunner:
         k0 = 0
         while k0 < nchunks:
             n = min(per, nchunks - k0)
-            s = self.e.argspool.add_sub(args, work, 0, 0, n * chunk_bytes, chunk_bytes)
+            s = self.st.argspool.add_sub(args, work, 0, 0, n * chunk_bytes, chunk_bytes)
             s.nsteps, s.make, s.k0, s.inflight = n, builder, k0, collections.deque()
             k0 += n
 
@@ -224,7 +231,7 @@ class CollRunner:
         op0 = ops[0]
         c = op0.coll
         if c == _BARRIER:
-            self.e.completion.complete_coll(ops, 0)
+            self.completion.complete_coll(ops, 0)
             self._profile_coll(ops, 0)
             return True
         if c > _LAST_NATIVE:   # shmproxy.coll.vector's: schedules only
@@ -273,25 +280,25 @@ class CollRunner:
                 reduce(op0.redop, op0.dtype, n, [src + d * blk for src in ins], [out], False)
         else:
             return False
-        self.e.completion.complete_coll(ops, nbytes)
+        self.completion.complete_coll(ops, nbytes)
         self._profile_coll(ops, nbytes)
         return True
 
     def _profile_coll(self, ops: list[Op], nbytes: int, **extra: int) -> None:
         """A finished collective's span: first post to now, with the last post and fetch times."""
-        if self.e.profiler.enabled:
+        if self.st.profiler.enabled:
             op0 = ops[0]
-            self.e.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
-                                 min(op.t_post for op in ops), time.monotonic_ns(), bytes=nbytes,
-                                 last_post_ns=max(op.t_post for op in ops), fetch_ns=max(op.t_fetch for op in ops),
-                                 **extra)
+            self.st.profiler.span(f"{sched.COLL_NAMES.get(op0.coll, op0.coll)} #{op0.coll_seq}",
+                                  min(op.t_post for op in ops), time.monotonic_ns(), bytes=nbytes,
+                                  last_post_ns=max(op.t_post for op in ops), fetch_ns=max(op.t_fetch for op in ops),
+                                  **extra)
 
     def buffer_of(self, op: Op, second: bool, nbytes: int) -> tuple[HostBuffer, int]:
         """(registered buffer, offset) of ``nbytes`` of an op's send (second=False) or receive
         buffer, bounds-checked."""
         key = (op.owner, op.buf2_id if second else op.buf_id)
         off = op.offset2 if second else op.offset
-        buf = self.e.buffers.get(key)
+        buf = self.st.buffers.get(key)
         if buf is None or off + nbytes > buf.size:
             raise errors.InvalidArgument(f"{op.describe()}: buffer {key[1]} offset {off} + {nbytes} B is "
                                          f"outside the registered buffer")
@@ -299,9 +306,9 @@ class CollRunner:
 
     def buffer_addr(self, op: Op, second: bool, nbytes: int) -> int:
         if second:
-            buf, off = self.e.buffers.get((op.owner, op.buf2_id)), op.offset2
+            buf, off = self.st.buffers.get((op.owner, op.buf2_id)), op.offset2
         else:
-            buf, off = self.e.buffers.get((op.owner, op.buf_id)), op.offset
+            buf, off = self.st.buffers.get((op.owner, op.buf_id)), op.offset
         if buf is None or off + nbytes > buf.size:
             buf, off = self.buffer_of(op, second, nbytes)  # raises the error
         return buf.addr + off
@@ -328,7 +335,7 @@ class CollRunner:
         itemsize = dt.itemsize if dt is not None else 1
         # COLL_CHUNK_SIZE, or less when that would leave copy workers idle (a 2 MiB Allreduce in
         # 512 KiB chunks would keep 4 of 8 busy); chunks of a reduction are per rank's buffer.
-        workers = max(1, self.e.copy.nworkers)
+        workers = max(1, self.st.copy.nworkers)
         chunk_bytes = max(self.coll_min_chunk, min(self.coll_chunk, -(-n * itemsize // workers)))
         per = max(1, chunk_bytes // itemsize)
         now = time.monotonic_ns()
@@ -384,7 +391,7 @@ class CollRunner:
         if e.kind == sched.SEND or e.kind == sched.RECV:
             conn = self.coll_connector(e.peer)
             # (the connector's transport runs collectives: coll_connector found it so)
-            matched = conn.transport.proxy_coll_entry(self.e.ctx, conn, sch, e)  # type: ignore[misc]
+            matched = conn.transport.proxy_coll_entry(self.ctx, conn, sch, e)  # type: ignore[misc]
             for other_sch, other in matched:
                 if other is not e:
                     other_sch.entry_done(other)
@@ -407,18 +414,18 @@ class CollRunner:
     def coll_connector(self, node: int) -> Connector:
         """The connector SEND/RECV entries for ``node`` travel on: within the node its loopback
         connector (local rank 0 to itself), else the connector between the two nodes' first ranks."""
-        r = self.e.ranks[0].rank
-        peer = r if node in (-1, self.e.nodes.node) else self.e.nodes.map.leader(node)
-        return self.e.conns.get((r, peer, MemKind.HOST)) or self.e.p2p.connect(r, peer, MemKind.HOST)
+        r = self.st.ranks[0].rank
+        peer = r if node in (-1, self.nodes.node) else self.nodes.map.leader(node)
+        return self.connections.get(r, peer, MemKind.HOST)
 
     def finish_coll(self, work: CollWork) -> None:
         if work.published:   # the GPU stored the slots (engine/completion.py, coll_items)
             for op in work.ops:
-                self.e.completion.counted(op)
-            self.e.completion.wake_ranks(tuple(op.owner for op in work.ops))
+                self.completion.counted(op)
+            self.completion.wake_ranks(tuple(op.owner for op in work.ops))
         else:
-            self.e.completion.complete_coll(work.ops, work.nbytes)
+            self.completion.complete_coll(work.ops, work.nbytes)
         if work.nbytes > self.coll_inline:
-            self.e.completion.complete_large()
+            self.completion.complete_large()
         work.views = []
         self._profile_coll(work.ops, work.nbytes, match_ns=work.t_match, streaming=int(work.streaming))

@@ -52,7 +52,7 @@ def views(buffers: Mapping[tuple[int, int], Any], ops: list[Op], size: int) -> l
 
 
 def claims_of(runner: "CollRunner", ops: list[Op], size: int) -> list[tuple]:
-    return counts.claims(ops[0].coll, views(runner.e.buffers, ops, size), ops[0].peer, size)
+    return counts.claims(ops[0].coll, views(runner.st.buffers, ops, size), ops[0].peer, size)
 
 
 def check(runner: "CollRunner", ops: list[Op], size: int) -> bool:
@@ -65,7 +65,7 @@ def check(runner: "CollRunner", ops: list[Op], size: int) -> bool:
         msg = f"collective #{op0.coll_seq} {COLL_NAMES.get(op0.coll, op0.coll)}: {exc}"
     if msg is None:
         return True
-    runner.e.failures.fail(errors.InvalidUsage.code, msg)
+    runner.failures.fail(errors.InvalidUsage.code, msg)
     return False
 
 
@@ -93,15 +93,15 @@ def build(runner: "CollRunner", ops: list[Op], across: bool) -> tuple:
         raise errors.InvalidArgument(f"{op0.describe()}: unknown dtype code {op0.dtype}")
     isz = dt.itemsize
     if across:
-        nodes = runner.e.nodes
+        nodes = runner.nodes
         size, node, nnodes, rank_node = runner.size, nodes.node, nodes.nnodes, nodes.map.rank_node
-        per_bytes = runner.e.params.NET_CHUNK_SIZE
+        per_bytes = runner.params.NET_CHUNK_SIZE
     else:
         size, node, nnodes, rank_node = len(ops), 0, 1, [0] * len(ops)
-        workers = max(1, runner.e.copy.nworkers)
+        workers = max(1, runner.st.copy.nworkers)
         per_bytes = max(runner.coll_min_chunk, min(runner.coll_chunk, -(-max(op0.count, 1) * isz // workers)))
     per = max(1, per_bytes // isz)
-    vs = views(runner.e.buffers, ops, size)
+    vs = views(runner.st.buffers, ops, size)
     now = time.monotonic_ns()
     pins: dict = {}
     reg = regions(lambda op, second, nbytes: runner.region(op, second, nbytes // isz, pins))

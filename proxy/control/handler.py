@@ -133,23 +133,23 @@ class ControlHandler:
             raise errors.InvalidUsage(
                 f"rank {rank} thinks the job has {payload.get('size')} ranks, {payload.get('local_size')} "
                 f"on this node; the progress process was started for {e.size} and {e.nlocal}")
-        if local_rank in e.ranks:
-            old = e.ranks[local_rank]
+        if local_rank in e.st.ranks:
+            old = e.st.ranks[local_rank]
             raise errors.InvalidUsage(f"local rank {local_rank} is already rank {old.rank} (pid {old.pid})")
-        if rank in e.local_of:
-            raise errors.InvalidUsage(f"rank {rank} already connected as local rank {e.local_of[rank]}")
-        for other in e.ranks.values():
+        if rank in e.st.local_of:
+            raise errors.InvalidUsage(f"rank {rank} already connected as local rank {e.st.local_of[rank]}")
+        for other in e.st.ranks.values():
             if other.host != host:
                 raise errors.InvalidUsage(
                     f"rank {rank} runs on host {host!r} but rank {other.rank} on {other.host!r}: "
                     f"ranks of different hosts cannot share a progress process")
         info = RankInfo(rank, local_rank, conn.pid, host, [int(c) for c in affinity])
         conn.data["info"] = info
-        e.ranks[local_rank] = info
-        e.local_of[rank] = local_rank
+        e.st.ranks[local_rank] = info
+        e.st.local_of[rank] = local_rank
         e.q[e.layout.rank_q(local_rank, P.RANK_PID)] = conn.pid
         _log.info("rank %d (local %d, pid %d) connected", rank, local_rank, conn.pid)
-        if len(e.ranks) == e.nlocal:
+        if len(e.st.ranks) == e.nlocal:
             e.decide_affinity()
         e.intro.post_write_info()   # the loop is the blob's one writer
         return {"proxy_pid": e.view.ctrl(P.CTRL_PROXY_PID), "nlocal": e.nlocal, "net": e.nodes.info.hex()}, (
@@ -178,11 +178,11 @@ class ControlHandler:
         for p in peers:
             if not isinstance(p, int) or not 0 <= p < e.size:
                 raise errors.InvalidArgument(f"CONNECT: peer {p!r} out of range [0, {e.size})")
-            if p in e.local_of:
+            if p in e.st.local_of:
                 for src, dst in ((me.rank, p), (p, me.rank)):
-                    if (src, dst, MemKind.HOST) not in e.conns:
-                        e.p2p.connect(src, dst, MemKind.HOST)
-                out[str(p)] = e.conns[(me.rank, p, MemKind.HOST)].transport.name
+                    if (src, dst, MemKind.HOST) not in e.connections.conns:
+                        e.connections.connect(src, dst, MemKind.HOST)
+                out[str(p)] = e.connections.conns[(me.rank, p, MemKind.HOST)].transport.name
             else:
                 out[str(p)] = "pending"  # selected when the peer connects and the first message flows
         return {"transports": out}, []
@@ -194,7 +194,7 @@ class ControlHandler:
         size = _int(payload, "bytes", 0, 2**62)
         kind = parse_kind(payload.get("kind", "host"))
         device = _int(payload, "device", 0, MAX_DEVICE + 1) if "device" in payload else 0
-        hooked = [t for t in e.transports if kind in t.kinds and t.proxy_register is not None]
+        hooked = [t for t in e.st.transports if kind in t.kinds and t.proxy_register is not None]
         if kind != MemKind.HOST:
             if not hooked:
                 raise errors.InvalidArgument(f"REGISTER of {kind.name.lower()} memory (device {device}) by "
@@ -202,19 +202,19 @@ class ControlHandler:
             reg = Registration(me.rank, me.local_rank, buf_id, kind, device, size, None, tuple(fds),
                                payload.get("info"))
             hooked[0].proxy_register(e.ctx, reg)   # type: ignore[misc]  # it owns the fds from here
-            e.registrations[(me.local_rank, buf_id)] = ([hooked[0]], reg)
+            e.st.registrations[(me.local_rank, buf_id)] = ([hooked[0]], reg)
             return {}, []
         if len(fds) != 1:
             raise errors.InvalidArgument(f"REGISTER needs exactly one fd, got {len(fds)}")
-        if (me.local_rank, buf_id) in e.buffers:
+        if (me.local_rank, buf_id) in e.st.buffers:
             raise errors.InvalidUsage(f"buffer {buf_id} of rank {me.rank} is already registered")
         buf = MemfdBuffer.from_fd(fds[0], size)
-        e.buffers[(me.local_rank, buf_id)] = buf
+        e.st.buffers[(me.local_rank, buf_id)] = buf
         if hooked:
             reg = Registration(me.rank, me.local_rank, buf_id, kind, device, size, buf)
             for t in hooked:
                 t.proxy_register(e.ctx, reg)   # type: ignore[misc]
-            e.registrations[(me.local_rank, buf_id)] = (hooked, reg)
+            e.st.registrations[(me.local_rank, buf_id)] = (hooked, reg)
         return {}, []
 
     def on_deregister(self, conn: Any, payload: dict, fds: list[int]):
@@ -224,10 +224,10 @@ class ControlHandler:
         if not isinstance(ids, list):
             raise errors.InvalidArgument("DEREGISTER needs 'buf_ids' (list)")
         for bid in ids:
-            hooked = e.registrations.pop((me.local_rank, bid), None)
+            hooked = e.st.registrations.pop((me.local_rank, bid), None)
             if hooked is not None:
                 e.deregister(*hooked)
-            buf = e.buffers.pop((me.local_rank, bid), None)
+            buf = e.st.buffers.pop((me.local_rank, bid), None)
             if buf is not None:
                 e.retired.append(buf)
         return {}, []
@@ -259,7 +259,7 @@ class ControlHandler:
     def on_getfd(self, conn: Any, payload: dict, fds: list[int]):
         e = self.engine
         key = (_int(payload, "local_rank", 0, e.nlocal), _int(payload, "buf_id", 0, 2**31))
-        buf = e.buffers.get(key)
+        buf = e.st.buffers.get(key)
         if not isinstance(buf, MemfdBuffer):   # (the registry's other entries, buffered sends, have no fd)
             raise errors.InvalidArgument(f"no buffer {key[1]} registered by local rank {key[0]}")
         return {"bytes": buf.size}, [buf.fd]
@@ -267,11 +267,11 @@ class ControlHandler:
     def on_queryfd(self, conn: Any, payload: dict, fds: list[int]):
         e = self.engine
         key = (_int(payload, "local_rank", 0, e.nlocal), _int(payload, "buf_id", 0, 2**31))
-        buf = e.buffers.get(key)
+        buf = e.st.buffers.get(key)
         return {"registered": buf is not None, "bytes": buf.size if buf else 0}, []
 
     def on_close(self, conn: Any, payload: dict, fds: list[int]):
-        self.engine.failures.rank_closed(conn.data["info"])
+        self.engine.rank_closed(conn.data["info"])
         return {}, []
 
     def on_abort(self, conn: Any, payload: dict, fds: list[int]):
@@ -289,7 +289,7 @@ class ControlHandler:
 
     def on_stop(self, conn: Any, payload: dict, fds: list[int]):
         e = self.engine
-        e.stopping = True
+        e.st.stopping = True
         e.view.set_ctrl(P.CTRL_STOP, 1)
         return {}, []
 

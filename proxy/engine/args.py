@@ -32,8 +32,8 @@ class Transfer:
         self.t_started = 0       # when its transport's proxy_start returned (profiling only)
         self.published = False   # its slots are published by its transport (Completion.completion_items)
 
-    def finish(self, engine: Any) -> None:
-        engine.completion.finish_transfer(self)
+    def finish(self, completion: Any) -> None:
+        completion.finish_transfer(self)
 
 
 class CollWork:
@@ -51,8 +51,8 @@ class CollWork:
         self.event_driven = False   # moves only on loop events (across nodes): the loop may sleep for them
         self.send = self.recv = ops[0]  # what the sub table shows (kind, rank, peer=root, tag)
 
-    def finish(self, engine: Any) -> None:
-        engine.coll.finish_coll(self)
+    def finish(self, completion: Any) -> None:
+        completion.coll_finished(self)   # the collective runner's (coll/runner.py: it registers it)
 
 
 class Sub:

@@ -11,59 +11,68 @@ once. Wake-ups of ranks asleep on a CPU whose keep-awake guard wakes
 them are left to the guard and checked after RELAY_GRACE_NS (shm/_workers.c, "Relayed wake-ups").
 
 The component owns where the completion slots and the ranks' words are (``rank_words``) and the
-relayed wake-ups still to check; it takes the engine for the pool, the keep-awake guards (replaced
-when the affinity is decided), the profiler, the failure path and the point-to-point half's
-buffered sends.
+relayed wake-ups still to check; it takes the loop's state (the pool, the keep-awake guards, the
+profiler, the poll hooks) and the failure path, and wakes every rank on a failure (Failures.on_abort).
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Sequence, cast
 
 
 from shmproxy.core import errors, log
 from shmproxy.core.ops import KIND_PROBE, KIND_RECV, Op
-from shmproxy.engine.args import Sub, Transfer
+from shmproxy.engine.args import CollWork, Sub, Transfer
+from shmproxy.engine.failure import MASK64, Failures
 from shmproxy.engine.p2p import BUFFERED_OWNER
+from shmproxy.engine.state import LoopState
 from shmproxy.shm import _native, pool as P
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shmproxy.engine.progress import ProgressEngine
     from shmproxy.engine.p2p import Buffered
 
 _log = log.get("PROXY")
-MASK64 = (1 << 64) - 1
 RELAY_GRACE_NS = 200_000     # a rank left to a keep-awake guard to wake and still asleep after this: wake it
 _SLOT_WORDS = P.SLOT_BYTES // 8
 
 
+def _no_collectives(work: CollWork) -> None:
+    raise errors.InternalError("a collective's work finished with no collective runner registered")
+
+
 class Completion:
-    def __init__(self, engine: "ProgressEngine"):
-        self.e = engine
-        layout = engine.layout
-        self.q, self.layout, self.seg_addr, self.nlocal = engine.q, layout, engine.seg.addr, layout.nlocal
-        self.eager, self.crowded = engine.eager, engine.crowded
+    def __init__(self, st: LoopState, failures: Failures):
+        self.st, self.failures = st, failures
+        layout = st.layout
+        self.q, self.layout, self.seg_addr, self.nlocal = st.q, layout, st.seg_addr, layout.nlocal
+        self.eager, self.crowded, self.fast = st.eager, st.crowded, st.fast
         # Per local rank: (u64 index of its COMPLETED counter, address of its futex word, u64 index of
         # its WAITING flag), and where the completion slots start: complete() runs for every op.
         self.rank_words = [(layout.rank_q(lr, P.RANK_COMPLETED), self.seg_addr + layout.wake_word_offset(lr),
                             layout.rank_q(lr, P.RANK_WAITING)) for lr in range(layout.nlocal)]
         self.slots_q = layout.slot_q(0)
+        # per local rank, where the fast path counts its receives done (engine/fastpath.py): counted()
+        self.f_recv_done = [layout.frank_q(lr, P.FRANK_RECV_DONE) for lr in range(layout.nlocal)] if self.fast else []
         # Wake-ups left to a guard (wake_ranks): (deadline ns, WAITING index, its value, futex address)
         self.relayed: list[tuple[int, int, int, int]] = []
-        self.hook = engine.hooks.register("relayed wake-ups to check", self.check_relayed)
+        self.hook = st.hooks.register("relayed wake-ups to check", self.check_relayed)
+        failures.on_abort.append(lambda: self.wake_ranks(tuple(range(self.nlocal))))
+        # how a collective's work ends once its last sub is done: the collective runner's, which
+        # registers it at construction (it takes this component, so this one cannot take it)
+        self.coll_finished: Callable[[CollWork], None] = _no_collectives
 
     def sub_finished(self, s: Sub) -> None:
         t = s.transfer
         t.parts_left -= 1
         if t.parts_left == 0:
-            t.finish(self.e)
+            t.finish(self)
 
     def finish_transfer(self, t: Transfer) -> None:
         if t.send.owner < 0:   # from another node (engine/nodes.py), or buffered: only the receive is ours
             self.complete(t.recv, 0, t.nbytes, source=t.send.rank, tag=t.send.tag)
             if t.send.owner == BUFFERED_OWNER:
-                self.e.p2p.release_buffered(t.send)   # engine/p2p.py
-            if self.e.profiler.enabled:
+                t.send.release(t.send)   # its bytes go back (engine/p2p.py, Buffered)
+            if self.st.profiler.enabled:
                 self._trace_msg(t)
             return
         # Both sides are published before either is woken: a woken rank may preempt this loop on
@@ -80,7 +89,7 @@ class Completion:
             self.wake_rank(t.recv.owner)
         if t.nbytes > self.eager:
             self.complete_large()
-        if self.e.profiler.enabled:
+        if self.st.profiler.enabled:
             self._trace_msg(t)
 
     def _trace_msg(self, t: Transfer) -> None:
@@ -92,10 +101,10 @@ class Completion:
         retired it (SHMPROXY_PROFILE traces line these up against the ranks' own times)."""
         s, r = t.send, t.recv
         via = "ranks" if s.owner >= 0 else "buffered" if s.owner == BUFFERED_OWNER else "node"
-        self.e.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
-                             bytes=t.nbytes, tag=s.tag, via=via, fetch_ns=max(s.t_fetch, r.t_fetch),
-                             match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post), send_post_ns=s.t_post,
-                             recv_post_ns=r.t_post, started_ns=t.t_started)
+        self.st.profiler.span(f"msg {s.rank}->{r.rank}", min(s.t_post, r.t_post), time.monotonic_ns(),
+                              bytes=t.nbytes, tag=s.tag, via=via, fetch_ns=max(s.t_fetch, r.t_fetch),
+                              match_ns=t.t_match, last_post_ns=max(s.t_post, r.t_post), send_post_ns=s.t_post,
+                              recv_post_ns=r.t_post, started_ns=t.t_started)
 
     def complete(self, op: "Op | Buffered", status: int, nbytes: int, source: int = -1, tag: int = 0,
                  peer_dtype: int = 0, wake: bool = True) -> None:
@@ -109,7 +118,7 @@ class Completion:
             return
         op = cast(Op, op)   # a request of this node's ranks (a stand-in has no slot: above)
         if slot // self.layout.max_ops != owner:
-            self.e.failures.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
+            self.failures.fail(errors.InternalError.code, f"{op.describe()}: completion slot {slot} out of range")
             return
         base = self.slots_q + _SLOT_WORDS * slot
         q[base + P.SLOT_NBYTES] = nbytes
@@ -124,11 +133,11 @@ class Completion:
         """The loop's own record of a completed request of this node's rank."""
         q, owner = self.q, op.owner
         q[self.rank_words[owner][0]] += 1
-        if self.e.fast and (op.kind == KIND_RECV or op.kind == KIND_PROBE):
+        if self.fast and (op.kind == KIND_RECV or op.kind == KIND_PROBE):
             # The rank's fast Recv takes a cell only while this equals its receives posted
             # (engine/fastpath.py); one published by a GPU is counted late, which only makes a fast
             # Recv that looks in between go the slow way.
-            q[self.e.fastpath.f_recv_done[owner]] += 1
+            q[self.f_recv_done[owner]] += 1
 
     def completion_items(self, t: Transfer) -> tuple | None:
         """For a transport whose device publishes ``t``'s completion itself: (op, source, tag) of both
@@ -159,13 +168,13 @@ class Completion:
         rank is woken, so ranks leave together (a Python loop of publish-and-wake let each rank leave
         a little later than the one before). Same protocol as complete() and wake_rank()."""
         layout = self.layout
-        awake = self.e.awake
+        awake = self.st.awake
         relayed = awake.live_mask() if awake is not None else 0
         bad = _native.complete_coll(self.seg_addr, layout.slots_off, layout.rank_area_off, layout.max_ops,
                                     ops, nbytes, relayed)
         if bad >= 0:
-            self.e.failures.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot "
-                                 f"{ops[bad].req_slot} out of range")
+            self.failures.fail(errors.InternalError.code, f"{ops[bad].describe()}: completion slot "
+                               f"{ops[bad].req_slot} out of range")
         elif relayed:
             self._note_relayed([op.owner for op in ops], relayed)
 
@@ -181,9 +190,9 @@ class Completion:
         they come back one after the other, tens of microseconds apart (docs/decisions.md). Their
         posts then wake the loop through the condvar."""
         if self.crowded:
-            self.e.fetcher.spin_skip = True
-        if self.e.awake is not None:
-            self.e.awake.touch()
+            self.st.spin_skip = True
+        if self.st.awake is not None:
+            self.st.awake.touch()
 
     def wake_rank(self, local_rank: int) -> None:
         """Wake one rank whose completion is published: wake_ranks((local_rank,))."""
@@ -201,7 +210,7 @@ class Completion:
         publish the slot, bump the word atomically (a full barrier), then read WAITING. Either the rank
         sees the new slot, or its futex_wait sees the bump, or we (or the guard) see WAITING set.
         """
-        q, words, relayed, awake = self.q, self.rank_words, 0, self.e.awake
+        q, words, relayed, awake = self.q, self.rank_words, 0, self.st.awake
         if awake is not None and any(q[words[lr][2]] for lr in local_ranks):
             relayed = awake.live_mask()       # only where some rank may sleep (it costs a getcpu)
         _native.wake_owners(self.seg_addr, self.layout.rank_area_off, local_ranks, relayed)
@@ -220,7 +229,7 @@ class Completion:
             cpu = P.waiting_cpu(w)
             if 0 <= cpu < 64 and (relayed >> cpu) & 1:
                 self.relayed.append((time.monotonic_ns() + RELAY_GRACE_NS, waiting, w, wake_addr))
-                self.e.hooks.arm(self.hook)
+                self.st.hooks.arm(self.hook)
 
     def check_relayed(self) -> bool:
         """The loop's poll hook: forget the relayed wake-ups whose rank woke; wake those still asleep

@@ -18,27 +18,29 @@ This half keeps the protocol's promises:
 - **Cells for a rank that waits here.** When the rank posts a receive or a probe, every cell to it
   is drained first; while it has one posted, senders ring its doorbell after writing a cell, and the
   loop drains that rank's cells when it sees the bell (``check_bells``, after CTRL_EVENTS moved).
-- **Failure.** fail() wakes the ranks sleeping in a small collective (``wake_coll``).
+- **Failure.** fail() wakes the ranks sleeping in a small collective (``wake_coll``, a listener of
+  Failures).
 
-The component owns the fast path's state (below) and the pool's indices it reads; it takes the
-engine for the pool, the rank tables INIT fills, and the point-to-point half that a
-drained cell enters (the buffered-send registry, delivery, the matcher's gauge).
+The component owns the fast path's state (below) and the pool's indices it reads; it takes the loop's
+state (the pool, the rank tables INIT fills), the matcher (whose gauge publishes UNEXP) and the
+failures it listens to; the point-to-point half, which a drained cell or a held send enters and
+which calls this component on every send, is bound after both exist (``bind``).
 """
 from __future__ import annotations
 
 import collections
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from shmproxy.core import log
 from shmproxy.core.ops import Op
-from shmproxy.engine.p2p import BUFFERED_OWNER, Buffered
+from shmproxy.engine.failure import Failures
+from shmproxy.engine.matching import Matcher
+from shmproxy.engine.state import LoopState
 from shmproxy.shm import _native
 from shmproxy.shm import pool as P
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shmproxy.engine.progress import ProgressEngine
+    from shmproxy.engine.p2p import PointToPoint
 
 _log = log.get("PROXY")
 _TAKE_BUSY = _native.TAKE_BUSY
@@ -49,20 +51,24 @@ class FastPath:
     """State: ``on`` (the pool has the region), per local rank the u64 indices of its fields, the
     pair blocks' addresses, the doorbells seen, and the slow sends held behind a cell."""
 
-    def __init__(self, engine: "ProgressEngine", layout: P.Layout):
-        self.e = engine
-        self.q = engine.q
+    p2p: "PointToPoint"   # bound once made (bind)
+
+    def __init__(self, st: LoopState, matcher: Matcher, failures: Failures):
+        self.st = st
+        self.q = st.q
+        layout = st.layout
         self.nlocal = layout.nlocal
         self.layout = layout
         self.on = bool(layout.fast_bytes)
         self.held: dict[tuple[int, int], collections.deque] = {}   # (sender, receiver): sends behind a take
         self.retry: set[int] = set()   # local ranks whose drain met a cell being taken
-        self.hook = engine.hooks.register("fast path: held sends, drains to retry", self.pass_)
+        self.hook = st.hooks.register("fast path: held sends, drains to retry", self.pass_)
         self.early: dict[tuple[int, int], int] = {}   # (sender, rank): slow sends in before it joined
         self.f_unexp_n: dict[tuple[int, int], int] = {}   # (src, dst): messages waiting unexpected
         if not self.on:
             return
-        n, base = layout.nlocal, engine.seg.addr
+        failures.on_abort.append(self.wake_coll)
+        n, base = layout.nlocal, st.seg_addr
         self.f_recv_done = [layout.frank_q(lr, P.FRANK_RECV_DONE) for lr in range(n)]
         self.f_recv_posted = [layout.rank_q(lr, P.RANK_RECV_POSTED) for lr in range(n)]
         self.f_bell = [layout.frank_q(lr, P.FRANK_DOORBELL) for lr in range(n)]
@@ -76,7 +82,11 @@ class FastPath:
         self.f_cells = [(layout.frank_q(d, P.FRANK_CELLS_WRITTEN), layout.frank_q(d, P.FRANK_CELLS_TAKEN),
                          layout.frank_q(d, P.FRANK_CELLS_DRAINED)) for d in range(n)]
         self.f_coll_word = base + layout.coll_off + P.CAREA_WORD_OFF
-        engine.p2p.matcher.gauge = self._unexp_gauge
+        matcher.gauge = self._unexp_gauge
+
+    def bind(self, p2p: "PointToPoint") -> None:
+        """The point-to-point half that held sends and drained cells enter (see the header)."""
+        self.p2p = p2p
 
     # ------------------------------------------------------------------ order of a pair's messages
     def send_in(self, send: Op, d: int) -> bool:
@@ -90,7 +100,7 @@ class FastPath:
         if not self.cells_waiting(d) or self._drain_before(send.owner, d, send.pair_seq - 1):
             return True
         self.held[key] = collections.deque((send,))
-        self.e.hooks.arm(self.hook)
+        self.st.hooks.arm(self.hook)
         return False
 
     def sent(self, send: Op, d: int) -> None:
@@ -101,7 +111,7 @@ class FastPath:
         if (self.cells_waiting(d) and q[self.f_recv_posted[d]] != q[self.f_recv_done[d]]
                 and not self._drain_before(s, d, send.pair_seq)):
             self.retry.add(d)
-            self.e.hooks.arm(self.hook)
+            self.st.hooks.arm(self.hook)
 
     def cells_waiting(self, d: int) -> bool:
         """Whether any cell to local rank ``d`` may be waiting: three loads, so that the common
@@ -134,7 +144,7 @@ class FastPath:
         every cell to it that may enter, in each pair's order."""
         q, fetched = self.q, self.f_fetched
         if self.early:   # slow sends taken in before this rank joined: publish the pair now
-            ranks = self.e.ranks
+            ranks = self.st.ranks
             dst = ranks[d].rank
             for s in range(self.nlocal):
                 n = self.early.pop((s, dst), 0)
@@ -151,19 +161,13 @@ class FastPath:
                 busy = True
         if busy:
             self.retry.add(d)
-            self.e.hooks.arm(self.hook)
+            self.st.hooks.arm(self.hook)
 
     def _cell_in(self, s: int, d: int, got: tuple) -> None:
         """A drained cell enters matching as a buffered send from local rank ``s`` to ``d``."""
-        tag, code, nbytes, count, t_post, data = got
-        e = self.e
-        src, dst = e.ranks[s].rank, e.ranks[d].rank
-        e.p2p.buffered_ids += 1
-        b = Buffered.from_cell(src, dst, tag, code, nbytes, count, t_post, e.p2p.buffered_ids,
-                               np.frombuffer(data, np.uint8), e.p2p.release_buffered)
-        e.buffers[(BUFFERED_OWNER, b.buf_id)] = b
-        e.p2p.buffered[dst] = e.p2p.buffered.get(dst, 0) + nbytes
-        e.p2p.deliver_buffered(b)
+        ranks = self.st.ranks
+        src, dst = ranks[s].rank, ranks[d].rank
+        self.p2p.cell_in(src, dst, got)
         # fast_take counted it in the pair's UNEXP while it was in neither a cell nor matching
         # (shm/_fast.h, "Draining"): the true count now that it is in
         self._unexp_gauge(src, dst, 0)
@@ -180,14 +184,14 @@ class FastPath:
                 if not self._drain_before(s, d, op.pair_seq - 1):
                     break
                 held.popleft()
-                self.e.p2p.send_local(op, d)
+                self.p2p.send_local(op, d)
             if not held:
                 del self.held[key]
         if self.retry:
             retry, self.retry = self.retry, set()
             for d in retry:
                 self.drain_to(d)
-        self.e.progressed = True   # no sleep while a take is in flight: it ends in microseconds
+        self.st.progressed = True   # no sleep while a take is in flight: it ends in microseconds
         return bool(self.held or self.retry)
 
     def check_bells(self) -> None:
@@ -204,7 +208,7 @@ class FastPath:
         (counted whatever the ranks' state, published once both are known here)."""
         n = self.f_unexp_n.get((src, dst), 0) + delta
         self.f_unexp_n[(src, dst)] = n
-        s, d = self.e.local_of.get(src), self.e.local_of.get(dst)
+        s, d = self.st.local_of.get(src), self.st.local_of.get(dst)
         if s is not None and d is not None:
             self.q[self.f_fetched[s][d] + 1] = n   # PAIR_UNEXP follows PAIR_FETCHED_SLOW
 

@@ -9,30 +9,33 @@ condvar; with only GPU work in flight whose end shows in memory it waits in C in
 (``wait_watched``), and after a graph's ack it takes the ranks' next posts before retiring.
 
 The component owns the take buffers (records copied out under the mutex, unpacked after it) and the
-bounds of its spins and waits; ``spin_skip`` is set by the completion half (Completion.complete_large).
-It takes the engine for the pool, the failure state, the armed routes (which fire from the taken
-records before they are unpacked), the append of each op, the loop's news count and its exit test.
+bounds of its spins and waits; the loop state's ``spin_skip`` is set by the completion half
+(Completion.complete_large). It takes the loop's state (the pool, the rank table, what is active,
+the exit test), the loop's news (its count ends a sleep), the failure state, completion (its
+relayed wake-ups bound a sleep), the armed routes (which fire from the taken records before they are
+unpacked), the point-to-point half each op goes to (``append``) and the transports' context (their
+watched words).
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from shmproxy.core import errors, params as params_mod
+from shmproxy.core import errors
 from shmproxy.core.ops import Op
-from shmproxy.engine.completion import RELAY_GRACE_NS
+from shmproxy.engine.armed import ArmedRoutes
+from shmproxy.engine.completion import RELAY_GRACE_NS, Completion
+from shmproxy.engine.context import EngineContext
+from shmproxy.engine.events import EVENTS_Q as _EVENTS_Q, LoopEvents
+from shmproxy.engine.failure import Failures
+from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode
+from shmproxy.engine.state import LoopState
 from shmproxy.shm import _native, pool as P, sync
-
-if TYPE_CHECKING:  # pragma: no cover
-    from shmproxy.engine.progress import ProgressEngine
 
 _native.bind_op(Op)   # the class whose instances _unpack_taken's C call makes
 _MASK_Q = P.PENDING_MASK_OFF // 8   # the pending mask: ranks handed chains off (shm/_pool_lock.h)
-_EVENTS_Q = P.CTRL_OFF // 8 + P.CTRL_EVENTS   # news for the loop from this process's other threads
 _F_TRY = FetchMode.TRY
 # How long the loop sleeps in C for the news of a collective across nodes when nothing else is in
 # flight: news, a post or the abort flag end it at once; the bound only keeps the heartbeat going.
@@ -43,9 +46,12 @@ NET_WAIT_PASSES, NET_WAIT_SPIN, NET_WAIT_SLEEP = 0, 1, 2   # NET_LOOP_WAIT
 class Fetcher:
     """The engine's take of posted ops: its take buffers, and the bounds of its spin, watch and linger."""
 
-    def __init__(self, e: "ProgressEngine", params: params_mod.Params, crowded: bool):
-        self.e = e
-        self.view, self.q, self.layout, self.seg_addr = e.view, e.q, e.layout, e.seg.addr
+    def __init__(self, st: LoopState, events: LoopEvents, failures: Failures, completion: Completion,
+                 armed: ArmedRoutes, p2p: PointToPoint, ctx: EngineContext):
+        self.st, self.events, self.failures, self.completion = st, events, failures, completion
+        self.armed, self.p2p, self.ctx = armed, p2p, ctx
+        params, crowded = st.params, st.crowded
+        self.view, self.q, self.layout, self.seg_addr = st.view, st.q, st.layout, st.seg_addr
         self.timeout = params.TIMEOUT
         self.sleep_s = params.PROXY_SLEEP_MS / 1000.0
         self.batch = params.APPEND_BATCH_SIZE
@@ -54,9 +60,6 @@ class Fetcher:
         self.linger_ns = int(params.PROXY_LINGER_US * 1000)
         # a crowded node's loop does not spin for the network's news: the link's threads need the CPU
         self.net_loop_wait = params.NET_LOOP_WAIT if params.NET_LOOP_WAIT >= 0 else (0 if crowded else 1)
-        # On a crowded node the loop does not spin right after it completed work of the copy
-        # workers: the ranks it just woke need the CPUs to come back and post (Completion.complete_large).
-        self.spin_skip = False
         # fetch() copies records here under the mutex (shm._native.take_posted) and unpacks them after
         nrecords = self.layout.nrecords
         self.take_out = bytearray(2 * P.RECORD_BYTES * nrecords)   # two takes: fetch(pair=True)
@@ -66,14 +69,14 @@ class Fetcher:
 
     def _stopped(self) -> bool:
         """The communicator failed, or a process died holding the pool's mutex: take nothing more."""
-        failures = self.e.failures
+        failures = self.failures
         return bool(failures.failed or failures.owner_died_at)
 
     def fetch(self, mode: FetchMode, pair: bool = False) -> int:
         """Take what the ranks posted and process it. ``pair``: where this fetch claims the first half
         of an armed route (engine/armed.py), wait up to PROXY_LINGER_US for the other half and take it
         too, before any of it is processed, so that the route fires at once."""
-        e, view, i32 = self.e, self.view, self.view.i32
+        view, i32 = self.view, self.view.i32
         head_i = P.NEXT_OPS_OFF // 4
         if mode != _F_TRY:
             self.spin_for_work()
@@ -84,26 +87,28 @@ class Fetcher:
         else:
             view.mutex.lock(self.timeout)
             try:
-                if i32[head_i] == -1 and not self.q[_MASK_Q] and not e._should_exit():
+                if i32[head_i] == -1 and not self.q[_MASK_Q] and not self.st.should_exit():
                     self.sleep_locked()
                 n = self._take_locked() if not self._stopped() else 0
             finally:
                 view.mutex.unlock()
         armed: tuple[list, list, list] | None = None
-        if n and e.armed.live:   # engine/armed.py
+        routes = self.armed
+        if n and routes.live:   # engine/armed.py
             armed = ([], [], [])
-            e.armed.fire(self.take_out_addr, 0, n, armed)
-            if pair and e.armed.claims_waiting(armed) and self.wait_posted(self.linger_ns) and not self._stopped():
+            routes.fire(self.take_out_addr, 0, n, armed)
+            if pair and routes.claims_waiting(armed) and self.wait_posted(self.linger_ns) and not self._stopped():
                 n2 = self._fetch_posted(False, at=n)
                 if n2:
-                    e.armed.fire(self.take_out_addr, n, n + n2, armed)
+                    routes.fire(self.take_out_addr, n, n + n2, armed)
                     n += n2
         ops = self._unpack_taken(n)
         if armed is not None and (armed[0] or armed[1] or armed[2]):
-            e.armed.process(ops, armed)
+            routes.process(ops, armed)
         else:
+            append = self.p2p.append
             for op in ops:
-                e.p2p.append(op)
+                append(op)
         if ops:
             self.q[P.CTRL_OFF // 8 + P.CTRL_N_FETCH] += 1
             self.q[P.CTRL_OFF // 8 + P.CTRL_N_OPS] += len(ops)
@@ -111,31 +116,31 @@ class Fetcher:
 
     def spin_for_work(self) -> None:
         spin_ns = self.spin_ns
-        if self.spin_skip:
-            self.spin_skip = False
+        if self.st.spin_skip:   # the ranks just woken need the CPUs (Completion.complete_large)
+            self.st.spin_skip = False
             return
         if spin_ns <= 0:
             return
         i32, head_i, q = self.view.i32, P.NEXT_OPS_OFF // 4, self.q
         deadline = time.monotonic_ns() + spin_ns
-        seen = self.e.events_seen
-        should_exit = self.e._should_exit
+        seen = self.events.seen
+        should_exit = self.st.should_exit
         while (i32[head_i] == -1 and not q[_MASK_Q] and q[_EVENTS_Q] == seen and time.monotonic_ns() < deadline
                and not should_exit()):
             os.sched_yield()
 
     def sleep_locked(self) -> None:
         """Sleep on the pool's condvar (mutex held) until a post, news, a hand-off or the bound."""
-        e = self.e
+        st = self.st
         self.q[P.CTRL_OFF // 8 + P.CTRL_N_SLEEP] += 1
         t0 = time.monotonic_ns()
         # While a guard has a wake-up to deliver, wake in time to deliver it ourselves (check_relayed).
         # Not at all if a rank handed a chain off meanwhile (shm/_pool_lock.h, "Hand-off").
-        rc = _native.sleep_unless_posted(self.seg_addr, RELAY_GRACE_NS / 1e9 if e.completion.relayed
-                                         else self.sleep_s, e.events_seen)
+        rc = _native.sleep_unless_posted(self.seg_addr, RELAY_GRACE_NS / 1e9 if self.completion.relayed
+                                         else self.sleep_s, self.events.seen)
         self.view.mutex._handle(rc)
-        if e.profiler.enabled:
-            e.profiler.span("sleep", t0, time.monotonic_ns())
+        if st.profiler.enabled:
+            st.profiler.span("sleep", t0, time.monotonic_ns())
 
     def _fetch_posted(self, blocking: bool, at: int = 0) -> int:
         """_take_locked with the lock and unlock in the same C call (_native.fetch_posted): no interpreter
@@ -150,7 +155,7 @@ class Fetcher:
             raise errors.Timeout(f"pool mutex not acquired within {self.timeout:.1f} s "
                                  f"(held by a wedged process?)")
         if rc == sync.OWNERDEAD:
-            self.e.failures.mutex_owner_died()
+            self.failures.mutex_owner_died()
             return 0
         return self._check_taken(n, err, at)
 
@@ -166,11 +171,11 @@ class Fetcher:
 
     def _check_taken(self, n: int, err: int, at: int) -> int:
         if err == 1:
-            self.e.failures.fail(errors.InternalError.code, f"ops pool corrupt: posted chain links to record {at}")
+            self.failures.fail(errors.InternalError.code, f"ops pool corrupt: posted chain links to record {at}")
             return 0
         if err == 2:
-            self.e.failures.fail(errors.InternalError.code, f"ops pool corrupt: record {at} claims owner "
-                                 f"{self.view.read_record(at)[5]}, region of {at // self.layout.max_ops}")
+            self.failures.fail(errors.InternalError.code, f"ops pool corrupt: record {at} claims owner "
+                               f"{self.view.read_record(at)[5]}, region of {at // self.layout.max_ops}")
             return 0
         return n
 
@@ -180,7 +185,7 @@ class Fetcher:
         per record)."""
         if not n:
             return []
-        return _native.unpack_ops(self.take_out_addr, n, self.take_idx_addr, self.e.ranks, time.monotonic_ns())
+        return _native.unpack_ops(self.take_out_addr, n, self.take_idx_addr, self.st.ranks, time.monotonic_ns())
 
     def wait_watched(self) -> bool:
         """With nothing in flight but work whose end its transports show in memory (``proxy_watch``:
@@ -194,13 +199,13 @@ class Fetcher:
         asleep on the pool's condvar (NET_LOOP_WAIT), so that it holds no GIL the link's threads queue
         for while they move the chunks (docs/decisions.md, "The link's threads never queue for the
         GIL behind the loop")."""
-        e = self.e
-        if self.watch_ns <= 0 or e.hooks.armed:   # deferred work (engine/hooks.py) is polled, not watched
+        st = self.st
+        if self.watch_ns <= 0 or st.hooks.armed:   # deferred work (engine/hooks.py) is polled, not watched
             return False
         words: list = []
-        polled = {a.transport for a in e.active if a.coll is None or not a.coll.event_driven}
+        polled = {a.transport for a in st.active if a.coll is None or not a.coll.event_driven}
         for t in polled:
-            got = t.proxy_watch(e.ctx) if t.proxy_watch is not None else None
+            got = t.proxy_watch(self.ctx) if t.proxy_watch is not None else None
             if got is None:
                 return False
             words += got
@@ -211,7 +216,7 @@ class Fetcher:
                 # no spare core: sleep on the pool's condvar, which news (post_event) and posts end
                 self.view.mutex.lock(self.timeout)
                 try:
-                    if self.view.i32[P.NEXT_OPS_OFF // 4] == -1 and not self.q[_MASK_Q] and not e._should_exit():
+                    if self.view.i32[P.NEXT_OPS_OFF // 4] == -1 and not self.q[_MASK_Q] and not st.should_exit():
                         self.sleep_locked()
                 finally:
                     self.view.mutex.unlock()
@@ -221,7 +226,7 @@ class Fetcher:
         why = self._watch(words, self.watch_ns)
         if why == _native.WATCH_TIMEOUT:
             os.sched_yield()   # the CPU's other threads get their turn between waits
-        elif why == _native.WATCH_WORD and e.armed.history and self.linger_ns > 0:
+        elif why == _native.WATCH_WORD and self.armed.history and self.linger_ns > 0:
             # The ranks saw their completions with this ack and post their next message's halves now:
             # take them before retiring what ended, so that an armed route fires at once from C
             # (engine/armed.py) and the retiring overlaps its copy.
@@ -235,5 +240,5 @@ class Fetcher:
 
     def _watch(self, words: tuple | list, ns: int) -> int:
         """_native.watch_words on this pool: a post, news, the abort flag or one of ``words``, at most ``ns``."""
-        return _native.watch_words(self.seg_addr, self.e.events_seen, self.seg_addr + P.CTRL_OFF + 8 * P.CTRL_ABORT,
+        return _native.watch_words(self.seg_addr, self.events.seen, self.seg_addr + P.CTRL_OFF + 8 * P.CTRL_ABORT,
                                    words, ns)

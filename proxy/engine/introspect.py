@@ -49,10 +49,10 @@ class Introspector:
         data = infoblob.encode({
             "pid": os.getpid(), "job_key": e.job_key, "comm_id": e.comm_id, "nlocal": e.nlocal,
             "size": e.size, "socket": e.path, "pool": e.seg.name, "cpus": e.cpus,
-            "affinity_reason": e.affinity_reason, "copy_threads": e.copy.nworkers,
+            "affinity_reason": e.affinity_reason, "copy_threads": e.st.copy.nworkers,
             "params": {p.env_name(): {"value": p.value, "origin": p.origin} for p in e.params.items()},
             "ranks": {r.local_rank: {"rank": r.rank, "pid": r.pid, "host": r.host}
-                      for r in list(e.ranks.values())},
+                      for r in list(e.st.ranks.values())},
             "nodes": self.nodes_shown,
             "pending": self.pending,
         })
@@ -62,7 +62,7 @@ class Introspector:
 
     def post_write_info(self) -> None:
         """Any thread: have the loop rewrite the info blob (it has one writer)."""
-        self.engine.post_event(self.write_info)
+        self.engine.events.post(self.write_info)
 
     def refresh(self) -> None:
         """Heartbeat: rewrite the info blob if what waits (or, across nodes, the links) changed."""
@@ -95,7 +95,7 @@ class Introspector:
                 op0 = arrived[0]
                 colls.append({"seq": seq, "call": e.coll.describe_fingerprint(e.coll.fingerprint(op0)),
                               "in": sorted(op.rank for op in arrived),
-                              "missing": sorted(r.rank for lr, r in list(e.ranks.items())
+                              "missing": sorted(r.rank for lr, r in list(e.st.ranks.items())
                                                 if ops[lr] is None),
                               "age_s": round((now - min(op.t_fetch for op in arrived)) / 1e9, 1)})
         if not (recvs or sends or colls):
@@ -120,31 +120,31 @@ class Introspector:
         e = self.engine
         state = dump.read_pool(e.view)
         state["in_process"] = {
-            "passes": e.passes,
-            "stopping": e.stopping,
+            "passes": e.st.passes,
+            "stopping": e.st.stopping,
             "failed": e.failures.failed,
-            "armed_hooks": e.hooks.describe(),   # work deferred to the next passes (engine/hooks.py)
+            "armed_hooks": e.st.hooks.describe(),   # work deferred to the next passes (engine/hooks.py)
             "active_args": [
                 {"id": a.id, "conn": list(a.conn), "opcount": a.opcount,
                  "state": P.SUB_STATE_LETTER.get(a.state, "?"), "transport": a.transport.name,
                  "subs": [{"slot": s.slot, "nbytes": s.nbytes, "nsteps": s.nsteps, "posted": s.posted,
                            "transmitted": s.transmitted, "received": s.received, "done": s.done}
                           for s in a.subs]}
-                for a in e.active],
+                for a in e.st.active],
             "unmatched_sends": [op.describe() for d in e.p2p.matcher.dests() for _s, _t, op in
                                 e.p2p.matcher.unexpected(d)],
             "unmatched_recvs": [op.describe() for d in e.p2p.matcher.dests() for _s, _t, op in
                                 e.p2p.matcher.posted(d)],
-            "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in e.conns.items()},
+            "connections": {f"{s}->{d}": c.describe() for (s, d, _kind), c in e.connections.conns.items()},
             "nodes": self.describe_nodes(),
             "fast_path": e.fastpath.describe(), "armed_routes": e.armed.describe(),
             "service": [{"rank": c.rank, "pid": c.pid, "state": c.state.name}
                         for c in e.server.connections()],
-            "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in list(e.buffers.items())},
-            "copy_threads": e.copy.nworkers,
-            "gpus": [d for d in (t.proxy_describe(e.ctx) for t in e.transports
+            "registered_buffers": {f"{lr}:{bid}": b.size for (lr, bid), b in list(e.st.buffers.items())},
+            "copy_threads": e.st.copy.nworkers,
+            "gpus": [d for d in (t.proxy_describe(e.ctx) for t in e.st.transports
                                  if MemKind.CUDA in t.kinds and t.proxy_describe is not None) if d],
-            "profile_events": len(e.profiler.events),
+            "profile_events": len(e.st.profiler.events),
         }
         return state
 

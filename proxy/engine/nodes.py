@@ -7,34 +7,29 @@ the job's secret) and hand it to their progress process with CONNECT (``setup``)
 between nodes (the first allowed one with ``proxy_shared_init``: socket) then links this node to
 every other one.
 
-From then on the two halves of a message may live on different nodes:
+From then on the two halves of a message may live on different nodes (engine/p2p.py, "Across
+nodes": a send's envelope leaves through its connector's transport, an envelope from another node
+enters the receive half), and a send to another node completes when its transport says so
+(``complete_send``: eager at once, else once its bytes left, or with the receiver's verdict).
 
-- a send to a rank of another node leaves through ``remote_send``: its connector's transport ships
-  the envelope (``proxy_send_envelope``), and the send completes when that transport says so
-  (``complete_send``: eager at once, else once its bytes left, or with the receiver's verdict);
-- an envelope from another node enters through ``arrive``: the receive half matches it like a local
-  one, and the match hands it to the connector of (sender, receiver), which lands its bytes.
-
-News crosses too: a local rank that closes is announced to every node (``remote_closed`` there fails
-what waits on it), and so is the first failure (``tell_failed``), so that every survivor on every
-node raises the same error. A link that breaks is a failure naming the lost node and its ranks.
+News crosses too: a local rank that closes is announced to every node (``tell_closed``; the
+point-to-point half there fails what waits on it), and so is the first failure (``tell_failed``, a
+listener of Failures), so that every survivor on every node raises the same error. A link that
+breaks is a failure naming the lost node and its ranks.
 
 The component owns the layout (``map``, a NodeMap: replaced whole at the first CONNECT, which the
-loop runs for the service thread) and the transport between nodes (``net``); it takes the engine for
-the rank tables, the connectors, the point-to-point half (matching, buffered sends, probes) and the
-completion and failure paths.
+loop runs for the service thread) and the transport between nodes (``net``); it takes the loop's
+state (the rank tables), the completion path and the transports' context.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from shmproxy.core import errors, log
-from shmproxy.core.memory import mem_kind
-from shmproxy.core.ops import FLAG_SYNC, Op
-from shmproxy.transports.base import MemKind, PeerInfo, Transport
-
-if TYPE_CHECKING:  # pragma: no cover
-    from shmproxy.engine.progress import ProgressEngine
+from shmproxy.core.ops import Op
+from shmproxy.engine.completion import Completion
+from shmproxy.engine.context import EngineContext
+from shmproxy.engine.failure import Failures
+from shmproxy.engine.state import LoopState
+from shmproxy.transports.base import PeerInfo, Transport
 
 _log = log.get("NET")
 
@@ -65,14 +60,15 @@ class NodeMap:
 
 
 class Nodes:
-    def __init__(self, engine: "ProgressEngine", size: int):
-        self.e = engine
-        self.size = size
-        self.map = NodeMap(size)
+    def __init__(self, st: LoopState, failures: Failures, completion: Completion, ctx: EngineContext):
+        self.st, self.completion, self.ctx = st, completion, ctx
+        self.size = st.size
+        self.map = NodeMap(st.size)
         # Across nodes: the first allowed transport that links progress processes listens at start, so
         # that INIT can tell the ranks where (``info``).
         self.net: Transport | None = None
         self.info = b""
+        failures.on_first_error.append(self.tell_failed)
 
     @property
     def node(self) -> int:
@@ -87,7 +83,7 @@ class Nodes:
         """At start, when the communicator may span nodes: listen with the first transport that can."""
         self.net = next((t for t in transports if t.proxy_shared_init is not None), None)
         if self.net is not None:
-            self.info = self.net.proxy_shared_init(self.e.ctx)   # type: ignore[misc]
+            self.info = self.net.proxy_shared_init(self.ctx)   # type: ignore[misc]
 
     # ------------------------------------------------------------------ set-up (CONNECT)
     def setup(self, net: dict, rank: int) -> None:
@@ -108,7 +104,7 @@ class Nodes:
                                           f"this node: the rendezvous went wrong")
             return
         mine = [r for r, n in enumerate(layout.rank_node) if n == layout.node]
-        nlocal = self.e.nlocal
+        nlocal = self.st.nlocal
         if len(mine) != nlocal or rank not in mine:
             raise errors.InvalidUsage(f"the rendezvous put ranks {mine} on this node (node {layout.node}), but "
                                       f"{nlocal} local ranks started here, rank {rank} among them")
@@ -116,80 +112,34 @@ class Nodes:
             raise errors.InvalidUsage("the communicator spans nodes, but no allowed transport links nodes "
                                       "(SHMPROXY_TRANSPORTS)")
         self.map = layout   # one reference store: the loop sees the old layout or the new one whole
-        self.net.proxy_shared_connect(self.e.ctx, layout.infos)   # type: ignore[misc]
+        self.net.proxy_shared_connect(self.ctx, layout.infos)   # type: ignore[misc]
         _log.info("node %d of %d: ranks %s here", layout.node, layout.nnodes, mine)
 
     def peer_info(self, rank: int) -> PeerInfo:
-        lr = self.e.local_of.get(rank)
+        lr = self.st.local_of.get(rank)
         if lr is not None:
-            r = self.e.ranks[lr]
+            r = self.st.ranks[lr]
             return PeerInfo(r.rank, r.local_rank, r.host, r.pid, self.node)
         n = self.map.rank_node[rank]
         if n == self.node:
             raise errors.InternalError(f"rank {rank} of this node has not joined")
         return PeerInfo(rank, -1, self.map.hosts[n], 0, n)
 
-    # ------------------------------------------------------------------ the send half, across nodes
-    def remote_send(self, send: Any) -> None:
-        """A send (an Op, or the Buffered copy that stands for it) to a rank of another node."""
-        e = self.e
-        dst = send.peer
-        if dst in e.gone:
-            e.completion.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
-            return
-        n = send.nbytes
-        if e.p2p.net_eager < n <= e.p2p.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
-            b = e.p2p.buffered_copy(send)   # standard mode, buffered here (engine/p2p.py)
-            if b is not None:
-                e.p2p.adopt_buffered(send, b)
-                send = b
-        kind = mem_kind(send.mem)
-        conn = e.conns.get((send.rank, dst, kind))
-        try:
-            if conn is None:
-                conn = e.p2p.connect(send.rank, dst, MemKind(kind))
-            done = conn.transport.proxy_send_envelope(e.ctx, conn, send)   # type: ignore[misc]
-        except errors.InvalidArgument as exc:
-            e.completion.complete(send, exc.code, 0)
-            return
-        except errors.InvalidUsage as exc:   # no transport for the pair: the job cannot work
-            e.failures.fail(exc.code, str(exc))
-            return
-        conn.nmsgs += 1
-        if done:
-            e.completion.complete(send, 0, send.nbytes, source=dst, tag=send.tag)
+    def is_local(self, rank: int) -> bool:
+        """``rank`` runs on this node (joined or not)."""
+        return self.map.rank_node[rank] == self.map.node
 
+    # ------------------------------------------------------------------ sends to other nodes
     def complete_send(self, op: Op, code: int, nbytes: int, peer_dtype: int = 0) -> None:
         """A transport's verdict on a send whose receiver is on another node."""
-        self.e.completion.complete(op, code, nbytes, source=op.peer, tag=op.tag, peer_dtype=peer_dtype)
-
-    # ------------------------------------------------------------------ the receive half, across nodes
-    def arrive(self, env: Any) -> None:
-        """Loop: the envelope of a send posted on another node (transports.net_socket.RemoteSend)."""
-        e = self.e
-        dst = env.peer
-        if dst in e.gone:
-            env.reply(errors.InvalidUsage.code, 0)   # the receiver closed first
-            return
-        recv = e.p2p.matcher.arrive(dst, env.rank, env.tag, env)
-        if recv is not None:
-            e.p2p.match(env, recv)
-        elif e.p2p.probes:
-            e.p2p.wake_probes(dst, env)   # engine/p2p.py
-
-    def remote_closed(self, rank: int) -> None:
-        """Loop: ``rank`` of another node closed: the receives posted here for it fail."""
-        e = self.e
-        e.gone.add(rank)
-        for op in e.p2p.matcher.drop(lambda dst, src, tag, op: src == rank, unexpected=False):
-            e.completion.complete(op, errors.InvalidUsage.code, 0)
+        self.completion.complete(op, code, nbytes, source=op.peer, tag=op.tag, peer_dtype=peer_dtype)
 
     # ------------------------------------------------------------------ news for the other nodes
     def tell_closed(self, rank: int) -> None:
+        """Loop: local rank ``rank`` closed (after the collective notes it left were flushed)."""
         if self.map.nnodes > 1 and self.net is not None:
-            self.e.coll.across.flush_notes()   # its last collectives are checked too (coll/multinode.py)
-            self.net.proxy_rank_closed(self.e.ctx, rank)   # type: ignore[misc]
+            self.net.proxy_rank_closed(self.ctx, rank)   # type: ignore[misc]
 
     def tell_failed(self, code: int, message: str, rank: int | None) -> None:
         if self.map.nnodes > 1 and self.net is not None:
-            self.net.proxy_abort(self.e.ctx, code, message, rank)   # type: ignore[misc]
+            self.net.proxy_abort(self.ctx, code, message, rank)   # type: ignore[misc]

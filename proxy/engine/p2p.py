@@ -33,7 +33,7 @@ transport like any send (its bytes are found through ``buffers``), and only the 
 Flow control: at most SEND_BUFFER_PER_PEER bytes may wait buffered for one destination; beyond it a
 send stays unbuffered and waits for its receive, as a large one does. Across nodes the same bound
 applies on the sender's node: a send above the socket transport's own eager size (NET_EAGER_BYTES,
-which completes at once anyway) is copied before its envelope leaves (engine/nodes.py remote_send) and
+which completes at once anyway) is copied before its envelope leaves (``remote_send``, below) and
 completes then; its Buffered is what the transport later moves, and is freed by the transport's verdict.
 
 **Probes.** A probe (KIND_PROBE) asks what a receive (source, tag) would match now. Probe/Iprobe leave
@@ -53,6 +53,19 @@ A rank that closes fails, on this loop's thread, the receives posted for it from
 messages waiting for it to receive them ("peer closed first"): nobody is left waiting for a rank
 that is gone. Receives from ANY_SOURCE stay posted, as MPI has it. The closing rank's own receives,
 which its close abandoned, are dropped, so that a later message to it fails instead of landing.
+
+**Across nodes.** A send to a rank of another node leaves through ``remote_send``: its connector's
+transport ships the envelope (``proxy_send_envelope``), and the send completes when that transport
+says so (Nodes.complete_send). An envelope from another node enters through ``arrive_remote``: the
+receive half matches it like a local one, and the match hands it to the connector of (sender,
+receiver), which lands its bytes. A rank of another node that closed (``remote_closed``) fails the
+receives posted here for it.
+
+The component owns matching (the Matcher it is given, which the fast path and armed routes watch),
+buffered sends, probes, held messages and derived datatypes. It takes the loop's state, the failure
+and completion paths, the other nodes, the connections, the collectives (a collective's op arrives
+here with the rest), the fast path and the transports' context; the armed routes, which put ops
+back in through ``append``, are bound after both exist (``bind``).
 """
 from __future__ import annotations
 
@@ -69,18 +82,24 @@ from shmproxy.core.ops import (FLAG_MPROBED, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHE
                                KIND_CANCEL,
                                KIND_COLL, KIND_PROBE, KIND_RECV, KIND_SEND, STATUS_CANCELLED,
                                STATUS_NO_MESSAGE, Op)
-from shmproxy.core.params import Params
 from shmproxy.shm import typed
 from shmproxy.engine.args import Transfer
 from shmproxy.engine.matching import ANY_SOURCE, ANY_TAG, Matcher, _accepts
 from shmproxy.shm import _native
 from shmproxy.shm import pool as P
 from shmproxy.engine.ranks import RankInfo
-from shmproxy import transports
-from shmproxy.transports.base import CONN_CONNECTED, CONN_SETUP, Connector, MemKind
+from shmproxy.transports.base import MemKind
 
 if TYPE_CHECKING:
-    from shmproxy.engine.progress import ProgressEngine
+    from shmproxy.coll.runner import CollRunner
+    from shmproxy.engine.armed import ArmedRoutes
+    from shmproxy.engine.completion import Completion
+    from shmproxy.engine.connections import Connections
+    from shmproxy.engine.context import EngineContext
+    from shmproxy.engine.failure import Failures
+    from shmproxy.engine.fastpath import FastPath
+    from shmproxy.engine.nodes import Nodes
+    from shmproxy.engine.state import LoopState
 
 _log = log.get("PROXY")
 _KINDS = frozenset(int(k) for k in MemKind)
@@ -140,13 +159,19 @@ class Buffered:
 
 
 class PointToPoint:
-    """The engine's point-to-point (see the header): matching, buffered sends, probes, held messages and
-    derived datatypes are its own; the engine's completion, connectors, nodes, fast path, armed routes
-    and failures it reaches through ``e``, as the other components do."""
+    """The engine's point-to-point (see the header)."""
 
-    def __init__(self, engine: "ProgressEngine", params: Params) -> None:
-        self.e = engine
-        self.matcher = Matcher()   # the receive half of point-to-point
+    armed: "ArmedRoutes"   # bound once made (bind)
+
+    def __init__(self, st: "LoopState", matcher: Matcher, failures: "Failures", completion: "Completion",
+                 nodes: "Nodes", connections: "Connections", coll: "CollRunner", fastpath: "FastPath",
+                 ctx: "EngineContext") -> None:
+        self.st, self.failures, self.completion, self.nodes = st, failures, completion, nodes
+        self.connections, self.coll, self.fastpath, self.ctx = connections, coll, fastpath, ctx
+        self.conns = connections.conns
+        params = st.params
+        self.size, self.nlocal, self.fast, self.gone = st.size, st.nlocal, st.fast, st.gone
+        self.matcher = matcher   # the receive half of point-to-point
         self.send_buffer = params.SEND_BUFFER_BYTES
         self.send_buffer_peer = params.SEND_BUFFER_PER_PEER
         self.net_eager = params.NET_EAGER_BYTES    # sends to other nodes up to this complete at once anyway
@@ -155,37 +180,41 @@ class PointToPoint:
         self.grace_ns_per_byte = params.SEND_BUFFER_GRACE_US_PER_KIB * 1e3 / 1024
         self.buffer_later: collections.deque = collections.deque()   # (due ns, send): to buffer then
         # while sends wait out their grace the loop looks for posts without sleeping
-        self.hook = engine.hooks.register("sends waiting out their buffering grace", self._buffer_due_now,
-                                          no_sleep=True)
+        self.hook = st.hooks.register("sends waiting out their buffering grace", self._buffer_due_now,
+                                      no_sleep=True)
         self.probes: dict[int, list[Op]] = {}      # destination rank -> blocking Probes waiting
         self.held: dict[tuple[int, int], Any] = {}  # (owner, probe's sequence) -> what a matched probe took
         self.types: dict[tuple[int, int], typed.TypeMap] = {}   # (local rank, type id) -> derived datatype
         self.types_pending: dict[tuple[int, int], list[int]] = {}   # TYPE_REGISTER parts not yet complete
 
+    def bind(self, armed: "ArmedRoutes") -> None:
+        """The armed routes (engine/armed.py), made after this component: they take its ``append``."""
+        self.armed = armed
+
     def append(self, op: Op) -> None:
         """A fetched op: a collective's arrival, or one half of a message."""
         if op.rank < 0:
-            self.e.failures.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
+            self.failures.fail(errors.InternalError.code, f"op from local rank {op.owner}, which never initialised")
             return
         kind = op.kind
         if op.flags & FLAG_TYPED and kind <= KIND_RECV:   # a derived datatype (shm/typed.py)
             why = typed.resolve(self.types, op)
             if why is not None:
                 _log.warning("%s", why)
-                self.e.completion.complete(op, errors.InvalidArgument.code, 0)
+                self.completion.complete(op, errors.InvalidArgument.code, 0)
                 return
         if kind == KIND_SEND:
             self.send_half(op)
         elif kind == KIND_RECV:
             self.recv_half_post(op)
         elif kind == KIND_COLL:
-            self.e.coll.coll_arrive(op)
+            self.coll.coll_arrive(op)
         elif kind == KIND_PROBE:
             self.probe_post(op)
         elif kind == KIND_CANCEL:
             self.cancel_post(op)
         else:
-            self.e.completion.complete(op, errors.InternalError.code, 0)
+            self.completion.complete(op, errors.InternalError.code, 0)
 
     # ------------------------------------------------------------------ send half
     # Every message of every size passes through these few methods: they read attributes once and
@@ -195,22 +224,21 @@ class PointToPoint:
         destination that receive half is this process's, inline here: the envelope arrives at the
         matcher, and meets a posted receive or waits as unexpected."""
         dst = send.peer
-        if not 0 <= dst < self.e.size or send.tag == ANY_TAG:   # the rank checks both: a bug or a forgery
-            self.e.completion.complete(send, errors.InvalidArgument.code, 0)
-        elif (self.e.nlocal == self.e.size or dst in self.e.local_of
-              or self.e.nodes.map.rank_node[dst] == self.e.nodes.node):
-            d = self.e.local_of.get(dst) if self.e.fast and send.pair_seq else None
-            if d is not None and not self.e.fastpath.send_in(send, d):
+        if not 0 <= dst < self.size or send.tag == ANY_TAG:   # the rank checks both: a bug or a forgery
+            self.completion.complete(send, errors.InvalidArgument.code, 0)
+        elif self.nlocal == self.size or dst in self.st.local_of or self.nodes.is_local(dst):
+            d = self.st.local_of.get(dst) if self.fast and send.pair_seq else None
+            if d is not None and not self.fastpath.send_in(send, d):
                 if dst in self.matcher.armed:   # a later send of the pair must not fire before it
-                    self.e.armed.disarm_dest(dst)
+                    self.armed.disarm_dest(dst)
                 return   # held behind a fast-path cell the receiver is taking (engine/fastpath.py)
-            if d is None and self.e.fast and send.pair_seq:
-                self.e.fastpath.early[(send.owner, dst)] = send.pair_seq   # its receiver has not joined yet
+            if d is None and self.fast and send.pair_seq:
+                self.fastpath.early[(send.owner, dst)] = send.pair_seq   # its receiver has not joined yet
             self.send_local(send, d)
         else:
             # The destination's receive half lives in another node's progress process: the envelope
-            # travels over the pair's connector (engine/nodes.py).
-            self.e.nodes.remote_send(send)
+            # travels over the pair's connector (remote_send).
+            self.remote_send(send)
 
     def send_local(self, send: Op, d: int | None) -> None:
         """A send whose receive half is this process's: the envelope arrives at the matcher, and meets
@@ -220,19 +248,19 @@ class PointToPoint:
         recv = self.matcher.arrive(dst, send.rank, send.tag, send)
         if recv is not None:
             self.match(send, recv)
-        elif self.e.gone and dst in self.e.gone and dst != send.rank:
+        elif self.gone and dst in self.gone and dst != send.rank:
             self.matcher.take(dst, send)
-            self.e.completion.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
+            self.completion.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
         else:
             if send.nbytes <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
                 self.buffer_later.append((send.t_fetch + int(send.nbytes * self.grace_ns_per_byte), send))
-                self.e.hooks.arm(self.hook)
+                self.st.hooks.arm(self.hook)
             if self.probes:
                 self.wake_probes(dst, send)
-            if send.mem and self.e.armed.history:
-                self.e.armed.arm(send, False)   # its receive may fire it from C (engine/armed.py)
+            if send.mem and self.armed.history:
+                self.armed.arm(send, False)   # its receive may fire it from C (engine/armed.py)
         if d is not None:
-            self.e.fastpath.sent(op, d)
+            self.fastpath.sent(op, d)
 
     def deliver_buffered(self, b: Buffered) -> None:
         """A message buffered from its start (a fast-path cell) arrives at the matcher."""
@@ -240,7 +268,7 @@ class PointToPoint:
         recv = self.matcher.arrive(dst, b.rank, b.tag, b)
         if recv is not None:
             self.match(b, recv)
-        elif self.e.gone and dst in self.e.gone and dst != b.rank:
+        elif self.gone and dst in self.gone and dst != b.rank:
             self.matcher.take(dst, b)
             self.release_buffered(b)   # the receiver closed first: nobody will take it
         elif self.probes:
@@ -250,35 +278,35 @@ class PointToPoint:
 
     def recv_half_post(self, recv: Op) -> None:
         """A posted receive: match it with the earliest unexpected envelope it accepts, or keep it."""
-        if self.e.fast and (self.e.fastpath.early or self.e.fastpath.cells_waiting(recv.owner)):
-            self.e.fastpath.drain_to(recv.owner)   # cells to this rank come first (engine/fastpath.py)
+        if self.fast and (self.fastpath.early or self.fastpath.cells_waiting(recv.owner)):
+            self.fastpath.drain_to(recv.owner)   # cells to this rank come first (engine/fastpath.py)
         src = recv.peer
         if recv.flags & FLAG_MPROBED:
             held = self.held.pop((recv.owner, recv.tag), None)
             if held is None:
-                self.e.completion.complete(recv, errors.InvalidArgument.code, 0)   # no such message handle
+                self.completion.complete(recv, errors.InvalidArgument.code, 0)   # no such message handle
             else:
                 self.match(held, recv)
             return
-        if not 0 <= src < self.e.size and src != ANY_SOURCE:
-            self.e.completion.complete(recv, errors.InvalidArgument.code, 0)
+        if not 0 <= src < self.size and src != ANY_SOURCE:
+            self.completion.complete(recv, errors.InvalidArgument.code, 0)
             return
         send = self.matcher.post(recv.rank, src, recv.tag, recv)
         if send is not None:
             self.match(send, recv)
-        elif self.e.gone and src in self.e.gone and src != recv.rank:
+        elif self.gone and src in self.gone and src != recv.rank:
             self.matcher.cancel(recv.rank, recv)
-            self.e.completion.complete(recv, errors.InvalidUsage.code, 0)   # the sender closed first
-        elif recv.mem and self.e.armed.history:
-            self.e.armed.arm(recv, True)   # its send may fire it from C (engine/armed.py)
+            self.completion.complete(recv, errors.InvalidUsage.code, 0)   # the sender closed first
+        elif recv.mem and self.armed.history:
+            self.armed.arm(recv, True)   # its send may fire it from C (engine/armed.py)
 
     def close_half(self, info: RankInfo) -> None:
         """Loop thread, once ``info``'s rank closed: fail what waits on it (see the module header), and
         from now on whatever arrives for it (``gone``: the closed ranks, as this thread learned them)."""
         gone = info.rank
-        self.e.gone.add(gone)
-        if self.e.fast:
-            self.e.fastpath.drain_from(info.local_rank)   # its messages in cells were sent (engine/fastpath.py)
+        self.gone.add(gone)
+        if self.fast:
+            self.fastpath.drain_from(info.local_rank)   # its messages in cells were sent (engine/fastpath.py)
 
         def waits_on_gone(dst: int, src: int, tag: int, op: Op) -> bool:
             # receives (and blocking matched probes) from it, its own (abandoned by its close), and
@@ -287,19 +315,21 @@ class PointToPoint:
 
         for op in self.matcher.drop(waits_on_gone):
             if op.rank != gone or op.owner == BUFFERED_OWNER:
-                self.e.completion.complete(op, errors.InvalidUsage.code, 0)
+                self.completion.complete(op, errors.InvalidUsage.code, 0)
         for dst, waiting in list(self.probes.items()):
             keep = [p for p in waiting if dst != gone and p.peer != gone]
             for p in waiting:
                 if p.peer == gone and dst != gone:
-                    self.e.completion.complete(p, errors.InvalidUsage.code, 0)
+                    self.completion.complete(p, errors.InvalidUsage.code, 0)
             if keep:
                 self.probes[dst] = keep
             else:
                 del self.probes[dst]
         for key in [k for k, m in self.held.items() if m.peer == gone]:
-            self.e.completion.complete(self.held.pop(key), errors.InvalidUsage.code, 0)
-        self.e.nodes.tell_closed(gone)
+            self.completion.complete(self.held.pop(key), errors.InvalidUsage.code, 0)
+        if self.nodes.nnodes > 1:
+            self.coll.across.flush_notes()   # its last collectives are checked too (coll/multinode.py)
+            self.nodes.tell_closed(gone)
 
     def match(self, send: Op | Buffered, recv: Op) -> None:
         """A send met its receive: check what only the pair can tell (truncation, dtype), then hand the
@@ -310,14 +340,14 @@ class PointToPoint:
             return
         n = send.nbytes
         if n > recv.nbytes:
-            self.e.completion.complete(recv, errors.TruncationError.code, n, source=send.rank, tag=send.tag)
-            self.e.completion.complete(send, 0, n)
+            self.completion.complete(recv, errors.TruncationError.code, n, source=send.rank, tag=send.tag)
+            self.completion.complete(send, 0, n)
             return
         if send.dtype != recv.dtype:
-            self.e.completion.complete(recv, errors.InvalidUsage.code, n, source=send.rank, tag=send.tag,
-                                       peer_dtype=send.dtype)
-            self.e.completion.complete(send, errors.InvalidUsage.code, n, source=recv.rank, tag=send.tag,
-                                       peer_dtype=recv.dtype)
+            self.completion.complete(recv, errors.InvalidUsage.code, n, source=send.rank, tag=send.tag,
+                                     peer_dtype=send.dtype)
+            self.completion.complete(send, errors.InvalidUsage.code, n, source=recv.rank, tag=send.tag,
+                                     peer_dtype=recv.dtype)
             return
         # Device memory on either side makes it a device transfer: the transport that moves device memory
         # also copies between host and device; shm moves host memory only.
@@ -325,50 +355,32 @@ class PointToPoint:
         if kind not in _KINDS:
             self._refuse(send, recv, errors.InvalidArgument(f"unknown memory kind {kind} in a record"))
             return
-        conn = self.e.conns.get((send.rank, recv.rank, kind))
+        conn = self.conns.get((send.rank, recv.rank, kind))   # every message: no call when it exists
         if conn is None:
             try:
-                conn = self.connect(send.rank, recv.rank, MemKind(kind))
+                conn = self.connections.connect(send.rank, recv.rank, MemKind(kind))
             except errors.InvalidUsage as exc:   # no allowed transport: the job cannot work, say so loudly
-                self.e.failures.fail(exc.code, str(exc))
+                self.failures.fail(exc.code, str(exc))
                 return
         t = Transfer(send, recv, n, time.monotonic_ns())
         try:
-            done = conn.transport.proxy_start(self.e.ctx, conn, t)
+            done = conn.transport.proxy_start(self.ctx, conn, t)
         except errors.InvalidArgument as exc:
             self._refuse(send, recv, exc)
             return
         conn.nmsgs += 1
-        if self.e.profiler.enabled:
+        if self.st.profiler.enabled:
             t.t_started = time.monotonic_ns()
         if done:
-            self.e.completion.finish_transfer(t)
-        elif t.published and self.e.armed.on:
-            self.e.armed.remember(t, conn)   # the same message may come back: arm it then (engine/armed.py)
+            self.completion.finish_transfer(t)
+        elif t.published and self.armed.on:
+            self.armed.remember(t, conn)   # the same message may come back: arm it then (engine/armed.py)
 
     def _refuse(self, send: Op | Buffered, recv: Op, exc: errors.ProxyError) -> None:
         """A matched pair that cannot move (a bad buffer or record): both requests fail, nothing moved."""
         _log.warning("%s -> %s: %s", send.describe(), recv.describe(), exc)
-        self.e.completion.complete(recv, exc.code, send.nbytes, source=send.rank, tag=send.tag)
-        self.e.completion.complete(send, exc.code, send.nbytes)
-
-    def connect(self, src: int, dst: int, kind: MemKind) -> Connector:
-        """The connector of (src, dst, kind): the first allowed transport that can carry it, both
-        sides set up and connected, in this process. Within a node the connect-info blobs are handed
-        over here; a transport between nodes set up the link of the two nodes beforehand
-        (proxy_shared_connect), so its per-pair blobs are empty."""
-        me, peer = self.e.nodes.peer_info(src), self.e.nodes.peer_info(dst)
-        t = transports.select(me, peer, kind, self.e.transports)
-        conn = Connector(t, me, peer, kind)
-        send_info = t.send_setup(self.e.ctx, conn)
-        recv_info = t.recv_setup(self.e.ctx, conn)
-        conn.state = CONN_SETUP
-        t.send_connect(self.e.ctx, conn, recv_info)
-        t.recv_connect(self.e.ctx, conn, send_info)
-        conn.send_info, conn.recv_info, conn.state = send_info, recv_info, CONN_CONNECTED
-        self.e.conns[(src, dst, kind)] = conn
-        _log.info("connection %d->%d (%s memory) over %s", src, dst, kind.name.lower(), t.name)
-        return conn
+        self.completion.complete(recv, exc.code, send.nbytes, source=send.rank, tag=send.tag)
+        self.completion.complete(send, exc.code, send.nbytes)
 
     # ------------------------------------------------------------------ buffered sends
     def _buffer_due_now(self) -> bool:
@@ -392,50 +404,106 @@ class PointToPoint:
         b = self.buffered_copy(send)
         if b is not None and self.matcher.replace_unexpected(send.peer, send.rank, send.tag, send, b):
             self.adopt_buffered(send, b)
-            self.e.q[_N_BUFFERED_Q] += 1
+            self.st.q[_N_BUFFERED_Q] += 1
 
     def buffered_copy(self, send: Op) -> Buffered | None:
         """A Buffered copy of ``send``'s bytes, or None (flow control, or a buffer that does not check out)."""
         n = send.nbytes
         if self.buffered.get(send.peer, 0) + n > self.send_buffer_peer:
             return None
-        buf = self.e.buffers.get((send.owner, send.buf_id))
+        buf = self.st.buffers.get((send.owner, send.buf_id))
         if buf is None or (send.offset + n > buf.size and send.tmap is None):
             return None
         if send.tmap is not None:   # a derived datatype: packed here, contiguous from now on
             try:
-                data = typed.pack(self.e.buffers, send)
+                data = typed.pack(self.st.buffers, send)
             except errors.InvalidArgument:
                 return None
         else:
             data = np.empty(n, np.uint8)
             if n:
-                self.e.ctx.memcopy(_native.buffer_info(data, True)[0], buf.addr + send.offset, n)
+                self.ctx.memcopy(_native.buffer_info(data, True)[0], buf.addr + send.offset, n)
         self.buffered_ids += 1
         return Buffered(send, self.buffered_ids, data, self.release_buffered)
 
     def adopt_buffered(self, send: Op, b: Buffered) -> None:
         """``b`` stands in for ``send`` from now on: register its bytes, count them, complete the send."""
-        self.e.buffers[(BUFFERED_OWNER, b.buf_id)] = b
+        self.st.buffers[(BUFFERED_OWNER, b.buf_id)] = b
         self.buffered[send.peer] = self.buffered.get(send.peer, 0) + send.nbytes
-        self.e.completion.complete(send, 0, send.nbytes, source=send.peer, tag=send.tag)
+        self.completion.complete(send, 0, send.nbytes, source=send.peer, tag=send.tag)
 
     def release_buffered(self, b: Buffered) -> None:
         """A buffered send's bytes were delivered, or will never be: its memory goes back."""
-        if self.e.buffers.pop((BUFFERED_OWNER, b.buf_id), None) is not None:
+        if self.st.buffers.pop((BUFFERED_OWNER, b.buf_id), None) is not None:
             self.buffered[b.peer] -= b.nbytes
         b.data = b.mm = None
+
+    def cell_in(self, src: int, dst: int, got: tuple) -> None:
+        """A fast-path cell the progress process drained (engine/fastpath.py, ``got`` from
+        _native.fast_take) enters matching as a send buffered from its start: its sender returned
+        when it wrote the cell."""
+        tag, code, nbytes, count, t_post, data = got
+        self.buffered_ids += 1
+        b = Buffered.from_cell(src, dst, tag, code, nbytes, count, t_post, self.buffered_ids,
+                               np.frombuffer(data, np.uint8), self.release_buffered)
+        self.st.buffers[(BUFFERED_OWNER, b.buf_id)] = b
+        self.buffered[dst] = self.buffered.get(dst, 0) + nbytes
+        self.deliver_buffered(b)
+
+    # ------------------------------------------------------------------ across nodes
+    def remote_send(self, send: Any) -> None:
+        """A send (an Op, or the Buffered copy that stands for it) to a rank of another node."""
+        dst = send.peer
+        if dst in self.gone:
+            self.completion.complete(send, errors.InvalidUsage.code, 0)   # the receiver closed first
+            return
+        n = send.nbytes
+        if self.net_eager < n <= self.send_buffer and not (send.flags & FLAG_SYNC or send.mem):
+            b = self.buffered_copy(send)   # standard mode, buffered here (the header)
+            if b is not None:
+                self.adopt_buffered(send, b)
+                send = b
+        try:
+            conn = self.connections.get(send.rank, dst, mem_kind(send.mem))
+            done = conn.transport.proxy_send_envelope(self.ctx, conn, send)   # type: ignore[misc]
+        except errors.InvalidArgument as exc:
+            self.completion.complete(send, exc.code, 0)
+            return
+        except errors.InvalidUsage as exc:   # no transport for the pair: the job cannot work
+            self.failures.fail(exc.code, str(exc))
+            return
+        conn.nmsgs += 1
+        if done:
+            self.completion.complete(send, 0, send.nbytes, source=dst, tag=send.tag)
+
+    def arrive_remote(self, env: Any) -> None:
+        """Loop: the envelope of a send posted on another node (transports.net_socket.RemoteSend)."""
+        dst = env.peer
+        if dst in self.gone:
+            env.reply(errors.InvalidUsage.code, 0)   # the receiver closed first
+            return
+        recv = self.matcher.arrive(dst, env.rank, env.tag, env)
+        if recv is not None:
+            self.match(env, recv)
+        elif self.probes:
+            self.wake_probes(dst, env)
+
+    def remote_closed(self, rank: int) -> None:
+        """Loop: ``rank`` of another node closed: the receives posted here for it fail."""
+        self.gone.add(rank)
+        for op in self.matcher.drop(lambda dst, src, tag, op: src == rank, unexpected=False):
+            self.completion.complete(op, errors.InvalidUsage.code, 0)
 
     # ------------------------------------------------------------------ probes and cancel
     def probe_post(self, probe: Op) -> None:
         """Probe/Iprobe/Mprobe/Improbe (see the module header): answer now, or wait for a message."""
         src, tag, dst, flags = probe.peer, probe.tag, probe.rank, probe.flags
         if dst in self.matcher.armed:   # a message an armed route holds out of matching must show
-            self.e.armed.disarm_dest(dst)
-        if self.e.fast:
-            self.e.fastpath.drain_to(probe.owner)
-        if not 0 <= src < self.e.size and src != ANY_SOURCE:
-            self.e.completion.complete(probe, errors.InvalidArgument.code, 0)
+            self.armed.disarm_dest(dst)
+        if self.fast:
+            self.fastpath.drain_to(probe.owner)
+        if not 0 <= src < self.size and src != ANY_SOURCE:
+            self.completion.complete(probe, errors.InvalidArgument.code, 0)
             return
         block = flags & FLAG_PROBE_BLOCK
         if flags & FLAG_PROBE_MATCHED:
@@ -453,20 +521,20 @@ class PointToPoint:
         else:
             send = self.matcher.probe(dst, src, tag)
             if send is not None:
-                self.e.completion.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
+                self.completion.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
                 return
             if block:
                 self.probes.setdefault(dst, []).append(probe)
         if not block:
-            self.e.completion.complete(probe, STATUS_NO_MESSAGE, 0)
-        elif self.e.gone and src in self.e.gone and src != dst:   # nothing can come any more
+            self.completion.complete(probe, STATUS_NO_MESSAGE, 0)
+        elif self.gone and src in self.gone and src != dst:   # nothing can come any more
             self.cancel_target(probe.owner, probe.req_slot, probe.req_seq)
-            self.e.completion.complete(probe, errors.InvalidUsage.code, 0)
+            self.completion.complete(probe, errors.InvalidUsage.code, 0)
 
     def hold(self, send: Any, probe: Op) -> None:
         """A matched probe took ``send``: keep it for the receive that names the probe's handle."""
         self.held[(probe.owner, probe.req_seq)] = send
-        self.e.completion.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
+        self.completion.complete(probe, 0, send.nbytes, source=send.rank, tag=send.tag)
 
     def wake_probes(self, dst: int, send: Any) -> None:
         """``send`` arrived unexpected for ``dst``: answer the blocking Probes that accept it."""
@@ -476,7 +544,7 @@ class PointToPoint:
         keep = []
         for p in waiting:
             if _accepts(p.peer, p.tag, send.rank, send.tag):
-                self.e.completion.complete(p, 0, send.nbytes, source=send.rank, tag=send.tag)
+                self.completion.complete(p, 0, send.nbytes, source=send.rank, tag=send.tag)
             else:
                 keep.append(p)
         if keep:
@@ -488,8 +556,8 @@ class PointToPoint:
         """KIND_CANCEL: cancel the owner's request (slot = peer, sequence = tag) if nothing matched it."""
         found = self.cancel_target(op.owner, op.peer, op.tag)
         if found is not None:
-            self.e.completion.complete(found, STATUS_CANCELLED, 0, source=found.peer, tag=found.tag, wake=False)
-        self.e.completion.complete(op, 0, int(found is not None))
+            self.completion.complete(found, STATUS_CANCELLED, 0, source=found.peer, tag=found.tag, wake=False)
+        self.completion.complete(op, 0, int(found is not None))
 
     def cancel_target(self, owner: int, slot: int, seq: int) -> Op | None:
         """Remove the owner's pending op of request (slot, seq) from matching or the waiting probes."""

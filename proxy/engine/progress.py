@@ -18,15 +18,28 @@ one pair and tag from overtaking each other. A matched message goes to the conne
 memory kind (engine/p2p.py), whose transport moves it: at once, or as subs of an args keyed by
 (connection, opCount) whose step counters it advances; a finished message writes both requests'
 completion slots and wakes their ranks (engine/completion.py). Collectives are run by coll/runner.py.
-What the loop is made of: this module (lifecycle, the driver), the components it owns, each with its
-own state and typed (``fetcher``: engine/fetching.py, taking the ranks' posts and the loop's waits
-for them; ``completion``: engine/completion.py, publishing results and waking ranks;
-``failures``: engine/failure.py, the first error and who learned it; ``fastpath``:
-engine/fastpath.py, the cells drained in order; ``intro``: engine/introspect.py, the info blob and
-the dump; ``nodes``: engine/nodes.py, the other nodes and the link to them; ``coll``:
-coll/runner.py, the collectives, with coll/multinode.py for those across nodes; ``armed``:
-engine/armed.py, repeated device messages launched from C at fetch; ``p2p``: engine/p2p.py, the
-two halves of a message, matching, buffered sends and probes).
+What the loop is made of: this module (lifecycle, the driver) and its components, each owning its
+own state and taking, in its constructor, the loop's shared state (``st``: engine/state.py, the pool,
+the args pool and active list, the rank and buffer tables, the counters) and the siblings it calls:
+
+    events       engine/events.py       news from the other threads (post, on_events)
+    calls        engine/loopcall.py     the service thread's requests, run on the loop
+    failures     engine/failure.py      the first error, and who learned it
+    completion   engine/completion.py   publishing results, waking ranks
+    ctx          engine/context.py      what transports see of the engine
+    nodes        engine/nodes.py        the other nodes, the link to them
+    connections  engine/connections.py  the connectors, made on first use
+    coll         coll/runner.py         collectives (coll/multinode.py: across nodes)
+    fastpath     engine/fastpath.py     the fast path's cells, drained in order
+    p2p          engine/p2p.py          the two halves of a message: matching, buffering, probes
+    armed        engine/armed.py        repeated device messages launched from C at fetch
+    fetcher      engine/fetching.py     taking the ranks' posts; the loop's waits for them
+    intro        engine/introspect.py   the info blob and the dump (it reads the whole engine)
+
+They are made in that order, each finding made those it takes. The calls that go back up the order
+are listeners the later component registers (Failures.on_first_error and on_abort, Completion's
+coll_finished, the poll hooks) or a ``bind`` made once both exist (the fast path and point-to-point
+call each other; point-to-point and the armed routes; the context offers what came after it).
 
 The loop never raises into a void: the first error is stored with its context in the pool's
 asyncResult fields and the communicator is aborted, so every rank raises it at its next call.
@@ -41,35 +54,36 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any
 
-
-from shmproxy.engine import affinity
-from shmproxy.core import errors, host, log, params as params_mod
-from shmproxy.coll import sched
-from shmproxy.engine.args import PROGRESS, READY, Args, ArgsPool
-from shmproxy.engine.armed import ArmedRoutes
-from shmproxy.engine.copyengine import CopyEngine
-from shmproxy.engine.profiler import Profiler
-from shmproxy.shm import _native, _workers, pool as P, sync
-from shmproxy.shm.segment import Segment
 from shmproxy import transports
+from shmproxy.coll import sched
 from shmproxy.coll.runner import CollRunner
 from shmproxy.control.handler import ControlHandler
 from shmproxy.control.service import ServiceServer
+from shmproxy.core import errors, host, log, params as params_mod
+from shmproxy.engine import affinity
+from shmproxy.engine.args import PROGRESS, READY, Args
+from shmproxy.engine.armed import ArmedRoutes
 from shmproxy.engine.completion import Completion
+from shmproxy.engine.connections import Connections
 from shmproxy.engine.context import EngineContext
+from shmproxy.engine.copyengine import CopyEngine
+from shmproxy.engine.events import LoopEvents
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failures
-from shmproxy.engine.hooks import PollHooks
+from shmproxy.engine.fastpath import FastPath
+from shmproxy.engine.fetching import Fetcher
 from shmproxy.engine.introspect import Introspector
 from shmproxy.engine.loopcall import LoopCalls
+from shmproxy.engine.matching import Matcher
 from shmproxy.engine.nodes import Nodes
-from shmproxy.engine.fastpath import FastPath
-from shmproxy.engine.fetching import _EVENTS_Q, Fetcher
 from shmproxy.engine.p2p import PointToPoint
 from shmproxy.engine.policy import FetchMode, fetch_mode, streaming_threshold
 from shmproxy.engine.ranks import RankInfo
-from shmproxy.transports.base import Connector, HostBuffer, Registration, Transport
+from shmproxy.engine.state import LoopState
+from shmproxy.shm import _workers, pool as P, sync
+from shmproxy.shm.segment import Segment
+from shmproxy.transports.base import Registration, Transport
 
 _log = log.get("PROXY")
 AUTO_KEEP_AWAKE_US = 2000.0  # KEEP_AWAKE_US=-1 on a crowded node: covers a message's hand-offs
@@ -85,79 +99,61 @@ class ProgressEngine:
     def __init__(self, params: params_mod.Params, path: str, nlocal: int, size: int, job_key: str,
                  comm_id: int, parent: int, net_ip: str = ""):
         self.params = params
-        self.net_ip = net_ip
         self.path, self.nlocal, self.size = path, nlocal, size
         self.job_key, self.comm_id, self.parent = job_key, comm_id, parent
         # On a crowded node the ranks and this process share cores (core/host.py): the automatic
         # settings differ there, the fast path's size among them.
-        self.crowded = host.crowded(nlocal)
+        self.crowded = crowded = host.crowded(nlocal)
         # The fast path (engine/fastpath.py) needs every rank of the communicator on this node.
-        fast = params.fast_bytes(nlocal, size, self.crowded, host.memory_bytes())
+        fast = params.fast_bytes(nlocal, size, crowded, host.memory_bytes())
         layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS, fast)
         self.seg = Segment.create(f"{job_key[:8]}-c{comm_id}", layout.total_bytes, params.SHM_DIR)
-        self.view = P.PoolView.initialize(self.seg.mm, self.seg.addr, layout)
+        self.view = view = P.PoolView.initialize(self.seg.mm, self.seg.addr, layout)
         self.layout = layout
-        self.failures = Failures(self)   # the first error, and who learned it (engine/failure.py)
-        self.view.mutex.on_owner_dead = self.failures.mutex_owner_died
-        self.view.set_ctrl(P.CTRL_PROXY_PID, os.getpid())
-        self.view.set_ctrl(P.CTRL_STATE, P.PROXY_STARTING)
-        self.q = self.view.q
-        self.steps = params.STEPS
-        self.chunk = params.CHUNK_SIZE
-        self.eager = params.eager_limit
-        self.loop_copies: bool = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else self.crowded
+        view.set_ctrl(P.CTRL_PROXY_PID, os.getpid())
+        view.set_ctrl(P.CTRL_STATE, P.PROXY_STARTING)
+        self.q = view.q
+        self.loop_copies: bool = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else crowded
         poll_us = params.LOOP_POLL_US if params.LOOP_POLL_US >= 0 else (AUTO_LOOP_POLL_US if self.loop_copies else 0.0)
         self.loop_poll_s = poll_us / 1e6
         self.timeout = params.TIMEOUT
-        # work components defer to the next passes, polled while they have some (engine/hooks.py)
-        self.hooks = PollHooks()
-        self.fetcher = Fetcher(self, params, self.crowded)   # taking the ranks' posts (engine/fetching.py)
-        self.transports = transports.allowed(params.TRANSPORTS)
-        self.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
-        self.argspool = ArgsPool(self.view)
-        self.copy: CopyEngine = CopyEngine(0, None)
-        self.nodes = Nodes(self, size)   # the other nodes: layout, the link transport (engine/nodes.py)
-        self.awake: Any = None  # shm._workers.KeepAwake on a crowded node (start_keep_awake)
-        self.profiler = Profiler(params.PROFILE)
-        self.active: list[Args] = []
-        self.ready: dict[tuple, Args] = {}
-        self.p2p = PointToPoint(self, params)   # matching, buffered sends, probes (engine/p2p.py)
-        self.completion = Completion(self)   # publishing results, waking ranks (engine/completion.py)
-        self.coll = CollRunner(self)   # collectives: this node's ranks, and across nodes (coll/runner.py)
-        self.fastpath = FastPath(self, layout)  # small blocking calls the ranks complete themselves
-        self.fast = self.fastpath.on
-        self.gone: set[int] = set()   # ranks whose close the loop has handled (close_half)
-        # News from the other threads of this process (the service thread, transports' helper threads):
-        # callables run by the loop (post_event), and the CTRL_EVENTS count the loop has seen.
-        self.events: collections.deque = collections.deque()
-        self.events_seen = 0
-        self.event_polls: list[Callable[[], None]] = []   # run after the events (on_events)
-        self.events_addr = self.seg.addr + P.CTRL_OFF + 8 * P.CTRL_EVENTS   # the EVENTS word
+
+        # The loop's components (the module header), each taking the state and the siblings it calls,
+        # made in an order where each finds those it takes; the few calls back up the order are
+        # listeners (Failures.on_first_error, on_abort; Completion.coll_finished) or one ``bind``.
+        self.st = st = LoopState(params, view, self.seg.addr, layout, size, crowded, self.loop_copies,
+                                 transports.allowed(params.TRANSPORTS))
+        st.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
+        self.events = LoopEvents(st.q, st.seg_addr, self.timeout)   # news from the other threads
         # The service thread's requests change engine state on this thread, answered after (engine/loopcall.py).
-        self.calls = LoopCalls(self.post_event, self.timeout)
-        self.ranks: dict[int, RankInfo] = {}          # by local rank
-        self.local_of: dict[int, int] = {}            # global rank -> local rank
-        # (src, dst global ranks, memory kind): a MemKind, or the int a record carries (equal keys)
-        self.conns: dict[tuple[int, int, int], Connector] = {}
-        self.buffers: dict[tuple[int, int], HostBuffer] = {}   # registered memfds and buffered sends
-        # Buffers a transport's register hook took: (local rank, buffer id) -> (its transport(s), Registration)
-        self.registrations: dict[tuple[int, int], tuple[list[Transport], Registration]] = {}
-        self.ctx = EngineContext(self)   # all that transports see of this engine
+        self.calls = LoopCalls(self.events.post, self.timeout)
+        matcher = Matcher()   # the receive half of point-to-point; the fast path and armed routes watch it
+        self.failures = Failures(st, self.calls, matcher)   # the first error, and who learned it
+        view.mutex.on_owner_dead = self.failures.mutex_owner_died
+        self.completion = Completion(st, self.failures)    # publishing results, waking ranks
+        self.ctx = EngineContext(st, self.events, self.completion, self.failures, comm_id, net_ip)
+        self.nodes = Nodes(st, self.failures, self.completion, self.ctx)   # the other nodes, the link to them
+        self.connections = Connections(st, self.nodes, self.ctx)
+        self.coll = CollRunner(st, self.failures, self.completion, self.nodes, self.connections, self.ctx)
+        self.fastpath = FastPath(st, matcher, self.failures)   # small blocking calls the ranks complete themselves
+        self.p2p = PointToPoint(st, matcher, self.failures, self.completion, self.nodes, self.connections,
+                                self.coll, self.fastpath, self.ctx)   # matching, buffered sends, probes
         # repeated device messages launched from C at fetch (engine/armed.py)
         slots, _nbytes, per_rank = self.completion.completion_slots()
         armed_on = bool(params.CUDA_ARMED_ROUTES and params.CUDA_GRAPHS and params.CUDA_DEVICE_COMPLETES)
-        p2p = self.p2p
-        self.armed = ArmedRoutes(armed_on, p2p.matcher, self.ctx, self.fastpath, self.seg.addr, (slots, per_rank),
-                                 p2p.probes, self.local_of, self.profiler, p2p.append)
+        self.armed = ArmedRoutes(armed_on, matcher, self.ctx, self.fastpath, st.seg_addr, (slots, per_rank),
+                                 self.p2p.probes, st.local_of, st.profiler, self.p2p.append)
+        self.fastpath.bind(self.p2p)
+        self.p2p.bind(self.armed)
+        self.ctx.bind(self.coll, self.nodes, self.p2p, self.armed)
+        self.fetcher = Fetcher(st, self.events, self.failures, self.completion, self.armed, self.p2p, self.ctx)
+
         self.fault_fd = -1   # the memfd a fatal signal's stacks go to (main), given to every rank at INIT
         self.retired: collections.deque = collections.deque()
         self.cpus: list[int] | None = None
         self.affinity_reason = "not decided yet (waiting for every local rank to connect)"
         self.pending_affinity: tuple[list[int] | None, str, list[int] | None] | None = None
-        self.stopping = False
         self.dump_requested = False
-        self.progressed = False
-        self.passes = 0
         self.t_start = time.monotonic()
         self.intro = Introspector(self)   # the info blob and the dump (engine/introspect.py)
         self.intro.write_info()
@@ -171,6 +167,26 @@ class ProgressEngine:
         for t in owners:
             t.proxy_deregister(self.ctx, reg)   # type: ignore[misc]  # paired with proxy_register
 
+    def rank_closed(self, info: RankInfo) -> None:
+        """The loop (CLOSE): ``info``'s rank closed; what waits on it fails (PointToPoint.close_half), what
+        transports hold for its buffers goes, and once every local rank closed or died the loop stops."""
+        st = self.st
+        info.closed = True
+        self.p2p.close_half(info)
+        self.release_registrations(info.local_rank)
+        if len(st.ranks) == st.nlocal and all(r.closed or r.dead for r in list(st.ranks.values())):
+            st.stopping = True
+            self.view.set_ctrl(P.CTRL_STOP, 1)
+
+    def release_registrations(self, local_rank: int) -> None:
+        """Loop thread, once a rank closed (it waited for its sends and collectives): what transports
+        hold for its buffers (a device mapping opened by CUDA IPC keeps the rank's GPU memory alive)
+        goes now, not when the progress process exits. A transport defers what a copy still uses."""
+        regs = self.st.registrations
+        for key in [k for k in list(regs) if k[0] == local_rank]:
+            owners, reg = regs.pop(key)
+            self.deregister(owners, reg)
+
     def _service_failed(self, exc: BaseException) -> None:
         code = exc.code if isinstance(exc, errors.ProxyError) else errors.InternalError.code
         self.failures.fail(code, f"the service failed handling a rank: {exc!r}")
@@ -178,7 +194,7 @@ class ProgressEngine:
     def start(self) -> None:
         sync.set_lock_spin(self.params.LOCK_SPIN_US)   # contended pool locks retry briefly first
         if self.size > self.nlocal:
-            self.nodes.start(self.transports)
+            self.nodes.start(self.st.transports)
         self.calls.started()   # main() runs the loop on this thread next: requests wait for it
         self.server.start()
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_RUNNING)
@@ -187,26 +203,27 @@ class ProgressEngine:
 
     def shutdown(self) -> None:
         """Tear everything down; safe after any failure, and nothing of ours is left behind."""
+        st = self.st
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_STOPPING)
         self.calls.ended()   # the service thread's requests run on its own thread from here
         if self.failures.failed:
             self.failures.wait_until_told(self.params.FAIL_LINGER_S)
         self.server.stop(timeout=5.0)
-        self.copy.stop()
-        if self.awake is not None:
-            self.awake.stop()
+        st.copy.stop()
+        if st.awake is not None:
+            st.awake.stop()
         self.view.set_ctrl(P.CTRL_STATE, P.PROXY_EXITED)
-        if self.profiler.enabled and self.params.PROFILE_FILE:
-            self.profiler.write(self.params.PROFILE_FILE)
-        for owners, reg in list(self.registrations.values()):
+        if st.profiler.enabled and self.params.PROFILE_FILE:
+            st.profiler.write(self.params.PROFILE_FILE)
+        for owners, reg in list(st.registrations.values()):
             self.deregister(owners, reg)
-        self.registrations.clear()
-        for t in self.transports:
+        st.registrations.clear()
+        for t in st.transports:
             t.proxy_free(self.ctx)
-        self.active.clear()  # schedules hold numpy views of the buffers closed below
+        st.active.clear()  # schedules hold numpy views of the buffers closed below
         self.coll.colls.clear()
-        self.retired.extend(self.buffers.values())
-        self.buffers.clear()
+        self.retired.extend(st.buffers.values())
+        st.buffers.clear()
         self._close_retired()
         self.view.release()
         self.seg.close()
@@ -225,35 +242,8 @@ class ProgressEngine:
             _log.info("%d deregistered buffer(s) still referenced; unmapping later", len(keep))
             self.retired.extend(keep)
 
-    # ------------------------------------------------------------------ news from the other threads
-    def post_event(self, fn: Callable[[], None]) -> None:
-        """Any thread of this process: have the loop run ``fn`` soon, on its own thread (which owns the
-        matching, the args and the transports' progress), waking it if it sleeps. The wake-up cannot
-        be lost (_native.post_event against sleep_unless_posted), and ranks never pay for it."""
-        self.events.append(fn)
-        rc = _native.post_event(self.seg.addr, self.timeout)
-        if rc == sync.TIMEDOUT:
-            _log.warning("pool mutex not acquired within %.1f s to wake the loop; it wakes at its bound",
-                         self.timeout)
-
-    def on_events(self, fn: Callable[[], None]) -> None:
-        """Have the loop run ``fn`` after the posted events, every time news came: C threads of a
-        transport queue their news in C and bump EVENTS (shm/_wire.c); ``fn`` collects it."""
-        self.event_polls.append(fn)
-
-    def run_events(self) -> None:
-        """Loop thread: run what other threads posted (post_event), oldest first, then the polls of
-        on_events."""
-        self.events_seen = self.q[_EVENTS_Q]   # read before draining: a later post is seen next time
-        events = self.events
-        while events:
-            events.popleft()()
-        for poll in self.event_polls:
-            poll()
-        self.progressed = True
-
     def decide_affinity(self) -> None:
-        rank_sets = [set(r.affinity) for r in list(self.ranks.values())]
+        rank_sets = [set(r.affinity) for r in list(self.st.ranks.values())]
         try:
             allowed = affinity.allowed_cpus()
             cpus, reason = affinity.choose_proxy_cpus(self.params, rank_sets, allowed)
@@ -262,22 +252,23 @@ class ProgressEngine:
         except errors.ProxyError as exc:
             self.failures.fail(exc.code, f"cannot choose progress cores: {exc}")
 
-    # ------------------------------------------------------------------ collectives
-
     # ------------------------------------------------------------------ progress and completion
     def progress_once(self) -> bool:
         """Advance every active args once. Returns True when nothing moved (idle)."""
-        self.progressed = False
-        if self.q[_EVENTS_Q] != self.events_seen:
-            self.run_events()
-            if self.fast:
+        st = self.st
+        st.progressed = False
+        if self.events.pending():
+            self.events.run()
+            st.progressed = True
+            if st.fast:
                 self.fastpath.check_bells()
-        if self.hooks.armed:
-            self.hooks.run()
-        if self.copy.nworkers:
-            done = self.copy.drain()
+        if st.hooks.armed:
+            st.hooks.run()
+        copy = st.copy
+        if copy.nworkers:
+            done = copy.drain()
             if done:
-                self.q[_COPY_JOBS_Q] = self.copy.jobs
+                st.q[_COPY_JOBS_Q] = copy.jobs
             for tok in done:
                 if type(tok) is tuple:   # (schedule, entry) of a collective
                     tok[0].entry_done(tok[1])
@@ -285,54 +276,54 @@ class ProgressEngine:
                     tok.all_done()
                 else:
                     tok.chunk_done()
-                self.progressed = True
-        if self.active:
-            if self.ready:
-                self.ready.clear()
+                st.progressed = True
+        active = st.active
+        if active:
+            if st.ready:
+                st.ready.clear()
             still: list[Args] = []
-            ctx = self.ctx
-            for a in self.active:
+            ctx, argspool = self.ctx, st.argspool
+            for a in active:
                 if a.state == READY:
-                    self.argspool.set_state(a, PROGRESS)
+                    argspool.set_state(a, PROGRESS)
                 done = (a.transport.proxy_progress_coll(ctx, a) if a.coll is not None
                         else a.transport.proxy_progress(ctx, a))
                 if done:
-                    self.argspool.release(a)
-                    self.progressed = True
+                    argspool.release(a)
+                    st.progressed = True
                 else:
                     still.append(a)
-            self.active = still
-        return not self.progressed
+            st.active = still   # args added by this pass's progress calls were iterated too
+        return not st.progressed
 
     # ------------------------------------------------------------------ driver
-    def _should_exit(self) -> bool:
-        return bool(self.q[P.CTRL_OFF // 8 + P.CTRL_ABORT]) or (self.stopping and not self.active)
-
     def run(self) -> None:
+        st, events, fetcher = self.st, self.events, self.fetcher
         freq = self.params.PROGRESS_APPENDOP_FREQ
         hb_ns = int(self.params.HEARTBEAT_MS * 1e6)
         next_tick = 0
-        while not self._should_exit():
+        while not st.should_exit():
             idle = self.progress_once()
-            self.passes += 1
-            mode = fetch_mode(idle, len(self.active), self.passes, freq)
-            if self.hooks.no_sleep:   # e.g. sends waiting out their grace (engine/p2p.py): look, never sleep
+            st.passes += 1
+            mode = fetch_mode(idle, len(st.active), st.passes, freq)
+            if st.hooks.no_sleep:   # e.g. sends waiting out their grace (engine/p2p.py): look, never sleep
                 mode = _F_TRY if mode == _F_BLOCK else mode
-            added = self.fetcher.fetch(mode) if mode else 0
-            if self.copy.in_flight and self.awake is not None:
-                self.awake.touch()
+            added = fetcher.fetch(mode) if mode else 0
+            copy = st.copy
+            if copy.in_flight and st.awake is not None:
+                st.awake.touch()
             if idle and not added and mode != _F_BLOCK:
-                if self.copy.in_flight:
+                if copy.in_flight:
                     # With no core of its own the loop runs queued jobs itself rather than leave its
                     # CPU to workers that would take turns on the other one (shm/_workers.c help()).
-                    if not (self.loop_copies and self.copy.help()):
-                        if self.event_polls and not self.crowded:
+                    if not (self.loop_copies and copy.help()):
+                        if events.polls and not self.crowded:
                             # C threads' news (the collective wire's tokens) ends the wait too: poll
                             # for it all along, on a core that is spare (shm/_workers_pool.c)
-                            self.copy.wait(WORKER_WAIT_S, WORKER_WAIT_S, (self.events_addr, self.events_seen))
+                            copy.wait(WORKER_WAIT_S, WORKER_WAIT_S, (events.addr, events.seen))
                         else:
-                            self.copy.wait(WORKER_WAIT_S, self.loop_poll_s)  # GIL released: copyengine.py
-                elif not self.fetcher.wait_watched():
+                            copy.wait(WORKER_WAIT_S, self.loop_poll_s)  # GIL released: copyengine.py
+                elif not fetcher.wait_watched():
                     os.sched_yield()
             now = time.monotonic_ns()
             # An affinity decided (the last rank connected) is applied at once, not a heartbeat later:
@@ -343,17 +334,17 @@ class ProgressEngine:
 
     def tick(self, now: int) -> None:
         """Housekeeping every HEARTBEAT_MS: heartbeat, affinity, retired buffers, dumps, orphaning."""
-        base = P.CTRL_OFF // 8
+        base, st = P.CTRL_OFF // 8, self.st
         self.q[base + P.CTRL_HEARTBEAT] = now
-        self.q[base + P.CTRL_N_PASSES] = self.passes
-        self.q[base + P.CTRL_ACTIVE_SUBS] = sum(len(a.subs) for a in self.active)
+        self.q[base + P.CTRL_N_PASSES] = st.passes
+        self.q[base + P.CTRL_ACTIVE_SUBS] = sum(len(a.subs) for a in st.active)
         self.coll.across.flush_notes()   # the fingerprints for node 0's mismatch check (coll/multinode.py)
         if self.pending_affinity is not None:
             self.apply_affinity(*self.pending_affinity)
             self.pending_affinity = None
         else:
             self.intro.refresh()   # what waits, and on whom, for the outside dump
-        if self.retired and not self.active:
+        if self.retired and not st.active:
             self._close_retired()
         if self.dump_requested:
             self.dump_requested = False
@@ -361,28 +352,29 @@ class ProgressEngine:
         f = self.failures
         if f.owner_died_at and not f.failed and time.monotonic() - f.owner_died_at > OWNER_DEAD_GRACE_S:
             f.fail(errors.PeerDiedError.code, "a process died holding the ops pool mutex")
-        if not self.ranks and time.monotonic() - self.t_start > self.params.TIMEOUT:
+        if not st.ranks and time.monotonic() - self.t_start > self.params.TIMEOUT:
             self.failures.fail(errors.Timeout.code, f"no rank connected within {self.params.TIMEOUT} s")
-        if not self.ranks and os.getppid() != self.parent:
+        if not st.ranks and os.getppid() != self.parent:
             self.failures.fail(errors.PeerDiedError.code, f"local rank 0 (pid {self.parent}) exited before connecting",
                                rank=None, pid=self.parent)
 
     def apply_affinity(self, cpus: list[int] | None, reason: str, floating: list[int] | None = None) -> None:
         """Pin every thread to ``cpus`` (CPUs of its own), or let them float over ``floating`` (the
         ranks' CPUs, when none are spare), or leave the affinity as it is (both None)."""
+        st = self.st
         self.cpus, self.affinity_reason = cpus, reason
         mask = cpus or floating
         if mask:
             affinity.pin_self(mask)
         running_on = sorted(mask or os.sched_getaffinity(0))
         n = self.params.COPY_THREADS or (len(cpus) if cpus else min(len(running_on), 8))
-        if n > self.copy.nworkers:
-            self.copy.stop()
+        if n > st.copy.nworkers:
+            st.copy.stop()
             if self.loop_copies and not cpus:   # crowded: one worker per CPU, the loop beside them
-                self.copy = CopyEngine(n, running_on, spread=True)
+                st.copy = CopyEngine(n, running_on, spread=True)
             else:
-                self.copy = CopyEngine(n, cpus)
-        self.streaming_min = streaming_threshold(self.params, running_on, self.loop_copies)
+                st.copy = CopyEngine(n, cpus)
+        st.streaming_min = streaming_threshold(self.params, running_on, self.loop_copies)
         self.start_keep_awake(running_on)
         where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(running_on)}"
         _log.info("progress affinity: %s (%s); %d copy threads", where, reason, n)
@@ -394,14 +386,15 @@ class ProgressEngine:
         us = self.params.KEEP_AWAKE_US
         if us < 0:
             us = AUTO_KEEP_AWAKE_US if self.crowded else 0.0
-        if self.awake is not None:
-            self.awake.stop()
-            self.awake = None
+        st = self.st
+        if st.awake is not None:
+            st.awake.stop()
+            st.awake = None
         if us > 0:
             # Guards wake spread workers on their own CPUs: no IPI (shm/_workers.c, "Relayed wake-ups").
-            relay = self.copy.pool if self.copy.spread else None
-            self.awake = _workers.KeepAwake(cpus, us / 1e6, relay, self.seg.addr + self.layout.rank_area_off,
-                                            self.nlocal)
+            relay = st.copy.pool if st.copy.spread else None
+            st.awake = _workers.KeepAwake(cpus, us / 1e6, relay, self.seg.addr + self.layout.rank_area_off,
+                                          self.nlocal)
             _log.info("keep-awake: %d idle-priority guard(s) on cpus %s, %g us after the last work%s",
                       len(cpus), affinity.format_cpu_list(cpus), us,
                       ", waking the copy workers there" if relay is not None else "")
