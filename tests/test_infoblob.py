@@ -88,12 +88,9 @@ class _Engine:
         self.job_key, self.comm_id, self.nlocal, self.size, self.path = "k", 1, 1, 1, "/x.sock"
         self.seg = types.SimpleNamespace(name="pool")
         self.cpus, self.affinity_reason = [0], "test"
-        self.copy = types.SimpleNamespace(nworkers=0)
+        self.st = types.SimpleNamespace(copy=types.SimpleNamespace(nworkers=0), ranks={})   # the loop's state
         self.params = types.SimpleNamespace(items=lambda: [])
-        self.ranks: dict = {}
-
-    def post_event(self, fn) -> None:
-        self.posted.append(fn)
+        self.events = types.SimpleNamespace(post=self.posted.append)   # news for the loop (engine/events.py)
 
 
 class _Intro(Introspector):

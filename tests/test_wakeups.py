@@ -298,7 +298,7 @@ def test_the_loop_remembers_only_the_ranks_a_guard_is_to_wake():
     area[P.RANK_WAITING] = P.waiting_value(5, 7)            # rank 0 asleep on CPU 5: a guard's
     area[per + P.RANK_WAITING] = P.waiting_value(6, 7)      # rank 1 asleep on CPU 6: woken directly
     hooks = PollHooks()
-    eng = types.SimpleNamespace(q=area, relayed=[], rank_words=words, e=types.SimpleNamespace(hooks=hooks))
+    eng = types.SimpleNamespace(q=area, relayed=[], rank_words=words, st=types.SimpleNamespace(hooks=hooks))
     eng.hook = hooks.register("relayed", lambda: Completion.check_relayed(eng))   # rank 2 awake
     Completion._note_relayed(eng, (0, 1, 2), 1 << 5)
     assert [(w, v, a) for _d, w, v, a in eng.relayed] == [(P.RANK_WAITING, P.waiting_value(5, 7), words[0][1])]
