@@ -179,10 +179,9 @@ class ControlHandler:
             if not isinstance(p, int) or not 0 <= p < e.size:
                 raise errors.InvalidArgument(f"CONNECT: peer {p!r} out of range [0, {e.size})")
             if p in e.st.local_of:
-                for src, dst in ((me.rank, p), (p, me.rank)):
-                    if (src, dst, MemKind.HOST) not in e.connections.conns:
-                        e.connections.connect(src, dst, MemKind.HOST)
-                out[str(p)] = e.connections.conns[(me.rank, p, MemKind.HOST)].transport.name
+                link = e.connections.get(me.rank, p, MemKind.HOST)   # both ways, made now if new
+                e.connections.get(p, me.rank, MemKind.HOST)
+                out[str(p)] = link.transport.name
             else:
                 out[str(p)] = "pending"  # selected when the peer connects and the first message flows
         return {"transports": out}, []

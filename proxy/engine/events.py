@@ -42,10 +42,6 @@ class LoopEvents:
         transport queue their news in C and bump EVENTS (shm/_wire.c); ``fn`` collects it."""
         self.polls.append(fn)
 
-    def pending(self) -> bool:
-        """Loop thread: news came since the last ``run``."""
-        return self.q[EVENTS_Q] != self.seen
-
     def run(self) -> None:
         """Loop thread: run what other threads posted, oldest first, then the polls of on_events."""
         self.seen = self.q[EVENTS_Q]   # read before draining: a later post is seen next time

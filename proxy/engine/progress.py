@@ -69,7 +69,7 @@ from shmproxy.engine.completion import Completion
 from shmproxy.engine.connections import Connections
 from shmproxy.engine.context import EngineContext
 from shmproxy.engine.copyengine import CopyEngine
-from shmproxy.engine.events import LoopEvents
+from shmproxy.engine.events import EVENTS_Q as _EVENTS_Q, LoopEvents
 from shmproxy.engine.failure import OWNER_DEAD_GRACE_S, Failures
 from shmproxy.engine.fastpath import FastPath
 from shmproxy.engine.fetching import Fetcher
@@ -103,7 +103,7 @@ class ProgressEngine:
         self.job_key, self.comm_id, self.parent = job_key, comm_id, parent
         # On a crowded node the ranks and this process share cores (core/host.py): the automatic
         # settings differ there, the fast path's size among them.
-        self.crowded = crowded = host.crowded(nlocal)
+        crowded = host.crowded(nlocal)
         # The fast path (engine/fastpath.py) needs every rank of the communicator on this node.
         fast = params.fast_bytes(nlocal, size, crowded, host.memory_bytes())
         layout = P.Layout(nlocal, params.MAX_OPS_PER_RANK, params.MAX_SUBS, fast)
@@ -113,20 +113,19 @@ class ProgressEngine:
         view.set_ctrl(P.CTRL_PROXY_PID, os.getpid())
         view.set_ctrl(P.CTRL_STATE, P.PROXY_STARTING)
         self.q = view.q
-        self.loop_copies: bool = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else crowded
-        poll_us = params.LOOP_POLL_US if params.LOOP_POLL_US >= 0 else (AUTO_LOOP_POLL_US if self.loop_copies else 0.0)
+        loop_copies = bool(params.LOOP_COPIES) if params.LOOP_COPIES >= 0 else crowded
+        poll_us = params.LOOP_POLL_US if params.LOOP_POLL_US >= 0 else (AUTO_LOOP_POLL_US if loop_copies else 0.0)
         self.loop_poll_s = poll_us / 1e6
-        self.timeout = params.TIMEOUT
 
         # The loop's components (the module header), each taking the state and the siblings it calls,
         # made in an order where each finds those it takes; the few calls back up the order are
         # listeners (Failures.on_first_error, on_abort; Completion.coll_finished) or one ``bind``.
-        self.st = st = LoopState(params, view, self.seg.addr, layout, size, crowded, self.loop_copies,
+        self.st = st = LoopState(params, view, self.seg.addr, layout, size, crowded, loop_copies,
                                  transports.allowed(params.TRANSPORTS))
-        st.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), self.loop_copies)
-        self.events = LoopEvents(st.q, st.seg_addr, self.timeout)   # news from the other threads
+        st.streaming_min = streaming_threshold(params, sorted(os.sched_getaffinity(0)), loop_copies)
+        self.events = LoopEvents(st.q, st.seg_addr, st.timeout)   # news from the other threads
         # The service thread's requests change engine state on this thread, answered after (engine/loopcall.py).
-        self.calls = LoopCalls(self.events.post, self.timeout)
+        self.calls = LoopCalls(self.events.post, st.timeout)
         matcher = Matcher()   # the receive half of point-to-point; the fast path and armed routes watch it
         self.failures = Failures(st, self.calls, matcher)   # the first error, and who learned it
         view.mutex.on_owner_dead = self.failures.mutex_owner_died
@@ -255,10 +254,10 @@ class ProgressEngine:
     # ------------------------------------------------------------------ progress and completion
     def progress_once(self) -> bool:
         """Advance every active args once. Returns True when nothing moved (idle)."""
-        st = self.st
+        st, events = self.st, self.events
         st.progressed = False
-        if self.events.pending():
-            self.events.run()
+        if st.q[_EVENTS_Q] != events.seen:   # news came since the last run: every pass, so no call
+            events.run()
             st.progressed = True
             if st.fast:
                 self.fastpath.check_bells()
@@ -316,8 +315,8 @@ class ProgressEngine:
                 if copy.in_flight:
                     # With no core of its own the loop runs queued jobs itself rather than leave its
                     # CPU to workers that would take turns on the other one (shm/_workers.c help()).
-                    if not (self.loop_copies and copy.help()):
-                        if events.polls and not self.crowded:
+                    if not (st.loop_copies and copy.help()):
+                        if events.polls and not st.crowded:
                             # C threads' news (the collective wire's tokens) ends the wait too: poll
                             # for it all along, on a core that is spare (shm/_workers_pool.c)
                             copy.wait(WORKER_WAIT_S, WORKER_WAIT_S, (events.addr, events.seen))
@@ -370,11 +369,11 @@ class ProgressEngine:
         n = self.params.COPY_THREADS or (len(cpus) if cpus else min(len(running_on), 8))
         if n > st.copy.nworkers:
             st.copy.stop()
-            if self.loop_copies and not cpus:   # crowded: one worker per CPU, the loop beside them
+            if st.loop_copies and not cpus:   # crowded: one worker per CPU, the loop beside them
                 st.copy = CopyEngine(n, running_on, spread=True)
             else:
                 st.copy = CopyEngine(n, cpus)
-        st.streaming_min = streaming_threshold(self.params, running_on, self.loop_copies)
+        st.streaming_min = streaming_threshold(self.params, running_on, st.loop_copies)
         self.start_keep_awake(running_on)
         where = cpus if cpus else f"unpinned, on CPUs {affinity.format_cpu_list(running_on)}"
         _log.info("progress affinity: %s (%s); %d copy threads", where, reason, n)
@@ -384,9 +383,9 @@ class ProgressEngine:
         """One idle-priority guard per CPU we run on (shm/_workers.c, KeepAwake), when KEEP_AWAKE_US
         asks for them: on a crowded node by default."""
         us = self.params.KEEP_AWAKE_US
-        if us < 0:
-            us = AUTO_KEEP_AWAKE_US if self.crowded else 0.0
         st = self.st
+        if us < 0:
+            us = AUTO_KEEP_AWAKE_US if st.crowded else 0.0
         if st.awake is not None:
             st.awake.stop()
             st.awake = None
