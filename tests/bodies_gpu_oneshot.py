@@ -112,7 +112,7 @@ def twoshot_results() -> dict:
                     3 * w + 7)
         bad, cases = _check_allreduce(comm, sizes, one // 4 + 1, offsets=(0, 1))
         return {"bad": bad[:10], "cases": cases, "path": _path(comm), "launched": _launched(comm),
-                "windows": {i: step(i) for i in (1, 4, 8)}}
+                "windows": {i: step(i) for i in (1, 4, 8)}, "ce_windows": shot.ce_windows if shot is not None else 0}
 
 
 def shares_results() -> dict:
@@ -190,11 +190,13 @@ def oneshot_peer_dies(count: int = 1 << 10) -> dict:
         if comm.rank == comm.size - 1:
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = time.monotonic()
+        shot = comm.__dict__.get("_oneshot")
+        ce = shot.ce_windows if isinstance(shot, devcoll.PeerKernels) else 0
         try:
             comm.Allreduce(shmproxy.IN_PLACE, x)
         except shmproxy.PeerDiedError as exc:
-            return {"raised": type(exc).__name__, "s": time.monotonic() - t0, "path": _path(comm)}
-        return {"raised": None, "s": time.monotonic() - t0, "path": _path(comm)}
+            return {"raised": type(exc).__name__, "s": time.monotonic() - t0, "path": _path(comm), "ce": ce}
+        return {"raised": None, "s": time.monotonic() - t0, "path": _path(comm), "ce": ce}
 
 
 def oneshot_torch(rounds: int = 50) -> dict:

@@ -222,3 +222,28 @@ def test_a_waiting_stream_is_let_go_when_a_peer_dies(host_waits):
 def test_mpi_layer_hands_device_arrays_to_the_native_layer():
     res = run_ranks(MORE + "mpi_layer_device_arrays", 2, timeout=180)
     _all_correct(res)
+
+
+# The ranks' own kernels (shmproxy.rank.devcoll) on the GPU the ranks share, where the parameter
+# allows it (a GPU under MPS); without MPS their waits take turns on the GPU, so the limits are small.
+# The copy-engine Allreduce's protocol (chunks, windows, the halves shared with the kernels' calls)
+# runs here on any one-GPU host; tests/test_gpu_multi.py runs it between GPUs, where it is meant to.
+SHARED_KERNELS_ENV = {"SHMPROXY_DEVICE_KERNELS_SHARED_GPU": "1", "SHMPROXY_DEVICE_ONESHOT_BYTES": "64K",
+                      "SHMPROXY_DEVICE_TWOSHOT_WINDOW": "1M", "SHMPROXY_DEVICE_TWOSHOT_CHUNK": "1K",
+                      "SHMPROXY_DEVICE_CE_BYTES": "128K", "SHMPROXY_DEVICE_CE_CHUNK": "48K"}
+
+
+def test_ranks_kernels_on_a_shared_gpu_when_allowed():
+    res = run_ranks("tests.bodies_gpu_oneshot:twoshot_results", 2, timeout=600, env=SHARED_KERNELS_ENV)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["path"] == "oneshot", r
+        assert r["ce_windows"] > r["cases"] // 2, r
+
+
+def test_ranks_kernels_on_a_shared_gpu_survivor_raises_when_a_peer_dies():
+    res = run_ranks("tests.bodies_gpu_oneshot:oneshot_peer_dies", 2, timeout=120, expect_fail={1},
+                    args=(1 << 20,), env={**SHARED_KERNELS_ENV, "SHMPROXY_TIMEOUT": "60"})
+    r = res.results[0]
+    assert r["path"] == "oneshot" and r["raised"] == "PeerDiedError" and r["ce"] >= 3, r
+    assert r["s"] < 10, r

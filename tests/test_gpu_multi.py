@@ -143,6 +143,30 @@ def test_twoshot_allreduce_matches_numpy_bit_for_bit():
         assert r["cases"] > 300 and r["launched"] > 1.3 * r["cases"], r   # several windows per large call
 
 
+# ... and the copy engines from twice the one-shot limit: calls of each path in turn (the halves they
+# share), windows of several chunks and a partial one
+CE_ENV = {**TWOSHOT_ENV, "SHMPROXY_DEVICE_CE_BYTES": "128K", "SHMPROXY_DEVICE_CE_CHUNK": "48K"}
+
+
+def test_copy_engine_allreduce_matches_numpy_bit_for_bit():
+    """From DEVICE_CE_BYTES the two-shot Allreduce's exchanges are the copy engines' peer copies and
+    flags stored by the streams, its reductions local kernels: every element type and op, several
+    windows, aligned and not, in place or not, between calls of the kernels' paths."""
+    res = run_ranks(ONESHOT + "twoshot_results", 2, timeout=400, env=CE_ENV)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["path"] == "oneshot", r
+        assert r["ce_windows"] > r["cases"] // 2, r   # most cases' large calls, several windows each
+
+
+def test_copy_engine_allreduce_survivor_raises_when_a_peer_dies():
+    res = run_ranks(ONESHOT + "oneshot_peer_dies", 2, timeout=120, expect_fail={1}, args=(1 << 20,),
+                    env={**CE_ENV, "SHMPROXY_TIMEOUT": "60"})
+    r = res.results[0]
+    assert r["path"] == "oneshot" and r["raised"] == "PeerDiedError" and r["ce"] >= 3, r
+    assert r["s"] < 10, r
+
+
 def test_reduce_scatter_and_allgather_as_the_ranks_kernels():
     """Reduce_scatter_block and Allgather of device arrays, a GPU per rank, run as the ranks' own
     kernels: bit for bit, around a window and past several, aligned or not, IN_PLACE Allgather."""

@@ -57,6 +57,10 @@ class Driver:
         self._host_device_pointer = _fn(lib, "cuMemHostGetDevicePointer_v2", [ctypes.POINTER(_U64), _VP, _UINT])
         self._write_value = _fn(lib, "cuStreamWriteValue32_v2", [_VP, _U64, _UINT, _UINT])
         self._wait_value = _fn(lib, "cuStreamWaitValue32_v2", [_VP, _U64, _UINT, _UINT])
+        self._write_value64 = getattr(lib, "cuStreamWriteValue64_v2", None)   # only the ranks' copy engines'
+        if self._write_value64 is not None:
+            self._write_value64.argtypes = [_VP, _U64, _U64, _UINT]
+            self._write_value64.restype = ctypes.c_int
 
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         """cuMemcpyAsync: the direction from the pointers (unified addressing), peers included."""
@@ -91,6 +95,16 @@ class Driver:
         rc = self._write_value(stream, word, value, 0)
         if rc:
             self.fail("cuStreamWriteValue32", rc)
+
+    def write_value64(self, stream: int, word: int, value: int) -> None:
+        """Queue the store of the 64-bit ``value`` at device address ``word`` (a peer's memory too), after
+        the stream's earlier work, a copy's stores included (the default flags: a system-wide fence
+        before the store)."""
+        if self._write_value64 is None:
+            raise InvalidArgument("the CUDA driver (libcuda.so.1) has no cuStreamWriteValue64_v2")
+        rc = self._write_value64(stream, word, value, 0)
+        if rc:
+            self.fail("cuStreamWriteValue64", rc)
 
     def wait_value(self, stream: int, word: int, value: int, at_least: bool = False) -> None:
         """Hold ``stream``'s later work until the 32-bit word at device address ``word`` equals ``value``

@@ -233,6 +233,22 @@ _DECLARED: tuple[Param, ...] = (
     _p("DEVICE_TWOSHOT_CHUNK", parse_size, 128 << 10,
        "The bytes a two-shot kernel's block moves in one step of its pipeline (a multiple of 16): smaller "
        "overlaps more of the steps, larger waits for fewer flags.", 16),
+    _p("DEVICE_CE_BYTES", parse_size, 0,
+       "A two-shot device Allreduce of at least this size moves its two exchanges with the GPUs' copy "
+       "engines (peer copies, flags stored by the streams) instead of the kernels' stores, leaving the SMs "
+       "to local reductions and copies (shmproxy.rank.devcoll). 0 = never: the default until its speed "
+       "against the kernels' is measured between GPUs (docs/decisions.md). Every rank must use the same "
+       "value.", 0),
+    _p("DEVICE_CE_CHUNK", parse_size, 4 << 20,
+       "The bytes of one copy-engine step of such an Allreduce (rounded to 16): smaller overlaps the steps "
+       "more, larger queues fewer copies.", 16),
+    _p("DEVICE_CE_BLOCKS", int, 32,
+       "Thread blocks of the local reduce and copy kernels between a copy-engine Allreduce's exchanges.", 1),
+    _p("DEVICE_KERNELS_SHARED_GPU", _parse_bool, False,
+       "The ranks' own device kernels (DEVICE_ONESHOT_BYTES and above) also where ranks share a GPU: for a "
+       "GPU run under MPS, whose clients' kernels run side by side. Without MPS the GPU runs one process's "
+       "work at a time and the kernels, which wait for each other, take turns: right, and slow. Every rank "
+       "must use the same value."),
     _p("DEVICE_ONESHOT_BLOCKS", int, 128,
        "Most thread blocks of one DEVICE_ONESHOT_BYTES kernel (at most 512): the reads of the peers' memory "
        "in flight at once, against the SMs the kernel takes from the work it overlaps.", 1),

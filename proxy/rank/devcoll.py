@@ -16,8 +16,10 @@ how a call is cut to fit the scratch is ``Sizing`` (tests/test_devcoll_sizing.py
   two flags and a signature, and two data halves), the ranks exchange the scratches' CUDA IPC handles
   and their GPUs' PCI bus ids (an object allgather), and each maps its peers' scratches. If two
   ranks share a GPU (their kernels would spin against each other on one GPU that runs one process's
-  work at a time) or a rank cannot map a peer's memory, every rank learns it from a second
-  allgather, and the communicator never takes this path again.
+  work at a time; unless DEVICE_KERNELS_SHARED_GPU says it runs under MPS) or a rank cannot map a
+  peer's memory, every rank learns it from a second allgather, and the communicator never takes
+  this path again. The same allgather decides the copy-engine path: every rank's stream can store a
+  64-bit flag, or none uses it.
 - **A one-shot call** launches one kernel on the caller's stream, after its queued work, as NCCL's
   kernels are. Each block copies its slice of the input into half ``epoch & 1`` of this rank's
   scratch, then, after a system-scope fence, stores the call's signature and (a release) its flag
@@ -32,11 +34,24 @@ how a call is cut to fit the scratch is ``Sizing`` (tests/test_devcoll_sizing.py
   once its peers' reduced parts are there it copies them into its output. A block moves its parts in
   chunks of DEVICE_TWOSHOT_CHUNK, the steps of successive chunks overlapping. A flag's value is the
   epoch above 20 bits and the chunks delivered below, so it only grows, whichever kernel stored it.
+- **A copy-engine two-shot call** (from DEVICE_CE_BYTES) moves the same bytes into the same slots,
+  but by the GPUs' copy engines (peer copies), each followed by a 64-bit flag stored by the stream
+  (its default fence orders the copy's stores first), and leaves the SMs only the local work: per
+  window, stream P copies each peer's part of the input into its scratch chunk by chunk (DEVICE_CE_CHUNK)
+  and flags each chunk; stream R runs a small kernel per chunk of this rank's part that waits for the
+  peers' flags (the bounded, abort-aware wait of the kernels) and reduces into the output, then copies
+  the result into the peers' scratches, flagged in the second flags; stream L runs a kernel per chunk
+  that waits for those and copies the peers' reduced parts into the output. The call's stream starts
+  P, R and L and waits for all three. A window's P waits for the last window's R and L: that is the
+  kernels' "one after another" here (below). A kernel queued after one of the call's that failed
+  returns at once, so a failure costs one bound, not one per chunk.
 - **Why two halves are enough**: a rank writes half ``e & 1`` of its own scratch or a peer's (and
   its signature slots of that parity) again at epoch e + 2 only after its kernel of epoch e + 1 saw
   every peer's first flag of e + 1, which each peer stored after its kernel of epoch e had read what
   it needed. So a rank's kernels must run one after another: a call on another stream than the last
-  call's first makes its stream wait for the last kernel (an event recorded behind each).
+  call's first makes its stream wait for the last kernel (an event recorded behind each). A
+  copy-engine window counts as a kernel: a rank's P of epoch e + 2 copies after its R of e + 1 saw
+  every peer's flags of e + 1, which each peer's P stored after its R and L of epoch e were done.
 - **Bounds**: a waiting block reads, every thousand spins, a host-mapped abort word, set once the
   communicator failed (``release``: from the rank's failure path, which its failure watch thread
   runs when the host is held by the GPU: shmproxy.rank.device), and the GPU's clock against TIMEOUT;
@@ -62,8 +77,9 @@ import numpy as np
 from shmproxy.core import errors, log
 from shmproxy.core.kernels import C_TYPES, REDUCE_EXPR
 from shmproxy.core.ops import DTYPE_BFLOAT16, IN_PLACE, ReduceOp
-from shmproxy.rank.devkernels import (DATA, MAX_BLOCKS, MAX_RANKS, SIG_ALLGATHER, SIG_REDUCE_SCATTER, ST_ABORTED,
-                                      ST_MISMATCH, STRIDED, W_ABORT, W_PEER, W_STATUS, kernel_source)
+from shmproxy.rank.devkernels import (DATA, EXTRA_PARAMS, FLAG_SHIFT, FLAGS2, MAX_BLOCKS, MAX_RANKS, SIG_ALLGATHER,
+                                      SIG_REDUCE_SCATTER, SIGS, ST_ABORTED, ST_MISMATCH, W_ABORT, W_PEER, W_STATUS,
+                                      kernel_source)
 from shmproxy.transports.cuda_driver import Driver
 
 _log = log.get("RANK")
@@ -180,7 +196,7 @@ class Sizing:
     on every rank (it depends on the parameters and the call's count only)."""
 
     def __init__(self, nranks: int, oneshot_bytes: int, twoshot_bytes: int, window: int, blocks: int,
-                 blocks2: int, chunk: int):
+                 blocks2: int, chunk: int, ce_bytes: int = 0, ce_chunk: int = 4 << 20, ce_blocks: int = 32):
         self.nranks = nranks
         self.oneshot_bytes = oneshot_bytes
         self.window = min(window, twoshot_bytes) if twoshot_bytes > oneshot_bytes else 0
@@ -191,6 +207,9 @@ class Sizing:
         self.blocks = min(max(blocks, 1), MAX_BLOCKS)     # a one-shot kernel's most
         self.blocks2 = min(max(blocks2, 1), MAX_BLOCKS)   # a two-shot (and share) kernel's
         self.chunk = max(chunk // 16 * 16, 16)            # a two-shot step's bytes
+        self.ce_bytes = ce_bytes                          # two-shot calls from this size: copy engines
+        self.ce_chunk = max(ce_chunk // 16 * 16, 16)      # ... their step's bytes
+        self.ce_blocks = min(max(ce_blocks, 1), MAX_BLOCKS)
 
     @staticmethod
     def grid(count: int, itemsize: int, most: int) -> int:
@@ -225,6 +244,7 @@ class PeerKernels:
         self.drv = Driver()
         rt = cp.cuda.runtime
         self.epoch = 0
+        self.ce_windows = 0             # windows moved by the copy engines (the tests ask)
         self.peers: list[int] = []      # every rank's scratch as this device sees it (ours included)
         self._opened: list[int] = []    # the peers' mappings, closed at close
         self._kernels: dict[tuple[str, int, str], Any] = {}   # (dtype char, op, kernel) -> its Launch
@@ -243,6 +263,22 @@ class PeerKernels:
             self.bus_id = rt.deviceGetPCIBusId(device)
             self._after = cp.cuda.Event(disable_timing=True)   # recorded behind each kernel
             self._before = cp.cuda.Event(disable_timing=True)  # on the caller's stream (``after``)
+            self.ce = sizing.ce_bytes > 0 and self._can_store_flags()
+            # the copy-engine calls' streams (pushing the input, reducing and pushing the result, copying
+            # out) and their events: start, and one behind each stream
+            self._ce_streams = [cp.cuda.Stream(non_blocking=True) for _ in range(3)] if self.ce else []
+            self._ce_events = [cp.cuda.Event(disable_timing=True) for _ in range(4)] if self.ce else []
+
+    def _can_store_flags(self) -> bool:
+        """Whether a stream can store a 64-bit flag (the copy-engine path's signal): one store tried."""
+        try:
+            s = self.cp.cuda.Stream(non_blocking=True)
+            self.drv.write_value64(s.ptr, self.scratch + 8 * self.rank * MAX_BLOCKS, 0)   # a slot no peer uses
+            s.synchronize()
+            return True
+        except Exception as exc:   # SystemError_ from the driver, InvalidArgument where the entry is missing
+            _log.info("rank %d: no copy-engine device Allreduce: %s", self.rank, exc)
+            return False
 
     @classmethod
     def set_up(cls, comm: Any, device: int) -> "PeerKernels | None":
@@ -254,20 +290,25 @@ class PeerKernels:
             cp = dev.cp if dev.cp is not None else dev._cupy()
             p = comm.params
             sizing = Sizing(comm.size, p.DEVICE_ONESHOT_BYTES, p.DEVICE_TWOSHOT_BYTES, p.DEVICE_TWOSHOT_WINDOW,
-                            p.DEVICE_ONESHOT_BLOCKS, p.DEVICE_TWOSHOT_BLOCKS, p.DEVICE_TWOSHOT_CHUNK)
+                            p.DEVICE_ONESHOT_BLOCKS, p.DEVICE_TWOSHOT_BLOCKS, p.DEVICE_TWOSHOT_CHUNK,
+                            p.DEVICE_CE_BYTES, p.DEVICE_CE_CHUNK, p.DEVICE_CE_BLOCKS)
             shot = cls(cp, device, comm.rank, sizing, p.TIMEOUT)
             mine = (shot.bus_id, shot.handle)
         except Exception as exc:   # whatever cupy raises for memory it cannot allocate or export
             _log.info("rank %d: no one-shot device Allreduce on GPU %d: %s", comm.rank, device, exc)
         infos = comm.allgather(mine)
-        ok = shot is not None and all(i is not None for i in infos) and len({i[0] for i in infos}) == comm.size
+        own_gpus = all(i is not None for i in infos) and len({i[0] for i in infos}) == comm.size
+        ok = shot is not None and all(i is not None for i in infos) and (own_gpus or p.DEVICE_KERNELS_SHARED_GPU)
         if shot is not None and ok:
             try:
                 shot.map_peers([i[1] for i in infos])
             except Exception as exc:   # whatever cupy raises for a peer's memory it cannot map
                 _log.info("rank %d: cannot map its peers' one-shot scratch: %s", comm.rank, exc)
                 ok = False
-        if not all(comm.allgather(ok)):
+        oks = comm.allgather((ok, shot is not None and shot.ce))
+        if shot is not None:
+            shot.ce = all(ce for _, ce in oks)   # the same on every rank: it decides what a call queues
+        if not all(o for o, _ in oks):
             if shot is not None:
                 shot.close(barrier=None)
             _log.info("rank %d: device Allreduce stays with the progress process (%s)", comm.rank,
@@ -293,10 +334,10 @@ class PeerKernels:
         launch = self._kernels.get(key)
         if launch is None:
             k = self.cp.RawKernel(kernel_source(_C_TYPE[dtype], op, self.nranks, self.chunk), name)
-            strided = name in STRIDED
-            launch = self._kernels[key] = self.drv.launcher(k.kernel.ptr, 10 + self.nranks + strided)
+            extra = EXTRA_PARAMS.get(name, 0)
+            launch = self._kernels[key] = self.drv.launcher(k.kernel.ptr, 10 + self.nranks + extra)
             launch.set((0, 0, 0, 0, self.rank, self.cap, self.words, self.timeout_ns, 0, 0, *self.peers)
-                       + ((0,) if strided else ()))
+                       + (0,) * extra)
             self._modules.append(k)
         return launch
 
@@ -312,6 +353,8 @@ class PeerKernels:
             if count * isz <= z.oneshot_bytes or not z.window:
                 self._queue(self._kernel(dtype, op, "shmproxy_oneshot"), src, dst, count, dtype, op, stream,
                             z.blocks)
+            elif self.ce and count * isz >= z.ce_bytes:
+                self._queue_ce(src, dst, count, dtype, op, stream)
             else:
                 launch, step = self._kernel(dtype, op, "shmproxy_twoshot"), z.window_count(isz)
                 for off in range(0, count, step):
@@ -365,6 +408,76 @@ class PeerKernels:
         v[8] = (count << 16) | (dtype.num << 8) | op   # the signature the peers compare
         v[9] = aligned and not ((src | dst) & 15)       # 16-byte packs
         launch(Sizing.grid(count, dtype.itemsize, blocks), BLOCK, stream)
+
+    def _queue_ce(self, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int) -> None:
+        """The two-shot Allreduce with the copy engines moving its exchanges (see the header): per window
+        of ``window_count`` elements, stream P copies this rank's input for each peer's part into that
+        peer's scratch and stores its flag, chunk by chunk; stream R reduces each chunk of this rank's
+        part once the peers' copies are here, and copies the result into their scratches, flagged; L
+        copies the peers' reduced chunks into the output once they are here. All three start after
+        ``stream``'s work and ``stream`` waits for all three."""
+        drv, isz, nr, me, z = self.drv, dtype.itemsize, self.nranks, self.rank, self.sizing
+        vec = 16 // isz
+        cchunk = max(z.ce_chunk // isz // vec * vec, vec)
+        red, out = self._kernel(dtype, op, "shmproxy_ce_reduce"), self._kernel(dtype, op, "shmproxy_ce_copy_out")
+        P, R, L = (st.ptr for st in self._ce_streams)
+        start, after_p, after_r, after_l = (e.ptr for e in self._ce_events)
+        drv.record(start, stream)
+        for st in (P, R, L):
+            drv.wait(st, start)
+        aligned = not ((src | dst) & 15)
+        step = z.window_count(isz)
+        for off in range(0, count, step):
+            n = min(step, count - off)
+            if off:
+                # a window writes the half its last-but-one wrote: the peers read that one before they
+                # flagged the last window's copies, which R saw; and this rank's reads of the last window
+                # are done (R, L)
+                drv.record(after_r, R)
+                drv.record(after_l, L)
+                drv.wait(P, after_r)
+                drv.wait(P, after_l)
+            self.epoch += 1
+            self.ce_windows += 1
+            e = self.epoch
+            half, sigs, base = DATA + (e & 1) * self.cap, SIGS + (e & 1) * nr * MAX_BLOCKS, e << FLAG_SHIFT
+            sig = (n << 16) | (dtype.num << 8) | op
+            sub = ((n + nr - 1) // nr + vec - 1) // vec * vec
+            lens = [max(min((q + 1) * sub, n) - min(q * sub, n), 0) for q in range(nr)]
+            chunks = [(ln + cchunk - 1) // cchunk for ln in lens]
+            s_in, s_out = src + off * isz, dst + off * isz
+            for launch in (red, out):
+                v = launch.values
+                v[0], v[1], v[2], v[3], v[8], v[9] = s_in, s_out, n, e, sig, aligned
+                v[11 + nr] = cchunk
+            for q in range(nr):
+                if q != me:
+                    drv.write_value64(P, self.peers[q] + 8 * (sigs + me * MAX_BLOCKS), sig)
+            d_mine = [((me - q + nr) % nr - 1) * sub * isz for q in range(nr)]   # my slot in q's scratch
+            for c in range(max(chunks)):
+                for q in range(nr):
+                    if q == me or c >= chunks[q]:
+                        continue
+                    at = (q * sub + c * cchunk) * isz
+                    drv.memcpy(self.peers[q] + half + d_mine[q] + c * cchunk * isz, s_in + at,
+                               min(cchunk, lens[q] - c * cchunk) * isz, P)
+                    drv.write_value64(P, self.peers[q] + 8 * me * MAX_BLOCKS, base + c + 1)
+                if c < chunks[me]:
+                    red.values[10 + nr] = c
+                    red(z.ce_blocks, BLOCK, R)
+                    at = (me * sub + c * cchunk) * isz
+                    nbytes = min(cchunk, lens[me] - c * cchunk) * isz
+                    for q in range(nr):
+                        if q != me:
+                            drv.memcpy(self.peers[q] + half + (nr - 1) * sub * isz + d_mine[q] + c * cchunk * isz,
+                                       s_out + at, nbytes, R)
+                            drv.write_value64(R, self.peers[q] + 8 * (FLAGS2 + me * MAX_BLOCKS), base + c + 1)
+                if any(c < chunks[q] for q in range(nr) if q != me):
+                    out.values[10 + nr] = c
+                    out(z.ce_blocks, BLOCK, L)
+        for st, ev in ((P, after_p), (R, after_r), (L, after_l)):
+            drv.record(ev, st)
+            drv.wait(stream, ev)
 
     def synchronize(self, stream: int) -> None:
         self.cp.cuda.runtime.streamSynchronize(stream)

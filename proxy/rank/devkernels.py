@@ -18,6 +18,7 @@ SIGS = 2 * MAX_RANKS * MAX_BLOCKS
 DATA = 8 * 4 * MAX_RANKS * MAX_BLOCKS
 # host-mapped words: the abort word (host -> GPU), then a failed kernel's status and peer (GPU -> host)
 W_ABORT, W_STATUS, W_PEER = 0, 1, 2
+FLAG_SHIFT = 20        # a flag's value: the call's epoch above these bits, the chunks delivered below
 ST_TIMEOUT, ST_ABORTED, ST_MISMATCH = 1, 2, 3
 
 _SRC = r"""
@@ -30,7 +31,7 @@ typedef %(ctype)s T;
 #define VEC (16 / sizeof(T))
 /* a flag's value: the call's epoch above FLAG_SHIFT bits, and the chunks delivered below them
    (one-shot: 1), so that it only grows from call to call whichever kernel stored it */
-#define FLAG_SHIFT 20
+#define FLAG_SHIFT %(flag_shift)d
 #define CHUNK (%(chunk)d / sizeof(T))
 typedef unsigned long long u64;
 union Pack { uint4 v; T e[VEC]; };
@@ -342,22 +343,116 @@ extern "C" __global__ void shmproxy_allgather(
         if (q != me)
             copy_run(out + q * stride + BLO, SHARE_SLOT(me, (q - me + NR) %% NR - 1), BLEN, vec);
 }
+/* Copy-engine two-shot (shmproxy.rank.devcoll's header): the two exchanges are the peers' copies and
+   their streams' stores of block 0's flags (FLAGS: a peer's values of this rank's part, chunk by
+   chunk; FLAGS2: its reduced part); these kernels do what is left on this GPU, chunk ``c`` of
+   ``cchunk`` elements each. Rank q's part is [q * sub, (q + 1) * sub) of the window's ``n`` elements
+   (cut short at n); slot d of a half as the two-shot's, ``sub`` elements each. A kernel queued
+   after one of the call's that failed returns at once: one bound per call, not one per chunk. */
+#define CE_SUB(n) ((((n) + NR - 1) / NR + VEC - 1) / VEC * VEC)
+__device__ __forceinline__ u64 ce_len(u64 n, u64 sub, u64 q, u64 c, u64 cchunk) {
+    const u64 lo = q * sub < n ? q * sub : n;
+    const u64 hi = lo + sub < n ? lo + sub : n;
+    const u64 at = lo + c * cchunk;
+    return hi > at ? (hi - at < cchunk ? hi - at : cchunk) : 0;
+}
+/* this block's run [*lo, *hi) of a chunk of ``len`` elements, whole packs but the last */
+__device__ __forceinline__ void block_run(u64 len, u64* lo, u64* hi) {
+    u64 per = (len + gridDim.x - 1) / gridDim.x;
+    per = (per + VEC - 1) / VEC * VEC;
+    *lo = per * blockIdx.x < len ? per * blockIdx.x : len;
+    *hi = *lo + per < len ? *lo + per : len;
+}
+/* Chunk c of this rank's part: once every peer's copy of it is here (their flags), reduced in rank
+   order with this rank's input into its output; the host then queues the copies of the result into
+   the peers' scratches. */
+extern "C" __global__ void shmproxy_ce_reduce(
+        u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
+        u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 c, u64 cchunk) {
+    const u64 sc[NR] = {%(scratch)s};
+    volatile u64* words = (volatile u64*)words_;
+    __shared__ int failed;
+    if (words[1])
+        return;
+    const u64 sub = CE_SUB(n);
+    const u64 half = DATA + (epoch & 1) * cap;
+    const u64 sigs = SIGS + (epoch & 1) * NR * MAXB;
+    const unsigned t = threadIdx.x;
+    const u64* own = (const u64*)sc[me];
+    if (t == 0)
+        failed = 0;
+    __syncthreads();
+    if (t < NR && t != me)
+        wait_flag(own + t * MAXB, c == 0 ? own + sigs + t * MAXB : 0, sig, (epoch << FLAG_SHIFT) + c + 1,
+                  words, timeout_ns, t, &failed);
+    __syncthreads();
+    if (failed)
+        return;
+    const u64 at = me * sub + c * cchunk;
+    u64 lo, hi;
+    block_run(ce_len(n, sub, me, c, cchunk), &lo, &hi);
+    const T* src[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        src[r] = r == me ? (const T*)in_ + at + lo
+                         : (const T*)(sc[me] + half) + ((r - me + NR) %% NR - 1) * sub + c * cchunk + lo;
+    T* out = (T*)out_ + at + lo;
+    const u64 len = hi - lo, packs = vec ? len / VEC : 0;
+#pragma unroll 2
+    for (u64 k = t; k < packs; k += blockDim.x)
+        ((uint4*)out)[k] = combine_pack(src, k);
+    for (u64 k = packs * VEC + t; k < len; k += blockDim.x)
+        out[k] = combine(src, k);
+}
+/* Chunk c of every peer's reduced part: once each is here (their second flags), copied into the
+   output. */
+extern "C" __global__ void shmproxy_ce_copy_out(
+        u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
+        u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 c, u64 cchunk) {
+    const u64 sc[NR] = {%(scratch)s};
+    volatile u64* words = (volatile u64*)words_;
+    __shared__ int failed;
+    if (words[1])
+        return;
+    const u64 sub = CE_SUB(n);
+    const u64 half = DATA + (epoch & 1) * cap;
+    const unsigned t = threadIdx.x;
+    const u64* own = (const u64*)sc[me];
+    if (t == 0)
+        failed = 0;
+    __syncthreads();
+    if (t < NR && t != me && ce_len(n, sub, t, c, cchunk))
+        wait_flag(own + FLAGS2 + t * MAXB, 0, 0, (epoch << FLAG_SHIFT) + c + 1, words, timeout_ns, t, &failed);
+    __syncthreads();
+    if (failed)
+        return;
+    for (int q = 0; q < NR; q++) {
+        if (q == me)
+            continue;
+        u64 lo, hi;
+        block_run(ce_len(n, sub, q, c, cchunk), &lo, &hi);
+        copy_run((T*)out_ + q * sub + c * cchunk + lo,
+                 (const T*)(sc[me] + half) + (NR - 1 + (q - me + NR) %% NR - 1) * sub + c * cchunk + lo,
+                 hi - lo, vec);
+    }
+}
 """
 
-# the kernels' parameters past the scratches: the stride between the ranks' shares
-STRIDED = ("shmproxy_reduce_scatter", "shmproxy_allgather")
+# the kernels' parameters past the scratches: the stride between the ranks' shares; the chunk and its size
+EXTRA_PARAMS = {"shmproxy_reduce_scatter": 1, "shmproxy_allgather": 1, "shmproxy_ce_reduce": 2,
+                "shmproxy_ce_copy_out": 2}
 # a signature's op byte for the kernels that take no op (the peers compare whole signatures)
 SIG_ALLGATHER = 0xA0
 SIG_REDUCE_SCATTER = 0x40   # | the op
 
 
 def kernel_source(ctype: str, redop: int, nranks: int, chunk: int = 128 << 10) -> str:
-    """Both kernels' CUDA C for one element type, op and count of ranks; ``chunk``: the bytes of a
+    """The kernels' CUDA C for one element type, op and count of ranks; ``chunk``: the bytes of a
     two-shot step."""
     expr = REDUCE_EXPR[redop]
     return _SRC % {
         "ctype": ctype, "chunk": chunk, "nranks": nranks, "maxb": MAX_BLOCKS, "flags2": FLAGS2, "sigs": SIGS,
-        "data": DATA,
+        "data": DATA, "flag_shift": FLAG_SHIFT,
         "params": ", ".join(f"u64 s{r}" for r in range(nranks)),
         "scratch": ", ".join(f"s{r}" for r in range(nranks)),
         "steps": "\n".join(f"    b = src[{r}][k]; a = {expr};" for r in range(1, nranks)),
