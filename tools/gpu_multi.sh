@@ -9,7 +9,7 @@
 #   1. the GPU suite (tools/gpu_tests.sh): ranks sharing GPU 0, then one rank per GPU
 #      (tests/test_gpu_multi.py), then the torch backend on CUDA tensors;
 #   2. the limits of the same host: each GPU's device-to-device copy, and the peer copy between
-#      GPUs 0 and 1 (cupy, peer access enabled), 256 MiB, best of 20;
+#      GPUs 0 and 1 (cupy, peer access enabled), one way and both ways at once, 256 MiB, best of 20;
 #   3. shmproxy against NCCL and gloo on device buffers, one rank per GPU, under torchrun:
 #      allreduce 8 B..256 MiB and pingpong 8 B..64 MiB (gloo takes no CUDA tensors in send/recv).
 # Output under $OUT (default ./out): gpu_tests.log, limits.txt, bench_*.log and bench_*.json.
@@ -33,6 +33,8 @@ if has tests; then
 fi
 
 has limits && "$PY" - <<'EOF' 2>&1 | tee "$OUT/limits.txt"
+import time
+
 import cupy as cp
 n = cp.cuda.runtime.getDeviceCount()
 nbytes, reps = 256 << 20, 20
@@ -68,6 +70,27 @@ if n >= 2:
     gbs = best(lambda: cp.cuda.runtime.memcpyPeerAsync(dst.data.ptr, 1, src.data.ptr, 0, nbytes,
                                                        cp.cuda.get_current_stream().ptr), 1)
     print(f"GPU 0 -> GPU 1 peer copy (peer access {'on' if ok else 'unavailable'}): {gbs:.0f} GB/s")
+    # both directions busy at once, as in an exchange: each GPU's stream pushes to the other
+    with cp.cuda.Device(0):
+        if cp.cuda.runtime.deviceCanAccessPeer(0, 1):
+            cp.cuda.runtime.deviceEnablePeerAccess(1)
+    streams = []
+    for d in (0, 1):
+        with cp.cuda.Device(d):
+            streams.append(cp.cuda.Stream(non_blocking=True))
+    times = []
+    for _ in range(reps):
+        for d in (0, 1):
+            with cp.cuda.Device(d):
+                cp.cuda.Device(d).synchronize()
+        t = time.perf_counter()
+        for d in (0, 1):
+            cp.cuda.runtime.memcpyPeerAsync(bufs[1 - d][1].data.ptr, 1 - d, bufs[d][0].data.ptr, d, nbytes,
+                                            streams[d].ptr)
+        for s in streams:
+            s.synchronize()
+        times.append(time.perf_counter() - t)
+    print(f"GPU 0 <-> GPU 1 peer copies both ways at once: {nbytes / min(times) / 1e9:.0f} GB/s each way")
 EOF
 
 if ! has bench; then
