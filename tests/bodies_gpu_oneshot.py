@@ -174,7 +174,8 @@ def shares_results() -> dict:
                             k = int(np.flatnonzero(got != want)[0])
                             bad.append(f"Allgather {dtype} count={count} in_place={in_place} offset={off}: "
                                        f"[{k}] {got[k]} != {want[k]}")
-        return {"bad": bad[:10], "cases": cases, "path": _path(comm), "launched": _launched(comm) - launched0}
+        return {"bad": bad[:10], "cases": cases, "path": _path(comm), "launched": _launched(comm) - launched0,
+                "ce_windows": shot.ce_windows if shot is not None else 0}
 
 
 def oneshot_peer_dies(count: int = 1 << 10) -> dict:

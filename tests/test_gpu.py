@@ -241,6 +241,14 @@ def test_ranks_kernels_on_a_shared_gpu_when_allowed():
         assert r["ce_windows"] > r["cases"] // 2, r
 
 
+def test_ranks_share_kernels_on_a_shared_gpu_when_allowed():
+    """Reduce_scatter_block and Allgather by the copy engines from DEVICE_CE_BYTES, the kernels below."""
+    res = run_ranks("tests.bodies_gpu_oneshot:shares_results", 2, timeout=600, env=SHARED_KERNELS_ENV)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["path"] == "oneshot" and r["ce_windows"] > r["cases"] // 2, r
+
+
 def test_ranks_kernels_on_a_shared_gpu_survivor_raises_when_a_peer_dies():
     res = run_ranks("tests.bodies_gpu_oneshot:oneshot_peer_dies", 2, timeout=120, expect_fail={1},
                     args=(1 << 20,), env={**SHARED_KERNELS_ENV, "SHMPROXY_TIMEOUT": "60"})

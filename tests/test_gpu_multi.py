@@ -167,6 +167,13 @@ def test_copy_engine_allreduce_survivor_raises_when_a_peer_dies():
     assert r["s"] < 10, r
 
 
+def test_copy_engine_reduce_scatter_and_allgather_match_numpy():
+    res = run_ranks(ONESHOT + "shares_results", 2, timeout=400, env=CE_ENV)
+    for r in res.results:
+        assert not r["bad"], r["bad"]
+        assert r["path"] == "oneshot" and r["ce_windows"] > r["cases"] // 2, r
+
+
 def test_reduce_scatter_and_allgather_as_the_ranks_kernels():
     """Reduce_scatter_block and Allgather of device arrays, a GPU per rank, run as the ranks' own
     kernels: bit for bit, around a window and past several, aligned or not, IN_PLACE Allgather."""

@@ -4,6 +4,7 @@
 #   OUT=/tmp/out tools/gpu_multi.sh        # from the repository root of a lent GPU host
 #   STEPS="limits bench" tools/gpu_multi.sh   # some steps only (default: tests limits bench): a lent
 #                                             # machine's command is bounded (10 min), so split there
+#   STEPS=ce tools/gpu_multi.sh       # the copy-engine exchanges against the kernels' (4, below)
 #   BENCH_TIMEOUT_S=150 (default 400) bounds each bench run; TESTS_TIMEOUT_S (default 900) the suite
 #
 #   1. the GPU suite (tools/gpu_tests.sh): ranks sharing GPU 0, then one rank per GPU
@@ -11,7 +12,9 @@
 #   2. the limits of the same host: each GPU's device-to-device copy, and the peer copy between
 #      GPUs 0 and 1 (cupy, peer access enabled), one way and both ways at once, 256 MiB, best of 20;
 #   3. shmproxy against NCCL and gloo on device buffers, one rank per GPU, under torchrun:
-#      allreduce 8 B..256 MiB and pingpong 8 B..64 MiB (gloo takes no CUDA tensors in send/recv).
+#      allreduce 8 B..256 MiB and pingpong 8 B..64 MiB (gloo takes no CUDA tensors in send/recv);
+#   4. (STEPS=ce only) Allreduce, Allgather, Reduce_scatter 16 MiB..1 GiB and DDP's step with the
+#      copy-engine exchanges off and on (chunks 2-8 MiB), NCCL beside them: ce.log.
 # Output under $OUT (default ./out): gpu_tests.log, limits.txt, bench_*.log and bench_*.json.
 # Needs shmproxy importable (pip install -e . or the device_bench.sh set-up), cupy, torch with NCCL.
 set -uo pipefail
@@ -104,5 +107,24 @@ elif [ "$NGPU" -ge 2 ]; then
     done
 else
     echo "fewer than 2 GPUs: the NCCL comparison needs a GPU per rank; skipped"
+fi
+# the copy-engine exchanges (DEVICE_CE_BYTES) against the kernels', in one machine start: what decides
+# that parameter's default (docs/decisions.md, "The two-shot exchanges by the copy engines")
+if has ce && [ "$NGPU" -ge 2 ]; then
+    for op in allreduce allgather reduce_scatter; do
+        for cfg in "0 4M" "16M 2M" "16M 4M" "16M 8M"; do
+            set -- $cfg
+            echo "== $op, DEVICE_CE_BYTES=$1 DEVICE_CE_CHUNK=$2" | tee -a "$OUT/ce.log"
+            SHMPROXY_DEVICE_CE_BYTES=$1 SHMPROXY_DEVICE_CE_CHUNK=$2 OMP_NUM_THREADS=1 timeout "${BENCH_TIMEOUT_S:-400}" \
+                "$PY" -m torch.distributed.run --nproc-per-node 2 -m shmproxy.tools.bench "$op" -b 16M -e 1G -f 4 \
+                --device cuda --peers nccl 2>&1 | grep -E "^ +[0-9]|checks|Error" | tee -a "$OUT/ce.log"
+        done
+    done
+    for ce in 0 16M; do
+        echo "== DDP, DEVICE_CE_BYTES=$ce" | tee -a "$OUT/ce.log"
+        SHMPROXY_DEVICE_CE_BYTES=$ce OMP_NUM_THREADS=1 timeout "${BENCH_TIMEOUT_S:-400}" "$PY" -m torch.distributed.run \
+            --nproc-per-node 2 tools/torch_bench.py --device cuda --peers nccl --sizes "" --params 200M --layers 12 \
+            --overlap-size 0 --steps 6 2>&1 | grep -E "^DDP|Error" | tee -a "$OUT/ce.log"
+    done
 fi
 exit $tests_rc

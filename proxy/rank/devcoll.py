@@ -44,7 +44,9 @@ how a call is cut to fit the scratch is ``Sizing`` (tests/test_devcoll_sizing.py
   that waits for those and copies the peers' reduced parts into the output. The call's stream starts
   P, R and L and waits for all three. A window's P waits for the last window's R and L: that is the
   kernels' "one after another" here (below). A kernel queued after one of the call's that failed
-  returns at once, so a failure costs one bound, not one per chunk.
+  returns at once, so a failure costs one bound, not one per chunk. Reduce_scatter_block and
+  Allgather from DEVICE_CE_BYTES (the buffer of all ranks' shares) the same way with one exchange:
+  P copies each peer's values into its scratch, R's kernels reduce or copy them out chunk by chunk.
 - **Why two halves are enough**: a rank writes half ``e & 1`` of its own scratch or a peer's (and
   its signature slots of that parity) again at epoch e + 2 only after its kernel of epoch e + 1 saw
   every peer's first flag of e + 1, which each peer stored after its kernel of epoch e had read what
@@ -370,6 +372,9 @@ class PeerKernels:
         isz = dtype.itemsize
         stride = count * isz
         with self._ordered(stream, after):
+            if self.ce and count * self.nranks * isz >= self.sizing.ce_bytes:
+                self._queue_ce_shares(reduce, src, dst, count, dtype, op, stream)
+                return
             launch, step = self._kernel(dtype, op if reduce else ReduceOp.SUM, name), self.sizing.share_window(isz)
             for off in range(0, count, step):
                 n = min(step, count - off)
@@ -476,6 +481,58 @@ class PeerKernels:
                     out.values[10 + nr] = c
                     out(z.ce_blocks, BLOCK, L)
         for st, ev in ((P, after_p), (R, after_r), (L, after_l)):
+            drv.record(ev, st)
+            drv.wait(stream, ev)
+
+    def _queue_ce_shares(self, reduce: bool, src: int, dst: int, count: int, dtype: np.dtype, op: int,
+                         stream: int) -> None:
+        """Reduce_scatter_block or Allgather with the copy engines moving the exchange, as ``_queue_ce``:
+        per window of ``share_window`` elements of each share, stream P copies each peer's values
+        (its share of the input, or this rank's input) into its scratch chunk by chunk, flagged; stream
+        R runs a kernel per chunk that waits for the peers' and reduces them into the output, or copies
+        them into their shares of it."""
+        drv, isz, nr, me, z = self.drv, dtype.itemsize, self.nranks, self.rank, self.sizing
+        vec = 16 // isz
+        cchunk = max(z.ce_chunk // isz // vec * vec, vec)
+        kern = self._kernel(dtype, op if reduce else ReduceOp.SUM,
+                            "shmproxy_ce_rs_reduce" if reduce else "shmproxy_ce_gather_out")
+        P, R = self._ce_streams[0].ptr, self._ce_streams[1].ptr
+        start, after_p, after_r = self._ce_events[0].ptr, self._ce_events[1].ptr, self._ce_events[2].ptr
+        drv.record(start, stream)
+        drv.wait(P, start)
+        drv.wait(R, start)
+        v = kern.values
+        v[9] = not ((src | dst | count * isz) & 15)
+        v[11 + nr], v[12 + nr] = cchunk, count
+        step = z.share_window(isz)
+        for off in range(0, count, step):
+            n = min(step, count - off)
+            if off:
+                drv.record(after_r, R)   # the peers read the half this window writes before they flagged
+                drv.wait(P, after_r)     # the last one's copies, which R saw
+            self.epoch += 1
+            self.ce_windows += 1
+            e = self.epoch
+            half, sigs, base = DATA + (e & 1) * self.cap, SIGS + (e & 1) * nr * MAX_BLOCKS, e << FLAG_SHIFT
+            sig = (n << 16) | (dtype.num << 8) | ((SIG_REDUCE_SCATTER | op) if reduce else SIG_ALLGATHER)
+            slot = (n + vec - 1) // vec * vec * isz
+            v[0], v[1], v[2], v[3], v[8] = src + off * isz, dst + off * isz, n, e, sig
+            for q in range(nr):
+                if q != me:
+                    drv.write_value64(P, self.peers[q] + 8 * (sigs + me * MAX_BLOCKS), sig)
+            if not reduce and src != dst + (me * count + off) * isz:
+                drv.memcpy(dst + (me * count + off) * isz, src + off * isz, n * isz, R)   # this rank's share
+            for c in range((n + cchunk - 1) // cchunk):
+                at, clen = c * cchunk, min(cchunk, n - c * cchunk)
+                for q in range(nr):
+                    if q == me:
+                        continue
+                    mine = src + ((q * count if reduce else 0) + off + at) * isz
+                    drv.memcpy(self.peers[q] + half + ((me - q + nr) % nr - 1) * slot + at * isz, mine, clen * isz, P)
+                    drv.write_value64(P, self.peers[q] + 8 * me * MAX_BLOCKS, base + c + 1)
+                v[10 + nr] = c
+                kern(z.ce_blocks, BLOCK, R)
+        for st, ev in ((P, after_p), (R, after_r)):
             drv.record(ev, st)
             drv.wait(stream, ev)
 

@@ -436,11 +436,79 @@ extern "C" __global__ void shmproxy_ce_copy_out(
                  hi - lo, vec);
     }
 }
+/* Reduce_scatter_block and Allgather by the copy engines: each peer's copies of its values for this
+   rank's share arrive in slot d (the window's ``n`` elements), chunk by chunk, each flagged in
+   block 0's slot of FLAGS; these kernels wait for chunk ``c`` of every peer and either reduce it
+   (in rank order, this rank's own values from its input) into the output, or copy each peer's into
+   its share of the output. ``stride``: elements between the ranks' shares of the buffer that holds
+   one per rank; a slot is ``n`` rounded up to a pack, so that every slot starts aligned. */
+#define CE_SLOT(n) (((n) + VEC - 1) / VEC * VEC)
+__device__ __forceinline__ bool ce_wait_all(const u64* own, u64 me, u64 sigs, u64 sig, u64 c, u64 epoch,
+                                            volatile u64* words, u64 timeout_ns, int* failed) {
+    const unsigned t = threadIdx.x;
+    if (t == 0)
+        *failed = 0;
+    __syncthreads();
+    if (t < NR && t != me)
+        wait_flag(own + t * MAXB, c == 0 ? own + sigs + t * MAXB : 0, sig, (epoch << FLAG_SHIFT) + c + 1,
+                  words, timeout_ns, t, failed);
+    __syncthreads();
+    return !*failed;
+}
+extern "C" __global__ void shmproxy_ce_rs_reduce(
+        u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
+        u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 c, u64 cchunk, u64 stride) {
+    const u64 sc[NR] = {%(scratch)s};
+    volatile u64* words = (volatile u64*)words_;
+    __shared__ int failed;
+    if (words[1])
+        return;
+    const u64 half = DATA + (epoch & 1) * cap;
+    if (!ce_wait_all((const u64*)sc[me], me, SIGS + (epoch & 1) * NR * MAXB, sig, c, epoch, words, timeout_ns,
+                     &failed))
+        return;
+    const u64 at = c * cchunk, clen = n - at < cchunk ? n - at : cchunk;
+    u64 lo, hi;
+    block_run(clen, &lo, &hi);
+    const T* src[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        src[r] = r == me ? (const T*)in_ + me * stride + at + lo
+                         : (const T*)(sc[me] + half) + ((r - me + NR) %% NR - 1) * CE_SLOT(n) + at + lo;
+    T* out = (T*)out_ + at + lo;
+    const u64 len = hi - lo, packs = vec ? len / VEC : 0;
+#pragma unroll 2
+    for (u64 k = threadIdx.x; k < packs; k += blockDim.x)
+        ((uint4*)out)[k] = combine_pack(src, k);
+    for (u64 k = packs * VEC + threadIdx.x; k < len; k += blockDim.x)
+        out[k] = combine(src, k);
+}
+extern "C" __global__ void shmproxy_ce_gather_out(
+        u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
+        u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 c, u64 cchunk, u64 stride) {
+    const u64 sc[NR] = {%(scratch)s};
+    volatile u64* words = (volatile u64*)words_;
+    __shared__ int failed;
+    if (words[1])
+        return;
+    const u64 half = DATA + (epoch & 1) * cap;
+    if (!ce_wait_all((const u64*)sc[me], me, SIGS + (epoch & 1) * NR * MAXB, sig, c, epoch, words, timeout_ns,
+                     &failed))
+        return;
+    const u64 at = c * cchunk, clen = n - at < cchunk ? n - at : cchunk;
+    u64 lo, hi;
+    block_run(clen, &lo, &hi);
+    for (int q = 0; q < NR; q++)
+        if (q != me)
+            copy_run((T*)out_ + q * stride + at + lo,
+                     (const T*)(sc[me] + half) + ((q - me + NR) %% NR - 1) * CE_SLOT(n) + at + lo, hi - lo, vec);
+}
 """
 
-# the kernels' parameters past the scratches: the stride between the ranks' shares; the chunk and its size
+# the kernels' parameters past the scratches: the stride between the ranks' shares; the chunk and its
+# size (and the stride)
 EXTRA_PARAMS = {"shmproxy_reduce_scatter": 1, "shmproxy_allgather": 1, "shmproxy_ce_reduce": 2,
-                "shmproxy_ce_copy_out": 2}
+                "shmproxy_ce_copy_out": 2, "shmproxy_ce_rs_reduce": 3, "shmproxy_ce_gather_out": 3}
 # a signature's op byte for the kernels that take no op (the peers compare whole signatures)
 SIG_ALLGATHER = 0xA0
 SIG_REDUCE_SCATTER = 0x40   # | the op
