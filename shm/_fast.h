@@ -35,6 +35,22 @@
  * (unexpected, or already matched to a posted receive). A receiver that claimed the next cell therefore
  * sees UNEXP > 0 and declines, and its receive, posted, matches the drained message first.
  *
+ * By reference. A blocking Send of FAST_REF_MIN_BYTES to FAST_REF_MAX_BYTES from an array in the
+ * sender's numpy arena (shm/_arena.c) whose receiver has no receive waiting in the progress process
+ * writes a cell whose payload stays in the sender's array: CELL_REF is 1, and the cell's payload area
+ * holds {offset in the arena, the arena's registration id, offset in that registration}. The cell
+ * keeps its place in the pair's order, and is consumed as any cell is, by whoever claims it: the
+ * receiver's Recv copies straight from its mapping of the sender's arena (the middle collectives'
+ * mapping, shm/_poster_coll.c), one copy where a cell takes two; the progress process's drain copies
+ * from its registration of it (fast_take hands the claimed cell over, fast_ref_done frees it). The
+ * sender cannot return before then (its array may change), so it waits, bounded by TIMEOUT and
+ * watching the error and abort words: a spin first, then it rings the receiver's doorbell, so that
+ * the progress process drains the cell if the receiver does not come (the Send returns as a buffered
+ * one would, never waiting on its receiver: an exchange of Sends completes), then a sleep on the small
+ * collectives' futex word, which the consumer wakes. A Send that may not block (send_or_isend, the
+ * torch backend's) never goes by reference. A receiver that cannot map the sender's arena declines
+ * the cell, and the progress process drains it.
+ *
  * Memory ordering (x86-64 TSO, made explicit with __atomic): the progress process stores UNEXP and
  * RECV_DONE before FETCHED_SLOW, and the receiver loads FETCHED_SLOW first, so a receiver that sees
  * a slow send fetched also sees it counted as unexpected. A sender stores the cell FULL (release),

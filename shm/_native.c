@@ -448,6 +448,8 @@ static PyMethodDef methods[] = {
     {"fast_take", _sn_fast_take, METH_VARARGS,
      "fast_take(pair, cell_stride, max_slow, line) -> message | TAKE_NONE | TAKE_BUSY | TAKE_BLOCKED (shm/_fast.h)"},
     {"fast_wake_coll", _sn_fast_wake_coll, METH_O, "fast_wake_coll(word): wake ranks in a small collective"},
+    {"fast_ref_done", _sn_fast_ref_done, METH_VARARGS,
+     "fast_ref_done(pair, cell, line, src, nbytes, word) -> bytearray | None: end a drain by reference"},
     {"sleep_unless_posted", py_sleep_unless_posted, METH_VARARGS,
      "sleep_unless_posted(pool, timeout, seen_events) -> OK | TIMEDOUT | OWNERDEAD: the progress process's condvar sleep"},
     {"post_event", py_post_event, METH_VARARGS,

@@ -14,6 +14,7 @@ PyObject *_sn_wake_owners(PyObject *self, PyObject *args);
 PyObject *_sn_copy_blocks(PyObject *self, PyObject *args);   /* shm/_native_blocks.c */
 PyObject *_sn_fast_take(PyObject *self, PyObject *args);     /* shm/_native_fast.c */
 PyObject *_sn_fast_wake_coll(PyObject *self, PyObject *arg);
+PyObject *_sn_fast_ref_done(PyObject *self, PyObject *args);
 PyObject *_sn_publish_launch(PyObject *self, PyObject *args);   /* shm/_native_device.c */
 PyObject *_sn_watch_words(PyObject *self, PyObject *args);
 PyObject *_sn_fire_armed(PyObject *self, PyObject *args);      /* shm/_native_armed.c */

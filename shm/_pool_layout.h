@@ -63,6 +63,7 @@ enum { SLOT_DONE_SEQ, SLOT_NBYTES, SLOT_STATUS, SLOT_TAG, SLOT_STREAM_SEQ, SLOT_
 #define CELL_NBYTES_OFF 32
 #define CELL_COUNT_OFF 40
 #define CELL_TPOST_OFF 48
+#define CELL_REF_OFF 56          /* u64 1: the payload stays in the sender's arena (shm/_fast.h, "By reference") */
 #define CELL_HDR_BYTES 64
 enum { CELL_EMPTY = 0, CELL_FULL = 1, CELL_TAKING = 2, CELL_DRAINING = 3 };
 #define CAREA_WORD_OFF 0         /* u32 futex word of the small collectives (bumped to wake sleepers) */

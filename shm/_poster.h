@@ -103,6 +103,9 @@ typedef struct {
     char *scratch;          /* 2 * mapped_bytes in the arena: an input and an output that lie outside it */
     char **peer_arena;      /* comm rank -> its arena mapped here (this rank's own: arena), NULL until then */
     uint64_t *peer_arena_size;
+    uint64_t ref_min, ref_max;   /* a blocking Send of this many bytes from the arena goes by reference (0: off) */
+    PyObject *ref_failed;   /* fastpath.ref_failed(code, dest, nbytes): raises what a failed one must */
+    uint64_t ref_sent, ref_taken;   /* Sends written by reference, and such cells this rank's Recvs took */
     int proxy_fd;           /* a pidfd of the progress process (-1: none), and when it was last seen alive */
     long long proxy_checked;
 } PosterObject;
@@ -178,6 +181,11 @@ PyObject *_sp_Poster_set_arena(PosterObject *self, PyObject *args);
 PyObject *_sp_Poster_coll_decline(PosterObject *self, PyObject *args);
 void _sp_unmap_arenas(PosterObject *self);
 int _sp_coll_init(void);
+int _sp_map_arena(PosterObject *self, long x);
+void _sp_fast_notify(FastLayout *f);
+int _sp_fast_wait(PosterObject *self, int (*ready)(void *), void *arg);
+PyObject *_sp_Poster_set_ref(PosterObject *self, PyObject *args);
+enum { CW_OK, CW_FAILED, CW_TIMEOUT, CW_MISMATCH, CW_GONE, CW_EXC };   /* what a fast-path wait ended in */
 PyObject *_sp_fast_kernel(PyObject *self, PyObject *args);
 
 #endif

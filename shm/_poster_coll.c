@@ -59,8 +59,6 @@
 #include "_kernel.h"
 #pragma GCC diagnostic pop
 
-enum { CW_OK, CW_FAILED, CW_TIMEOUT, CW_MISMATCH, CW_GONE, CW_EXC };
-
 int _sp_coll_init(void) {
     init_tables();
     return 0;
@@ -77,14 +75,14 @@ static uint64_t fingerprint(int coll, int op, int code, uint64_t nbytes, long ro
            (nbytes << 32);
 }
 
-/* Wake the ranks sleeping in coll_wait, after this rank's store of its slot or DONE. The futex word
+/* Wake the ranks sleeping in _sp_fast_wait, after this rank's store of its slot or DONE. The futex word
  * is bumped only when someone may sleep: a bump on every arrival made each rank take the area's line
  * for an atomic twice per collective, which at 16 ranks cost as much as the collective. Ordering
  * (Dekker's): this rank stores its state, fences, loads WAITERS; a sleeper adds itself to WAITERS
  * (a full barrier) after reading the word, then re-checks the slots before FUTEX_WAIT. So either
  * the sleeper sees the new state and does not sleep, or this rank sees it waiting and bumps the
  * word it waits on, which ends or prevents the sleep. */
-static void notify(FastLayout *f) {
+void _sp_fast_notify(FastLayout *f) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(FAST_Q(f->coll, CAREA_WAITERS_OFF), __ATOMIC_SEQ_CST)) {
         __atomic_add_fetch((uint32_t *)(f->coll + CAREA_WORD_OFF), 1, __ATOMIC_SEQ_CST);
@@ -117,7 +115,8 @@ static int went_other_way(FastLayout *f, CollWait *w, long x, volatile uint64_t 
 }
 
 /* 1: every slot this rank reads holds collective n; 0: not yet; -1: a mismatch (w->bad). */
-static int arrived(CollWait *w) {
+static int arrived(void *arg) {
+    CollWait *w = arg;
     FastLayout *f = &w->self->fl;
     for (long x = 0; x < w->self->size; x++) {
         char *slot = coll_slot(f, x, w->n);
@@ -134,7 +133,8 @@ static int arrived(CollWait *w) {
 }
 
 /* 1: no rank still reads the slots of collective n - 2; 0: not yet; -1: a rank went the other way. */
-static int reusable(CollWait *w) {
+static int reusable(void *arg) {
+    CollWait *w = arg;
     FastLayout *f = &w->self->fl;
     for (long x = 0; x < w->self->size; x++) {
         volatile uint64_t *done = FAST_Q(coll_rank(f, x), CRANK_DONE_OFF);
@@ -144,7 +144,11 @@ static int reusable(CollWait *w) {
     return 1;
 }
 
-static int coll_wait(PosterObject *self, int (*ready)(CollWait *), CollWait *w) {
+/* Wait until ready(arg) (1: CW_OK; -1: CW_MISMATCH), bounded by TIMEOUT, seeing the communicator's error
+ * and abort words: spin (yielding) for WAIT_SPIN_US, then sleep on the small collectives' futex word in
+ * slices of WAIT_SLICE_MS, checking between them that the progress process is alive. Whoever makes
+ * ready true wakes the word (_sp_fast_notify, or the progress process's fast_wake_coll). */
+int _sp_fast_wait(PosterObject *self, int (*ready)(void *), void *w) {
     FastLayout *f = &self->fl;
     uint32_t *word = (uint32_t *)(f->coll + CAREA_WORD_OFF);
     uint64_t *waiters = (uint64_t *)(f->coll + CAREA_WAITERS_OFF);
@@ -211,13 +215,14 @@ static int begin(PosterObject *self, int coll, int op, int code, uint64_t nb, lo
     uint64_t n = self->coll_n + 1;
     *w = (CollWait){.self = self, .n = n, .fp = fingerprint(coll, op, code, nb, root),
                     .slow_before = slow_colls(f, self->rank), .bad = -1};
-    int rc = n > 2 ? coll_wait(self, reusable, w) : CW_OK;
+    int rc = n > 2 ? _sp_fast_wait(self, reusable, w) : CW_OK;
     if (rc == CW_OK) self->coll_n = n;
     return rc;
 }
 
 /* 1: every rank is DONE with collective n (a middle one: it read its inputs and wrote its outputs). */
-static int finished(CollWait *w) {
+static int finished(void *arg) {
+    CollWait *w = arg;
     FastLayout *f = &w->self->fl;
     for (long x = 0; x < w->self->size; x++)
         if (__atomic_load_n(FAST_Q(coll_rank(f, x), CRANK_DONE_OFF), __ATOMIC_ACQUIRE) < w->n) return 0;
@@ -226,7 +231,7 @@ static int finished(CollWait *w) {
 
 /* Rank x's arena mapped here: 1, or 0 where it has none, has not published it yet, or cannot be
  * opened (a restricted /proc): the collective is then declined, and tried again next time. */
-static int map_arena(PosterObject *self, long x) {
+int _sp_map_arena(PosterObject *self, long x) {
     if (self->peer_arena[x]) return 1;
     if (x == self->rank) {
         self->peer_arena[x] = self->arena;
@@ -275,7 +280,7 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
     if (rc != CW_OK) return failed(self, rc, &w, coll);
     uint64_t n = w.n;
     int ok = self->arena != NULL && !decline;
-    for (long x = 0; ok && x < size; x++) ok = map_arena(self, x);
+    for (long x = 0; ok && x < size; x++) ok = _sp_map_arena(self, x);
     /* what this rank offers: its input (Allreduce, Reduce, a Bcast's root), its output (Allreduce,
      * a Reduce's root; a Bcast's others copy into theirs themselves) */
     const char *in = send ? send : recv;
@@ -302,8 +307,8 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
     *FAST_Q(slot, CSLOT_OUT_OFF) = out_at ? (uint64_t)(out_at - self->arena) : 0;
     *FAST_Q(slot, CSLOT_MAPPED_OFF) = (uint64_t)ok;
     __atomic_store_n(FAST_Q(slot, CSLOT_SEQ_OFF), n, __ATOMIC_RELEASE);
-    notify(f);
-    if ((rc = coll_wait(self, arrived, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    _sp_fast_notify(f);
+    if ((rc = _sp_fast_wait(self, arrived, &w)) != CW_OK) return failed(self, rc, &w, coll);
     int all = 1;
     for (long x = 0; x < size; x++) all &= *FAST_Q(coll_slot(f, x, n), CSLOT_MAPPED_OFF) == 1;
     if (all && coll == COLL_BCAST) {
@@ -340,10 +345,10 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
         }
     }
     __atomic_store_n(FAST_Q(coll_rank(f, me), CRANK_DONE_OFF), n, __ATOMIC_RELEASE);
-    notify(f);
+    _sp_fast_notify(f);
     if (!all) return Py_NewRef(Py_Ellipsis);
     /* the others read this rank's input and write its output until they are DONE */
-    if ((rc = coll_wait(self, finished, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    if ((rc = _sp_fast_wait(self, finished, &w)) != CW_OK) return failed(self, rc, &w, coll);
     if (copy_out) memcpy(recv, copy_out, nb);
     Py_RETURN_NONE;
 }
@@ -421,10 +426,10 @@ static PyObject *run(PosterObject *self, int coll, const char *send, char *recv,
     *FAST_Q(slot, CSLOT_FP_OFF) = w.fp;
     *FAST_Q(slot, CSLOT_SLOW_BEFORE_OFF) = w.slow_before;
     __atomic_store_n(FAST_Q(slot, CSLOT_SEQ_OFF), n, __ATOMIC_RELEASE);
-    notify(f);
+    _sp_fast_notify(f);
     /* every rank waits for every other, also where it reads nothing (a Bcast's root, a Reduce's
      * others): so each compares every fingerprint, and a mismatch is found on every rank */
-    if ((rc = coll_wait(self, arrived, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    if ((rc = _sp_fast_wait(self, arrived, &w)) != CW_OK) return failed(self, rc, &w, coll);
     if (coll == COLL_BCAST && me != root) {
         if (nb) memcpy(recv, coll_slot(f, root, n) + CELL_HDR_BYTES, nb);
     } else if ((coll == COLL_ALLREDUCE || (coll == COLL_REDUCE && me == root)) && count) {
@@ -440,7 +445,7 @@ static PyObject *run(PosterObject *self, int coll, const char *send, char *recv,
         if (s != srcs) PyMem_Free(s);
     }
     __atomic_store_n(FAST_Q(coll_rank(f, me), CRANK_DONE_OFF), n, __ATOMIC_RELEASE);
-    notify(f);
+    _sp_fast_notify(f);
     Py_RETURN_NONE;
 }
 

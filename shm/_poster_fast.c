@@ -165,8 +165,64 @@ static int parse_peer_tag(PosterObject *self, PyObject *peer_o, PyObject *tag_o,
     return 1;
 }
 
-/* 1: sent through a cell; 0: declined (nothing changed). */
-static int fast_send(PosterObject *self, PyObject *buf, PyObject *dest_o, PyObject *tag_o) {
+/* A Send by reference waits until its cell is consumed (its payload is the sender's buffer). */
+typedef struct { char *pair; uint64_t fseq; } RefWait;
+
+static int ref_consumed(void *arg) {
+    RefWait *r = arg;
+    return fast_next(r->pair) > r->fseq;
+}
+
+/* Whether a blocking Send of nb bytes at addr may go by reference (shm/_fast.h, "By reference"): the
+ * size in [ref_min, ref_max], the buffer in this process's arena and in one registration (its
+ * (bid, off) into *where), and no receive of the destination waiting in the progress process (the
+ * progress process's one copy serves that one better than a drain of the cell). */
+static int by_reference(PosterObject *self, long d, uintptr_t addr, uint64_t nb, uint64_t *where) {
+    FastLayout *f = &self->fl;
+    if (!self->ref_max || nb < self->ref_min || nb > self->ref_max || f->fast_bytes < 3 * 8 || !self->arena ||
+        addr < (uintptr_t)self->arena || addr + nb > (uintptr_t)self->arena + self->arena_size)
+        return 0;
+    Py_ssize_t ri = _sp_find_range(self, addr, (size_t)nb);
+    if (ri < 0) return 0;
+    if (__atomic_load_n(fast_recv_posted(f, d), __ATOMIC_ACQUIRE) !=
+        __atomic_load_n(FAST_Q(fast_rank_line(f, d), FRANK_RECV_DONE_OFF), __ATOMIC_ACQUIRE))
+        return 0;
+    where[0] = addr - (uintptr_t)self->arena;
+    where[1] = (uint64_t)self->ranges[ri].bid;
+    where[2] = addr - self->ranges[ri].start;
+    return 1;
+}
+
+/* Until the cell of a Send by reference is consumed: a spin first (the receiver spinning in its Recv
+ * takes it in microseconds), then the destination's doorbell, so that the progress process drains it
+ * if the receiver does not come (the Send then returns as a buffered one would), then the bounded
+ * sleep. 1, or -1 with an exception (fastpath.ref_failed raises it). */
+static int ref_wait(PosterObject *self, char *pair, uint64_t fseq, long d, long dest, uint64_t nb) {
+    RefWait rw = {pair, fseq};
+    long long spin_end = mono_ns() + (long long)(self->spin_s * 1e9);
+    while (!ref_consumed(&rw) && mono_ns() < spin_end && !*self->err && !*self->abort) {
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+    }
+    int rc = CW_OK;
+    if (!ref_consumed(&rw)) {
+        ring(self, d);
+        rc = _sp_fast_wait(self, ref_consumed, &rw);
+    }
+    if (rc == CW_OK) return 1;
+    if (rc != CW_EXC) {
+        PyObject *r = PyObject_CallFunction(self->ref_failed, "ilK", rc, dest, (unsigned long long)nb);
+        Py_XDECREF(r);
+    }
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "a Send by reference failed");
+    return -1;
+}
+
+/* 1: sent through a cell; 0: declined (nothing changed); -1: an error (set), the message written by
+ * reference and the wait for its receiver failed. ``blocking``: the caller may wait for the receiver
+ * (Send), so that a large message from the arena may go by reference. */
+static int fast_send(PosterObject *self, PyObject *buf, PyObject *dest_o, PyObject *tag_o, int blocking) {
     long dest; long long tag;
     if (!_sp_fast_usable(self) || !self->fast || Py_TYPE(buf) != self->ndarray ||
         !parse_peer_tag(self, dest_o, tag_o, &dest, &tag) || dest < 0 || dest >= self->size ||
@@ -174,10 +230,13 @@ static int fast_send(PosterObject *self, PyObject *buf, PyObject *dest_o, PyObje
         return 0;
     long d = lookup_local(self, dest);
     uintptr_t addr; int code; long long nbytes, count;
-    if (d < 0 || !_sp_read_array(self, buf, 0, &addr, &code, &nbytes, &count) || nbytes < 0 ||
-        (uint64_t)nbytes > self->fl.fast_bytes)
+    if (d < 0 || !_sp_read_array(self, buf, 0, &addr, &code, &nbytes, &count) || nbytes < 0)
         return 0;
     FastLayout *f = &self->fl;
+    uint64_t where[3];
+    uint64_t ref = blocking && by_reference(self, d, addr, (uint64_t)nbytes, where);
+    if (!ref && (uint64_t)nbytes > f->fast_bytes)
+        return 0;
     char *pair = fast_pair(f, self->local_rank, d);
     uint64_t w = *FAST_Q(pair, PAIR_F_WRITTEN_OFF);
     char *cell = fast_cell(f, pair, w);
@@ -194,7 +253,9 @@ static int fast_send(PosterObject *self, PyObject *buf, PyObject *dest_o, PyObje
     memcpy(cell + CELL_NBYTES_OFF, &nb, 8);
     memcpy(cell + CELL_COUNT_OFF, &cnt, 8);
     memcpy(cell + CELL_TPOST_OFF, &t, 8);
-    if (nb) memcpy(cell + CELL_HDR_BYTES, (const void *)addr, nb);
+    memcpy(cell + CELL_REF_OFF, &ref, 8);
+    if (ref) memcpy(cell + CELL_HDR_BYTES, where, sizeof where);
+    else if (nb) memcpy(cell + CELL_HDR_BYTES, (const void *)addr, nb);
     __atomic_store_n(CELL_STATE(cell), CELL_FULL, __ATOMIC_RELEASE);
     __atomic_store_n(FAST_Q(pair, PAIR_F_WRITTEN_OFF), w + 1, __ATOMIC_RELEASE);
     /* counted for the progress process (any cell to d?); the RMW is also the full fence before the
@@ -203,7 +264,26 @@ static int fast_send(PosterObject *self, PyObject *buf, PyObject *dest_o, PyObje
     if (__atomic_load_n(fast_recv_posted(f, d), __ATOMIC_SEQ_CST) !=
         __atomic_load_n(FAST_Q(fast_rank_line(f, d), FRANK_RECV_DONE_OFF), __ATOMIC_SEQ_CST))
         ring(self, d);
-    return 1;
+    if (!ref) return 1;
+    self->ref_sent++;
+    return ref_wait(self, pair, w, d, dest, nb);
+}
+
+/* set_ref(min_bytes, max_bytes, failed): Sends by reference (FAST_REF_MIN_BYTES, FAST_REF_MAX_BYTES;
+ * max 0: off), after set_arena. */
+PyObject *_sp_Poster_set_ref(PosterObject *self, PyObject *args) {
+    unsigned long long lo, hi;
+    PyObject *failed;
+    if (!PyArg_ParseTuple(args, "KKO", &lo, &hi, &failed)) return NULL;
+    if (!self->peer_arena) {
+        PyErr_SetString(PyExc_ValueError, "set_ref: after set_arena");
+        return NULL;
+    }
+    self->ref_min = lo;
+    self->ref_max = hi;
+    Py_INCREF(failed);
+    Py_XSETREF(self->ref_failed, failed);
+    Py_RETURN_NONE;
 }
 
 /* The arguments of a call by parameter: out[i] = the i-th of `names`, given by position or keyword,
@@ -240,18 +320,18 @@ static PyObject *post_and_wait(PosterObject *self,
 
 /* Send's cell, with send's arguments as passed: 1 when the message went into one, 0 when the fast path
  * declined it, -1 on an error (set). */
-static int send_cell(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+static int send_cell(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames, int blocking) {
     static const char *const names[] = {"buf", "dest", "tag", "stream"};
     static PyObject *zero = NULL;
     if (!zero && !(zero = PyLong_FromLong(0))) return -1;
     PyObject *a[4];
-    return _sp_args(args, nargsf, kwnames, names, 4, a) && a[0] && a[1] &&
-           fast_send(self, a[0], a[1], a[2] ? a[2] : zero);
+    if (!_sp_args(args, nargsf, kwnames, names, 4, a) || !a[0] || !a[1]) return 0;
+    return fast_send(self, a[0], a[1], a[2] ? a[2] : zero, blocking);
 }
 
 /* send(buf, dest, tag=0, stream=None): Comm.Send. */
 PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    int r = send_cell(self, args, nargsf, kwnames);
+    int r = send_cell(self, args, nargsf, kwnames, 1);
     if (r < 0) return NULL;
     if (r) Py_RETURN_NONE;
     return post_and_wait(self, _sp_Poster_isend, args, nargsf, kwnames);
@@ -262,7 +342,7 @@ PyObject *_sp_Poster_send(PosterObject *self, PyObject *const *args, size_t narg
  * waited for here. For a caller whose send must not block, which a declined Send would (its Isend
  * is waited for): the torch backend's send, which torch's isend returns unwaited. */
 PyObject *_sp_Poster_send_or_isend(PosterObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    int r = send_cell(self, args, nargsf, kwnames);
+    int r = send_cell(self, args, nargsf, kwnames, 0);
     if (r < 0) return NULL;
     if (r) Py_RETURN_NONE;
     return _sp_Poster_isend(self, args, nargsf, kwnames);
@@ -316,15 +396,32 @@ static int look(PosterObject *self, long s, long long want_tag, uintptr_t addr, 
         __atomic_store_n(CELL_STATE(cell), CELL_FULL, __ATOMIC_RELEASE);
         return LOOK_DECLINE;
     }
-    *status = _sp_new_status((int)rank_of_local(self, s), tag, (long long)nb);
+    uint64_t ref;
+    memcpy(&ref, cell + CELL_REF_OFF, 8);
+    const char *from = cell + CELL_HDR_BYTES;
+    long sr = rank_of_local(self, s);
+    if (ref) {   /* the payload is in the sender's arena: mapped here once, then one copy */
+        uint64_t at;
+        memcpy(&at, cell + CELL_HDR_BYTES, 8);
+        if (!self->peer_arena || !_sp_map_arena(self, sr) || at + nb > self->peer_arena_size[sr]) {
+            __atomic_store_n(CELL_STATE(cell), CELL_FULL, __ATOMIC_RELEASE);
+            return LOOK_DECLINE;   /* the progress process drains it from its registration */
+        }
+        from = self->peer_arena[sr] + at;
+    }
+    *status = _sp_new_status((int)sr, tag, (long long)nb);
     if (!*status) {
         __atomic_store_n(CELL_STATE(cell), CELL_FULL, __ATOMIC_RELEASE);
         return LOOK_DECLINE;
     }
-    if (nb) memcpy((void *)addr, cell + CELL_HDR_BYTES, nb);
+    if (nb) memcpy((void *)addr, from, nb);
     fast_release(pair, cell, PAIR_F_TAKEN_OFF);
     volatile uint64_t *taken = FAST_Q(line, FRANK_CELLS_TAKEN_OFF);
     __atomic_store_n(taken, *taken + 1, __ATOMIC_RELEASE);
+    if (ref) {
+        self->ref_taken++;
+        _sp_fast_notify(f);   /* its sender waits for this */
+    }
     return LOOK_TAKEN;
 }
 
@@ -340,19 +437,21 @@ static PyObject *fast_recv(PosterObject *self, PyObject *buf, PyObject *src_o, P
     uintptr_t addr; int code; long long cap, count;
     if (!_sp_read_array(self, buf, 1, &addr, &code, &cap, &count)) return NULL;
     char *line = fast_rank_line(f, me);
-    if ((uint64_t)cap > f->fast_bytes &&
+    uint64_t cells_hold = f->fast_bytes > self->ref_max ? f->fast_bytes : self->ref_max;   /* by reference too */
+    if ((uint64_t)cap > cells_hold &&
         __atomic_load_n(FAST_Q(line, FRANK_CELLS_WRITTEN_OFF), __ATOMIC_ACQUIRE) ==
             *FAST_Q(line, FRANK_CELLS_TAKEN_OFF) +
             __atomic_load_n(FAST_Q(line, FRANK_CELLS_DRAINED_OFF), __ATOMIC_ACQUIRE))
         return NULL;   /* a receive larger than a cell, and no cell to take: posted at once (below) */
     if (__atomic_load_n(FAST_Q(line, FRANK_RECV_DONE_OFF), __ATOMIC_ACQUIRE) != *fast_recv_posted(f, me))
         return NULL;   /* a receive or probe of ours is pending in the progress process */
-    /* Spin for a cell only where a cell's message is what the receive expects: a receive larger than
-     * a cell looks once, then is posted at once, so that a large message finds it posted (a message
-     * that arrives before its receive is copied once more, into the progress process's buffer;
-     * BENCHMARKS.md, the fast path's A/B). And only where Wait would spin
-     * (WAIT_SPIN_MAX_BYTES: on a crowded node the copy workers need the cores). */
-    long long end = cap <= (long long)f->fast_bytes && cap <= self->spin_max
+    /* Spin for a cell only where a cell's message is what the receive expects (one with its payload,
+     * or one by reference, up to FAST_REF_MAX_BYTES): a larger receive looks once, then is posted at
+     * once, so that a large message finds it posted (a message that arrives before its receive is
+     * copied once more, into the progress process's buffer; BENCHMARKS.md, the fast path's A/B). And
+     * only where Wait would spin (WAIT_SPIN_MAX_BYTES: on a crowded node the copy workers need the
+     * cores). */
+    long long end = (uint64_t)cap <= cells_hold && cap <= self->spin_max
                         ? mono_ns() + (long long)(self->spin_s * 1e9) : 0;
     PyObject *status = NULL;
     for (;;) {

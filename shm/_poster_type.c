@@ -34,6 +34,7 @@ static int Poster_traverse(PosterObject *self, visitproc visit, void *arg) {
     for (int i = 0; i < FAST_CALLS; i++) Py_VISIT(self->fast_fallback[i]);
     Py_VISIT(self->fast_failed);
     Py_VISIT(self->fast_check);
+    Py_VISIT(self->ref_failed);
     return 0;
 }
 
@@ -55,6 +56,7 @@ static int Poster_clear(PosterObject *self) {
     for (int i = 0; i < FAST_CALLS; i++) Py_CLEAR(self->fast_fallback[i]);
     Py_CLEAR(self->fast_failed);
     Py_CLEAR(self->fast_check);
+    Py_CLEAR(self->ref_failed);
     self->fl.fast = NULL;
     return 0;
 }
@@ -332,6 +334,8 @@ static PyMethodDef Poster_methods[] = {
      "bcast(buf, root=0) (see Comm.Bcast)"},
     {"reduce", (PyCFunction)(void (*)(void))_sp_Poster_reduce, METH_FASTCALL | METH_KEYWORDS,
      "reduce(sendbuf, recvbuf, op=SUM, root=0) (see Comm.Reduce)"},
+    {"set_ref", (PyCFunction)_sp_Poster_set_ref, METH_VARARGS,
+     "set_ref(min_bytes, max_bytes, failed): a blocking Send of that size from the arena by reference"},
     {"set_arena", (PyCFunction)_sp_Poster_set_arena, METH_VARARGS,
      "set_arena(mapped_bytes, mapped_min, mapped_min_reduce, arena, arena_size, arena_fd, scratch): the middle collectives"},
     {"coll_decline", (PyCFunction)_sp_Poster_coll_decline, METH_VARARGS,
@@ -355,6 +359,7 @@ static PyMemberDef Poster_members[] = {
     PM("group_depth", T_INT, group_depth, 0), PM("usable", T_INT, usable, 0),
     PM("chain_first", T_INT, chain_first, READONLY), PM("nranges", T_PYSSIZET, nranges, READONLY),
     PM("fast", T_BOOL, fast, READONLY), PM("coll_n", T_ULONGLONG, coll_n, READONLY),
+    PM("ref_sent", T_ULONGLONG, ref_sent, READONLY), PM("ref_taken", T_ULONGLONG, ref_taken, READONLY),
     PM("send_fallback", T_OBJECT, send_fallback, 0), PM("recv_fallback", T_OBJECT, recv_fallback, 0),
     PM("allreduce_fallback", T_OBJECT, allreduce_fallback, 0), PM("barrier_fallback", T_OBJECT, barrier_fallback, 0),
     PM("in_place", T_OBJECT, in_place, 0),

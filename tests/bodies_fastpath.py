@@ -12,9 +12,11 @@ import time
 import numpy as np
 
 import shmproxy
+from shmproxy.core import params as params_mod
 from shmproxy.core.ops import ANY_SOURCE, ANY_TAG
 
 LARGE = 96 << 10      # above SEND_BUFFER_BYTES: a rendezvous through the progress process
+REF = 64 << 10        # FAST_REF_MIN_BYTES: a blocking Send by reference, and buffered where it goes slow
 MEDIUM = 4096         # with FAST_BYTES=1K (the test's "small" mode): buffered by the progress process
 SMALL = 8
 
@@ -24,8 +26,10 @@ def _plan(seed: int, nmsg: int) -> list[tuple[int, int, str]]:
     rng = random.Random(seed)
     out = []
     for _ in range(nmsg):
-        mode = rng.choice(["Send", "Send", "Send", "Isend", "Issend", "Send_medium", "Isend_large", "Send_or_isend"])
-        n = {"Send_medium": MEDIUM // 8, "Isend_large": LARGE // 8}.get(mode, rng.choice([0, 1, SMALL]))
+        mode = rng.choice(["Send", "Send", "Send", "Isend", "Issend", "Send_medium", "Isend_large", "Send_or_isend",
+                           "Send_ref"])
+        n = {"Send_medium": MEDIUM // 8, "Isend_large": LARGE // 8, "Send_ref": REF // 8}.get(
+            mode, rng.choice([0, 1, SMALL]))
         out.append((rng.choice([0, 1, 2]), n, mode))
     return out
 
@@ -43,7 +47,7 @@ def order_mixed(seed: int, nmsg: int) -> dict:
             pending = []
             for i, (tag, n, mode) in enumerate(plan):
                 data = np.full(max(n, 1), i, np.int64)[:n]
-                if mode in ("Send", "Send_medium"):
+                if mode in ("Send", "Send_medium", "Send_ref"):   # Send_ref: from the arena, by reference
                     comm.Send(data, 1, tag)
                 elif mode == "Issend":
                     pending.append(comm.Issend(data, 1, tag))
@@ -408,3 +412,78 @@ def nonblocking_then_small(iters: int, pin: bool = True) -> dict:
             comm.Iallreduce(x, y).Wait()
             comm.Barrier()
         return {"sum": float(y[0])}
+
+
+def by_reference(rounds: int) -> dict:
+    """Blocking Send/Recv of arena arrays between FAST_REF_MIN_BYTES and FAST_REF_MAX_BYTES (shm/_fast.h,
+    "By reference"): a ping-pong whose receives wait in Recv, so they take the cells themselves (one
+    copy from the sender's array); dtypes, sizes at and around the limits, views at offsets into their
+    arrays; then an exchange where both ranks Send first (each Send's cell drained into the progress
+    process once its doorbell rings: no deadlock); then Sends into an Irecv posted first (the progress
+    process's own path). Every message checked; the counts of cells by reference sent and taken."""
+    p = params_mod.get()
+    lo, hi = p.FAST_REF_MIN_BYTES, p.FAST_REF_MAX_BYTES
+    bad: list[str] = []
+    with shmproxy.init() as comm:
+        me, peer = comm.rank, 1 - comm.rank
+        cases = [("float64", lo // 8, 0), ("int32", hi // 4, 0), ("uint8", lo + 1, 0), ("float32", 100_000, 3),
+                 ("int64", (lo + hi) // 16, 1), ("uint8", hi + 1, 0), ("uint8", lo - 1, 0)]
+        for k in range(rounds):
+            for dtype, n, off in cases:
+                tag = k % 5
+                if me == 0:
+                    big = np.empty(n + off + 7, dtype)
+                    src = big[off:off + n]
+                    src[...] = (np.arange(n) * 3 + k) % 251
+                    comm.Send(src, peer, tag)
+                    back = np.empty(n, dtype)
+                    comm.Recv(back, peer, tag)
+                    if not np.array_equal(back, src):
+                        bad.append(f"pong {dtype} n={n} off={off} round {k}")
+                else:
+                    got = np.empty(n, dtype)
+                    comm.Recv(got, peer, tag)
+                    want = ((np.arange(n) * 3 + k) % 251).astype(dtype)
+                    if not np.array_equal(got, want):
+                        bad.append(f"ping {dtype} n={n} off={off} round {k}")
+                    comm.Send(got, peer, tag)
+        taken = comm._pp.ref_taken
+        # both Send first: the cells of both pairs hold references at once
+        mine = np.full(lo // 8 * 2, me + 1.0)
+        theirs = np.empty_like(mine)
+        comm.Send(mine, peer, 9)
+        comm.Recv(theirs, peer, 9)
+        if not np.all(theirs == peer + 1.0):
+            bad.append("exchange")
+        # an Irecv posted first (behind a barrier): the Send sees it waiting and goes the progress process's way
+        got = np.empty(lo // 8 * 2)
+        req = comm.Irecv(got, peer, 11) if me == 1 else None
+        comm.Barrier()
+        if me == 0:
+            comm.Send(np.full(lo // 8 * 2, 7.0), 1, 11)
+        else:
+            assert req is not None
+            req.Wait()
+            if not np.all(got == 7.0):
+                bad.append("posted first")
+        comm.Barrier()
+        return {"bad": bad, "sent": comm._pp.ref_sent, "taken": taken, "cases": rounds * len(cases)}
+
+
+def killed_during_send_by_reference() -> dict:
+    """Rank 1 is SIGKILLed while rank 0 sends it 256 KiB by reference and then waits for its answer: the
+    Send's cell is drained by the progress process once its doorbell rings (rank 1 never receives), and
+    rank 0 raises PeerDiedError within the usual bound, never hangs on the cell."""
+    with shmproxy.init() as comm:
+        comm.Barrier()
+        if comm.rank == 1:
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            comm.Send(np.ones(1 << 15), 1, 3)   # 256 KiB, from the arena
+            comm.Recv(np.zeros(1), 1, 4)
+            return {"error": None, "sent": comm._pp.ref_sent}
+        except shmproxy.PeerDiedError as exc:
+            return {"error": "PeerDiedError", "message": str(exc), "seconds": time.monotonic() - t0,
+                    "sent": comm._pp.ref_sent}

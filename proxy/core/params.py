@@ -268,6 +268,15 @@ _DECLARED: tuple[Param, ...] = (
        "FAST_AUTO_MAX_BYTES where the node is crowded (fewer cores than local ranks + 2: the progress "
        "process has no core of its own), still within FAST_AUTO_POOL_BYTES (256 KiB at 2 ranks, 64 KiB "
        "at 4): there a trip through the progress process also waits for a CPU.", 512, 1 << 20),
+    _p("FAST_REF_MIN_BYTES", parse_size, 64 << 10,
+       "A blocking Send to a rank of this node of at least this many bytes (and at most FAST_REF_MAX_BYTES), "
+       "from a numpy array in the arena (NUMPY_ARENA_MIN_BYTES), writes a fast-path cell by reference: the "
+       "receiver's blocking Recv copies straight from the sender's array, once, where a cell would take two "
+       "copies and the progress process a post and a match (shm/_fast.h). The Send returns once the message "
+       "was taken, by the receiver or into the progress process. Every rank must use the same value.", 0),
+    _p("FAST_REF_MAX_BYTES", parse_size, 1 << 20,
+       "The largest Send by reference (FAST_REF_MIN_BYTES); a blocking Recv up to this size waits for a cell "
+       "before it posts. 0 = off. Every rank must use the same value.", 0),
     _p("FAST_MAPPED_BYTES", parse_size, 2 << 20,
        "The middle collectives: a blocking Allreduce, Bcast or Reduce of host arrays above "
        "FAST_MAPPED_MIN_BYTES and up to this many bytes per rank runs between the ranks, reading and "

@@ -135,9 +135,22 @@ class FastPath:
         while True:
             got = take(pair, stride, max_slow, line)
             if type(got) is tuple:
+                if len(got) == 8 and (got := self._by_reference(s, pair, line, got)) is None:
+                    return False   # its sender's buffer is not known here: the receiver takes it
                 self._cell_in(s, d, got)
             else:
                 return got != _TAKE_BUSY
+
+    def _by_reference(self, s: int, pair: int, line: int, got: tuple) -> tuple | None:
+        """A cell by reference, claimed by fast_take (shm/_fast.h, "By reference"): its payload copied
+        from this process's mapping of the sender's buffer, which frees the cell and wakes the sender;
+        the message as fast_take gives one with its payload. None where the buffer is not known (a
+        registration of that rank's gone: the cell is FULL again)."""
+        tag, code, nbytes, count, t_post, bid, off, cell = got
+        buf = self.st.buffers.get((s, bid))
+        src = buf.addr + off if buf is not None and off + nbytes <= buf.size else 0
+        data = _native.fast_ref_done(pair, cell, line, src, nbytes, self.f_coll_word)
+        return None if data is None else (tag, code, nbytes, count, t_post, data)
 
     def drain_to(self, d: int) -> None:
         """Local rank ``d`` waits in matching (a receive or probe posted, or its doorbell rang): take

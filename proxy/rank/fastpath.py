@@ -101,6 +101,10 @@ def bind_arena(comm: "Comm", held: tuple[int, int, int] | None) -> None:
         scratch = comm._arena_scratch = arena.block(2 * mapped)
     comm._pp.set_arena(mapped, least, least_reduce, base, size, fd, scratch)
     comm._mapped_bytes, comm._mapped_min, comm._mapped_min_reduce = mapped, least, least_reduce
+    p = comm.params
+    if held is not None and p.FAST_REF_MAX_BYTES:
+        comm._pp.set_ref(p.FAST_REF_MIN_BYTES, p.FAST_REF_MAX_BYTES,
+                         lambda code, dest, nbytes: ref_failed(comm, code, dest, nbytes))
 
 
 def _decline_middle(comm: "Comm", coll: int, arr: Any, op: int, root: int) -> None:
@@ -328,6 +332,21 @@ def fast_failed(comm: "Comm", code: int, detail: tuple[int, ...]) -> None:
             f"ranks, but rank {other} posted {what} to the progress process instead (a nonblocking "
             f"collective, which never matches a blocking one, a device Allreduce or Reduce, bfloat16, or one "
             f"above SHMPROXY_FAST_BYTES and SHMPROXY_FAST_MAPPED_BYTES)")
+    fail_everywhere(comm, exc)
+    raise exc
+
+
+def ref_failed(comm: "Comm", code: int, dest: int, nbytes: int) -> None:
+    """Raise what a blocking Send by reference (shm/_fast.h) must when the wait for its receiver failed.
+    Its cell names the sender's buffer, which the program may reuse once Send returns: past a timeout
+    the communicator cannot go on, so it fails everywhere."""
+    if code == CW_FAILED:
+        comm._check_usable()
+        raise errors.InternalError(f"rank {comm.rank}: a Send by reference saw the communicator fail, but no error")
+    if code == CW_GONE:
+        raise errors.Closed(f"rank {comm.rank}: the communicator was closed during a Send")
+    exc = errors.Timeout(f"rank {comm.rank}: Send of {nbytes} B to rank {dest}: not received within "
+                         f"{comm._timeout:g} s")
     fail_everywhere(comm, exc)
     raise exc
 
