@@ -494,8 +494,7 @@ class PeerKernels:
         drv, isz, nr, me, z = self.drv, dtype.itemsize, self.nranks, self.rank, self.sizing
         vec = 16 // isz
         cchunk = max(z.ce_chunk // isz // vec * vec, vec)
-        kern = self._kernel(dtype, op if reduce else ReduceOp.SUM,
-                            "shmproxy_ce_rs_reduce" if reduce else "shmproxy_ce_gather_out")
+        kern = self._kernel(dtype, op if reduce else ReduceOp.SUM, "shmproxy_ce_shares")
         P, R = self._ce_streams[0].ptr, self._ce_streams[1].ptr
         start, after_p, after_r = self._ce_events[0].ptr, self._ce_events[1].ptr, self._ce_events[2].ptr
         drv.record(start, stream)
@@ -503,7 +502,7 @@ class PeerKernels:
         drv.wait(R, start)
         v = kern.values
         v[9] = not ((src | dst | count * isz) & 15)
-        v[11 + nr], v[12 + nr] = cchunk, count
+        v[11 + nr], v[12 + nr], v[13 + nr] = cchunk, count, reduce
         step = z.share_window(isz)
         for off in range(0, count, step):
             n = min(step, count - off)

@@ -347,8 +347,7 @@ extern "C" __global__ void shmproxy_allgather(
    their streams' stores of block 0's flags (FLAGS: a peer's values of this rank's part, chunk by
    chunk; FLAGS2: its reduced part); these kernels do what is left on this GPU, chunk ``c`` of
    ``cchunk`` elements each. Rank q's part is [q * sub, (q + 1) * sub) of the window's ``n`` elements
-   (cut short at n); slot d of a half as the two-shot's, ``sub`` elements each. A kernel queued
-   after one of the call's that failed returns at once: one bound per call, not one per chunk. */
+   (cut short at n); slot d of a half as the two-shot's, ``sub`` elements each. */
 #define CE_SUB(n) ((((n) + NR - 1) / NR + VEC - 1) / VEC * VEC)
 __device__ __forceinline__ u64 ce_len(u64 n, u64 sub, u64 q, u64 c, u64 cchunk) {
     const u64 lo = q * sub < n ? q * sub : n;
@@ -363,6 +362,33 @@ __device__ __forceinline__ void block_run(u64 len, u64* lo, u64* hi) {
     *lo = per * blockIdx.x < len ? per * blockIdx.x : len;
     *hi = *lo + per < len ? *lo + per : len;
 }
+/* A copy-engine kernel's wait for a chunk's flags: the threads that ``wait`` (one per peer) wait for
+   ``flag`` to reach ``value`` (and compare the signature at ``sig_at``, if any). First a look at the
+   call's status, by one thread for the whole block: a kernel queued after one of the call's that
+   failed returns at once, so a failure costs one bound, not one per chunk. False: the block returns. */
+__device__ __forceinline__ bool ce_wait(const u64* flag, const u64* sig_at, u64 sig, u64 value, bool wait,
+                                        volatile u64* words, u64 timeout_ns, int* failed) {
+    if (threadIdx.x == 0)
+        *failed = words[1] != 0;
+    __syncthreads();
+    const bool before = *failed;
+    __syncthreads();   /* every thread has read it before a wait can store it */
+    if (before)
+        return false;
+    if (wait)
+        wait_flag(flag, sig_at, sig, value, words, timeout_ns, threadIdx.x, failed);
+    __syncthreads();
+    return !*failed;
+}
+/* out[k] = the reduction in rank order of src[r][k], k < len: in 16-byte packs where ``vec`` */
+__device__ __forceinline__ void reduce_run(const T* const* src, T* out, u64 len, u64 vec) {
+    const u64 packs = vec ? len / VEC : 0;
+#pragma unroll 2
+    for (u64 k = threadIdx.x; k < packs; k += blockDim.x)
+        ((uint4*)out)[k] = combine_pack(src, k);
+    for (u64 k = packs * VEC + threadIdx.x; k < len; k += blockDim.x)
+        out[k] = combine(src, k);
+}
 /* Chunk c of this rank's part: once every peer's copy of it is here (their flags), reduced in rank
    order with this rank's input into its output; the host then queues the copies of the result into
    the peers' scratches. */
@@ -370,25 +396,14 @@ extern "C" __global__ void shmproxy_ce_reduce(
         u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
         u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 c, u64 cchunk) {
     const u64 sc[NR] = {%(scratch)s};
-    volatile u64* words = (volatile u64*)words_;
     __shared__ int failed;
-    if (words[1])
-        return;
-    const u64 sub = CE_SUB(n);
-    const u64 half = DATA + (epoch & 1) * cap;
-    const u64 sigs = SIGS + (epoch & 1) * NR * MAXB;
     const unsigned t = threadIdx.x;
     const u64* own = (const u64*)sc[me];
-    if (t == 0)
-        failed = 0;
-    __syncthreads();
-    if (t < NR && t != me)
-        wait_flag(own + t * MAXB, c == 0 ? own + sigs + t * MAXB : 0, sig, (epoch << FLAG_SHIFT) + c + 1,
-                  words, timeout_ns, t, &failed);
-    __syncthreads();
-    if (failed)
+    const u64 sigs = SIGS + (epoch & 1) * NR * MAXB;
+    if (!ce_wait(own + t * MAXB, c == 0 ? own + sigs + t * MAXB : 0, sig, (epoch << FLAG_SHIFT) + c + 1,
+                 t < NR && t != me, (volatile u64*)words_, timeout_ns, &failed))
         return;
-    const u64 at = me * sub + c * cchunk;
+    const u64 sub = CE_SUB(n), half = DATA + (epoch & 1) * cap, at = me * sub + c * cchunk;
     u64 lo, hi;
     block_run(ce_len(n, sub, me, c, cchunk), &lo, &hi);
     const T* src[NR];
@@ -396,13 +411,7 @@ extern "C" __global__ void shmproxy_ce_reduce(
     for (int r = 0; r < NR; r++)
         src[r] = r == me ? (const T*)in_ + at + lo
                          : (const T*)(sc[me] + half) + ((r - me + NR) %% NR - 1) * sub + c * cchunk + lo;
-    T* out = (T*)out_ + at + lo;
-    const u64 len = hi - lo, packs = vec ? len / VEC : 0;
-#pragma unroll 2
-    for (u64 k = t; k < packs; k += blockDim.x)
-        ((uint4*)out)[k] = combine_pack(src, k);
-    for (u64 k = packs * VEC + t; k < len; k += blockDim.x)
-        out[k] = combine(src, k);
+    reduce_run(src, (T*)out_ + at + lo, hi - lo, vec);
 }
 /* Chunk c of every peer's reduced part: once each is here (their second flags), copied into the
    output. */
@@ -410,21 +419,12 @@ extern "C" __global__ void shmproxy_ce_copy_out(
         u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
         u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 c, u64 cchunk) {
     const u64 sc[NR] = {%(scratch)s};
-    volatile u64* words = (volatile u64*)words_;
     __shared__ int failed;
-    if (words[1])
-        return;
-    const u64 sub = CE_SUB(n);
-    const u64 half = DATA + (epoch & 1) * cap;
     const unsigned t = threadIdx.x;
+    const u64 sub = CE_SUB(n), half = DATA + (epoch & 1) * cap;
     const u64* own = (const u64*)sc[me];
-    if (t == 0)
-        failed = 0;
-    __syncthreads();
-    if (t < NR && t != me && ce_len(n, sub, t, c, cchunk))
-        wait_flag(own + FLAGS2 + t * MAXB, 0, 0, (epoch << FLAG_SHIFT) + c + 1, words, timeout_ns, t, &failed);
-    __syncthreads();
-    if (failed)
+    if (!ce_wait(own + FLAGS2 + t * MAXB, 0, 0, (epoch << FLAG_SHIFT) + c + 1,
+                 t < NR && t != me && ce_len(n, sub, t, c, cchunk), (volatile u64*)words_, timeout_ns, &failed))
         return;
     for (int q = 0; q < NR; q++) {
         if (q == me)
@@ -438,36 +438,23 @@ extern "C" __global__ void shmproxy_ce_copy_out(
 }
 /* Reduce_scatter_block and Allgather by the copy engines: each peer's copies of its values for this
    rank's share arrive in slot d (the window's ``n`` elements), chunk by chunk, each flagged in
-   block 0's slot of FLAGS; these kernels wait for chunk ``c`` of every peer and either reduce it
-   (in rank order, this rank's own values from its input) into the output, or copy each peer's into
-   its share of the output. ``stride``: elements between the ranks' shares of the buffer that holds
+   block 0's slot of FLAGS; a kernel waits for chunk ``c`` of every peer and either reduces it
+   (``reduce``: in rank order, this rank's own values from its input) into the output, or copies each
+   peer's into its share of the output. ``stride``: elements between the ranks' shares of the buffer that holds
    one per rank; a slot is ``n`` rounded up to a pack, so that every slot starts aligned. */
 #define CE_SLOT(n) (((n) + VEC - 1) / VEC * VEC)
-__device__ __forceinline__ bool ce_wait_all(const u64* own, u64 me, u64 sigs, u64 sig, u64 c, u64 epoch,
-                                            volatile u64* words, u64 timeout_ns, int* failed) {
-    const unsigned t = threadIdx.x;
-    if (t == 0)
-        *failed = 0;
-    __syncthreads();
-    if (t < NR && t != me)
-        wait_flag(own + t * MAXB, c == 0 ? own + sigs + t * MAXB : 0, sig, (epoch << FLAG_SHIFT) + c + 1,
-                  words, timeout_ns, t, failed);
-    __syncthreads();
-    return !*failed;
-}
-extern "C" __global__ void shmproxy_ce_rs_reduce(
+extern "C" __global__ void shmproxy_ce_shares(
         u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
-        u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 c, u64 cchunk, u64 stride) {
+        u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 c, u64 cchunk, u64 stride, u64 reduce) {
     const u64 sc[NR] = {%(scratch)s};
-    volatile u64* words = (volatile u64*)words_;
     __shared__ int failed;
-    if (words[1])
+    const unsigned t = threadIdx.x;
+    const u64* own = (const u64*)sc[me];
+    const u64 sigs = SIGS + (epoch & 1) * NR * MAXB;
+    if (!ce_wait(own + t * MAXB, c == 0 ? own + sigs + t * MAXB : 0, sig, (epoch << FLAG_SHIFT) + c + 1,
+                 t < NR && t != me, (volatile u64*)words_, timeout_ns, &failed))
         return;
-    const u64 half = DATA + (epoch & 1) * cap;
-    if (!ce_wait_all((const u64*)sc[me], me, SIGS + (epoch & 1) * NR * MAXB, sig, c, epoch, words, timeout_ns,
-                     &failed))
-        return;
-    const u64 at = c * cchunk, clen = n - at < cchunk ? n - at : cchunk;
+    const u64 half = DATA + (epoch & 1) * cap, at = c * cchunk, clen = n - at < cchunk ? n - at : cchunk;
     u64 lo, hi;
     block_run(clen, &lo, &hi);
     const T* src[NR];
@@ -475,40 +462,20 @@ extern "C" __global__ void shmproxy_ce_rs_reduce(
     for (int r = 0; r < NR; r++)
         src[r] = r == me ? (const T*)in_ + me * stride + at + lo
                          : (const T*)(sc[me] + half) + ((r - me + NR) %% NR - 1) * CE_SLOT(n) + at + lo;
-    T* out = (T*)out_ + at + lo;
-    const u64 len = hi - lo, packs = vec ? len / VEC : 0;
-#pragma unroll 2
-    for (u64 k = threadIdx.x; k < packs; k += blockDim.x)
-        ((uint4*)out)[k] = combine_pack(src, k);
-    for (u64 k = packs * VEC + threadIdx.x; k < len; k += blockDim.x)
-        out[k] = combine(src, k);
-}
-extern "C" __global__ void shmproxy_ce_gather_out(
-        u64 in_, u64 out_, u64 n, u64 epoch, u64 me, u64 cap, u64 words_,
-        u64 timeout_ns, u64 sig, u64 vec, %(params)s, u64 c, u64 cchunk, u64 stride) {
-    const u64 sc[NR] = {%(scratch)s};
-    volatile u64* words = (volatile u64*)words_;
-    __shared__ int failed;
-    if (words[1])
+    if (reduce) {
+        reduce_run(src, (T*)out_ + at + lo, hi - lo, vec);
         return;
-    const u64 half = DATA + (epoch & 1) * cap;
-    if (!ce_wait_all((const u64*)sc[me], me, SIGS + (epoch & 1) * NR * MAXB, sig, c, epoch, words, timeout_ns,
-                     &failed))
-        return;
-    const u64 at = c * cchunk, clen = n - at < cchunk ? n - at : cchunk;
-    u64 lo, hi;
-    block_run(clen, &lo, &hi);
+    }
     for (int q = 0; q < NR; q++)
         if (q != me)
-            copy_run((T*)out_ + q * stride + at + lo,
-                     (const T*)(sc[me] + half) + ((q - me + NR) %% NR - 1) * CE_SLOT(n) + at + lo, hi - lo, vec);
+            copy_run((T*)out_ + q * stride + at + lo, src[q], hi - lo, vec);
 }
 """
 
 # the kernels' parameters past the scratches: the stride between the ranks' shares; the chunk and its
 # size (and the stride)
 EXTRA_PARAMS = {"shmproxy_reduce_scatter": 1, "shmproxy_allgather": 1, "shmproxy_ce_reduce": 2,
-                "shmproxy_ce_copy_out": 2, "shmproxy_ce_rs_reduce": 3, "shmproxy_ce_gather_out": 3}
+                "shmproxy_ce_copy_out": 2, "shmproxy_ce_shares": 4}
 # a signature's op byte for the kernels that take no op (the peers compare whole signatures)
 SIG_ALLGATHER = 0xA0
 SIG_REDUCE_SCATTER = 0x40   # | the op
