@@ -160,7 +160,7 @@ def device_alloc() -> dict:
     gpu = gpu_of_rank()
     bad = []
     with shmproxy.init() as comm:
-        dev = comm._device_memory()
+        dev = comm._posting.device_memory()
         a = comm.alloc(1 << 20, np.float32, device=gpu)
         b = comm.alloc_device((1 << 10, 1 << 10), "float32")
         if not isinstance(a, cp.ndarray) or a.shape != (1 << 20,) or bool(a.any()):
@@ -448,7 +448,7 @@ def repeated_buffers() -> dict:
             if not bool((y == n * (n + 1) // 2).all()):
                 bad.append(("IN_PLACE", i, float(y[0])))
             cases += 3
-        remembered = len(comm._device.posts)
+        remembered = len(comm._posting.device.posts)
         # the same messages again and again (the progress process launches a repeated copy as a graph);
         # the tag each array goes with alternates, so a send remembered without its tag, or a copy
         # replayed into the other receive buffer, delivers the two arrays' values swapped

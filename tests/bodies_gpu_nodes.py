@@ -128,7 +128,7 @@ def buffers_given_back() -> dict:
         x = cp.ones(1 << 20, cp.float32)
         out = cp.zeros_like(x)
         comm.Allreduce(x, out)
-        stage: Any = comm._devstage
+        stage: Any = comm._posting.devstage
         first = len(stage.pinned.pinned)
         for _ in range(20):
             comm.Allreduce(x, out)

@@ -146,8 +146,8 @@ def probes() -> None:
         assert m3 is not None and comm.Improbe(0, 3) is None and comm.Iprobe(A, T) is None
         m3.Recv(got)
         assert list(got) == [3, 3, 3]
-        waiting = comm._probe(0, 9, FLAG_PROBE_BLOCK)      # Probe, posted before the message exists
-        mwaiting = comm._probe(0, 10, FLAG_PROBE_BLOCK | FLAG_PROBE_MATCHED)   # Mprobe likewise
+        waiting = comm._posting.probe(0, 9, FLAG_PROBE_BLOCK)      # Probe, posted before the message exists
+        mwaiting = comm._posting.probe(0, 10, FLAG_PROBE_BLOCK | FLAG_PROBE_MATCHED)   # Mprobe likewise
         comm.Barrier()
         st = waiting.Wait(timeout=30)
         assert (st.tag, st.nbytes) == (9, 36), st

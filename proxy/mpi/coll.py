@@ -156,7 +156,7 @@ class Collectives:
         sb, rb, o = self._reduce_args(name, sendbuf, recvbuf, op)
         native = self._native_op(o, sb, rb if self._rooted(root) else None)
         if native is None:
-            return self._local(localred.reduce, sb, rb, o, self._c._check_root(root),
+            return self._local(localred.reduce, sb, rb, o, self._c._posting.check_root(root),
                                _dtype_of(recvbuf, sendbuf))
         return self._call(getattr(self._c, name), sb, rb, native, root)
 

@@ -22,7 +22,7 @@ process's to find, and it fails the communicator naming both ranks.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from shmproxy.core.ops import (COLL_NAMES, DTYPE_BFLOAT16, DTYPE_CODE, FLAG_IN_P
                                FLAG_STREAM_WORD, IN_PLACE, KIND_COLL, SUPPORTED_DTYPES, Coll, ReduceOp, check_op)
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
+
+if TYPE_CHECKING:
+    from shmproxy.rank.posting import Posting
 
 _ROOTED = frozenset((Coll.GATHER, Coll.SCATTER, Coll.GATHERV, Coll.SCATTERV))
 _REDUCING = frozenset((Coll.REDUCE_SCATTER, Coll.SCAN, Coll.EXSCAN))
@@ -91,17 +94,18 @@ def _vector(counts: Any, displs: Any, size: int, nelem: int, name: str,
     return cs, ds
 
 
-def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: Any = 0,
+def post(posting: "Posting", coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: Any = 0,
          scounts: Sequence[int] | None = None, sdispls: Sequence[int] | None = None,
          rcounts: Sequence[int] | None = None, rdispls: Sequence[int] | None = None,
          stream: Any = None) -> Request:
-    """Validate one call, write its counts table, locate (or stage) its buffers and post it."""
-    comm._check_usable()
+    """Validate one call, write its counts table, locate (or stage) its buffers and post it, through
+    the communicator's post path (shmproxy.rank.posting)."""
+    posting.check_usable()
     C = Coll
     name = COLL_NAMES[coll]
-    size, me = comm.size, comm.rank
+    size, me = posting.size, posting.rank
     if coll in _ROOTED:
-        root = comm._check_root(root)
+        root = posting.check_root(root)
     else:
         root = 0
     is_root = me == root
@@ -120,16 +124,16 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
     if (has_send and type(sendbuf) is not np.ndarray) or (has_recv and type(recvbuf) is not np.ndarray):
         # device memory (both buffers this rank uses, one device), or the mix refused: the post path's check
         given = (sendbuf, recvbuf)
-        sendbuf, recvbuf, mem = comm._device_args(name, sendbuf if has_send else None,
-                                                  recvbuf if has_recv else None)
-        if mem and comm.node_layout is not None:   # across nodes: through host memory (rank/devstage.py)
+        sendbuf, recvbuf, mem = posting.device_args(name, sendbuf if has_send else None,
+                                                    recvbuf if has_recv else None)
+        if mem and posting.node_layout is not None:   # across nodes: through host memory (rank/devstage.py)
             # the receive buffer is copied in too: blocks the call does not write keep their values
-            return comm._across_nodes().collective(
+            return posting.across_nodes().collective(
                 coll, name, sendbuf, recvbuf, True, root, me, stream,
-                lambda send, recv: post(comm, coll, given[0] if send is None else send,
+                lambda send, recv: post(posting, coll, given[0] if send is None else send,
                                         given[1] if recv is None else recv, root, op, scounts, sdispls,
                                         rcounts, rdispls))
-        dev = comm._device_memory() if mem else None
+        dev = posting.device_memory() if mem else None
         keep += (sendbuf, recvbuf)
     scode = _code(sendbuf, f"{name} sendbuf", dev) if has_send else 0
     rcode = _code(recvbuf, f"{name} recvbuf", dev) if has_recv else 0
@@ -231,14 +235,14 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
     elif scode:
         try:
             send_addr = _native.buffer_info(sendbuf, False)[0]
-            send_found = comm._registry.find(send_addr, snb)
+            send_found = posting.registry.find(send_addr, snb)
         except (BufferError, ValueError):
             send_addr = 0
     tbytes = T.nbytes(size) if table is not None else 0
     soff = -(-tbytes // 64) * 64
     aux = None
     if table is not None or (scode and send_found is None):
-        aux = comm._staging.get(soff + (snb if scode and send_found is None else 0) or 8)
+        aux = posting.staging.get(soff + (snb if scode and send_found is None else 0) or 8)
     meta = 0
     if table is not None:
         assert aux is not None
@@ -261,28 +265,30 @@ def post(comm: Any, coll: int, sendbuf: Any, recvbuf: Any, root: int = 0, op: An
     recv_loc: tuple = (0, 0, None, 0)
     if rcode:
         # copied in: blocks this collective does not write (gaps, Exscan on rank 0) keep their values
-        recv_loc = comm._locate(recvbuf, True, copy_in=True, what=f"{name} recvbuf")
+        recv_loc = posting.locate(recvbuf, True, copy_in=True, what=f"{name} recvbuf")
     else:
         flags |= FLAG_NO_RECV
-    return _emit(comm, coll, code, redop, flags, root, meta, send_loc, snb, count, recv_loc, rnb,
+    return _emit(posting, coll, code, redop, flags, root, meta, send_loc, snb, count, recv_loc, rnb,
                  keep, aux, mem, dev_stream)
 
 
-def _emit(comm: Any, coll: int, code: int, redop: int, flags: int, root: int, meta: int, send_loc: tuple,
-          snb: int, count: int, recv_loc: tuple, rnb: int, keep: tuple, aux: Any, mem: int = 0,
-          stream: Any = None) -> Request:
+def _emit(posting: "Posting", coll: int, code: int, redop: int, flags: int, root: int, meta: int,
+          send_loc: tuple, snb: int, count: int, recv_loc: tuple, rnb: int, keep: tuple, aux: Any,
+          mem: int = 0, stream: Any = None) -> Request:
     """Fill the record (the counts table's buffer id in the tag word) and post it. Device memory
     (``mem``): the request's event is recorded first on ``stream`` (None: the current one)."""
-    slot, index = comm._waiter.claim()
-    pp = comm._pp
-    if mem and comm._device.record(slot, pp.seq + 1, mem_device(mem), stream):   # pp.write takes seq + 1
+    slot, index = posting.waiter.claim()
+    pp = posting.pp
+    # pp.write takes seq + 1 (device memory: made when the buffers were located)
+    if mem and posting.device_memory().record(slot, pp.seq + 1, mem_device(mem), stream):
         flags |= FLAG_STREAM_WORD
     pp.coll_seq += 1
     seq = pp.write(index, slot, KIND_COLL, code, redop, flags, root, meta, send_loc[0], send_loc[1], snb,
                    count, recv_loc[0], recv_loc[1], rnb, pp.coll_seq, coll, mem)
-    req = Request(comm, slot, seq, KIND_COLL, root, coll, max(snb, rnb), keep, recv_loc[2], recv_loc[3], pp)
+    req = Request(posting.comm, slot, seq, KIND_COLL, root, coll, max(snb, rnb), keep, recv_loc[2],
+                  recv_loc[3], pp)
     if aux is not None or recv_loc[2] is not None:
         req._extra = (aux, rnb)
-    comm._waiter.pending[slot] = req
+    posting.waiter.pending[slot] = req
     pp.enqueue(index)
     return req

@@ -14,12 +14,13 @@ the whole group, and one opCount, so the progress process batches them into one 
 Waiting spins briefly in C (Request.Wait/Test in shm/_poster.c), then sleeps on the rank's futex
 word in bounded slices that check for failures between them: never a silent hang (waiting.py).
 
-The Comm's private parts: lifecycle.py (start and attach to the progress process, failure,
-Abort/close, teardown) and posting.py (validation, buffer location, the Python post path), over the
-state they share, declared with its types in state.py; and its waiter (``_waiter``, waiting.py: the
-sleep of Wait/Test, the free records and slots and the pending requests, which it owns). The public
-calls are here, and so is which of them each communicator binds to C entry points (POSTER_ENTRIES,
-FAST_ENTRIES).
+The Comm is its public calls, here, over one part, its lifecycle (lifecycle.py: start and attach to
+the progress process, failure, Abort/close, teardown; it declares the state it sets), and two
+components it holds, made when the pool is mapped: its posting (``_posting``, posting.py: validation,
+buffer location and staging, the Python post path) and its waiter (``_waiter``, waiting.py: the sleep
+of Wait/Test, the free records and slots and the pending requests, which it owns). What a call runs
+is visible here: which calls each communicator binds to C entry points (POSTER_ENTRIES,
+FAST_ENTRIES), and what the methods they fall back to ask of the posting.
 
 A Comm is meant to be used by one thread at a time (like MPI_THREAD_SERIALIZED).
 """
@@ -36,9 +37,8 @@ from shmproxy.rank import arena, collpost, devcoll, fastpath, objcoll, objects, 
 from shmproxy.core.ops import (ANY_SOURCE, ANY_TAG, DTYPE_CODE, FLAG_PROBE_BLOCK, FLAG_PROBE_MATCHED,
                                FLAG_SYNC, IN_PLACE, KIND_RECV, KIND_SEND, SUPPORTED_DTYPES, UNDEFINED, Coll,
                                ReduceOp)
-# _DTYPES and _probes: what a Poster is built with (tests build one from this module's names).
+# _DTYPES and _probes: what a C poster is built with (tests build one from this module's names).
 from shmproxy.rank.lifecycle import Lifecycle, _DTYPES, _probes  # noqa: F401
-from shmproxy.rank.posting import Posting
 from shmproxy.rank.request import Message, Request, Status
 from shmproxy import transports
 
@@ -74,7 +74,7 @@ def init(timeout: float | None = None, **overrides: Any) -> "Comm":
     return Comm._create(info, params, comm_id=0)
 
 
-class Comm(Lifecycle, Posting):
+class Comm(Lifecycle):
     """A communicator. Attributes: rank, size, local_rank, local_size."""
 
     # ------------------------------------------------------------------ what a call runs
@@ -123,7 +123,7 @@ class Comm(Lifecycle, Posting):
         if any(int(s) < 0 for s in shp):
             raise errors.InvalidArgument(f"negative dimension in shape {shp}")
         if device is not None:
-            return self._device_memory().alloc(tuple(int(s) for s in shp), dt, device)
+            return self._posting.device_memory().alloc(tuple(int(s) for s in shp), dt, device)
         if self._arena_held:   # registered with every communicator: one arena (shmproxy.rank.arena)
             return arena.array(tuple(int(s) for s in shp), dt)
         return self._registry.alloc(tuple(int(s) for s in shp), dt)
@@ -133,7 +133,7 @@ class Comm(Lifecycle, Posting):
         """``alloc(shape, dtype, device=device)``; without ``device``, on this process's current CUDA
         device (cupy's, as ``cupy.empty`` would use), not GPU 0."""
         if device is None:
-            device = self._device_memory().current_device()
+            device = self._posting.device_memory().current_device()
         return self.alloc(shape, dtype, device)
 
     # ------------------------------------------------------------------ point-to-point API
@@ -148,7 +148,7 @@ class Comm(Lifecycle, Posting):
         work queued on that stream (a cupy or torch CUDA stream, or a raw cudaStream_t) instead of
         cupy's current one. Its result is visible to every stream once Wait/Test reported completion
         (the wait is the synchronisation point). Host buffers ignore it."""
-        return self._post(KIND_SEND, buf, dest, tag, stream=stream)
+        return self._posting.post(KIND_SEND, buf, dest, tag, stream=stream)
 
     def _send_or_isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Request | None:
         """A small send done at once through a cell of the ranks' fast path (None), else Isend's
@@ -166,7 +166,7 @@ class Comm(Lifecycle, Posting):
     def Irecv(self, buf: np.ndarray, source: int, tag: int = 0, stream: Any = None) -> Request:
         """Post a receive into ``buf`` (writable, C-contiguous) from ``source``; returns a Request.
         (The C path bound per communicator falls back to this method, as for Isend.)"""
-        return self._post(KIND_RECV, buf, source, tag, stream=stream)
+        return self._posting.post(KIND_RECV, buf, source, tag, stream=stream)
 
     def Send(self, buf: np.ndarray, dest: int, tag: int = 0, stream: Any = None) -> None:
         """Blocking send in MPI's standard mode: returns once ``buf`` may be reused. A message of at
@@ -178,7 +178,7 @@ class Comm(Lifecycle, Posting):
     def Issend(self, buf: np.ndarray, dest: int, tag: int = 0, stream: Any = None) -> Request:
         """Synchronous-mode Isend: the request completes only once a matching receive took the
         message, never from a buffer."""
-        return self._post(KIND_SEND, buf, dest, tag, FLAG_SYNC, stream)
+        return self._posting.post(KIND_SEND, buf, dest, tag, FLAG_SYNC, stream)
 
     def Ssend(self, buf: np.ndarray, dest: int, tag: int = 0, stream: Any = None) -> None:
         """Blocking synchronous send: returns once the receive matched (see Issend)."""
@@ -191,26 +191,26 @@ class Comm(Lifecycle, Posting):
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status:
         """Wait for a message that a receive (source, tag) would match and return its Status
         (source, tag, nbytes), leaving it to be received."""
-        st = self._probe(source, tag, FLAG_PROBE_BLOCK).Wait()
+        st = self._posting.probe(source, tag, FLAG_PROBE_BLOCK).Wait()
         assert st is not None   # a blocking probe returns a message's
         return st
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
         """The Status of a message a receive (source, tag) would match now, or None (a round trip to
         the progress process)."""
-        return self._probe(source, tag, 0).Wait()
+        return self._posting.probe(source, tag, 0).Wait()
 
     def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Message:
         """Wait for a message a receive (source, tag) would match and take it out of matching: only
         the returned Message's Recv can receive it (no other receive or probe sees it any more)."""
-        req = self._probe(source, tag, FLAG_PROBE_BLOCK | FLAG_PROBE_MATCHED)
+        req = self._posting.probe(source, tag, FLAG_PROBE_BLOCK | FLAG_PROBE_MATCHED)
         st = req.Wait()
         assert st is not None   # a blocking probe returns a message's
         return Message(self, req._seq, st)
 
     def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Message | None:
         """Mprobe that answers at once: a Message, or None when nothing matches now."""
-        req = self._probe(source, tag, FLAG_PROBE_MATCHED)
+        req = self._posting.probe(source, tag, FLAG_PROBE_MATCHED)
         st = req.Wait()
         return None if st is None else Message(self, req._seq, st)
 
@@ -225,7 +225,7 @@ class Comm(Lifecycle, Posting):
                    stream: Any = None) -> Request:
         """Nonblocking Allreduce; ``sendbuf`` may be shmproxy.IN_PLACE. (Each communicator binds its own
         Iallreduce to the C post path, which falls back to this method for everything uncommon.)"""
-        return self._coll(Coll.ALLREDUCE, sendbuf, recvbuf, op, 0, stream)
+        return self._posting.collective(Coll.ALLREDUCE, sendbuf, recvbuf, op, 0, stream)
 
     def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
                   stream: Any = None) -> None:
@@ -236,7 +236,7 @@ class Comm(Lifecycle, Posting):
 
     def Ireduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = ReduceOp.SUM, root: int = 0,
                 stream: Any = None) -> Request:
-        return self._coll(Coll.REDUCE, sendbuf, recvbuf, op, root, stream)
+        return self._posting.collective(Coll.REDUCE, sendbuf, recvbuf, op, root, stream)
 
     def Reduce(self, sendbuf: Any, recvbuf: np.ndarray | None, op: Any = ReduceOp.SUM, root: int = 0,
                stream: Any = None) -> None:
@@ -244,14 +244,14 @@ class Comm(Lifecycle, Posting):
         self.Ireduce(sendbuf, recvbuf, op, root, **_stream_kw(stream)).Wait()
 
     def Ibcast(self, buf: np.ndarray, root: int = 0, stream: Any = None) -> Request:
-        return self._coll(Coll.BCAST, buf, None, 0, root, stream)
+        return self._posting.collective(Coll.BCAST, buf, None, 0, root, stream)
 
     def Bcast(self, buf: np.ndarray, root: int = 0, stream: Any = None) -> None:
         """Every rank's buf = the root's buf."""
         self.Ibcast(buf, root, **_stream_kw(stream)).Wait()
 
     def Iallgather(self, sendbuf: Any, recvbuf: np.ndarray, stream: Any = None) -> Request:
-        return self._coll(Coll.ALLGATHER, sendbuf, recvbuf, 0, 0, stream)
+        return self._posting.collective(Coll.ALLGATHER, sendbuf, recvbuf, 0, 0, stream)
 
     def Allgather(self, sendbuf: Any, recvbuf: np.ndarray, stream: Any = None) -> None:
         """Block r of every rank's recvbuf = rank r's sendbuf (IN_PLACE: already in block r). Device
@@ -262,7 +262,7 @@ class Comm(Lifecycle, Posting):
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
                               stream: Any = None) -> Request:
-        return self._coll(Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op, 0, stream)
+        return self._posting.collective(Coll.REDUCE_SCATTER_BLOCK, sendbuf, recvbuf, op, 0, stream)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
                              stream: Any = None) -> None:
@@ -275,7 +275,7 @@ class Comm(Lifecycle, Posting):
         self.Ireduce_scatter_block(sendbuf, recvbuf, op, **_stream_kw(stream)).Wait()
 
     def Ialltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray, stream: Any = None) -> Request:
-        return self._coll(Coll.ALLTOALL, sendbuf, recvbuf, 0, 0, stream)
+        return self._posting.collective(Coll.ALLTOALL, sendbuf, recvbuf, 0, 0, stream)
 
     def Alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray, stream: Any = None) -> None:
         """Block r of rank q's recvbuf = block q of rank r's sendbuf."""
@@ -285,7 +285,7 @@ class Comm(Lifecycle, Posting):
     # them). Counts and displacements are sequences of ints, in elements; displacements default to
     # the blocks packed in rank order. Arguments only the root reads may be None elsewhere.
     def Igather(self, sendbuf: Any, recvbuf: np.ndarray | None, root: int = 0, stream: Any = None) -> Request:
-        return collpost.post(self, Coll.GATHER, sendbuf, recvbuf, root=root, stream=stream)
+        return collpost.post(self._posting, Coll.GATHER, sendbuf, recvbuf, root=root, stream=stream)
 
     def Gather(self, sendbuf: Any, recvbuf: np.ndarray | None, root: int = 0, stream: Any = None) -> None:
         """Block r of the root's recvbuf = rank r's sendbuf (IN_PLACE on the root: its block is there)."""
@@ -293,7 +293,7 @@ class Comm(Lifecycle, Posting):
 
     def Iscatter(self, sendbuf: np.ndarray | None, recvbuf: Any, root: int = 0,
                  stream: Any = None) -> Request:
-        return collpost.post(self, Coll.SCATTER, sendbuf, recvbuf, root=root, stream=stream)
+        return collpost.post(self._posting, Coll.SCATTER, sendbuf, recvbuf, root=root, stream=stream)
 
     def Scatter(self, sendbuf: np.ndarray | None, recvbuf: Any, root: int = 0, stream: Any = None) -> None:
         """Rank r's recvbuf = block r of the root's sendbuf (recvbuf IN_PLACE on the root: kept)."""
@@ -301,7 +301,7 @@ class Comm(Lifecycle, Posting):
 
     def Igatherv(self, sendbuf: Any, recvbuf: np.ndarray | None, recvcounts: Any = None, displs: Any = None,
                  root: int = 0, stream: Any = None) -> Request:
-        return collpost.post(self, Coll.GATHERV, sendbuf, recvbuf, root=root, rcounts=recvcounts,
+        return collpost.post(self._posting, Coll.GATHERV, sendbuf, recvbuf, root=root, rcounts=recvcounts,
                              rdispls=displs, stream=stream)
 
     def Gatherv(self, sendbuf: Any, recvbuf: np.ndarray | None, recvcounts: Any = None, displs: Any = None,
@@ -311,7 +311,7 @@ class Comm(Lifecycle, Posting):
 
     def Iscatterv(self, sendbuf: np.ndarray | None, recvbuf: Any, sendcounts: Any = None, displs: Any = None,
                   root: int = 0, stream: Any = None) -> Request:
-        return collpost.post(self, Coll.SCATTERV, sendbuf, recvbuf, root=root, scounts=sendcounts,
+        return collpost.post(self._posting, Coll.SCATTERV, sendbuf, recvbuf, root=root, scounts=sendcounts,
                              sdispls=displs, stream=stream)
 
     def Scatterv(self, sendbuf: np.ndarray | None, recvbuf: Any, sendcounts: Any = None, displs: Any = None,
@@ -321,8 +321,8 @@ class Comm(Lifecycle, Posting):
 
     def Iallgatherv(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any, displs: Any = None,
                     stream: Any = None) -> Request:
-        return collpost.post(self, Coll.ALLGATHERV, sendbuf, recvbuf, rcounts=recvcounts, rdispls=displs,
-                             stream=stream)
+        return collpost.post(self._posting, Coll.ALLGATHERV, sendbuf, recvbuf, rcounts=recvcounts,
+                             rdispls=displs, stream=stream)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any, displs: Any = None,
                    stream: Any = None) -> None:
@@ -331,8 +331,8 @@ class Comm(Lifecycle, Posting):
 
     def Ialltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray,
                    recvcounts: Any, rdispls: Any, stream: Any = None) -> Request:
-        return collpost.post(self, Coll.ALLTOALLV, sendbuf, recvbuf, scounts=sendcounts, sdispls=sdispls,
-                             rcounts=recvcounts, rdispls=rdispls, stream=stream)
+        return collpost.post(self._posting, Coll.ALLTOALLV, sendbuf, recvbuf, scounts=sendcounts,
+                             sdispls=sdispls, rcounts=recvcounts, rdispls=rdispls, stream=stream)
 
     def Alltoallv(self, sendbuf: np.ndarray, sendcounts: Any, sdispls: Any, recvbuf: np.ndarray,
                   recvcounts: Any, rdispls: Any, stream: Any = None) -> None:
@@ -343,7 +343,7 @@ class Comm(Lifecycle, Posting):
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any = None,
                         op: Any = ReduceOp.SUM, stream: Any = None) -> Request:
-        return collpost.post(self, Coll.REDUCE_SCATTER, sendbuf, recvbuf, op=op, rcounts=recvcounts,
+        return collpost.post(self._posting, Coll.REDUCE_SCATTER, sendbuf, recvbuf, op=op, rcounts=recvcounts,
                              stream=stream)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: np.ndarray, recvcounts: Any = None,
@@ -353,7 +353,7 @@ class Comm(Lifecycle, Posting):
         self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op, **_stream_kw(stream)).Wait()
 
     def Iscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM, stream: Any = None) -> Request:
-        return collpost.post(self, Coll.SCAN, sendbuf, recvbuf, op=op, stream=stream)
+        return collpost.post(self._posting, Coll.SCAN, sendbuf, recvbuf, op=op, stream=stream)
 
     def Scan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM, stream: Any = None) -> None:
         """Rank r's recvbuf = op over ranks 0..r's sendbufs, folded in rank order."""
@@ -361,14 +361,14 @@ class Comm(Lifecycle, Posting):
 
     def Iexscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM,
                 stream: Any = None) -> Request:
-        return collpost.post(self, Coll.EXSCAN, sendbuf, recvbuf, op=op, stream=stream)
+        return collpost.post(self._posting, Coll.EXSCAN, sendbuf, recvbuf, op=op, stream=stream)
 
     def Exscan(self, sendbuf: Any, recvbuf: np.ndarray, op: Any = ReduceOp.SUM, stream: Any = None) -> None:
         """Rank r's recvbuf = op over ranks 0..r-1's sendbufs (rank 0's recvbuf is left as it was)."""
         self.Iexscan(sendbuf, recvbuf, op, **_stream_kw(stream)).Wait()
 
     def Ibarrier(self) -> Request:
-        return self._coll(Coll.BARRIER, None, None)
+        return self._posting.collective(Coll.BARRIER, None, None)
 
     def Barrier(self) -> None:
         """Return once every rank has entered the barrier."""

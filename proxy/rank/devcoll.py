@@ -109,10 +109,10 @@ def allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream: Any) -> bo
     """A blocking Allreduce of device arrays through the ranks' kernels, done on return (the data
     in place, as after the progress process's path); False where the call does not take it (the
     caller posts it). Host and device mixed in one call raise here, as on the posted path."""
-    send, recv, mem = comm._device_args("Allreduce", sendbuf, recvbuf)
+    send, recv, mem = comm._posting.device_args("Allreduce", sendbuf, recvbuf)
     if not mem or recv is None:
         return False
-    dev = comm._device
+    dev = comm._posting.device
     if dev.dtype_code(recv) == DTYPE_BFLOAT16:
         return False
     in_place = sendbuf is IN_PLACE
@@ -127,7 +127,7 @@ def allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream: Any) -> bo
 
 def allgather(comm: Any, sendbuf: Any, recvbuf: Any, stream: Any) -> bool:
     """A blocking Allgather of device arrays through the ranks' kernels, as ``allreduce``."""
-    send, recv, mem = comm._device_args("Allgather", sendbuf, recvbuf)
+    send, recv, mem = comm._posting.device_args("Allgather", sendbuf, recvbuf)
     if not mem or recv is None:
         return False
     count, in_place = recv.size // comm.size, sendbuf is IN_PLACE
@@ -144,7 +144,7 @@ def reduce_scatter_block(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream:
     its input while its peers' may still be read)."""
     if sendbuf is IN_PLACE:
         return False
-    send, recv, mem = comm._device_args("Reduce_scatter_block", sendbuf, recvbuf)
+    send, recv, mem = comm._posting.device_args("Reduce_scatter_block", sendbuf, recvbuf)
     if not mem or recv is None or send is None:
         return False
     if send.dtype != recv.dtype or send.size != recv.size * comm.size:
@@ -153,7 +153,7 @@ def reduce_scatter_block(comm: Any, sendbuf: Any, recvbuf: Any, op: int, stream:
 
 
 def _run_shares(comm: Any, name: str, src: int, recv: Any, count: int, op: int, stream: Any) -> bool:
-    dev = comm._device
+    dev = comm._posting.device
     if count == 0 or dev.dtype_code(recv) == DTYPE_BFLOAT16:
         return False
     if not eligible(comm, count * recv.dtype.itemsize, recv.dtype, op):
@@ -169,7 +169,7 @@ def _blocking(comm: Any, recv: Any, stream: Any, launch: Any) -> bool:
     shot = shared(comm, did)
     if shot is None:
         return False
-    dev = comm._device
+    dev = comm._posting.device
     s = dev.as_stream(stream, did)
     sp = (s if s is not None else dev.cp.cuda.get_current_stream()).ptr
     launch(shot, sp)
@@ -285,7 +285,7 @@ class PeerKernels:
     @classmethod
     def set_up(cls, comm: Any, device: int) -> "PeerKernels | None":
         """Every rank's part of the set-up (see the header): the state, or None on every rank alike."""
-        dev = comm._device_memory()
+        dev = comm._posting.device_memory()
         shot: PeerKernels | None = None
         mine: tuple[str, bytes] | None = None
         try:

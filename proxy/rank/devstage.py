@@ -270,7 +270,7 @@ class DeviceStaging:
     def collective(self, coll: int, name: str, send: Any, recv: Any, recv_in: bool, root: int, me: int,
                    stream: Any, post: Callable[[Any, Any], Request]) -> Request:
         """A collective on device arrays through host copies. ``send`` and ``recv`` are the post path's
-        checked cupy arrays (``_device_args``; IN_PLACE or None stand for themselves); ``recv_in``:
+        checked cupy arrays (``Posting.device_args``; IN_PLACE or None stand for themselves); ``recv_in``:
         the receive buffer is read too (in place, or blocks the call leaves alone); ``root``: a
         checked root of a rooted collective. ``post(send, recv)`` posts the host collective."""
         codes = {self.dev.dtype_code(a) for a in (send, recv) if a is not None and a is not IN_PLACE}

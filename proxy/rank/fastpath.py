@@ -34,7 +34,7 @@ Comm binds Send, Recv, Barrier, Allreduce, Bcast and Reduce to C entry points of
   rank runs it between the ranks, the device rank posts it), which fails the communicator with
   InvalidUsage on every rank; a large one goes to the progress process on both, which refuses the mix
   with InvalidArgument on every rank alike. Host and device mixed within one call is refused by the
-  call's own checks (``Comm._device_args``), as before, before anything is posted.
+  call's own checks (``Posting.device_args``), as before, before anything is posted.
   **bfloat16** stays with the progress process at every size: the device path reduces it step by
   step through float32 with rounding back each step, which the C kernels of the host path do not
   do, and a bfloat16 call is device memory on every rank (numpy has no such dtype), so every rank
@@ -112,9 +112,9 @@ def _decline_middle(comm: "Comm", coll: int, arr: Any, op: int, root: int) -> No
     handshake, declined, so that every rank posts the call alike and the progress process decides
     (it refuses host and device mixed in one collective on every rank, and the communicator goes on).
     Nothing where the signature is not a middle one."""
-    if not comm._mapped_bytes or arr is None or arr is IN_PLACE or not comm._is_device_array(arr):
+    if not comm._mapped_bytes or arr is None or arr is IN_PLACE or not comm._posting.is_device_array(arr):
         return   # not a device array (a derived datatype, a bad argument): the posted path judges it
-    a = comm._device_args(COLL_NAMES[coll], arr, None)[0]
+    a = comm._posting.device_args(COLL_NAMES[coll], arr, None)[0]
     code = DTYPE_CODE.get(a.dtype.char) if a is not None else None
     least = comm._mapped_min_reduce if coll == Coll.REDUCE else comm._mapped_min
     if (code is None or code == DTYPE_BFLOAT16 or not (a.nbytes > comm._fast_bytes or a.nbytes > least)
@@ -227,10 +227,10 @@ def _device(comm: "Comm", coll: int, sendbuf: Any, recvbuf: Any, op: int, root: 
     """A small collective on device arrays, run between the ranks through a host copy (see the header);
     False where the call is not one (the caller posts it, and the progress process's checks raise
     for arguments they refuse). Host and device mixed in one call raise here, as there."""
-    send, recv, mem = comm._device_args(COLL_NAMES[coll], sendbuf, recvbuf)
+    send, recv, mem = comm._posting.device_args(COLL_NAMES[coll], sendbuf, recvbuf)
     if not mem:
         return False
-    dev = comm._device
+    dev = comm._posting.device_memory()   # made by device_args
     in_place = sendbuf is IN_PLACE
     at_root = coll == Coll.ALLREDUCE or root == comm.rank
     for a in (send, recv):

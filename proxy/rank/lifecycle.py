@@ -6,12 +6,16 @@ its poster (shm/_poster.c). From then on the rank watches the progress process t
 the pool's error and abort words, so that every call raises the communicator's named error once it
 failed. Abort, close and the teardown that releases everything in any state are here too.
 
-A part of shmproxy.rank.comm.Comm: the state it sets and the calls it makes into the other parts
-(posting.py, comm.py) are declared in shmproxy.rank.state. It makes the Comm's waiting component
-(rank/waiting.py) when the pool is mapped, and answers its questions about failures.
+The part of shmproxy.rank.comm.Comm under its public calls: ``Lifecycle`` declares, with their
+types, the state it sets (the Comm's calls and the rank's other modules read it), and the three
+calls it makes into comm.py, as abstract methods. When the pool is mapped it makes the Comm's two
+components, its waiting (rank/waiting.py, ``_waiter``) and its posting (rank/posting.py,
+``_posting``), and answers their questions: whether the communicator is usable or failed, a
+service call.
 """
 from __future__ import annotations
 
+import abc
 import atexit
 import os
 import select
@@ -32,8 +36,8 @@ from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
                                KIND_COLL, KIND_RECV, KIND_SEND, Coll)
 from shmproxy.control.protocol import MsgType
+from shmproxy.rank.posting import CommCalls, Posting
 from shmproxy.rank.request import Request
-from shmproxy.rank.state import CommState
 from shmproxy.rank.waiting import Failure, Waiter
 from shmproxy.control.client import ServiceClient
 from shmproxy.shm import _native, _poster, pool as P, sync
@@ -86,15 +90,67 @@ def _cwd_args() -> list[str]:
 _JOINED: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
 
-class Lifecycle(CommState):
+class Lifecycle(abc.ABC):
     """Creation, the service calls, failure state, Abort/close and teardown of a Comm."""
 
+    # ---- the Comm's state: this part sets it (_create, _start, _attach_pool), the Comm's calls read it
+    # who this rank is, and what the communicator was made with
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    params: params_mod.Params
+    node_layout: dict | None        # the nodes' layout, when the communicator spans nodes
+    parent_ranks: list[int]         # a Split child's ranks in its parent
+    _timeout: float
+    _job_key: str
+    _comm_id: int
+    _nchildren: int                 # Splits made so far: a child's id depends on it
+    _split_layout: Any              # where a Split child across nodes gets its layout (rank/splitting.py)
+    _path: str                      # the service socket
+    _closed: bool
+    _failure: errors.ProxyError | None
+
+    # the progress process and the service
+    _proc: subprocess.Popen | None  # local rank 0 started it
+    _proxy_pid: int
+    _pidfd: int
+    _fault_fd: int                  # where its fatal-signal stacks go
+    _client: ServiceClient | None
+
+    # the ops pool, mapped (_attach_pool)
+    _seg: Segment | None
+    _view: P.PoolView | None
+    _layout: P.Layout
+    _q: memoryview                  # the pool as uint64 words
+    _i32: memoryview
+    _u32: memoryview
+    _abort_q: int                   # word indices of the control block's abort and error words
+    _err_q: int
+    _pp: Any                        # the C poster (shm/_poster.c)
+    _registry: Registry
+    _arena_held: bool   # registered the numpy arena (shmproxy.rank.arena) and holds its handler
+    _staging: StagingCache
+    # the components, made once the pool is mapped
+    _waiter: Waiter                 # waiting, and the records, slots and pending requests (waiting.py)
+    _posting: Posting               # the Python post path (posting.py)
+
+    # ---- what the fast path sets on binding (rank/fastpath.py)
     _fast_bytes = 0   # the fast path's size limit once on (rank/fastpath.py)
     _mapped_bytes = 0   # the middle collectives' once on (fastpath.bind_arena), and their minimum
     _mapped_min = 0
     _mapped_min_reduce = 0
     _arena_scratch = 0   # their scratch block in the arena
-    params: params_mod.Params   # what the communicator was made with (_create)
+
+    # ---- the calls this part makes into comm.py
+    @abc.abstractmethod
+    def _bind_entries(self, seg_addr: int, layout: P.Layout) -> None: ...
+
+    @abc.abstractmethod
+    def _bind_arena(self) -> None: ...
+
+    @abc.abstractmethod
+    def Barrier(self) -> None: ...
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -226,14 +282,14 @@ class Lifecycle(CommState):
                                   Failure(lambda: self._failure, self._record_failure, self._set_failure,
                                           self._proxy_dead))
         self._abort_q, self._err_q = w.abort_q, w.err_q   # the control block's abort and error words
-        self._posted_q = layout.rank_q(lr, P.RANK_POSTED)
+        posted_q = layout.rank_q(lr, P.RANK_POSTED)
         # The post path (shm/_poster.c): sequence numbers, opCount, groups, and the fast post.
         self._pp = _poster.Poster(
             self, Request, np.ndarray, seg.addr + layout.records_off, seg.addr + P.MUTEX_OFF,
             seg.addr + P.COND_OFF, seg.addr + P.NEXT_OPS_OFF, seg.addr + P.NEXT_OPS_END_OFF,
             seg.addr + P.PENDING_MASK_OFF, seg.addr + layout.rank_area_off,
             seg.addr + P.CTRL_OFF + 8 * P.CTRL_SLEEPING, seg.addr + 8 * self._err_q,
-            seg.addr + 8 * self._abort_q, seg.addr + 8 * self._posted_q, lr,
+            seg.addr + 8 * self._abort_q, seg.addr + 8 * posted_q, lr,
             self.size, self._timeout, w.free_slots, w.free_records, w.pending, _DTYPES,
             _probes(), w.splice_failed)
         w.attach(self._pp)
@@ -252,6 +308,12 @@ class Lifecycle(CommState):
         self._bind_entries(seg.addr, layout)   # which calls of this instance are C entry points (comm.py)
         self._registry = Registry(self._register, self._pp.set_ranges)
         self._staging = StagingCache(self._registry, self.params.STAGING_CACHE)
+        # The Python post path (rank/posting.py): what the C entries fall back to, and what they never take
+        # this rank's completion slots: (address of slot 0, the first, how many)
+        slots = (seg.addr + layout.slots_off, lr * layout.max_ops, layout.max_ops)
+        calls = CommCalls(self._check_usable, self._control, self._failed_now)
+        self._posting = Posting(self, self.rank, self.size, p, self.node_layout, self._pp, w, self._registry,
+                                self._staging, slots, calls)
         # numpy arrays born in registered memory (shmproxy.rank.arena): this communicator maps it too
         self._arena_held = arena.attach(self._registry, self.params)
         self._bind_arena()   # the middle collectives read the ranks' arenas (comm.py)
@@ -377,7 +439,8 @@ class Lifecycle(CommState):
         pp = self.__dict__.get("_pp")
         if pp is not None:
             pp.usable = 0   # the fast path declines, so the full path raises this
-        device = self.__dict__.get("_device")
+        posting = self.__dict__.get("_posting")
+        device = posting.device if posting is not None else None
         if device is not None:
             device.release_waits(exc.code)   # no GPU stream waits for a completion that may never come
         shot = self.__dict__.get("_oneshot")
@@ -462,7 +525,8 @@ class Lifecycle(CommState):
         promised = {id(r) for r in self.__dict__.get("_objects_unwaited", ())}
         for req in list(self._waiter.pending.values()):
             if wait and req._kind != KIND_RECV:
-                if req._kind == KIND_SEND and id(req) not in promised and not req.Test() and self._cancel(req):
+                if (req._kind == KIND_SEND and id(req) not in promised and not req.Test()
+                        and self._posting.cancel(req)):
                     req.Wait()
                     left.append(req)
                     continue
@@ -492,7 +556,8 @@ class Lifecycle(CommState):
         shot = self.__dict__.pop("_oneshot", None)
         if shot:
             shot.close(barrier=None)   # if not closed above: its kernels end, its memory is the exit's
-        device = self.__dict__.get("_device")
+        posting = self.__dict__.get("_posting")
+        device = posting.device if posting is not None else None
         if device is not None:
             device.stop_watch()   # it reads the views released below
         pp = self.__dict__.get("_pp")
@@ -512,18 +577,8 @@ class Lifecycle(CommState):
         if self._view is not None:
             self._view.release()
             self._view = None
-        stage = self.__dict__.pop("_devstage", None)
-        if stage is not None:
-            try:
-                stage.close()   # unpins its host buffers (shmproxy.rank.devstage)
-            except (errors.ProxyError, RuntimeError) as exc:   # cupy's too
-                _log.warning("device staging of rank %d not released cleanly: %s", self.rank, exc)
-        device = self.__dict__.pop("_device", None)
-        if device is not None:
-            try:
-                device.close()   # unpins its completion slots (shmproxy.rank.device): before the unmap
-            except (errors.ProxyError, RuntimeError) as exc:   # cupy's too; the pool is unmapped next anyway
-                _log.warning("device memory of rank %d not released cleanly: %s", self.rank, exc)
+        if posting is not None:
+            posting.close()   # its device memory unpins the pool's completion slots: before the unmap
         if self._seg is not None:
             self._seg.close()
             self._seg = None

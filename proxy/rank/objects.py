@@ -245,7 +245,7 @@ def _post_send(comm: Any, out: _Out, dest: int, tag: int, op: int, seq: int) -> 
     if not flags & FLAG_INLINE:
         reqs.append(comm.Isend(np.frombuffer(data, np.uint8), dest, tag))
     for m in bufs:   # buffered whatever memory holds them (the numpy arena too): _complete_sends
-        reqs.append(comm._post(KIND_SEND, np.frombuffer(m, np.uint8), dest, tag, buffered=True))
+        reqs.append(comm._posting.post(KIND_SEND, np.frombuffer(m, np.uint8), dest, tag, buffered=True))
     return reqs
 
 

@@ -103,7 +103,7 @@ class Request(RequestBase):
             return False
         if self._kind not in (KIND_SEND, KIND_RECV):
             raise errors.InvalidUsage(f"{self.describe()}: only point-to-point requests can be cancelled")
-        return self._comm._cancel(self)
+        return self._comm._posting.cancel(self)
 
     def wait_on_stream(self, stream: Any) -> bool:
         """Have a CUDA ``stream`` (cupy's or torch's, or a cudaStream_t on the current device) wait on
@@ -117,7 +117,7 @@ class Request(RequestBase):
         first, the stream is let go at the failure, its request failed."""
         if self._done or self._stage is not None or self._extra is not None:
             return False
-        dev = self._comm._device_memory()
+        dev = self._comm._posting.device_memory()
         device = dev.stream_device(stream)
         dev.wait_done(self._slot, self._seq, device, dev.as_stream(stream, device))
         return True
@@ -180,7 +180,8 @@ class Message:
         if self._handle < 0:
             raise errors.InvalidUsage("this message was received already")
         handle, self._handle = self._handle, -1
-        return self._comm._post_mprobed(buf, self.status.source, handle)   # type: ignore[attr-defined]
+        posting = self._comm._posting   # type: ignore[attr-defined]
+        return posting.post_mprobed(buf, self.status.source, handle)
 
     def Recv(self, buf: object) -> Status | None:
         return self.Irecv(buf).Wait()

@@ -15,7 +15,7 @@ instances touch, from the type's true lower bound, registered or staged as any b
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from shmproxy.core import errors
 from shmproxy.core.ops import FLAG_TYPED, KIND_RECV
 from shmproxy.rank.request import Request
 from shmproxy.shm import _native
+
+if TYPE_CHECKING:
+    from shmproxy.rank.posting import Posting
 
 
 class TypedBuffer:
@@ -56,11 +59,10 @@ class TypedBuffer:
         return 0 if not self.count or not d.size else (self.count - 1) * d.extent + d.true_ub - d.true_lb
 
 
-def type_id(comm: Any, d: Any) -> int:
-    """The id of datatype ``d`` (a typemap.Derived) on ``comm``'s progress process, registered once."""
-    ids = comm.__dict__.get("_type_ids")
-    if ids is None:
-        ids = comm._type_ids = {}
+def type_id(posting: "Posting", d: Any) -> int:
+    """The id of datatype ``d`` (a typemap.Derived) on the communicator's progress process, registered
+    once (``posting.type_ids``)."""
+    ids = posting.type_ids
     table = d.table()
     key = (table.tobytes(), d.extent)
     tid = ids.get(key)
@@ -72,18 +74,19 @@ def type_id(comm: Any, d: Any) -> int:
     flat = table.reshape(-1).tolist()
     step = 2 * TYPE_PART_BLOCKS
     for at in range(0, max(len(flat), 1), step):
-        comm._control(MsgType.TYPE_REGISTER, {"type_id": tid, "extent": d.extent,
-                                              "blocks": flat[at:at + step], "more": at + step < len(flat)})
+        posting.control(MsgType.TYPE_REGISTER, {"type_id": tid, "extent": d.extent,
+                                                "blocks": flat[at:at + step], "more": at + step < len(flat)})
     ids[key] = tid
     return tid
 
 
-def post(comm: Any, kind: int, tb: Any, peer: Any, tag: Any, flags: int) -> Request:
-    """Post a send or receive of a TypedBuffer (``tb``): every check, registration, staging."""
-    comm._check_usable()
-    peer = comm._check_peer(peer, "destination" if kind != KIND_RECV else "source", kind == KIND_RECV)
-    tag = comm._check_tag(tag, kind == KIND_RECV)
-    tid = type_id(comm, tb.dtype)
+def post(posting: "Posting", kind: int, tb: Any, peer: Any, tag: Any, flags: int) -> Request:
+    """Post a send or receive of a TypedBuffer (``tb``) through the communicator's post path
+    (shmproxy.rank.posting): every check, registration, staging."""
+    posting.check_usable()
+    peer = posting.check_peer(peer, "destination" if kind != KIND_RECV else "source", kind == KIND_RECV)
+    tag = posting.check_tag(tag, kind == KIND_RECV)
+    tid = type_id(posting, tb.dtype)
     region: np.ndarray = tb.region
     span = region.nbytes
     stage = None
@@ -93,22 +96,22 @@ def post(comm: Any, kind: int, tb: Any, peer: Any, tag: Any, flags: int) -> Requ
             addr = _native.buffer_info(region, True)[0]
         except (BufferError, ValueError):
             raise errors.InvalidArgument("receive buffer is read-only") from None
-        found = comm._registry.find(addr, span)
+        found = posting.registry.find(addr, span)
         if found is None:
-            stage = comm._staging.get(span)
+            stage = posting.staging.get(span)
             if span:
                 _native.memcopy(stage[1].addr, addr, span)   # the gaps come back unchanged (see above)
             found, user_addr = (stage[0], 0), addr
     else:
         try:
             addr = _native.buffer_info(region, False)[0]
-            found = comm._registry.find(addr, span)
+            found = posting.registry.find(addr, span)
         except (BufferError, ValueError):
             addr, found = 0, None
         if found is None:
-            found, stage = comm._stage_send(region, addr, span)
-    req = comm._emit(kind, tb.code, 0, flags | FLAG_TYPED, peer, tag, found[0], found[1], tb.nbytes, tb.count,
-                     -1, tid, 0, 0, tb, stage, user_addr)
+            found, stage = posting.stage_send(region, addr, span)
+    req = posting.emit(kind, tb.code, 0, flags | FLAG_TYPED, peer, tag, found[0], found[1], tb.nbytes,
+                       tb.count, -1, tid, 0, 0, tb, stage, user_addr)
     if user_addr:
         req._extra = (None, span)   # copy the whole region out, not the message's bytes
     return req
