@@ -104,6 +104,11 @@ static inline char *fast_cell(const FastLayout *f, char *pair, uint64_t fseq) {
 static inline volatile uint64_t *fast_recv_posted(const FastLayout *f, long lr) {
     return FAST_Q(f->base, f->rank_area_off + (uint64_t)RANK_AREA_BYTES * lr + RANK_RECV_POSTED_OFF);
 }
+/* Whether local rank lr has a receive or probe of its own waiting in the progress process. */
+static inline int fast_recv_waiting(const FastLayout *f, long lr) {
+    return __atomic_load_n(fast_recv_posted(f, lr), __ATOMIC_SEQ_CST) !=
+           __atomic_load_n(FAST_Q(fast_rank_line(f, lr), FRANK_RECV_DONE_OFF), __ATOMIC_SEQ_CST);
+}
 /* The next cell of a pair to consume, whoever consumes it. */
 static inline uint64_t fast_next(char *pair) {
     return __atomic_load_n(FAST_Q(pair, PAIR_F_TAKEN_OFF), __ATOMIC_ACQUIRE) +

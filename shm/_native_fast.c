@@ -30,6 +30,13 @@ static char *addr_of(PyObject *o) {
  */
 enum { TAKE_NONE, TAKE_BUSY, TAKE_BLOCKED };
 
+/* Bump the small collectives' futex word and wake every rank sleeping on it (shm/_poster_coll.c's
+ * _sp_fast_wait: a small collective's ranks, a Send by reference). */
+static void wake_word(char *word) {
+    __atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 /* A claimed cell's message copied out: counted unexpected before the next cell can be consumed (until
  * the caller has it in its matching and stores the pair's true count, a receiver that claims the next
  * cell must see that something of the pair is ahead of it: shm/_fast.h, "Draining"), then the cell
@@ -115,8 +122,7 @@ PyObject *_sn_fast_ref_done(PyObject *self, PyObject *args) {
         return NULL;
     }
     drained(pair, cell, line);
-    __atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST);
-    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    wake_word(word);
     return data;
 }
 
@@ -124,7 +130,6 @@ PyObject *_sn_fast_ref_done(PyObject *self, PyObject *args) {
 PyObject *_sn_fast_wake_coll(PyObject *self, PyObject *arg) {
     char *word = addr_of(arg);
     if (!word) return NULL;
-    __atomic_add_fetch((uint32_t *)word, 1, __ATOMIC_SEQ_CST);
-    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    wake_word(word);
     Py_RETURN_NONE;
 }

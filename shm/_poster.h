@@ -183,7 +183,8 @@ void _sp_unmap_arenas(PosterObject *self);
 int _sp_coll_init(void);
 int _sp_map_arena(PosterObject *self, long x);
 void _sp_fast_notify(FastLayout *f);
-int _sp_fast_wait(PosterObject *self, int (*ready)(void *), void *arg);
+int _sp_fast_wait(PosterObject *self, int (*ready)(void *), void *arg, void (*before_sleep)(void *));
+int _sp_in_arena(PosterObject *self, const char *p, uint64_t nb);   /* the range lies in this process's arena */
 PyObject *_sp_Poster_set_ref(PosterObject *self, PyObject *args);
 enum { CW_OK, CW_FAILED, CW_TIMEOUT, CW_MISMATCH, CW_GONE, CW_EXC };   /* what a fast-path wait ended in */
 PyObject *_sp_fast_kernel(PyObject *self, PyObject *args);

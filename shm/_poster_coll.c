@@ -147,8 +147,10 @@ static int reusable(void *arg) {
 /* Wait until ready(arg) (1: CW_OK; -1: CW_MISMATCH), bounded by TIMEOUT, seeing the communicator's error
  * and abort words: spin (yielding) for WAIT_SPIN_US, then sleep on the small collectives' futex word in
  * slices of WAIT_SLICE_MS, checking between them that the progress process is alive. Whoever makes
- * ready true wakes the word (_sp_fast_notify, or the progress process's fast_wake_coll). */
-int _sp_fast_wait(PosterObject *self, int (*ready)(void *), void *w) {
+ * ready true wakes the word (_sp_fast_notify, or the progress process's fast_wake_coll). ``before_sleep``
+ * (NULL: none) runs once, when the spin ends without ``ready``: a Send by reference asks the progress
+ * process to drain its cell there. */
+int _sp_fast_wait(PosterObject *self, int (*ready)(void *), void *w, void (*before_sleep)(void *)) {
     FastLayout *f = &self->fl;
     uint32_t *word = (uint32_t *)(f->coll + CAREA_WORD_OFF);
     uint64_t *waiters = (uint64_t *)(f->coll + CAREA_WAITERS_OFF);
@@ -166,6 +168,10 @@ int _sp_fast_wait(PosterObject *self, int (*ready)(void *), void *w) {
             Py_END_ALLOW_THREADS
             if (!self->mapped) return CW_GONE;
             continue;
+        }
+        if (before_sleep) {
+            before_sleep(w);
+            before_sleep = NULL;
         }
         uint32_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
         __atomic_add_fetch(waiters, 1, __ATOMIC_SEQ_CST);
@@ -215,7 +221,7 @@ static int begin(PosterObject *self, int coll, int op, int code, uint64_t nb, lo
     uint64_t n = self->coll_n + 1;
     *w = (CollWait){.self = self, .n = n, .fp = fingerprint(coll, op, code, nb, root),
                     .slow_before = slow_colls(f, self->rank), .bad = -1};
-    int rc = n > 2 ? _sp_fast_wait(self, reusable, w) : CW_OK;
+    int rc = n > 2 ? _sp_fast_wait(self, reusable, w, NULL) : CW_OK;
     if (rc == CW_OK) self->coll_n = n;
     return rc;
 }
@@ -265,7 +271,7 @@ void _sp_unmap_arenas(PosterObject *self) {
     self->mapped_bytes = 0;
 }
 
-static int in_arena(PosterObject *self, const char *p, uint64_t nb) {
+int _sp_in_arena(PosterObject *self, const char *p, uint64_t nb) {
     return self->arena && p >= self->arena && p + nb <= self->arena + self->arena_size;
 }
 
@@ -289,7 +295,7 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
     char *in_at = NULL, *out_at = NULL, *copy_out = NULL;
     if (ok && reads) {
         in_at = (char *)in;
-        if (!in_arena(self, in, nb)) {
+        if (!_sp_in_arena(self, in, nb)) {
             in_at = self->scratch;
             memcpy(in_at, in, nb);
         }
@@ -297,7 +303,7 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
     if (ok && out) {
         out_at = recv;
         if (!send && in_at) out_at = in_at;   /* in place: the output is the input, wherever it lies */
-        else if (!in_arena(self, recv, nb)) out_at = self->scratch + self->mapped_bytes;
+        else if (!_sp_in_arena(self, recv, nb)) out_at = self->scratch + self->mapped_bytes;
         if (out_at != recv) copy_out = out_at;
     }
     char *slot = coll_slot(f, me, n);
@@ -308,7 +314,7 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
     *FAST_Q(slot, CSLOT_MAPPED_OFF) = (uint64_t)ok;
     __atomic_store_n(FAST_Q(slot, CSLOT_SEQ_OFF), n, __ATOMIC_RELEASE);
     _sp_fast_notify(f);
-    if ((rc = _sp_fast_wait(self, arrived, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    if ((rc = _sp_fast_wait(self, arrived, &w, NULL)) != CW_OK) return failed(self, rc, &w, coll);
     int all = 1;
     for (long x = 0; x < size; x++) all &= *FAST_Q(coll_slot(f, x, n), CSLOT_MAPPED_OFF) == 1;
     if (all && coll == COLL_BCAST) {
@@ -348,7 +354,7 @@ static PyObject *run_mapped(PosterObject *self, int coll, const char *send, char
     _sp_fast_notify(f);
     if (!all) return Py_NewRef(Py_Ellipsis);
     /* the others read this rank's input and write its output until they are DONE */
-    if ((rc = _sp_fast_wait(self, finished, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    if ((rc = _sp_fast_wait(self, finished, &w, NULL)) != CW_OK) return failed(self, rc, &w, coll);
     if (copy_out) memcpy(recv, copy_out, nb);
     Py_RETURN_NONE;
 }
@@ -429,7 +435,7 @@ static PyObject *run(PosterObject *self, int coll, const char *send, char *recv,
     _sp_fast_notify(f);
     /* every rank waits for every other, also where it reads nothing (a Bcast's root, a Reduce's
      * others): so each compares every fingerprint, and a mismatch is found on every rank */
-    if ((rc = _sp_fast_wait(self, arrived, &w)) != CW_OK) return failed(self, rc, &w, coll);
+    if ((rc = _sp_fast_wait(self, arrived, &w, NULL)) != CW_OK) return failed(self, rc, &w, coll);
     if (coll == COLL_BCAST && me != root) {
         if (nb) memcpy(recv, coll_slot(f, root, n) + CELL_HDR_BYTES, nb);
     } else if ((coll == COLL_ALLREDUCE || (coll == COLL_REDUCE && me == root)) && count) {

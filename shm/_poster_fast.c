@@ -166,11 +166,17 @@ static int parse_peer_tag(PosterObject *self, PyObject *peer_o, PyObject *tag_o,
 }
 
 /* A Send by reference waits until its cell is consumed (its payload is the sender's buffer). */
-typedef struct { char *pair; uint64_t fseq; } RefWait;
+typedef struct { PosterObject *self; char *pair; uint64_t fseq; long d; } RefWait;
 
 static int ref_consumed(void *arg) {
     RefWait *r = arg;
     return fast_next(r->pair) > r->fseq;
+}
+
+/* The receiver has not taken it within the spin: the progress process drains it (its doorbell). */
+static void ref_drain(void *arg) {
+    RefWait *r = arg;
+    ring(r->self, r->d);
 }
 
 /* Whether a blocking Send of nb bytes at addr may go by reference (shm/_fast.h, "By reference"): the
@@ -178,38 +184,24 @@ static int ref_consumed(void *arg) {
  * (bid, off) into *where), and no receive of the destination waiting in the progress process (the
  * progress process's one copy serves that one better than a drain of the cell). */
 static int by_reference(PosterObject *self, long d, uintptr_t addr, uint64_t nb, uint64_t *where) {
-    FastLayout *f = &self->fl;
-    if (!self->ref_max || nb < self->ref_min || nb > self->ref_max || f->fast_bytes < 3 * 8 || !self->arena ||
-        addr < (uintptr_t)self->arena || addr + nb > (uintptr_t)self->arena + self->arena_size)
+    if (!self->ref_max || nb < self->ref_min || nb > self->ref_max || self->fl.fast_bytes < 3 * 8 ||
+        !_sp_in_arena(self, (const char *)addr, nb))
         return 0;
     Py_ssize_t ri = _sp_find_range(self, addr, (size_t)nb);
-    if (ri < 0) return 0;
-    if (__atomic_load_n(fast_recv_posted(f, d), __ATOMIC_ACQUIRE) !=
-        __atomic_load_n(FAST_Q(fast_rank_line(f, d), FRANK_RECV_DONE_OFF), __ATOMIC_ACQUIRE))
-        return 0;
+    if (ri < 0 || fast_recv_waiting(&self->fl, d)) return 0;
     where[0] = addr - (uintptr_t)self->arena;
     where[1] = (uint64_t)self->ranges[ri].bid;
     where[2] = addr - self->ranges[ri].start;
     return 1;
 }
 
-/* Until the cell of a Send by reference is consumed: a spin first (the receiver spinning in its Recv
- * takes it in microseconds), then the destination's doorbell, so that the progress process drains it
- * if the receiver does not come (the Send then returns as a buffered one would), then the bounded
- * sleep. 1, or -1 with an exception (fastpath.ref_failed raises it). */
+/* Until the cell of a Send by reference is consumed: the fast path's bounded wait, whose spin gives the
+ * receiver spinning in its Recv the time to take it (microseconds); if it has not, the destination's
+ * doorbell before the first sleep, so that the progress process drains it (the Send then returns as a
+ * buffered one would). 1, or -1 with an exception (fastpath.ref_failed raises it). */
 static int ref_wait(PosterObject *self, char *pair, uint64_t fseq, long d, long dest, uint64_t nb) {
-    RefWait rw = {pair, fseq};
-    long long spin_end = mono_ns() + (long long)(self->spin_s * 1e9);
-    while (!ref_consumed(&rw) && mono_ns() < spin_end && !*self->err && !*self->abort) {
-        Py_BEGIN_ALLOW_THREADS
-        sched_yield();
-        Py_END_ALLOW_THREADS
-    }
-    int rc = CW_OK;
-    if (!ref_consumed(&rw)) {
-        ring(self, d);
-        rc = _sp_fast_wait(self, ref_consumed, &rw);
-    }
+    RefWait rw = {self, pair, fseq, d};
+    int rc = _sp_fast_wait(self, ref_consumed, &rw, ref_drain);
     if (rc == CW_OK) return 1;
     if (rc != CW_EXC) {
         PyObject *r = PyObject_CallFunction(self->ref_failed, "ilK", rc, dest, (unsigned long long)nb);
@@ -261,8 +253,7 @@ static int fast_send(PosterObject *self, PyObject *buf, PyObject *dest_o, PyObje
     /* counted for the progress process (any cell to d?); the RMW is also the full fence before the
      * loads of d's receive counters below */
     __atomic_add_fetch(FAST_Q(fast_rank_line(f, d), FRANK_CELLS_WRITTEN_OFF), 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(fast_recv_posted(f, d), __ATOMIC_SEQ_CST) !=
-        __atomic_load_n(FAST_Q(fast_rank_line(f, d), FRANK_RECV_DONE_OFF), __ATOMIC_SEQ_CST))
+    if (fast_recv_waiting(f, d))
         ring(self, d);
     if (!ref) return 1;
     self->ref_sent++;

@@ -310,13 +310,10 @@ def fast_failed(comm: "Comm", code: int, detail: tuple[int, ...]) -> None:
     """Raise what a failed small collective must (shm/_poster_coll.c calls this with its wait's
     outcome and (collective number, its fingerprint, the other rank, that rank's fingerprint, and the
     fingerprint and count of what that rank posted to the progress process instead))."""
-    if code == CW_FAILED:
+    if code == CW_FAILED and comm._pp.group_depth:
         comm._check_usable()
-        if comm._pp.group_depth:
-            raise errors.InvalidUsage(f"rank {comm.rank}: a blocking collective inside comm.group() cannot complete")
-        raise errors.InternalError(f"rank {comm.rank}: a small collective saw the communicator fail, but no error")
-    if code == CW_GONE:
-        raise errors.Closed(f"rank {comm.rank}: the communicator was closed during a collective")
+        raise errors.InvalidUsage(f"rank {comm.rank}: a blocking collective inside comm.group() cannot complete")
+    _failed_or_closed(comm, code, "a small collective", "a collective")
     n, fp, other, other_fp, slow_fp, slow_count = detail
     exc: errors.ProxyError
     if code == CW_TIMEOUT:
@@ -340,15 +337,21 @@ def ref_failed(comm: "Comm", code: int, dest: int, nbytes: int) -> None:
     """Raise what a blocking Send by reference (shm/_fast.h) must when the wait for its receiver failed.
     Its cell names the sender's buffer, which the program may reuse once Send returns: past a timeout
     the communicator cannot go on, so it fails everywhere."""
-    if code == CW_FAILED:
-        comm._check_usable()
-        raise errors.InternalError(f"rank {comm.rank}: a Send by reference saw the communicator fail, but no error")
-    if code == CW_GONE:
-        raise errors.Closed(f"rank {comm.rank}: the communicator was closed during a Send")
+    _failed_or_closed(comm, code, "a Send by reference", "a Send")
     exc = errors.Timeout(f"rank {comm.rank}: Send of {nbytes} B to rank {dest}: not received within "
                          f"{comm._timeout:g} s")
     fail_everywhere(comm, exc)
     raise exc
+
+
+def _failed_or_closed(comm: "Comm", code: int, what: str, during: str) -> None:
+    """A fast-path wait (shm/_poster_coll.c's _sp_fast_wait) that ended in the communicator's failure
+    or its close: raise that (``what``, ``during``: the call, in the messages)."""
+    if code == CW_FAILED:
+        comm._check_usable()
+        raise errors.InternalError(f"rank {comm.rank}: {what} saw the communicator fail, but no error")
+    if code == CW_GONE:
+        raise errors.Closed(f"rank {comm.rank}: the communicator was closed during {during}")
 
 
 def fail_everywhere(comm: "Comm", exc: errors.ProxyError) -> None:
