@@ -34,19 +34,8 @@ how a call is cut to fit the scratch is ``Sizing`` (tests/test_devcoll_sizing.py
   once its peers' reduced parts are there it copies them into its output. A block moves its parts in
   chunks of DEVICE_TWOSHOT_CHUNK, the steps of successive chunks overlapping. A flag's value is the
   epoch above 20 bits and the chunks delivered below, so it only grows, whichever kernel stored it.
-- **A copy-engine two-shot call** (from DEVICE_CE_BYTES) moves the same bytes into the same slots,
-  but by the GPUs' copy engines (peer copies), each followed by a 64-bit flag stored by the stream
-  (its default fence orders the copy's stores first), and leaves the SMs only the local work: per
-  window, stream P copies each peer's part of the input into its scratch chunk by chunk (DEVICE_CE_CHUNK)
-  and flags each chunk; stream R runs a small kernel per chunk of this rank's part that waits for the
-  peers' flags (the bounded, abort-aware wait of the kernels) and reduces into the output, then copies
-  the result into the peers' scratches, flagged in the second flags; stream L runs a kernel per chunk
-  that waits for those and copies the peers' reduced parts into the output. The call's stream starts
-  P, R and L and waits for all three. A window's P waits for the last window's R and L: that is the
-  kernels' "one after another" here (below). A kernel queued after one of the call's that failed
-  returns at once, so a failure costs one bound, not one per chunk. Reduce_scatter_block and
-  Allgather from DEVICE_CE_BYTES (the buffer of all ranks' shares) the same way with one exchange:
-  P copies each peer's values into its scratch, R's kernels reduce or copy them out chunk by chunk.
+- **A copy-engine two-shot call** (from DEVICE_CE_BYTES) moves the same bytes into the same slots
+  by the GPUs' copy engines instead of the SMs' stores: shmproxy.rank.copyengines.
 - **Why two halves are enough**: a rank writes half ``e & 1`` of its own scratch or a peer's (and
   its signature slots of that parity) again at epoch e + 2 only after its kernel of epoch e + 1 saw
   every peer's first flag of e + 1, which each peer stored after its kernel of epoch e had read what
@@ -79,14 +68,14 @@ import numpy as np
 from shmproxy.core import errors, log
 from shmproxy.core.kernels import C_TYPES, REDUCE_EXPR
 from shmproxy.core.ops import DTYPE_BFLOAT16, IN_PLACE, ReduceOp
-from shmproxy.rank.devkernels import (DATA, EXTRA_PARAMS, FLAG_SHIFT, FLAGS2, MAX_BLOCKS, MAX_RANKS, SIG_ALLGATHER,
-                                      SIG_REDUCE_SCATTER, SIGS, ST_ABORTED, ST_MISMATCH, W_ABORT, W_PEER, W_STATUS,
-                                      kernel_source)
+from shmproxy.rank.copyengines import CopyEngines
+from shmproxy.rank.devkernels import (BLOCK, DATA, EXTRA_PARAMS, MAX_BLOCKS, MAX_RANKS, SIG_ALLGATHER,
+                                      SIG_REDUCE_SCATTER, ST_ABORTED, ST_MISMATCH, W_ABORT, W_PEER, W_STATUS,
+                                      kernel_source, signature)
 from shmproxy.transports.cuda_driver import Driver
 
 _log = log.get("RANK")
 
-BLOCK = 512            # threads per block
 PER_THREAD = 2         # 16-byte packs a thread copies and reduces, up to DEVICE_ONESHOT_BLOCKS blocks:
                        # the loads of a peer's memory are each a round trip over the link, so they go
                        # wide (blocks, then the unrolled loop's loads in flight together), not deep
@@ -245,8 +234,7 @@ class PeerKernels:
         self.timeout_ns = int(timeout_s * 1e9)
         self.drv = Driver()
         rt = cp.cuda.runtime
-        self.epoch = 0
-        self.ce_windows = 0             # windows moved by the copy engines (the tests ask)
+        self.epoch = 0                  # the calls' (or windows') count: a flag's high bits, a half's parity
         self.peers: list[int] = []      # every rank's scratch as this device sees it (ours included)
         self._opened: list[int] = []    # the peers' mappings, closed at close
         self._kernels: dict[tuple[str, int, str], Any] = {}   # (dtype char, op, kernel) -> its Launch
@@ -265,11 +253,10 @@ class PeerKernels:
             self.bus_id = rt.deviceGetPCIBusId(device)
             self._after = cp.cuda.Event(disable_timing=True)   # recorded behind each kernel
             self._before = cp.cuda.Event(disable_timing=True)  # on the caller's stream (``after``)
-            self.ce = sizing.ce_bytes > 0 and self._can_store_flags()
-            # the copy-engine calls' streams (pushing the input, reducing and pushing the result, copying
-            # out) and their events: start, and one behind each stream
-            self._ce_streams = [cp.cuda.Stream(non_blocking=True) for _ in range(3)] if self.ce else []
-            self._ce_events = [cp.cuda.Event(disable_timing=True) for _ in range(4)] if self.ce else []
+            self.ce: CopyEngines | None = None   # the copy-engine path, where every rank has it (set_up)
+            if sizing.ce_bytes > 0 and self._can_store_flags():
+                self.ce = CopyEngines(cp, self.drv, rank, sizing, self.cap, self.peers, self._kernel,
+                                      self._next_epoch)
 
     def _can_store_flags(self) -> bool:
         """Whether a stream can store a 64-bit flag (the copy-engine path's signal): one store tried."""
@@ -307,9 +294,9 @@ class PeerKernels:
             except Exception as exc:   # whatever cupy raises for a peer's memory it cannot map
                 _log.info("rank %d: cannot map its peers' one-shot scratch: %s", comm.rank, exc)
                 ok = False
-        oks = comm.allgather((ok, shot is not None and shot.ce))
-        if shot is not None:
-            shot.ce = all(ce for _, ce in oks)   # the same on every rank: it decides what a call queues
+        oks = comm.allgather((ok, shot is not None and shot.ce is not None))
+        if shot is not None and not all(ce for _, ce in oks):
+            shot.ce = None   # the same on every rank: it decides what a call queues
         if not all(o for o, _ in oks):
             if shot is not None:
                 shot.close(barrier=None)
@@ -355,8 +342,8 @@ class PeerKernels:
             if count * isz <= z.oneshot_bytes or not z.window:
                 self._queue(self._kernel(dtype, op, "shmproxy_oneshot"), src, dst, count, dtype, op, stream,
                             z.blocks)
-            elif self.ce and count * isz >= z.ce_bytes:
-                self._queue_ce(src, dst, count, dtype, op, stream)
+            elif self.ce is not None and count * isz >= z.ce_bytes:
+                self.ce.allreduce(src, dst, count, dtype, op, stream)
             else:
                 launch, step = self._kernel(dtype, op, "shmproxy_twoshot"), z.window_count(isz)
                 for off in range(0, count, step):
@@ -372,8 +359,8 @@ class PeerKernels:
         isz = dtype.itemsize
         stride = count * isz
         with self._ordered(stream, after):
-            if self.ce and count * self.nranks * isz >= self.sizing.ce_bytes:
-                self._queue_ce_shares(reduce, src, dst, count, dtype, op, stream)
+            if self.ce is not None and count * self.nranks * isz >= self.sizing.ce_bytes:
+                self.ce.shares(reduce, src, dst, count, dtype, op, stream)
                 return
             launch, step = self._kernel(dtype, op if reduce else ReduceOp.SUM, name), self.sizing.share_window(isz)
             for off in range(0, count, step):
@@ -405,135 +392,22 @@ class PeerKernels:
             if prev != self.device:
                 rt.setDevice(prev)
 
+    @property
+    def ce_windows(self) -> int:
+        """Windows moved by the copy engines so far (the tests ask)."""
+        return self.ce.windows if self.ce is not None else 0
+
+    def _next_epoch(self) -> int:
+        self.epoch += 1
+        return self.epoch
+
     def _queue(self, launch: Any, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int,
                blocks: int, aligned: bool = True) -> None:
-        self.epoch += 1
         v = launch.values   # the call's own; the rest were set with the kernel (_kernel)
-        v[0], v[1], v[2], v[3] = src, dst, count, self.epoch
-        v[8] = (count << 16) | (dtype.num << 8) | op   # the signature the peers compare
+        v[0], v[1], v[2], v[3] = src, dst, count, self._next_epoch()
+        v[8] = signature(count, dtype, op)
         v[9] = aligned and not ((src | dst) & 15)       # 16-byte packs
         launch(Sizing.grid(count, dtype.itemsize, blocks), BLOCK, stream)
-
-    def _queue_ce(self, src: int, dst: int, count: int, dtype: np.dtype, op: int, stream: int) -> None:
-        """The two-shot Allreduce with the copy engines moving its exchanges (see the header): per window
-        of ``window_count`` elements, stream P copies this rank's input for each peer's part into that
-        peer's scratch and stores its flag, chunk by chunk; stream R reduces each chunk of this rank's
-        part once the peers' copies are here, and copies the result into their scratches, flagged; L
-        copies the peers' reduced chunks into the output once they are here. All three start after
-        ``stream``'s work and ``stream`` waits for all three."""
-        drv, isz, nr, me, z = self.drv, dtype.itemsize, self.nranks, self.rank, self.sizing
-        vec = 16 // isz
-        cchunk = max(z.ce_chunk // isz // vec * vec, vec)
-        red, out = self._kernel(dtype, op, "shmproxy_ce_reduce"), self._kernel(dtype, op, "shmproxy_ce_copy_out")
-        P, R, L = (st.ptr for st in self._ce_streams)
-        start, after_p, after_r, after_l = (e.ptr for e in self._ce_events)
-        drv.record(start, stream)
-        for st in (P, R, L):
-            drv.wait(st, start)
-        aligned = not ((src | dst) & 15)
-        step = z.window_count(isz)
-        for off in range(0, count, step):
-            n = min(step, count - off)
-            if off:
-                # a window writes the half its last-but-one wrote: the peers read that one before they
-                # flagged the last window's copies, which R saw; and this rank's reads of the last window
-                # are done (R, L)
-                drv.record(after_r, R)
-                drv.record(after_l, L)
-                drv.wait(P, after_r)
-                drv.wait(P, after_l)
-            self.epoch += 1
-            self.ce_windows += 1
-            e = self.epoch
-            half, sigs, base = DATA + (e & 1) * self.cap, SIGS + (e & 1) * nr * MAX_BLOCKS, e << FLAG_SHIFT
-            sig = (n << 16) | (dtype.num << 8) | op
-            sub = ((n + nr - 1) // nr + vec - 1) // vec * vec
-            lens = [max(min((q + 1) * sub, n) - min(q * sub, n), 0) for q in range(nr)]
-            chunks = [(ln + cchunk - 1) // cchunk for ln in lens]
-            s_in, s_out = src + off * isz, dst + off * isz
-            for launch in (red, out):
-                v = launch.values
-                v[0], v[1], v[2], v[3], v[8], v[9] = s_in, s_out, n, e, sig, aligned
-                v[11 + nr] = cchunk
-            for q in range(nr):
-                if q != me:
-                    drv.write_value64(P, self.peers[q] + 8 * (sigs + me * MAX_BLOCKS), sig)
-            d_mine = [((me - q + nr) % nr - 1) * sub * isz for q in range(nr)]   # my slot in q's scratch
-            for c in range(max(chunks)):
-                for q in range(nr):
-                    if q == me or c >= chunks[q]:
-                        continue
-                    at = (q * sub + c * cchunk) * isz
-                    drv.memcpy(self.peers[q] + half + d_mine[q] + c * cchunk * isz, s_in + at,
-                               min(cchunk, lens[q] - c * cchunk) * isz, P)
-                    drv.write_value64(P, self.peers[q] + 8 * me * MAX_BLOCKS, base + c + 1)
-                if c < chunks[me]:
-                    red.values[10 + nr] = c
-                    red(z.ce_blocks, BLOCK, R)
-                    at = (me * sub + c * cchunk) * isz
-                    nbytes = min(cchunk, lens[me] - c * cchunk) * isz
-                    for q in range(nr):
-                        if q != me:
-                            drv.memcpy(self.peers[q] + half + (nr - 1) * sub * isz + d_mine[q] + c * cchunk * isz,
-                                       s_out + at, nbytes, R)
-                            drv.write_value64(R, self.peers[q] + 8 * (FLAGS2 + me * MAX_BLOCKS), base + c + 1)
-                if any(c < chunks[q] for q in range(nr) if q != me):
-                    out.values[10 + nr] = c
-                    out(z.ce_blocks, BLOCK, L)
-        for st, ev in ((P, after_p), (R, after_r), (L, after_l)):
-            drv.record(ev, st)
-            drv.wait(stream, ev)
-
-    def _queue_ce_shares(self, reduce: bool, src: int, dst: int, count: int, dtype: np.dtype, op: int,
-                         stream: int) -> None:
-        """Reduce_scatter_block or Allgather with the copy engines moving the exchange, as ``_queue_ce``:
-        per window of ``share_window`` elements of each share, stream P copies each peer's values
-        (its share of the input, or this rank's input) into its scratch chunk by chunk, flagged; stream
-        R runs a kernel per chunk that waits for the peers' and reduces them into the output, or copies
-        them into their shares of it."""
-        drv, isz, nr, me, z = self.drv, dtype.itemsize, self.nranks, self.rank, self.sizing
-        vec = 16 // isz
-        cchunk = max(z.ce_chunk // isz // vec * vec, vec)
-        kern = self._kernel(dtype, op if reduce else ReduceOp.SUM, "shmproxy_ce_shares")
-        P, R = self._ce_streams[0].ptr, self._ce_streams[1].ptr
-        start, after_p, after_r = self._ce_events[0].ptr, self._ce_events[1].ptr, self._ce_events[2].ptr
-        drv.record(start, stream)
-        drv.wait(P, start)
-        drv.wait(R, start)
-        v = kern.values
-        v[9] = not ((src | dst | count * isz) & 15)
-        v[11 + nr], v[12 + nr], v[13 + nr] = cchunk, count, reduce
-        step = z.share_window(isz)
-        for off in range(0, count, step):
-            n = min(step, count - off)
-            if off:
-                drv.record(after_r, R)   # the peers read the half this window writes before they flagged
-                drv.wait(P, after_r)     # the last one's copies, which R saw
-            self.epoch += 1
-            self.ce_windows += 1
-            e = self.epoch
-            half, sigs, base = DATA + (e & 1) * self.cap, SIGS + (e & 1) * nr * MAX_BLOCKS, e << FLAG_SHIFT
-            sig = (n << 16) | (dtype.num << 8) | ((SIG_REDUCE_SCATTER | op) if reduce else SIG_ALLGATHER)
-            slot = (n + vec - 1) // vec * vec * isz
-            v[0], v[1], v[2], v[3], v[8] = src + off * isz, dst + off * isz, n, e, sig
-            for q in range(nr):
-                if q != me:
-                    drv.write_value64(P, self.peers[q] + 8 * (sigs + me * MAX_BLOCKS), sig)
-            if not reduce and src != dst + (me * count + off) * isz:
-                drv.memcpy(dst + (me * count + off) * isz, src + off * isz, n * isz, R)   # this rank's share
-            for c in range((n + cchunk - 1) // cchunk):
-                at, clen = c * cchunk, min(cchunk, n - c * cchunk)
-                for q in range(nr):
-                    if q == me:
-                        continue
-                    mine = src + ((q * count if reduce else 0) + off + at) * isz
-                    drv.memcpy(self.peers[q] + half + ((me - q + nr) % nr - 1) * slot + at * isz, mine, clen * isz, P)
-                    drv.write_value64(P, self.peers[q] + 8 * me * MAX_BLOCKS, base + c + 1)
-                v[10 + nr] = c
-                kern(z.ce_blocks, BLOCK, R)
-        for st, ev in ((P, after_p), (R, after_r)):
-            drv.record(ev, st)
-            drv.wait(stream, ev)
 
     def synchronize(self, stream: int) -> None:
         self.cp.cuda.runtime.streamSynchronize(stream)

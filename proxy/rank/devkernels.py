@@ -5,11 +5,14 @@ halves are enough, the bounds) is in shmproxy.rank.devcoll's header; the host si
 """
 from __future__ import annotations
 
+import numpy as np
+
 from shmproxy.core.kernels import AVG_FINISH, REDUCE_EXPR
 from shmproxy.core.ops import ReduceOp
 
 MAX_RANKS = 8          # kernels are written out per count of ranks (each peer's scratch is a parameter)
 MAX_BLOCKS = 512       # flag and signature slots per peer
+BLOCK = 512            # threads per block of every kernel here
 # scratch layout, in 64-bit words: flags [peer][block] (the one-shot's, and the two-shot's first), the
 # two-shot's second flags [peer][block], signatures [parity][peer][block], then the two data halves (at a
 # byte offset that keeps them 256-byte aligned)
@@ -479,6 +482,12 @@ EXTRA_PARAMS = {"shmproxy_reduce_scatter": 1, "shmproxy_allgather": 1, "shmproxy
 # a signature's op byte for the kernels that take no op (the peers compare whole signatures)
 SIG_ALLGATHER = 0xA0
 SIG_REDUCE_SCATTER = 0x40   # | the op
+
+
+def signature(count: int, dtype: np.dtype, op: int) -> int:
+    """A call's signature, which every peer's kernel compares with its own: the count, the dtype and
+    the op (or the collective's bits above)."""
+    return (count << 16) | (dtype.num << 8) | op
 
 
 def kernel_source(ctype: str, redop: int, nranks: int, chunk: int = 128 << 10) -> str:
