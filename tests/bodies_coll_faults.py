@@ -273,7 +273,7 @@ def proxy_dies_in_allreduce(nbytes: int) -> dict:
         req = comm.Iallreduce(send, recv)
         if comm.rank == 0:
             time.sleep(one / 4)
-            os.kill(comm._proxy_pid, signal.SIGKILL)
+            os.kill(comm._proxy.pid, signal.SIGKILL)
         return _expect_peer_died(req.Wait, comm, one)
 
 

@@ -256,7 +256,7 @@ def many_comms(k: int) -> dict:
     with shmproxy.init() as comm:
         r, n = comm.rank, comm.size
         dups = [comm.Dup() for _ in range(k)]
-        pids = {d._proxy_pid for d in dups if hasattr(d, "_proxy_pid")}
+        pids = {d._proxy.pid for d in dups if hasattr(d, "_proxy")}
         for it in range(5):
             order = list(range(k))
             if r % 2:

@@ -15,7 +15,7 @@ def _dump_until(comm, needle: str, bound_s: float = 20.0) -> str:
     deadline = time.monotonic() + bound_s
     text = ""
     while needle not in text and time.monotonic() < deadline:
-        text = subprocess.run([sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy_pid),
+        text = subprocess.run([sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy.pid),
                                "--outside"], capture_output=True, text=True, timeout=60).stdout
     return text
 

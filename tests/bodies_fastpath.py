@@ -333,7 +333,7 @@ def dump_small_collective(marker: str) -> dict:
                       "end, text = time.monotonic() + 30, ''\n"
                       "while 'have not' not in text and time.monotonic() < end:\n"
                       f"    text = subprocess.run([sys.executable, '-m', 'shmproxy.tools.dump_cli', '--pid', "
-                      f"'{comm._proxy_pid}', '--outside'], capture_output=True, text=True).stdout\n"
+                      f"'{comm._proxy.pid}', '--outside'], capture_output=True, text=True).stdout\n"
                       "print(text)\n"
                       f"open({marker!r}, 'w').close()\n")
             proc = subprocess.Popen([sys.executable, "-c", reader], stdout=subprocess.PIPE, text=True)

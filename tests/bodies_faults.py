@@ -43,7 +43,7 @@ def report_then_allreduce(addr: str, limit_s: float) -> None:
     a bound in case it never does)."""
     with shmproxy.init() as comm:
         comm.Barrier()
-        msg = {"rank": comm.rank, "pid": os.getpid(), "proxy_pid": comm._proxy_pid,
+        msg = {"rank": comm.rank, "pid": os.getpid(), "proxy_pid": comm._proxy.pid,
                "prefix": _pool_prefix(comm), "socket": comm._path}
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.sendto(json.dumps(msg).encode(), addr)
@@ -143,7 +143,7 @@ def progress_process_crashes() -> dict:
     with shmproxy.init() as comm:
         comm.Barrier()
         if comm.rank == 0:
-            os.kill(comm._proxy_pid, signal.SIGSEGV)
+            os.kill(comm._proxy.pid, signal.SIGSEGV)
         t0 = time.monotonic()
         try:
             comm.Recv(np.zeros(8), (comm.rank + 1) % comm.size, tag=1)

@@ -508,7 +508,7 @@ def _dumped_state(comm: Any) -> dict:
     import os
     import subprocess
     import sys
-    cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy_pid), "--json", "--signal"]
+    cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(comm._proxy.pid), "--json", "--signal"]
     doc = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
     signalled = doc["processes"][0]
     os.unlink(signalled["dump_file"])   # output a person asked for: the test's to remove

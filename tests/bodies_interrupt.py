@@ -25,7 +25,7 @@ def ctrl_c_in_a_loop() -> None:
         x, y = np.ones(1000), np.zeros(1000)
 
         def interrupt() -> None:
-            os.kill(comm._proxy_pid, signal.SIGINT)
+            os.kill(comm._proxy.pid, signal.SIGINT)
             threading.Event().wait(0.2)   # the lag between two groups' signals
             for pid in pids:
                 os.killpg(int(pid), signal.SIGINT)   # each rank leads its own session (the harness)

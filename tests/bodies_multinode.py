@@ -200,7 +200,7 @@ def kill_during_collective(victim: int, what: str) -> dict:
         for i in range(1000000):
             if i == 20 and me == victim:
                 if what == "proxy":
-                    os.kill(comm._proxy_pid, signal.SIGKILL)
+                    os.kill(comm._proxy.pid, signal.SIGKILL)
                 else:
                     os.kill(os.getpid(), signal.SIGKILL)
             comm.Allreduce(x, y)
@@ -295,7 +295,7 @@ def hung_collective_dump() -> dict:
                 deadline = time.monotonic() + 20
                 while "waiting on node 1" not in text and time.monotonic() < deadline:
                     text = subprocess.run([sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid",
-                                           str(comm._proxy_pid), "--outside"], capture_output=True, text=True,
+                                           str(comm._proxy.pid), "--outside"], capture_output=True, text=True,
                                           timeout=60).stdout
                 for r in range(comm.size):
                     if comm.node_layout["rank_node"][r] == 1:

@@ -383,7 +383,7 @@ def progress_floats_over_bound_ranks_cpus() -> dict:
     os.sched_setaffinity(0, mine)
     with shmproxy.init() as comm:
         comm.Barrier()
-        pid = comm._proxy_pid
+        pid = comm._proxy.pid
         deadline = time.monotonic() + 20
         while True:   # the decision is applied by the loop's next housekeeping tick
             masks, guards, copiers = {}, {}, {}
@@ -447,7 +447,7 @@ def proxy_dies() -> dict:
         try:
             comm.Barrier()  # every rank is initialised before the kill
             if comm.rank == 0:
-                os.kill(comm._proxy_pid, signal.SIGKILL)
+                os.kill(comm._proxy.pid, signal.SIGKILL)
                 t0 = time.monotonic()
             comm.Recv(np.zeros(8), (comm.rank + 1) % comm.size, tag=1)
         except shmproxy.PeerDiedError as e:
@@ -462,7 +462,7 @@ def proxy_and_local_rank0_die() -> dict:
     with shmproxy.init() as comm:
         comm.Barrier()
         if comm.rank == 0:
-            os.kill(comm._proxy_pid, signal.SIGKILL)
+            os.kill(comm._proxy.pid, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             comm.Recv(np.zeros(8), 0, tag=1)
@@ -557,7 +557,7 @@ def dump_live() -> dict:
             comm.Recv(np.zeros(4), 0, tag=42)
             comm.Recv(big, 0, tag=43)
         elif comm.rank == 0:
-            pid = comm._proxy_pid
+            pid = comm._proxy.pid
             cmd = [sys.executable, "-m", "shmproxy.tools.dump_cli", "--pid", str(pid), "--json"]
             deadline = time.monotonic() + 30
             while True:  # until rank 1's receive has been fetched by the progress process
@@ -611,5 +611,5 @@ def started_beside_another_proxy_package(decoy_root: str) -> dict:
         comm.Send(np.full(1000, float(r)), (r + 1) % n, tag=5)
         rq.Wait()
         assert (out == (r - 1) % n).all()
-        proxy_cwd = psutil.Process(comm._proxy_pid).cwd()
+        proxy_cwd = psutil.Process(comm._proxy.pid).cwd()
     return {"proxy_cwd": proxy_cwd}

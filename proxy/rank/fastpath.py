@@ -77,7 +77,7 @@ def bind(comm: "Comm", seg_addr: int, layout: P.Layout) -> bool:
                  lambda *a, **k: _bcast(comm, *a, **k), lambda *a, **k: _reduce(comm, *a, **k))
     pp.set_fast(seg_addr, layout.fast_off, layout.fast_bytes, layout.rank_area_off, layout.nlocal,
                 comm.params.WAIT_SLICE_MS * 1e-3, fallbacks, lambda code, detail: fast_failed(comm, code, detail),
-                lambda: fast_check(comm), comm._pidfd)
+                lambda: fast_check(comm), comm._proxy.pidfd)
     comm._fast_bytes = layout.fast_bytes
     return True
 
@@ -288,7 +288,7 @@ def _copy(rt: Any, dst: int, src: int, nbytes: int, kind: int, stream: int) -> N
 
 def fast_check(comm: "Comm") -> None:
     """Between a small collective's sleeps: the progress process must still be there."""
-    if comm._pidfd >= 0 and comm._proxy_dead():
+    if comm._proxy.dead():
         raise comm._record_failure()
 
 

@@ -18,9 +18,6 @@ from __future__ import annotations
 import abc
 import atexit
 import os
-import select
-import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -36,6 +33,7 @@ from shmproxy.rank.buffers import Registry, StagingCache
 from shmproxy.core.ops import (COLL_LAST_NATIVE, CODE_DTYPE, DTYPE_CODE, FLAG_IN_PLACE, FLAG_NO_RECV,
                                KIND_COLL, KIND_RECV, KIND_SEND, Coll)
 from shmproxy.control.protocol import MsgType
+from shmproxy.rank.progressproc import ProgressProcess
 from shmproxy.rank.posting import CommCalls, Posting
 from shmproxy.rank.request import Request
 from shmproxy.rank.waiting import Failure, Waiter
@@ -112,10 +110,7 @@ class Lifecycle(abc.ABC):
     _failure: errors.ProxyError | None
 
     # the progress process and the service
-    _proc: subprocess.Popen | None  # local rank 0 started it
-    _proxy_pid: int
-    _pidfd: int
-    _fault_fd: int                  # where its fatal-signal stacks go
+    _proxy: ProgressProcess         # its pid, pidfd and fault report (rank/progressproc.py)
     _client: ServiceClient | None
 
     # the ops pool, mapped (_attach_pool)
@@ -165,11 +160,10 @@ class Lifecycle(abc.ABC):
         self.local_rank, self.local_size = info.local_rank, info.local_size
         self.params = params
         self._timeout = params.TIMEOUT
-        self._proc = None
+        self._proxy = ProgressProcess()
         self._client = None
         self._seg = None
         self._view = None
-        self._pidfd = self._fault_fd = -1
         key = key or bootstrap.job_key(info, params)
         self._job_key, self._comm_id, self._nchildren = key, comm_id, 0
         self._path = bootstrap.service_path(bootstrap.run_dir(params), key, comm_id)
@@ -207,13 +201,10 @@ class Lifecycle(abc.ABC):
                    "--comm-id", str(comm_id), "--parent", str(os.getpid()), *_cwd_args()]
             if multi:
                 cmd += ["--net-ip", netif.choose_ip(params.SOCKET_IFNAME, rendezvous.target_host(info, params))]
-            self._proc = subprocess.Popen(cmd, env=env, cwd=_PACKAGE_ROOT, stdin=subprocess.DEVNULL,
-                                          close_fds=True)
-            _log.info("started progress process pid %d", self._proc.pid)
-        proc = self._proc
+            self._proxy.start(cmd, env, _PACKAGE_ROOT)
         self._client = ServiceClient.connect(
             self._path, max(deadline - self._now(), 0.001),
-            should_abort=(lambda: proc.poll() is not None) if proc is not None else None)
+            should_abort=self._proxy.child_exited if self._proxy.proc is not None else None)
         c = self._client
         host = params.HOSTNAME or bootstrap.host_identity()
         resp, fds = c.call(MsgType.INIT, {
@@ -222,14 +213,8 @@ class Lifecycle(abc.ABC):
             "affinity": sorted(os.sched_getaffinity(0))}, timeout=self._left(deadline))
         for fd in fds[1:]:
             os.close(fd)
-        self._fault_fd = fds[0] if fds else -1   # where the progress process's fatal-signal stacks go
         resp0 = resp
-        self._proxy_pid = int(resp["proxy_pid"])
-        try:
-            self._pidfd = os.pidfd_open(self._proxy_pid)
-        except ProcessLookupError as exc:
-            raise errors.PeerDiedError("the progress process exited during init", rank=-1,
-                                       pid=self._proxy_pid) from exc
+        self._proxy.adopt(int(resp["proxy_pid"]), fds[0] if fds else -1)
         resp, fds = c.call(MsgType.SHARED_INIT, {}, timeout=self._left(deadline))
         if len(fds) != 1:
             for fd in fds:
@@ -280,7 +265,7 @@ class Lifecycle(abc.ABC):
         # Waiting, and the records and slots a post takes (rank/waiting.py)
         w = self._waiter = Waiter(self.rank, lr, view, self._u32, seg.addr, self._timeout, p.WAIT_SLICE_MS * 1e-3,
                                   Failure(lambda: self._failure, self._record_failure, self._set_failure,
-                                          self._proxy_dead))
+                                          self._proxy.dead))
         self._abort_q, self._err_q = w.abort_q, w.err_q   # the control block's abort and error words
         posted_q = layout.rank_q(lr, P.RANK_POSTED)
         # The post path (shm/_poster.c): sequence numbers, opCount, groups, and the fast post.
@@ -346,7 +331,7 @@ class Lifecycle(abc.ABC):
             resp, _ = self._client.call(msg, payload, fds=fds, timeout=self._timeout)
         except errors.RemoteError as exc:
             if self._view is not None and (self._q[self._err_q] or self._q[self._abort_q]
-                                           or (self._pidfd >= 0 and self._proxy_dead(0.5))):
+                                           or self._proxy.dead(0.5)):
                 raise self._record_failure() from exc   # names who failed, or how the progress process died
             raise
         return resp
@@ -366,7 +351,7 @@ class Lifecycle(abc.ABC):
         view = self._view
         assert view is not None
         exc = self._failure_in(view) or errors.PeerDiedError(
-            f"the progress process (pid {self._proxy_pid}) died" + self._proxy_death(), rank=-1, pid=self._proxy_pid)
+            f"the progress process (pid {self._proxy.pid}) died" + self._proxy.death(), rank=-1, pid=self._proxy.pid)
         self._set_failure(exc)
         return exc
 
@@ -390,49 +375,6 @@ class Lifecycle(abc.ABC):
             return self._failure_in(view)
         finally:
             view.release()
-
-    def _proxy_death(self) -> str:
-        """What is known of how the progress process died: its exit status (its parent, local rank 0,
-        can reap it) and the fatal error its fault report begins with (any rank can read it)."""
-        out = ""
-        proc = self._proc
-        if proc is not None:
-            try:
-                rc = proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                rc = None
-            if rc is not None and rc < 0:
-                out += f", killed by {signal.Signals(-rc).name}"
-            elif rc is not None:
-                out += f", exit status {rc}"
-        if self._fault_fd < 0:
-            return out
-        try:
-            report = os.pread(self._fault_fd, 4096, 0).decode("utf-8", "replace")
-        except OSError:
-            return out
-        first = report.split("\n", 1)[0].strip()
-        return out + (f": {first} (its stacks, from its fault handler: {report[len(first):].strip()[:800]})"
-                      if first else "")
-
-    def _proxy_dead(self, wait_s: float = 0.0) -> bool:
-        return bool(select.select([self._pidfd], [], [], wait_s)[0])
-
-    def _proxy_doomed(self) -> bool:
-        """At teardown: the progress process exited, or is exiting from a SIGKILL. Its exit completes
-        only once every thread has run, and its idle-priority keep-awake guards may wait a scheduler
-        tick for a CPU; a survivor that judged by the pidfd alone could leave the socket file behind.
-        A failed communicator also gives the pidfd a short bounded wait."""
-        if self._proxy_dead(0.2 if self._failure is not None else 0.0):
-            return True
-        try:
-            with open(f"/proc/{self._proxy_pid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except (OSError, ValueError):
-            return False
-        sigkill = 1 << (signal.SIGKILL - 1)
-        return fields.get("State", "").strip()[:1] in ("Z", "X") or bool(
-            int(fields.get("ShdPnd", "0"), 16) & sigkill or int(fields.get("SigPnd", "0"), 16) & sigkill)
 
     def _set_failure(self, exc: errors.ProxyError) -> None:
         self._failure = exc
@@ -459,7 +401,7 @@ class Lifecycle(abc.ABC):
             return self._failure
         if self._view is None or self._closed:
             return None
-        if self._q[self._err_q] or self._q[self._abort_q] or self._proxy_dead():
+        if self._q[self._err_q] or self._q[self._abort_q] or self._proxy.dead():
             return self._record_failure()
         return None
 
@@ -552,7 +494,7 @@ class Lifecycle(abc.ABC):
 
     def _teardown(self, wait_proxy: bool) -> None:
         """Release everything this process holds; safe to call in any state."""
-        proxy_dead = self._pidfd >= 0 and self._proxy_doomed()
+        proxy_dead = self._proxy.doomed(failed=self._failure is not None)
         shot = self.__dict__.pop("_oneshot", None)
         if shot:
             shot.close(barrier=None)   # if not closed above: its kernels end, its memory is the exit's
@@ -585,30 +527,11 @@ class Lifecycle(abc.ABC):
         if self._client is not None:
             self._client.close()
             self._client = None
-        if self._pidfd >= 0:
-            os.close(self._pidfd)
-            self._pidfd = -1
-        if self._fault_fd >= 0:
-            os.close(self._fault_fd)
-            self._fault_fd = -1
-        proc = self._proc
-        if proc is not None:
-            self._proc = None
-            if wait_proxy:
-                try:
-                    proc.wait(timeout=self._timeout)
-                except subprocess.TimeoutExpired:
-                    _log.warning("progress process %d did not exit within %.0f s; killing it",
-                                 proc.pid, self._timeout)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-            if proc.returncode is not None and proc.returncode < 0:
-                proxy_dead = True  # killed by a signal: it unlinked nothing
+        ours = self._proxy.release(self._timeout if wait_proxy else None)   # killed past the bound
         # The socket file is the progress process's to remove. Only if it died before doing so does
         # the job have to: then any survivor may, idempotently (local rank 0, its parent, may be dead
         # too). The pool has no name to remove (shm/segment.py).
-        if proxy_dead or proc is not None:
+        if proxy_dead or ours:
             try:
                 os.unlink(self._path)
             except FileNotFoundError:

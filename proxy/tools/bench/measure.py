@@ -165,7 +165,7 @@ def measure_idle(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: 
         recv.fill(SENTINEL)
         lib.recv(lib.wrap(recv), 0, TAG_OP)
         return [math.nan, math.nan, math.nan]
-    proxy_pid = ctx.comm._proxy_pid
+    proxy_pid = ctx.comm._proxy.pid
     waiting = ctx.pids[1:]
     time.sleep(IDLE_SETTLE_S)
     c0 = [_cpu_seconds(p) for p in [proxy_pid, *waiting]]

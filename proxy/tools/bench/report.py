@@ -172,7 +172,7 @@ def collect_environment(ctx: Ctx, libs: Sequence[Library]) -> dict[str, Any]:
         "host": socket.gethostname(), "nproc": os.cpu_count(), "ranks": ctx.size,
         "launcher": detect().launcher,
         "rank_pids": ctx.pids, "rank_affinity": [affinity(p) for p in ctx.pids],
-        "proxy_pid": ctx.comm._proxy_pid, "proxy_affinity": affinity(ctx.comm._proxy_pid),
+        "proxy_pid": ctx.comm._proxy.pid, "proxy_affinity": affinity(ctx.comm._proxy.pid),
         "python": sys.version, "platform": platform.platform(), "numpy": np.__version__,
         "shmproxy": shmproxy.__version__, "mpi4py": _module_version("mpi4py"), "torch": _module_version("torch"),
         "libraries": {lib.name: lib.version for lib in libs},
