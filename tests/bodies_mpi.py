@@ -149,6 +149,25 @@ def persistent_and_waitany() -> dict:
     assert MPI.Request.Waitsome(reqs) is None
     assert MPI.Request.Testall(reqs)
     MPI.Request.Waitall(sends)
+    # Get_status_some reports complete requests and leaves them active; Testsome frees the same ones
+    reqs = [comm.Irecv(bufs[k], other, 200 + k) for k in range(n)]
+    sends = [comm.Isend(np.full(2, -k, "i"), other, 200 + k) for k in range(n)]
+    got: set = set()
+    while len(got) < n:
+        statuses = []
+        peeked = MPI.Request.Get_status_some(reqs, statuses)
+        assert peeked is not None
+        for j, idx in enumerate(peeked):
+            assert statuses[j].tag == 200 + idx and reqs[idx] != MPI.REQUEST_NULL, (idx, statuses[j].tag)
+        statuses = []
+        done = MPI.Request.Testsome(reqs, statuses)
+        assert done is not None and set(peeked) <= set(done), (peeked, done)
+        for j, idx in enumerate(done):
+            assert statuses[j].tag == 200 + idx and bufs[idx].tolist() == [-idx, -idx]
+            assert reqs[idx] == MPI.REQUEST_NULL
+        got |= set(done)
+    assert MPI.Request.Testsome(reqs) is None and MPI.Request.Get_status_some(reqs) is None
+    MPI.Request.Waitall(sends)
     # PROC_NULL persistent requests complete at once
     p = comm.Recv_init(np.zeros(1), MPI.PROC_NULL)
     p.Start()

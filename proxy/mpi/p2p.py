@@ -340,56 +340,53 @@ class PointToPoint:
         except errors.ProxyError as exc:
             raise convert(exc) from None
 
-    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
-        """Wait for a message a receive (source, tag) would match; ``status`` says what it is."""
+    def _probed(self, probe: Callable[[int, int], Any], source: int, tag: int, status: Status | None) -> bool:
+        """A probe's common part: the arguments checked, PROC_NULL answered at once, ``status`` filled
+        from the status ``probe(source, tag)`` found; whether it found one (None: nothing yet)."""
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
             if status is not None:
                 status._fill_null()
             return True
-        st = self._probe_call(self._c.Probe, source, tag)
-        if status is not None:
-            status._fill(st)
-        return True
-
-    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
-        """Whether a message a receive (source, tag) would match is there now."""
-        source, tag = self._peer(source, "source", True), self._tag(tag, True)
-        if source == PROC_NULL:
-            if status is not None:
-                status._fill_null()
-            return True
-        st = self._probe_call(self._c.Iprobe, source, tag)
+        st = probe(source, tag)
         if st is not None and status is not None:
             status._fill(st)
         return st is not None
 
-    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
-        """Wait for a message (source, tag) and take it out of matching: only the Message's Recv gets it."""
+    def _mprobed(self, probe: Callable[[int, int], Any], source: int, tag: int,
+                 status: Status | None) -> Message | None:
+        """A matched probe's common part, as ``_probed``: the Message of what ``probe`` took out of
+        matching, or None when it took nothing."""
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
             if status is not None:
                 status._fill_null()
             return Message(MESSAGE_NO_PROC)   # a copy: receiving it makes it MESSAGE_NULL, not the constant
-        m = self._probe_call(self._c.Mprobe, source, tag)
-        if status is not None:
-            status._fill(m.status)
-        return Message._of(m)
-
-    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-                status: Status | None = None) -> Message | None:
-        """Mprobe that answers at once: a Message, or None when nothing matches now."""
-        source, tag = self._peer(source, "source", True), self._tag(tag, True)
-        if source == PROC_NULL:
-            if status is not None:
-                status._fill_null()
-            return Message(MESSAGE_NO_PROC)   # a copy: receiving it makes it MESSAGE_NULL, not the constant
-        m = self._probe_call(self._c.Improbe, source, tag)
+        m = probe(source, tag)
         if m is None:
             return None
         if status is not None:
             status._fill(m.status)
         return Message._of(m)
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Wait for a message a receive (source, tag) would match; ``status`` says what it is."""
+        return self._probed(lambda s, t: self._probe_call(self._c.Probe, s, t), source, tag, status)
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Whether a message a receive (source, tag) would match is there now."""
+        return self._probed(lambda s, t: self._probe_call(self._c.Iprobe, s, t), source, tag, status)
+
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
+        """Wait for a message (source, tag) and take it out of matching: only the Message's Recv gets it."""
+        m = self._mprobed(lambda s, t: self._probe_call(self._c.Mprobe, s, t), source, tag, status)
+        assert m is not None   # a blocking probe returns a message
+        return m
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status: Status | None = None) -> Message | None:
+        """Mprobe that answers at once: a Message, or None when nothing matches now."""
+        return self._mprobed(lambda s, t: self._probe_call(self._c.Improbe, s, t), source, tag, status)
 
     # ------------------------------------------------------------------ objects (lower case), point-to-point
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
@@ -480,26 +477,10 @@ class PointToPoint:
         return value
 
     def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
-        source, tag = self._peer(source, "source", True), self._tag(tag, True)
-        if source == PROC_NULL:
-            if status is not None:
-                status._fill_null()
-            return True
-        st = self._obj(objp2p.probe, source, tag)
-        if status is not None:
-            status._fill(st)
-        return True
+        return self._probed(lambda s, t: self._obj(objp2p.probe, s, t), source, tag, status)
 
     def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
-        source, tag = self._peer(source, "source", True), self._tag(tag, True)
-        if source == PROC_NULL:
-            if status is not None:
-                status._fill_null()
-            return True
-        st = self._obj(objp2p.iprobe, source, tag)
-        if st is not None and status is not None:
-            status._fill(st)
-        return st is not None
+        return self._probed(lambda s, t: self._obj(objp2p.iprobe, s, t), source, tag, status)
 
     def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
         """The next object (source, tag), taken out of matching: its Message's recv() returns it."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from shmproxy.core import errors
 from shmproxy.core.ops import UNDEFINED
@@ -255,13 +255,7 @@ class Request(HandleNumber):
     @staticmethod
     def Testsome(requests: Sequence["Request"], statuses: list | None = None) -> list[int] | None:
         """Indices of the requests complete now (possibly none); None if none is active."""
-        reqs = _check(requests)
-        if not any(r._active() for r in reqs):
-            return None
-        done = [i for i, r in enumerate(reqs) if r._active() and _done(r)]
-        for k, i in enumerate(done):
-            reqs[i].Wait(_status_at(statuses, k))
-        return done
+        return _complete_now(requests, statuses, lambda r, st: r.Wait(st))
 
     @staticmethod
     def Waitsome(requests: Sequence["Request"], statuses: list | None = None) -> list[int] | None:
@@ -345,13 +339,7 @@ class Request(HandleNumber):
 
     @staticmethod
     def Get_status_some(requests: Sequence["Request"], statuses: Sequence | None = None) -> list[int] | None:
-        reqs = _check(requests)
-        if not any(r._active() for r in reqs):
-            return None
-        done = [i for i, r in enumerate(reqs) if r._active() and _done(r)]
-        for k, i in enumerate(done):
-            reqs[i].Get_status(_status_at(statuses, k))
-        return done
+        return _complete_now(requests, statuses, lambda r, st: r.Get_status(st))
 
     get_status_any, get_status_all, get_status_some = Get_status_any, Get_status_all, Get_status_some
 
@@ -522,6 +510,19 @@ def _status_at(statuses: Sequence | None, i: int) -> Status | None:
         statuses.append(Status())
     st = statuses[i]
     return st if isinstance(st, Status) else None
+
+
+def _complete_now(requests: Sequence[Request], statuses: Sequence | None,
+                  take: Callable[[Request, Status | None], Any]) -> list[int] | None:
+    """The indices of the active requests complete now, each given to ``take`` with its status (Wait,
+    which frees it, or Get_status, which does not); None if none is active."""
+    reqs = _check(requests)
+    if not any(r._active() for r in reqs):
+        return None
+    done = [i for i, r in enumerate(reqs) if r._active() and _done(r)]
+    for k, i in enumerate(done):
+        take(reqs[i], _status_at(statuses, k))
+    return done
 
 
 def _done(r: Request) -> bool:
