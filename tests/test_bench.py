@@ -375,11 +375,12 @@ def test_overlap_percent_without_figures() -> None:
 def test_overlap_is_derived_from_the_means_over_ranks() -> None:
     # OSU's calculate_and_print_stats: every figure summed over the ranks and divided by their number
     op = OPERATIONS["overlap"]
-    per_rank = np.array([[100.0, 100.0, 150.0, 1.0, 1.0],
-                         [110.0, 90.0, 180.0, 1.5, 1.0]])
+    per_rank = np.array([[100.0, 100.0, 150.0, 1.0, 10.0, 40.0, 1.0],
+                         [110.0, 90.0, 180.0, 1.5, 20.0, 70.0, 1.0]])
     r = bench.reduce_result(op, per_rank, 4096, 2, checked=True)
     assert (r["t_comm_us"], r["t_compute_us"], r["t_total_us"]) == (105.0, 95.0, 165.0)
     assert r["work_slowdown"] == pytest.approx(1.25)
+    assert (r["post_us"], r["wait_us"]) == (15.0, 55.0)
     assert r["overlap_pct"] == pytest.approx(100 * (1 - 70 / 105))
     assert r["ranks"]["overlap_pct"] == [pytest.approx(50.0), pytest.approx(100 * (1 - 90 / 110))]
     assert "busbw_GBps" not in r and r["check"] == "ok"

@@ -146,13 +146,16 @@ def test_overlap_against_mpi4py(tmp_path: Path) -> None:
     assert bench.validate_report(report) == []
     assert report["ok"] is True and report["libraries"] == ["shmproxy", "shmproxy:alloc", "mpi4py"]
     assert [c["key"] for c in report["columns"]] == ["t_comm_us", "t_compute_us", "t_total_us", "work_slowdown",
-                                                     "overlap_pct"]
+                                                     "post_us", "wait_us", "overlap_pct"]
     assert [row["bytes"] for row in report["results"]] == [64 << 10, 256 << 10]
     for row in report["results"]:
         for lib in ("shmproxy", "mpi4py"):
             r = row["results"][lib]
             assert r["t_comm_us"] > 0 and r["t_compute_us"] > 0 and r["t_total_us"] > 0
             assert r["work_slowdown"] > 0
+            # what was not hidden is the post and the wait after the work, no more, no less
+            assert r["post_us"] > 0 and r["wait_us"] > 0
+            assert r["post_us"] + r["wait_us"] == pytest.approx(r["t_total_us"] - r["t_compute_us"], abs=0.01)
             # the work ran for t_comm of wall time (OSU), at least; means over iterations and ranks
             assert r["t_compute_us"] >= 0.999 * r["t_comm_us"]
             assert 0.0 <= r["overlap_pct"] <= 100.0

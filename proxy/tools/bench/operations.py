@@ -111,10 +111,10 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
                 columns=SWEEP_COLUMNS[:2], default_sizes=("8", "8", 2)),
     Operation(
         "overlap", "Iallreduce overlapped with pure-Python work (OSU method); overlap % per library",
-        measure_overlap, ("t_comm_us", "t_compute_us", "t_total_us", "work_slowdown"),
+        measure_overlap, ("t_comm_us", "t_compute_us", "t_total_us", "work_slowdown", "post_us", "wait_us"),
         (Column("t_comm", "us", "t_comm_us"), Column("t_comp", "us", "t_compute_us"),
          Column("t_total", "us", "t_total_us"), Column("slowdown", "x", "work_slowdown"),
-         Column("overlap", "%", "overlap_pct")),
+         Column("post", "us", "post_us"), Column("wait", "us", "wait_us"), Column("overlap", "%", "overlap_pct")),
         source=_no_source, calls={"shmproxy": _iallreduce_shm, "mpi4py": _iallreduce_mpi,
                                   "gloo": _iallreduce_gloo, "shmproxy.MPI": _iallreduce_mpi},
         ratio_key=None, default_sizes=("64K", "16M", 4), bus_note="2(n-1)/n", verify=verify_allreduce,

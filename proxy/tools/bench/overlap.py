@@ -21,6 +21,10 @@ fraction of the communication hidden behind the work. 100 means communicating co
 was all added. mpi4py: ``Iallreduce`` + ``Wait`` and ``Barrier``; gloo: ``dist.all_reduce(async_op=True)``
 + ``work.wait()`` and ``dist.barrier``.
 
+``post`` and ``wait`` split what was not hidden (``t_total - t_compute``): the post's own cost on the
+rank, and the Wait after the work: its cost when the collective completed during the work, and what
+was left of the collective when it did not.
+
 ``work_slowdown`` (in the JSON) says what OSU's method does not: how much less work a rank got done
 per second while the collective was in flight than alone (the same chunks, timed alone ``-n`` times).
 Above 1, communicating slowed the rank's own computation (shared cores, memory bandwidth, or a host
@@ -101,7 +105,7 @@ def work_for(seconds: float, chunk: int) -> int:
 
 def measure_overlap(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, recv: np.ndarray, iters: int,
                     warmup: int) -> list[float]:
-    """[t_comm_us, t_compute_us, t_total_us, work_slowdown] at one size, as OSU's osu_iallreduce
+    """[t_comm_us, t_compute_us, t_total_us, work_slowdown, post_us, wait_us] at one size, as OSU's osu_iallreduce
     (see the module's "Overlap" section): means over ``iters`` iterations, each followed by the
     library's barrier; the work runs for this rank's t_comm of wall time."""
     post, wait = op.calls[lib.kind](ctx, lib, lib.wrap(send), lib.wrap(recv))
@@ -130,7 +134,7 @@ def measure_overlap(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, rec
         work_for(target, chunk)
         wait(req)
         lib_barrier()
-    total, during, rate = [0.0] * iters, [0.0] * iters, [0.0] * iters
+    total, during, rate, posting, waiting = ([0.0] * iters for _ in range(5))
     for i in range(iters):
         t0 = _perf()
         req = post()
@@ -139,20 +143,22 @@ def measure_overlap(ctx: Ctx, op: Operation, lib: Library, send: np.ndarray, rec
         t2 = _perf()
         wait(req)
         t3 = _perf()
-        total[i], during[i], rate[i] = t3 - t0, t2 - t1, n / (t2 - t1)
+        total[i], during[i], rate[i], posting[i], waiting[i] = t3 - t0, t2 - t1, n / (t2 - t1), t1 - t0, t3 - t2
         lib_barrier()
     _prepare(ctx, op, lib, send, recv)
     barrier(ctx.comm)
     wait(post())
     slowdown = float(np.median(rate_alone) / np.median(rate)) if min(rate) > 0 else math.nan
-    return [float(np.mean(x)) * 1e6 for x in (t_comm, during, total)] + [slowdown]
+    return ([float(np.mean(x)) * 1e6 for x in (t_comm, during, total)] + [slowdown]
+            + [float(np.mean(x)) * 1e6 for x in (posting, waiting)])
 
 
 def _derive_overlap(res: dict[str, Any], per_rank: np.ndarray) -> None:
     """OSU: each figure averaged over the ranks, then the overlap of those means; per rank from each
     rank's own figures."""
     means = [float(np.nanmean(per_rank[:, i])) for i in range(per_rank.shape[1])]
-    res["t_comm_us"], res["t_compute_us"], res["t_total_us"], res["work_slowdown"] = means
+    (res["t_comm_us"], res["t_compute_us"], res["t_total_us"], res["work_slowdown"], res["post_us"],
+     res["wait_us"]) = means
     res["overlap_pct"] = overlap_percent(*means[:3])
     res["ranks"]["overlap_pct"] = [
         None if math.isnan(v := overlap_percent(row[0], row[1], row[2])) else v for row in per_rank.tolist()]

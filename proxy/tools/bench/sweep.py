@@ -79,8 +79,9 @@ def op_notes(op: Operation, args: argparse.Namespace, names: Sequence[str]) -> l
                    f" its checked call gets the input copied in first")
     if op.measure is measure_overlap:
         out.append("# overlap (OSU osu_iallreduce): t_comm = Iallreduce+Wait alone; t_total = post, pure-Python"
-                   " work for t_comm of wall time, Wait; t_comp = that work's time; a barrier after every"
-                   " iteration; means over iterations and ranks; overlap = 100*max(0, 1-(t_total-t_comp)/t_comm)")
+                   " work for t_comm of wall time, Wait; t_comp = that work's time; post, wait = the two"
+                   " calls' own times in it (t_total - t_comp = post + wait); a barrier after every iteration;"
+                   " means over iterations and ranks; overlap = 100*max(0, 1-(t_total-t_comp)/t_comm)")
     out.append("# checked: one more call after the timed ones, against the expected result"
                + (" (off: --no-check)" if not args.check else ""))
     return out
