@@ -303,25 +303,33 @@ def small_collective_timeout() -> dict:
 
 
 def killed_while_waiting(where: str) -> dict:
-    """Rank 0 is SIGKILLed while rank 1 waits for it in a blocking Recv (spinning on the pair's cell,
-    then in the progress process), a small Allreduce (between the ranks) or a middle one (through
-    the ranks' arenas, 1 MiB): rank 1 raises PeerDiedError within the usual bound."""
+    """One rank is SIGKILLed while the other waits for it: rank 1 in a blocking Recv (spinning on the
+    pair's cell, then in the progress process), a small Allreduce (between the ranks) or a middle one
+    (through the ranks' arenas, 1 MiB), with rank 0 killed; or rank 0 in a 256 KiB Send by reference
+    and the Recv of its answer, with rank 1 killed (``send_ref``: the Send's cell is drained by the
+    progress process once its doorbell rings, never received). The survivor raises PeerDiedError
+    within the usual bound, never hangs on a cell."""
+    victim = 1 if where == "send_ref" else 0
     with shmproxy.init() as comm:
         comm.Barrier()
-        if comm.rank == 0:
+        if comm.rank == victim:
             time.sleep(0.3)
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = time.monotonic()
         try:
-            if where == "recv":
+            if where == "send_ref":
+                comm.Send(np.ones(1 << 15), 1, 3)   # 256 KiB, from the arena
+                comm.Recv(np.zeros(1), 1, 4)
+            elif where == "recv":
                 comm.Recv(np.zeros(1), 0, 3)
             elif where == "middle":
                 comm.Allreduce(np.ones(1 << 17), np.zeros(1 << 17))
             else:
                 comm.Allreduce(np.ones(1), np.zeros(1))
-            return {"error": None}
+            return {"error": None, "sent": comm._pp.ref_sent}
         except shmproxy.PeerDiedError as exc:
-            return {"error": "PeerDiedError", "message": str(exc), "seconds": time.monotonic() - t0}
+            return {"error": "PeerDiedError", "message": str(exc), "seconds": time.monotonic() - t0,
+                    "sent": comm._pp.ref_sent}
 
 
 def dump_small_collective(marker: str) -> dict:
@@ -468,22 +476,3 @@ def by_reference(rounds: int) -> dict:
                 bad.append("posted first")
         comm.Barrier()
         return {"bad": bad, "sent": comm._pp.ref_sent, "taken": taken, "cases": rounds * len(cases)}
-
-
-def killed_during_send_by_reference() -> dict:
-    """Rank 1 is SIGKILLed while rank 0 sends it 256 KiB by reference and then waits for its answer: the
-    Send's cell is drained by the progress process once its doorbell rings (rank 1 never receives), and
-    rank 0 raises PeerDiedError within the usual bound, never hangs on the cell."""
-    with shmproxy.init() as comm:
-        comm.Barrier()
-        if comm.rank == 1:
-            time.sleep(0.3)
-            os.kill(os.getpid(), signal.SIGKILL)
-        t0 = time.monotonic()
-        try:
-            comm.Send(np.ones(1 << 15), 1, 3)   # 256 KiB, from the arena
-            comm.Recv(np.zeros(1), 1, 4)
-            return {"error": None, "sent": comm._pp.ref_sent}
-        except shmproxy.PeerDiedError as exc:
-            return {"error": "PeerDiedError", "message": str(exc), "seconds": time.monotonic() - t0,
-                    "sent": comm._pp.ref_sent}

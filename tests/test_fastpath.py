@@ -148,7 +148,7 @@ def test_sends_by_reference_are_taken_once_and_never_deadlock(arena):
 
 
 def test_peer_killed_during_a_send_by_reference():
-    res = run_ranks(BODY + "killed_during_send_by_reference", 2, timeout=90, expect_fail={1},
+    res = run_ranks(BODY + "killed_while_waiting", 2, timeout=90, args=("send_ref",), expect_fail={1},
                     env={"SHMPROXY_TIMEOUT": "60"})
     r = res.results[0]
     assert r["error"] == "PeerDiedError" and r["seconds"] < 5 and r["sent"] >= 1, r
